@@ -1,0 +1,25 @@
+# strata_cc_library(NAME <name> SRCS <files...> [DEPS <targets...>] [PUBLIC_DEPS <targets...>])
+# A static, position-independent module library. Private headers are found
+# from the repository root ("src/nvme/nvme.h" style includes); the public API
+# from include/.
+function(strata_cc_library)
+  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;PUBLIC_DEPS" ${ARGN})
+  add_library(${A_NAME} STATIC ${A_SRCS})
+  target_include_directories(${A_NAME} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>)
+  target_link_libraries(${A_NAME} PUBLIC ${A_PUBLIC_DEPS} ${A_DEPS})
+  target_compile_options(${A_NAME} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+endfunction()
+
+# strata_cc_test(NAME <name> SRCS <files...> [DEPS <targets...>] [LABELS <labels...>])
+# A GoogleTest binary registered with CTest (one CTest entry per test case).
+function(strata_cc_test)
+  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  add_executable(${A_NAME} ${A_SRCS})
+  target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} strata_test_util GTest::gtest GTest::gmock GTest::gtest_main)
+  target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${A_LABELS}" TIMEOUT 600)
+endfunction()

@@ -1,0 +1,1 @@
+// Placeholder until the cpu_adam issue fills this module in.

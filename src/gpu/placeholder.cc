@@ -1,0 +1,1 @@
+// Placeholder until the gpu issue fills this module in.

@@ -1,0 +1,1 @@
+// Placeholder until the nvme issue fills this module in.

@@ -1,0 +1,1 @@
+// Placeholder until the scheduler issue fills this module in.

@@ -1,0 +1,48 @@
+#include "tests/test_util.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <system_error>
+
+namespace strata::testing {
+
+std::mt19937_64 MakeRng(uint64_t* seed_out) {
+  std::random_device rd;
+  uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  if (seed_out) *seed_out = seed;
+  return std::mt19937_64(seed);
+}
+
+std::mt19937_64 SeededRng(uint64_t seed) { return std::mt19937_64(seed); }
+
+std::vector<float> RandomFloats(std::mt19937_64& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do x = dist(rng);
+    while (x == 0.0f);
+  }
+  return v;
+}
+
+std::vector<uint8_t> RandomBytes(std::mt19937_64& rng, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (auto& b : v) b = static_cast<uint8_t>(rng());
+  return v;
+}
+
+ScratchDir::ScratchDir(const std::string& tag) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + tag + "-XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp failed: " + templ);
+  path_ = templ;
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+}  // namespace strata::testing
