@@ -1,0 +1,45 @@
+// The `strata` command's subcommands register themselves here, one file each
+// (cmd_info.cc, cmd_bench_adam.cc, ...), so that adding one touches no other.
+//
+//   static CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
+//     auto* cmd = bench.add_subcommand("adam", "Benchmark CPU Adam");
+//     ... options ...
+//     cmd->callback([&r, ...] { r.exit_code = RunBenchAdam(...); });
+//   });
+//
+// Parents: "" (top level), "bench", "tune". A callback sets r.exit_code; it
+// prints its own output (JSON when its --json flag is given) and a one-line
+// error to stderr on failure.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace strata::cli {
+
+struct CliResult {
+  int exit_code = 0;
+};
+
+using AddCommandFn = std::function<void(CLI::App& parent, CliResult& result)>;
+
+struct RegisteredCommand {
+  std::string parent;  // "", "bench" or "tune"
+  AddCommandFn add;
+};
+
+std::vector<RegisteredCommand>& CommandRegistry();
+
+struct CommandRegistrar {
+  CommandRegistrar(std::string parent, AddCommandFn add) {
+    CommandRegistry().push_back({std::move(parent), std::move(add)});
+  }
+};
+
+// Parses sizes written as 4096, 64K, 1M, 4G, 1.5G, 64KiB (powers of 1024).
+// Returns false on junk.
+bool ParseByteSize(const std::string& text, uint64_t* out);
+
+}  // namespace strata::cli
