@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what Strata needs from Debian's packages (only what is missing),
+# then configures and builds into ${STRATA_BUILD_DIR:-build}. Sourced by
+# run.sh and test.sh; can be run on its own. Needs root for apt-get.
+#
+# Environment: STRATA_BUILD_DIR (build), STRATA_BUILD_TYPE (Release),
+#              STRATA_CMAKE_ARGS (extra cmake arguments, e.g. -DSTRATA_CUDA=OFF),
+#              STRATA_JOBS (nproc).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
+BUILD_TYPE="${STRATA_BUILD_TYPE:-Release}"
+JOBS="${STRATA_JOBS:-$(nproc)}"
+
+PACKAGES=(build-essential cmake ninja-build pkg-config git
+  liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
+  libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
+  libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "strata setup: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "strata setup: these Debian packages are missing and installing them needs root: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# CUDA and NCCL come from the CUDA installation when there is one (CUDA_HOME or
+# /usr/local/cuda); without nvcc every CPU path still builds and runs.
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
+
+cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${STRATA_CMAKE_ARGS:-}
+cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds everything and runs every test: the GoogleTest suites through CTest,
+# then installs the library into a staging prefix and builds the consumer in
+# examples/link against the *installed* package (CMake and pkg-config).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
+JOBS="${STRATA_JOBS:-$(nproc)}"
+"$ROOT/scripts/setup.sh"
+
+status=0
+ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 900 || status=$?
+
+echo "== install + link check (examples/link)"
+STAGE="$BUILD_DIR/stage"
+rm -rf "$STAGE" "$BUILD_DIR/link-cmake"
+cmake --install "$BUILD_DIR" --prefix "$STAGE" >/dev/null
+link_ok=1
+if cmake -S "$ROOT/examples/link" -B "$BUILD_DIR/link-cmake" -G Ninja \
+     -DCMAKE_PREFIX_PATH="$STAGE" >/dev/null &&
+   cmake --build "$BUILD_DIR/link-cmake" >/dev/null &&
+   "$BUILD_DIR/link-cmake/strata_link_example" "$ROOT/configs/zero2_cpu_offload.json"; then
+  echo "examples/link (find_package): ok"
+else
+  echo "examples/link (find_package): FAILED"; link_ok=0
+fi
+if PKG_CONFIG_PATH="$STAGE/lib/pkgconfig" \
+   c++ -o "$BUILD_DIR/strata_link_pc" "$ROOT/examples/link/main.cc" \
+       $(PKG_CONFIG_PATH="$STAGE/lib/pkgconfig" pkg-config --cflags --libs strata) &&
+   "$BUILD_DIR/strata_link_pc" "$ROOT/configs/zero2_cpu_offload.json" >/dev/null; then
+  echo "examples/link (pkg-config): ok"
+else
+  echo "examples/link (pkg-config): FAILED"; link_ok=0
+fi
+[ "$link_ok" = 1 ] || status=1
+exit "$status"
