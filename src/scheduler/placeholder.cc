@@ -1,1 +1,0 @@
-// Placeholder until the scheduler issue fills this module in.
