@@ -6,9 +6,9 @@
 #include <optional>
 #include <string_view>
 
-namespace strata {
+#include "strata/dtype.h"
 
-enum class DType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };
+namespace strata {
 
 constexpr size_t DTypeSize(DType t) { return t == DType::kFp32 ? 4 : 2; }
 constexpr std::string_view DTypeName(DType t) {
