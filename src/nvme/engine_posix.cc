@@ -1,0 +1,107 @@
+// The POSIX engine: a pool of threads doing one pread/pwrite per op. Used
+// where io_uring is refused (kernel.io_uring_disabled, seccomp, old kernels)
+// or when forced with strata.io_engine = "posix". queue_depth × threads
+// workers keep as many ops in flight as the io_uring engine would.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "src/common/status_util.h"
+#include "src/nvme/nvme.h"
+
+namespace strata::nvme {
+namespace {
+
+class PosixEngine final : public IoEngine {
+ public:
+  explicit PosixEngine(const IoOptions& o) : options_(o) {
+    int workers = std::clamp(o.queue_depth * o.threads, 1, 256);
+    for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });
+  }
+  ~PosixEngine() override { Shutdown(); }
+
+  EngineKind kind() const override { return EngineKind::kPosix; }
+  int parallelism() const override { return options_.threads; }
+  Status RegisterBuffers(std::span<const MemoryRegion>) override { return Status::Ok(); }
+  Status RegisterFile(int) override { return Status::Ok(); }
+  void UnregisterFile(int) override {}
+
+  Status Submit(std::span<IoOp* const> ops) override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_) return FailedPreconditionError("POSIX I/O engine is shut down");
+      for (IoOp* op : ops) queue_.push_back(op);
+      ops_ += ops.size();
+      ++submits_;
+    }
+    if (ops.size() == 1)
+      cv_.notify_one();
+    else
+      cv_.notify_all();
+    return Status::Ok();
+  }
+
+  void Shutdown() override {
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_ && workers_.empty()) return;
+      stopping_ = true;  // workers finish the queue, then exit
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  IoEngineStats stats() const override {
+    std::lock_guard lock(mu_);
+    IoEngineStats s;
+    s.ops = ops_;
+    s.submit_calls = submits_;
+    return s;
+  }
+
+ private:
+  void Work() {
+    for (;;) {
+      IoOp* op = nullptr;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping and drained
+        op = queue_.front();
+        queue_.pop_front();
+      }
+      ssize_t r;
+      do {
+        r = op->kind == IoOpKind::kRead
+                ? pread(op->fd, op->buf, op->len, static_cast<off_t>(op->offset))
+                : pwrite(op->fd, op->buf, op->len, static_cast<off_t>(op->offset));
+      } while (r < 0 && errno == EINTR);
+      op->done(op, r < 0 ? -static_cast<int64_t>(errno) : static_cast<int64_t>(r));
+    }
+  }
+
+  IoOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<IoOp*> queue_;
+  bool stopping_ = false;
+  uint64_t ops_ = 0, submits_ = 0;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<IoEngine>> NewPosixEngine(const IoOptions& options) {
+  RETURN_IF_ERROR(ValidateIoOptions(options));
+  return std::unique_ptr<IoEngine>(std::make_unique<PosixEngine>(options));
+}
+
+}  // namespace strata::nvme

@@ -1,0 +1,378 @@
+// The io_uring engine (liburing): one or more rings, each with a reaper
+// thread; fixed buffers and registered files; batched submission; SQPOLL as
+// an option. Negative liburing returns (-errno) become Status here only.
+#include <liburing.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/nvme/nvme.h"
+
+namespace strata::nvme {
+namespace {
+
+constexpr unsigned kFileSlots = 256;
+constexpr uint64_t kExitTag = 0;  // user_data of the NOP that stops a reaper
+
+unsigned RoundUpPow2(unsigned v) {
+  unsigned p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// RAII ring: io_uring_queue_exit on destruction.
+struct Ring {
+  io_uring ring{};
+  bool live = false;
+  std::mutex sq_mu;  // guards the submission queue
+  std::thread reaper;
+  ~Ring() {
+    if (live) io_uring_queue_exit(&ring);
+  }
+};
+
+class UringEngine final : public IoEngine {
+ public:
+  explicit UringEngine(const IoOptions& o) : options_(o) {}
+  ~UringEngine() override { Shutdown(); }
+
+  Status Init() {
+    unsigned entries = RoundUpPow2(static_cast<unsigned>(std::max(2 * options_.queue_depth, 8)));
+    entries = std::min(entries, 4096u);
+    for (int i = 0; i < options_.threads; ++i) {
+      auto r = std::make_unique<Ring>();
+      io_uring_params p;
+      std::memset(&p, 0, sizeof(p));
+      if (options_.sqpoll) {
+        p.flags |= IORING_SETUP_SQPOLL;
+        p.sq_thread_idle = 100;  // ms before the poller sleeps
+      }
+      int ret = io_uring_queue_init_params(entries, &r->ring, &p);
+      if (ret < 0 && options_.sqpoll) {
+        STRATA_WARN_ONCE("nvme.sqpoll_refused",
+                         "nvme: io_uring SQPOLL refused ({}); using interrupt-driven submission",
+                         std::strerror(-ret));
+        std::memset(&p, 0, sizeof(p));
+        ret = io_uring_queue_init_params(entries, &r->ring, &p);
+      }
+      if (ret < 0) return ErrnoError(fmt::format("io_uring_queue_init({} entries)", entries), -ret);
+      r->live = true;
+      features_ = p.features;
+      sqpoll_ = (p.flags & IORING_SETUP_SQPOLL) != 0;
+      rings_.push_back(std::move(r));
+    }
+    // Sparse file table so files can be added and removed as they open/close.
+    files_ok_ = true;
+    for (auto& r : rings_) {
+      int ret = io_uring_register_files_sparse(&r->ring, kFileSlots);
+      if (ret < 0) {
+        files_ok_ = false;
+        STRATA_INFO_ONCE("nvme.no_registered_files",
+                         "nvme: io_uring registered files unavailable ({}); using plain fds",
+                         std::strerror(-ret));
+        break;
+      }
+    }
+    for (unsigned s = kFileSlots; s-- > 0;) free_slots_.push_back(static_cast<int>(s));
+    for (size_t i = 0; i < rings_.size(); ++i) {
+      Ring* r = rings_[i].get();
+      r->reaper = std::thread([this, r] { Reap(r); });
+    }
+    return Status::Ok();
+  }
+
+  EngineKind kind() const override { return EngineKind::kUring; }
+  int parallelism() const override { return static_cast<int>(rings_.size()); }
+
+  Status RegisterBuffers(std::span<const MemoryRegion> regions) override {
+    std::unique_lock lock(table_mu_);
+    if (inflight_.load() != 0)
+      return FailedPreconditionError("RegisterBuffers: ops are in flight");
+    for (auto& r : rings_) {
+      if (!regions_.empty()) io_uring_unregister_buffers(&r->ring);
+    }
+    regions_.clear();
+    if (regions.empty()) return Status::Ok();
+    // io_uring caps one fixed buffer at 1 GiB: split larger regions.
+    std::vector<iovec> iov;
+    std::vector<Region> table;
+    constexpr size_t kMax = size_t{1} << 30;
+    for (const auto& m : regions) {
+      if (m.data == nullptr || m.size == 0) return InvalidArgumentError("RegisterBuffers: empty region");
+      for (size_t off = 0; off < m.size; off += kMax) {
+        size_t n = std::min(kMax, m.size - off);
+        char* p = static_cast<char*>(m.data) + off;
+        iov.push_back({p, n});
+        table.push_back({p, n});
+      }
+    }
+    for (size_t i = 0; i < rings_.size(); ++i) {
+      int ret = io_uring_register_buffers(&rings_[i]->ring, iov.data(), static_cast<unsigned>(iov.size()));
+      if (ret < 0) {
+        for (size_t j = 0; j < i; ++j) io_uring_unregister_buffers(&rings_[j]->ring);
+        STRATA_WARN_ONCE("nvme.fixed_buffers_refused",
+                         "nvme: io_uring refused {} fixed buffer(s) ({}; RLIMIT_MEMLOCK?); using "
+                         "plain reads/writes",
+                         iov.size(), std::strerror(-ret));
+        return Status::Ok();
+      }
+    }
+    regions_ = std::move(table);
+    return Status::Ok();
+  }
+
+  Status RegisterFile(int fd) override {
+    if (!files_ok_ || fd < 0) return Status::Ok();
+    std::unique_lock lock(table_mu_);
+    if (slot_of_.count(fd)) return Status::Ok();
+    if (free_slots_.empty()) return Status::Ok();  // plain fd: still correct
+    int slot = free_slots_.back();
+    for (auto& r : rings_) {
+      int ret = io_uring_register_files_update(&r->ring, static_cast<unsigned>(slot), &fd, 1);
+      if (ret < 0) {
+        int minus = -1;
+        for (auto& q : rings_) {
+          if (q.get() == r.get()) break;
+          io_uring_register_files_update(&q->ring, static_cast<unsigned>(slot), &minus, 1);
+        }
+        STRATA_INFO_ONCE("nvme.file_register_failed", "nvme: registering a file failed ({})",
+                         std::strerror(-ret));
+        return Status::Ok();
+      }
+    }
+    free_slots_.pop_back();
+    slot_of_[fd] = slot;
+    return Status::Ok();
+  }
+
+  void UnregisterFile(int fd) override {
+    std::unique_lock lock(table_mu_);
+    auto it = slot_of_.find(fd);
+    if (it == slot_of_.end()) return;
+    int minus = -1;
+    for (auto& r : rings_)
+      io_uring_register_files_update(&r->ring, static_cast<unsigned>(it->second), &minus, 1);
+    free_slots_.push_back(it->second);
+    slot_of_.erase(it);
+  }
+
+  Status Submit(std::span<IoOp* const> ops) override {
+    if (ops.empty()) return Status::Ok();
+    if (shutdown_.load()) return FailedPreconditionError("io_uring engine is shut down");
+    Ring* r = rings_[next_ring_.fetch_add(1, std::memory_order_relaxed) % rings_.size()].get();
+    std::shared_lock tables(table_mu_);
+    std::lock_guard lock(r->sq_mu);
+    inflight_.fetch_add(static_cast<int64_t>(ops.size()));
+    for (IoOp* op : ops) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
+      while (sqe == nullptr) {  // SQ full: hand what we have to the kernel
+        SubmitLocked(r);
+        sqe = io_uring_get_sqe(&r->ring);
+      }
+      int fd = op->fd;
+      bool fixed_file = false;
+      if (auto it = slot_of_.find(op->fd); it != slot_of_.end()) {
+        fd = it->second;
+        fixed_file = true;
+      }
+      int buf_index = FindRegion(op->buf, op->len);
+      if (op->kind == IoOpKind::kRead) {
+        if (buf_index >= 0)
+          io_uring_prep_read_fixed(sqe, fd, op->buf, op->len, op->offset, buf_index);
+        else
+          io_uring_prep_read(sqe, fd, op->buf, op->len, op->offset);
+      } else {
+        if (buf_index >= 0)
+          io_uring_prep_write_fixed(sqe, fd, op->buf, op->len, op->offset, buf_index);
+        else
+          io_uring_prep_write(sqe, fd, op->buf, op->len, op->offset);
+      }
+      if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+      io_uring_sqe_set_data(sqe, op);
+      stats_ops_.fetch_add(1, std::memory_order_relaxed);
+      if (buf_index >= 0) stats_fixed_buf_.fetch_add(1, std::memory_order_relaxed);
+      if (fixed_file) stats_fixed_file_.fetch_add(1, std::memory_order_relaxed);
+      if (options_.single_submit) SubmitLocked(r);
+    }
+    if (!options_.single_submit) SubmitLocked(r);
+    return Status::Ok();
+  }
+
+  void Shutdown() override {
+    std::lock_guard once(shutdown_mu_);
+    if (stopped_) return;
+    shutdown_.store(true);
+    {
+      std::unique_lock lock(idle_mu_);
+      idle_cv_.wait(lock, [&] { return inflight_.load() == 0; });
+    }
+    for (auto& r : rings_) {
+      if (!r->reaper.joinable()) continue;
+      {
+        std::lock_guard lock(r->sq_mu);
+        io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
+        while (sqe == nullptr) {
+          SubmitLocked(r.get());
+          sqe = io_uring_get_sqe(&r->ring);
+        }
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, kExitTag);
+        SubmitLocked(r.get());
+      }
+      r->reaper.join();
+    }
+    rings_.clear();
+    stopped_ = true;
+  }
+
+  IoEngineStats stats() const override {
+    IoEngineStats s;
+    s.ops = stats_ops_.load();
+    s.fixed_buffer_ops = stats_fixed_buf_.load();
+    s.fixed_file_ops = stats_fixed_file_.load();
+    s.submit_calls = stats_submits_.load();
+    return s;
+  }
+
+ private:
+  struct Region {
+    char* p;
+    size_t n;
+  };
+
+  int FindRegion(const void* buf, size_t len) const {
+    auto p = static_cast<const char*>(buf);
+    for (size_t i = 0; i < regions_.size(); ++i) {
+      if (p >= regions_[i].p && p + len <= regions_[i].p + regions_[i].n) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // REQUIRES: r->sq_mu held. Retries transient refusals; anything else is a
+  // broken ring, which would strand ops: that is fatal.
+  void SubmitLocked(Ring* r) {
+    for (int attempt = 0;; ++attempt) {
+      int ret = io_uring_submit(&r->ring);
+      stats_submits_.fetch_add(1, std::memory_order_relaxed);
+      if (ret >= 0) return;
+      if ((ret == -EAGAIN || ret == -EBUSY || ret == -EINTR) && attempt < 100000) {
+        std::this_thread::yield();
+        continue;
+      }
+      STRATA_LOG_ERROR("nvme: io_uring_submit failed: {} (errno {}); aborting", std::strerror(-ret), -ret);
+      std::abort();
+    }
+  }
+
+  void Reap(Ring* r) {
+    bool exit = false;
+    while (!exit) {
+      io_uring_cqe* cqe = nullptr;
+      int ret = io_uring_wait_cqe(&r->ring, &cqe);
+      if (ret == -EINTR || ret == -EAGAIN) continue;
+      if (ret < 0) {
+        STRATA_LOG_ERROR("nvme: io_uring_wait_cqe failed: {}", std::strerror(-ret));
+        continue;
+      }
+      unsigned head;
+      unsigned seen = 0;
+      io_uring_for_each_cqe(&r->ring, head, cqe) {
+        ++seen;
+        uint64_t tag = io_uring_cqe_get_data64(cqe);
+        if (tag == kExitTag) {
+          exit = true;
+          continue;
+        }
+        auto* op = reinterpret_cast<IoOp*>(tag);
+        int64_t res = cqe->res;
+        op->done(op, res);  // may submit more (takes sq_mu, never this thread's)
+        if (inflight_.fetch_sub(1) == 1) {
+          std::lock_guard lock(idle_mu_);
+          idle_cv_.notify_all();
+        }
+      }
+      io_uring_cq_advance(&r->ring, seen);
+    }
+  }
+
+  IoOptions options_;
+  std::vector<std::unique_ptr<Ring>> rings_;
+  std::atomic<uint64_t> next_ring_{0};
+  uint32_t features_ = 0;
+  bool sqpoll_ = false;
+
+  std::shared_mutex table_mu_;  // regions_, slot_of_, free_slots_
+  std::vector<Region> regions_;
+  bool files_ok_ = false;
+  std::unordered_map<int, int> slot_of_;
+  std::vector<int> free_slots_;
+
+  std::atomic<int64_t> inflight_{0};
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  std::atomic<bool> shutdown_{false};
+  std::mutex shutdown_mu_;
+  bool stopped_ = false;
+
+  std::atomic<uint64_t> stats_ops_{0}, stats_fixed_buf_{0}, stats_fixed_file_{0}, stats_submits_{0};
+};
+
+}  // namespace
+
+UringProbe ProbeUring() {
+  UringProbe probe;
+  io_uring ring;
+  io_uring_params p;
+  std::memset(&p, 0, sizeof(p));
+  int ret = io_uring_queue_init_params(4, &ring, &p);
+  if (ret < 0) {
+    probe.error = ErrnoError("io_uring_queue_init", -ret);
+    return probe;
+  }
+  probe.features = p.features;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+  io_uring_prep_nop(sqe);
+  io_uring_sqe_set_data64(sqe, 42);
+  ret = io_uring_submit(&ring);
+  if (ret < 0) {
+    probe.error = ErrnoError("io_uring_submit(NOP)", -ret);
+  } else {
+    io_uring_cqe* cqe = nullptr;
+    do {
+      ret = io_uring_wait_cqe(&ring, &cqe);
+    } while (ret == -EINTR);
+    if (ret < 0) {
+      probe.error = ErrnoError("io_uring_wait_cqe(NOP)", -ret);
+    } else if (cqe->res < 0 || io_uring_cqe_get_data64(cqe) != 42) {
+      probe.error = cqe->res < 0 ? ErrnoError("io_uring NOP", -cqe->res)
+                                 : InternalError("io_uring NOP came back with the wrong tag");
+      io_uring_cqe_seen(&ring, cqe);
+    } else {
+      io_uring_cqe_seen(&ring, cqe);
+      probe.available = true;
+    }
+  }
+  io_uring_queue_exit(&ring);
+  return probe;
+}
+
+StatusOr<std::unique_ptr<IoEngine>> NewUringEngine(const IoOptions& options) {
+  RETURN_IF_ERROR(ValidateIoOptions(options));
+  auto engine = std::make_unique<UringEngine>(options);
+  RETURN_IF_ERROR(engine->Init());
+  return std::unique_ptr<IoEngine>(std::move(engine));
+}
+
+}  // namespace strata::nvme

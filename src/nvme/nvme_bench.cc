@@ -1,0 +1,179 @@
+#include "src/nvme/nvme_bench.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+
+namespace strata::nvme {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+namespace {
+
+// Runs `count` requests of `req` bytes over [0, size) with `slots` in flight.
+Status Sweep(SwapStore* store, const std::string& shard, uint64_t size, uint64_t req, int slots,
+             char* base, bool write) {
+  std::vector<IoHandle> inflight(static_cast<size_t>(slots));
+  uint64_t i = 0;
+  for (uint64_t off = 0; off < size; off += req, ++i) {
+    size_t slot = i % static_cast<size_t>(slots);
+    if (inflight[slot].valid()) RETURN_IF_ERROR(inflight[slot].Wait());
+    uint64_t n = std::min(req, size - off);
+    char* buf = base + slot * req;
+    inflight[slot] = write ? store->Write(shard, off, buf, n) : store->Read(shard, off, buf, n);
+  }
+  return WaitAll(inflight);
+}
+
+}  // namespace
+
+StatusOr<NvmeBenchResult> RunEngineBench(const NvmeBenchOptions& o) {
+  if (o.size == 0) return InvalidArgumentError("bench size is 0 bytes");
+  if (o.requests_in_flight < 1) return InvalidArgumentError("requests_in_flight must be ≥ 1");
+  uint64_t req = std::min<uint64_t>(o.request_bytes, o.size);
+  req = AlignUp(req, 4096);
+  size_t slots = static_cast<size_t>(std::min<uint64_t>(o.requests_in_flight, (o.size + req - 1) / req));
+  ASSIGN_OR_RETURN(AlignedBuffer wbuf, AlignedBuffer::Allocate(req * slots, 4096));
+  ASSIGN_OR_RETURN(AlignedBuffer rbuf, AlignedBuffer::Allocate(req * slots, 4096));
+  std::mt19937_64 rng(0x5eed ^ static_cast<uint64_t>(getpid()));
+  auto* w64 = wbuf.as<uint64_t>();
+  for (size_t i = 0; i < req * slots / 8; ++i) w64[i] = rng() | 1;
+  std::memset(rbuf.data(), 0, rbuf.size());
+
+  IoOptions io = o.io;
+  io.fixed_buffers = {{wbuf.data(), wbuf.size()}, {rbuf.data(), rbuf.size()}};
+  ASSIGN_OR_RETURN(auto service, IoService::Create(io));
+  SwapStoreOptions so;
+  so.paths = o.paths;
+  so.capacity_bytes = o.size;
+  so.stripe_unit = std::max<uint64_t>(io.block_size, 4096);
+  ASSIGN_OR_RETURN(auto store, SwapStore::Open(so, service.get()));
+  RETURN_IF_ERROR(store->Allocate("bench", o.size));
+
+  NvmeBenchResult r;
+  r.engine = std::string(EngineKindName(service->engine()->kind()));
+  Stopwatch sw;
+  RETURN_IF_ERROR(Sweep(store.get(), "bench", o.size, req, static_cast<int>(slots), wbuf.as<char>(), true));
+  double wsec = sw.Seconds();
+  sw.Reset();
+  RETURN_IF_ERROR(Sweep(store.get(), "bench", o.size, req, static_cast<int>(slots), rbuf.as<char>(), false));
+  double rsec = sw.Seconds();
+  // The last `slots` requests read back what the same slots wrote.
+  uint64_t nreq = (o.size + req - 1) / req;
+  for (uint64_t i = nreq > slots ? nreq - slots : 0; i < nreq; ++i) {
+    size_t slot = i % slots;
+    uint64_t n = std::min(req, o.size - i * req);
+    if (std::memcmp(wbuf.as<char>() + slot * req, rbuf.as<char>() + slot * req, n) != 0)
+      return DataLossError(fmt::format("bench: data read back at offset {} differs from what was written", i * req));
+  }
+  RETURN_IF_ERROR(store->Close());
+  r.write_gbytes_per_s = static_cast<double>(o.size) / wsec / 1e9;
+  r.read_gbytes_per_s = static_cast<double>(o.size) / rsec / 1e9;
+  return r;
+}
+
+std::string FioCommand(const NvmeBenchOptions& o, const std::string& file, const std::string& rw,
+                       const std::string& json_out) {
+  bool uring = o.io.engine != EngineKind::kPosix;
+  int jobs = uring ? o.io.threads : o.io.queue_depth * o.io.threads;
+  int depth = uring ? o.io.queue_depth : 1;
+  uint64_t per_job = AlignDown(o.size / static_cast<uint64_t>(jobs), o.io.block_size);
+  if (per_job == 0) per_job = o.io.block_size;
+  std::string cmd = fmt::format(
+      "fio --name=strata-vs-fio --filename={} --rw={} --bs={} --iodepth={} --numjobs={} "
+      "--size={} --offset_increment={} --direct=1 --thread --group_reporting "
+      "--output-format=json --output={} ",
+      file, rw, o.io.block_size, depth, jobs, per_job, per_job, json_out);
+  if (uring) {
+    cmd += "--ioengine=io_uring --fixedbufs=1 --registerfiles=1";
+    if (o.io.sqpoll) cmd += " --sqthread_poll=1";
+  } else {
+    cmd += "--ioengine=psync";
+  }
+  return cmd;
+}
+
+namespace {
+StatusOr<double> RunFioOnce(const std::string& cmd, const std::string& json_out, const std::string& rw) {
+  std::string full = cmd + " >/dev/null 2>&1";
+  int rc = std::system(full.c_str());
+  std::ifstream in(json_out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  unlink(json_out.c_str());
+  if (rc != 0) return IOError(fmt::format("fio exited with status {}: {}", rc, cmd));
+  auto j = nlohmann::json::parse(ss.str(), nullptr, false);
+  if (j.is_discarded() || !j.contains("jobs") || j["jobs"].empty())
+    return IOError(fmt::format("fio output is not the expected JSON ({})", cmd));
+  double bw = j["jobs"][0][rw].value("bw_bytes", 0.0);
+  if (bw <= 0) return IOError(fmt::format("fio reported no {} bandwidth ({})", rw, cmd));
+  return bw / 1e9;
+}
+}  // namespace
+
+StatusOr<NvmeBenchResult> RunFioBench(const NvmeBenchOptions& o) {
+  if (o.paths.empty()) return InvalidArgumentError("fio: no path");
+  if (std::system("command -v fio >/dev/null 2>&1") != 0)
+    return NotFoundError("fio is not installed (not found in PATH)");
+  std::string file = fmt::format("{}/strata-fio-{}.bin", o.paths[0], getpid());
+  std::string json = fmt::format("{}/strata-fio-{}.json", o.paths[0], getpid());
+  NvmeBenchResult r;
+  r.engine = o.io.engine == EngineKind::kPosix ? "psync" : "io_uring";
+  auto w = RunFioOnce(FioCommand(o, file, "write", json), json, "write");
+  if (!w.ok()) {
+    unlink(file.c_str());
+    return w.status();
+  }
+  auto rd = RunFioOnce(FioCommand(o, file, "read", json), json, "read");
+  unlink(file.c_str());
+  if (!rd.ok()) return rd.status();
+  r.write_gbytes_per_s = *w;
+  r.read_gbytes_per_s = *rd;
+  return r;
+}
+
+StatusOr<std::vector<TunePoint>> RunTune(const NvmeBenchOptions& base,
+                                         const std::vector<uint64_t>& block_sizes,
+                                         const std::vector<int>& queue_depths,
+                                         const std::vector<int>& threads,
+                                         const std::function<void(size_t, size_t, const TunePoint&)>& progress) {
+  std::vector<TunePoint> points;
+  size_t n = block_sizes.size() * queue_depths.size() * threads.size();
+  size_t i = 0;
+  for (uint64_t bs : block_sizes)
+    for (int qd : queue_depths)
+      for (int t : threads) {
+        NvmeBenchOptions o = base;
+        o.io.block_size = bs;
+        o.io.queue_depth = qd;
+        o.io.threads = t;
+        RETURN_IF_ERROR(ValidateIoOptions(o.io));
+        ASSIGN_OR_RETURN(NvmeBenchResult r, RunEngineBench(o));
+        TunePoint p{bs, qd, t, r, std::sqrt(r.read_gbytes_per_s * r.write_gbytes_per_s)};
+        points.push_back(p);
+        if (progress) progress(++i, n, p);
+      }
+  std::stable_sort(points.begin(), points.end(),
+                   [](const TunePoint& a, const TunePoint& b) { return a.score > b.score; });
+  return points;
+}
+
+}  // namespace strata::nvme

@@ -1,1 +1,0 @@
-// Placeholder until the nvme issue fills this module in.

@@ -1,0 +1,263 @@
+// SwapStore: named shards striped over one preallocated swap file per
+// directory. Layout and rules: see nvme.h.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/nvme/extent_allocator.h"
+#include "src/nvme/internal.h"
+#include "src/nvme/nvme.h"
+
+namespace strata::nvme {
+
+namespace {
+std::atomic<uint64_t> g_swap_serial{0};
+constexpr uint64_t kExtentAlign = 4096;
+}  // namespace
+
+struct SwapStore::Impl {
+  struct SwapFile {
+    std::string path;
+    std::unique_ptr<IoFile> file;
+    ExtentAllocator alloc;
+  };
+  struct Shard {
+    uint64_t size = 0;
+    size_t first = 0;                 // file of stripe 0
+    std::vector<int64_t> extent;      // per file: offset, or -1 when unused
+    std::vector<uint64_t> extent_len; // per file: bytes asked
+  };
+
+  SwapStoreOptions opts;
+  IoService* io = nullptr;
+  mutable std::mutex mu;
+  std::vector<SwapFile> files;
+  std::unordered_map<std::string, Shard> shards;
+  size_t next_first = 0;
+  bool closed = false;
+
+  size_t D() const { return files.size(); }
+
+  // Bytes of the shard that land in file j (by position relative to `first`).
+  uint64_t BytesInFile(const Shard& s, size_t j) const {
+    const uint64_t S = opts.stripe_unit;
+    uint64_t nstripes = (s.size + S - 1) / S;
+    uint64_t rel = (j + D() - s.first) % D();
+    if (nstripes <= rel) return 0;
+    uint64_t count = (nstripes - 1 - rel) / D() + 1;
+    uint64_t last_k = rel + (count - 1) * D();
+    uint64_t last_len = std::min<uint64_t>(S, s.size - last_k * S);
+    return (count - 1) * S + last_len;
+  }
+
+  Status CloseLocked() {
+    if (closed) return Status::Ok();
+    closed = true;
+    if (io) io->Drain();
+    Status first;
+    for (auto& f : files) {
+      f.file.reset();
+      if (unlink(f.path.c_str()) != 0 && first.ok())
+        first = ErrnoError(fmt::format("remove swap file {}", f.path), errno);
+    }
+    files.clear();
+    shards.clear();
+    return first;
+  }
+
+  IoHandle Start(IoOpKind kind, const std::string& name, uint64_t off, void* buf, size_t len) {
+    std::vector<IoSegment> segs;
+    {
+      std::lock_guard lock(mu);
+      const char* what = kind == IoOpKind::kRead ? "read" : "write";
+      if (closed)
+        return FailedHandle(FailedPreconditionError(
+                                         fmt::format("swap {} of shard {}: store is closed", what, name)));
+      auto it = shards.find(name);
+      if (it == shards.end())
+        return FailedHandle(NotFoundError(fmt::format("swap {}: no shard named {}", what, name)));
+      const Shard& s = it->second;
+      if (off > s.size || len > s.size - off)
+        return FailedHandle(OutOfRangeError(fmt::format(
+            "swap {} of shard {}: bytes [{}, {}) outside the shard's {} bytes", what, name, off,
+            off + len, s.size)));
+      const uint64_t S = opts.stripe_unit;
+      uint64_t pos = off, end = off + len;
+      char* p = static_cast<char*>(buf);
+      while (pos < end) {
+        uint64_t k = pos / S;
+        uint64_t within = pos - k * S;
+        uint64_t n = std::min<uint64_t>(end, (k + 1) * S) - pos;
+        size_t j = (s.first + k) % D();
+        uint64_t foff = static_cast<uint64_t>(s.extent[j]) + (k / D()) * S + within;
+        if (!segs.empty() && segs.back().file == files[j].file.get() &&
+            segs.back().offset + segs.back().len == foff &&
+            static_cast<char*>(segs.back().buf) + segs.back().len == p) {
+          segs.back().len += n;  // one directory: the whole range is contiguous
+        } else {
+          segs.push_back(IoSegment{files[j].file.get(), p, n, foff});
+        }
+        pos += n;
+        p += n;
+      }
+    }
+    return io->Submit(kind, segs);
+  }
+
+  static IoHandle FailedHandle(Status s) { return IoHandle::Completed(std::move(s)); }
+};
+
+SwapStore::SwapStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SwapStore::~SwapStore() { Close().IgnoreError(); }
+
+StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& o, IoService* io) {
+  if (io == nullptr) return InvalidArgumentError("SwapStore::Open: null IoService");
+  if (o.paths.empty()) return InvalidArgumentError("nvme_path: no directory given");
+  if (o.capacity_bytes == 0) return InvalidArgumentError("swap store capacity is 0 bytes");
+  if (o.stripe_unit == 0 || o.stripe_unit % kExtentAlign != 0)
+    return InvalidArgumentError(
+        fmt::format("swap stripe unit {} is not a positive multiple of 4096", o.stripe_unit));
+  std::set<std::string> seen;
+  for (const auto& p : o.paths)
+    if (!seen.insert(p).second)
+      return InvalidArgumentError(fmt::format("nvme_path lists {} twice", p));
+  const uint64_t D = o.paths.size();
+  const uint64_t per_file = AlignUp((o.capacity_bytes + D - 1) / D, o.stripe_unit);
+  for (const auto& p : o.paths) {
+    RETURN_IF_ERROR(internal::CheckWritableDir(p));
+    ASSIGN_OR_RETURN(uint64_t avail, internal::FreeBytes(p));
+    if (avail < per_file)
+      return ResourceExhaustedError(fmt::format(
+          "nvme path {}: the swap file needs {} bytes ({} over {} path(s)) but only {} bytes are "
+          "available",
+          p, per_file, o.capacity_bytes, D, avail));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->opts = o;
+  impl->io = io;
+  auto store = std::unique_ptr<SwapStore>(new SwapStore(std::move(impl)));
+  Impl& m = *store->impl_;
+  for (const auto& p : o.paths) {
+    std::string path = fmt::format("{}/strata-swap-{}-{}.bin", p, getpid(), g_swap_serial.fetch_add(1));
+    OpenOptions oo;
+    oo.create = true;
+    oo.truncate = true;
+    oo.preallocate = per_file;
+    auto f = io->Open(path, oo);
+    if (!f.ok()) {
+      unlink(path.c_str());
+      return f.status().WithContext(fmt::format("swap file in nvme path {}", p));
+    }
+    m.files.push_back(Impl::SwapFile{path, std::move(f).value(), ExtentAllocator(per_file, kExtentAlign)});
+  }
+  STRATA_LOG_DEBUG("nvme: swap store of {} bytes over {} path(s), stripe {} bytes", per_file * D, D,
+                   o.stripe_unit);
+  return store;
+}
+
+Status SwapStore::Allocate(const std::string& name, uint64_t bytes) {
+  std::lock_guard lock(impl_->mu);
+  Impl& m = *impl_;
+  if (m.closed) return FailedPreconditionError(fmt::format("allocate shard {}: store is closed", name));
+  if (bytes == 0) return InvalidArgumentError(fmt::format("allocate shard {}: 0 bytes", name));
+  if (m.shards.count(name))
+    return InvalidArgumentError(fmt::format("allocate shard {}: a shard of that name exists", name));
+  Impl::Shard s;
+  s.size = bytes;
+  s.first = m.next_first;
+  s.extent.assign(m.D(), -1);
+  s.extent_len.assign(m.D(), 0);
+  for (size_t j = 0; j < m.D(); ++j) {
+    uint64_t n = m.BytesInFile(s, j);
+    if (n == 0) continue;
+    auto off = m.files[j].alloc.Allocate(n);
+    if (!off.ok()) {
+      for (size_t i = 0; i < j; ++i)
+        if (s.extent[i] >= 0) m.files[i].alloc.Free(static_cast<uint64_t>(s.extent[i]), s.extent_len[i]).IgnoreError();
+      uint64_t free_total = 0;
+      for (auto& f : m.files) free_total += f.alloc.free_bytes();
+      return ResourceExhaustedError(fmt::format(
+          "allocate shard {} of {} bytes: swap file {} cannot hold its {} bytes ({}); store has {} "
+          "of {} bytes free",
+          name, bytes, m.files[j].path, n, off.status().message(), free_total,
+          m.files.size() * m.files[0].alloc.capacity()));
+    }
+    s.extent[j] = static_cast<int64_t>(*off);
+    s.extent_len[j] = n;
+  }
+  m.next_first = (m.next_first + 1) % m.D();
+  m.shards.emplace(name, std::move(s));
+  return Status::Ok();
+}
+
+Status SwapStore::Free(const std::string& name) {
+  std::lock_guard lock(impl_->mu);
+  Impl& m = *impl_;
+  auto it = m.shards.find(name);
+  if (it == m.shards.end()) return NotFoundError(fmt::format("free shard {}: no such shard", name));
+  Status first;
+  for (size_t j = 0; j < m.D(); ++j) {
+    if (it->second.extent[j] < 0) continue;
+    Status s = m.files[j].alloc.Free(static_cast<uint64_t>(it->second.extent[j]), it->second.extent_len[j]);
+    if (first.ok() && !s.ok()) first = s;
+  }
+  m.shards.erase(it);
+  return first;
+}
+
+StatusOr<ShardInfo> SwapStore::Lookup(const std::string& name) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->shards.find(name);
+  if (it == impl_->shards.end()) return NotFoundError(fmt::format("no shard named {}", name));
+  return ShardInfo{name, it->second.size};
+}
+
+IoHandle SwapStore::Write(const std::string& name, uint64_t off, const void* buf, size_t len) {
+  return impl_->Start(IoOpKind::kWrite, name, off, const_cast<void*>(buf), len);
+}
+
+IoHandle SwapStore::Read(const std::string& name, uint64_t off, void* buf, size_t len) {
+  return impl_->Start(IoOpKind::kRead, name, off, buf, len);
+}
+
+Status SwapStore::Close() {
+  std::lock_guard lock(impl_->mu);
+  return impl_->CloseLocked();
+}
+
+uint64_t SwapStore::capacity() const {
+  std::lock_guard lock(impl_->mu);
+  uint64_t c = 0;
+  for (auto& f : impl_->files) c += f.alloc.capacity();
+  return c;
+}
+
+uint64_t SwapStore::free_bytes() const {
+  std::lock_guard lock(impl_->mu);
+  uint64_t c = 0;
+  for (auto& f : impl_->files) c += f.alloc.free_bytes();
+  return c;
+}
+
+size_t SwapStore::num_shards() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->shards.size();
+}
+
+std::vector<std::string> SwapStore::swap_files() const {
+  std::lock_guard lock(impl_->mu);
+  std::vector<std::string> v;
+  for (auto& f : impl_->files) v.push_back(f.path);
+  return v;
+}
+
+}  // namespace strata::nvme

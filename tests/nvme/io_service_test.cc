@@ -1,0 +1,326 @@
+// IoService over both engines: round trips of random data (tails, odd sizes,
+// misaligned buffers, many concurrent requests, fixed buffers), truncation,
+// cancellation, shutdown, and every injected fault.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "src/nvme/nvme.h"
+#include "tests/nvme/nvme_test_util.h"
+
+namespace strata::nvme {
+namespace {
+
+using strata::testing::MakeRng;
+using strata::testing::ScratchDir;
+using namespace strata::nvme::testing;
+
+class IoServiceTest : public ::testing::TestWithParam<EngineKind> {
+ protected:
+  void SetUp() override {
+    SKIP_IF_NO_URING(GetParam());
+    rng_ = MakeRng(&seed_);
+  }
+  std::unique_ptr<IoService> Service(IoOptions o) {
+    auto s = IoService::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s.value()->engine()->kind(), GetParam());
+    return std::move(s).value();
+  }
+  // A service whose engine is wrapped in a FaultInjectionEngine (returned too).
+  std::unique_ptr<IoService> FaultyService(IoOptions o, FaultInjectionEngine** faults) {
+    auto inner = GetParam() == EngineKind::kUring ? NewUringEngine(o) : NewPosixEngine(o);
+    EXPECT_TRUE(inner.ok()) << inner.status();
+    auto fe = std::make_unique<FaultInjectionEngine>(std::move(inner).value());
+    *faults = fe.get();
+    auto s = IoService::Create(o, std::move(fe));
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(s).value();
+  }
+  std::unique_ptr<IoFile> OpenNew(IoService* io, const std::string& name) {
+    OpenOptions oo;
+    oo.create = true;
+    oo.truncate = true;
+    auto f = io->Open(dir_.str() + "/" + name, oo);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return std::move(f).value();
+  }
+
+  ScratchDir dir_{"strata-nvme"};
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+TEST_P(IoServiceTest, RoundTripSizesAroundBlockAndDepth) {
+  SCOPED_TRACE(seed_);
+  const size_t block = 16 << 10;
+  auto io = Service(SmallOptions(GetParam(), block, 4));
+  auto f = OpenNew(io.get(), "sizes.bin");
+  EXPECT_TRUE(f->direct()) << "ext4/xfs scratch dirs should take O_DIRECT";
+  // Not block multiples, one byte, exactly a block, more than block × depth.
+  const size_t sizes[] = {1, 511, 4096, 4097, block - 1, block, block + 1, 3 * block + 777,
+                          4 * block * 5 + 4095, (1 << 20) + 12345};
+  uint64_t off = 0;
+  for (size_t n : sizes) {
+    SCOPED_TRACE(n);
+    auto src = RandomBuffer(rng_, n);
+    auto dst = PoisonBuffer(n);
+    ASSERT_TRUE(io->Write(f.get(), src.data(), n, off).Wait().ok());
+    Status s = io->Read(f.get(), dst.data(), n, off).Wait();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+    off += AlignUp(n, 4096) + 4096;  // aligned starts
+  }
+  // Unaligned offsets and misaligned buffers go through the buffered descriptor.
+  for (size_t n : {size_t{1000}, 3 * block + 5}) {
+    auto src = RandomBuffer(rng_, n + 3);
+    auto dst = PoisonBuffer(n + 3);
+    uint64_t uoff = off + 333;
+    ASSERT_TRUE(io->Write(f.get(), src.as<char>() + 3, n, uoff).Wait().ok());
+    ASSERT_TRUE(io->Read(f.get(), dst.as<char>() + 1, n, uoff).Wait().ok());
+    EXPECT_TRUE(SameBytes(src.as<char>() + 3, dst.as<char>() + 1, n));
+    off += n + 8192;
+  }
+  auto st = io->stats();
+  EXPECT_GT(st.direct_pieces, 0u);
+  EXPECT_GT(st.buffered_pieces, 0u);
+}
+
+TEST_P(IoServiceTest, ManyConcurrentRequestsFromSeveralThreads) {
+  SCOPED_TRACE(seed_);
+  auto io = Service(SmallOptions(GetParam(), 8 << 10, 8, 2));
+  auto f = OpenNew(io.get(), "many.bin");
+  constexpr int kThreads = 4, kPerThread = 24;
+  constexpr size_t kSlot = 40 << 10;  // 5 pieces each, last ragged below
+  std::vector<AlignedBuffer> src, dst;
+  for (int i = 0; i < kThreads * kPerThread; ++i) {
+    src.push_back(RandomBuffer(rng_, kSlot));
+    dst.push_back(PoisonBuffer(kSlot));
+  }
+  auto size_of = [](int i) { return kSlot - static_cast<size_t>(i % 7) * 1000; };
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      std::vector<IoHandle> hs;
+      for (int k = 0; k < kPerThread; ++k) {
+        int i = t * kPerThread + k;
+        hs.push_back(io->Write(f.get(), src[i].data(), size_of(i), uint64_t(i) * kSlot));
+      }
+      EXPECT_TRUE(WaitAll(hs).ok());
+      hs.clear();
+      for (int k = 0; k < kPerThread; ++k) {
+        int i = t * kPerThread + k;
+        hs.push_back(io->Read(f.get(), dst[i].data(), size_of(i), uint64_t(i) * kSlot));
+      }
+      EXPECT_TRUE(WaitAll(hs).ok());
+    });
+  for (auto& t : ts) t.join();
+  for (int i = 0; i < kThreads * kPerThread; ++i)
+    ASSERT_TRUE(SameBytes(src[i].data(), dst[i].data(), size_of(i))) << "request " << i;
+}
+
+TEST_P(IoServiceTest, FixedBuffersRoundTrip) {
+  SCOPED_TRACE(seed_);
+  const size_t n = (256 << 10) + 4096 * 3;
+  auto src = RandomBuffer(rng_, n);
+  auto dst = PoisonBuffer(n);
+  IoOptions o = SmallOptions(GetParam(), 32 << 10, 4);
+  o.fixed_buffers = {{src.data(), src.size()}, {dst.data(), dst.size()}};
+  auto io = Service(o);
+  auto f = OpenNew(io.get(), "fixed.bin");
+  ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok());
+  ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 0).Wait().ok());
+  EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+  if (GetParam() == EngineKind::kUring) {
+    auto es = io->engine()->stats();
+    EXPECT_GT(es.fixed_buffer_ops, 0u) << "requests inside registered regions must use READ/WRITE_FIXED";
+    EXPECT_GT(es.fixed_file_ops, 0u);
+  }
+}
+
+TEST_P(IoServiceTest, ReadOfTruncatedFileIsAnErrorNotStaleBytes) {
+  SCOPED_TRACE(seed_);
+  auto io = Service(SmallOptions(GetParam()));
+  auto f = OpenNew(io.get(), "trunc.bin");
+  const size_t n = 200 << 10;
+  auto src = RandomBuffer(rng_, n);
+  ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok());
+  ASSERT_EQ(truncate(f->path().c_str(), 100 << 10), 0);
+  auto dst = PoisonBuffer(n);
+  Status s = io->Read(f.get(), dst.data(), n, 0).Wait();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(f->path()), std::string::npos) << s;
+  EXPECT_NE(s.message().find("end of file"), std::string::npos) << s;
+}
+
+TEST_P(IoServiceTest, CancelStopsIssuingAndCompletesOnce) {
+  auto io = Service(SmallOptions(GetParam(), 4096, 1));
+  auto f = OpenNew(io.get(), "cancel.bin");
+  const size_t n = 8 << 20;  // 2048 pieces at depth 1: cancellation lands mid-way
+  auto src = RandomBuffer(rng_, n);
+  IoHandle h = io->Write(f.get(), src.data(), n, 0);
+  io->Cancel(h);
+  Status s = h.Wait();
+  EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCancelled) << s;
+  EXPECT_TRUE(h.Poll());
+  io->Cancel(h);  // again: harmless
+  EXPECT_EQ(h.Wait(), s);
+  // The service is still usable.
+  auto dst = PoisonBuffer(4096);
+  ASSERT_TRUE(io->Write(f.get(), src.data(), 4096, 0).Wait().ok());
+  ASSERT_TRUE(io->Read(f.get(), dst.data(), 4096, 0).Wait().ok());
+  EXPECT_TRUE(SameBytes(src.data(), dst.data(), 4096));
+}
+
+TEST_P(IoServiceTest, ShutdownCancelsPendingAndRefusesNewRequests) {
+  auto io = Service(SmallOptions(GetParam(), 4096, 1));
+  auto f = OpenNew(io.get(), "shutdown.bin");
+  const size_t n = 4 << 20;
+  auto src = RandomBuffer(rng_, n);
+  std::vector<IoHandle> hs;
+  for (int i = 0; i < 4; ++i) hs.push_back(io->Write(f.get(), src.data(), n, uint64_t(i) * n));
+  io->Shutdown();
+  for (auto& h : hs) {
+    ASSERT_TRUE(h.Poll()) << "shutdown must leave nothing pending";
+    Status s = h.status();
+    EXPECT_TRUE(s.ok() || s.code() == StatusCode::kCancelled) << s;
+  }
+  Status late = io->Read(f.get(), src.data(), 4096, 0).Wait();
+  EXPECT_EQ(late.code(), StatusCode::kFailedPrecondition) << late;
+  f.reset();
+}
+
+TEST_P(IoServiceTest, InvalidArgumentsComeBackInTheHandle) {
+  auto io = Service(SmallOptions(GetParam()));
+  char b[16];
+  EXPECT_EQ(io->Read(nullptr, b, 16, 0).Wait().code(), StatusCode::kInvalidArgument);
+  auto f = OpenNew(io.get(), "args.bin");
+  EXPECT_EQ(io->Write(f.get(), nullptr, 16, 0).Wait().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(io->Write(f.get(), b, 0, 0).Wait().ok());  // zero bytes: done at once
+  auto missing = io->Open(dir_.str() + "/nope/x.bin");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("nope/x.bin"), std::string::npos);
+}
+
+// ---- Fault injection -------------------------------------------------------
+
+struct FaultCase {
+  const char* name;
+  IoOpKind kind;
+  int err;
+  StatusCode code;
+};
+
+TEST_P(IoServiceTest, InjectedErrnoSurfacesAtTheRightRequestOnly) {
+  const FaultCase cases[] = {
+      {"EIO on read", IoOpKind::kRead, EIO, StatusCode::kIOError},
+      {"EIO on write", IoOpKind::kWrite, EIO, StatusCode::kIOError},
+      {"ENOSPC on write", IoOpKind::kWrite, ENOSPC, StatusCode::kResourceExhausted},
+  };
+  const size_t block = 8 << 10, slot = 64 << 10;
+  const int kReq = 6, kBad = 3;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    FaultInjectionEngine* faults = nullptr;
+    auto io = FaultyService(SmallOptions(GetParam(), block, 4), &faults);
+    auto f = OpenNew(io.get(), "fault.bin");
+    std::vector<AlignedBuffer> src, dst;
+    for (int i = 0; i < kReq; ++i) {
+      src.push_back(RandomBuffer(rng_, slot));
+      dst.push_back(PoisonBuffer(slot));
+    }
+    // The bad op: the third piece of request kBad.
+    const uint64_t bad_off = kBad * slot + 2 * block + 100;
+    if (c.kind == IoOpKind::kWrite) faults->AddRule({IoOpKind::kWrite, 1, int64_t(bad_off), FaultInjectionEngine::Fault::kErrno, c.err});
+    std::vector<IoHandle> hs;
+    for (int i = 0; i < kReq; ++i) hs.push_back(io->Write(f.get(), src[i].data(), slot, uint64_t(i) * slot));
+    for (int i = 0; i < kReq; ++i) {
+      Status s = hs[i].Wait();
+      if (c.kind == IoOpKind::kWrite && i == kBad) {
+        EXPECT_EQ(s.code(), c.code) << s;
+        EXPECT_NE(s.message().find(f->path()), std::string::npos) << s;
+        EXPECT_NE(s.message().find("offset " + std::to_string(kBad * slot + 2 * block)), std::string::npos) << s;
+        EXPECT_NE(s.message().find("errno " + std::to_string(c.err)), std::string::npos) << s;
+      } else {
+        EXPECT_TRUE(s.ok()) << i << ": " << s;
+      }
+    }
+    if (c.kind == IoOpKind::kRead) faults->AddRule({IoOpKind::kRead, 1, int64_t(bad_off), FaultInjectionEngine::Fault::kErrno, c.err});
+    hs.clear();
+    for (int i = 0; i < kReq; ++i) hs.push_back(io->Read(f.get(), dst[i].data(), slot, uint64_t(i) * slot));
+    for (int i = 0; i < kReq; ++i) {
+      Status s = hs[i].Wait();
+      if (i == kBad) {
+        if (c.kind == IoOpKind::kRead) {
+          EXPECT_EQ(s.code(), c.code) << s;
+          EXPECT_NE(s.message().find("read " + f->path()), std::string::npos) << s;
+        }
+        continue;  // a failed write leaves that request's bytes undefined
+      }
+      ASSERT_TRUE(s.ok()) << i << ": " << s;
+      EXPECT_TRUE(SameBytes(src[i].data(), dst[i].data(), slot)) << "request " << i << " corrupted";
+    }
+    EXPECT_EQ(faults->faults_injected(), 1);
+  }
+}
+
+TEST_P(IoServiceTest, ShortReadsAndWritesAreResubmitted) {
+  SCOPED_TRACE(seed_);
+  FaultInjectionEngine* faults = nullptr;
+  const size_t block = 16 << 10;
+  auto io = FaultyService(SmallOptions(GetParam(), block, 4), &faults);
+  auto f = OpenNew(io.get(), "short.bin");
+  const size_t n = 5 * block + 300;
+  auto src = RandomBuffer(rng_, n);
+  auto dst = PoisonBuffer(n);
+  // A short write of an aligned piece (4096 of 16384) and an odd one (1000).
+  faults->AddRule({IoOpKind::kWrite, 1, int64_t(block), FaultInjectionEngine::Fault::kShort, 0, 4096});
+  faults->AddRule({IoOpKind::kWrite, 1, int64_t(3 * block), FaultInjectionEngine::Fault::kShort, 0, 1000});
+  Status ws = io->Write(f.get(), src.data(), n, 0).Wait();
+  ASSERT_TRUE(ws.ok()) << ws;
+  faults->ClearRules();
+  faults->AddRule({IoOpKind::kRead, 1, 0, FaultInjectionEngine::Fault::kShort, 0, 777});
+  // Twice on the same piece: 4096 of 16384, then 4096 of the remaining 12288.
+  faults->AddRule({IoOpKind::kRead, 1, int64_t(4 * block + 8192 + 100), FaultInjectionEngine::Fault::kShort, 0, 4096, 2});
+  Status s = io->Read(f.get(), dst.data(), n, 0).Wait();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+  EXPECT_EQ(faults->faults_injected(), 5);
+  EXPECT_GE(io->stats().short_resubmits, 5u);
+}
+
+TEST_P(IoServiceTest, EagainIsRetriedThenSurfacesAsUnavailable) {
+  SCOPED_TRACE(seed_);
+  FaultInjectionEngine* faults = nullptr;
+  IoOptions o = SmallOptions(GetParam(), 16 << 10, 4);
+  o.eagain_retries = 2;
+  auto io = FaultyService(o, &faults);
+  auto f = OpenNew(io.get(), "eagain.bin");
+  const size_t n = 64 << 10;
+  auto src = RandomBuffer(rng_, n);
+  auto dst = PoisonBuffer(n);
+  // Twice EAGAIN on one piece: within the retry budget, the request succeeds.
+  faults->AddRule({IoOpKind::kWrite, 1, 20000, FaultInjectionEngine::Fault::kErrno, EAGAIN, 0, 2});
+  ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok());
+  ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 0).Wait().ok());
+  EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+  EXPECT_EQ(io->stats().eagain_retries, 2u);
+  // Persistent EAGAIN: Unavailable naming the piece; the next request is fine.
+  faults->AddRule({IoOpKind::kRead, 1, 40000, FaultInjectionEngine::Fault::kErrno, EAGAIN, 0, 100});
+  Status s = io->Read(f.get(), dst.data(), n, 0).Wait();
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("offset 32768"), std::string::npos) << s;
+  faults->ClearRules();
+  std::memset(dst.data(), 0, n);
+  ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 0).Wait().ok());
+  EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, IoServiceTest,
+                         ::testing::Values(EngineKind::kUring, EngineKind::kPosix), EngineParamName);
+
+}  // namespace
+}  // namespace strata::nvme
