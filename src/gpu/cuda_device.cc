@@ -1,0 +1,389 @@
+// CudaDevice: the Device interface on the CUDA runtime (see device.h).
+//
+// The arena is one cudaMalloc of the budget, sub-allocated by Arena (no
+// cudaMalloc/cudaFree — which synchronize the device — on the hot path).
+// compute, h2d and d2h are separate non-blocking streams, so both copy
+// directions and kernels can run at once on GPUs with two copy engines.
+// Events are created with cudaEventDisableTiming (cheapest to record/wait).
+// Every CUDA error becomes a Status naming the call (CudaStatus below).
+//
+// This file is compiled only when the build has CUDA (STRATA_HAVE_CUDA);
+// cuda_stub.cc provides the factories otherwise.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/gpu/arena.h"
+#include "src/gpu/cuda_kernels.h"
+#include "src/gpu/device.h"
+
+namespace strata::gpu {
+namespace {
+
+// The one place cudaError_t becomes a Status.
+Status CudaStatus(cudaError_t err, std::string_view call) {
+  if (err == cudaSuccess) return Status::Ok();
+  std::string msg = fmt::format("{}: {} ({})", call, cudaGetErrorString(err), cudaGetErrorName(err));
+  switch (err) {
+    case cudaErrorMemoryAllocation:
+      return ResourceExhaustedError(std::move(msg));
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInitializationError:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice:
+      return UnavailableError(std::move(msg));
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevice:
+    case cudaErrorInvalidDevicePointer:
+    case cudaErrorInvalidResourceHandle:
+      return InvalidArgumentError(std::move(msg));
+    case cudaErrorNotSupported:
+      return NotSupportedError(std::move(msg));
+    case cudaErrorHostMemoryAlreadyRegistered:
+    case cudaErrorHostMemoryNotRegistered:
+      return FailedPreconditionError(std::move(msg));
+    default:
+      return IOError(std::move(msg));
+  }
+}
+
+#define CUDA_RETURN_IF_ERROR(call) RETURN_IF_ERROR(CudaStatus((call), #call))
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
+  ~CudaEvent() override {
+    cudaSetDevice(device_);
+    cudaEventDestroy(event_);
+  }
+  cudaEvent_t get() const { return event_; }
+
+  StatusOr<bool> Query() override {
+    const cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) return false;
+    return CudaStatus(err, "cudaEventQuery");
+  }
+  Status Synchronize() override { return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+
+ private:
+  const int device_;
+  cudaEvent_t event_;
+};
+
+void HostFuncTrampoline(void* arg) {
+  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(arg));
+  (*fn)();
+}
+
+class CudaStream final : public Stream {
+ public:
+  CudaStream(int device, cudaStream_t s, std::string name)
+      : device_(device), stream_(s), name_(std::move(name)) {}
+  ~CudaStream() override {
+    cudaSetDevice(device_);
+    cudaStreamDestroy(stream_);  // queued work still completes
+  }
+  cudaStream_t get() const { return stream_; }
+  const std::string& name() const override { return name_; }
+  void* native_handle() const override { return stream_; }
+
+  Status Record(Event& event) override {
+    auto* e = dynamic_cast<CudaEvent*>(&event);
+    if (e == nullptr) return InvalidArgumentError("Stream::Record: event is not a CUDA event");
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return CudaStatus(cudaEventRecord(e->get(), stream_), "cudaEventRecord on stream " + name_);
+  }
+  Status Wait(Event& event) override {
+    auto* e = dynamic_cast<CudaEvent*>(&event);
+    if (e == nullptr) return InvalidArgumentError("Stream::Wait: event is not a CUDA event");
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return CudaStatus(cudaStreamWaitEvent(stream_, e->get(), 0),
+                      "cudaStreamWaitEvent on stream " + name_);
+  }
+  Status EnqueueHostCallback(std::function<void()> fn) override {
+    if (!fn) return InvalidArgumentError("Stream::EnqueueHostCallback: empty function");
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    auto* heap = new std::function<void()>(std::move(fn));
+    const cudaError_t err = cudaLaunchHostFunc(stream_, HostFuncTrampoline, heap);
+    if (err != cudaSuccess) delete heap;  // never runs: free it here
+    return CudaStatus(err, "cudaLaunchHostFunc on stream " + name_);
+  }
+  Status Synchronize() override {
+    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(" + name_ + ")");
+  }
+  StatusOr<bool> Query() override {
+    const cudaError_t err = cudaStreamQuery(stream_);
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) return false;
+    return CudaStatus(err, "cudaStreamQuery(" + name_ + ")");
+  }
+
+ private:
+  const int device_;
+  cudaStream_t stream_;
+  const std::string name_;
+};
+
+StatusOr<std::unique_ptr<CudaStream>> NewStream(int device, const std::string& name) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t s = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return std::make_unique<CudaStream>(device, s, name);
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(std::unique_ptr<Arena> arena, int id, std::string name, int sms)
+      : Device(/*is_host=*/false, std::move(arena)), id_(id), name_(std::move(name)), sms_(sms) {}
+  ~CudaDevice() override {
+    Synchronize().IgnoreError();  // let queued work that uses the arena finish
+    compute_.reset();
+    h2d_.reset();
+    d2h_.reset();
+  }
+  Status Init() {
+    ASSIGN_OR_RETURN(compute_, NewStream(id_, "compute"));
+    ASSIGN_OR_RETURN(h2d_, NewStream(id_, "h2d"));
+    ASSIGN_OR_RETURN(d2h_, NewStream(id_, "d2h"));
+    return Status::Ok();
+  }
+
+  int ordinal() const override { return id_; }
+  std::string Describe() const override { return fmt::format("cuda:{} ({})", id_, name_); }
+
+  StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) override {
+    ASSIGN_OR_RETURN(auto s, NewStream(id_, name));
+    return std::unique_ptr<Stream>(std::move(s));
+  }
+  StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
+    cudaEvent_t e = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return std::unique_ptr<Event>(std::make_unique<CudaEvent>(id_, e));
+  }
+  Status Synchronize() override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
+    return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
+  Status CopyH2D(void* dev, const void* host, size_t bytes, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyH2D destination"));
+    RETURN_IF_ERROR(CheckHost(host, bytes, "CopyH2D source"));
+    return Memcpy(dev, host, bytes, cudaMemcpyHostToDevice, stream, "CopyH2D");
+  }
+  Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyD2H source"));
+    RETURN_IF_ERROR(CheckHost(host, bytes, "CopyD2H destination"));
+    return Memcpy(host, dev, bytes, cudaMemcpyDeviceToHost, stream, "CopyD2H");
+  }
+  Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(dst, bytes, "CopyD2D destination"));
+    RETURN_IF_ERROR(CheckDev(src, bytes, "CopyD2D source"));
+    return Memcpy(dst, src, bytes, cudaMemcpyDeviceToDevice, stream, "CopyD2D");
+  }
+
+  Status Cast(const void* src, DType st, void* dst, DType dt, size_t n, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(src, n * DTypeSize(st), "Cast source"));
+    RETURN_IF_ERROR(CheckDev(dst, n * DTypeSize(dt), "Cast destination"));
+    const char* s = static_cast<const char*>(src);
+    const char* d = static_cast<const char*>(dst);
+    const bool overlap = s < d + n * DTypeSize(dt) && d < s + n * DTypeSize(st);
+    if (overlap && !(s == d && DTypeSize(st) == DTypeSize(dt)))
+      return InvalidArgumentError(fmt::format("Cast: source and destination overlap ({} elements)", n));
+    if (st == dt) {
+      if (src == dst || n == 0) return Status::Ok();
+      return Memcpy(dst, src, n * DTypeSize(st), cudaMemcpyDeviceToDevice, stream, "Cast (copy)");
+    }
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "Cast"));
+    return CudaStatus(cuda::LaunchCast(src, st, dst, dt, n, MaxBlocks(), cs),
+                      fmt::format("Cast {}→{} kernel launch ({} elements)", DTypeName(st),
+                                  DTypeName(dt), n));
+  }
+  Status UnscaleAndCheck(void* x, DType t, size_t n, float inv_scale, int32_t* found_inf,
+                         Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "UnscaleAndCheck input"));
+    RETURN_IF_ERROR(CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf"));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "UnscaleAndCheck"));
+    return CudaStatus(
+        cuda::LaunchUnscaleAndCheck(x, t, n, inv_scale, found_inf, MaxBlocks(), cs),
+        fmt::format("UnscaleAndCheck {} kernel launch ({} elements)", DTypeName(t), n));
+  }
+  Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "SumSquares input"));
+    RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum"));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "SumSquares"));
+    return CudaStatus(cuda::LaunchSumSquares(x, t, n, sum, MaxBlocks(), cs),
+                      fmt::format("SumSquares {} kernel launch ({} elements)", DTypeName(t), n));
+  }
+  Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "Fill"));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "Fill"));
+    return CudaStatus(cuda::LaunchFill(x, t, n, value, MaxBlocks(), cs), "Fill kernel launch");
+  }
+  Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(x, n * sizeof(int32_t), "FillInt32"));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillInt32"));
+    return CudaStatus(cuda::LaunchFillInt32(x, n, value, MaxBlocks(), cs),
+                      "FillInt32 kernel launch");
+  }
+  Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
+    RETURN_IF_ERROR(CheckDev(x, n * sizeof(double), "FillDouble"));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillDouble"));
+    return CudaStatus(cuda::LaunchFillDouble(x, n, value, MaxBlocks(), cs),
+                      "FillDouble kernel launch");
+  }
+
+  Status PinHostMemory(void* p, size_t bytes) override {
+    RETURN_IF_ERROR(CheckHost(p, bytes, "PinHostMemory"));
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
+    return CudaStatus(cudaHostRegister(p, bytes, cudaHostRegisterPortable),
+                      fmt::format("cudaHostRegister({})", FormatBytes(bytes)));
+  }
+  Status UnpinHostMemory(void* p, size_t bytes) override {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
+    return CudaStatus(cudaHostUnregister(p), "cudaHostUnregister");
+  }
+
+ private:
+  // Sets this device current on the calling thread and unwraps the stream.
+  StatusOr<cudaStream_t> Prepare(Stream& stream, const char* what) {
+    auto* s = dynamic_cast<CudaStream*>(&stream);
+    if (s == nullptr)
+      return InvalidArgumentError(std::string(what) + ": stream does not belong to a CUDA device");
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
+    return s->get();
+  }
+  Status Memcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, Stream& stream,
+                const char* what) {
+    if (bytes == 0) return Status::Ok();
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, what));
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, cs),
+                      fmt::format("{}: cudaMemcpyAsync({}) on stream {}", what, FormatBytes(bytes),
+                                  stream.name()));
+  }
+  int MaxBlocks() const { return sms_ * 16; }  // a few waves of 256-thread blocks
+
+  const int id_;
+  const std::string name_;
+  const int sms_;
+};
+
+// "16.0 GT/s PCIe" → 4.
+int PcieGenFromSpeed(const std::string& s) {
+  const double gts = std::atof(s.c_str());
+  if (gts >= 60) return 6;
+  if (gts >= 30) return 5;
+  if (gts >= 15) return 4;
+  if (gts >= 7.5) return 3;
+  if (gts >= 4.5) return 2;
+  if (gts >= 2) return 1;
+  return 0;
+}
+
+std::string ReadSysfs(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  // Any error here means "no usable device" (no driver, no GPU, container
+  // without /dev/nvidia*): Unavailable, so that device=auto falls back.
+  if (err != cudaSuccess)
+    return UnavailableError(fmt::format("no CUDA device: cudaGetDeviceCount: {} ({})",
+                                        cudaGetErrorString(err), cudaGetErrorName(err)));
+  if (count == 0) return UnavailableError("no CUDA device: cudaGetDeviceCount returned 0");
+  if (options.device_id < 0 || options.device_id >= count)
+    return InvalidArgumentError(fmt::format("strata.device_id: {} but this machine has {} CUDA "
+                                            "device(s) (0..{})",
+                                            options.device_id, count, count - 1));
+  const int id = options.device_id;
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(id));
+  cudaDeviceProp prop{};
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, id));
+  size_t free_b = 0, total_b = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_b, &total_b));
+  size_t budget = options.hbm_budget_bytes;
+  if (budget == 0) {
+    // All free memory less a headroom for the context, cuBLAS workspaces and
+    // the framework's own allocations.
+    const size_t headroom = std::min<size_t>(size_t{1} << 30, free_b / 20);
+    budget = free_b > headroom ? free_b - headroom : 0;
+  } else if (budget > free_b) {
+    return ResourceExhaustedError(fmt::format(
+        "strata.hbm_budget_bytes is {} but cuda:{} has {} free (of {})", FormatBytes(budget), id,
+        FormatBytes(free_b), FormatBytes(total_b)));
+  }
+  budget = AlignDown(budget, size_t{2} << 20);
+  if (budget == 0)
+    return ResourceExhaustedError(
+        fmt::format("cuda:{}: no device memory left for the arena ({} free)", id, FormatBytes(free_b)));
+  void* base = nullptr;
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&base, budget),
+                             fmt::format("cudaMalloc of the HBM arena ({})", FormatBytes(budget))));
+  auto arena = std::make_unique<Arena>(base, budget, fmt::format("HBM arena (cuda:{})", id),
+                                       [id, base] {
+                                         cudaSetDevice(id);
+                                         cudaFree(base);
+                                       });
+  auto device = std::make_unique<CudaDevice>(std::move(arena), id, prop.name,
+                                             std::max(1, prop.multiProcessorCount));
+  RETURN_IF_ERROR(device->Init());
+  STRATA_LOG_INFO("device {}: arena {} of {} free", device->Describe(), FormatBytes(budget),
+                  FormatBytes(free_b));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+CudaDeviceList ListCudaDevices() {
+  CudaDeviceList list;
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    list.reason = fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+    return list;
+  }
+  if (count == 0) list.reason = "no CUDA device";
+  int previous = 0;
+  cudaGetDevice(&previous);
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) continue;
+    CudaDeviceInfo info;
+    info.ordinal = i;
+    info.name = prop.name;
+    info.total_bytes = prop.totalGlobalMem;
+    info.cc_major = prop.major;
+    info.cc_minor = prop.minor;
+    info.multiprocessors = prop.multiProcessorCount;
+    info.pci_bus_id = fmt::format("{:04x}:{:02x}:{:02x}.0", prop.pciDomainID, prop.pciBusID,
+                                  prop.pciDeviceID);
+    const std::string sys = "/sys/bus/pci/devices/" + info.pci_bus_id + "/";
+    info.pcie_gen = PcieGenFromSpeed(ReadSysfs(sys + "current_link_speed"));
+    info.pcie_width = std::atoi(ReadSysfs(sys + "current_link_width").c_str());
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
+      info.free_bytes = free_b;
+    list.devices.push_back(std::move(info));
+  }
+  cudaSetDevice(previous);
+  return list;
+}
+
+}  // namespace strata::gpu

@@ -1,0 +1,35 @@
+// Launchers for the CUDA kernels in cuda_kernels.cu. Internal to src/gpu:
+// only cuda_device.cc includes this. Each launcher computes the grid, launches
+// on `stream` and returns the launch's error (cudaGetLastError); n == 0
+// launches nothing. `max_blocks` caps the grid (grid-stride loops cover the
+// rest); pass a few blocks per SM.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/common/dtype.h"
+
+namespace strata::gpu::cuda {
+
+// dst[i] = convert(src[i]); src_type != dst_type (equal types are a memcpy).
+cudaError_t LaunchCast(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
+                       int max_blocks, cudaStream_t stream);
+// x[i] *= inv_scale in place; *found_inf = 1 if any x[i] is inf/nan before or
+// after scaling.
+cudaError_t LaunchUnscaleAndCheck(void* x, DType type, size_t n, float inv_scale,
+                                  int32_t* found_inf, int max_blocks, cudaStream_t stream);
+// *sum += Σ x[i]² (double accumulation, one atomicAdd per block).
+cudaError_t LaunchSumSquares(const void* x, DType type, size_t n, double* sum, int max_blocks,
+                             cudaStream_t stream);
+// x[i] = value rounded to x's dtype (rounded once on the host with half.h).
+cudaError_t LaunchFill(void* x, DType type, size_t n, float value, int max_blocks,
+                       cudaStream_t stream);
+cudaError_t LaunchFillInt32(int32_t* x, size_t n, int32_t value, int max_blocks,
+                            cudaStream_t stream);
+cudaError_t LaunchFillDouble(double* x, size_t n, double value, int max_blocks,
+                             cudaStream_t stream);
+
+}  // namespace strata::gpu::cuda

@@ -1,0 +1,482 @@
+// src/gpu/device.h — the device layer's contract (the one interface header of
+// src/gpu). Everything the scheduler needs from an accelerator:
+//
+//   * an HBM arena with a hard byte budget and high-water statistics,
+//   * streams (ordered queues of work) and events (cross-stream dependencies),
+//   * asynchronous copies host→device, device→host and device→device,
+//   * the few kernels the engine needs: cast fp32↔fp16/bf16 (round to nearest
+//     even), fused gradient unscale + inf/nan detection, sum of squares for the
+//     global gradient norm, fill,
+//   * a pinned host-memory pool handed out in fixed size classes whose regions
+//     the NVMe engine registers as io_uring fixed buffers,
+//   * a communicator (NCCL on CUDA; a one-rank local one on the host backend).
+//
+// Two backends behind the same interface (LevelDB Env style):
+//   CudaDevice  — the CUDA runtime: one cudaMalloc'd arena sub-allocated here,
+//                 separate non-blocking streams for compute, H2D and D2H.
+//   HostDevice  — host memory: every stream is an ordered queue served by its
+//                 own thread (copies run on the copy streams' threads, kernels
+//                 on the compute stream's thread), events are completion
+//                 flags. Same ordering semantics as CUDA, so the scheduler and
+//                 its tests run without a GPU. Optionally models a link
+//                 (bandwidth + latency) so that overlap is observable.
+// Choose with CreateDevice(DeviceOptions) — strata.device: auto|cuda|host.
+//
+// Ordering (both backends, CUDA semantics):
+//   * Work enqueued on one stream runs in enqueue order.
+//   * Work on different streams is unordered unless joined by an event:
+//     e.Record(a); b.Wait(e) makes everything enqueued on b after the Wait
+//     start only after everything enqueued on a before the Record finished.
+//     A Wait refers to the latest Record issued before it; waiting on an event
+//     never recorded is a no-op.
+//   * Enqueue calls return at once; the buffers they name must stay valid and
+//     must not be modified (sources) or read (destinations) by the host until
+//     the work is known complete (stream/event Synchronize, Query, a host
+//     callback).
+//   * Argument errors (null pointers, ranges outside the arena, bad dtypes)
+//     are returned synchronously by the enqueue call and nothing is enqueued.
+//     Failures of the enqueued work itself (CUDA only) are reported by the
+//     next Synchronize on that stream.
+//
+// Memory:
+//   * "Device pointers" are pointers into the device's arena (from Allocate);
+//     kernels and copies check that [ptr, ptr+bytes) lies inside the arena and
+//     return InvalidArgument otherwise (this catches host/device mix-ups on
+//     HostDevice, where both are ordinary addresses).
+//   * Freeing a DeviceBuffer whose memory is still used by enqueued work is a
+//     caller bug: synchronize (or wait on an event) first.
+//
+// Thread-safety: Device, Stream and Event methods may be called from any
+// thread concurrently; enqueue calls on one stream from several threads are
+// ordered by whichever call returns first. Destroy streams/events only when no
+// other thread uses them; the Device must outlive its streams, events,
+// buffers, pinned pools and communicators.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "src/common/dtype.h"
+#include "strata/config.h"
+#include "strata/status.h"
+
+namespace strata::gpu {
+
+class Device;
+
+// ---- Selection ---------------------------------------------------------------
+
+// HostDevice's HBM budget when hbm_budget_bytes is 0: 1 GiB. The arena is an
+// mmap(MAP_NORESERVE) reservation, so untouched budget costs no memory.
+inline constexpr size_t kDefaultHostHbmBudget = size_t{1} << 30;
+
+struct DeviceOptions {
+  // strata::DeviceKind (config.h); auto = CUDA if a device is present, else host.
+  DeviceKind kind = DeviceKind::kAuto;
+  int device_id = 0;                    // CUDA device ordinal
+  // The arena's hard budget. 0 = CUDA: all free device memory less a headroom
+  // (5%, at most 1 GiB) for the CUDA context and libraries; host: 1 GiB.
+  size_t hbm_budget_bytes = 0;
+  // HostDevice's link model, per direction (full duplex like PCIe):
+  // a copy of n bytes takes at least latency + n / bandwidth. 0 = unmodelled.
+  double link_gbytes_per_s = 0.0;
+  double link_latency_us = 0.0;
+};
+
+// Fills options from strata.device, strata.device_id, strata.hbm_budget_bytes
+// and strata.host_device.{link_gbytes_per_s, link_latency_us}. Negative values
+// are InvalidArgument naming the key.
+StatusOr<DeviceOptions> DeviceOptionsFromConfig(const Config& config);
+
+// Creates the device. kCuda without a usable CUDA device (no driver, no
+// device, a CPU-only build) is Unavailable/NotSupported with the reason; kAuto
+// then falls back to HostDevice and logs that once.
+StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options);
+// Direct factories (CreateDevice calls these).
+StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options);
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options);
+
+// ---- Machine facts for `strata info` ------------------------------------------
+
+struct CudaDeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  size_t total_bytes = 0;  // HBM
+  size_t free_bytes = 0;
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  int multiprocessors = 0;
+  std::string pci_bus_id;  // "0000:3b:00.0"
+  // From sysfs for pci_bus_id (the CUDA runtime does not report the link);
+  // 0 when unknown.
+  int pcie_gen = 0;
+  int pcie_width = 0;
+};
+
+struct CudaDeviceList {
+  std::vector<CudaDeviceInfo> devices;
+  std::string reason;  // why the list is empty ("no CUDA driver", "built without CUDA")
+};
+CudaDeviceList ListCudaDevices();
+
+// RLIMIT_MEMLOCK of this process, in bytes (what mlock/cudaHostRegister of
+// pageable memory may lock without CAP_IPC_LOCK).
+struct MemlockLimit {
+  bool soft_unlimited = false, hard_unlimited = false;
+  uint64_t soft_bytes = 0, hard_bytes = 0;
+};
+MemlockLimit ReadMemlockLimit();
+
+// ---- Statistics ----------------------------------------------------------------
+
+struct ArenaStats {
+  size_t budget_bytes = 0;      // hard limit
+  size_t in_use_bytes = 0;      // allocated now (after alignment rounding)
+  size_t high_water_bytes = 0;  // max in_use since creation or ResetHighWater
+  size_t largest_free_bytes = 0;  // the biggest allocation that would succeed now
+  uint64_t allocations = 0;     // live allocations
+  uint64_t total_allocations = 0;
+  uint64_t failed_allocations = 0;
+};
+
+// ---- Streams and events ----------------------------------------------------
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True when all work captured by the latest Record has finished (or when
+  // never recorded). Errors: a failed CUDA query.
+  virtual StatusOr<bool> Query() = 0;
+  // Blocks the calling thread until the latest Record has completed.
+  virtual Status Synchronize() = 0;
+};
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual const std::string& name() const = 0;
+  // Captures the work enqueued on this stream so far in `event`.
+  virtual Status Record(Event& event) = 0;
+  // Work enqueued on this stream after this call waits for `event`'s latest
+  // Record (issued before this call). Does not block the host.
+  virtual Status Wait(Event& event) = 0;
+  // Runs `fn` on a host thread after all work enqueued before it; later work
+  // on the stream waits for `fn` to return. `fn` must not call into this
+  // Device (CUDA forbids runtime calls in host functions) and must not block
+  // for long. An enqueue failure means `fn` will never run.
+  virtual Status EnqueueHostCallback(std::function<void()> fn) = 0;
+  // Blocks until all work enqueued so far has finished; returns the first
+  // error of that work, if any.
+  virtual Status Synchronize() = 0;
+  // True when all work enqueued so far has finished.
+  virtual StatusOr<bool> Query() = 0;
+  // The backend's handle (cudaStream_t on CUDA, nullptr on the host backend).
+  virtual void* native_handle() const = 0;
+};
+
+// ---- Device memory ---------------------------------------------------------
+
+// A block of the HBM arena; returns it to the arena on destruction. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { Reset(); }
+
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t size() const { return size_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+  // Returns the memory to the arena now. REQUIRES: no pending work uses it.
+  void Reset();
+
+ private:
+  friend class Device;
+  DeviceBuffer(Device* d, void* p, size_t n) : device_(d), ptr_(p), size_(n) {}
+  Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// ---- The device ---------------------------------------------------------------
+
+class Arena;  // src/gpu/arena.h
+
+class Device {
+ public:
+  virtual ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // "cuda:0 (NVIDIA H100 80GB HBM3)" or "host".
+  virtual std::string Describe() const = 0;
+  bool is_host() const { return is_host_; }
+  // CUDA device ordinal; -1 for the host backend.
+  virtual int ordinal() const = 0;
+
+  // ---- Arena (thread-safe) ----
+  // A block of `bytes` (rounded up to 256) aligned to 256 bytes. Past the
+  // budget: ResourceExhausted naming the bytes asked, in use, the budget and
+  // the largest free block. Zero bytes: InvalidArgument.
+  StatusOr<DeviceBuffer> Allocate(size_t bytes);
+  ArenaStats Stats() const;
+  void ResetHighWater();
+  // True if [p, p+bytes) lies inside the arena.
+  bool Contains(const void* p, size_t bytes) const;
+
+  // ---- Streams and events ----
+  // The three streams the scheduler uses; owned by the device.
+  Stream& compute() { return *compute_; }
+  Stream& h2d() { return *h2d_; }
+  Stream& d2h() { return *d2h_; }
+  virtual StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) = 0;
+  virtual StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+  // Blocks until all work on all of this device's streams has finished.
+  virtual Status Synchronize() = 0;
+
+  // ---- Copies (async, ordered on `stream`) ----
+  // `host` may be pinned or pageable (pageable is slower on CUDA and may
+  // block the caller until the source is staged). `dev` must be in the arena.
+  virtual Status CopyH2D(void* dev, const void* host, size_t bytes, Stream& stream) = 0;
+  virtual Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) = 0;
+  virtual Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
+
+  // ---- Kernels (async, ordered on `stream`; all pointers in the arena) ----
+  // dst[i] = convert(src[i]) for i < n; any pair of dtypes (fp16/bf16 are
+  // uint16_t bit patterns). Float→half rounds to nearest even, overflow → inf,
+  // NaN stays NaN (payload not preserved). src and dst must not overlap
+  // unless they are equal and the dtypes have the same size.
+  virtual Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
+                      Stream& stream) = 0;
+  // In place: x[i] = x[i] * inv_scale (rounded back to x's dtype). If any x[i]
+  // is inf/nan before or after scaling, sets *found_inf = 1; never clears it
+  // (fill it with 0 first; several tensors can share one flag). found_inf is
+  // an int32 in the arena.
+  virtual Status UnscaleAndCheck(void* x, DType type, size_t n, float inv_scale,
+                                 int32_t* found_inf, Stream& stream) = 0;
+  // *sum += Σ x[i]² accumulated in double (fp16/bf16 widened exactly). `sum`
+  // is a double in the arena; fill it with 0 first. Summation order differs
+  // between backends (results agree to ~1e-12 relative, not bitwise).
+  virtual Status SumSquares(const void* x, DType type, size_t n, double* sum,
+                            Stream& stream) = 0;
+  // x[i] = value rounded to x's dtype.
+  virtual Status Fill(void* x, DType type, size_t n, float value, Stream& stream) = 0;
+  // Fills an int32 array (flags, counters).
+  virtual Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) = 0;
+  // Fills a double array (norm accumulators).
+  virtual Status FillDouble(double* x, size_t n, double value, Stream& stream) = 0;
+
+  // ---- Host memory pinning (used by PinnedPool) ----
+  // Page-locks [p, p+bytes) for fast DMA (cudaHostRegister on CUDA, mlock on
+  // the host backend). Errors name the bytes and RLIMIT_MEMLOCK.
+  virtual Status PinHostMemory(void* p, size_t bytes) = 0;
+  virtual Status UnpinHostMemory(void* p, size_t bytes) = 0;
+
+ protected:
+  Device(bool is_host, std::unique_ptr<Arena> arena);
+  // Argument checks shared by the backends.
+  Status CheckDev(const void* p, size_t bytes, const char* what) const;
+  static Status CheckHost(const void* p, size_t bytes, const char* what);
+  // Backends set these three in their factory.
+  std::unique_ptr<Stream> compute_, h2d_, d2h_;
+
+ private:
+  friend class DeviceBuffer;
+  void Release(void* p);
+  bool is_host_;
+  std::unique_ptr<Arena> arena_;
+};
+
+// ---- Pinned host-memory pool ----------------------------------------------------
+
+class PinnedPool;
+
+// One buffer of a size class; goes back to the pool on destruction. Move-only.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { Reset(); }
+
+  void* data() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t size() const { return size_; }  // the class size (≥ bytes asked)
+  int size_class() const { return class_; }
+  int region() const { return class_; }  // index into PinnedPool::Regions()
+  explicit operator bool() const { return ptr_ != nullptr; }
+  void Reset();
+
+ private:
+  friend class PinnedPool;
+  PinnedPool* pool_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+  int class_ = -1;
+};
+
+struct PinnedSizeClass {
+  size_t buffer_bytes = 0;  // multiple of 4096
+  size_t count = 0;
+};
+
+struct PinnedPoolOptions {
+  std::vector<PinnedSizeClass> classes;
+  // Hard limit on the planned total (Σ buffer_bytes × count); exceeding it is
+  // ResourceExhausted before anything is allocated. 0 = no limit.
+  size_t budget_bytes = 0;
+  // When pinning is refused (RLIMIT_MEMLOCK, driver): true = keep the memory
+  // pageable and warn once with how to raise the limit; false = fail.
+  bool allow_pageable_fallback = true;
+};
+
+// A simple plan: as many buffers of `buffer_bytes` as fit in `budget_bytes`
+// (strata.pinned_budget_bytes), at least one. buffer_bytes is rounded up to
+// 4096.
+PinnedPoolOptions PlanPinnedPool(size_t budget_bytes, size_t buffer_bytes);
+
+// Page-locked host buffers, allocated and pinned once at creation (one
+// 4096-aligned region per size class), then handed out without allocating.
+// Regions() lists the memory for io_uring fixed-buffer registration. Acquire
+// and buffer release are thread-safe; the pool must outlive its buffers.
+class PinnedPool {
+ public:
+  struct Region {
+    void* data;
+    size_t bytes;
+  };
+  struct Stats {
+    size_t total_bytes = 0;
+    bool pinned = false;  // false: pageable fallback
+    std::vector<size_t> free_per_class;
+    uint64_t acquired = 0, exhausted = 0;
+  };
+
+  // Pins through `device` (nullptr: mlock directly). Errors: bad options
+  // (InvalidArgument), plan over budget (ResourceExhausted with the numbers),
+  // allocation failure, pinning refused without fallback.
+  static StatusOr<std::unique_ptr<PinnedPool>> Create(const PinnedPoolOptions& options,
+                                                      Device* device);
+  ~PinnedPool();
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  // A free buffer of the smallest class with buffer_bytes ≥ bytes, or
+  // ResourceExhausted naming the class and how many are in use (the hot path
+  // never allocates; callers wait for a buffer to come back and retry).
+  StatusOr<PinnedBuffer> Acquire(size_t bytes);
+  const std::vector<Region>& Regions() const { return regions_; }
+  bool pinned() const { return pinned_; }
+  size_t total_bytes() const { return total_bytes_; }
+  Stats GetStats() const;
+
+ private:
+  friend class PinnedBuffer;
+  PinnedPool() = default;
+  void Return(int cls, void* p);
+  struct Class {
+    size_t buffer_bytes;
+    std::vector<void*> free;  // GUARDED_BY(mu_)
+    size_t count;
+  };
+  Device* device_ = nullptr;
+  bool pinned_ = false;
+  size_t total_bytes_ = 0;
+  std::vector<Region> regions_;
+  std::vector<Class> classes_;
+  mutable std::mutex mu_;
+  uint64_t acquired_ = 0, exhausted_ = 0;  // GUARDED_BY(mu_)
+};
+
+// ---- Collectives -------------------------------------------------------------------
+
+enum class ReduceOp { kSum, kMax, kMin, kAvg };
+
+struct CommOptions {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  // Where rank 0 writes the NCCL unique id and the others read it (a shared
+  // filesystem for multi-node). Empty: "/tmp/strata-nccl-<MASTER_ADDR>-
+  // <MASTER_PORT>.id". Alternatively STRATA_NCCL_UNIQUE_ID (256 hex digits) in
+  // every rank's environment.
+  std::string unique_id_file;
+  double timeout_s = 300;  // how long non-zero ranks wait for the id
+};
+
+// RANK, WORLD_SIZE, LOCAL_RANK (as torchrun sets them), MASTER_ADDR and
+// MASTER_PORT (for the default id file). Unset → a single rank. Junk or an
+// inconsistent rank → InvalidArgument naming the variable.
+StatusOr<CommOptions> CommOptionsFromEnv();
+
+// Collectives on a device stream, ordered with the stream's other work.
+// Buffers are device pointers (arena). NCCL's ordering rule applies: every
+// rank must issue the same collectives in the same order.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // recv[rank*count .. +count) = send[0..count) gathered from every rank.
+  virtual Status AllGather(const void* send, void* recv, size_t count, DType type,
+                           Stream& stream) = 0;
+  // recv[0..count) = reduce over ranks of send[rank*count .. +count).
+  virtual Status ReduceScatter(const void* send, void* recv, size_t count, DType type,
+                               ReduceOp op, Stream& stream) = 0;
+  virtual Status AllReduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
+                           Stream& stream) = 0;
+  virtual Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
+                           Stream& stream) = 0;
+};
+
+// CUDA device + NCCL build: an NCCL communicator (rank 0 creates the unique
+// id). Host device: a one-rank communicator (world_size must be 1) whose
+// collectives are copies on the stream. Otherwise NotSupported.
+StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
+                                                           const CommOptions& options);
+
+// ---- PCIe benchmark (strata bench pcie, bench/bench_pcie.cc) -------------------------
+
+struct PcieBenchOptions {
+  std::vector<size_t> sizes;      // bytes per transfer; empty = 64 KiB..1 GiB ×4
+  int repetitions = 5;            // interleaved; medians reported
+  size_t chunk_bytes = 4 << 20;   // the engine path's pinned-pool buffer size
+  size_t pool_chunks = 8;         // how many such buffers the engine path cycles through
+  size_t min_bytes_per_sample = 64 << 20;  // small sizes repeat until this many bytes moved
+};
+
+struct PciePoint {
+  size_t bytes = 0;
+  // Medians, GB/s (1e9 bytes/s).
+  double h2d_pinned = 0, d2h_pinned = 0, h2d_pageable = 0, d2h_pageable = 0;
+  double bidir = 0;  // H2D and D2H of `bytes` each at once: aggregate
+  double h2d_engine = 0, d2h_engine = 0;  // chunked through the pinned pool
+};
+
+struct PcieBenchReport {
+  std::string device;  // Describe()
+  bool host_pinned = false;  // false: page-locking was refused (pageable fallback)
+  std::vector<PciePoint> points;
+  double h2d_pinned_peak = 0, d2h_pinned_peak = 0, bidir_peak = 0, h2d_pageable_peak = 0;
+  // min over sizes ≥ 64 MiB (or the largest size if none) of engine/raw, per
+  // direction and overall.
+  double engine_vs_raw_h2d = 0, engine_vs_raw_d2h = 0, engine_path_vs_raw = 0;
+};
+
+// Needs 2 × max(sizes) of arena and 4 × max(sizes) of host memory.
+StatusOr<PcieBenchReport> RunPcieBench(Device& device, const PcieBenchOptions& options);
+// Default sweep: 64 KiB, 256 KiB, ..., 1 GiB.
+std::vector<size_t> DefaultPcieSizes();
+
+}  // namespace strata::gpu

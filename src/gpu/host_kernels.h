@@ -1,0 +1,26 @@
+// The device kernels on the CPU: plain scalar loops. HostDevice runs these on
+// its compute stream's thread, and the typed device tests use them as the
+// reference for CudaDevice's kernels. fp16/bf16 are uint16_t bit patterns
+// converted with src/common/half.h (round to nearest even).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/common/dtype.h"
+
+namespace strata::gpu::host {
+
+float LoadAsFloat(const void* p, DType t, size_t i);
+void StoreFromFloat(void* p, DType t, size_t i, float v);
+
+// dst[i] = convert(src[i]). src == dst with equal element sizes is allowed.
+void Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
+// x[i] *= inv_scale in place; returns true if any x[i] was inf/nan before or
+// after scaling (after rounding to x's dtype).
+bool UnscaleAndCheck(void* x, DType type, size_t n, float inv_scale);
+// Σ x[i]² in double, in index order.
+double SumSquares(const void* x, DType type, size_t n);
+void Fill(void* x, DType type, size_t n, float value);
+
+}  // namespace strata::gpu::host

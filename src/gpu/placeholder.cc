@@ -1,1 +1,0 @@
-// Placeholder until the gpu issue fills this module in.
