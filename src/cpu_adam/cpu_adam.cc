@@ -1,0 +1,477 @@
+// CpuOptimizer: validation, per-shard coefficients, the oneTBB arena with
+// hwloc-pinned workers, synchronous / many-shard / asynchronous steps.
+#include "src/cpu_adam/cpu_adam.h"
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/partitioner.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/cpu_adam/kernel.h"
+#include "src/cpu_adam/topology.h"
+
+namespace strata::cpu_adam {
+
+using internal::CopyOut;
+using internal::KernelArgs;
+using internal::KernelOp;
+using internal::KernelTable;
+
+std::string_view AlgorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAdam: return "adam";
+    case Algorithm::kAdamW: return "adamw";
+    case Algorithm::kAdagrad: return "adagrad";
+    case Algorithm::kLion: return "lion";
+  }
+  return "?";
+}
+
+std::optional<Algorithm> ParseAlgorithm(std::string_view name) {
+  if (name == "adam") return Algorithm::kAdam;
+  if (name == "adamw") return Algorithm::kAdamW;
+  if (name == "adagrad") return Algorithm::kAdagrad;
+  if (name == "lion") return Algorithm::kLion;
+  return std::nullopt;
+}
+
+size_t BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_dtype) {
+  const size_t states = (a == Algorithm::kAdam || a == Algorithm::kAdamW) ? 2 : 1;
+  return 4 * 2 + DTypeSize(grad_dtype) + states * 4 * 2 + (copy_dtype ? DTypeSize(*copy_dtype) : 0);
+}
+
+std::string_view BestIsa() { return internal::UsableTables().front()->isa; }
+
+std::vector<std::string_view> AvailableIsas() {
+  std::vector<std::string_view> out;
+  for (const KernelTable* t : internal::UsableTables()) out.push_back(t->isa);
+  return out;
+}
+
+namespace {
+
+bool IsValidDType(DType t) { return t == DType::kFp32 || t == DType::kFp16 || t == DType::kBf16; }
+
+struct Prepared {
+  KernelArgs base;
+  internal::StepFn fn = nullptr;
+  bool check = false;
+  size_t blocks = 0;
+  size_t grad_bytes = 4;  // per element
+  size_t copy_bytes = 0;
+};
+
+std::string ShardName(size_t i) { return "cpu_adam: shard " + std::to_string(i); }
+
+Status CheckHyper(const HyperParams& hp, size_t i) {
+  auto bad = [&](const std::string& what) {
+    return InvalidArgumentError(ShardName(i) + " (" + std::string(AlgorithmName(hp.algorithm)) + "): " + what);
+  };
+  if (!(hp.lr >= 0) || !std::isfinite(hp.lr)) return bad("lr must be finite and >= 0, got " + std::to_string(hp.lr));
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) return bad("beta1 must be in [0, 1), got " + std::to_string(hp.beta1));
+  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) return bad("beta2 must be in [0, 1), got " + std::to_string(hp.beta2));
+  if (!(hp.eps >= 0) || !std::isfinite(hp.eps)) return bad("eps must be finite and >= 0, got " + std::to_string(hp.eps));
+  if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay))
+    return bad("weight_decay must be finite and >= 0, got " + std::to_string(hp.weight_decay));
+  if (!std::isfinite(hp.grad_scale)) return bad("grad_scale must be finite, got " + std::to_string(hp.grad_scale));
+  if (hp.step < 1) return bad("step must be >= 1 (the step being taken, 1-based), got " + std::to_string(hp.step));
+  return Status::Ok();
+}
+
+internal::Coeffs MakeCoeffs(const HyperParams& hp) {
+  internal::Coeffs c;
+  const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2, wd = hp.weight_decay;
+  c.grad_scale = static_cast<float>(hp.grad_scale);
+  c.eps = static_cast<float>(hp.eps);
+  c.beta1 = static_cast<float>(hp.beta1);
+  c.beta2 = static_cast<float>(hp.beta2);
+  c.w1 = static_cast<float>(1.0 - b1);
+  c.w2 = static_cast<float>(1.0 - b2);
+  switch (hp.algorithm) {
+    case Algorithm::kAdam:
+    case Algorithm::kAdamW: {
+      const double t = static_cast<double>(hp.step);
+      const double bc1 = hp.bias_correction ? 1.0 - std::pow(b1, t) : 1.0;
+      const double bc2 = hp.bias_correction ? 1.0 - std::pow(b2, t) : 1.0;
+      c.neg_step = static_cast<float>(-lr / bc1);
+      c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
+      if (hp.algorithm == Algorithm::kAdam) c.l2 = static_cast<float>(hp.weight_decay);
+      else c.decay = static_cast<float>(1.0 - lr * wd);
+      break;
+    }
+    case Algorithm::kAdagrad:
+      c.neg_step = static_cast<float>(-lr);
+      c.l2 = static_cast<float>(hp.weight_decay);
+      break;
+    case Algorithm::kLion:
+      c.neg_step = static_cast<float>(-lr);
+      c.decay = static_cast<float>(1.0 - lr * wd);
+      break;
+  }
+  return c;
+}
+
+struct Range {
+  uintptr_t lo, hi;
+  const char* name;
+};
+
+Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool roofline, size_t block,
+                    bool stream_state, bool stream_copy, Prepared* out) {
+  RETURN_IF_ERROR(CheckHyper(s.hp, i));
+  const Algorithm alg = s.hp.algorithm;
+  if (static_cast<int>(alg) > 3) return InvalidArgumentError(ShardName(i) + ": unknown algorithm");
+  if (!IsValidDType(s.grad_dtype)) return InvalidArgumentError(ShardName(i) + ": grad_dtype is not fp32, fp16 or bf16");
+  if (s.copy_out != nullptr && !IsValidDType(s.copy_dtype))
+    return InvalidArgumentError(ShardName(i) + ": copy_dtype is not fp32, fp16 or bf16");
+  const bool adam = alg == Algorithm::kAdam || alg == Algorithm::kAdamW;
+  const bool needs_m = adam || alg == Algorithm::kLion || roofline;
+  const bool needs_v = adam || alg == Algorithm::kAdagrad || roofline;
+  *out = Prepared{};
+  if (s.count == 0) return Status::Ok();
+  auto null = [&](const char* what) {
+    return InvalidArgumentError(ShardName(i) + " (" + std::string(AlgorithmName(alg)) + ", count " +
+                                std::to_string(s.count) + "): " + what + " is null");
+  };
+  if (s.param == nullptr) return null("param");
+  if (s.grad == nullptr) return null("grad");
+  if (needs_m && s.exp_avg == nullptr) return null("exp_avg");
+  if (needs_v && s.exp_avg_sq == nullptr) return null("exp_avg_sq");
+  // The arrays must not overlap (an element would be read after being written).
+  std::vector<Range> ranges;
+  auto add = [&](const void* p, size_t bytes, const char* name) {
+    const auto lo = reinterpret_cast<uintptr_t>(p);
+    ranges.push_back({lo, lo + bytes, name});
+  };
+  add(s.param, s.count * 4, "param");
+  add(s.grad, s.count * DTypeSize(s.grad_dtype), "grad");
+  if (needs_m) add(s.exp_avg, s.count * 4, "exp_avg");
+  if (needs_v) add(s.exp_avg_sq, s.count * 4, "exp_avg_sq");
+  if (s.copy_out) add(s.copy_out, s.count * DTypeSize(s.copy_dtype), "copy_out");
+  for (size_t a = 0; a < ranges.size(); ++a) {
+    for (size_t b = a + 1; b < ranges.size(); ++b) {
+      if (ranges[a].lo < ranges[b].hi && ranges[b].lo < ranges[a].hi) {
+        return InvalidArgumentError(ShardName(i) + ": " + ranges[a].name + " and " + ranges[b].name +
+                                    " overlap (count " + std::to_string(s.count) + ")");
+      }
+    }
+  }
+  KernelOp op = roofline ? KernelOp::kRoofline : static_cast<KernelOp>(static_cast<int>(alg));
+  CopyOut co = CopyOut::kNone;
+  if (s.copy_out) {
+    co = s.copy_dtype == DType::kFp32 ? CopyOut::kFp32 : (s.copy_dtype == DType::kFp16 ? CopyOut::kFp16 : CopyOut::kBf16);
+  }
+  out->fn = table.step[static_cast<int>(op)][static_cast<int>(s.grad_dtype)][static_cast<int>(co)];
+  KernelArgs& a = out->base;
+  a.param = s.param;
+  a.grad = s.grad;
+  // Adagrad keeps its sum in exp_avg_sq; the kernels call it state0.
+  a.state0 = alg == Algorithm::kAdagrad && !roofline ? s.exp_avg_sq : s.exp_avg;
+  a.state1 = (adam || roofline) ? s.exp_avg_sq : nullptr;
+  a.copy_out = s.copy_out;
+  a.n = s.count;
+  a.c = MakeCoeffs(s.hp);
+  a.stream_state = stream_state;
+  a.stream_copy = stream_copy && s.copy_out != nullptr;
+  out->check = s.check_finite;
+  out->blocks = (s.count + block - 1) / block;
+  out->grad_bytes = DTypeSize(s.grad_dtype);
+  out->copy_bytes = s.copy_out ? DTypeSize(s.copy_dtype) : 0;
+  return Status::Ok();
+}
+
+// Runs the prepared shards as one parallel pass over all their blocks.
+// Must be called inside the arena. Block b of shard k covers elements
+// [b*block, min((b+1)*block, count)).
+size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
+  std::vector<size_t> first(shards.size() + 1, 0);
+  for (size_t k = 0; k < shards.size(); ++k) first[k + 1] = first[k] + shards[k].blocks;
+  const size_t total = first.back();
+  if (total == 0) return 0;
+  std::unique_ptr<std::atomic<bool>[]> bad(new std::atomic<bool>[shards.size()]);
+  for (size_t k = 0; k < shards.size(); ++k) bad[k].store(false, std::memory_order_relaxed);
+  auto body = [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t gb = r.begin(); gb < r.end(); ++gb) {
+      const size_t k = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const Prepared& p = shards[k];
+      const size_t off = (gb - first[k]) * block;
+      KernelArgs a = p.base;
+      a.n = std::min(block, p.base.n - off);
+      a.param += off;
+      a.grad = static_cast<const char*>(p.base.grad) + off * p.grad_bytes;
+      a.state0 += off;
+      if (a.state1) a.state1 += off;
+      if (a.copy_out) a.copy_out = static_cast<char*>(a.copy_out) + off * p.copy_bytes;
+      if (!p.fn(a, p.check)) bad[k].store(true, std::memory_order_relaxed);
+    }
+  };
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, total, 1), body, tbb::simple_partitioner());
+  size_t n_bad = 0;
+  for (size_t k = 0; k < shards.size(); ++k) n_bad += bad[k].load(std::memory_order_relaxed) ? 1 : 0;
+  return n_bad;
+}
+
+
+// Pins every thread that enters the arena to the NUMA node's PUs. A thread
+// that is not a TBB worker (the caller of Step) gets its own binding back
+// when it leaves.
+class PinObserver final : public tbb::task_scheduler_observer {
+ public:
+  PinObserver(tbb::task_arena& arena, std::shared_ptr<internal::Topology> topo, int node,
+              std::atomic<uint64_t>* entries)
+      : tbb::task_scheduler_observer(arena), topo_(std::move(topo)), node_(node), entries_(entries) {
+    observe(true);
+  }
+  ~PinObserver() override { observe(false); }
+
+  void on_scheduler_entry(bool is_worker) override {
+    if (!is_worker) Saved().push_back(topo_->SaveBinding());
+    Status s = topo_->BindThisThread(node_);
+    if (!s.ok()) {
+      STRATA_WARN_ONCE("cpu_adam.pin_failed", "cpu_adam: cannot pin optimizer threads, running unpinned: {}",
+                       s.ToString());
+      return;
+    }
+    entries_->fetch_add(1, std::memory_order_relaxed);
+  }
+  void on_scheduler_exit(bool is_worker) override {
+    if (is_worker || Saved().empty()) return;
+    topo_->RestoreBinding(*Saved().back());
+    Saved().pop_back();
+  }
+
+ private:
+  using SavedBinding = decltype(std::declval<internal::Topology&>().SaveBinding());
+  static std::vector<SavedBinding>& Saved() {
+    thread_local std::vector<SavedBinding> saved;
+    return saved;
+  }
+  std::shared_ptr<internal::Topology> topo_;
+  int node_;
+  std::atomic<uint64_t>* entries_;
+};
+
+}  // namespace
+
+struct StepHandle::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;            // GUARDED_BY(mu)
+  Status status;                // GUARDED_BY(mu)
+  StepResult result;            // GUARDED_BY(mu)
+  std::vector<Prepared> shards; // read by the worker only
+};
+
+StepHandle::StepHandle() = default;
+StepHandle::StepHandle(std::shared_ptr<State> s) : state_(std::move(s)) {}
+StepHandle::StepHandle(StepHandle&&) noexcept = default;
+StepHandle& StepHandle::operator=(StepHandle&& o) noexcept {
+  if (this != &o) {
+    if (state_) Wait().status().IgnoreError();
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+StepHandle::~StepHandle() {
+  if (state_) Wait().status().IgnoreError();
+}
+
+bool StepHandle::Ready() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+StatusOr<StepResult> StepHandle::Wait() {
+  if (!state_) return FailedPreconditionError("cpu_adam: Wait on an invalid StepHandle (already waited or empty)");
+  std::shared_ptr<State> s = std::move(state_);
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->cv.wait(lock, [&] { return s->done; });
+  if (!s->status.ok()) return s->status;
+  return s->result;
+}
+
+struct CpuOptimizer::Impl {
+  Options opt;
+  const KernelTable* table = nullptr;
+  std::shared_ptr<internal::Topology> topo;
+  int threads = 1;
+  int node = -1;
+  bool stream_state = false;
+  bool stream_copy = false;
+  std::atomic<uint64_t> pinned{0};
+  std::unique_ptr<tbb::task_arena> arena;
+  std::unique_ptr<PinObserver> observer;
+
+  std::mutex mu;
+  std::condition_variable idle;
+  int outstanding = 0;  // GUARDED_BY(mu): asynchronous steps not finished
+
+  ~Impl() {
+    std::unique_lock<std::mutex> lock(mu);
+    idle.wait(lock, [&] { return outstanding == 0; });
+    lock.unlock();
+    observer.reset();  // before the arena it observes
+    arena.reset();
+  }
+
+  Status PrepareAll(std::span<const ShardStep> shards, std::vector<Prepared>* out) const {
+    out->resize(shards.size());
+    for (size_t i = 0; i < shards.size(); ++i) {
+      RETURN_IF_ERROR(PrepareShard(shards[i], i, *table, opt.roofline_kernel, opt.block_elems, stream_state,
+                                   stream_copy, &(*out)[i]));
+    }
+    return Status::Ok();
+  }
+};
+
+CpuOptimizer::CpuOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CpuOptimizer::~CpuOptimizer() = default;
+
+StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->opt = options;
+  if (options.block_elems == 0 || options.block_elems % internal::kCheckChunk != 0) {
+    return InvalidArgumentError("cpu_adam: block_elems must be a positive multiple of 1024, got " +
+                                std::to_string(options.block_elems));
+  }
+  if (options.threads < 0) {
+    return InvalidArgumentError("cpu_adam: threads must be >= 0 (0 = all PUs of the node), got " +
+                                std::to_string(options.threads));
+  }
+  ASSIGN_OR_RETURN(impl->table, internal::SelectTable(options.isa));
+  ASSIGN_OR_RETURN(impl->topo, internal::Topology::Load());
+  impl->node = options.numa_node;
+  if (impl->node < -1) {
+    return InvalidArgumentError("cpu_adam: numa_node must be -1 (no pinning) or a node index, got " +
+                                std::to_string(impl->node));
+  }
+  auto pus = impl->topo->PuCount(impl->node);
+  if (!pus.ok()) return NotSupportedError(std::string(pus.status().message()));
+  impl->threads = options.threads > 0 ? options.threads : *pus;
+  switch (options.streaming_stores) {
+    case StreamingStores::kAuto:  // measured: see docs/parts/cpu_adam-perf.md
+      impl->stream_state = false;
+      impl->stream_copy = true;
+      break;
+    case StreamingStores::kOff: break;
+    case StreamingStores::kCopyOut: impl->stream_copy = true; break;
+    case StreamingStores::kAll:
+      impl->stream_state = true;
+      impl->stream_copy = true;
+      break;
+  }
+  if (impl->table->lanes == 1) impl->stream_state = impl->stream_copy = false;  // plain loop: no NT stores
+  try {
+    impl->arena = std::make_unique<tbb::task_arena>(impl->threads, 0);
+    impl->arena->initialize();
+    if (impl->node >= 0) {
+      impl->observer = std::make_unique<PinObserver>(*impl->arena, impl->topo, impl->node, &impl->pinned);
+    }
+  } catch (const std::exception& e) {
+    return InternalError(std::string("cpu_adam: creating the TBB arena failed: ") + e.what());
+  }
+  STRATA_LOG_DEBUG("cpu_adam: isa {}, {} threads, NUMA node {}", impl->table->isa, impl->threads, impl->node);
+  return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
+}
+
+StatusOr<StepResult> CpuOptimizer::Step(const ShardStep& shard) { return StepMany({&shard, 1}); }
+
+StatusOr<StepResult> CpuOptimizer::StepMany(std::span<const ShardStep> shards) {
+  std::vector<Prepared> prepared;
+  RETURN_IF_ERROR(impl_->PrepareAll(shards, &prepared));
+  StepResult result;
+  try {
+    impl_->arena->execute([&] { result.nonfinite_shards = RunPrepared(prepared, impl_->opt.block_elems); });
+  } catch (const std::exception& e) {
+    return InternalError(std::string("cpu_adam: step failed: ") + e.what());
+  }
+  return result;
+}
+
+StatusOr<StepHandle> CpuOptimizer::StepAsync(std::span<const ShardStep> shards) {
+  auto state = std::make_shared<StepHandle::State>();
+  RETURN_IF_ERROR(impl_->PrepareAll(shards, &state->shards));
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->outstanding;
+  }
+  Impl* impl = impl_.get();
+  auto task = [state, impl] {
+    Status status;
+    StepResult result;
+    try {
+      result.nonfinite_shards = RunPrepared(state->shards, impl->opt.block_elems);
+    } catch (const std::exception& e) {
+      status = InternalError(std::string("cpu_adam: asynchronous step failed: ") + e.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->status = std::move(status);
+      state->result = result;
+      state->done = true;
+    }
+    state->cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(impl->mu);
+      --impl->outstanding;
+    }
+    impl->idle.notify_all();
+  };
+  try {
+    impl_->arena->enqueue(std::move(task));
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    --impl_->outstanding;
+    return InternalError(std::string("cpu_adam: enqueue failed: ") + e.what());
+  }
+  return StepHandle(std::move(state));
+}
+
+StatusOr<bool> CpuOptimizer::AllFinite(const void* grad, DType grad_dtype, size_t count, float grad_scale) {
+  if (!IsValidDType(grad_dtype)) return InvalidArgumentError("cpu_adam: AllFinite: grad_dtype is not fp32, fp16 or bf16");
+  if (count == 0) return true;
+  if (grad == nullptr) return InvalidArgumentError("cpu_adam: AllFinite: grad is null (count " + std::to_string(count) + ")");
+  const internal::CheckFn fn = impl_->table->check[static_cast<int>(grad_dtype)];
+  const size_t block = impl_->opt.block_elems;
+  const size_t esize = DTypeSize(grad_dtype);
+  std::atomic<bool> finite{true};
+  try {
+    impl_->arena->execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, (count + block - 1) / block, 1),
+          [&](const tbb::blocked_range<size_t>& r) {
+            for (size_t b = r.begin(); b < r.end(); ++b) {
+              if (!finite.load(std::memory_order_relaxed)) return;
+              const size_t off = b * block;
+              if (!fn(static_cast<const char*>(grad) + off * esize, std::min(block, count - off), grad_scale))
+                finite.store(false, std::memory_order_relaxed);
+            }
+          },
+          tbb::simple_partitioner());
+    });
+  } catch (const std::exception& e) {
+    return InternalError(std::string("cpu_adam: AllFinite failed: ") + e.what());
+  }
+  return finite.load();
+}
+
+std::string_view CpuOptimizer::isa() const { return impl_->table->isa; }
+int CpuOptimizer::threads() const { return impl_->threads; }
+int CpuOptimizer::numa_node() const { return impl_->node; }
+bool CpuOptimizer::streams_state() const { return impl_->stream_state; }
+bool CpuOptimizer::streams_copy() const { return impl_->stream_copy; }
+uint64_t CpuOptimizer::pinned_thread_entries() const { return impl_->pinned.load(); }
+
+}  // namespace strata::cpu_adam

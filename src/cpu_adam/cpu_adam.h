@@ -1,0 +1,215 @@
+// src/cpu_adam/cpu_adam.h — the CPU optimizer module's contract.
+//
+// Steps shards ("sub-groups") of CPU-resident fp32 optimizer state in ONE
+// fused pass per element: read the fp32 master param, the gradient (fp32,
+// fp16 or bf16), the fp32 moments; write master and moments and, optionally in
+// the same pass, an fp16/bf16 (or fp32) copy of the updated param.
+//
+// Algorithms (PyTorch semantics; the order of float operations is in
+// docs/parts/cpu_adam-design.md):
+//   kAdam    torch.optim.Adam:  g += wd*p (L2), moments, bias-corrected step
+//   kAdamW   torch.optim.AdamW: p *= 1 - lr*wd (decoupled), then as Adam
+//            (DeepSpeed's adam_w_mode=true is kAdamW, false is kAdam)
+//   kAdagrad torch.optim.Adagrad (lr_decay 0): state in exp_avg_sq ("sum")
+//   kLion    Lion (Chen et al. 2023): state in exp_avg
+//
+// Threads: a CpuOptimizer owns one oneTBB arena created once. Its worker
+// threads are pinned (hwloc) to the cores of one NUMA node when asked.
+// Shards are cut into fixed blocks of Options::block_elems elements; every
+// element is computed by the same vector code wherever it falls, so results
+// are bitwise independent of the thread count and of the partitioning. They
+// may differ between ISAs (FMA vs multiply+add) by a few ulps.
+//
+// Thread-safety: every method of CpuOptimizer may be called concurrently
+// from several threads; calls share the arena's threads. The caller must not
+// touch a shard's arrays while a step on it is running, and shards stepped
+// together must not overlap.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/common/dtype.h"
+#include "strata/status.h"
+
+namespace strata::cpu_adam {
+
+enum class Algorithm : uint8_t { kAdam = 0, kAdamW = 1, kAdagrad = 2, kLion = 3 };
+std::string_view AlgorithmName(Algorithm a);                  // "adam", "adamw", "adagrad", "lion"
+std::optional<Algorithm> ParseAlgorithm(std::string_view name);  // the names above
+
+// Per-group hyper-parameters plus the step count and the gradient multiplier.
+struct HyperParams {
+  Algorithm algorithm = Algorithm::kAdamW;
+  // Doubles, as in PyTorch: derived coefficients (1 - beta2, lr / (1 -
+  // beta1^t), 1 - lr*wd) are computed in double and rounded to fp32 once.
+  double lr = 1e-3;
+  double beta1 = 0.9;    // Lion: the interpolation for the sign (paper: 0.9)
+  double beta2 = 0.999;  // Lion: the momentum decay (paper: 0.99)
+  double eps = 1e-8;     // Adam/AdamW/Adagrad; unused by Lion
+  double weight_decay = 0.0;
+  bool bias_correction = true;  // Adam/AdamW only
+  // The step being taken, 1-based: PyTorch's state["step"] after its
+  // increment. Must be ≥ 1 (Adam/AdamW with bias correction; ignored else).
+  int64_t step = 1;
+  // Every gradient is multiplied by this first: 1/loss_scale × clip coefficient.
+  double grad_scale = 1.0;
+};
+
+// One shard of state to step. The optimizer does not own any of the arrays;
+// they must stay valid (and untouched by the caller) until the step returns
+// or its StepHandle is waited on. Any alignment is accepted; 64-byte aligned
+// arrays are fastest. Arrays must not overlap each other.
+struct ShardStep {
+  float* param = nullptr;       // fp32 master, count elements, updated in place
+  const void* grad = nullptr;   // count elements of grad_dtype (read only)
+  DType grad_dtype = DType::kFp32;
+  float* exp_avg = nullptr;     // Adam/AdamW/Lion momentum; null for Adagrad
+  float* exp_avg_sq = nullptr;  // Adam/AdamW second moment, Adagrad sum; null for Lion
+  size_t count = 0;             // elements; 0 is valid (nothing happens)
+  void* copy_out = nullptr;     // optional: count elements of copy_dtype ← updated param
+  DType copy_dtype = DType::kBf16;
+  HyperParams hp;
+  // Check the scaled gradient for inf/NaN in the same pass. A chunk of 1024
+  // elements (counted from the shard start) that holds one is left entirely
+  // untouched (param, states, copy-out) and the result reports the shard;
+  // every other chunk is updated. For PyTorch's all-or-nothing "skip the
+  // step" use AllFinite() before stepping (a read-only pass over the grads).
+  bool check_finite = false;
+};
+
+struct StepResult {
+  size_t nonfinite_shards = 0;  // shards in which a non-finite gradient was seen
+  bool nonfinite() const { return nonfinite_shards != 0; }
+};
+
+enum class StreamingStores : uint8_t {
+  kAuto = 0,  // what the measurements say (docs/parts/cpu_adam-perf.md)
+  kOff = 1,   // ordinary stores
+  kCopyOut = 2,  // non-temporal stores for the write-only copy-out only
+  kAll = 3,   // non-temporal stores for param, states and copy-out
+};
+
+struct Options {
+  // Worker threads (the caller of Step/StepMany joins them). 0 = the number
+  // of PUs of `numa_node` (all PUs when numa_node is -1).
+  int threads = 0;
+  // Pin the worker threads to the PUs of this NUMA node (hwloc logical
+  // index; see NumaNodeOf). -1: do not pin.
+  int numa_node = -1;
+  // "auto" (best this CPU supports), "avx512", "avx2" (or "avx2+fma"),
+  // "sse4.2", "scalar". Asking for one the CPU lacks is NotSupported.
+  std::string isa = "auto";
+  StreamingStores streaming_stores = StreamingStores::kAuto;
+  // Elements per task; a multiple of 1024. Fixed, so results do not depend
+  // on the thread count.
+  size_t block_elems = 32768;
+  // Benchmark only (strata bench adam): replace the optimizer arithmetic by
+  // trivial adds over the very same loads and stores — the memory roofline.
+  bool roofline_kernel = false;
+};
+
+// A step running on the optimizer's threads. Move-only; the destructor
+// waits for the step (so the arrays are never written after it returns).
+class StepHandle {
+ public:
+  StepHandle();
+  ~StepHandle();
+  StepHandle(StepHandle&&) noexcept;
+  StepHandle& operator=(StepHandle&&) noexcept;
+  StepHandle(const StepHandle&) = delete;
+  StepHandle& operator=(const StepHandle&) = delete;
+
+  bool valid() const { return state_ != nullptr; }
+  // True once the step has finished (never blocks). REQUIRES: valid().
+  bool Ready() const;
+  // Blocks until the step has finished and returns its result. The handle
+  // is invalid afterwards. FailedPrecondition on an invalid handle.
+  StatusOr<StepResult> Wait();
+
+  struct State;  // implementation detail
+  explicit StepHandle(std::shared_ptr<State> s);
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class CpuOptimizer {
+ public:
+  // InvalidArgument for a bad option (naming it), NotSupported for an ISA
+  // this CPU lacks or a NUMA node that does not exist.
+  static StatusOr<std::unique_ptr<CpuOptimizer>> Create(const Options& options = {});
+  ~CpuOptimizer();  // waits for running asynchronous steps
+  CpuOptimizer(const CpuOptimizer&) = delete;
+  CpuOptimizer& operator=(const CpuOptimizer&) = delete;
+
+  // Steps one shard on the arena's threads (the caller joins them) and
+  // returns when done. InvalidArgument (naming the shard and field) for a
+  // bad descriptor; nothing is written then.
+  StatusOr<StepResult> Step(const ShardStep& shard);
+  // Steps many shards back to back as one parallel pass over all their
+  // blocks (no barrier between shards, threads not re-created). All
+  // descriptors are validated before anything is written.
+  StatusOr<StepResult> StepMany(std::span<const ShardStep> shards);
+  // Starts stepping the shards on the arena's worker threads and returns at
+  // once; the caller's thread is free (for I/O, copies). The descriptors are
+  // copied; the arrays must stay valid until the handle is waited on.
+  StatusOr<StepHandle> StepAsync(std::span<const ShardStep> shards);
+
+  // True if grad[0, count) * grad_scale holds no inf/NaN (read-only pass on
+  // the optimizer's threads). InvalidArgument for a null grad with count > 0.
+  StatusOr<bool> AllFinite(const void* grad, DType grad_dtype, size_t count, float grad_scale = 1.f);
+
+  std::string_view isa() const;  // the ISA actually used
+  int threads() const;
+  int numa_node() const;  // -1 when not pinned
+  bool streams_state() const;  // resolved streaming-store choice
+  bool streams_copy() const;
+  // How many times a thread entered the arena and was pinned (tests).
+  uint64_t pinned_thread_entries() const;
+
+  struct Impl;
+
+ private:
+  explicit CpuOptimizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Bytes one fused step moves per element (reads + writes; write-allocate
+// traffic not counted): 4 (param) ×2 + grad + states ×2 ×4 + copy-out.
+size_t BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_dtype);
+
+// ---- For `strata info` -----------------------------------------------------
+
+// The best ISA this CPU and build support: "avx512", "avx2+fma", "sse4.2" or
+// "scalar".
+std::string_view BestIsa();
+// All ISAs usable here, best first (always ends with "scalar").
+std::vector<std::string_view> AvailableIsas();
+
+struct NumaNodeInfo {
+  int logical_index = 0;       // hwloc logical index (what Options::numa_node takes)
+  int os_index = 0;            // the kernel's node number
+  uint64_t memory_bytes = 0;   // local memory
+  int cores = 0;
+  std::vector<int> pus;        // OS indices of the PUs (logical CPUs)
+};
+struct CpuTopology {
+  int packages = 0;
+  int cores = 0;
+  int pus = 0;
+  std::vector<NumaNodeInfo> numa_nodes;  // at least one (a machine without NUMA has one)
+};
+StatusOr<CpuTopology> DescribeTopology();
+// The NUMA node (logical index) holding most of [p, p + bytes), or -1 when
+// the OS cannot tell (pages not yet touched, no NUMA). NotSupported if hwloc
+// cannot query memory location here.
+StatusOr<int> NumaNodeOf(const void* p, size_t bytes);
+
+}  // namespace strata::cpu_adam

@@ -1,0 +1,105 @@
+// Internal to src/cpu_adam: the per-ISA kernel table and the plain argument
+// block every kernel takes. Included by cpu_adam.cc, the per-ISA translation
+// units, tests and benchmarks — never by other modules (they use cpu_adam.h).
+//
+// A kernel updates `n` consecutive elements of one shard in a single pass:
+//   reads  param (fp32), grad (fp32|fp16|bf16), state0, state1 (fp32)
+//   writes param, state0, state1 and optionally copy_out (fp16|bf16|fp32)
+// The math of each optimizer, in the exact order of float operations, is
+// written once in kernel_impl.h (SIMD) and once in kernel_scalar.cc (plain
+// loop); both are documented in docs/parts/cpu_adam-design.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "src/common/dtype.h"
+
+namespace strata::cpu_adam::internal {
+
+// What the kernel computes. kRoofline is not an optimizer: it reads and
+// writes exactly the arrays Adam does with trivial arithmetic (the memory
+// roofline for this access pattern, used by `strata bench adam`).
+enum class KernelOp : uint8_t { kAdam = 0, kAdamW = 1, kAdagrad = 2, kLion = 3, kRoofline = 4 };
+constexpr int kNumKernelOps = 5;
+
+// Copy-out selector: none, or the dtype of the copy.
+enum class CopyOut : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
+constexpr int kNumCopyOuts = 4;
+
+// Coefficients are computed once per shard (in double, then rounded to
+// float) by cpu_adam.cc; the kernels only multiply and add them.
+struct Coeffs {
+  float grad_scale = 1.f;     // g = grad * grad_scale
+  float l2 = 0.f;             // Adam/Adagrad: g += l2 * p   (coupled weight decay)
+  float decay = 1.f;          // AdamW/Lion: p *= decay     (1 - lr * weight_decay)
+  float beta1 = 0.9f;         // Lion: interpolation for the sign
+  float w1 = 0.1f;            // 1 - beta1   (Adam: lerp weight of exp_avg)
+  float beta2 = 0.999f;       //
+  float w2 = 0.001f;          // 1 - beta2
+  float inv_bc2_sqrt = 1.f;   // 1 / sqrt(1 - beta2^t)  (1 without bias correction)
+  float eps = 1e-8f;          //
+  float neg_step = -1e-3f;    // -lr / (1 - beta1^t); Adagrad: -clr; Lion: -lr
+};
+
+struct KernelArgs {
+  float* param = nullptr;
+  const void* grad = nullptr;
+  float* state0 = nullptr;   // Adam: exp_avg;    Adagrad: sum;  Lion: exp_avg
+  float* state1 = nullptr;   // Adam: exp_avg_sq; Adagrad, Lion: unused (null)
+  void* copy_out = nullptr;  // null when copy == kNone
+  size_t n = 0;
+  Coeffs c;
+  // Non-temporal stores (where the address is vector-aligned) for the
+  // in-place arrays (param, states) and for the write-only copy-out.
+  bool stream_state = false;
+  bool stream_copy = false;
+};
+
+// One pass over [0, n). Returns false if a non-finite scaled gradient was
+// seen (only when check_finite; then every 1024-element chunk holding one is
+// left untouched, see cpu_adam.h), true otherwise.
+using StepFn = bool (*)(const KernelArgs& a, bool check_finite);
+// True if all of grad[0, n) * scale is finite. Read-only.
+using CheckFn = bool (*)(const void* grad, size_t n, float scale);
+// Vector conversions (for tests: compared to src/common/half.h).
+using ToHalfFn = void (*)(const float* in, uint16_t* out, size_t n);
+using FromHalfFn = void (*)(const uint16_t* in, float* out, size_t n);
+
+struct KernelTable {
+  std::string_view isa;  // "avx512", "avx2+fma", "sse4.2", "scalar"
+  size_t lanes;          // fp32 lanes per vector (1 for scalar)
+  // step[op][grad dtype][copy-out]
+  StepFn step[kNumKernelOps][3][kNumCopyOuts];
+  CheckFn check[3];  // by grad dtype
+  ToHalfFn f32_to_f16, f32_to_bf16;
+  FromHalfFn f16_to_f32, bf16_to_f32;
+};
+
+// Tables per ISA. A table whose ISA this build could not compile is null.
+const KernelTable* Avx512Table();
+const KernelTable* Avx2Table();
+const KernelTable* Sse42Table();
+const KernelTable& ScalarTable();  // always present; also the bench baseline
+
+// Elements per chunk for the non-finite check (a chunk with a non-finite
+// gradient is skipped as a whole). Chunks start at multiples of this from the
+// start of the kernel call.
+constexpr size_t kCheckChunk = 1024;
+
+}  // namespace strata::cpu_adam::internal
+
+#include "strata/status.h"
+#include <vector>
+
+namespace strata::cpu_adam::internal {
+
+// Run-time ISA choice (dispatch.cc). "auto" → the best usable table; a named
+// ISA ("avx512", "avx2", "avx2+fma", "sse4.2", "scalar") → that table or
+// NotSupported naming what the CPU lacks; anything else → InvalidArgument.
+StatusOr<const KernelTable*> SelectTable(std::string_view request);
+// Tables usable on this CPU, best first; the last is always the scalar one.
+std::vector<const KernelTable*> UsableTables();
+
+}  // namespace strata::cpu_adam::internal

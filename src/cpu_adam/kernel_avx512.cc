@@ -1,0 +1,49 @@
+// The kernels for AVX-512 (F, BW, DQ, VL; 16 fp32 lanes). Compiled with
+// -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c; only called after
+// the run-time check in cpu_adam.cc.
+#include <immintrin.h>
+
+#include "src/cpu_adam/kernel_impl.h"
+
+namespace strata::cpu_adam::internal {
+
+using Arch = xsimd::avx512bw;
+
+template <>
+struct ArchIO<Arch> {
+  static BI<Arch> LoadU16(const uint16_t* p) {
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void StoreU16(uint16_t* p, BI<Arch> x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));  // vpmovdw
+  }
+  static bool StreamU16(uint16_t* p, BI<Arch> x) {
+    if ((reinterpret_cast<uintptr_t>(p) & 31) != 0) return false;
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));
+    return true;
+  }
+  static bool StreamF32(float* p, BF<Arch> x) {
+    if ((reinterpret_cast<uintptr_t>(p) & 63) != 0) return false;
+    _mm512_stream_ps(p, x);
+    return true;
+  }
+  static BF<Arch> LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void StoreF16(uint16_t* p, BF<Arch> x, bool nt) {
+    const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if (nt && (reinterpret_cast<uintptr_t>(p) & 31) == 0) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    }
+  }
+  static void Fence() { _mm_sfence(); }
+};
+
+const KernelTable* Avx512Table() {
+  static const KernelTable table = MakeTable<Arch>("avx512");
+  return &table;
+}
+
+}  // namespace strata::cpu_adam::internal

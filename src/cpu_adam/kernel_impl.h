@@ -1,0 +1,337 @@
+// Internal to src/cpu_adam: the fused optimizer kernels, written once with
+// xsimd and instantiated per instruction set by kernel_avx512.cc,
+// kernel_avx2.cc and kernel_sse42.cc (each compiled with its own -m flags).
+// Only those translation units include this header (and so xsimd).
+//
+// One pass per element, bytes moved per element (fp32 master, fp32 states):
+//   Adam/AdamW: read p,g,m,v  write p,m,v  [+ copy]  = 12 + G + 12 (+ C)
+//   Adagrad:    read p,g,s    write p,s    [+ copy]  =  8 + G +  8 (+ C)
+//   Lion:       read p,g,m    write p,m    [+ copy]  =  8 + G +  8 (+ C)
+// with G = grad bytes (4 or 2) and C = copy-out bytes (4, 2 or 0).
+//
+// Every element is computed by the same vector instructions wherever it sits:
+// the last partial vector is copied into a padded stack buffer, run through
+// the same vector code and copied back. So results do not depend on
+// alignment, shard offset or thread partitioning (bitwise).
+//
+// Each ISA's translation unit specializes ArchIO<A> (16-bit loads/stores,
+// fp16 conversions, streaming stores) before instantiating MakeTable<A>().
+#pragma once
+
+#include <xsimd/xsimd.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "src/cpu_adam/kernel.h"
+
+namespace strata::cpu_adam::internal {
+
+template <class A>
+using BF = xsimd::batch<float, A>;
+template <class A>
+using BI = xsimd::batch<int32_t, A>;
+
+// Specialized per ISA:
+//   static BI<A>  LoadU16(const uint16_t* p);           zero-extends lanes
+//   static void   StoreU16(uint16_t* p, BI<A> x);       low 16 bits of lanes (x in [0, 0xffff])
+//   static bool   StreamU16(uint16_t* p, BI<A> x);      non-temporal if aligned; false if not done
+//   static bool   StreamF32(float* p, BF<A> x);         non-temporal if aligned; false if not done
+//   static BF<A>  LoadF16(const uint16_t* p);           fp16 → fp32 (exact)
+//   static void   StoreF16(uint16_t* p, BF<A> x, bool nt); fp32 → fp16, round to nearest even
+//   static void   Fence();                               orders streaming stores
+template <class A>
+struct ArchIO;
+
+// ---- Bit-arithmetic conversions (any ISA) ------------------------------------
+
+// fp16 bits (lanes in [0, 0xffff]) → fp32. Exact, NaN payload kept.
+template <class A>
+inline BF<A> HalfBitsToFloatGeneric(BI<A> h) {
+  const BI<A> sign = (h & BI<A>(0x8000)) << 16;
+  const BI<A> em = h & BI<A>(0x7fff);
+  // Normal and subnormal halves: place the bits in a float and rescale by
+  // 2^112 (exact: subnormal halves become fp32 denormals first).
+  const BF<A> scaled = xsimd::bitwise_cast<BF<A>>(em << 13) * BF<A>(0x1p112f);
+  const BI<A> infnan = (em << 13) | BI<A>(0x7f800000);
+  const BI<A> bits = xsimd::select(em >= BI<A>(0x7c00), infnan, xsimd::bitwise_cast<BI<A>>(scaled));
+  return xsimd::bitwise_cast<BF<A>>(bits | sign);
+}
+
+// fp32 → fp16 bits, round to nearest even; same results as FloatToHalfBits.
+template <class A>
+inline BI<A> FloatToHalfBitsGeneric(BF<A> f) {
+  const BI<A> u = xsimd::bitwise_cast<BI<A>>(f);
+  const BI<A> sign = (u >> 16) & BI<A>(0x8000);
+  const BI<A> a = u & BI<A>(0x7fffffff);
+  // Subnormal results: adding 0.5f aligns the value so that fp32's own
+  // round-to-nearest-even rounds it to a multiple of 2^-24 (the fp16 unit).
+  const BF<A> magic = xsimd::bitwise_cast<BF<A>>(BI<A>(0x3f000000));
+  const BI<A> sub = xsimd::bitwise_cast<BI<A>>(xsimd::bitwise_cast<BF<A>>(a) + magic) - BI<A>(0x3f000000);
+  // Normal results: rebias the exponent and round the 13 dropped bits (ties to even).
+  const BI<A> odd = (a >> 13) & BI<A>(1);
+  const BI<A> norm = (a - BI<A>(112 << 23) + BI<A>(0xfff) + odd) >> 13;
+  BI<A> r = xsimd::select(a < BI<A>(0x38800000), sub, norm);
+  r = xsimd::select(a >= BI<A>(0x477ff000), BI<A>(0x7c00), r);  // overflow (and inf) → inf
+  r = xsimd::select(a > BI<A>(0x7f800000), BI<A>(0x7e00) | ((a >> 13) & BI<A>(0x3ff)), r);  // NaN → quiet NaN
+  return r | sign;
+}
+
+// bf16 bits → fp32 (exact).
+template <class A>
+inline BF<A> Bf16BitsToFloat(BI<A> h) {
+  return xsimd::bitwise_cast<BF<A>>(h << 16);
+}
+
+// fp32 → bf16 bits, round to nearest even, NaN stays (quiet) NaN.
+template <class A>
+inline BI<A> FloatToBf16Bits(BF<A> f) {
+  const BI<A> u = xsimd::bitwise_cast<BI<A>>(f);
+  const BI<A> hi = (u >> 16) & BI<A>(0xffff);
+  const BI<A> rounded = ((u + BI<A>(0x7fff) + (hi & BI<A>(1))) >> 16) & BI<A>(0xffff);
+  return xsimd::select((u & BI<A>(0x7fffffff)) > BI<A>(0x7f800000), hi | BI<A>(0x40), rounded);
+}
+
+// ---- Loads and stores by dtype ---------------------------------------------
+
+template <class A, int GD>  // GD: 0 fp32, 1 fp16, 2 bf16 (DType order)
+inline BF<A> LoadGrad(const void* g, size_t i) {
+  if constexpr (GD == 0) {
+    return BF<A>::load_unaligned(static_cast<const float*>(g) + i);
+  } else if constexpr (GD == 1) {
+    return ArchIO<A>::LoadF16(static_cast<const uint16_t*>(g) + i);
+  } else {
+    return Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(static_cast<const uint16_t*>(g) + i));
+  }
+}
+
+template <class A>
+inline void StoreF32(float* p, BF<A> x, bool nt) {
+  if (nt && ArchIO<A>::StreamF32(p, x)) return;
+  x.store_unaligned(p);
+}
+
+template <class A, CopyOut CO>
+inline void StoreCopy(void* out, size_t i, BF<A> x, bool nt) {
+  if constexpr (CO == CopyOut::kFp32) {
+    StoreF32<A>(static_cast<float*>(out) + i, x, nt);
+  } else if constexpr (CO == CopyOut::kFp16) {
+    ArchIO<A>::StoreF16(static_cast<uint16_t*>(out) + i, x, nt);
+  } else if constexpr (CO == CopyOut::kBf16) {
+    uint16_t* p = static_cast<uint16_t*>(out) + i;
+    const BI<A> b = FloatToBf16Bits<A>(x);
+    if (nt && ArchIO<A>::StreamU16(p, b)) return;
+    ArchIO<A>::StoreU16(p, b);
+  }
+}
+
+constexpr size_t GradBytes(int gd) { return gd == 0 ? 4 : 2; }
+constexpr size_t CopyBytes(CopyOut co) {
+  return co == CopyOut::kNone ? 0 : (co == CopyOut::kFp32 ? 4 : 2);
+}
+
+// ---- The kernels -----------------------------------------------------------
+
+template <class A, KernelOp OP, int GD, CopyOut CO>
+struct FusedKernel {
+  using B = BF<A>;
+  static constexpr size_t W = B::size;
+
+  // Updates the W elements at index i. Pointers may be the real arrays or a
+  // padded stack copy (the tail); the arithmetic is the same either way.
+  static inline void Vec(float* p_, const void* g_, float* s0_, float* s1_, void* cp_, size_t i,
+                         const Coeffs& c, bool nt, bool nt_copy) {
+    B p = B::load_unaligned(p_ + i);
+    B g = LoadGrad<A, GD>(g_, i) * B(c.grad_scale);  // unscale and clip in one multiply
+    if constexpr (OP == KernelOp::kAdam || OP == KernelOp::kAdamW) {
+      B m = B::load_unaligned(s0_ + i);
+      B v = B::load_unaligned(s1_ + i);
+      if constexpr (OP == KernelOp::kAdam) g = xsimd::fma(B(c.l2), p, g);  // g += wd * p (L2)
+      m = xsimd::fma(B(c.w1), g - m, m);                                   // m = lerp(m, g, 1 - beta1)
+      v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);                      // v = beta2 v + (1 - beta2) g^2
+      const B denom = xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
+      if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);           // p *= 1 - lr wd (decoupled)
+      p = xsimd::fma(B(c.neg_step), m / denom, p);                         // p -= lr/bc1 * m / denom
+      StoreF32<A>(s0_ + i, m, nt);
+      StoreF32<A>(s1_ + i, v, nt);
+    } else if constexpr (OP == KernelOp::kAdagrad) {
+      B s = B::load_unaligned(s0_ + i);
+      g = xsimd::fma(B(c.l2), p, g);                                   // g += wd * p
+      s = xsimd::fma(g, g, s);                                         // sum += g^2
+      p = xsimd::fma(B(c.neg_step), g / (xsimd::sqrt(s) + B(c.eps)), p);  // p -= clr g / (sqrt(sum) + eps)
+      StoreF32<A>(s0_ + i, s, nt);
+    } else if constexpr (OP == KernelOp::kLion) {
+      B m = B::load_unaligned(s0_ + i);
+      const B u = xsimd::fma(B(c.w1), g - m, m);  // u = lerp(m, g, 1 - beta1)
+      // sign(u): +1, -1, or u * 0 (keeps ±0 → 0 and NaN → NaN).
+      const B sgn = xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
+      p = p * B(c.decay);                     // p *= 1 - lr wd
+      p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
+      m = xsimd::fma(B(c.w2), g - m, m);      // m = lerp(m, g, 1 - beta2)
+      StoreF32<A>(s0_ + i, m, nt);
+    } else {  // kRoofline: the same loads and stores, trivial arithmetic
+      B m = B::load_unaligned(s0_ + i);
+      B v = B::load_unaligned(s1_ + i);
+      p = p + g;
+      StoreF32<A>(s0_ + i, m + g, nt);
+      StoreF32<A>(s1_ + i, v + g, nt);
+    }
+    StoreF32<A>(p_ + i, p, nt);
+    StoreCopy<A, CO>(cp_, i, p, nt_copy);
+  }
+
+  static constexpr bool kHasS1 = OP == KernelOp::kAdam || OP == KernelOp::kAdamW || OP == KernelOp::kRoofline;
+
+  // Elements [off, off + n).
+  static inline void Range(const KernelArgs& a, size_t off, size_t n) {
+    const size_t body = n / W * W;
+    float* const p = a.param + off;
+    const void* const g = static_cast<const char*>(a.grad) + off * GradBytes(GD);
+    float* const s0 = a.state0 + off;
+    float* const s1 = kHasS1 ? a.state1 + off : nullptr;
+    void* const cp = CO == CopyOut::kNone ? nullptr : static_cast<char*>(a.copy_out) + off * CopyBytes(CO);
+    for (size_t i = 0; i < body; i += W) Vec(p, g, s0, s1, cp, i, a.c, a.stream_state, a.stream_copy);
+    const size_t rem = n - body;
+    if (rem == 0) return;
+    // Tail: the same vector code on a zero-padded copy (zeros keep the
+    // padding lanes finite; their results are discarded).
+    alignas(64) float tp[W] = {}, ts0[W] = {}, ts1[W] = {}, tcp[W] = {};
+    alignas(64) float tg[W] = {};
+    std::memcpy(tp, p + body, rem * 4);
+    std::memcpy(tg, static_cast<const char*>(g) + body * GradBytes(GD), rem * GradBytes(GD));
+    std::memcpy(ts0, s0 + body, rem * 4);
+    if constexpr (kHasS1) std::memcpy(ts1, s1 + body, rem * 4);
+    Vec(tp, tg, ts0, ts1, tcp, 0, a.c, false, false);
+    std::memcpy(p + body, tp, rem * 4);
+    std::memcpy(s0 + body, ts0, rem * 4);
+    if constexpr (kHasS1) std::memcpy(s1 + body, ts1, rem * 4);
+    if constexpr (CO != CopyOut::kNone)
+      std::memcpy(static_cast<char*>(cp) + body * CopyBytes(CO), tcp, rem * CopyBytes(CO));
+  }
+
+  static bool Run(const KernelArgs& a, bool check_finite);
+};
+
+// True if grad[0, n) * scale has no inf/NaN. Uses g - g (0 for finite, NaN
+// otherwise) summed over the range: one subtract and one add per vector.
+template <class A, int GD>
+inline bool RangeFinite(const void* g, size_t n, float scale) {
+  using B = BF<A>;
+  constexpr size_t W = B::size;
+  const size_t body = n / W * W;
+  B acc(0.f);
+  for (size_t i = 0; i < body; i += W) {
+    const B x = LoadGrad<A, GD>(g, i) * B(scale);
+    acc += x - x;
+  }
+  if (body < n) {
+    alignas(64) float tg[W] = {};
+    std::memcpy(tg, static_cast<const char*>(g) + body * GradBytes(GD), (n - body) * GradBytes(GD));
+    const B x = LoadGrad<A, GD>(tg, 0) * B(scale);
+    acc += x - x;
+  }
+  return xsimd::all(acc == acc);  // == is ordered: false for NaN (xsimd's != is NEQ_OQ, also false)
+}
+
+template <class A, KernelOp OP, int GD, CopyOut CO>
+bool FusedKernel<A, OP, GD, CO>::Run(const KernelArgs& a, bool check_finite) {
+  bool finite = true;
+  if (!check_finite) {
+    Range(a, 0, a.n);
+  } else {
+    for (size_t off = 0; off < a.n; off += kCheckChunk) {
+      const size_t len = std::min(kCheckChunk, a.n - off);
+      if (!RangeFinite<A, GD>(static_cast<const char*>(a.grad) + off * GradBytes(GD), len,
+                              a.c.grad_scale)) {
+        finite = false;  // leave this chunk untouched
+        continue;
+      }
+      Range(a, off, len);
+    }
+  }
+  if (a.stream_state || a.stream_copy) ArchIO<A>::Fence();
+  return finite;
+}
+
+template <class A, int GD>
+bool CheckKernel(const void* g, size_t n, float scale) {
+  return RangeFinite<A, GD>(g, n, scale);
+}
+
+// Conversions over arrays (for tests).
+template <class A>
+void ToHalfArray(const float* in, uint16_t* out, size_t n) {
+  constexpr size_t W = BF<A>::size;
+  size_t i = 0;
+  for (; i + W <= n; i += W) ArchIO<A>::StoreF16(out + i, BF<A>::load_unaligned(in + i), false);
+  for (; i < n; ++i) {
+    alignas(64) float t[W] = {};
+    alignas(64) uint16_t o[W] = {};
+    t[0] = in[i];
+    ArchIO<A>::StoreF16(o, BF<A>::load_aligned(t), false);
+    out[i] = o[0];
+  }
+}
+template <class A>
+void ToBf16Array(const float* in, uint16_t* out, size_t n) {
+  constexpr size_t W = BF<A>::size;
+  size_t i = 0;
+  for (; i + W <= n; i += W) ArchIO<A>::StoreU16(out + i, FloatToBf16Bits<A>(BF<A>::load_unaligned(in + i)));
+  for (; i < n; ++i) {
+    alignas(64) float t[W] = {};
+    alignas(64) uint16_t o[W] = {};
+    t[0] = in[i];
+    ArchIO<A>::StoreU16(o, FloatToBf16Bits<A>(BF<A>::load_aligned(t)));
+    out[i] = o[0];
+  }
+}
+template <class A, int GD>
+void FromHalfArray(const uint16_t* in, float* out, size_t n) {
+  constexpr size_t W = BF<A>::size;
+  size_t i = 0;
+  for (; i + W <= n; i += W) LoadGrad<A, GD>(in, i).store_unaligned(out + i);
+  for (; i < n; ++i) {
+    alignas(64) uint16_t t[W] = {};
+    alignas(64) float o[W] = {};
+    t[0] = in[i];
+    LoadGrad<A, GD>(t, 0).store_aligned(o);
+    out[i] = o[0];
+  }
+}
+
+template <class A, KernelOp OP, int GD>
+constexpr void FillCopies(KernelTable& t) {
+  t.step[int(OP)][GD][int(CopyOut::kNone)] = &FusedKernel<A, OP, GD, CopyOut::kNone>::Run;
+  t.step[int(OP)][GD][int(CopyOut::kFp32)] = &FusedKernel<A, OP, GD, CopyOut::kFp32>::Run;
+  t.step[int(OP)][GD][int(CopyOut::kFp16)] = &FusedKernel<A, OP, GD, CopyOut::kFp16>::Run;
+  t.step[int(OP)][GD][int(CopyOut::kBf16)] = &FusedKernel<A, OP, GD, CopyOut::kBf16>::Run;
+}
+template <class A, KernelOp OP>
+constexpr void FillGrads(KernelTable& t) {
+  FillCopies<A, OP, 0>(t);
+  FillCopies<A, OP, 1>(t);
+  FillCopies<A, OP, 2>(t);
+}
+
+template <class A>
+KernelTable MakeTable(std::string_view isa) {
+  KernelTable t{};
+  t.isa = isa;
+  t.lanes = BF<A>::size;
+  FillGrads<A, KernelOp::kAdam>(t);
+  FillGrads<A, KernelOp::kAdamW>(t);
+  FillGrads<A, KernelOp::kAdagrad>(t);
+  FillGrads<A, KernelOp::kLion>(t);
+  FillGrads<A, KernelOp::kRoofline>(t);
+  t.check[0] = &CheckKernel<A, 0>;
+  t.check[1] = &CheckKernel<A, 1>;
+  t.check[2] = &CheckKernel<A, 2>;
+  t.f32_to_f16 = &ToHalfArray<A>;
+  t.f32_to_bf16 = &ToBf16Array<A>;
+  t.f16_to_f32 = &FromHalfArray<A, 1>;
+  t.bf16_to_f32 = &FromHalfArray<A, 2>;
+  return t;
+}
+
+}  // namespace strata::cpu_adam::internal

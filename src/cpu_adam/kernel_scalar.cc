@@ -1,0 +1,148 @@
+// The plain scalar kernels: one element at a time, no SIMD (this file is
+// compiled with -fno-tree-vectorize -ffp-contract=off). They are the fallback
+// on an x86-64 without SSE4.2 and the "plain loop" baseline of `strata bench
+// adam`. Same order of operations as kernel_impl.h, with each fma written as
+// a multiply and an add — which is exactly what xsimd does on SSE4.2, so the
+// SSE4.2 kernels and these give bitwise-equal results (tested).
+#include <algorithm>
+#include <cmath>
+
+#include "src/common/half.h"
+#include "src/cpu_adam/kernel.h"
+
+namespace strata::cpu_adam::internal {
+namespace {
+
+template <int GD>
+inline float LoadG(const void* g, size_t i) {
+  if constexpr (GD == 0) return static_cast<const float*>(g)[i];
+  else if constexpr (GD == 1) return HalfBitsToFloat(static_cast<const uint16_t*>(g)[i]);
+  else return Bf16BitsToFloat(static_cast<const uint16_t*>(g)[i]);
+}
+
+template <CopyOut CO>
+inline void StoreC(void* out, size_t i, float x) {
+  if constexpr (CO == CopyOut::kFp32) static_cast<float*>(out)[i] = x;
+  else if constexpr (CO == CopyOut::kFp16) static_cast<uint16_t*>(out)[i] = FloatToHalfBits(x);
+  else if constexpr (CO == CopyOut::kBf16) static_cast<uint16_t*>(out)[i] = FloatToBf16Bits(x);
+}
+
+template <KernelOp OP, int GD, CopyOut CO>
+void ScalarRange(const KernelArgs& a, size_t off, size_t n) {
+  const Coeffs& c = a.c;
+  for (size_t i = off; i < off + n; ++i) {
+    float p = a.param[i];
+    float g = LoadG<GD>(a.grad, i) * c.grad_scale;
+    if constexpr (OP == KernelOp::kAdam || OP == KernelOp::kAdamW) {
+      float m = a.state0[i];
+      float v = a.state1[i];
+      if constexpr (OP == KernelOp::kAdam) g = c.l2 * p + g;
+      m = c.w1 * (g - m) + m;
+      v = c.w2 * (g * g) + c.beta2 * v;
+      const float denom = std::sqrt(v) * c.inv_bc2_sqrt + c.eps;
+      if constexpr (OP == KernelOp::kAdamW) p = p * c.decay;
+      p = c.neg_step * (m / denom) + p;
+      a.state0[i] = m;
+      a.state1[i] = v;
+    } else if constexpr (OP == KernelOp::kAdagrad) {
+      float s = a.state0[i];
+      g = c.l2 * p + g;
+      s = g * g + s;
+      p = c.neg_step * (g / (std::sqrt(s) + c.eps)) + p;
+      a.state0[i] = s;
+    } else if constexpr (OP == KernelOp::kLion) {
+      float m = a.state0[i];
+      const float u = c.w1 * (g - m) + m;
+      const float sgn = u > 0.f ? 1.f : (u < 0.f ? -1.f : u * 0.f);
+      p = p * c.decay;
+      p = c.neg_step * sgn + p;
+      m = c.w2 * (g - m) + m;
+      a.state0[i] = m;
+    } else {
+      a.state0[i] = a.state0[i] + g;
+      a.state1[i] = a.state1[i] + g;
+      p = p + g;
+    }
+    a.param[i] = p;
+    StoreC<CO>(a.copy_out, i, p);
+  }
+}
+
+template <int GD>
+bool ScalarFinite(const void* g, size_t n, float scale) {
+  float acc = 0.f;
+  for (size_t i = 0; i < n; ++i) {
+    const float x = LoadG<GD>(g, i) * scale;
+    acc += x - x;
+  }
+  return acc == acc;
+}
+
+template <KernelOp OP, int GD, CopyOut CO>
+bool ScalarRun(const KernelArgs& a, bool check_finite) {
+  if (!check_finite) {
+    ScalarRange<OP, GD, CO>(a, 0, a.n);
+    return true;
+  }
+  bool finite = true;
+  for (size_t off = 0; off < a.n; off += kCheckChunk) {
+    const size_t len = std::min(kCheckChunk, a.n - off);
+    if (!ScalarFinite<GD>(static_cast<const char*>(a.grad) + off * (GD == 0 ? 4 : 2), len,
+                          a.c.grad_scale)) {
+      finite = false;
+      continue;
+    }
+    ScalarRange<OP, GD, CO>(a, off, len);
+  }
+  return finite;
+}
+
+template <KernelOp OP, int GD>
+void Fill(KernelTable& t) {
+  t.step[int(OP)][GD][0] = &ScalarRun<OP, GD, CopyOut::kNone>;
+  t.step[int(OP)][GD][1] = &ScalarRun<OP, GD, CopyOut::kFp32>;
+  t.step[int(OP)][GD][2] = &ScalarRun<OP, GD, CopyOut::kFp16>;
+  t.step[int(OP)][GD][3] = &ScalarRun<OP, GD, CopyOut::kBf16>;
+}
+template <KernelOp OP>
+void FillAll(KernelTable& t) {
+  Fill<OP, 0>(t);
+  Fill<OP, 1>(t);
+  Fill<OP, 2>(t);
+}
+
+KernelTable Make() {
+  KernelTable t{};
+  t.isa = "scalar";
+  t.lanes = 1;
+  FillAll<KernelOp::kAdam>(t);
+  FillAll<KernelOp::kAdamW>(t);
+  FillAll<KernelOp::kAdagrad>(t);
+  FillAll<KernelOp::kLion>(t);
+  FillAll<KernelOp::kRoofline>(t);
+  t.check[0] = &ScalarFinite<0>;
+  t.check[1] = &ScalarFinite<1>;
+  t.check[2] = &ScalarFinite<2>;
+  t.f32_to_f16 = [](const float* in, uint16_t* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = FloatToHalfBits(in[i]);
+  };
+  t.f32_to_bf16 = [](const float* in, uint16_t* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16Bits(in[i]);
+  };
+  t.f16_to_f32 = [](const uint16_t* in, float* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = HalfBitsToFloat(in[i]);
+  };
+  t.bf16_to_f32 = [](const uint16_t* in, float* out, size_t n) {
+    for (size_t i = 0; i < n; ++i) out[i] = Bf16BitsToFloat(in[i]);
+  };
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& ScalarTable() {
+  static const KernelTable table = Make();
+  return table;
+}
+
+}  // namespace strata::cpu_adam::internal

@@ -1,0 +1,43 @@
+// The kernels for SSE4.2 (4 fp32 lanes, no FMA, no F16C): fp16 conversions by
+// bit arithmetic, xsimd's fma as multiply + add. Compiled with -msse4.2.
+#include <immintrin.h>
+
+#include "src/cpu_adam/kernel_impl.h"
+
+namespace strata::cpu_adam::internal {
+
+using Arch = xsimd::sse4_2;
+
+template <>
+struct ArchIO<Arch> {
+  static BI<Arch> LoadU16(const uint16_t* p) {
+    return _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void StoreU16(uint16_t* p, BI<Arch> x) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(x, x));
+  }
+  static bool StreamU16(uint16_t* p, BI<Arch> x) {
+    if ((reinterpret_cast<uintptr_t>(p) & 7) != 0) return false;
+    _mm_stream_si64(reinterpret_cast<long long*>(p), _mm_cvtsi128_si64(_mm_packus_epi32(x, x)));
+    return true;
+  }
+  static bool StreamF32(float* p, BF<Arch> x) {
+    if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) return false;
+    _mm_stream_ps(p, x);
+    return true;
+  }
+  static BF<Arch> LoadF16(const uint16_t* p) { return HalfBitsToFloatGeneric<Arch>(LoadU16(p)); }
+  static void StoreF16(uint16_t* p, BF<Arch> x, bool nt) {
+    const BI<Arch> h = FloatToHalfBitsGeneric<Arch>(x);
+    if (nt && StreamU16(p, h)) return;
+    StoreU16(p, h);
+  }
+  static void Fence() { _mm_sfence(); }
+};
+
+const KernelTable* Sse42Table() {
+  static const KernelTable table = MakeTable<Arch>("sse4.2");
+  return &table;
+}
+
+}  // namespace strata::cpu_adam::internal

@@ -1,1 +1,0 @@
-// Placeholder until the cpu_adam issue fills this module in.

@@ -1,0 +1,157 @@
+// Every vector conversion of every ISA usable here against the scalar
+// reference in src/common/half.h: all 65,536 fp16/bf16 patterns, random bit
+// patterns, exact ties, and the special values.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "src/common/half.h"
+#include "src/cpu_adam/kernel.h"
+#include "tests/test_util.h"
+
+namespace strata::cpu_adam::internal {
+namespace {
+
+bool IsNanF(float f) { return std::isnan(f); }
+bool IsNanHalf(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+bool IsNanBf16(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0; }
+
+std::vector<float> TestFloats() {
+  uint64_t seed;
+  auto rng = testing::MakeRng(&seed);
+  std::vector<float> v;
+  // Random bit patterns: every exponent, NaNs, infinities, subnormals.
+  for (int i = 0; i < 200000; ++i) v.push_back(BitsFloat(static_cast<uint32_t>(rng())));
+  // Random values in the fp16 range, including subnormal halves.
+  for (float x : testing::RandomFloats(rng, 50000, -70000.f, 70000.f)) v.push_back(x);
+  for (float x : testing::RandomFloats(rng, 50000, -1e-4f, 1e-4f)) v.push_back(x);
+  // Exact ties between neighbouring fp16 values and between bf16 values,
+  // and one float either side of each tie.
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    const double a = HalfBitsToFloat(static_cast<uint16_t>(h));
+    const double b = HalfBitsToFloat(static_cast<uint16_t>(h + 1));
+    const float mid = static_cast<float>((a + b) / 2);  // exact in fp32
+    v.push_back(mid);
+    v.push_back(-mid);
+    v.push_back(std::nextafter(mid, 0.f));
+    v.push_back(std::nextafter(mid, 1e30f));
+  }
+  for (uint32_t h = 0; h < 0x7f80; h += 7) {
+    v.push_back(BitsFloat((h << 16) | 0x8000u));  // bf16 tie
+    v.push_back(BitsFloat((h << 16) | 0x8001u));
+    v.push_back(BitsFloat((h << 16) | 0x7fffu));
+  }
+  const float specials[] = {0.f, -0.f, 65504.f, 65519.99f, 65520.f, -65520.f, 1e-8f, 5.96e-8f, 2.98e-8f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
+                            std::numeric_limits<float>::max(), -std::numeric_limits<float>::max()};
+  for (float s : specials) v.push_back(s);
+  return v;
+}
+
+class ConversionTest : public ::testing::TestWithParam<const KernelTable*> {};
+
+TEST_P(ConversionTest, HalfToFloatAllPatterns) {
+  const KernelTable& t = *GetParam();
+  std::vector<uint16_t> in(65536);
+  for (uint32_t i = 0; i < 65536; ++i) in[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(in.size() + 1, 1.f);
+  t.f16_to_f32(in.data(), out.data() + 1, in.size());  // unaligned destination
+  for (uint32_t i = 0; i < 65536; ++i) {
+    const float want = HalfBitsToFloat(in[i]);
+    if (IsNanF(want)) {
+      ASSERT_TRUE(IsNanF(out[i + 1])) << std::hex << i;
+    } else {
+      ASSERT_EQ(FloatBits(out[i + 1]), FloatBits(want)) << std::hex << i;
+    }
+  }
+}
+
+TEST_P(ConversionTest, Bf16ToFloatAllPatterns) {
+  const KernelTable& t = *GetParam();
+  std::vector<uint16_t> in(65536);
+  for (uint32_t i = 0; i < 65536; ++i) in[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(in.size());
+  t.bf16_to_f32(in.data(), out.data(), in.size());
+  for (uint32_t i = 0; i < 65536; ++i) ASSERT_EQ(FloatBits(out[i]), FloatBits(Bf16BitsToFloat(in[i]))) << std::hex << i;
+}
+
+TEST_P(ConversionTest, FloatToHalfMatchesReference) {
+  const KernelTable& t = *GetParam();
+  const std::vector<float> in = TestFloats();
+  std::vector<uint16_t> out(in.size());
+  t.f32_to_f16(in.data(), out.data(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const uint16_t want = FloatToHalfBits(in[i]);
+    if (IsNanHalf(want)) {
+      ASSERT_TRUE(IsNanHalf(out[i])) << std::hex << FloatBits(in[i]);
+      ASSERT_EQ(out[i] & 0x8000, want & 0x8000);
+    } else {
+      ASSERT_EQ(out[i], want) << "input bits 0x" << std::hex << FloatBits(in[i]) << " value " << in[i];
+    }
+  }
+}
+
+TEST_P(ConversionTest, FloatToBf16MatchesReference) {
+  const KernelTable& t = *GetParam();
+  const std::vector<float> in = TestFloats();
+  std::vector<uint16_t> out(in.size());
+  t.f32_to_bf16(in.data(), out.data(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const uint16_t want = FloatToBf16Bits(in[i]);
+    if (IsNanBf16(want)) {
+      ASSERT_TRUE(IsNanBf16(out[i])) << std::hex << FloatBits(in[i]);
+    } else {
+      ASSERT_EQ(out[i], want) << "input bits 0x" << std::hex << FloatBits(in[i]);
+    }
+  }
+}
+
+std::string IsaName(const ::testing::TestParamInfo<const KernelTable*>& info) {
+  std::string n(info.param->isa);
+  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(UsableIsas, ConversionTest, ::testing::ValuesIn(UsableTables()), IsaName);
+
+TEST(DispatchTest, ScalarAlwaysUsableAndLast) {
+  const auto tables = UsableTables();
+  ASSERT_FALSE(tables.empty());
+  EXPECT_EQ(tables.back()->isa, "scalar");
+  EXPECT_EQ(tables.back()->lanes, 1u);
+}
+
+TEST(DispatchTest, UnknownIsaIsInvalidArgument) {
+  auto t = SelectTable("avx9000");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("avx9000"), std::string_view::npos);
+}
+
+TEST(DispatchTest, MissingIsaIsNotSupportedAndNamesTheUsableOnes) {
+  // Whichever named ISA is not usable here must be refused, not silently replaced.
+  const auto tables = UsableTables();
+  for (const char* name : {"avx512", "avx2", "sse4.2"}) {
+    bool usable = false;
+    for (const KernelTable* t : tables) {
+      if (t->isa == name || (std::string_view(name) == "avx2" && t->isa == "avx2+fma")) usable = true;
+    }
+    auto got = SelectTable(name);
+    if (usable) {
+      EXPECT_TRUE(got.ok()) << name;
+    } else {
+      ASSERT_FALSE(got.ok()) << name;
+      EXPECT_EQ(got.status().code(), StatusCode::kNotSupported);
+      EXPECT_NE(got.status().message().find("scalar"), std::string_view::npos);
+    }
+  }
+  auto best = SelectTable("auto");
+  ASSERT_TRUE(best.ok());
+  EXPECT_EQ(*best, tables.front());
+}
+
+}  // namespace
+}  // namespace strata::cpu_adam::internal
