@@ -9,6 +9,12 @@
 // InvalidArgument error naming the path, the value and what is allowed, e.g.
 //   zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme
 // Malformed JSON is an InvalidArgument error naming the file, line and column.
+// Keys that take "auto": train_batch_size, train_micro_batch_size_per_gpu,
+// gradient_accumulation_steps, gradient_clipping, optimizer.params.{lr, betas,
+// eps, weight_decay}, fp16.enabled, bf16.enabled, zero_optimization.{
+// reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size,
+// stage3_param_persistence_threshold, sub_group_size}; null is read as absent
+// there too. Elsewhere "auto" is a type error.
 //
 // Plain data; thread-compatible.
 #pragma once
@@ -30,7 +36,8 @@ std::string_view OffloadDeviceName(OffloadDevice d);  // "none", "cpu", "nvme"
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::kNone;
   // One or more directories; a JSON string or a list of strings. Several paths
-  // are striped (one swap file per path). Required when device is nvme.
+  // are striped (one swap file per path). Required when device is nvme
+  // (an empty string, empty list or null counts as absent).
   std::vector<std::string> nvme_path;
   bool pin_memory = false;
   int64_t buffer_count = 4;
@@ -64,7 +71,7 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100'000;  // elements
   int64_t stage3_max_live_parameters = 1'000'000'000;    // elements
   int64_t stage3_max_reuse_distance = 1'000'000'000;     // elements
-  bool overlap_comm = false;
+  bool overlap_comm = false;  // when absent from JSON: true for stage 3 (DeepSpeed)
   bool contiguous_gradients = true;
   int64_t reduce_bucket_size = 500'000'000;     // elements
   int64_t allgather_bucket_size = 500'000'000;  // elements

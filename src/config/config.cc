@@ -37,7 +37,7 @@ constexpr size_t kMaxShownValueChars = 64;
 
 // A JSON value as written (dumped), cut short if long.
 std::string Show(const json& v) {
-  std::string s = v.dump();
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > kMaxShownValueChars) s = s.substr(0, kMaxShownValueChars - 3) + "...";
   return s;
 }
@@ -914,7 +914,9 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"delayed_param_update", s.delayed_param_update},
                       {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
                                             {"link_latency_us", s.host_device.link_latency_us}}}};
-  return j.dump(indent);
+  // Strings a caller put into the Config by hand may be invalid UTF-8: they
+  // are written with U+FFFD instead of throwing.
+  return j.dump(indent, ' ', false, ojson::error_handler_t::replace);
 }
 
 }  // namespace strata

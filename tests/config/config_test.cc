@@ -818,6 +818,15 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
   EXPECT_EQ(j["strata"].size(), 10u);
 }
 
+TEST(ConfigRoundTrip, InvalidUtf8DoesNotThrow) {
+  Config c;
+  c.strata.trace_path = "/tmp/bad\xff\xfe.json";
+  std::string text = ConfigToJson(c);
+  StatusOr<Config> back = ParseConfig(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->strata.trace_path, "/tmp/bad\xEF\xBF\xBD\xEF\xBF\xBD.json");  // U+FFFD per bad byte
+}
+
 TEST(ConfigRoundTrip, RandomConfigs) {
   uint64_t seed = 0;
   std::mt19937_64 rng = testing::MakeRng(&seed);
