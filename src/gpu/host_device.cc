@@ -2,10 +2,10 @@
 //
 // Each stream is an ordered queue served by one thread of its own, so the H2D
 // and D2H copy streams and the compute stream really run concurrently, like a
-// GPU's copy engines and SMs. An event is a pair of counters: Record bumps
-// `recorded` and enqueues an op that raises `completed` to that value; a Wait
-// enqueues an op that blocks its stream's thread until `completed` reaches
-// the value `recorded` had when Wait was called. Waits only ever refer to
+// GPU's copy engines and SMs. An event numbers its records: Record takes the
+// next number, marks it pending and enqueues an op that clears it; a Wait
+// enqueues an op that blocks its stream's thread until the record that was
+// the latest when Wait was called is no longer pending. Waits only ever refer to
 // records issued earlier, so no cycle (and no deadlock) can form — the same
 // argument as for CUDA.
 //
@@ -37,10 +37,12 @@ namespace {
 
 class HostEvent final : public Event {
  public:
-  // Called by Stream::Record on the enqueueing thread.
+  // Called by Stream::Record on the enqueueing thread: a new record whose
+  // completion the stream will report with Complete(seq).
   uint64_t BeginRecord() {
     std::lock_guard<std::mutex> lock(mu_);
-    return ++recorded_;
+    pending_.insert(++recorded_);
+    return recorded_;
   }
   uint64_t recorded() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -49,17 +51,19 @@ class HostEvent final : public Event {
   // Called on the stream thread when the recorded work is done.
   void Complete(uint64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
-    completed_ = std::max(completed_, seq);
+    pending_.erase(seq);
     cv_.notify_all();
   }
+  // Blocks until record `seq` has completed (records on different streams
+  // may complete out of order, hence a set rather than a counter).
   void WaitFor(uint64_t seq) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return completed_ >= seq; });
+    cv_.wait(lock, [&] { return pending_.count(seq) == 0; });
   }
 
   StatusOr<bool> Query() override {
     std::lock_guard<std::mutex> lock(mu_);
-    return completed_ >= recorded_;
+    return pending_.count(recorded_) == 0;
   }
   Status Synchronize() override {
     WaitFor(recorded());
@@ -69,8 +73,8 @@ class HostEvent final : public Event {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t recorded_ = 0;   // GUARDED_BY(mu_)
-  uint64_t completed_ = 0;  // GUARDED_BY(mu_)
+  uint64_t recorded_ = 0;          // GUARDED_BY(mu_) the latest record (0 = never)
+  std::set<uint64_t> pending_;     // GUARDED_BY(mu_) records not yet completed
 };
 
 class HostDevice;

@@ -67,6 +67,11 @@ StatusOr<PcieBenchReport> RunPcieBench(Device& device, const PcieBenchOptions& o
   std::memset(page_src.data(), 3, max_size);
   std::memset(page_dst.data(), 4, max_size);
   for (auto& b : chunk_bufs) std::memset(b.data(), 5, b.size());
+  // And the device buffers: on the host backend an untouched arena page is
+  // the shared zero page, which would make D2H reads look free.
+  RETURN_IF_ERROR(device.Fill(dev_a.data(), DType::kFp32, max_size / 4, 1.f, device.compute()));
+  RETURN_IF_ERROR(device.Fill(dev_b.data(), DType::kFp32, max_size / 4, 2.f, device.compute()));
+  RETURN_IF_ERROR(device.compute().Synchronize());
 
   Stream& h2d = device.h2d();
   Stream& d2h = device.d2h();

@@ -168,8 +168,14 @@ TYPED_TEST(TypedDeviceTest, CopyWaitsForKernelThroughEvent) {
   ASSERT_OK(d.Fill(x.data(), DType::kFp32, n, 7.f, d.compute()));
   ASSERT_OK(d.compute().Record(*ev));
   ASSERT_OK(d.d2h().Wait(*ev));
-  std::vector<float> h(n, 0.f);
-  ASSERT_OK(d.CopyD2H(h.data(), x.data(), n * sizeof(float), d.d2h()));
+  // Pinned destination: a D2H copy into pageable memory would block this
+  // thread on CUDA until the copy is done (and the gate below never opens).
+  auto pool = PinnedPool::Create(PlanPinnedPool(n * sizeof(float), n * sizeof(float)), &d).value();
+  ASSERT_TRUE(pool->pinned());
+  PinnedBuffer pinned = pool->Acquire(n * sizeof(float)).value();
+  float* h = pinned.as<float>();
+  std::fill(h, h + n, 0.f);
+  ASSERT_OK(d.CopyD2H(h, x.data(), n * sizeof(float), d.d2h()));
 
   // Held back: neither the event nor the copy can have completed.
   EXPECT_FALSE(ev->Query().value());
@@ -191,7 +197,7 @@ TYPED_TEST(TypedDeviceTest, StreamsRunConcurrently) {
   ASSERT_OK(d.FillInt32(x.as<int32_t>(), 16, 5, d.compute()));
   ASSERT_OK(d.compute().Synchronize());
   std::vector<int32_t> h(16);
-  ASSERT_OK(d.CopyD2H(h.data(), x.data(), 64, d.d2h()));
+  ASSERT_OK(d.CopyD2H(h.data(), x.data(), 64, d.d2h()));  // pageable: fine, d2h is not blocked
   ASSERT_OK(d.d2h().Synchronize());
   EXPECT_EQ(h[15], 5);
   EXPECT_FALSE(d.h2d().Query().value());
