@@ -1,0 +1,164 @@
+// strata/engine.h — the offload engine a training framework links.
+//
+// The framework registers its parameters (in model order, grouped into
+// modules), then drives each micro-batch with hooks:
+//
+//   for each module m in forward order:   p = BeforeForward(m); run m; AfterForward(m)
+//   loss.backward() with, for each module in backward order:
+//                                         v = BeforeBackward(m); run m's backward,
+//                                         writing its gradients into v.grads; AfterBackward(m)
+//   Step()      (applies the optimizer once every gradient_accumulation_steps calls)
+//
+// The engine owns where every state lives (config `zero_optimization`):
+//   fp32 master parameters, exp_avg and exp_avg_sq: HBM (offload_optimizer
+//   none), pinned DRAM (cpu) or the NVMe swap store (nvme);
+//   fp16/bf16 parameters between uses: HBM (offload_param none), DRAM (cpu)
+//   or NVMe (nvme), fetched into HBM ahead of use along the recorded trace.
+// Gradients leave the device during backward, in buckets, and are
+// accumulated in fp32 on the host across micro-batches.
+//
+// Device pointers: on a CUDA device they are CUDA device pointers; on the
+// host device (strata.device = host, or no GPU) they are host pointers into
+// the engine's simulated HBM arena. Device work the framework does on these
+// pointers must be ordered on ComputeStream() (CUDA) — on the host device the
+// framework computes synchronously on its own thread.
+//
+// Threading: one thread drives an Engine (External synchronization). Every
+// call returns Status; no exceptions. A failed Step() leaves the parameters
+// and optimizer states as they were before it, or says precisely what was
+// lost.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/dtype.h"
+#include "strata/status.h"
+
+namespace strata {
+
+// One parameter tensor, as a framework registers it.
+struct ParamSpec {
+  std::string name;  // unique
+  int64_t numel = 0;
+  DType dtype = DType::kBf16;  // what forward/backward compute with
+  int module = 0;              // owning module id (0-based, dense)
+  // Initial values in fp32 (numel of them), or empty to use `initializer`.
+  std::span<const float> init;
+  // Called once with a buffer of numel floats to fill (used when init is empty).
+  std::function<void(std::span<float>)> initializer;
+};
+
+// The device view of a module during forward or backward.
+struct ModuleView {
+  std::vector<void*> params;  // device pointers, one per parameter, in registration order
+  std::vector<void*> grads;   // BeforeBackward only: device buffers to write gradients into
+};
+
+// What happened in the last Step() and where the time went. Times are wall
+// seconds on the calling thread unless noted; bytes are totals for the step.
+struct StepStats {
+  int64_t step = 0;               // optimizer steps applied so far
+  bool applied = false;           // false: accumulating, or skipped on overflow
+  bool overflow = false;          // inf/nan in the gradients (step skipped)
+  double loss_scale = 1.0;        // the scale for the next micro-batch
+  double grad_norm = 0.0;         // global L2 norm of the (unscaled) gradients
+  double clip_coef = 1.0;         // applied clip multiplier (1 = not clipped)
+  double step_time_s = 0.0;       // since the previous Step() returned
+  double fetch_wait_s = 0.0;      // time hooks blocked waiting for parameters
+  double compute_s = 0.0;         // time between hooks (the framework's compute)
+  double grad_offload_s = 0.0;    // busy time of gradient D2H + accumulation
+  double optimizer_s = 0.0;       // busy time of the CPU optimizer
+  double optimizer_wall_s = 0.0;  // wall time of the optimizer phase in Step()
+  double nvme_busy_s = 0.0;       // wall time with NVMe requests in flight
+  double pcie_busy_s = 0.0;       // busy time of H2D + D2H copies
+  int64_t nvme_read_bytes = 0;
+  int64_t nvme_written_bytes = 0;
+  int64_t pcie_h2d_bytes = 0;
+  int64_t pcie_d2h_bytes = 0;
+  int64_t hbm_high_water_bytes = 0;
+  int64_t pinned_high_water_bytes = 0;
+  int64_t prefetched_modules = 0;   // fetches satisfied by a prefetch
+  int64_t fetch_misses = 0;         // fetches that had to start on demand
+  int64_t trace_rerecords = 0;      // times the fetch order changed
+  // max(busy of compute, PCIe, CPU optimizer, NVMe) / step time.
+  double overlap_efficiency = 0.0;
+};
+
+// Needed vs available bytes per tier, from the placement (Plan()).
+struct TierBudget {
+  std::string tier;  // "hbm", "pinned", "nvme"
+  int64_t needed_bytes = 0;
+  int64_t available_bytes = 0;  // budget or free space
+  std::string detail;           // what the needed bytes are made of
+};
+
+class Engine {
+ public:
+  // Creates the device (strata.device), the CPU optimizer, and for NVMe
+  // placements the I/O service. Nothing is allocated for parameters yet.
+  static StatusOr<std::unique_ptr<Engine>> Create(const Config& config);
+  static StatusOr<std::unique_ptr<Engine>> CreateFromFile(const std::string& config_path);
+  static StatusOr<std::unique_ptr<Engine>> CreateFromJson(std::string_view json_text);
+  virtual ~Engine() = default;
+
+  // Registers a parameter; returns its id (0, 1, 2, ... in call order).
+  // REQUIRES: before the first BeforeForward (or Plan()).
+  virtual StatusOr<int> RegisterParameter(const ParamSpec& spec) = 0;
+
+  // Computes the placement and each tier's needs; fails with
+  // ResourceExhausted and the needed-vs-available table when it cannot fit.
+  // Then allocates and initializes every state. Called by the first hook if
+  // not called before. Idempotent.
+  virtual Status Plan() = 0;
+  virtual std::vector<TierBudget> Budgets() const = 0;
+
+  virtual StatusOr<ModuleView> BeforeForward(int module) = 0;
+  virtual Status AfterForward(int module) = 0;
+  virtual StatusOr<ModuleView> BeforeBackward(int module) = 0;
+  // The module's gradient buffers (from BeforeBackward) are complete: they are
+  // copied to the host (bucketed, overlapped with the rest of backward).
+  virtual Status AfterBackward(int module) = 0;
+
+  // Ends a micro-batch. On the last micro-batch of an accumulation window it
+  // applies the optimizer: fp16 overflow → skipped (loss scale lowered);
+  // gradient clipping by global norm; updated parameters copied to where
+  // offload_param says.
+  virtual StatusOr<StepStats> Step() = 0;
+  // Discards accumulated gradients.
+  virtual Status ZeroGrad() = 0;
+
+  // Multiply the loss by this before backward (1 unless fp16 is enabled).
+  virtual double loss_scale() const = 0;
+  // Device work of the framework is ordered on this stream (cudaStream_t on
+  // CUDA, nullptr on the host device).
+  virtual void* ComputeStream() const = 0;
+  // Scratch device memory for activations and workspaces, counted against the
+  // HBM budget. Freed by FreeWorkspace or at destruction.
+  virtual StatusOr<void*> AllocateWorkspace(int64_t bytes) = 0;
+  virtual Status FreeWorkspace(void* ptr) = 0;
+  // "cuda:0 (NVIDIA H100 ...)" or "host".
+  virtual std::string DeviceName() const = 0;
+  virtual bool DeviceIsHost() const = 0;
+
+  // Copies the fp32 master value of a parameter (numel floats) to `out`.
+  virtual Status ReadParameter(int id, std::span<float> out) = 0;
+  virtual StatusOr<int> FindParameter(std::string_view name) const = 0;
+  virtual int num_parameters() const = 0;
+  virtual int64_t num_elements() const = 0;
+
+  // Statistics of the last Step(), and as JSON.
+  virtual StepStats LastStepStats() const = 0;
+  virtual std::string StatsJson() const = 0;
+  // Writes the Chrome-trace timeline (strata.trace_path) now; also done at
+  // destruction when a path is configured.
+  virtual Status WriteTimeline() = 0;
+};
+
+}  // namespace strata
