@@ -195,8 +195,8 @@ class CudaDevice final : public Device {
   }
 
   Status Cast(const void* src, DType st, void* dst, DType dt, size_t n, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(src, n * DTypeSize(st), "Cast source"));
-    RETURN_IF_ERROR(CheckDev(dst, n * DTypeSize(dt), "Cast destination"));
+    RETURN_IF_ERROR(CheckDev(src, ElemBytes(n, st), "Cast source"));
+    RETURN_IF_ERROR(CheckDev(dst, ElemBytes(n, dt), "Cast destination"));
     const char* s = static_cast<const char*>(src);
     const char* d = static_cast<const char*>(dst);
     const bool overlap = s < d + n * DTypeSize(dt) && d < s + n * DTypeSize(st);
@@ -213,7 +213,7 @@ class CudaDevice final : public Device {
   }
   Status UnscaleAndCheck(void* x, DType t, size_t n, float inv_scale, int32_t* found_inf,
                          Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "UnscaleAndCheck input"));
+    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "UnscaleAndCheck input"));
     RETURN_IF_ERROR(CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf"));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "UnscaleAndCheck"));
     return CudaStatus(
@@ -221,25 +221,25 @@ class CudaDevice final : public Device {
         fmt::format("UnscaleAndCheck {} kernel launch ({} elements)", DTypeName(t), n));
   }
   Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "SumSquares input"));
+    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "SumSquares input"));
     RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum"));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "SumSquares"));
     return CudaStatus(cuda::LaunchSumSquares(x, t, n, sum, MaxBlocks(), cs),
                       fmt::format("SumSquares {} kernel launch ({} elements)", DTypeName(t), n));
   }
   Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "Fill"));
+    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "Fill"));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "Fill"));
     return CudaStatus(cuda::LaunchFill(x, t, n, value, MaxBlocks(), cs), "Fill kernel launch");
   }
   Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * sizeof(int32_t), "FillInt32"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32"));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillInt32"));
     return CudaStatus(cuda::LaunchFillInt32(x, n, value, MaxBlocks(), cs),
                       "FillInt32 kernel launch");
   }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * sizeof(double), "FillDouble"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble"));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillDouble"));
     return CudaStatus(cuda::LaunchFillDouble(x, n, value, MaxBlocks(), cs),
                       "FillDouble kernel launch");

@@ -239,7 +239,8 @@ class Device {
   Stream& d2h() { return *d2h_; }
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) = 0;
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
-  // Blocks until all work on all of this device's streams has finished.
+  // Blocks until all work on this device has finished (CUDA:
+  // cudaDeviceSynchronize, which includes work other libraries enqueued).
   virtual Status Synchronize() = 0;
 
   // ---- Copies (async, ordered on `stream`) ----
@@ -284,6 +285,10 @@ class Device {
   Device(bool is_host, std::unique_ptr<Arena> arena);
   // Argument checks shared by the backends.
   Status CheckDev(const void* p, size_t bytes, const char* what) const;
+  // n elements of t in bytes, saturating (an absurd n then fails CheckDev).
+  static size_t ElemBytes(size_t n, DType t) {
+    return n > SIZE_MAX / DTypeSize(t) ? SIZE_MAX : n * DTypeSize(t);
+  }
   static Status CheckHost(const void* p, size_t bytes, const char* what);
   // Backends set these three in their factory.
   std::unique_ptr<Stream> compute_, h2d_, d2h_;

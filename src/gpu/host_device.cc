@@ -10,8 +10,9 @@
 // argument as for CUDA.
 //
 // The arena is an mmap(MAP_NORESERVE) reservation of the budget: untouched
-// pages cost nothing. With a link model, a copy takes at least
-// latency + bytes / bandwidth (it sleeps out the remainder after the memcpy).
+// pages cost nothing. With a link model, each direction is a virtual pipe: a
+// copy occupies it for latency + bytes / bandwidth (after the memcpy the
+// stream thread sleeps until the copy's modelled end).
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -211,14 +212,14 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyH2D destination"));
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyH2D source"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyH2D"));
-    s->Enqueue([this, dev, host, bytes] { LinkCopy(dev, host, bytes); });
+    s->Enqueue([this, dev, host, bytes, t = NowNanos()] { LinkCopy(dev, host, bytes, Dir::kH2D, t); });
     return Status::Ok();
   }
   Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyD2H source"));
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyD2H destination"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyD2H"));
-    s->Enqueue([this, host, dev, bytes] { LinkCopy(host, dev, bytes); });
+    s->Enqueue([this, host, dev, bytes, t = NowNanos()] { LinkCopy(host, dev, bytes, Dir::kD2H, t); });
     return Status::Ok();
   }
   Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) override {
@@ -230,8 +231,8 @@ class HostDevice final : public Device {
   }
 
   Status Cast(const void* src, DType st, void* dst, DType dt, size_t n, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(src, n * DTypeSize(st), "Cast source"));
-    RETURN_IF_ERROR(CheckDev(dst, n * DTypeSize(dt), "Cast destination"));
+    RETURN_IF_ERROR(CheckDev(src, ElemBytes(n, st), "Cast source"));
+    RETURN_IF_ERROR(CheckDev(dst, ElemBytes(n, dt), "Cast destination"));
     RETURN_IF_ERROR(CheckCastOverlap(src, st, dst, dt, n));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Cast"));
     s->Enqueue([=] { host::Cast(src, st, dst, dt, n); });
@@ -239,7 +240,7 @@ class HostDevice final : public Device {
   }
   Status UnscaleAndCheck(void* x, DType t, size_t n, float inv_scale, int32_t* found_inf,
                          Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "UnscaleAndCheck input"));
+    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "UnscaleAndCheck input"));
     RETURN_IF_ERROR(CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "UnscaleAndCheck"));
     s->Enqueue([=] {
@@ -248,26 +249,26 @@ class HostDevice final : public Device {
     return Status::Ok();
   }
   Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "SumSquares input"));
+    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "SumSquares input"));
     RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "SumSquares"));
     s->Enqueue([=] { *sum += host::SumSquares(x, t, n); });
     return Status::Ok();
   }
   Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * DTypeSize(t), "Fill"));
+    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "Fill"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Fill"));
     s->Enqueue([=] { host::Fill(x, t, n, value); });
     return Status::Ok();
   }
   Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * sizeof(int32_t), "FillInt32"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "FillInt32"));
     s->Enqueue([=] { std::fill(x, x + n, value); });
     return Status::Ok();
   }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n * sizeof(double), "FillDouble"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "FillDouble"));
     s->Enqueue([=] { std::fill(x, x + n, value); });
     return Status::Ok();
@@ -317,19 +318,32 @@ class HostDevice final : public Device {
     return Status::Ok();
   }
 
-  // memcpy, then sleep out what the modelled link would still need.
-  void LinkCopy(void* dst, const void* src, size_t bytes) {
-    const int64_t start = NowNanos();
+  // memcpy, then sleep out what the modelled link would still need. The link
+  // is one virtual pipe per direction: a copy starts when it was enqueued or
+  // when the previous copy in that direction finished on the link, whichever
+  // is later, so back-to-back copies run at the modelled rate even when a
+  // sleep overshoots (the overshoot is absorbed, not accumulated).
+  enum class Dir { kH2D, kD2H };
+  void LinkCopy(void* dst, const void* src, size_t bytes, Dir dir, int64_t enqueued_ns) {
     std::memcpy(dst, src, bytes);
     if (link_bytes_per_ns_ <= 0 && link_latency_ns_ <= 0) return;
     int64_t need = link_latency_ns_;
     if (link_bytes_per_ns_ > 0) need += static_cast<int64_t>(bytes / link_bytes_per_ns_);
-    const int64_t left = start + need - NowNanos();
+    int64_t end;
+    {
+      std::lock_guard<std::mutex> lock(link_mu_);
+      int64_t& free_at = dir == Dir::kH2D ? h2d_free_ns_ : d2h_free_ns_;
+      end = std::max(free_at, enqueued_ns) + need;
+      free_at = end;
+    }
+    const int64_t left = end - NowNanos();
     if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
   }
 
   const double link_bytes_per_ns_;  // GB/s == bytes per ns
   const int64_t link_latency_ns_;
+  std::mutex link_mu_;
+  int64_t h2d_free_ns_ = 0, d2h_free_ns_ = 0;  // GUARDED_BY(link_mu_) link busy until
   std::mutex streams_mu_;
   std::set<HostStream*> streams_;  // GUARDED_BY(streams_mu_)
 };

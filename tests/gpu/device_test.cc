@@ -124,6 +124,11 @@ TYPED_TEST(TypedDeviceTest, PointersOutsideTheArenaAreRejected) {
   char* end = static_cast<char*>(a.data());
   EXPECT_EQ(d.Fill(end, DType::kFp32, this->kBudget, 1.f, d.compute()).code(),
             StatusCode::kInvalidArgument);
+  // An element count whose byte size overflows.
+  EXPECT_EQ(d.Fill(a.data(), DType::kFp32, SIZE_MAX / 2, 1.f, d.compute()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.FillDouble(a.as<double>(), SIZE_MAX / 4, 1.0, d.compute()).code(),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(d.CopyH2D(nullptr, host.data(), 16, d.h2d()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(d.CopyH2D(a.data(), nullptr, 16, d.h2d()).code(), StatusCode::kInvalidArgument);
   // Overlapping cast of different element sizes.
