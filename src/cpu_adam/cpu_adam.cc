@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -374,7 +375,10 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
   }
   if (impl->table->lanes == 1) impl->stream_state = impl->stream_copy = false;  // plain loop: no NT stores
   try {
-    impl->arena = std::make_unique<tbb::task_arena>(impl->threads, 0);
+    // One slot is kept for the thread that calls Step (it joins the work);
+    // asynchronous steps run on the threads-1 workers (1 worker when threads
+    // is 1, so that enqueued work always has a thread).
+    impl->arena = std::make_unique<tbb::task_arena>(impl->threads, impl->threads > 1 ? 1 : 0);
     impl->arena->initialize();
     if (impl->node >= 0) {
       impl->observer = std::make_unique<PinObserver>(*impl->arena, impl->topo, impl->node, &impl->pinned);
@@ -465,6 +469,41 @@ StatusOr<bool> CpuOptimizer::AllFinite(const void* grad, DType grad_dtype, size_
     return InternalError(std::string("cpu_adam: AllFinite failed: ") + e.what());
   }
   return finite.load();
+}
+
+Status CpuOptimizer::Cast(const float* src, void* dst, DType dst_dtype, size_t count) {
+  if (!IsValidDType(dst_dtype)) return InvalidArgumentError("cpu_adam: Cast: dst_dtype is not fp32, fp16 or bf16");
+  if (count == 0) return Status::Ok();
+  if (src == nullptr || dst == nullptr)
+    return InvalidArgumentError("cpu_adam: Cast: null " + std::string(src ? "dst" : "src") + " (count " +
+                                std::to_string(count) + ")");
+  const size_t esize = DTypeSize(dst_dtype);
+  const auto s_lo = reinterpret_cast<uintptr_t>(src), d_lo = reinterpret_cast<uintptr_t>(dst);
+  if (s_lo < d_lo + count * esize && d_lo < s_lo + count * 4)
+    return InvalidArgumentError("cpu_adam: Cast: src and dst overlap (count " + std::to_string(count) + ")");
+  const KernelTable& t = *impl_->table;
+  const size_t block = impl_->opt.block_elems;
+  try {
+    impl_->arena->execute([&] {
+      tbb::parallel_for(
+          tbb::blocked_range<size_t>(0, (count + block - 1) / block, 1),
+          [&](const tbb::blocked_range<size_t>& r) {
+            for (size_t b = r.begin(); b < r.end(); ++b) {
+              const size_t off = b * block, n = std::min(block, count - off);
+              if (dst_dtype == DType::kFp32) {
+                std::memcpy(static_cast<float*>(dst) + off, src + off, n * 4);
+              } else {
+                uint16_t* out = static_cast<uint16_t*>(dst) + off;
+                (dst_dtype == DType::kFp16 ? t.f32_to_f16 : t.f32_to_bf16)(src + off, out, n);
+              }
+            }
+          },
+          tbb::simple_partitioner());
+    });
+  } catch (const std::exception& e) {
+    return InternalError(std::string("cpu_adam: Cast failed: ") + e.what());
+  }
+  return Status::Ok();
 }
 
 std::string_view CpuOptimizer::isa() const { return impl_->table->isa; }

@@ -166,6 +166,12 @@ class CpuOptimizer {
   // the optimizer's threads). InvalidArgument for a null grad with count > 0.
   StatusOr<bool> AllFinite(const void* grad, DType grad_dtype, size_t count, float grad_scale = 1.f);
 
+  // dst[i] = src[i] converted to dst_dtype (round to nearest even), on the
+  // optimizer's threads: e.g. the fp16/bf16 copy of freshly loaded masters.
+  // A separate pass — Step's copy_out is the fused way. InvalidArgument for
+  // null pointers with count > 0, overlapping arrays or a bad dtype.
+  Status Cast(const float* src, void* dst, DType dst_dtype, size_t count);
+
   std::string_view isa() const;  // the ISA actually used
   int threads() const;
   int numa_node() const;  // -1 when not pinned

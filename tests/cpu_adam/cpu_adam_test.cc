@@ -390,3 +390,35 @@ TEST(InfoTest, BytesPerElement) {
 
 }  // namespace
 }  // namespace strata::cpu_adam
+
+namespace strata::cpu_adam {
+namespace {
+
+TEST(CastTest, MatchesReferenceConversionsAndRejectsBadInput) {
+  uint64_t seed;
+  auto rng = testing::MakeRng(&seed);
+  const size_t n = 70001;
+  auto src = testing::RandomFloats(rng, n, -70000.f, 70000.f);
+  for (const char* isa : {"auto", "scalar"}) {
+    Options o;
+    o.isa = isa;
+    o.block_elems = 4096;
+    auto opt = Make(o);
+    std::vector<uint16_t> h(n + 1), b(n + 1);
+    ASSERT_TRUE(opt->Cast(src.data(), h.data() + 1, DType::kFp16, n).ok());  // odd destination
+    ASSERT_TRUE(opt->Cast(src.data(), b.data(), DType::kBf16, n).ok());
+    std::vector<float> f(n);
+    ASSERT_TRUE(opt->Cast(src.data(), f.data(), DType::kFp32, n).ok());
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(h[i + 1], FloatToHalfBits(src[i])) << isa << " " << i;
+      ASSERT_EQ(b[i], FloatToBf16Bits(src[i])) << isa << " " << i;
+    }
+    EXPECT_EQ(f, src);
+    EXPECT_EQ(opt->Cast(src.data(), nullptr, DType::kFp16, n).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(opt->Cast(src.data(), src.data() + 10, DType::kBf16, n).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(opt->Cast(nullptr, nullptr, DType::kBf16, 0).ok());
+  }
+}
+
+}  // namespace
+}  // namespace strata::cpu_adam

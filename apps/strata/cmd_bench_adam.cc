@@ -1,0 +1,282 @@
+// strata bench adam: one run measures, interleaved and repeated (medians),
+//   (1) roofline: the same loads and stores as the optimizer with trivial
+//       arithmetic (Options::roofline_kernel) — the memory bound of the pattern;
+//   (2) scalar:   the plain one-element-at-a-time loop on the same threads;
+//   (3) strata:   the fused SIMD kernel chosen at run time;
+//   (4) with a copy-out: fp32 grads, no copy, then a separate cast pass —
+//       what an unfused mixed-precision step costs, for comparison.
+// Each variant has its own arrays (so one does not feed another's values).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/strata/commands.h"
+#include "src/common/aligned_buffer.h"
+#include "src/common/half.h"
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+#include "src/cpu_adam/cpu_adam.h"
+
+namespace strata::cli {
+namespace {
+
+using nlohmann::json;
+using cpu_adam::Algorithm;
+
+struct BenchAdamArgs {
+  std::string params = "100000000";
+  int threads = 0;
+  std::string grad_dtype = "fp32";
+  std::string copy_out = "none";
+  std::string optimizer = "adamw";
+  std::string isa = "auto";
+  std::string streaming = "auto";
+  int reps = 5;
+  bool json = false;
+};
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "strata bench adam: %s\n", msg.c_str());
+  return 1;
+}
+
+// Arrays for one variant, filled with deterministic non-zero pseudo-random
+// values (fast enough for 100M elements, touched before timing).
+struct Arrays {
+  AlignedBuffer p, g, m, v, c;
+};
+
+float Hash01(uint64_t i, uint64_t salt) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<float>((x >> 40) + 1) * 0x1p-24f;  // (0, 1]
+}
+
+StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd) {
+  Arrays a;
+  ASSIGN_OR_RETURN(a.p, AlignedBuffer::Allocate(n * 4, 64));
+  ASSIGN_OR_RETURN(a.g, AlignedBuffer::Allocate(n * DTypeSize(gd), 64));
+  ASSIGN_OR_RETURN(a.m, AlignedBuffer::Allocate(n * 4, 64));
+  ASSIGN_OR_RETURN(a.v, AlignedBuffer::Allocate(n * 4, 64));
+  if (cd) {
+    ASSIGN_OR_RETURN(a.c, AlignedBuffer::Allocate(n * DTypeSize(*cd), 64));
+    std::memset(a.c.data(), 0, n * DTypeSize(*cd));
+  }
+  float* p = a.p.as<float>();
+  float* m = a.m.as<float>();
+  float* v = a.v.as<float>();
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = Hash01(i, 1) - 0.5f;
+    m[i] = (Hash01(i, 2) - 0.5f) * 0.01f;
+    v[i] = Hash01(i, 3) * 1e-4f;
+    const float g = (Hash01(i, 4) - 0.5f) * 0.1f;
+    if (gd == DType::kFp32) a.g.as<float>()[i] = g;
+    else a.g.as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
+  }
+  return a;
+}
+
+cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType> cd, Algorithm alg) {
+  cpu_adam::ShardStep s;
+  s.param = a.p.as<float>();
+  s.grad = a.g.data();
+  s.grad_dtype = gd;
+  s.exp_avg = a.m.as<float>();
+  s.exp_avg_sq = a.v.as<float>();
+  if (alg == Algorithm::kAdagrad) s.exp_avg = nullptr;
+  if (alg == Algorithm::kLion) s.exp_avg_sq = nullptr;
+  s.count = n;
+  if (cd) {
+    s.copy_out = a.c.data();
+    s.copy_dtype = *cd;
+  }
+  s.hp.algorithm = alg;
+  s.hp.weight_decay = 0.01;
+  s.hp.step = 10;
+  s.hp.grad_scale = 1.0 / 1024;
+  return s;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+int RunBenchAdam(const BenchAdamArgs& args) {
+  double nd = 0;
+  try {
+    size_t pos = 0;
+    nd = std::stod(args.params, &pos);
+    if (pos != args.params.size()) nd = -1;
+  } catch (...) {
+    nd = -1;
+  }
+  if (!(nd >= 1) || nd > 4e9 || nd != std::floor(nd))
+    return Fail("--params: \"" + args.params + "\" is not a whole number of parameters in [1, 4e9]");
+  const size_t n = static_cast<size_t>(nd);
+  if (args.reps < 1) return Fail("--reps must be at least 1");
+  const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
+  std::optional<DType> cd;
+  if (args.copy_out != "none") cd = *ParseDType(args.copy_out);
+  const Algorithm alg = *cpu_adam::ParseAlgorithm(args.optimizer);
+  cpu_adam::StreamingStores ss = cpu_adam::StreamingStores::kAuto;
+  if (args.streaming == "off") ss = cpu_adam::StreamingStores::kOff;
+  if (args.streaming == "copy") ss = cpu_adam::StreamingStores::kCopyOut;
+  if (args.streaming == "all") ss = cpu_adam::StreamingStores::kAll;
+
+  cpu_adam::Options base;
+  base.threads = args.threads;
+  base.isa = args.isa;
+  base.streaming_stores = ss;
+  auto strata_opt = cpu_adam::CpuOptimizer::Create(base);
+  if (!strata_opt.ok()) return Fail(strata_opt.status().ToString());
+  cpu_adam::Options ro = base;
+  ro.roofline_kernel = true;
+  auto roof_opt = cpu_adam::CpuOptimizer::Create(ro);
+  if (!roof_opt.ok()) return Fail(roof_opt.status().ToString());
+  cpu_adam::Options so = base;
+  so.isa = "scalar";
+  auto scalar_opt = cpu_adam::CpuOptimizer::Create(so);
+  if (!scalar_opt.ok()) return Fail(scalar_opt.status().ToString());
+
+  // The roofline always moves Adam's arrays (param, grad, two states, copy).
+  auto roof_arrays = MakeArrays(n, gd, cd);
+  if (!roof_arrays.ok()) return Fail("allocating " + std::to_string(n) + " params: " + roof_arrays.status().ToString());
+  auto scalar_arrays = MakeArrays(n, gd, cd);
+  if (!scalar_arrays.ok()) return Fail(scalar_arrays.status().ToString());
+  auto strata_arrays = MakeArrays(n, gd, cd);
+  if (!strata_arrays.ok()) return Fail(strata_arrays.status().ToString());
+  std::optional<Arrays> two_pass;
+  if (cd) {
+    auto a = MakeArrays(n, DType::kFp32, cd);
+    if (!a.ok()) return Fail(a.status().ToString());
+    two_pass = std::move(*a);
+  }
+
+  const auto roof_step = MakeStep(*roof_arrays, n, gd, cd, Algorithm::kAdamW);
+  const auto scalar_step = MakeStep(*scalar_arrays, n, gd, cd, alg);
+  const auto strata_step = MakeStep(*strata_arrays, n, gd, cd, alg);
+  cpu_adam::ShardStep two_step;
+  if (two_pass) {
+    two_step = MakeStep(*two_pass, n, DType::kFp32, std::nullopt, alg);
+  }
+
+  auto time_it = [&](auto&& fn) {
+    Stopwatch sw;
+    fn();
+    return sw.Seconds();
+  };
+  auto run_step = [&](cpu_adam::CpuOptimizer& o, const cpu_adam::ShardStep& s) {
+    auto r = o.Step(s);
+    if (!r.ok()) {
+      std::fprintf(stderr, "strata bench adam: %s\n", r.status().ToString().c_str());
+      std::exit(1);
+    }
+  };
+  auto run_two_pass = [&] {
+    run_step(**strata_opt, two_step);
+    Status st = (*strata_opt)->Cast(two_step.param, two_pass->c.data(), *cd, n);
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata bench adam: %s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+  };
+  // Warm-up (page faults, thread start), then interleaved repetitions.
+  run_step(**roof_opt, roof_step);
+  run_step(**scalar_opt, scalar_step);
+  run_step(**strata_opt, strata_step);
+  if (two_pass) run_two_pass();
+  std::vector<double> t_roof, t_scalar, t_strata, t_two;
+  for (int r = 0; r < args.reps; ++r) {
+    t_roof.push_back(time_it([&] { run_step(**roof_opt, roof_step); }));
+    t_strata.push_back(time_it([&] { run_step(**strata_opt, strata_step); }));
+    t_scalar.push_back(time_it([&] { run_step(**scalar_opt, scalar_step); }));
+    if (two_pass) t_two.push_back(time_it(run_two_pass));
+  }
+  const double roof_pps = n / Median(t_roof);
+  const double scalar_pps = n / Median(t_scalar);
+  const double strata_pps = n / Median(t_strata);
+  const size_t bpp = cpu_adam::BytesPerElement(alg, gd, cd);
+  const size_t roof_bpp = cpu_adam::BytesPerElement(Algorithm::kAdamW, gd, cd);
+  const bool two_states = alg == Algorithm::kAdam || alg == Algorithm::kAdamW;
+  std::string formula = "param 4r+4w + grad " + std::to_string(DTypeSize(gd)) + "r + " +
+                        (two_states ? "exp_avg 4r+4w + exp_avg_sq 4r+4w" : "state 4r+4w") +
+                        (cd ? " + copy " + std::to_string(DTypeSize(*cd)) + "w" : "") + " = " + std::to_string(bpp);
+  json j;
+  j["optimizer"] = args.optimizer;
+  j["params"] = n;
+  j["threads"] = (*strata_opt)->threads();
+  j["isa"] = std::string((*strata_opt)->isa());
+  j["grad_dtype"] = args.grad_dtype;
+  j["copy_out"] = args.copy_out;
+  j["streaming_stores"] = (*strata_opt)->streams_state() ? "all" : ((*strata_opt)->streams_copy() && cd ? "copy" : "off");
+  j["reps"] = args.reps;
+  j["params_per_s"] = strata_pps;
+  j["bytes_per_param"] = bpp;
+  j["bytes_per_param_formula"] = formula;
+  j["gbytes_per_s"] = strata_pps * bpp / 1e9;
+  j["roofline_params_per_s"] = roof_pps;
+  j["roofline_bytes_per_param"] = roof_bpp;
+  j["roofline_gbytes_per_s"] = roof_pps * roof_bpp / 1e9;
+  j["roofline_fraction"] = strata_pps / roof_pps;
+  j["scalar_params_per_s"] = scalar_pps;
+  j["speedup_vs_scalar"] = strata_pps / scalar_pps;
+  if (two_pass) {
+    const size_t two_bpp = cpu_adam::BytesPerElement(alg, DType::kFp32, std::nullopt) + 4 + DTypeSize(*cd);
+    const double two_pps = n / Median(t_two);
+    j["two_pass_bytes_per_param"] = two_bpp;
+    j["two_pass_formula"] = "step with fp32 grads " + std::to_string(two_bpp - 4 - DTypeSize(*cd)) +
+                            " + cast pass 4r+" + std::to_string(DTypeSize(*cd)) + "w = " + std::to_string(two_bpp);
+    j["two_pass_params_per_s"] = two_pps;
+    j["fused_speedup_vs_two_pass"] = strata_pps / two_pps;
+  }
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("strata bench adam: %s, %zu params, %d threads, isa %s, grad %s, copy-out %s, %d reps (medians)\n",
+              args.optimizer.c_str(), n, (*strata_opt)->threads(), std::string((*strata_opt)->isa()).c_str(),
+              args.grad_dtype.c_str(), args.copy_out.c_str(), args.reps);
+  std::printf("  bytes/param     %s\n", formula.c_str());
+  std::printf("  roofline        %8.1f Mparams/s  %6.1f GB/s\n", roof_pps / 1e6, roof_pps * roof_bpp / 1e9);
+  std::printf("  scalar loop     %8.1f Mparams/s  %6.1f GB/s\n", scalar_pps / 1e6, scalar_pps * bpp / 1e9);
+  std::printf("  strata          %8.1f Mparams/s  %6.1f GB/s  roofline_fraction %.3f  speedup_vs_scalar %.2f\n",
+              strata_pps / 1e6, strata_pps * bpp / 1e9, strata_pps / roof_pps, strata_pps / scalar_pps);
+  if (two_pass) {
+    std::printf("  two-pass        %8.1f Mparams/s  (%s)  fused is %.2fx faster\n",
+                j["two_pass_params_per_s"].get<double>() / 1e6, j["two_pass_formula"].get<std::string>().c_str(),
+                j["fused_speedup_vs_two_pass"].get<double>());
+  }
+  return 0;
+}
+
+CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
+  auto args = std::make_shared<BenchAdamArgs>();
+  CLI::App* cmd = bench.add_subcommand("adam", "Benchmark the fused CPU optimizer against the roofline and a scalar loop");
+  cmd->add_option("--params", args->params, "Parameters (elements), e.g. 100000000 or 1e8")->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Threads (0 = all PUs)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--grad-dtype", args->grad_dtype, "fp32|fp16|bf16")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  cmd->add_option("--copy-out", args->copy_out, "none|fp16|bf16|fp32")
+      ->capture_default_str()->check(CLI::IsMember({"none", "fp16", "bf16", "fp32"}));
+  cmd->add_option("--optimizer", args->optimizer, "adam|adamw|adagrad|lion")
+      ->capture_default_str()->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
+  cmd->add_option("--isa", args->isa, "auto|avx512|avx2|sse4.2|scalar")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));
+  cmd->add_option("--streaming", args->streaming, "Non-temporal stores: auto|off|copy|all")
+      ->capture_default_str()->check(CLI::IsMember({"auto", "off", "copy", "all"}));
+  cmd->add_option("--reps", args->reps, "Timed repetitions per variant (interleaved)")->capture_default_str();
+  cmd->add_flag("--json", args->json, "Machine-readable output");
+  cmd->callback([args, &r] { r.exit_code = RunBenchAdam(*args); });
+});
+
+}  // namespace
+}  // namespace strata::cli
