@@ -49,7 +49,11 @@ class UringEngine final : public IoEngine {
   ~UringEngine() override { Shutdown(); }
 
   Status Init() {
-    unsigned entries = RoundUpPow2(static_cast<unsigned>(std::max(2 * options_.queue_depth, 8)));
+    // The IoService keeps at most queue_depth × threads ops in flight over all
+    // rings; sizing every SQ for that (and the CQ, 2× by default, above it)
+    // means a ring's CQ never overflows even if round-robin piles ops on it.
+    unsigned entries = RoundUpPow2(static_cast<unsigned>(
+        std::max(options_.queue_depth * options_.threads, 8)));
     entries = std::min(entries, 4096u);
     for (int i = 0; i < options_.threads; ++i) {
       auto r = std::make_unique<Ring>();

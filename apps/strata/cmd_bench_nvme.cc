@@ -1,0 +1,130 @@
+// strata bench nvme: sequential write then read through the swap store, and
+// optionally fio with the same parameters, alternated, medians and ratios.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/strata/commands.h"
+#include "src/nvme/nvme_bench.h"
+
+namespace strata::cli {
+namespace {
+
+using nlohmann::json;
+
+struct BenchNvmeArgs {
+  std::vector<std::string> paths;
+  std::string size = "1G";
+  std::string block_size = "1M";
+  std::string request = "64M";
+  int queue_depth = 16;
+  int threads = 1;
+  std::string engine = "uring";
+  bool vs_fio = false;
+  int runs = 3;
+  bool json = false;
+};
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "strata bench nvme: %s\n", msg.c_str());
+  return 1;
+}
+
+int RunBenchNvme(const BenchNvmeArgs& a) {
+  nvme::NvmeBenchOptions o;
+  o.paths = a.paths;
+  uint64_t bs = 0;
+  if (!ParseByteSize(a.size, &o.size) || o.size == 0) return Fail("--size: \"" + a.size + "\" is not a size");
+  if (!ParseByteSize(a.block_size, &bs)) return Fail("--block-size: \"" + a.block_size + "\" is not a size");
+  if (!ParseByteSize(a.request, &o.request_bytes) || o.request_bytes == 0)
+    return Fail("--request-size: \"" + a.request + "\" is not a size");
+  auto kind = nvme::ParseEngineKind(a.engine);
+  if (!kind.ok()) return Fail(std::string(kind.status().message()));
+  o.io.engine = *kind;
+  o.io.block_size = bs;
+  o.io.queue_depth = a.queue_depth;
+  o.io.threads = a.threads;
+  if (Status s = nvme::ValidateIoOptions(o.io); !s.ok()) return Fail(std::string(s.message()));
+  if (a.runs < 1) return Fail("--runs must be at least 1");
+
+  std::vector<double> ew, er, fw, fr;
+  json runs = json::array();
+  std::string engine_used;
+  for (int i = 0; i < a.runs; ++i) {
+    auto e = nvme::RunEngineBench(o);
+    if (!e.ok()) return Fail(e.status().ToString());
+    engine_used = e->engine;
+    ew.push_back(e->write_gbytes_per_s);
+    er.push_back(e->read_gbytes_per_s);
+    json run = {{"run", i}, {"write_gbytes_per_s", e->write_gbytes_per_s}, {"read_gbytes_per_s", e->read_gbytes_per_s}};
+    if (a.vs_fio) {
+      auto f = nvme::RunFioBench(o);
+      if (!f.ok()) return Fail(f.status().ToString());
+      fw.push_back(f->write_gbytes_per_s);
+      fr.push_back(f->read_gbytes_per_s);
+      run["fio_write_gbytes_per_s"] = f->write_gbytes_per_s;
+      run["fio_read_gbytes_per_s"] = f->read_gbytes_per_s;
+    }
+    if (!a.json)
+      std::fprintf(stderr, "run %d/%d: engine write %.3f read %.3f GB/s%s\n", i + 1, a.runs, ew.back(), er.back(),
+                   a.vs_fio ? (", fio write " + std::to_string(fw.back()) + " read " + std::to_string(fr.back())).c_str() : "");
+    runs.push_back(run);
+  }
+  json out;
+  out["engine"] = engine_used;
+  out["paths"] = a.paths;
+  out["size_bytes"] = o.size;
+  out["block_size"] = o.io.block_size;
+  out["queue_depth"] = o.io.queue_depth;
+  out["threads"] = o.io.threads;
+  out["request_bytes"] = o.request_bytes;
+  out["write_gbytes_per_s"] = nvme::Median(ew);
+  out["read_gbytes_per_s"] = nvme::Median(er);
+  if (a.vs_fio) {
+    out["fio_write_gbytes_per_s"] = nvme::Median(fw);
+    out["fio_read_gbytes_per_s"] = nvme::Median(fr);
+    out["write_vs_fio"] = nvme::Median(ew) / nvme::Median(fw);
+    out["read_vs_fio"] = nvme::Median(er) / nvme::Median(fr);
+    out["fio_command_write"] = nvme::FioCommand(o, a.paths[0] + "/strata-fio-<pid>.bin", "write", "<json>");
+  }
+  out["runs"] = runs;
+  if (a.json) {
+    std::cout << out.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("engine %s, %s over %zu path(s), block %llu, queue depth %d, threads %d, %d run(s) (medians)\n",
+              engine_used.c_str(), a.size.c_str(), a.paths.size(), static_cast<unsigned long long>(o.io.block_size),
+              o.io.queue_depth, o.io.threads, a.runs);
+  std::printf("  write %.3f GB/s   read %.3f GB/s\n", nvme::Median(ew), nvme::Median(er));
+  if (a.vs_fio)
+    std::printf("  fio   write %.3f GB/s   read %.3f GB/s   (engine/fio: write %.3f, read %.3f)\n",
+                nvme::Median(fw), nvme::Median(fr), out["write_vs_fio"].get<double>(),
+                out["read_vs_fio"].get<double>());
+  return 0;
+}
+
+CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
+  auto* cmd = bench.add_subcommand(
+      "nvme", "Sequential write then read through the swap store (optionally against fio)");
+  auto a = std::make_shared<BenchNvmeArgs>();
+  cmd->add_option("--path", a->paths, "Directory for the swap file; repeat to stripe over several")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--size", a->size, "Bytes written then read (default 1G, ~10 s here)");
+  cmd->add_option("--block-size", a->block_size, "aio.block_size (default 1M)");
+  cmd->add_option("--queue-depth", a->queue_depth, "aio.queue_depth (default 16)");
+  cmd->add_option("--threads", a->threads, "aio.intra_op_parallelism: rings (default 1)");
+  cmd->add_option("--engine", a->engine, "uring|posix|auto (default uring)")
+      ->check(CLI::IsMember({"uring", "io_uring", "posix", "auto"}));
+  cmd->add_option("--request-size", a->request, "Bytes per swap-store request (default 64M)");
+  cmd->add_option("--runs", a->runs, "Repetitions, alternating engine and fio (default 3)");
+  cmd->add_flag("--vs-fio", a->vs_fio, "Also run fio with the same engine/block/depth/size/O_DIRECT");
+  cmd->add_flag("--json", a->json, "Machine-readable output");
+  cmd->callback([&r, a] { r.exit_code = RunBenchNvme(*a); });
+});
+
+}  // namespace
+}  // namespace strata::cli
