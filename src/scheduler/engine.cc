@@ -249,7 +249,9 @@ class EngineImpl final : public Engine {
 
   // Optimizer.
   cpu_adam::HyperParams HyperParamsFor(float grad_scale) const;
-  Status StepCpuStates(float grad_scale);
+  // *advanced: the optimizer states moved to the new step (even if the step
+  // then failed to write parameters out).
+  Status StepCpuStates(float grad_scale, bool* advanced);
   Status StepNvmeStates(float grad_scale);
   Status WriteParamShards(int64_t elem_begin, int64_t elem_end, std::vector<nvme::IoHandle>& out);
   Status Publish();
@@ -1330,7 +1332,7 @@ std::vector<cpu_adam::ShardStep> Slices(const std::vector<ParamRec>& params, con
 }
 }  // namespace
 
-Status EngineImpl::StepCpuStates(float grad_scale) {
+Status EngineImpl::StepCpuStates(float grad_scale, bool* advanced) {
   const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
   std::vector<int> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
@@ -1348,6 +1350,7 @@ Status EngineImpl::StepCpuStates(float grad_scale) {
     optimizer_ns_ += t1 - t0;
     timeline_.Add("cpu adam", fmt::format("sub-group {}", g), "optimizer", t0, t1 - t0, 0);
     if (!r.ok()) return r.status().WithContext(fmt::format("optimizer, sub-group {}", g));
+    *advanced = true;
     if (param_place() == OffloadDevice::kNvme) {
       const size_t before = writes.size();
       RETURN_IF_ERROR(WriteParamShards(sg.elem_begin, sg.elem_end, writes));
@@ -1539,9 +1542,16 @@ StatusOr<StepStats> EngineImpl::Step() {
       // The copy-out target must not still be read by the previous publish.
       if (params_uploaded_) status = params_uploaded_->Synchronize();
       if (!status.ok()) return status;
-      status = opt_place() == OffloadDevice::kNvme ? StepNvmeStates(grad_scale) : StepCpuStates(grad_scale);
-      if (status.ok() || status.code() == StatusCode::kDataLoss) {
-        // kDataLoss: the in-memory states did advance (see StepCpuStates).
+      bool advanced = false;
+      if (opt_place() == OffloadDevice::kNvme) {
+        status = StepNvmeStates(grad_scale);
+        advanced = status.ok();
+      } else {
+        status = StepCpuStates(grad_scale, &advanced);
+      }
+      if (advanced) {
+        // In-memory states advanced even if writing parameters out failed
+        // (the error says so); publish what is consistent with them.
         Status ps = Publish();
         if (status.ok()) status = ps;
         ++optimizer_steps_;
