@@ -10,6 +10,7 @@
 
 #include <string>
 
+#include "src/common/env_param.h"
 #include "src/common/log.h"
 #include "src/cpu_adam/kernel.h"
 
@@ -57,10 +58,27 @@ std::vector<const KernelTable*> UsableTables() {
 StatusOr<const KernelTable*> SelectTable(std::string_view request) {
   const Support& s = Supported();
   if (request == "auto" || request.empty()) {
-    const KernelTable* best = UsableTables().front();
+    // Developer knob: STRATA_CPU_ADAM_MAX_ISA=avx2|sse4.2|scalar caps the
+    // automatic choice (to exercise the fallbacks on a machine that has more).
+    const std::string cap = EnvString("STRATA_CPU_ADAM_MAX_ISA", "");
+    const std::vector<const KernelTable*> usable = UsableTables();
+    const KernelTable* best = usable.front();
+    if (!cap.empty()) {
+      const int cap_rank = cap == "avx512" ? 0 : cap == "avx2" || cap == "avx2+fma" ? 1 : cap == "sse4.2" ? 2 : 3;
+      auto rank = [](const KernelTable* t) {
+        return t->isa == "avx512" ? 0 : t->isa == "avx2+fma" ? 1 : t->isa == "sse4.2" ? 2 : 3;
+      };
+      for (const KernelTable* t : usable) {
+        if (rank(t) >= cap_rank) {
+          best = t;
+          break;
+        }
+      }
+      STRATA_INFO_ONCE("cpu_adam.isa_cap", "cpu_adam: STRATA_CPU_ADAM_MAX_ISA={} caps the ISA at {}", cap, best->isa);
+    }
     if (best->lanes == 1) {
       STRATA_WARN_ONCE("cpu_adam.scalar_fallback",
-                       "cpu_adam: this CPU has no SSE4.2; using the plain scalar kernels (slow)");
+                       "cpu_adam: no usable SIMD kernels (no SSE4.2, or capped); using the plain scalar loop (slow)");
     }
     return best;
   }

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <vector>
 
 #include "src/common/half.h"
+#include "src/common/log.h"
 #include "src/cpu_adam/kernel.h"
 #include "tests/test_util.h"
 
@@ -151,6 +153,32 @@ TEST(DispatchTest, MissingIsaIsNotSupportedAndNamesTheUsableOnes) {
   auto best = SelectTable("auto");
   ASSERT_TRUE(best.ok());
   EXPECT_EQ(*best, tables.front());
+}
+
+}  // namespace
+}  // namespace strata::cpu_adam::internal
+
+namespace strata::cpu_adam::internal {
+namespace {
+
+// The fallback to the plain loop is explicit and announced once; the
+// developer knob STRATA_CPU_ADAM_MAX_ISA reaches it on any machine.
+TEST(DispatchTest, ScalarFallbackIsLoggedOnce) {
+  ASSERT_EQ(0, setenv("STRATA_CPU_ADAM_MAX_ISA", "scalar", 1));
+  auto t = SelectTable("auto");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*t)->isa, "scalar");
+  EXPECT_FALSE(FirstTimeFor("cpu_adam.scalar_fallback")) << "the fallback was not logged";
+  ASSERT_EQ(0, setenv("STRATA_CPU_ADAM_MAX_ISA", "sse4.2", 1));
+  auto s = SelectTable("auto");
+  ASSERT_TRUE(s.ok());
+  bool have_sse42 = false;
+  for (const KernelTable* u : UsableTables()) have_sse42 |= u->isa == "sse4.2";
+  EXPECT_EQ((*s)->isa, have_sse42 ? "sse4.2" : "scalar");
+  ASSERT_EQ(0, unsetenv("STRATA_CPU_ADAM_MAX_ISA"));
+  auto best = SelectTable("auto");
+  ASSERT_TRUE(best.ok());
+  EXPECT_EQ(*best, UsableTables().front());
 }
 
 }  // namespace
