@@ -102,8 +102,8 @@ struct OptimizerConfig {
   double beta2 = 0.999;  // params.betas[1]
   double eps = 1e-8;
   double weight_decay = 0.0;
-  // DeepSpeed's adam_w_mode: decoupled weight decay. Defaults to true for
-  // "AdamW" and false for "Adam" unless written explicitly.
+  // DeepSpeed's adam_w_mode: decoupled weight decay (AdamW) when true, L2
+  // (Adam) when false. Defaults to true as in DeepSpeed; type AdamW forces it.
   bool adam_w_mode = true;
   bool bias_correction = true;
 
@@ -136,6 +136,19 @@ struct HostDeviceConfig {
   bool operator==(const HostDeviceConfig&) const = default;
 };
 
+// strata.model: the example model `strata train` builds (examples/train): a
+// byte-level residual-MLP language model.
+struct ModelConfig {
+  int64_t layers = 4;    // residual blocks, >= 1
+  int64_t hidden = 256;  // width, >= 8
+  int64_t seq_len = 64;  // tokens per sequence, >= 2
+  int64_t vocab = 256;   // byte-level: must be 256
+  int64_t seed = 1234;   // initialization and data; >= 0
+  int64_t steps = 0;     // optimizer steps; 0 = use --steps or the command's default
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
 // strata: what DeepSpeed has no key for.
 struct StrataConfig {
   DeviceKind device = DeviceKind::kAuto;
@@ -148,6 +161,7 @@ struct StrataConfig {
   bool io_sqpoll = false;             // io_uring SQPOLL
   bool delayed_param_update = false;  // ZeRO-Offload's one-step delayed update (DPU)
   HostDeviceConfig host_device;
+  ModelConfig model;  // strata.model
 
   bool operator==(const StrataConfig&) const = default;
 };

@@ -474,7 +474,6 @@ Status ReadOptimizer(Section& s, OptimizerConfig* o) {
   RETURN_IF_ERROR(s.Enum("type", kOptimizerTypes, &o->type, "Strata's CPU optimizer supports Adam and AdamW"));
   std::optional<Section> params;
   RETURN_IF_ERROR(s.Child("params", &params));
-  bool adam_w_given = false;
   if (params) {
     Section& p = *params;
     RETURN_IF_ERROR(p.Double("lr", &o->lr, Auto::kAllowed));
@@ -490,12 +489,13 @@ Status ReadOptimizer(Section& s, OptimizerConfig* o) {
     }
     RETURN_IF_ERROR(p.Double("eps", &o->eps, Auto::kAllowed));
     RETURN_IF_ERROR(p.Double("weight_decay", &o->weight_decay, Auto::kAllowed));
-    adam_w_given = p.Given("adam_w_mode");
     RETURN_IF_ERROR(p.Bool("adam_w_mode", &o->adam_w_mode));
     RETURN_IF_ERROR(p.Bool("bias_correction", &o->bias_correction));
     p.ReportUnread();
   }
-  if (!adam_w_given) o->adam_w_mode = o->type == OptimizerType::kAdamW;
+  // DeepSpeed: adam_w_mode defaults to true, and type AdamW forces it
+  // (engine.py: effective_adam_w_mode = name == "adamw" or adam_w_mode).
+  if (o->type == OptimizerType::kAdamW) o->adam_w_mode = true;
   s.ReportUnread();
   return Status::Ok();
 }
@@ -527,6 +527,17 @@ Status ReadStrata(Section& s, StrataConfig* st) {
     RETURN_IF_ERROR(host->Double("link_gbytes_per_s", &st->host_device.link_gbytes_per_s));
     RETURN_IF_ERROR(host->Double("link_latency_us", &st->host_device.link_latency_us));
     host->ReportUnread();
+  }
+  std::optional<Section> model;
+  RETURN_IF_ERROR(s.Child("model", &model));
+  if (model) {
+    RETURN_IF_ERROR(model->Int("layers", &st->model.layers));
+    RETURN_IF_ERROR(model->Int("hidden", &st->model.hidden));
+    RETURN_IF_ERROR(model->Int("seq_len", &st->model.seq_len));
+    RETURN_IF_ERROR(model->Int("vocab", &st->model.vocab));
+    RETURN_IF_ERROR(model->Int("seed", &st->model.seed));
+    RETURN_IF_ERROR(model->Int("steps", &st->model.steps));
+    model->ReportUnread();
   }
   s.ReportUnread();
   return Status::Ok();
@@ -784,6 +795,14 @@ Status ValidateConfig(const Config& c) {
   k.NonNegative("strata.threads", s.threads);
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);
+  const ModelConfig& m = s.model;
+  k.Positive("strata.model.layers", m.layers);
+  if (m.hidden < 8) k.Fail("strata.model.hidden", fmt::format("{}", m.hidden), "must be >= 8");
+  if (m.seq_len < 2) k.Fail("strata.model.seq_len", fmt::format("{}", m.seq_len), "must be >= 2");
+  if (m.vocab != 256)
+    k.Fail("strata.model.vocab", fmt::format("{}", m.vocab), "must be 256 (the example model is byte-level)");
+  k.NonNegative("strata.model.seed", m.seed);
+  k.NonNegative("strata.model.steps", m.steps);
   return k.status();
 }
 
@@ -913,7 +932,13 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"io_sqpoll", s.io_sqpoll},
                       {"delayed_param_update", s.delayed_param_update},
                       {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
-                                            {"link_latency_us", s.host_device.link_latency_us}}}};
+                                            {"link_latency_us", s.host_device.link_latency_us}}},
+                      {"model", ojson{{"layers", s.model.layers},
+                                      {"hidden", s.model.hidden},
+                                      {"seq_len", s.model.seq_len},
+                                      {"vocab", s.model.vocab},
+                                      {"seed", s.model.seed},
+                                      {"steps", s.model.steps}}}};
   // Strings a caller put into the Config by hand may be invalid UTF-8: they
   // are written with U+FFFD instead of throwing.
   return j.dump(indent, ' ', false, ojson::error_handler_t::replace);

@@ -159,10 +159,12 @@ TEST(ConfigDefaults, OverlapCommDefaultsToTrueOnlyForStage3) {
 }
 
 TEST(ConfigDefaults, AdamWModeFollowsTypeUnlessGiven) {
-  EXPECT_FALSE(Parse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
+  // DeepSpeed's default is decoupled decay for Adam too; AdamW forces it.
+  EXPECT_TRUE(Parse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
+  EXPECT_FALSE(Parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
   EXPECT_TRUE(Parse(R"({"optimizer": {"type": "AdamW"}})").optimizer.adam_w_mode);
   EXPECT_TRUE(Parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})").optimizer.adam_w_mode);
-  EXPECT_FALSE(Parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
+  EXPECT_TRUE(Parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
 }
 
 TEST(ConfigNames, EnumNames) {
@@ -815,7 +817,8 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
   for (const char* section : {"zero_optimization", "aio", "optimizer", "fp16", "bf16", "strata"})
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
-  EXPECT_EQ(j["strata"].size(), 10u);
+  EXPECT_EQ(j["strata"].size(), 11u);
+  EXPECT_EQ(j["strata"]["model"].size(), 6u);
 }
 
 TEST(ConfigRoundTrip, InvalidUtf8DoesNotThrow) {
@@ -875,7 +878,7 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.optimizer.beta2 = unit();
     c.optimizer.eps = unit() * 1e-6;
     c.optimizer.weight_decay = unit();
-    c.optimizer.adam_w_mode = coin();
+    c.optimizer.adam_w_mode = c.optimizer.type == OptimizerType::kAdamW || coin();  // AdamW forces it
     c.optimizer.bias_correction = coin();
     c.fp16.enabled = coin();
     c.bf16_enabled = !c.fp16.enabled && coin();
@@ -899,9 +902,78 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.delayed_param_update = coin();
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;
+    c.strata.model.layers = pos(96);
+    c.strata.model.hidden = 7 + pos(16384);
+    c.strata.model.seq_len = 1 + pos(8192);
+    c.strata.model.seed = pos(int64_t{1} << 40) - 1;
+    c.strata.model.steps = pos(100000) - 1;
     ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
     ExpectRoundTrip(c);
   }
+}
+
+}  // namespace
+}  // namespace strata
+
+// ---- strata.model (the example model of `strata train`) ---------------------------------
+
+namespace strata {
+namespace {
+
+TEST(ConfigModel, Defaults) {
+  Config c = Parse("{}");
+  EXPECT_EQ(c.strata.model.layers, 4);
+  EXPECT_EQ(c.strata.model.hidden, 256);
+  EXPECT_EQ(c.strata.model.seq_len, 64);
+  EXPECT_EQ(c.strata.model.vocab, 256);
+  EXPECT_EQ(c.strata.model.seed, 1234);
+  EXPECT_EQ(c.strata.model.steps, 0);
+  EXPECT_TRUE(Parse(R"({"strata": {"model": {}}})").strata.model == ModelConfig{});
+}
+
+TEST(ConfigModel, EveryKeyIsRead) {
+  Config c = Parse(R"({"strata": {"model": {"layers": 12, "hidden": 1e3, "seq_len": 128, "vocab": 256,
+                                            "seed": 7, "steps": 40}}})");
+  EXPECT_EQ(c.strata.model.layers, 12);
+  EXPECT_EQ(c.strata.model.hidden, 1000);
+  EXPECT_EQ(c.strata.model.seq_len, 128);
+  EXPECT_EQ(c.strata.model.seed, 7);
+  EXPECT_EQ(c.strata.model.steps, 40);
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(ConfigModel, BadValuesNameTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"layers": 0})", "strata.model.layers: 0 is not allowed"},
+      {R"({"hidden": 4})", "strata.model.hidden: 4 is not allowed"},
+      {R"({"seq_len": 1})", "strata.model.seq_len: 1 is not allowed"},
+      {R"({"vocab": 50257})", "strata.model.vocab: 50257 is not allowed; must be 256"},
+      {R"({"seed": -1})", "strata.model.seed: -1 is not allowed"},
+      {R"({"steps": -3})", "strata.model.steps: -3 is not allowed"},
+      {R"({"layers": "many"})", "strata.model.layers"},
+      {R"({"hidden": 2.5})", "strata.model.hidden"},
+  };
+  for (auto [model, want] : cases) {
+    SCOPED_TRACE(model);
+    StatusOr<Config> c = ParseConfig(std::string(R"({"strata": {"model": )") + model + "}}");
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(), HasSubstr(want));
+  }
+  StatusOr<Config> c = ParseConfig(R"({"strata": {"model": 3}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("strata.model"));
+}
+
+TEST(ConfigModel, UnknownKeyWarns) {
+  Config c = Parse(R"({"strata": {"model": {"heads": 8}}})");
+  EXPECT_THAT(c.warnings, Contains("unknown key strata.model.heads (ignored)"));
+}
+
+TEST(ConfigModel, RoundTrip) {
+  Config c;
+  c.strata.model = ModelConfig{.layers = 3, .hidden = 96, .seq_len = 33, .vocab = 256, .seed = 99, .steps = 17};
+  ExpectRoundTrip(c);
 }
 
 }  // namespace
