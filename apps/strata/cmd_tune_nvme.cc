@@ -23,6 +23,8 @@ struct TuneNvmeArgs {
   std::vector<int> queue_depths = {4, 8, 16, 32};
   std::vector<int> threads = {1, 2};
   std::string engine = "uring";
+  int confirm_top = 4;
+  int confirm_runs = 2;
   bool json = false;
 };
 
@@ -59,7 +61,8 @@ int RunTuneNvme(const TuneNvmeArgs& a) {
                                              "[%zu/%zu] block %llu depth %d threads %d: write %.3f read %.3f GB/s\n",
                                              i, n, static_cast<unsigned long long>(p.block_size), p.queue_depth,
                                              p.threads, p.result.write_gbytes_per_s, p.result.read_gbytes_per_s);
-                              });
+                              },
+                              a.confirm_top, a.confirm_runs);
   if (!points.ok()) return Fail(points.status().ToString());
   const auto& best = points->front();
   json aio = {{"block_size", best.block_size},
@@ -84,8 +87,8 @@ int RunTuneNvme(const TuneNvmeArgs& a) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("best (geometric mean of read and write): write %.3f GB/s, read %.3f GB/s\n",
-              best.result.write_gbytes_per_s, best.result.read_gbytes_per_s);
+  std::printf("best (median over %d run(s) of the geometric mean of read and write): write %.3f GB/s, read %.3f GB/s\n",
+              a.confirm_runs + 1, best.result.write_gbytes_per_s, best.result.read_gbytes_per_s);
   std::printf("paste into your config:\n%s\n", json{{"aio", aio}}.dump(2).c_str());
   return 0;
 }
@@ -102,6 +105,8 @@ CommandRegistrar reg("tune", [](CLI::App& tune, CliResult& r) {
   cmd->add_option("--threads", a->threads, "Ring counts to try (default 1 2)");
   cmd->add_option("--engine", a->engine, "uring|posix|auto (default uring)")
       ->check(CLI::IsMember({"uring", "io_uring", "posix", "auto"}));
+  cmd->add_option("--confirm-top", a->confirm_top, "Re-measure this many leaders (default 4)");
+  cmd->add_option("--confirm-runs", a->confirm_runs, "Extra runs per leader; medians decide (default 2)");
   cmd->add_flag("--json", a->json, "Machine-readable output (every point)");
   cmd->callback([&r, a] { r.exit_code = RunTuneNvme(*a); });
 });

@@ -16,6 +16,16 @@
 
 #include <fmt/format.h>
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+// The kernel carries an op from submitter to reaper; tell TSAN about that edge.
+#define STRATA_TSAN_RELEASE(p) __tsan_release(p)
+#define STRATA_TSAN_ACQUIRE(p) __tsan_acquire(p)
+#else
+#define STRATA_TSAN_RELEASE(p) ((void)0)
+#define STRATA_TSAN_ACQUIRE(p) ((void)0)
+#endif
+
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/nvme/nvme.h"
@@ -205,6 +215,7 @@ class UringEngine final : public IoEngine {
       }
       if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
       io_uring_sqe_set_data(sqe, op);
+      STRATA_TSAN_RELEASE(op);
       stats_ops_.fetch_add(1, std::memory_order_relaxed);
       if (buf_index >= 0) stats_fixed_buf_.fetch_add(1, std::memory_order_relaxed);
       if (fixed_file) stats_fixed_file_.fetch_add(1, std::memory_order_relaxed);
@@ -300,6 +311,7 @@ class UringEngine final : public IoEngine {
           continue;
         }
         auto* op = reinterpret_cast<IoOp*>(tag);
+        STRATA_TSAN_ACQUIRE(op);
         int64_t res = cqe->res;
         op->done(op, res);  // may submit more (takes sq_mu, never this thread's)
         if (inflight_.fetch_sub(1) == 1) {

@@ -154,25 +154,53 @@ StatusOr<std::vector<TunePoint>> RunTune(const NvmeBenchOptions& base,
                                          const std::vector<uint64_t>& block_sizes,
                                          const std::vector<int>& queue_depths,
                                          const std::vector<int>& threads,
-                                         const std::function<void(size_t, size_t, const TunePoint&)>& progress) {
+                                         const std::function<void(size_t, size_t, const TunePoint&)>& progress,
+                                         int confirm_top, int confirm_runs) {
   std::vector<TunePoint> points;
-  size_t n = block_sizes.size() * queue_depths.size() * threads.size();
+  const size_t sweep = block_sizes.size() * queue_depths.size() * threads.size();
+  const size_t top = std::min<size_t>(static_cast<size_t>(std::max(confirm_top, 0)), sweep);
+  const size_t n = sweep + top * static_cast<size_t>(std::max(confirm_runs, 0));
   size_t i = 0;
+  auto measure = [&](uint64_t bs, int qd, int t) -> StatusOr<TunePoint> {
+    NvmeBenchOptions o = base;
+    o.io.block_size = bs;
+    o.io.queue_depth = qd;
+    o.io.threads = t;
+    RETURN_IF_ERROR(ValidateIoOptions(o.io));
+    ASSIGN_OR_RETURN(NvmeBenchResult r, RunEngineBench(o));
+    TunePoint p{bs, qd, t, r, std::sqrt(r.read_gbytes_per_s * r.write_gbytes_per_s)};
+    if (progress) progress(++i, n, p);
+    return p;
+  };
   for (uint64_t bs : block_sizes)
     for (int qd : queue_depths)
       for (int t : threads) {
-        NvmeBenchOptions o = base;
-        o.io.block_size = bs;
-        o.io.queue_depth = qd;
-        o.io.threads = t;
-        RETURN_IF_ERROR(ValidateIoOptions(o.io));
-        ASSIGN_OR_RETURN(NvmeBenchResult r, RunEngineBench(o));
-        TunePoint p{bs, qd, t, r, std::sqrt(r.read_gbytes_per_s * r.write_gbytes_per_s)};
+        ASSIGN_OR_RETURN(TunePoint p, measure(bs, qd, t));
         points.push_back(p);
-        if (progress) progress(++i, n, p);
       }
-  std::stable_sort(points.begin(), points.end(),
-                   [](const TunePoint& a, const TunePoint& b) { return a.score > b.score; });
+  auto by_score = [](const TunePoint& a, const TunePoint& b) { return a.score > b.score; };
+  std::stable_sort(points.begin(), points.end(), by_score);
+  if (top == 0 || confirm_runs <= 0) return points;
+  // Re-measure the leaders, interleaved, and keep medians.
+  std::vector<std::vector<TunePoint>> runs(top);
+  for (size_t k = 0; k < top; ++k) runs[k].push_back(points[k]);
+  for (int rep = 0; rep < confirm_runs; ++rep)
+    for (size_t k = 0; k < top; ++k) {
+      ASSIGN_OR_RETURN(TunePoint p, measure(points[k].block_size, points[k].queue_depth, points[k].threads));
+      runs[k].push_back(p);
+    }
+  for (size_t k = 0; k < top; ++k) {
+    std::vector<double> w, r, sc;
+    for (auto& p : runs[k]) {
+      w.push_back(p.result.write_gbytes_per_s);
+      r.push_back(p.result.read_gbytes_per_s);
+      sc.push_back(p.score);
+    }
+    points[k].result.write_gbytes_per_s = Median(w);
+    points[k].result.read_gbytes_per_s = Median(r);
+    points[k].score = Median(sc);
+  }
+  std::stable_sort(points.begin(), points.begin() + static_cast<std::ptrdiff_t>(top), by_score);
   return points;
 }
 

@@ -53,13 +53,17 @@ struct TunePoint {
   double score = 0;  // geometric mean of read and write GB/s
 };
 
-// Measures every block × depth × threads combination (`base` gives paths,
-// size and engine); calls progress(i, n, point) after each. Returns the
-// points, best first.
+// Measures every block × depth × threads combination once (`base` gives
+// paths, size and engine), then re-measures the `confirm_top` best
+// `confirm_runs` more times, interleaved, and ranks those by the median score
+// (one lucky run on a noisy disk does not win). progress(i, n, point) is called
+// after each measurement. Returns the points, best first; confirmed points
+// carry medians.
 StatusOr<std::vector<TunePoint>> RunTune(const NvmeBenchOptions& base,
                                          const std::vector<uint64_t>& block_sizes,
                                          const std::vector<int>& queue_depths,
                                          const std::vector<int>& threads,
-                                         const std::function<void(size_t, size_t, const TunePoint&)>& progress);
+                                         const std::function<void(size_t, size_t, const TunePoint&)>& progress,
+                                         int confirm_top = 4, int confirm_runs = 2);
 
 }  // namespace strata::nvme
