@@ -36,46 +36,54 @@
 namespace strata::gpu {
 namespace {
 
-class HostEvent final : public Event {
- public:
-  // Called by Stream::Record on the enqueueing thread: a new record whose
-  // completion the stream will report with Complete(seq).
+// An event's state, shared with the stream ops that reference it so that an
+// event may be destroyed while a Record or Wait on it is still queued (CUDA
+// allows that too).
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;       // GUARDED_BY(mu) the latest record (0 = never)
+  std::set<uint64_t> pending;  // GUARDED_BY(mu) records not yet completed
+
+  // Called by Stream::Record on the enqueueing thread.
   uint64_t BeginRecord() {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.insert(++recorded_);
-    return recorded_;
+    std::lock_guard<std::mutex> lock(mu);
+    pending.insert(++recorded);
+    return recorded;
   }
-  uint64_t recorded() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return recorded_;
+  uint64_t Latest() {
+    std::lock_guard<std::mutex> lock(mu);
+    return recorded;
   }
   // Called on the stream thread when the recorded work is done.
   void Complete(uint64_t seq) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.erase(seq);
-    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(mu);
+    pending.erase(seq);
+    cv.notify_all();
   }
   // Blocks until record `seq` has completed (records on different streams
   // may complete out of order, hence a set rather than a counter).
   void WaitFor(uint64_t seq) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return pending_.count(seq) == 0; });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending.count(seq) == 0; });
   }
+};
+
+class HostEvent final : public Event {
+ public:
+  const std::shared_ptr<EventState>& state() const { return state_; }
 
   StatusOr<bool> Query() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return pending_.count(recorded_) == 0;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->pending.count(state_->recorded) == 0;
   }
   Status Synchronize() override {
-    WaitFor(recorded());
+    state_->WaitFor(state_->Latest());
     return Status::Ok();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t recorded_ = 0;          // GUARDED_BY(mu_) the latest record (0 = never)
-  std::set<uint64_t> pending_;     // GUARDED_BY(mu_) records not yet completed
+  std::shared_ptr<EventState> state_ = std::make_shared<EventState>();
 };
 
 class HostDevice;
@@ -101,16 +109,18 @@ class HostStream final : public Stream {
   Status Record(Event& event) override {
     auto* e = dynamic_cast<HostEvent*>(&event);
     if (e == nullptr) return InvalidArgumentError("Stream::Record: event is not a HostDevice event");
-    const uint64_t seq = e->BeginRecord();
-    Enqueue([e, seq] { e->Complete(seq); });
+    std::shared_ptr<EventState> st = e->state();
+    const uint64_t seq = st->BeginRecord();
+    Enqueue([st, seq] { st->Complete(seq); });
     return Status::Ok();
   }
   Status Wait(Event& event) override {
     auto* e = dynamic_cast<HostEvent*>(&event);
     if (e == nullptr) return InvalidArgumentError("Stream::Wait: event is not a HostDevice event");
-    const uint64_t seq = e->recorded();
+    std::shared_ptr<EventState> st = e->state();
+    const uint64_t seq = st->Latest();
     if (seq == 0) return Status::Ok();  // never recorded: nothing to wait for
-    Enqueue([e, seq] { e->WaitFor(seq); });
+    Enqueue([st, seq] { st->WaitFor(seq); });
     return Status::Ok();
   }
   Status EnqueueHostCallback(std::function<void()> fn) override {

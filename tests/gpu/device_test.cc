@@ -166,6 +166,15 @@ TYPED_TEST(TypedDeviceTest, CopyWaitsForKernelThroughEvent) {
   ASSERT_OK(d.Fill(x.data(), DType::kFp32, n, 1.f, d.compute()));
   ASSERT_OK(d.compute().Synchronize());
 
+  // Pinned destination: a D2H copy into pageable memory would block this
+  // thread on CUDA until the copy is done (and the gate below never opens).
+  // Created before the gate so no pinning call runs while a stream is held.
+  auto pool = PinnedPool::Create(PlanPinnedPool(n * sizeof(float), n * sizeof(float)), &d).value();
+  ASSERT_TRUE(pool->pinned());
+  PinnedBuffer pinned = pool->Acquire(n * sizeof(float)).value();
+  float* h = pinned.as<float>();
+  std::fill(h, h + n, 0.f);
+
   auto ev = d.CreateEvent().value();
   std::promise<void> gate;
   std::shared_future<void> opened = gate.get_future().share();
@@ -173,13 +182,6 @@ TYPED_TEST(TypedDeviceTest, CopyWaitsForKernelThroughEvent) {
   ASSERT_OK(d.Fill(x.data(), DType::kFp32, n, 7.f, d.compute()));
   ASSERT_OK(d.compute().Record(*ev));
   ASSERT_OK(d.d2h().Wait(*ev));
-  // Pinned destination: a D2H copy into pageable memory would block this
-  // thread on CUDA until the copy is done (and the gate below never opens).
-  auto pool = PinnedPool::Create(PlanPinnedPool(n * sizeof(float), n * sizeof(float)), &d).value();
-  ASSERT_TRUE(pool->pinned());
-  PinnedBuffer pinned = pool->Acquire(n * sizeof(float)).value();
-  float* h = pinned.as<float>();
-  std::fill(h, h + n, 0.f);
   ASSERT_OK(d.CopyD2H(h, x.data(), n * sizeof(float), d.d2h()));
 
   // Held back: neither the event nor the copy can have completed.
@@ -228,6 +230,26 @@ TYPED_TEST(TypedDeviceTest, EventsNeverRecordedAreCompleteAndReRecordWorks) {
     EXPECT_TRUE(ev->Query().value());
   }
   ASSERT_OK(d.Synchronize());
+}
+
+TYPED_TEST(TypedDeviceTest, EventMayBeDestroyedWhileRecordAndWaitAreQueued) {
+  Device& d = this->dev();
+  auto x = d.Allocate(64).value();
+  auto pool = PinnedPool::Create(PlanPinnedPool(4096, 4096), &d).value();
+  PinnedBuffer pinned = pool->Acquire(64).value();
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  {
+    auto ev = d.CreateEvent().value();
+    ASSERT_OK(d.compute().EnqueueHostCallback([opened] { opened.wait(); }));
+    ASSERT_OK(d.FillInt32(x.as<int32_t>(), 16, 9, d.compute()));
+    ASSERT_OK(d.compute().Record(*ev));
+    ASSERT_OK(d.d2h().Wait(*ev));
+  }  // destroyed with the record and the wait still queued
+  ASSERT_OK(d.CopyD2H(pinned.data(), x.data(), 64, d.d2h()));
+  gate.set_value();
+  ASSERT_OK(d.d2h().Synchronize());
+  EXPECT_EQ(pinned.as<int32_t>()[15], 9);  // the wait still ordered the copy
 }
 
 // ---- Kernels ----
