@@ -422,3 +422,43 @@ TEST(CastTest, MatchesReferenceConversionsAndRejectsBadInput) {
 
 }  // namespace
 }  // namespace strata::cpu_adam
+
+namespace strata::cpu_adam {
+namespace {
+
+// Asynchronous steps must make progress whatever the thread count (one
+// thread: the arena keeps no slot for the caller, so a worker runs it).
+TEST(AsyncTest, ProgressWithOneAndWithMoreThreadsThanCores) {
+  auto rng = testing::MakeRng();
+  const size_t n = 40000;
+  for (int threads : {1, 4}) {
+    auto p = testing::RandomFloats(rng, n), g = testing::RandomFloats(rng, n),
+         m = testing::RandomFloats(rng, n), v = testing::RandomFloats(rng, n, 0.1f, 1.f);
+    auto p2 = p, m2 = m, v2 = v;
+    Options o;
+    o.threads = threads;
+    o.block_elems = 1024;
+    auto opt = Make(o);
+    ASSERT_NE(opt, nullptr);
+    EXPECT_EQ(opt->threads(), threads);
+    ShardStep s;
+    s.param = p.data();
+    s.grad = g.data();
+    s.exp_avg = m.data();
+    s.exp_avg_sq = v.data();
+    s.count = n;
+    auto h = opt->StepAsync({&s, 1});
+    ASSERT_TRUE(h.ok());
+    auto r = h->Wait();
+    ASSERT_TRUE(r.ok()) << r.status();
+    ShardStep s2 = s;
+    s2.param = p2.data();
+    s2.exp_avg = m2.data();
+    s2.exp_avg_sq = v2.data();
+    ASSERT_TRUE(opt->Step(s2).ok());
+    EXPECT_TRUE(p == p2 && m == m2 && v == v2) << threads;
+  }
+}
+
+}  // namespace
+}  // namespace strata::cpu_adam
