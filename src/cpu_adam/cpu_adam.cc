@@ -362,9 +362,13 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
   if (!pus.ok()) return NotSupportedError(std::string(pus.status().message()));
   impl->threads = options.threads > 0 ? options.threads : *pus;
   switch (options.streaming_stores) {
-    case StreamingStores::kAuto:  // measured: see docs/parts/cpu_adam-perf.md
+    case StreamingStores::kAuto:
+      // Measured (docs/parts/cpu_adam-perf.md): non-temporal stores into the
+      // in-place arrays halve throughput (the lines were just read, so there
+      // is no write-allocate to save); for the write-only copy-out they were
+      // no faster than ordinary stores on 100M params. So: off.
       impl->stream_state = false;
-      impl->stream_copy = true;
+      impl->stream_copy = false;
       break;
     case StreamingStores::kOff: break;
     case StreamingStores::kCopyOut: impl->stream_copy = true; break;

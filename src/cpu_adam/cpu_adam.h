@@ -90,7 +90,7 @@ struct StepResult {
 };
 
 enum class StreamingStores : uint8_t {
-  kAuto = 0,  // what the measurements say (docs/parts/cpu_adam-perf.md)
+  kAuto = 0,  // what the measurements say (docs/parts/cpu_adam-perf.md): currently off
   kOff = 1,   // ordinary stores
   kCopyOut = 2,  // non-temporal stores for the write-only copy-out only
   kAll = 3,   // non-temporal stores for param, states and copy-out

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
 #include "tests/test_util.h"
 
@@ -457,6 +458,61 @@ TEST(AsyncTest, ProgressWithOneAndWithMoreThreadsThanCores) {
     s2.exp_avg_sq = v2.data();
     ASSERT_TRUE(opt->Step(s2).ok());
     EXPECT_TRUE(p == p2 && m == m2 && v == v2) << threads;
+  }
+}
+
+}  // namespace
+}  // namespace strata::cpu_adam
+
+namespace strata::cpu_adam {
+namespace {
+
+// Non-temporal stores change how results reach memory, never what they are:
+// off, copy-out only and all must give the same bits, on aligned arrays
+// (where the streaming path is taken) and at an odd offset (where it is not).
+TEST(StreamingStoresTest, SameBitsWithAndWithoutStreaming) {
+  uint64_t seed;
+  auto rng = testing::MakeRng(&seed);
+  const size_t n = 3 * 32768 + 77;
+  auto init_p = testing::RandomFloats(rng, n + 1), init_g = testing::RandomFloats(rng, n + 1),
+       init_m = testing::RandomFloats(rng, n + 1, -0.1f, 0.1f), init_v = testing::RandomFloats(rng, n + 1, 1e-5f, 1e-2f);
+  for (const auto& isa : AvailableIsas()) {
+    for (size_t off : {0, 1}) {
+      std::vector<std::vector<uint8_t>> results;
+      for (StreamingStores mode : {StreamingStores::kOff, StreamingStores::kCopyOut, StreamingStores::kAll}) {
+        auto p = AlignedBuffer::Allocate((n + 1) * 4, 64), m = AlignedBuffer::Allocate((n + 1) * 4, 64),
+             v = AlignedBuffer::Allocate((n + 1) * 4, 64), c = AlignedBuffer::Allocate((n + 1) * 2, 64);
+        ASSERT_TRUE(p.ok() && m.ok() && v.ok() && c.ok());
+        std::memcpy(p->data(), init_p.data(), (n + 1) * 4);
+        std::memcpy(m->data(), init_m.data(), (n + 1) * 4);
+        std::memcpy(v->data(), init_v.data(), (n + 1) * 4);
+        Options o;
+        o.isa = std::string(isa);
+        o.streaming_stores = mode;
+        auto opt = Make(o);
+        ASSERT_NE(opt, nullptr);
+        ShardStep s;
+        s.param = p->as<float>() + off;
+        s.grad = init_g.data();
+        s.exp_avg = m->as<float>() + off;
+        s.exp_avg_sq = v->as<float>() + off;
+        s.count = n;
+        s.copy_out = c->as<uint16_t>() + off;
+        s.copy_dtype = DType::kBf16;
+        s.hp.step = 4;
+        ASSERT_TRUE(opt->Step(s).ok());
+        std::vector<uint8_t> all;
+        for (const AlignedBuffer* b : {&*p, &*m, &*v}) {
+          const auto* bytes = static_cast<const uint8_t*>(b->data());
+          all.insert(all.end(), bytes + off * 4, bytes + (off + n) * 4);
+        }
+        const auto* cb = static_cast<const uint8_t*>(c->data());
+        all.insert(all.end(), cb + off * 2, cb + (off + n) * 2);
+        results.push_back(std::move(all));
+      }
+      EXPECT_TRUE(results[0] == results[1]) << isa << " off=" << off;
+      EXPECT_TRUE(results[0] == results[2]) << isa << " off=" << off;
+    }
   }
 }
 
