@@ -75,15 +75,6 @@ std::string Bytes(int64_t b) {
   return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
 }
 
-float ToFloat(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kFp32: return static_cast<const float*>(p)[i];
-    case DType::kFp16: return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBf16: return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0.f;
-}
-
 void FromFloat(float v, DType t, void* p, int64_t i) {
   switch (t) {
     case DType::kFp32: static_cast<float*>(p)[i] = v; break;

@@ -1,0 +1,87 @@
+/* strata/strata_c.h — the C API of the Strata engine, for FFI users
+ * (Python ctypes/cffi, Rust, Julia, ...). It wraps strata/engine.h one to one;
+ * see that header for the semantics of each call.
+ *
+ * Every function returning int returns 0 (STRATA_OK) on success or a
+ * strata_code; the message of the last failure on the calling thread is
+ * strata_last_error(). Handles are not thread-safe: one thread drives an
+ * engine. Pointers returned through out-parameters are device pointers (host
+ * pointers on the host device) owned by the engine.
+ */
+#ifndef STRATA_STRATA_C_H_
+#define STRATA_STRATA_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum strata_code {
+  STRATA_OK = 0,
+  STRATA_INVALID_ARGUMENT = 1,
+  STRATA_NOT_FOUND = 2,
+  STRATA_IO_ERROR = 3,
+  STRATA_RESOURCE_EXHAUSTED = 4,
+  STRATA_NOT_SUPPORTED = 5,
+  STRATA_UNAVAILABLE = 6,
+  STRATA_FAILED_PRECONDITION = 7,
+  STRATA_OUT_OF_RANGE = 8,
+  STRATA_CANCELLED = 9,
+  STRATA_DATA_LOSS = 10,
+  STRATA_INTERNAL = 11
+} strata_code;
+
+typedef enum strata_dtype { STRATA_FP32 = 0, STRATA_FP16 = 1, STRATA_BF16 = 2 } strata_dtype;
+
+typedef struct strata_engine strata_engine;
+
+typedef struct strata_step_stats {
+  int64_t step;
+  int applied;
+  int overflow;
+  double loss_scale;
+  double grad_norm;
+  double step_time_s;
+  double overlap_efficiency;
+  int64_t nvme_read_bytes, nvme_written_bytes;
+  int64_t pcie_h2d_bytes, pcie_d2h_bytes;
+  int64_t hbm_high_water_bytes;
+} strata_step_stats;
+
+/* The message of the last failed call on this thread ("" if none). */
+const char* strata_last_error(void);
+const char* strata_version(void);
+
+int strata_engine_create_from_json(const char* json_text, strata_engine** out);
+int strata_engine_create_from_file(const char* path, strata_engine** out);
+void strata_engine_destroy(strata_engine* engine);
+
+/* init: numel floats (copied), or NULL to start from zeros. */
+int strata_register_parameter(strata_engine* engine, const char* name, int64_t numel, strata_dtype dtype,
+                              int module, const float* init, int* out_id);
+int strata_plan(strata_engine* engine);
+
+/* params/grads: arrays of `capacity` pointers; *count is set to the number of
+ * the module's parameters (STRATA_OUT_OF_RANGE if capacity is too small). */
+int strata_before_forward(strata_engine* engine, int module, void** params, int capacity, int* count);
+int strata_after_forward(strata_engine* engine, int module);
+int strata_before_backward(strata_engine* engine, int module, void** params, void** grads, int capacity,
+                           int* count);
+int strata_after_backward(strata_engine* engine, int module);
+int strata_step(strata_engine* engine, strata_step_stats* stats /* may be NULL */);
+int strata_zero_grad(strata_engine* engine);
+
+double strata_loss_scale(const strata_engine* engine);
+void* strata_compute_stream(const strata_engine* engine);
+int strata_read_parameter(strata_engine* engine, int id, float* out, int64_t numel);
+/* Writes the last step's statistics as JSON (NUL-terminated) if it fits in
+ * `capacity` bytes; *needed is the size including the NUL. */
+int strata_stats_json(const strata_engine* engine, char* buf, size_t capacity, size_t* needed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* STRATA_STRATA_C_H_ */

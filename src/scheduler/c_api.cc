@@ -1,0 +1,166 @@
+// The C API (include/strata/strata_c.h): a thin wrapper over strata::Engine.
+#include "strata/strata_c.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/engine.h"
+#include "strata/strata.h"
+
+struct strata_engine {
+  std::unique_ptr<strata::Engine> engine;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+int Fail(const strata::Status& s) {
+  g_last_error = s.ToString();
+  return static_cast<int>(s.code());
+}
+
+int Check(const strata::Status& s) { return s.ok() ? STRATA_OK : Fail(s); }
+
+int NullArg(const char* what) {
+  return Fail(strata::InvalidArgumentError(std::string(what) + " is NULL"));
+}
+
+int Create(strata::StatusOr<std::unique_ptr<strata::Engine>> e, strata_engine** out) {
+  if (!e.ok()) return Fail(e.status());
+  *out = new strata_engine{std::move(*e)};
+  return STRATA_OK;
+}
+
+int CopyPointers(const std::vector<void*>& from, void** to, int capacity) {
+  if (static_cast<int>(from.size()) > capacity)
+    return Fail(strata::OutOfRangeError("the module has " + std::to_string(from.size()) +
+                                        " parameters, capacity is " + std::to_string(capacity)));
+  for (size_t i = 0; i < from.size(); ++i) to[i] = from[i];
+  return STRATA_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* strata_last_error(void) { return g_last_error.c_str(); }
+
+const char* strata_version(void) {
+  static const std::string v(strata::Version());
+  return v.c_str();
+}
+
+int strata_engine_create_from_json(const char* json_text, strata_engine** out) {
+  if (json_text == nullptr) return NullArg("json_text");
+  if (out == nullptr) return NullArg("out");
+  return Create(strata::Engine::CreateFromJson(json_text), out);
+}
+
+int strata_engine_create_from_file(const char* path, strata_engine** out) {
+  if (path == nullptr) return NullArg("path");
+  if (out == nullptr) return NullArg("out");
+  return Create(strata::Engine::CreateFromFile(path), out);
+}
+
+void strata_engine_destroy(strata_engine* engine) { delete engine; }
+
+int strata_register_parameter(strata_engine* e, const char* name, int64_t numel, strata_dtype dtype, int module,
+                              const float* init, int* out_id) {
+  if (e == nullptr) return NullArg("engine");
+  if (name == nullptr) return NullArg("name");
+  if (dtype < STRATA_FP32 || dtype > STRATA_BF16)
+    return Fail(strata::InvalidArgumentError("dtype " + std::to_string(static_cast<int>(dtype)) +
+                                             " is not one of STRATA_FP32, STRATA_FP16, STRATA_BF16"));
+  strata::ParamSpec spec;
+  spec.name = name;
+  spec.numel = numel;
+  spec.dtype = static_cast<strata::DType>(dtype);
+  spec.module = module;
+  if (init != nullptr && numel > 0) {
+    spec.init = std::span<const float>(init, static_cast<size_t>(numel));
+  } else {
+    spec.initializer = [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.f); };
+  }
+  strata::StatusOr<int> id = e->engine->RegisterParameter(spec);
+  if (!id.ok()) return Fail(id.status());
+  if (out_id) *out_id = *id;
+  return STRATA_OK;
+}
+
+int strata_plan(strata_engine* e) { return e ? Check(e->engine->Plan()) : NullArg("engine"); }
+
+int strata_before_forward(strata_engine* e, int module, void** params, int capacity, int* count) {
+  if (e == nullptr) return NullArg("engine");
+  auto v = e->engine->BeforeForward(module);
+  if (!v.ok()) return Fail(v.status());
+  if (count) *count = static_cast<int>(v->params.size());
+  return params ? CopyPointers(v->params, params, capacity) : STRATA_OK;
+}
+
+int strata_after_forward(strata_engine* e, int module) {
+  return e ? Check(e->engine->AfterForward(module)) : NullArg("engine");
+}
+
+int strata_before_backward(strata_engine* e, int module, void** params, void** grads, int capacity, int* count) {
+  if (e == nullptr) return NullArg("engine");
+  auto v = e->engine->BeforeBackward(module);
+  if (!v.ok()) return Fail(v.status());
+  if (count) *count = static_cast<int>(v->params.size());
+  if (params) {
+    if (int rc = CopyPointers(v->params, params, capacity); rc != STRATA_OK) return rc;
+  }
+  return grads ? CopyPointers(v->grads, grads, capacity) : STRATA_OK;
+}
+
+int strata_after_backward(strata_engine* e, int module) {
+  return e ? Check(e->engine->AfterBackward(module)) : NullArg("engine");
+}
+
+int strata_step(strata_engine* e, strata_step_stats* stats) {
+  if (e == nullptr) return NullArg("engine");
+  auto s = e->engine->Step();
+  if (!s.ok()) return Fail(s.status());
+  if (stats) {
+    stats->step = s->step;
+    stats->applied = s->applied;
+    stats->overflow = s->overflow;
+    stats->loss_scale = s->loss_scale;
+    stats->grad_norm = s->grad_norm;
+    stats->step_time_s = s->step_time_s;
+    stats->overlap_efficiency = s->overlap_efficiency;
+    stats->nvme_read_bytes = s->nvme_read_bytes;
+    stats->nvme_written_bytes = s->nvme_written_bytes;
+    stats->pcie_h2d_bytes = s->pcie_h2d_bytes;
+    stats->pcie_d2h_bytes = s->pcie_d2h_bytes;
+    stats->hbm_high_water_bytes = s->hbm_high_water_bytes;
+  }
+  return STRATA_OK;
+}
+
+int strata_zero_grad(strata_engine* e) { return e ? Check(e->engine->ZeroGrad()) : NullArg("engine"); }
+
+double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
+
+void* strata_compute_stream(const strata_engine* e) { return e ? e->engine->ComputeStream() : nullptr; }
+
+int strata_read_parameter(strata_engine* e, int id, float* out, int64_t numel) {
+  if (e == nullptr) return NullArg("engine");
+  if (out == nullptr) return NullArg("out");
+  return Check(e->engine->ReadParameter(id, std::span<float>(out, static_cast<size_t>(numel))));
+}
+
+int strata_stats_json(const strata_engine* e, char* buf, size_t capacity, size_t* needed) {
+  if (e == nullptr) return NullArg("engine");
+  const std::string j = e->engine->StatsJson();
+  if (needed) *needed = j.size() + 1;
+  if (buf == nullptr || capacity < j.size() + 1)
+    return Fail(strata::OutOfRangeError("stats JSON needs " + std::to_string(j.size() + 1) + " bytes, capacity " +
+                                        std::to_string(capacity)));
+  std::memcpy(buf, j.c_str(), j.size() + 1);
+  return STRATA_OK;
+}
+
+}  // extern "C"
