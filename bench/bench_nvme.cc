@@ -2,13 +2,16 @@
 //
 //   build-nvme/bench/bench_nvme DIR [SIZE_MIB=1024] [BLOCK_KIB=1024] [DEPTH=16] [THREADS=1] [RUNS=3] [uring|posix]
 //
-// Alternates engine (write+read through the swap store) and fio (same engine,
-// block, depth, size, O_DIRECT) RUNS times; prints medians and ratios.
+// Per run: engine write, fio write, engine read, fio read (same engine, block,
+// depth, size, O_DIRECT), RUNS times; prints medians and ratios.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "src/common/status_util.h"
 #include "src/nvme/nvme_bench.h"
 
 int main(int argc, char** argv) {
@@ -26,17 +29,25 @@ int main(int argc, char** argv) {
   int runs = argc > 6 ? std::atoi(argv[6]) : 3;
   o.io.engine = argc > 7 && std::string(argv[7]) == "posix" ? EngineKind::kPosix : EngineKind::kUring;
   std::vector<double> ew, er, fw, fr;
+  const std::string fio_file = o.paths[0] + "/strata-fio-bench.bin";
   for (int i = 0; i < runs; ++i) {
-    auto e = RunEngineBench(o);
-    auto f = RunFioBench(o);
-    if (!e.ok() || !f.ok()) {
-      std::fprintf(stderr, "bench_nvme: %s\n", (!e.ok() ? e.status() : f.status()).ToString().c_str());
-      return 1;
-    }
-    ew.push_back(e->write_gbytes_per_s);
-    er.push_back(e->read_gbytes_per_s);
-    fw.push_back(f->write_gbytes_per_s);
-    fr.push_back(f->read_gbytes_per_s);
+    // engine write, fio write, engine read, fio read (as `strata bench nvme`).
+    auto session = EngineBenchSession::Open(o);
+    CHECK_OK(session.status());
+    auto w = (*session)->WritePass();
+    CHECK_OK(w.status());
+    auto fwr = RunFioPass(o, fio_file, "write");
+    CHECK_OK(fwr.status());
+    auto rd = (*session)->ReadPass();
+    CHECK_OK(rd.status());
+    session->reset();
+    auto frd = RunFioPass(o, fio_file, "read");
+    unlink(fio_file.c_str());
+    CHECK_OK(frd.status());
+    ew.push_back(*w);
+    er.push_back(*rd);
+    fw.push_back(*fwr);
+    fr.push_back(*frd);
     std::printf("run %d: engine write %.3f read %.3f | fio write %.3f read %.3f GB/s\n", i, ew.back(), er.back(),
                 fw.back(), fr.back());
   }

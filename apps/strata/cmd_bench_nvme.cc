@@ -1,5 +1,7 @@
 // strata bench nvme: sequential write then read through the swap store, and
 // optionally fio with the same parameters, alternated, medians and ratios.
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -53,20 +55,35 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
   std::vector<double> ew, er, fw, fr;
   json runs = json::array();
   std::string engine_used;
+  // Per run: engine write, fio write, engine read, fio read. Each tool's read
+  // follows the other's write (and vice versa), so neither gets a quieter disk.
+  const std::string fio_file = a.paths[0] + "/strata-fio-" + std::to_string(getpid()) + ".bin";
   for (int i = 0; i < a.runs; ++i) {
-    auto e = nvme::RunEngineBench(o);
-    if (!e.ok()) return Fail(e.status().ToString());
-    engine_used = e->engine;
-    ew.push_back(e->write_gbytes_per_s);
-    er.push_back(e->read_gbytes_per_s);
-    json run = {{"run", i}, {"write_gbytes_per_s", e->write_gbytes_per_s}, {"read_gbytes_per_s", e->read_gbytes_per_s}};
+    auto session = nvme::EngineBenchSession::Open(o);
+    if (!session.ok()) return Fail(session.status().ToString());
+    engine_used = (*session)->engine();
+    auto w = (*session)->WritePass();
+    if (!w.ok()) return Fail(w.status().ToString());
     if (a.vs_fio) {
-      auto f = nvme::RunFioBench(o);
+      auto f = nvme::RunFioPass(o, fio_file, "write");
       if (!f.ok()) return Fail(f.status().ToString());
-      fw.push_back(f->write_gbytes_per_s);
-      fr.push_back(f->read_gbytes_per_s);
-      run["fio_write_gbytes_per_s"] = f->write_gbytes_per_s;
-      run["fio_read_gbytes_per_s"] = f->read_gbytes_per_s;
+      fw.push_back(*f);
+    }
+    auto rd = (*session)->ReadPass();
+    if (!rd.ok()) return Fail(rd.status().ToString());
+    session->reset();  // removes the swap file
+    if (a.vs_fio) {
+      auto f = nvme::RunFioPass(o, fio_file, "read");
+      unlink(fio_file.c_str());
+      if (!f.ok()) return Fail(f.status().ToString());
+      fr.push_back(*f);
+    }
+    ew.push_back(*w);
+    er.push_back(*rd);
+    json run = {{"run", i}, {"write_gbytes_per_s", ew.back()}, {"read_gbytes_per_s", er.back()}};
+    if (a.vs_fio) {
+      run["fio_write_gbytes_per_s"] = fw.back();
+      run["fio_read_gbytes_per_s"] = fr.back();
     }
     if (!a.json)
       std::fprintf(stderr, "run %d/%d: engine write %.3f read %.3f GB/s%s\n", i + 1, a.runs, ew.back(), er.back(),

@@ -45,48 +45,82 @@ Status Sweep(SwapStore* store, const std::string& shard, uint64_t size, uint64_t
 
 }  // namespace
 
-StatusOr<NvmeBenchResult> RunEngineBench(const NvmeBenchOptions& o) {
-  if (o.size == 0) return InvalidArgumentError("bench size is 0 bytes");
-  if (o.requests_in_flight < 1) return InvalidArgumentError("requests_in_flight must be ≥ 1");
-  uint64_t req = std::min<uint64_t>(o.request_bytes, o.size);
-  req = AlignUp(req, 4096);
-  size_t slots = static_cast<size_t>(std::min<uint64_t>(o.requests_in_flight, (o.size + req - 1) / req));
-  ASSIGN_OR_RETURN(AlignedBuffer wbuf, AlignedBuffer::Allocate(req * slots, 4096));
-  ASSIGN_OR_RETURN(AlignedBuffer rbuf, AlignedBuffer::Allocate(req * slots, 4096));
-  std::mt19937_64 rng(0x5eed ^ static_cast<uint64_t>(getpid()));
-  auto* w64 = wbuf.as<uint64_t>();
-  for (size_t i = 0; i < req * slots / 8; ++i) w64[i] = rng() | 1;
-  std::memset(rbuf.data(), 0, rbuf.size());
+struct EngineBenchSession::State {
+  NvmeBenchOptions o;
+  uint64_t req = 0;
+  size_t slots = 0;
+  AlignedBuffer wbuf, rbuf;
+  std::unique_ptr<IoService> service;
+  std::unique_ptr<SwapStore> store;
+  bool written = false;
+};
 
+EngineBenchSession::EngineBenchSession(std::unique_ptr<State> s) : s_(std::move(s)) {}
+EngineBenchSession::~EngineBenchSession() {
+  if (s_ && s_->store) s_->store->Close().IgnoreError();
+}
+std::string EngineBenchSession::engine() const {
+  return std::string(EngineKindName(s_->service->engine()->kind()));
+}
+
+StatusOr<std::unique_ptr<EngineBenchSession>> EngineBenchSession::Open(const NvmeBenchOptions& o) {
+  if (o.size == 0) return InvalidArgumentError("bench size is 0 bytes");
+  if (o.requests_in_flight < 1) return InvalidArgumentError("requests_in_flight must be at least 1");
+  auto st = std::make_unique<State>();
+  st->o = o;
+  st->req = AlignUp(std::min<uint64_t>(o.request_bytes, o.size), 4096);
+  st->slots = static_cast<size_t>(std::min<uint64_t>(o.requests_in_flight, (o.size + st->req - 1) / st->req));
+  ASSIGN_OR_RETURN(st->wbuf, AlignedBuffer::Allocate(st->req * st->slots, 4096));
+  ASSIGN_OR_RETURN(st->rbuf, AlignedBuffer::Allocate(st->req * st->slots, 4096));
+  std::mt19937_64 rng(0x5eed ^ static_cast<uint64_t>(getpid()));
+  auto* w64 = st->wbuf.as<uint64_t>();
+  for (size_t i = 0; i < st->req * st->slots / 8; ++i) w64[i] = rng() | 1;
+  std::memset(st->rbuf.data(), 0, st->rbuf.size());
   IoOptions io = o.io;
-  io.fixed_buffers = {{wbuf.data(), wbuf.size()}, {rbuf.data(), rbuf.size()}};
-  ASSIGN_OR_RETURN(auto service, IoService::Create(io));
+  io.fixed_buffers = {{st->wbuf.data(), st->wbuf.size()}, {st->rbuf.data(), st->rbuf.size()}};
+  ASSIGN_OR_RETURN(st->service, IoService::Create(io));
   SwapStoreOptions so;
   so.paths = o.paths;
   so.capacity_bytes = o.size;
   so.stripe_unit = std::max<uint64_t>(io.block_size, 4096);
-  ASSIGN_OR_RETURN(auto store, SwapStore::Open(so, service.get()));
-  RETURN_IF_ERROR(store->Allocate("bench", o.size));
+  ASSIGN_OR_RETURN(st->store, SwapStore::Open(so, st->service.get()));
+  RETURN_IF_ERROR(st->store->Allocate("bench", o.size));
+  return std::unique_ptr<EngineBenchSession>(new EngineBenchSession(std::move(st)));
+}
 
-  NvmeBenchResult r;
-  r.engine = std::string(EngineKindName(service->engine()->kind()));
+StatusOr<double> EngineBenchSession::WritePass() {
+  State& m = *s_;
   Stopwatch sw;
-  RETURN_IF_ERROR(Sweep(store.get(), "bench", o.size, req, static_cast<int>(slots), wbuf.as<char>(), true));
-  double wsec = sw.Seconds();
-  sw.Reset();
-  RETURN_IF_ERROR(Sweep(store.get(), "bench", o.size, req, static_cast<int>(slots), rbuf.as<char>(), false));
-  double rsec = sw.Seconds();
+  RETURN_IF_ERROR(Sweep(m.store.get(), "bench", m.o.size, m.req, static_cast<int>(m.slots), m.wbuf.as<char>(), true));
+  double sec = sw.Seconds();
+  m.written = true;
+  return static_cast<double>(m.o.size) / sec / 1e9;
+}
+
+StatusOr<double> EngineBenchSession::ReadPass() {
+  State& m = *s_;
+  if (!m.written) return FailedPreconditionError("bench read pass before a write pass");
+  std::memset(m.rbuf.data(), 0, m.rbuf.size());
+  Stopwatch sw;
+  RETURN_IF_ERROR(Sweep(m.store.get(), "bench", m.o.size, m.req, static_cast<int>(m.slots), m.rbuf.as<char>(), false));
+  double sec = sw.Seconds();
   // The last `slots` requests read back what the same slots wrote.
-  uint64_t nreq = (o.size + req - 1) / req;
-  for (uint64_t i = nreq > slots ? nreq - slots : 0; i < nreq; ++i) {
-    size_t slot = i % slots;
-    uint64_t n = std::min(req, o.size - i * req);
-    if (std::memcmp(wbuf.as<char>() + slot * req, rbuf.as<char>() + slot * req, n) != 0)
-      return DataLossError(fmt::format("bench: data read back at offset {} differs from what was written", i * req));
+  uint64_t nreq = (m.o.size + m.req - 1) / m.req;
+  for (uint64_t i = nreq > m.slots ? nreq - m.slots : 0; i < nreq; ++i) {
+    size_t slot = i % m.slots;
+    uint64_t n = std::min(m.req, m.o.size - i * m.req);
+    if (std::memcmp(m.wbuf.as<char>() + slot * m.req, m.rbuf.as<char>() + slot * m.req, n) != 0)
+      return DataLossError(fmt::format("bench: data read back at offset {} differs from what was written", i * m.req));
   }
-  RETURN_IF_ERROR(store->Close());
-  r.write_gbytes_per_s = static_cast<double>(o.size) / wsec / 1e9;
-  r.read_gbytes_per_s = static_cast<double>(o.size) / rsec / 1e9;
+  return static_cast<double>(m.o.size) / sec / 1e9;
+}
+
+StatusOr<NvmeBenchResult> RunEngineBench(const NvmeBenchOptions& o) {
+  ASSIGN_OR_RETURN(auto session, EngineBenchSession::Open(o));
+  NvmeBenchResult r;
+  r.engine = session->engine();
+  ASSIGN_OR_RETURN(r.write_gbytes_per_s, session->WritePass());
+  ASSIGN_OR_RETURN(r.read_gbytes_per_s, session->ReadPass());
   return r;
 }
 
@@ -129,20 +163,20 @@ StatusOr<double> RunFioOnce(const std::string& cmd, const std::string& json_out,
 }
 }  // namespace
 
-StatusOr<NvmeBenchResult> RunFioBench(const NvmeBenchOptions& o) {
-  if (o.paths.empty()) return InvalidArgumentError("fio: no path");
+StatusOr<double> RunFioPass(const NvmeBenchOptions& o, const std::string& file, const std::string& rw) {
   if (std::system("command -v fio >/dev/null 2>&1") != 0)
     return NotFoundError("fio is not installed (not found in PATH)");
+  std::string json = file + ".json";
+  return RunFioOnce(FioCommand(o, file, rw, json), json, rw);
+}
+
+StatusOr<NvmeBenchResult> RunFioBench(const NvmeBenchOptions& o) {
+  if (o.paths.empty()) return InvalidArgumentError("fio: no path");
   std::string file = fmt::format("{}/strata-fio-{}.bin", o.paths[0], getpid());
-  std::string json = fmt::format("{}/strata-fio-{}.json", o.paths[0], getpid());
   NvmeBenchResult r;
   r.engine = o.io.engine == EngineKind::kPosix ? "psync" : "io_uring";
-  auto w = RunFioOnce(FioCommand(o, file, "write", json), json, "write");
-  if (!w.ok()) {
-    unlink(file.c_str());
-    return w.status();
-  }
-  auto rd = RunFioOnce(FioCommand(o, file, "read", json), json, "read");
+  auto w = RunFioPass(o, file, "write");
+  auto rd = w.ok() ? RunFioPass(o, file, "read") : StatusOr<double>(w.status());
   unlink(file.c_str());
   if (!rd.ok()) return rd.status();
   r.write_gbytes_per_s = *w;

@@ -34,6 +34,27 @@ struct NvmeBenchResult {
 // bytes of the last requests, removes the swap files.
 StatusOr<NvmeBenchResult> RunEngineBench(const NvmeBenchOptions& options);
 
+// The same measurement in passes, so a caller can interleave other work
+// (fio) between the write and the read pass: Open, WritePass, ReadPass
+// (verifies), destructor removes the swap files.
+class EngineBenchSession {
+ public:
+  static StatusOr<std::unique_ptr<EngineBenchSession>> Open(const NvmeBenchOptions& options);
+  ~EngineBenchSession();
+  StatusOr<double> WritePass();  // GB/s
+  StatusOr<double> ReadPass();   // GB/s; REQUIRES: WritePass() succeeded
+  std::string engine() const;
+
+ private:
+  struct State;
+  explicit EngineBenchSession(std::unique_ptr<State> s);
+  std::unique_ptr<State> s_;
+};
+
+// One fio pass ("write" or "read") over `file` (kept between passes; the
+// caller removes it). GB/s.
+StatusOr<double> RunFioPass(const NvmeBenchOptions& options, const std::string& file, const std::string& rw);
+
 // fio with the same engine (io_uring with fixedbufs+registerfiles, or psync
 // with queue_depth × threads jobs), block size, queue depth, size and
 // O_DIRECT, on paths[0]: a write pass then a read pass of one file, removed
