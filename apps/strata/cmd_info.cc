@@ -1,12 +1,15 @@
-// strata info: the machine as the engine sees it.
-#include <sys/resource.h>
-
+// strata info: the machine as the engine sees it — GPUs, NUMA, the CPU
+// optimizer's instruction set, io_uring (a real probe), O_DIRECT under a
+// directory, RLIMIT_MEMLOCK, and optionally the effective config.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "apps/strata/commands.h"
+#include "src/cpu_adam/cpu_adam.h"
+#include "src/gpu/device.h"
+#include "src/nvme/nvme.h"
 #include "strata/build_config.h"
 #include "strata/strata.h"
 
@@ -24,21 +27,72 @@ std::string HumanBytes(double b) {
   return buf;
 }
 
-json MemlockInfo() {
-  rlimit rl{};
+json GpuInfo() {
+  gpu::CudaDeviceList list = gpu::ListCudaDevices();
+  json devices = json::array();
+  for (const auto& d : list.devices) {
+    devices.push_back({{"ordinal", d.ordinal},
+                       {"name", d.name},
+                       {"hbm_bytes", d.total_bytes},
+                       {"free_bytes", d.free_bytes},
+                       {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+                       {"multiprocessors", d.multiprocessors},
+                       {"pci_bus_id", d.pci_bus_id},
+                       {"pcie_gen", d.pcie_gen},
+                       {"pcie_width", d.pcie_width}});
+  }
+  return {{"devices", devices}, {"reason", list.reason}};
+}
+
+json CpuInfo() {
   json j;
-  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return json{{"error", "getrlimit failed"}};
-  auto val = [](rlim_t v) -> json { return v == RLIM_INFINITY ? json("unlimited") : json(uint64_t(v)); };
-  j["soft_bytes"] = val(rl.rlim_cur);
-  j["hard_bytes"] = val(rl.rlim_max);
+  j["optimizer_isa"] = std::string(cpu_adam::BestIsa());
+  json isas = json::array();
+  for (auto isa : cpu_adam::AvailableIsas()) isas.push_back(std::string(isa));
+  j["available_isas"] = isas;
+  StatusOr<cpu_adam::CpuTopology> topo = cpu_adam::DescribeTopology();
+  if (!topo.ok()) {
+    j["topology_error"] = topo.status().ToString();
+    return j;
+  }
+  j["packages"] = topo->packages;
+  j["cores"] = topo->cores;
+  j["pus"] = topo->pus;
+  json nodes = json::array();
+  for (const auto& n : topo->numa_nodes)
+    nodes.push_back({{"node", n.os_index}, {"memory_bytes", n.memory_bytes}, {"cores", n.cores}, {"pus", n.pus}});
+  j["numa_nodes"] = nodes;
   return j;
 }
 
-int RunInfo(const std::string& config_path, const std::string& dir, bool as_json) {
+json IoInfo(const std::string& dir) {
+  json j;
+  nvme::UringProbe u = nvme::ProbeUring();
+  j["io_uring"] = {{"available", u.available}, {"error", u.available ? "" : u.error.ToString()}};
+  StatusOr<nvme::DirectIoProbe> d = nvme::ProbeDirectIo(dir);
+  if (!d.ok()) {
+    j["o_direct"] = {{"path", dir}, {"error", d.status().ToString()}};
+  } else {
+    j["o_direct"] = {{"path", dir},
+                     {"supported", d->direct_supported},
+                     {"error", d->direct_supported ? "" : d->direct_error.ToString()},
+                     {"logical_block_size", d->logical_block_size},
+                     {"block_size_source", d->block_size_source}};
+  }
+  return j;
+}
+
+json MemlockInfo() {
+  gpu::MemlockLimit m = gpu::ReadMemlockLimit();
+  auto val = [](bool unlimited, uint64_t v) -> json { return unlimited ? json("unlimited") : json(v); };
+  return {{"soft_bytes", val(m.soft_unlimited, m.soft_bytes)}, {"hard_bytes", val(m.hard_unlimited, m.hard_bytes)}};
+}
+
+std::string Show(const json& v) { return v.is_string() ? v.get<std::string>() : HumanBytes(v.get<double>()); }
+
+int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_json) {
+  const std::string dir = dir_arg.empty() ? "." : dir_arg;
   json out;
-  out["version"] = std::string(Version());
-  out["build"] = {{"cuda", bool(STRATA_HAVE_CUDA)}, {"nccl", bool(STRATA_HAVE_NCCL)}};
-  out["memlock"] = MemlockInfo();
   if (!config_path.empty()) {
     StatusOr<Config> config = LoadConfigFile(config_path);
     if (!config.ok()) {
@@ -48,25 +102,70 @@ int RunInfo(const std::string& config_path, const std::string& dir, bool as_json
     out["config"] = json::parse(ConfigToJson(*config));
     out["config_warnings"] = config->warnings;
   }
-  (void)dir;
+  out["version"] = std::string(Version());
+  out["build"] = {{"cuda", bool(STRATA_HAVE_CUDA)}, {"nccl", bool(STRATA_HAVE_NCCL)}};
+  out["gpu"] = GpuInfo();
+  out["cpu"] = CpuInfo();
+  out["io"] = IoInfo(dir);
+  out["memlock"] = MemlockInfo();
   if (as_json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
   std::printf("strata %s (CUDA %s, NCCL %s)\n", out["version"].get<std::string>().c_str(),
               STRATA_HAVE_CUDA ? "built" : "not built", STRATA_HAVE_NCCL ? "built" : "not built");
-  auto ml = out["memlock"];
-  auto show = [](const json& v) { return v.is_string() ? v.get<std::string>() : HumanBytes(v.get<double>()); };
-  std::printf("RLIMIT_MEMLOCK: soft %s, hard %s\n", show(ml["soft_bytes"]).c_str(),
-              show(ml["hard_bytes"]).c_str());
+  const json& g = out["gpu"];
+  if (g["devices"].empty()) {
+    std::printf("GPUs:           none (%s)\n", g["reason"].get<std::string>().c_str());
+  } else {
+    for (const auto& d : g["devices"]) {
+      std::printf("GPU %d:          %s, %s HBM, sm_%s, PCIe %s\n", d["ordinal"].get<int>(),
+                  d["name"].get<std::string>().c_str(), HumanBytes(d["hbm_bytes"].get<double>()).c_str(),
+                  d["compute_capability"].get<std::string>().c_str(),
+                  d["pcie_gen"].get<int>() > 0
+                      ? ("gen" + std::to_string(d["pcie_gen"].get<int>()) + " x" + std::to_string(d["pcie_width"].get<int>())).c_str()
+                      : "link unknown");
+    }
+  }
+  const json& c = out["cpu"];
+  if (c.contains("topology_error")) {
+    std::printf("CPU topology:   %s\n", c["topology_error"].get<std::string>().c_str());
+  } else {
+    std::printf("CPU:            %d package(s), %d cores, %d PUs\n", c["packages"].get<int>(), c["cores"].get<int>(),
+                c["pus"].get<int>());
+    for (const auto& n : c["numa_nodes"])
+      std::printf("  NUMA node %d:  %d cores, %s\n", n["node"].get<int>(), n["cores"].get<int>(),
+                  HumanBytes(n["memory_bytes"].get<double>()).c_str());
+  }
+  std::printf("CPU optimizer:  %s SIMD\n", c["optimizer_isa"].get<std::string>().c_str());
+  const json& io = out["io"];
+  std::printf("io_uring:       %s\n", io["io_uring"]["available"].get<bool>()
+                                          ? "works (NOP round trip)"
+                                          : ("unavailable: " + io["io_uring"]["error"].get<std::string>() +
+                                             " (the POSIX engine will be used)").c_str());
+  const json& od = io["o_direct"];
+  if (od.contains("supported")) {
+    if (od["supported"].get<bool>()) {
+      std::printf("O_DIRECT:       works under %s, logical block %u bytes (%s)\n", dir.c_str(),
+                  od["logical_block_size"].get<unsigned>(), od["block_size_source"].get<std::string>().c_str());
+    } else {
+      std::printf("O_DIRECT:       refused under %s (%s): buffered I/O will be used\n", dir.c_str(),
+                  od["error"].get<std::string>().c_str());
+    }
+  } else {
+    std::printf("O_DIRECT:       cannot probe %s: %s\n", dir.c_str(), od["error"].get<std::string>().c_str());
+  }
+  std::printf("RLIMIT_MEMLOCK: soft %s, hard %s\n", Show(out["memlock"]["soft_bytes"]).c_str(),
+              Show(out["memlock"]["hard_bytes"]).c_str());
   if (out.contains("config")) {
+    for (const auto& w : out["config_warnings"]) std::printf("config warning: %s\n", w.get<std::string>().c_str());
     std::printf("effective config (%s):\n%s\n", config_path.c_str(), out["config"].dump(2).c_str());
   }
   return 0;
 }
 
 CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
-  auto* cmd = app.add_subcommand("info", "Show the machine as Strata sees it (GPUs, NUMA, io_uring, O_DIRECT, memlock)");
+  auto* cmd = app.add_subcommand("info", "Show the machine as Strata sees it (GPUs, NUMA, SIMD, io_uring, O_DIRECT, memlock)");
   auto config = std::make_shared<std::string>();
   auto dir = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
