@@ -2,8 +2,8 @@
 //
 //   build-nvme/bench/bench_nvme DIR [SIZE_MIB=1024] [BLOCK_KIB=1024] [DEPTH=16] [THREADS=1] [RUNS=3] [uring|posix]
 //
-// Per run: engine write, fio write, engine read, fio read (same engine, block,
-// depth, size, O_DIRECT), RUNS times; prints medians and ratios.
+// Per run: engine write+read, then fio write+read (same engine, block, depth,
+// size, O_DIRECT), RUNS times; prints medians and ratios.
 #include <unistd.h>
 
 #include <cstdio>
@@ -31,16 +31,17 @@ int main(int argc, char** argv) {
   std::vector<double> ew, er, fw, fr;
   const std::string fio_file = o.paths[0] + "/strata-fio-bench.bin";
   for (int i = 0; i < runs; ++i) {
-    // engine write, fio write, engine read, fio read (as `strata bench nvme`).
+    // engine write+read, then fio write+read (as `strata bench nvme`: each
+    // tool reads what it has just written).
     auto session = EngineBenchSession::Open(o);
     CHECK_OK(session.status());
     auto w = (*session)->WritePass();
     CHECK_OK(w.status());
-    auto fwr = RunFioPass(o, fio_file, "write");
-    CHECK_OK(fwr.status());
     auto rd = (*session)->ReadPass();
     CHECK_OK(rd.status());
     session->reset();
+    auto fwr = RunFioPass(o, fio_file, "write");
+    CHECK_OK(fwr.status());
     auto frd = RunFioPass(o, fio_file, "read");
     unlink(fio_file.c_str());
     CHECK_OK(frd.status());
