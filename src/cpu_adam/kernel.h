@@ -19,8 +19,9 @@
 namespace strata::cpu_adam::internal {
 
 // What the kernel computes. kRoofline is not an optimizer: it reads and
-// writes exactly the arrays Adam does with trivial arithmetic (the memory
-// roofline for this access pattern, used by `strata bench adam`).
+// writes exactly the arrays Adam does with trivial arithmetic (x + g*0,
+// which leaves finite values unchanged) — the memory roofline for this
+// access pattern, used by `strata bench adam`.
 enum class KernelOp : uint8_t { kAdam = 0, kAdamW = 1, kAdagrad = 2, kLion = 3, kRoofline = 4 };
 constexpr int kNumKernelOps = 5;
 

@@ -59,9 +59,10 @@ void ScalarRange(const KernelArgs& a, size_t off, size_t n) {
       m = c.w2 * (g - m) + m;
       a.state0[i] = m;
     } else {
-      a.state0[i] = a.state0[i] + g;
-      a.state1[i] = a.state1[i] + g;
-      p = p + g;
+      const float z = g * 0.f;  // see kernel_impl.h: finite values stay unchanged
+      a.state0[i] = a.state0[i] + z;
+      a.state1[i] = a.state1[i] + z;
+      p = p + z;
     }
     a.param[i] = p;
     StoreC<CO>(a.copy_out, i, p);
