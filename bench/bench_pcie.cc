@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_pcie: %s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::printf("device %s, host memory %s\n", r->device.c_str(), r->host_pinned ? "pinned" : "pageable");
+  std::printf("device %s, host memory %s\n", r->device.c_str(),
+              r->host_pinned ? "pinned" : "pageable");
   std::printf("%12s %9s %9s %9s %9s %9s %9s %9s (GB/s, medians of %d)\n", "bytes", "h2d-pin",
               "d2h-pin", "h2d-page", "d2h-page", "bidir", "h2d-eng", "d2h-eng", bo.repetitions);
   for (const auto& p : r->points)

@@ -96,12 +96,14 @@ int RunBenchPcie(const Args& a) {
     if (a.device != "host" && (c == StatusCode::kUnavailable || c == StatusCode::kNotSupported)) {
       // Not an error: this machine has nothing to measure.
       if (a.json)
-        std::cout << json{{"device", "none"}, {"reason", std::string(device.status().message())}}.dump()
-                  << "\n";
+        std::cout
+            << json{{"device", "none"}, {"reason", std::string(device.status().message())}}.dump()
+            << "\n";
       else
-        std::printf("strata bench pcie: no CUDA device (%s); nothing measured. Use --device host "
-                    "to measure the host backend.\n",
-                    std::string(device.status().message()).c_str());
+        std::printf(
+            "strata bench pcie: no CUDA device (%s); nothing measured. Use --device host "
+            "to measure the host backend.\n",
+            std::string(device.status().message()).c_str());
       return 0;
     }
     std::fprintf(stderr, "strata bench pcie: %s\n", device.status().ToString().c_str());
@@ -154,12 +156,13 @@ int RunBenchPcie(const Args& a) {
   std::printf("%8s %10s %10s %10s %10s %10s %10s %10s   GB/s\n", "size", "h2d-pin", "d2h-pin",
               "h2d-page", "d2h-page", "bidir", "h2d-eng", "d2h-eng");
   for (const auto& p : r.points)
-    std::printf("%8s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n", SizeLabel(p.bytes).c_str(),
-                p.h2d_pinned, p.d2h_pinned, p.h2d_pageable, p.d2h_pageable, p.bidir, p.h2d_engine,
-                p.d2h_engine);
-  std::printf("peak: h2d pinned %.2f, d2h pinned %.2f, h2d pageable %.2f, bidir %.2f GB/s "
-              "(%.2fx one direction; target >= 1.6)\n",
-              r.h2d_pinned_peak, r.d2h_pinned_peak, r.h2d_pageable_peak, r.bidir_peak, bidir_ratio);
+    std::printf("%8s %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f\n",
+                SizeLabel(p.bytes).c_str(), p.h2d_pinned, p.d2h_pinned, p.h2d_pageable,
+                p.d2h_pageable, p.bidir, p.h2d_engine, p.d2h_engine);
+  std::printf(
+      "peak: h2d pinned %.2f, d2h pinned %.2f, h2d pageable %.2f, bidir %.2f GB/s "
+      "(%.2fx one direction; target >= 1.6)\n",
+      r.h2d_pinned_peak, r.d2h_pinned_peak, r.h2d_pageable_peak, r.bidir_peak, bidir_ratio);
   std::printf("engine path vs raw (%s): h2d %.3f, d2h %.3f (target >= 0.9 at >= 64M)\n",
               max_size >= (size_t{64} << 20) ? "sizes >= 64M" : "largest size only",
               r.engine_vs_raw_h2d, r.engine_vs_raw_d2h);
@@ -170,9 +173,11 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& result) {
   auto args = std::make_shared<Args>();
   CLI::App* cmd = bench.add_subcommand(
       "pcie", "Host<->device bandwidth: pinned vs pageable, both directions, engine path vs raw");
-  cmd->add_option("--sizes", args->sizes, "Transfer sizes: a range 64K..1G (x4 steps) or a list 1M,64M")
+  cmd->add_option("--sizes", args->sizes,
+                  "Transfer sizes: a range 64K..1G (x4 steps) or a list 1M,64M")
       ->capture_default_str();
-  cmd->add_option("--device", args->device, "auto|cuda (measure the GPU) or host (the host backend)")
+  cmd->add_option("--device", args->device,
+                  "auto|cuda (measure the GPU) or host (the host backend)")
       ->check(CLI::IsMember({"auto", "cuda", "host"}))
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "Repetitions per point (interleaved; medians)")

@@ -65,8 +65,8 @@ Status Arena::Free(void* p) {
   if (p == nullptr) return Status::Ok();
   std::lock_guard<std::mutex> lock(mu_);
   const char* c = static_cast<const char*>(p);
-  auto it = (c >= base_ && c < base_ + bytes_) ? used_.find(static_cast<size_t>(c - base_))
-                                               : used_.end();
+  auto it =
+      (c >= base_ && c < base_ + bytes_) ? used_.find(static_cast<size_t>(c - base_)) : used_.end();
   if (it == used_.end())
     return InternalError(fmt::format("{}: Free of {} which is not a live allocation", label_, p));
   size_t off = it->first, len = it->second;

@@ -1,5 +1,6 @@
 // Communicator selection, torchrun-style environment parsing, the unique-id
 // exchange through a file, and the one-rank local communicator.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -8,8 +9,6 @@
 #include <fstream>
 #include <optional>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
@@ -28,7 +27,8 @@ StatusOr<std::optional<int>> EnvInteger(const char* name) {
   errno = 0;
   const long x = std::strtol(v, &end, 10);
   if (errno != 0 || *end != '\0' || x < 0 || x > (1 << 24))
-    return InvalidArgumentError(fmt::format("environment {}=\"{}\" is not a non-negative integer", name, v));
+    return InvalidArgumentError(
+        fmt::format("environment {}=\"{}\" is not a non-negative integer", name, v));
   return std::optional<int>(static_cast<int>(x));
 }
 
@@ -165,17 +165,17 @@ StatusOr<std::optional<UniqueId>> UniqueIdFromEnv() {
   if (v == nullptr || *v == '\0') return std::optional<UniqueId>();
   const std::string hex(v);
   if (hex.size() != 2 * kUniqueIdBytes)
-    return InvalidArgumentError(fmt::format(
-        "environment STRATA_NCCL_UNIQUE_ID has {} characters, expected {} hex digits", hex.size(),
-        2 * kUniqueIdBytes));
+    return InvalidArgumentError(
+        fmt::format("environment STRATA_NCCL_UNIQUE_ID has {} characters, expected {} hex digits",
+                    hex.size(), 2 * kUniqueIdBytes));
   UniqueId id{};
   for (size_t i = 0; i < kUniqueIdBytes; ++i) {
     unsigned byte = 0;
     if (std::sscanf(hex.c_str() + 2 * i, "%2x", &byte) != 1 ||
         !std::isxdigit(static_cast<unsigned char>(hex[2 * i])) ||
         !std::isxdigit(static_cast<unsigned char>(hex[2 * i + 1])))
-      return InvalidArgumentError(fmt::format(
-          "environment STRATA_NCCL_UNIQUE_ID: not a hex digit at position {}", 2 * i));
+      return InvalidArgumentError(
+          fmt::format("environment STRATA_NCCL_UNIQUE_ID: not a hex digit at position {}", 2 * i));
     id[i] = static_cast<char>(byte);
   }
   return std::optional<UniqueId>(id);

@@ -10,14 +10,13 @@
 // This file is compiled only when the build has CUDA (STRATA_HAVE_CUDA);
 // cuda_stub.cc provides the factories otherwise.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
@@ -32,7 +31,8 @@ namespace {
 // The one place cudaError_t becomes a Status.
 Status CudaStatus(cudaError_t err, std::string_view call) {
   if (err == cudaSuccess) return Status::Ok();
-  std::string msg = fmt::format("{}: {} ({})", call, cudaGetErrorString(err), cudaGetErrorName(err));
+  std::string msg =
+      fmt::format("{}: {} ({})", call, cudaGetErrorString(err), cudaGetErrorName(err));
   switch (err) {
     case cudaErrorMemoryAllocation:
       return ResourceExhaustedError(std::move(msg));
@@ -75,7 +75,9 @@ class CudaEvent final : public Event {
     if (err == cudaErrorNotReady) return false;
     return CudaStatus(err, "cudaEventQuery");
   }
-  Status Synchronize() override { return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+  Status Synchronize() override {
+    return CudaStatus(cudaEventSynchronize(event_), "cudaEventSynchronize");
+  }
 
  private:
   const int device_;
@@ -195,51 +197,55 @@ class CudaDevice final : public Device {
   }
 
   Status Cast(const void* src, DType st, void* dst, DType dt, size_t n, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(src, ElemBytes(n, st), "Cast source"));
-    RETURN_IF_ERROR(CheckDev(dst, ElemBytes(n, dt), "Cast destination"));
+    RETURN_IF_ERROR(CheckElems(src, n, st, "Cast source"));
+    RETURN_IF_ERROR(CheckElems(dst, n, dt, "Cast destination"));
     const char* s = static_cast<const char*>(src);
     const char* d = static_cast<const char*>(dst);
     const bool overlap = s < d + n * DTypeSize(dt) && d < s + n * DTypeSize(st);
     if (overlap && !(s == d && DTypeSize(st) == DTypeSize(dt)))
-      return InvalidArgumentError(fmt::format("Cast: source and destination overlap ({} elements)", n));
+      return InvalidArgumentError(
+          fmt::format("Cast: source and destination overlap ({} elements)", n));
     if (st == dt) {
       if (src == dst || n == 0) return Status::Ok();
       return Memcpy(dst, src, n * DTypeSize(st), cudaMemcpyDeviceToDevice, stream, "Cast (copy)");
     }
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "Cast"));
-    return CudaStatus(cuda::LaunchCast(src, st, dst, dt, n, MaxBlocks(), cs),
-                      fmt::format("Cast {}→{} kernel launch ({} elements)", DTypeName(st),
-                                  DTypeName(dt), n));
+    return CudaStatus(
+        cuda::LaunchCast(src, st, dst, dt, n, MaxBlocks(), cs),
+        fmt::format("Cast {}→{} kernel launch ({} elements)", DTypeName(st), DTypeName(dt), n));
   }
   Status UnscaleAndCheck(void* x, DType t, size_t n, float inv_scale, int32_t* found_inf,
                          Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "UnscaleAndCheck input"));
-    RETURN_IF_ERROR(CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "UnscaleAndCheck input"));
+    RETURN_IF_ERROR(
+        CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf", alignof(int32_t)));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "UnscaleAndCheck"));
     return CudaStatus(
         cuda::LaunchUnscaleAndCheck(x, t, n, inv_scale, found_inf, MaxBlocks(), cs),
         fmt::format("UnscaleAndCheck {} kernel launch ({} elements)", DTypeName(t), n));
   }
   Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "SumSquares input"));
-    RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "SumSquares input"));
+    RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum", alignof(double)));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "SumSquares"));
     return CudaStatus(cuda::LaunchSumSquares(x, t, n, sum, MaxBlocks(), cs),
                       fmt::format("SumSquares {} kernel launch ({} elements)", DTypeName(t), n));
   }
   Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "Fill"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "Fill"));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "Fill"));
     return CudaStatus(cuda::LaunchFill(x, t, n, value, MaxBlocks(), cs), "Fill kernel launch");
   }
   Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32",
+                             alignof(int32_t)));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillInt32"));
     return CudaStatus(cuda::LaunchFillInt32(x, n, value, MaxBlocks(), cs),
                       "FillInt32 kernel launch");
   }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble",
+                             alignof(double)));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillDouble"));
     return CudaStatus(cuda::LaunchFillDouble(x, n, value, MaxBlocks(), cs),
                       "FillDouble kernel launch");
@@ -311,9 +317,10 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options)
                                         cudaGetErrorString(err), cudaGetErrorName(err)));
   if (count == 0) return UnavailableError("no CUDA device: cudaGetDeviceCount returned 0");
   if (options.device_id < 0 || options.device_id >= count)
-    return InvalidArgumentError(fmt::format("strata.device_id: {} but this machine has {} CUDA "
-                                            "device(s) (0..{})",
-                                            options.device_id, count, count - 1));
+    return InvalidArgumentError(
+        fmt::format("strata.device_id: {} but this machine has {} CUDA "
+                    "device(s) (0..{})",
+                    options.device_id, count, count - 1));
   const int id = options.device_id;
   CUDA_RETURN_IF_ERROR(cudaSetDevice(id));
   cudaDeviceProp prop{};
@@ -327,22 +334,22 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options)
     const size_t headroom = std::min<size_t>(size_t{1} << 30, free_b / 20);
     budget = free_b > headroom ? free_b - headroom : 0;
   } else if (budget > free_b) {
-    return ResourceExhaustedError(fmt::format(
-        "strata.hbm_budget_bytes is {} but cuda:{} has {} free (of {})", FormatBytes(budget), id,
-        FormatBytes(free_b), FormatBytes(total_b)));
+    return ResourceExhaustedError(
+        fmt::format("strata.hbm_budget_bytes is {} but cuda:{} has {} free (of {})",
+                    FormatBytes(budget), id, FormatBytes(free_b), FormatBytes(total_b)));
   }
   budget = AlignDown(budget, size_t{2} << 20);
   if (budget == 0)
-    return ResourceExhaustedError(
-        fmt::format("cuda:{}: no device memory left for the arena ({} free)", id, FormatBytes(free_b)));
+    return ResourceExhaustedError(fmt::format(
+        "cuda:{}: no device memory left for the arena ({} free)", id, FormatBytes(free_b)));
   void* base = nullptr;
   RETURN_IF_ERROR(CudaStatus(cudaMalloc(&base, budget),
                              fmt::format("cudaMalloc of the HBM arena ({})", FormatBytes(budget))));
-  auto arena = std::make_unique<Arena>(base, budget, fmt::format("HBM arena (cuda:{})", id),
-                                       [id, base] {
-                                         cudaSetDevice(id);
-                                         cudaFree(base);
-                                       });
+  auto arena =
+      std::make_unique<Arena>(base, budget, fmt::format("HBM arena (cuda:{})", id), [id, base] {
+        cudaSetDevice(id);
+        cudaFree(base);
+      });
   auto device = std::make_unique<CudaDevice>(std::move(arena), id, prop.name,
                                              std::max(1, prop.multiProcessorCount));
   RETURN_IF_ERROR(device->Init());
@@ -372,8 +379,8 @@ CudaDeviceList ListCudaDevices() {
     info.cc_major = prop.major;
     info.cc_minor = prop.minor;
     info.multiprocessors = prop.multiProcessorCount;
-    info.pci_bus_id = fmt::format("{:04x}:{:02x}:{:02x}.0", prop.pciDomainID, prop.pciBusID,
-                                  prop.pciDeviceID);
+    info.pci_bus_id =
+        fmt::format("{:04x}:{:02x}:{:02x}.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
     const std::string sys = "/sys/bus/pci/devices/" + info.pci_bus_id + "/";
     info.pcie_gen = PcieGenFromSpeed(ReadSysfs(sys + "current_link_speed"));
     info.pcie_width = std::atoi(ReadSysfs(sys + "current_link_width").c_str());

@@ -25,9 +25,15 @@ constexpr int kReduceThreads = 512;  // sum of squares (multiple of 32)
 
 // ---- device helpers: one tag type per dtype --------------------------------
 
-struct F32 { using T = float; };
-struct F16 { using T = uint16_t; };
-struct BF16 { using T = uint16_t; };
+struct F32 {
+  using T = float;
+};
+struct F16 {
+  using T = uint16_t;
+};
+struct BF16 {
+  using T = uint16_t;
+};
 
 __device__ __forceinline__ float ToFloat(F32, float v) { return v; }
 __device__ __forceinline__ float ToFloat(F16, uint16_t b) {
@@ -73,10 +79,10 @@ __global__ void UnscaleKernel(typename D::T* x, size_t n, float inv_scale, int32
   int bad = 0;
   for (size_t i = GlobalIndex(); i < n; i += GridStride()) {
     const float v = ToFloat(D{}, x[i]);
-    bad |= !isfinite(v);                          // overflowed in the scaled backward pass
+    bad |= !isfinite(v);  // overflowed in the scaled backward pass
     const typename D::T r = FromFloat(D{}, v * inv_scale);  // unscale, round to the dtype
     x[i] = r;
-    bad |= !isfinite(ToFloat(D{}, r));            // unscaling overflowed the dtype
+    bad |= !isfinite(ToFloat(D{}, r));  // unscaling overflowed the dtype
   }
   // One store per block that saw a bad value; concurrent stores all write 1.
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1;
@@ -120,9 +126,12 @@ template <class S>
 cudaError_t CastFrom(const void* src, DType dst_type, void* dst, size_t n, int max_blocks,
                      cudaStream_t s) {
   switch (dst_type) {
-    case DType::kFp32: return CastTo<S, F32>(src, dst, n, max_blocks, s);
-    case DType::kFp16: return CastTo<S, F16>(src, dst, n, max_blocks, s);
-    case DType::kBf16: return CastTo<S, BF16>(src, dst, n, max_blocks, s);
+    case DType::kFp32:
+      return CastTo<S, F32>(src, dst, n, max_blocks, s);
+    case DType::kFp16:
+      return CastTo<S, F16>(src, dst, n, max_blocks, s);
+    case DType::kBf16:
+      return CastTo<S, BF16>(src, dst, n, max_blocks, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -143,9 +152,12 @@ cudaError_t LaunchCast(const void* src, DType src_type, void* dst, DType dst_typ
   if (n == 0) return cudaSuccess;
   if (src_type == dst_type) return cudaErrorInvalidValue;  // the caller copies instead
   switch (src_type) {
-    case DType::kFp32: return CastFrom<F32>(src, dst_type, dst, n, max_blocks, stream);
-    case DType::kFp16: return CastFrom<F16>(src, dst_type, dst, n, max_blocks, stream);
-    case DType::kBf16: return CastFrom<BF16>(src, dst_type, dst, n, max_blocks, stream);
+    case DType::kFp32:
+      return CastFrom<F32>(src, dst_type, dst, n, max_blocks, stream);
+    case DType::kFp16:
+      return CastFrom<F16>(src, dst_type, dst, n, max_blocks, stream);
+    case DType::kBf16:
+      return CastFrom<BF16>(src, dst_type, dst, n, max_blocks, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -156,16 +168,16 @@ cudaError_t LaunchUnscaleAndCheck(void* x, DType type, size_t n, float inv_scale
   const int blocks = Blocks(n, kThreads, max_blocks);
   switch (type) {
     case DType::kFp32:
-      UnscaleKernel<F32><<<blocks, kThreads, 0, stream>>>(static_cast<float*>(x), n, inv_scale,
-                                                         found_inf);
+      UnscaleKernel<F32>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<float*>(x), n, inv_scale, found_inf);
       break;
     case DType::kFp16:
-      UnscaleKernel<F16><<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(x), n,
-                                                         inv_scale, found_inf);
+      UnscaleKernel<F16>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(x), n, inv_scale, found_inf);
       break;
     case DType::kBf16:
-      UnscaleKernel<BF16><<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(x), n,
-                                                          inv_scale, found_inf);
+      UnscaleKernel<BF16>
+          <<<blocks, kThreads, 0, stream>>>(static_cast<uint16_t*>(x), n, inv_scale, found_inf);
       break;
   }
   return cudaGetLastError();
@@ -178,16 +190,16 @@ cudaError_t LaunchSumSquares(const void* x, DType type, size_t n, double* sum, i
   const int blocks = Blocks(n, kReduceThreads, max_blocks > 4 ? max_blocks / 4 : 1);
   switch (type) {
     case DType::kFp32:
-      SumSquaresKernel<F32><<<blocks, kReduceThreads, 0, stream>>>(static_cast<const float*>(x),
-                                                                   n, sum);
+      SumSquaresKernel<F32>
+          <<<blocks, kReduceThreads, 0, stream>>>(static_cast<const float*>(x), n, sum);
       break;
     case DType::kFp16:
-      SumSquaresKernel<F16><<<blocks, kReduceThreads, 0, stream>>>(
-          static_cast<const uint16_t*>(x), n, sum);
+      SumSquaresKernel<F16>
+          <<<blocks, kReduceThreads, 0, stream>>>(static_cast<const uint16_t*>(x), n, sum);
       break;
     case DType::kBf16:
-      SumSquaresKernel<BF16><<<blocks, kReduceThreads, 0, stream>>>(
-          static_cast<const uint16_t*>(x), n, sum);
+      SumSquaresKernel<BF16>
+          <<<blocks, kReduceThreads, 0, stream>>>(static_cast<const uint16_t*>(x), n, sum);
       break;
   }
   return cudaGetLastError();
@@ -196,7 +208,8 @@ cudaError_t LaunchSumSquares(const void* x, DType type, size_t n, double* sum, i
 cudaError_t LaunchFill(void* x, DType type, size_t n, float value, int max_blocks,
                        cudaStream_t stream) {
   switch (type) {
-    case DType::kFp32: return FillT<float>(static_cast<float*>(x), n, value, max_blocks, stream);
+    case DType::kFp32:
+      return FillT<float>(static_cast<float*>(x), n, value, max_blocks, stream);
     case DType::kFp16:
       return FillT<uint16_t>(static_cast<uint16_t*>(x), n, FloatToHalfBits(value), max_blocks,
                              stream);

@@ -5,8 +5,9 @@
 namespace strata::gpu {
 
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions&) {
-  return NotSupportedError("CUDA device: this build of Strata has no CUDA support (nvcc was not "
-                           "found at configure time; set CUDA_HOME and rebuild)");
+  return NotSupportedError(
+      "CUDA device: this build of Strata has no CUDA support (nvcc was not "
+      "found at configure time; set CUDA_HOME and rebuild)");
 }
 
 CudaDeviceList ListCudaDevices() { return {{}, "built without CUDA"}; }

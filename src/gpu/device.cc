@@ -1,12 +1,12 @@
 // Device base class, buffer handles, backend selection and machine facts.
-#include <sys/resource.h>
+#include "src/gpu/device.h"
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/gpu/arena.h"
-#include "src/gpu/device.h"
 
 namespace strata::gpu {
 
@@ -50,12 +50,15 @@ ArenaStats Device::Stats() const { return arena_->Stats(); }
 void Device::ResetHighWater() { arena_->ResetHighWater(); }
 bool Device::Contains(const void* p, size_t bytes) const { return arena_->Contains(p, bytes); }
 
-Status Device::CheckDev(const void* p, size_t bytes, const char* what) const {
+Status Device::CheckDev(const void* p, size_t bytes, const char* what, size_t align) const {
   if (p == nullptr) return InvalidArgumentError(fmt::format("{}: null device pointer", what));
-  if (!arena_->Contains(p, bytes))
+  if (reinterpret_cast<uintptr_t>(p) % align != 0)
     return InvalidArgumentError(fmt::format(
-        "{}: [{}, +{} bytes) is not inside the device arena [{}, +{} bytes)", what, p, bytes,
-        arena_->base(), arena_->budget()));
+        "{}: device pointer {} is not aligned to its {}-byte elements", what, p, align));
+  if (!arena_->Contains(p, bytes))
+    return InvalidArgumentError(
+        fmt::format("{}: [{}, +{} bytes) is not inside the device arena [{}, +{} bytes)", what, p,
+                    bytes, arena_->base(), arena_->budget()));
   return Status::Ok();
 }
 
@@ -72,19 +75,20 @@ StatusOr<DeviceOptions> DeviceOptionsFromConfig(const Config& config) {
   DeviceOptions o;
   o.kind = s.device;
   if (s.device_id < 0 || s.device_id > 1024)
-    return InvalidArgumentError(fmt::format("strata.device_id: {} is not a device ordinal", s.device_id));
+    return InvalidArgumentError(
+        fmt::format("strata.device_id: {} is not a device ordinal", s.device_id));
   o.device_id = static_cast<int>(s.device_id);
   if (s.hbm_budget_bytes < 0)
-    return InvalidArgumentError(
-        fmt::format("strata.hbm_budget_bytes: {} is negative (0 = all free memory)", s.hbm_budget_bytes));
+    return InvalidArgumentError(fmt::format(
+        "strata.hbm_budget_bytes: {} is negative (0 = all free memory)", s.hbm_budget_bytes));
   o.hbm_budget_bytes = static_cast<size_t>(s.hbm_budget_bytes);
   if (!(s.host_device.link_gbytes_per_s >= 0))
-    return InvalidArgumentError(fmt::format(
-        "strata.host_device.link_gbytes_per_s: {} is negative (0 = unmodelled)",
-        s.host_device.link_gbytes_per_s));
+    return InvalidArgumentError(
+        fmt::format("strata.host_device.link_gbytes_per_s: {} is negative (0 = unmodelled)",
+                    s.host_device.link_gbytes_per_s));
   if (!(s.host_device.link_latency_us >= 0))
-    return InvalidArgumentError(fmt::format(
-        "strata.host_device.link_latency_us: {} is negative", s.host_device.link_latency_us));
+    return InvalidArgumentError(fmt::format("strata.host_device.link_latency_us: {} is negative",
+                                            s.host_device.link_latency_us));
   o.link_gbytes_per_s = s.host_device.link_gbytes_per_s;
   o.link_latency_us = s.host_device.link_latency_us;
   return o;

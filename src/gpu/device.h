@@ -78,7 +78,7 @@ inline constexpr size_t kDefaultHostHbmBudget = size_t{1} << 30;
 struct DeviceOptions {
   // strata::DeviceKind (config.h); auto = CUDA if a device is present, else host.
   DeviceKind kind = DeviceKind::kAuto;
-  int device_id = 0;                    // CUDA device ordinal
+  int device_id = 0;  // CUDA device ordinal
   // The arena's hard budget. 0 = CUDA: all free device memory less a headroom
   // (5%, at most 1 GiB) for the CUDA context and libraries; host: 1 GiB.
   size_t hbm_budget_bytes = 0;
@@ -134,11 +134,11 @@ MemlockLimit ReadMemlockLimit();
 // ---- Statistics ----------------------------------------------------------------
 
 struct ArenaStats {
-  size_t budget_bytes = 0;      // hard limit
-  size_t in_use_bytes = 0;      // allocated now (after alignment rounding)
-  size_t high_water_bytes = 0;  // max in_use since creation or ResetHighWater
+  size_t budget_bytes = 0;        // hard limit
+  size_t in_use_bytes = 0;        // allocated now (after alignment rounding)
+  size_t high_water_bytes = 0;    // max in_use since creation or ResetHighWater
   size_t largest_free_bytes = 0;  // the biggest allocation that would succeed now
-  uint64_t allocations = 0;     // live allocations
+  uint64_t allocations = 0;       // live allocations
   uint64_t total_allocations = 0;
   uint64_t failed_allocations = 0;
 };
@@ -192,7 +192,9 @@ class DeviceBuffer {
 
   void* data() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t size() const { return size_; }
   explicit operator bool() const { return ptr_ != nullptr; }
   // Returns the memory to the arena now. REQUIRES: no pending work uses it.
@@ -250,7 +252,8 @@ class Device {
   virtual Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) = 0;
   virtual Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
 
-  // ---- Kernels (async, ordered on `stream`; all pointers in the arena) ----
+  // ---- Kernels (async, ordered on `stream`; all pointers in the arena and
+  // aligned to their element size, else InvalidArgument) ----
   // dst[i] = convert(src[i]) for i < n; any pair of dtypes (fp16/bf16 are
   // uint16_t bit patterns). Float→half rounds to nearest even, overflow → inf,
   // NaN stays NaN (payload not preserved). src and dst must not overlap
@@ -261,13 +264,12 @@ class Device {
   // is inf/nan before or after scaling, sets *found_inf = 1; never clears it
   // (fill it with 0 first; several tensors can share one flag). found_inf is
   // an int32 in the arena.
-  virtual Status UnscaleAndCheck(void* x, DType type, size_t n, float inv_scale,
-                                 int32_t* found_inf, Stream& stream) = 0;
+  virtual Status UnscaleAndCheck(void* x, DType type, size_t n, float inv_scale, int32_t* found_inf,
+                                 Stream& stream) = 0;
   // *sum += Σ x[i]² accumulated in double (fp16/bf16 widened exactly). `sum`
   // is a double in the arena; fill it with 0 first. Summation order differs
   // between backends (results agree to ~1e-12 relative, not bitwise).
-  virtual Status SumSquares(const void* x, DType type, size_t n, double* sum,
-                            Stream& stream) = 0;
+  virtual Status SumSquares(const void* x, DType type, size_t n, double* sum, Stream& stream) = 0;
   // x[i] = value rounded to x's dtype.
   virtual Status Fill(void* x, DType type, size_t n, float value, Stream& stream) = 0;
   // Fills an int32 array (flags, counters).
@@ -284,7 +286,12 @@ class Device {
  protected:
   Device(bool is_host, std::unique_ptr<Arena> arena);
   // Argument checks shared by the backends.
-  Status CheckDev(const void* p, size_t bytes, const char* what) const;
+  // [p, p+bytes) inside the arena and p aligned to `align`.
+  Status CheckDev(const void* p, size_t bytes, const char* what, size_t align = 1) const;
+  // n elements of t at p: in the arena, aligned to the element size.
+  Status CheckElems(const void* p, size_t n, DType t, const char* what) const {
+    return CheckDev(p, ElemBytes(n, t), what, DTypeSize(t));
+  }
   // n elements of t in bytes, saturating (an absurd n then fails CheckDev).
   static size_t ElemBytes(size_t n, DType t) {
     return n > SIZE_MAX / DTypeSize(t) ? SIZE_MAX : n * DTypeSize(t);
@@ -316,7 +323,9 @@ class PinnedBuffer {
 
   void* data() const { return ptr_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   size_t size() const { return size_; }  // the class size (≥ bytes asked)
   int size_class() const { return class_; }
   int region() const { return class_; }  // index into PinnedPool::Regions()
@@ -437,8 +446,8 @@ class Communicator {
   virtual Status AllGather(const void* send, void* recv, size_t count, DType type,
                            Stream& stream) = 0;
   // recv[0..count) = reduce over ranks of send[rank*count .. +count).
-  virtual Status ReduceScatter(const void* send, void* recv, size_t count, DType type,
-                               ReduceOp op, Stream& stream) = 0;
+  virtual Status ReduceScatter(const void* send, void* recv, size_t count, DType type, ReduceOp op,
+                               Stream& stream) = 0;
   virtual Status AllReduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
                            Stream& stream) = 0;
   virtual Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
@@ -454,10 +463,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
 // ---- PCIe benchmark (strata bench pcie, bench/bench_pcie.cc) -------------------------
 
 struct PcieBenchOptions {
-  std::vector<size_t> sizes;      // bytes per transfer; empty = 64 KiB..1 GiB ×4
-  int repetitions = 5;            // interleaved; medians reported
-  size_t chunk_bytes = 4 << 20;   // the engine path's pinned-pool buffer size
-  size_t pool_chunks = 8;         // how many such buffers the engine path cycles through
+  std::vector<size_t> sizes;               // bytes per transfer; empty = 64 KiB..1 GiB ×4
+  int repetitions = 5;                     // interleaved; medians reported
+  size_t chunk_bytes = 4 << 20;            // the engine path's pinned-pool buffer size
+  size_t pool_chunks = 8;                  // how many such buffers the engine path cycles through
   size_t min_bytes_per_sample = 64 << 20;  // small sizes repeat until this many bytes moved
 };
 
@@ -465,12 +474,12 @@ struct PciePoint {
   size_t bytes = 0;
   // Medians, GB/s (1e9 bytes/s).
   double h2d_pinned = 0, d2h_pinned = 0, h2d_pageable = 0, d2h_pageable = 0;
-  double bidir = 0;  // H2D and D2H of `bytes` each at once: aggregate
+  double bidir = 0;                       // H2D and D2H of `bytes` each at once: aggregate
   double h2d_engine = 0, d2h_engine = 0;  // chunked through the pinned pool
 };
 
 struct PcieBenchReport {
-  std::string device;  // Describe()
+  std::string device;        // Describe()
   bool host_pinned = false;  // false: page-locking was refused (pageable fallback)
   std::vector<PciePoint> points;
   double h2d_pinned_peak = 0, d2h_pinned_peak = 0, bidir_peak = 0, h2d_pageable_peak = 0;

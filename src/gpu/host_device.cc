@@ -13,6 +13,7 @@
 // pages cost nothing. With a link model, each direction is a virtual pipe: a
 // copy occupies it for latency + bytes / bandwidth (after the memcpy the
 // stream thread sleeps until the copy's modelled end).
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -22,8 +23,6 @@
 #include <deque>
 #include <set>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
@@ -108,7 +107,8 @@ class HostStream final : public Stream {
 
   Status Record(Event& event) override {
     auto* e = dynamic_cast<HostEvent*>(&event);
-    if (e == nullptr) return InvalidArgumentError("Stream::Record: event is not a HostDevice event");
+    if (e == nullptr)
+      return InvalidArgumentError("Stream::Record: event is not a HostDevice event");
     std::shared_ptr<EventState> st = e->state();
     const uint64_t seq = st->BeginRecord();
     Enqueue([st, seq] { st->Complete(seq); });
@@ -222,14 +222,16 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyH2D destination"));
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyH2D source"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyH2D"));
-    s->Enqueue([this, dev, host, bytes, t = NowNanos()] { LinkCopy(dev, host, bytes, Dir::kH2D, t); });
+    s->Enqueue(
+        [this, dev, host, bytes, t = NowNanos()] { LinkCopy(dev, host, bytes, Dir::kH2D, t); });
     return Status::Ok();
   }
   Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyD2H source"));
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyD2H destination"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyD2H"));
-    s->Enqueue([this, host, dev, bytes, t = NowNanos()] { LinkCopy(host, dev, bytes, Dir::kD2H, t); });
+    s->Enqueue(
+        [this, host, dev, bytes, t = NowNanos()] { LinkCopy(host, dev, bytes, Dir::kD2H, t); });
     return Status::Ok();
   }
   Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) override {
@@ -241,8 +243,8 @@ class HostDevice final : public Device {
   }
 
   Status Cast(const void* src, DType st, void* dst, DType dt, size_t n, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(src, ElemBytes(n, st), "Cast source"));
-    RETURN_IF_ERROR(CheckDev(dst, ElemBytes(n, dt), "Cast destination"));
+    RETURN_IF_ERROR(CheckElems(src, n, st, "Cast source"));
+    RETURN_IF_ERROR(CheckElems(dst, n, dt, "Cast destination"));
     RETURN_IF_ERROR(CheckCastOverlap(src, st, dst, dt, n));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Cast"));
     s->Enqueue([=] { host::Cast(src, st, dst, dt, n); });
@@ -250,8 +252,9 @@ class HostDevice final : public Device {
   }
   Status UnscaleAndCheck(void* x, DType t, size_t n, float inv_scale, int32_t* found_inf,
                          Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "UnscaleAndCheck input"));
-    RETURN_IF_ERROR(CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "UnscaleAndCheck input"));
+    RETURN_IF_ERROR(
+        CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf", alignof(int32_t)));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "UnscaleAndCheck"));
     s->Enqueue([=] {
       if (host::UnscaleAndCheck(x, t, n, inv_scale)) *found_inf = 1;
@@ -259,26 +262,28 @@ class HostDevice final : public Device {
     return Status::Ok();
   }
   Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "SumSquares input"));
-    RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "SumSquares input"));
+    RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum", alignof(double)));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "SumSquares"));
     s->Enqueue([=] { *sum += host::SumSquares(x, t, n); });
     return Status::Ok();
   }
   Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, ElemBytes(n, t), "Fill"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "Fill"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Fill"));
     s->Enqueue([=] { host::Fill(x, t, n, value); });
     return Status::Ok();
   }
   Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32",
+                             alignof(int32_t)));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "FillInt32"));
     s->Enqueue([=] { std::fill(x, x + n, value); });
     return Status::Ok();
   }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
-    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble"));
+    RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble",
+                             alignof(double)));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "FillDouble"));
     s->Enqueue([=] { std::fill(x, x + n, value); });
     return Status::Ok();

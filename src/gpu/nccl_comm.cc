@@ -3,12 +3,11 @@
 // STRATA_NCCL_UNIQUE_ID); ncclCommInitRank joins. Collectives are enqueued on
 // the given CUDA stream. ncclResult_t becomes a Status in NcclStatus.
 #include <cuda_runtime.h>
+#include <fmt/format.h>
 #include <nccl.h>
 
 #include <cstdio>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
@@ -35,19 +34,26 @@ Status NcclStatus(ncclResult_t r, std::string_view call) {
 
 StatusOr<ncclDataType_t> NcclType(DType t) {
   switch (t) {
-    case DType::kFp32: return ncclFloat32;
-    case DType::kFp16: return ncclFloat16;
-    case DType::kBf16: return ncclBfloat16;
+    case DType::kFp32:
+      return ncclFloat32;
+    case DType::kFp16:
+      return ncclFloat16;
+    case DType::kBf16:
+      return ncclBfloat16;
   }
   return InvalidArgumentError("NCCL: unknown dtype");
 }
 
 ncclRedOp_t NcclOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kAvg:
+      return ncclAvg;
   }
   return ncclSum;
 }
@@ -76,9 +82,8 @@ class NcclCommunicator final : public Communicator {
     RETURN_IF_ERROR(Check(send, count * DTypeSize(type) * world_, "ReduceScatter send"));
     RETURN_IF_ERROR(Check(recv, count * DTypeSize(type), "ReduceScatter recv"));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
-    return NcclStatus(
-        ncclReduceScatter(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
-        "ncclReduceScatter");
+    return NcclStatus(ncclReduceScatter(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
+                      "ncclReduceScatter");
   }
   Status AllReduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
                    Stream& stream) override {
@@ -103,8 +108,8 @@ class NcclCommunicator final : public Communicator {
   Status Check(const void* p, size_t bytes, const char* what) {
     if (bytes == 0) return Status::Ok();
     if (!device_.Contains(p, bytes))
-      return InvalidArgumentError(fmt::format("{}: [{}, +{} bytes) is not in the device arena",
-                                              what, p, bytes));
+      return InvalidArgumentError(
+          fmt::format("{}: [{}, +{} bytes) is not in the device arena", what, p, bytes));
     if (cudaSetDevice(device_.ordinal()) != cudaSuccess)
       return IOError(fmt::format("{}: cudaSetDevice({}) failed", what, device_.ordinal()));
     return Status::Ok();
@@ -145,11 +150,11 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
   if (cudaSetDevice(device.ordinal()) != cudaSuccess)
     return IOError(fmt::format("NCCL init: cudaSetDevice({}) failed", device.ordinal()));
   ncclComm_t comm = nullptr;
-  RETURN_IF_ERROR(NcclStatus(ncclCommInitRank(&comm, options.world_size, nid, options.rank),
-                             fmt::format("ncclCommInitRank(rank {} of {})", options.rank,
-                                         options.world_size)));
-  return std::unique_ptr<Communicator>(std::make_unique<NcclCommunicator>(
-      device, comm, options.rank, options.world_size, id_file));
+  RETURN_IF_ERROR(
+      NcclStatus(ncclCommInitRank(&comm, options.world_size, nid, options.rank),
+                 fmt::format("ncclCommInitRank(rank {} of {})", options.rank, options.world_size)));
+  return std::unique_ptr<Communicator>(
+      std::make_unique<NcclCommunicator>(device, comm, options.rank, options.world_size, id_file));
 }
 
 }  // namespace strata::gpu::internal

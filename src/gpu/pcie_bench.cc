@@ -3,12 +3,12 @@
 // memory, both directions at once, and the engine path — the same transfer
 // split into pinned-pool buffers as the scheduler issues it. Every variant is
 // measured once per repetition, interleaved, and the medians are reported.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/status_util.h"
@@ -84,8 +84,7 @@ StatusOr<PcieBenchReport> RunPcieBench(Device& device, const PcieBenchOptions& o
   report.host_pinned = big_pool->pinned() && chunk_pool->pinned();
 
   for (size_t size : sizes) {
-    const size_t iters =
-        std::max<size_t>(1, (options.min_bytes_per_sample + size - 1) / size);
+    const size_t iters = std::max<size_t>(1, (options.min_bytes_per_sample + size - 1) / size);
     // Each variant enqueues `iters` transfers of `size` and waits.
     using Op = std::function<Status()>;
     auto h2d_raw = [&](const void* src) -> Op {

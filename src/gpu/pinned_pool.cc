@@ -5,12 +5,11 @@
 // O_DIRECT and io_uring fixed buffers), pinned through the Device
 // (cudaHostRegister on CUDA, mlock on the host backend). If pinning is refused
 // the pool keeps the memory pageable and says once how to raise the limit.
+#include <fmt/format.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdlib>
-
-#include <fmt/format.h>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
@@ -76,9 +75,9 @@ StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions
     total += c.buffer_bytes * c.count;
   }
   if (options.budget_bytes != 0 && total > options.budget_bytes)
-    return ResourceExhaustedError(fmt::format(
-        "pinned pool: the plan needs {} but strata.pinned_budget_bytes is {}", FormatBytes(total),
-        FormatBytes(options.budget_bytes)));
+    return ResourceExhaustedError(
+        fmt::format("pinned pool: the plan needs {} but strata.pinned_budget_bytes is {}",
+                    FormatBytes(total), FormatBytes(options.budget_bytes)));
 
   std::unique_ptr<PinnedPool> pool(new PinnedPool());
   pool->device_ = device;
@@ -89,15 +88,16 @@ StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions
     const size_t bytes = c.buffer_bytes * c.count;
     void* p = nullptr;
     if (posix_memalign(&p, kPage, bytes) != 0) {
-      return ResourceExhaustedError(fmt::format(
-          "pinned pool: cannot allocate {} of host memory for {} buffers of {}", FormatBytes(bytes),
-          c.count, FormatBytes(c.buffer_bytes)));
+      return ResourceExhaustedError(
+          fmt::format("pinned pool: cannot allocate {} of host memory for {} buffers of {}",
+                      FormatBytes(bytes), c.count, FormatBytes(c.buffer_bytes)));
     }
     pool->regions_.push_back({p, bytes});
     Class cls{c.buffer_bytes, {}, c.count};
     cls.free.reserve(c.count);
     // Hand out low addresses first (stack order: last pushed is taken first).
-    for (size_t k = c.count; k-- > 0;) cls.free.push_back(static_cast<char*>(p) + k * c.buffer_bytes);
+    for (size_t k = c.count; k-- > 0;)
+      cls.free.push_back(static_cast<char*>(p) + k * c.buffer_bytes);
     pool->classes_.push_back(std::move(cls));
   }
   Status pin_status;
@@ -157,9 +157,9 @@ StatusOr<PinnedBuffer> PinnedPool::Acquire(size_t bytes) {
     ++exhausted_;
     size_t largest = 0;
     for (const Class& c : classes_) largest = std::max(largest, c.buffer_bytes);
-    return InvalidArgumentError(fmt::format(
-        "pinned pool: {} asked, larger than the largest size class ({})", FormatBytes(bytes),
-        FormatBytes(largest)));
+    return InvalidArgumentError(
+        fmt::format("pinned pool: {} asked, larger than the largest size class ({})",
+                    FormatBytes(bytes), FormatBytes(largest)));
   }
   // The smallest class that fits; if it is empty take the next larger one
   // that has a free buffer.

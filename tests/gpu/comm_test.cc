@@ -21,12 +21,17 @@ class ScopedEnv {
   void Set(const char* name, const char* value) {
     const char* old = std::getenv(name);
     saved_.push_back({name, old ? std::optional<std::string>(old) : std::nullopt});
-    if (value) setenv(name, value, 1); else unsetenv(name);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
     for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) setenv(it->first.c_str(), it->second->c_str(), 1);
-      else unsetenv(it->first.c_str());
+      if (it->second)
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      else
+        unsetenv(it->first.c_str());
     }
   }
 
@@ -125,19 +130,22 @@ TYPED_TEST(CommTest, OneRankCollectivesOnAStream) {
     ASSERT_OK(d.FillInt32(recv.as<int32_t>(), f.size(), 0, d.compute()));
   };
   Communicator& c = **comm;
-  ASSERT_OK(c.AllReduce(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kSum, d.compute()));
+  ASSERT_OK(
+      c.AllReduce(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kSum, d.compute()));
   check("AllReduce");
   ASSERT_OK(c.AllGather(send.data(), recv.data(), f.size(), DType::kFp32, d.compute()));
   check("AllGather");
-  ASSERT_OK(c.ReduceScatter(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kAvg, d.compute()));
+  ASSERT_OK(c.ReduceScatter(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kAvg,
+                            d.compute()));
   check("ReduceScatter");
   ASSERT_OK(c.Broadcast(send.data(), recv.data(), f.size(), DType::kFp32, 0, d.compute()));
   check("Broadcast");
   EXPECT_EQ(c.Broadcast(send.data(), recv.data(), f.size(), DType::kFp32, 1, d.compute()).code(),
             StatusCode::kInvalidArgument);
   std::vector<float> host(10);
-  EXPECT_EQ(c.AllReduce(host.data(), recv.data(), 10, DType::kFp32, ReduceOp::kSum, d.compute()).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      c.AllReduce(host.data(), recv.data(), 10, DType::kFp32, ReduceOp::kSum, d.compute()).code(),
+      StatusCode::kInvalidArgument);
 }
 
 TEST(CommHostTest, MoreThanOneRankNeedsNccl) {

@@ -1,8 +1,9 @@
 // The typed device suite: every case runs against HostDevice and CudaDevice
 // (CUDA cases skip with the reason when no device is present). Kernels are
 // checked against the scalar reference in src/common/half.h and plain loops.
-#include <gtest/gtest.h>
+#include "src/gpu/device.h"
 
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 
 #include <atomic>
@@ -13,7 +14,6 @@
 #include <vector>
 
 #include "src/common/half.h"
-#include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/test_util.h"
@@ -45,8 +45,8 @@ std::vector<T> Download(Device& d, const void* p, size_t n) {
 }
 
 bool IsNanBits(uint16_t h, DType t) {
-  return t == DType::kFp16 ? ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) :
-                             ((h & 0x7f80) == 0x7f80 && (h & 0x7f));
+  return t == DType::kFp16 ? ((h & 0x7c00) == 0x7c00 && (h & 0x3ff))
+                           : ((h & 0x7f80) == 0x7f80 && (h & 0x7f));
 }
 
 // ---- Arena through the device ----
@@ -124,6 +124,13 @@ TYPED_TEST(TypedDeviceTest, PointersOutsideTheArenaAreRejected) {
   char* end = static_cast<char*>(a.data());
   EXPECT_EQ(d.Fill(end, DType::kFp32, this->kBudget, 1.f, d.compute()).code(),
             StatusCode::kInvalidArgument);
+  // Misaligned elements.
+  EXPECT_EQ(d.Fill(a.as<char>() + 2, DType::kFp32, 4, 1.f, d.compute()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(d.SumSquares(a.data(), DType::kFp16, 4, reinterpret_cast<double*>(a.as<char>() + 4),
+                         d.compute())
+                .code(),
+            StatusCode::kInvalidArgument);
   // An element count whose byte size overflows.
   EXPECT_EQ(d.Fill(a.data(), DType::kFp32, SIZE_MAX / 2, 1.f, d.compute()).code(),
             StatusCode::kInvalidArgument);
@@ -132,8 +139,7 @@ TYPED_TEST(TypedDeviceTest, PointersOutsideTheArenaAreRejected) {
   EXPECT_EQ(d.CopyH2D(nullptr, host.data(), 16, d.h2d()).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(d.CopyH2D(a.data(), nullptr, 16, d.h2d()).code(), StatusCode::kInvalidArgument);
   // Overlapping cast of different element sizes.
-  EXPECT_EQ(d.Cast(a.data(), DType::kFp32, a.as<char>() + 2, DType::kFp16, 100, d.compute())
-                .code(),
+  EXPECT_EQ(d.Cast(a.data(), DType::kFp32, a.as<char>() + 2, DType::kFp16, 100, d.compute()).code(),
             StatusCode::kInvalidArgument);
 }
 
@@ -142,7 +148,8 @@ TYPED_TEST(TypedDeviceTest, PointersOutsideTheArenaAreRejected) {
 TYPED_TEST(TypedDeviceTest, WorkOnOneStreamRunsInOrder) {
   Device& d = this->dev();
   auto x = d.Allocate(1000 * sizeof(float)).value();
-  for (int v = 1; v <= 20; ++v) ASSERT_OK(d.Fill(x.data(), DType::kFp32, 1000, float(v), d.compute()));
+  for (int v = 1; v <= 20; ++v)
+    ASSERT_OK(d.Fill(x.data(), DType::kFp32, 1000, float(v), d.compute()));
   std::vector<int> order;
   std::mutex mu;
   for (int i = 0; i < 10; ++i)
@@ -319,11 +326,10 @@ TYPED_TEST(TypedDeviceTest, CastAllHalfPatternsToFloatAndAcross) {
   auto h16 = d.Allocate(all.size() * 2).value();
   for (DType t : {DType::kFp16, DType::kBf16}) {
     SCOPED_TRACE(std::string(DTypeName(t)));
-    ASSERT_OK(d.Cast(src.as<uint16_t>() + 1, t, f32.as<float>() + 1, DType::kFp32, 65536,
-                     d.compute()));
+    ASSERT_OK(
+        d.Cast(src.as<uint16_t>() + 1, t, f32.as<float>() + 1, DType::kFp32, 65536, d.compute()));
     const DType other = t == DType::kFp16 ? DType::kBf16 : DType::kFp16;
-    ASSERT_OK(d.Cast(src.as<uint16_t>() + 1, t, h16.as<uint16_t>() + 1, other, 65536,
-                     d.compute()));
+    ASSERT_OK(d.Cast(src.as<uint16_t>() + 1, t, h16.as<uint16_t>() + 1, other, 65536, d.compute()));
     ASSERT_OK(d.compute().Synchronize());
     auto wide = Download<float>(d, f32.as<float>() + 1, 65536);
     auto across = Download<uint16_t>(d, h16.as<uint16_t>() + 1, 65536);

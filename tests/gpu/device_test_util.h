@@ -8,14 +8,14 @@
 
 #include "src/gpu/device.h"
 
-#define ASSERT_OK(expr)                                  \
-  do {                                                   \
-    const ::strata::Status s_ = (expr);                  \
+#define ASSERT_OK(expr)                                     \
+  do {                                                      \
+    const ::strata::Status s_ = (expr);                     \
     ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
   } while (0)
-#define EXPECT_OK(expr)                                  \
-  do {                                                   \
-    const ::strata::Status s_ = (expr);                  \
+#define EXPECT_OK(expr)                                     \
+  do {                                                      \
+    const ::strata::Status s_ = (expr);                     \
     EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
   } while (0)
 
