@@ -17,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
@@ -28,9 +29,8 @@
 namespace strata::gpu {
 namespace {
 
-// The one place cudaError_t becomes a Status.
-Status CudaStatus(cudaError_t err, std::string_view call) {
-  if (err == cudaSuccess) return Status::Ok();
+// The one place cudaError_t becomes a Status. REQUIRES: err != cudaSuccess.
+Status CudaError(cudaError_t err, std::string_view call) {
   std::string msg =
       fmt::format("{}: {} ({})", call, cudaGetErrorString(err), cudaGetErrorName(err));
   switch (err) {
@@ -55,6 +55,20 @@ Status CudaStatus(cudaError_t err, std::string_view call) {
       return FailedPreconditionError(std::move(msg));
     default:
       return IOError(std::move(msg));
+  }
+}
+
+// OK for cudaSuccess; otherwise CudaError naming the call. `call` is a string
+// or a callable returning one, evaluated only on error (the hot path builds
+// no strings).
+template <typename Call>
+Status CudaStatus(cudaError_t err, Call&& call) {
+  if (err == cudaSuccess) [[likely]]
+    return Status::Ok();
+  if constexpr (std::is_invocable_v<Call>) {
+    return CudaError(err, call());
+  } else {
+    return CudaError(err, std::string_view(call));
   }
 }
 
@@ -105,14 +119,15 @@ class CudaStream final : public Stream {
     auto* e = dynamic_cast<CudaEvent*>(&event);
     if (e == nullptr) return InvalidArgumentError("Stream::Record: event is not a CUDA event");
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    return CudaStatus(cudaEventRecord(e->get(), stream_), "cudaEventRecord on stream " + name_);
+    return CudaStatus(cudaEventRecord(e->get(), stream_),
+                      [&] { return "cudaEventRecord on stream " + name_; });
   }
   Status Wait(Event& event) override {
     auto* e = dynamic_cast<CudaEvent*>(&event);
     if (e == nullptr) return InvalidArgumentError("Stream::Wait: event is not a CUDA event");
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     return CudaStatus(cudaStreamWaitEvent(stream_, e->get(), 0),
-                      "cudaStreamWaitEvent on stream " + name_);
+                      [&] { return "cudaStreamWaitEvent on stream " + name_; });
   }
   Status EnqueueHostCallback(std::function<void()> fn) override {
     if (!fn) return InvalidArgumentError("Stream::EnqueueHostCallback: empty function");
@@ -120,16 +135,17 @@ class CudaStream final : public Stream {
     auto* heap = new std::function<void()>(std::move(fn));
     const cudaError_t err = cudaLaunchHostFunc(stream_, HostFuncTrampoline, heap);
     if (err != cudaSuccess) delete heap;  // never runs: free it here
-    return CudaStatus(err, "cudaLaunchHostFunc on stream " + name_);
+    return CudaStatus(err, [&] { return "cudaLaunchHostFunc on stream " + name_; });
   }
   Status Synchronize() override {
-    return CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(" + name_ + ")");
+    return CudaStatus(cudaStreamSynchronize(stream_),
+                      [&] { return "cudaStreamSynchronize(" + name_ + ")"; });
   }
   StatusOr<bool> Query() override {
     const cudaError_t err = cudaStreamQuery(stream_);
     if (err == cudaSuccess) return true;
     if (err == cudaErrorNotReady) return false;
-    return CudaStatus(err, "cudaStreamQuery(" + name_ + ")");
+    return CudaStatus(err, [&] { return "cudaStreamQuery(" + name_ + ")"; });
   }
 
  private:
@@ -193,6 +209,8 @@ class CudaDevice final : public Device {
   Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(dst, bytes, "CopyD2D destination"));
     RETURN_IF_ERROR(CheckDev(src, bytes, "CopyD2D source"));
+    RETURN_IF_ERROR(CheckNoPartialOverlap(dst, src, bytes));
+    if (dst == src) return Status::Ok();
     return Memcpy(dst, src, bytes, cudaMemcpyDeviceToDevice, stream, "CopyD2D");
   }
 
@@ -210,9 +228,9 @@ class CudaDevice final : public Device {
       return Memcpy(dst, src, n * DTypeSize(st), cudaMemcpyDeviceToDevice, stream, "Cast (copy)");
     }
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "Cast"));
-    return CudaStatus(
-        cuda::LaunchCast(src, st, dst, dt, n, MaxBlocks(), cs),
-        fmt::format("Cast {}→{} kernel launch ({} elements)", DTypeName(st), DTypeName(dt), n));
+    return CudaStatus(cuda::LaunchCast(src, st, dst, dt, n, MaxBlocks(), cs), [&] {
+      return fmt::format("Cast {}→{} kernel launch ({} elements)", DTypeName(st), DTypeName(dt), n);
+    });
   }
   Status UnscaleAndCheck(void* x, DType t, size_t n, float inv_scale, int32_t* found_inf,
                          Stream& stream) override {
@@ -221,15 +239,17 @@ class CudaDevice final : public Device {
         CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf", alignof(int32_t)));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "UnscaleAndCheck"));
     return CudaStatus(
-        cuda::LaunchUnscaleAndCheck(x, t, n, inv_scale, found_inf, MaxBlocks(), cs),
-        fmt::format("UnscaleAndCheck {} kernel launch ({} elements)", DTypeName(t), n));
+        cuda::LaunchUnscaleAndCheck(x, t, n, inv_scale, found_inf, MaxBlocks(), cs), [&] {
+          return fmt::format("UnscaleAndCheck {} kernel launch ({} elements)", DTypeName(t), n);
+        });
   }
   Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
     RETURN_IF_ERROR(CheckElems(x, n, t, "SumSquares input"));
     RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum", alignof(double)));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "SumSquares"));
-    return CudaStatus(cuda::LaunchSumSquares(x, t, n, sum, MaxBlocks(), cs),
-                      fmt::format("SumSquares {} kernel launch ({} elements)", DTypeName(t), n));
+    return CudaStatus(cuda::LaunchSumSquares(x, t, n, sum, MaxBlocks(), cs), [&] {
+      return fmt::format("SumSquares {} kernel launch ({} elements)", DTypeName(t), n);
+    });
   }
   Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
     RETURN_IF_ERROR(CheckElems(x, n, t, "Fill"));
@@ -255,7 +275,7 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(CheckHost(p, bytes, "PinHostMemory"));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
     return CudaStatus(cudaHostRegister(p, bytes, cudaHostRegisterPortable),
-                      fmt::format("cudaHostRegister({})", FormatBytes(bytes)));
+                      [&] { return fmt::format("cudaHostRegister({})", FormatBytes(bytes)); });
   }
   Status UnpinHostMemory(void* p, size_t bytes) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
@@ -275,9 +295,10 @@ class CudaDevice final : public Device {
                 const char* what) {
     if (bytes == 0) return Status::Ok();
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, what));
-    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, cs),
-                      fmt::format("{}: cudaMemcpyAsync({}) on stream {}", what, FormatBytes(bytes),
-                                  stream.name()));
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, cs), [&] {
+      return fmt::format("{}: cudaMemcpyAsync({}) on stream {}", what, FormatBytes(bytes),
+                         stream.name());
+    });
   }
   int MaxBlocks() const { return sms_ * 16; }  // a few waves of 256-thread blocks
 

@@ -68,6 +68,15 @@ Status Device::CheckHost(const void* p, size_t bytes, const char* what) {
   return Status::Ok();
 }
 
+Status Device::CheckNoPartialOverlap(const void* dst, const void* src, size_t bytes) {
+  const char* d = static_cast<const char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  if (d != s && d < s + bytes && s < d + bytes)
+    return InvalidArgumentError(
+        fmt::format("CopyD2D: source {} and destination {} overlap ({} bytes)", src, dst, bytes));
+  return Status::Ok();
+}
+
 // ---- Selection ----
 
 StatusOr<DeviceOptions> DeviceOptionsFromConfig(const Config& config) {

@@ -250,6 +250,7 @@ class Device {
   // block the caller until the source is staged). `dev` must be in the arena.
   virtual Status CopyH2D(void* dev, const void* host, size_t bytes, Stream& stream) = 0;
   virtual Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) = 0;
+  // dst == src is a no-op; partially overlapping ranges are InvalidArgument.
   virtual Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) = 0;
 
   // ---- Kernels (async, ordered on `stream`; all pointers in the arena and
@@ -297,6 +298,8 @@ class Device {
     return n > SIZE_MAX / DTypeSize(t) ? SIZE_MAX : n * DTypeSize(t);
   }
   static Status CheckHost(const void* p, size_t bytes, const char* what);
+  // For CopyD2D: distinct ranges, or the same one.
+  static Status CheckNoPartialOverlap(const void* dst, const void* src, size_t bytes);
   // Backends set these three in their factory.
   std::unique_ptr<Stream> compute_, h2d_, d2h_;
 

@@ -237,6 +237,8 @@ class HostDevice final : public Device {
   Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(dst, bytes, "CopyD2D destination"));
     RETURN_IF_ERROR(CheckDev(src, bytes, "CopyD2D source"));
+    RETURN_IF_ERROR(CheckNoPartialOverlap(dst, src, bytes));
+    if (dst == src) return Status::Ok();
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyD2D"));
     s->Enqueue([dst, src, bytes] { std::memmove(dst, src, bytes); });
     return Status::Ok();

@@ -124,6 +124,10 @@ TYPED_TEST(TypedDeviceTest, PointersOutsideTheArenaAreRejected) {
   char* end = static_cast<char*>(a.data());
   EXPECT_EQ(d.Fill(end, DType::kFp32, this->kBudget, 1.f, d.compute()).code(),
             StatusCode::kInvalidArgument);
+  // Partially overlapping device-to-device copy (equal ranges are a no-op).
+  EXPECT_EQ(d.CopyD2D(a.as<char>() + 8, a.data(), 64, d.compute()).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_OK(d.CopyD2D(a.data(), a.data(), 64, d.compute()));
   // Misaligned elements.
   EXPECT_EQ(d.Fill(a.as<char>() + 2, DType::kFp32, 4, 1.f, d.compute()).code(),
             StatusCode::kInvalidArgument);
