@@ -24,6 +24,7 @@
 #include "src/common/status_util.h"
 #include "src/gpu/arena.h"
 #include "src/gpu/cuda_kernels.h"
+#include "src/gpu/cuda_status.h"
 #include "src/gpu/device.h"
 
 namespace strata::gpu {
@@ -327,6 +328,12 @@ std::string ReadSysfs(const std::string& path) {
 }
 
 }  // namespace
+
+namespace internal {
+Status CudaErrorToStatus(int err, std::string_view call) {
+  return CudaStatus(static_cast<cudaError_t>(err), call);
+}
+}  // namespace internal
 
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options) {
   int count = 0;

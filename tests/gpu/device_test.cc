@@ -1,8 +1,6 @@
 // The typed device suite: every case runs against HostDevice and CudaDevice
 // (CUDA cases skip with the reason when no device is present). Kernels are
 // checked against the scalar reference in src/common/half.h and plain loops.
-#include "src/gpu/device.h"
-
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -14,9 +12,15 @@
 #include <vector>
 
 #include "src/common/half.h"
+#include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
+#include "strata/build_config.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/test_util.h"
+
+#if STRATA_HAVE_CUDA
+#include "src/gpu/cuda_status.h"
+#endif
 
 namespace strata::gpu::testing {
 namespace {
@@ -555,6 +559,24 @@ TEST(DeviceSelectionTest, HostLinkModelIsDescribedAndCopiesStillCorrect) {
   o.link_gbytes_per_s = -1;
   EXPECT_EQ(CreateDevice(o).status().code(), StatusCode::kInvalidArgument);
 }
+
+#if STRATA_HAVE_CUDA
+// The cudaError_t mapping runs without a GPU (values are the runtime's stable
+// enum numbers: 1 InvalidValue, 2 MemoryAllocation, 35 InsufficientDriver,
+// 100 NoDevice, 712 HostMemoryAlreadyRegistered, 999 Unknown).
+TEST(CudaErrorTest, CodesAndMessagesNameTheCall) {
+  EXPECT_TRUE(gpu::internal::CudaErrorToStatus(0, "x").ok());
+  const Status oom = gpu::internal::CudaErrorToStatus(2, "cudaMalloc(1.00 GiB)");
+  EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(oom.message()).find("cudaMalloc(1.00 GiB)"), std::string::npos) << oom;
+  EXPECT_NE(std::string(oom.message()).find("cudaErrorMemoryAllocation"), std::string::npos) << oom;
+  EXPECT_EQ(gpu::internal::CudaErrorToStatus(35, "c").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(gpu::internal::CudaErrorToStatus(100, "c").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(gpu::internal::CudaErrorToStatus(1, "c").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu::internal::CudaErrorToStatus(712, "c").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(gpu::internal::CudaErrorToStatus(999, "c").code(), StatusCode::kIOError);
+}
+#endif
 
 TEST(DeviceSelectionTest, MemlockLimitMatchesGetrlimit) {
   struct rlimit rl {};
