@@ -21,7 +21,7 @@ struct BenchNvmeArgs {
   std::vector<std::string> paths;
   std::string size = "1G";
   std::string block_size = "1M";
-  std::string request = "64M";
+  std::string request = "256M";
   int queue_depth = 16;
   int threads = 1;
   std::string engine = "uring";
@@ -136,7 +136,7 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
   cmd->add_option("--threads", a->threads, "aio.intra_op_parallelism: rings (default 1)");
   cmd->add_option("--engine", a->engine, "uring|posix|auto (default uring)")
       ->check(CLI::IsMember({"uring", "io_uring", "posix", "auto"}));
-  cmd->add_option("--request-size", a->request, "Bytes per swap-store request (default 64M)");
+  cmd->add_option("--request-size", a->request, "Bytes per swap-store request (default 256M; DeepSpeed sub-groups are GBs)");
   cmd->add_option("--runs", a->runs, "Repetitions, alternating engine and fio (default 3)");
   cmd->add_flag("--vs-fio", a->vs_fio, "Also run fio with the same engine/block/depth/size/O_DIRECT");
   cmd->add_flag("--json", a->json, "Machine-readable output");

@@ -29,11 +29,18 @@ namespace strata::nvme {
 
 struct RequestState {
   IoOpKind kind = IoOpKind::kRead;
-  std::vector<IoSegment> segs;
+  // The request's bytes in `lanes` contiguous parts (DeepSpeed's
+  // intra_op_parallelism): pieces are cut from the lanes in turn, so with T
+  // rings T sequential streams are in flight, as with fio's numjobs.
+  struct Lane {
+    std::vector<IoSegment> segs;
+    size_t seg = 0;  // cursor of the next piece (guarded by Impl::mu)
+    uint64_t pos = 0;
+    bool done() const { return seg >= segs.size(); }
+  };
+  std::vector<Lane> lanes;
+  size_t next_lane = 0;
   uint64_t total = 0;
-  // Cursor of the next piece to issue (guarded by Impl::mu).
-  size_t seg = 0;
-  uint64_t pos = 0;
   int64_t outstanding = 0;  // pieces issued and not finished
   bool failed = false;
   bool cancelled = false;
@@ -46,7 +53,11 @@ struct RequestState {
   bool done = false;
   Status final_status;
 
-  bool exhausted() const { return seg >= segs.size(); }
+  bool exhausted() const {
+    for (const auto& l : lanes)
+      if (!l.done()) return false;
+    return true;
+  }
 };
 
 namespace {
@@ -168,23 +179,58 @@ struct IoService::Impl {
 
   // REQUIRES: mu, !r->exhausted(). Cuts the next piece off the request.
   Piece* NextPiece(const std::shared_ptr<RequestState>& r) {
-    const IoSegment& s = r->segs[r->seg];
+    RequestState::Lane* lane = nullptr;
+    for (size_t k = 0; k < r->lanes.size(); ++k) {
+      auto& l = r->lanes[(r->next_lane + k) % r->lanes.size()];
+      if (!l.done()) {
+        lane = &l;
+        r->next_lane = (r->next_lane + k + 1) % r->lanes.size();
+        break;
+      }
+    }
+    const IoSegment& s = lane->segs[lane->seg];
     IoFile* f = s.file;
-    char* buf = static_cast<char*>(s.buf) + r->pos;
-    uint64_t off = s.offset + r->pos;
-    uint64_t len = std::min<uint64_t>(opts.block_size, s.len - r->pos);
+    char* buf = static_cast<char*>(s.buf) + lane->pos;
+    uint64_t off = s.offset + lane->pos;
+    uint64_t len = std::min<uint64_t>(opts.block_size, s.len - lane->pos);
     const uint32_t b = f->block_;
     // An aligned piece with a ragged tail: the aligned body goes direct, the
     // tail becomes the next (buffered) piece.
     if (f->direct_fd_ >= 0 && len % b != 0 && len > b && IsAligned(buf, b) && off % b == 0)
       len = AlignDown(len, b);
-    r->pos += len;
-    if (r->pos == s.len) {
-      ++r->seg;
-      r->pos = 0;
+    lane->pos += len;
+    if (lane->pos == s.len) {
+      ++lane->seg;
+      lane->pos = 0;
     }
     ++r->outstanding;
     return new Piece{IoOp{}, this, r, f, buf, len, off, 0};
+  }
+
+  // Cuts segs into `n` lanes of about equal, block_size-aligned byte counts.
+  std::vector<RequestState::Lane> SplitLanes(std::vector<IoSegment> segs, uint64_t total, int n) const {
+    std::vector<RequestState::Lane> lanes;
+    uint64_t per = AlignUp((total + n - 1) / std::max(n, 1), opts.block_size);
+    if (n <= 1 || total <= opts.block_size) per = total;
+    RequestState::Lane cur;
+    uint64_t in_lane = 0;
+    for (IoSegment s : segs) {
+      while (s.len > 0) {
+        uint64_t take = std::min<uint64_t>(s.len, per - in_lane);
+        cur.segs.push_back(IoSegment{s.file, s.buf, take, s.offset});
+        s.buf = static_cast<char*>(s.buf) + take;
+        s.offset += take;
+        s.len -= take;
+        in_lane += take;
+        if (in_lane == per) {
+          lanes.push_back(std::move(cur));
+          cur = RequestState::Lane{};
+          in_lane = 0;
+        }
+      }
+    }
+    if (!cur.segs.empty()) lanes.push_back(std::move(cur));
+    return lanes;
   }
 
   // REQUIRES: mu. Retires a piece that will not be issued (again).
@@ -309,8 +355,8 @@ struct IoService::Impl {
     }
     auto r = std::make_shared<RequestState>();
     r->kind = kind;
-    r->segs = std::move(segs);
     r->total = total;
+    r->lanes = SplitLanes(std::move(segs), total, engine->parallelism());
     {
       std::lock_guard lock(mu);
       if (shutdown)

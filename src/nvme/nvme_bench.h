@@ -18,7 +18,7 @@ struct NvmeBenchOptions {
   std::vector<std::string> paths;          // striped when several
   uint64_t size = uint64_t{1} << 30;       // bytes written then read
   IoOptions io;                            // engine, block_size, queue_depth, threads
-  uint64_t request_bytes = 64ull << 20;    // one swap-store request (a shard slice)
+  uint64_t request_bytes = 256ull << 20;   // one swap-store request (a shard slice)
   int requests_in_flight = 4;              // requests outstanding at once
 };
 

@@ -89,6 +89,25 @@ TEST_P(IoServiceTest, RoundTripSizesAroundBlockAndDepth) {
   EXPECT_GT(st.buffered_pieces, 0u);
 }
 
+TEST_P(IoServiceTest, RequestsSplitIntoLanesOverSeveralRings) {
+  SCOPED_TRACE(seed_);
+  const size_t block = 8 << 10;
+  auto io = Service(SmallOptions(GetParam(), block, 2, 3));  // 3 lanes, 6 pieces in flight
+  auto f = OpenNew(io.get(), "lanes.bin");
+  // Fewer bytes than lanes × block, a ragged multi-lane size, a misaligned one.
+  for (size_t n : {size_t{5000}, 3 * block * 7 + 999, size_t{1} << 20}) {
+    SCOPED_TRACE(n);
+    auto src = RandomBuffer(rng_, n + 1);
+    auto dst = PoisonBuffer(n + 1);
+    ASSERT_TRUE(io->Write(f.get(), src.data(), n, 8192).Wait().ok());
+    ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 8192).Wait().ok());
+    EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+    ASSERT_TRUE(io->Write(f.get(), src.as<char>() + 1, n, 3).Wait().ok());
+    ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 3).Wait().ok());
+    EXPECT_TRUE(SameBytes(src.as<char>() + 1, dst.data(), n));
+  }
+}
+
 TEST_P(IoServiceTest, ManyConcurrentRequestsFromSeveralThreads) {
   SCOPED_TRACE(seed_);
   auto io = Service(SmallOptions(GetParam(), 8 << 10, 8, 2));
