@@ -1,0 +1,218 @@
+// Host backend of the example model: OpenBLAS sgemm on fp32 copies of one
+// module's parameters, plus plain loops for the element-wise parts. Used on
+// the host device (strata.device = host, or no GPU). Activations live in
+// engine workspaces (fp32); parameter/gradient fp32 copies in host vectors.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "examples/train/model.h"
+#include "examples/train/ops.h"
+#include "src/common/half.h"
+
+namespace strata::example {
+namespace {
+
+class HostBackend final : public Backend {
+ public:
+  HostBackend(const ModelShape& s, DType dtype, WorkspaceFn alloc) : s_(s), dtype_(dtype), alloc_(std::move(alloc)) {}
+
+  Status SetBatch(std::span<const int32_t> inputs, std::span<const int32_t> targets) override {
+    const int64_t n = s_.tokens();
+    if (static_cast<int64_t>(inputs.size()) != n || static_cast<int64_t>(targets.size()) != n)
+      return InvalidArgumentError("SetBatch: " + std::to_string(inputs.size()) + " inputs and " +
+                                  std::to_string(targets.size()) + " targets, model takes " + std::to_string(n));
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i] < 0 || inputs[i] >= s_.vocab || targets[i] < 0 || targets[i] >= s_.vocab)
+        return InvalidArgumentError("SetBatch: token out of range at " + std::to_string(i));
+    inputs_.assign(inputs.begin(), inputs.end());
+    targets_.assign(targets.begin(), targets.end());
+    return Status();
+  }
+
+  Status EmbedForward(const std::vector<void*>& p, float* h0) override {
+    STRATA_RETURN_IF_ERROR(Expect(p, 3, "embedding"));
+    const float* tab[3];
+    for (int i = 0; i < 3; ++i) tab[i] = Param(p[i], s_.vocab * s_.hidden, i);
+    ops::EmbedForward(inputs_.data(), s_.batch, s_.seq_len, s_.hidden, tab[0], tab[1], tab[2], h0);
+    return Status();
+  }
+
+  Status BlockForward(const std::vector<void*>& p, const float* h_in, float* h_out) override {
+    STRATA_RETURN_IF_ERROR(Expect(p, 4, "block"));
+    STRATA_RETURN_IF_ERROR(Prepare());
+    const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn();
+    const float* w1 = Param(p[0], F * H, 0);
+    const float* b1 = Param(p[1], F, 1);
+    const float* w2 = Param(p[2], H * F, 2);
+    const float* b2 = Param(p[3], H, 3);
+    ops::RmsNormForward(h_in, N, H, u_, rms_);
+    // a = u · W1ᵀ + b1; g = gelu(a)
+    Gemm(false, true, N, F, H, u_, H, w1, H, 0.f, a_, F);
+    ops::AddBiasGelu(a_, b1, N, F, g_);
+    // h_out = h_in + b2 + g · W2ᵀ
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < H; ++j) h_out[n * H + j] = h_in[n * H + j] + b2[j];
+    Gemm(false, true, N, H, F, g_, F, w2, F, 1.f, h_out, H);
+    return Status();
+  }
+
+  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h, double loss_scale) override {
+    STRATA_RETURN_IF_ERROR(Expect(p, 2, "head"));
+    STRATA_RETURN_IF_ERROR(Prepare());
+    const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
+    const float* w = Param(p[0], V * H, 0);
+    const float* b = Param(p[1], V, 1);
+    ops::RmsNormForward(h, N, H, u_, rms_);
+    for (int64_t n = 0; n < N; ++n) std::memcpy(z_ + n * V, b, static_cast<size_t>(V) * 4);
+    Gemm(false, true, N, V, H, u_, H, w, H, 1.f, z_, V);
+    // z becomes d(loss·scale)/dz in place.
+    return ops::SoftmaxCrossEntropy(z_, targets_.data(), N, V, static_cast<float>(loss_scale / N));
+  }
+
+  Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h, float* dh) override {
+    STRATA_RETURN_IF_ERROR(Expect(p, 2, "head"));
+    STRATA_RETURN_IF_ERROR(Expect(g, 2, "head gradients"));
+    STRATA_RETURN_IF_ERROR(Prepare());
+    const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
+    const float* w = Param(p[0], V * H, 0);
+    ops::RmsNormForward(h, N, H, u_, rms_);
+    float* gw = Grad(0, V * H);
+    float* gb = Grad(1, V);
+    Gemm(true, false, V, H, N, z_, V, u_, H, 0.f, gw, H);  // dW = dzᵀ · y
+    ops::ColumnSum(z_, N, V, gb);                           // db = Σ dz
+    Gemm(false, false, N, H, V, z_, V, w, H, 0.f, du_, H);  // dy = dz · W
+    ops::RmsNormBackward(h, u_, rms_, du_, N, H, /*accumulate=*/false, dh);
+    StoreGrad(g[0], gw, V * H);
+    StoreGrad(g[1], gb, V);
+    return Status();
+  }
+
+  Status BlockBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h_in,
+                       float* dh) override {
+    STRATA_RETURN_IF_ERROR(Expect(p, 4, "block"));
+    STRATA_RETURN_IF_ERROR(Expect(g, 4, "block gradients"));
+    STRATA_RETURN_IF_ERROR(Prepare());
+    const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn();
+    const float* w1 = Param(p[0], F * H, 0);
+    const float* b1 = Param(p[1], F, 1);
+    const float* w2 = Param(p[2], H * F, 2);
+    // Recompute the forward activations from the saved input.
+    ops::RmsNormForward(h_in, N, H, u_, rms_);
+    Gemm(false, true, N, F, H, u_, H, w1, H, 0.f, a_, F);
+    ops::AddBiasGelu(a_, b1, N, F, g_);  // a_ keeps the pre-activation (with bias)
+    float* gw1 = Grad(0, F * H);
+    float* gb1 = Grad(1, F);
+    float* gw2 = Grad(2, H * F);
+    float* gb2 = Grad(3, H);
+    Gemm(true, false, H, F, N, dh, H, g_, F, 0.f, gw2, F);  // dW2 = dhᵀ · g
+    ops::ColumnSum(dh, N, H, gb2);                            // db2 = Σ dh
+    Gemm(false, false, N, F, H, dh, H, w2, F, 0.f, g_, F);   // dg = dh · W2 (over g)
+    ops::GeluBackward(a_, g_, N * F);                         // da = dg ⊙ gelu'(a) (in g_)
+    Gemm(true, false, F, H, N, g_, F, u_, H, 0.f, gw1, H);   // dW1 = daᵀ · u
+    ops::ColumnSum(g_, N, F, gb1);                            // db1 = Σ da
+    Gemm(false, false, N, H, F, g_, F, w1, H, 0.f, du_, H);  // du = da · W1
+    ops::RmsNormBackward(h_in, u_, rms_, du_, N, H, /*accumulate=*/true, dh);  // residual: dh += ...
+    StoreGrad(g[0], gw1, F * H);
+    StoreGrad(g[1], gb1, F);
+    StoreGrad(g[2], gw2, H * F);
+    StoreGrad(g[3], gb2, H);
+    return Status();
+  }
+
+  Status EmbedBackward(const std::vector<void*>& g, const float* dh) override {
+    STRATA_RETURN_IF_ERROR(Expect(g, 3, "embedding gradients"));
+    const int64_t VH = s_.vocab * s_.hidden;
+    float* gt[3];
+    for (int i = 0; i < 3; ++i) gt[i] = Grad(i, VH);
+    ops::EmbedBackward(inputs_.data(), s_.batch, s_.seq_len, s_.hidden, s_.vocab, dh, gt[0], gt[1], gt[2]);
+    for (int i = 0; i < 3; ++i) StoreGrad(g[i], gt[i], VH);
+    return Status();
+  }
+
+  Status CopyToHost(const float* device, float* host, int64_t n) override {
+    std::memcpy(host, device, static_cast<size_t>(n) * 4);
+    return Status();
+  }
+
+ private:
+  static Status Expect(const std::vector<void*>& v, size_t n, const char* what) {
+    if (v.size() != n)
+      return InvalidArgumentError(std::string(what) + ": " + std::to_string(v.size()) + " tensors, expected " +
+                                  std::to_string(n));
+    return Status();
+  }
+
+  Status Prepare() override {
+    if (a_) return Status();
+    const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn(), V = s_.vocab;
+    // One workspace: a, g [N × F]; u, du [N × H]; z [N × V]; rms [N].
+    const int64_t floats = 2 * N * F + 2 * N * H + N * V + N;
+    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(floats * 4));
+    float* f = static_cast<float*>(base);
+    a_ = f, f += N * F;
+    g_ = f, f += N * F;
+    u_ = f, f += N * H;
+    du_ = f, f += N * H;
+    z_ = f, f += N * V;
+    rms_ = f;
+    return Status();
+  }
+
+  // fp32 view of parameter `slot` (numel n): the pointer itself for fp32,
+  // else a converted copy in host memory.
+  const float* Param(const void* p, int64_t n, int slot) {
+    if (dtype_ == DType::kFp32) return static_cast<const float*>(p);
+    auto& buf = params_[slot];
+    buf.resize(static_cast<size_t>(n));
+    const uint16_t* src = static_cast<const uint16_t*>(p);
+    if (dtype_ == DType::kBf16) {
+      for (int64_t i = 0; i < n; ++i) buf[i] = Bf16BitsToFloat(src[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) buf[i] = HalfBitsToFloat(src[i]);
+    }
+    return buf.data();
+  }
+  float* Grad(int slot, int64_t n) {
+    auto& buf = grads_[slot];
+    buf.resize(static_cast<size_t>(n));
+    return buf.data();
+  }
+  void StoreGrad(void* dst, const float* src, int64_t n) {
+    if (dtype_ == DType::kFp32) {
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    }
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    if (dtype_ == DType::kBf16) {
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16Bits(src[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i] = FloatToHalfBits(src[i]);
+    }
+  }
+
+  // Row-major C[m × n] = op(A) · op(B) + beta · C.
+  static void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+                   int64_t ldb, float beta, float* c, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f, a, static_cast<int>(lda), b,
+                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  }
+
+  ModelShape s_;
+  DType dtype_;
+  WorkspaceFn alloc_;
+  std::vector<int32_t> inputs_, targets_;
+  float *a_ = nullptr, *g_ = nullptr, *u_ = nullptr, *du_ = nullptr, *z_ = nullptr, *rms_ = nullptr;
+  std::vector<float> params_[4], grads_[4];
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc) {
+  return std::make_unique<HostBackend>(shape, dtype, std::move(alloc));
+}
+
+}  // namespace strata::example

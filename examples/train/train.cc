@@ -1,0 +1,398 @@
+// The training loop and reports behind `strata train`. See train.h.
+#include "examples/train/train.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "examples/train/model.h"
+
+namespace strata::example {
+namespace {
+
+using nlohmann::json;
+
+double Seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string Human(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string OneLine(std::string s) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t') {
+      if (!out.empty() && !space) out += "; ";
+      space = true;
+      continue;
+    }
+    if (space && c == ' ') continue;
+    space = false;
+    out += c;
+  }
+  while (!out.empty() && (out.back() == ' ' || out.back() == ';')) out.pop_back();
+  return out;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Steps after the first (which records the fetch trace and warms up), when there are any.
+std::vector<const StepStats*> SteadySteps(const TrainResult& r) {
+  std::vector<const StepStats*> out;
+  for (size_t i = r.steps.size() > 1 ? 1 : 0; i < r.steps.size(); ++i) out.push_back(&r.steps[i]);
+  return out;
+}
+
+}  // namespace
+
+Status PrepareNvmePaths(const Config& c) {
+  const auto& zo = c.zero_optimization;
+  std::vector<std::string> paths;
+  if (zo.offload_optimizer.device == OffloadDevice::kNvme) paths = zo.offload_optimizer.nvme_path;
+  if (zo.offload_param.device == OffloadDevice::kNvme)
+    paths.insert(paths.end(), zo.offload_param.nvme_path.begin(), zo.offload_param.nvme_path.end());
+  for (const std::string& p : paths) {
+    std::error_code ec;
+    std::filesystem::create_directories(p, ec);
+    if (ec) return IOError("nvme_path " + p + ": cannot create the directory: " + ec.message());
+    if (!std::filesystem::is_directory(p, ec)) return IOError("nvme_path " + p + ": not a directory");
+    if (access(p.c_str(), W_OK | X_OK) != 0)
+      return IOError("nvme_path " + p + ": not writable (" + std::string(std::strerror(errno)) + ")");
+  }
+  return Status();
+}
+
+StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress) {
+  if (steps < 1) return InvalidArgumentError("steps: " + std::to_string(steps) + " must be >= 1");
+  STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
+  const DType dtype = ParamDTypeFromConfig(config);
+  STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config));
+  const uint64_t seed = static_cast<uint64_t>(config.strata.model.seed);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(engine.get(), shape, dtype, seed));
+
+  TrainResult r;
+  r.device = engine->DeviceName();
+  r.dtype = dtype == DType::kBf16 ? "bf16" : dtype == DType::kFp16 ? "fp16" : "fp32";
+  r.parameters = engine->num_elements();
+  r.state_bytes = r.parameters * (2 * static_cast<int64_t>(dtype == DType::kFp32 ? 4 : 2) + 12);
+  r.budgets = engine->Budgets();
+  for (const TierBudget& t : r.budgets)
+    if (t.tier == "hbm") r.hbm_budget_bytes = t.available_bytes;
+  r.workspace_bytes = model->workspace_bytes();
+  r.tokens_per_step = shape.tokens() * config.gradient_accumulation_steps;
+
+  TextData data(seed);
+  std::vector<int32_t> inputs, targets;
+  int64_t micro = 0;
+  const double t0 = Seconds();
+  for (int64_t s = 0; s < steps; ++s) {
+    double loss_sum = 0;
+    StepStats last;
+    StepStats sum;  // this window's traffic and busy times, over its Step() calls
+    for (int64_t k = 0; k < config.gradient_accumulation_steps; ++k) {
+      data.Batch(micro++, shape.batch, shape.seq_len, &inputs, &targets);
+      STRATA_ASSIGN_OR_RETURN(double loss, model->MicroBatch(inputs, targets));
+      loss_sum += loss;
+      StatusOr<StepStats> st = engine->Step();
+      if (!st.ok()) return Status(st.status()).WithContext("step " + std::to_string(s + 1));
+      last = *st;
+      sum.nvme_read_bytes += st->nvme_read_bytes;
+      sum.nvme_written_bytes += st->nvme_written_bytes;
+      sum.pcie_h2d_bytes += st->pcie_h2d_bytes;
+      sum.pcie_d2h_bytes += st->pcie_d2h_bytes;
+      sum.fetch_wait_s += st->fetch_wait_s;
+      sum.compute_s += st->compute_s;
+      sum.grad_offload_s += st->grad_offload_s;
+      sum.optimizer_s += st->optimizer_s;
+      sum.optimizer_wall_s += st->optimizer_wall_s;
+      sum.nvme_busy_s += st->nvme_busy_s;
+      sum.pcie_busy_s += st->pcie_busy_s;
+      r.nvme_read_bytes += st->nvme_read_bytes;
+      r.nvme_written_bytes += st->nvme_written_bytes;
+      r.pcie_h2d_bytes += st->pcie_h2d_bytes;
+      r.pcie_d2h_bytes += st->pcie_d2h_bytes;
+      r.hbm_high_water_bytes = std::max(r.hbm_high_water_bytes, st->hbm_high_water_bytes);
+      r.pinned_high_water_bytes = std::max(r.pinned_high_water_bytes, st->pinned_high_water_bytes);
+    }
+    if (last.overflow) ++r.skipped_steps;
+    // Step time of the whole window (all its micro-batches).
+    StepStats window = last;
+    window.step_time_s = Seconds() - t0 - r.total_time_s;
+    // The engine's per-Step() figures cover one micro-batch; a window is the sum.
+    window.nvme_read_bytes = sum.nvme_read_bytes;
+    window.nvme_written_bytes = sum.nvme_written_bytes;
+    window.pcie_h2d_bytes = sum.pcie_h2d_bytes;
+    window.pcie_d2h_bytes = sum.pcie_d2h_bytes;
+    window.fetch_wait_s = sum.fetch_wait_s;
+    window.compute_s = sum.compute_s;
+    window.grad_offload_s = sum.grad_offload_s;
+    window.optimizer_s = sum.optimizer_s;
+    window.optimizer_wall_s = sum.optimizer_wall_s;
+    window.nvme_busy_s = sum.nvme_busy_s;
+    window.pcie_busy_s = sum.pcie_busy_s;
+    // Same definition as StepStats::overlap_efficiency, over the window.
+    const double busiest = std::max({window.compute_s, window.pcie_busy_s + window.grad_offload_s,
+                                     window.optimizer_s, window.nvme_busy_s});
+    window.overlap_efficiency =
+        window.step_time_s > 0 ? std::min(1.0, busiest / window.step_time_s) : 0.0;
+    r.total_time_s += window.step_time_s;
+    r.losses.push_back(loss_sum / static_cast<double>(config.gradient_accumulation_steps));
+    r.steps.push_back(window);
+    if (progress) progress(s, steps, r.losses.back(), window, r);
+  }
+  if (!config.strata.trace_path.empty()) {
+    STRATA_RETURN_IF_ERROR(engine->WriteTimeline());
+    r.trace_path = config.strata.trace_path;
+  }
+  return r;
+}
+
+double MedianStepTime(const TrainResult& r) {
+  std::vector<double> v;
+  for (const StepStats* s : SteadySteps(r)) v.push_back(s->step_time_s);
+  return Median(v);
+}
+
+double MedianOverlap(const TrainResult& r) {
+  std::vector<double> v;
+  for (const StepStats* s : SteadySteps(r)) v.push_back(s->overlap_efficiency);
+  return Median(v);
+}
+
+std::string ResultJson(const TrainResult& r) {
+  const double step_time = MedianStepTime(r);
+  json j;
+  j["device"] = r.device;
+  j["dtype"] = r.dtype;
+  j["parameters"] = r.parameters;
+  j["state_bytes"] = r.state_bytes;
+  j["hbm_budget_bytes"] = r.hbm_budget_bytes;
+  j["workspace_bytes"] = r.workspace_bytes;
+  j["steps"] = static_cast<int64_t>(r.losses.size());
+  j["initial_loss"] = r.losses.empty() ? 0.0 : r.losses.front();
+  j["final_loss"] = r.losses.empty() ? 0.0 : r.losses.back();
+  j["losses"] = r.losses;
+  j["step_time_s"] = step_time;
+  j["total_time_s"] = r.total_time_s;
+  j["tokens_per_step"] = r.tokens_per_step;
+  j["tokens_per_s"] = step_time > 0 ? static_cast<double>(r.tokens_per_step) / step_time : 0.0;
+  j["overlap_efficiency"] = MedianOverlap(r);
+  j["skipped_steps"] = r.skipped_steps;
+  j["hbm_high_water_bytes"] = r.hbm_high_water_bytes;
+  j["pinned_high_water_bytes"] = r.pinned_high_water_bytes;
+  j["nvme_read_bytes"] = r.nvme_read_bytes;
+  j["nvme_written_bytes"] = r.nvme_written_bytes;
+  j["pcie_h2d_bytes"] = r.pcie_h2d_bytes;
+  j["pcie_d2h_bytes"] = r.pcie_d2h_bytes;
+  const double t = r.total_time_s > 0 ? r.total_time_s : 1;
+  j["gbytes_per_s"] = {{"nvme_read", r.nvme_read_bytes / t * 1e-9},
+                       {"nvme_write", r.nvme_written_bytes / t * 1e-9},
+                       {"pcie_h2d", r.pcie_h2d_bytes / t * 1e-9},
+                       {"pcie_d2h", r.pcie_d2h_bytes / t * 1e-9}};
+  json per_step = json::array();
+  for (const StepStats& s : r.steps)
+    per_step.push_back({{"step_time_s", s.step_time_s},
+                        {"compute_s", s.compute_s},
+                        {"fetch_wait_s", s.fetch_wait_s},
+                        {"optimizer_wall_s", s.optimizer_wall_s},
+                        {"grad_offload_s", s.grad_offload_s},
+                        {"nvme_busy_s", s.nvme_busy_s},
+                        {"pcie_busy_s", s.pcie_busy_s},
+                        {"overlap_efficiency", s.overlap_efficiency},
+                        {"grad_norm", s.grad_norm},
+                        {"loss_scale", s.loss_scale}});
+  j["per_step"] = per_step;
+  json budgets = json::array();
+  for (const TierBudget& b : r.budgets)
+    budgets.push_back({{"tier", b.tier}, {"needed_bytes", b.needed_bytes}, {"available_bytes", b.available_bytes},
+                       {"detail", b.detail}});
+  j["budgets"] = budgets;
+  if (!r.trace_path.empty()) j["trace_path"] = r.trace_path;
+  return j.dump();
+}
+
+std::string ResultTable(const TrainResult& r) {
+  std::ostringstream o;
+  char buf[256];
+  const double step_time = MedianStepTime(r);
+  std::snprintf(buf, sizeof(buf), "\nstrata train: %zu steps on %s, %.2fM parameters (%s)\n", r.losses.size(),
+                r.device.c_str(), static_cast<double>(r.parameters) * 1e-6, r.dtype.c_str());
+  o << buf;
+  std::snprintf(buf, sizeof(buf), "  model states      %s (%.1fx the HBM budget of %s)\n",
+                Human(static_cast<double>(r.state_bytes)).c_str(),
+                r.hbm_budget_bytes > 0 ? static_cast<double>(r.state_bytes) / static_cast<double>(r.hbm_budget_bytes)
+                                       : 0.0,
+                Human(static_cast<double>(r.hbm_budget_bytes)).c_str());
+  o << buf;
+  if (!r.losses.empty()) {
+    std::snprintf(buf, sizeof(buf), "  loss              %.4f -> %.4f\n", r.losses.front(), r.losses.back());
+    o << buf;
+  }
+  std::snprintf(buf, sizeof(buf), "  step time         %.3f s median (%.1f s total), %.0f tokens/s\n", step_time,
+                r.total_time_s, step_time > 0 ? static_cast<double>(r.tokens_per_step) / step_time : 0.0);
+  o << buf;
+  std::snprintf(buf, sizeof(buf),
+                "  overlap           %.2f (busiest of compute, PCIe, CPU optimizer, NVMe / step time; median)\n",
+                MedianOverlap(r));
+  o << buf;
+  if (r.skipped_steps) o << "  skipped steps     " << r.skipped_steps << " (fp16 overflow)\n";
+  const double t = r.total_time_s > 0 ? r.total_time_s : 1;
+  o << "  link              bytes moved      GB/s\n";
+  auto link = [&](const char* name, int64_t b) {
+    std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %8.3f\n", name, Human(static_cast<double>(b)).c_str(),
+                  static_cast<double>(b) / t * 1e-9);
+    o << buf;
+  };
+  link("nvme read", r.nvme_read_bytes);
+  link("nvme write", r.nvme_written_bytes);
+  link("pcie h2d", r.pcie_h2d_bytes);
+  link("pcie d2h", r.pcie_d2h_bytes);
+  o << "  tier              high water       budget / needed by the plan\n";
+  std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s\n", "hbm", Human(static_cast<double>(r.hbm_high_water_bytes)).c_str(),
+                Human(static_cast<double>(r.hbm_budget_bytes)).c_str());
+  o << buf;
+  std::snprintf(buf, sizeof(buf), "  %-16s  %12s\n", "pinned", Human(static_cast<double>(r.pinned_high_water_bytes)).c_str());
+  o << buf;
+  for (const TierBudget& b : r.budgets)
+    if (b.tier == "nvme") {
+      std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s needed (%s)\n", "nvme", "-",
+                    Human(static_cast<double>(b.needed_bytes)).c_str(), b.detail.c_str());
+      o << buf;
+    }
+  if (!r.trace_path.empty()) o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
+  return o.str();
+}
+
+StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir, std::string* note) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IOError("--plot " + dir + ": cannot create the directory: " + ec.message());
+  std::vector<std::string> files;
+  const std::string loss_dat = dir + "/loss.dat", time_dat = dir + "/step_time.dat";
+  {
+    std::ofstream f(loss_dat);
+    f << "# step loss\n";
+    for (size_t i = 0; i < r.losses.size(); ++i) f << i + 1 << " " << r.losses[i] << "\n";
+    if (!f) return IOError(loss_dat + ": write failed");
+  }
+  {
+    std::ofstream f(time_dat);
+    f << "# step step_time_s compute_s fetch_wait_s optimizer_wall_s other_s\n";
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      const StepStats& s = r.steps[i];
+      const double other = std::max(0.0, s.step_time_s - s.compute_s - s.fetch_wait_s - s.optimizer_wall_s);
+      f << i + 1 << " " << s.step_time_s << " " << s.compute_s << " " << s.fetch_wait_s << " " << s.optimizer_wall_s
+        << " " << other << "\n";
+    }
+    if (!f) return IOError(time_dat + ": write failed");
+  }
+  files.push_back(loss_dat);
+  files.push_back(time_dat);
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    *note = "gnuplot not found on PATH: wrote the .dat files only (apt-get install gnuplot-nox for SVGs)";
+    return files;
+  }
+  const std::string script = dir + "/plot.gp";
+  {
+    std::ofstream f(script);
+    f << "set terminal svg size 800,450 dynamic\n"
+      << "set output '" << dir << "/loss.svg'\n"
+      << "set title 'strata train: loss (" << r.device << ")'\nset xlabel 'step'\nset ylabel 'loss'\n"
+      << "plot '" << loss_dat << "' using 1:2 with linespoints title 'loss'\n"
+      << "set output '" << dir << "/step_time.svg'\n"
+      << "set title 'strata train: step time by phase'\nset xlabel 'step'\nset ylabel 'seconds'\n"
+      << "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8\nset boxwidth 0.8\n"
+      << "plot '" << time_dat << "' using 3 title 'compute', '' using 4 title 'fetch wait (PCIe/NVMe)', "
+      << "'' using 5 title 'optimizer (CPU/NVMe)', '' using 6 title 'other'\n";
+  }
+  const std::string cmd = "gnuplot '" + script + "' 2>&1";
+  if (std::system(cmd.c_str()) != 0) return IOError("gnuplot " + script + " failed");
+  files.push_back(dir + "/loss.svg");
+  files.push_back(dir + "/step_time.svg");
+  return files;
+}
+
+int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
+  auto fail = [&](int code, const Status& s) {
+    err << "strata train: " << OneLine(s.ToString()) << std::endl;
+    return code;
+  };
+  if (opt.config_path.empty()) return fail(2, InvalidArgumentError("--config is required"));
+  StatusOr<Config> loaded = LoadConfigFile(opt.config_path);
+  if (!loaded.ok()) return fail(2, loaded.status());
+  Config config = *loaded;
+  if (!opt.nvme_path.empty()) {
+    if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
+      config.zero_optimization.offload_optimizer.nvme_path = {opt.nvme_path};
+    if (config.zero_optimization.offload_param.device == OffloadDevice::kNvme)
+      config.zero_optimization.offload_param.nvme_path = {opt.nvme_path};
+  }
+  if (!opt.device.empty()) {
+    if (opt.device == "auto") config.strata.device = DeviceKind::kAuto;
+    else if (opt.device == "cuda") config.strata.device = DeviceKind::kCuda;
+    else if (opt.device == "host") config.strata.device = DeviceKind::kHost;
+    else return fail(2, InvalidArgumentError("--device: \"" + opt.device + "\" is not one of auto, cuda, host"));
+  }
+  if (Status v = ValidateConfig(config); !v.ok()) return fail(2, v);
+  int64_t steps = opt.steps > 0 ? opt.steps : config.strata.model.steps > 0 ? config.strata.model.steps : 40;
+  if (opt.steps < 0) return fail(2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) + " must be >= 1"));
+  if (StatusOr<ModelShape> s = ShapeFromConfig(config); !s.ok()) return fail(2, s.status());
+  if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(2, s);
+
+  // Progress: stdout for people; stderr when stdout carries the JSON object.
+  std::ostream& prog = opt.json ? err : out;
+  ProgressFn progress = [&prog](int64_t s, int64_t n, double loss, const StepStats& st, const TrainResult& r) {
+    char buf[320];
+    std::snprintf(buf, sizeof(buf),
+                  "step %4lld/%lld  loss %.4f  %7.0f tok/s  %.3f s  overlap %.2f  nvme r %s w %s  pcie h2d %s "
+                  "d2h %s%s",
+                  static_cast<long long>(s + 1), static_cast<long long>(n), loss,
+                  st.step_time_s > 0 ? static_cast<double>(r.tokens_per_step) / st.step_time_s : 0.0, st.step_time_s,
+                  st.overlap_efficiency, Human(static_cast<double>(st.nvme_read_bytes)).c_str(),
+                  Human(static_cast<double>(st.nvme_written_bytes)).c_str(),
+                  Human(static_cast<double>(st.pcie_h2d_bytes)).c_str(),
+                  Human(static_cast<double>(st.pcie_d2h_bytes)).c_str(), st.overflow ? "  (overflow: skipped)" : "");
+    prog << buf << std::endl;
+  };
+  StatusOr<TrainResult> r = Train(config, steps, progress);
+  if (!r.ok()) return fail(1, r.status());
+  if (opt.json) {
+    out << ResultJson(*r) << std::endl;
+  } else {
+    out << ResultTable(*r);
+  }
+  if (!opt.plot_dir.empty()) {
+    std::string note;
+    StatusOr<std::vector<std::string>> files = WritePlots(*r, opt.plot_dir, &note);
+    if (!files.ok()) return fail(1, files.status());
+    if (!note.empty()) err << "strata train: " << note << std::endl;
+    if (!opt.json)
+      for (const std::string& f : *files) out << "  plot              " << f << "\n";
+  }
+  return 0;
+}
+
+}  // namespace strata::example

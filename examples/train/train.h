@@ -1,0 +1,79 @@
+// examples/train/train.h — the training loop behind `strata train`: builds
+// the Engine and the example model from a config, trains, and reports
+// (progress lines, a summary table or one JSON object, a timeline, plots).
+//
+// Threading: call from one thread. Errors are Status; nothing throws.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace strata::example {
+
+struct TrainResult {
+  std::string device;          // Engine::DeviceName()
+  std::string dtype;           // "bf16", "fp16", "fp32"
+  int64_t parameters = 0;      // elements
+  int64_t state_bytes = 0;     // params + grads (dtype) + fp32 master/exp_avg/exp_avg_sq
+  int64_t hbm_budget_bytes = 0;
+  int64_t workspace_bytes = 0;  // activations allocated as engine workspaces
+  int64_t tokens_per_step = 0;
+  std::vector<double> losses;   // one per optimizer step: mean over its micro-batches
+  std::vector<StepStats> steps;  // the Step() that ended each optimizer step
+  std::vector<TierBudget> budgets;
+  // Sums over every Step() call (all micro-batches).
+  int64_t nvme_read_bytes = 0, nvme_written_bytes = 0, pcie_h2d_bytes = 0, pcie_d2h_bytes = 0;
+  int64_t hbm_high_water_bytes = 0, pinned_high_water_bytes = 0;
+  int64_t skipped_steps = 0;  // fp16 overflow
+  double total_time_s = 0;     // wall time of the training loop
+  std::string trace_path;      // written timeline, if any
+};
+
+// Called after every optimizer step (index from 0) with its loss and stats.
+using ProgressFn = std::function<void(int64_t step, int64_t steps, double loss, const StepStats& st,
+                                      const TrainResult& so_far)>;
+
+// Creates the NVMe directories the config names (mkdir -p) so that a fresh
+// build tree works; an unusable path is an error naming it.
+Status PrepareNvmePaths(const Config& config);
+
+// Trains `steps` optimizer steps (gradient_accumulation_steps micro-batches
+// each). Fails before the first step when the engine, the plan or the
+// activations cannot be set up.
+StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr);
+
+// Medians and summary figures of a result.
+double MedianStepTime(const TrainResult& r);
+double MedianOverlap(const TrainResult& r);
+
+// The `--json` object (keys: final_loss, initial_loss, steps, step_time_s,
+// overlap_efficiency, tokens_per_s, hbm_high_water_bytes,
+// pinned_high_water_bytes, nvme_read_bytes, nvme_written_bytes,
+// pcie_h2d_bytes, pcie_d2h_bytes, device, losses, step_times_s, ...).
+std::string ResultJson(const TrainResult& r);
+// The human summary table.
+std::string ResultTable(const TrainResult& r);
+// Writes loss.dat, step_time.dat and, with gnuplot on PATH, loss.svg and
+// step_time.svg into dir. Returns the files written; a missing gnuplot is
+// not an error (`note` says so).
+StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir, std::string* note);
+
+struct TrainCommandOptions {
+  std::string config_path;
+  int64_t steps = 0;  // 0: strata.model.steps, else 40
+  bool json = false;
+  std::string plot_dir;
+  std::string nvme_path;  // overrides both offload sections' nvme_path when set
+  std::string device;     // overrides strata.device when set: auto, cuda, host
+};
+// The whole command: returns the exit code (0 ok, 2 bad input, 1 failure).
+int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
+
+}  // namespace strata::example

@@ -1,0 +1,161 @@
+// `strata train` as a user runs it: --json parses and its byte counters match
+// the placement; bad input is a one-line error and a nonzero exit before any
+// training step.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+RunResult Strata(const std::string& args, const std::string& dir) {
+  const std::string out = dir + "/stdout", err = dir + "/stderr";
+  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
+  const int rc = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  std::stringstream so, se;
+  so << std::ifstream(out).rdbuf();
+  se << std::ifstream(err).rdbuf();
+  r.out = so.str();
+  r.err = se.str();
+  return r;
+}
+
+std::string WriteConfig(const std::string& dir, const std::string& name, const std::string& opt,
+                        const std::string& par, const std::string& extra = "") {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": true}, "optimizer": {"params": {"lr": 3e-3}},
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": ")" << opt << R"(", "nvme_path": ")" << dir << R"(/nvme"},
+      "offload_param": {"device": ")" << par << R"(", "nvme_path": ")" << dir << R"(/nvme", "buffer_count": 8},
+      "sub_group_size": 20000, "stage3_max_live_parameters": 30000,
+      "stage3_param_persistence_threshold": 1000, "reduce_bucket_size": 1e6},
+    "strata": {"device": "host", "hbm_budget": "4M", "threads": 2)" << extra << R"(,
+      "model": {"layers": 2, "hidden": 32, "seq_len": 16}}})";
+  return path;
+}
+
+std::vector<std::string> Lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string l; std::getline(ss, l);)
+    if (l.find("[strata info]") == std::string::npos && l.find("[strata warn") == std::string::npos) out.push_back(l);
+  return out;
+}
+
+TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
+  testing::ScratchDir dir;
+  for (const auto& [opt, par] : {std::pair{"nvme", "nvme"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"cpu", "nvme"}}) {
+    SCOPED_TRACE(std::string(opt) + "/" + par);
+    const std::string cfg = WriteConfig(dir.str(), "c.json", opt, par,
+                                        R"(, "trace_path": ")" + dir.str() + "/trace.json\"");
+    RunResult r = Strata("train --config " + cfg + " --steps 3 --json", dir.str());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json j = json::parse(r.out);  // ONE object on stdout
+    for (const char* key : {"final_loss", "initial_loss", "steps", "step_time_s", "overlap_efficiency",
+                            "hbm_high_water_bytes", "nvme_read_bytes", "nvme_written_bytes", "pcie_h2d_bytes",
+                            "pcie_d2h_bytes", "device", "losses", "tokens_per_s"})
+      EXPECT_TRUE(j.contains(key)) << key;
+    EXPECT_EQ(j["steps"], 3);
+    EXPECT_EQ(j["losses"].size(), 3u);
+    EXPECT_EQ(j["device"], "host");
+    EXPECT_EQ(j["initial_loss"], j["losses"][0]);
+    EXPECT_EQ(j["final_loss"], j["losses"][2]);
+    EXPECT_GT(j["step_time_s"].get<double>(), 0);
+    EXPECT_GT(j["overlap_efficiency"].get<double>(), 0);
+    EXPECT_LE(j["overlap_efficiency"].get<double>(), 1);
+    EXPECT_LE(j["hbm_high_water_bytes"].get<int64_t>(), 4 << 20);
+    EXPECT_GT(j["hbm_high_water_bytes"].get<int64_t>(), 0);
+    // Parameters live off the device: they are fetched (H2D) every use; gradients always leave (D2H).
+    EXPECT_GT(j["pcie_h2d_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(j["pcie_d2h_bytes"].get<int64_t>(), 0);
+    const bool nvme = std::string(opt) == "nvme" || std::string(par) == "nvme";
+    EXPECT_EQ(j["nvme_read_bytes"].get<int64_t>() > 0, nvme);
+    EXPECT_EQ(j["nvme_written_bytes"].get<int64_t>() > 0, nvme);
+    // Progress went to stderr, one line per step.
+    int progress = 0;
+    for (const std::string& l : Lines(r.err)) progress += l.rfind("step ", 0) == 0;
+    EXPECT_EQ(progress, 3);
+    EXPECT_EQ(j["trace_path"], dir.str() + "/trace.json");
+    EXPECT_NO_THROW(json::parse(std::ifstream(dir.str() + "/trace.json")));
+  }
+}
+
+TEST(TrainCli, TableAndPlotData) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  RunResult r = Strata("train --config " + cfg + " --steps 2 --plot " + dir.str() + "/plots", dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("step    1/2"));
+  EXPECT_THAT(r.out, HasSubstr("loss "));
+  EXPECT_THAT(r.out, HasSubstr("overlap"));
+  EXPECT_THAT(r.out, HasSubstr("nvme read"));
+  std::ifstream loss(dir.str() + "/plots/loss.dat");
+  ASSERT_TRUE(loss.good());
+  int rows = 0;
+  for (std::string l; std::getline(loss, l);) rows += !l.empty() && l[0] != '#';
+  EXPECT_EQ(rows, 2);
+  EXPECT_TRUE(std::ifstream(dir.str() + "/plots/step_time.dat").good());
+}
+
+void ExpectOneLineFailure(const RunResult& r, const std::string& what) {
+  EXPECT_NE(r.exit_code, 0);
+  std::vector<std::string> lines = Lines(r.err);
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_THAT(lines[0], HasSubstr("strata train: "));
+  EXPECT_THAT(lines[0], HasSubstr(what));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+}
+
+TEST(TrainCli, BadConfigIsOneLineErrorBeforeTraining) {
+  testing::ScratchDir dir;
+  std::ofstream(dir.str() + "/bad.json") << R"({"strata": {"model": {"vocab": 1000}}})";
+  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/bad.json --steps 2", dir.str()), "strata.model.vocab");
+  std::ofstream(dir.str() + "/broken.json") << "{\"zero_optimization\": {";
+  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/broken.json", dir.str()), "malformed JSON");
+  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/missing.json", dir.str()), "missing.json");
+}
+
+TEST(TrainCli, UnwritableNvmePathIsOneLineErrorBeforeTraining) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
+  ExpectOneLineFailure(Strata("train --config " + cfg + " --steps 2 --nvme-path /proc/strata-nvme", dir.str()),
+                       "/proc/strata-nvme");
+}
+
+TEST(TrainCli, PlanThatCannotFitIsOneLineError) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  std::string text;
+  {
+    std::stringstream ss;
+    ss << std::ifstream(cfg).rdbuf();
+    text = ss.str();
+  }
+  const size_t at = text.find("\"4M\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 4, "\"64K\"");
+  std::ofstream(cfg) << text;
+  ExpectOneLineFailure(Strata("train --config " + cfg + " --steps 2", dir.str()), "hbm");
+}
+
+}  // namespace
+}  // namespace strata
