@@ -401,3 +401,37 @@ TEST(Train, UnusableNvmePathFailsBeforeTraining) {
 
 }  // namespace
 }  // namespace strata::example
+
+namespace strata::example {
+namespace {
+
+// Engine bug found by the demo (src/scheduler/engine.cc, the lead's): with the
+// optimizer states on NVMe at demo size (5.1M parameters, sub_group_size 1e6,
+// buffer_count 4), the losses from step 4 on differ from run to run and from
+// offload_optimizer cpu, by ~1e-3 — some sub-group's update reads or publishes
+// states that are not the latest. offload cpu/cpu and cpu/nvme are bitwise
+// reproducible at the same size. Takes ~15 s; enable once fixed.
+TEST(Train, DISABLED_NvmeOptimizerStatesAreBitwiseAtDemoSize) {
+  testing::ScratchDir dir;
+  auto config = [&](OffloadDevice opt) {
+    Config c = TinyConfig(opt, OffloadDevice::kCpu, dir.str());
+    c.strata.model.hidden = 384;
+    c.strata.model.layers = 4;
+    c.strata.model.seq_len = 64;
+    c.zero_optimization.sub_group_size = 1'000'000;
+    c.zero_optimization.stage3_max_live_parameters = 2'000'000;
+    c.zero_optimization.reduce_bucket_size = 2'000'000;
+    c.strata.hbm_budget_bytes = 20 << 20;
+    return c;
+  };
+  StatusOr<TrainResult> want = Train(config(OffloadDevice::kCpu), 5);
+  ASSERT_TRUE(want.ok()) << want.status();
+  for (int rep = 0; rep < 2; ++rep) {
+    StatusOr<TrainResult> got = Train(config(OffloadDevice::kNvme), 5);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t i = 0; i < want->losses.size(); ++i) EXPECT_EQ(got->losses[i], want->losses[i]) << "step " << i + 1;
+  }
+}
+
+}  // namespace
+}  // namespace strata::example
