@@ -114,6 +114,16 @@ TEST(TrainCli, TableAndPlotData) {
   for (std::string l; std::getline(loss, l);) rows += !l.empty() && l[0] != '#';
   EXPECT_EQ(rows, 2);
   EXPECT_TRUE(std::ifstream(dir.str() + "/plots/step_time.dat").good());
+  // SVGs with gnuplot; without it, one line saying so (and still exit 0).
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    for (const char* f : {"/plots/loss.svg", "/plots/step_time.svg"}) {
+      std::stringstream svg;
+      svg << std::ifstream(dir.str() + f).rdbuf();
+      EXPECT_THAT(svg.str(), HasSubstr("<svg")) << f;
+    }
+  } else {
+    EXPECT_THAT(r.err, HasSubstr("gnuplot not found"));
+  }
 }
 
 void ExpectOneLineFailure(const RunResult& r, const std::string& what) {
