@@ -276,7 +276,7 @@ Config TinyConfig(OffloadDevice opt, OffloadDevice par, const std::string& dir) 
   c.zero_optimization.stage3_max_live_parameters = 30000;
   c.zero_optimization.stage3_param_persistence_threshold = 1000;
   // One gradient chunk per module and a parameter buffer per module: works
-  // around the engine's pinned-pool exhaustion (see the DISABLED_ test below).
+  // around the engine's pinned-pool exhaustion (see the engine-bug tests below).
   c.zero_optimization.reduce_bucket_size = 1 << 20;
   c.zero_optimization.offload_param.buffer_count = 8;
   c.optimizer.lr = 3e-3;
@@ -345,7 +345,7 @@ TEST(Train, SameSeedSameLossesBitwiseAcrossPlacements) {
 // offload_param nvme and offload_optimizer none or cpu, fetching module 0
 // fails with "pinned pool: no free buffer ... all 5 buffers ... are in use"
 // (Fetch() only waits for reads in flight, not for the NVMe parameter writes
-// of Publish() that hold the same pinned buffers). Enable once fixed.
+// of Publish() that hold the same pinned buffers). Fails until the engine is fixed.
 TEST(Train, ParamsOnNvmeWithOptimizerStatesInDram) {
   testing::ScratchDir dir;
   using D = OffloadDevice;
@@ -410,7 +410,7 @@ namespace {
 // buffer_count 4), the losses from step 4 on differ from run to run and from
 // offload_optimizer cpu, by ~1e-3 — some sub-group's update reads or publishes
 // states that are not the latest. offload cpu/cpu and cpu/nvme are bitwise
-// reproducible at the same size. Takes ~15 s; enable once fixed.
+// reproducible at the same size. Takes ~15 s; fails until the engine is fixed.
 TEST(Train, NvmeOptimizerStatesAreBitwiseAtDemoSize) {
   testing::ScratchDir dir;
   auto config = [&](OffloadDevice opt) {
