@@ -66,6 +66,12 @@ using gpu::PinnedPool;
 using gpu::Stream;
 
 constexpr int64_t kNormBlock = 1 << 16;  // elements per partial sum (fixed: deterministic)
+// Every NVMe request is a multiple of this in offset, length and buffer
+// address, so the I/O engine never sends a piece through the page cache: a
+// buffered read-modify-write of a partial page racing an O_DIRECT write of
+// the rest of that page can write stale bytes back.
+constexpr int64_t kIoAlign = 4096;
+int64_t IoBytes(int64_t n) { return static_cast<int64_t>(AlignUp(static_cast<size_t>(n), kIoAlign)); }
 
 std::string Bytes(int64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -266,7 +272,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<cpu_adam::CpuOptimizer> adam_;
   std::unique_ptr<nvme::IoService> io_;
   std::unique_ptr<nvme::SwapStore> swap_;
-  std::unique_ptr<PinnedPool> pool_;
+  std::unique_ptr<PinnedPool> grad_pool_, opt_pool_, param_pool_;
   Timeline timeline_;
   LossScaler scaler_;
   std::unique_ptr<FetchTrace> trace_;
@@ -547,6 +553,7 @@ Status EngineImpl::Plan() {
   int64_t elem = 0, byte = 0;
   for (auto& m : modules_) {
     m.elem_begin = elem;
+    byte = IoBytes(byte);  // modules start on a page: whole-module NVMe I/O is aligned
     m.byte_begin = byte;
     for (int id : m.params) {
       auto& p = params_[id];
@@ -563,7 +570,7 @@ Status EngineImpl::Plan() {
     max_module_bytes_ = std::max(max_module_bytes_, m.bytes());
   }
   total_elems_ = elem;
-  total_param_bytes_ = byte;
+  total_param_bytes_ = IoBytes(byte);
   // Sub-groups.
   const int64_t sg = std::max<int64_t>(1, zo.sub_group_size);
   for (int64_t b = 0; b < total_elems_; b += sg) {
@@ -652,26 +659,31 @@ Status EngineImpl::AllocateStates() {
     ASSIGN_OR_RETURN(m.computed, dev_->CreateEvent());
   }
 
-  // Pinned staging: gradient chunks; NVMe pipeline buffers; parameter fetches.
-  gpu::PinnedPoolOptions popts;
-  popts.classes.push_back({AlignUp(static_cast<size_t>(grad_staging_bytes_), 4096), 4});
+  // Pinned staging, one pool per purpose so that no user can starve another
+  // (a gradient chunk must never hold an optimizer pipeline buffer):
+  // gradient chunks; NVMe optimizer pipeline; NVMe parameter fetches. The
+  // pinned budget was checked against their total by Plan().
+  auto make_pool = [&](std::unique_ptr<PinnedPool>* pool, int64_t bytes, int64_t count) -> Status {
+    gpu::PinnedPoolOptions popts;
+    popts.classes.push_back({AlignUp(static_cast<size_t>(std::max<int64_t>(bytes, 4096)), 4096),
+                             static_cast<size_t>(std::max<int64_t>(1, count))});
+    popts.allow_pageable_fallback = true;
+    ASSIGN_OR_RETURN(*pool, PinnedPool::Create(popts, dev_.get()));
+    pinned_high_water_ += static_cast<int64_t>((*pool)->total_bytes());
+    return Status();
+  };
+  RETURN_IF_ERROR(make_pool(&grad_pool_, grad_staging_bytes_, 4));
   if (opt_place() == OffloadDevice::kNvme)
-    popts.classes.push_back({AlignUp(static_cast<size_t>(12 * max_group_elems_), 4096),
-                             static_cast<size_t>(std::max<int64_t>(1, zo.offload_optimizer.buffer_count))});
+    RETURN_IF_ERROR(make_pool(&opt_pool_, 12 * max_group_elems_, zo.offload_optimizer.buffer_count));
   if (param_place() == OffloadDevice::kNvme)
-    popts.classes.push_back({AlignUp(static_cast<size_t>(std::max<int64_t>(max_module_bytes_, 4096)), 4096),
-                             static_cast<size_t>(std::max<int64_t>(1, zo.offload_param.buffer_count))});
-  std::sort(popts.classes.begin(), popts.classes.end(),
-            [](auto& a, auto& b) { return a.buffer_bytes < b.buffer_bytes; });
-  popts.budget_bytes = static_cast<size_t>(cfg_.strata.pinned_budget_bytes);
-  popts.allow_pageable_fallback = true;
-  ASSIGN_OR_RETURN(pool_, PinnedPool::Create(popts, dev_.get()));
-  pinned_high_water_ = static_cast<int64_t>(pool_->total_bytes());
+    RETURN_IF_ERROR(make_pool(&param_pool_, max_module_bytes_, zo.offload_param.buffer_count));
 
   // NVMe.
   if (opt_place() == OffloadDevice::kNvme || param_place() == OffloadDevice::kNvme) {
     nvme::IoOptions io = nvme::IoOptionsFromConfig(cfg_);
-    for (auto& r : pool_->Regions()) io.fixed_buffers.push_back({r.data, r.bytes});
+    for (auto* pool : {grad_pool_.get(), opt_pool_.get(), param_pool_.get()})
+      if (pool != nullptr)
+        for (auto& r : pool->Regions()) io.fixed_buffers.push_back({r.data, r.bytes});
     ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::NewIoEngine(io));
     if (hooks_.wrap_io_engine) engine = hooks_.wrap_io_engine(std::move(engine));
     ASSIGN_OR_RETURN(io_, nvme::IoService::Create(io, std::move(engine)));
@@ -689,13 +701,13 @@ Status EngineImpl::AllocateStates() {
     if (opt_place() == OffloadDevice::kNvme)
       for (size_t g = 0; g < groups_.size(); ++g)
         for (int v = 0; v < 2; ++v)
-          RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v), static_cast<uint64_t>(12 * groups_[g].elems())));
+          RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v), static_cast<uint64_t>(IoBytes(12 * groups_[g].elems()))));
     if (param_place() == OffloadDevice::kNvme)
       for (size_t m = 0; m < modules_.size(); ++m)
         if (modules_[m].bytes() > 0)
           for (int v = 0; v < 2; ++v)
             RETURN_IF_ERROR(swap_->Allocate(ModuleShard(static_cast<int>(m), v),
-                                            static_cast<uint64_t>(modules_[m].bytes())));
+                                            static_cast<uint64_t>(IoBytes(modules_[m].bytes()))));
   }
   return Status();
 }
@@ -706,7 +718,6 @@ Status EngineImpl::InitializeStates() {
   auto* next = static_cast<uint8_t*>(next_params_.data());
   std::memset(next, 0, static_cast<size_t>(total_param_bytes_));
   std::vector<float> value;
-  std::vector<float> group_state;  // nvme: master|m|v of one group
   auto master_of = [&](const ParamRec& p) -> std::span<const float> {
     if (!p.init.empty()) return p.init;
     value.assign(static_cast<size_t>(p.numel), 0.f);
@@ -728,11 +739,13 @@ Status EngineImpl::InitializeStates() {
     std::vector<nvme::IoHandle> handles;
     for (size_t g = 0; g < groups_.size(); ++g) {
       const int64_t e = groups_[g].elems();
-      group_state.assign(static_cast<size_t>(3 * e), 0.f);
+      const int64_t bytes = IoBytes(12 * e);
+      ASSIGN_OR_RETURN(AlignedBuffer group_state, AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign));
+      std::memset(group_state.data(), 0, static_cast<size_t>(bytes));  // master | exp_avg = 0 | exp_avg_sq = 0
       std::memcpy(group_state.data(), all_master.data() + groups_[g].elem_begin, static_cast<size_t>(e) * 4);
-      nvme::IoHandle h = swap_->Write(StateShard(g, 0), 0, group_state.data(), group_state.size() * 4);
+      nvme::IoHandle h = swap_->Write(StateShard(g, 0), 0, group_state.data(), static_cast<size_t>(bytes));
       RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
-      nvme_written_bytes_ += static_cast<int64_t>(group_state.size() * 4);
+      nvme_written_bytes_ += bytes;
     }
   }
   // Publish the initial parameters.
@@ -749,10 +762,11 @@ Status EngineImpl::InitializeStates() {
     case OffloadDevice::kNvme: {
       for (size_t m = 0; m < modules_.size(); ++m) {
         if (modules_[m].bytes() == 0) continue;
+        const int64_t bytes = IoBytes(modules_[m].bytes());
         nvme::IoHandle h = swap_->Write(ModuleShard(static_cast<int>(m), 0), 0, next + modules_[m].byte_begin,
-                                        static_cast<size_t>(modules_[m].bytes()));
+                                        static_cast<size_t>(bytes));
         RETURN_IF_ERROR(h.Wait().WithContext("initializing parameters on NVMe"));
-        nvme_written_bytes_ += modules_[m].bytes();
+        nvme_written_bytes_ += bytes;
       }
       break;
     }
@@ -890,7 +904,7 @@ Status EngineImpl::Pump() {
     ModuleRec& m = modules_[i];
     if (m.residency != Residency::kReading || !m.read.Poll()) continue;
     Status s = m.read.status();
-    NoteNvme(m.read_issued_ns, NowNanos(), m.bytes(), false, fmt::format("read module {}", i));
+    NoteNvme(m.read_issued_ns, NowNanos(), IoBytes(m.bytes()), false, fmt::format("read module {}", i));
     m.read = nvme::IoHandle();
     if (!s.ok()) {
       m.staging.Reset();
@@ -917,7 +931,7 @@ Status EngineImpl::Fetch(int module, bool prefetch) {
   m.prefetched = prefetch;
   if (param_place() == OffloadDevice::kCpu) return StartCopy(m);
   // NVMe → pinned staging → HBM.
-  StatusOr<PinnedBuffer> staging = pool_->Acquire(static_cast<size_t>(m.bytes()));
+  StatusOr<PinnedBuffer> staging = param_pool_->Acquire(static_cast<size_t>(IoBytes(m.bytes())));
   while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
     if (prefetch) {
       m.buf.Reset();
@@ -934,7 +948,7 @@ Status EngineImpl::Fetch(int module, bool prefetch) {
     }
     RETURN_IF_ERROR(Pump());
     RETURN_IF_ERROR(dev_->h2d().Synchronize());  // staging returns after its H2D
-    staging = pool_->Acquire(static_cast<size_t>(m.bytes()));
+    staging = param_pool_->Acquire(static_cast<size_t>(IoBytes(m.bytes())));
     if (!waited && !staging.ok()) break;
   }
   if (!staging.ok()) {
@@ -944,7 +958,7 @@ Status EngineImpl::Fetch(int module, bool prefetch) {
   m.staging = std::move(*staging);
   m.read_issued_ns = NowNanos();
   m.read = swap_->Read(ModuleShard(module, module_version_[module]), 0, m.staging.data(),
-                       static_cast<size_t>(m.bytes()));
+                       static_cast<size_t>(IoBytes(m.bytes())));
   m.residency = Residency::kReading;
   return Status();
 }
@@ -1083,14 +1097,14 @@ Status EngineImpl::AfterBackward(int module) {
   RETURN_IF_ERROR(dev_->d2h().Wait(*m.computed));
   for (int64_t b = m.byte_begin; b < m.byte_end; b += grad_staging_bytes_) {
     const int64_t e = std::min(m.byte_end, b + grad_staging_bytes_);
-    StatusOr<PinnedBuffer> staging = pool_->Acquire(static_cast<size_t>(e - b));
+    StatusOr<PinnedBuffer> staging = grad_pool_->Acquire(static_cast<size_t>(e - b));
     while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
       std::unique_lock<std::mutex> lock(grad_mu_);
       if (grad_pending_ == 0) break;
       const int64_t before = grad_pending_;
       grad_cv_.wait(lock, [&] { return grad_pending_ < before || !grad_error_.ok(); });
       lock.unlock();
-      staging = pool_->Acquire(static_cast<size_t>(e - b));
+      staging = grad_pool_->Acquire(static_cast<size_t>(e - b));
     }
     if (!staging.ok()) return staging.status().WithContext("staging gradients");
     GradJob job;
@@ -1267,29 +1281,18 @@ size_t ParamAt(const std::vector<int>& order, const std::vector<ParamRec>& param
 }
 }  // namespace
 
-// Byte offset (flat parameter-byte space) of flat element e, or of the end of
-// the module when e is the module's end.
-static int64_t ByteOf(const std::vector<int>& order, const std::vector<ParamRec>& params, int64_t e,
-                      int64_t total_elems, int64_t total_bytes) {
-  if (e >= total_elems) return total_bytes;
-  const ParamRec& p = params[order[ParamAt(order, params, e)]];
-  return p.byte_off + (e - p.elem_off) * static_cast<int64_t>(DTypeSize(p.dtype));
-}
-
 Status EngineImpl::WriteParamShards(int64_t eb, int64_t ee, std::vector<nvme::IoHandle>& out) {
-  std::vector<int> order(params_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
+  // A module is written whole (page-aligned, see kIoAlign) once the sub-group
+  // holding its last element has been stepped: sub-groups run in order, so
+  // all of its elements have been copied out by then.
   const uint8_t* next = static_cast<const uint8_t*>(next_params_.data());
   for (size_t mi = 0; mi < modules_.size(); ++mi) {
     const ModuleRec& m = modules_[mi];
-    const int64_t b = std::max(eb, m.elem_begin), e = std::min(ee, m.elem_end);
-    if (b >= e) continue;
-    const int64_t bb = ByteOf(order, params_, b, total_elems_, total_param_bytes_);
-    const int64_t be = e == m.elem_end ? m.byte_end : ByteOf(order, params_, e, total_elems_, total_param_bytes_);
-    out.push_back(swap_->Write(ModuleShard(static_cast<int>(mi), 1 - module_version_[mi]),
-                               static_cast<uint64_t>(bb - m.byte_begin), next + bb, static_cast<size_t>(be - bb)));
-    nvme_written_bytes_ += be - bb;
+    if (m.elems() == 0 || m.elem_end <= eb || m.elem_end > ee) continue;
+    const int64_t bytes = IoBytes(m.bytes());
+    out.push_back(swap_->Write(ModuleShard(static_cast<int>(mi), 1 - module_version_[mi]), 0,
+                               next + m.byte_begin, static_cast<size_t>(bytes)));
+    nvme_written_bytes_ += bytes;
   }
   return Status();
 }
@@ -1373,7 +1376,7 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
   const int64_t want = std::max<int64_t>(1, cfg_.zero_optimization.offload_optimizer.buffer_count);
   std::vector<PinnedBuffer> buffers;
   for (int64_t i = 0; i < want && i < static_cast<int64_t>(G); ++i) {
-    StatusOr<PinnedBuffer> b = pool_->Acquire(static_cast<size_t>(12 * max_group_elems_));
+    StatusOr<PinnedBuffer> b = opt_pool_->Acquire(static_cast<size_t>(12 * max_group_elems_));
     if (!b.ok()) {
       if (buffers.empty()) return b.status().WithContext("optimizer pipeline buffers");
       break;
@@ -1391,7 +1394,7 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
       if (!writes[g].valid() || write_noted[g]) continue;
       if (!wait && !writes[g].Poll()) continue;
       Status s = writes[g].Wait();
-      NoteNvme(write_issue[g], NowNanos(), 12 * groups_[g].elems(), true, fmt::format("write state {}", g));
+      NoteNvme(write_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), true, fmt::format("write state {}", g));
       write_noted[g] = true;
       if (!s.ok() && error.ok()) error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g));
     }
@@ -1400,22 +1403,24 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
     if (g >= B && writes[g - B].valid() && !write_noted[g - B]) {
       // The buffer is still being written out for sub-group g - B.
       Status s = writes[g - B].Wait();
-      NoteNvme(write_issue[g - B], NowNanos(), 12 * groups_[g - B].elems(), true,
+      NoteNvme(write_issue[g - B], NowNanos(), IoBytes(12 * groups_[g - B].elems()), true,
                fmt::format("write state {}", g - B));
       write_noted[g - B] = true;
       if (!s.ok() && error.ok()) error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g - B));
     }
     read_issue[g] = NowNanos();
     reads[g] = swap_->Read(StateShard(g, state_version_[g]), 0, buffers[g % B].data(),
-                           static_cast<size_t>(12 * groups_[g].elems()));
+                           static_cast<size_t>(IoBytes(12 * groups_[g].elems())));
   };
-  const size_t lookahead = B >= 3 ? B - 2 : 1;
+  // Read ahead into buffers that hold neither the sub-group being stepped nor
+  // the one being written behind it (with one buffer: no read-ahead at all).
+  const size_t lookahead = B >= 3 ? B - 2 : B - 1;
   for (size_t g = 0; g < G && error.ok(); ++g) {
     if (!reads[g].valid()) issue_read(g);
     for (size_t j = g + 1; j < G && j <= g + lookahead; ++j)
       if (!reads[j].valid() && (j < B || write_noted[j - B] || !writes[j - B].valid() || j - B < g)) issue_read(j);
     Status rs = reads[g].Wait();
-    NoteNvme(read_issue[g], NowNanos(), 12 * groups_[g].elems(), false, fmt::format("read state {}", g));
+    NoteNvme(read_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), false, fmt::format("read state {}", g));
     if (!rs.ok()) {
       error = rs.WithContext(fmt::format("reading optimizer state of sub-group {}", g));
       break;
@@ -1436,7 +1441,7 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
       break;
     }
     write_issue[g] = t1;
-    writes[g] = swap_->Write(StateShard(g, 1 - state_version_[g]), 0, buf, static_cast<size_t>(12 * e));
+    writes[g] = swap_->Write(StateShard(g, 1 - state_version_[g]), 0, buf, static_cast<size_t>(IoBytes(12 * e)));
     if (param_place() == OffloadDevice::kNvme) {
       Status ws = WriteParamShards(sg.elem_begin, sg.elem_end, param_writes);
       if (!ws.ok()) error = ws;
@@ -1648,10 +1653,15 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     const int64_t b = std::max(groups_[g].elem_begin, p.elem_off);
     const int64_t e = std::min(groups_[g].elem_end, p.elem_off + p.numel);
     if (b >= e) continue;
-    nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]),
-                                   static_cast<uint64_t>(4 * (b - groups_[g].elem_begin)),
-                                   out.data() + (b - p.elem_off), static_cast<size_t>(4 * (e - b)));
+    // The master's pages of this group, read whole (page-aligned, see kIoAlign).
+    const int64_t first = 4 * (b - groups_[g].elem_begin), last = 4 * (e - groups_[g].elem_begin);
+    const int64_t page0 = static_cast<int64_t>(AlignDown(static_cast<size_t>(first), kIoAlign));
+    const int64_t len = IoBytes(last) - page0;
+    ASSIGN_OR_RETURN(AlignedBuffer tmp, AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
+    nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]), static_cast<uint64_t>(page0), tmp.data(),
+                                   static_cast<size_t>(len));
     RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
+    std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0), static_cast<size_t>(last - first));
   }
   return Status();
 }

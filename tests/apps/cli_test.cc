@@ -20,7 +20,7 @@ struct RunResult {
   std::string err;  // stderr
 };
 
-RunResult Run(const std::string& args, const std::string& scratch) {
+RunResult RunCli(const std::string& args, const std::string& scratch) {
   const std::string err_file = scratch + "/stderr.txt";
   const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " 2>" + err_file;
   RunResult r;
@@ -48,28 +48,28 @@ class CliTest : public ::testing::Test {
 };
 
 TEST_F(CliTest, HelpListsSubcommands) {
-  RunResult r = Run("--help", dir_.str());
+  RunResult r = RunCli("--help", dir_.str());
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("info"), std::string::npos);
   EXPECT_NE(r.out.find("bench"), std::string::npos);
 }
 
 TEST_F(CliTest, UnknownSubcommandIsOneLineError) {
-  RunResult r = Run("frobnicate", dir_.str());
+  RunResult r = RunCli("frobnicate", dir_.str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LE(Lines(r.err), 2u) << r.err;  // the error, then "Run 'strata --help'"
   EXPECT_NE(r.err.find("strata:"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, BadOptionIsOneLineError) {
-  RunResult r = Run("info --no-such-flag", dir_.str());
+  RunResult r = RunCli("info --no-such-flag", dir_.str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_LE(Lines(r.err), 2u) << r.err;
   EXPECT_NE(r.err.find("no-such-flag"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, InfoJsonParses) {
-  RunResult r = Run("info --json --path " + dir_.str(), dir_.str());
+  RunResult r = RunCli("info --json --path " + dir_.str(), dir_.str());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -78,7 +78,7 @@ TEST_F(CliTest, InfoJsonParses) {
 }
 
 TEST_F(CliTest, InfoPrintsEffectiveConfig) {
-  RunResult r = Run(std::string("info --json --config ") + STRATA_SOURCE_DIR +
+  RunResult r = RunCli(std::string("info --json --config ") + STRATA_SOURCE_DIR +
                         "/configs/zero3_cpu_offload.json",
                     dir_.str());
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -88,7 +88,7 @@ TEST_F(CliTest, InfoPrintsEffectiveConfig) {
 }
 
 TEST_F(CliTest, MissingConfigIsOneLineErrorNamingPath) {
-  RunResult r = Run("info --config /nonexistent/strata.json", dir_.str());
+  RunResult r = RunCli("info --config /nonexistent/strata.json", dir_.str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find("/nonexistent/strata.json"), std::string::npos) << r.err;
@@ -97,7 +97,7 @@ TEST_F(CliTest, MissingConfigIsOneLineErrorNamingPath) {
 TEST_F(CliTest, MalformedConfigNamesLineAndColumn) {
   const std::string path = dir_.str() + "/bad.json";
   std::ofstream(path) << "{\n  \"zero_optimization\": {\n    \"stage\": 3,,\n  }\n}\n";
-  RunResult r = Run("info --config " + path, dir_.str());
+  RunResult r = RunCli("info --config " + path, dir_.str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find(path + ":3:"), std::string::npos) << r.err;
@@ -106,7 +106,7 @@ TEST_F(CliTest, MalformedConfigNamesLineAndColumn) {
 TEST_F(CliTest, BadConfigValueNamesKeyPath) {
   const std::string path = dir_.str() + "/enum.json";
   std::ofstream(path) << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})";
-  RunResult r = Run("info --config " + path, dir_.str());
+  RunResult r = RunCli("info --config " + path, dir_.str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.device"), std::string::npos) << r.err;
