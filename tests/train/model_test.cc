@@ -275,8 +275,8 @@ Config TinyConfig(OffloadDevice opt, OffloadDevice par, const std::string& dir) 
   c.zero_optimization.sub_group_size = 20000;
   c.zero_optimization.stage3_max_live_parameters = 30000;
   c.zero_optimization.stage3_param_persistence_threshold = 1000;
-  // One gradient chunk per module and a parameter buffer per module: works
-  // around the engine's pinned-pool exhaustion (see the engine-bug tests below).
+  // One gradient chunk per module and a parameter buffer per module (the
+  // regression tests below cover the small-buffer defaults).
   c.zero_optimization.reduce_bucket_size = 1 << 20;
   c.zero_optimization.offload_param.buffer_count = 8;
   c.optimizer.lr = 3e-3;
@@ -341,11 +341,9 @@ TEST(Train, SameSeedSameLossesBitwiseAcrossPlacements) {
   }
 }
 
-// Engine bug found by this model (src/scheduler/engine.cc, the lead's): with
-// offload_param nvme and offload_optimizer none or cpu, fetching module 0
-// fails with "pinned pool: no free buffer ... all 5 buffers ... are in use"
-// (Fetch() only waits for reads in flight, not for the NVMe parameter writes
-// of Publish() that hold the same pinned buffers). Fails until the engine is fixed.
+// Regression test for an engine bug this model found: with offload_param nvme
+// and offload_optimizer none or cpu, fetching a module failed with "pinned
+// pool: no free buffer" (one pinned pool shared by every purpose).
 TEST(Train, ParamsOnNvmeWithOptimizerStatesInDram) {
   testing::ScratchDir dir;
   using D = OffloadDevice;
@@ -405,12 +403,10 @@ TEST(Train, UnusableNvmePathFailsBeforeTraining) {
 namespace strata::example {
 namespace {
 
-// Engine bug found by the demo (src/scheduler/engine.cc, the lead's): with the
-// optimizer states on NVMe at demo size (5.1M parameters, sub_group_size 1e6,
-// buffer_count 4), the losses from step 4 on differ from run to run and from
-// offload_optimizer cpu, by ~1e-3 — some sub-group's update reads or publishes
-// states that are not the latest. offload cpu/cpu and cpu/nvme are bitwise
-// reproducible at the same size. Takes ~15 s; fails until the engine is fixed.
+// Regression test for an engine bug the demo found: with the optimizer states
+// on NVMe at demo size (5.1M parameters, sub_group_size 1e6, buffer_count 4)
+// the losses drifted by ~1e-3 from step 4 on (unaligned shard tails went
+// through the page cache and raced O_DIRECT writes). Takes ~10 s.
 TEST(Train, NvmeOptimizerStatesAreBitwiseAtDemoSize) {
   testing::ScratchDir dir;
   auto config = [&](OffloadDevice opt) {
