@@ -229,6 +229,7 @@ class EngineImpl final : public Engine {
   Status Fetch(int module, bool prefetch);
   Status StartCopy(ModuleRec& m);
   Status WaitResident(int module);
+  Status Acquire(int module);
   Status Pump();  // advances NVMe reads that have completed
   Status MakeRoom(int64_t bytes, int keep_module);
   void ReleaseModule(ModuleRec& m);
@@ -1039,16 +1040,24 @@ void EngineImpl::NoteHookEntry() {
 
 void EngineImpl::NoteHookExit() { last_hook_exit_ns_ = NowNanos(); }
 
-StatusOr<ModuleView> EngineImpl::BeforeForward(int module) {
-  NoteHookEntry();
-  RETURN_IF_ERROR(Plan());
-  RETURN_IF_ERROR(CheckModule(module, "BeforeForward"));
-  RETURN_IF_ERROR(Pump());
+// The part of BeforeForward/BeforeBackward that makes a module usable: record
+// the fetch in the trace, wait until its parameters are on the device, mark it
+// in use. Prefetching follows in the caller, after any allocation of its own.
+Status EngineImpl::Acquire(int module) {
   trace_->Observe(module);
   const int64_t t0 = NowNanos();
   RETURN_IF_ERROR(WaitResident(module));
   fetch_wait_ns_ += NowNanos() - t0;
   modules_[module].in_use = true;
+  return Status();
+}
+
+StatusOr<ModuleView> EngineImpl::BeforeForward(int module) {
+  NoteHookEntry();
+  RETURN_IF_ERROR(Plan());
+  RETURN_IF_ERROR(CheckModule(module, "BeforeForward"));
+  RETURN_IF_ERROR(Pump());
+  RETURN_IF_ERROR(Acquire(module));
   RETURN_IF_ERROR(Prefetch());
   ModuleView v = ViewOf(module, false);
   NoteHookExit();
@@ -1074,11 +1083,7 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
   if (m.grad)
     return FailedPreconditionError(fmt::format(
         "BeforeBackward({}): the module's previous gradients were not handed over with AfterBackward", module));
-  trace_->Observe(module);
-  const int64_t t0 = NowNanos();
-  RETURN_IF_ERROR(WaitResident(module));
-  fetch_wait_ns_ += NowNanos() - t0;
-  m.in_use = true;
+  RETURN_IF_ERROR(Acquire(module));
   ASSIGN_OR_RETURN(m.grad, AllocDevice(m.bytes(), module));
   RETURN_IF_ERROR(Prefetch());
   ModuleView v = ViewOf(module, true);
@@ -1099,12 +1104,18 @@ Status EngineImpl::AfterBackward(int module) {
     const int64_t e = std::min(m.byte_end, b + grad_staging_bytes_);
     StatusOr<PinnedBuffer> staging = grad_pool_->Acquire(static_cast<size_t>(e - b));
     while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
-      std::unique_lock<std::mutex> lock(grad_mu_);
-      if (grad_pending_ == 0) break;
-      const int64_t before = grad_pending_;
-      grad_cv_.wait(lock, [&] { return grad_pending_ < before || !grad_error_.ok(); });
-      lock.unlock();
+      // Every buffer is held by a chunk not yet accumulated: wait for the
+      // worker to finish one, then try again. With no chunk pending, the
+      // buffers were all returned since the failed Acquire: one more try.
+      bool none_pending = false;
+      {
+        std::unique_lock<std::mutex> lock(grad_mu_);
+        none_pending = grad_pending_ == 0;
+        const int64_t before = grad_pending_;
+        if (!none_pending) grad_cv_.wait(lock, [&] { return grad_pending_ < before || !grad_error_.ok(); });
+      }
       staging = grad_pool_->Acquire(static_cast<size_t>(e - b));
+      if (none_pending) break;
     }
     if (!staging.ok()) return staging.status().WithContext("staging gradients");
     GradJob job;

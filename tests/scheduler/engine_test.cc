@@ -104,7 +104,8 @@ void MicroBatch(Engine& e, int batch, const std::vector<int>& order, float scale
         Store(v->grads[i], t, j, g);
       }
     }
-    ASSERT_TRUE(e.AfterBackward(m).ok());
+    Status ab = e.AfterBackward(m);
+    ASSERT_TRUE(ab.ok()) << ab;
   }
 }
 
