@@ -31,15 +31,16 @@ json GpuInfo() {
   gpu::CudaDeviceList list = gpu::ListCudaDevices();
   json devices = json::array();
   for (const auto& d : list.devices) {
-    devices.push_back({{"ordinal", d.ordinal},
-                       {"name", d.name},
-                       {"hbm_bytes", d.total_bytes},
-                       {"free_bytes", d.free_bytes},
-                       {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
-                       {"multiprocessors", d.multiprocessors},
-                       {"pci_bus_id", d.pci_bus_id},
-                       {"pcie_gen", d.pcie_gen},
-                       {"pcie_width", d.pcie_width}});
+    devices.push_back(
+        {{"ordinal", d.ordinal},
+         {"name", d.name},
+         {"hbm_bytes", d.total_bytes},
+         {"free_bytes", d.free_bytes},
+         {"compute_capability", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+         {"multiprocessors", d.multiprocessors},
+         {"pci_bus_id", d.pci_bus_id},
+         {"pcie_gen", d.pcie_gen},
+         {"pcie_width", d.pcie_width}});
   }
   return {{"devices", devices}, {"reason", list.reason}};
 }
@@ -60,7 +61,10 @@ json CpuInfo() {
   j["pus"] = topo->pus;
   json nodes = json::array();
   for (const auto& n : topo->numa_nodes)
-    nodes.push_back({{"node", n.os_index}, {"memory_bytes", n.memory_bytes}, {"cores", n.cores}, {"pus", n.pus}});
+    nodes.push_back({{"node", n.os_index},
+                     {"memory_bytes", n.memory_bytes},
+                     {"cores", n.cores},
+                     {"pus", n.pus}});
   j["numa_nodes"] = nodes;
   return j;
 }
@@ -84,11 +88,16 @@ json IoInfo(const std::string& dir) {
 
 json MemlockInfo() {
   gpu::MemlockLimit m = gpu::ReadMemlockLimit();
-  auto val = [](bool unlimited, uint64_t v) -> json { return unlimited ? json("unlimited") : json(v); };
-  return {{"soft_bytes", val(m.soft_unlimited, m.soft_bytes)}, {"hard_bytes", val(m.hard_unlimited, m.hard_bytes)}};
+  auto val = [](bool unlimited, uint64_t v) -> json {
+    return unlimited ? json("unlimited") : json(v);
+  };
+  return {{"soft_bytes", val(m.soft_unlimited, m.soft_bytes)},
+          {"hard_bytes", val(m.hard_unlimited, m.hard_bytes)}};
 }
 
-std::string Show(const json& v) { return v.is_string() ? v.get<std::string>() : HumanBytes(v.get<double>()); }
+std::string Show(const json& v) {
+  return v.is_string() ? v.get<std::string>() : HumanBytes(v.get<double>());
+}
 
 int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_json) {
   const std::string dir = dir_arg.empty() ? "." : dir_arg;
@@ -120,57 +129,67 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
   } else {
     for (const auto& d : g["devices"]) {
       std::printf("GPU %d:          %s, %s HBM, sm_%s, PCIe %s\n", d["ordinal"].get<int>(),
-                  d["name"].get<std::string>().c_str(), HumanBytes(d["hbm_bytes"].get<double>()).c_str(),
+                  d["name"].get<std::string>().c_str(),
+                  HumanBytes(d["hbm_bytes"].get<double>()).c_str(),
                   d["compute_capability"].get<std::string>().c_str(),
-                  d["pcie_gen"].get<int>() > 0
-                      ? ("gen" + std::to_string(d["pcie_gen"].get<int>()) + " x" + std::to_string(d["pcie_width"].get<int>())).c_str()
-                      : "link unknown");
+                  d["pcie_gen"].get<int>() > 0 ? ("gen" + std::to_string(d["pcie_gen"].get<int>()) +
+                                                  " x" + std::to_string(d["pcie_width"].get<int>()))
+                                                     .c_str()
+                                               : "link unknown");
     }
   }
   const json& c = out["cpu"];
   if (c.contains("topology_error")) {
     std::printf("CPU topology:   %s\n", c["topology_error"].get<std::string>().c_str());
   } else {
-    std::printf("CPU:            %d package(s), %d cores, %d PUs\n", c["packages"].get<int>(), c["cores"].get<int>(),
-                c["pus"].get<int>());
+    std::printf("CPU:            %d package(s), %d cores, %d PUs\n", c["packages"].get<int>(),
+                c["cores"].get<int>(), c["pus"].get<int>());
     for (const auto& n : c["numa_nodes"])
       std::printf("  NUMA node %d:  %d cores, %s\n", n["node"].get<int>(), n["cores"].get<int>(),
                   HumanBytes(n["memory_bytes"].get<double>()).c_str());
   }
   std::printf("CPU optimizer:  %s SIMD\n", c["optimizer_isa"].get<std::string>().c_str());
   const json& io = out["io"];
-  std::printf("io_uring:       %s\n", io["io_uring"]["available"].get<bool>()
-                                          ? "works (NOP round trip)"
-                                          : ("unavailable: " + io["io_uring"]["error"].get<std::string>() +
-                                             " (the POSIX engine will be used)").c_str());
+  std::printf("io_uring:       %s\n",
+              io["io_uring"]["available"].get<bool>()
+                  ? "works (NOP round trip)"
+                  : ("unavailable: " + io["io_uring"]["error"].get<std::string>() +
+                     " (the POSIX engine will be used)")
+                        .c_str());
   const json& od = io["o_direct"];
   if (od.contains("supported")) {
     if (od["supported"].get<bool>()) {
       std::printf("O_DIRECT:       works under %s, logical block %u bytes (%s)\n", dir.c_str(),
-                  od["logical_block_size"].get<unsigned>(), od["block_size_source"].get<std::string>().c_str());
+                  od["logical_block_size"].get<unsigned>(),
+                  od["block_size_source"].get<std::string>().c_str());
     } else {
       std::printf("O_DIRECT:       refused under %s (%s): buffered I/O will be used\n", dir.c_str(),
                   od["error"].get<std::string>().c_str());
     }
   } else {
-    std::printf("O_DIRECT:       cannot probe %s: %s\n", dir.c_str(), od["error"].get<std::string>().c_str());
+    std::printf("O_DIRECT:       cannot probe %s: %s\n", dir.c_str(),
+                od["error"].get<std::string>().c_str());
   }
   std::printf("RLIMIT_MEMLOCK: soft %s, hard %s\n", Show(out["memlock"]["soft_bytes"]).c_str(),
               Show(out["memlock"]["hard_bytes"]).c_str());
   if (out.contains("config")) {
-    for (const auto& w : out["config_warnings"]) std::printf("config warning: %s\n", w.get<std::string>().c_str());
+    for (const auto& w : out["config_warnings"])
+      std::printf("config warning: %s\n", w.get<std::string>().c_str());
     std::printf("effective config (%s):\n%s\n", config_path.c_str(), out["config"].dump(2).c_str());
   }
   return 0;
 }
 
 CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
-  auto* cmd = app.add_subcommand("info", "Show the machine as Strata sees it (GPUs, NUMA, SIMD, io_uring, O_DIRECT, memlock)");
+  auto* cmd = app.add_subcommand(
+      "info", "Show the machine as Strata sees it (GPUs, NUMA, SIMD, io_uring, O_DIRECT, memlock)");
   auto config = std::make_shared<std::string>();
   auto dir = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
-  cmd->add_option("--config", *config, "Also print this DeepSpeed/Strata config with defaults filled in");
-  cmd->add_option("--path", *dir, "Probe O_DIRECT and the block size under this directory (default: .)");
+  cmd->add_option("--config", *config,
+                  "Also print this DeepSpeed/Strata config with defaults filled in");
+  cmd->add_option("--path", *dir,
+                  "Probe O_DIRECT and the block size under this directory (default: .)");
   cmd->add_flag("--json", *as_json, "Machine-readable output");
   cmd->callback([&r, config, dir, as_json] { r.exit_code = RunInfo(*config, *dir, *as_json); });
 });

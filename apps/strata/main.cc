@@ -27,12 +27,18 @@ bool ParseByteSize(const std::string& text, uint64_t* out) {
   std::string suffix = text.substr(pos);
   for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double mult = 1;
-  if (suffix.empty() || suffix == "B") mult = 1;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB") mult = 1024.0;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB") mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB") mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "T" || suffix == "TB" || suffix == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else return false;
+  if (suffix.empty() || suffix == "B")
+    mult = 1;
+  else if (suffix == "K" || suffix == "KB" || suffix == "KIB")
+    mult = 1024.0;
+  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
+    mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (suffix == "T" || suffix == "TB" || suffix == "TIB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return false;
   *out = static_cast<uint64_t>(value * mult);
   return true;
 }
@@ -41,10 +47,11 @@ bool ParseByteSize(const std::string& text, uint64_t* out) {
 
 int main(int argc, char** argv) {
   using namespace strata::cli;
-  CLI::App app{"strata: offload engine for training models larger than GPU memory.\n"
-               "Keeps parameters, gradients and Adam states across GPU HBM, pinned CPU DRAM\n"
-               "and NVMe, configured with DeepSpeed's JSON.",
-               "strata"};
+  CLI::App app{
+      "strata: offload engine for training models larger than GPU memory.\n"
+      "Keeps parameters, gradients and Adam states across GPU HBM, pinned CPU DRAM\n"
+      "and NVMe, configured with DeepSpeed's JSON.",
+      "strata"};
   app.set_version_flag("--version", std::string(strata::Version()));
   app.require_subcommand(1);
   app.fallthrough();
@@ -53,7 +60,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
   CliResult result;
-  CLI::App* bench = app.add_subcommand("bench", "Measure CPU Adam, NVMe or PCIe against a baseline");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Measure CPU Adam, NVMe or PCIe against a baseline");
   bench->require_subcommand(1);
   CLI::App* tune = app.add_subcommand("tune", "Sweep settings and print the best config section");
   tune->require_subcommand(1);

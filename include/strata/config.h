@@ -55,7 +55,7 @@ struct OffloadParamConfig {
   std::vector<std::string> nvme_path;
   bool pin_memory = false;
   int64_t buffer_count = 5;
-  int64_t buffer_size = 100'000'000;  // elements
+  int64_t buffer_size = 100'000'000;   // elements
   int64_t max_in_cpu = 1'000'000'000;  // elements
 
   bool operator==(const OffloadParamConfig&) const = default;

@@ -84,9 +84,9 @@ struct StepStats {
   int64_t pcie_d2h_bytes = 0;
   int64_t hbm_high_water_bytes = 0;
   int64_t pinned_high_water_bytes = 0;
-  int64_t prefetched_modules = 0;   // fetches satisfied by a prefetch
-  int64_t fetch_misses = 0;         // fetches that had to start on demand
-  int64_t trace_rerecords = 0;      // times the fetch order changed
+  int64_t prefetched_modules = 0;  // fetches satisfied by a prefetch
+  int64_t fetch_misses = 0;        // fetches that had to start on demand
+  int64_t trace_rerecords = 0;     // times the fetch order changed
   // max(busy of compute, PCIe, CPU optimizer, NVMe) / step time.
   double overlap_efficiency = 0.0;
 };

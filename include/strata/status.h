@@ -19,17 +19,17 @@ namespace strata {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument = 1,    // the caller passed something wrong (config, argument)
-  kNotFound = 2,           // a file, shard, parameter or module that does not exist
-  kIOError = 3,            // the OS or a device failed an operation
-  kResourceExhausted = 4,  // a budget (HBM, pinned, disk space) would be exceeded
-  kNotSupported = 5,       // the feature is not available in this build or machine
-  kUnavailable = 6,        // transient: try again (EAGAIN, busy)
-  kFailedPrecondition = 7, // the call is not valid in the object's current state
-  kOutOfRange = 8,         // offset or index past the end
-  kCancelled = 9,          // the operation was cancelled (shutdown, drain)
-  kDataLoss = 10,          // data was lost or is corrupt (short file, truncated)
-  kInternal = 11,          // a broken invariant inside Strata
+  kInvalidArgument = 1,     // the caller passed something wrong (config, argument)
+  kNotFound = 2,            // a file, shard, parameter or module that does not exist
+  kIOError = 3,             // the OS or a device failed an operation
+  kResourceExhausted = 4,   // a budget (HBM, pinned, disk space) would be exceeded
+  kNotSupported = 5,        // the feature is not available in this build or machine
+  kUnavailable = 6,         // transient: try again (EAGAIN, busy)
+  kFailedPrecondition = 7,  // the call is not valid in the object's current state
+  kOutOfRange = 8,          // offset or index past the end
+  kCancelled = 9,           // the operation was cancelled (shutdown, drain)
+  kDataLoss = 10,           // data was lost or is corrupt (short file, truncated)
+  kInternal = 11,           // a broken invariant inside Strata
 };
 
 // "OK", "InvalidArgument", ...
@@ -55,8 +55,7 @@ class [[nodiscard]] Status {
   // Marks a Status as deliberately ignored.
   void IgnoreError() const {}
 
-  Status(const Status& other)
-      : rep_(other.rep_ ? std::make_unique<Rep>(*other.rep_) : nullptr) {}
+  Status(const Status& other) : rep_(other.rep_ ? std::make_unique<Rep>(*other.rep_) : nullptr) {}
   Status& operator=(const Status& other) {
     if (this != &other) rep_ = other.rep_ ? std::make_unique<Rep>(*other.rep_) : nullptr;
     return *this;
@@ -114,9 +113,18 @@ class [[nodiscard]] StatusOr {
   Status status() && { return std::move(status_); }
 
   // REQUIRES: ok(). Calling these on an error aborts with the error's text.
-  const T& value() const& { CheckOk(); return *value_; }
-  T& value() & { CheckOk(); return *value_; }
-  T&& value() && { CheckOk(); return std::move(*value_); }
+  const T& value() const& {
+    CheckOk();
+    return *value_;
+  }
+  T& value() & {
+    CheckOk();
+    return *value_;
+  }
+  T&& value() && {
+    CheckOk();
+    return std::move(*value_);
+  }
   const T& operator*() const& { return value(); }
   T& operator*() & { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -150,10 +158,10 @@ void StatusOr<T>::CheckOk() const {
 #define STRATA_STATUS_CONCAT_(a, b) STRATA_STATUS_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (a Status); returns it from the enclosing function if not OK.
-#define STRATA_RETURN_IF_ERROR(expr)                  \
-  do {                                                \
-    ::strata::Status strata_status_ = (expr);         \
-    if (!strata_status_.ok()) return strata_status_;  \
+#define STRATA_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::strata::Status strata_status_ = (expr);        \
+    if (!strata_status_.ok()) return strata_status_; \
   } while (0)
 
 // `lhs = value of expr` (a StatusOr), or returns its Status if not OK.

@@ -59,16 +59,17 @@ int strata_engine_create_from_file(const char* path, strata_engine** out);
 void strata_engine_destroy(strata_engine* engine);
 
 /* init: numel floats (copied), or NULL to start from zeros. */
-int strata_register_parameter(strata_engine* engine, const char* name, int64_t numel, strata_dtype dtype,
-                              int module, const float* init, int* out_id);
+int strata_register_parameter(strata_engine* engine, const char* name, int64_t numel,
+                              strata_dtype dtype, int module, const float* init, int* out_id);
 int strata_plan(strata_engine* engine);
 
 /* params/grads: arrays of `capacity` pointers; *count is set to the number of
  * the module's parameters (STRATA_OUT_OF_RANGE if capacity is too small). */
-int strata_before_forward(strata_engine* engine, int module, void** params, int capacity, int* count);
+int strata_before_forward(strata_engine* engine, int module, void** params, int capacity,
+                          int* count);
 int strata_after_forward(strata_engine* engine, int module);
-int strata_before_backward(strata_engine* engine, int module, void** params, void** grads, int capacity,
-                           int* count);
+int strata_before_backward(strata_engine* engine, int module, void** params, void** grads,
+                           int capacity, int* count);
 int strata_after_backward(strata_engine* engine, int module);
 int strata_step(strata_engine* engine, strata_step_stats* stats /* may be NULL */);
 int strata_zero_grad(strata_engine* engine);

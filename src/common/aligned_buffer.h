@@ -33,9 +33,13 @@ class AlignedBuffer {
   void* data() { return data_; }
   const void* data() const { return data_; }
   template <typename T>
-  T* as() { return static_cast<T*>(data_); }
+  T* as() {
+    return static_cast<T*>(data_);
+  }
   template <typename T>
-  const T* as() const { return static_cast<const T*>(data_); }
+  const T* as() const {
+    return static_cast<const T*>(data_);
+  }
   size_t size() const { return size_; }
   size_t alignment() const { return alignment_; }
   std::span<std::byte> bytes() { return {static_cast<std::byte*>(data_), size_}; }

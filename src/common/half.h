@@ -17,9 +17,10 @@ inline float BitsFloat(uint32_t u) { return std::bit_cast<float>(u); }
 // fp32 → bf16: keep the top 16 bits, rounding the dropped 16 to nearest even.
 inline uint16_t FloatToBf16Bits(float f) {
   uint32_t u = FloatBits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN→quiet
-  uint32_t lsb = (u >> 16) & 1u;     // ties go to the even result
-  u += 0x7fffu + lsb;                // may carry into the exponent: correct (rounds up to inf)
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN→quiet
+  uint32_t lsb = (u >> 16) & 1u;                        // ties go to the even result
+  u += 0x7fffu + lsb;  // may carry into the exponent: correct (rounds up to inf)
   return static_cast<uint16_t>(u >> 16);
 }
 
@@ -30,7 +31,8 @@ inline uint16_t FloatToHalfBits(float f) {
   const uint32_t u = FloatBits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);  // NaN
+  if (abs > 0x7f800000u)
+    return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);  // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // ≥ 65520 rounds to inf (and inf stays inf)
   if (abs < 0x38800000u) {
     // Result is subnormal in fp16 (|f| < 2^-14) or zero. Value = mant * 2^(e-150);
@@ -43,7 +45,8 @@ inline uint16_t FloatToHalfBits(float f) {
     uint32_t half_m = m >> shift;
     const uint32_t rem = m & ((1u << shift) - 1);
     const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half_m & 1u))) ++half_m;  // may become the min normal: fine
+    if (rem > halfway || (rem == halfway && (half_m & 1u)))
+      ++half_m;  // may become the min normal: fine
     return sign | static_cast<uint16_t>(half_m);
   }
   // Normal: rebias exponent (127 → 15) and round the 13 dropped mantissa bits.

@@ -24,7 +24,11 @@ bool FirstTimeFor(std::string_view key);
 #define STRATA_LOG_WARN(...) ::strata::Logger().warn(__VA_ARGS__)
 #define STRATA_LOG_ERROR(...) ::strata::Logger().error(__VA_ARGS__)
 // Logs a warning only the first time `key` is seen.
-#define STRATA_WARN_ONCE(key, ...) \
-  do { if (::strata::FirstTimeFor(key)) ::strata::Logger().warn(__VA_ARGS__); } while (0)
-#define STRATA_INFO_ONCE(key, ...) \
-  do { if (::strata::FirstTimeFor(key)) ::strata::Logger().info(__VA_ARGS__); } while (0)
+#define STRATA_WARN_ONCE(key, ...)                                         \
+  do {                                                                     \
+    if (::strata::FirstTimeFor(key)) ::strata::Logger().warn(__VA_ARGS__); \
+  } while (0)
+#define STRATA_INFO_ONCE(key, ...)                                         \
+  do {                                                                     \
+    if (::strata::FirstTimeFor(key)) ::strata::Logger().info(__VA_ARGS__); \
+  } while (0)

@@ -12,10 +12,10 @@
 
 // Aborts with file:line and the status text when `expr` is not OK. Only for
 // tests, benchmarks and broken invariants: never for what the world can do.
-#define CHECK_OK(expr)                                                                    \
-  do {                                                                                    \
-    ::strata::Status strata_check_status_ = (expr);                                       \
-    if (!strata_check_status_.ok())                                                       \
+#define CHECK_OK(expr)                                                                     \
+  do {                                                                                     \
+    ::strata::Status strata_check_status_ = (expr);                                        \
+    if (!strata_check_status_.ok())                                                        \
       ::strata::internal::DieOnBadStatus(__FILE__, __LINE__, #expr, strata_check_status_); \
   } while (0)
 

@@ -1,6 +1,4 @@
 // The C API (include/strata/strata_c.h): a thin wrapper over strata::Engine.
-#include "strata/strata_c.h"
-
 #include <cstring>
 #include <memory>
 #include <string>
@@ -8,6 +6,7 @@
 
 #include "strata/engine.h"
 #include "strata/strata.h"
+#include "strata/strata_c.h"
 
 struct strata_engine {
   std::unique_ptr<strata::Engine> engine;
@@ -67,13 +66,14 @@ int strata_engine_create_from_file(const char* path, strata_engine** out) {
 
 void strata_engine_destroy(strata_engine* engine) { delete engine; }
 
-int strata_register_parameter(strata_engine* e, const char* name, int64_t numel, strata_dtype dtype, int module,
-                              const float* init, int* out_id) {
+int strata_register_parameter(strata_engine* e, const char* name, int64_t numel, strata_dtype dtype,
+                              int module, const float* init, int* out_id) {
   if (e == nullptr) return NullArg("engine");
   if (name == nullptr) return NullArg("name");
   if (dtype < STRATA_FP32 || dtype > STRATA_BF16)
-    return Fail(strata::InvalidArgumentError("dtype " + std::to_string(static_cast<int>(dtype)) +
-                                             " is not one of STRATA_FP32, STRATA_FP16, STRATA_BF16"));
+    return Fail(
+        strata::InvalidArgumentError("dtype " + std::to_string(static_cast<int>(dtype)) +
+                                     " is not one of STRATA_FP32, STRATA_FP16, STRATA_BF16"));
   strata::ParamSpec spec;
   spec.name = name;
   spec.numel = numel;
@@ -104,7 +104,8 @@ int strata_after_forward(strata_engine* e, int module) {
   return e ? Check(e->engine->AfterForward(module)) : NullArg("engine");
 }
 
-int strata_before_backward(strata_engine* e, int module, void** params, void** grads, int capacity, int* count) {
+int strata_before_backward(strata_engine* e, int module, void** params, void** grads, int capacity,
+                           int* count) {
   if (e == nullptr) return NullArg("engine");
   auto v = e->engine->BeforeBackward(module);
   if (!v.ok()) return Fail(v.status());
@@ -140,11 +141,15 @@ int strata_step(strata_engine* e, strata_step_stats* stats) {
   return STRATA_OK;
 }
 
-int strata_zero_grad(strata_engine* e) { return e ? Check(e->engine->ZeroGrad()) : NullArg("engine"); }
+int strata_zero_grad(strata_engine* e) {
+  return e ? Check(e->engine->ZeroGrad()) : NullArg("engine");
+}
 
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
 
-void* strata_compute_stream(const strata_engine* e) { return e ? e->engine->ComputeStream() : nullptr; }
+void* strata_compute_stream(const strata_engine* e) {
+  return e ? e->engine->ComputeStream() : nullptr;
+}
 
 int strata_read_parameter(strata_engine* e, int id, float* out, int64_t numel) {
   if (e == nullptr) return NullArg("engine");
@@ -157,8 +162,8 @@ int strata_stats_json(const strata_engine* e, char* buf, size_t capacity, size_t
   const std::string j = e->engine->StatsJson();
   if (needed) *needed = j.size() + 1;
   if (buf == nullptr || capacity < j.size() + 1)
-    return Fail(strata::OutOfRangeError("stats JSON needs " + std::to_string(j.size() + 1) + " bytes, capacity " +
-                                        std::to_string(capacity)));
+    return Fail(strata::OutOfRangeError("stats JSON needs " + std::to_string(j.size() + 1) +
+                                        " bytes, capacity " + std::to_string(capacity)));
   std::memcpy(buf, j.c_str(), j.size() + 1);
   return STRATA_OK;
 }

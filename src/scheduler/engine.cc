@@ -22,7 +22,10 @@
 // only failures possible after that point are NVMe parameter writes, which
 // are reported precisely (the parameters on NVMe stay at the previous step and
 // are rewritten by the next successful one).
+#include <fmt/format.h>
 #include <sys/statvfs.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,10 +40,6 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unordered_map>
-
-#include <fmt/format.h>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/dtype.h"
@@ -71,7 +70,9 @@ constexpr int64_t kNormBlock = 1 << 16;  // elements per partial sum (fixed: det
 // buffered read-modify-write of a partial page racing an O_DIRECT write of
 // the rest of that page can write stale bytes back.
 constexpr int64_t kIoAlign = 4096;
-int64_t IoBytes(int64_t n) { return static_cast<int64_t>(AlignUp(static_cast<size_t>(n), kIoAlign)); }
+int64_t IoBytes(int64_t n) {
+  return static_cast<int64_t>(AlignUp(static_cast<size_t>(n), kIoAlign));
+}
 
 std::string Bytes(int64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -83,9 +84,15 @@ std::string Bytes(int64_t b) {
 
 void FromFloat(float v, DType t, void* p, int64_t i) {
   switch (t) {
-    case DType::kFp32: static_cast<float*>(p)[i] = v; break;
-    case DType::kFp16: static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v); break;
-    case DType::kBf16: static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v); break;
+    case DType::kFp32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kFp16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
+      break;
+    case DType::kBf16:
+      static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+      break;
   }
 }
 
@@ -93,7 +100,8 @@ void FromFloat(float v, DType t, void* p, int64_t i) {
 class HostArray {
  public:
   Status Allocate(int64_t bytes, Device* pin_with, const std::string& what) {
-    ASSIGN_OR_RETURN(buf_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 64)), 4096));
+    ASSIGN_OR_RETURN(
+        buf_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 64)), 4096));
     bytes_ = bytes;
     if (pin_with != nullptr && bytes > 0) {
       Status s = pin_with->PinHostMemory(buf_.data(), AlignUp(static_cast<size_t>(bytes), 4096));
@@ -110,11 +118,14 @@ class HostArray {
   }
   ~HostArray() {
     if (pinned_by_ != nullptr)
-      pinned_by_->UnpinHostMemory(buf_.data(), AlignUp(static_cast<size_t>(bytes_), 4096)).IgnoreError();
+      pinned_by_->UnpinHostMemory(buf_.data(), AlignUp(static_cast<size_t>(bytes_), 4096))
+          .IgnoreError();
   }
   void* data() { return buf_.data(); }
   template <typename T>
-  T* as() { return buf_.as<T>(); }
+  T* as() {
+    return buf_.as<T>();
+  }
   int64_t bytes() const { return bytes_; }
   bool pinned() const { return pinned_by_ != nullptr; }
   void swap(HostArray& o) {
@@ -134,8 +145,8 @@ struct ParamRec {
   int64_t numel = 0;
   DType dtype = DType::kBf16;
   int module = 0;
-  int64_t elem_off = 0;   // in the flat element space
-  int64_t byte_off = 0;   // in the flat parameter-byte space
+  int64_t elem_off = 0;  // in the flat element space
+  int64_t byte_off = 0;  // in the flat parameter-byte space
   std::vector<float> init;
   std::function<void(std::span<float>)> initializer;
 };
@@ -187,7 +198,8 @@ struct DeferredFree {
 
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(Config config, EngineTestHooks hooks) : cfg_(std::move(config)), hooks_(std::move(hooks)) {}
+  EngineImpl(Config config, EngineTestHooks hooks)
+      : cfg_(std::move(config)), hooks_(std::move(hooks)) {}
   ~EngineImpl() override;
 
   Status Init();
@@ -258,7 +270,8 @@ class EngineImpl final : public Engine {
   // Timing helpers.
   void NoteHookEntry();
   void NoteHookExit();
-  void NoteNvme(int64_t start_ns, int64_t end_ns, int64_t bytes, bool write, const std::string& name);
+  void NoteNvme(int64_t start_ns, int64_t end_ns, int64_t bytes, bool write,
+                const std::string& name);
 
   std::string ModuleShard(int module, int version) const {
     return fmt::format("param.m{}.v{}", module, version);
@@ -292,17 +305,17 @@ class EngineImpl final : public Engine {
 
   // States.
   HostArray grad_acc_;
-  HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;  // offload_optimizer cpu
+  HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;     // offload_optimizer cpu
   DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none (host device)
   float* master_ = nullptr;
   float* exp_avg_ = nullptr;
   float* exp_avg_sq_ = nullptr;
-  std::vector<int> state_version_;   // per sub-group, nvme: active version
-  HostArray host_params_;            // offload_param cpu
-  HostArray next_params_;            // copy-out target
-  DeviceBuffer device_params_;       // offload_param none
+  std::vector<int> state_version_;          // per sub-group, nvme: active version
+  HostArray host_params_;                   // offload_param cpu
+  HostArray next_params_;                   // copy-out target
+  DeviceBuffer device_params_;              // offload_param none
   std::unique_ptr<Event> params_uploaded_;  // offload_param none: last publish H2D
-  std::vector<int> module_version_;  // per module, nvme: active version
+  std::vector<int> module_version_;         // per module, nvme: active version
   int64_t optimizer_steps_ = 0;
   int micro_batches_ = 0;
   bool params_stale_on_nvme_ = false;
@@ -362,9 +375,11 @@ Status EngineImpl::Init() {
   RETURN_IF_ERROR(ValidateConfig(cfg_));
   const auto& zo = cfg_.zero_optimization;
   if (zo.offload_optimizer.device == OffloadDevice::kNvme && zo.offload_optimizer.nvme_path.empty())
-    return InvalidArgumentError("zero_optimization.offload_optimizer.nvme_path: required when device is nvme");
+    return InvalidArgumentError(
+        "zero_optimization.offload_optimizer.nvme_path: required when device is nvme");
   if (zo.offload_param.device == OffloadDevice::kNvme && zo.offload_param.nvme_path.empty())
-    return InvalidArgumentError("zero_optimization.offload_param.nvme_path: required when device is nvme");
+    return InvalidArgumentError(
+        "zero_optimization.offload_param.nvme_path: required when device is nvme");
   // Fail on unusable NVMe directories before anything else is set up.
   for (const auto* paths : {&zo.offload_optimizer.nvme_path, &zo.offload_param.nvme_path}) {
     const bool used = (paths == &zo.offload_optimizer.nvme_path)
@@ -400,16 +415,20 @@ Status EngineImpl::Init() {
 StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
   if (planned_) return FailedPreconditionError("RegisterParameter " + spec.name + ": after Plan()");
   if (spec.name.empty()) return InvalidArgumentError("RegisterParameter: empty name");
-  if (by_name_.count(spec.name)) return InvalidArgumentError("RegisterParameter: duplicate name " + spec.name);
+  if (by_name_.count(spec.name))
+    return InvalidArgumentError("RegisterParameter: duplicate name " + spec.name);
   if (spec.numel <= 0)
-    return InvalidArgumentError(fmt::format("RegisterParameter {}: numel {} must be > 0", spec.name, spec.numel));
+    return InvalidArgumentError(
+        fmt::format("RegisterParameter {}: numel {} must be > 0", spec.name, spec.numel));
   if (spec.module < 0 || spec.module > 1'000'000)
-    return InvalidArgumentError(fmt::format("RegisterParameter {}: module {} out of range", spec.name, spec.module));
+    return InvalidArgumentError(
+        fmt::format("RegisterParameter {}: module {} out of range", spec.name, spec.module));
   if (!spec.init.empty() && static_cast<int64_t>(spec.init.size()) != spec.numel)
     return InvalidArgumentError(fmt::format("RegisterParameter {}: init has {} values, numel is {}",
                                             spec.name, spec.init.size(), spec.numel));
   if (spec.init.empty() && !spec.initializer)
-    return InvalidArgumentError("RegisterParameter " + spec.name + ": give init values or an initializer");
+    return InvalidArgumentError("RegisterParameter " + spec.name +
+                                ": give init values or an initializer");
   ParamRec p;
   p.name = spec.name;
   p.numel = spec.numel;
@@ -449,8 +468,9 @@ void EngineImpl::ComputePlan(int64_t hbm_budget, int64_t pinned_budget) {
     // Working set: the live-parameter limit, but at least the largest module
     // (for backward: the module and its gradient buffer, plus one prefetched).
     const int64_t elem_size = total_elems_ ? total_param_bytes_ / total_elems_ : 2;
-    const int64_t live = std::min(total_param_bytes_ - persistent,
-                                  std::max(zo.stage3_max_live_parameters * elem_size, 2 * max_module_bytes_));
+    const int64_t live =
+        std::min(total_param_bytes_ - persistent,
+                 std::max(zo.stage3_max_live_parameters * elem_size, 2 * max_module_bytes_));
     hbm.needed_bytes += persistent + live;
     parts.push_back("persistent parameters " + Bytes(persistent));
     parts.push_back("live parameters " + Bytes(live));
@@ -502,11 +522,13 @@ void EngineImpl::ComputePlan(int64_t hbm_budget, int64_t pinned_budget) {
     disk.needed_bytes += 2 * total_param_bytes_;
     parts.push_back("parameters 2 x " + Bytes(total_param_bytes_));
     for (auto& p : zo.offload_param.nvme_path)
-      if (std::find(nvme_paths.begin(), nvme_paths.end(), p) == nvme_paths.end()) nvme_paths.push_back(p);
+      if (std::find(nvme_paths.begin(), nvme_paths.end(), p) == nvme_paths.end())
+        nvme_paths.push_back(p);
   }
   if (!nvme_paths.empty()) {
     // Headroom for stripe rounding: one stripe unit per shard per path.
-    disk.needed_bytes += static_cast<int64_t>(2 * (groups_.size() + modules_.size()) * nvme_paths.size()) << 20;
+    disk.needed_bytes +=
+        static_cast<int64_t>(2 * (groups_.size() + modules_.size()) * nvme_paths.size()) << 20;
     int64_t avail = 0;
     for (auto& p : nvme_paths) {
       struct statvfs sv {};
@@ -550,7 +572,8 @@ Status EngineImpl::Plan() {
   for (auto& p : params_) max_module = std::max(max_module, p.module);
   modules_.clear();
   modules_.resize(static_cast<size_t>(max_module) + 1);
-  for (int i = 0; i < static_cast<int>(params_.size()); ++i) modules_[params_[i].module].params.push_back(i);
+  for (int i = 0; i < static_cast<int>(params_.size()); ++i)
+    modules_[params_[i].module].params.push_back(i);
   int64_t elem = 0, byte = 0;
   for (auto& m : modules_) {
     m.elem_begin = elem;
@@ -562,7 +585,8 @@ Status EngineImpl::Plan() {
       p.byte_off = byte;
       elem += p.numel;
       byte += p.numel * static_cast<int64_t>(DTypeSize(p.dtype));
-      byte = static_cast<int64_t>(AlignUp(static_cast<size_t>(byte), 256));  // device alignment per tensor
+      byte = static_cast<int64_t>(
+          AlignUp(static_cast<size_t>(byte), 256));  // device alignment per tensor
     }
     m.elem_end = elem;
     m.byte_end = byte;
@@ -587,11 +611,13 @@ Status EngineImpl::Plan() {
     std::string table = "the placement does not fit:\n";
     table += fmt::format("  {:<7} {:>12} {:>12}  {}\n", "tier", "needed", "available", "made of");
     for (auto& t : budgets_)
-      table += fmt::format("  {:<7} {:>12} {:>12}  {}{}\n", t.tier, Bytes(t.needed_bytes),
-                           t.available_bytes > 0 ? Bytes(t.available_bytes) : std::string("-"), t.detail,
-                           (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) ? "  <-- over" : "");
+      table += fmt::format(
+          "  {:<7} {:>12} {:>12}  {}{}\n", t.tier, Bytes(t.needed_bytes),
+          t.available_bytes > 0 ? Bytes(t.available_bytes) : std::string("-"), t.detail,
+          (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) ? "  <-- over" : "");
     table += fmt::format(
-        "  (stage {}, offload_optimizer {}, offload_param {}, {} parameters in {} modules, sub_group_size {})",
+        "  (stage {}, offload_optimizer {}, offload_param {}, {} parameters in {} modules, "
+        "sub_group_size {})",
         zo.stage, OffloadDeviceName(opt_place()), OffloadDeviceName(param_place()), total_elems_,
         modules_.size(), zo.sub_group_size);
     return ResourceExhaustedError(table);
@@ -675,7 +701,8 @@ Status EngineImpl::AllocateStates() {
   };
   RETURN_IF_ERROR(make_pool(&grad_pool_, grad_staging_bytes_, 4));
   if (opt_place() == OffloadDevice::kNvme)
-    RETURN_IF_ERROR(make_pool(&opt_pool_, 12 * max_group_elems_, zo.offload_optimizer.buffer_count));
+    RETURN_IF_ERROR(
+        make_pool(&opt_pool_, 12 * max_group_elems_, zo.offload_optimizer.buffer_count));
   if (param_place() == OffloadDevice::kNvme)
     RETURN_IF_ERROR(make_pool(&param_pool_, max_module_bytes_, zo.offload_param.buffer_count));
 
@@ -690,8 +717,9 @@ Status EngineImpl::AllocateStates() {
     ASSIGN_OR_RETURN(io_, nvme::IoService::Create(io, std::move(engine)));
     nvme::SwapStoreOptions so;
     for (const auto* paths : {&zo.offload_optimizer.nvme_path, &zo.offload_param.nvme_path}) {
-      const bool used = (paths == &zo.offload_optimizer.nvme_path) ? opt_place() == OffloadDevice::kNvme
-                                                                   : param_place() == OffloadDevice::kNvme;
+      const bool used = (paths == &zo.offload_optimizer.nvme_path)
+                            ? opt_place() == OffloadDevice::kNvme
+                            : param_place() == OffloadDevice::kNvme;
       if (!used) continue;
       for (auto& p : *paths)
         if (std::find(so.paths.begin(), so.paths.end(), p) == so.paths.end()) so.paths.push_back(p);
@@ -702,7 +730,8 @@ Status EngineImpl::AllocateStates() {
     if (opt_place() == OffloadDevice::kNvme)
       for (size_t g = 0; g < groups_.size(); ++g)
         for (int v = 0; v < 2; ++v)
-          RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v), static_cast<uint64_t>(IoBytes(12 * groups_[g].elems()))));
+          RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v),
+                                          static_cast<uint64_t>(IoBytes(12 * groups_[g].elems()))));
     if (param_place() == OffloadDevice::kNvme)
       for (size_t m = 0; m < modules_.size(); ++m)
         if (modules_[m].bytes() > 0)
@@ -729,9 +758,11 @@ Status EngineImpl::InitializeStates() {
   if (opt_place() == OffloadDevice::kNvme) all_master.resize(static_cast<size_t>(total_elems_));
   for (auto& p : params_) {
     std::span<const float> v = master_of(p);
-    float* dst = opt_place() == OffloadDevice::kNvme ? all_master.data() + p.elem_off : master_ + p.elem_off;
+    float* dst =
+        opt_place() == OffloadDevice::kNvme ? all_master.data() + p.elem_off : master_ + p.elem_off;
     std::memcpy(dst, v.data(), static_cast<size_t>(p.numel) * 4);
-    for (int64_t i = 0; i < p.numel; ++i) FromFloat(v[static_cast<size_t>(i)], p.dtype, next + p.byte_off, i);
+    for (int64_t i = 0; i < p.numel; ++i)
+      FromFloat(v[static_cast<size_t>(i)], p.dtype, next + p.byte_off, i);
   }
   if (opt_place() != OffloadDevice::kNvme) {
     std::memset(exp_avg_, 0, static_cast<size_t>(total_elems_) * 4);
@@ -741,10 +772,14 @@ Status EngineImpl::InitializeStates() {
     for (size_t g = 0; g < groups_.size(); ++g) {
       const int64_t e = groups_[g].elems();
       const int64_t bytes = IoBytes(12 * e);
-      ASSIGN_OR_RETURN(AlignedBuffer group_state, AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign));
-      std::memset(group_state.data(), 0, static_cast<size_t>(bytes));  // master | exp_avg = 0 | exp_avg_sq = 0
-      std::memcpy(group_state.data(), all_master.data() + groups_[g].elem_begin, static_cast<size_t>(e) * 4);
-      nvme::IoHandle h = swap_->Write(StateShard(g, 0), 0, group_state.data(), static_cast<size_t>(bytes));
+      ASSIGN_OR_RETURN(AlignedBuffer group_state,
+                       AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign));
+      std::memset(group_state.data(), 0,
+                  static_cast<size_t>(bytes));  // master | exp_avg = 0 | exp_avg_sq = 0
+      std::memcpy(group_state.data(), all_master.data() + groups_[g].elem_begin,
+                  static_cast<size_t>(e) * 4);
+      nvme::IoHandle h =
+          swap_->Write(StateShard(g, 0), 0, group_state.data(), static_cast<size_t>(bytes));
       RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
       nvme_written_bytes_ += bytes;
     }
@@ -752,7 +787,8 @@ Status EngineImpl::InitializeStates() {
   // Publish the initial parameters.
   switch (param_place()) {
     case OffloadDevice::kNone:
-      RETURN_IF_ERROR(dev_->CopyH2D(device_params_.data(), next, static_cast<size_t>(total_param_bytes_), dev_->h2d()));
+      RETURN_IF_ERROR(dev_->CopyH2D(device_params_.data(), next,
+                                    static_cast<size_t>(total_param_bytes_), dev_->h2d()));
       RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
       RETURN_IF_ERROR(dev_->h2d().Synchronize());
       h2d_bytes_ += total_param_bytes_;
@@ -764,8 +800,8 @@ Status EngineImpl::InitializeStates() {
       for (size_t m = 0; m < modules_.size(); ++m) {
         if (modules_[m].bytes() == 0) continue;
         const int64_t bytes = IoBytes(modules_[m].bytes());
-        nvme::IoHandle h = swap_->Write(ModuleShard(static_cast<int>(m), 0), 0, next + modules_[m].byte_begin,
-                                        static_cast<size_t>(bytes));
+        nvme::IoHandle h = swap_->Write(ModuleShard(static_cast<int>(m), 0), 0,
+                                        next + modules_[m].byte_begin, static_cast<size_t>(bytes));
         RETURN_IF_ERROR(h.Wait().WithContext("initializing parameters on NVMe"));
         nvme_written_bytes_ += bytes;
       }
@@ -781,8 +817,8 @@ Status EngineImpl::InitializeStates() {
 
 Status EngineImpl::CheckModule(int module, const char* call) const {
   if (module < 0 || module >= static_cast<int>(modules_.size()) || !modules_[module].registered)
-    return InvalidArgumentError(fmt::format("{}({}): no parameters are registered for module {}", call,
-                                            module, module));
+    return InvalidArgumentError(
+        fmt::format("{}({}): no parameters are registered for module {}", call, module, module));
   return Status();
 }
 
@@ -878,10 +914,10 @@ Status EngineImpl::StartCopy(ModuleRec& m) {
                         ? static_cast<const uint8_t*>(host_params_.data()) + m.byte_begin
                         : m.staging.data();
   const int64_t bytes = m.bytes();
-  RETURN_IF_ERROR(Timed(dev_->h2d(), &timeline_, "pcie h2d", fmt::format("fetch module {}", idx), "pcie",
-                        bytes, &h2d_busy_ns_, [&] {
-                          return dev_->CopyH2D(m.buf.data(), src, static_cast<size_t>(bytes), dev_->h2d());
-                        }));
+  RETURN_IF_ERROR(Timed(
+      dev_->h2d(), &timeline_, "pcie h2d", fmt::format("fetch module {}", idx), "pcie", bytes,
+      &h2d_busy_ns_,
+      [&] { return dev_->CopyH2D(m.buf.data(), src, static_cast<size_t>(bytes), dev_->h2d()); }));
   RETURN_IF_ERROR(dev_->h2d().Record(*m.ready));
   if (m.staging) {
     // The staging buffer goes back to the pool once the copy has read it.
@@ -897,7 +933,8 @@ void EngineImpl::NoteNvme(int64_t start_ns, int64_t end_ns, int64_t bytes, bool 
                           const std::string& name) {
   nvme_intervals_.emplace_back(start_ns, end_ns);
   (write ? nvme_written_bytes_ : nvme_read_bytes_) += bytes;
-  timeline_.Add(write ? "nvme write" : "nvme read", name, "nvme", start_ns, end_ns - start_ns, bytes);
+  timeline_.Add(write ? "nvme write" : "nvme read", name, "nvme", start_ns, end_ns - start_ns,
+                bytes);
 }
 
 Status EngineImpl::Pump() {
@@ -905,7 +942,8 @@ Status EngineImpl::Pump() {
     ModuleRec& m = modules_[i];
     if (m.residency != Residency::kReading || !m.read.Poll()) continue;
     Status s = m.read.status();
-    NoteNvme(m.read_issued_ns, NowNanos(), IoBytes(m.bytes()), false, fmt::format("read module {}", i));
+    NoteNvme(m.read_issued_ns, NowNanos(), IoBytes(m.bytes()), false,
+             fmt::format("read module {}", i));
     m.read = nvme::IoHandle();
     if (!s.ok()) {
       m.staging.Reset();
@@ -1017,7 +1055,8 @@ Status EngineImpl::FinishUse(int module) {
   m.in_use = false;
   if (!params_offloaded() || m.persistent) return Status();
   const int64_t reuse = trace_->ReuseDistance();
-  if (trace_->following() && reuse <= cfg_.zero_optimization.stage3_max_reuse_distance) return Status();
+  if (trace_->following() && reuse <= cfg_.zero_optimization.stage3_max_reuse_distance)
+    return Status();
   ReleaseModule(m);
   return Status();
 }
@@ -1025,7 +1064,8 @@ Status EngineImpl::FinishUse(int module) {
 ModuleView EngineImpl::ViewOf(int module, bool with_grads) {
   ModuleRec& m = modules_[module];
   ModuleView v;
-  auto* base = params_offloaded() ? m.buf.as<uint8_t>() : device_params_.as<uint8_t>() + m.byte_begin;
+  auto* base =
+      params_offloaded() ? m.buf.as<uint8_t>() : device_params_.as<uint8_t>() + m.byte_begin;
   for (int id : m.params) {
     v.params.push_back(base + (params_[id].byte_off - m.byte_begin));
     if (with_grads) v.grads.push_back(m.grad.as<uint8_t>() + (params_[id].byte_off - m.byte_begin));
@@ -1081,8 +1121,10 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
   RETURN_IF_ERROR(Pump());
   ModuleRec& m = modules_[module];
   if (m.grad)
-    return FailedPreconditionError(fmt::format(
-        "BeforeBackward({}): the module's previous gradients were not handed over with AfterBackward", module));
+    return FailedPreconditionError(
+        fmt::format("BeforeBackward({}): the module's previous gradients were not handed over with "
+                    "AfterBackward",
+                    module));
   RETURN_IF_ERROR(Acquire(module));
   ASSIGN_OR_RETURN(m.grad, AllocDevice(m.bytes(), module));
   RETURN_IF_ERROR(Prefetch());
@@ -1095,7 +1137,8 @@ Status EngineImpl::AfterBackward(int module) {
   NoteHookEntry();
   RETURN_IF_ERROR(CheckModule(module, "AfterBackward"));
   ModuleRec& m = modules_[module];
-  if (!m.grad) return FailedPreconditionError(fmt::format("AfterBackward({}) without BeforeBackward", module));
+  if (!m.grad)
+    return FailedPreconditionError(fmt::format("AfterBackward({}) without BeforeBackward", module));
   // The gradients are complete once the framework's work on the compute
   // stream is; the D2H stream waits for that, then copies them out in chunks.
   RETURN_IF_ERROR(dev_->compute().Record(*m.computed));
@@ -1112,7 +1155,8 @@ Status EngineImpl::AfterBackward(int module) {
         std::unique_lock<std::mutex> lock(grad_mu_);
         none_pending = grad_pending_ == 0;
         const int64_t before = grad_pending_;
-        if (!none_pending) grad_cv_.wait(lock, [&] { return grad_pending_ < before || !grad_error_.ok(); });
+        if (!none_pending)
+          grad_cv_.wait(lock, [&] { return grad_pending_ < before || !grad_error_.ok(); });
       }
       staging = grad_pool_->Acquire(static_cast<size_t>(e - b));
       if (none_pending) break;
@@ -1126,10 +1170,10 @@ Status EngineImpl::AfterBackward(int module) {
     ASSIGN_OR_RETURN(job.done, dev_->CreateEvent());
     void* dst = job.staging.data();
     const void* src = m.grad.as<uint8_t>() + (b - m.byte_begin);
-    RETURN_IF_ERROR(Timed(dev_->d2h(), &timeline_, "pcie d2h", fmt::format("grads module {}", module), "pcie",
-                          e - b, &d2h_busy_ns_, [&] {
-                            return dev_->CopyD2H(dst, src, static_cast<size_t>(e - b), dev_->d2h());
-                          }));
+    RETURN_IF_ERROR(
+        Timed(dev_->d2h(), &timeline_, "pcie d2h", fmt::format("grads module {}", module), "pcie",
+              e - b, &d2h_busy_ns_,
+              [&] { return dev_->CopyD2H(dst, src, static_cast<size_t>(e - b), dev_->d2h()); }));
     RETURN_IF_ERROR(dev_->d2h().Record(*job.done));
     d2h_bytes_ += e - b;
     {
@@ -1286,7 +1330,10 @@ size_t ParamAt(const std::vector<int>& order, const std::vector<ParamRec>& param
   size_t lo = 0, hi = order.size();
   while (hi - lo > 1) {
     const size_t mid = (lo + hi) / 2;
-    if (params[order[mid]].elem_off <= e) lo = mid; else hi = mid;
+    if (params[order[mid]].elem_off <= e)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -1311,9 +1358,10 @@ Status EngineImpl::WriteParamShards(int64_t eb, int64_t ee, std::vector<nvme::Io
 namespace {
 // One ShardStep per parameter slice of [eb, ee), with states at
 // master/m/v + (slice - base).
-std::vector<cpu_adam::ShardStep> Slices(const std::vector<ParamRec>& params, const std::vector<int>& order,
-                                        int64_t eb, int64_t ee, int64_t base, float* master, float* m,
-                                        float* v, const float* grad_acc, uint8_t* next,
+std::vector<cpu_adam::ShardStep> Slices(const std::vector<ParamRec>& params,
+                                        const std::vector<int>& order, int64_t eb, int64_t ee,
+                                        int64_t base, float* master, float* m, float* v,
+                                        const float* grad_acc, uint8_t* next,
                                         const cpu_adam::HyperParams& hp) {
   std::vector<cpu_adam::ShardStep> out;
   for (size_t i = ParamAt(order, params, eb); i < order.size(); ++i) {
@@ -1341,14 +1389,15 @@ Status EngineImpl::StepCpuStates(float grad_scale, bool* advanced) {
   const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
   std::vector<int> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
   std::vector<nvme::IoHandle> writes;
   std::vector<int64_t> write_issue;
   Status first_error;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const SubGroup& sg = groups_[g];
-    auto shards = Slices(params_, order, sg.elem_begin, sg.elem_end, 0, master_, exp_avg_, exp_avg_sq_,
-                         grad_acc_.as<float>(), next_params_.as<uint8_t>(), hp);
+    auto shards = Slices(params_, order, sg.elem_begin, sg.elem_end, 0, master_, exp_avg_,
+                         exp_avg_sq_, grad_acc_.as<float>(), next_params_.as<uint8_t>(), hp);
     const int64_t t0 = NowNanos();
     StatusOr<cpu_adam::StepResult> r = adam_->StepMany(shards);
     const int64_t t1 = NowNanos();
@@ -1364,16 +1413,19 @@ Status EngineImpl::StepCpuStates(float grad_scale, bool* advanced) {
   }
   for (size_t i = 0; i < writes.size(); ++i) {
     Status s = writes[i].Wait();
-    NoteNvme(write_issue[i], NowNanos(), static_cast<int64_t>(writes[i].bytes()), true, "write params");
+    NoteNvme(write_issue[i], NowNanos(), static_cast<int64_t>(writes[i].bytes()), true,
+             "write params");
     if (!s.ok() && first_error.ok()) first_error = s;
   }
   if (!first_error.ok()) {
     params_stale_on_nvme_ = true;
-    return DataLossError(fmt::format(
-        "step {}: the optimizer states and fp32 master parameters were updated, but writing the updated "
-        "parameters to NVMe failed ({}); the parameters on NVMe stay those of step {} until the next "
-        "successful step rewrites them",
-        optimizer_steps_ + 1, first_error.ToString(), optimizer_steps_));
+    return DataLossError(
+        fmt::format("step {}: the optimizer states and fp32 master parameters were updated, but "
+                    "writing the updated "
+                    "parameters to NVMe failed ({}); the parameters on NVMe stay those of step {} "
+                    "until the next "
+                    "successful step rewrites them",
+                    optimizer_steps_ + 1, first_error.ToString(), optimizer_steps_));
   }
   return Status();
 }
@@ -1382,7 +1434,8 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
   const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
   std::vector<int> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
   const size_t G = groups_.size();
   const int64_t want = std::max<int64_t>(1, cfg_.zero_optimization.offload_optimizer.buffer_count);
   std::vector<PinnedBuffer> buffers;
@@ -1405,9 +1458,11 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
       if (!writes[g].valid() || write_noted[g]) continue;
       if (!wait && !writes[g].Poll()) continue;
       Status s = writes[g].Wait();
-      NoteNvme(write_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), true, fmt::format("write state {}", g));
+      NoteNvme(write_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), true,
+               fmt::format("write state {}", g));
       write_noted[g] = true;
-      if (!s.ok() && error.ok()) error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g));
+      if (!s.ok() && error.ok())
+        error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g));
     }
   };
   auto issue_read = [&](size_t g) {
@@ -1417,7 +1472,8 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
       NoteNvme(write_issue[g - B], NowNanos(), IoBytes(12 * groups_[g - B].elems()), true,
                fmt::format("write state {}", g - B));
       write_noted[g - B] = true;
-      if (!s.ok() && error.ok()) error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g - B));
+      if (!s.ok() && error.ok())
+        error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g - B));
     }
     read_issue[g] = NowNanos();
     reads[g] = swap_->Read(StateShard(g, state_version_[g]), 0, buffers[g % B].data(),
@@ -1429,9 +1485,11 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
   for (size_t g = 0; g < G && error.ok(); ++g) {
     if (!reads[g].valid()) issue_read(g);
     for (size_t j = g + 1; j < G && j <= g + lookahead; ++j)
-      if (!reads[j].valid() && (j < B || write_noted[j - B] || !writes[j - B].valid() || j - B < g)) issue_read(j);
+      if (!reads[j].valid() && (j < B || write_noted[j - B] || !writes[j - B].valid() || j - B < g))
+        issue_read(j);
     Status rs = reads[g].Wait();
-    NoteNvme(read_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), false, fmt::format("read state {}", g));
+    NoteNvme(read_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), false,
+             fmt::format("read state {}", g));
     if (!rs.ok()) {
       error = rs.WithContext(fmt::format("reading optimizer state of sub-group {}", g));
       break;
@@ -1440,8 +1498,8 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
     const SubGroup& sg = groups_[g];
     float* buf = buffers[g % B].as<float>();
     const int64_t e = sg.elems();
-    auto shards = Slices(params_, order, sg.elem_begin, sg.elem_end, sg.elem_begin, buf, buf + e, buf + 2 * e,
-                         grad_acc_.as<float>(), next_params_.as<uint8_t>(), hp);
+    auto shards = Slices(params_, order, sg.elem_begin, sg.elem_end, sg.elem_begin, buf, buf + e,
+                         buf + 2 * e, grad_acc_.as<float>(), next_params_.as<uint8_t>(), hp);
     const int64_t t0 = NowNanos();
     StatusOr<cpu_adam::StepResult> r = adam_->StepMany(shards);
     const int64_t t1 = NowNanos();
@@ -1452,7 +1510,8 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
       break;
     }
     write_issue[g] = t1;
-    writes[g] = swap_->Write(StateShard(g, 1 - state_version_[g]), 0, buf, static_cast<size_t>(IoBytes(12 * e)));
+    writes[g] = swap_->Write(StateShard(g, 1 - state_version_[g]), 0, buf,
+                             static_cast<size_t>(IoBytes(12 * e)));
     if (param_place() == OffloadDevice::kNvme) {
       Status ws = WriteParamShards(sg.elem_begin, sg.elem_end, param_writes);
       if (!ws.ok()) error = ws;
@@ -1470,10 +1529,11 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
   }
   if (!param_writes.empty()) nvme_intervals_.emplace_back(pw0, NowNanos());
   if (!error.ok()) {
-    return error.WithContext(fmt::format(
-        "step {} failed; the previous parameters and optimizer states are intact (the new versions were "
-        "not committed)",
-        optimizer_steps_ + 1));
+    return error.WithContext(
+        fmt::format("step {} failed; the previous parameters and optimizer states are intact (the "
+                    "new versions were "
+                    "not committed)",
+                    optimizer_steps_ + 1));
   }
   for (auto& v : state_version_) v = 1 - v;  // commit
   return Status();
@@ -1492,10 +1552,11 @@ Status EngineImpl::Publish() {
   }
   switch (param_place()) {
     case OffloadDevice::kNone: {
-      RETURN_IF_ERROR(Timed(dev_->h2d(), &timeline_, "pcie h2d", "updated parameters", "pcie", total_param_bytes_,
-                            &h2d_busy_ns_, [&] {
+      RETURN_IF_ERROR(Timed(dev_->h2d(), &timeline_, "pcie h2d", "updated parameters", "pcie",
+                            total_param_bytes_, &h2d_busy_ns_, [&] {
                               return dev_->CopyH2D(device_params_.data(), next_params_.data(),
-                                                   static_cast<size_t>(total_param_bytes_), dev_->h2d());
+                                                   static_cast<size_t>(total_param_bytes_),
+                                                   dev_->h2d());
                             }));
       RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
       h2d_bytes_ += total_param_bytes_;
@@ -1519,7 +1580,9 @@ StatusOr<StepStats> EngineImpl::Step() {
   NoteHookEntry();
   RETURN_IF_ERROR(Plan());
   for (auto& m : modules_)
-    if (m.grad) return FailedPreconditionError("Step: a module's gradients were not handed over with AfterBackward");
+    if (m.grad)
+      return FailedPreconditionError(
+          "Step: a module's gradients were not handed over with AfterBackward");
   StepStats st;
   ++micro_batches_;
   const int64_t gas = std::max<int64_t>(1, cfg_.gradient_accumulation_steps);
@@ -1579,7 +1642,8 @@ StatusOr<StepStats> EngineImpl::Step() {
   st.step_time_s = static_cast<double>(now - window_start_ns_) * 1e-9;
   st.fetch_wait_s = static_cast<double>(fetch_wait_ns_) * 1e-9;
   st.compute_s = static_cast<double>(compute_ns_) * 1e-9;
-  st.grad_offload_s = static_cast<double>(grad_busy_ns_.exchange(0) + d2h_busy_ns_.exchange(0)) * 1e-9;
+  st.grad_offload_s =
+      static_cast<double>(grad_busy_ns_.exchange(0) + d2h_busy_ns_.exchange(0)) * 1e-9;
   st.optimizer_s = static_cast<double>(optimizer_ns_) * 1e-9;
   // NVMe busy: the union of the intervals with requests in flight.
   std::sort(nvme_intervals_.begin(), nvme_intervals_.end());
@@ -1602,11 +1666,13 @@ StatusOr<StepStats> EngineImpl::Step() {
   st.pcie_d2h_bytes = d2h_bytes_.exchange(0);
   const gpu::ArenaStats as = dev_->Stats();
   st.hbm_high_water_bytes = static_cast<int64_t>(as.high_water_bytes);
-  st.pinned_high_water_bytes = pinned_high_water_ + (master_h_.pinned() ? 3 * master_h_.bytes() : 0);
+  st.pinned_high_water_bytes =
+      pinned_high_water_ + (master_h_.pinned() ? 3 * master_h_.bytes() : 0);
   st.prefetched_modules = prefetch_hits_;
   st.fetch_misses = fetch_misses_;
   st.trace_rerecords = trace_->rerecords();
-  const double busiest = std::max({st.compute_s, st.pcie_busy_s + st.grad_offload_s, st.optimizer_s, st.nvme_busy_s});
+  const double busiest =
+      std::max({st.compute_s, st.pcie_busy_s + st.grad_offload_s, st.optimizer_s, st.nvme_busy_s});
   st.overlap_efficiency = st.step_time_s > 0 ? std::min(1.0, busiest / st.step_time_s) : 0;
   last_ = st;
   nvme_read_bytes_ = nvme_written_bytes_ = 0;
@@ -1634,7 +1700,8 @@ StatusOr<void*> EngineImpl::AllocateWorkspace(int64_t bytes) {
 
 Status EngineImpl::FreeWorkspace(void* ptr) {
   auto it = workspaces_.find(ptr);
-  if (it == workspaces_.end()) return InvalidArgumentError("FreeWorkspace: not a workspace pointer");
+  if (it == workspaces_.end())
+    return InvalidArgumentError("FreeWorkspace: not a workspace pointer");
   RETURN_IF_ERROR(dev_->compute().Synchronize());
   workspaces_.erase(it);
   return Status();
@@ -1645,8 +1712,8 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     return InvalidArgumentError(fmt::format("ReadParameter: no parameter {}", id));
   const ParamRec& p = params_[id];
   if (static_cast<int64_t>(out.size()) != p.numel)
-    return InvalidArgumentError(fmt::format("ReadParameter {}: buffer of {} floats, parameter has {}", p.name,
-                                            out.size(), p.numel));
+    return InvalidArgumentError(fmt::format(
+        "ReadParameter {}: buffer of {} floats, parameter has {}", p.name, out.size(), p.numel));
   if (!planned_) {
     if (!p.init.empty()) {
       std::copy(p.init.begin(), p.init.end(), out.begin());
@@ -1668,11 +1735,13 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     const int64_t first = 4 * (b - groups_[g].elem_begin), last = 4 * (e - groups_[g].elem_begin);
     const int64_t page0 = static_cast<int64_t>(AlignDown(static_cast<size_t>(first), kIoAlign));
     const int64_t len = IoBytes(last) - page0;
-    ASSIGN_OR_RETURN(AlignedBuffer tmp, AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
-    nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]), static_cast<uint64_t>(page0), tmp.data(),
-                                   static_cast<size_t>(len));
+    ASSIGN_OR_RETURN(AlignedBuffer tmp,
+                     AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
+    nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]), static_cast<uint64_t>(page0),
+                                   tmp.data(), static_cast<size_t>(len));
     RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
-    std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0), static_cast<size_t>(last - first));
+    std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0),
+                static_cast<size_t>(last - first));
   }
   return Status();
 }
@@ -1708,7 +1777,8 @@ std::string EngineImpl::StatsJson() const {
 }
 
 Status EngineImpl::WriteTimeline() {
-  if (cfg_.strata.trace_path.empty()) return FailedPreconditionError("WriteTimeline: strata.trace_path is not set");
+  if (cfg_.strata.trace_path.empty())
+    return FailedPreconditionError("WriteTimeline: strata.trace_path is not set");
   return timeline_.WriteJson(cfg_.strata.trace_path);
 }
 
@@ -1716,14 +1786,17 @@ Status EngineImpl::WriteTimeline() {
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config, const EngineTestHooks& hooks) {
   if (config.strata.delayed_param_update)
-    return NotSupportedError("strata.delayed_param_update: the one-step delayed parameter update is not "
-                             "implemented yet; set it to false");
+    return NotSupportedError(
+        "strata.delayed_param_update: the one-step delayed parameter update is not "
+        "implemented yet; set it to false");
   auto engine = std::make_unique<EngineImpl>(config, hooks);
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
-StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) { return CreateEngine(config); }
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
+  return CreateEngine(config);
+}
 
 StatusOr<std::unique_ptr<Engine>> Engine::CreateFromFile(const std::string& path) {
   ASSIGN_OR_RETURN(Config c, LoadConfigFile(path));

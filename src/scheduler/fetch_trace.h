@@ -41,8 +41,8 @@ class FetchTrace {
   int64_t rerecords() const { return rerecords_; }
 
   // The modules expected after the current fetch, in order, without
-  // duplicates and without the current one, until their elements would exceed `budget_elems` (the first
-  // one is returned only if it fits). Empty unless following().
+  // duplicates and without the current one, until their elements would exceed `budget_elems` (the
+  // first one is returned only if it fits). Empty unless following().
   std::vector<int> Lookahead(int64_t budget_elems) const;
   // Elements fetched between the current fetch and the next use of the same
   // module in the trace; kNever if it is not used again this step (or when not

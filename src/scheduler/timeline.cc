@@ -27,7 +27,10 @@ Status Timeline::WriteJson(const std::string& path) const {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& [name, tid] : tracks_) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", tid},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", 1},
+                      {"tid", tid},
                       {"args", {{"name", name}}}});
   }
   for (const Event& e : events_) {
@@ -41,7 +44,8 @@ Status Timeline::WriteJson(const std::string& path) const {
     if (e.bytes > 0) j["args"] = {{"bytes", e.bytes}};
     events.push_back(std::move(j));
   }
-  const std::string text = nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+  const std::string text =
+      nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return ErrnoError("timeline: open " + path + " for writing", errno);
   const size_t n = std::fwrite(text.data(), 1, text.size(), f);

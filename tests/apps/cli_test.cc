@@ -78,9 +78,9 @@ TEST_F(CliTest, InfoJsonParses) {
 }
 
 TEST_F(CliTest, InfoPrintsEffectiveConfig) {
-  RunResult r = RunCli(std::string("info --json --config ") + STRATA_SOURCE_DIR +
-                        "/configs/zero3_cpu_offload.json",
-                    dir_.str());
+  RunResult r = RunCli(
+      std::string("info --json --config ") + STRATA_SOURCE_DIR + "/configs/zero3_cpu_offload.json",
+      dir_.str());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["config"]["zero_optimization"]["stage"], 3);
@@ -105,7 +105,8 @@ TEST_F(CliTest, MalformedConfigNamesLineAndColumn) {
 
 TEST_F(CliTest, BadConfigValueNamesKeyPath) {
   const std::string path = dir_.str() + "/enum.json";
-  std::ofstream(path) << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})";
+  std::ofstream(path)
+      << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "gpu"}}})";
   RunResult r = RunCli("info --config " + path, dir_.str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;

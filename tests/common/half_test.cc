@@ -93,7 +93,7 @@ TEST(HalfTest, OverflowUnderflowAndSpecials) {
   EXPECT_EQ(FloatToHalfBits(-1e10f), 0xfc00);
   EXPECT_EQ(FloatToHalfBits(INFINITY), 0x7c00);
   EXPECT_EQ(FloatToHalfBits(-INFINITY), 0xfc00);
-  EXPECT_EQ(FloatToHalfBits(std::ldexp(1.f, -25)), 0x0000);   // tie with 0 → 0
+  EXPECT_EQ(FloatToHalfBits(std::ldexp(1.f, -25)), 0x0000);  // tie with 0 → 0
   EXPECT_EQ(FloatToHalfBits(NextUp(std::ldexp(1.f, -25))), 0x0001);
   EXPECT_EQ(FloatToHalfBits(-std::ldexp(1.f, -26)), 0x8000);  // -0
   EXPECT_EQ(FloatToHalfBits(1e-40f), 0x0000);                 // fp32 subnormal
@@ -158,7 +158,8 @@ TEST(Bf16Test, RoundTripsMidpointsAndSpecials) {
   }
   EXPECT_EQ(FloatToBf16Bits(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to inf
   EXPECT_EQ(FloatToBf16Bits(-INFINITY), 0xff80);
-  EXPECT_TRUE(std::isnan(Bf16BitsToFloat(FloatToBf16Bits(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(
+      std::isnan(Bf16BitsToFloat(FloatToBf16Bits(std::numeric_limits<float>::quiet_NaN()))));
   // A NaN whose payload is only in the low 16 bits must not become inf.
   EXPECT_TRUE(std::isnan(Bf16BitsToFloat(FloatToBf16Bits(BitsFloat(0x7f800001u)))));
 }

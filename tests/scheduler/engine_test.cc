@@ -2,6 +2,8 @@
 // changes the arithmetic, prefetch follows the trace within the budget,
 // accumulation/clipping/loss scaling, fault injection mid-step, and plans
 // that cannot fit.
+#include "strata/engine.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +13,6 @@
 
 #include "src/common/half.h"
 #include "src/scheduler/scheduler.h"
-#include "strata/engine.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -29,7 +30,8 @@ Config BaseConfig(OffloadDevice opt, OffloadDevice par, const std::string& nvme_
   c.zero_optimization.sub_group_size = 1000;  // several sub-groups, some splitting parameters
   c.zero_optimization.stage3_param_persistence_threshold = 100;
   c.zero_optimization.stage3_prefetch_bucket_size = 2000;
-  c.zero_optimization.reduce_bucket_size = 500;  // gradient chunks of 1000 bytes → several per module
+  c.zero_optimization.reduce_bucket_size =
+      500;  // gradient chunks of 1000 bytes → several per module
   c.optimizer.lr = 1e-2;
   c.optimizer.weight_decay = 0.01;
   c.strata.device = DeviceKind::kHost;
@@ -65,17 +67,26 @@ void Register(Engine& e, uint64_t seed) {
 
 float Load(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kFp32: return static_cast<const float*>(p)[i];
-    case DType::kFp16: return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBf16: return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kFp32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFp16:
+      return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBf16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
   }
   return 0;
 }
 void Store(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kFp32: static_cast<float*>(p)[i] = v; break;
-    case DType::kFp16: static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v); break;
-    case DType::kBf16: static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v); break;
+    case DType::kFp32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kFp16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
+      break;
+    case DType::kBf16:
+      static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+      break;
   }
 }
 
@@ -125,14 +136,17 @@ std::vector<std::vector<float>> ReadAll(Engine& e) {
   return out;
 }
 
-bool BitwiseEqual(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+bool BitwiseEqual(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0) return false;
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
   return true;
 }
 
-std::vector<std::vector<float>> Train(const Config& c, uint64_t seed, int steps, StepStats* last = nullptr) {
+std::vector<std::vector<float>> Train(const Config& c, uint64_t seed, int steps,
+                                      StepStats* last = nullptr) {
   auto e = CreateEngine(c);
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return {};
@@ -179,8 +193,9 @@ TEST_P(PlacementTest, BitwiseIdenticalToAllInHbm) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllPlacements, PlacementTest,
-    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
-                       ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme)),
+    ::testing::Combine(
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme)),
     [](const auto& info) {
       return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
              std::string(OffloadDeviceName(std::get<1>(info.param)));
@@ -348,7 +363,8 @@ TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
   Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str());
   nvme::FaultInjectionEngine* faults = nullptr;
   EngineTestHooks hooks;
-  hooks.wrap_io_engine = [&](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
+  hooks.wrap_io_engine =
+      [&](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
     auto f = std::make_unique<nvme::FaultInjectionEngine>(std::move(inner));
     faults = f.get();
     return f;
@@ -364,7 +380,8 @@ TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
   nvme::FaultInjectionEngine::Rule rule;
   rule.kind = kind == 1 ? nvme::IoOpKind::kRead : nvme::IoOpKind::kWrite;
   rule.nth = 2;
-  rule.fault = kind == 1 ? nvme::FaultInjectionEngine::Fault::kShort : nvme::FaultInjectionEngine::Fault::kErrno;
+  rule.fault = kind == 1 ? nvme::FaultInjectionEngine::Fault::kShort
+                         : nvme::FaultInjectionEngine::Fault::kErrno;
   rule.err = kind == 2 ? 28 /*ENOSPC*/ : 5 /*EIO*/;
   rule.short_bytes = 0;
   rule.times = 1000;  // keeps failing (a short read is resubmitted otherwise)
@@ -426,7 +443,8 @@ TEST(EngineTest, HookMisuseIsAnError) {
   Register(**e, 2);
   EXPECT_EQ((*e)->BeforeForward(99).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*e)->AfterBackward(0).code(), StatusCode::kFailedPrecondition);
-  ParamSpec late{"late", 10, DType::kFp32, 0, {}, [](std::span<float> v) { std::fill(v.begin(), v.end(), 1.f); }};
+  ParamSpec late{"late", 10, DType::kFp32,
+                 0,      {}, [](std::span<float> v) { std::fill(v.begin(), v.end(), 1.f); }};
   EXPECT_EQ((*e)->RegisterParameter(late).status().code(), StatusCode::kFailedPrecondition);
   auto stats = nlohmann::json::parse((*e)->StatsJson());
   EXPECT_TRUE(stats.contains("overlap_efficiency"));

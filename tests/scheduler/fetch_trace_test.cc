@@ -42,7 +42,7 @@ TEST(FetchTraceTest, LookaheadSkipsDuplicatesAndReuseDistanceCountsElements) {
   for (int m : {0, 1, 2, 3, 4}) ASSERT_TRUE(t.Observe(m));
   // After forward of 4, the trace continues 4 (again), 3, 2, 1, 0.
   EXPECT_THAT(t.Lookahead(1000), ElementsAre(3, 2, 1, 0));  // 4 is in use now
-  EXPECT_EQ(t.ReuseDistance(), 0);  // module 4 is used again right away
+  EXPECT_EQ(t.ReuseDistance(), 0);                          // module 4 is used again right away
   t.Observe(4);
   EXPECT_EQ(t.ReuseDistance(), FetchTrace::kNever);
   t.Observe(3);

@@ -44,13 +44,13 @@ TEST(LossScalerTest, StartsAtTwoToInitialPower) {
 
 TEST(LossScalerTest, HysteresisAbsorbsOverflowsBeforeHalving) {
   LossScaler s = LossScaler::FromConfig(Dynamic(10, 1000, 3, 1));
-  EXPECT_TRUE(s.Update(true));   // hysteresis 3 → 2, scale kept
+  EXPECT_TRUE(s.Update(true));  // hysteresis 3 → 2, scale kept
   EXPECT_EQ(s.scale(), 1024);
-  EXPECT_TRUE(s.Update(true));   // 2 → 1
+  EXPECT_TRUE(s.Update(true));  // 2 → 1
   EXPECT_EQ(s.scale(), 1024);
-  EXPECT_TRUE(s.Update(true));   // spent: halve
+  EXPECT_TRUE(s.Update(true));  // spent: halve
   EXPECT_EQ(s.scale(), 512);
-  EXPECT_TRUE(s.Update(true));   // stays spent until a full clean window: halve again
+  EXPECT_TRUE(s.Update(true));  // stays spent until a full clean window: halve again
   EXPECT_EQ(s.scale(), 256);
 }
 
@@ -61,13 +61,13 @@ TEST(LossScalerTest, RaisesAfterWindowOfCleanStepsAndRestoresHysteresis) {
   EXPECT_EQ(s.scale(), 16);
   EXPECT_FALSE(s.Update(false));  // third clean step since start
   EXPECT_EQ(s.scale(), 32);
-  s.Update(true);                 // absorbed by hysteresis (2 → 1)
+  s.Update(true);  // absorbed by hysteresis (2 → 1)
   EXPECT_EQ(s.scale(), 32);
   EXPECT_EQ(s.hysteresis_left(), 1);
   s.Update(false);
   s.Update(false);
   EXPECT_EQ(s.scale(), 32);
-  s.Update(false);                // three clean steps since the overflow: raise, restore
+  s.Update(false);  // three clean steps since the overflow: raise, restore
   EXPECT_EQ(s.scale(), 64);
   EXPECT_EQ(s.hysteresis_left(), 2);
 }
