@@ -1,18 +1,26 @@
 // The io_uring engine (liburing): one or more rings, each with a reaper
 // thread; fixed buffers and registered files; batched submission; SQPOLL as
 // an option. Negative liburing returns (-errno) become Status here only.
+//
+// A failed io_uring_submit never takes the process down: the SQEs the kernel
+// did not consume are taken back out of the SQ and their ops fail with the
+// -errno (see Submit and ReclaimLocked).
 #include <liburing.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -28,13 +36,15 @@
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/nvme/internal.h"
 #include "src/nvme/nvme.h"
 
 namespace strata::nvme {
 namespace {
 
 constexpr unsigned kFileSlots = 256;
-constexpr uint64_t kExitTag = 0;  // user_data of the NOP that stops a reaper
+constexpr uint64_t kExitTag = 0;         // user_data of the NOP that stops a reaper
+constexpr int kSubmitAttempts = 100000;  // io_uring_submit tries per call on EAGAIN/EBUSY/EINTR
 
 unsigned RoundUpPow2(unsigned v) {
   unsigned p = 1;
@@ -48,6 +58,9 @@ struct Ring {
   bool live = false;
   std::mutex sq_mu;  // guards the submission queue
   std::thread reaper;
+  // Set when the exit NOP could not be submitted: the reaper stops at its next
+  // timed wake-up instead.
+  std::atomic<bool> stop{false};
   ~Ring() {
     if (live) io_uring_queue_exit(&ring);
   }
@@ -182,47 +195,62 @@ class UringEngine final : public IoEngine {
     slot_of_.erase(it);
   }
 
+  // A batch goes to one ring under its SQ mutex. When io_uring_submit fails
+  // (past the retries of SubmitLocked), the ops whose SQEs the kernel did not
+  // take are failed: if none of this batch had started, the call returns the
+  // error (the caller fails the batch, as for any refused Submit); otherwise
+  // each such op completes with the -errno, on this thread, once the locks
+  // are released.
   Status Submit(std::span<IoOp* const> ops) override {
     if (ops.empty()) return Status::Ok();
     if (shutdown_.load()) return FailedPreconditionError("io_uring engine is shut down");
     Ring* r = rings_[next_ring_.fetch_add(1, std::memory_order_relaxed) % rings_.size()].get();
-    std::shared_lock tables(table_mu_);
-    std::lock_guard lock(r->sq_mu);
-    inflight_.fetch_add(static_cast<int64_t>(ops.size()));
-    for (IoOp* op : ops) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
-      while (sqe == nullptr) {  // SQ full: hand what we have to the kernel
-        SubmitLocked(r);
-        sqe = io_uring_get_sqe(&r->ring);
+    std::vector<IoOp*> failed;  // completed with `err` once the locks are released
+    int err = 0;
+    bool started = true;
+    {
+      std::shared_lock tables(table_mu_);
+      std::lock_guard lock(r->sq_mu);
+      inflight_.fetch_add(static_cast<int64_t>(ops.size()));
+      const unsigned base = r->ring.sq.sqe_tail;  // SQ position of ops[0]
+      size_t queued = 0;
+      for (IoOp* op : ops) {
+        io_uring_sqe* sqe;
+        while ((sqe = io_uring_get_sqe(&r->ring)) == nullptr) {
+          // SQ full: hand what we have to the kernel.
+          if ((err = SubmitLocked(r)) != 0) break;
+        }
+        if (err != 0) break;
+        PrepareLocked(sqe, op);
+        ++queued;
+        if (options_.single_submit && (err = SubmitLocked(r)) != 0) break;
       }
-      int fd = op->fd;
-      bool fixed_file = false;
-      if (auto it = slot_of_.find(op->fd); it != slot_of_.end()) {
-        fd = it->second;
-        fixed_file = true;
+      if (err == 0 && !options_.single_submit) err = SubmitLocked(r);
+      if (err != 0) {
+        std::vector<std::pair<unsigned, IoOp*>> back = ReclaimLocked(r, err);
+        size_t mine = 0;  // reclaimed ops of this batch
+        for (const auto& [pos, op] : back) {
+          if (static_cast<int>(pos - base) >= 0) ++mine;
+        }
+        started = mine < queued;
+        for (const auto& [pos, op] : back) {
+          if (started || static_cast<int>(pos - base) < 0) failed.push_back(op);
+        }
+        if (started) failed.insert(failed.end(), ops.begin() + queued, ops.end());
+        STRATA_LOG_ERROR(
+            "nvme: io_uring_submit failed: {} (errno {}); failing {} op(s) that were not submitted",
+            std::strerror(-err), -err, (started ? 0 : ops.size()) + failed.size());
       }
-      int buf_index = FindRegion(op->buf, op->len);
-      if (op->kind == IoOpKind::kRead) {
-        if (buf_index >= 0)
-          io_uring_prep_read_fixed(sqe, fd, op->buf, op->len, op->offset, buf_index);
-        else
-          io_uring_prep_read(sqe, fd, op->buf, op->len, op->offset);
-      } else {
-        if (buf_index >= 0)
-          io_uring_prep_write_fixed(sqe, fd, op->buf, op->len, op->offset, buf_index);
-        else
-          io_uring_prep_write(sqe, fd, op->buf, op->len, op->offset);
-      }
-      if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
-      io_uring_sqe_set_data(sqe, op);
-      STRATA_TSAN_RELEASE(op);
-      stats_ops_.fetch_add(1, std::memory_order_relaxed);
-      if (buf_index >= 0) stats_fixed_buf_.fetch_add(1, std::memory_order_relaxed);
-      if (fixed_file) stats_fixed_file_.fetch_add(1, std::memory_order_relaxed);
-      if (options_.single_submit) SubmitLocked(r);
     }
-    if (!options_.single_submit) SubmitLocked(r);
-    return Status::Ok();
+    if (err == 0) return Status::Ok();
+    FailOps(failed, err);
+    if (started) return Status::Ok();
+    // Nothing of this batch reached the kernel: the caller fails it.
+    if (inflight_.fetch_sub(static_cast<int64_t>(ops.size())) == static_cast<int64_t>(ops.size())) {
+      std::lock_guard lock(idle_mu_);
+      idle_cv_.notify_all();
+    }
+    return ErrnoError("io_uring_submit", -err);
   }
 
   void Shutdown() override {
@@ -235,18 +263,36 @@ class UringEngine final : public IoEngine {
     }
     for (auto& r : rings_) {
       if (!r->reaper.joinable()) continue;
+      int err = 0;
       {
         std::lock_guard lock(r->sq_mu);
-        io_uring_sqe* sqe = io_uring_get_sqe(&r->ring);
-        while (sqe == nullptr) {
-          SubmitLocked(r.get());
-          sqe = io_uring_get_sqe(&r->ring);
+        io_uring_sqe* sqe;
+        while ((sqe = io_uring_get_sqe(&r->ring)) == nullptr) {
+          if ((err = SubmitLocked(r.get())) != 0) break;
         }
-        io_uring_prep_nop(sqe);
-        io_uring_sqe_set_data64(sqe, kExitTag);
-        SubmitLocked(r.get());
+        if (err == 0) {
+          io_uring_prep_nop(sqe);
+          io_uring_sqe_set_data64(sqe, kExitTag);
+          err = SubmitLocked(r.get());
+        }
+        // No op is in flight any more: at most the NOP comes back.
+        if (err != 0) ReclaimLocked(r.get(), err);
       }
-      r->reaper.join();
+      if (err != 0) {
+        STRATA_LOG_ERROR("nvme: io_uring_submit of the exit NOP failed: {} (errno {})",
+                         std::strerror(-err), -err);
+        r->stop.store(true);
+      }
+    }
+    for (auto& r : rings_) {
+      if (!r->reaper.joinable()) continue;
+      if (!r->stop.load() || TimedReap(r.get())) {
+        r->reaper.join();
+      } else {
+        // The reaper sleeps in the kernel for good: leave it and its ring be.
+        r->reaper.detach();
+        (void)r.release();
+      }
     }
     rings_.clear();
     stopped_ = true;
@@ -275,28 +321,117 @@ class UringEngine final : public IoEngine {
     return -1;
   }
 
-  // REQUIRES: r->sq_mu held. Retries transient refusals; anything else is a
-  // broken ring, which would strand ops: that is fatal.
-  void SubmitLocked(Ring* r) {
+  // REQUIRES: r->sq_mu held. The SQE setup of one op.
+  void PrepareLocked(io_uring_sqe* sqe, IoOp* op) {
+    int fd = op->fd;
+    bool fixed_file = false;
+    if (auto it = slot_of_.find(op->fd); it != slot_of_.end()) {
+      fd = it->second;
+      fixed_file = true;
+    }
+    int buf_index = FindRegion(op->buf, op->len);
+    if (op->kind == IoOpKind::kRead) {
+      if (buf_index >= 0)
+        io_uring_prep_read_fixed(sqe, fd, op->buf, op->len, op->offset, buf_index);
+      else
+        io_uring_prep_read(sqe, fd, op->buf, op->len, op->offset);
+    } else {
+      if (buf_index >= 0)
+        io_uring_prep_write_fixed(sqe, fd, op->buf, op->len, op->offset, buf_index);
+      else
+        io_uring_prep_write(sqe, fd, op->buf, op->len, op->offset);
+    }
+    if (fixed_file) io_uring_sqe_set_flags(sqe, IOSQE_FIXED_FILE);
+    io_uring_sqe_set_data(sqe, op);
+    STRATA_TSAN_RELEASE(op);
+    stats_ops_.fetch_add(1, std::memory_order_relaxed);
+    if (buf_index >= 0) stats_fixed_buf_.fetch_add(1, std::memory_order_relaxed);
+    if (fixed_file) stats_fixed_file_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // REQUIRES: r->sq_mu held. Hands every queued SQE to the kernel. Transient
+  // refusals (EAGAIN/EBUSY: the CQ is full until the reaper catches up; EINTR)
+  // and partial submissions (the kernel took fewer SQEs than queued) are
+  // retried. Returns 0, or the -errno of a failure that left SQEs in the SQ
+  // (the caller then takes them back with ReclaimLocked).
+  int SubmitLocked(Ring* r) {
     for (int attempt = 0;; ++attempt) {
-      int ret = io_uring_submit(&r->ring);
+      int ret = internal::UringSubmitFaultForTest();
+      if (ret == 0) {
+        ret = io_uring_submit(&r->ring);
+      } else {
+        PublishLocked(r);  // as io_uring_submit does before it enters the kernel
+      }
       stats_submits_.fetch_add(1, std::memory_order_relaxed);
-      if (ret >= 0) return;
-      if ((ret == -EAGAIN || ret == -EBUSY || ret == -EINTR) && attempt < 100000) {
+      // With SQPOLL the poller takes what is left; without it nobody would.
+      if (ret >= 0 && (sqpoll_ || io_uring_sq_ready(&r->ring) == 0)) return 0;
+      if (ret >= 0) ret = -EAGAIN;
+      if ((ret == -EAGAIN || ret == -EBUSY || ret == -EINTR) && attempt < kSubmitAttempts) {
         std::this_thread::yield();
         continue;
       }
-      STRATA_LOG_ERROR("nvme: io_uring_submit failed: {} (errno {}); aborting", std::strerror(-ret), -ret);
-      std::abort();
+      return ret;
     }
   }
 
+  // REQUIRES: r->sq_mu held. Publishes the queued SQEs to the kernel the way
+  // liburing's io_uring_submit does first (for the test seam).
+  static void PublishLocked(Ring* r) {
+    io_uring_sq* sq = &r->ring.sq;
+    if (sq->sqe_head == sq->sqe_tail) return;
+    sq->sqe_head = sq->sqe_tail;
+    __atomic_store_n(sq->ktail, sq->sqe_tail, __ATOMIC_RELEASE);
+  }
+
+  // REQUIRES: r->sq_mu held; the last submission failed with `err`. Takes
+  // every SQE the kernel has not consumed back out of the SQ and returns the
+  // ops with their SQ positions, oldest first (the exit NOP is dropped).
+  // Without SQPOLL the kernel reads the SQ only inside io_uring_enter(to_submit
+  // > 0), which only SubmitLocked calls, under sq_mu: nothing races with this.
+  // With SQPOLL the kernel thread may consume published SQEs at any moment, so
+  // they are left to it unless it is gone (EOWNERDEAD).
+  std::vector<std::pair<unsigned, IoOp*>> ReclaimLocked(Ring* r, int err) {
+    std::vector<std::pair<unsigned, IoOp*>> out;
+    if (sqpoll_ && err != -EOWNERDEAD) return out;
+    io_uring_sq* sq = &r->ring.sq;
+    const unsigned head = __atomic_load_n(sq->khead, __ATOMIC_ACQUIRE);
+    for (unsigned pos = head; pos != sq->sqe_tail; ++pos) {
+      const uint64_t tag = sq->sqes[pos & sq->ring_mask].user_data;
+      if (tag != kExitTag) out.emplace_back(pos, reinterpret_cast<IoOp*>(tag));
+    }
+    sq->sqe_head = sq->sqe_tail = head;
+    __atomic_store_n(sq->ktail, head, __ATOMIC_RELEASE);
+    return out;
+  }
+
+  // Completes ops that never reached the kernel with `err` (< 0), as the
+  // reaper completes the others. REQUIRES: no engine lock held (done() may
+  // submit more).
+  void FailOps(std::span<IoOp* const> ops, int err) {
+    for (IoOp* op : ops) {
+      op->done(op, err);
+      if (inflight_.fetch_sub(1) == 1) {
+        std::lock_guard lock(idle_mu_);
+        idle_cv_.notify_all();
+      }
+    }
+  }
+
+  // Whether the reaper waits with a timeout (and so notices Ring::stop).
+  // io_uring_wait_cqe_timeout needs IORING_FEAT_EXT_ARG: without it liburing
+  // would queue a timeout SQE from the reaper thread, outside sq_mu.
+  static bool TimedReap(Ring* r) { return (r->ring.features & IORING_FEAT_EXT_ARG) != 0; }
+
   void Reap(Ring* r) {
+    const bool timed = TimedReap(r);
     bool exit = false;
     while (!exit) {
       io_uring_cqe* cqe = nullptr;
-      int ret = io_uring_wait_cqe(&r->ring, &cqe);
-      if (ret == -EINTR || ret == -EAGAIN) continue;
+      __kernel_timespec wake{1, 0};  // only matters once Ring::stop is set
+      int ret = timed ? io_uring_wait_cqe_timeout(&r->ring, &cqe, &wake)
+                      : io_uring_wait_cqe(&r->ring, &cqe);
+      if (ret < 0 && r->stop.load()) return;
+      if (ret == -ETIME || ret == -EINTR || ret == -EAGAIN) continue;
       if (ret < 0) {
         STRATA_LOG_ERROR("nvme: io_uring_wait_cqe failed: {}", std::strerror(-ret));
         continue;
@@ -346,6 +481,36 @@ class UringEngine final : public IoEngine {
 };
 
 }  // namespace
+
+namespace internal {
+namespace {
+std::atomic<bool> g_submit_fault_armed{false};
+std::mutex g_submit_fault_mu;
+int g_submit_fault_err = 0;  // guarded by g_submit_fault_mu, as the two below
+int g_submit_fault_skip = 0;
+int g_submit_fault_count = 0;
+}  // namespace
+
+void SetUringSubmitFaultForTest(int err, int skip, int count) {
+  std::lock_guard lock(g_submit_fault_mu);
+  g_submit_fault_err = std::abs(err);
+  g_submit_fault_skip = std::max(skip, 0);
+  g_submit_fault_count = std::max(count, 0);
+  g_submit_fault_armed.store(g_submit_fault_err != 0 && g_submit_fault_count > 0);
+}
+
+int UringSubmitFaultForTest() {
+  if (!g_submit_fault_armed.load(std::memory_order_relaxed)) return 0;
+  std::lock_guard lock(g_submit_fault_mu);
+  if (g_submit_fault_err == 0 || g_submit_fault_count == 0) return 0;
+  if (g_submit_fault_skip > 0) {
+    --g_submit_fault_skip;
+    return 0;
+  }
+  if (--g_submit_fault_count == 0) g_submit_fault_armed.store(false);
+  return -g_submit_fault_err;
+}
+}  // namespace internal
 
 UringProbe ProbeUring() {
   UringProbe probe;

@@ -38,4 +38,14 @@ using DirectOpenFn = int (*)(const char* path, int flags);
 void SetDirectOpenForTest(DirectOpenFn fn);
 int OpenDirect(const char* path, int flags);
 
+// Test seam of the io_uring engine, whose io_uring_submit cannot be made to
+// fail on demand otherwise: after `skip` more calls that go through, the next
+// `count` io_uring_submit calls (any ring of any engine) fail with -err without
+// entering the kernel, the queued SQEs published as a real failure leaves
+// them. err = 0 or count = 0 disarms. Thread-safe; process-wide.
+void SetUringSubmitFaultForTest(int err, int skip = 0, int count = 1);
+// What the engine consults before each io_uring_submit: 0, or the -errno to
+// fail it with.
+int UringSubmitFaultForTest();
+
 }  // namespace strata::nvme::internal

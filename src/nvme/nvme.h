@@ -164,6 +164,10 @@ class IoEngine {
   virtual Status RegisterFile(int fd) = 0;
   virtual void UnregisterFile(int fd) = 0;
   // Starts every op (one batch). On error no op of the batch was started.
+  // When the kernel refuses part of a batch after some of it started (a failed
+  // io_uring_submit), Submit returns OK and each op it could not start
+  // completes with the -errno, possibly on the calling thread. Engines never
+  // abort the process.
   virtual Status Submit(std::span<IoOp* const> ops) = 0;
   // Waits for every started op to complete, then stops the engine threads.
   // Idempotent; Submit afterwards fails with FailedPrecondition.

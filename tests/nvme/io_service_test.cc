@@ -8,6 +8,7 @@
 
 #include <thread>
 
+#include "src/nvme/internal.h"
 #include "src/nvme/nvme.h"
 #include "tests/nvme/nvme_test_util.h"
 
@@ -336,6 +337,108 @@ TEST_P(IoServiceTest, EagainIsRetriedThenSurfacesAsUnavailable) {
   std::memset(dst.data(), 0, n);
   ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 0).Wait().ok());
   EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+}
+
+// ---- io_uring_submit failures ----------------------------------------------
+
+// A failed io_uring_submit used to abort the process. Now the ops the kernel
+// did not take fail with the errno, and the engine stays usable.
+class UringSubmitFailureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_IF_NO_URING(EngineKind::kUring);
+    rng_ = MakeRng(&seed_);
+  }
+  void TearDown() override { internal::SetUringSubmitFaultForTest(0, 0, 0); }
+  std::unique_ptr<IoService> Service(IoOptions o) {
+    auto s = IoService::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return std::move(s).value();
+  }
+  std::unique_ptr<IoFile> OpenNew(IoService* io, const std::string& name) {
+    OpenOptions oo;
+    oo.create = true;
+    oo.truncate = true;
+    auto f = io->Open(dir_.str() + "/" + name, oo);
+    EXPECT_TRUE(f.ok()) << f.status();
+    return std::move(f).value();
+  }
+  // The read of [0, n) fails naming the file, an offset and the errno; the
+  // same read then succeeds with the bytes of `src`.
+  void ExpectFailedThenGoodRead(IoService* io, IoFile* f, const AlignedBuffer& src, size_t n,
+                                int err) {
+    auto dst = PoisonBuffer(n);
+    Status s = io->Read(f, dst.data(), n, 0).Wait();
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("read " + f->path() + " offset "), std::string::npos) << s;
+    EXPECT_NE(s.message().find("(errno " + std::to_string(err) + ")"), std::string::npos) << s;
+    ASSERT_TRUE(io->Read(f, dst.data(), n, 0).Wait().ok());
+    EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+  }
+
+  ScratchDir dir_{"strata-nvme"};
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+TEST_F(UringSubmitFailureTest, FailedBatchFailsItsRequestAndLaterIoWorks) {
+  SCOPED_TRACE(seed_);
+  auto io = Service(SmallOptions(EngineKind::kUring, 16 << 10, 4));
+  auto f = OpenNew(io.get(), "submit.bin");
+  const size_t n = 64 << 10;  // 4 pieces: one batch
+  auto src = RandomBuffer(rng_, n);
+  ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok());
+  internal::SetUringSubmitFaultForTest(ENXIO);
+  ExpectFailedThenGoodRead(io.get(), f.get(), src, n, ENXIO);
+  // The writes too, and a ring that fails several times in a row.
+  internal::SetUringSubmitFaultForTest(EBADF, 0, 3);
+  for (int i = 0; i < 3; ++i) {
+    Status w = io->Write(f.get(), src.data(), n, 0).Wait();
+    EXPECT_NE(w.message().find("write " + f->path() + " offset 0"), std::string::npos) << w;
+    EXPECT_NE(w.message().find("io_uring_submit"), std::string::npos) << w;
+  }
+  ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok());
+  internal::SetUringSubmitFaultForTest(EIO);
+  ExpectFailedThenGoodRead(io.get(), f.get(), src, n, EIO);
+}
+
+TEST_F(UringSubmitFailureTest, OpsAfterTheFirstSubmitOfABatchCompleteWithTheErrno) {
+  SCOPED_TRACE(seed_);
+  IoOptions o = SmallOptions(EngineKind::kUring, 16 << 10, 4);
+  o.single_submit = true;  // one io_uring_submit per op: the second of a batch fails
+  auto io = Service(o);
+  auto f = OpenNew(io.get(), "single.bin");
+  const size_t n = 64 << 10;
+  auto src = RandomBuffer(rng_, n);
+  ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok());
+  internal::SetUringSubmitFaultForTest(ENXIO, /*skip=*/1);
+  ExpectFailedThenGoodRead(io.get(), f.get(), src, n, ENXIO);
+}
+
+TEST_F(UringSubmitFailureTest, TransientRefusalsAreRetried) {
+  SCOPED_TRACE(seed_);
+  auto io = Service(SmallOptions(EngineKind::kUring, 16 << 10, 4));
+  auto f = OpenNew(io.get(), "transient.bin");
+  const size_t n = 64 << 10;
+  auto src = RandomBuffer(rng_, n);
+  auto dst = PoisonBuffer(n);
+  for (int err : {EAGAIN, EBUSY, EINTR}) {
+    internal::SetUringSubmitFaultForTest(err, 0, 5);
+    ASSERT_TRUE(io->Write(f.get(), src.data(), n, 0).Wait().ok()) << err;
+    ASSERT_TRUE(io->Read(f.get(), dst.data(), n, 0).Wait().ok()) << err;
+    EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
+  }
+}
+
+TEST_F(UringSubmitFailureTest, ShutdownWithABrokenRingReturns) {
+  auto io = Service(SmallOptions(EngineKind::kUring, 16 << 10, 4, 2));
+  auto f = OpenNew(io.get(), "broken.bin");
+  auto src = RandomBuffer(rng_, 4096);
+  ASSERT_TRUE(io->Write(f.get(), src.data(), 4096, 0).Wait().ok());
+  internal::SetUringSubmitFaultForTest(ENXIO, 0, 1 << 30);
+  EXPECT_FALSE(io->Read(f.get(), src.data(), 4096, 0).Wait().ok());
+  f.reset();
+  io.reset();  // the exit NOPs cannot be submitted: the reapers must stop anyway
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, IoServiceTest,
