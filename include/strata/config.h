@@ -159,7 +159,20 @@ struct StrataConfig {
   int64_t threads = 0;              // CPU optimizer threads; 0 = all cores of the NUMA node
   IoEngineKind io_engine = IoEngineKind::kAuto;
   bool io_sqpoll = false;             // io_uring SQPOLL
-  bool delayed_param_update = false;  // ZeRO-Offload's one-step delayed update (DPU)
+  // The optimizer step runs in the background while the next forward pass
+  // starts: a module's forward waits only for the sub-groups holding its
+  // parameters. Arithmetic is unchanged (bitwise the same parameters); an
+  // I/O error of the step is reported by the next Engine call instead of by
+  // Step(). false = Step() returns when the optimizer is done (DeepSpeed's
+  // behaviour).
+  bool overlap_optimizer = true;
+  // ZeRO-Offload's one-step delayed parameter update (DPU): the optimizer of
+  // step t runs during forward/backward of step t+1, which uses the
+  // parameters of step t-1. Off by default: it changes the trajectory.
+  bool delayed_param_update = false;
+  // Optimizer steps taken synchronously before DPU starts (the ZeRO-Offload
+  // paper starts it after a few dozen steps, when gradients change slowly).
+  int64_t delayed_param_update_warmup = 0;
   HostDeviceConfig host_device;
   ModelConfig model;  // strata.model
 

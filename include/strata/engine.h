@@ -75,7 +75,8 @@ struct StepStats {
   double compute_s = 0.0;         // time between hooks (the framework's compute)
   double grad_offload_s = 0.0;    // busy time of gradient D2H + accumulation
   double optimizer_s = 0.0;       // busy time of the CPU optimizer
-  double optimizer_wall_s = 0.0;  // wall time of the optimizer phase in Step()
+  double optimizer_wall_s = 0.0;  // wall time Step() spent on the optimizer (blocking part)
+  double optimizer_wait_s = 0.0;  // hooks blocked for the previous step's new parameters
   double nvme_busy_s = 0.0;       // wall time with NVMe requests in flight
   double pcie_busy_s = 0.0;       // busy time of H2D + D2H copies
   int64_t nvme_read_bytes = 0;
@@ -130,9 +131,27 @@ class Engine {
   // applies the optimizer: fp16 overflow → skipped (loss scale lowered);
   // gradient clipping by global norm; updated parameters copied to where
   // offload_param says.
+  //
+  // With strata.overlap_optimizer (the default) Step() returns once the
+  // global checks are done and the optimizer has started; it runs on while
+  // the next forward pass begins, and BeforeForward/BeforeBackward of a
+  // module wait only for the sub-groups holding its parameters, so the
+  // arithmetic is exactly that of a blocking step. An error of that step
+  // (NVMe I/O) is returned by the next Engine call (any hook, Step,
+  // ZeroGrad, ReadParameter or Synchronize); the engine has then rolled the
+  // step back: parameters and optimizer states are those before it, the
+  // window's gradients are discarded, and a micro-batch in progress must be
+  // restarted from its first module. With strata.delayed_param_update the
+  // step runs during the whole next window, which uses the parameters from
+  // before it (ZeRO-Offload's DPU); its outputs become current at the next
+  // Step() (or Synchronize()).
   virtual StatusOr<StepStats> Step() = 0;
   // Discards accumulated gradients.
   virtual Status ZeroGrad() = 0;
+  // Waits for the optimizer step in flight, commits it (its parameters become
+  // the current ones) and returns its error, if any. For checkpoints and
+  // evaluation; ReadParameter does this itself.
+  virtual Status Synchronize() = 0;
 
   // Multiply the loss by this before backward (1 unless fp16 is enabled).
   virtual double loss_scale() const = 0;

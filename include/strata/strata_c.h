@@ -73,6 +73,10 @@ int strata_before_backward(strata_engine* engine, int module, void** params, voi
 int strata_after_backward(strata_engine* engine, int module);
 int strata_step(strata_engine* engine, strata_step_stats* stats /* may be NULL */);
 int strata_zero_grad(strata_engine* engine);
+/* Waits for the optimizer step running in the background
+   (strata.overlap_optimizer, delayed_param_update), commits it and returns
+   its error, if any. */
+int strata_synchronize(strata_engine* engine);
 
 double strata_loss_scale(const strata_engine* engine);
 void* strata_compute_stream(const strata_engine* engine);

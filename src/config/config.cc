@@ -520,7 +520,9 @@ Status ReadStrata(Section& s, StrataConfig* st) {
   RETURN_IF_ERROR(s.Int("threads", &st->threads));
   RETURN_IF_ERROR(s.Enum("io_engine", kIoEngines, &st->io_engine));
   RETURN_IF_ERROR(s.Bool("io_sqpoll", &st->io_sqpoll));
+  RETURN_IF_ERROR(s.Bool("overlap_optimizer", &st->overlap_optimizer));
   RETURN_IF_ERROR(s.Bool("delayed_param_update", &st->delayed_param_update));
+  RETURN_IF_ERROR(s.Int("delayed_param_update_warmup", &st->delayed_param_update_warmup));
   std::optional<Section> host;
   RETURN_IF_ERROR(s.Child("host_device", &host));
   if (host) {
@@ -793,6 +795,7 @@ Status ValidateConfig(const Config& c) {
   k.NonNegative("strata.hbm_budget", s.hbm_budget_bytes);
   k.NonNegative("strata.pinned_budget", s.pinned_budget_bytes);
   k.NonNegative("strata.threads", s.threads);
+  k.NonNegative("strata.delayed_param_update_warmup", s.delayed_param_update_warmup);
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);
   const ModelConfig& m = s.model;
@@ -930,7 +933,9 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"threads", s.threads},
                       {"io_engine", IoEngineKindName(s.io_engine)},
                       {"io_sqpoll", s.io_sqpoll},
+                      {"overlap_optimizer", s.overlap_optimizer},
                       {"delayed_param_update", s.delayed_param_update},
+                      {"delayed_param_update_warmup", s.delayed_param_update_warmup},
                       {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
                                             {"link_latency_us", s.host_device.link_latency_us}}},
                       {"model", ojson{{"layers", s.model.layers},

@@ -145,6 +145,10 @@ int strata_zero_grad(strata_engine* e) {
   return e ? Check(e->engine->ZeroGrad()) : NullArg("engine");
 }
 
+int strata_synchronize(strata_engine* e) {
+  return e ? Check(e->engine->Synchronize()) : NullArg("engine");
+}
+
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
 
 void* strata_compute_stream(const strata_engine* e) {

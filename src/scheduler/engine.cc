@@ -176,6 +176,7 @@ struct ModuleRec {
   bool prefetched = false;  // fetch started by a prefetch, not by demand
   DeviceBuffer grad;
   bool registered = false;  // at least one parameter
+  int last_group = -1;      // the sub-group holding its last element (-1: none)
 };
 
 struct SubGroup {
@@ -196,6 +197,35 @@ struct DeferredFree {
   std::unique_ptr<Event> after;
 };
 
+// An optimizer step running on its own thread (strata.overlap_optimizer,
+// strata.delayed_param_update). Sub-groups are stepped in order; the thread
+// publishes its progress through `groups_done`, and the main thread commits
+// or rolls the step back once it has finished (FinishStep).
+struct AsyncStep {
+  std::thread thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<size_t> groups_done{0};  // written under mu: sub-groups stepped, in order
+  bool finished = false;               // GUARDED_BY(mu)
+  Status status;                       // GUARDED_BY(mu)
+  // Set by the thread before it finishes (read after join).
+  bool advanced = false;  // in-memory states moved to the new step
+  std::vector<int> param_write_failed;  // modules whose NVMe parameter write failed
+
+  // Set at launch (main thread).
+  bool delayed = false;  // DPU: its parameters are used from the next Step() on
+  bool background = false;  // on its own thread (else run inside Step())
+  const float* grads = nullptr;  // the accumulator it consumes (zeroed as it goes)
+  float* grads_mut = nullptr;
+  cpu_adam::HyperParams hp;
+  int64_t step = 0;  // the optimizer step it computes (1-based)
+  int64_t launched_ns = 0;
+  LossScaler scaler_before;
+  // Main thread: modules whose new parameters were uploaded into the device
+  // parameter block during the step (offload_param none).
+  std::vector<uint8_t> uploaded;
+};
+
 class EngineImpl final : public Engine {
  public:
   EngineImpl(Config config, EngineTestHooks hooks)
@@ -213,6 +243,7 @@ class EngineImpl final : public Engine {
   Status AfterBackward(int module) override;
   StatusOr<StepStats> Step() override;
   Status ZeroGrad() override;
+  Status Synchronize() override;
   double loss_scale() const override { return scaler_.scale(); }
   void* ComputeStream() const override { return dev_->compute().native_handle(); }
   StatusOr<void*> AllocateWorkspace(int64_t bytes) override;
@@ -257,15 +288,29 @@ class EngineImpl final : public Engine {
   Status DrainGrads();
   void Accumulate(const GradJob& job);
 
-  // Optimizer.
+  // Optimizer. A step is launched by Step() (LaunchStep) and runs RunStep
+  // on its own thread, or inline without overlap; FinishStep joins it and
+  // commits (CommitStep) or rolls it back (RollbackStep).
   cpu_adam::HyperParams HyperParamsFor(float grad_scale) const;
-  // *advanced: the optimizer states moved to the new step (even if the step
-  // then failed to write parameters out).
-  Status StepCpuStates(float grad_scale, bool* advanced);
-  Status StepNvmeStates(float grad_scale);
-  Status WriteParamShards(int64_t elem_begin, int64_t elem_end, std::vector<nvme::IoHandle>& out);
-  Status Publish();
+  void LaunchStep(float grad_scale, bool delayed, bool background);
+  void RunStep(AsyncStep* job);
+  // Sub-group g of the step is done: its gradients are zeroed and modules
+  // whose last element is in it may use the new parameters.
+  void GroupDone(AsyncStep* job, size_t g);
+  Status StepCpuStates(AsyncStep* job);
+  Status StepNvmeStates(AsyncStep* job);
+  Status WriteParamShards(int64_t elem_begin, int64_t elem_end,
+                          std::vector<std::pair<int, nvme::IoHandle>>& out);
+  Status FinishStep();
+  Status CommitStep(AsyncStep& job);
+  void RollbackStep(AsyncStep& job);
+  Status PollStep();  // finishes a step that has ended (error, or commit when not delayed)
+  Status AwaitModule(int module);  // waits for a module's parameters of the step in flight
+  bool ModuleReady(int module) const;
+  bool reading_next_params() const { return inflight_ && !inflight_->delayed; }
+  Status InvalidateDeviceCopies();
   void GlobalChecks(bool* overflow, double* sumsq);
+  void ClearGradients();
 
   // Timing helpers.
   void NoteHookEntry();
@@ -318,7 +363,10 @@ class EngineImpl final : public Engine {
   std::vector<int> module_version_;         // per module, nvme: active version
   int64_t optimizer_steps_ = 0;
   int micro_batches_ = 0;
-  bool params_stale_on_nvme_ = false;
+  std::unique_ptr<AsyncStep> inflight_;  // the step running in the background
+  HostArray grad_alt_;                   // DPU: the accumulator of the next window
+  bool grads_since_launch_ = false;      // gradients were handed over since LaunchStep
+  bool mirror_params_ = false;           // offload_param none: host_params_ mirrors the device
 
   std::vector<DeferredFree> deferred_;
   std::map<void*, DeviceBuffer> workspaces_;
@@ -342,9 +390,11 @@ class EngineImpl final : public Engine {
   int64_t fetch_wait_ns_ = 0;
   std::atomic<int64_t> h2d_busy_ns_{0}, d2h_busy_ns_{0};
   std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
-  int64_t nvme_read_bytes_ = 0, nvme_written_bytes_ = 0;
-  std::vector<std::pair<int64_t, int64_t>> nvme_intervals_;
-  int64_t optimizer_ns_ = 0;
+  std::atomic<int64_t> nvme_read_bytes_{0}, nvme_written_bytes_{0};
+  std::mutex stats_mu_;  // the optimizer thread notes NVMe intervals too
+  std::vector<std::pair<int64_t, int64_t>> nvme_intervals_;  // GUARDED_BY(stats_mu_)
+  std::atomic<int64_t> optimizer_ns_{0};
+  int64_t optimizer_wait_ns_ = 0;
   int64_t prefetch_hits_ = 0, fetch_misses_ = 0;
   int64_t pinned_high_water_ = 0;
 };
@@ -354,6 +404,9 @@ class EngineImpl final : public Engine {
 // ---------------------------------------------------------------------------
 
 EngineImpl::~EngineImpl() {
+  // A step still running in the background ends first; it is not committed
+  // (nothing reads the engine's state any more).
+  if (inflight_ && inflight_->thread.joinable()) inflight_->thread.join();
   if (dev_) dev_->Synchronize().IgnoreError();
   {
     std::lock_guard<std::mutex> lock(grad_mu_);
@@ -553,6 +606,14 @@ void EngineImpl::ComputePlan(int64_t hbm_budget, int64_t pinned_budget) {
     dram.needed_bytes += total_param_bytes_;
     parts.push_back("parameters " + Bytes(total_param_bytes_));
   }
+  if (param_place() == OffloadDevice::kNone && cfg_.strata.overlap_optimizer) {
+    dram.needed_bytes += total_param_bytes_;
+    parts.push_back("parameter mirror (overlap_optimizer) " + Bytes(total_param_bytes_));
+  }
+  if (cfg_.strata.delayed_param_update) {
+    dram.needed_bytes += 4 * n;
+    parts.push_back("second gradient accumulator (delayed_param_update) " + Bytes(4 * n));
+  }
   const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   dram.available_bytes = (pages > 0 && page > 0) ? static_cast<int64_t>(pages) * page : 0;
   dram.detail = fmt::format("{}", fmt::join(parts, " + "));
@@ -602,6 +663,8 @@ Status EngineImpl::Plan() {
     groups_.push_back({b, std::min(total_elems_, b + sg)});
     max_group_elems_ = std::max(max_group_elems_, groups_.back().elems());
   }
+  for (auto& m : modules_)
+    m.last_group = m.elems() > 0 ? static_cast<int>((m.elem_end - 1) / sg) : -1;
   grad_staging_bytes_ = std::min<int64_t>(std::max<int64_t>(max_module_bytes_, 4096),
                                           std::max<int64_t>(zo.reduce_bucket_size * 2, 4096));
 
@@ -645,6 +708,10 @@ Status EngineImpl::AllocateStates() {
   RETURN_IF_ERROR(grad_acc_.Allocate(4 * n, nullptr, "gradient accumulator"));
   std::memset(grad_acc_.data(), 0, static_cast<size_t>(4 * n));
   RETURN_IF_ERROR(next_params_.Allocate(total_param_bytes_, pin_par, "updated parameters"));
+  if (cfg_.strata.delayed_param_update) {
+    RETURN_IF_ERROR(grad_alt_.Allocate(4 * n, nullptr, "second gradient accumulator"));
+    std::memset(grad_alt_.data(), 0, static_cast<size_t>(4 * n));
+  }
 
   switch (opt_place()) {
     case OffloadDevice::kNone: {
@@ -672,6 +739,12 @@ Status EngineImpl::AllocateStates() {
     case OffloadDevice::kNone: {
       ASSIGN_OR_RETURN(device_params_, dev_->Allocate(static_cast<size_t>(total_param_bytes_)));
       ASSIGN_OR_RETURN(params_uploaded_, dev_->CreateEvent());
+      // With the optimizer overlapping the next forward, modules are uploaded
+      // one by one as the step finishes them; the mirror holds the previous
+      // parameters so that a step failing half-way can be undone.
+      mirror_params_ = cfg_.strata.overlap_optimizer;
+      if (mirror_params_)
+        RETURN_IF_ERROR(host_params_.Allocate(total_param_bytes_, pin_par, "parameter mirror"));
       break;
     }
     case OffloadDevice::kCpu:
@@ -792,6 +865,8 @@ Status EngineImpl::InitializeStates() {
       RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
       RETURN_IF_ERROR(dev_->h2d().Synchronize());
       h2d_bytes_ += total_param_bytes_;
+      if (mirror_params_)
+        std::memcpy(host_params_.data(), next, static_cast<size_t>(total_param_bytes_));
       break;
     case OffloadDevice::kCpu:
       std::memcpy(host_params_.data(), next, static_cast<size_t>(total_param_bytes_));
@@ -910,7 +985,10 @@ Status Timed(Stream& s, Timeline* timeline, std::string track, std::string name,
 
 Status EngineImpl::StartCopy(ModuleRec& m) {
   const int idx = static_cast<int>(&m - modules_.data());
-  const void* src = param_place() == OffloadDevice::kCpu
+  // While a step runs (not delayed), modules it has finished are copied from
+  // its copy-out target: the new values, without a trip through NVMe.
+  const void* src = reading_next_params() ? next_params_.as<uint8_t>() + m.byte_begin
+                    : param_place() == OffloadDevice::kCpu
                         ? static_cast<const uint8_t*>(host_params_.data()) + m.byte_begin
                         : m.staging.data();
   const int64_t bytes = m.bytes();
@@ -931,7 +1009,10 @@ Status EngineImpl::StartCopy(ModuleRec& m) {
 
 void EngineImpl::NoteNvme(int64_t start_ns, int64_t end_ns, int64_t bytes, bool write,
                           const std::string& name) {
-  nvme_intervals_.emplace_back(start_ns, end_ns);
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    nvme_intervals_.emplace_back(start_ns, end_ns);
+  }
   (write ? nvme_written_bytes_ : nvme_read_bytes_) += bytes;
   timeline_.Add(write ? "nvme write" : "nvme read", name, "nvme", start_ns, end_ns - start_ns,
                 bytes);
@@ -968,7 +1049,7 @@ Status EngineImpl::Fetch(int module, bool prefetch) {
     ASSIGN_OR_RETURN(m.buf, AllocDevice(m.bytes(), module));
   }
   m.prefetched = prefetch;
-  if (param_place() == OffloadDevice::kCpu) return StartCopy(m);
+  if (param_place() == OffloadDevice::kCpu || reading_next_params()) return StartCopy(m);
   // NVMe → pinned staging → HBM.
   StatusOr<PinnedBuffer> staging = param_pool_->Acquire(static_cast<size_t>(IoBytes(m.bytes())));
   while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
@@ -1003,6 +1084,7 @@ Status EngineImpl::Fetch(int module, bool prefetch) {
 }
 
 Status EngineImpl::WaitResident(int module) {
+  RETURN_IF_ERROR(AwaitModule(module));
   if (!params_offloaded()) {
     if (params_uploaded_) {
       if (dev_->is_host()) {
@@ -1042,6 +1124,7 @@ Status EngineImpl::Prefetch() {
   for (int next : trace_->Lookahead(zo.stage3_prefetch_bucket_size)) {
     ModuleRec& m = modules_[next];
     if (m.residency != Residency::kAbsent) continue;
+    if (reading_next_params() && !ModuleReady(next)) break;  // the step has not reached it
     if (!m.persistent && live + m.elems() > zo.stage3_max_live_parameters) break;
     RETURN_IF_ERROR(Fetch(next, true));
     if (m.residency == Residency::kAbsent) break;  // no room now: stop here
@@ -1085,9 +1168,9 @@ void EngineImpl::NoteHookExit() { last_hook_exit_ns_ = NowNanos(); }
 // in use. Prefetching follows in the caller, after any allocation of its own.
 Status EngineImpl::Acquire(int module) {
   trace_->Observe(module);
-  const int64_t t0 = NowNanos();
+  const int64_t t0 = NowNanos(), waited0 = optimizer_wait_ns_;
   RETURN_IF_ERROR(WaitResident(module));
-  fetch_wait_ns_ += NowNanos() - t0;
+  fetch_wait_ns_ += (NowNanos() - t0) - (optimizer_wait_ns_ - waited0);
   modules_[module].in_use = true;
   return Status();
 }
@@ -1096,6 +1179,7 @@ StatusOr<ModuleView> EngineImpl::BeforeForward(int module) {
   NoteHookEntry();
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(CheckModule(module, "BeforeForward"));
+  RETURN_IF_ERROR(PollStep());
   RETURN_IF_ERROR(Pump());
   RETURN_IF_ERROR(Acquire(module));
   RETURN_IF_ERROR(Prefetch());
@@ -1108,6 +1192,7 @@ Status EngineImpl::AfterForward(int module) {
   NoteHookEntry();
   RETURN_IF_ERROR(CheckModule(module, "AfterForward"));
   if (!planned_) return FailedPreconditionError("AfterForward before any BeforeForward");
+  RETURN_IF_ERROR(PollStep());
   RETURN_IF_ERROR(FinishUse(module));
   RETURN_IF_ERROR(Pump());
   NoteHookExit();
@@ -1118,6 +1203,7 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
   NoteHookEntry();
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(CheckModule(module, "BeforeBackward"));
+  RETURN_IF_ERROR(PollStep());
   RETURN_IF_ERROR(Pump());
   ModuleRec& m = modules_[module];
   if (m.grad)
@@ -1139,6 +1225,7 @@ Status EngineImpl::AfterBackward(int module) {
   ModuleRec& m = modules_[module];
   if (!m.grad)
     return FailedPreconditionError(fmt::format("AfterBackward({}) without BeforeBackward", module));
+  grads_since_launch_ = true;
   // The gradients are complete once the framework's work on the compute
   // stream is; the D2H stream waits for that, then copies them out in chunks.
   RETURN_IF_ERROR(dev_->compute().Record(*m.computed));
@@ -1267,7 +1354,19 @@ Status EngineImpl::DrainGrads() {
 
 Status EngineImpl::ZeroGrad() {
   if (!planned_) return Status();
+  RETURN_IF_ERROR(PollStep());
+  if (reading_next_params()) {
+    // The step in flight zeroes the accumulator as it consumes it: with no
+    // gradients added since, there is nothing to do (and no reason to wait).
+    if (!grads_since_launch_) {
+      micro_batches_ = 0;
+      return DrainGrads();
+    }
+    RETURN_IF_ERROR(FinishStep());
+  }
+  // With DPU in flight, the step owns the other accumulator; this one is ours.
   RETURN_IF_ERROR(DrainGrads());
+  grads_since_launch_ = false;
   float* acc = grad_acc_.as<float>();
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, total_elems_, kNormBlock), [&](const auto& r) {
     std::memset(acc + r.begin(), 0, static_cast<size_t>(r.end() - r.begin()) * 4);
@@ -1339,7 +1438,8 @@ size_t ParamAt(const std::vector<int>& order, const std::vector<ParamRec>& param
 }
 }  // namespace
 
-Status EngineImpl::WriteParamShards(int64_t eb, int64_t ee, std::vector<nvme::IoHandle>& out) {
+Status EngineImpl::WriteParamShards(int64_t eb, int64_t ee,
+                                    std::vector<std::pair<int, nvme::IoHandle>>& out) {
   // A module is written whole (page-aligned, see kIoAlign) once the sub-group
   // holding its last element has been stepped: sub-groups run in order, so
   // all of its elements have been copied out by then.
@@ -1348,8 +1448,9 @@ Status EngineImpl::WriteParamShards(int64_t eb, int64_t ee, std::vector<nvme::Io
     const ModuleRec& m = modules_[mi];
     if (m.elems() == 0 || m.elem_end <= eb || m.elem_end > ee) continue;
     const int64_t bytes = IoBytes(m.bytes());
-    out.push_back(swap_->Write(ModuleShard(static_cast<int>(mi), 1 - module_version_[mi]), 0,
-                               next + m.byte_begin, static_cast<size_t>(bytes)));
+    out.emplace_back(static_cast<int>(mi),
+                     swap_->Write(ModuleShard(static_cast<int>(mi), 1 - module_version_[mi]), 0,
+                                  next + m.byte_begin, static_cast<size_t>(bytes)));
     nvme_written_bytes_ += bytes;
   }
   return Status();
@@ -1383,59 +1484,70 @@ std::vector<cpu_adam::ShardStep> Slices(const std::vector<ParamRec>& params,
   }
   return out;
 }
-}  // namespace
 
-Status EngineImpl::StepCpuStates(float grad_scale, bool* advanced) {
-  const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
-  std::vector<int> order(params_.size());
+std::vector<int> ElemOrder(const std::vector<ParamRec>& params) {
+  std::vector<int> order(params.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
   std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
-  std::vector<nvme::IoHandle> writes;
+            [&](int a, int b) { return params[a].elem_off < params[b].elem_off; });
+  return order;
+}
+}  // namespace
+
+void EngineImpl::GroupDone(AsyncStep* job, size_t g) {
+  const SubGroup& sg = groups_[g];
+  std::memset(job->grads_mut + sg.elem_begin, 0, static_cast<size_t>(sg.elems()) * 4);
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->groups_done.store(g + 1, std::memory_order_release);
+  }
+  job->cv.notify_all();
+}
+
+Status EngineImpl::StepCpuStates(AsyncStep* job) {
+  const std::vector<int> order = ElemOrder(params_);
+  std::vector<std::pair<int, nvme::IoHandle>> writes;
   std::vector<int64_t> write_issue;
-  Status first_error;
   for (size_t g = 0; g < groups_.size(); ++g) {
+    if (hooks_.before_sub_group) hooks_.before_sub_group(g);
     const SubGroup& sg = groups_[g];
     auto shards = Slices(params_, order, sg.elem_begin, sg.elem_end, 0, master_, exp_avg_,
-                         exp_avg_sq_, grad_acc_.as<float>(), next_params_.as<uint8_t>(), hp);
+                         exp_avg_sq_, job->grads, next_params_.as<uint8_t>(), job->hp);
     const int64_t t0 = NowNanos();
     StatusOr<cpu_adam::StepResult> r = adam_->StepMany(shards);
     const int64_t t1 = NowNanos();
     optimizer_ns_ += t1 - t0;
     timeline_.Add("cpu adam", fmt::format("sub-group {}", g), "optimizer", t0, t1 - t0, 0);
     if (!r.ok()) return r.status().WithContext(fmt::format("optimizer, sub-group {}", g));
-    *advanced = true;
+    job->advanced = true;
     if (param_place() == OffloadDevice::kNvme) {
       const size_t before = writes.size();
       RETURN_IF_ERROR(WriteParamShards(sg.elem_begin, sg.elem_end, writes));
       for (size_t i = before; i < writes.size(); ++i) write_issue.push_back(t1);
     }
+    GroupDone(job, g);
   }
+  Status first_error;
   for (size_t i = 0; i < writes.size(); ++i) {
-    Status s = writes[i].Wait();
-    NoteNvme(write_issue[i], NowNanos(), static_cast<int64_t>(writes[i].bytes()), true,
+    Status s = writes[i].second.Wait();
+    NoteNvme(write_issue[i], NowNanos(), static_cast<int64_t>(writes[i].second.bytes()), true,
              "write params");
-    if (!s.ok() && first_error.ok()) first_error = s;
+    if (s.ok()) continue;
+    job->param_write_failed.push_back(writes[i].first);
+    if (first_error.ok()) first_error = s;
   }
   if (!first_error.ok()) {
-    params_stale_on_nvme_ = true;
-    return DataLossError(
-        fmt::format("step {}: the optimizer states and fp32 master parameters were updated, but "
-                    "writing the updated "
-                    "parameters to NVMe failed ({}); the parameters on NVMe stay those of step {} "
-                    "until the next "
-                    "successful step rewrites them",
-                    optimizer_steps_ + 1, first_error.ToString(), optimizer_steps_));
+    return DataLossError(fmt::format(
+        "step {}: the optimizer states and fp32 master parameters were updated, but writing the "
+        "updated parameters of {} module(s) to NVMe failed ({}); those modules' parameters on "
+        "NVMe stay those of step {} until the next successful step rewrites them",
+        job->step, job->param_write_failed.size(), first_error.ToString(), job->step - 1));
   }
   return Status();
 }
 
-Status EngineImpl::StepNvmeStates(float grad_scale) {
-  const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
-  std::vector<int> order(params_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(),
-            [&](int a, int b) { return params_[a].elem_off < params_[b].elem_off; });
+Status EngineImpl::StepNvmeStates(AsyncStep* job) {
+  const std::vector<int> order = ElemOrder(params_);
   const size_t G = groups_.size();
   const int64_t want = std::max<int64_t>(1, cfg_.zero_optimization.offload_optimizer.buffer_count);
   std::vector<PinnedBuffer> buffers;
@@ -1448,33 +1560,30 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
     buffers.push_back(std::move(*b));
   }
   const size_t B = buffers.size();
-  std::vector<nvme::IoHandle> reads(G), writes(G), param_writes;
+  std::vector<nvme::IoHandle> reads(G), writes(G);
+  std::vector<std::pair<int, nvme::IoHandle>> param_writes;
   std::vector<int64_t> read_issue(G, 0), write_issue(G, 0);
   std::vector<bool> write_noted(G, false);
   Status error;
 
+  auto note_write = [&](size_t g) {
+    Status s = writes[g].Wait();
+    NoteNvme(write_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), true,
+             fmt::format("write state {}", g));
+    write_noted[g] = true;
+    if (!s.ok() && error.ok())
+      error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g));
+  };
   auto note_writes = [&](bool wait) {
     for (size_t g = 0; g < G; ++g) {
       if (!writes[g].valid() || write_noted[g]) continue;
       if (!wait && !writes[g].Poll()) continue;
-      Status s = writes[g].Wait();
-      NoteNvme(write_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), true,
-               fmt::format("write state {}", g));
-      write_noted[g] = true;
-      if (!s.ok() && error.ok())
-        error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g));
+      note_write(g);
     }
   };
   auto issue_read = [&](size_t g) {
-    if (g >= B && writes[g - B].valid() && !write_noted[g - B]) {
-      // The buffer is still being written out for sub-group g - B.
-      Status s = writes[g - B].Wait();
-      NoteNvme(write_issue[g - B], NowNanos(), IoBytes(12 * groups_[g - B].elems()), true,
-               fmt::format("write state {}", g - B));
-      write_noted[g - B] = true;
-      if (!s.ok() && error.ok())
-        error = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g - B));
-    }
+    // The buffer may still be being written out for sub-group g - B.
+    if (g >= B && writes[g - B].valid() && !write_noted[g - B]) note_write(g - B);
     read_issue[g] = NowNanos();
     reads[g] = swap_->Read(StateShard(g, state_version_[g]), 0, buffers[g % B].data(),
                            static_cast<size_t>(IoBytes(12 * groups_[g].elems())));
@@ -1487,6 +1596,7 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
     for (size_t j = g + 1; j < G && j <= g + lookahead; ++j)
       if (!reads[j].valid() && (j < B || write_noted[j - B] || !writes[j - B].valid() || j - B < g))
         issue_read(j);
+    if (hooks_.before_sub_group) hooks_.before_sub_group(g);
     Status rs = reads[g].Wait();
     NoteNvme(read_issue[g], NowNanos(), IoBytes(12 * groups_[g].elems()), false,
              fmt::format("read state {}", g));
@@ -1499,7 +1609,7 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
     float* buf = buffers[g % B].as<float>();
     const int64_t e = sg.elems();
     auto shards = Slices(params_, order, sg.elem_begin, sg.elem_end, sg.elem_begin, buf, buf + e,
-                         buf + 2 * e, grad_acc_.as<float>(), next_params_.as<uint8_t>(), hp);
+                         buf + 2 * e, job->grads, next_params_.as<uint8_t>(), job->hp);
     const int64_t t0 = NowNanos();
     StatusOr<cpu_adam::StepResult> r = adam_->StepMany(shards);
     const int64_t t1 = NowNanos();
@@ -1516,6 +1626,7 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
       Status ws = WriteParamShards(sg.elem_begin, sg.elem_end, param_writes);
       if (!ws.ok()) error = ws;
     }
+    GroupDone(job, g);
     note_writes(false);
   }
   // Everything in flight lands before the buffers go back to the pool.
@@ -1523,24 +1634,134 @@ Status EngineImpl::StepNvmeStates(float grad_scale) {
     if (reads[g].valid()) reads[g].Wait().IgnoreError();
   note_writes(true);
   const int64_t pw0 = NowNanos();
-  for (auto& h : param_writes) {
+  for (auto& [module, h] : param_writes) {
     Status s = h.Wait();
-    if (!s.ok() && error.ok()) error = s.WithContext("writing updated parameters to NVMe");
+    if (!s.ok() && error.ok())
+      error = s.WithContext(fmt::format("writing the updated parameters of module {} to NVMe",
+                                        module));
   }
-  if (!param_writes.empty()) nvme_intervals_.emplace_back(pw0, NowNanos());
+  if (!param_writes.empty()) {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    nvme_intervals_.emplace_back(pw0, NowNanos());
+  }
   if (!error.ok()) {
     return error.WithContext(
         fmt::format("step {} failed; the previous parameters and optimizer states are intact (the "
-                    "new versions were "
-                    "not committed)",
-                    optimizer_steps_ + 1));
+                    "new versions were not committed)",
+                    job->step));
   }
-  for (auto& v : state_version_) v = 1 - v;  // commit
+  for (auto& v : state_version_) v = 1 - v;  // commit (only the optimizer reads these)
   return Status();
 }
 
-Status EngineImpl::Publish() {
-  // Device copies of parameters are stale now.
+void EngineImpl::RunStep(AsyncStep* job) {
+  Status s = opt_place() == OffloadDevice::kNvme ? StepNvmeStates(job) : StepCpuStates(job);
+  {
+    std::lock_guard<std::mutex> lock(job->mu);
+    job->finished = true;
+    job->status = s;
+  }
+  job->cv.notify_all();
+}
+
+void EngineImpl::LaunchStep(float grad_scale, bool delayed, bool background) {
+  auto job = std::make_unique<AsyncStep>();
+  job->delayed = delayed;
+  job->background = background;
+  job->hp = HyperParamsFor(grad_scale);
+  job->step = optimizer_steps_ + 1;
+  job->scaler_before = scaler_;
+  job->launched_ns = NowNanos();
+  job->uploaded.assign(modules_.size(), 0);
+  if (delayed) grad_acc_.swap(grad_alt_);  // the next window accumulates into the other one
+  job->grads_mut = delayed ? grad_alt_.as<float>() : grad_acc_.as<float>();
+  job->grads = job->grads_mut;
+  ++optimizer_steps_;
+  scaler_.Update(false);
+  grads_since_launch_ = false;
+  inflight_ = std::move(job);
+  AsyncStep* j = inflight_.get();
+  if (background) {
+    j->thread = std::thread([this, j] { RunStep(j); });
+  } else {
+    RunStep(j);
+  }
+}
+
+bool EngineImpl::ModuleReady(int module) const {
+  const int g = modules_[module].last_group;
+  return g < 0 || inflight_->groups_done.load(std::memory_order_acquire) > static_cast<size_t>(g);
+}
+
+Status EngineImpl::PollStep() {
+  if (!inflight_) return Status();
+  bool finished = false, ok = true;
+  {
+    std::lock_guard<std::mutex> lock(inflight_->mu);
+    finished = inflight_->finished;
+    ok = inflight_->status.ok();
+  }
+  if (!finished || (inflight_->delayed && ok)) return Status();  // DPU: committed by Step()
+  return FinishStep();
+}
+
+Status EngineImpl::AwaitModule(int module) {
+  RETURN_IF_ERROR(PollStep());
+  if (!reading_next_params()) return Status();
+  AsyncStep& job = *inflight_;
+  if (!ModuleReady(module)) {
+    const int64_t t0 = NowNanos();
+    {
+      std::unique_lock<std::mutex> lock(job.mu);
+      job.cv.wait(lock, [&] { return job.finished || ModuleReady(module); });
+    }
+    optimizer_wait_ns_ += NowNanos() - t0;
+    // Finished without reaching the module: the step failed (rolled back).
+    if (!ModuleReady(module)) return FinishStep();
+  }
+  if (param_place() != OffloadDevice::kNone || job.uploaded[module]) return Status();
+  // offload_param none: the module's new parameters go into its part of the
+  // device block now, ahead of the rest of the step.
+  ModuleRec& m = modules_[module];
+  if (m.bytes() > 0) {
+    RETURN_IF_ERROR(Timed(dev_->h2d(), &timeline_, "pcie h2d",
+                          fmt::format("updated module {}", module), "pcie", m.bytes(),
+                          &h2d_busy_ns_, [&] {
+                            return dev_->CopyH2D(device_params_.as<uint8_t>() + m.byte_begin,
+                                                 next_params_.as<uint8_t>() + m.byte_begin,
+                                                 static_cast<size_t>(m.bytes()), dev_->h2d());
+                          }));
+    RETURN_IF_ERROR(dev_->h2d().Record(*m.ready));
+    h2d_bytes_ += m.bytes();
+    if (dev_->is_host()) {
+      RETURN_IF_ERROR(m.ready->Synchronize());
+    } else {
+      RETURN_IF_ERROR(dev_->compute().Wait(*m.ready));
+    }
+  }
+  job.uploaded[module] = 1;
+  return Status();
+}
+
+Status EngineImpl::FinishStep() {
+  if (!inflight_) return Status();
+  std::unique_ptr<AsyncStep> job = std::move(inflight_);
+  if (job->thread.joinable()) job->thread.join();
+  const Status s = job->status;
+  if (s.ok() || job->advanced) {
+    Status cs = CommitStep(*job);
+    if (!s.ok()) ClearGradients();
+    return s.ok() ? cs : s;
+  }
+  RollbackStep(*job);
+  return s.WithContext(
+      fmt::format("optimizer step {} (launched by Step(){}); parameters and optimizer states are "
+                  "those of step {}, the window's gradients are discarded and a micro-batch in "
+                  "progress must be restarted",
+                  job->step, job->background ? ", run in the background" : "", job->step - 1));
+}
+
+Status EngineImpl::InvalidateDeviceCopies() {
   RETURN_IF_ERROR(dev_->Synchronize());
   for (auto& m : modules_) {
     if (m.residency == Residency::kReading) m.read.Wait().IgnoreError();
@@ -1549,31 +1770,98 @@ Status EngineImpl::Publish() {
     m.buf.Reset();
     m.residency = Residency::kAbsent;
     m.prefetched = false;
+    m.in_use = false;
   }
+  return Status();
+}
+
+Status EngineImpl::CommitStep(AsyncStep& job) {
+  // DPU: the device copies were used during the step; they go now.
+  if (job.delayed) RETURN_IF_ERROR(InvalidateDeviceCopies());
   switch (param_place()) {
     case OffloadDevice::kNone: {
-      RETURN_IF_ERROR(Timed(dev_->h2d(), &timeline_, "pcie h2d", "updated parameters", "pcie",
-                            total_param_bytes_, &h2d_busy_ns_, [&] {
-                              return dev_->CopyH2D(device_params_.data(), next_params_.data(),
-                                                   static_cast<size_t>(total_param_bytes_),
-                                                   dev_->h2d());
-                            }));
+      bool any = false, all = true;
+      for (size_t i = 0; i < modules_.size(); ++i) {
+        any |= job.uploaded[i] != 0;
+        all &= job.uploaded[i] != 0 || modules_[i].bytes() == 0;
+      }
+      auto upload = [&](int64_t b, int64_t bytes, const std::string& what) {
+        return Timed(dev_->h2d(), &timeline_, "pcie h2d", what, "pcie", bytes, &h2d_busy_ns_, [&] {
+          return dev_->CopyH2D(device_params_.as<uint8_t>() + b, next_params_.as<uint8_t>() + b,
+                               static_cast<size_t>(bytes), dev_->h2d());
+        });
+      };
+      if (!any) {
+        RETURN_IF_ERROR(upload(0, total_param_bytes_, "updated parameters"));
+        h2d_bytes_ += total_param_bytes_;
+      } else if (!all) {
+        for (size_t i = 0; i < modules_.size(); ++i) {
+          const ModuleRec& m = modules_[i];
+          if (job.uploaded[i] || m.bytes() == 0) continue;
+          RETURN_IF_ERROR(upload(m.byte_begin, m.bytes(), fmt::format("updated module {}", i)));
+          h2d_bytes_ += m.bytes();
+        }
+      }
+      // The next step's copy-out must not overwrite what these copies read:
+      // Step() waits for this event before launching it.
       RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
-      h2d_bytes_ += total_param_bytes_;
-      // next_params_ is read by that copy: the next step must not overwrite it
-      // first. The optimizer runs only after a full forward/backward, which
-      // waits on params_uploaded_, so this holds.
+      if (mirror_params_) host_params_.swap(next_params_);
       break;
     }
     case OffloadDevice::kCpu:
       host_params_.swap(next_params_);
       break;
-    case OffloadDevice::kNvme:
-      for (auto& v : module_version_) v = 1 - v;
-      params_stale_on_nvme_ = false;
+    case OffloadDevice::kNvme: {
+      std::vector<uint8_t> failed(modules_.size(), 0);
+      for (int m : job.param_write_failed) failed[static_cast<size_t>(m)] = 1;
+      for (size_t m = 0; m < modules_.size(); ++m)
+        if (!failed[m]) module_version_[m] = 1 - module_version_[m];
       break;
+    }
   }
   return Status();
+}
+
+void EngineImpl::RollbackStep(AsyncStep& job) {
+  optimizer_steps_ = job.step - 1;
+  scaler_ = job.scaler_before;
+  if (!job.delayed) {
+    // Device copies may hold the new parameters of modules the step reached.
+    InvalidateDeviceCopies().IgnoreError();
+    bool any = false;
+    for (uint8_t u : job.uploaded) any |= u != 0;
+    if (any && mirror_params_) {
+      Status s = dev_->CopyH2D(device_params_.data(), host_params_.data(),
+                               static_cast<size_t>(total_param_bytes_), dev_->h2d());
+      if (s.ok()) s = dev_->h2d().Record(*params_uploaded_);
+      if (s.ok()) s = dev_->h2d().Synchronize();
+      if (!s.ok())
+        STRATA_LOG_ERROR("rolling back step {}: restoring the device parameters failed: {}",
+                         job.step, s.ToString());
+      h2d_bytes_ += total_param_bytes_;
+    }
+  }
+  ClearGradients();
+}
+
+void EngineImpl::ClearGradients() {
+  DrainGrads().IgnoreError();
+  for (HostArray* a : {&grad_acc_, &grad_alt_}) {
+    if (a->data() == nullptr) continue;
+    float* acc = a->as<float>();
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, total_elems_, kNormBlock),
+                      [&](const auto& r) {
+                        std::memset(acc + r.begin(), 0,
+                                    static_cast<size_t>(r.end() - r.begin()) * 4);
+                      });
+  }
+  micro_batches_ = 0;
+  grads_since_launch_ = false;
+}
+
+Status EngineImpl::Synchronize() {
+  if (!planned_) return Status();
+  return FinishStep();
 }
 
 StatusOr<StepStats> EngineImpl::Step() {
@@ -1590,6 +1878,10 @@ StatusOr<StepStats> EngineImpl::Step() {
   if (micro_batches_ >= gas) {
     const int64_t opt0 = NowNanos();
     status = DrainGrads();
+    // The step in flight ends here: this one reads its states (and with DPU
+    // its parameters become the current ones now).
+    Status fs = FinishStep();
+    if (status.ok()) status = fs;
     bool overflow = false;
     double sumsq = 0;
     if (status.ok()) GlobalChecks(&overflow, &sumsq);
@@ -1599,6 +1891,7 @@ StatusOr<StepStats> EngineImpl::Step() {
       scaler_.Update(true);
       STRATA_LOG_INFO("step {}: inf/nan in the gradients, step skipped; loss scale now {}",
                       optimizer_steps_ + 1, scaler_.scale());
+      ClearGradients();
     } else if (status.ok()) {
       const double norm = std::sqrt(sumsq) / scale;
       double clip_coef = 1.0;
@@ -1611,27 +1904,21 @@ StatusOr<StepStats> EngineImpl::Step() {
       const float grad_scale = static_cast<float>(clip_coef / scale);
       // The copy-out target must not still be read by the previous publish.
       if (params_uploaded_) status = params_uploaded_->Synchronize();
-      if (!status.ok()) return status;
-      bool advanced = false;
-      if (opt_place() == OffloadDevice::kNvme) {
-        status = StepNvmeStates(grad_scale);
-        advanced = status.ok();
-      } else {
-        status = StepCpuStates(grad_scale, &advanced);
-      }
-      if (advanced) {
-        // In-memory states advanced even if writing parameters out failed
-        // (the error says so); publish what is consistent with them.
-        Status ps = Publish();
-        if (status.ok()) status = ps;
-        ++optimizer_steps_;
-        scaler_.Update(false);
-        st.applied = true;
+      const bool delayed = cfg_.strata.delayed_param_update &&
+                           optimizer_steps_ >= cfg_.strata.delayed_param_update_warmup;
+      const bool background = delayed || cfg_.strata.overlap_optimizer;
+      // Device copies of parameters are stale once the step runs (with DPU:
+      // once it is committed, by the next Step()).
+      if (status.ok() && !delayed) status = InvalidateDeviceCopies();
+      if (status.ok()) {
+        const int64_t before = optimizer_steps_;
+        LaunchStep(grad_scale, delayed, background);
+        if (!background) status = FinishStep();
+        st.applied = optimizer_steps_ > before;
       }
     }
+    if (!status.ok()) ClearGradients();  // the window is over, applied or not
     st.optimizer_wall_s = static_cast<double>(NowNanos() - opt0) * 1e-9;
-    Status zs = ZeroGrad();  // the window is over, applied or not
-    if (status.ok()) status = zs;
     micro_batches_ = 0;
   }
   // Statistics of the window since the previous Step().
@@ -1641,14 +1928,21 @@ StatusOr<StepStats> EngineImpl::Step() {
   st.loss_scale = scaler_.scale();
   st.step_time_s = static_cast<double>(now - window_start_ns_) * 1e-9;
   st.fetch_wait_s = static_cast<double>(fetch_wait_ns_) * 1e-9;
+  st.optimizer_wait_s = static_cast<double>(optimizer_wait_ns_) * 1e-9;
   st.compute_s = static_cast<double>(compute_ns_) * 1e-9;
   st.grad_offload_s =
       static_cast<double>(grad_busy_ns_.exchange(0) + d2h_busy_ns_.exchange(0)) * 1e-9;
-  st.optimizer_s = static_cast<double>(optimizer_ns_) * 1e-9;
-  // NVMe busy: the union of the intervals with requests in flight.
-  std::sort(nvme_intervals_.begin(), nvme_intervals_.end());
+  st.optimizer_s = static_cast<double>(optimizer_ns_.exchange(0)) * 1e-9;
+  // NVMe busy: the union of the intervals with requests in flight (those of
+  // a step still running count in the window they end in).
+  std::vector<std::pair<int64_t, int64_t>> intervals;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    intervals.swap(nvme_intervals_);
+  }
+  std::sort(intervals.begin(), intervals.end());
   int64_t busy = 0, cur_b = -1, cur_e = -1;
-  for (auto [b, e] : nvme_intervals_) {
+  for (auto [b, e] : intervals) {
     if (b > cur_e) {
       if (cur_e > cur_b) busy += cur_e - cur_b;
       cur_b = b;
@@ -1659,9 +1953,9 @@ StatusOr<StepStats> EngineImpl::Step() {
   }
   if (cur_e > cur_b) busy += cur_e - cur_b;
   st.nvme_busy_s = static_cast<double>(busy) * 1e-9;
-  st.pcie_busy_s = static_cast<double>(h2d_busy_ns_.exchange(0)) * 1e-9 + st.grad_offload_s * 0;
-  st.nvme_read_bytes = nvme_read_bytes_;
-  st.nvme_written_bytes = nvme_written_bytes_;
+  st.pcie_busy_s = static_cast<double>(h2d_busy_ns_.exchange(0)) * 1e-9;
+  st.nvme_read_bytes = nvme_read_bytes_.exchange(0);
+  st.nvme_written_bytes = nvme_written_bytes_.exchange(0);
   st.pcie_h2d_bytes = h2d_bytes_.exchange(0);
   st.pcie_d2h_bytes = d2h_bytes_.exchange(0);
   const gpu::ArenaStats as = dev_->Stats();
@@ -1675,9 +1969,7 @@ StatusOr<StepStats> EngineImpl::Step() {
       std::max({st.compute_s, st.pcie_busy_s + st.grad_offload_s, st.optimizer_s, st.nvme_busy_s});
   st.overlap_efficiency = st.step_time_s > 0 ? std::min(1.0, busiest / st.step_time_s) : 0;
   last_ = st;
-  nvme_read_bytes_ = nvme_written_bytes_ = 0;
-  nvme_intervals_.clear();
-  optimizer_ns_ = compute_ns_ = fetch_wait_ns_ = 0;
+  compute_ns_ = fetch_wait_ns_ = optimizer_wait_ns_ = 0;
   prefetch_hits_ = fetch_misses_ = 0;
   window_start_ns_ = now;
   trace_->BeginStep();
@@ -1722,6 +2014,8 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     }
     return Status();
   }
+  // A step in flight is finished (and committed) first: its states are read.
+  RETURN_IF_ERROR(FinishStep());
   if (opt_place() != OffloadDevice::kNvme) {
     std::memcpy(out.data(), master_ + p.elem_off, static_cast<size_t>(p.numel) * 4);
     return Status();
@@ -1760,6 +2054,7 @@ std::string EngineImpl::StatsJson() const {
                       {"grad_offload_s", s.grad_offload_s},
                       {"optimizer_s", s.optimizer_s},
                       {"optimizer_wall_s", s.optimizer_wall_s},
+                      {"optimizer_wait_s", s.optimizer_wait_s},
                       {"nvme_busy_s", s.nvme_busy_s},
                       {"pcie_busy_s", s.pcie_busy_s},
                       {"nvme_read_bytes", s.nvme_read_bytes},
@@ -1785,10 +2080,6 @@ Status EngineImpl::WriteTimeline() {
 }  // namespace
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config, const EngineTestHooks& hooks) {
-  if (config.strata.delayed_param_update)
-    return NotSupportedError(
-        "strata.delayed_param_update: the one-step delayed parameter update is not "
-        "implemented yet; set it to false");
   auto engine = std::make_unique<EngineImpl>(config, hooks);
   RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<Engine>(std::move(engine));

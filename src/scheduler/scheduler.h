@@ -6,8 +6,8 @@
 // during backward, and runs the optimizer pipeline NVMe read → CPU Adam →
 // NVMe write. Its parts, each usable and tested on its own:
 //
-//   Placement / PlanTiers   what each tier must hold, and the needed-vs-
-//                           available table when it does not fit (plan.h)
+//   Plan / ComputePlan      what each tier must hold, and the needed-vs-
+//                           available table when it does not fit (engine.cc)
 //   LossScaler              fp16 dynamic loss scaling (loss_scaler.h)
 //   FetchTrace              the recorded module order for prefetch (fetch_trace.h)
 //   Timeline                the Chrome-trace/Perfetto timeline (timeline.h)
@@ -17,6 +17,8 @@
 // a fault-injecting NVMe engine.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "src/nvme/nvme.h"
@@ -28,6 +30,9 @@ struct EngineTestHooks {
   // Wraps the NVMe I/O engine the scheduler creates (e.g. in a
   // FaultInjectionEngine). Called once, when the NVMe tier is opened.
   std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)> wrap_io_engine;
+  // Called on the optimizer's thread before it steps sub-group g (tests hold
+  // a step half-way to see what the next forward pass may do meanwhile).
+  std::function<void(size_t g)> before_sub_group;
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config,

@@ -137,6 +137,8 @@ TEST(ConfigDefaults, EmptyObjectGivesDeepSpeedDefaults) {
   EXPECT_EQ(c.strata.io_engine, IoEngineKind::kAuto);
   EXPECT_FALSE(c.strata.io_sqpoll);
   EXPECT_FALSE(c.strata.delayed_param_update);
+  EXPECT_EQ(c.strata.delayed_param_update_warmup, 0);
+  EXPECT_TRUE(c.strata.overlap_optimizer);
   EXPECT_EQ(c.strata.host_device.link_gbytes_per_s, 0.0);
   EXPECT_EQ(c.strata.host_device.link_latency_us, 0.0);
   EXPECT_TRUE(ValidateConfig(c).ok());
@@ -204,7 +206,8 @@ TEST(ConfigValues, EveryKeyIsRead) {
     "bf16": {"enabled": false},
     "strata": {"device": "host", "device_id": 2, "hbm_budget": "8G", "pinned_budget": 4096,
                "trace_path": "/tmp/t.json", "threads": 6, "io_engine": "posix", "io_sqpoll": true,
-               "delayed_param_update": true,
+               "delayed_param_update": true, "delayed_param_update_warmup": 40,
+               "overlap_optimizer": false,
                "host_device": {"link_gbytes_per_s": 25.5, "link_latency_us": 3}}})");
   EXPECT_TRUE(c.warnings.empty());
   const ZeroConfig& z = c.zero_optimization;
@@ -266,6 +269,8 @@ TEST(ConfigValues, EveryKeyIsRead) {
   EXPECT_EQ(c.strata.io_engine, IoEngineKind::kPosix);
   EXPECT_TRUE(c.strata.io_sqpoll);
   EXPECT_TRUE(c.strata.delayed_param_update);
+  EXPECT_EQ(c.strata.delayed_param_update_warmup, 40);
+  EXPECT_FALSE(c.strata.overlap_optimizer);
   EXPECT_EQ(c.strata.host_device.link_gbytes_per_s, 25.5);
   EXPECT_EQ(c.strata.host_device.link_latency_us, 3.0);
 }
@@ -471,6 +476,7 @@ TEST(ConfigErrors, BadTypes) {
       {"bf16.enabled", 1, "not a boolean"},
       {"strata.io_sqpoll", "false", "not a boolean"},
       {"strata.delayed_param_update", json::array(), "not a boolean"},
+      {"strata.overlap_optimizer", "yes", "not a boolean"},
       {"optimizer.params.lr", "1e-3", "not a number"},
       {"optimizer.params.eps", json::object(), "not a number"},
       {"gradient_clipping", true, "not a number"},
@@ -529,6 +535,7 @@ TEST(ConfigErrors, ZeroOrNegativeSizes) {
                                 "gradient_clipping",
                                 "strata.device_id",
                                 "strata.threads",
+                                "strata.delayed_param_update_warmup",
                                 "strata.host_device.link_gbytes_per_s",
                                 "strata.host_device.link_latency_us"};
   for (const char* key : kNonNegative) {
@@ -817,7 +824,7 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
   for (const char* section : {"zero_optimization", "aio", "optimizer", "fp16", "bf16", "strata"})
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
-  EXPECT_EQ(j["strata"].size(), 11u);
+  EXPECT_EQ(j["strata"].size(), 13u);
   EXPECT_EQ(j["strata"]["model"].size(), 6u);
 }
 
@@ -900,6 +907,8 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.io_engine = static_cast<IoEngineKind>(rng() % 3);
     c.strata.io_sqpoll = coin();
     c.strata.delayed_param_update = coin();
+    c.strata.delayed_param_update_warmup = pos(100) - 1;
+    c.strata.overlap_optimizer = coin();
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;
     c.strata.model.layers = pos(96);

@@ -7,10 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "src/common/dtype.h"
 #include "src/common/half.h"
 #include "src/scheduler/scheduler.h"
 #include "tests/test_util.h"
@@ -145,6 +149,9 @@ bool BitwiseEqual(const std::vector<std::vector<float>>& a,
   return true;
 }
 
+// Trains `steps` optimizer steps; *last gets the last Step()'s statistics
+// with the byte counters summed over all of them (with the optimizer
+// overlapping the next forward, a step's I/O lands in the next window).
 std::vector<std::vector<float>> Train(const Config& c, uint64_t seed, int steps,
                                       StepStats* last = nullptr) {
   auto e = CreateEngine(c);
@@ -152,18 +159,35 @@ std::vector<std::vector<float>> Train(const Config& c, uint64_t seed, int steps,
   if (!e.ok()) return {};
   Register(**e, seed);
   int batch = 0;
+  StepStats sum;
   for (int s = 0; s < steps; ++s) {
     for (int64_t k = 0; k < c.gradient_accumulation_steps; ++k) {
       MicroBatch(**e, batch++, Forward());
       auto st = (*e)->Step();
       EXPECT_TRUE(st.ok()) << st.status();
-      if (st.ok() && last) *last = *st;
+      if (!st.ok()) continue;
+      sum.nvme_read_bytes += st->nvme_read_bytes;
+      sum.nvme_written_bytes += st->nvme_written_bytes;
+      sum.pcie_d2h_bytes += st->pcie_d2h_bytes;
+      if (last) {
+        *last = *st;
+        last->nvme_read_bytes = sum.nvme_read_bytes;
+        last->nvme_written_bytes = sum.nvme_written_bytes;
+        last->pcie_d2h_bytes = sum.pcie_d2h_bytes;
+      }
+      // As a PyTorch loop does after each step: must neither lose the step
+      // nor wait for it.
+      if (st->applied) {
+        EXPECT_TRUE((*e)->ZeroGrad().ok());
+      }
     }
   }
   return ReadAll(**e);
 }
 
-class PlacementTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice>> {};
+// (optimizer placement, parameter placement, strata.overlap_optimizer)
+class PlacementTest
+    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, bool>> {};
 
 TEST_P(PlacementTest, BitwiseIdenticalToAllInHbm) {
   testing::ScratchDir dir;
@@ -172,9 +196,11 @@ TEST_P(PlacementTest, BitwiseIdenticalToAllInHbm) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   Config ref = BaseConfig(OffloadDevice::kNone, OffloadDevice::kNone, dir.str());
   ref.gradient_accumulation_steps = ref.train_batch_size = 2;
-  auto [opt, par] = GetParam();
+  ref.strata.overlap_optimizer = false;  // the reference: everything in HBM, blocking steps
+  auto [opt, par, overlap] = GetParam();
   Config c = BaseConfig(opt, par, dir.str());
   c.gradient_accumulation_steps = c.train_batch_size = 2;
+  c.strata.overlap_optimizer = overlap;
   StepStats st;
   auto want = Train(ref, seed, 3);
   auto got = Train(c, seed, 3, &st);
@@ -195,10 +221,12 @@ INSTANTIATE_TEST_SUITE_P(
     AllPlacements, PlacementTest,
     ::testing::Combine(
         ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
-        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme)),
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+        ::testing::Bool()),
     [](const auto& info) {
       return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
-             std::string(OffloadDeviceName(std::get<1>(info.param)));
+             std::string(OffloadDeviceName(std::get<1>(info.param))) +
+             (std::get<2>(info.param) ? "_overlap" : "_blocking");
     });
 
 TEST(EngineTest, PrefetchFollowsTraceWithinBudgetAndRerecords) {
@@ -355,12 +383,50 @@ TEST(EngineTest, ScaledFp16GradientsMatchUnscaledBf16Path) {
   EXPECT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * 4));
 }
 
-class FaultTest : public ::testing::TestWithParam<int> {};
+// The bytes of module m's parameters in a view.
+std::vector<uint8_t> ModuleBytes(const ModuleView& v, int m) {
+  std::vector<uint8_t> out;
+  for (int i = 0; i < 2; ++i) {
+    const int64_t n = i == 0 ? 300 + 97 * m : 20 + m;
+    const auto* p = static_cast<const uint8_t*>(v.params[i]);
+    out.insert(out.end(), p, p + n * static_cast<int64_t>(DTypeSize(DTypeOf(m, i))));
+  }
+  return out;
+}
+
+// Runs one micro-batch's hooks and Step(), stopping at the first error;
+// returns it (OK if there was none). The gradients do not depend on the
+// parameters. `seen` (if given) gets each module's parameter bytes as the
+// forward pass saw them.
+Status MicroBatchUntilError(Engine& e, int batch, std::vector<std::vector<uint8_t>>* seen = nullptr) {
+  for (int m : Forward()) {
+    auto v = e.BeforeForward(m);
+    if (!v.ok()) return v.status();
+    if (seen) seen->push_back(ModuleBytes(*v, m));
+    if (Status s = e.AfterForward(m); !s.ok()) return s;
+  }
+  for (int m = kModules - 1; m >= 0; --m) {
+    auto v = e.BeforeBackward(m);
+    if (!v.ok()) return v.status();
+    for (int i = 0; i < 2; ++i) {
+      const int64_t n = i == 0 ? 300 + 97 * m : 20 + m;
+      for (int64_t j = 0; j < n; ++j)
+        Store(v->grads[i], DTypeOf(m, i), j, 0.1f * std::sin(static_cast<float>(batch) + j));
+    }
+    if (Status s = e.AfterBackward(m); !s.ok()) return s;
+  }
+  return e.Step().status();
+}
+
+// (fault kind, strata.overlap_optimizer); kinds: 0 EIO on a write, 1 short
+// read, 2 ENOSPC on a write.
+class FaultTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
-  const int kind = GetParam();  // 0: EIO on a write, 1: short read, 2: ENOSPC on a write
+  const auto [kind, overlap] = GetParam();
   testing::ScratchDir dir;
   Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str());
+  c.strata.overlap_optimizer = overlap;
   nvme::FaultInjectionEngine* faults = nullptr;
   EngineTestHooks hooks;
   hooks.wrap_io_engine =
@@ -387,13 +453,23 @@ TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
   rule.times = 1000;  // keeps failing (a short read is resubmitted otherwise)
   MicroBatch(**e, 1, Forward());
   faults->AddRule(rule);
-  auto failed = (*e)->Step();
+  Status failed = (*e)->Step().status();
+  if (overlap) {
+    // Step() only started the optimizer; its error comes from a later call,
+    // at the latest the next Step().
+    ASSERT_TRUE(failed.ok()) << failed;
+    failed = MicroBatchUntilError(**e, 7);
+  }
   faults->ClearRules();
   ASSERT_FALSE(failed.ok());
-  SCOPED_TRACE(failed.status().ToString());
+  SCOPED_TRACE(failed.ToString());
   EXPECT_GT(faults->faults_injected(), 0);
-  EXPECT_THAT(std::string(failed.status().message()), ::testing::HasSubstr("intact"));
+  EXPECT_THAT(std::string(failed.message()), ::testing::HasSubstr("intact"));
+  if (overlap) {
+    EXPECT_THAT(std::string(failed.message()), ::testing::HasSubstr("background"));
+  }
   EXPECT_TRUE(BitwiseEqual(after_one, ReadAll(**e)));
+  EXPECT_TRUE((*e)->Synchronize().ok());  // reported once
 
   // The fault cleared: the next step works and matches an engine that never
   // saw the failed batch.
@@ -410,7 +486,15 @@ TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
   EXPECT_TRUE(BitwiseEqual(ReadAll(**ref), ReadAll(**e)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Faults, FaultTest, ::testing::Values(0, 1, 2));
+std::string FaultName(const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+  static const char* const kKinds[] = {"write_eio", "short_read", "write_enospc"};
+  return std::string(kKinds[std::get<0>(info.param)]) +
+         (std::get<1>(info.param) ? "_overlap" : "_blocking");
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, FaultTest,
+                         ::testing::Combine(::testing::Values(0, 1, 2), ::testing::Bool()),
+                         FaultName);
 
 TEST(EngineTest, PlanThatCannotFitFailsWithTable) {
   testing::ScratchDir dir;
@@ -448,6 +532,118 @@ TEST(EngineTest, HookMisuseIsAnError) {
   EXPECT_EQ((*e)->RegisterParameter(late).status().code(), StatusCode::kFailedPrecondition);
   auto stats = nlohmann::json::parse((*e)->StatsJson());
   EXPECT_TRUE(stats.contains("overlap_efficiency"));
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(EngineTest, OverlappedStepLetsTheNextForwardStartHalfWay) {
+  testing::ScratchDir dir;
+  for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(std::string("offload_param ") + std::string(OffloadDeviceName(par)));
+    Config c = BaseConfig(OffloadDevice::kNvme, par, dir.str());
+    c.strata.overlap_optimizer = true;
+    Config blocking = c;
+    blocking.strata.overlap_optimizer = false;
+    // 3390 elements in sub-groups of 1000: groups 0-3; module 0 is in group 0.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool armed = false, held = false, release = false;
+    EngineTestHooks hooks;
+    hooks.before_sub_group = [&](size_t g) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!armed || g != 3) return;
+      held = true;
+      cv.notify_all();
+      // Bounded, so that a regression fails instead of hanging the suite.
+      EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return release; }));
+    };
+    auto e = CreateEngine(c, hooks);
+    auto ref = CreateEngine(blocking);
+    ASSERT_TRUE(e.ok() && ref.ok());
+    Register(**e, 31);
+    Register(**ref, 31);
+    for (int b = 0; b < 2; ++b) {
+      ASSERT_TRUE(MicroBatchUntilError(**ref, b).ok());
+      if (b == 1) {
+        ASSERT_TRUE((*e)->Synchronize().ok());  // step 1 is not the one to hold
+        std::lock_guard<std::mutex> lock(mu);
+        armed = true;
+      }
+      ASSERT_TRUE(MicroBatchUntilError(**e, b).ok());
+    }
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      // The step is now held before its last sub-group.
+      ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60), [&] { return held; }));
+    }
+    // Module 0's parameters are final already: the forward pass starts, and
+    // sees exactly what a blocking step produced.
+    auto v = (*e)->BeforeForward(0);
+    ASSERT_TRUE(v.ok()) << v.status();
+    auto want = (*ref)->BeforeForward(0);
+    ASSERT_TRUE(want.ok());
+    EXPECT_EQ(ModuleBytes(*v, 0), ModuleBytes(*want, 0));
+    ASSERT_TRUE((*e)->AfterForward(0).ok());
+    ASSERT_TRUE((*ref)->AfterForward(0).ok());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      release = true;
+    }
+    cv.notify_all();
+    for (int m = 1; m < kModules; ++m) {
+      auto got = (*e)->BeforeForward(m);
+      auto exp = (*ref)->BeforeForward(m);
+      ASSERT_TRUE(got.ok() && exp.ok()) << got.status();
+      EXPECT_EQ(ModuleBytes(*got, m), ModuleBytes(*exp, m)) << "module " << m;
+      ASSERT_TRUE((*e)->AfterForward(m).ok());
+      ASSERT_TRUE((*ref)->AfterForward(m).ok());
+    }
+    ASSERT_TRUE((*e)->Synchronize().ok());
+    EXPECT_TRUE(BitwiseEqual(ReadAll(**ref), ReadAll(**e)));
+  }
+}
+
+TEST(EngineTest, DelayedParamUpdateUsesParametersOneStepOld) {
+  testing::ScratchDir dir;
+  for (OffloadDevice opt : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+      SCOPED_TRACE(std::string("offload_optimizer ") + std::string(OffloadDeviceName(opt)) +
+                   ", offload_param " + std::string(OffloadDeviceName(par)));
+      Config plain = BaseConfig(opt, par, dir.str());
+      plain.strata.overlap_optimizer = false;
+      Config dpu = BaseConfig(opt, par, dir.str());
+      dpu.strata.delayed_param_update = true;
+      dpu.strata.delayed_param_update_warmup = 1;
+      auto a = CreateEngine(plain);
+      auto b = CreateEngine(dpu);
+      ASSERT_TRUE(a.ok() && b.ok()) << b.status();
+      Register(**a, 41);
+      Register(**b, 41);
+      // The gradients do not depend on the parameters, so both engines apply
+      // the same updates; only what the forward pass sees differs.
+      constexpr int kWindows = 5;
+      std::vector<std::vector<std::vector<uint8_t>>> seen_a(kWindows), seen_b(kWindows);
+      for (int w = 0; w < kWindows; ++w) {
+        ASSERT_TRUE(MicroBatchUntilError(**a, w, &seen_a[w]).ok());
+        Status sb = MicroBatchUntilError(**b, w, &seen_b[w]);
+        ASSERT_TRUE(sb.ok()) << sb;
+      }
+      // Window 0: initial parameters; window 1: step 1 was the warm-up (not
+      // delayed); from window 2 on, DPU's forward sees one step less.
+      EXPECT_EQ(seen_b[0], seen_a[0]);
+      EXPECT_EQ(seen_b[1], seen_a[1]);
+      for (int w = 2; w < kWindows; ++w) {
+        EXPECT_EQ(seen_b[w], seen_a[w - 1]) << "window " << w;
+        EXPECT_NE(seen_b[w], seen_a[w]) << "window " << w;
+      }
+      ASSERT_TRUE((*b)->Synchronize().ok());
+      EXPECT_TRUE(BitwiseEqual(ReadAll(**a), ReadAll(**b)));
+    }
+  }
 }
 
 }  // namespace
