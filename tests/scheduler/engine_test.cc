@@ -398,7 +398,8 @@ std::vector<uint8_t> ModuleBytes(const ModuleView& v, int m) {
 // returns it (OK if there was none). The gradients do not depend on the
 // parameters. `seen` (if given) gets each module's parameter bytes as the
 // forward pass saw them.
-Status MicroBatchUntilError(Engine& e, int batch, std::vector<std::vector<uint8_t>>* seen = nullptr) {
+Status MicroBatchUntilError(Engine& e, int batch, std::vector<std::vector<uint8_t>>* seen = nullptr,
+                            bool step = true) {
   for (int m : Forward()) {
     auto v = e.BeforeForward(m);
     if (!v.ok()) return v.status();
@@ -415,7 +416,20 @@ Status MicroBatchUntilError(Engine& e, int batch, std::vector<std::vector<uint8_
     }
     if (Status s = e.AfterBackward(m); !s.ok()) return s;
   }
-  return e.Step().status();
+  return step ? e.Step().status() : Status();
+}
+
+// Each module's parameter bytes as a forward pass (no backward) sees them.
+std::vector<std::vector<uint8_t>> ForwardOnly(Engine& e) {
+  std::vector<std::vector<uint8_t>> out;
+  for (int m : Forward()) {
+    auto v = e.BeforeForward(m);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return out;
+    out.push_back(ModuleBytes(*v, m));
+    EXPECT_TRUE(e.AfterForward(m).ok());
+  }
+  return out;
 }
 
 // (fault kind, strata.overlap_optimizer); kinds: 0 EIO on a write, 1 short
@@ -644,6 +658,73 @@ TEST(EngineTest, DelayedParamUpdateUsesParametersOneStepOld) {
       EXPECT_TRUE(BitwiseEqual(ReadAll(**a), ReadAll(**b)));
     }
   }
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// offload_optimizer cpu updates the states in place, so a failed write of the
+// new parameters to NVMe cannot be undone: the step reports DataLoss, the
+// modules whose write failed keep their previous parameters on NVMe (never a
+// half-written or older version), and the next step rewrites them.
+TEST(EngineTest, FailedParameterWriteKeepsThePreviousParameters) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNvme, dir.str());
+  c.strata.overlap_optimizer = false;
+  nvme::FaultInjectionEngine* faults = nullptr;
+  EngineTestHooks hooks;
+  hooks.wrap_io_engine =
+      [&](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
+    auto f = std::make_unique<nvme::FaultInjectionEngine>(std::move(inner));
+    faults = f.get();
+    return f;
+  };
+  auto e = CreateEngine(c, hooks);
+  Config rc = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  rc.strata.overlap_optimizer = false;
+  auto ref = CreateEngine(rc);
+  ASSERT_TRUE(e.ok() && ref.ok());
+  Register(**e, 51);
+  Register(**ref, 51);
+  const auto initial = ForwardOnly(**e);
+  ASSERT_TRUE(MicroBatchUntilError(**e, 0).ok());
+  ASSERT_TRUE(MicroBatchUntilError(**ref, 0).ok());
+  const auto after_one = ForwardOnly(**e);
+
+  ASSERT_TRUE(MicroBatchUntilError(**e, 1, nullptr, /*step=*/false).ok());
+  ASSERT_TRUE(MicroBatchUntilError(**ref, 1).ok());
+  nvme::FaultInjectionEngine::Rule rule;
+  rule.kind = nvme::IoOpKind::kWrite;
+  rule.nth = 2;  // the first module's write succeeds, the rest fail
+  rule.fault = nvme::FaultInjectionEngine::Fault::kErrno;
+  rule.err = 5;
+  rule.times = 1000;
+  faults->AddRule(rule);
+  auto failed = (*e)->Step();
+  faults->ClearRules();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(failed.status().message()), ::testing::HasSubstr("stay those of step 1"));
+  const auto after_failure = ForwardOnly(**e);
+  const auto ref_two = ForwardOnly(**ref);
+  int stale = 0;
+  for (int m = 0; m < kModules; ++m) {
+    SCOPED_TRACE("module " + std::to_string(m));
+    EXPECT_NE(after_one[m], initial[m]);
+    // Either written (step 2) or kept (step 1); never an older version.
+    EXPECT_TRUE(after_failure[m] == ref_two[m] || after_failure[m] == after_one[m]);
+    EXPECT_NE(after_failure[m], initial[m]);
+    stale += after_failure[m] == after_one[m] && after_one[m] != ref_two[m];
+  }
+  EXPECT_GT(stale, 0);
+  // The next step rewrites every module: back in line with the reference.
+  ASSERT_TRUE(MicroBatchUntilError(**e, 2).ok());
+  ASSERT_TRUE(MicroBatchUntilError(**ref, 2).ok());
+  EXPECT_EQ(ForwardOnly(**e), ForwardOnly(**ref));
+  EXPECT_TRUE(BitwiseEqual(ReadAll(**ref), ReadAll(**e)));
 }
 
 }  // namespace
