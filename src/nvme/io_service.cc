@@ -3,9 +3,19 @@
 // retried a bounded number of times; every failure named (file, offset,
 // length, errno) at the request it belongs to; cancellation and drain.
 //
-// Locking: one mutex (Impl::mu) guards the queues, the in-flight count and
-// every RequestState's bookkeeping; engine Submit is called without it.
-// RequestState::done is published under RequestState::mu for waiters.
+// Unaligned pieces of a file opened with O_DIRECT never touch the page cache
+// (a buffered partial-page write racing an O_DIRECT write of the same page
+// can write stale bytes back): they move whole 4096-byte units through an
+// aligned bounce buffer on the O_DIRECT descriptor. A write first reads back
+// the unit(s) it covers only in part and holds a per-file range lock over its
+// units until its write is done, so two such read-modify-writes of one unit
+// never interleave. Aligned pieces own their units outright and take no lock.
+//
+// Locking: one mutex (Impl::mu) guards the queues, the in-flight count, the
+// range locks and every RequestState's bookkeeping; engine Submit is called
+// without it, and so are the bounce copies (an in-flight piece belongs to its
+// completion). RequestState::done is published under RequestState::mu for
+// waiters.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -16,6 +26,9 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -105,15 +118,41 @@ Status WaitAll(std::span<const IoHandle> handles) {
 
 
 struct IoService::Impl {
+  // How a piece moves its bytes (chosen by Prepare at every (re)issue).
+  enum class Path : uint8_t {
+    kDirect,    // aligned: the caller's buffer on the O_DIRECT descriptor
+    kBuffered,  // the file has no O_DIRECT descriptor
+    kBounce,    // unaligned: whole units through `bounce`, O_DIRECT
+  };
+  // Steps of a bounce piece: a write reads back its partly covered first and
+  // last unit (kHead, kTail), then moves the span (kMain); a read only kMain.
+  enum class Stage : uint8_t { kHead, kTail, kMain };
+
   struct Piece {
     IoOp op;
     Impl* impl;
     std::shared_ptr<RequestState> req;
     IoFile* file;
-    char* buf;
+    char* buf;  // the caller's bytes still to move
     uint64_t len;
     uint64_t off;
     int eagain = 0;
+    Path path = Path::kDirect;
+    // kBounce: the units [span_off, span_off + span_len) covering [off, off + len).
+    Stage stage = Stage::kMain;
+    uint64_t span_off = 0;
+    uint64_t span_len = 0;
+    AlignedBuffer bounce;
+    bool locked = false;   // holds the file's range lock over the span
+    bool copy_in = false;  // kMain of a write whose bytes Pump copies in
+    uint64_t moved = 0;    // kMain done: bytes of [off, off + len) it moved
+  };
+
+  // Spans of the read-modify-writes in progress on one file, and the pieces
+  // waiting for one of them to finish.
+  struct RangeLocks {
+    std::vector<std::pair<uint64_t, uint64_t>> held;  // [begin, end)
+    std::deque<Piece*> waiting;
   };
 
   IoService* self;
@@ -125,10 +164,15 @@ struct IoService::Impl {
   std::condition_variable idle_cv;
   std::deque<std::shared_ptr<RequestState>> queue;  // requests with pieces to issue
   std::deque<Piece*> retry;                         // remainders and EAGAIN retries
+  std::unordered_map<const IoFile*, RangeLocks> range_locks;
   int64_t inflight = 0;
   int64_t active_requests = 0;
   bool shutdown = false;
   IoServiceStats stats;
+
+  // The granularity of unaligned I/O on an O_DIRECT file: a page, or the
+  // device's O_DIRECT alignment where that is larger.
+  static uint64_t Unit(const IoFile* f) { return std::max<uint64_t>(f->block_, 4096); }
 
   // REQUIRES: mu. Publishes the result once nothing of the request is left.
   void MaybeFinish(const std::shared_ptr<RequestState>& r) {
@@ -158,23 +202,129 @@ struct IoService::Impl {
     }
   }
 
-  bool DirectOk(const IoFile* f, const char* buf, uint64_t len, uint64_t off) const {
-    const uint32_t b = f->block_;
-    return f->direct_fd_ >= 0 && IsAligned(buf, b) && off % b == 0 && len % b == 0;
+  static bool DirectOk(const IoFile* f, const char* buf, uint64_t len, uint64_t off) {
+    const uint64_t u = Unit(f);
+    return f->direct_fd_ >= 0 && IsAligned(buf, f->block_) && off % u == 0 && len % u == 0;
   }
 
-  // REQUIRES: mu. Points the op at the direct or buffered descriptor.
-  void Prepare(Piece* p) {
-    bool direct = DirectOk(p->file, p->buf, p->len, p->off);
-    p->op.kind = p->req->kind;
-    p->op.fd = direct ? p->file->direct_fd_ : p->file->buffered_fd_;
-    p->op.buf = p->buf;
-    p->op.len = static_cast<uint32_t>(p->len);
-    p->op.offset = p->off;
+  static void SetOp(Piece* p, IoOpKind kind, int fd, char* buf, uint64_t len, uint64_t off) {
+    p->op.kind = kind;
+    p->op.fd = fd;
+    p->op.buf = buf;
+    p->op.len = static_cast<uint32_t>(len);
+    p->op.offset = off;
     p->op.done = &Impl::OnDone;
     p->op.ctx = p;
+  }
+
+  // REQUIRES: mu. Sets up the piece's (first) op. False when it got none: it
+  // waits for a range lock, or it was retired (no memory for its bounce buffer).
+  bool Prepare(Piece* p) {
+    IoFile* f = p->file;
+    const IoOpKind kind = p->req->kind;
+    if (f->direct_fd_ < 0) {
+      p->path = Path::kBuffered;
+      SetOp(p, kind, f->buffered_fd_, p->buf, p->len, p->off);
+      ++stats.buffered_pieces;
+    } else if (DirectOk(f, p->buf, p->len, p->off)) {
+      p->path = Path::kDirect;
+      SetOp(p, kind, f->direct_fd_, p->buf, p->len, p->off);
+      ++stats.direct_pieces;
+    } else {
+      const uint64_t u = Unit(f);
+      p->path = Path::kBounce;
+      p->span_off = AlignDown(p->off, u);
+      p->span_len = AlignUp(p->off + p->len, u) - p->span_off;
+      const bool head = kind == IoOpKind::kWrite && p->off != p->span_off;
+      const bool tail = kind == IoOpKind::kWrite && p->off + p->len != p->span_off + p->span_len;
+      if ((head || tail) && !TryLock(p)) return false;
+      auto b = AlignedBuffer::Allocate(p->span_len, u);
+      if (!b.ok()) {
+        Fail(p->req, b.status().WithContext(PieceContext(p)));
+        Retire(p);
+        return false;
+      }
+      p->bounce = std::move(b).value();
+      ++stats.bounce_pieces;
+      // A write of whole units needs no read-back: Pump copies the caller's
+      // bytes in after it lets go of mu.
+      p->copy_in = !head && !tail && kind == IoOpKind::kWrite;
+      StartStage(p, head ? Stage::kHead : tail ? Stage::kTail : Stage::kMain);
+    }
     ++stats.pieces;
-    if (direct) ++stats.direct_pieces; else ++stats.buffered_pieces;
+    return true;
+  }
+
+  // Points the op of a bounce piece at one step. kMain of a write copies the
+  // caller's bytes in first (unless copy_in leaves that to Pump). REQUIRES:
+  // the piece is not in flight.
+  static void StartStage(Piece* p, Stage stage) {
+    const uint64_t u = Unit(p->file);
+    const int fd = p->file->direct_fd_;
+    char* b = p->bounce.as<char>();
+    p->stage = stage;
+    switch (stage) {
+      case Stage::kHead:
+        SetOp(p, IoOpKind::kRead, fd, b, u, p->span_off);
+        break;
+      case Stage::kTail:
+        SetOp(p, IoOpKind::kRead, fd, b + p->span_len - u, u, p->span_off + p->span_len - u);
+        break;
+      case Stage::kMain:
+        if (p->req->kind == IoOpKind::kWrite && !p->copy_in)
+          std::memcpy(b + (p->off - p->span_off), p->buf, p->len);
+        SetOp(p, p->req->kind, fd, b, p->span_len, p->span_off);
+        break;
+    }
+  }
+
+  static bool Overlaps(const RangeLocks& rl, uint64_t b, uint64_t e) {
+    for (const auto& [hb, he] : rl.held) {
+      if (hb < e && b < he) return true;
+    }
+    return false;
+  }
+
+  // REQUIRES: mu. Takes the file's range lock over the piece's span (unless
+  // Release handed it over already), or parks the piece until the holders
+  // overlapping it let go. Every parked piece overlaps a held span.
+  bool TryLock(Piece* p) {
+    if (p->locked) return true;
+    RangeLocks& rl = range_locks[p->file];
+    const uint64_t b = p->span_off, e = p->span_off + p->span_len;
+    if (Overlaps(rl, b, e)) {
+      rl.waiting.push_back(p);
+      return false;
+    }
+    rl.held.emplace_back(b, e);
+    p->locked = true;
+    return true;
+  }
+
+  // REQUIRES: mu. Drops what a bounce piece holds (buffer, range lock). The
+  // lock goes on, oldest first, to the parked pieces it kept out that no other
+  // holder keeps out; they move to the retry deque holding it.
+  void Release(Piece* p) {
+    p->bounce = AlignedBuffer();
+    if (!p->locked) return;
+    p->locked = false;
+    auto it = range_locks.find(p->file);
+    RangeLocks& rl = it->second;
+    const uint64_t b = p->span_off, e = p->span_off + p->span_len;
+    rl.held.erase(std::find(rl.held.begin(), rl.held.end(), std::make_pair(b, e)));
+    for (auto w = rl.waiting.begin(); w != rl.waiting.end();) {
+      Piece* q = *w;
+      const uint64_t qb = q->span_off, qe = q->span_off + q->span_len;
+      if (qb < e && b < qe && !Overlaps(rl, qb, qe)) {
+        rl.held.emplace_back(qb, qe);
+        q->locked = true;
+        retry.push_back(q);
+        w = rl.waiting.erase(w);
+      } else {
+        ++w;
+      }
+    }
+    if (rl.held.empty() && rl.waiting.empty()) range_locks.erase(it);
   }
 
   // REQUIRES: mu, !r->exhausted(). Cuts the next piece off the request.
@@ -192,19 +342,38 @@ struct IoService::Impl {
     IoFile* f = s.file;
     char* buf = static_cast<char*>(s.buf) + lane->pos;
     uint64_t off = s.offset + lane->pos;
-    uint64_t len = std::min<uint64_t>(opts.block_size, s.len - lane->pos);
-    const uint32_t b = f->block_;
-    // An aligned piece with a ragged tail: the aligned body goes direct, the
-    // tail becomes the next (buffered) piece.
-    if (f->direct_fd_ >= 0 && len % b != 0 && len > b && IsAligned(buf, b) && off % b == 0)
-      len = AlignDown(len, b);
+    const uint64_t rest = s.len - lane->pos;
+    uint64_t len = std::min<uint64_t>(opts.block_size, rest);
+    if (f->direct_fd_ >= 0) {
+      // Piece boundaries on unit boundaries, so that at most the first and the
+      // last piece of a segment share a unit with other bytes (and need a
+      // read-modify-write) and aligned parts stay zero-copy.
+      const uint64_t u = Unit(f);
+      if (off % u != 0) {
+        const uint64_t next = AlignUp(off, u);
+        const uint64_t end = AlignDown(off + len, u);
+        if (next < off + len && IsAligned(buf + (next - off), f->block_))
+          len = next - off;  // the head alone; the caller's buffer is aligned after it
+        else if (end > off && len < rest)
+          len = end - off;
+      } else if (len % u != 0 && len > u) {
+        len = AlignDown(len, u);  // the ragged tail becomes the next piece
+      }
+    }
     lane->pos += len;
     if (lane->pos == s.len) {
       ++lane->seg;
       lane->pos = 0;
     }
     ++r->outstanding;
-    return new Piece{IoOp{}, this, r, f, buf, len, off, 0};
+    auto* p = new Piece();
+    p->impl = this;
+    p->req = r;
+    p->file = f;
+    p->buf = buf;
+    p->len = len;
+    p->off = off;
+    return p;
   }
 
   // Cuts segs into `n` lanes of about equal, block_size-aligned byte counts.
@@ -235,6 +404,7 @@ struct IoService::Impl {
 
   // REQUIRES: mu. Retires a piece that will not be issued (again).
   void Retire(Piece* p) {
+    Release(p);
     auto r = std::move(p->req);
     delete p;
     --r->outstanding;
@@ -243,48 +413,60 @@ struct IoService::Impl {
 
   // Issues pieces while there is room. Called from any thread without mu.
   void Pump() {
-    std::vector<IoOp*> batch;
-    {
-      std::lock_guard lock(mu);
-      while (inflight < limit) {
-        Piece* p = nullptr;
-        if (!retry.empty()) {
-          p = retry.front();
-          retry.pop_front();
-          if (p->req->failed || p->req->cancelled) {
-            Retire(p);
-            continue;
+    for (;;) {
+      std::vector<IoOp*> batch;
+      {
+        std::lock_guard lock(mu);
+        while (inflight < limit) {
+          Piece* p = nullptr;
+          if (!retry.empty()) {
+            p = retry.front();
+            retry.pop_front();
+            if (p->req->failed || p->req->cancelled) {
+              Retire(p);
+              continue;
+            }
+          } else if (!queue.empty()) {
+            auto& r = queue.front();
+            if (r->failed || r->cancelled || r->exhausted()) {
+              auto keep = r;
+              queue.pop_front();
+              MaybeFinish(keep);
+              continue;
+            }
+            p = NextPiece(r);
+            if (r->exhausted()) queue.pop_front();
+          } else {
+            break;
           }
-        } else if (!queue.empty()) {
-          auto& r = queue.front();
-          if (r->failed || r->cancelled || r->exhausted()) {
-            auto keep = r;
-            queue.pop_front();
-            MaybeFinish(keep);
-            continue;
-          }
-          p = NextPiece(r);
-          if (r->exhausted()) queue.pop_front();
-        } else {
-          break;
+          if (!Prepare(p)) continue;  // waits for a range lock, or retired
+          ++inflight;
+          batch.push_back(&p->op);
         }
-        Prepare(p);
-        ++inflight;
-        batch.push_back(&p->op);
       }
-    }
-    if (batch.empty()) return;
-    Status s = engine->Submit(batch);
-    if (!s.ok()) {
-      std::lock_guard lock(mu);
-      for (IoOp* op : batch) {
+      if (batch.empty()) return;
+      for (IoOp* op : batch) {  // the pieces are this thread's until submitted
         auto* p = static_cast<Piece*>(op->ctx);
-        Fail(p->req, s.WithContext(PieceContext(p)));
-        --inflight;
-        Retire(p);
+        if (!p->copy_in) continue;
+        std::memcpy(p->bounce.as<char>() + (p->off - p->span_off), p->buf, p->len);
+        p->copy_in = false;
       }
-      if (inflight == 0) idle_cv.notify_all();
+      Status s = engine->Submit(batch);
+      if (s.ok()) return;
+      SubmitFailed(batch, s);  // then issue what is left, if anything
     }
+  }
+
+  // A Submit refused `batch` (none of it started): fails its pieces.
+  void SubmitFailed(std::span<IoOp* const> batch, const Status& s) {
+    std::lock_guard lock(mu);
+    for (IoOp* op : batch) {
+      auto* p = static_cast<Piece*>(op->ctx);
+      Fail(p->req, s.WithContext(PieceContext(p)));
+      --inflight;
+      Retire(p);
+    }
+    if (inflight == 0) idle_cv.notify_all();
   }
 
   std::string PieceContext(const Piece* p) const {
@@ -295,8 +477,44 @@ struct IoService::Impl {
   static void OnDone(IoOp* op, int64_t res) {
     auto* p = static_cast<Piece*>(op->ctx);
     Impl* impl = p->impl;
-    impl->Complete(p, res);
+    if (p->path == Path::kBounce && BounceStep(p, res)) {
+      IoOp* next = &p->op;  // the piece keeps its in-flight slot
+      Status s = impl->engine->Submit(std::span<IoOp* const>(&next, 1));
+      if (s.ok()) return;
+      impl->SubmitFailed(std::span<IoOp* const>(&next, 1), s);
+    } else {
+      impl->Complete(p, res);
+    }
     impl->Pump();
+  }
+
+  // The part of a bounce piece's completion that needs no lock (the piece is
+  // in flight, so it is this thread's). After a read-back of an edge unit, sets
+  // up the next step and returns true. After kMain, copies a read out and sets
+  // `moved`. Errors are left to Complete.
+  static bool BounceStep(Piece* p, int64_t res) {
+    if (res < 0) return false;
+    if (p->stage == Stage::kMain) {
+      const uint64_t end = p->span_off + static_cast<uint64_t>(res);
+      p->moved = end > p->off ? std::min(p->len, end - p->off) : 0;
+      if (p->req->kind == IoOpKind::kRead)
+        std::memcpy(p->buf, p->bounce.as<char>() + (p->off - p->span_off), p->moved);
+      return false;
+    }
+    const uint64_t u = Unit(p->file);
+    if (static_cast<uint64_t>(res) < u) {
+      // Short: the end of the file (the rest of the unit is a hole: zeros), or
+      // a transfer cut short (read the unit again).
+      struct stat st;
+      const uint64_t at = p->op.offset + static_cast<uint64_t>(res);
+      if (fstat(p->file->direct_fd_, &st) == 0 && static_cast<uint64_t>(st.st_size) > at)
+        return true;
+      std::memset(static_cast<char*>(p->op.buf) + res, 0, u - static_cast<uint64_t>(res));
+    }
+    const bool tail = p->off + p->len != p->span_off + p->span_len;
+    StartStage(p,
+               p->stage == Stage::kHead && tail && p->span_len > u ? Stage::kTail : Stage::kMain);
+    return true;
   }
 
   void Complete(Piece* p, int64_t res) {
@@ -304,17 +522,22 @@ struct IoService::Impl {
     --inflight;
     auto& r = p->req;
     bool stop = r->failed || r->cancelled;
+    const bool bounce = p->path == Path::kBounce;
+    // A bounce piece comes here with an error of any step, or done with kMain.
+    const uint64_t moved =
+        bounce ? (res < 0 ? 0 : p->moved) : static_cast<uint64_t>(std::max<int64_t>(res, 0));
     if (res < 0) {
       int err = static_cast<int>(-res);
       if (err == EAGAIN && p->eagain < opts.eagain_retries && !stop && !shutdown) {
         ++p->eagain;
         ++stats.eagain_retries;
+        Release(p);
         retry.push_front(p);
       } else {
         Fail(r, ErrnoError(PieceContext(p), err));
         Retire(p);
       }
-    } else if (res == 0 && p->len > 0) {
+    } else if (moved == 0 && p->len > 0) {
       if (r->kind == IoOpKind::kRead)
         Fail(r, DataLossError(fmt::format(
                     "{}: unexpected end of file ({} bytes missing; truncated underneath?)",
@@ -322,15 +545,16 @@ struct IoService::Impl {
       else
         Fail(r, IOError(fmt::format("{}: the write moved 0 bytes", PieceContext(p))));
       Retire(p);
-    } else if (static_cast<uint64_t>(res) < p->len) {
-      p->buf += res;
-      p->off += static_cast<uint64_t>(res);
-      p->len -= static_cast<uint64_t>(res);
+    } else if (moved < p->len) {
+      p->buf += moved;
+      p->off += moved;
+      p->len -= moved;
       ++stats.short_resubmits;
       if (stop || shutdown) {
         if (shutdown && !stop) r->cancelled = true;
         Retire(p);
       } else {
+        Release(p);
         retry.push_front(p);
       }
     } else {
@@ -379,19 +603,34 @@ struct IoService::Impl {
   void CancelLocked(const std::shared_ptr<RequestState>& r) {
     if (r->finished) return;
     r->cancelled = true;
+    // Its parked pieces first, so that no range lock its other pieces let go
+    // of is handed to one of them.
+    for (auto& [file, rl] : range_locks) {
+      for (auto it = rl.waiting.begin(); it != rl.waiting.end();) {
+        if ((*it)->req == r) {
+          Piece* p = *it;
+          it = rl.waiting.erase(it);
+          Retire(p);  // holds no lock: range_locks is not changed
+        } else {
+          ++it;
+        }
+      }
+    }
+    std::vector<Piece*> mine;
     for (auto it = retry.begin(); it != retry.end();) {
       if ((*it)->req == r) {
-        Piece* p = *it;
+        mine.push_back(*it);
         it = retry.erase(it);
-        Retire(p);
       } else {
         ++it;
       }
     }
+    for (Piece* p : mine) Retire(p);  // may hand range locks on (to the retry deque)
     auto qit = std::find(queue.begin(), queue.end(), r);
     if (qit != queue.end()) queue.erase(qit);
     MaybeFinish(r);
   }
+
 };
 
 IoService::IoService(const IoOptions& options, std::unique_ptr<IoEngine> engine)
@@ -513,10 +752,12 @@ void IoService::Shutdown() {
     std::unique_lock lock(impl_->mu);
     if (!impl_->shutdown) {
       impl_->shutdown = true;
-      auto queued = impl_->queue;
-      for (auto& r : queued) impl_->CancelLocked(r);
-      auto retries = impl_->retry;
-      for (auto* p : retries) impl_->CancelLocked(p->req);
+      // The requests first: cancelling one retires its pieces.
+      std::vector<std::shared_ptr<RequestState>> pending(impl_->queue.begin(), impl_->queue.end());
+      for (auto* p : impl_->retry) pending.push_back(p->req);
+      for (const auto& [file, rl] : impl_->range_locks)
+        for (auto* p : rl.waiting) pending.push_back(p->req);
+      for (auto& r : pending) impl_->CancelLocked(r);
     }
     impl_->idle_cv.wait(lock, [&] { return impl_->inflight == 0; });
   }

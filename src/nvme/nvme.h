@@ -15,10 +15,11 @@
 //               offset) → IoHandle to Wait() on or Poll(). Splits requests into
 //               block_size pieces and keeps queue_depth × threads pieces in
 //               flight; resubmits short reads/writes for the remainder; retries
-//               EAGAIN a bounded number of times; sends pieces that O_DIRECT
-//               cannot take (unaligned buffer/offset/length) through a buffered
-//               descriptor of the same file; turns every failure into a Status
-//               naming the file, offset, length and errno.
+//               EAGAIN a bounded number of times; moves pieces that O_DIRECT
+//               cannot take (unaligned buffer/offset/length) through an aligned
+//               bounce buffer, still O_DIRECT (see "Unaligned requests" below);
+//               turns every failure into a Status naming the file, offset,
+//               length and errno.
 //   SwapStore   named shards → extents in preallocated swap files, one file per
 //               directory, striped over all directories in stripe_unit pieces.
 //
@@ -262,8 +263,10 @@ Status WaitAll(std::span<const IoHandle> handles);
 
 class IoService;
 
-// An open file. Two descriptors: O_DIRECT (when the filesystem allows it) for
-// aligned pieces, buffered for the rest. Closed on destruction.
+// An open file. Two descriptors: O_DIRECT (when the filesystem allows it) and
+// buffered; requests use only the O_DIRECT one where there is one (see
+// "Unaligned requests" at IoService), else the buffered one. Closed on
+// destruction.
 // REQUIRES: destroyed before its IoService, and with no request in flight.
 class IoFile {
  public:
@@ -273,7 +276,8 @@ class IoFile {
   const std::string& path() const { return path_; }
   bool direct() const { return direct_fd_ >= 0; }
   uint32_t logical_block_size() const { return block_; }
-  // Current size (fstat); IOError naming the path on failure.
+  // Current size (fstat); IOError naming the path on failure. An unaligned
+  // write past the end rounds it up to 4096 (see "Unaligned requests").
   StatusOr<uint64_t> Size() const;
 
  private:
@@ -303,12 +307,28 @@ struct IoSegment {
 struct IoServiceStats {
   uint64_t requests = 0;
   uint64_t pieces = 0;
-  uint64_t direct_pieces = 0;
-  uint64_t buffered_pieces = 0;
+  uint64_t direct_pieces = 0;    // aligned: zero-copy on the O_DIRECT descriptor
+  uint64_t buffered_pieces = 0;  // on a file without an O_DIRECT descriptor
+  uint64_t bounce_pieces = 0;    // unaligned, on an O_DIRECT file: through a bounce buffer
   uint64_t short_resubmits = 0;
   uint64_t eagain_retries = 0;
 };
 
+// Unaligned requests. On a file with an O_DIRECT descriptor, a piece whose
+// offset and length are multiples of the unit (4096, or the O_DIRECT alignment
+// where larger) and whose buffer is aligned goes straight from/to the caller's
+// buffer (zero-copy). Any other piece moves the whole units it touches through
+// an aligned bounce buffer, also O_DIRECT: a write first reads back the units
+// it covers only in part (read-modify-write) while it holds a per-file range
+// lock over its units, so concurrent unaligned writes of adjacent byte ranges
+// sharing a unit serialize there and none writes back stale bytes of another;
+// reads and aligned pieces take no lock. The page cache is never involved on
+// such a file: a buffered partial-page write racing an O_DIRECT write of the
+// same page could write stale bytes back. Pieces are cut on unit boundaries,
+// so only a request's first and last unit need the read-modify-write. Caveat:
+// an unaligned write that ends past the end of the file leaves the file size
+// rounded up to the unit (the extra bytes read as zeros); reads still end at
+// the file's size (DataLoss past it).
 class IoService {
  public:
   // Builds the engine from options (see NewIoEngine) and registers
