@@ -224,6 +224,11 @@ struct AsyncStep {
   // Main thread: modules whose new parameters were uploaded into the device
   // parameter block during the step (offload_param none).
   std::vector<uint8_t> uploaded;
+  // offload_optimizer nvme: the first sub-groups' states, read during the
+  // last backward pass of the window (buffer g holds sub-group g).
+  std::vector<PinnedBuffer> pre_buffers;
+  std::vector<nvme::IoHandle> pre_reads;
+  std::vector<int64_t> pre_issue_ns;
 };
 
 class EngineImpl final : public Engine {
@@ -309,6 +314,10 @@ class EngineImpl final : public Engine {
   bool ModuleReady(int module) const;
   bool reading_next_params() const { return inflight_ && !inflight_->delayed; }
   Status InvalidateDeviceCopies();
+  // offload_optimizer nvme: starts reading the states of the sub-groups the
+  // next step begins with (they do not depend on the gradients).
+  void PrefetchStates();
+  size_t StateLookahead(size_t buffers) const { return buffers >= 3 ? buffers - 2 : buffers - 1; }
   void GlobalChecks(bool* overflow, double* sumsq);
   void ClearGradients();
 
@@ -367,6 +376,10 @@ class EngineImpl final : public Engine {
   HostArray grad_alt_;                   // DPU: the accumulator of the next window
   bool grads_since_launch_ = false;      // gradients were handed over since LaunchStep
   bool mirror_params_ = false;           // offload_param none: host_params_ mirrors the device
+  // PrefetchStates: reads of the next step's first sub-groups (main thread).
+  std::vector<PinnedBuffer> pre_buffers_;
+  std::vector<nvme::IoHandle> pre_reads_;
+  std::vector<int64_t> pre_issue_ns_;
 
   std::vector<DeferredFree> deferred_;
   std::map<void*, DeviceBuffer> workspaces_;
@@ -407,6 +420,7 @@ EngineImpl::~EngineImpl() {
   // A step still running in the background ends first; it is not committed
   // (nothing reads the engine's state any more).
   if (inflight_ && inflight_->thread.joinable()) inflight_->thread.join();
+  for (auto& h : pre_reads_) h.Wait().IgnoreError();
   if (dev_) dev_->Synchronize().IgnoreError();
   {
     std::lock_guard<std::mutex> lock(grad_mu_);
@@ -1212,6 +1226,9 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
                     "AfterBackward",
                     module));
   RETURN_IF_ERROR(Acquire(module));
+  if (opt_place() == OffloadDevice::kNvme && pre_reads_.empty() && !inflight_ &&
+      micro_batches_ + 1 >= std::max<int64_t>(1, cfg_.gradient_accumulation_steps))
+    PrefetchStates();  // the window's last backward pass: the step follows it
   ASSIGN_OR_RETURN(m.grad, AllocDevice(m.bytes(), module));
   RETURN_IF_ERROR(Prefetch());
   ModuleView v = ViewOf(module, true);
@@ -1550,8 +1567,10 @@ Status EngineImpl::StepNvmeStates(AsyncStep* job) {
   const std::vector<int> order = ElemOrder(params_);
   const size_t G = groups_.size();
   const int64_t want = std::max<int64_t>(1, cfg_.zero_optimization.offload_optimizer.buffer_count);
-  std::vector<PinnedBuffer> buffers;
-  for (int64_t i = 0; i < want && i < static_cast<int64_t>(G); ++i) {
+  // The sub-groups read ahead during backward (PrefetchStates) come first.
+  std::vector<PinnedBuffer> buffers = std::move(job->pre_buffers);
+  for (int64_t i = static_cast<int64_t>(buffers.size()); i < want && i < static_cast<int64_t>(G);
+       ++i) {
     StatusOr<PinnedBuffer> b = opt_pool_->Acquire(static_cast<size_t>(12 * max_group_elems_));
     if (!b.ok()) {
       if (buffers.empty()) return b.status().WithContext("optimizer pipeline buffers");
@@ -1564,6 +1583,10 @@ Status EngineImpl::StepNvmeStates(AsyncStep* job) {
   std::vector<std::pair<int, nvme::IoHandle>> param_writes;
   std::vector<int64_t> read_issue(G, 0), write_issue(G, 0);
   std::vector<bool> write_noted(G, false);
+  for (size_t g = 0; g < job->pre_reads.size(); ++g) {
+    reads[g] = std::move(job->pre_reads[g]);
+    read_issue[g] = job->pre_issue_ns[g];
+  }
   Status error;
 
   auto note_write = [&](size_t g) {
@@ -1590,7 +1613,7 @@ Status EngineImpl::StepNvmeStates(AsyncStep* job) {
   };
   // Read ahead into buffers that hold neither the sub-group being stepped nor
   // the one being written behind it (with one buffer: no read-ahead at all).
-  const size_t lookahead = B >= 3 ? B - 2 : B - 1;
+  const size_t lookahead = StateLookahead(B);
   for (size_t g = 0; g < G && error.ok(); ++g) {
     if (!reads[g].valid()) issue_read(g);
     for (size_t j = g + 1; j < G && j <= g + lookahead; ++j)
@@ -1654,6 +1677,23 @@ Status EngineImpl::StepNvmeStates(AsyncStep* job) {
   return Status();
 }
 
+void EngineImpl::PrefetchStates() {
+  // Exactly the reads the pipeline would issue first (sub-groups 0 ..
+  // lookahead, into buffers 0 ..), so that it continues as if it had.
+  const size_t want = static_cast<size_t>(
+      std::max<int64_t>(1, cfg_.zero_optimization.offload_optimizer.buffer_count));
+  const size_t n = std::min(groups_.size(), StateLookahead(std::min(want, groups_.size())) + 1);
+  for (size_t g = 0; g < n; ++g) {
+    StatusOr<PinnedBuffer> b = opt_pool_->Acquire(static_cast<size_t>(12 * max_group_elems_));
+    if (!b.ok()) break;  // the pipeline acquires what it can itself
+    pre_buffers_.push_back(std::move(*b));
+    pre_issue_ns_.push_back(NowNanos());
+    pre_reads_.push_back(swap_->Read(StateShard(g, state_version_[g]), 0,
+                                     pre_buffers_.back().data(),
+                                     static_cast<size_t>(IoBytes(12 * groups_[g].elems()))));
+  }
+}
+
 void EngineImpl::RunStep(AsyncStep* job) {
   Status s = opt_place() == OffloadDevice::kNvme ? StepNvmeStates(job) : StepCpuStates(job);
   {
@@ -1673,6 +1713,12 @@ void EngineImpl::LaunchStep(float grad_scale, bool delayed, bool background) {
   job->scaler_before = scaler_;
   job->launched_ns = NowNanos();
   job->uploaded.assign(modules_.size(), 0);
+  job->pre_buffers = std::move(pre_buffers_);
+  job->pre_reads = std::move(pre_reads_);
+  job->pre_issue_ns = std::move(pre_issue_ns_);
+  pre_buffers_.clear();
+  pre_reads_.clear();
+  pre_issue_ns_.clear();
   if (delayed) grad_acc_.swap(grad_alt_);  // the next window accumulates into the other one
   job->grads_mut = delayed ? grad_alt_.as<float>() : grad_acc_.as<float>();
   job->grads = job->grads_mut;
