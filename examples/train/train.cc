@@ -335,7 +335,7 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
       << "set title 'strata train: step time by phase'\nset xlabel 'step'\nset ylabel 'seconds'\n"
       << "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8\nset boxwidth 0.8\n"
       << "plot '" << time_dat << "' using 3 title 'compute', '' using 4 title 'fetch wait (PCIe/NVMe)', "
-      << "'' using 5 title 'optimizer (CPU/NVMe)', '' using 6 title 'other'\n";
+      << "'' using 5 title 'waiting for the optimizer', '' using 6 title 'other'\n";
   }
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
   if (std::system(cmd.c_str()) != 0) return IOError("gnuplot " + script + " failed");

@@ -37,6 +37,8 @@ int strata_c_api_smoke(char* err, size_t err_len) {
   }
   strata_step_stats st;
   if (rc == STRATA_OK) rc = strata_step(e, &st);
+  /* The step may still run (overlap_optimizer): wait for it explicitly. */
+  if (rc == STRATA_OK) rc = strata_synchronize(e);
   float out[64];
   if (rc == STRATA_OK) rc = strata_read_parameter(e, id, out, 64);
   if (rc != STRATA_OK) {
