@@ -23,6 +23,16 @@ using strata::testing::MakeRng;
 using strata::testing::ScratchDir;
 using namespace strata::nvme::testing;
 
+// Creates (or truncates) `path` through `io`.
+std::unique_ptr<IoFile> CreateFile(IoService* io, const std::string& path) {
+  OpenOptions oo;
+  oo.create = true;
+  oo.truncate = true;
+  auto f = io->Open(path, oo);
+  EXPECT_TRUE(f.ok()) << f.status();
+  return std::move(f).value();
+}
+
 class IoServiceTest : public ::testing::TestWithParam<EngineKind> {
  protected:
   void SetUp() override {
@@ -46,12 +56,7 @@ class IoServiceTest : public ::testing::TestWithParam<EngineKind> {
     return std::move(s).value();
   }
   std::unique_ptr<IoFile> OpenNew(IoService* io, const std::string& name) {
-    OpenOptions oo;
-    oo.create = true;
-    oo.truncate = true;
-    auto f = io->Open(dir_.str() + "/" + name, oo);
-    EXPECT_TRUE(f.ok()) << f.status();
-    return std::move(f).value();
+    return CreateFile(io, dir_.str() + "/" + name);
   }
 
   ScratchDir dir_{"strata-nvme"};
@@ -589,12 +594,7 @@ class UringSubmitFailureTest : public ::testing::Test {
     return std::move(s).value();
   }
   std::unique_ptr<IoFile> OpenNew(IoService* io, const std::string& name) {
-    OpenOptions oo;
-    oo.create = true;
-    oo.truncate = true;
-    auto f = io->Open(dir_.str() + "/" + name, oo);
-    EXPECT_TRUE(f.ok()) << f.status();
-    return std::move(f).value();
+    return CreateFile(io, dir_.str() + "/" + name);
   }
   // The read of [0, n) fails naming the file, an offset and the errno; the
   // same read then succeeds with the bytes of `src`.

@@ -394,6 +394,19 @@ std::vector<uint8_t> ModuleBytes(const ModuleView& v, int m) {
   return out;
 }
 
+// Hooks that wrap the engine's NVMe I/O in a FaultInjectionEngine (*faults
+// once the NVMe tier is opened).
+EngineTestHooks FaultHooks(nvme::FaultInjectionEngine** faults) {
+  EngineTestHooks hooks;
+  hooks.wrap_io_engine =
+      [faults](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
+    auto f = std::make_unique<nvme::FaultInjectionEngine>(std::move(inner));
+    *faults = f.get();
+    return f;
+  };
+  return hooks;
+}
+
 // Runs one micro-batch's hooks and Step(), stopping at the first error;
 // returns it (OK if there was none). The gradients do not depend on the
 // parameters. `seen` (if given) gets each module's parameter bytes as the
@@ -442,13 +455,7 @@ TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
   Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str());
   c.strata.overlap_optimizer = overlap;
   nvme::FaultInjectionEngine* faults = nullptr;
-  EngineTestHooks hooks;
-  hooks.wrap_io_engine =
-      [&](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
-    auto f = std::make_unique<nvme::FaultInjectionEngine>(std::move(inner));
-    faults = f.get();
-    return f;
-  };
+  EngineTestHooks hooks = FaultHooks(&faults);
   auto e = CreateEngine(c, hooks);
   ASSERT_TRUE(e.ok()) << e.status();
   Register(**e, 21);
@@ -677,13 +684,7 @@ TEST(EngineTest, FailedParameterWriteKeepsThePreviousParameters) {
   Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNvme, dir.str());
   c.strata.overlap_optimizer = false;
   nvme::FaultInjectionEngine* faults = nullptr;
-  EngineTestHooks hooks;
-  hooks.wrap_io_engine =
-      [&](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
-    auto f = std::make_unique<nvme::FaultInjectionEngine>(std::move(inner));
-    faults = f.get();
-    return f;
-  };
+  EngineTestHooks hooks = FaultHooks(&faults);
   auto e = CreateEngine(c, hooks);
   Config rc = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
   rc.strata.overlap_optimizer = false;
