@@ -211,6 +211,7 @@ struct AsyncStep {
   // Set by the thread before it finishes (read after join).
   bool advanced = false;  // in-memory states moved to the new step
   std::vector<int> param_write_failed;  // modules whose NVMe parameter write failed
+  std::vector<int> param_written;       // modules whose new parameters are on NVMe
 
   // Set at launch (main thread).
   bool delayed = false;  // DPU: its parameters are used from the next Step() on
@@ -1525,6 +1526,7 @@ Status EngineImpl::StepCpuStates(AsyncStep* job) {
   const std::vector<int> order = ElemOrder(params_);
   std::vector<std::pair<int, nvme::IoHandle>> writes;
   std::vector<int64_t> write_issue;
+  Status step_error;
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (hooks_.before_sub_group) hooks_.before_sub_group(g);
     const SubGroup& sg = groups_[g];
@@ -1535,24 +1537,34 @@ Status EngineImpl::StepCpuStates(AsyncStep* job) {
     const int64_t t1 = NowNanos();
     optimizer_ns_ += t1 - t0;
     timeline_.Add("cpu adam", fmt::format("sub-group {}", g), "optimizer", t0, t1 - t0, 0);
-    if (!r.ok()) return r.status().WithContext(fmt::format("optimizer, sub-group {}", g));
+    if (!r.ok()) {
+      step_error = r.status().WithContext(fmt::format("optimizer, sub-group {}", g));
+      break;
+    }
     job->advanced = true;
     if (param_place() == OffloadDevice::kNvme) {
       const size_t before = writes.size();
-      RETURN_IF_ERROR(WriteParamShards(sg.elem_begin, sg.elem_end, writes));
+      step_error = WriteParamShards(sg.elem_begin, sg.elem_end, writes);
       for (size_t i = before; i < writes.size(); ++i) write_issue.push_back(t1);
+      if (!step_error.ok()) break;
     }
     GroupDone(job, g);
   }
+  // Every write issued lands before this thread ends (io_uring may cancel
+  // requests of a thread that has exited).
   Status first_error;
   for (size_t i = 0; i < writes.size(); ++i) {
     Status s = writes[i].second.Wait();
     NoteNvme(write_issue[i], NowNanos(), static_cast<int64_t>(writes[i].second.bytes()), true,
              "write params");
-    if (s.ok()) continue;
+    if (s.ok()) {
+      job->param_written.push_back(writes[i].first);
+      continue;
+    }
     job->param_write_failed.push_back(writes[i].first);
     if (first_error.ok()) first_error = s;
   }
+  if (!step_error.ok()) return step_error;
   if (!first_error.ok()) {
     return DataLossError(fmt::format(
         "step {}: the optimizer states and fp32 master parameters were updated, but writing the "
@@ -1659,6 +1671,7 @@ Status EngineImpl::StepNvmeStates(AsyncStep* job) {
   const int64_t pw0 = NowNanos();
   for (auto& [module, h] : param_writes) {
     Status s = h.Wait();
+    if (s.ok()) job->param_written.push_back(module);
     if (!s.ok() && error.ok())
       error = s.WithContext(fmt::format("writing the updated parameters of module {} to NVMe",
                                         module));
@@ -1857,13 +1870,11 @@ Status EngineImpl::CommitStep(AsyncStep& job) {
     case OffloadDevice::kCpu:
       host_params_.swap(next_params_);
       break;
-    case OffloadDevice::kNvme: {
-      std::vector<uint8_t> failed(modules_.size(), 0);
-      for (int m : job.param_write_failed) failed[static_cast<size_t>(m)] = 1;
-      for (size_t m = 0; m < modules_.size(); ++m)
-        if (!failed[m]) module_version_[m] = 1 - module_version_[m];
+    case OffloadDevice::kNvme:
+      // Only modules whose new version was written flip; one whose write
+      // failed (or was never issued) keeps its previous, consistent version.
+      for (int m : job.param_written) module_version_[m] = 1 - module_version_[m];
       break;
-    }
   }
   return Status();
 }
