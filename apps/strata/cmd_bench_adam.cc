@@ -20,6 +20,7 @@
 #include "src/common/half.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/common/units.h"
 #include "src/cpu_adam/cpu_adam.h"
 
 namespace strata::cli {
@@ -111,17 +112,11 @@ double Median(std::vector<double> v) {
 }
 
 int RunBenchAdam(const BenchAdamArgs& args) {
-  double nd = 0;
-  try {
-    size_t pos = 0;
-    nd = std::stod(args.params, &pos);
-    if (pos != args.params.size()) nd = -1;
-  } catch (...) {
-    nd = -1;
-  }
-  if (!(nd >= 1) || nd > 4e9 || nd != std::floor(nd))
-    return Fail("--params: \"" + args.params + "\" is not a whole number of parameters in [1, 4e9]");
-  const size_t n = static_cast<size_t>(nd);
+  int64_t count = 0;
+  if (!ParseCount(args.params, &count) || count < 1 || count > 4'000'000'000)
+    return Fail("--params: \"" + args.params +
+                "\" is not a whole number of parameters in [1, 4e9] (e.g. 1e8, 100M, 1.5B)");
+  const size_t n = static_cast<size_t>(count);
   if (args.reps < 1) return Fail("--reps must be at least 1");
   const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
   std::optional<DType> cd;
@@ -275,7 +270,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
 CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
   auto args = std::make_shared<BenchAdamArgs>();
   CLI::App* cmd = bench.add_subcommand("adam", "Benchmark the fused CPU optimizer against the roofline and a scalar loop");
-  cmd->add_option("--params", args->params, "Parameters (elements), e.g. 100000000 or 1e8")->capture_default_str();
+  cmd->add_option("--params", args->params, "Parameters (elements), e.g. 100000000, 1e8, 100M or 1.5B")->capture_default_str();
   cmd->add_option("--threads", args->threads, "Threads (0 = all PUs)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--grad-dtype", args->grad_dtype, "fp32|fp16|bf16")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
@@ -287,7 +282,7 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
       ->capture_default_str()->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));
   cmd->add_option("--streaming", args->streaming, "Non-temporal stores: auto|off|copy|all")
       ->capture_default_str()->check(CLI::IsMember({"auto", "off", "copy", "all"}));
-  cmd->add_option("--reps", args->reps, "Timed repetitions per variant (interleaved)")->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Timed repetitions per variant (interleaved)")->capture_default_str()->transform(CountSuffix());
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->callback([args, &r] { r.exit_code = RunBenchAdam(*args); });
 });

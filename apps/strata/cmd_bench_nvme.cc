@@ -132,12 +132,12 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--size", a->size, "Bytes written then read (default 1G, ~10 s here)");
   cmd->add_option("--block-size", a->block_size, "aio.block_size (default 1M)");
-  cmd->add_option("--queue-depth", a->queue_depth, "aio.queue_depth (default 16)");
+  cmd->add_option("--queue-depth", a->queue_depth, "aio.queue_depth (default 16)")->transform(CountSuffix());
   cmd->add_option("--threads", a->threads, "aio.intra_op_parallelism: rings (default 1)");
   cmd->add_option("--engine", a->engine, "uring|posix|auto (default uring)")
       ->check(CLI::IsMember({"uring", "io_uring", "posix", "auto"}));
   cmd->add_option("--request-size", a->request, "Bytes per swap-store request (default 256M; DeepSpeed sub-groups are GBs)");
-  cmd->add_option("--runs", a->runs, "Repetitions, alternating engine and fio (default 3)");
+  cmd->add_option("--runs", a->runs, "Repetitions, alternating engine and fio (default 3)")->transform(CountSuffix());
   cmd->add_flag("--vs-fio", a->vs_fio, "Also run fio with the same engine/block/depth/size/O_DIRECT");
   cmd->add_flag("--json", a->json, "Machine-readable output");
   cmd->callback([&r, a] { r.exit_code = RunBenchNvme(*a); });

@@ -181,6 +181,7 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& result) {
       ->check(CLI::IsMember({"auto", "cuda", "host"}))
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "Repetitions per point (interleaved; medians)")
+      ->transform(CountSuffix())
       ->capture_default_str();
   cmd->add_option("--chunk", args->chunk, "Pinned-pool buffer size of the engine path")
       ->capture_default_str();

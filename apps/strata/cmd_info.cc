@@ -7,6 +7,7 @@
 #include <string>
 
 #include "apps/strata/commands.h"
+#include "src/common/units.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
@@ -18,14 +19,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string HumanBytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
+std::string HumanBytes(double b) { return FormatBytes(static_cast<int64_t>(b)); }
 
 json GpuInfo() {
   gpu::CudaDeviceList list = gpu::ListCudaDevices();

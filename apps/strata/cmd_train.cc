@@ -15,7 +15,8 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   auto opt = std::make_shared<example::TrainCommandOptions>();
   cmd->add_option("--config", opt->config_path, "DeepSpeed/Strata JSON config (strata.model sets the size)")
       ->required();
-  cmd->add_option("--steps", opt->steps, "Optimizer steps (default: strata.model.steps, else 40)");
+  cmd->add_option("--steps", opt->steps, "Optimizer steps (default: strata.model.steps, else 40)")
+      ->transform(CountSuffix());
   cmd->add_option("--nvme-path", opt->nvme_path,
                   "Directory for NVMe-offloaded states; overrides the config's nvme_path (created if missing)");
   cmd->add_option("--device", opt->device, "Override strata.device: auto, cuda or host");

@@ -38,8 +38,13 @@ struct CommandRegistrar {
   }
 };
 
-// Parses sizes written as 4096, 64K, 1M, 4G, 1.5G, 64KiB (powers of 1024).
-// Returns false on junk.
+// Parses sizes written as 4096, 64K, 1M, 4G, 1.5G, 64KiB (powers of 1024;
+// strata::ParseByteSize in src/common/units.h). Returns false on junk.
 bool ParseByteSize(const std::string& text, uint64_t* out);
+
+// A CLI11 transform for options that take a count: "1e8", "100M", "1.5B",
+// "2K" become plain integers before CLI11 converts them (decimal multiples,
+// strata::ParseCount).
+CLI::Validator CountSuffix();
 
 }  // namespace strata::cli

@@ -1,10 +1,10 @@
 // strata — the command: info, bench, tune (and train, when the engine lands).
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "apps/strata/commands.h"
 #include "src/common/log.h"
+#include "src/common/units.h"
 #include "strata/strata.h"
 
 namespace strata::cli {
@@ -15,32 +15,22 @@ std::vector<RegisteredCommand>& CommandRegistry() {
 }
 
 bool ParseByteSize(const std::string& text, uint64_t* out) {
-  if (text.empty()) return false;
-  size_t pos = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &pos);
-  } catch (...) {
-    return false;
-  }
-  if (!(value >= 0) || !std::isfinite(value)) return false;
-  std::string suffix = text.substr(pos);
-  for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mult = 1;
-  if (suffix.empty() || suffix == "B")
-    mult = 1;
-  else if (suffix == "K" || suffix == "KB" || suffix == "KIB")
-    mult = 1024.0;
-  else if (suffix == "M" || suffix == "MB" || suffix == "MIB")
-    mult = 1024.0 * 1024;
-  else if (suffix == "G" || suffix == "GB" || suffix == "GIB")
-    mult = 1024.0 * 1024 * 1024;
-  else if (suffix == "T" || suffix == "TB" || suffix == "TIB")
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  else
-    return false;
-  *out = static_cast<uint64_t>(value * mult);
+  int64_t v = 0;
+  if (!strata::ParseByteSize(text, &v)) return false;
+  *out = static_cast<uint64_t>(v);
   return true;
+}
+
+CLI::Validator CountSuffix() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!strata::ParseCount(text, &v))
+          return "\"" + text + "\" is not a count (e.g. 1000, 1e8, 100M, 1.5B)";
+        text = std::to_string(v);
+        return std::string();
+      },
+      "COUNT", "count");
 }
 
 }  // namespace strata::cli

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "examples/train/model.h"
+#include "src/common/units.h"
 
 namespace strata::example {
 namespace {
@@ -25,14 +26,7 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string Human(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) b /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
-}
+std::string Human(double b) { return FormatBytes(static_cast<int64_t>(b)); }
 
 std::string OneLine(std::string s) {
   std::string out;

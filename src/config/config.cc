@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "src/common/log.h"
+#include "src/common/units.h"
 #include "src/common/status_util.h"
 
 namespace strata {
@@ -174,31 +175,6 @@ Status ReadBool(const json& v, std::string_view path, bool* out) {
   return ValueError(path, v, "is not a boolean (expected true or false)");
 }
 
-// "8G", "512M", "64KiB", "1.5GB", "4096": binary multiples (K = 1024).
-bool ParseByteString(std::string_view s, int64_t* out) {
-  size_t i = 0;
-  while (i < s.size() && s[i] == ' ') ++i;
-  size_t start = i;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  std::string number(s.substr(start, i - start));
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".") return false;
-  while (i < s.size() && s[i] == ' ') ++i;
-  std::string suffix = Lower(s.substr(i));
-  while (!suffix.empty() && suffix.back() == ' ') suffix.pop_back();
-  static const std::pair<std::string_view, int> kSuffixes[] = {
-      {"", 0},    {"b", 0},    {"k", 1},   {"kb", 1},  {"kib", 1}, {"m", 2},  {"mb", 2},
-      {"mib", 2}, {"g", 3},    {"gb", 3},  {"gib", 3}, {"t", 4},   {"tb", 4}, {"tib", 4}};
-  int power = -1;
-  for (const auto& [name, p] : kSuffixes)
-    if (suffix == name) power = p;
-  if (power < 0) return false;
-  long double value = std::strtold(number.c_str(), nullptr);
-  for (int p = 0; p < power; ++p) value *= 1024.0L;
-  if (value != std::floor(value) || value >= 9223372036854775807.0L) return false;
-  *out = static_cast<int64_t>(value);
-  return true;
-}
-
 Status ReadBytes(const json& v, std::string_view path, int64_t* out) {
   constexpr std::string_view kExpect =
       "is not a byte count (expected a non-negative integer or a string such as \"8G\", "
@@ -207,7 +183,7 @@ Status ReadBytes(const json& v, std::string_view path, int64_t* out) {
     if (!ReadInt(v, path, out).ok() || *out < 0) return ValueError(path, v, kExpect);
     return Status::Ok();
   }
-  if (v.is_string() && ParseByteString(v.get_ref<const std::string&>(), out)) return Status::Ok();
+  if (v.is_string() && ParseByteSize(v.get_ref<const std::string&>(), out)) return Status::Ok();
   return ValueError(path, v, kExpect);
 }
 

@@ -9,32 +9,6 @@
 
 namespace strata::gpu::host {
 
-float LoadAsFloat(const void* p, DType t, size_t i) {
-  switch (t) {
-    case DType::kFp32:
-      return static_cast<const float*>(p)[i];
-    case DType::kFp16:
-      return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBf16:
-      return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0.f;
-}
-
-void StoreFromFloat(void* p, DType t, size_t i, float v) {
-  switch (t) {
-    case DType::kFp32:
-      static_cast<float*>(p)[i] = v;
-      return;
-    case DType::kFp16:
-      static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
-      return;
-    case DType::kBf16:
-      static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
-      return;
-  }
-}
-
 void Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n) {
   if (src_type == dst_type) {
     if (src != dst) std::memmove(dst, src, n * DTypeSize(src_type));

@@ -11,8 +11,9 @@
 
 namespace strata::gpu::host {
 
-float LoadAsFloat(const void* p, DType t, size_t i);
-void StoreFromFloat(void* p, DType t, size_t i, float v);
+// Element conversions: the reference ones of src/common/dtype.h.
+using ::strata::LoadAsFloat;
+using ::strata::StoreFromFloat;
 
 // dst[i] = convert(src[i]). src == dst with equal element sizes is allowed.
 void Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n);
