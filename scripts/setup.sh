@@ -15,7 +15,8 @@ JOBS="${STRATA_JOBS:-$(nproc)}"
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-  libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox)
+  libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
+  clang)  # clang: the thread-safety analysis of scripts/check_thread_safety.sh
 
 missing=()
 for p in "${PACKAGES[@]}"; do

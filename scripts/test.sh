@@ -11,6 +11,9 @@ JOBS="${STRATA_JOBS:-$(nproc)}"
 status=0
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 900 || status=$?
 
+echo "== thread-safety analysis (clang -Werror=thread-safety over src/scheduler)"
+"$ROOT/scripts/check_thread_safety.sh" "$BUILD_DIR" || status=1
+
 echo "== install + link check (examples/link)"
 STAGE="$BUILD_DIR/stage"
 rm -rf "$STAGE" "$BUILD_DIR/link-cmake"

@@ -2,16 +2,26 @@
 //
 // The scheduler is the implementation of the public strata::Engine
 // (include/strata/engine.h): it places every state by the config, moves
-// parameters HBM ← DRAM ← NVMe ahead of use, moves gradients HBM → DRAM
-// during backward, and runs the optimizer pipeline NVMe read → CPU Adam →
-// NVMe write. Its parts, each usable and tested on its own:
+// parameters HBM <- DRAM <- NVMe ahead of use, moves gradients HBM -> DRAM
+// during backward, and runs the optimizer pipeline NVMe read -> CPU Adam ->
+// NVMe write. Its parts, each owning its state and tested on its own:
 //
-//   Plan / ComputePlan      what each tier must hold, and the needed-vs-
-//                           available table when it does not fit (engine.cc)
-//   LossScaler              fp16 dynamic loss scaling (loss_scaler.h)
-//   FetchTrace              the recorded module order for prefetch (fetch_trace.h)
-//   Timeline                the Chrome-trace/Perfetto timeline (timeline.h)
-//   EngineImpl              the Engine itself (engine.cc)
+//   layout.h          Layout: parameters, module extents, sub-groups, alignment
+//   plan.h            ComputeTierPlan: needed vs available per tier, the table
+//   state_store.h     StateStore: states and parameter copies, NVMe versions,
+//                     Commit / Rollback (the only place versions flip)
+//   param_fetcher.h   ParamFetcher: residency per module, prefetch, eviction
+//   grad_offloader.h  GradOffloader: gradient D2H chunks -> fp32 accumulator
+//   optimizer_step.h  OptimizerStep: the step over every sub-group, its thread,
+//                     the NVMe state ring, the state read-ahead
+//   step_stats.h      StepCounters: busy times, bytes, NVMe busy union, timeline
+//   loss_scaler.h     LossScaler: fp16 dynamic loss scaling
+//   fetch_trace.h     FetchTrace: the recorded module order for prefetch
+//   timeline.h        Timeline: the Chrome-trace/Perfetto timeline
+//   engine.cc         EngineImpl: API checks and the wiring; a training step
+//
+// Locking: shared fields carry Clang thread-safety annotations
+// (src/common/thread_annotations.h), checked by scripts/check_thread_safety.sh.
 //
 // Engine::Create in engine.cc uses CreateEngine below; tests use it to pass
 // a fault-injecting NVMe engine.

@@ -1,0 +1,111 @@
+#include "src/scheduler/layout.h"
+
+#include <algorithm>
+
+#include "src/common/aligned_buffer.h"
+
+namespace strata::scheduler {
+
+int64_t IoBytes(int64_t n) {
+  return static_cast<int64_t>(AlignUp(static_cast<size_t>(n), static_cast<size_t>(kIoAlign)));
+}
+
+Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options) {
+  Layout l;
+  l.params_ = std::move(params);
+  int max_module = 0;
+  for (const ParamRec& p : l.params_) max_module = std::max(max_module, p.module);
+  l.modules_.resize(static_cast<size_t>(max_module) + 1);
+  for (int i = 0; i < static_cast<int>(l.params_.size()); ++i)
+    l.modules_[static_cast<size_t>(l.params_[static_cast<size_t>(i)].module)].params.push_back(i);
+  int64_t elem = 0, byte = 0;
+  for (ModuleExtent& m : l.modules_) {
+    m.elem_begin = elem;
+    byte = IoBytes(byte);  // modules start on a page: whole-module NVMe I/O is aligned
+    m.byte_begin = byte;
+    for (int id : m.params) {
+      ParamRec& p = l.params_[static_cast<size_t>(id)];
+      p.elem_off = elem;
+      p.byte_off = byte;
+      elem += p.numel;
+      byte += p.numel * p.elem_size();
+      byte = static_cast<int64_t>(AlignUp(static_cast<size_t>(byte), kTensorAlign));
+    }
+    m.elem_end = elem;
+    m.byte_end = byte;
+    m.registered = !m.params.empty();
+    m.persistent = !options.params_offloaded || m.elems() < options.persistence_threshold;
+    l.max_module_bytes_ = std::max(l.max_module_bytes_, m.bytes());
+  }
+  l.total_elems_ = elem;
+  l.total_param_bytes_ = IoBytes(byte);
+  const int64_t sg = std::max<int64_t>(1, options.sub_group_size);
+  for (int64_t b = 0; b < l.total_elems_; b += sg) {
+    l.groups_.push_back({b, std::min(l.total_elems_, b + sg)});
+    l.max_group_elems_ = std::max(l.max_group_elems_, l.groups_.back().elems());
+  }
+  for (ModuleExtent& m : l.modules_)
+    m.last_group = m.elems() > 0 ? static_cast<int>((m.elem_end - 1) / sg) : -1;
+  l.grad_staging_bytes_ =
+      std::min<int64_t>(std::max<int64_t>(l.max_module_bytes_, 4096),
+                        std::max<int64_t>(options.reduce_bucket_size * 2, 4096));
+  l.elem_order_.resize(l.params_.size());
+  for (size_t i = 0; i < l.elem_order_.size(); ++i) l.elem_order_[i] = static_cast<int>(i);
+  std::sort(l.elem_order_.begin(), l.elem_order_.end(), [&](int a, int b) {
+    return l.params_[static_cast<size_t>(a)].elem_off < l.params_[static_cast<size_t>(b)].elem_off;
+  });
+  return l;
+}
+
+int64_t Layout::persistent_param_bytes() const {
+  int64_t bytes = 0;
+  for (const ModuleExtent& m : modules_) bytes += m.persistent ? m.bytes() : 0;
+  return bytes;
+}
+
+std::vector<Layout::Slice> Layout::Slices(int64_t eb, int64_t ee) const {
+  std::vector<Slice> out;
+  // The first parameter whose range may hold eb (binary search by elem_off).
+  size_t lo = 0, hi = elem_order_.size();
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    if (params_[static_cast<size_t>(elem_order_[mid])].elem_off <= eb)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  for (size_t i = lo; i < elem_order_.size(); ++i) {
+    const ParamRec& p = params_[static_cast<size_t>(elem_order_[i])];
+    if (p.elem_off >= ee) break;
+    const int64_t b = std::max(eb, p.elem_off), e = std::min(ee, p.elem_off + p.numel);
+    if (b >= e) continue;
+    out.push_back({elem_order_[i], b, e, p.byte_off + (b - p.elem_off) * p.elem_size()});
+  }
+  return out;
+}
+
+std::vector<Layout::Slice> Layout::ByteSlices(int m, int64_t byte_begin, int64_t byte_end) const {
+  std::vector<Slice> out;
+  for (int id : module(m).params) {
+    const ParamRec& p = param(id);
+    const int64_t es = p.elem_size();
+    const int64_t pb = p.byte_off, pe = p.byte_off + p.numel * es;
+    const int64_t b = std::max(pb, byte_begin), e = std::min(pe, byte_end);
+    if (b >= e) continue;
+    const int64_t first = p.elem_off + (b - pb) / es;
+    out.push_back({id, first, first + (e - b) / es, b});
+  }
+  return out;
+}
+
+std::vector<int> Layout::ModulesEndingIn(int64_t eb, int64_t ee) const {
+  std::vector<int> out;
+  for (int mi = 0; mi < num_modules(); ++mi) {
+    const ModuleExtent& m = module(mi);
+    if (m.elems() == 0 || m.elem_end <= eb || m.elem_end > ee) continue;
+    out.push_back(mi);
+  }
+  return out;
+}
+
+}  // namespace strata::scheduler

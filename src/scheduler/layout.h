@@ -1,0 +1,129 @@
+// src/scheduler/layout.h — what never changes after Plan(): where every
+// parameter's elements and bytes live, the modules' extents and the
+// optimizer's sub-groups. Pure data and slicing helpers; no device, no I/O.
+//
+// Parameters are laid out in one flat element space ordered by (module,
+// registration order), so a module's parameters are contiguous and sub-groups
+// (sub_group_size elements) cut that space into shards. Every per-element
+// state (gradient accumulator, fp32 master, moments) is a flat array over that
+// space; the fp16/bf16/fp32 parameter copies are a flat byte space in which
+// each tensor starts on kTensorAlign and each module on kIoAlign.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/common/dtype.h"
+
+namespace strata::scheduler {
+
+// Bytes per element of the fp32 per-element states.
+inline constexpr int64_t kGradAccBytesPerElem = 4;  // fp32 gradient accumulator
+inline constexpr int64_t kMasterBytesPerElem = 4;   // fp32 master parameter
+// fp32 master + exp_avg + exp_avg_sq: one sub-group's NVMe shard holds them
+// one after the other (master | m | v).
+inline constexpr int64_t kOptimizerStateBytesPerElem = 12;
+inline constexpr int kOptimizerStateArrays = 3;
+
+// Every NVMe request is a multiple of this in offset, length and buffer
+// address, so the I/O engine never sends a piece through the page cache: a
+// buffered read-modify-write of a partial page racing an O_DIRECT write of
+// the rest of that page can write stale bytes back.
+inline constexpr int64_t kIoAlign = 4096;
+// Each parameter tensor starts on this boundary in the parameter-byte space
+// (the device's allocation alignment, so a module's tensors are aligned on
+// the device too).
+inline constexpr int64_t kTensorAlign = 256;
+
+// n rounded up to kIoAlign.
+int64_t IoBytes(int64_t n);
+
+struct ParamRec {
+  std::string name;
+  int64_t numel = 0;
+  DType dtype = DType::kBf16;
+  int module = 0;
+  int64_t elem_off = 0;  // in the flat element space
+  int64_t byte_off = 0;  // in the flat parameter-byte space
+  int64_t elem_size() const { return static_cast<int64_t>(DTypeSize(dtype)); }
+};
+
+struct ModuleExtent {
+  std::vector<int> params;  // parameter ids, registration order
+  int64_t elem_begin = 0, elem_end = 0;
+  int64_t byte_begin = 0, byte_end = 0;
+  bool registered = false;  // at least one parameter
+  bool persistent = false;  // stays on the device (offload_param none, or small)
+  int last_group = -1;      // the sub-group holding its last element (-1: none)
+  int64_t elems() const { return elem_end - elem_begin; }
+  int64_t bytes() const { return byte_end - byte_begin; }
+};
+
+struct SubGroup {
+  int64_t elem_begin = 0, elem_end = 0;
+  int64_t elems() const { return elem_end - elem_begin; }
+  // Bytes of its NVMe state shard (master | m | v, page-rounded).
+  int64_t state_io_bytes() const { return IoBytes(kOptimizerStateBytesPerElem * elems()); }
+};
+
+struct LayoutOptions {
+  int64_t sub_group_size = 1'000'000'000;  // elements per sub-group (< 1: 1)
+  bool params_offloaded = false;           // offload_param cpu or nvme
+  int64_t persistence_threshold = 0;       // modules below this many elements stay resident
+  int64_t reduce_bucket_size = 500'000'000;  // elements; sizes a gradient staging chunk
+};
+
+class Layout {
+ public:
+  Layout() = default;
+  // `params` carry name, numel, dtype and module; offsets are assigned here.
+  static Layout Build(std::vector<ParamRec> params, const LayoutOptions& options);
+
+  const std::vector<ParamRec>& params() const { return params_; }
+  const ParamRec& param(int id) const { return params_[static_cast<size_t>(id)]; }
+  const std::vector<ModuleExtent>& modules() const { return modules_; }
+  const ModuleExtent& module(int m) const { return modules_[static_cast<size_t>(m)]; }
+  int num_modules() const { return static_cast<int>(modules_.size()); }
+  const std::vector<SubGroup>& groups() const { return groups_; }
+  const SubGroup& group(size_t g) const { return groups_[g]; }
+  size_t num_groups() const { return groups_.size(); }
+
+  int64_t total_elems() const { return total_elems_; }
+  int64_t total_param_bytes() const { return total_param_bytes_; }  // page-rounded
+  int64_t max_module_bytes() const { return max_module_bytes_; }
+  int64_t max_group_elems() const { return max_group_elems_; }
+  int64_t persistent_param_bytes() const;
+  // Bytes of one gradient staging chunk: a module at most, 2 x
+  // reduce_bucket_size at most, 4 KiB at least.
+  int64_t grad_staging_bytes() const { return grad_staging_bytes_; }
+
+  // One piece of a parameter inside an element range.
+  struct Slice {
+    int param = 0;
+    int64_t elem_begin = 0, elem_end = 0;  // flat elements
+    int64_t byte_offset = 0;               // of elem_begin in the parameter-byte space
+  };
+  // The parameter pieces of [elem_begin, elem_end), in element order.
+  std::vector<Slice> Slices(int64_t elem_begin, int64_t elem_end) const;
+  // The parameter pieces of the byte range [byte_begin, byte_end) of module m
+  // (a gradient chunk), in element order; alignment padding is skipped.
+  std::vector<Slice> ByteSlices(int m, int64_t byte_begin, int64_t byte_end) const;
+  // Modules (with elements) whose last element lies in [elem_begin, elem_end):
+  // once the sub-groups up to elem_end are stepped, they are complete.
+  std::vector<int> ModulesEndingIn(int64_t elem_begin, int64_t elem_end) const;
+
+ private:
+  std::vector<ParamRec> params_;
+  std::vector<int> elem_order_;  // parameter ids by elem_off
+  std::vector<ModuleExtent> modules_;
+  std::vector<SubGroup> groups_;
+  int64_t total_elems_ = 0;
+  int64_t total_param_bytes_ = 0;
+  int64_t max_module_bytes_ = 0;
+  int64_t max_group_elems_ = 0;
+  int64_t grad_staging_bytes_ = 0;
+};
+
+}  // namespace strata::scheduler

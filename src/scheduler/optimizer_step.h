@@ -1,0 +1,131 @@
+// src/scheduler/optimizer_step.h — one optimizer step over every sub-group,
+// on its own thread (strata.overlap_optimizer, delayed_param_update) or
+// inline, and the read-ahead of the first sub-groups' NVMe states.
+//
+// Sub-groups are stepped in order. For states in memory each sub-group is one
+// StepMany; for states on NVMe a StateRing streams them through the pinned
+// optimizer pool: read the active version → CPU Adam → write the inactive
+// version, reads running ahead into buffers that are free. After sub-group g
+// the step zeroes its gradients, writes (offload_param nvme) the modules whose
+// last element is in it, and publishes its progress, so that the main thread
+// may use those modules' new parameters (ModuleReady / WaitModule) before the
+// step has ended.
+//
+// A step never makes its results current: Join() returns a StepOutcome that
+// the StateStore commits or the engine rolls back. It reads the layout and
+// writes only the store's inactive NVMe versions, next_params() and (states in
+// memory) the states themselves.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "src/common/thread_annotations.h"
+#include "src/cpu_adam/cpu_adam.h"
+#include "src/scheduler/layout.h"
+#include "src/scheduler/state_store.h"
+#include "src/scheduler/step_stats.h"
+
+namespace strata::scheduler {
+
+struct StepDeps {
+  const Layout* layout = nullptr;
+  StateStore* store = nullptr;
+  cpu_adam::CpuOptimizer* adam = nullptr;
+  StepCounters* counters = nullptr;
+  int64_t buffer_count = 4;  // offload_optimizer.buffer_count: the NVMe ring's buffers
+  // Called on the step's thread before it steps sub-group g (tests).
+  std::function<void(size_t g)> before_sub_group;
+};
+
+// The first sub-groups' NVMe states, read while the window's last backward
+// pass runs (they do not depend on the gradients): exactly the reads the ring
+// would issue first (sub-groups 0.., into buffers 0..). Main thread only.
+class StateReadAhead {
+ public:
+  StateReadAhead() = default;
+  StateReadAhead(StateReadAhead&&) = default;
+  StateReadAhead& operator=(StateReadAhead&&) = default;
+  ~StateReadAhead() { WaitAll(); }
+  // Starts the reads (as many as the pool gives buffers for).
+  void Start(const StepDeps& deps);
+  bool started() const { return !buffers_.empty(); }
+  void WaitAll();
+
+ private:
+  friend class StateRing;
+  std::vector<gpu::PinnedBuffer> buffers_;
+  std::vector<nvme::IoHandle> reads_;
+  std::vector<int64_t> issue_ns_;
+};
+
+// How many sub-groups ahead of the one being stepped the ring reads, with
+// `buffers` buffers: none that holds the sub-group being stepped or the one
+// being written behind it (with one buffer: no read-ahead at all).
+inline size_t StateLookahead(size_t buffers) { return buffers >= 3 ? buffers - 2 : buffers - 1; }
+
+struct StepParams {
+  cpu_adam::HyperParams hp;
+  int64_t step = 0;         // the optimizer step it computes (1-based)
+  bool delayed = false;     // DPU: its parameters are used from the next Step() on
+  bool background = false;  // on its own thread (else run inside Launch)
+  float* grads = nullptr;   // the accumulator it consumes (zeroed as it goes)
+};
+
+class OptimizerStep {
+ public:
+  // Starts the step. `read_ahead` (may be null) hands over its reads. With
+  // params.background the step runs on a new thread (ResourceExhausted if
+  // none can be created: nothing has changed then); else it has run to its
+  // end when Launch returns.
+  static StatusOr<std::unique_ptr<OptimizerStep>> Launch(const StepDeps& deps,
+                                                         const StepParams& params,
+                                                         StateReadAhead* read_ahead);
+  ~OptimizerStep();  // joins the thread (the outcome is dropped)
+  OptimizerStep(const OptimizerStep&) = delete;
+  OptimizerStep& operator=(const OptimizerStep&) = delete;
+
+  const StepParams& params() const { return params_; }
+  // Any thread: the sub-group holding module m's last element has been
+  // stepped (its new parameters are in next_params()).
+  bool ModuleReady(int m) const;
+  // Main thread: the step has ended (*ok: without error).
+  bool Finished(bool* ok) const EXCLUDES(mu_);
+  // Blocks until ModuleReady(m) or the step has ended; returns ModuleReady(m).
+  bool WaitModule(int m) EXCLUDES(mu_);
+  // Waits for the end of the step and returns what it did.
+  StepOutcome Join();
+
+ private:
+  OptimizerStep(const StepDeps& deps, const StepParams& params) : deps_(deps), params_(params) {}
+  void Run() EXCLUDES(mu_);
+  Status StepInMemory();
+  // After sub-group g: zero its gradients, publish progress.
+  void GroupDone(size_t g) EXCLUDES(mu_);
+  // offload_param nvme: writes the modules completed by sub-group g.
+  void WriteModulesOf(size_t g, std::vector<std::pair<int, nvme::IoHandle>>* writes);
+  // One ShardStep per parameter slice of sub-group g, with its states at
+  // master/m/v + (element - base).
+  std::vector<cpu_adam::ShardStep> Shards(size_t g, int64_t base, float* master, float* m,
+                                          float* v) const;
+  // Steps the shards (timed on the counters and the timeline).
+  Status StepShards(size_t g, std::span<const cpu_adam::ShardStep> shards);
+  friend class StateRing;
+
+  StepDeps deps_;
+  StepParams params_;
+  StateReadAhead read_ahead_;
+  std::thread thread_;
+  StepOutcome outcome_;  // the step's thread until it has finished, then Join()
+  std::atomic<size_t> groups_done_{0};  // sub-groups stepped, in order
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool finished_ GUARDED_BY(mu_) = false;
+  bool ok_ GUARDED_BY(mu_) = true;
+};
+
+}  // namespace strata::scheduler

@@ -1,0 +1,191 @@
+#include "src/scheduler/plan.h"
+
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "src/common/units.h"
+
+namespace strata::scheduler {
+
+Placement Placement::FromConfig(const Config& config) {
+  const auto& zo = config.zero_optimization;
+  Placement p;
+  p.optimizer = zo.offload_optimizer.device;
+  p.params = zo.offload_param.device;
+  p.pin_optimizer_states = zo.offload_optimizer.pin_memory;
+  p.optimizer_buffer_count = zo.offload_optimizer.buffer_count;
+  p.param_buffer_count = zo.offload_param.buffer_count;
+  p.max_live_parameters = zo.stage3_max_live_parameters;
+  p.overlap_optimizer = config.strata.overlap_optimizer;
+  p.delayed_param_update = config.strata.delayed_param_update;
+  p.stage = zo.stage;
+  p.sub_group_size = zo.sub_group_size;
+  return p;
+}
+
+LayoutSizes LayoutSizes::Of(const Layout& layout) {
+  LayoutSizes s;
+  s.total_elems = layout.total_elems();
+  s.total_param_bytes = layout.total_param_bytes();
+  s.persistent_param_bytes = layout.persistent_param_bytes();
+  s.max_module_bytes = layout.max_module_bytes();
+  s.max_group_elems = layout.max_group_elems();
+  s.grad_staging_bytes = layout.grad_staging_bytes();
+  s.num_groups = static_cast<int64_t>(layout.num_groups());
+  s.num_modules = layout.num_modules();
+  return s;
+}
+
+int64_t TierPlan::nvme_bytes() const {
+  for (const TierBudget& t : budgets)
+    if (t.tier == "nvme") return t.needed_bytes;
+  return 0;
+}
+
+namespace {
+
+// Accumulates a tier's needed bytes with a description of each part.
+struct TierSum {
+  int64_t bytes = 0;
+  std::vector<std::string> parts;
+  void Add(int64_t b, std::string what) {
+    bytes += b;
+    parts.push_back(std::move(what));
+  }
+  TierBudget Budget(std::string tier, int64_t available) const {
+    return {std::move(tier), bytes, available, fmt::format("{}", fmt::join(parts, " + "))};
+  }
+};
+
+}  // namespace
+
+TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFacts& facts) {
+  TierPlan plan;
+  const int64_t n = s.total_elems;
+  const int64_t states = kOptimizerStateBytesPerElem * n;
+  const int64_t accumulator = kGradAccBytesPerElem * n;
+
+  // HBM.
+  TierSum hbm;
+  if (pl.params == OffloadDevice::kNone) {
+    hbm.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
+  } else {
+    // Working set: the live-parameter limit, but at least the largest module
+    // (for backward: the module and its gradient buffer, plus one prefetched).
+    const int64_t elem_size = n ? s.total_param_bytes / n : 2;
+    const int64_t live =
+        std::min(s.total_param_bytes - s.persistent_param_bytes,
+                 std::max(pl.max_live_parameters * elem_size, 2 * s.max_module_bytes));
+    hbm.Add(s.persistent_param_bytes,
+            "persistent parameters " + FormatBytes(s.persistent_param_bytes));
+    hbm.Add(live, "live parameters " + FormatBytes(live));
+  }
+  // Gradient buffers: one written, one offloading.
+  hbm.Add(2 * s.max_module_bytes, "gradient buffers " + FormatBytes(2 * s.max_module_bytes));
+  if (pl.optimizer == OffloadDevice::kNone)
+    hbm.Add(states, "optimizer states " + FormatBytes(states));
+  plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));
+
+  // Pinned: staging pools (+ the optimizer states when pin_memory).
+  TierSum pinned;
+  pinned.Add(kGradStagingBuffers * s.grad_staging_bytes,
+             "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
+  if (pl.optimizer == OffloadDevice::kNvme) {
+    const int64_t per = kOptimizerStateBytesPerElem * s.max_group_elems;
+    pinned.Add(pl.optimizer_buffer_count * per,
+               fmt::format("optimizer pipeline {} x {}", pl.optimizer_buffer_count,
+                           FormatBytes(per)));
+  }
+  if (pl.params == OffloadDevice::kNvme) {
+    pinned.Add(pl.param_buffer_count * s.max_module_bytes,
+               fmt::format("parameter fetch {} x {}", pl.param_buffer_count,
+                           FormatBytes(s.max_module_bytes)));
+  }
+  if (pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states)
+    pinned.Add(states, "optimizer states " + FormatBytes(states));
+  plan.budgets.push_back(pinned.Budget("pinned", facts.pinned_budget));
+
+  // NVMe: two versions of everything placed there (atomic steps).
+  TierSum disk;
+  if (pl.optimizer == OffloadDevice::kNvme)
+    disk.Add(2 * states, "optimizer states 2 x " + FormatBytes(states));
+  if (pl.params == OffloadDevice::kNvme)
+    disk.Add(2 * s.total_param_bytes, "parameters 2 x " + FormatBytes(s.total_param_bytes));
+  if (!facts.nvme_paths.empty()) {
+    // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
+    disk.bytes += (2 * (s.num_groups + s.num_modules) * static_cast<int64_t>(facts.nvme_paths.size()))
+                  << 20;
+    TierBudget b = disk.Budget("nvme", facts.nvme_available);
+    b.detail += fmt::format(" on {}", fmt::join(facts.nvme_paths, ", "));
+    plan.budgets.push_back(b);
+  }
+
+  // DRAM (pageable): gradient accumulator, copy-out target, host states/params.
+  TierSum dram;
+  dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+  dram.Add(s.total_param_bytes, "updated parameters " + FormatBytes(s.total_param_bytes));
+  if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)
+    dram.Add(states, "optimizer states " + FormatBytes(states));
+  if (pl.params == OffloadDevice::kCpu)
+    dram.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
+  if (pl.params == OffloadDevice::kNone && pl.overlap_optimizer)
+    dram.Add(s.total_param_bytes,
+             "parameter mirror (overlap_optimizer) " + FormatBytes(s.total_param_bytes));
+  if (pl.delayed_param_update)
+    dram.Add(accumulator,
+             "second gradient accumulator (delayed_param_update) " + FormatBytes(accumulator));
+  plan.budgets.push_back(dram.Budget("dram", facts.dram_available));
+
+  for (const TierBudget& t : plan.budgets)
+    if (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) plan.fits = false;
+  return plan;
+}
+
+std::string OverBudgetTable(const TierPlan& plan, const Placement& pl, const LayoutSizes& s) {
+  std::string table = "the placement does not fit:\n";
+  table += fmt::format("  {:<7} {:>12} {:>12}  {}\n", "tier", "needed", "available", "made of");
+  for (const TierBudget& t : plan.budgets)
+    table += fmt::format(
+        "  {:<7} {:>12} {:>12}  {}{}\n", t.tier, FormatBytes(t.needed_bytes),
+        t.available_bytes > 0 ? FormatBytes(t.available_bytes) : std::string("-"), t.detail,
+        (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) ? "  <-- over" : "");
+  table += fmt::format(
+      "  (stage {}, offload_optimizer {}, offload_param {}, {} parameters in {} modules, "
+      "sub_group_size {})",
+      pl.stage, OffloadDeviceName(pl.optimizer), OffloadDeviceName(pl.params), s.total_elems,
+      s.num_modules, pl.sub_group_size);
+  return table;
+}
+
+std::vector<std::string> UsedNvmePaths(const Config& config) {
+  const auto& zo = config.zero_optimization;
+  std::vector<std::string> paths;
+  auto add = [&](const std::vector<std::string>& from) {
+    for (const std::string& p : from)
+      if (std::find(paths.begin(), paths.end(), p) == paths.end()) paths.push_back(p);
+  };
+  if (zo.offload_optimizer.device == OffloadDevice::kNvme) add(zo.offload_optimizer.nvme_path);
+  if (zo.offload_param.device == OffloadDevice::kNvme) add(zo.offload_param.nvme_path);
+  return paths;
+}
+
+TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
+                           std::vector<std::string> nvme_paths) {
+  TierFacts f;
+  f.hbm_budget = hbm_budget;
+  f.pinned_budget = pinned_budget;
+  for (const std::string& p : nvme_paths) {
+    struct statvfs sv {};
+    if (statvfs(p.c_str(), &sv) == 0)
+      f.nvme_available += static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
+  }
+  f.nvme_paths = std::move(nvme_paths);
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  f.dram_available = (pages > 0 && page > 0) ? static_cast<int64_t>(pages) * page : 0;
+  return f;
+}
+
+}  // namespace strata::scheduler

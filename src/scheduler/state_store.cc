@@ -1,0 +1,381 @@
+#include "src/scheduler/state_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/common/units.h"
+
+namespace strata::scheduler {
+
+using gpu::Device;
+using gpu::PinnedPool;
+
+// ---- HostArray ---------------------------------------------------------------
+
+Status HostArray::Allocate(int64_t bytes, Device* pin_with, const std::string& what) {
+  ASSIGN_OR_RETURN(buf_, AlignedBuffer::Allocate(
+                             static_cast<size_t>(std::max<int64_t>(bytes, 64)), kIoAlign));
+  bytes_ = bytes;
+  if (pin_with != nullptr && bytes > 0) {
+    Status s = pin_with->PinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes)));
+    if (s.ok()) {
+      pinned_by_ = pin_with;
+    } else {
+      STRATA_WARN_ONCE("scheduler.pin." + what,
+                       "pin_memory: could not page-lock {} for {} ({}); using pageable memory "
+                       "(raise the limit with `ulimit -l unlimited` or LimitMEMLOCK=infinity)",
+                       FormatBytes(bytes), what, s.ToString());
+    }
+  }
+  return Status();
+}
+
+HostArray::~HostArray() {
+  if (pinned_by_ != nullptr)
+    pinned_by_->UnpinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes_))).IgnoreError();
+}
+
+void HostArray::swap(HostArray& o) {
+  std::swap(buf_, o.buf_);
+  std::swap(bytes_, o.bytes_);
+  std::swap(pinned_by_, o.pinned_by_);
+}
+
+// ---- StateStore --------------------------------------------------------------
+
+StateStore::StateStore(Device* device, const Layout* layout, StepCounters* counters,
+                       const Config* config)
+    : dev_(device),
+      layout_(layout),
+      counters_(counters),
+      cfg_(config),
+      placement_(Placement::FromConfig(*config)) {}
+
+StateStore::~StateStore() { Close().IgnoreError(); }
+
+Status StateStore::Close() {
+  if (!swap_) return Status();
+  Status s = swap_->Close();
+  swap_.reset();
+  return s;
+}
+
+std::string StateStore::ModuleShard(int module, int version) {
+  return fmt::format("param.m{}.v{}", module, version);
+}
+
+std::string StateStore::StateShard(size_t group, int version) {
+  return fmt::format("state.g{}.v{}", group, version);
+}
+
+int64_t StateStore::pinned_state_bytes() const {
+  return master_h_.pinned() ? kOptimizerStateArrays * master_h_.bytes() : 0;
+}
+
+Status StateStore::Open(
+    int64_t nvme_capacity, const std::vector<PinnedPool::Region>& extra_fixed_buffers,
+    const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>&
+        wrap_io_engine,
+    int64_t* pinned_bytes) {
+  const auto& zo = cfg_->zero_optimization;
+  const int64_t n = layout_->total_elems();
+  const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
+  const int64_t param_bytes = layout_->total_param_bytes();
+  Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
+  Device* pin_par = zo.offload_param.pin_memory ? dev_ : nullptr;
+  RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
+
+  switch (placement_.optimizer) {
+    case OffloadDevice::kNone: {
+      ASSIGN_OR_RETURN(master_d_, dev_->Allocate(static_cast<size_t>(state_array)));
+      ASSIGN_OR_RETURN(exp_avg_d_, dev_->Allocate(static_cast<size_t>(state_array)));
+      ASSIGN_OR_RETURN(exp_avg_sq_d_, dev_->Allocate(static_cast<size_t>(state_array)));
+      master_ = master_d_.as<float>();
+      exp_avg_ = exp_avg_d_.as<float>();
+      exp_avg_sq_ = exp_avg_sq_d_.as<float>();
+      break;
+    }
+    case OffloadDevice::kCpu:
+      RETURN_IF_ERROR(master_h_.Allocate(state_array, pin_opt, "optimizer states"));
+      RETURN_IF_ERROR(exp_avg_h_.Allocate(state_array, pin_opt, "optimizer states"));
+      RETURN_IF_ERROR(exp_avg_sq_h_.Allocate(state_array, pin_opt, "optimizer states"));
+      master_ = master_h_.as<float>();
+      exp_avg_ = exp_avg_h_.as<float>();
+      exp_avg_sq_ = exp_avg_sq_h_.as<float>();
+      break;
+    case OffloadDevice::kNvme:
+      state_version_.assign(layout_->num_groups(), 0);
+      break;
+  }
+  switch (placement_.params) {
+    case OffloadDevice::kNone: {
+      ASSIGN_OR_RETURN(device_params_, dev_->Allocate(static_cast<size_t>(param_bytes)));
+      ASSIGN_OR_RETURN(params_uploaded_, dev_->CreateEvent());
+      // With the optimizer overlapping the next forward, modules are uploaded
+      // one by one as the step finishes them; the mirror holds the previous
+      // parameters so that a step failing half-way can be undone.
+      mirror_params_ = placement_.overlap_optimizer;
+      if (mirror_params_)
+        RETURN_IF_ERROR(host_params_.Allocate(param_bytes, pin_par, "parameter mirror"));
+      break;
+    }
+    case OffloadDevice::kCpu:
+      RETURN_IF_ERROR(host_params_.Allocate(param_bytes, pin_par, "parameters"));
+      break;
+    case OffloadDevice::kNvme:
+      module_version_.assign(static_cast<size_t>(layout_->num_modules()), 0);
+      break;
+  }
+  RETURN_IF_ERROR(AllocatePools(pinned_bytes));
+  if (nvme_capacity > 0)
+    RETURN_IF_ERROR(OpenNvme(nvme_capacity, extra_fixed_buffers, wrap_io_engine));
+  return Status();
+}
+
+Status StateStore::AllocatePools(int64_t* pinned_bytes) {
+  // One pool per purpose so that no user can starve another (a gradient
+  // chunk must never hold an optimizer pipeline buffer). The pinned budget
+  // was checked against their total by the plan.
+  auto make_pool = [&](std::unique_ptr<PinnedPool>* pool, int64_t bytes, int64_t count) -> Status {
+    gpu::PinnedPoolOptions popts;
+    popts.classes.push_back({static_cast<size_t>(IoBytes(std::max<int64_t>(bytes, kIoAlign))),
+                             static_cast<size_t>(std::max<int64_t>(1, count))});
+    popts.allow_pageable_fallback = true;
+    ASSIGN_OR_RETURN(*pool, PinnedPool::Create(popts, dev_));
+    *pinned_bytes += static_cast<int64_t>((*pool)->total_bytes());
+    return Status();
+  };
+  if (placement_.optimizer == OffloadDevice::kNvme)
+    RETURN_IF_ERROR(make_pool(&opt_pool_, kOptimizerStateBytesPerElem * layout_->max_group_elems(),
+                              placement_.optimizer_buffer_count));
+  if (placement_.params == OffloadDevice::kNvme)
+    RETURN_IF_ERROR(
+        make_pool(&param_pool_, layout_->max_module_bytes(), placement_.param_buffer_count));
+  return Status();
+}
+
+Status StateStore::OpenNvme(
+    int64_t capacity, const std::vector<PinnedPool::Region>& extra,
+    const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap) {
+  nvme::IoOptions io = nvme::IoOptionsFromConfig(*cfg_);
+  for (const auto& r : extra) io.fixed_buffers.push_back({r.data, r.bytes});
+  for (PinnedPool* pool : {opt_pool_.get(), param_pool_.get()})
+    if (pool != nullptr)
+      for (const auto& r : pool->Regions()) io.fixed_buffers.push_back({r.data, r.bytes});
+  ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::NewIoEngine(io));
+  if (wrap) engine = wrap(std::move(engine));
+  ASSIGN_OR_RETURN(io_, nvme::IoService::Create(io, std::move(engine)));
+  nvme::SwapStoreOptions so;
+  so.paths = UsedNvmePaths(*cfg_);
+  so.capacity_bytes = static_cast<uint64_t>(capacity);
+  ASSIGN_OR_RETURN(swap_, nvme::SwapStore::Open(so, io_.get()));
+  if (placement_.optimizer == OffloadDevice::kNvme)
+    for (size_t g = 0; g < layout_->num_groups(); ++g)
+      for (int v = 0; v < 2; ++v)
+        RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v),
+                                        static_cast<uint64_t>(layout_->group(g).state_io_bytes())));
+  if (placement_.params == OffloadDevice::kNvme)
+    for (int m = 0; m < layout_->num_modules(); ++m)
+      if (layout_->module(m).bytes() > 0)
+        for (int v = 0; v < 2; ++v)
+          RETURN_IF_ERROR(swap_->Allocate(
+              ModuleShard(m, v), static_cast<uint64_t>(IoBytes(layout_->module(m).bytes()))));
+  return Status();
+}
+
+Status StateStore::Initialize(
+    const std::function<std::span<const float>(int id, std::vector<float>& scratch)>& master_of) {
+  // Master values per parameter; then fanned out to wherever states and
+  // parameters live.
+  uint8_t* next = next_params();
+  const int64_t n = layout_->total_elems();
+  std::memset(next, 0, static_cast<size_t>(layout_->total_param_bytes()));
+  const bool nvme_states = placement_.optimizer == OffloadDevice::kNvme;
+  std::vector<float> all_master;  // only for nvme optimizer states
+  if (nvme_states) all_master.resize(static_cast<size_t>(n));
+  std::vector<float> scratch;
+  for (int id = 0; id < static_cast<int>(layout_->params().size()); ++id) {
+    const ParamRec& p = layout_->param(id);
+    std::span<const float> v = master_of(id, scratch);
+    float* dst = nvme_states ? all_master.data() + p.elem_off : master_ + p.elem_off;
+    std::memcpy(dst, v.data(), static_cast<size_t>(p.numel) * sizeof(float));
+    for (int64_t i = 0; i < p.numel; ++i)
+      StoreFromFloat(next + p.byte_off, p.dtype, static_cast<size_t>(i), v[static_cast<size_t>(i)]);
+  }
+  if (!nvme_states) {
+    std::memset(exp_avg_, 0, static_cast<size_t>(n) * sizeof(float));
+    std::memset(exp_avg_sq_, 0, static_cast<size_t>(n) * sizeof(float));
+  } else {
+    for (size_t g = 0; g < layout_->num_groups(); ++g) {
+      const SubGroup& sg = layout_->group(g);
+      const int64_t bytes = sg.state_io_bytes();
+      ASSIGN_OR_RETURN(AlignedBuffer group_state,
+                       AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign));
+      // master | exp_avg = 0 | exp_avg_sq = 0
+      std::memset(group_state.data(), 0, static_cast<size_t>(bytes));
+      std::memcpy(group_state.data(), all_master.data() + sg.elem_begin,
+                  static_cast<size_t>(sg.elems()) * sizeof(float));
+      nvme::IoHandle h =
+          swap_->Write(StateShard(g, 0), 0, group_state.data(), static_cast<size_t>(bytes));
+      RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
+      counters_->AddNvmeWritten(bytes);
+    }
+  }
+  // Publish the initial parameters.
+  const int64_t param_bytes = layout_->total_param_bytes();
+  switch (placement_.params) {
+    case OffloadDevice::kNone:
+      RETURN_IF_ERROR(
+          dev_->CopyH2D(device_params_.data(), next, static_cast<size_t>(param_bytes), dev_->h2d()));
+      RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
+      RETURN_IF_ERROR(dev_->h2d().Synchronize());
+      counters_->AddCopyBytes(Link::kH2D, param_bytes);
+      if (mirror_params_) std::memcpy(host_params_.data(), next, static_cast<size_t>(param_bytes));
+      break;
+    case OffloadDevice::kCpu:
+      std::memcpy(host_params_.data(), next, static_cast<size_t>(param_bytes));
+      break;
+    case OffloadDevice::kNvme:
+      for (int m = 0; m < layout_->num_modules(); ++m) {
+        const ModuleExtent& me = layout_->module(m);
+        if (me.bytes() == 0) continue;
+        const int64_t bytes = IoBytes(me.bytes());
+        nvme::IoHandle h =
+            swap_->Write(ModuleShard(m, 0), 0, next + me.byte_begin, static_cast<size_t>(bytes));
+        RETURN_IF_ERROR(h.Wait().WithContext("initializing parameters on NVMe"));
+        counters_->AddNvmeWritten(bytes);
+      }
+      break;
+  }
+  return Status();
+}
+
+nvme::IoHandle StateStore::ReadStates(size_t g, void* buf) {
+  return swap_->Read(StateShard(g, state_version_[g]), 0, buf,
+                     static_cast<size_t>(layout_->group(g).state_io_bytes()));
+}
+
+nvme::IoHandle StateStore::WriteStates(size_t g, const void* buf) {
+  return swap_->Write(StateShard(g, 1 - state_version_[g]), 0, buf,
+                      static_cast<size_t>(layout_->group(g).state_io_bytes()));
+}
+
+nvme::IoHandle StateStore::ReadModule(int m, void* buf) {
+  return swap_->Read(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0, buf,
+                     static_cast<size_t>(IoBytes(layout_->module(m).bytes())));
+}
+
+nvme::IoHandle StateStore::WriteModule(int m) {
+  const ModuleExtent& me = layout_->module(m);
+  return swap_->Write(ModuleShard(m, 1 - module_version_[static_cast<size_t>(m)]), 0,
+                      next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())));
+}
+
+const uint8_t* StateStore::FetchSource(int m, bool updated) {
+  const int64_t off = layout_->module(m).byte_begin;
+  if (updated) return next_params() + off;
+  if (placement_.params == OffloadDevice::kCpu) return host_params_.as<uint8_t>() + off;
+  return nullptr;
+}
+
+Status StateStore::UploadModule(int m, gpu::Event& ready) {
+  const ModuleExtent& me = layout_->module(m);
+  RETURN_IF_ERROR(counters_->TimedCopy(
+      dev_->h2d(), Link::kH2D, fmt::format("updated module {}", m), me.bytes(), [&] {
+        return dev_->CopyH2D(device_params() + me.byte_begin, next_params() + me.byte_begin,
+                             static_cast<size_t>(me.bytes()), dev_->h2d());
+      }));
+  return dev_->h2d().Record(ready);
+}
+
+Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
+  if (placement_.optimizer != OffloadDevice::kNvme) {
+    std::memcpy(out.data(), master_ + p.elem_off, static_cast<size_t>(p.numel) * sizeof(float));
+    return Status();
+  }
+  // From the sub-groups' active NVMe versions: the master is the first third.
+  for (size_t g = 0; g < layout_->num_groups(); ++g) {
+    const SubGroup& sg = layout_->group(g);
+    const int64_t b = std::max(sg.elem_begin, p.elem_off);
+    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
+    if (b >= e) continue;
+    // The master's pages of this group, read whole (page-aligned, see kIoAlign).
+    const int64_t first = kMasterBytesPerElem * (b - sg.elem_begin);
+    const int64_t last = kMasterBytesPerElem * (e - sg.elem_begin);
+    const int64_t page0 = first / kIoAlign * kIoAlign;
+    const int64_t len = IoBytes(last) - page0;
+    ASSIGN_OR_RETURN(AlignedBuffer tmp, AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
+    nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]), static_cast<uint64_t>(page0),
+                                   tmp.data(), static_cast<size_t>(len));
+    RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
+    std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0),
+                static_cast<size_t>(last - first));
+  }
+  return Status();
+}
+
+Status StateStore::Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded) {
+  if (placement_.optimizer == OffloadDevice::kNvme && outcome.states_written)
+    for (int& v : state_version_) v = 1 - v;
+  switch (placement_.params) {
+    case OffloadDevice::kNone: {
+      bool any = false, all = true;
+      for (int i = 0; i < layout_->num_modules(); ++i) {
+        const bool up = uploaded[static_cast<size_t>(i)] != 0;
+        any |= up;
+        all &= up || layout_->module(i).bytes() == 0;
+      }
+      auto upload = [&](int64_t b, int64_t bytes, const std::string& what) {
+        return counters_->TimedCopy(dev_->h2d(), Link::kH2D, what, bytes, [&] {
+          return dev_->CopyH2D(device_params() + b, next_params() + b, static_cast<size_t>(bytes),
+                               dev_->h2d());
+        });
+      };
+      if (!any) {
+        RETURN_IF_ERROR(upload(0, layout_->total_param_bytes(), "updated parameters"));
+      } else if (!all) {
+        for (int i = 0; i < layout_->num_modules(); ++i) {
+          const ModuleExtent& me = layout_->module(i);
+          if (uploaded[static_cast<size_t>(i)] || me.bytes() == 0) continue;
+          RETURN_IF_ERROR(upload(me.byte_begin, me.bytes(), fmt::format("updated module {}", i)));
+        }
+      }
+      // The next step's copy-out must not overwrite what these copies read:
+      // the engine waits for this event before launching it.
+      RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
+      if (mirror_params_) host_params_.swap(next_params_);
+      break;
+    }
+    case OffloadDevice::kCpu:
+      host_params_.swap(next_params_);
+      break;
+    case OffloadDevice::kNvme:
+      // Only modules whose new version was written flip; one whose write
+      // failed (or was never issued) keeps its previous, consistent version.
+      for (int m : outcome.param_written)
+        module_version_[static_cast<size_t>(m)] = 1 - module_version_[static_cast<size_t>(m)];
+      break;
+  }
+  return Status();
+}
+
+void StateStore::Rollback(const std::vector<uint8_t>& uploaded, int64_t step) {
+  bool any = false;
+  for (uint8_t u : uploaded) any |= u != 0;
+  if (!any || !mirror_params_) return;
+  const int64_t bytes = layout_->total_param_bytes();
+  Status s = dev_->CopyH2D(device_params_.data(), host_params_.data(), static_cast<size_t>(bytes),
+                           dev_->h2d());
+  if (s.ok()) s = dev_->h2d().Record(*params_uploaded_);
+  if (s.ok()) s = dev_->h2d().Synchronize();
+  if (!s.ok())
+    STRATA_LOG_ERROR("rolling back step {}: restoring the device parameters failed: {}", step,
+                     s.ToString());
+  counters_->AddCopyBytes(Link::kH2D, bytes);
+}
+
+}  // namespace strata::scheduler

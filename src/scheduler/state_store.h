@@ -1,0 +1,187 @@
+// src/scheduler/state_store.h — where every state lives, and the one place
+// where a step's results become current.
+//
+// It owns:
+//   * the fp32 optimizer states (master | exp_avg | exp_avg_sq): in the
+//     device arena (offload_optimizer none), in DRAM (cpu, pinned with
+//     pin_memory), or as two versions per sub-group on NVMe (nvme);
+//   * the parameter copies: the device block (offload_param none) with its
+//     DRAM mirror (overlap_optimizer), the host copy (cpu), two versions per
+//     module on NVMe (nvme), and the "next" array, the optimizer's fused
+//     copy-out target;
+//   * the NVMe tier (I/O service + swap store) and the pinned pools of the
+//     optimizer pipeline and of parameter fetches.
+//
+// Atomic steps. NVMe-resident states and parameters have two versions (A/B)
+// on disk; a step reads the active version and writes the other, and
+// Commit() flips the versions only of what was written in full. A step that
+// fails before anything in memory changed is rolled back (Rollback); DRAM/HBM
+// optimizer states are updated in place, so a step that failed after that
+// point is committed, keeping the previous NVMe parameters of the modules whose
+// write failed. Commit and Rollback run on the caller's (main) thread only.
+//
+// Threading: the optimizer thread reads states and writes the inactive NVMe
+// versions and next_params() through the views below while a step runs; the
+// main thread does not touch those until the step has been joined, except
+// for modules the step has finished (next_params() of those is final).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/gpu/device.h"
+#include "src/nvme/nvme.h"
+#include "src/common/aligned_buffer.h"
+#include "src/scheduler/layout.h"
+#include "src/scheduler/plan.h"
+#include "src/scheduler/step_stats.h"
+#include "strata/config.h"
+
+namespace strata::scheduler {
+
+// A flat host array that may be page-locked through the device (a failure to
+// pin is logged once and leaves it pageable).
+class HostArray {
+ public:
+  HostArray() = default;
+  HostArray(const HostArray&) = delete;
+  HostArray& operator=(const HostArray&) = delete;
+  ~HostArray();
+  Status Allocate(int64_t bytes, gpu::Device* pin_with, const std::string& what);
+  void* data() { return buf_.data(); }
+  const void* data() const { return buf_.data(); }
+  template <typename T>
+  T* as() {
+    return buf_.as<T>();
+  }
+  int64_t bytes() const { return bytes_; }
+  bool pinned() const { return pinned_by_ != nullptr; }
+  void swap(HostArray& o);
+
+ private:
+  AlignedBuffer buf_;
+  int64_t bytes_ = 0;
+  gpu::Device* pinned_by_ = nullptr;
+};
+
+// What an optimizer step did, for Commit / Rollback.
+struct StepOutcome {
+  Status status;
+  bool advanced = false;         // in-memory states moved to the new step
+  bool states_written = false;   // every sub-group's new NVMe states were written
+  std::vector<int> param_written;       // modules whose new parameters are on NVMe
+  std::vector<int> param_write_failed;  // modules whose NVMe parameter write failed
+};
+
+class StateStore {
+ public:
+  StateStore(gpu::Device* device, const Layout* layout, StepCounters* counters,
+             const Config* config);
+  ~StateStore();
+
+  // Allocates every state by the placement and opens the NVMe tier (if used)
+  // with `nvme_capacity` bytes; `extra_fixed_buffers` (the gradient staging
+  // pool) are registered with the I/O engine too. Adds the pinned pools'
+  // bytes to *pinned_bytes.
+  Status Open(int64_t nvme_capacity, const std::vector<gpu::PinnedPool::Region>& extra_fixed_buffers,
+              const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>&
+                  wrap_io_engine,
+              int64_t* pinned_bytes);
+  // Sets every state from the initial values: master_of(id, scratch) returns
+  // parameter id's fp32 values (in `scratch` or elsewhere). Moments are zero;
+  // the parameters are published to where the device fetches them.
+  Status Initialize(
+      const std::function<std::span<const float>(int id, std::vector<float>& scratch)>& master_of);
+  // Closes the swap store (removes its files).
+  Status Close();
+
+  OffloadDevice optimizer_place() const { return placement_.optimizer; }
+  OffloadDevice param_place() const { return placement_.params; }
+
+  // ---- Optimizer states ----
+  // In memory (offload_optimizer none/cpu): flat fp32 arrays; null for nvme.
+  float* master() { return master_; }
+  float* exp_avg() { return exp_avg_; }
+  float* exp_avg_sq() { return exp_avg_sq_; }
+  int64_t pinned_state_bytes() const;
+  // NVMe: reads sub-group g's active states into buf (state_io_bytes), or
+  // writes buf as its new (inactive) version.
+  nvme::IoHandle ReadStates(size_t g, void* buf);
+  nvme::IoHandle WriteStates(size_t g, const void* buf);
+  gpu::PinnedPool* optimizer_pool() { return opt_pool_.get(); }
+  // The fp32 master values of parameter p (from the active NVMe versions
+  // when the states are there).
+  Status ReadMaster(const ParamRec& p, std::span<float> out);
+
+  // ---- Parameters ----
+  uint8_t* next_params() { return next_params_.as<uint8_t>(); }
+  // The bytes a fetch of module m copies to the device: the step's new
+  // values (`updated`: a step in flight has finished the module), the host
+  // copy (cpu), or null (nvme: read into a staging buffer first).
+  const uint8_t* FetchSource(int m, bool updated);
+  // NVMe: reads module m's active version into buf (IoBytes(bytes)), or
+  // writes its next_params() as the new (inactive) version.
+  nvme::IoHandle ReadModule(int m, void* buf);
+  nvme::IoHandle WriteModule(int m);
+  gpu::PinnedPool* param_pool() { return param_pool_.get(); }
+  // offload_param none: the device block and the event of its last upload.
+  uint8_t* device_params() { return device_params_.as<uint8_t>(); }
+  gpu::Event* params_uploaded() { return params_uploaded_.get(); }
+  // offload_param none: uploads module m's new parameters (next_params())
+  // into its part of the device block; ready is recorded after the copy.
+  Status UploadModule(int m, gpu::Event& ready);
+
+  // ---- Commit / rollback (main thread) ----
+  // Makes the step's results current: NVMe state versions (when every
+  // sub-group was written), NVMe module versions (only modules written),
+  // the host copy or mirror (swapped with next_params()), and the device
+  // block (offload_param none: modules not yet in `uploaded` are uploaded).
+  Status Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded);
+  // A step that failed before changing any in-memory state: nothing flips;
+  // modules already uploaded into the device block are restored from the
+  // mirror. Errors are logged (the step's error is the one returned).
+  void Rollback(const std::vector<uint8_t>& uploaded, int64_t step);
+
+  // For tests and ReadParameter: the active versions.
+  int state_version(size_t g) const { return state_version_[g]; }
+  int module_version(int m) const { return module_version_[static_cast<size_t>(m)]; }
+
+  // NVMe shard names (stable: they name files' contents on disk).
+  static std::string ModuleShard(int module, int version);
+  static std::string StateShard(size_t group, int version);
+
+ private:
+  Status AllocatePools(int64_t* pinned_bytes);
+  Status OpenNvme(int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
+                  const std::function<std::unique_ptr<nvme::IoEngine>(
+                      std::unique_ptr<nvme::IoEngine>)>& wrap);
+
+  gpu::Device* dev_;
+  const Layout* layout_;
+  StepCounters* counters_;
+  const Config* cfg_;
+  Placement placement_;
+
+  HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;           // offload_optimizer cpu
+  gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none
+  float* master_ = nullptr;
+  float* exp_avg_ = nullptr;
+  float* exp_avg_sq_ = nullptr;
+  std::vector<int> state_version_;   // per sub-group, nvme: active version
+  HostArray host_params_;            // offload_param cpu; mirror for none
+  HostArray next_params_;            // copy-out target
+  gpu::DeviceBuffer device_params_;  // offload_param none
+  std::unique_ptr<gpu::Event> params_uploaded_;
+  bool mirror_params_ = false;      // offload_param none: host_params_ mirrors the device
+  std::vector<int> module_version_;  // per module, nvme: active version
+
+  std::unique_ptr<gpu::PinnedPool> opt_pool_, param_pool_;
+  std::unique_ptr<nvme::IoService> io_;
+  std::unique_ptr<nvme::SwapStore> swap_;
+};
+
+}  // namespace strata::scheduler

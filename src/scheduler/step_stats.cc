@@ -1,0 +1,130 @@
+#include "src/scheduler/step_stats.h"
+
+#include <algorithm>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+
+namespace strata::scheduler {
+
+Status StepCounters::TimedCopy(gpu::Stream& stream, Link link, std::string name, int64_t bytes,
+                               const std::function<Status()>& work) {
+  // Two host callbacks bracket the work on its stream and take its busy time.
+  std::atomic<int64_t>* busy = link == Link::kH2D ? &h2d_busy_ns_ : &d2h_busy_ns_;
+  const char* track = link == Link::kH2D ? "pcie h2d" : "pcie d2h";
+  auto t0 = std::make_shared<int64_t>(0);
+  RETURN_IF_ERROR(stream.EnqueueHostCallback([t0] { *t0 = NowNanos(); }));
+  RETURN_IF_ERROR(work());
+  RETURN_IF_ERROR(stream.EnqueueHostCallback([this, t0, busy, track, name, bytes] {
+    const int64_t t1 = NowNanos();
+    busy->fetch_add(t1 - *t0, std::memory_order_relaxed);
+    timeline_.Add(track, name, "pcie", *t0, t1 - *t0, bytes);
+  }));
+  AddCopyBytes(link, bytes);
+  return Status();
+}
+
+void StepCounters::AddCopyBytes(Link link, int64_t bytes) {
+  (link == Link::kH2D ? h2d_bytes_ : d2h_bytes_) += bytes;
+}
+
+void StepCounters::NoteNvme(int64_t start_ns, int64_t end_ns, int64_t bytes, bool write,
+                            const std::string& name) {
+  AddNvmeInterval(start_ns, end_ns);
+  (write ? nvme_written_bytes_ : nvme_read_bytes_) += bytes;
+  timeline_.Add(write ? "nvme write" : "nvme read", name, "nvme", start_ns, end_ns - start_ns,
+                bytes);
+}
+
+void StepCounters::AddNvmeInterval(int64_t start_ns, int64_t end_ns) {
+  MutexLock lock(&mu_);
+  nvme_intervals_.emplace_back(start_ns, end_ns);
+}
+
+void StepCounters::HookEntry() {
+  const int64_t now = NowNanos();
+  if (last_hook_exit_ns_ >= 0) compute_ns_ += now - last_hook_exit_ns_;
+}
+
+void StepCounters::HookExit() { last_hook_exit_ns_ = NowNanos(); }
+
+int64_t StepCounters::UnionLength(std::vector<std::pair<int64_t, int64_t>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  int64_t busy = 0, cur_b = -1, cur_e = -1;
+  for (auto [b, e] : intervals) {
+    if (b > cur_e) {
+      if (cur_e > cur_b) busy += cur_e - cur_b;
+      cur_b = b;
+      cur_e = e;
+    } else {
+      cur_e = std::max(cur_e, e);
+    }
+  }
+  if (cur_e > cur_b) busy += cur_e - cur_b;
+  return busy;
+}
+
+void StepCounters::EndWindow(int64_t now, StepStats* st) {
+  st->step_time_s = static_cast<double>(now - window_start_ns_) * 1e-9;
+  st->fetch_wait_s = static_cast<double>(fetch_wait_ns_) * 1e-9;
+  st->optimizer_wait_s = static_cast<double>(optimizer_wait_ns_) * 1e-9;
+  st->compute_s = static_cast<double>(compute_ns_) * 1e-9;
+  st->grad_offload_s =
+      static_cast<double>(grad_busy_ns_.exchange(0) + d2h_busy_ns_.exchange(0)) * 1e-9;
+  st->optimizer_s = static_cast<double>(optimizer_ns_.exchange(0)) * 1e-9;
+  // NVMe busy: the union of the intervals with requests in flight (those of
+  // a step still running count in the window they end in).
+  std::vector<std::pair<int64_t, int64_t>> intervals;
+  {
+    MutexLock lock(&mu_);
+    intervals.swap(nvme_intervals_);
+  }
+  st->nvme_busy_s = static_cast<double>(UnionLength(std::move(intervals))) * 1e-9;
+  st->pcie_busy_s = static_cast<double>(h2d_busy_ns_.exchange(0)) * 1e-9;
+  st->nvme_read_bytes = nvme_read_bytes_.exchange(0);
+  st->nvme_written_bytes = nvme_written_bytes_.exchange(0);
+  st->pcie_h2d_bytes = h2d_bytes_.exchange(0);
+  st->pcie_d2h_bytes = d2h_bytes_.exchange(0);
+  st->prefetched_modules = prefetch_hits_;
+  st->fetch_misses = fetch_misses_;
+  const double busiest = std::max({st->compute_s, st->pcie_busy_s + st->grad_offload_s,
+                                   st->optimizer_s, st->nvme_busy_s});
+  st->overlap_efficiency = st->step_time_s > 0 ? std::min(1.0, busiest / st->step_time_s) : 0;
+  compute_ns_ = fetch_wait_ns_ = optimizer_wait_ns_ = 0;
+  prefetch_hits_ = fetch_misses_ = 0;
+  window_start_ns_ = now;
+}
+
+std::string StepStatsJson(const StepStats& s, const std::string& device) {
+  nlohmann::json j = {{"step", s.step},
+                      {"applied", s.applied},
+                      {"overflow", s.overflow},
+                      {"loss_scale", s.loss_scale},
+                      {"grad_norm", s.grad_norm},
+                      {"clip_coef", s.clip_coef},
+                      {"step_time_s", s.step_time_s},
+                      {"fetch_wait_s", s.fetch_wait_s},
+                      {"compute_s", s.compute_s},
+                      {"grad_offload_s", s.grad_offload_s},
+                      {"optimizer_s", s.optimizer_s},
+                      {"optimizer_wall_s", s.optimizer_wall_s},
+                      {"optimizer_wait_s", s.optimizer_wait_s},
+                      {"nvme_busy_s", s.nvme_busy_s},
+                      {"pcie_busy_s", s.pcie_busy_s},
+                      {"nvme_read_bytes", s.nvme_read_bytes},
+                      {"nvme_written_bytes", s.nvme_written_bytes},
+                      {"pcie_h2d_bytes", s.pcie_h2d_bytes},
+                      {"pcie_d2h_bytes", s.pcie_d2h_bytes},
+                      {"hbm_high_water_bytes", s.hbm_high_water_bytes},
+                      {"pinned_high_water_bytes", s.pinned_high_water_bytes},
+                      {"prefetched_modules", s.prefetched_modules},
+                      {"fetch_misses", s.fetch_misses},
+                      {"trace_rerecords", s.trace_rerecords},
+                      {"overlap_efficiency", s.overlap_efficiency},
+                      {"device", device}};
+  return j.dump();
+}
+
+}  // namespace strata::scheduler

@@ -1,0 +1,89 @@
+// src/scheduler/step_stats.h — the statistics of a step window (the time
+// between two Step() calls): busy times and bytes per link, the union of the
+// intervals with NVMe requests in flight, hook timing, fetch hits/misses, and
+// the Chrome-trace timeline. EndWindow() turns them into the public
+// StepStats and starts the next window.
+//
+// Thread-safety: the Add*/Note* calls may come from any thread (the main
+// thread, the gradient worker, the optimizer thread, device callbacks); the
+// hook and window calls are the caller's (main) thread only.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/thread_annotations.h"
+#include "src/gpu/device.h"
+#include "src/scheduler/timeline.h"
+#include "strata/engine.h"
+
+namespace strata::scheduler {
+
+enum class Link { kH2D, kD2H };
+
+class StepCounters {
+ public:
+  explicit StepCounters(bool timeline_enabled) : timeline_(timeline_enabled) {}
+
+  Timeline& timeline() { return timeline_; }
+  const Timeline& timeline() const { return timeline_; }
+
+  // ---- Any thread ----
+  // Enqueues `work` (a copy over `link`) on `stream`, timed by the stream:
+  // its busy time and `bytes` count for the link, and it appears on the
+  // timeline as `name`.
+  Status TimedCopy(gpu::Stream& stream, Link link, std::string name, int64_t bytes,
+                   const std::function<Status()>& work);
+  void AddCopyBytes(Link link, int64_t bytes);
+  // An NVMe request from start_ns to end_ns (NowNanos clock).
+  void NoteNvme(int64_t start_ns, int64_t end_ns, int64_t bytes, bool write,
+                const std::string& name) EXCLUDES(mu_);
+  void AddNvmeInterval(int64_t start_ns, int64_t end_ns) EXCLUDES(mu_);
+  void AddNvmeWritten(int64_t bytes) { nvme_written_bytes_ += bytes; }
+  void AddGradBusy(int64_t ns) { grad_busy_ns_ += ns; }
+  void AddOptimizerBusy(int64_t ns) { optimizer_ns_ += ns; }
+
+  // ---- Main thread ----
+  // Hook entry/exit: the time between a hook's exit and the next hook's entry
+  // is the framework's compute.
+  void HookEntry();
+  void HookExit();
+  void AddFetchWait(int64_t ns) { fetch_wait_ns_ += ns; }
+  void AddOptimizerWait(int64_t ns) { optimizer_wait_ns_ += ns; }
+  int64_t optimizer_wait_ns() const { return optimizer_wait_ns_; }
+  void CountPrefetchHit() { ++prefetch_hits_; }
+  void CountFetchMiss() { ++fetch_misses_; }
+  void StartWindow(int64_t now_ns) { window_start_ns_ = now_ns; }
+
+  // Fills the time, byte and fetch fields of *st for the window ending at
+  // now_ns, and starts the next window. overlap_efficiency is max(busy of
+  // compute, PCIe + gradient offload, CPU optimizer, NVMe) / step time.
+  void EndWindow(int64_t now_ns, StepStats* st) EXCLUDES(mu_);
+
+  // Total length covered by a set of [begin, end) intervals (overlaps once).
+  static int64_t UnionLength(std::vector<std::pair<int64_t, int64_t>> intervals);
+
+ private:
+  Timeline timeline_;
+  Mutex mu_;
+  std::vector<std::pair<int64_t, int64_t>> nvme_intervals_ GUARDED_BY(mu_);
+  std::atomic<int64_t> h2d_busy_ns_{0}, d2h_busy_ns_{0}, grad_busy_ns_{0}, optimizer_ns_{0};
+  std::atomic<int64_t> h2d_bytes_{0}, d2h_bytes_{0};
+  std::atomic<int64_t> nvme_read_bytes_{0}, nvme_written_bytes_{0};
+  // Main thread only.
+  int64_t window_start_ns_ = 0;
+  int64_t last_hook_exit_ns_ = -1;
+  int64_t compute_ns_ = 0;
+  int64_t fetch_wait_ns_ = 0;
+  int64_t optimizer_wait_ns_ = 0;
+  int64_t prefetch_hits_ = 0, fetch_misses_ = 0;
+};
+
+// The JSON object of Engine::StatsJson.
+std::string StepStatsJson(const StepStats& s, const std::string& device);
+
+}  // namespace strata::scheduler
