@@ -123,8 +123,8 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
 
   // The optimizer step: launched by Step(), joined by FinishStep, which
   // commits it into the store or rolls it back.
-  cpu_adam::HyperParams HyperParamsFor(float grad_scale) const;
-  Status LaunchStep(float grad_scale, bool delayed, bool background);
+  cpu_adam::HyperParams HyperParamsFor(double grad_scale) const;
+  Status LaunchStep(double grad_scale, bool delayed, bool background);
   Status PollStep();  // finishes a step that has ended (error, or commit when not delayed)
   Status FinishStep();
   void RollbackStep(InFlight& job);
@@ -423,22 +423,24 @@ scheduler::StepDeps EngineImpl::Deps() {
   return d;
 }
 
-cpu_adam::HyperParams EngineImpl::HyperParamsFor(float grad_scale) const {
+cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
   const auto& o = cfg_.optimizer;
   cpu_adam::HyperParams hp;
   hp.algorithm = o.adam_w_mode ? cpu_adam::Algorithm::kAdamW : cpu_adam::Algorithm::kAdam;
-  hp.lr = static_cast<float>(o.lr);
-  hp.beta1 = static_cast<float>(o.beta1);
-  hp.beta2 = static_cast<float>(o.beta2);
-  hp.eps = static_cast<float>(o.eps);
-  hp.weight_decay = static_cast<float>(o.weight_decay);
+  // Doubles all the way, as the optimizer's fields and PyTorch's: the
+  // derived coefficients are rounded to fp32 once, inside the optimizer.
+  hp.lr = o.lr;
+  hp.beta1 = o.beta1;
+  hp.beta2 = o.beta2;
+  hp.eps = o.eps;
+  hp.weight_decay = o.weight_decay;
   hp.bias_correction = o.bias_correction;
   hp.step = optimizer_steps_ + 1;
   hp.grad_scale = grad_scale;
   return hp;
 }
 
-Status EngineImpl::LaunchStep(float grad_scale, bool delayed, bool background) {
+Status EngineImpl::LaunchStep(double grad_scale, bool delayed, bool background) {
   scheduler::StepParams p;
   p.hp = HyperParamsFor(grad_scale);
   p.step = optimizer_steps_ + 1;
@@ -571,7 +573,7 @@ StatusOr<StepStats> EngineImpl::Step() {
       }
       st.grad_norm = norm;
       st.clip_coef = clip_coef;
-      const float grad_scale = static_cast<float>(clip_coef / scale);
+      const double grad_scale = clip_coef / scale;
       // The copy-out target must not still be read by the previous publish.
       if (gpu::Event* uploaded = store_->params_uploaded()) status = uploaded->Synchronize();
       const bool delayed = cfg_.strata.delayed_param_update &&
