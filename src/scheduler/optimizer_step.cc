@@ -165,6 +165,7 @@ Status StateRing::Run(StepOutcome* outcome) {
   const int64_t pw0 = NowNanos();
   for (auto& [module, h] : param_writes) {
     Status s = h.Wait();
+    counters_.AddNvmeWritten(static_cast<int64_t>(h.bytes()));
     if (s.ok()) outcome->param_written.push_back(module);
     if (!s.ok() && error_.ok())
       error_ = s.WithContext(
@@ -297,10 +298,9 @@ void OptimizerStep::WriteModulesOf(size_t g, std::vector<std::pair<int, nvme::Io
   // holding its last element has been stepped: sub-groups run in order, so
   // all of its elements have been copied out by then.
   const SubGroup& sg = deps_.layout->group(g);
-  for (int m : deps_.layout->ModulesEndingIn(sg.elem_begin, sg.elem_end)) {
+  // The bytes count when the write is waited for.
+  for (int m : deps_.layout->ModulesEndingIn(sg.elem_begin, sg.elem_end))
     writes->emplace_back(m, deps_.store->WriteModule(m));
-    deps_.counters->AddNvmeWritten(IoBytes(deps_.layout->module(m).bytes()));
-  }
 }
 
 Status OptimizerStep::StepInMemory() {

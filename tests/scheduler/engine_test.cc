@@ -732,3 +732,28 @@ TEST(EngineTest, FailedParameterWriteKeepsThePreviousParameters) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// NVMe bytes are counted once: what nvme/nvme writes is what nvme/cpu
+// (states) and cpu/nvme (parameters) write between them.
+TEST(EngineTest, NvmeWrittenBytesAddUpAcrossPlacements) {
+  testing::ScratchDir dir;
+  auto written = [&](OffloadDevice opt, OffloadDevice par) {
+    Config c = BaseConfig(opt, par, dir.str());
+    c.strata.overlap_optimizer = false;  // every step's writes land in its own window
+    StepStats st;
+    Train(c, 5, 3, &st);
+    return st.nvme_written_bytes;
+  };
+  const int64_t states = written(OffloadDevice::kNvme, OffloadDevice::kCpu);
+  const int64_t params = written(OffloadDevice::kCpu, OffloadDevice::kNvme);
+  const int64_t both = written(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  EXPECT_GT(states, 0);
+  EXPECT_GT(params, 0);
+  EXPECT_EQ(both, states + params);
+}
+
+}  // namespace
+}  // namespace strata
