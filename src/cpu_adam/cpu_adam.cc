@@ -363,7 +363,7 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
   impl->threads = options.threads > 0 ? options.threads : *pus;
   switch (options.streaming_stores) {
     case StreamingStores::kAuto:
-      // Measured (docs/parts/cpu_adam-perf.md): non-temporal stores into the
+      // Measured (docs/perf.md, "cpu_adam"): non-temporal stores into the
       // in-place arrays halve throughput (the lines were just read, so there
       // is no write-allocate to save); for the write-only copy-out they were
       // no faster than ordinary stores on 100M params. So: off.

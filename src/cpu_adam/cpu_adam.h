@@ -6,7 +6,7 @@
 // the same pass, an fp16/bf16 (or fp32) copy of the updated param.
 //
 // Algorithms (PyTorch semantics; the order of float operations is in
-// docs/parts/cpu_adam-design.md):
+// docs/design.md, "cpu_adam"):
 //   kAdam    torch.optim.Adam:  g += wd*p (L2), moments, bias-corrected step
 //   kAdamW   torch.optim.AdamW: p *= 1 - lr*wd (decoupled), then as Adam
 //            (DeepSpeed's adam_w_mode=true is kAdamW, false is kAdam)
@@ -90,7 +90,7 @@ struct StepResult {
 };
 
 enum class StreamingStores : uint8_t {
-  kAuto = 0,  // what the measurements say (docs/parts/cpu_adam-perf.md): currently off
+  kAuto = 0,  // what the measurements say (docs/perf.md, "cpu_adam"): currently off
   kOff = 1,   // ordinary stores
   kCopyOut = 2,  // non-temporal stores for the write-only copy-out only
   kAll = 3,   // non-temporal stores for param, states and copy-out

@@ -7,7 +7,7 @@
 //   writes param, state0, state1 and optionally copy_out (fp16|bf16|fp32)
 // The math of each optimizer, in the exact order of float operations, is
 // written once in kernel_impl.h (SIMD) and once in kernel_scalar.cc (plain
-// loop); both are documented in docs/parts/cpu_adam-design.md.
+// loop); both are documented in docs/design.md ("cpu_adam").
 #pragma once
 
 #include <cstddef>
