@@ -46,9 +46,12 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
   }
   for (ModuleExtent& m : l.modules_)
     m.last_group = m.elems() > 0 ? static_cast<int>((m.elem_end - 1) / sg) : -1;
-  l.grad_staging_bytes_ =
-      std::min<int64_t>(std::max<int64_t>(l.max_module_bytes_, 4096),
-                        std::max<int64_t>(options.reduce_bucket_size * 2, 4096));
+  // A chunk boundary must not split an element: the bucket's bytes are
+  // rounded down to a whole number of the largest element (fp32).
+  constexpr int64_t kMaxElemBytes = static_cast<int64_t>(DTypeSize(DType::kFp32));
+  l.grad_staging_bytes_ = std::min<int64_t>(
+      std::max<int64_t>(l.max_module_bytes_, 4096),
+      std::max<int64_t>(options.reduce_bucket_size * 2 / kMaxElemBytes * kMaxElemBytes, 4096));
   l.elem_order_.resize(l.params_.size());
   for (size_t i = 0; i < l.elem_order_.size(); ++i) l.elem_order_[i] = static_cast<int>(i);
   std::sort(l.elem_order_.begin(), l.elem_order_.end(), [&](int a, int b) {

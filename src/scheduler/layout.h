@@ -96,7 +96,8 @@ class Layout {
   int64_t max_group_elems() const { return max_group_elems_; }
   int64_t persistent_param_bytes() const;
   // Bytes of one gradient staging chunk: a module at most, 2 x
-  // reduce_bucket_size at most, 4 KiB at least.
+  // reduce_bucket_size at most (rounded down to a multiple of 4, so that no
+  // chunk splits an fp32 element), 4 KiB at least.
   int64_t grad_staging_bytes() const { return grad_staging_bytes_; }
 
   // One piece of a parameter inside an element range.

@@ -1,0 +1,285 @@
+// The tier plan on hand-made inputs: what each tier holds for a placement,
+// when it fits, the exact over-budget table, the NVMe tier and its headroom,
+// pin_memory and delayed_param_update, and the NVMe directories of a config.
+#include "src/scheduler/plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "src/scheduler/layout.h"
+
+namespace strata::scheduler {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Sizes of a tiny model: 1001 elements, 8 KiB of parameters in 2 modules,
+// 2 sub-groups.
+LayoutSizes TinySizes() {
+  LayoutSizes s;
+  s.total_elems = 1001;
+  s.total_param_bytes = 8192;
+  s.persistent_param_bytes = 512;
+  s.max_module_bytes = 4096;
+  s.max_group_elems = 1000;
+  s.grad_staging_bytes = 4096;
+  s.num_groups = 2;
+  s.num_modules = 2;
+  return s;
+}
+
+Placement Place(OffloadDevice opt, OffloadDevice par) {
+  Placement p;
+  p.optimizer = opt;
+  p.params = par;
+  p.stage = 3;
+  p.sub_group_size = 1000;
+  return p;
+}
+
+const TierBudget* Find(const TierPlan& plan, const std::string& tier) {
+  for (const TierBudget& t : plan.budgets)
+    if (t.tier == tier) return &t;
+  return nullptr;
+}
+
+std::vector<std::string> Tiers(const TierPlan& plan) {
+  std::vector<std::string> out;
+  for (const TierBudget& t : plan.budgets) out.push_back(t.tier);
+  return out;
+}
+
+int64_t Needed(const TierPlan& plan, const std::string& tier) {
+  const TierBudget* t = Find(plan, tier);
+  EXPECT_NE(t, nullptr) << tier;
+  return t ? t->needed_bytes : -1;
+}
+
+TEST(PlanTest, EverythingInHbmFitsAndAddsUp) {
+  const LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kNone, OffloadDevice::kNone);
+  pl.overlap_optimizer = false;
+  TierFacts f;
+  f.hbm_budget = 1 << 20;
+  f.pinned_budget = 1 << 20;
+  f.dram_available = 1 << 20;
+  const TierPlan plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_THAT(Tiers(plan), ElementsAre("hbm", "pinned", "dram"));
+  EXPECT_EQ(plan.nvme_bytes(), 0);
+  // parameters + 2 gradient buffers + 12 B/element of states.
+  EXPECT_EQ(Needed(plan, "hbm"), 8192 + 2 * 4096 + 12 * 1001);
+  EXPECT_EQ(Needed(plan, "pinned"), 4 * 4096);
+  // accumulator + updated parameters (no mirror without overlap_optimizer).
+  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 8192);
+  EXPECT_THAT(Find(plan, "hbm")->detail, HasSubstr("optimizer states"));
+  EXPECT_EQ(Find(plan, "hbm")->available_bytes, 1 << 20);
+
+  // The overlapping optimizer keeps a DRAM mirror of the device parameters.
+  pl.overlap_optimizer = true;
+  const TierPlan mirrored = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(Needed(mirrored, "dram"), 4 * 1001 + 2 * 8192);
+  EXPECT_THAT(Find(mirrored, "dram")->detail, HasSubstr("parameter mirror"));
+}
+
+TEST(PlanTest, OffloadedParametersUseTheLiveWorkingSet) {
+  LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  pl.max_live_parameters = 100;  // 800 B < 2 modules: the working set is 2 modules
+  const TierPlan plan = ComputeTierPlan(pl, s, {});
+  // persistent + min(offloaded 7680, max(800, 8192)) + gradient buffers.
+  EXPECT_EQ(Needed(plan, "hbm"), 512 + 7680 + 8192);
+  pl.max_live_parameters = 500;  // 4000 B: still below 2 modules (8192 B)
+  EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 7680 + 8192);
+  s.max_module_bytes = 1024;  // now the live limit (500 x 8 B) decides
+  EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 4000 + 2048);
+  // offload_param cpu: the host copy is in DRAM.
+  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 8192 + 12 * 1001 + 8192);
+  // Unknown budgets (0) never fail a plan.
+  EXPECT_TRUE(plan.fits);
+}
+
+// Each tier over its budget by one byte fails the plan; at the budget it fits.
+TEST(PlanTest, EachTierOverBudgetFailsAtTheBoundary) {
+  const LayoutSizes s = TinySizes();
+  const Placement pl = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  TierFacts f;
+  f.nvme_paths = {"/nv0"};
+  const TierPlan unlimited = ComputeTierPlan(pl, s, f);
+  ASSERT_TRUE(unlimited.fits);
+  ASSERT_THAT(Tiers(unlimited), ElementsAre("hbm", "pinned", "nvme", "dram"));
+  for (const std::string tier : {"hbm", "pinned", "nvme", "dram"}) {
+    SCOPED_TRACE(tier);
+    const int64_t need = Needed(unlimited, tier);
+    ASSERT_GT(need, 0);
+    for (const int64_t avail : {need, need - 1}) {
+      TierFacts g = f;
+      // Every other tier has room to spare.
+      g.hbm_budget = g.pinned_budget = g.dram_available = g.nvme_available = int64_t{1} << 40;
+      if (tier == "hbm") g.hbm_budget = avail;
+      if (tier == "pinned") g.pinned_budget = avail;
+      if (tier == "nvme") g.nvme_available = avail;
+      if (tier == "dram") g.dram_available = avail;
+      const TierPlan plan = ComputeTierPlan(pl, s, g);
+      EXPECT_EQ(plan.fits, avail == need) << avail;
+      const std::string table = OverBudgetTable(plan, pl, s);
+      // "<-- over" on the tier's row only, and only when it is over.
+      for (const std::string& row : {std::string("hbm"), std::string("pinned"),
+                                     std::string("nvme"), std::string("dram")}) {
+        const size_t at = table.find("\n  " + row + " ");
+        ASSERT_NE(at, std::string::npos) << row;
+        const std::string line = table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+        if (row == tier && avail < need) {
+          EXPECT_THAT(line, HasSubstr("<-- over"));
+        } else {
+          EXPECT_THAT(line, Not(HasSubstr("<-- over")));
+        }
+      }
+    }
+  }
+}
+
+TEST(PlanTest, OverBudgetTableExactText) {
+  const LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
+  pl.max_live_parameters = 100;
+  TierFacts f;
+  f.hbm_budget = 8 << 20;
+  f.pinned_budget = 0;  // unknown: "-"
+  f.dram_available = 20000;
+  f.nvme_paths = {"/nv0"};
+  f.nvme_available = int64_t{1} << 30;
+  const TierPlan plan = ComputeTierPlan(pl, s, f);
+  EXPECT_FALSE(plan.fits);
+  // By hand:
+  //   hbm    512 + min(8192 - 512, max(100 x 8, 2 x 4096)) + 2 x 4096 = 16384
+  //   pinned 4 x 4096 staging + 5 x 4096 fetch = 36864
+  //   nvme   2 x 8192 + (2 x (2 groups + 2 modules) x 1 path) MiB = 8404992 (8.015625 MiB)
+  //   dram   4 x 1001 + 8192 + 12 x 1001 = 24208 (23.640625 KiB) > 20000 (19.53125 KiB)
+  const std::string expected =
+      "the placement does not fit:\n"
+      "  tier          needed    available  made of\n"
+      "  hbm        16.00 KiB     8.00 MiB  persistent parameters 512 B + live parameters "
+      "7.50 KiB + gradient buffers 8.00 KiB\n"
+      "  pinned     36.00 KiB            -  gradient staging 16.00 KiB + parameter fetch 5 x "
+      "4.00 KiB\n"
+      "  nvme        8.02 MiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
+      "  dram       23.64 KiB    19.53 KiB  gradient accumulator 3.91 KiB + updated parameters "
+      "8.00 KiB + optimizer states 11.73 KiB  <-- over\n"
+      "  (stage 3, offload_optimizer cpu, offload_param nvme, 1001 parameters in 2 modules, "
+      "sub_group_size 1000)";
+  EXPECT_EQ(OverBudgetTable(plan, pl, s), expected);
+  EXPECT_EQ(plan.nvme_bytes(), 8404992);
+}
+
+TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
+  const LayoutSizes s = TinySizes();
+  const Placement pl = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  // No directories: no NVMe row (and no capacity to open).
+  const TierPlan none = ComputeTierPlan(pl, s, {});
+  EXPECT_THAT(Tiers(none), ElementsAre("hbm", "pinned", "dram"));
+  EXPECT_EQ(none.nvme_bytes(), 0);
+
+  const int64_t states = 12 * 1001, params = 8192;
+  const int64_t shards = 2 + 2;  // groups + modules
+  for (const std::vector<std::string>& paths :
+       {std::vector<std::string>{"/a"}, std::vector<std::string>{"/a", "/b", "/c"}}) {
+    TierFacts f;
+    f.nvme_paths = paths;
+    const TierPlan plan = ComputeTierPlan(pl, s, f);
+    const int64_t p = static_cast<int64_t>(paths.size());
+    EXPECT_EQ(plan.nvme_bytes(), 2 * states + 2 * params + 2 * shards * p * (1 << 20));
+    EXPECT_EQ(Needed(plan, "nvme"), plan.nvme_bytes());
+    EXPECT_THAT(Find(plan, "nvme")->detail,
+                HasSubstr(paths.size() == 1 ? " on /a" : " on /a, /b, /c"));
+  }
+  // Only the optimizer on NVMe: its two versions, no parameters.
+  TierFacts f;
+  f.nvme_paths = {"/a"};
+  const TierPlan opt_only = ComputeTierPlan(Place(OffloadDevice::kNvme, OffloadDevice::kCpu), s, f);
+  EXPECT_EQ(opt_only.nvme_bytes(), 2 * states + 2 * shards * (1 << 20));
+  EXPECT_THAT(Find(opt_only, "nvme")->detail, Not(HasSubstr("parameters")));
+  // The optimizer pipeline's pinned buffers: buffer_count x one sub-group's states.
+  Placement ring = Place(OffloadDevice::kNvme, OffloadDevice::kCpu);
+  ring.optimizer_buffer_count = 3;
+  EXPECT_EQ(Needed(ComputeTierPlan(ring, s, f), "pinned"), 4 * 4096 + 3 * 12 * 1000);
+}
+
+TEST(PlanTest, PinMemoryMovesOptimizerStatesFromDramToPinned) {
+  const LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  const TierPlan pageable = ComputeTierPlan(pl, s, {});
+  pl.pin_optimizer_states = true;
+  const TierPlan pinned = ComputeTierPlan(pl, s, {});
+  const int64_t states = 12 * 1001;
+  EXPECT_EQ(Needed(pinned, "pinned"), Needed(pageable, "pinned") + states);
+  EXPECT_EQ(Needed(pinned, "dram"), Needed(pageable, "dram") - states);
+  EXPECT_THAT(Find(pinned, "pinned")->detail, HasSubstr("optimizer states"));
+  EXPECT_THAT(Find(pinned, "dram")->detail, Not(HasSubstr("optimizer states")));
+  EXPECT_THAT(Find(pageable, "pinned")->detail, Not(HasSubstr("optimizer states")));
+  // States on NVMe are not pinned whole, pin_memory or not.
+  Placement nv = Place(OffloadDevice::kNvme, OffloadDevice::kCpu);
+  const int64_t nv_pinned = Needed(ComputeTierPlan(nv, s, {}), "pinned");
+  nv.pin_optimizer_states = true;
+  EXPECT_EQ(Needed(ComputeTierPlan(nv, s, {}), "pinned"), nv_pinned);
+}
+
+TEST(PlanTest, DelayedParamUpdateAddsTheSecondAccumulator) {
+  const LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  const int64_t before = Needed(ComputeTierPlan(pl, s, {}), "dram");
+  pl.delayed_param_update = true;
+  const TierPlan plan = ComputeTierPlan(pl, s, {});
+  EXPECT_EQ(Needed(plan, "dram"), before + 4 * 1001);
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("second gradient accumulator"));
+  // Nothing else moves.
+  EXPECT_EQ(Needed(plan, "hbm"), Needed(ComputeTierPlan(Place(OffloadDevice::kCpu,
+                                                              OffloadDevice::kCpu),
+                                                        s, {}),
+                                        "hbm"));
+}
+
+TEST(PlanTest, SizesOfABuiltLayout) {
+  LayoutOptions o;
+  o.sub_group_size = 100;
+  o.params_offloaded = true;
+  o.persistence_threshold = 50;
+  std::vector<ParamRec> recs(3);
+  recs[0] = {"a", 30, DType::kFp32, 0};
+  recs[1] = {"b", 200, DType::kBf16, 1};
+  recs[2] = {"c", 7, DType::kFp16, 1};
+  const Layout l = Layout::Build(recs, o);
+  const LayoutSizes s = LayoutSizes::Of(l);
+  EXPECT_EQ(s.total_elems, 237);
+  EXPECT_EQ(s.total_param_bytes, 8192);  // module 1 starts at 4096, ends at 4096 + 512 + 256
+  EXPECT_EQ(s.persistent_param_bytes, 256);  // module 0: 30 < 50 elements
+  EXPECT_EQ(s.max_module_bytes, 768);
+  EXPECT_EQ(s.max_group_elems, 100);
+  EXPECT_EQ(s.num_groups, 3);
+  EXPECT_EQ(s.num_modules, 2);
+  EXPECT_EQ(s.grad_staging_bytes, 4096);
+}
+
+TEST(PlanTest, UsedNvmePathsDedupesOptimizerFirst) {
+  Config c;
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero_optimization.offload_optimizer.nvme_path = {"/b", "/a", "/b"};
+  c.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+  c.zero_optimization.offload_param.nvme_path = {"/c", "/a", "/d"};
+  EXPECT_THAT(UsedNvmePaths(c), ElementsAre("/b", "/a", "/c", "/d"));
+  // A device that is not nvme contributes nothing, even with a path set.
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+  EXPECT_THAT(UsedNvmePaths(c), ElementsAre("/c", "/a", "/d"));
+  c.zero_optimization.offload_param.device = OffloadDevice::kCpu;
+  EXPECT_TRUE(UsedNvmePaths(c).empty());
+  c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+  EXPECT_THAT(UsedNvmePaths(c), ElementsAre("/b", "/a"));
+}
+
+}  // namespace
+}  // namespace strata::scheduler
