@@ -1,0 +1,416 @@
+// ParamFetcher on the host device with a StateStore (offload_param cpu, and
+// nvme on a scratch directory) and a fake StepGate: the device copies hold
+// the modules' bytes, prefetch follows the recorded trace within its budgets,
+// eviction under budget pressure picks the module used furthest ahead while a
+// prefetch stops instead of evicting, and frees wait for the stream.
+#include "src/scheduler/param_fetcher.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "src/common/timer.h"
+#include "tests/scheduler/parts_test_util.h"
+
+namespace strata::scheduler {
+namespace {
+
+using testing::MakeHostDevice;
+using testing::Rec;
+using testing::ToBytes;
+
+class FakeGate : public StepGate {
+ public:
+  bool reading_next_params() const override { return reading; }
+  bool module_ready(int m) const override { return ready.count(m) != 0; }
+  bool reading = false;
+  std::set<int> ready;
+};
+
+// Blocks a stream with a host callback until Release() (or destruction).
+class StreamBlocker {
+ public:
+  explicit StreamBlocker(gpu::Stream& s) {
+    auto f = gate_.get_future().share();
+    ok_ = s.EnqueueHostCallback([f] { f.wait(); }).ok();
+  }
+  ~StreamBlocker() { Release(); }
+  bool ok() const { return ok_; }
+  void Release() {
+    if (!released_) gate_.set_value();
+    released_ = true;
+  }
+
+ private:
+  std::promise<void> gate_;
+  bool ok_ = false;
+  bool released_ = false;
+};
+
+// Module sizes (elements of a fp16/bf16/fp32 weight and a bias) of the layouts
+// below; `same_size`: every module 4352 bytes (4000 + 240 bytes, each tensor
+// rounded to 256), except module `small` (512 bytes) if >= 0.
+std::string Name(int m, const char* suffix) {
+  std::string s = "m";
+  s += std::to_string(m);
+  s += suffix;
+  return s;
+}
+
+std::vector<ParamRec> Params(int modules, bool same_size, int small = -1) {
+  static const DType kTypes[] = {DType::kBf16, DType::kFp16, DType::kFp32};
+  std::vector<ParamRec> recs;
+  for (int m = 0; m < modules; ++m) {
+    if (same_size && m == small) {
+      recs.push_back(Rec(Name(m, ".w"), 100, DType::kFp16, m));
+      recs.push_back(Rec(Name(m, ".b"), 10, DType::kFp32, m));
+    } else if (same_size) {
+      recs.push_back(Rec(Name(m, ".w"), 2000, DType::kFp16, m));
+      recs.push_back(Rec(Name(m, ".b"), 60, DType::kFp32, m));
+    } else {
+      recs.push_back(Rec(Name(m, ".w"), 1000 + 137 * m, kTypes[m % 3], m));
+      recs.push_back(Rec(Name(m, ".b"), 3 + m, kTypes[(m + 1) % 3], m));
+    }
+  }
+  return recs;
+}
+
+constexpr int64_t kSameModuleBytes = 4352;
+
+// A device, layout, store and fetcher; offload_param `place` (cpu or nvme).
+class FetcherTest : public ::testing::TestWithParam<OffloadDevice> {
+ protected:
+  void Build(std::vector<ParamRec> recs, size_t hbm_budget, FetchOptions fo) {
+    LayoutOptions lo;
+    lo.sub_group_size = 1000;
+    lo.params_offloaded = true;
+    lo.persistence_threshold = 0;
+    layout_ = Layout::Build(std::move(recs), lo);
+    dev_ = MakeHostDevice(hbm_budget);
+    ASSERT_NE(dev_, nullptr);
+    cfg_ = testing::StoreConfig(OffloadDevice::kCpu, GetParam(), dir_.str());
+    auto rng = ::strata::testing::MakeRng(&seed_);
+    init_ = testing::RandomInit(layout_, rng);
+    store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
+    ASSERT_OK(testing::OpenStore(*store_, cfg_, layout_, init_));
+    fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_,
+                                              &gate_, fo);
+    ASSERT_OK(fetcher_->Init());
+  }
+  // A new fetcher (and trace) with other options.
+  void Refetcher(FetchOptions fo) {
+    fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_,
+                                              &gate_, fo);
+    ASSERT_OK(fetcher_->Init());
+  }
+  void TearDown() override {
+    if (dev_) EXPECT_OK(dev_->Synchronize());
+    fetcher_.reset();
+    store_.reset();
+  }
+
+  // One fetch as the engine's hooks do it: observe, wait, use, finish.
+  void Use(int m, bool finish = true) {
+    fetcher_->trace().Observe(m);
+    ASSERT_OK(fetcher_->Pump());
+    ASSERT_OK(fetcher_->WaitResident(m));
+    ASSERT_EQ(fetcher_->residency(m), Residency::kResident);
+    fetcher_->MarkInUse(m);
+    if (finish) ASSERT_OK(fetcher_->FinishUse(m));
+  }
+  // Records `order` as the trace (one step), then begins the next step.
+  void Record(const std::vector<int>& order) {
+    fetcher_->trace().BeginStep();
+    for (int m : order) ASSERT_NO_FATAL_FAILURE(Use(m));
+    fetcher_->trace().EndStep();
+    ASSERT_EQ(fetcher_->trace().trace(), order);
+    ASSERT_OK(fetcher_->InvalidateAll());
+    ASSERT_OK(fetcher_->ReclaimDeferred(true));
+    fetcher_->trace().BeginStep();
+  }
+  std::vector<uint8_t> ExpectedBytes(int id) const {
+    const ParamRec& p = layout_.param(id);
+    return ToBytes(init_[static_cast<size_t>(id)], p.dtype);
+  }
+  // Module m's parameters as the device holds them, one vector per tensor.
+  std::vector<std::vector<uint8_t>> DeviceBytes(int m) {
+    std::vector<std::vector<uint8_t>> out;
+    ModuleView v = fetcher_->View(m, false);
+    const ModuleExtent& me = layout_.module(m);
+    EXPECT_EQ(v.params.size(), me.params.size());
+    for (size_t i = 0; i < v.params.size() && i < me.params.size(); ++i) {
+      const ParamRec& p = layout_.param(me.params[i]);
+      const size_t n = static_cast<size_t>(p.numel * p.elem_size());
+      EXPECT_TRUE(dev_->Contains(v.params[i], n));
+      const auto* b = static_cast<const uint8_t*>(v.params[i]);
+      out.emplace_back(b, b + n);
+    }
+    return out;
+  }
+  std::set<int> NotAbsent() const {
+    std::set<int> out;
+    for (int m = 0; m < layout_.num_modules(); ++m)
+      if (fetcher_->residency(m) != Residency::kAbsent) out.insert(m);
+    return out;
+  }
+
+  ::strata::testing::ScratchDir dir_;
+  uint64_t seed_ = 0;
+  Layout layout_;
+  StepCounters counters_{false};
+  std::unique_ptr<gpu::Device> dev_;
+  Config cfg_;
+  std::vector<std::vector<float>> init_;
+  FakeGate gate_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<ParamFetcher> fetcher_;
+};
+
+FetchOptions Unlimited() {
+  FetchOptions fo;
+  fo.prefetch_bucket_elems = int64_t{1} << 40;
+  fo.max_live_elems = int64_t{1} << 40;
+  fo.max_reuse_distance = 0;  // release after use unless reused at once
+  return fo;
+}
+
+TEST_P(FetcherTest, ViewHoldsTheModulesBytesInTheirDtypes) {
+  ASSERT_NO_FATAL_FAILURE(Build(Params(6, false), 1 << 20, Unlimited()));
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  for (int m : {4, 0, 5, 2, 1, 3}) {
+    ASSERT_NO_FATAL_FAILURE(Use(m, /*finish=*/false));
+    const auto got = DeviceBytes(m);
+    const ModuleExtent& me = layout_.module(m);
+    for (size_t i = 0; i < me.params.size(); ++i)
+      EXPECT_EQ(got[i], ExpectedBytes(me.params[i])) << "module " << m << " tensor " << i;
+    // Gradient buffers: the same offsets in a separate device buffer.
+    ASSERT_OK(fetcher_->AllocateGrad(m));
+    ModuleView v = fetcher_->View(m, true);
+    ASSERT_EQ(v.grads.size(), v.params.size());
+    for (size_t i = 0; i < v.grads.size(); ++i) {
+      EXPECT_EQ(static_cast<uint8_t*>(v.grads[i]) - static_cast<uint8_t*>(v.grads[0]),
+                static_cast<uint8_t*>(v.params[i]) - static_cast<uint8_t*>(v.params[0]));
+      EXPECT_TRUE(dev_->Contains(v.grads[i], 1));
+    }
+    EXPECT_NE(v.grads[0], v.params[0]);
+    EXPECT_EQ(fetcher_->grad(m), v.grads[0]);
+    ASSERT_OK(fetcher_->ReleaseGradAfterD2H(m));
+    ASSERT_OK(fetcher_->FinishUse(m));
+  }
+  ASSERT_OK(dev_->Synchronize());
+  ASSERT_OK(fetcher_->ReclaimDeferred(false));
+  EXPECT_EQ(dev_->Stats().in_use_bytes, 0u);
+  StepStats st;
+  counters_.EndWindow(NowNanos(), &st);
+  EXPECT_EQ(st.fetch_misses, 6);
+  EXPECT_EQ(st.prefetched_modules, 0);
+}
+
+// While a step is producing new parameters, a module it has finished is
+// fetched from the step's copy-out target, not from the host/NVMe copy.
+TEST_P(FetcherTest, UpdatedModulesComeFromTheNextParameters) {
+  ASSERT_NO_FATAL_FAILURE(Build(Params(4, false), 1 << 20, Unlimited()));
+  auto rng = ::strata::testing::MakeRng();
+  // New values of module 2 in next_params().
+  std::vector<std::vector<uint8_t>> updated;
+  for (int id : layout_.module(2).params) {
+    const ParamRec& p = layout_.param(id);
+    updated.push_back(ToBytes(::strata::testing::RandomFloats(rng, static_cast<size_t>(p.numel)),
+                              p.dtype));
+    std::memcpy(store_->next_params() + p.byte_off, updated.back().data(), updated.back().size());
+  }
+  gate_.reading = true;
+  gate_.ready = {2};
+  ASSERT_NO_FATAL_FAILURE(Use(2, false));
+  EXPECT_EQ(DeviceBytes(2), updated);
+  // Without a step in flight: the current copy.
+  gate_.reading = false;
+  ASSERT_NO_FATAL_FAILURE(Use(1, false));
+  const auto got = DeviceBytes(1);
+  EXPECT_EQ(got[0], ExpectedBytes(layout_.module(1).params[0]));
+}
+
+TEST_P(FetcherTest, PrefetchFollowsTheRecordedTraceWithinTheBucket) {
+  ASSERT_NO_FATAL_FAILURE(Build(Params(6, false), 1 << 20, Unlimited()));
+  const std::vector<int> order = {3, 1, 4, 0, 5, 2};
+  // Room in the bucket for the next two modules of the trace, not a third.
+  FetchOptions fo = Unlimited();
+  fo.prefetch_bucket_elems = layout_.module(1).elems() + layout_.module(4).elems() +
+                             layout_.module(0).elems() - 1;
+  ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
+  ASSERT_NO_FATAL_FAILURE(Record(order));  // six misses
+  ASSERT_NO_FATAL_FAILURE(Use(3, false));  // a miss
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{3, 1, 4}));
+  ASSERT_OK(fetcher_->FinishUse(3));  // not used again: released
+  // Following the trace: each use prefetches what comes next within the
+  // bucket (after 1: 4, 0; 5 would exceed it).
+  ASSERT_NO_FATAL_FAILURE(Use(1));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{4, 0}));
+  for (int m : {4, 0, 5, 2}) {
+    ASSERT_NO_FATAL_FAILURE(Use(m));
+    ASSERT_OK(fetcher_->Prefetch());
+  }
+  // The prefetched ones were hits: 1, 4, 0, 5, 2.
+  StepStats st;
+  counters_.EndWindow(NowNanos(), &st);
+  EXPECT_EQ(st.prefetched_modules, 5);
+  EXPECT_EQ(st.fetch_misses, 6 + 1);
+  // The prefetched copies hold the modules' bytes.
+  fetcher_->trace().BeginStep();
+  for (int m : order) {
+    ASSERT_NO_FATAL_FAILURE(Use(m, false));
+    ASSERT_OK(fetcher_->Prefetch());
+    EXPECT_EQ(DeviceBytes(m)[0], ExpectedBytes(layout_.module(m).params[0])) << m;
+    ASSERT_OK(fetcher_->FinishUse(m));
+  }
+}
+
+TEST_P(FetcherTest, PrefetchStopsAtTheLiveLimitAndAtAStepNotYetThere) {
+  ASSERT_NO_FATAL_FAILURE(Build(Params(6, false), 1 << 20, Unlimited()));
+  const std::vector<int> order = {0, 1, 2, 3, 4, 5};
+  FetchOptions fo = Unlimited();
+  // Module 0 in use plus 1 and 2: the limit; 3 would pass it.
+  fo.max_live_elems = layout_.module(0).elems() + layout_.module(1).elems() +
+                      layout_.module(2).elems();
+  ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
+  ASSERT_NO_FATAL_FAILURE(Record(order));
+  ASSERT_NO_FATAL_FAILURE(Use(0, false));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
+  ASSERT_OK(fetcher_->FinishUse(0));
+
+  // A step in flight has finished modules 0, 1, 2 and 4 only: the prefetch
+  // takes nothing past the first module it has not reached (3), even 4; then
+  // goes on from there once it has.
+  ASSERT_OK(fetcher_->InvalidateAll());
+  ASSERT_NO_FATAL_FAILURE(Refetcher(Unlimited()));
+  ASSERT_NO_FATAL_FAILURE(Record(order));
+  gate_.reading = true;
+  gate_.ready = {0, 1, 2, 4};
+  ASSERT_NO_FATAL_FAILURE(Use(0, false));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
+  gate_.ready.insert(3);
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2, 3, 4}));
+}
+
+// Room for three modules. Modules 0, 1, 2 are cached (reused later in the
+// trace) when 3 is needed: the one whose next use is furthest (1) goes, not
+// the least (0) or most (2) recently used.
+TEST_P(FetcherTest, DemandFetchEvictsTheModuleUsedFurthestAhead) {
+  FetchOptions fo = Unlimited();
+  fo.prefetch_bucket_elems = 0;
+  fo.max_reuse_distance = int64_t{1} << 40;  // keep everything cached
+  ASSERT_NO_FATAL_FAILURE(Build(Params(4, true), 3 * kSameModuleBytes, fo));
+  ASSERT_EQ(layout_.module(0).bytes(), kSameModuleBytes);
+  const std::vector<int> order = {0, 1, 2, 3, 0, 2, 1};
+  ASSERT_NO_FATAL_FAILURE(Record(order));
+  for (int m : {0, 1, 2}) ASSERT_NO_FATAL_FAILURE(Use(m));
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
+  ASSERT_NO_FATAL_FAILURE(Use(3, false));
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 2, 3}));
+  EXPECT_EQ(DeviceBytes(3)[0], ExpectedBytes(layout_.module(3).params[0]));
+  ASSERT_OK(fetcher_->FinishUse(3));
+  // 0 and 2 were kept: no fetch for them, only for 1.
+  for (int m : {0, 2, 1}) ASSERT_NO_FATAL_FAILURE(Use(m));
+  StepStats st;
+  counters_.EndWindow(NowNanos(), &st);
+  EXPECT_EQ(st.fetch_misses, 7 + 3 + 1 + 1);  // recording, 0 1 2, 3, 1
+}
+
+// The same, with the module used furthest ahead (1) in use: it stays, and
+// the next furthest (2) goes.
+TEST_P(FetcherTest, DemandFetchNeverEvictsAModuleInUse) {
+  FetchOptions fo = Unlimited();
+  fo.prefetch_bucket_elems = 0;
+  fo.max_reuse_distance = int64_t{1} << 40;
+  ASSERT_NO_FATAL_FAILURE(Build(Params(4, true), 3 * kSameModuleBytes, fo));
+  ASSERT_NO_FATAL_FAILURE(Record({0, 1, 2, 3, 0, 2, 1}));
+  ASSERT_NO_FATAL_FAILURE(Use(0));
+  ASSERT_NO_FATAL_FAILURE(Use(1, /*finish=*/false));
+  ASSERT_NO_FATAL_FAILURE(Use(2));
+  ASSERT_NO_FATAL_FAILURE(Use(3, false));
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 3}));
+  EXPECT_EQ(DeviceBytes(1)[0], ExpectedBytes(layout_.module(1).params[0]));
+}
+
+// Room for three modules; 0 is cached (used again at the end). A prefetch
+// takes 1 and 2, then stops at 3 (no room) without evicting 0 and without
+// skipping ahead to the small module 4, which would fit.
+TEST_P(FetcherTest, PrefetchStopsInsteadOfEvicting) {
+  FetchOptions fo = Unlimited();
+  fo.max_reuse_distance = int64_t{1} << 40;
+  ASSERT_NO_FATAL_FAILURE(Build(Params(6, true, /*small=*/4), 3 * kSameModuleBytes, fo));
+  ASSERT_LT(layout_.module(4).bytes(), 1024);
+  const std::vector<int> order = {0, 1, 2, 3, 4, 5, 0};
+  ASSERT_NO_FATAL_FAILURE(Record(order));
+  ASSERT_NO_FATAL_FAILURE(Use(0));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
+  const gpu::ArenaStats st = dev_->Stats();
+  EXPECT_GE(st.largest_free_bytes, static_cast<size_t>(layout_.module(4).bytes()));
+  EXPECT_LT(st.largest_free_bytes, static_cast<size_t>(kSameModuleBytes));
+  // The prefetched copies are usable and hold the modules' bytes.
+  for (int m : {1, 2}) {
+    ASSERT_NO_FATAL_FAILURE(Use(m, false));
+    EXPECT_EQ(DeviceBytes(m)[0], ExpectedBytes(layout_.module(m).params[0])) << m;
+  }
+}
+
+// A released device copy is freed only once the compute stream has passed
+// the point of its release (work enqueued before may still read it); a
+// gradient buffer once the D2H stream has.
+TEST_P(FetcherTest, FreesAreDeferredUntilTheStreamPassesThem) {
+  ASSERT_NO_FATAL_FAILURE(Build(Params(3, false), 1 << 20, Unlimited()));
+  ASSERT_NO_FATAL_FAILURE(Use(1, false));
+  const size_t with_module = dev_->Stats().in_use_bytes;
+  ASSERT_GE(with_module, static_cast<size_t>(layout_.module(1).bytes()));
+  {
+    StreamBlocker busy(dev_->compute());
+    ASSERT_TRUE(busy.ok());
+    ASSERT_OK(fetcher_->FinishUse(1));  // not following a trace: released
+    EXPECT_EQ(fetcher_->residency(1), Residency::kAbsent);
+    ASSERT_OK(fetcher_->ReclaimDeferred(false));
+    EXPECT_EQ(dev_->Stats().in_use_bytes, with_module);
+    busy.Release();
+    ASSERT_OK(dev_->compute().Synchronize());
+  }
+  ASSERT_OK(fetcher_->ReclaimDeferred(false));
+  EXPECT_EQ(dev_->Stats().in_use_bytes, 0u);
+
+  ASSERT_NO_FATAL_FAILURE(Use(2, false));
+  ASSERT_OK(fetcher_->AllocateGrad(2));
+  const size_t with_grad = dev_->Stats().in_use_bytes;
+  {
+    StreamBlocker busy(dev_->d2h());
+    ASSERT_TRUE(busy.ok());
+    ASSERT_OK(fetcher_->ReleaseGradAfterD2H(2));
+    EXPECT_FALSE(fetcher_->has_grad(2));
+    EXPECT_FALSE(fetcher_->any_grad());
+    ASSERT_OK(fetcher_->ReclaimDeferred(false));
+    EXPECT_EQ(dev_->Stats().in_use_bytes, with_grad);
+    busy.Release();
+    // Waiting for every deferred free.
+    ASSERT_OK(fetcher_->ReclaimDeferred(true));
+  }
+  EXPECT_EQ(dev_->Stats().in_use_bytes, with_grad - static_cast<size_t>(layout_.module(2).bytes()));
+}
+
+std::string PlaceName(const ::testing::TestParamInfo<OffloadDevice>& info) {
+  return std::string(OffloadDeviceName(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Params, FetcherTest,
+                         ::testing::Values(OffloadDevice::kCpu, OffloadDevice::kNvme), PlaceName);
+
+}  // namespace
+}  // namespace strata::scheduler
