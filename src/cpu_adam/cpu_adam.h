@@ -20,10 +20,18 @@
 // are bitwise independent of the thread count and of the partitioning. They
 // may differ between ISAs (FMA vs multiply+add) by a few ulps.
 //
+// Gradient accumulation (Accumulate, AccumulateMany): acc[i] += float(grad[i])
+// into fp32 accumulators, the gradients fp32, fp16 or bf16 (widened exactly),
+// vectorized with the same ISA table and spread over the same arena in the
+// same fixed blocks. One fp32 add per element, so the result is the plain
+// loop's, bit for bit, on every ISA and for any thread count.
+//
 // Thread-safety: every method of CpuOptimizer may be called concurrently
-// from several threads; calls share the arena's threads. The caller must not
-// touch a shard's arrays while a step on it is running, and shards stepped
-// together must not overlap.
+// from several threads; calls share the arena's threads (each call submits
+// its blocks to the one arena with task_arena::execute, so concurrent calls
+// do not oversubscribe the cores). The caller must not touch a shard's
+// arrays while a step or accumulation on it is running, and arrays written
+// by concurrent calls must not overlap anything those calls read or write.
 #pragma once
 
 #include <cstddef>
@@ -110,9 +118,26 @@ struct Options {
   // Elements per task; a multiple of 1024. Fixed, so results do not depend
   // on the thread count.
   size_t block_elems = 32768;
-  // Benchmark only (strata bench adam): replace the optimizer arithmetic by
-  // trivial adds over the very same loads and stores — the memory roofline.
+  // Accumulate/AccumulateMany calls with fewer elements than this in total
+  // (or that fit in one block) run on the caller's thread without entering
+  // the arena: waking the workers costs more than the work. 0: always use
+  // the arena when there is more than one block.
+  size_t accumulate_inline_elems = 65536;
+  // Benchmark only (strata bench adam, strata bench accumulate): replace the
+  // optimizer arithmetic by trivial adds over the very same loads and stores
+  // — the memory roofline. Accumulate then leaves acc unchanged.
   bool roofline_kernel = false;
+};
+
+// One slice of gradient accumulation: acc[i] += float(grad[i]) for i in
+// [0, count). The optimizer owns neither array; both must stay valid and
+// untouched by others until the call returns. Any alignment is accepted.
+// acc must not overlap grad, nor any array of another shard of the same call.
+struct AccumulateShard {
+  float* acc = nullptr;        // count fp32 elements, updated in place
+  const void* grad = nullptr;  // count elements of grad_dtype (read only)
+  DType grad_dtype = DType::kFp32;
+  size_t count = 0;            // 0 is valid (nothing happens; pointers may be null)
 };
 
 // A step running on the optimizer's threads. Move-only; the destructor
@@ -172,6 +197,30 @@ class CpuOptimizer {
   // null pointers with count > 0, overlapping arrays or a bad dtype.
   Status Cast(const float* src, void* dst, DType dst_dtype, size_t count);
 
+  // acc[i] += float(grad[i]) for i in [0, count): the gradient fp32, fp16 or
+  // bf16 (widened exactly), one fp32 add per element — bitwise what the
+  // plain loop gives, for any ISA and thread count (NaN + NaN may keep
+  // either payload). Cut into Options::block_elems blocks run on the arena's
+  // threads, the caller joining them; below Options::accumulate_inline_elems
+  // elements (or a single block) it runs on the caller's thread alone.
+  // Returns when every element is done.
+  //
+  // Threads: callable from any thread, concurrently with every other method
+  // of this CpuOptimizer (e.g. the gradient thread accumulating while the
+  // optimizer thread runs StepMany): the blocks of concurrent calls share
+  // the arena's workers. While it waits for its own blocks, the caller runs
+  // only those (this_task_arena::isolate), never a concurrent step's.
+  //
+  // InvalidArgument (naming the shard and field) for a null array with
+  // count > 0, a dtype other than fp32/fp16/bf16, or acc overlapping its own
+  // grad or another shard's acc or grad; nothing is written then.
+  // Internal on a failure inside oneTBB (elements may be partly updated).
+  Status Accumulate(float* acc, const void* grad, DType grad_dtype, size_t count);
+  // The slices of one gradient chunk (several parameters) as one parallel
+  // pass over all their blocks; every shard validated before anything is
+  // written. Same threading as Accumulate.
+  Status AccumulateMany(std::span<const AccumulateShard> shards);
+
   std::string_view isa() const;  // the ISA actually used
   int threads() const;
   int numa_node() const;  // -1 when not pinned
@@ -190,6 +239,9 @@ class CpuOptimizer {
 // Bytes one fused step moves per element (reads + writes; write-allocate
 // traffic not counted): 4 (param) ×2 + grad + states ×2 ×4 + copy-out.
 size_t BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_dtype);
+
+// Bytes one accumulation moves per element: acc 4r+4w + grad read.
+inline size_t AccumulateBytesPerElement(DType grad_dtype) { return 8 + DTypeSize(grad_dtype); }
 
 // ---- For `strata info` -----------------------------------------------------
 

@@ -64,6 +64,11 @@ struct KernelArgs {
 using StepFn = bool (*)(const KernelArgs& a, bool check_finite);
 // True if all of grad[0, n) * scale is finite. Read-only.
 using CheckFn = bool (*)(const void* grad, size_t n, float scale);
+// Gradient accumulation over [0, n): acc[i] += float(grad[i]), the gradient
+// in the table's dtype (fp16/bf16 widened exactly), one fp32 add per element
+// (so every ISA gives the scalar loop's bits). Any alignment; acc and grad
+// must not overlap. Moves 8 + sizeof(grad) bytes per element.
+using AccumulateFn = void (*)(float* acc, const void* grad, size_t n);
 // Vector conversions (for tests: compared to src/common/half.h).
 using ToHalfFn = void (*)(const float* in, uint16_t* out, size_t n);
 using FromHalfFn = void (*)(const uint16_t* in, float* out, size_t n);
@@ -74,6 +79,12 @@ struct KernelTable {
   // step[op][grad dtype][copy-out]
   StepFn step[kNumKernelOps][3][kNumCopyOuts];
   CheckFn check[3];  // by grad dtype
+  AccumulateFn accumulate[3];  // by grad dtype
+  // Benchmark only: the same loads and stores as accumulate[] with trivial
+  // integer arithmetic (acc's bits | (grad's bits & an opaque zero): no
+  // conversion, no float add); acc keeps its bits — the memory roofline of
+  // the access pattern, used by `strata bench accumulate`.
+  AccumulateFn accumulate_roofline[3];
   ToHalfFn f32_to_f16, f32_to_bf16;
   FromHalfFn f16_to_f32, bf16_to_f32;
 };

@@ -8,6 +8,7 @@
 //   Adagrad:    read p,g,s    write p,s    [+ copy]  =  8 + G +  8 (+ C)
 //   Lion:       read p,g,m    write p,m    [+ copy]  =  8 + G +  8 (+ C)
 // with G = grad bytes (4 or 2) and C = copy-out bytes (4, 2 or 0).
+//   Accumulate: read acc,g  write acc              =  8 + G
 //
 // Every element is computed by the same vector instructions wherever it sits:
 // the last partial vector is copied into a padded stack buffer, run through
@@ -284,6 +285,77 @@ bool CheckKernel(const void* g, size_t n, float scale) {
   return RangeFinite<A, GD>(g, n, scale);
 }
 
+// ---- Gradient accumulation -------------------------------------------------
+
+// acc[i] += float(grad[i]) over [0, n): per element 4 bytes of acc read and
+// written, G bytes of grad read. The widening is exact and the fp32 add
+// rounds once, so the result is the scalar loop's, bit for bit, on every ISA
+// (NaN + NaN may keep either payload; the result is NaN either way).
+template <class A, int GD>
+void AccumulateKernel(float* acc, const void* grad, size_t n) {
+  using B = BF<A>;
+  constexpr size_t W = B::size;
+  const size_t body = n / W * W;
+  // Two vectors per iteration: two independent load/add/store chains.
+  size_t i = 0;
+  for (; i + 2 * W <= body; i += 2 * W) {
+    const B a0 = B::load_unaligned(acc + i) + LoadGrad<A, GD>(grad, i);          // acc += g
+    const B a1 = B::load_unaligned(acc + i + W) + LoadGrad<A, GD>(grad, i + W);  // next vector
+    a0.store_unaligned(acc + i);
+    a1.store_unaligned(acc + i + W);
+  }
+  for (; i < body; i += W) (B::load_unaligned(acc + i) + LoadGrad<A, GD>(grad, i)).store_unaligned(acc + i);
+  const size_t rem = n - body;
+  if (rem == 0) return;
+  // Tail: the same vector add on a zero-padded copy.
+  alignas(64) float ta[W] = {};
+  alignas(64) float tg[W] = {};
+  std::memcpy(ta, acc + body, rem * 4);
+  std::memcpy(tg, static_cast<const char*>(grad) + body * GradBytes(GD), rem * GradBytes(GD));
+  (B::load_aligned(ta) + LoadGrad<A, GD>(tg, 0)).store_aligned(ta);
+  std::memcpy(acc + body, ta, rem * 4);
+}
+
+// The gradient's raw bits, one element per 32-bit lane (16-bit ones
+// zero-extended): the same bytes LoadGrad reads, without converting them.
+template <class A, int GD>
+inline BI<A> LoadGradBits(const void* g, size_t i) {
+  if constexpr (GD == 0) {
+    return BI<A>::load_unaligned(static_cast<const int32_t*>(g) + i);
+  } else {
+    return ArchIO<A>::LoadU16(static_cast<const uint16_t*>(g) + i);
+  }
+}
+
+// The roofline of accumulation (benchmark only): the same loads and stores,
+// acc_bits |= grad_bits & zero with a zero the compiler cannot see through,
+// so that the loads are kept. acc keeps its bits.
+template <class A, int GD>
+void AccumulateRooflineKernel(float* acc, const void* grad, size_t n) {
+  using I = BI<A>;
+  constexpr size_t W = I::size;
+  static volatile int32_t opaque_zero = 0;
+  const I zero(opaque_zero);
+  int32_t* const a = reinterpret_cast<int32_t*>(acc);
+  const size_t body = n / W * W;
+  size_t i = 0;
+  for (; i + 2 * W <= body; i += 2 * W) {
+    const I a0 = I::load_unaligned(a + i) | (LoadGradBits<A, GD>(grad, i) & zero);
+    const I a1 = I::load_unaligned(a + i + W) | (LoadGradBits<A, GD>(grad, i + W) & zero);
+    a0.store_unaligned(a + i);
+    a1.store_unaligned(a + i + W);
+  }
+  for (; i < body; i += W) (I::load_unaligned(a + i) | (LoadGradBits<A, GD>(grad, i) & zero)).store_unaligned(a + i);
+  const size_t rem = n - body;
+  if (rem == 0) return;
+  alignas(64) int32_t ta[W] = {};
+  alignas(64) int32_t tg[W] = {};
+  std::memcpy(ta, a + body, rem * 4);
+  std::memcpy(tg, static_cast<const char*>(grad) + body * GradBytes(GD), rem * GradBytes(GD));
+  (I::load_aligned(ta) | (LoadGradBits<A, GD>(tg, 0) & zero)).store_aligned(ta);
+  std::memcpy(a + body, ta, rem * 4);
+}
+
 // Conversions over arrays (for tests).
 template <class A>
 void ToHalfArray(const float* in, uint16_t* out, size_t n) {
@@ -352,6 +424,12 @@ KernelTable MakeTable(std::string_view isa) {
   t.check[0] = &CheckKernel<A, 0>;
   t.check[1] = &CheckKernel<A, 1>;
   t.check[2] = &CheckKernel<A, 2>;
+  t.accumulate[0] = &AccumulateKernel<A, 0>;
+  t.accumulate[1] = &AccumulateKernel<A, 1>;
+  t.accumulate[2] = &AccumulateKernel<A, 2>;
+  t.accumulate_roofline[0] = &AccumulateRooflineKernel<A, 0>;
+  t.accumulate_roofline[1] = &AccumulateRooflineKernel<A, 1>;
+  t.accumulate_roofline[2] = &AccumulateRooflineKernel<A, 2>;
   t.f32_to_f16 = &ToHalfArray<A>;
   t.f32_to_bf16 = &ToBf16Array<A>;
   t.f16_to_f32 = &FromHalfArray<A, 1>;

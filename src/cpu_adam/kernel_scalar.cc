@@ -3,9 +3,12 @@
 // on an x86-64 without SSE4.2 and the "plain loop" baseline of `strata bench
 // adam`. Same order of operations as kernel_impl.h, with each fma written as
 // a multiply and an add — which is exactly what xsimd does on SSE4.2, so the
-// SSE4.2 kernels and these give bitwise-equal results (tested).
+// SSE4.2 kernels and these give bitwise-equal results (tested). The
+// accumulation loop here is the reference every ISA's accumulate[] must
+// match bit for bit.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "src/common/half.h"
 #include "src/cpu_adam/kernel.h"
@@ -79,6 +82,28 @@ bool ScalarFinite(const void* g, size_t n, float scale) {
   return acc == acc;
 }
 
+// The reference accumulation: acc[i] += float(grad[i]), one element at a time.
+template <int GD>
+void ScalarAccumulate(float* acc, const void* grad, size_t n) {
+  for (size_t i = 0; i < n; ++i) acc[i] += LoadG<GD>(grad, i);
+}
+
+// Its roofline (see kernel.h): acc_bits |= grad_bits & an opaque zero.
+template <int GD>
+void ScalarAccumulateRoofline(float* acc, const void* grad, size_t n) {
+  static volatile uint32_t opaque_zero = 0;
+  const uint32_t zero = opaque_zero;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t g;
+    if constexpr (GD == 0) std::memcpy(&g, static_cast<const float*>(grad) + i, 4);
+    else g = static_cast<const uint16_t*>(grad)[i];
+    uint32_t x;
+    std::memcpy(&x, acc + i, 4);
+    x |= g & zero;
+    std::memcpy(acc + i, &x, 4);
+  }
+}
+
 template <KernelOp OP, int GD, CopyOut CO>
 bool ScalarRun(const KernelArgs& a, bool check_finite) {
   if (!check_finite) {
@@ -124,6 +149,12 @@ KernelTable Make() {
   t.check[0] = &ScalarFinite<0>;
   t.check[1] = &ScalarFinite<1>;
   t.check[2] = &ScalarFinite<2>;
+  t.accumulate[0] = &ScalarAccumulate<0>;
+  t.accumulate[1] = &ScalarAccumulate<1>;
+  t.accumulate[2] = &ScalarAccumulate<2>;
+  t.accumulate_roofline[0] = &ScalarAccumulateRoofline<0>;
+  t.accumulate_roofline[1] = &ScalarAccumulateRoofline<1>;
+  t.accumulate_roofline[2] = &ScalarAccumulateRoofline<2>;
   t.f32_to_f16 = [](const float* in, uint16_t* out, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = FloatToHalfBits(in[i]);
   };
