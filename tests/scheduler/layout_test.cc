@@ -188,8 +188,9 @@ TEST(LayoutTest, RandomLayoutsSliceEveryElementOnce) {
     const int modules = 1 + static_cast<int>(rng() % 6);
     const int params = 1 + static_cast<int>(rng() % 12);
     for (int i = 0; i < params; ++i)
-      recs.push_back(Rec(std::string("p").append(std::to_string(i)), 1 + static_cast<int64_t>(rng() % 3000),
-                         kTypes[rng() % 3], static_cast<int>(rng() % modules)));
+      recs.push_back(Rec(std::string("p").append(std::to_string(i)),
+                         1 + static_cast<int64_t>(rng() % 3000), kTypes[rng() % 3],
+                         static_cast<int>(rng() % modules)));
     LayoutOptions o;
     o.sub_group_size = 1 + static_cast<int64_t>(rng() % 2500);
     o.params_offloaded = true;

@@ -99,14 +99,14 @@ class FetcherTest : public ::testing::TestWithParam<OffloadDevice> {
     init_ = testing::RandomInit(layout_, rng);
     store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
     ASSERT_OK(testing::OpenStore(*store_, cfg_, layout_, init_));
-    fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_,
-                                              &gate_, fo);
+    fetcher_ =
+        std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, &gate_, fo);
     ASSERT_OK(fetcher_->Init());
   }
   // A new fetcher (and trace) with other options.
   void Refetcher(FetchOptions fo) {
-    fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_,
-                                              &gate_, fo);
+    fetcher_ =
+        std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, &gate_, fo);
     ASSERT_OK(fetcher_->Init());
   }
   void TearDown() override {
@@ -221,8 +221,8 @@ TEST_P(FetcherTest, UpdatedModulesComeFromTheNextParameters) {
   std::vector<std::vector<uint8_t>> updated;
   for (int id : layout_.module(2).params) {
     const ParamRec& p = layout_.param(id);
-    updated.push_back(ToBytes(::strata::testing::RandomFloats(rng, static_cast<size_t>(p.numel)),
-                              p.dtype));
+    updated.push_back(
+        ToBytes(::strata::testing::RandomFloats(rng, static_cast<size_t>(p.numel)), p.dtype));
     std::memcpy(store_->next_params() + p.byte_off, updated.back().data(), updated.back().size());
   }
   gate_.reading = true;
@@ -241,8 +241,8 @@ TEST_P(FetcherTest, PrefetchFollowsTheRecordedTraceWithinTheBucket) {
   const std::vector<int> order = {3, 1, 4, 0, 5, 2};
   // Room in the bucket for the next two modules of the trace, not a third.
   FetchOptions fo = Unlimited();
-  fo.prefetch_bucket_elems = layout_.module(1).elems() + layout_.module(4).elems() +
-                             layout_.module(0).elems() - 1;
+  fo.prefetch_bucket_elems =
+      layout_.module(1).elems() + layout_.module(4).elems() + layout_.module(0).elems() - 1;
   ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
   ASSERT_NO_FATAL_FAILURE(Record(order));  // six misses
   ASSERT_NO_FATAL_FAILURE(Use(3, false));  // a miss
@@ -278,8 +278,8 @@ TEST_P(FetcherTest, PrefetchStopsAtTheLiveLimitAndAtAStepNotYetThere) {
   const std::vector<int> order = {0, 1, 2, 3, 4, 5};
   FetchOptions fo = Unlimited();
   // Module 0 in use plus 1 and 2: the limit; 3 would pass it.
-  fo.max_live_elems = layout_.module(0).elems() + layout_.module(1).elems() +
-                      layout_.module(2).elems();
+  fo.max_live_elems =
+      layout_.module(0).elems() + layout_.module(1).elems() + layout_.module(2).elems();
   ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
   ASSERT_NO_FATAL_FAILURE(Record(order));
   ASSERT_NO_FATAL_FAILURE(Use(0, false));

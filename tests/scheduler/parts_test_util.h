@@ -83,10 +83,11 @@ inline Config StoreConfig(OffloadDevice opt, OffloadDevice par, const std::strin
 
 // Opens and initializes a StateStore for `config` over `layout` (NVMe
 // capacity as the planner computes it).
-inline Status OpenStore(StateStore& store, const Config& config, const Layout& layout,
-                        const std::vector<std::vector<float>>& init,
-                        const std::function<std::unique_ptr<nvme::IoEngine>(
-                            std::unique_ptr<nvme::IoEngine>)>& wrap = {}) {
+inline Status OpenStore(
+    StateStore& store, const Config& config, const Layout& layout,
+    const std::vector<std::vector<float>>& init,
+    const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap =
+        {}) {
   TierFacts facts;
   facts.nvme_paths = UsedNvmePaths(config);
   const TierPlan plan =

@@ -129,8 +129,8 @@ TEST(PlanTest, EachTierOverBudgetFailsAtTheBoundary) {
       EXPECT_EQ(plan.fits, avail == need) << avail;
       const std::string table = OverBudgetTable(plan, pl, s);
       // "<-- over" on the tier's row only, and only when it is over.
-      for (const std::string& row : {std::string("hbm"), std::string("pinned"),
-                                     std::string("nvme"), std::string("dram")}) {
+      for (const std::string& row :
+           {std::string("hbm"), std::string("pinned"), std::string("nvme"), std::string("dram")}) {
         const size_t at = table.find("\n  " + row + " ");
         ASSERT_NE(at, std::string::npos) << row;
         const std::string line = table.substr(at + 1, table.find('\n', at + 1) - at - 1);
@@ -238,10 +238,8 @@ TEST(PlanTest, DelayedParamUpdateAddsTheSecondAccumulator) {
   EXPECT_EQ(Needed(plan, "dram"), before + 4 * 1001);
   EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("second gradient accumulator"));
   // Nothing else moves.
-  EXPECT_EQ(Needed(plan, "hbm"), Needed(ComputeTierPlan(Place(OffloadDevice::kCpu,
-                                                              OffloadDevice::kCpu),
-                                                        s, {}),
-                                        "hbm"));
+  EXPECT_EQ(Needed(plan, "hbm"),
+            Needed(ComputeTierPlan(Place(OffloadDevice::kCpu, OffloadDevice::kCpu), s, {}), "hbm"));
 }
 
 TEST(PlanTest, SizesOfABuiltLayout) {
@@ -256,7 +254,7 @@ TEST(PlanTest, SizesOfABuiltLayout) {
   const Layout l = Layout::Build(recs, o);
   const LayoutSizes s = LayoutSizes::Of(l);
   EXPECT_EQ(s.total_elems, 237);
-  EXPECT_EQ(s.total_param_bytes, 8192);  // module 1 starts at 4096, ends at 4096 + 512 + 256
+  EXPECT_EQ(s.total_param_bytes, 8192);      // module 1 starts at 4096, ends at 4096 + 512 + 256
   EXPECT_EQ(s.persistent_param_bytes, 256);  // module 0: 30 < 50 elements
   EXPECT_EQ(s.max_module_bytes, 768);
   EXPECT_EQ(s.max_group_elems, 100);
