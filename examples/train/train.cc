@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -154,6 +155,12 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
                                      window.optimizer_s, window.nvme_busy_s});
     window.overlap_efficiency =
         window.step_time_s > 0 ? std::min(1.0, busiest / window.step_time_s) : 0.0;
+    // The engine's bound, over the window (rates are the last Step()'s).
+    const StepBound bound = BoundOf(window);
+    window.bound_s = bound.seconds;
+    window.bound_by = bound.by;
+    window.bound_efficiency =
+        window.step_time_s > 0 ? std::min(1.0, bound.seconds / window.step_time_s) : 0.0;
     r.total_time_s += window.step_time_s;
     r.losses.push_back(loss_sum / static_cast<double>(config.gradient_accumulation_steps));
     r.steps.push_back(window);
@@ -181,6 +188,22 @@ double MedianOverlap(const TrainResult& r) {
   return Median(v);
 }
 
+double MedianBoundEfficiency(const TrainResult& r) {
+  std::vector<double> v;
+  for (const StepStats* s : SteadySteps(r)) v.push_back(s->bound_efficiency);
+  return Median(v);
+}
+
+std::string MostCommonBound(const TrainResult& r) {
+  std::map<std::string, int> count;
+  for (const StepStats* s : SteadySteps(r)) ++count[s->bound_by];
+  std::string best;
+  int n = 0;
+  for (const auto& [by, c] : count)
+    if (c > n) best = by, n = c;
+  return best;
+}
+
 std::string ResultJson(const TrainResult& r) {
   const double step_time = MedianStepTime(r);
   json j;
@@ -199,6 +222,13 @@ std::string ResultJson(const TrainResult& r) {
   j["tokens_per_step"] = r.tokens_per_step;
   j["tokens_per_s"] = step_time > 0 ? static_cast<double>(r.tokens_per_step) / step_time : 0.0;
   j["overlap_efficiency"] = MedianOverlap(r);
+  j["bound_efficiency"] = MedianBoundEfficiency(r);
+  j["bound_by"] = MostCommonBound(r);
+  if (!r.steps.empty()) {
+    j["h2d_gbytes_per_s"] = r.steps.back().h2d_gbytes_per_s;
+    j["d2h_gbytes_per_s"] = r.steps.back().d2h_gbytes_per_s;
+    j["nvme_gbytes_per_s"] = r.steps.back().nvme_gbytes_per_s;
+  }
   j["skipped_steps"] = r.skipped_steps;
   j["hbm_high_water_bytes"] = r.hbm_high_water_bytes;
   j["pinned_high_water_bytes"] = r.pinned_high_water_bytes;
@@ -222,6 +252,9 @@ std::string ResultJson(const TrainResult& r) {
                         {"nvme_busy_s", s.nvme_busy_s},
                         {"pcie_busy_s", s.pcie_busy_s},
                         {"overlap_efficiency", s.overlap_efficiency},
+                        {"bound_s", s.bound_s},
+                        {"bound_efficiency", s.bound_efficiency},
+                        {"bound_by", s.bound_by},
                         {"grad_norm", s.grad_norm},
                         {"loss_scale", s.loss_scale}});
   j["per_step"] = per_step;
@@ -258,6 +291,15 @@ std::string ResultTable(const TrainResult& r) {
                 "  overlap           %.2f (busiest of compute, PCIe, CPU optimizer, NVMe / step time; median)\n",
                 MedianOverlap(r));
   o << buf;
+  if (!r.steps.empty()) {
+    const StepStats& l = r.steps.back();
+    std::snprintf(buf, sizeof(buf),
+                  "  bound             %.2f of the step (lower bound / step time; median), bound by "
+                  "%s (h2d %.1f GB/s, d2h %.1f GB/s, nvme %.2f GB/s)\n",
+                  MedianBoundEfficiency(r), MostCommonBound(r).c_str(), l.h2d_gbytes_per_s,
+                  l.d2h_gbytes_per_s, l.nvme_gbytes_per_s);
+    o << buf;
+  }
   if (r.skipped_steps) o << "  skipped steps     " << r.skipped_steps << " (fp16 overflow)\n";
   const double t = r.total_time_s > 0 ? r.total_time_s : 1;
   o << "  link              bytes moved      GB/s\n";

@@ -52,6 +52,10 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
 // Medians and summary figures of a result.
 double MedianStepTime(const TrainResult& r);
 double MedianOverlap(const TrainResult& r);
+// Median of the steady steps' bound_s / step time, and the component that
+// bounds most of them (StepBound).
+double MedianBoundEfficiency(const TrainResult& r);
+std::string MostCommonBound(const TrainResult& r);
 
 // The `--json` object (keys: final_loss, initial_loss, steps, step_time_s,
 // overlap_efficiency, tokens_per_s, hbm_high_water_bytes,

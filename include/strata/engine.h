@@ -90,7 +90,29 @@ struct StepStats {
   int64_t trace_rerecords = 0;     // times the fetch order changed
   // max(busy of compute, PCIe, CPU optimizer, NVMe) / step time.
   double overlap_efficiency = 0.0;
+  // The rates the bound below uses: pinned host<->device copy rates measured
+  // by Plan(), and the best NVMe rate the engine has seen (bytes while
+  // requests were in flight / that time; 0 without an NVMe tier).
+  double h2d_gbytes_per_s = 0.0;
+  double d2h_gbytes_per_s = 0.0;
+  double nvme_gbytes_per_s = 0.0;
+  // A lower bound for the step's time (StepBound): the busiest resource as if
+  // it had worked flat out all step, and bound_s / step_time_s.
+  double bound_s = 0.0;
+  double bound_efficiency = 0.0;
+  const char* bound_by = "";  // "compute", "pcie_h2d", "pcie_d2h", "cpu_optimizer", "nvme"
 };
+
+// The step's lower bound from its statistics: max(compute_s, pcie_h2d_bytes /
+// h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, (nvme_read_bytes +
+// nvme_written_bytes) / nvme rate), and which term it is. Terms whose rate is
+// 0 are left out. For a window of several Step() calls, sum the busy times
+// and bytes first.
+struct StepBound {
+  double seconds = 0.0;
+  const char* by = "";
+};
+StepBound BoundOf(const StepStats& stats);
 
 // Needed vs available bytes per tier, from the placement (Plan()).
 struct TierBudget {

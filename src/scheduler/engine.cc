@@ -267,6 +267,13 @@ Status EngineImpl::Plan() {
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
 
+  // The pinned link rates the step bound uses (a few MiB each way).
+  const int64_t probe = std::min<int64_t>(
+      int64_t{16} << 20, static_cast<int64_t>(dev_->Stats().largest_free_bytes) / 2 / 4096 * 4096);
+  if (probe >= (int64_t{64} << 10)) {
+    ASSIGN_OR_RETURN(scheduler::LinkRates rates, scheduler::MeasureLinkRates(dev_.get(), probe));
+    counters_.SetLinkRates(rates.h2d_gbytes_per_s, rates.d2h_gbytes_per_s);
+  }
   grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, &counters_);
   RETURN_IF_ERROR(grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_));
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
@@ -279,6 +286,7 @@ Status EngineImpl::Plan() {
   fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, this,
                                             fo);
   RETURN_IF_ERROR(fetcher_->Init());
+  const int64_t init0 = NowNanos();
   RETURN_IF_ERROR(store_->Initialize(
       [&](int id, std::vector<float>& scratch) -> std::span<const float> {
         const Registration& r = regs_[static_cast<size_t>(id)];
@@ -287,6 +295,9 @@ Status EngineImpl::Plan() {
         r.initializer(scratch);
         return scratch;
       }));
+  if (store_->initial_nvme_bytes() > 0)
+    counters_.NoteNvmeRate(static_cast<double>(store_->initial_nvme_bytes()) /
+                           std::max<double>(static_cast<double>(NowNanos() - init0), 1.0));
   planned_ = true;
   // Parameters are no longer needed in registration form.
   for (Registration& r : regs_) {

@@ -223,6 +223,7 @@ Status StateStore::Initialize(
           swap_->Write(StateShard(g, 0), 0, group_state.data(), static_cast<size_t>(bytes));
       RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
       counters_->AddNvmeWritten(bytes);
+      initial_nvme_bytes_ += bytes;
     }
   }
   // Publish the initial parameters.
@@ -248,6 +249,7 @@ Status StateStore::Initialize(
             swap_->Write(ModuleShard(m, 0), 0, next + me.byte_begin, static_cast<size_t>(bytes));
         RETURN_IF_ERROR(h.Wait().WithContext("initializing parameters on NVMe"));
         counters_->AddNvmeWritten(bytes);
+        initial_nvme_bytes_ += bytes;
       }
       break;
   }

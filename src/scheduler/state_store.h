@@ -96,6 +96,8 @@ class StateStore {
   // the parameters are published to where the device fetches them.
   Status Initialize(
       const std::function<std::span<const float>(int id, std::vector<float>& scratch)>& master_of);
+  // Bytes Initialize() wrote to NVMe (a first measure of the disk's rate).
+  int64_t initial_nvme_bytes() const { return initial_nvme_bytes_; }
   // Closes the swap store (removes its files).
   Status Close();
 
@@ -178,6 +180,7 @@ class StateStore {
   std::unique_ptr<gpu::Event> params_uploaded_;
   bool mirror_params_ = false;      // offload_param none: host_params_ mirrors the device
   std::vector<int> module_version_;  // per module, nvme: active version
+  int64_t initial_nvme_bytes_ = 0;
 
   std::unique_ptr<gpu::PinnedPool> opt_pool_, param_pool_;
   std::unique_ptr<nvme::IoService> io_;

@@ -1,6 +1,7 @@
 #include "src/scheduler/step_stats.h"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -92,6 +93,16 @@ void StepCounters::EndWindow(int64_t now, StepStats* st) {
   const double busiest = std::max({st->compute_s, st->pcie_busy_s + st->grad_offload_s,
                                    st->optimizer_s, st->nvme_busy_s});
   st->overlap_efficiency = st->step_time_s > 0 ? std::min(1.0, busiest / st->step_time_s) : 0;
+  const int64_t nvme_bytes = st->nvme_read_bytes + st->nvme_written_bytes;
+  if (st->nvme_busy_s > 1e-3 && nvme_bytes > 0)
+    NoteNvmeRate(static_cast<double>(nvme_bytes) / st->nvme_busy_s * 1e-9);
+  st->h2d_gbytes_per_s = h2d_rate_;
+  st->d2h_gbytes_per_s = d2h_rate_;
+  st->nvme_gbytes_per_s = nvme_rate_;
+  const StepBound bound = BoundOf(*st);
+  st->bound_s = bound.seconds;
+  st->bound_by = bound.by;
+  st->bound_efficiency = st->step_time_s > 0 ? std::min(1.0, bound.seconds / st->step_time_s) : 0;
   compute_ns_ = fetch_wait_ns_ = optimizer_wait_ns_ = 0;
   prefetch_hits_ = fetch_misses_ = 0;
   window_start_ns_ = now;
@@ -123,8 +134,59 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
                       {"fetch_misses", s.fetch_misses},
                       {"trace_rerecords", s.trace_rerecords},
                       {"overlap_efficiency", s.overlap_efficiency},
+                      {"h2d_gbytes_per_s", s.h2d_gbytes_per_s},
+                      {"d2h_gbytes_per_s", s.d2h_gbytes_per_s},
+                      {"nvme_gbytes_per_s", s.nvme_gbytes_per_s},
+                      {"bound_s", s.bound_s},
+                      {"bound_efficiency", s.bound_efficiency},
+                      {"bound_by", s.bound_by},
                       {"device", device}};
   return j.dump();
 }
 
+StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
+  gpu::PinnedPoolOptions popts;
+  popts.classes.push_back({static_cast<size_t>(bytes), 1});
+  popts.allow_pageable_fallback = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::PinnedPool> pool, gpu::PinnedPool::Create(popts, device));
+  ASSIGN_OR_RETURN(gpu::PinnedBuffer host, pool->Acquire(static_cast<size_t>(bytes)));
+  std::memset(host.data(), 1, static_cast<size_t>(bytes));
+  ASSIGN_OR_RETURN(gpu::DeviceBuffer dev, device->Allocate(static_cast<size_t>(bytes)));
+  LinkRates r;
+  for (int rep = 0; rep < 3; ++rep) {
+    for (bool h2d : {true, false}) {
+      gpu::Stream& s = h2d ? device->h2d() : device->d2h();
+      const int64_t t0 = NowNanos();
+      RETURN_IF_ERROR(h2d ? device->CopyH2D(dev.data(), host.data(), static_cast<size_t>(bytes), s)
+                          : device->CopyD2H(host.data(), dev.data(), static_cast<size_t>(bytes), s));
+      RETURN_IF_ERROR(s.Synchronize());
+      const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+      double& best = h2d ? r.h2d_gbytes_per_s : r.d2h_gbytes_per_s;
+      best = std::max(best, static_cast<double>(bytes) / secs * 1e-9);
+    }
+  }
+  return r;
+}
+
 }  // namespace strata::scheduler
+
+namespace strata {
+
+StepBound BoundOf(const StepStats& s) {
+  StepBound b{s.compute_s, "compute"};
+  auto consider = [&](double seconds, const char* by) {
+    if (seconds > b.seconds) b = {seconds, by};
+  };
+  if (s.h2d_gbytes_per_s > 0)
+    consider(static_cast<double>(s.pcie_h2d_bytes) / (s.h2d_gbytes_per_s * 1e9), "pcie_h2d");
+  if (s.d2h_gbytes_per_s > 0)
+    consider(static_cast<double>(s.pcie_d2h_bytes) / (s.d2h_gbytes_per_s * 1e9), "pcie_d2h");
+  consider(s.optimizer_s, "cpu_optimizer");
+  if (s.nvme_gbytes_per_s > 0)
+    consider(static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) /
+                 (s.nvme_gbytes_per_s * 1e9),
+             "nvme");
+  return b;
+}
+
+}  // namespace strata

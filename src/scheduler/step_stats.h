@@ -9,6 +9,7 @@
 // hook and window calls are the caller's (main) thread only.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -58,10 +59,19 @@ class StepCounters {
   void CountPrefetchHit() { ++prefetch_hits_; }
   void CountFetchMiss() { ++fetch_misses_; }
   void StartWindow(int64_t now_ns) { window_start_ns_ = now_ns; }
+  // The rates of the step bound (StepStats::*_gbytes_per_s): the pinned link
+  // rates (MeasureLinkRates) and a first NVMe rate; later windows raise the
+  // NVMe rate to the best they see.
+  void SetLinkRates(double h2d_gbytes_per_s, double d2h_gbytes_per_s) {
+    h2d_rate_ = h2d_gbytes_per_s;
+    d2h_rate_ = d2h_gbytes_per_s;
+  }
+  void NoteNvmeRate(double gbytes_per_s) { nvme_rate_ = std::max(nvme_rate_, gbytes_per_s); }
 
-  // Fills the time, byte and fetch fields of *st for the window ending at
-  // now_ns, and starts the next window. overlap_efficiency is max(busy of
-  // compute, PCIe + gradient offload, CPU optimizer, NVMe) / step time.
+  // Fills the time, byte, fetch, rate and bound fields of *st for the window
+  // ending at now_ns, and starts the next window. overlap_efficiency is
+  // max(busy of compute, PCIe + gradient offload, CPU optimizer, NVMe) / step
+  // time; the bound is BoundOf(*st).
   void EndWindow(int64_t now_ns, StepStats* st) EXCLUDES(mu_);
 
   // Total length covered by a set of [begin, end) intervals (overlaps once).
@@ -81,7 +91,16 @@ class StepCounters {
   int64_t fetch_wait_ns_ = 0;
   int64_t optimizer_wait_ns_ = 0;
   int64_t prefetch_hits_ = 0, fetch_misses_ = 0;
+  double h2d_rate_ = 0, d2h_rate_ = 0, nvme_rate_ = 0;  // GB/s
 };
+
+struct LinkRates {
+  double h2d_gbytes_per_s = 0;
+  double d2h_gbytes_per_s = 0;
+};
+// Times pinned host<->device copies of `bytes` on the device's copy streams
+// (best of a few, each direction alone). Needs `bytes` free in the arena.
+StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes);
 
 // The JSON object of Engine::StatsJson.
 std::string StepStatsJson(const StepStats& s, const std::string& device);

@@ -74,6 +74,14 @@ TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
                             "hbm_high_water_bytes", "nvme_read_bytes", "nvme_written_bytes", "pcie_h2d_bytes",
                             "pcie_d2h_bytes", "device", "losses", "tokens_per_s"})
       EXPECT_TRUE(j.contains(key)) << key;
+    // The step bound: a fraction of the step, named by its component, with
+    // the link rates measured at Plan().
+    EXPECT_GT(j["bound_efficiency"].get<double>(), 0.0);
+    EXPECT_LE(j["bound_efficiency"].get<double>(), 1.0);
+    EXPECT_THAT(j["bound_by"].get<std::string>(),
+                ::testing::AnyOf("compute", "pcie_h2d", "pcie_d2h", "cpu_optimizer", "nvme"));
+    EXPECT_GT(j["h2d_gbytes_per_s"].get<double>(), 0.0);
+    EXPECT_GT(j["per_step"][1]["bound_s"].get<double>(), 0.0);
     EXPECT_EQ(j["steps"], 3);
     EXPECT_EQ(j["losses"].size(), 3u);
     EXPECT_EQ(j["device"], "host");

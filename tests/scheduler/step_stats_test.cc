@@ -1,0 +1,79 @@
+// StepCounters and the step bound: pure arithmetic on hand-made figures.
+#include "src/scheduler/step_stats.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "strata/engine.h"
+
+namespace strata {
+namespace {
+
+TEST(StepBoundTest, TakesTheBusiestResource) {
+  StepStats s;
+  s.compute_s = 0.10;
+  s.optimizer_s = 0.05;
+  s.pcie_h2d_bytes = 2'000'000'000;  // 0.2 s at 10 GB/s
+  s.h2d_gbytes_per_s = 10;
+  s.pcie_d2h_bytes = 1'000'000'000;  // 0.05 s at 20 GB/s
+  s.d2h_gbytes_per_s = 20;
+  s.nvme_read_bytes = 300'000'000;  // (0.3 + 0.2) GB at 2 GB/s = 0.25 s
+  s.nvme_written_bytes = 200'000'000;
+  s.nvme_gbytes_per_s = 2;
+  StepBound b = BoundOf(s);
+  EXPECT_DOUBLE_EQ(b.seconds, 0.25);
+  EXPECT_STREQ(b.by, "nvme");
+  s.nvme_gbytes_per_s = 4;  // nvme 0.125 s: the link is the bound now
+  b = BoundOf(s);
+  EXPECT_DOUBLE_EQ(b.seconds, 0.2);
+  EXPECT_STREQ(b.by, "pcie_h2d");
+  s.optimizer_s = 0.3;
+  EXPECT_STREQ(BoundOf(s).by, "cpu_optimizer");
+  s.compute_s = 0.31;
+  EXPECT_STREQ(BoundOf(s).by, "compute");
+}
+
+TEST(StepBoundTest, TermsWithoutARateAreLeftOut) {
+  StepStats s;
+  s.compute_s = 0.01;
+  s.pcie_h2d_bytes = 1 << 30;
+  s.nvme_read_bytes = 1 << 30;
+  const StepBound b = BoundOf(s);  // no rates known: compute only
+  EXPECT_DOUBLE_EQ(b.seconds, 0.01);
+  EXPECT_STREQ(b.by, "compute");
+}
+
+TEST(StepCountersTest, UnionLengthCountsOverlapsOnce) {
+  using scheduler::StepCounters;
+  EXPECT_EQ(StepCounters::UnionLength({}), 0);
+  EXPECT_EQ(StepCounters::UnionLength({{10, 20}, {15, 30}, {40, 45}, {0, 5}}), 5 + 20 + 5);
+  EXPECT_EQ(StepCounters::UnionLength({{0, 100}, {10, 20}, {30, 40}}), 100);
+}
+
+TEST(StepCountersTest, EndWindowFillsRatesAndBound) {
+  scheduler::StepCounters c(false);
+  c.SetLinkRates(1.0, 2.0);
+  c.NoteNvmeRate(0.5);
+  c.NoteNvmeRate(0.25);  // only the best rate counts
+  c.StartWindow(0);
+  c.AddCopyBytes(scheduler::Link::kH2D, 500'000'000);  // 0.5 s at 1 GB/s
+  c.AddOptimizerBusy(100'000'000);                     // 0.1 s
+  StepStats st;
+  c.EndWindow(1'000'000'000, &st);  // a 1 s window
+  EXPECT_DOUBLE_EQ(st.step_time_s, 1.0);
+  EXPECT_DOUBLE_EQ(st.h2d_gbytes_per_s, 1.0);
+  EXPECT_DOUBLE_EQ(st.d2h_gbytes_per_s, 2.0);
+  EXPECT_DOUBLE_EQ(st.nvme_gbytes_per_s, 0.5);
+  EXPECT_DOUBLE_EQ(st.bound_s, 0.5);
+  EXPECT_STREQ(st.bound_by, "pcie_h2d");
+  EXPECT_DOUBLE_EQ(st.bound_efficiency, 0.5);
+  // The next window starts empty.
+  StepStats next;
+  c.EndWindow(2'000'000'000, &next);
+  EXPECT_EQ(next.pcie_h2d_bytes, 0);
+  EXPECT_DOUBLE_EQ(next.bound_s, 0.0);
+}
+
+}  // namespace
+}  // namespace strata
