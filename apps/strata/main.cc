@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
 
   CliResult result;
   CLI::App* bench =
-      app.add_subcommand("bench", "Measure CPU Adam, NVMe or PCIe against a baseline");
+      app.add_subcommand("bench", "Measure CPU Adam, gradient accumulation, NVMe or PCIe against a baseline");
   bench->require_subcommand(1);
   CLI::App* tune = app.add_subcommand("tune", "Sweep settings and print the best config section");
   tune->require_subcommand(1);

@@ -523,15 +523,16 @@ struct PreparedAccumulate {
 };
 
 std::string AccumulateShardName(size_t i, const AccumulateShard& s) {
-  return "cpu_adam: accumulate shard " + std::to_string(i) + " (count " + std::to_string(s.count) + ", grad " +
-         (IsValidDType(s.grad_dtype) ? std::string(DTypeName(s.grad_dtype)) : "?") + ")";
+  return "cpu_adam: accumulate shard " + std::to_string(i) + " (count " + std::to_string(s.count) +
+         ", grad " + (IsValidDType(s.grad_dtype) ? std::string(DTypeName(s.grad_dtype)) : "?") +
+         ")";
 }
 
 // Checks every shard and that no shard's acc overlaps its own grad or any
 // other shard's acc or grad (grads may overlap each other: they are only
 // read). O(k log k) in the number of shards.
-Status PrepareAccumulate(std::span<const AccumulateShard> shards, const KernelTable& table, bool roofline,
-                         size_t block, std::vector<PreparedAccumulate>* out) {
+Status PrepareAccumulate(std::span<const AccumulateShard> shards, const KernelTable& table,
+                         bool roofline, size_t block, std::vector<PreparedAccumulate>* out) {
   out->clear();
   out->reserve(shards.size());
   struct AccRange {
@@ -543,10 +544,12 @@ Status PrepareAccumulate(std::span<const AccumulateShard> shards, const KernelTa
   for (size_t i = 0; i < shards.size(); ++i) {
     const AccumulateShard& s = shards[i];
     if (!IsValidDType(s.grad_dtype))
-      return InvalidArgumentError(AccumulateShardName(i, s) + ": grad_dtype is not fp32, fp16 or bf16");
+      return InvalidArgumentError(AccumulateShardName(i, s) +
+                                  ": grad_dtype is not fp32, fp16 or bf16");
     if (s.count == 0) continue;
     if (s.acc == nullptr) return InvalidArgumentError(AccumulateShardName(i, s) + ": acc is null");
-    if (s.grad == nullptr) return InvalidArgumentError(AccumulateShardName(i, s) + ": grad is null");
+    if (s.grad == nullptr)
+      return InvalidArgumentError(AccumulateShardName(i, s) + ": grad is null");
     PreparedAccumulate p;
     const int gd = static_cast<int>(s.grad_dtype);
     p.fn = roofline ? table.accumulate_roofline[gd] : table.accumulate[gd];
@@ -559,12 +562,14 @@ Status PrepareAccumulate(std::span<const AccumulateShard> shards, const KernelTa
     const auto lo = reinterpret_cast<uintptr_t>(s.acc);
     accs.push_back({lo, lo + s.count * 4, i});
   }
-  std::sort(accs.begin(), accs.end(), [](const AccRange& a, const AccRange& b) { return a.lo < b.lo; });
+  std::sort(accs.begin(), accs.end(),
+            [](const AccRange& a, const AccRange& b) { return a.lo < b.lo; });
   for (size_t k = 1; k < accs.size(); ++k) {
     if (accs[k].lo < accs[k - 1].hi) {
-      const size_t a = std::min(accs[k - 1].shard, accs[k].shard), b = std::max(accs[k - 1].shard, accs[k].shard);
-      return InvalidArgumentError("cpu_adam: accumulate shards " + std::to_string(a) + " and " + std::to_string(b) +
-                                  ": their acc arrays overlap");
+      const size_t a = std::min(accs[k - 1].shard, accs[k].shard),
+                   b = std::max(accs[k - 1].shard, accs[k].shard);
+      return InvalidArgumentError("cpu_adam: accumulate shards " + std::to_string(a) + " and " +
+                                  std::to_string(b) + ": their acc arrays overlap");
     }
   }
   // The acc ranges are now sorted and disjoint: a grad range [lo, hi) can
@@ -572,14 +577,17 @@ Status PrepareAccumulate(std::span<const AccumulateShard> shards, const KernelTa
   for (size_t i = 0; i < shards.size(); ++i) {
     const AccumulateShard& s = shards[i];
     if (s.count == 0) continue;
-    const auto lo = reinterpret_cast<uintptr_t>(s.grad), hi = lo + s.count * DTypeSize(s.grad_dtype);
-    auto it = std::lower_bound(accs.begin(), accs.end(), hi, [](const AccRange& a, uintptr_t v) { return a.lo < v; });
+    const auto lo = reinterpret_cast<uintptr_t>(s.grad),
+               hi = lo + s.count * DTypeSize(s.grad_dtype);
+    auto it = std::lower_bound(accs.begin(), accs.end(), hi,
+                               [](const AccRange& a, uintptr_t v) { return a.lo < v; });
     if (it == accs.begin()) continue;
     --it;
     if (it->hi > lo) {
-      if (it->shard == i) return InvalidArgumentError(AccumulateShardName(i, s) + ": acc and grad overlap");
-      return InvalidArgumentError("cpu_adam: accumulate shard " + std::to_string(i) + ": grad overlaps the acc of shard " +
-                                  std::to_string(it->shard));
+      if (it->shard == i)
+        return InvalidArgumentError(AccumulateShardName(i, s) + ": acc and grad overlap");
+      return InvalidArgumentError("cpu_adam: accumulate shard " + std::to_string(i) +
+                                  ": grad overlaps the acc of shard " + std::to_string(it->shard));
     }
   }
   return Status::Ok();
@@ -595,7 +603,8 @@ Status CpuOptimizer::Accumulate(float* acc, const void* grad, DType grad_dtype, 
 Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
   const size_t block = impl_->opt.block_elems;
   std::vector<PreparedAccumulate> prepared;
-  RETURN_IF_ERROR(PrepareAccumulate(shards, *impl_->table, impl_->opt.roofline_kernel, block, &prepared));
+  RETURN_IF_ERROR(
+      PrepareAccumulate(shards, *impl_->table, impl_->opt.roofline_kernel, block, &prepared));
   size_t total_elems = 0, total_blocks = 0;
   for (const PreparedAccumulate& p : prepared) {
     total_elems += p.count;
@@ -612,7 +621,8 @@ Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
   for (size_t k = 0; k < prepared.size(); ++k) first[k + 1] = first[k] + prepared[k].blocks;
   auto body = [&](const tbb::blocked_range<size_t>& r) {
     for (size_t gb = r.begin(); gb < r.end(); ++gb) {
-      const size_t k = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const size_t k =
+          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
       const PreparedAccumulate& p = prepared[k];
       const size_t off = (gb - first[k]) * block;
       p.fn(p.acc + off, p.grad + off * p.grad_bytes, std::min(block, p.count - off));
@@ -623,7 +633,8 @@ Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
       // Isolated: while waiting for its blocks this thread takes no task of
       // a concurrent step (which would delay the return of this call).
       tbb::this_task_arena::isolate([&] {
-        tbb::parallel_for(tbb::blocked_range<size_t>(0, total_blocks, 1), body, tbb::simple_partitioner());
+        tbb::parallel_for(tbb::blocked_range<size_t>(0, total_blocks, 1), body,
+                          tbb::simple_partitioner());
       });
     });
   } catch (const std::exception& e) {

@@ -137,7 +137,7 @@ struct AccumulateShard {
   float* acc = nullptr;        // count fp32 elements, updated in place
   const void* grad = nullptr;  // count elements of grad_dtype (read only)
   DType grad_dtype = DType::kFp32;
-  size_t count = 0;            // 0 is valid (nothing happens; pointers may be null)
+  size_t count = 0;  // 0 is valid: nothing happens, pointers may be null
 };
 
 // A step running on the optimizer's threads. Move-only; the destructor

@@ -304,7 +304,8 @@ void AccumulateKernel(float* acc, const void* grad, size_t n) {
     a0.store_unaligned(acc + i);
     a1.store_unaligned(acc + i + W);
   }
-  for (; i < body; i += W) (B::load_unaligned(acc + i) + LoadGrad<A, GD>(grad, i)).store_unaligned(acc + i);
+  for (; i < body; i += W)
+    (B::load_unaligned(acc + i) + LoadGrad<A, GD>(grad, i)).store_unaligned(acc + i);
   const size_t rem = n - body;
   if (rem == 0) return;
   // Tail: the same vector add on a zero-padded copy.
@@ -345,7 +346,8 @@ void AccumulateRooflineKernel(float* acc, const void* grad, size_t n) {
     a0.store_unaligned(a + i);
     a1.store_unaligned(a + i + W);
   }
-  for (; i < body; i += W) (I::load_unaligned(a + i) | (LoadGradBits<A, GD>(grad, i) & zero)).store_unaligned(a + i);
+  for (; i < body; i += W)
+    (I::load_unaligned(a + i) | (LoadGradBits<A, GD>(grad, i) & zero)).store_unaligned(a + i);
   const size_t rem = n - body;
   if (rem == 0) return;
   alignas(64) int32_t ta[W] = {};

@@ -95,8 +95,10 @@ void ScalarAccumulateRoofline(float* acc, const void* grad, size_t n) {
   const uint32_t zero = opaque_zero;
   for (size_t i = 0; i < n; ++i) {
     uint32_t g;
-    if constexpr (GD == 0) std::memcpy(&g, static_cast<const float*>(grad) + i, 4);
-    else g = static_cast<const uint16_t*>(grad)[i];
+    if constexpr (GD == 0)
+      std::memcpy(&g, static_cast<const float*>(grad) + i, 4);
+    else
+      g = static_cast<const uint16_t*>(grad)[i];
     uint32_t x;
     std::memcpy(&x, acc + i, 4);
     x |= g & zero;

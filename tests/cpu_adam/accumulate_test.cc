@@ -66,20 +66,25 @@ std::vector<uint8_t> RandomGrads(std::mt19937_64& rng, size_t n, DType gd) {
         break;
       case 3:  // quiet NaN with a payload
         bits32 = (r & 0x803fffffu) | 0x7fc00000u;
-        bits16 = static_cast<uint16_t>((r & (half ? 0x81ffu : 0x803fu)) | (half ? 0x7e00u : 0x7fc0u));
+        bits16 =
+            static_cast<uint16_t>((r & (half ? 0x81ffu : 0x803fu)) | (half ? 0x7e00u : 0x7fc0u));
         break;
       case 4:  // signaling NaN (payload non-zero, quiet bit clear)
         bits32 = (r & 0x803fffffu) | 0x7f800001u;
-        bits16 = static_cast<uint16_t>((r & (half ? 0x81ffu : 0x803fu)) | (half ? 0x7c01u : 0x7f81u));
+        bits16 =
+            static_cast<uint16_t>((r & (half ? 0x81ffu : 0x803fu)) | (half ? 0x7c01u : 0x7f81u));
         break;
       case 5:  // -0
         bits32 = 0x80000000u;
         bits16 = 0x8000u;
         break;
-      default: break;
+      default:
+        break;
     }
-    if (gd == DType::kFp32) std::memcpy(out.data() + i * 4, &bits32, 4);
-    else std::memcpy(out.data() + i * 2, &bits16, 2);
+    if (gd == DType::kFp32)
+      std::memcpy(out.data() + i * 4, &bits32, 4);
+    else
+      std::memcpy(out.data() + i * 2, &bits16, 2);
   }
   return out;
 }
@@ -91,12 +96,23 @@ std::vector<float> RandomAccs(std::mt19937_64& rng, size_t n) {
   std::uniform_int_distribution<int> kind(0, 31);
   for (float& x : a) {
     switch (kind(rng)) {
-      case 0: x = BitsFloat((static_cast<uint32_t>(rng()) & 0x807fffffu) | 1u); break;  // subnormal
-      case 1: x = -std::numeric_limits<float>::infinity(); break;
-      case 2: x = std::numeric_limits<float>::quiet_NaN(); break;
-      case 3: x = std::numeric_limits<float>::max(); break;
-      case 4: x = -0.f; break;
-      default: break;
+      case 0:
+        x = BitsFloat((static_cast<uint32_t>(rng()) & 0x807fffffu) | 1u);
+        break;  // subnormal
+      case 1:
+        x = -std::numeric_limits<float>::infinity();
+        break;
+      case 2:
+        x = std::numeric_limits<float>::quiet_NaN();
+        break;
+      case 3:
+        x = std::numeric_limits<float>::max();
+        break;
+      case 4:
+        x = -0.f;
+        break;
+      default:
+        break;
     }
   }
   return a;
@@ -114,9 +130,10 @@ std::string Hex(float f) {
 // kernel keeps the grad's payload where the scalar loop keeps acc's).
 ::testing::AssertionResult SameAsLoop(float got, float want, float acc_before, float g) {
   if (FloatBits(got) == FloatBits(want)) return ::testing::AssertionSuccess();
-  if (std::isnan(acc_before) && std::isnan(g) && std::isnan(got)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << Hex(got) << " want " << Hex(want) << " (acc " << Hex(acc_before)
-                                       << " + grad " << Hex(g) << ")";
+  if (std::isnan(acc_before) && std::isnan(g) && std::isnan(got))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "got " << Hex(got) << " want " << Hex(want) << " (acc "
+                                       << Hex(acc_before) << " + grad " << Hex(g) << ")";
 }
 
 // ---- Kernel tables ---------------------------------------------------------
@@ -125,7 +142,8 @@ std::vector<const KernelTable*> Tables() { return internal::UsableTables(); }
 
 std::string TableName(const ::testing::TestParamInfo<const KernelTable*>& info) {
   std::string n(info.param->isa);
-  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 }
 
@@ -167,8 +185,9 @@ TEST_P(AccumulateKernelTest, BitwiseEqualToScalarLoop) {
     const size_t gb = DTypeSize(gd);
     for (size_t n : sizes) {
       const size_t ao = off_dist(rng), go = off_dist(rng);
-      SCOPED_TRACE(std::string(t.isa) + " " + std::string(DTypeName(gd)) + " n=" + std::to_string(n) +
-                   " acc_off=" + std::to_string(ao) + " grad_off=" + std::to_string(go));
+      SCOPED_TRACE(std::string(t.isa) + " " + std::string(DTypeName(gd)) +
+                   " n=" + std::to_string(n) + " acc_off=" + std::to_string(ao) +
+                   " grad_off=" + std::to_string(go));
       const size_t guard = 8;
       const std::vector<uint8_t> g = RandomGrads(rng, n + go + guard, gd);
       const std::vector<float> before = RandomAccs(rng, n + ao + guard);
@@ -198,12 +217,14 @@ TEST_P(AccumulateKernelTest, RooflineLeavesAccUnchanged) {
       const std::vector<float> before = RandomAccs(rng, n + 1);
       std::vector<float> acc = before;
       t.accumulate_roofline[static_cast<int>(gd)](acc.data() + 1, g.data() + DTypeSize(gd), n);
-      ASSERT_EQ(0, std::memcmp(acc.data(), before.data(), acc.size() * 4)) << DTypeName(gd) << " n=" << n;
+      ASSERT_EQ(0, std::memcmp(acc.data(), before.data(), acc.size() * 4))
+          << DTypeName(gd) << " n=" << n;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(UsableIsas, AccumulateKernelTest, ::testing::ValuesIn(Tables()), TableName);
+INSTANTIATE_TEST_SUITE_P(UsableIsas, AccumulateKernelTest, ::testing::ValuesIn(Tables()),
+                         TableName);
 
 // ---- CpuOptimizer::Accumulate / AccumulateMany ------------------------------
 
@@ -227,7 +248,8 @@ std::vector<std::string> IsaNames() {
 
 std::string IsaName(const ::testing::TestParamInfo<std::string>& info) {
   std::string n = info.param;
-  for (char& c : n) if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  for (char& c : n)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
   return n;
 }
 
@@ -243,7 +265,8 @@ TEST_P(AccumulateApiTest, BitwiseAcrossThreadCountsAndEqualToLoop) {
   for (DType gd : kDTypes) {
     SCOPED_TRACE(GetParam() + " " + std::string(DTypeName(gd)));
     const size_t gb = DTypeSize(gd);
-    const std::vector<uint8_t> g1 = RandomGrads(rng, n + off, gd), g2 = RandomGrads(rng, n + off, gd);
+    const std::vector<uint8_t> g1 = RandomGrads(rng, n + off, gd),
+                               g2 = RandomGrads(rng, n + off, gd);
     const std::vector<float> before = RandomAccs(rng, n + off);
     // The plain loop.
     std::vector<float> want = before;
@@ -264,10 +287,12 @@ TEST_P(AccumulateApiTest, BitwiseAcrossThreadCountsAndEqualToLoop) {
     size_t bad = 0;
     for (size_t i = off; i < n + off && bad < 5; ++i) {
       // With two NaN inputs the payload may differ from the loop's; NaN it is.
-      const bool ok = FloatBits(results[0][i]) == FloatBits(want[i]) || (std::isnan(want[i]) && std::isnan(results[0][i]));
+      const bool ok = FloatBits(results[0][i]) == FloatBits(want[i]) ||
+                      (std::isnan(want[i]) && std::isnan(results[0][i]));
       if (!ok) {
         ++bad;
-        ADD_FAILURE() << "element " << i - off << ": " << Hex(results[0][i]) << " want " << Hex(want[i]);
+        ADD_FAILURE() << "element " << i - off << ": " << Hex(results[0][i]) << " want "
+                      << Hex(want[i]);
       }
     }
   }
@@ -285,9 +310,10 @@ TEST_P(AccumulateApiTest, ManySlicesOfOneChunk) {
     DType gd;
     size_t count, acc_gap;
   };
-  const Slice slices[] = {{DType::kBf16, 5000, 1},  {DType::kFp32, 3, 0},     {DType::kFp16, 0, 2},
-                          {DType::kFp16, 20011, 5}, {DType::kBf16, 17, 3},     {DType::kFp32, 40960, 7},
-                          {DType::kBf16, 1, 0},     {DType::kBf16, 131073, 1}};
+  const Slice slices[] = {{DType::kBf16, 5000, 1}, {DType::kFp32, 3, 0},
+                          {DType::kFp16, 0, 2},    {DType::kFp16, 20011, 5},
+                          {DType::kBf16, 17, 3},   {DType::kFp32, 40960, 7},
+                          {DType::kBf16, 1, 0},    {DType::kBf16, 131073, 1}};
   size_t acc_len = 0, staging_bytes = 4;  // grads start 4 bytes in (not vector-aligned)
   for (const Slice& s : slices) {
     acc_len += s.acc_gap + s.count;
@@ -305,7 +331,8 @@ TEST_P(AccumulateApiTest, ManySlicesOfOneChunk) {
   const std::vector<float> before = RandomAccs(rng, acc_len + 4);
   for (size_t inline_elems : {size_t{0}, size_t{1} << 30}) {
     for (int threads : {1, 2, 7}) {
-      SCOPED_TRACE(GetParam() + " threads " + std::to_string(threads) + " inline " + std::to_string(inline_elems));
+      SCOPED_TRACE(GetParam() + " threads " + std::to_string(threads) + " inline " +
+                   std::to_string(inline_elems));
       auto opt = MakeOpt(GetParam(), threads, inline_elems);
       ASSERT_NE(opt, nullptr);
       std::vector<float> acc = before, want = before;
@@ -320,7 +347,8 @@ TEST_P(AccumulateApiTest, ManySlicesOfOneChunk) {
       }
       ASSERT_TRUE(opt->AccumulateMany(shards).ok());
       for (size_t i = 0; i < acc.size(); ++i) {
-        const bool ok = FloatBits(acc[i]) == FloatBits(want[i]) || (std::isnan(want[i]) && std::isnan(acc[i]));
+        const bool ok =
+            FloatBits(acc[i]) == FloatBits(want[i]) || (std::isnan(want[i]) && std::isnan(acc[i]));
         ASSERT_TRUE(ok) << "acc[" << i << "] " << Hex(acc[i]) << " want " << Hex(want[i]);
       }
     }
@@ -415,7 +443,8 @@ TEST(AccumulateValidationTest, BadArgumentsAreRejectedBeforeAnyWrite) {
     const AccumulateShard s[] = {{acc.data(), g.data(), DType::kFp32, 100},
                                  {acc.data() + 100, g.data(), DType::kFp32, 100}};
     EXPECT_TRUE(opt->AccumulateMany(s).ok());
-    for (size_t i = 0; i < 200; ++i) ASSERT_EQ(FloatBits(acc[i]), FloatBits(before[i] + g[i % 100]));
+    for (size_t i = 0; i < 200; ++i)
+      ASSERT_EQ(FloatBits(acc[i]), FloatBits(before[i] + g[i % 100]));
   }
 }
 
@@ -428,8 +457,10 @@ TEST(AccumulateConcurrencyTest, ConcurrentWithStepManyOnTheSameOptimizer) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   const size_t n_step = 200000, n_acc = 150001;
   const int rounds = 6;
-  const auto p0 = testing::RandomFloats(rng, n_step), m0 = testing::RandomFloats(rng, n_step, -0.1f, 0.1f),
-             v0 = testing::RandomFloats(rng, n_step, 1e-6f, 1e-2f), sg = testing::RandomFloats(rng, n_step);
+  const auto p0 = testing::RandomFloats(rng, n_step),
+             m0 = testing::RandomFloats(rng, n_step, -0.1f, 0.1f),
+             v0 = testing::RandomFloats(rng, n_step, 1e-6f, 1e-2f),
+             sg = testing::RandomFloats(rng, n_step);
   const auto acc0 = testing::RandomFloats(rng, n_acc);
   std::vector<std::vector<uint8_t>> grads;
   for (int r = 0; r < rounds; ++r) grads.push_back(RandomGrads(rng, n_acc, DType::kBf16));
@@ -460,8 +491,9 @@ TEST(AccumulateConcurrencyTest, ConcurrentWithStepManyOnTheSameOptimizer) {
           ASSERT_TRUE(opt.Accumulate(o.acc.data(), grads[r].data(), DType::kBf16, n_acc).ok());
         } else {
           const size_t cut = 4097;
-          const AccumulateShard s[] = {{o.acc.data(), grads[r].data(), DType::kBf16, cut},
-                                       {o.acc.data() + cut, grads[r].data() + cut * 2, DType::kBf16, n_acc - cut}};
+          const AccumulateShard s[] = {
+              {o.acc.data(), grads[r].data(), DType::kBf16, cut},
+              {o.acc.data() + cut, grads[r].data() + cut * 2, DType::kBf16, n_acc - cut}};
           ASSERT_TRUE(opt.AccumulateMany(s).ok());
         }
       }

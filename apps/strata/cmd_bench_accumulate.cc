@@ -1,0 +1,212 @@
+// strata bench accumulate: gradient accumulation (acc[i] += float(grad[i]),
+// fp32 accumulator, fp32/fp16/bf16 gradients) through CpuOptimizer::Accumulate.
+// One run measures, interleaved and repeated (medians), on the same arrays:
+//   (1) roofline: the same loads and stores with trivial integer arithmetic
+//       (Options::roofline_kernel; acc keeps its bits) — the memory bound;
+//   (2) strata:   the SIMD kernel chosen at run time on the arena's threads;
+//   (3) scalar:   the plain one-element-at-a-time loop on the same threads;
+//   (4) scalar, 1 thread: the plain loop on one thread (what the scheduler's
+//       gradient worker did before this kernel).
+// Bytes per element: acc 4r + 4w + grad 4r (fp32) or 2r (fp16/bf16).
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/strata/commands.h"
+#include "src/common/aligned_buffer.h"
+#include "src/common/half.h"
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+#include "src/common/units.h"
+#include "src/cpu_adam/cpu_adam.h"
+
+namespace strata::cli {
+namespace {
+
+using nlohmann::json;
+
+struct BenchAccumulateArgs {
+  std::string params = "100000000";
+  int threads = 0;
+  std::string grad_dtype = "bf16";
+  std::string isa = "auto";
+  int reps = 9;
+  bool json = false;
+};
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "strata bench accumulate: %s\n", msg.c_str());
+  return 1;
+}
+
+// Deterministic non-zero pseudo-random values in (0, 1].
+float Hash01(uint64_t i, uint64_t salt) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<float>((x >> 40) + 1) * 0x1p-24f;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size() / 2;
+  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
+}
+
+// The 1-minute load average (the machine is shared: say how busy it was).
+double LoadAverage() {
+  std::ifstream f("/proc/loadavg");
+  double load = -1;
+  f >> load;
+  return load;
+}
+
+int RunBenchAccumulate(const BenchAccumulateArgs& args) {
+  int64_t count = 0;
+  if (!ParseCount(args.params, &count) || count < 1 || count > 4'000'000'000)
+    return Fail("--params: \"" + args.params +
+                "\" is not a whole number of elements in [1, 4e9] (e.g. 1e8, 100M, 1.5B)");
+  const size_t n = static_cast<size_t>(count);
+  if (args.reps < 1) return Fail("--reps must be at least 1");
+  const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
+
+  cpu_adam::Options base;
+  base.threads = args.threads;
+  base.isa = args.isa;
+  auto strata_opt = cpu_adam::CpuOptimizer::Create(base);
+  if (!strata_opt.ok()) return Fail(strata_opt.status().ToString());
+  cpu_adam::Options ro = base;
+  ro.roofline_kernel = true;
+  auto roof_opt = cpu_adam::CpuOptimizer::Create(ro);
+  if (!roof_opt.ok()) return Fail(roof_opt.status().ToString());
+  cpu_adam::Options so = base;
+  so.isa = "scalar";
+  auto scalar_opt = cpu_adam::CpuOptimizer::Create(so);
+  if (!scalar_opt.ok()) return Fail(scalar_opt.status().ToString());
+  so.threads = 1;
+  auto scalar1_opt = cpu_adam::CpuOptimizer::Create(so);
+  if (!scalar1_opt.ok()) return Fail(scalar1_opt.status().ToString());
+
+  // One accumulator and one gradient array for every variant: where an array
+  // sits in memory changes its bandwidth on a VM (docs/perf.md, "cpu_adam").
+  auto acc = AlignedBuffer::Allocate(n * 4, 64);
+  if (!acc.ok()) return Fail("allocating the accumulator: " + acc.status().ToString());
+  auto grad = AlignedBuffer::Allocate(n * DTypeSize(gd), 64);
+  if (!grad.ok()) return Fail("allocating the gradients: " + grad.status().ToString());
+  float* a = acc->as<float>();
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = Hash01(i, 1) - 0.5f;
+    const float g = (Hash01(i, 4) - 0.5f) * 0.1f;
+    if (gd == DType::kFp32)
+      grad->as<float>()[i] = g;
+    else
+      grad->as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
+  }
+
+  auto run = [&](cpu_adam::CpuOptimizer& o) {
+    Stopwatch sw;
+    Status st = o.Accumulate(a, grad->data(), gd, n);
+    const double s = sw.Seconds();
+    if (!st.ok()) {
+      std::fprintf(stderr, "strata bench accumulate: %s\n", st.ToString().c_str());
+      std::exit(1);
+    }
+    return s;
+  };
+  cpu_adam::CpuOptimizer* const variants[] = {roof_opt->get(), strata_opt->get(), scalar_opt->get(),
+                                              scalar1_opt->get()};
+  constexpr int kVariants = 4;
+  for (cpu_adam::CpuOptimizer* o : variants) run(*o);  // warm-up: page faults, thread start
+  const double load_before = LoadAverage();
+  std::vector<double> t[kVariants];
+  // The order rotates every repetition, so no variant always follows the
+  // same one.
+  for (int r = 0; r < args.reps; ++r) {
+    for (int k = 0; k < kVariants; ++k) {
+      const int v = (r + k) % kVariants;
+      t[v].push_back(run(*variants[v]));
+    }
+  }
+  const double load_after = LoadAverage();
+  const size_t bpe = cpu_adam::AccumulateBytesPerElement(gd);
+  const double roof_eps = n / Median(t[0]);
+  const double strata_eps = n / Median(t[1]);
+  const double scalar_eps = n / Median(t[2]);
+  const double scalar1_eps = n / Median(t[3]);
+  const std::string formula =
+      "acc 4r+4w + grad " + std::to_string(DTypeSize(gd)) + "r = " + std::to_string(bpe);
+  json j;
+  j["params"] = n;
+  j["threads"] = (*strata_opt)->threads();
+  j["isa"] = std::string((*strata_opt)->isa());
+  j["grad_dtype"] = args.grad_dtype;
+  j["reps"] = args.reps;
+  j["load_average"] = {load_before, load_after};
+  j["bytes_per_element"] = bpe;
+  j["bytes_per_element_formula"] = formula;
+  j["elements_per_s"] = strata_eps;
+  j["gbytes_per_s"] = strata_eps * bpe / 1e9;
+  j["roofline_elements_per_s"] = roof_eps;
+  j["roofline_gbytes_per_s"] = roof_eps * bpe / 1e9;
+  j["roofline_fraction"] = strata_eps / roof_eps;
+  j["scalar_elements_per_s"] = scalar_eps;
+  j["scalar_gbytes_per_s"] = scalar_eps * bpe / 1e9;
+  j["speedup_vs_scalar"] = strata_eps / scalar_eps;
+  j["scalar_1thread_elements_per_s"] = scalar1_eps;
+  j["speedup_vs_scalar_1thread"] = strata_eps / scalar1_eps;
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf(
+      "strata bench accumulate: %zu elements, %d threads, isa %s, grad %s, %d reps (medians), load "
+      "%.2f-%.2f\n",
+      n, (*strata_opt)->threads(), std::string((*strata_opt)->isa()).c_str(),
+      args.grad_dtype.c_str(), args.reps, load_before, load_after);
+  std::printf("  bytes/element     %s\n", formula.c_str());
+  std::printf("  roofline          %8.1f Melem/s  %6.1f GB/s\n", roof_eps / 1e6,
+              roof_eps * bpe / 1e9);
+  std::printf("  scalar loop       %8.1f Melem/s  %6.1f GB/s\n", scalar_eps / 1e6,
+              scalar_eps * bpe / 1e9);
+  std::printf("  scalar, 1 thread  %8.1f Melem/s  %6.1f GB/s\n", scalar1_eps / 1e6,
+              scalar1_eps * bpe / 1e9);
+  std::printf(
+      "  strata            %8.1f Melem/s  %6.1f GB/s  roofline_fraction %.3f  speedup_vs_scalar "
+      "%.2f"
+      "  vs 1-thread scalar %.2f\n",
+      strata_eps / 1e6, strata_eps * bpe / 1e9, strata_eps / roof_eps, strata_eps / scalar_eps,
+      strata_eps / scalar1_eps);
+  return 0;
+}
+
+CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
+  auto args = std::make_shared<BenchAccumulateArgs>();
+  CLI::App* cmd = bench.add_subcommand(
+      "accumulate",
+      "Benchmark gradient accumulation (fp32 += grad) against the roofline and a scalar loop");
+  cmd->add_option("--params", args->params, "Elements, e.g. 100000000, 1e8, 100M or 1.5B")
+      ->capture_default_str();
+  cmd->add_option("--threads", args->threads, "Threads (0 = all PUs)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--grad-dtype", args->grad_dtype, "fp32|fp16|bf16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+  cmd->add_option("--isa", args->isa, "auto|avx512|avx2|sse4.2|scalar")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));
+  cmd->add_option("--reps", args->reps, "Timed repetitions per variant (interleaved)")
+      ->capture_default_str()
+      ->transform(CountSuffix());
+  cmd->add_flag("--json", args->json, "Machine-readable output");
+  cmd->callback([args, &r] { r.exit_code = RunBenchAccumulate(*args); });
+});
+
+}  // namespace
+}  // namespace strata::cli
