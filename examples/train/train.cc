@@ -316,8 +316,14 @@ std::string ResultTable(const TrainResult& r) {
   std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s\n", "hbm", Human(static_cast<double>(r.hbm_high_water_bytes)).c_str(),
                 Human(static_cast<double>(r.hbm_budget_bytes)).c_str());
   o << buf;
-  std::snprintf(buf, sizeof(buf), "  %-16s  %12s\n", "pinned", Human(static_cast<double>(r.pinned_high_water_bytes)).c_str());
-  o << buf;
+  for (const TierBudget& b : r.budgets)
+    if (b.tier == "pinned") {
+      // The plan's pinned placement: the pools, and what crosses PCIe.
+      std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s (%s)\n", "pinned",
+                    Human(static_cast<double>(r.pinned_high_water_bytes)).c_str(),
+                    Human(static_cast<double>(b.needed_bytes)).c_str(), b.detail.c_str());
+      o << buf;
+    }
   for (const TierBudget& b : r.budgets)
     if (b.tier == "nvme") {
       std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s needed (%s)\n", "nvme", "-",

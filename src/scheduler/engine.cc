@@ -277,7 +277,7 @@ Status EngineImpl::Plan() {
   grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, &counters_);
   RETURN_IF_ERROR(grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_));
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
-  RETURN_IF_ERROR(store_->Open(plan.nvme_bytes(), grads_->staging_pool()->Regions(),
+  RETURN_IF_ERROR(store_->Open(plan, grads_->staging_pool()->Regions(),
                                hooks_.wrap_io_engine, &pinned_bytes_));
   scheduler::FetchOptions fo;
   fo.prefetch_bucket_elems = zo.stage3_prefetch_bucket_size;
@@ -611,7 +611,7 @@ StatusOr<StepStats> EngineImpl::Step() {
   st.loss_scale = scaler_.scale();
   counters_.EndWindow(now, &st);
   st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);
-  st.pinned_high_water_bytes = pinned_bytes_ + store_->pinned_state_bytes();
+  st.pinned_high_water_bytes = pinned_bytes_ + store_->pinned_array_bytes();
   st.trace_rerecords = fetcher_->trace().rerecords();
   last_ = st;
   fetcher_->trace().BeginStep();

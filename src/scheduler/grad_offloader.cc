@@ -110,7 +110,7 @@ Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& comput
         none_pending = pending_ == 0;
         const int64_t before = pending_;
         if (!none_pending)
-          while (pending_ >= before && error_.ok()) cv_.Wait(&mu_);
+          while (pending_ >= before) cv_.Wait(&mu_);  // the worker goes on after an error
       }
       staging = pool_->Acquire(static_cast<size_t>(e - b));
       if (none_pending) break;

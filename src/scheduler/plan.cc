@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 
 #include "src/common/units.h"
 
@@ -16,6 +17,7 @@ Placement Placement::FromConfig(const Config& config) {
   p.optimizer = zo.offload_optimizer.device;
   p.params = zo.offload_param.device;
   p.pin_optimizer_states = zo.offload_optimizer.pin_memory;
+  p.pin_param_copies = zo.offload_param.pin_memory;
   p.optimizer_buffer_count = zo.offload_optimizer.buffer_count;
   p.param_buffer_count = zo.offload_param.buffer_count;
   p.max_live_parameters = zo.stage3_max_live_parameters;
@@ -106,6 +108,25 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   }
   if (pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states)
     pinned.Add(states, "optimizer states " + FormatBytes(states));
+  // What crosses PCIe every step: the updated parameters (offload_param none
+  // uploads them, cpu fetches from them, nvme fetches from them while the
+  // step overlaps the forward pass), with the array they swap with at
+  // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
+  const bool swaps = pl.params == OffloadDevice::kCpu ||
+                     (pl.params == OffloadDevice::kNone && pl.overlap_optimizer);
+  plan.param_copy_bytes = (swaps ? 2 : 1) * s.total_param_bytes;
+  const int64_t pinned_left =
+      facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
+  plan.pin_param_copies = pl.pin_param_copies || plan.param_copy_bytes <= pinned_left;
+  const std::string copies =
+      swaps ? fmt::format("parameter copies 2 x {}", FormatBytes(s.total_param_bytes))
+            : fmt::format("updated parameters {}", FormatBytes(s.total_param_bytes));
+  if (plan.pin_param_copies) {
+    pinned.Add(plan.param_copy_bytes, copies + " (cross PCIe every step)");
+  } else {
+    pinned.parts.push_back(fmt::format("not pinned: {} (budget left {})", copies,
+                                       FormatBytes(std::max<int64_t>(0, pinned_left))));
+  }
   plan.budgets.push_back(pinned.Budget("pinned", facts.pinned_budget));
 
   // NVMe: two versions of everything placed there (atomic steps).
@@ -126,12 +147,13 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   // DRAM (pageable): gradient accumulator, copy-out target, host states/params.
   TierSum dram;
   dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
-  dram.Add(s.total_param_bytes, "updated parameters " + FormatBytes(s.total_param_bytes));
+  if (!plan.pin_param_copies)
+    dram.Add(s.total_param_bytes, "updated parameters " + FormatBytes(s.total_param_bytes));
   if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)
     dram.Add(states, "optimizer states " + FormatBytes(states));
-  if (pl.params == OffloadDevice::kCpu)
+  if (pl.params == OffloadDevice::kCpu && !plan.pin_param_copies)
     dram.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
-  if (pl.params == OffloadDevice::kNone && pl.overlap_optimizer)
+  if (pl.params == OffloadDevice::kNone && pl.overlap_optimizer && !plan.pin_param_copies)
     dram.Add(s.total_param_bytes,
              "parameter mirror (overlap_optimizer) " + FormatBytes(s.total_param_bytes));
   if (pl.delayed_param_update)

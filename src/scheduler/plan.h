@@ -20,6 +20,7 @@ struct Placement {
   OffloadDevice optimizer = OffloadDevice::kNone;  // zero_optimization.offload_optimizer.device
   OffloadDevice params = OffloadDevice::kNone;     // zero_optimization.offload_param.device
   bool pin_optimizer_states = false;               // offload_optimizer.pin_memory
+  bool pin_param_copies = false;                   // offload_param.pin_memory (else: by budget)
   int64_t optimizer_buffer_count = 4;              // offload_optimizer.buffer_count
   int64_t param_buffer_count = 5;                  // offload_param.buffer_count
   int64_t max_live_parameters = 1'000'000'000;     // stage3_max_live_parameters (elements)
@@ -60,11 +61,22 @@ inline constexpr int64_t kGradStagingBuffers = 4;
 struct TierPlan {
   std::vector<TierBudget> budgets;  // hbm, pinned, [nvme], dram; detail says what each holds
   bool fits = true;
+  // The host parameter copies the device copies from every step (the
+  // updated parameters, with the host copy or mirror they swap with) are
+  // page-locked: always with offload_param.pin_memory, else when they fit in
+  // what the pinned budget leaves after the staging pools (0: no limit).
+  bool pin_param_copies = false;
+  int64_t param_copy_bytes = 0;
   // The NVMe capacity the swap store is opened with (0: no NVMe tier).
   int64_t nvme_bytes() const;
 };
 
-// Every tier's needed bytes and what they are made of.
+// Every tier's needed bytes and what they are made of. Pinned placement:
+// the staging pools and pinned optimizer states (pin_memory) must fit the
+// pinned budget; then what crosses PCIe every step (the parameter copies) is
+// pinned if the rest of the budget holds it, else left pageable in DRAM and
+// the pinned row says why. Optimizer states and the gradient accumulator
+// never cross PCIe and are pinned only on request.
 TierPlan ComputeTierPlan(const Placement& placement, const LayoutSizes& sizes,
                          const TierFacts& facts);
 

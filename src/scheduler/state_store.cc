@@ -72,12 +72,15 @@ std::string StateStore::StateShard(size_t group, int version) {
   return fmt::format("state.g{}.v{}", group, version);
 }
 
-int64_t StateStore::pinned_state_bytes() const {
-  return master_h_.pinned() ? kOptimizerStateArrays * master_h_.bytes() : 0;
+int64_t StateStore::pinned_array_bytes() const {
+  int64_t bytes = 0;
+  for (const HostArray* a : {&master_h_, &exp_avg_h_, &exp_avg_sq_h_, &host_params_, &next_params_})
+    bytes += a->pinned() ? a->bytes() : 0;
+  return bytes;
 }
 
 Status StateStore::Open(
-    int64_t nvme_capacity, const std::vector<PinnedPool::Region>& extra_fixed_buffers,
+    const TierPlan& plan, const std::vector<PinnedPool::Region>& extra_fixed_buffers,
     const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>&
         wrap_io_engine,
     int64_t* pinned_bytes) {
@@ -86,7 +89,7 @@ Status StateStore::Open(
   const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
   const int64_t param_bytes = layout_->total_param_bytes();
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
-  Device* pin_par = zo.offload_param.pin_memory ? dev_ : nullptr;
+  Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
   RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
 
   switch (placement_.optimizer) {
@@ -131,8 +134,8 @@ Status StateStore::Open(
       break;
   }
   RETURN_IF_ERROR(AllocatePools(pinned_bytes));
-  if (nvme_capacity > 0)
-    RETURN_IF_ERROR(OpenNvme(nvme_capacity, extra_fixed_buffers, wrap_io_engine));
+  if (plan.nvme_bytes() > 0)
+    RETURN_IF_ERROR(OpenNvme(plan.nvme_bytes(), extra_fixed_buffers, wrap_io_engine));
   return Status();
 }
 

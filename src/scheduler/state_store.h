@@ -83,11 +83,11 @@ class StateStore {
              const Config* config);
   ~StateStore();
 
-  // Allocates every state by the placement and opens the NVMe tier (if used)
-  // with `nvme_capacity` bytes; `extra_fixed_buffers` (the gradient staging
-  // pool) are registered with the I/O engine too. Adds the pinned pools'
-  // bytes to *pinned_bytes.
-  Status Open(int64_t nvme_capacity, const std::vector<gpu::PinnedPool::Region>& extra_fixed_buffers,
+  // Allocates every state by the placement and the plan (what is pinned) and
+  // opens the NVMe tier (if used) with the plan's NVMe bytes;
+  // `extra_fixed_buffers` (the gradient staging pool) are registered with the
+  // I/O engine too. Adds the pinned pools' bytes to *pinned_bytes.
+  Status Open(const TierPlan& plan, const std::vector<gpu::PinnedPool::Region>& extra_fixed_buffers,
               const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>&
                   wrap_io_engine,
               int64_t* pinned_bytes);
@@ -109,7 +109,8 @@ class StateStore {
   float* master() { return master_; }
   float* exp_avg() { return exp_avg_; }
   float* exp_avg_sq() { return exp_avg_sq_; }
-  int64_t pinned_state_bytes() const;
+  // Bytes of page-locked states and parameter copies (not the pools).
+  int64_t pinned_array_bytes() const;
   // NVMe: reads sub-group g's active states into buf (state_io_bytes), or
   // writes buf as its new (inactive) version.
   nvme::IoHandle ReadStates(size_t g, void* buf);

@@ -93,7 +93,7 @@ inline Status OpenStore(
   const TierPlan plan =
       ComputeTierPlan(Placement::FromConfig(config), LayoutSizes::Of(layout), facts);
   int64_t pinned = 0;
-  Status s = store.Open(plan.nvme_bytes(), {}, wrap, &pinned);
+  Status s = store.Open(plan, {}, wrap, &pinned);
   if (!s.ok()) return s;
   return store.Initialize([&](int id, std::vector<float>&) -> std::span<const float> {
     return init[static_cast<size_t>(id)];

@@ -74,17 +74,27 @@ TEST(PlanTest, EverythingInHbmFitsAndAddsUp) {
   EXPECT_EQ(plan.nvme_bytes(), 0);
   // parameters + 2 gradient buffers + 12 B/element of states.
   EXPECT_EQ(Needed(plan, "hbm"), 8192 + 2 * 4096 + 12 * 1001);
-  EXPECT_EQ(Needed(plan, "pinned"), 4 * 4096);
-  // accumulator + updated parameters (no mirror without overlap_optimizer).
-  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 8192);
+  // Staging + the updated parameters (they cross PCIe every step and fit the
+  // pinned budget; no mirror without overlap_optimizer).
+  EXPECT_TRUE(plan.pin_param_copies);
+  EXPECT_EQ(Needed(plan, "pinned"), 4 * 4096 + 8192);
+  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001);
   EXPECT_THAT(Find(plan, "hbm")->detail, HasSubstr("optimizer states"));
   EXPECT_EQ(Find(plan, "hbm")->available_bytes, 1 << 20);
 
   // The overlapping optimizer keeps a DRAM mirror of the device parameters.
   pl.overlap_optimizer = true;
   const TierPlan mirrored = ComputeTierPlan(pl, s, f);
-  EXPECT_EQ(Needed(mirrored, "dram"), 4 * 1001 + 2 * 8192);
-  EXPECT_THAT(Find(mirrored, "dram")->detail, HasSubstr("parameter mirror"));
+  // it swaps with the updated parameters, so both are pinned.
+  EXPECT_EQ(Needed(mirrored, "pinned"), 4 * 4096 + 2 * 8192);
+  EXPECT_THAT(Find(mirrored, "pinned")->detail, HasSubstr("parameter copies 2 x 8.00 KiB"));
+  // Without room in the pinned budget they are pageable DRAM.
+  f.pinned_budget = 4 * 4096 + 2 * 8192 - 1;
+  const TierPlan tight = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(tight.fits);
+  EXPECT_FALSE(tight.pin_param_copies);
+  EXPECT_EQ(Needed(tight, "dram"), 4 * 1001 + 2 * 8192);
+  EXPECT_THAT(Find(tight, "dram")->detail, HasSubstr("parameter mirror"));
 }
 
 TEST(PlanTest, OffloadedParametersUseTheLiveWorkingSet) {
@@ -98,8 +108,10 @@ TEST(PlanTest, OffloadedParametersUseTheLiveWorkingSet) {
   EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 7680 + 8192);
   s.max_module_bytes = 1024;  // now the live limit (500 x 8 B) decides
   EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 4000 + 2048);
-  // offload_param cpu: the host copy is in DRAM.
-  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 8192 + 12 * 1001 + 8192);
+  // offload_param cpu: the host copy and the updated parameters are pinned
+  // (the pinned budget is unknown: no limit); DRAM keeps the rest.
+  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 12 * 1001);
+  EXPECT_EQ(Needed(plan, "pinned"), 4 * 4096 + 2 * 8192);
   // Unknown budgets (0) never fail a plan.
   EXPECT_TRUE(plan.fits);
 }
@@ -107,7 +119,8 @@ TEST(PlanTest, OffloadedParametersUseTheLiveWorkingSet) {
 // Each tier over its budget by one byte fails the plan; at the budget it fits.
 TEST(PlanTest, EachTierOverBudgetFailsAtTheBoundary) {
   const LayoutSizes s = TinySizes();
-  const Placement pl = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  Placement pl = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  pl.pin_param_copies = true;  // pinned on request: they must fit (optional pinning never fails)
   TierFacts f;
   f.nvme_paths = {"/nv0"};
   const TierPlan unlimited = ComputeTierPlan(pl, s, f);
@@ -150,7 +163,7 @@ TEST(PlanTest, OverBudgetTableExactText) {
   pl.max_live_parameters = 100;
   TierFacts f;
   f.hbm_budget = 8 << 20;
-  f.pinned_budget = 0;  // unknown: "-"
+  f.pinned_budget = 40000;  // 3136 B left after the pools: the parameter copy stays pageable
   f.dram_available = 20000;
   f.nvme_paths = {"/nv0"};
   f.nvme_available = int64_t{1} << 30;
@@ -166,8 +179,8 @@ TEST(PlanTest, OverBudgetTableExactText) {
       "  tier          needed    available  made of\n"
       "  hbm        16.00 KiB     8.00 MiB  persistent parameters 512 B + live parameters "
       "7.50 KiB + gradient buffers 8.00 KiB\n"
-      "  pinned     36.00 KiB            -  gradient staging 16.00 KiB + parameter fetch 5 x "
-      "4.00 KiB\n"
+      "  pinned     36.00 KiB    39.06 KiB  gradient staging 16.00 KiB + parameter fetch 5 x "
+      "4.00 KiB + not pinned: updated parameters 8.00 KiB (budget left 3.06 KiB)\n"
       "  nvme        8.02 MiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
       "  dram       23.64 KiB    19.53 KiB  gradient accumulator 3.91 KiB + updated parameters "
       "8.00 KiB + optimizer states 11.73 KiB  <-- over\n"
@@ -207,7 +220,8 @@ TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
   // The optimizer pipeline's pinned buffers: buffer_count x one sub-group's states.
   Placement ring = Place(OffloadDevice::kNvme, OffloadDevice::kCpu);
   ring.optimizer_buffer_count = 3;
-  EXPECT_EQ(Needed(ComputeTierPlan(ring, s, f), "pinned"), 4 * 4096 + 3 * 12 * 1000);
+  // (+ the parameter copies, pinned: no pinned budget given.)
+  EXPECT_EQ(Needed(ComputeTierPlan(ring, s, f), "pinned"), 4 * 4096 + 3 * 12 * 1000 + 2 * 8192);
 }
 
 TEST(PlanTest, PinMemoryMovesOptimizerStatesFromDramToPinned) {
@@ -227,6 +241,38 @@ TEST(PlanTest, PinMemoryMovesOptimizerStatesFromDramToPinned) {
   const int64_t nv_pinned = Needed(ComputeTierPlan(nv, s, {}), "pinned");
   nv.pin_optimizer_states = true;
   EXPECT_EQ(Needed(ComputeTierPlan(nv, s, {}), "pinned"), nv_pinned);
+}
+
+// Pinned placement: what crosses PCIe every step is pinned within the
+// budget, never beyond it unless pin_memory asks; nothing else is pinned.
+TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
+  const LayoutSizes s = TinySizes();
+  TierFacts f;
+  f.pinned_budget = 4 * 4096 + 2 * 8192;  // exactly staging + both copies
+  Placement cpu = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  TierPlan plan = ComputeTierPlan(cpu, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_TRUE(plan.pin_param_copies);
+  EXPECT_EQ(plan.param_copy_bytes, 2 * 8192);
+  EXPECT_THAT(Find(plan, "pinned")->detail, HasSubstr("(cross PCIe every step)"));
+  EXPECT_THAT(Find(plan, "dram")->detail, Not(HasSubstr("parameters")));
+  // One byte less: pageable, and the plan says so; the plan still fits.
+  f.pinned_budget -= 1;
+  plan = ComputeTierPlan(cpu, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_FALSE(plan.pin_param_copies);
+  EXPECT_THAT(Find(plan, "pinned")->detail, HasSubstr("not pinned: parameter copies 2 x 8.00 KiB"));
+  EXPECT_EQ(Needed(plan, "pinned"), 4 * 4096);
+  EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 8192 + 12 * 1001 + 8192);
+  // offload_param.pin_memory insists: over the budget, the plan fails.
+  cpu.pin_param_copies = true;
+  plan = ComputeTierPlan(cpu, s, f);
+  EXPECT_TRUE(plan.pin_param_copies);
+  EXPECT_FALSE(plan.fits);
+  // offload_param nvme: only the updated parameters (no host copy to swap with).
+  const TierPlan nv = ComputeTierPlan(Place(OffloadDevice::kCpu, OffloadDevice::kNvme), s, {});
+  EXPECT_EQ(nv.param_copy_bytes, 8192);
+  EXPECT_THAT(Find(nv, "pinned")->detail, HasSubstr("updated parameters 8.00 KiB"));
 }
 
 TEST(PlanTest, DelayedParamUpdateAddsTheSecondAccumulator) {
