@@ -274,7 +274,7 @@ Status EngineImpl::Plan() {
     ASSIGN_OR_RETURN(scheduler::LinkRates rates, scheduler::MeasureLinkRates(dev_.get(), probe));
     counters_.SetLinkRates(rates.h2d_gbytes_per_s, rates.d2h_gbytes_per_s);
   }
-  grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, &counters_);
+  grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, adam_.get(), &counters_);
   RETURN_IF_ERROR(grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_));
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
   RETURN_IF_ERROR(store_->Open(plan, grads_->staging_pool()->Regions(),

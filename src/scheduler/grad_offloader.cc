@@ -27,8 +27,9 @@ void ZeroArray(float* a, int64_t n) {
 
 }  // namespace
 
-GradOffloader::GradOffloader(gpu::Device* device, const Layout* layout, StepCounters* counters)
-    : dev_(device), layout_(layout), counters_(counters) {}
+GradOffloader::GradOffloader(gpu::Device* device, const Layout* layout,
+                             cpu_adam::CpuOptimizer* adam, StepCounters* counters)
+    : dev_(device), layout_(layout), adam_(adam), counters_(counters) {}
 
 GradOffloader::~GradOffloader() {
   {
@@ -63,32 +64,19 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes) {
   return Status();
 }
 
-void GradOffloader::AccumulateChunk(const Layout& layout, int m, int64_t byte_begin,
-                                    int64_t byte_end, const void* staging, float* acc) {
-  const auto* base = static_cast<const uint8_t*>(staging);
-  for (const Layout::Slice& s : layout.ByteSlices(m, byte_begin, byte_end)) {
-    const ParamRec& p = layout.param(s.param);
-    const void* src = base + (s.byte_offset - byte_begin);
-    float* dst = acc + s.elem_begin;
-    const int64_t count = s.elem_end - s.elem_begin;
-    switch (p.dtype) {
-      case DType::kFp32: {
-        const float* x = static_cast<const float*>(src);
-        for (int64_t i = 0; i < count; ++i) dst[i] += x[i];
-        break;
-      }
-      case DType::kFp16: {
-        const uint16_t* x = static_cast<const uint16_t*>(src);
-        for (int64_t i = 0; i < count; ++i) dst[i] += HalfBitsToFloat(x[i]);
-        break;
-      }
-      case DType::kBf16: {
-        const uint16_t* x = static_cast<const uint16_t*>(src);
-        for (int64_t i = 0; i < count; ++i) dst[i] += Bf16BitsToFloat(x[i]);
-        break;
-      }
-    }
+Status GradOffloader::Accumulate(const Job& job) {
+  const auto* base = static_cast<const uint8_t*>(job.staging.data());
+  float* acc = acc_.as<float>();
+  std::vector<cpu_adam::AccumulateShard> shards;
+  for (const Layout::Slice& sl : layout_->ByteSlices(job.module, job.byte_begin, job.byte_end)) {
+    cpu_adam::AccumulateShard sh;
+    sh.acc = acc + sl.elem_begin;
+    sh.grad = base + (sl.byte_offset - job.byte_begin);
+    sh.grad_dtype = layout_->param(sl.param).dtype;
+    sh.count = static_cast<size_t>(sl.elem_end - sl.elem_begin);
+    shards.push_back(sh);
   }
+  return adam_->AccumulateMany(shards);
 }
 
 Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& computed) {
@@ -148,11 +136,9 @@ void GradOffloader::Worker() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    Status s = job.done->Synchronize();
+    Status s = job.done->Synchronize().WithContext("gradient copy");
     const int64_t t0 = NowNanos();
-    if (s.ok())
-      AccumulateChunk(*layout_, job.module, job.byte_begin, job.byte_end, job.staging.data(),
-                      acc_.as<float>());
+    if (s.ok()) s = Accumulate(job).WithContext(fmt::format("accumulating module {}", job.module));
     const int64_t t1 = NowNanos();
     counters_->AddGradBusy(t1 - t0);
     counters_->timeline().Add("grad accumulate", fmt::format("module {}", job.module), "cpu", t0,
@@ -160,7 +146,7 @@ void GradOffloader::Worker() {
     job.staging.Reset();
     {
       MutexLock lock(&mu_);
-      if (!s.ok() && error_.ok()) error_ = s.WithContext("gradient copy");
+      if (!s.ok() && error_.ok()) error_ = s;
       --pending_;
     }
     cv_.NotifyAll();

@@ -5,8 +5,11 @@
 // grad_staging_bytes, as D2H copies into pinned staging buffers on the D2H
 // stream (after the compute stream's `computed` event); a worker thread waits
 // for each chunk's copy and adds it to the accumulator (fp16/bf16/fp32 →
-// fp32), chunks in the order they were enqueued, so the sums are the same
-// bits for every placement. Drain() waits for every chunk and returns the
+// fp32) while the next chunks are still being copied. The adds run through
+// the CPU optimizer's vectorized kernels on its pinned worker threads
+// (CpuOptimizer::AccumulateMany: one add per element, so the same bits as a
+// plain loop for any thread count), chunks in the order they were enqueued,
+// so the sums are the same bits for every placement. Drain() waits for every chunk and returns the
 // first error. The accumulator is also where the global inf/nan check and
 // the gradient norm read from (GlobalChecks).
 //
@@ -25,6 +28,7 @@
 #include <thread>
 
 #include "src/common/thread_annotations.h"
+#include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/state_store.h"
@@ -34,7 +38,8 @@ namespace strata::scheduler {
 
 class GradOffloader {
  public:
-  GradOffloader(gpu::Device* device, const Layout* layout, StepCounters* counters);
+  GradOffloader(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
+                StepCounters* counters);
   ~GradOffloader();  // drains the queue and stops the worker
 
   // Allocates the accumulator(s) (zeroed) and the staging pool, and starts
@@ -64,11 +69,6 @@ class GradOffloader {
   // fixed blocks added in order (the same bits for any thread count).
   void GlobalChecks(bool* overflow, double* sumsq) const;
 
-  // The reference accumulation of one staged chunk (module m's bytes
-  // [byte_begin, byte_end) in `staging`) into acc; public for tests.
-  static void AccumulateChunk(const Layout& layout, int m, int64_t byte_begin, int64_t byte_end,
-                              const void* staging, float* acc);
-
  private:
   // One D2H'd chunk of gradients waiting to be accumulated.
   struct Job {
@@ -78,9 +78,12 @@ class GradOffloader {
     int64_t byte_begin = 0, byte_end = 0;  // in the flat parameter-byte space
   };
   void Worker() EXCLUDES(mu_);
+  // acc += the staged chunk (module m's bytes [byte_begin, byte_end)).
+  Status Accumulate(const Job& job);
 
   gpu::Device* dev_;
   const Layout* layout_;
+  cpu_adam::CpuOptimizer* adam_;
   StepCounters* counters_;
   HostArray acc_, alt_;
   std::unique_ptr<gpu::PinnedPool> pool_;

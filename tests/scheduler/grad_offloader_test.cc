@@ -171,7 +171,14 @@ class GradOffloaderTest : public ::testing::Test {
     } else {
       dev_ = std::move(host);
     }
-    off_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, &counters_);
+    cpu_adam::Options aopts;
+    aopts.threads = 2;
+    aopts.block_elems = 1024;             // several blocks per module: the arena splits them
+    aopts.accumulate_inline_elems = 256;  // and small chunks go through it too
+    auto adam = cpu_adam::CpuOptimizer::Create(aopts);
+    ASSERT_TRUE(adam.ok()) << adam.status();
+    adam_ = std::move(*adam);
+    off_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, adam_.get(), &counters_);
     int64_t pinned = 0;
     ASSERT_OK(off_->Start(second_accumulator, &pinned));
     EXPECT_GE(pinned, kGradStagingBuffers * layout_.grad_staging_bytes());
@@ -243,6 +250,7 @@ class GradOffloaderTest : public ::testing::Test {
   StepCounters counters_{false};
   std::unique_ptr<gpu::Device> dev_;
   FlakyDevice* flaky_ = nullptr;
+  std::unique_ptr<cpu_adam::CpuOptimizer> adam_;
   std::unique_ptr<GradOffloader> off_;
   std::vector<Held> held_;
   std::vector<float> ref_;
