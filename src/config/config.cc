@@ -1115,7 +1115,7 @@ class InputGuard {
   // The key path of the current position ("<top level>" before any key),
   // cut short when long.
   std::string Path() const {
-    constexpr size_t kMaxPathChars = 160;
+    constexpr size_t kMaxPathChars = 100;
     std::string path;
     for (const Frame& f : frames_) {
       if (path.size() > kMaxPathChars) {
