@@ -15,7 +15,8 @@ JOBS="${STRATA_JOBS:-$(nproc)}"
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
-  libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox)
+  libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
+  clang libclang-rt-14-dev)  # clang + its libFuzzer runtime: scripts/fuzz.sh (config parser)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
