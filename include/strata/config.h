@@ -220,7 +220,7 @@ struct StrataConfig {
   std::string trace_path;           // Chrome-trace/Perfetto JSON; empty = off
   int64_t threads = 0;              // CPU optimizer threads; 0 = all cores of the NUMA node
   IoEngineKind io_engine = IoEngineKind::kAuto;
-  bool io_sqpoll = false;             // io_uring SQPOLL
+  bool io_sqpoll = false;  // io_uring SQPOLL
   // The optimizer step runs in the background while the next forward pass
   // starts: a module's forward waits only for the sub-groups holding its
   // parameters. Arithmetic is unchanged (bitwise the same parameters); an
@@ -282,7 +282,7 @@ struct AutoValues {
   std::optional<int64_t> train_micro_batch_size_per_gpu;
   std::optional<int64_t> gradient_accumulation_steps;
   std::optional<double> gradient_clipping;
-  std::optional<double> lr;  // optimizer.params.lr
+  std::optional<double> lr;            // optimizer.params.lr
   std::optional<double> beta1, beta2;  // optimizer.params.betas (both or either)
   std::optional<double> eps;
   std::optional<double> weight_decay;

@@ -246,7 +246,8 @@ constexpr UnsupportedSetting kUnsupportedSettings[] = {
 // ---- Value readers (type checks only; ranges are ValidateConfig's) ----------
 
 Status ReadInt(const json& v, std::string_view path, int64_t* out) {
-  constexpr std::string_view kExpect = "is not an integer (expected a whole number such as 8 or 5e8)";
+  constexpr std::string_view kExpect =
+      "is not an integer (expected a whole number such as 8 or 5e8)";
   if (v.is_number_unsigned()) {
     uint64_t u = v.get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -277,7 +278,8 @@ Status ReadDouble(const json& v, std::string_view path, double* out) {
     *out = v.get<double>();
     return Status::Ok();
   }
-  if (IsAuto(v)) return ValueError(path, v, "is not a number (\"auto\" is not accepted for this key)");
+  if (IsAuto(v))
+    return ValueError(path, v, "is not a number (\"auto\" is not accepted for this key)");
   return ValueError(path, v, "is not a number (expected a JSON number such as 0.9 or 1e-8)");
 }
 
@@ -286,7 +288,8 @@ Status ReadBool(const json& v, std::string_view path, bool* out) {
     *out = v.get<bool>();
     return Status::Ok();
   }
-  if (IsAuto(v)) return ValueError(path, v, "is not a boolean (\"auto\" is not accepted for this key)");
+  if (IsAuto(v))
+    return ValueError(path, v, "is not a boolean (\"auto\" is not accepted for this key)");
   if (v.is_string())
     return ValueError(path, v, "is not a boolean (write true or false without quotes)");
   return ValueError(path, v, "is not a boolean (expected true or false)");
@@ -299,13 +302,14 @@ bool ParseByteString(std::string_view s, int64_t* out) {
   size_t start = i;
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   std::string number(s.substr(start, i - start));
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".") return false;
+  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".")
+    return false;
   while (i < s.size() && s[i] == ' ') ++i;
   std::string suffix = Lower(s.substr(i));
   while (!suffix.empty() && suffix.back() == ' ') suffix.pop_back();
   static const std::pair<std::string_view, int> kSuffixes[] = {
-      {"", 0},    {"b", 0},    {"k", 1},   {"kb", 1},  {"kib", 1}, {"m", 2},  {"mb", 2},
-      {"mib", 2}, {"g", 3},    {"gb", 3},  {"gib", 3}, {"t", 4},   {"tb", 4}, {"tib", 4}};
+      {"", 0},    {"b", 0}, {"k", 1},  {"kb", 1},  {"kib", 1}, {"m", 2},  {"mb", 2},
+      {"mib", 2}, {"g", 3}, {"gb", 3}, {"gib", 3}, {"t", 4},   {"tb", 4}, {"tib", 4}};
   int power = -1;
   for (const auto& [name, p] : kSuffixes)
     if (suffix == name) power = p;
@@ -361,8 +365,9 @@ constexpr EnumName<OptimizerType> kOptimizerTypes[] = {{"Adam", OptimizerType::k
                                                        {"Lion", OptimizerType::kLion}};
 constexpr EnumName<DeviceKind> kDeviceKinds[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};
-constexpr EnumName<IoEngineKind> kIoEngines[] = {
-    {"auto", IoEngineKind::kAuto}, {"uring", IoEngineKind::kUring}, {"posix", IoEngineKind::kPosix}};
+constexpr EnumName<IoEngineKind> kIoEngines[] = {{"auto", IoEngineKind::kAuto},
+                                                 {"uring", IoEngineKind::kUring},
+                                                 {"posix", IoEngineKind::kPosix}};
 
 // ---- Section: one JSON object, its path, and which keys were read ----------
 
@@ -460,7 +465,8 @@ class Section {
       if (!v->get_ref<const std::string&>().empty()) out->push_back(v->get<std::string>());
       return Status::Ok();
     }
-    if (!v->is_array()) return ValueError(PathOf(key), *v, fmt::format("is not a path {}", kExpect));
+    if (!v->is_array())
+      return ValueError(PathOf(key), *v, fmt::format("is not a path {}", kExpect));
     // An empty list means "no path" (ConfigToJson writes one for a non-nvme
     // device); ValidateConfig rejects it when the device is nvme.
     std::vector<std::string> paths;
@@ -495,8 +501,10 @@ class Section {
     RETURN_IF_ERROR((this->*read)(key, &a, extra...));
     RETURN_IF_ERROR((this->*read)(alias, &b, extra...));
     if (has_key && has_alias && !(a == b)) return Conflict(key, alias);
-    if (has_key) *out = a;
-    else if (has_alias) *out = b;
+    if (has_key)
+      *out = a;
+    else if (has_alias)
+      *out = b;
     return Status::Ok();
   }
   // For two spellings of a key Strata does not read: they must agree (as
@@ -533,7 +541,8 @@ class Section {
       } else if (unused == nullptr || unused->note.empty()) {
         Warn(fmt::format("DeepSpeed key {} is not used by Strata (ignored)", path));
       } else {
-        Warn(fmt::format("DeepSpeed key {} is not used by Strata (ignored; {})", path, unused->note));
+        Warn(fmt::format("DeepSpeed key {} is not used by Strata (ignored; {})", path,
+                         unused->note));
       }
     }
     return Status::Ok();
@@ -614,8 +623,8 @@ Status ReadLegacyOffload(Section& s, std::initializer_list<std::string_view> nam
     return Status::Ok();
   }
   *device = legacy;
-  s.Notice(fmt::format("{}: {} read as {}.device \"{}\" (DeepSpeed's old spelling)", s.PathOf(first),
-                       *on, section, OffloadDeviceName(legacy)));
+  s.Notice(fmt::format("{}: {} read as {}.device \"{}\" (DeepSpeed's old spelling)",
+                       s.PathOf(first), *on, section, OffloadDeviceName(legacy)));
   return Status::Ok();
 }
 
@@ -625,13 +634,14 @@ Status ReadLegacyOffload(Section& s, std::initializer_list<std::string_view> nam
 Status ResolveZeroMeansOneTensor(Section& s, std::string_view key, std::string_view what,
                                  int64_t* value) {
   if (*value < 0)
-    return InvalidArgumentError(fmt::format("{}: {} is not allowed; must be >= 0 (0: {})",
-                                            s.PathOf(key), *value, what));
+    return InvalidArgumentError(
+        fmt::format("{}: {} is not allowed; must be >= 0 (0: {})", s.PathOf(key), *value, what));
   if (*value == 0) {
     *value = kZeroMeansOneTensorElems;
-    s.Notice(fmt::format("{}: 0 ({} in DeepSpeed) resolved to {} elements: Strata cuts them from "
-                         "the flat parameter space, not at tensor boundaries",
-                         s.PathOf(key), what, kZeroMeansOneTensorElems));
+    s.Notice(
+        fmt::format("{}: 0 ({} in DeepSpeed) resolved to {} elements: Strata cuts them from "
+                    "the flat parameter space, not at tensor boundaries",
+                    s.PathOf(key), what, kZeroMeansOneTensorElems));
   }
   return Status::Ok();
 }
@@ -645,8 +655,8 @@ Status ReadZero(Section& s, ZeroConfig* z, bool top_level_aio) {
   RETURN_IF_ERROR(s.Child("offload_param", &sub));
   if (sub) RETURN_IF_ERROR(ReadOffloadParam(*sub, &z->offload_param));
   // DeepSpeed's deprecated booleans for CPU offload.
-  RETURN_IF_ERROR(ReadLegacyOffload(s, {"cpu_offload"}, "offload_optimizer",
-                                    &z->offload_optimizer.device));
+  RETURN_IF_ERROR(
+      ReadLegacyOffload(s, {"cpu_offload"}, "offload_optimizer", &z->offload_optimizer.device));
   RETURN_IF_ERROR(ReadLegacyOffload(s, {"cpu_offload_param", "cpu_offload_params"}, "offload_param",
                                     &z->offload_param.device));
   if (s.Given("cpu_offload_use_pin_memory")) {
@@ -676,31 +686,29 @@ Status ReadZero(Section& s, ZeroConfig* z, bool top_level_aio) {
   RETURN_IF_ERROR(s.Aliased("stage3_prefetch_bucket_size", "prefetch_bucket_size",
                             &z->stage3_prefetch_bucket_size, &Section::Int, Auto::kAllowed));
   RETURN_IF_ERROR(s.Aliased("stage3_param_persistence_threshold", "param_persistence_threshold",
-                            &z->stage3_param_persistence_threshold, &Section::Int,
-                            Auto::kAllowed));
+                            &z->stage3_param_persistence_threshold, &Section::Int, Auto::kAllowed));
   RETURN_IF_ERROR(s.Aliased("stage3_max_live_parameters", "max_live_parameters",
                             &z->stage3_max_live_parameters, &Section::Int, Auto::kAllowed));
   RETURN_IF_ERROR(s.Aliased("stage3_max_reuse_distance", "max_reuse_distance",
                             &z->stage3_max_reuse_distance, &Section::Int, Auto::kAllowed));
   // Spellings of keys Strata does not read must agree too.
   RETURN_IF_ERROR(s.Agree("stage3_model_persistence_threshold", "model_persistence_threshold"));
-  RETURN_IF_ERROR(s.Agree("stage3_gather_16bit_weights_on_model_save",
-                          "gather_16bit_weights_on_model_save"));
-  RETURN_IF_ERROR(s.Agree("stage3_gather_fp16_weights_on_model_save",
-                          "gather_16bit_weights_on_model_save"));
+  RETURN_IF_ERROR(
+      s.Agree("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save"));
+  RETURN_IF_ERROR(
+      s.Agree("stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save"));
   RETURN_IF_ERROR(s.Agree("stage3_gather_fp16_weights_on_model_save",
                           "stage3_gather_16bit_weights_on_model_save"));
   RETURN_IF_ERROR(s.Agree("stage3_module_granularity_threshold", "module_granularity_threshold"));
-  RETURN_IF_ERROR(s.Agree("stage3_use_all_reduce_for_fetch_params",
-                          "use_all_reduce_for_fetch_params"));
+  RETURN_IF_ERROR(
+      s.Agree("stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params"));
   // DeepSpeed: overlap_comm defaults to true for stage 3, false otherwise.
   z->overlap_comm = z->stage == 3;
   RETURN_IF_ERROR(s.Bool("overlap_comm", &z->overlap_comm));
   RETURN_IF_ERROR(s.Bool("contiguous_gradients", &z->contiguous_gradients));
   RETURN_IF_ERROR(s.Int("reduce_bucket_size", &z->reduce_bucket_size, Auto::kAllowed));
-  RETURN_IF_ERROR(ResolveZeroMeansOneTensor(s, "reduce_bucket_size",
-                                            "one parameter's gradient per bucket",
-                                            &z->reduce_bucket_size));
+  RETURN_IF_ERROR(ResolveZeroMeansOneTensor(
+      s, "reduce_bucket_size", "one parameter's gradient per bucket", &z->reduce_bucket_size));
   RETURN_IF_ERROR(s.Int("allgather_bucket_size", &z->allgather_bucket_size, Auto::kAllowed));
   if (s.Peek("aio") != nullptr) {
     s.Take("aio");
@@ -731,8 +739,8 @@ Status ReadAio(Section& s, AioConfig* a) {
   RETURN_IF_ERROR(s.Aliased("intra_op_parallelism", "thread_count", &a->intra_op_parallelism,
                             &Section::Int, Auto::kRejected));
   if (s.Given("thread_count") && a->intra_op_parallelism <= 0)
-    return InvalidArgumentError(fmt::format("aio.thread_count: {} is not allowed; must be > 0",
-                                            a->intra_op_parallelism));
+    return InvalidArgumentError(
+        fmt::format("aio.thread_count: {} is not allowed; must be > 0", a->intra_op_parallelism));
   RETURN_IF_ERROR(s.Bool("single_submit", &a->single_submit));
   RETURN_IF_ERROR(s.Bool("overlap_events", &a->overlap_events));
   RETURN_IF_ERROR(s.Bool("use_gds", &a->use_gds));
@@ -745,8 +753,10 @@ template <typename T>
 Status ReadAutoKey(Section& s, std::string_view key, const std::optional<T>& supplied,
                    std::string_view fallback, T* out) {
   if (!s.IsAutoKey(key)) {
-    if constexpr (std::is_same_v<T, bool>) return s.Bool(key, out, Auto::kAllowed);
-    else return s.Double(key, out, Auto::kAllowed);
+    if constexpr (std::is_same_v<T, bool>)
+      return s.Bool(key, out, Auto::kAllowed);
+    else
+      return s.Double(key, out, Auto::kAllowed);
   }
   s.Take(key);
   if (supplied) *out = *supplied;
@@ -788,16 +798,16 @@ Status ReadOptimizer(Section& s, const AutoValues& autos, OptimizerConfig* o) {
     o->eps = 1e-10;
   }
   const OptimizerParams takes = ParamsOf(o->type);
-  const std::string default_text = fmt::format("Strata's default for {}; no frontend value",
-                                               OptimizerTypeName(o->type));
+  const std::string default_text =
+      fmt::format("Strata's default for {}; no frontend value", OptimizerTypeName(o->type));
   std::optional<Section> params;
   RETURN_IF_ERROR(s.Child("params", &params));
   if (params) {
     Section& p = *params;
     // A param the type does not take: DeepSpeed's optimizer would refuse it.
-    for (auto [key, taken] : {std::pair{"betas", takes.betas}, std::pair{"eps", takes.eps},
-                              std::pair{"adam_w_mode", takes.adam},
-                              std::pair{"bias_correction", takes.adam}}) {
+    for (auto [key, taken] :
+         {std::pair{"betas", takes.betas}, std::pair{"eps", takes.eps},
+          std::pair{"adam_w_mode", takes.adam}, std::pair{"bias_correction", takes.adam}}) {
       if (taken) continue;
       if (p.Given(key))
         return ValueError(p.PathOf(key), *p.Peek(key),
@@ -911,13 +921,15 @@ Status ResolveBatch(std::optional<int64_t> train, std::optional<int64_t> micro,
           *train, *micro, *gas, p));
   } else if (train && micro) {
     if (*train % *micro != 0)
-      return InvalidArgumentError(fmt::format(
-          "train_batch_size: {} is not a multiple of train_micro_batch_size_per_gpu {}", *train, *micro));
+      return InvalidArgumentError(
+          fmt::format("train_batch_size: {} is not a multiple of train_micro_batch_size_per_gpu {}",
+                      *train, *micro));
     gas = *train / *micro;
   } else if (train && gas) {
     if (*train % *gas != 0)
-      return InvalidArgumentError(fmt::format(
-          "train_batch_size: {} is not a multiple of gradient_accumulation_steps {}", *train, *gas));
+      return InvalidArgumentError(
+          fmt::format("train_batch_size: {} is not a multiple of gradient_accumulation_steps {}",
+                      *train, *gas));
     micro = *train / *gas;
   } else if (micro && gas) {
     int64_t p = 0;
@@ -1103,8 +1115,8 @@ class InputGuard {
  private:
   struct Frame {
     bool array = false;
-    size_t elements = 0;             // arrays: elements begun so far
-    std::string key;                 // objects: the key being read
+    size_t elements = 0;                   // arrays: elements begun so far
+    std::string key;                       // objects: the key being read
     std::unordered_set<std::string> keys;  // objects: keys seen
   };
 
@@ -1148,7 +1160,8 @@ class Checker {
     if (!(v >= 0)) Fail(path, fmt::format("{}", v), "must be >= 0");
   }
   void Fail(std::string_view path, std::string_view value, std::string_view rule) {
-    if (first_.ok()) first_ = InvalidArgumentError(fmt::format("{}: {} is not allowed; {}", path, value, rule));
+    if (first_.ok())
+      first_ = InvalidArgumentError(fmt::format("{}: {} is not allowed; {}", path, value, rule));
   }
   void Fail(std::string message) {
     if (first_.ok()) first_ = InvalidArgumentError(std::move(message));
@@ -1168,11 +1181,13 @@ void CheckOffloadCommon(Checker& k, std::string_view section, OffloadDevice devi
         section, section));
   for (size_t i = 0; i < nvme_path.size(); ++i)
     if (nvme_path[i].empty())
-      k.Fail(fmt::format("zero_optimization.{}.nvme_path[{}]", section, i), "\"\"", "must be a non-empty path");
+      k.Fail(fmt::format("zero_optimization.{}.nvme_path[{}]", section, i), "\"\"",
+             "must be a non-empty path");
   if (device != OffloadDevice::kNone && stage < min_stage)
-    k.Fail(fmt::format("zero_optimization.{}.device: \"{}\" requires zero_optimization.stage {} "
-                       "(stage is {})",
-                       section, OffloadDeviceName(device), min_stage == 3 ? "3" : ">= 1", stage));
+    k.Fail(
+        fmt::format("zero_optimization.{}.device: \"{}\" requires zero_optimization.stage {} "
+                    "(stage is {})",
+                    section, OffloadDeviceName(device), min_stage == 3 ? "3" : ">= 1", stage));
 }
 
 // DeepSpeed allows buffer_count 0 (ge=0); with an nvme device its swapper
@@ -1204,8 +1219,8 @@ std::string_view DeviceKindName(DeviceKind k) { return NameOf(kDeviceKinds, k); 
 std::string_view IoEngineKindName(IoEngineKind k) { return NameOf(kIoEngines, k); }
 
 bool operator==(const Config& a, const Config& b) {
-  return a.zero_optimization == b.zero_optimization && a.aio == b.aio && a.optimizer == b.optimizer &&
-         a.fp16 == b.fp16 && a.bf16_enabled == b.bf16_enabled &&
+  return a.zero_optimization == b.zero_optimization && a.aio == b.aio &&
+         a.optimizer == b.optimizer && a.fp16 == b.fp16 && a.bf16_enabled == b.bf16_enabled &&
          a.gradient_clipping == b.gradient_clipping && a.train_batch_size == b.train_batch_size &&
          a.train_micro_batch_size_per_gpu == b.train_micro_batch_size_per_gpu &&
          a.gradient_accumulation_steps == b.gradient_accumulation_steps && a.strata == b.strata;
@@ -1220,7 +1235,8 @@ Status ValidateConfig(const Config& c) {
   CheckOffloadCommon(k, "offload_optimizer", oo.device, oo.nvme_path, z.stage, 1);
   CheckBufferCount(k, "offload_optimizer", oo.device, oo.buffer_count);
   if (!(oo.ratio > 0.0 && oo.ratio <= 1.0))
-    k.Fail("zero_optimization.offload_optimizer.ratio", fmt::format("{}", oo.ratio), "must be in (0, 1]");
+    k.Fail("zero_optimization.offload_optimizer.ratio", fmt::format("{}", oo.ratio),
+           "must be in (0, 1]");
   const OffloadParamConfig& op = z.offload_param;
   CheckOffloadCommon(k, "offload_param", op.device, op.nvme_path, z.stage, 3);
   CheckBufferCount(k, "offload_param", op.device, op.buffer_count);
@@ -1230,7 +1246,8 @@ Status ValidateConfig(const Config& c) {
   // The parser resolves 0 (kZeroMeansOneTensorElems); a Config carries >= 1.
   k.Positive("zero_optimization.sub_group_size", z.sub_group_size);
   k.NonNegative("zero_optimization.stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
-  k.NonNegative("zero_optimization.stage3_param_persistence_threshold", z.stage3_param_persistence_threshold);
+  k.NonNegative("zero_optimization.stage3_param_persistence_threshold",
+                z.stage3_param_persistence_threshold);
   k.NonNegative("zero_optimization.stage3_max_live_parameters", z.stage3_max_live_parameters);
   k.NonNegative("zero_optimization.stage3_max_reuse_distance", z.stage3_max_reuse_distance);
   k.Positive("zero_optimization.reduce_bucket_size", z.reduce_bucket_size);
@@ -1254,7 +1271,8 @@ Status ValidateConfig(const Config& c) {
   const Fp16Config& f = c.fp16;
   k.NonNegative("fp16.loss_scale", f.loss_scale);  // 0 = dynamic
   if (f.initial_scale_power < 0 || f.initial_scale_power > 64)
-    k.Fail("fp16.initial_scale_power", fmt::format("{}", f.initial_scale_power), "must be in [0, 64]");
+    k.Fail("fp16.initial_scale_power", fmt::format("{}", f.initial_scale_power),
+           "must be in [0, 64]");
   k.Positive("fp16.loss_scale_window", f.loss_scale_window);
   if (f.hysteresis < 1) k.Fail("fp16.hysteresis", fmt::format("{}", f.hysteresis), "must be >= 1");
   k.Positive("fp16.min_loss_scale", f.min_loss_scale);
@@ -1267,10 +1285,12 @@ Status ValidateConfig(const Config& c) {
   k.Positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
   int64_t product = 0;
   if (c.train_micro_batch_size_per_gpu > 0 && c.gradient_accumulation_steps > 0 &&
-      (__builtin_mul_overflow(c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps, &product) ||
+      (__builtin_mul_overflow(c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
+                              &product) ||
        product != c.train_batch_size))
     k.Fail(fmt::format(
-        "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × gradient_accumulation_steps {} "
+        "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
+        "gradient_accumulation_steps {} "
         "(one rank: train = micro × accumulation)",
         c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps));
 
@@ -1287,7 +1307,8 @@ Status ValidateConfig(const Config& c) {
   if (m.hidden < 8) k.Fail("strata.model.hidden", fmt::format("{}", m.hidden), "must be >= 8");
   if (m.seq_len < 2) k.Fail("strata.model.seq_len", fmt::format("{}", m.seq_len), "must be >= 2");
   if (m.vocab != 256)
-    k.Fail("strata.model.vocab", fmt::format("{}", m.vocab), "must be 256 (the example model is byte-level)");
+    k.Fail("strata.model.vocab", fmt::format("{}", m.vocab),
+           "must be 256 (the example model is byte-level)");
   k.NonNegative("strata.model.seed", m.seed);
   k.NonNegative("strata.model.steps", m.steps);
   return k.status();
@@ -1316,16 +1337,17 @@ StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source
     return with_source(InvalidArgumentError(e.message));
   } catch (const json::parse_error& e) {
     auto [line, column] = LineColumn(json_text, e.byte);
-    return InvalidArgumentError(
-        fmt::format("{}:{}:{}: malformed JSON: {}", source, line, column, ParseErrorReason(e.what())));
+    return InvalidArgumentError(fmt::format("{}:{}:{}: malformed JSON: {}", source, line, column,
+                                            ParseErrorReason(e.what())));
   } catch (const json::exception& e) {  // nothing else is expected; never let it escape
     return InvalidArgumentError(fmt::format("{}: malformed JSON: {}", source, e.what()));
   } catch (const std::bad_alloc&) {
-    return ResourceExhaustedError(fmt::format("{}: out of memory while parsing the config", source));
+    return ResourceExhaustedError(
+        fmt::format("{}: out of memory while parsing the config", source));
   }
   if (!root.is_object())
-    return with_source(InvalidArgumentError(
-        fmt::format("the top level is {} {}, expected a JSON object {{ ... }}", root.type_name(), Show(root))));
+    return with_source(InvalidArgumentError(fmt::format(
+        "the top level is {} {}, expected a JSON object {{ ... }}", root.type_name(), Show(root))));
   Config config;
   Status s;
   try {
@@ -1340,16 +1362,20 @@ StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source
   return config;
 }
 
-StatusOr<Config> LoadConfigFile(const std::string& path) { return LoadConfigFile(path, AutoValues{}); }
+StatusOr<Config> LoadConfigFile(const std::string& path) {
+  return LoadConfigFile(path, AutoValues{});
+}
 
 StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_values) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     int err = errno;
-    if (err == ENOENT || err == ENOTDIR) return NotFoundError(fmt::format("config file {} does not exist", path));
+    if (err == ENOENT || err == ENOTDIR)
+      return NotFoundError(fmt::format("config file {} does not exist", path));
     return ErrnoError(fmt::format("config file {}", path), err);
   }
-  if (S_ISDIR(st.st_mode)) return IOError(fmt::format("config file {} is a directory, not a file", path));
+  if (S_ISDIR(st.st_mode))
+    return IOError(fmt::format("config file {} is a directory, not a file", path));
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) {
     int err = errno;
@@ -1365,7 +1391,8 @@ StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_
     text.append(buf, n);
   if (std::ferror(file.get())) {
     int err = errno;
-    return IOError(std::string(ErrnoError(fmt::format("cannot read config file {}", path), err).message()));
+    return IOError(
+        std::string(ErrnoError(fmt::format("cannot read config file {}", path), err).message()));
   }
   return ParseConfig(text, path, auto_values);
 }

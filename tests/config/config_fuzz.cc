@@ -44,8 +44,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!valid.ok()) Broken("a parsed Config does not validate", valid.ToString());
     const std::string out = strata::ConfigToJson(*c);
     strata::StatusOr<strata::Config> back = strata::ParseConfig(out);
-    if (!back.ok()) Broken("ConfigToJson output does not parse", back.status().ToString() + "\n" + out);
-    if (!(*back == *c)) Broken("round trip changed the Config", out + "\nvs\n" + strata::ConfigToJson(*back));
+    if (!back.ok())
+      Broken("ConfigToJson output does not parse", back.status().ToString() + "\n" + out);
+    if (!(*back == *c))
+      Broken("round trip changed the Config", out + "\nvs\n" + strata::ConfigToJson(*back));
   }
   strata::AutoValues autos;
   autos.lr = 3e-5;
