@@ -15,8 +15,8 @@
 //
 // "auto" (the Hugging Face integration's placeholder):
 //  - In zero_optimization, its offload sections and aio, "auto" means "use the
-//    default", for every key (DeepSpeed drops "auto" there). The section
-//    itself may be "auto" too.
+//    default", for every key (DeepSpeed drops "auto" there). An offload
+//    section or aio written "auto" as a whole means its defaults too.
 //  - train_batch_size, train_micro_batch_size_per_gpu,
 //    gradient_accumulation_steps, gradient_clipping, optimizer.params.{lr,
 //    betas, eps, weight_decay}, fp16.enabled and bf16.enabled take the value a
