@@ -20,10 +20,11 @@ if ! command -v "$CXX_BIN" >/dev/null 2>&1 || ! command -v "$CC_BIN" >/dev/null 
   echo "config fuzz: SKIPPED: $CXX_BIN not found (Debian: apt-get install clang libclang-rt-14-dev)"
   exit 0
 fi
+mkdir -p "$BUILD_DIR"
 if ! cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
      -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
-     -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF >"$BUILD_DIR.configure.log" 2>&1; then
-  echo "config fuzz: FAILED to configure the clang build (see $BUILD_DIR.configure.log)"
+     -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF >"$BUILD_DIR/configure.log" 2>&1; then
+  echo "config fuzz: FAILED to configure the clang build (see $BUILD_DIR/configure.log)"
   exit 1
 fi
 if ! grep -q '^STRATA_HAVE_LIBFUZZER:INTERNAL=1' "$BUILD_DIR/CMakeCache.txt"; then
