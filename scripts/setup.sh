@@ -16,7 +16,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
-  clang)  # clang: the thread-safety analysis of scripts/check_thread_safety.sh
+  clang libclang-rt-14-dev)  # clang: thread-safety analysis (check_thread_safety.sh); its
+                             # libFuzzer runtime: scripts/fuzz.sh (config parser)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds everything and runs every test: the GoogleTest suites through CTest,
 # then installs the library into a staging prefix and builds the consumer in
-# examples/link against the *installed* package (CMake and pkg-config).
+# examples/link against the *installed* package (CMake and pkg-config), then
+# fuzzes the config parser for ${STRATA_FUZZ_SECONDS:-60} s (scripts/fuzz.sh;
+# skipped, saying why, without clang).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
@@ -36,4 +38,6 @@ else
   echo "examples/link (pkg-config): FAILED"; link_ok=0
 fi
 [ "$link_ok" = 1 ] || status=1
+
+"$ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-60}" || status=1
 exit "$status"

@@ -2,23 +2,45 @@
 // already write it, plus a `strata` section for what DeepSpeed lacks.
 //
 // Loading fills every field with DeepSpeed's default when the key is absent.
-// Numbers may be written as integers or in exponent form (5e8); "auto" is
-// accepted where DeepSpeed (and its Hugging Face integration) accept it and
-// resolves to the default here. Unknown keys produce one warning each, naming
-// the key path (also returned in Config::warnings). A wrong type or value is an
-// InvalidArgument error naming the path, the value and what is allowed, e.g.
+// Numbers may be written as integers or in exponent form (5e8). A wrong type
+// or value is an InvalidArgument error naming the path, the value and what is
+// allowed, e.g.
 //   zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme
 // Malformed JSON is an InvalidArgument error naming the file, line and column.
-// Keys that take "auto": train_batch_size, train_micro_batch_size_per_gpu,
-// gradient_accumulation_steps, gradient_clipping, optimizer.params.{lr, betas,
-// eps, weight_decay}, fp16.enabled, bf16.enabled, zero_optimization.{
-// reduce_bucket_size, allgather_bucket_size, stage3_prefetch_bucket_size,
-// stage3_param_persistence_threshold, sub_group_size}; null is read as absent
-// there too. Elsewhere "auto" is a type error.
+//
+// Input limits (any input gives a Config or an error, never a crash):
+// objects and arrays nest at most kMaxConfigDepth levels, the text is at most
+// kMaxConfigBytes long, and a key may appear only once in an object (DeepSpeed
+// refuses duplicates too; the error names the key path).
+//
+// "auto" (the Hugging Face integration's placeholder):
+//  - In zero_optimization, its offload sections and aio, "auto" means "use the
+//    default", for every key (DeepSpeed drops "auto" there). An offload
+//    section or aio written "auto" as a whole means its defaults too.
+//  - train_batch_size, train_micro_batch_size_per_gpu,
+//    gradient_accumulation_steps, gradient_clipping, optimizer.params.{lr,
+//    betas, eps, weight_decay}, fp16.enabled and bf16.enabled take the value a
+//    frontend passes in AutoValues (as the Hugging Face trainer does); without
+//    one, Strata's default (batch sizes: derived from the others, else 1).
+//    Each such resolution is one notice naming the key and the value used.
+//  - null is read as absent for those keys too. Elsewhere "auto" is a type
+//    error.
+//
+// DeepSpeed's aliases and old spellings are accepted (e.g. max_live_parameters
+// for stage3_max_live_parameters, cpu_offload_param, aio.thread_count,
+// bfloat16); a config giving two spellings of one key with different values
+// is an error naming both paths. `"zero_optimization": true` is stage 1, false
+// stage 0.
+//
+// Keys: unknown keys produce one warning each, naming the key path. DeepSpeed
+// keys Strata does not use produce "DeepSpeed key ... is not used by Strata";
+// a DeepSpeed setting that would change the training and that Strata does not
+// implement (e.g. optimizer.params.amsgrad: true) is an error.
 //
 // Plain data; thread-compatible.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -40,6 +62,9 @@ struct OffloadOptimizerConfig {
   // (an empty string, empty list or null counts as absent).
   std::vector<std::string> nvme_path;
   bool pin_memory = false;
+  // Pinned buffers of the NVMe pipeline. 0 is accepted when device is not
+  // nvme (DeepSpeed allows it; the buffers are unused then); with nvme it is
+  // an error (DeepSpeed stops at its first step: "ran out of swap buffers").
   int64_t buffer_count = 4;
   bool fast_init = false;
   double ratio = 1.0;  // fraction of the optimizer step done on the CPU (0, 1]
@@ -54,27 +79,50 @@ struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::kNone;
   std::vector<std::string> nvme_path;
   bool pin_memory = false;
-  int64_t buffer_count = 5;
+  int64_t buffer_count = 5;  // >= 1 with device nvme; 0 accepted otherwise (unused)
+  // Not used by Strata (its parameter buffers are sized per module); >= 0.
   int64_t buffer_size = 100'000'000;   // elements
   int64_t max_in_cpu = 1'000'000'000;  // elements
 
   bool operator==(const OffloadParamConfig&) const = default;
 };
 
-// zero_optimization
+// What zero_optimization.sub_group_size and reduce_bucket_size 0 resolve to.
+// DeepSpeed's 0 means "one tensor per sub-group / per bucket": it closes a
+// sub-group or flushes a bucket after every parameter. Strata cuts both from
+// its flat element space without parameter boundaries, so the parser
+// resolves 0 to this fixed size (with a notice): about one weight matrix of a
+// small transformer layer; sub-group transfers (12 bytes of fp32 state per
+// element: 12 MiB) and gradient staging chunks stay large enough for full
+// NVMe and PCIe bandwidth. A Config never carries 0 for these two.
+inline constexpr int64_t kZeroMeansOneTensorElems = 1 << 20;
+
+// zero_optimization (the stage3_ keys also under DeepSpeed's short names:
+// prefetch_bucket_size, param_persistence_threshold, max_live_parameters,
+// max_reuse_distance).
 struct ZeroConfig {
   int stage = 0;  // 0..3
   OffloadOptimizerConfig offload_optimizer;
+  // Used with stage 3 only; below stage 3 the parser ignores the section with
+  // a warning (as DeepSpeed does) and leaves the defaults here.
   OffloadParamConfig offload_param;
-  int64_t sub_group_size = 1'000'000'000;                // elements
-  int64_t stage3_prefetch_bucket_size = 50'000'000;      // elements
-  int64_t stage3_param_persistence_threshold = 100'000;  // elements
-  int64_t stage3_max_live_parameters = 1'000'000'000;    // elements
-  int64_t stage3_max_reuse_distance = 1'000'000'000;     // elements
+  // Elements per optimizer sub-group, >= 1 (0 in JSON: kZeroMeansOneTensorElems).
+  int64_t sub_group_size = 1'000'000'000;
+  // Elements fetched ahead of use; 0 = no prefetching (as in DeepSpeed).
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  // Modules smaller than this stay on the device; 0 = none stays.
+  int64_t stage3_param_persistence_threshold = 100'000;
+  // Non-persistent elements resident at once; 0 = only the module in use
+  // (nothing is prefetched), as in DeepSpeed.
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+  // A module reused within this many elements stays; 0 = release right after use.
+  int64_t stage3_max_reuse_distance = 1'000'000'000;
   bool overlap_comm = false;  // when absent from JSON: true for stage 3 (DeepSpeed)
   bool contiguous_gradients = true;
-  int64_t reduce_bucket_size = 500'000'000;     // elements
-  int64_t allgather_bucket_size = 500'000'000;  // elements
+  // Elements per gradient bucket (sizes Strata's gradient staging), >= 1
+  // (0 in JSON: kZeroMeansOneTensorElems).
+  int64_t reduce_bucket_size = 500'000'000;
+  int64_t allgather_bucket_size = 500'000'000;  // elements; one rank: not used, >= 0
 
   bool operator==(const ZeroConfig&) const = default;
 };
@@ -91,21 +139,35 @@ struct AioConfig {
   bool operator==(const AioConfig&) const = default;
 };
 
-enum class OptimizerType { kAdam, kAdamW };
-std::string_view OptimizerTypeName(OptimizerType t);  // "Adam", "AdamW"
+// The optimizer algorithm (optimizer.type, case-insensitive). The CPU
+// optimizer implements all four (src/cpu_adam: Algorithm kAdam, kAdamW,
+// kAdagrad, kLion); DeepSpeed's other optimizers (Lamb, OneBitAdam, ...) are
+// an error naming these.
+enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
+// "Adam", "AdamW", "Adagrad", "Lion"
+std::string_view OptimizerTypeName(OptimizerType t);
 
-// optimizer
+// optimizer. Which params apply depends on the type (DeepSpeed's names; a
+// param the type does not take is an error):
+//   Adam, AdamW: lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0,
+//                adam_w_mode, bias_correction
+//   Adagrad:     lr 1e-2, eps 1e-10, weight_decay 0 (L2, added to the gradient)
+//   Lion:        lr 1e-3, betas [0.9, 0.999], weight_decay 0 (decoupled)
+// The defaults are DeepSpeed's CPU optimizers' (DeepSpeedCPUAdam/Adagrad/
+// Lion); the parser fills them per type. Fields a type does not use keep the
+// values below.
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
   double lr = 1e-3;
-  double beta1 = 0.9;    // params.betas[0]
-  double beta2 = 0.999;  // params.betas[1]
-  double eps = 1e-8;
+  double beta1 = 0.9;    // params.betas[0]; Adam/AdamW/Lion
+  double beta2 = 0.999;  // params.betas[1]; Adam/AdamW/Lion
+  double eps = 1e-8;     // Adam/AdamW/Adagrad
   double weight_decay = 0.0;
-  // DeepSpeed's adam_w_mode: decoupled weight decay (AdamW) when true, L2
-  // (Adam) when false. Defaults to true as in DeepSpeed; type AdamW forces it.
+  // Adam/AdamW: DeepSpeed's adam_w_mode: decoupled weight decay (AdamW) when
+  // true, L2 (Adam) when false. Defaults to true as in DeepSpeed; type AdamW
+  // forces it. Not used by Adagrad and Lion.
   bool adam_w_mode = true;
-  bool bias_correction = true;
+  bool bias_correction = true;  // Adam/AdamW only
 
   bool operator==(const OptimizerConfig&) const = default;
 };
@@ -158,7 +220,7 @@ struct StrataConfig {
   std::string trace_path;           // Chrome-trace/Perfetto JSON; empty = off
   int64_t threads = 0;              // CPU optimizer threads; 0 = all cores of the NUMA node
   IoEngineKind io_engine = IoEngineKind::kAuto;
-  bool io_sqpoll = false;             // io_uring SQPOLL
+  bool io_sqpoll = false;  // io_uring SQPOLL
   // The optimizer step runs in the background while the next forward pass
   // starts: a module's forward waits only for the sub-groups holding its
   // parameters. Arithmetic is unchanged (bitwise the same parameters); an
@@ -194,19 +256,51 @@ struct Config {
   int64_t gradient_accumulation_steps = 1;
   StrataConfig strata;
 
-  // Warnings produced while loading (unknown keys), one line each.
+  // Warnings produced while loading (unknown or unused keys, ignored
+  // sections), one line each.
   std::vector<std::string> warnings;
+  // Notices: what Strata chose where the config left it open ("auto"
+  // resolved, no optimizer section, a legacy form read, a 0 resolved), one
+  // line each naming the key and the value used.
+  std::vector<std::string> notices;
 };
 
-// Compares every setting; ignores `warnings`.
+// Compares every setting; ignores `warnings` and `notices`.
 bool operator==(const Config& a, const Config& b);
 
+// Input limits of ParseConfig (see the top of this file).
+inline constexpr int kMaxConfigDepth = 64;                  // nested objects/arrays
+inline constexpr size_t kMaxConfigBytes = size_t{4} << 20;  // 4 MiB of JSON text
+
+// Values a frontend supplies for the keys a config writes as "auto", the way
+// the Hugging Face integration fills them from its TrainingArguments. A
+// member that is set replaces "auto" (never a value the config writes); one
+// that is unset leaves Strata's default. Either way the notice says which
+// value was used. The values are validated like the config's own.
+struct AutoValues {
+  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<double> gradient_clipping;
+  std::optional<double> lr;            // optimizer.params.lr
+  std::optional<double> beta1, beta2;  // optimizer.params.betas (both or either)
+  std::optional<double> eps;
+  std::optional<double> weight_decay;
+  std::optional<bool> fp16_enabled;
+  std::optional<bool> bf16_enabled;
+};
+
 // Parses JSON text. `source` names it in error messages (a file path, or
-// "<string>"). Logs each warning as well as storing it.
+// "<string>"). Logs each warning (warn) and notice (info) as well as storing
+// it. Never throws.
 StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source = "<string>");
+// The same, with values for the "auto" keys.
+StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source,
+                             const AutoValues& auto_values);
 // Reads and parses a file. A missing or unreadable file is NotFound/IOError
-// naming the path.
+// naming the path; a file over kMaxConfigBytes is InvalidArgument.
 StatusOr<Config> LoadConfigFile(const std::string& path);
+StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_values);
 // The effective configuration (every key, defaults filled in) as DeepSpeed-
 // style JSON. ParseConfig(ConfigToJson(c)) yields a Config equal to c.
 std::string ConfigToJson(const Config& config, int indent = 2);

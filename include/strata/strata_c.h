@@ -56,6 +56,40 @@ const char* strata_version(void);
 
 int strata_engine_create_from_json(const char* json_text, strata_engine** out);
 int strata_engine_create_from_file(const char* path, strata_engine** out);
+
+/* Values for the config keys written "auto" (as the Hugging Face integration
+ * fills them from its trainer); strata::AutoValues in strata/config.h.
+ * `given` is a mask of STRATA_AUTO_* bits naming the members that hold a
+ * value: a zero-initialized struct gives none. A given value replaces "auto"
+ * only, never a value the config writes; the others resolve to Strata's
+ * defaults. Each resolution is logged as one notice line. */
+enum {
+  STRATA_AUTO_TRAIN_BATCH_SIZE = 1u << 0,
+  STRATA_AUTO_TRAIN_MICRO_BATCH_SIZE_PER_GPU = 1u << 1,
+  STRATA_AUTO_GRADIENT_ACCUMULATION_STEPS = 1u << 2,
+  STRATA_AUTO_GRADIENT_CLIPPING = 1u << 3,
+  STRATA_AUTO_LR = 1u << 4,
+  STRATA_AUTO_BETA1 = 1u << 5,
+  STRATA_AUTO_BETA2 = 1u << 6,
+  STRATA_AUTO_EPS = 1u << 7,
+  STRATA_AUTO_WEIGHT_DECAY = 1u << 8,
+  STRATA_AUTO_FP16_ENABLED = 1u << 9,
+  STRATA_AUTO_BF16_ENABLED = 1u << 10
+};
+typedef struct strata_auto_values {
+  uint32_t given; /* STRATA_AUTO_* bits */
+  int64_t train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps;
+  double gradient_clipping;
+  double lr, beta1, beta2, eps, weight_decay; /* optimizer.params (betas[0], betas[1]) */
+  int fp16_enabled, bf16_enabled;             /* 0 or 1 */
+} strata_auto_values;
+
+/* strata_engine_create_from_json, with values for the "auto" keys
+ * (auto_values may be NULL: none given). A given value out of range is
+ * STRATA_INVALID_ARGUMENT naming the key, as if the config had written it. */
+int strata_engine_create_from_json_auto(const char* json_text,
+                                        const strata_auto_values* auto_values,
+                                        strata_engine** out);
 void strata_engine_destroy(strata_engine* engine);
 
 /* init: numel floats (copied), or NULL to start from zeros. */

@@ -58,6 +58,36 @@ int strata_engine_create_from_json(const char* json_text, strata_engine** out) {
   return Create(strata::Engine::CreateFromJson(json_text), out);
 }
 
+int strata_engine_create_from_json_auto(const char* json_text,
+                                        const strata_auto_values* auto_values,
+                                        strata_engine** out) {
+  if (json_text == nullptr) return NullArg("json_text");
+  if (out == nullptr) return NullArg("out");
+  strata::AutoValues av;
+  if (auto_values != nullptr) {
+    const strata_auto_values& a = *auto_values;
+    auto take = [&](uint32_t bit, auto value, auto* field) {
+      if (a.given & bit) *field = value;
+    };
+    take(STRATA_AUTO_TRAIN_BATCH_SIZE, a.train_batch_size, &av.train_batch_size);
+    take(STRATA_AUTO_TRAIN_MICRO_BATCH_SIZE_PER_GPU, a.train_micro_batch_size_per_gpu,
+         &av.train_micro_batch_size_per_gpu);
+    take(STRATA_AUTO_GRADIENT_ACCUMULATION_STEPS, a.gradient_accumulation_steps,
+         &av.gradient_accumulation_steps);
+    take(STRATA_AUTO_GRADIENT_CLIPPING, a.gradient_clipping, &av.gradient_clipping);
+    take(STRATA_AUTO_LR, a.lr, &av.lr);
+    take(STRATA_AUTO_BETA1, a.beta1, &av.beta1);
+    take(STRATA_AUTO_BETA2, a.beta2, &av.beta2);
+    take(STRATA_AUTO_EPS, a.eps, &av.eps);
+    take(STRATA_AUTO_WEIGHT_DECAY, a.weight_decay, &av.weight_decay);
+    take(STRATA_AUTO_FP16_ENABLED, a.fp16_enabled != 0, &av.fp16_enabled);
+    take(STRATA_AUTO_BF16_ENABLED, a.bf16_enabled != 0, &av.bf16_enabled);
+  }
+  strata::StatusOr<strata::Config> config = strata::ParseConfig(json_text, "<string>", av);
+  if (!config.ok()) return Fail(config.status());
+  return Create(strata::Engine::Create(*config), out);
+}
+
 int strata_engine_create_from_file(const char* path, strata_engine** out) {
   if (path == nullptr) return NullArg("path");
   if (out == nullptr) return NullArg("out");

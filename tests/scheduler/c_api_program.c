@@ -72,3 +72,67 @@ int strata_c_api_smoke(char* err, size_t err_len) {
   }
   return 0;
 }
+
+/* strata_engine_create_from_json_auto: the frontend's lr replaces "auto". */
+int strata_c_api_auto_values(char* err, size_t err_len) {
+  const char* json =
+      "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}},"
+      " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": \"auto\"}},"
+      " \"train_micro_batch_size_per_gpu\": \"auto\","
+      " \"strata\": {\"device\": \"host\", \"overlap_optimizer\": false}}";
+  strata_auto_values av;
+  memset(&av, 0, sizeof av);
+  av.given = STRATA_AUTO_LR | STRATA_AUTO_TRAIN_MICRO_BATCH_SIZE_PER_GPU;
+  av.lr = 0.05;
+  av.train_micro_batch_size_per_gpu = 4;
+  strata_engine* e = NULL;
+  if (strata_engine_create_from_json_auto(json, &av, &e) != STRATA_OK) {
+    snprintf(err, err_len, "create: %s", strata_last_error());
+    return 1;
+  }
+  float init[16];
+  for (int i = 0; i < 16; ++i) init[i] = 1.0f;
+  int id = -1;
+  void* params[1];
+  void* grads[1];
+  int count = 0;
+  strata_step_stats st;
+  float out[16];
+  int rc = strata_register_parameter(e, "w", 16, STRATA_FP32, 0, init, &id);
+  if (rc == STRATA_OK) rc = strata_before_forward(e, 0, params, 1, &count);
+  if (rc == STRATA_OK) rc = strata_after_forward(e, 0);
+  if (rc == STRATA_OK) rc = strata_before_backward(e, 0, params, grads, 1, &count);
+  if (rc == STRATA_OK) {
+    for (int i = 0; i < 16; ++i) ((float*)grads[0])[i] = -2.0f;
+    rc = strata_after_backward(e, 0);
+  }
+  if (rc == STRATA_OK) rc = strata_step(e, &st);
+  if (rc == STRATA_OK) rc = strata_synchronize(e);
+  if (rc == STRATA_OK) rc = strata_read_parameter(e, id, out, 16);
+  strata_engine_destroy(e);
+  if (rc != STRATA_OK) {
+    snprintf(err, err_len, "step: %s", strata_last_error());
+    return 1;
+  }
+  /* AdamW's first step moves each weight by lr against the gradient's sign. */
+  for (int i = 0; i < 16; ++i) {
+    if (out[i] < 1.05f - 1e-4f || out[i] > 1.05f + 1e-4f) {
+      snprintf(err, err_len, "w[%d] = %f, want 1.05 (lr 0.05 from the frontend)", i, out[i]);
+      return 1;
+    }
+  }
+  /* A frontend value out of range names the key; NULL gives no values. */
+  av.lr = -1.0;
+  strata_engine* bad = NULL;
+  if (strata_engine_create_from_json_auto(json, &av, &bad) != STRATA_INVALID_ARGUMENT ||
+      strstr(strata_last_error(), "optimizer.params.lr: -1") == NULL) {
+    snprintf(err, err_len, "bad lr gave: %s", strata_last_error());
+    return 1;
+  }
+  if (strata_engine_create_from_json_auto(json, NULL, &bad) != STRATA_OK) {
+    snprintf(err, err_len, "NULL auto values: %s", strata_last_error());
+    return 1;
+  }
+  strata_engine_destroy(bad);
+  return 0;
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Fuzzes the config parser: builds tests/config/config_fuzz (libFuzzer with
+# ASan and UBSan) with clang in its own build directory and runs it for
+# ${1:-60} seconds, seeded with configs/*.json and tests/config/data/*.json.
+# Fails (exit 1) if the fuzzer finds a crash, a leak, a timeout, memory over
+# 2 GiB or a broken invariant; the input is kept under $BUILD_DIR/fuzz-artifacts.
+# Skips (exit 0, saying why) when clang or its fuzzer runtime is missing.
+#
+# Environment: STRATA_FUZZ_BUILD_DIR (build-fuzz), STRATA_FUZZ_CXX (clang++),
+#              STRATA_FUZZ_CC (clang), STRATA_JOBS (nproc).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SECONDS_TO_RUN="${1:-60}"
+BUILD_DIR="${STRATA_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
+CC_BIN="${STRATA_FUZZ_CC:-clang}"
+CXX_BIN="${STRATA_FUZZ_CXX:-clang++}"
+JOBS="${STRATA_JOBS:-$(nproc)}"
+
+if ! command -v "$CXX_BIN" >/dev/null 2>&1 || ! command -v "$CC_BIN" >/dev/null 2>&1; then
+  echo "config fuzz: SKIPPED: $CXX_BIN not found (Debian: apt-get install clang libclang-rt-14-dev)"
+  exit 0
+fi
+mkdir -p "$BUILD_DIR"
+if ! cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+     -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
+     -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF >"$BUILD_DIR/configure.log" 2>&1; then
+  echo "config fuzz: FAILED to configure the clang build (see $BUILD_DIR/configure.log)"
+  exit 1
+fi
+if ! grep -q '^STRATA_HAVE_LIBFUZZER:INTERNAL=1' "$BUILD_DIR/CMakeCache.txt"; then
+  echo "config fuzz: SKIPPED: $CXX_BIN cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
+  exit 0
+fi
+cmake --build "$BUILD_DIR" --target config_fuzz -j "$JOBS"
+
+CORPUS="$(mktemp -d)"
+trap 'rm -rf "$CORPUS"' EXIT
+ARTIFACTS="$BUILD_DIR/fuzz-artifacts"
+mkdir -p "$ARTIFACTS"
+echo "== config fuzz: ${SECONDS_TO_RUN} s"
+# New inputs go to the scratch corpus (first directory); the seeds are read only.
+if "$BUILD_DIR/tests/config/config_fuzz" -max_total_time="$SECONDS_TO_RUN" -timeout=10 \
+     -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
+     -dict="$ROOT/tests/config/config_fuzz.dict" -artifact_prefix="$ARTIFACTS/" \
+     "$CORPUS" "$ROOT/configs" "$ROOT/tests/config/data" 2>"$BUILD_DIR/fuzz.log"; then
+  grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "$BUILD_DIR/fuzz.log" || true
+  echo "config fuzz: ok"
+else
+  tail -n 60 "$BUILD_DIR/fuzz.log"
+  echo "config fuzz: FAILED (input kept in $ARTIFACTS; full log $BUILD_DIR/fuzz.log)"
+  exit 1
+fi
