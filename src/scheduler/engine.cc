@@ -437,7 +437,18 @@ scheduler::StepDeps EngineImpl::Deps() {
 cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
   const auto& o = cfg_.optimizer;
   cpu_adam::HyperParams hp;
-  hp.algorithm = o.adam_w_mode ? cpu_adam::Algorithm::kAdamW : cpu_adam::Algorithm::kAdam;
+  switch (o.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      hp.algorithm = o.adam_w_mode ? cpu_adam::Algorithm::kAdamW : cpu_adam::Algorithm::kAdam;
+      break;
+    case OptimizerType::kAdagrad:  // uses exp_avg_sq as its sum of squares
+      hp.algorithm = cpu_adam::Algorithm::kAdagrad;
+      break;
+    case OptimizerType::kLion:  // uses exp_avg as its momentum
+      hp.algorithm = cpu_adam::Algorithm::kLion;
+      break;
+  }
   // Doubles all the way, as the optimizer's fields and PyTorch's: the
   // derived coefficients are rounded to fp32 once, inside the optimizer.
   hp.lr = o.lr;

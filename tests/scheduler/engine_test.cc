@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -753,6 +754,45 @@ TEST(EngineTest, NvmeWrittenBytesAddUpAcrossPlacements) {
   EXPECT_GT(states, 0);
   EXPECT_GT(params, 0);
   EXPECT_EQ(both, states + params);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// optimizer.type reaches the CPU optimizer. Lion moves every element by
+// exactly lr per step (after the decoupled decay): sign updates, which
+// neither Adam nor Adagrad make after their first step. Placements stay
+// bitwise equal for each type.
+TEST(EngineTest, OptimizerTypeSelectsTheAlgorithm) {
+  testing::ScratchDir dir;
+  auto params_after = [&](OptimizerType type, OffloadDevice opt, int steps) {
+    Config c = BaseConfig(opt, OffloadDevice::kCpu, dir.str());
+    c.optimizer.type = type;
+    return Train(c, 11, steps);
+  };
+  std::map<OptimizerType, std::vector<std::vector<float>>> result;
+  for (OptimizerType t : {OptimizerType::kAdamW, OptimizerType::kAdagrad, OptimizerType::kLion}) {
+    result[t] = params_after(t, OffloadDevice::kCpu, 3);
+    EXPECT_TRUE(BitwiseEqual(result[t], params_after(t, OffloadDevice::kNvme, 3)))
+        << OptimizerTypeName(t);
+  }
+  EXPECT_FALSE(BitwiseEqual(result[OptimizerType::kAdamW], result[OptimizerType::kLion]));
+  EXPECT_FALSE(BitwiseEqual(result[OptimizerType::kAdamW], result[OptimizerType::kAdagrad]));
+  EXPECT_FALSE(BitwiseEqual(result[OptimizerType::kLion], result[OptimizerType::kAdagrad]));
+  // Lion, steps 2 and 3: |p_t - p_{t-1} (1 - lr wd)| == lr for every element.
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const double lr = c.optimizer.lr, wd = c.optimizer.weight_decay;
+  const auto before = params_after(OptimizerType::kLion, OffloadDevice::kCpu, 2);
+  const auto& after = result[OptimizerType::kLion];
+  int64_t checked = 0;
+  for (size_t i = 0; i < after.size(); ++i)
+    for (size_t j = 0; j < after[i].size(); ++j, ++checked)
+      ASSERT_NEAR(std::fabs(after[i][j] - before[i][j] * (1.0 - lr * wd)), lr, 1e-6)
+          << "parameter " << i << " element " << j;
+  EXPECT_GT(checked, 1000);
 }
 
 }  // namespace
