@@ -32,7 +32,7 @@ namespace strata::gpu::cuda {
 namespace {
 
 constexpr int kAdamThreads = 256;
-constexpr int kVec = 8;                      // elements per thread per iteration (vector path)
+constexpr int kVec = 8;                     // elements per thread per iteration (vector path)
 constexpr size_t kChunk = 256 * kVec * 16;  // elements per block: 16 iterations of the block
 
 struct TensorEntry {
@@ -50,34 +50,41 @@ struct AdamTable {
 
 template <int GD>  // 0 fp32, 1 fp16, 2 bf16
 __device__ __forceinline__ float LoadGrad(const void* g, size_t i) {
-  if constexpr (GD == 0) return static_cast<const float*>(g)[i];
-  else if constexpr (GD == 1) return __half2float(__ushort_as_half(static_cast<const uint16_t*>(g)[i]));
-  else return __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(g)[i]));
+  if constexpr (GD == 0)
+    return static_cast<const float*>(g)[i];
+  else if constexpr (GD == 1)
+    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(g)[i]));
+  else
+    return __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(g)[i]));
 }
 __device__ __forceinline__ float HalfBits(uint16_t b, int gd) {
   return gd == 1 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
 }
 template <int CD>  // 0 none, 1 fp32, 2 fp16, 3 bf16
 __device__ __forceinline__ uint16_t ToHalfBits(float x) {
-  if constexpr (CD == 2) return __half_as_ushort(__float2half_rn(x));  // round to nearest even
-  else return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  if constexpr (CD == 2)
+    return __half_as_ushort(__float2half_rn(x));  // round to nearest even
+  else
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
 }
 template <int CD>
 __device__ __forceinline__ void StoreCopy(void* out, size_t i, float x) {
-  if constexpr (CD == 1) static_cast<float*>(out)[i] = x;
-  else if constexpr (CD >= 2) static_cast<uint16_t*>(out)[i] = ToHalfBits<CD>(x);
+  if constexpr (CD == 1)
+    static_cast<float*>(out)[i] = x;
+  else if constexpr (CD >= 2)
+    static_cast<uint16_t*>(out)[i] = ToHalfBits<CD>(x);
 }
 
 // One element: kernel_scalar.cc's Adam/AdamW line for line (no contraction).
 __device__ __forceinline__ void AdamElement(float& p, float g, float& m, float& v,
                                             const host::AdamCoeffs& c) {
-  g = __fmul_rn(g, c.grad_scale);                                  // unscale × clip
-  if (!c.adamw) g = __fadd_rn(__fmul_rn(c.l2, p), g);              // Adam: L2 decay
-  m = __fadd_rn(__fmul_rn(c.w1, __fsub_rn(g, m)), m);              // m = lerp(m, g, 1-b1)
+  g = __fmul_rn(g, c.grad_scale);                                          // unscale × clip
+  if (!c.adamw) g = __fadd_rn(__fmul_rn(c.l2, p), g);                      // Adam: L2 decay
+  m = __fadd_rn(__fmul_rn(c.w1, __fsub_rn(g, m)), m);                      // m = lerp(m, g, 1-b1)
   v = __fadd_rn(__fmul_rn(c.w2, __fmul_rn(g, g)), __fmul_rn(c.beta2, v));  // v = b2 v + (1-b2) g²
   const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(v), c.inv_bc2_sqrt), c.eps);  // sqrt(v̂)+eps
-  if (c.adamw) p = __fmul_rn(p, c.decay);                          // AdamW: decoupled decay
-  p = __fadd_rn(__fmul_rn(c.neg_step, __fdiv_rn(m, denom)), p);    // p -= lr m̂ / denom
+  if (c.adamw) p = __fmul_rn(p, c.decay);                        // AdamW: decoupled decay
+  p = __fadd_rn(__fmul_rn(c.neg_step, __fdiv_rn(m, denom)), p);  // p -= lr m̂ / denom
 }
 
 // Which tensor holds chunk `b` (the last entry whose first_chunk <= b).
@@ -85,8 +92,10 @@ __device__ __forceinline__ int FindTensor(const AdamTable& tab, uint64_t b) {
   int lo = 0, hi = tab.n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (tab.e[mid].first_chunk <= b) lo = mid;
-    else hi = mid - 1;
+    if (tab.e[mid].first_chunk <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -95,7 +104,8 @@ __device__ __forceinline__ int FindTensor(const AdamTable& tab, uint64_t b) {
 
 template <int GD, int CD>
 __global__ void __launch_bounds__(kAdamThreads)
-    AdamKernel(const __grid_constant__ AdamTable tab, const host::AdamCoeffs c, const int32_t* skip) {
+    AdamKernel(const __grid_constant__ AdamTable tab, const host::AdamCoeffs c,
+               const int32_t* skip) {
   if (skip != nullptr && *skip != 0) return;  // overflow: the step is skipped
   const TensorEntry& e = tab.e[FindTensor(tab, blockIdx.x)];
   const AdamTensor& t = e.t;
@@ -179,8 +189,8 @@ cudaError_t LaunchGroup(const AdamTensor* tensors, size_t n, const host::AdamCoe
 }
 
 template <int GD>
-cudaError_t LaunchForGrad(const AdamTensor* t, size_t n, bool copy, DType cd, const host::AdamCoeffs& c,
-                          const int32_t* skip, cudaStream_t s) {
+cudaError_t LaunchForGrad(const AdamTensor* t, size_t n, bool copy, DType cd,
+                          const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s) {
   if (!copy) return LaunchGroup<GD, 0>(t, n, c, skip, s);
   switch (cd) {
     case DType::kFp32:

@@ -333,18 +333,17 @@ class CudaDevice final : public Device {
         return x.grad == sh.grad_dtype && x.copy == copy && x.copy_dtype == cd;
       });
       if (g == groups.end()) g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, {}});
-      g->tensors.push_back(
-          {sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
+      g->tensors.push_back({sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
     }
     for (const Group& g : groups)
-      RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad, g.copy, g.copy_dtype, c,
-                           skip_if_set, cs),
-          [&] {
-            return fmt::format("AdamStep kernel launch ({} tensors, grad {}, copy {})",
-                               g.tensors.size(), DTypeName(g.grad),
-                               g.copy ? DTypeName(g.copy_dtype) : "none");
-          }));
+      RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad,
+                                                  g.copy, g.copy_dtype, c, skip_if_set, cs),
+                                 [&] {
+                                   return fmt::format(
+                                       "AdamStep kernel launch ({} tensors, grad {}, copy {})",
+                                       g.tensors.size(), DTypeName(g.grad),
+                                       g.copy ? DTypeName(g.copy_dtype) : "none");
+                                 }));
     return Status::Ok();
   }
 

@@ -157,12 +157,12 @@ cudaError_t LoadAdamKernels();  // adam_kernel.cu
 
 cudaError_t LoadKernels() {
   const cudaError_t errs[] = {
-      Load(CastKernel<F32, F16>),    Load(CastKernel<F32, BF16>),  Load(CastKernel<F16, F32>),
-      Load(CastKernel<F16, BF16>),   Load(CastKernel<BF16, F32>),  Load(CastKernel<BF16, F16>),
-      Load(UnscaleKernel<F32>),      Load(UnscaleKernel<F16>),     Load(UnscaleKernel<BF16>),
-      Load(SumSquaresKernel<F32>),   Load(SumSquaresKernel<F16>),  Load(SumSquaresKernel<BF16>),
-      Load(FillKernel<float>),       Load(FillKernel<uint16_t>),   Load(FillKernel<int32_t>),
-      Load(FillKernel<double>),      internal_adam::LoadAdamKernels()};
+      Load(CastKernel<F32, F16>),  Load(CastKernel<F32, BF16>),     Load(CastKernel<F16, F32>),
+      Load(CastKernel<F16, BF16>), Load(CastKernel<BF16, F32>),     Load(CastKernel<BF16, F16>),
+      Load(UnscaleKernel<F32>),    Load(UnscaleKernel<F16>),        Load(UnscaleKernel<BF16>),
+      Load(SumSquaresKernel<F32>), Load(SumSquaresKernel<F16>),     Load(SumSquaresKernel<BF16>),
+      Load(FillKernel<float>),     Load(FillKernel<uint16_t>),      Load(FillKernel<int32_t>),
+      Load(FillKernel<double>),    internal_adam::LoadAdamKernels()};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return e;
   return cudaSuccess;

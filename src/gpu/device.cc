@@ -92,9 +92,7 @@ bool IsFloatDType(DType t) { return t == DType::kFp32 || t == DType::kFp16 || t 
 
 Status Device::CheckAdam(std::span<const AdamShard> shards, const AdamHyperParams& hp,
                          const int32_t* skip_if_set) const {
-  auto bad = [](const std::string& what) {
-    return InvalidArgumentError("AdamStep: " + what);
-  };
+  auto bad = [](const std::string& what) { return InvalidArgumentError("AdamStep: " + what); };
   if (!(hp.lr >= 0) || !std::isfinite(hp.lr))
     return bad(fmt::format("lr must be finite and >= 0, got {}", hp.lr));
   if (!(hp.beta1 >= 0 && hp.beta1 < 1))

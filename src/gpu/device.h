@@ -252,21 +252,21 @@ struct AdamHyperParams {
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool bias_correction = true;
-  int64_t step = 1;          // the step being taken, 1-based (≥ 1)
-  double grad_scale = 1.0;   // every gradient is multiplied by this first (1/loss_scale × clip)
+  int64_t step = 1;         // the step being taken, 1-based (≥ 1)
+  double grad_scale = 1.0;  // every gradient is multiplied by this first (1/loss_scale × clip)
 };
 
 // One tensor (or shard) of optimizer state for Device::AdamStep; device
 // pointers, not owned.
 struct AdamShard {
-  float* param = nullptr;       // fp32 master, count elements, updated in place
-  const void* grad = nullptr;   // count elements of grad_dtype
+  float* param = nullptr;      // fp32 master, count elements, updated in place
+  const void* grad = nullptr;  // count elements of grad_dtype
   DType grad_dtype = DType::kFp32;
   float* exp_avg = nullptr;     // fp32 first moment
   float* exp_avg_sq = nullptr;  // fp32 second moment
   void* copy_out = nullptr;     // optional: count elements of copy_dtype ← updated param
   DType copy_dtype = DType::kBf16;
-  size_t count = 0;             // 0 is valid (nothing happens)
+  size_t count = 0;  // 0 is valid (nothing happens)
 };
 
 // Bytes AdamStep moves per element (reads + writes): param, exp_avg,

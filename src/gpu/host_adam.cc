@@ -37,12 +37,12 @@ void AdamStep(const AdamShard& s, const AdamCoeffs& c) {
     float g = LoadAsFloat(s.grad, s.grad_dtype, i) * c.grad_scale;
     float m = s.exp_avg[i];
     float v = s.exp_avg_sq[i];
-    if (!c.adamw) g = c.l2 * p + g;                            // Adam: L2 into the gradient
-    m = c.w1 * (g - m) + m;                                    // m = lerp(m, g, 1-b1)
-    v = c.w2 * (g * g) + c.beta2 * v;                          // v = b2 v + (1-b2) g²
+    if (!c.adamw) g = c.l2 * p + g;                             // Adam: L2 into the gradient
+    m = c.w1 * (g - m) + m;                                     // m = lerp(m, g, 1-b1)
+    v = c.w2 * (g * g) + c.beta2 * v;                           // v = b2 v + (1-b2) g²
     const float denom = std::sqrt(v) * c.inv_bc2_sqrt + c.eps;  // sqrt(v̂) + eps
-    if (c.adamw) p = p * c.decay;                              // AdamW: decoupled decay
-    p = c.neg_step * (m / denom) + p;                          // p -= lr m̂ / denom
+    if (c.adamw) p = p * c.decay;                               // AdamW: decoupled decay
+    p = c.neg_step * (m / denom) + p;                           // p -= lr m̂ / denom
     s.exp_avg[i] = m;
     s.exp_avg_sq[i] = v;
     s.param[i] = p;

@@ -24,11 +24,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -50,8 +50,7 @@ namespace {
 class CallbackThread {
  public:
   explicit CallbackThread(double deadlock_timeout_s)
-      : deadlock_ns_(static_cast<int64_t>(deadlock_timeout_s * 1e9)),
-        thread_([this] { Loop(); }) {}
+      : deadlock_ns_(static_cast<int64_t>(deadlock_timeout_s * 1e9)), thread_([this] { Loop(); }) {}
   ~CallbackThread() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -150,11 +149,11 @@ class CallbackThread {
   const int64_t deadlock_ns_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
-  std::deque<Job*> queue_;       // GUARDED_BY(mu_)
-  Job* running_ = nullptr;       // GUARDED_BY(mu_)
+  std::deque<Job*> queue_;        // GUARDED_BY(mu_)
+  Job* running_ = nullptr;        // GUARDED_BY(mu_)
   int64_t running_since_ns_ = 0;  // GUARDED_BY(mu_)
-  bool stop_ = false;            // GUARDED_BY(mu_)
-  std::thread thread_;           // last: started in the constructor
+  bool stop_ = false;             // GUARDED_BY(mu_)
+  std::thread thread_;            // last: started in the constructor
 };
 
 // An event's state, shared with the stream ops that reference it so that an
@@ -216,8 +215,7 @@ class HostEvent final : public Event {
     std::lock_guard<std::mutex> lock(state_->mu);
     if (!timing_)
       return FailedPreconditionError(fmt::format(
-          "ElapsedSeconds: the {} event was created without timing (EventOptions::timing)",
-          which));
+          "ElapsedSeconds: the {} event was created without timing (EventOptions::timing)", which));
     if (state_->recorded == 0)
       return FailedPreconditionError(
           fmt::format("ElapsedSeconds: the {} event was never recorded", which));
@@ -276,7 +274,8 @@ class HostStream final : public Stream {
       sync->cv.notify_all();
     });
     std::unique_lock<std::mutex> lock(sync->mu);
-    Status s = callbacks_->Await(lock, sync->cv, [&] { return sync->done; }, what);
+    Status s = callbacks_->Await(
+        lock, sync->cv, [&] { return sync->done; }, what);
     if (s.ok()) return s;
     if (!sync->running) {
       sync->cancelled = true;
@@ -681,8 +680,8 @@ StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options)
                     options.host_deadlock_timeout_s));
   // The same budget rule as CudaDevice (ArenaBudgetBytes), so both lay out
   // the same arena; the mapping itself is whole pages.
-  const size_t budget = ArenaBudgetBytes(
-      options.hbm_budget_bytes == 0 ? kDefaultHostHbmBudget : options.hbm_budget_bytes);
+  const size_t budget = ArenaBudgetBytes(options.hbm_budget_bytes == 0 ? kDefaultHostHbmBudget
+                                                                       : options.hbm_budget_bytes);
   if (budget == 0)
     return ResourceExhaustedError(
         fmt::format("host device: an HBM budget of {} bytes is less than one {}-byte block",

@@ -153,9 +153,9 @@ void RunAndCompare(Device& d, std::vector<Case> cases, bool adamw) {
     const auto v = Get<float>(d, t.dv.as<float>() + off, n);
     int bad = 0;
     for (size_t i = 0; i < n && bad < 5; ++i) {
-      for (auto [got, want, name] : {std::tuple{p[i], t.p[i], "param"},
-                                     std::tuple{m[i], t.m[i], "exp_avg"},
-                                     std::tuple{v[i], t.v[i], "exp_avg_sq"}}) {
+      for (auto [got, want, name] :
+           {std::tuple{p[i], t.p[i], "param"}, std::tuple{m[i], t.m[i], "exp_avg"},
+            std::tuple{v[i], t.v[i], "exp_avg_sq"}}) {
         if (!std::isfinite(got) || UlpDistance(got, want) > 2) {
           ++bad;
           ADD_FAILURE() << name << "[" << i << "] = " << got << ", CPU " << want;
@@ -196,8 +196,8 @@ TYPED_TEST(AdamStepTest, ManySmallTensorsInOneCall) {
   Device& d = this->dev();
   std::vector<Case> cases;
   for (size_t i = 0; i < 300; ++i)
-    cases.push_back({1 + (i * 37) % 300, i % 5, i % 3 == 0 ? DType::kBf16 : DType::kFp32, i % 2 == 0,
-                     DType::kBf16});
+    cases.push_back({1 + (i * 37) % 300, i % 5, i % 3 == 0 ? DType::kBf16 : DType::kFp32,
+                     i % 2 == 0, DType::kBf16});
   RunAndCompare(d, cases, true);
 }
 

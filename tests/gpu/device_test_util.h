@@ -38,8 +38,7 @@ class Watchdog {
     name_ = info ? std::string(info->test_suite_name()) + "." + info->name() : "?";
     thread_ = std::thread([this, seconds] {
       std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done_; }))
-        return;
+      if (cv_.wait_for(lock, std::chrono::duration<double>(seconds), [&] { return done_; })) return;
       std::fprintf(stderr,
                    "watchdog: %s still running after %.0f s: a hang (e.g. a blocking device call "
                    "while a host function waits for this thread); aborting\n",

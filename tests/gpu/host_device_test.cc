@@ -113,7 +113,7 @@ TEST(HostDeviceTest, LongWaitsWithoutAStuckHostFunctionAreNotDeadlocks) {
   auto d = MakeHost(0.2, false, /*link_gbs=*/0.02);  // 8 MiB takes ~0.4 s
   std::vector<char> b(8 << 20, 1);
   auto x = d->Allocate(8 << 20).value();
-  ASSERT_OK(d->h2d().EnqueueHostCallback([] {}));  // a quick one is fine
+  ASSERT_OK(d->h2d().EnqueueHostCallback([] {}));                 // a quick one is fine
   ASSERT_OK(d->CopyH2D(x.data(), b.data(), b.size(), d->h2d()));  // pageable: waits ~0.4 s
   ASSERT_OK(d->CopyH2D(x.data(), b.data(), b.size(), d->h2d()));
   ASSERT_OK(d->h2d().Synchronize());
