@@ -14,12 +14,19 @@ function(strata_cc_library)
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 endfunction()
 
-# strata_cc_test(NAME <name> SRCS <files...> [DEPS <targets...>] [LABELS <labels...>])
+# strata_cc_test(NAME <name> SRCS <files...> [DEPS <targets...>] [LABELS <labels...>]
+#                [TIMEOUT <seconds>])
 # A GoogleTest binary registered with CTest (one CTest entry per test case).
+# Each case gets TIMEOUT seconds (default 120: the slowest case takes ~10 s on
+# a 2-core VM), so a hang fails in minutes. The discovered tests' TIMEOUT
+# property overrides `ctest --timeout`.
 function(strata_cc_test)
-  cmake_parse_arguments(A "" "NAME" "SRCS;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 120)
+  endif()
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} strata_test_util GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
-  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${A_LABELS}" TIMEOUT 600)
+  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
 endfunction()

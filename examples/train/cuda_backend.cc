@@ -47,9 +47,9 @@ class CudaBackend final : public Backend {
     const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn(), V = s_.vocab;
     // Activations: a, g [N × F]; u, du [N × H]; z [N × V]; rms, loss [N].
     // Weights/grads in fp32: the largest module has two F × H tensors (or three V × H).
+    // BackendWorkspaceBytes (model.cc) is this layout's size.
     const int64_t wmax = std::max(2 * F * H + F + H, 3 * V * H);
-    const int64_t floats = 2 * N * F + 2 * N * H + N * V + 2 * N + 2 * wmax;
-    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(floats * 4 + 2 * N * 4));
+    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(BackendWorkspaceBytes(s_)));
     float* f = static_cast<float*>(base);
     a_ = f, f += N * F;
     g_ = f, f += N * F;

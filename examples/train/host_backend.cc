@@ -148,9 +148,10 @@ class HostBackend final : public Backend {
   Status Prepare() override {
     if (a_) return Status();
     const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn(), V = s_.vocab;
-    // One workspace: a, g [N × F]; u, du [N × H]; z [N × V]; rms [N].
-    const int64_t floats = 2 * N * F + 2 * N * H + N * V + N;
-    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(floats * 4));
+    // One workspace: a, g [N × F]; u, du [N × H]; z [N × V]; rms [N] — a
+    // prefix of the CUDA backend's workspace, allocated at its full size so
+    // that the arena's layout matches the CUDA device's.
+    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(BackendWorkspaceBytes(s_)));
     float* f = static_cast<float*>(base);
     a_ = f, f += N * F;
     g_ = f, f += N * F;

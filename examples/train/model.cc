@@ -2,6 +2,7 @@
 // the Engine's hooks. See model.h.
 #include "examples/train/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
 
@@ -98,6 +99,13 @@ void InitParameter(const std::string& name, const ModelShape& s, uint64_t seed, 
 
 Model::~Model() {
   for (void* p : workspaces_) engine_->FreeWorkspace(p).IgnoreError();
+}
+
+int64_t BackendWorkspaceBytes(const ModelShape& s) {
+  const int64_t N = s.tokens(), H = s.hidden, F = s.ffn(), V = s.vocab;
+  const int64_t wmax = std::max(2 * F * H + F + H, 3 * V * H);
+  const int64_t floats = 2 * N * F + 2 * N * H + N * V + 2 * N + 2 * wmax;
+  return floats * 4 + 2 * N * 4;  // + the int32 tokens (inputs and targets)
 }
 
 StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape& shape, DType dtype, uint64_t seed) {

@@ -111,6 +111,13 @@ class Backend {
 // host memory in tests that run a backend without an engine.
 using WorkspaceFn = std::function<StatusOr<void*>(int64_t bytes)>;
 
+// Bytes of the one scratch workspace a backend asks for in Prepare(): the
+// CUDA backend's layout (activations a, g [N × F], u, du [N × H], z [N × V],
+// rms, loss [N]; fp32 weights and gradients of the largest module; the
+// tokens). The host backend asks for the same bytes (and uses a prefix), so
+// the HBM arena is laid out, and fragments, alike on both devices.
+int64_t BackendWorkspaceBytes(const ModelShape& shape);
+
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc);
 // nullptr with NotSupported when this build has no CUDA.
 StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype, void* stream,

@@ -22,7 +22,7 @@ namespace strata::gpu {
 
 class Arena {
  public:
-  static constexpr size_t kAlign = 256;
+  static constexpr size_t kAlign = kDeviceAlignment;  // cudaMalloc's alignment
 
   // `base` is the start of the range (aligned to kAlign), `bytes` its size
   // (the budget). `release` runs on destruction to free the range (may be

@@ -4,7 +4,13 @@
 // cudaMalloc/cudaFree — which synchronize the device — on the hot path).
 // compute, h2d and d2h are separate non-blocking streams, so both copy
 // directions and kernels can run at once on GPUs with two copy engines.
-// Events are created with cudaEventDisableTiming (cheapest to record/wait).
+// Events are created with cudaEventDisableTiming (cheapest to record/wait)
+// unless EventOptions::timing asks for timestamps (ElapsedSeconds).
+// Every kernel is loaded at creation (cuda::LoadKernels): with CUDA's default
+// lazy loading, the first launch of a kernel may synchronize the context, so
+// a first launch while a stream is held by a host function that waits for
+// the launching thread never returns (the two tests of issue #12 that hung
+// on an H100 launched FillInt32 for the first time in exactly that state).
 // Every CUDA error becomes a Status naming the call (CudaStatus below).
 //
 // This file is compiled only when the build has CUDA (STRATA_HAVE_CUDA);
@@ -13,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -26,6 +33,7 @@
 #include "src/gpu/cuda_kernels.h"
 #include "src/gpu/cuda_status.h"
 #include "src/gpu/device.h"
+#include "src/gpu/host_kernels.h"
 
 namespace strata::gpu {
 namespace {
@@ -77,12 +85,15 @@ Status CudaStatus(cudaError_t err, Call&& call) {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(int device, cudaEvent_t e) : device_(device), event_(e) {}
+  CudaEvent(int device, cudaEvent_t e, bool timing) : device_(device), event_(e), timing_(timing) {}
   ~CudaEvent() override {
     cudaSetDevice(device_);
     cudaEventDestroy(event_);
   }
   cudaEvent_t get() const { return event_; }
+  bool timing() const override { return timing_; }
+  bool recorded() const { return recorded_.load(std::memory_order_acquire); }
+  void set_recorded() { recorded_.store(true, std::memory_order_release); }
 
   StatusOr<bool> Query() override {
     const cudaError_t err = cudaEventQuery(event_);
@@ -97,6 +108,8 @@ class CudaEvent final : public Event {
  private:
   const int device_;
   cudaEvent_t event_;
+  const bool timing_;
+  std::atomic<bool> recorded_{false};
 };
 
 void HostFuncTrampoline(void* arg) {
@@ -120,8 +133,10 @@ class CudaStream final : public Stream {
     auto* e = dynamic_cast<CudaEvent*>(&event);
     if (e == nullptr) return InvalidArgumentError("Stream::Record: event is not a CUDA event");
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    return CudaStatus(cudaEventRecord(e->get(), stream_),
-                      [&] { return "cudaEventRecord on stream " + name_; });
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(e->get(), stream_),
+                               [&] { return "cudaEventRecord on stream " + name_; }));
+    e->set_recorded();
+    return Status::Ok();
   }
   Status Wait(Event& event) override {
     auto* e = dynamic_cast<CudaEvent*>(&event);
@@ -173,6 +188,8 @@ class CudaDevice final : public Device {
     d2h_.reset();
   }
   Status Init() {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
+    RETURN_IF_ERROR(CudaStatus(cuda::LoadKernels(), "loading the device layer's kernels"));
     ASSIGN_OR_RETURN(compute_, NewStream(id_, "compute"));
     ASSIGN_OR_RETURN(h2d_, NewStream(id_, "h2d"));
     ASSIGN_OR_RETURN(d2h_, NewStream(id_, "d2h"));
@@ -186,11 +203,33 @@ class CudaDevice final : public Device {
     ASSIGN_OR_RETURN(auto s, NewStream(id_, name));
     return std::unique_ptr<Stream>(std::move(s));
   }
-  StatusOr<std::unique_ptr<Event>> CreateEvent() override {
+  StatusOr<std::unique_ptr<Event>> CreateEvent(EventOptions options) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
     cudaEvent_t e = nullptr;
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return std::unique_ptr<Event>(std::make_unique<CudaEvent>(id_, e));
+    CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&e, options.timing ? cudaEventDefault : cudaEventDisableTiming));
+    return std::unique_ptr<Event>(std::make_unique<CudaEvent>(id_, e, options.timing));
+  }
+  StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
+    auto* s = dynamic_cast<CudaEvent*>(&start);
+    auto* e = dynamic_cast<CudaEvent*>(&end);
+    if (s == nullptr || e == nullptr)
+      return InvalidArgumentError("ElapsedSeconds: event is not a CUDA event");
+    for (auto [ev, which] : {std::pair{s, "start"}, std::pair{e, "end"}}) {
+      if (!ev->timing())
+        return FailedPreconditionError(fmt::format(
+            "ElapsedSeconds: the {} event was created without timing (EventOptions::timing)",
+            which));
+      if (!ev->recorded())
+        return FailedPreconditionError(
+            fmt::format("ElapsedSeconds: the {} event was never recorded", which));
+    }
+    float ms = 0;
+    const cudaError_t err = cudaEventElapsedTime(&ms, s->get(), e->get());
+    if (err == cudaErrorNotReady)
+      return UnavailableError("ElapsedSeconds: an event's latest record has not completed");
+    RETURN_IF_ERROR(CudaStatus(err, "cudaEventElapsedTime"));
+    return static_cast<double>(ms) * 1e-3;
   }
   Status Synchronize() override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
@@ -270,6 +309,42 @@ class CudaDevice final : public Device {
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "FillDouble"));
     return CudaStatus(cuda::LaunchFillDouble(x, n, value, MaxBlocks(), cs),
                       "FillDouble kernel launch");
+  }
+
+  Status AdamStep(std::span<const AdamShard> shards, const AdamHyperParams& hp,
+                  const int32_t* skip_if_set, Stream& stream) override {
+    RETURN_IF_ERROR(CheckAdam(shards, hp, skip_if_set));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "AdamStep"));
+    const host::AdamCoeffs c = host::MakeAdamCoeffs(hp);
+    // One multi-tensor launch per (grad dtype, copy-out dtype) group, in the
+    // order the groups first appear (groups touch disjoint shards).
+    struct Group {
+      DType grad;
+      bool copy;
+      DType copy_dtype;
+      std::vector<cuda::AdamTensor> tensors;
+    };
+    std::vector<Group> groups;
+    for (const AdamShard& sh : shards) {
+      if (sh.count == 0) continue;
+      const bool copy = sh.copy_out != nullptr;
+      const DType cd = copy ? sh.copy_dtype : DType::kFp32;
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
+        return x.grad == sh.grad_dtype && x.copy == copy && x.copy_dtype == cd;
+      });
+      if (g == groups.end()) g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, {}});
+      g->tensors.push_back({sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
+    }
+    for (const Group& g : groups)
+      RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad,
+                                                  g.copy, g.copy_dtype, c, skip_if_set, cs),
+                                 [&] {
+                                   return fmt::format(
+                                       "AdamStep kernel launch ({} tensors, grad {}, copy {})",
+                                       g.tensors.size(), DTypeName(g.grad),
+                                       g.copy ? DTypeName(g.copy_dtype) : "none");
+                                 }));
+    return Status::Ok();
   }
 
   Status PinHostMemory(void* p, size_t bytes) override {
@@ -361,12 +436,15 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options)
     // the framework's own allocations.
     const size_t headroom = std::min<size_t>(size_t{1} << 30, free_b / 20);
     budget = free_b > headroom ? free_b - headroom : 0;
+    budget = AlignDown(budget, size_t{2} << 20);
   } else if (budget > free_b) {
     return ResourceExhaustedError(
         fmt::format("strata.hbm_budget_bytes is {} but cuda:{} has {} free (of {})",
                     FormatBytes(budget), id, FormatBytes(free_b), FormatBytes(total_b)));
   }
-  budget = AlignDown(budget, size_t{2} << 20);
+  // An explicit budget follows the rule the host device uses too, so a plan
+  // lays out (and fragments) the same arena on both backends.
+  budget = ArenaBudgetBytes(budget);
   if (budget == 0)
     return ResourceExhaustedError(fmt::format(
         "cuda:{}: no device memory left for the arena ({} free)", id, FormatBytes(free_b)));

@@ -143,7 +143,30 @@ cudaError_t FillT(T* x, size_t n, T value, int max_blocks, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+template <typename K>
+cudaError_t Load(K* kernel) {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, kernel);
+}
+
 }  // namespace
+
+namespace internal_adam {
+cudaError_t LoadAdamKernels();  // adam_kernel.cu
+}  // namespace internal_adam
+
+cudaError_t LoadKernels() {
+  const cudaError_t errs[] = {
+      Load(CastKernel<F32, F16>),  Load(CastKernel<F32, BF16>),     Load(CastKernel<F16, F32>),
+      Load(CastKernel<F16, BF16>), Load(CastKernel<BF16, F32>),     Load(CastKernel<BF16, F16>),
+      Load(UnscaleKernel<F32>),    Load(UnscaleKernel<F16>),        Load(UnscaleKernel<BF16>),
+      Load(SumSquaresKernel<F32>), Load(SumSquaresKernel<F16>),     Load(SumSquaresKernel<BF16>),
+      Load(FillKernel<float>),     Load(FillKernel<uint16_t>),      Load(FillKernel<int32_t>),
+      Load(FillKernel<double>),    internal_adam::LoadAdamKernels()};
+  for (cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
 
 // ---- launchers -------------------------------------------------------------------------
 

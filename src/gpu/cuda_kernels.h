@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "src/common/dtype.h"
+#include "src/gpu/adam_coeffs.h"
 
 namespace strata::gpu::cuda {
 
@@ -31,5 +32,30 @@ cudaError_t LaunchFillInt32(int32_t* x, size_t n, int32_t value, int max_blocks,
                             cudaStream_t stream);
 cudaError_t LaunchFillDouble(double* x, size_t n, double value, int max_blocks,
                              cudaStream_t stream);
+
+// Forces every kernel of this file (and adam_kernel.cu) to be loaded now.
+// CUDA loads kernels lazily by default (CUDA_MODULE_LOADING=LAZY since 12.2)
+// and loading one may synchronize the whole context: a first launch while a
+// stream waits for a host function that waits for the caller would hang.
+// CudaDevice calls this once at creation.
+cudaError_t LoadKernels();
+
+// One tensor of a multi-tensor Adam launch (device pointers).
+struct AdamTensor {
+  float* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* copy_out;  // null: no copy
+  size_t count;
+};
+// Adam/AdamW over all `tensors` (all with the same grad dtype and copy
+// dtype/presence), in ceil(n / kAdamTensorsPerLaunch) launches on `stream`.
+// If skip_if_set is non-null and *skip_if_set != 0 when a launch runs, it
+// writes nothing.
+inline constexpr int kAdamTensorsPerLaunch = 256;
+cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bool copy,
+                       DType copy_dtype, const host::AdamCoeffs& c, const int32_t* skip_if_set,
+                       cudaStream_t stream);
 
 }  // namespace strata::gpu::cuda

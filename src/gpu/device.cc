@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <cmath>
+
+#include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/gpu/arena.h"
@@ -27,6 +30,12 @@ void DeviceBuffer::Reset() {
   device_ = nullptr;
   ptr_ = nullptr;
   size_ = 0;
+}
+
+size_t ArenaBudgetBytes(size_t requested) { return AlignDown(requested, kDeviceAlignment); }
+
+size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype) {
+  return 24 + DTypeSize(grad_dtype) + (copy_out ? DTypeSize(copy_dtype) : 0);
 }
 
 // ---- Device ----
@@ -74,6 +83,65 @@ Status Device::CheckNoPartialOverlap(const void* dst, const void* src, size_t by
   if (d != s && d < s + bytes && s < d + bytes)
     return InvalidArgumentError(
         fmt::format("CopyD2D: source {} and destination {} overlap ({} bytes)", src, dst, bytes));
+  return Status::Ok();
+}
+
+namespace {
+bool IsFloatDType(DType t) { return t == DType::kFp32 || t == DType::kFp16 || t == DType::kBf16; }
+}  // namespace
+
+Status Device::CheckAdam(std::span<const AdamShard> shards, const AdamHyperParams& hp,
+                         const int32_t* skip_if_set) const {
+  auto bad = [](const std::string& what) { return InvalidArgumentError("AdamStep: " + what); };
+  if (!(hp.lr >= 0) || !std::isfinite(hp.lr))
+    return bad(fmt::format("lr must be finite and >= 0, got {}", hp.lr));
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1))
+    return bad(fmt::format("beta1 must be in [0, 1), got {}", hp.beta1));
+  if (!(hp.beta2 >= 0 && hp.beta2 < 1))
+    return bad(fmt::format("beta2 must be in [0, 1), got {}", hp.beta2));
+  if (!(hp.eps >= 0) || !std::isfinite(hp.eps))
+    return bad(fmt::format("eps must be finite and >= 0, got {}", hp.eps));
+  if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay))
+    return bad(fmt::format("weight_decay must be finite and >= 0, got {}", hp.weight_decay));
+  if (!std::isfinite(hp.grad_scale))
+    return bad(fmt::format("grad_scale must be finite, got {}", hp.grad_scale));
+  if (hp.step < 1)
+    return bad(fmt::format("step must be >= 1 (the step being taken, 1-based), got {}", hp.step));
+  if (skip_if_set != nullptr)
+    RETURN_IF_ERROR(
+        CheckDev(skip_if_set, sizeof(int32_t), "AdamStep skip_if_set", alignof(int32_t)));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const AdamShard& s = shards[i];
+    if (s.count == 0) continue;
+    const std::string name = fmt::format("AdamStep shard {}", i);
+    if (!IsFloatDType(s.grad_dtype)) return bad(fmt::format("shard {}: bad grad dtype", i));
+    if (s.copy_out != nullptr && !IsFloatDType(s.copy_dtype))
+      return bad(fmt::format("shard {}: bad copy dtype", i));
+    struct Arr {
+      const void* p;
+      size_t bytes;
+      const char* field;
+      size_t align;
+    };
+    const size_t f32 = ElemBytes(s.count, DType::kFp32);
+    Arr arrs[] = {{s.param, f32, "param", 4},
+                  {s.grad, ElemBytes(s.count, s.grad_dtype), "grad", DTypeSize(s.grad_dtype)},
+                  {s.exp_avg, f32, "exp_avg", 4},
+                  {s.exp_avg_sq, f32, "exp_avg_sq", 4},
+                  {s.copy_out, s.copy_out ? ElemBytes(s.count, s.copy_dtype) : 0, "copy_out",
+                   DTypeSize(s.copy_dtype)}};
+    const int n_arrs = s.copy_out ? 5 : 4;
+    for (int a = 0; a < n_arrs; ++a)
+      RETURN_IF_ERROR(CheckDev(arrs[a].p, arrs[a].bytes,
+                               fmt::format("{} {}", name, arrs[a].field).c_str(), arrs[a].align));
+    for (int a = 0; a < n_arrs; ++a)
+      for (int b = a + 1; b < n_arrs; ++b) {
+        const char* pa = static_cast<const char*>(arrs[a].p);
+        const char* pb = static_cast<const char*>(arrs[b].p);
+        if (pa < pb + arrs[b].bytes && pb < pa + arrs[a].bytes)
+          return bad(fmt::format("shard {}: {} and {} overlap", i, arrs[a].field, arrs[b].field));
+      }
+  }
   return Status::Ok();
 }
 

@@ -20,6 +20,20 @@
 //                 flags. Same ordering semantics as CUDA, so the scheduler and
 //                 its tests run without a GPU. Optionally models a link
 //                 (bandwidth + latency) so that overlap is observable.
+//                 It is as strict as CUDA is allowed to be, so that code which
+//                 would hang or race on a GPU fails here too:
+//                   - host functions of all streams run on ONE callback thread
+//                     per device, in the order they become ready (CUDA's driver
+//                     thread may serialize them the same way);
+//                   - a blocking call (Stream/Event/Device Synchronize, a
+//                     pageable copy) that has waited host_deadlock_timeout_s
+//                     while a host function has been running that long returns
+//                     FailedPrecondition "deadlock: ..." (on CUDA it would hang);
+//                   - any Device/Stream/Event call from inside a host function
+//                     is FailedPrecondition (CUDA: cudaErrorNotPermitted);
+//                   - copies from/to pageable host memory (not registered with
+//                     PinHostMemory) are synchronous for the caller;
+//                   - the arena has CUDA's budget rounding and alignment.
 // Choose with CreateDevice(DeviceOptions) — strata.device: auto|cuda|host.
 //
 // Ordering (both backends, CUDA semantics):
@@ -44,7 +58,27 @@
 //     return InvalidArgument otherwise (this catches host/device mix-ups on
 //     HostDevice, where both are ordinary addresses).
 //   * Freeing a DeviceBuffer whose memory is still used by enqueued work is a
-//     caller bug: synchronize (or wait on an event) first.
+//     caller bug: synchronize (or wait on an event) first. Event::Query is the
+//     cheap, non-blocking way to find out that work is done (poll it, then
+//     release the buffers the work used).
+//   * Host memory is "pinned" when it lies inside a range registered with
+//     PinHostMemory (PinnedPool regions are). Copies to/from pinned memory are
+//     asynchronous. Copies to/from pageable memory are synchronous for the
+//     caller on both backends: the call waits for the stream's earlier work
+//     and returns when the copy is done — never make one while the stream (or
+//     the device's host-function thread) waits for the calling thread.
+//
+// Host functions (Stream::EnqueueHostCallback): CUDA runs them on a driver
+// thread that may serialize the host functions of all streams of the device,
+// and a stream waits at its host function until it has returned. So a host
+// function must be short, must not block on anything another thread holds
+// while that thread waits for the device, and must not call the Device.
+// Prefer events (Record, then Query/ElapsedSeconds from the engine's thread)
+// for timestamps and for releasing buffers.
+//
+// Kernels are loaded when the device is created (CUDA loads kernels lazily by
+// default, and loading one may synchronize the whole device: a first launch
+// while a stream waits for the caller would hang).
 //
 // Thread-safety: Device, Stream and Event methods may be called from any
 // thread concurrently; enqueue calls on one stream from several threads are
@@ -58,6 +92,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -86,7 +121,23 @@ struct DeviceOptions {
   // a copy of n bytes takes at least latency + n / bandwidth. 0 = unmodelled.
   double link_gbytes_per_s = 0.0;
   double link_latency_us = 0.0;
+  // HostDevice: a blocking call that has waited this long while a host
+  // function has been running at least this long is reported as a deadlock
+  // (FailedPrecondition) instead of hanging. 0 = wait forever, like CUDA.
+  double host_deadlock_timeout_s = 10.0;
+  // HostDevice, tests only: model CUDA's lazy kernel loading instead of
+  // loading every kernel at creation — the first launch of each kernel then
+  // synchronizes the device (a blocking call, subject to the deadlock check).
+  bool host_lazy_kernel_loading = false;
 };
+
+// The arena's byte budget for a requested hbm_budget_bytes (> 0): rounded
+// down to the arena alignment. One rule for both backends, so that the same
+// plan lays out (and fragments) the same arena on CUDA and on the host.
+size_t ArenaBudgetBytes(size_t requested);
+// Alignment of every arena block (and the rounding of its size): CUDA's
+// cudaMalloc alignment. Both backends use it.
+inline constexpr size_t kDeviceAlignment = 256;
 
 // Fills options from strata.device, strata.device_id, strata.hbm_budget_bytes
 // and strata.host_device.{link_gbytes_per_s, link_latency_us}. Negative values
@@ -145,14 +196,24 @@ struct ArenaStats {
 
 // ---- Streams and events ----------------------------------------------------
 
+struct EventOptions {
+  // Record a completion timestamp (CUDA: no cudaEventDisableTiming), so that
+  // Device::ElapsedSeconds can time the work between two records. Slightly
+  // more expensive to record; leave off for pure dependencies.
+  bool timing = false;
+};
+
 class Event {
  public:
   virtual ~Event() = default;
   // True when all work captured by the latest Record has finished (or when
-  // never recorded). Errors: a failed CUDA query.
+  // never recorded). Never blocks and never waits for a host function: safe
+  // to poll from any thread, e.g. to release the buffers a copy used once
+  // its event is complete. Errors: a failed CUDA query.
   virtual StatusOr<bool> Query() = 0;
   // Blocks the calling thread until the latest Record has completed.
   virtual Status Synchronize() = 0;
+  virtual bool timing() const = 0;
 };
 
 class Stream {
@@ -177,6 +238,40 @@ class Stream {
   // The backend's handle (cudaStream_t on CUDA, nullptr on the host backend).
   virtual void* native_handle() const = 0;
 };
+
+// ---- Optimizer arguments -------------------------------------------------------
+
+// Hyper-parameters of Device::AdamStep: the meaning of cpu_adam::HyperParams
+// for kAdam/kAdamW (src/gpu may not include src/cpu_adam; the scheduler
+// copies the fields across).
+struct AdamHyperParams {
+  bool decoupled_weight_decay = true;  // true: AdamW (torch.optim.AdamW); false: Adam (L2)
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  int64_t step = 1;         // the step being taken, 1-based (≥ 1)
+  double grad_scale = 1.0;  // every gradient is multiplied by this first (1/loss_scale × clip)
+};
+
+// One tensor (or shard) of optimizer state for Device::AdamStep; device
+// pointers, not owned.
+struct AdamShard {
+  float* param = nullptr;      // fp32 master, count elements, updated in place
+  const void* grad = nullptr;  // count elements of grad_dtype
+  DType grad_dtype = DType::kFp32;
+  float* exp_avg = nullptr;     // fp32 first moment
+  float* exp_avg_sq = nullptr;  // fp32 second moment
+  void* copy_out = nullptr;     // optional: count elements of copy_dtype ← updated param
+  DType copy_dtype = DType::kBf16;
+  size_t count = 0;  // 0 is valid (nothing happens)
+};
+
+// Bytes AdamStep moves per element (reads + writes): param, exp_avg,
+// exp_avg_sq read and written (24), the gradient read, the copy written.
+size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype);
 
 // ---- Device memory ---------------------------------------------------------
 
@@ -225,7 +320,7 @@ class Device {
   virtual int ordinal() const = 0;
 
   // ---- Arena (thread-safe) ----
-  // A block of `bytes` (rounded up to 256) aligned to 256 bytes. Past the
+  // A block of `bytes` (rounded up to kDeviceAlignment) aligned to it. Past the
   // budget: ResourceExhausted naming the bytes asked, in use, the budget and
   // the largest free block. Zero bytes: InvalidArgument.
   StatusOr<DeviceBuffer> Allocate(size_t bytes);
@@ -240,7 +335,17 @@ class Device {
   Stream& h2d() { return *h2d_; }
   Stream& d2h() { return *d2h_; }
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) = 0;
-  virtual StatusOr<std::unique_ptr<Event>> CreateEvent() = 0;
+  virtual StatusOr<std::unique_ptr<Event>> CreateEvent(EventOptions options) = 0;
+  StatusOr<std::unique_ptr<Event>> CreateEvent() { return CreateEvent(EventOptions{}); }
+  // Seconds between the completion of `start`'s and `end`'s latest Records
+  // (cudaEventElapsedTime; on the host device, the times at which the stream
+  // threads reached the two records). Records on one stream bracket exactly
+  // the work enqueued between them; on two streams, the difference of their
+  // completion times. Negative if end completed first. Never blocks.
+  // Errors: FailedPrecondition if an event was created without timing or was
+  // never recorded; Unavailable while either record has not completed (poll
+  // Query, or Synchronize, first). Thread-safe; events from this device only.
+  virtual StatusOr<double> ElapsedSeconds(Event& start, Event& end) = 0;
   // Blocks until all work on this device has finished (CUDA:
   // cudaDeviceSynchronize, which includes work other libraries enqueued).
   virtual Status Synchronize() = 0;
@@ -278,6 +383,29 @@ class Device {
   // Fills a double array (norm accumulators).
   virtual Status FillDouble(double* x, size_t n, double value, Stream& stream) = 0;
 
+  // ---- Optimizer (async, ordered on `stream`) ----
+  // One fused pass of Adam/AdamW over every shard: reads the fp32 master
+  // param, the gradient (fp32/fp16/bf16) and the fp32 moments, writes param
+  // and moments and, when copy_out is set, the updated param converted to
+  // copy_dtype (round to nearest even) — the same arithmetic, in the same
+  // order of float operations, as src/cpu_adam (HyperParams, kernel_scalar.cc):
+  //   g = grad * grad_scale;  Adam: g += weight_decay * p
+  //   m = (1-b1) * (g - m) + m;  v = (1-b2) * g² + b2 * v
+  //   AdamW: p *= 1 - lr * weight_decay
+  //   p += -lr/(1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
+  // (coefficients computed in double and rounded to float once, as there).
+  // CUDA: one multi-tensor launch per (grad dtype, copy dtype) group in the
+  // list (up to a few hundred shards per launch), no host round trip.
+  // If `skip_if_set` (an int32 in the arena, e.g. UnscaleAndCheck's
+  // found_inf) is non-zero when the work runs, nothing is written: the
+  // overflow-skipped step; the caller then does not advance hp.step.
+  // REQUIRES: every array in the arena, aligned to its element size, the
+  // arrays of a shard pairwise disjoint, shards disjoint. Argument errors
+  // (InvalidArgument naming the shard and field; NotSupported for another
+  // algorithm) are returned before anything is enqueued.
+  virtual Status AdamStep(std::span<const AdamShard> shards, const AdamHyperParams& hp,
+                          const int32_t* skip_if_set, Stream& stream) = 0;
+
   // ---- Host memory pinning (used by PinnedPool) ----
   // Page-locks [p, p+bytes) for fast DMA (cudaHostRegister on CUDA, mlock on
   // the host backend). Errors name the bytes and RLIMIT_MEMLOCK.
@@ -300,6 +428,9 @@ class Device {
   static Status CheckHost(const void* p, size_t bytes, const char* what);
   // For CopyD2D: distinct ranges, or the same one.
   static Status CheckNoPartialOverlap(const void* dst, const void* src, size_t bytes);
+  // AdamStep's argument checks (hyper-parameters, every shard's arrays).
+  Status CheckAdam(std::span<const AdamShard> shards, const AdamHyperParams& hp,
+                   const int32_t* skip_if_set) const;
   // Backends set these three in their factory.
   std::unique_ptr<Stream> compute_, h2d_, d2h_;
 

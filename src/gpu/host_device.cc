@@ -9,6 +9,12 @@
 // records issued earlier, so no cycle (and no deadlock) can form — the same
 // argument as for CUDA.
 //
+// Host functions do not run on the stream threads: a stream thread hands its
+// host function to the device's one callback thread (CallbackThread) and
+// waits for it, as a CUDA stream waits for the driver's callback thread. All
+// blocking calls wait through CallbackThread::Await, which reports a wait
+// that cannot end because a host function is stuck (see device.h).
+//
 // The arena is an mmap(MAP_NORESERVE) reservation of the budget: untouched
 // pages cost nothing. With a link model, each direction is a virtual pipe: a
 // copy occupies it for latency + bytes / bandwidth (after the memcpy the
@@ -17,10 +23,12 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -35,6 +43,119 @@
 namespace strata::gpu {
 namespace {
 
+// The device's one host-function thread. Stream threads hand it their host
+// functions (Run) in the order they reach them; it runs them one at a time.
+// Blocking calls wait through Await, which knows whether a host function is
+// stuck and so can tell a deadlock from a long wait.
+class CallbackThread {
+ public:
+  explicit CallbackThread(double deadlock_timeout_s)
+      : deadlock_ns_(static_cast<int64_t>(deadlock_timeout_s * 1e9)), thread_([this] { Loop(); }) {}
+  ~CallbackThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Runs `fn` on the callback thread after the host functions handed over
+  // before it; returns when it has returned. Called on a stream thread.
+  void Run(std::function<void()>& fn, const std::string& stream) {
+    Job job{&fn, &stream};
+    std::unique_lock<std::mutex> lock(mu_);
+    queue_.push_back(&job);
+    cv_.notify_all();
+    done_cv_.wait(lock, [&] { return job.done; });
+  }
+
+  // FailedPrecondition when called from a host function (CUDA forbids
+  // runtime calls there: cudaErrorNotPermitted, or a hang).
+  Status CheckNotInHostFunction(std::string_view what) const {
+    if (std::this_thread::get_id() != thread_.get_id()) [[likely]]
+      return Status::Ok();
+    return FailedPreconditionError(
+        fmt::format("{}: called from a host function; CUDA forbids device calls in host "
+                    "functions (cudaErrorNotPermitted)",
+                    what));
+  }
+
+  // Waits on `cv` (with `lock` held, as for condition_variable::wait) until
+  // `done()`. A wait that has lasted the deadlock timeout while a host
+  // function has been running at least as long returns FailedPrecondition
+  // naming the deadlock; any other wait goes on until done.
+  template <typename Pred>
+  Status Await(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Pred done,
+               std::string_view what) {
+    if (deadlock_ns_ <= 0) {
+      cv.wait(lock, done);
+      return Status::Ok();
+    }
+    const int64_t start = NowNanos();
+    const auto poll = std::chrono::nanoseconds(std::min<int64_t>(deadlock_ns_ / 4, 50'000'000));
+    while (!done()) {
+      cv.wait_for(lock, poll, done);
+      if (done()) break;
+      const int64_t waited = NowNanos() - start;
+      if (waited < deadlock_ns_) continue;
+      std::string stream;
+      const int64_t stuck = StuckFor(&stream);
+      if (stuck >= deadlock_ns_)
+        return FailedPreconditionError(fmt::format(
+            "deadlock: {} has waited {:.1f} s while a host function on stream '{}' has been "
+            "running for {:.1f} s. The device's host functions run one at a time on one thread "
+            "(as CUDA's driver thread may run them), and the work waited for is queued behind "
+            "it; a host function that waits for this thread never returns, and on a GPU this "
+            "call would hang",
+            what, waited / 1e9, stream, stuck / 1e9));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Job {
+    std::function<void()>* fn;
+    const std::string* stream;
+    bool done = false;  // GUARDED_BY(mu_)
+  };
+
+  // How long the running host function has been running (0: none), and on
+  // which stream.
+  int64_t StuckFor(std::string* stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (running_ == nullptr) return 0;
+    *stream = *running_->stream;
+    return NowNanos() - running_since_ns_;
+  }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      running_ = queue_.front();
+      queue_.pop_front();
+      running_since_ns_ = NowNanos();
+      lock.unlock();
+      (*running_->fn)();
+      lock.lock();
+      running_->done = true;
+      running_ = nullptr;
+      done_cv_.notify_all();
+    }
+  }
+
+  const int64_t deadlock_ns_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Job*> queue_;        // GUARDED_BY(mu_)
+  Job* running_ = nullptr;        // GUARDED_BY(mu_)
+  int64_t running_since_ns_ = 0;  // GUARDED_BY(mu_)
+  bool stop_ = false;             // GUARDED_BY(mu_)
+  std::thread thread_;            // last: started in the constructor
+};
+
 // An event's state, shared with the stream ops that reference it so that an
 // event may be destroyed while a Record or Wait on it is still queued (CUDA
 // allows that too).
@@ -43,6 +164,7 @@ struct EventState {
   std::condition_variable cv;
   uint64_t recorded = 0;       // GUARDED_BY(mu) the latest record (0 = never)
   std::set<uint64_t> pending;  // GUARDED_BY(mu) records not yet completed
+  int64_t latest_done_ns = 0;  // GUARDED_BY(mu) when the latest record completed
 
   // Called by Stream::Record on the enqueueing thread.
   uint64_t BeginRecord() {
@@ -56,12 +178,15 @@ struct EventState {
   }
   // Called on the stream thread when the recorded work is done.
   void Complete(uint64_t seq) {
+    const int64_t now = NowNanos();
     std::lock_guard<std::mutex> lock(mu);
     pending.erase(seq);
+    if (seq == recorded) latest_done_ns = now;
     cv.notify_all();
   }
   // Blocks until record `seq` has completed (records on different streams
-  // may complete out of order, hence a set rather than a counter).
+  // may complete out of order, hence a set rather than a counter). Only for
+  // stream threads; callers' threads use Await.
   void WaitFor(uint64_t seq) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return pending.count(seq) == 0; });
@@ -70,18 +195,39 @@ struct EventState {
 
 class HostEvent final : public Event {
  public:
+  HostEvent(CallbackThread* callbacks, bool timing) : callbacks_(callbacks), timing_(timing) {}
   const std::shared_ptr<EventState>& state() const { return state_; }
+  bool timing() const override { return timing_; }
 
   StatusOr<bool> Query() override {
     std::lock_guard<std::mutex> lock(state_->mu);
     return state_->pending.count(state_->recorded) == 0;
   }
   Status Synchronize() override {
-    state_->WaitFor(state_->Latest());
-    return Status::Ok();
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Event::Synchronize"));
+    std::unique_lock<std::mutex> lock(state_->mu);
+    const uint64_t seq = state_->recorded;
+    return callbacks_->Await(
+        lock, state_->cv, [&] { return state_->pending.count(seq) == 0; }, "Event::Synchronize");
+  }
+  // The completion time of the latest record, or the reason there is none.
+  StatusOr<int64_t> CompletedAt(const char* which) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!timing_)
+      return FailedPreconditionError(fmt::format(
+          "ElapsedSeconds: the {} event was created without timing (EventOptions::timing)", which));
+    if (state_->recorded == 0)
+      return FailedPreconditionError(
+          fmt::format("ElapsedSeconds: the {} event was never recorded", which));
+    if (state_->pending.count(state_->recorded))
+      return UnavailableError(
+          fmt::format("ElapsedSeconds: the {} event's latest record has not completed", which));
+    return state_->latest_done_ns;
   }
 
  private:
+  CallbackThread* const callbacks_;
+  const bool timing_;
   std::shared_ptr<EventState> state_ = std::make_shared<EventState>();
 };
 
@@ -89,7 +235,7 @@ class HostDevice;
 
 class HostStream final : public Stream {
  public:
-  HostStream(HostDevice* device, std::string name);
+  HostStream(HostDevice* device, CallbackThread* callbacks, std::string name);
   ~HostStream() override;
 
   const std::string& name() const override { return name_; }
@@ -105,7 +251,42 @@ class HostStream final : public Stream {
     cv_.notify_all();
   }
 
+  // Enqueues `op` and waits until it has run (a pageable copy): the caller
+  // is blocked by the stream's earlier work, as on CUDA. If the wait is a
+  // deadlock (see CallbackThread::Await), `op` is withdrawn — it will not run
+  // after this returns — and the deadlock is returned.
+  Status EnqueueAndWait(std::function<void()> op, std::string_view what) {
+    struct Sync {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool cancelled = false, running = false, done = false;  // GUARDED_BY(mu)
+    };
+    auto sync = std::make_shared<Sync>();
+    Enqueue([sync, op = std::move(op)] {
+      {
+        std::lock_guard<std::mutex> lock(sync->mu);
+        if (sync->cancelled) return;
+        sync->running = true;
+      }
+      op();
+      std::lock_guard<std::mutex> lock(sync->mu);
+      sync->done = true;
+      sync->cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(sync->mu);
+    Status s = callbacks_->Await(
+        lock, sync->cv, [&] { return sync->done; }, what);
+    if (s.ok()) return s;
+    if (!sync->running) {
+      sync->cancelled = true;
+      return s;
+    }
+    sync->cv.wait(lock, [&] { return sync->done; });  // it started meanwhile: finish it
+    return Status::Ok();
+  }
+
   Status Record(Event& event) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Stream::Record"));
     auto* e = dynamic_cast<HostEvent*>(&event);
     if (e == nullptr)
       return InvalidArgumentError("Stream::Record: event is not a HostDevice event");
@@ -115,6 +296,7 @@ class HostStream final : public Stream {
     return Status::Ok();
   }
   Status Wait(Event& event) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Stream::Wait"));
     auto* e = dynamic_cast<HostEvent*>(&event);
     if (e == nullptr) return InvalidArgumentError("Stream::Wait: event is not a HostDevice event");
     std::shared_ptr<EventState> st = e->state();
@@ -124,15 +306,19 @@ class HostStream final : public Stream {
     return Status::Ok();
   }
   Status EnqueueHostCallback(std::function<void()> fn) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Stream::EnqueueHostCallback"));
     if (!fn) return InvalidArgumentError("Stream::EnqueueHostCallback: empty function");
-    Enqueue(std::move(fn));
+    // The stream waits here until the callback thread has run `fn`.
+    Enqueue([this, fn = std::move(fn)]() mutable { callbacks_->Run(fn, name_); });
     return Status::Ok();
   }
   Status Synchronize() override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Stream::Synchronize"));
     std::unique_lock<std::mutex> lock(mu_);
     const uint64_t target = enqueued_;
-    done_cv_.wait(lock, [&] { return completed_ >= target; });
-    return Status::Ok();
+    return callbacks_->Await(
+        lock, done_cv_, [&] { return completed_ >= target; },
+        fmt::format("Stream::Synchronize({})", name_));
   }
   StatusOr<bool> Query() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -160,6 +346,7 @@ class HostStream final : public Stream {
   }
 
   HostDevice* device_;
+  CallbackThread* const callbacks_;
   const std::string name_;
   std::mutex mu_;
   std::condition_variable cv_, done_cv_;
@@ -174,15 +361,20 @@ class HostDevice final : public Device {
   HostDevice(std::unique_ptr<Arena> arena, const DeviceOptions& o)
       : Device(/*is_host=*/true, std::move(arena)),
         link_bytes_per_ns_(o.link_gbytes_per_s > 0 ? o.link_gbytes_per_s : 0.0),
-        link_latency_ns_(static_cast<int64_t>(o.link_latency_us * 1e3)) {}
+        link_latency_ns_(static_cast<int64_t>(o.link_latency_us * 1e3)),
+        callbacks_(std::make_unique<CallbackThread>(o.host_deadlock_timeout_s)) {
+    // CudaDevice loads its kernels at creation; the lazy model is for tests.
+    for (auto& k : loaded_) k.store(!o.host_lazy_kernel_loading);
+  }
 
   void Init() {
-    compute_ = std::make_unique<HostStream>(this, "compute");
-    h2d_ = std::make_unique<HostStream>(this, "h2d");
-    d2h_ = std::make_unique<HostStream>(this, "d2h");
+    compute_ = std::make_unique<HostStream>(this, callbacks_.get(), "compute");
+    h2d_ = std::make_unique<HostStream>(this, callbacks_.get(), "h2d");
+    d2h_ = std::make_unique<HostStream>(this, callbacks_.get(), "d2h");
   }
   ~HostDevice() override {
-    // Drain and join the device's own streams before the arena goes.
+    // Drain and join the device's own streams before the arena and the
+    // callback thread go.
     compute_.reset();
     h2d_.reset();
     d2h_.reset();
@@ -197,12 +389,25 @@ class HostDevice final : public Device {
   }
 
   StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) override {
-    return std::unique_ptr<Stream>(std::make_unique<HostStream>(this, name));
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CreateStream"));
+    return std::unique_ptr<Stream>(std::make_unique<HostStream>(this, callbacks_.get(), name));
   }
-  StatusOr<std::unique_ptr<Event>> CreateEvent() override {
-    return std::unique_ptr<Event>(std::make_unique<HostEvent>());
+  StatusOr<std::unique_ptr<Event>> CreateEvent(EventOptions options) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CreateEvent"));
+    return std::unique_ptr<Event>(std::make_unique<HostEvent>(callbacks_.get(), options.timing));
+  }
+  StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("ElapsedSeconds"));
+    auto* s = dynamic_cast<HostEvent*>(&start);
+    auto* e = dynamic_cast<HostEvent*>(&end);
+    if (s == nullptr || e == nullptr)
+      return InvalidArgumentError("ElapsedSeconds: event is not a HostDevice event");
+    ASSIGN_OR_RETURN(const int64_t t0, s->CompletedAt("start"));
+    ASSIGN_OR_RETURN(const int64_t t1, e->CompletedAt("end"));
+    return static_cast<double>(t1 - t0) * 1e-9;
   }
   Status Synchronize() override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Device::Synchronize"));
     std::vector<HostStream*> streams;
     {
       std::lock_guard<std::mutex> lock(streams_mu_);
@@ -219,22 +424,39 @@ class HostDevice final : public Device {
   }
 
   Status CopyH2D(void* dev, const void* host, size_t bytes, Stream& stream) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CopyH2D"));
     RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyH2D destination"));
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyH2D source"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyH2D"));
-    s->Enqueue(
-        [this, dev, host, bytes, t = NowNanos()] { LinkCopy(dev, host, bytes, Dir::kH2D, t); });
-    return Status::Ok();
+    if (bytes == 0) return Status::Ok();
+    auto op = [this, dev, host, bytes, t = NowNanos()] {
+      LinkCopy(dev, host, bytes, Dir::kH2D, t);
+    };
+    if (IsPinned(host, bytes)) {
+      s->Enqueue(op);
+      return Status::Ok();
+    }
+    return s->EnqueueAndWait(
+        op, fmt::format("CopyH2D from pageable memory ({} bytes on stream {})", bytes, s->name()));
   }
   Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CopyD2H"));
     RETURN_IF_ERROR(CheckDev(dev, bytes, "CopyD2H source"));
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyD2H destination"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyD2H"));
-    s->Enqueue(
-        [this, host, dev, bytes, t = NowNanos()] { LinkCopy(host, dev, bytes, Dir::kD2H, t); });
-    return Status::Ok();
+    if (bytes == 0) return Status::Ok();
+    auto op = [this, host, dev, bytes, t = NowNanos()] {
+      LinkCopy(host, dev, bytes, Dir::kD2H, t);
+    };
+    if (IsPinned(host, bytes)) {
+      s->Enqueue(op);
+      return Status::Ok();
+    }
+    return s->EnqueueAndWait(
+        op, fmt::format("CopyD2H to pageable memory ({} bytes on stream {})", bytes, s->name()));
   }
   Status CopyD2D(void* dst, const void* src, size_t bytes, Stream& stream) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CopyD2D"));
     RETURN_IF_ERROR(CheckDev(dst, bytes, "CopyD2D destination"));
     RETURN_IF_ERROR(CheckDev(src, bytes, "CopyD2D source"));
     RETURN_IF_ERROR(CheckNoPartialOverlap(dst, src, bytes));
@@ -248,7 +470,14 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(CheckElems(src, n, st, "Cast source"));
     RETURN_IF_ERROR(CheckElems(dst, n, dt, "Cast destination"));
     RETURN_IF_ERROR(CheckCastOverlap(src, st, dst, dt, n));
-    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Cast"));
+    if (st == dt) {  // CudaDevice copies instead of launching a kernel
+      if (src == dst || n == 0) return Status::Ok();
+      ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Cast"));
+      RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Cast"));
+      s->Enqueue([=] { std::memmove(dst, src, n * DTypeSize(st)); });
+      return Status::Ok();
+    }
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kCast, "Cast"));
     s->Enqueue([=] { host::Cast(src, st, dst, dt, n); });
     return Status::Ok();
   }
@@ -257,7 +486,7 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(CheckElems(x, n, t, "UnscaleAndCheck input"));
     RETURN_IF_ERROR(
         CheckDev(found_inf, sizeof(int32_t), "UnscaleAndCheck found_inf", alignof(int32_t)));
-    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "UnscaleAndCheck"));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kUnscale, "UnscaleAndCheck"));
     s->Enqueue([=] {
       if (host::UnscaleAndCheck(x, t, n, inv_scale)) *found_inf = 1;
     });
@@ -266,32 +495,47 @@ class HostDevice final : public Device {
   Status SumSquares(const void* x, DType t, size_t n, double* sum, Stream& stream) override {
     RETURN_IF_ERROR(CheckElems(x, n, t, "SumSquares input"));
     RETURN_IF_ERROR(CheckDev(sum, sizeof(double), "SumSquares sum", alignof(double)));
-    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "SumSquares"));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kSumSquares, "SumSquares"));
     s->Enqueue([=] { *sum += host::SumSquares(x, t, n); });
     return Status::Ok();
   }
   Status Fill(void* x, DType t, size_t n, float value, Stream& stream) override {
     RETURN_IF_ERROR(CheckElems(x, n, t, "Fill"));
-    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "Fill"));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kFill, "Fill"));
     s->Enqueue([=] { host::Fill(x, t, n, value); });
     return Status::Ok();
   }
   Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 4 ? SIZE_MAX : n * sizeof(int32_t), "FillInt32",
                              alignof(int32_t)));
-    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "FillInt32"));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kFillInt32, "FillInt32"));
     s->Enqueue([=] { std::fill(x, x + n, value); });
     return Status::Ok();
   }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble",
                              alignof(double)));
-    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "FillDouble"));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kFillDouble, "FillDouble"));
     s->Enqueue([=] { std::fill(x, x + n, value); });
+    return Status::Ok();
+  }
+  Status AdamStep(std::span<const AdamShard> shards, const AdamHyperParams& hp,
+                  const int32_t* skip_if_set, Stream& stream) override {
+    RETURN_IF_ERROR(CheckAdam(shards, hp, skip_if_set));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kAdam, "AdamStep"));
+    std::vector<AdamShard> copy;
+    for (const AdamShard& sh : shards)
+      if (sh.count > 0) copy.push_back(sh);
+    if (copy.empty()) return Status::Ok();
+    s->Enqueue([copy = std::move(copy), c = host::MakeAdamCoeffs(hp), skip_if_set] {
+      if (skip_if_set != nullptr && *skip_if_set != 0) return;
+      for (const AdamShard& sh : copy) host::AdamStep(sh, c);
+    });
     return Status::Ok();
   }
 
   Status PinHostMemory(void* p, size_t bytes) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("PinHostMemory"));
     RETURN_IF_ERROR(CheckHost(p, bytes, "PinHostMemory"));
     if (mlock(p, bytes) != 0) {
       const int err = errno;
@@ -300,9 +544,16 @@ class HostDevice final : public Device {
                                     lim.soft_unlimited ? "unlimited" : FormatBytes(lim.soft_bytes)),
                         err);
     }
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return Status::Ok();
   }
   Status UnpinHostMemory(void* p, size_t bytes) override {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("UnpinHostMemory"));
+    {
+      std::lock_guard<std::mutex> lock(pinned_mu_);
+      pinned_.erase(reinterpret_cast<uintptr_t>(p));
+    }
     if (munlock(p, bytes) != 0) return ErrnoError(fmt::format("munlock of {} bytes", bytes), errno);
     return Status::Ok();
   }
@@ -317,11 +568,40 @@ class HostDevice final : public Device {
   }
 
  private:
+  // The kernels whose loading is modelled (host_lazy_kernel_loading).
+  enum class Kernel { kCast, kUnscale, kSumSquares, kFill, kFillInt32, kFillDouble, kAdam, kCount };
+
   StatusOr<HostStream*> AsHost(Stream& stream, const char* what) {
     auto* s = dynamic_cast<HostStream*>(&stream);
     if (s == nullptr)
       return InvalidArgumentError(std::string(what) + ": stream does not belong to a HostDevice");
     return s;
+  }
+  // The checks every kernel launch makes, and the lazy-loading model: the
+  // first launch of a kernel synchronizes the device, as loading a module
+  // may on CUDA.
+  StatusOr<HostStream*> Launch(Stream& stream, Kernel k, const char* what) {
+    RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction(what));
+    ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, what));
+    std::atomic<bool>& loaded = loaded_[static_cast<int>(k)];
+    if (!loaded.load(std::memory_order_acquire)) {
+      Status st = Synchronize();
+      if (!st.ok())
+        return Status(st.code(), fmt::format("{}: loading the kernel (first launch; lazy loading "
+                                             "synchronizes the device): {}",
+                                             what, st.message()));
+      loaded.store(true, std::memory_order_release);
+    }
+    return s;
+  }
+  // True if [p, p+bytes) lies inside one range registered with PinHostMemory.
+  bool IsPinned(const void* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    auto it = pinned_.upper_bound(a);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return a - it->first <= it->second && bytes <= it->second - (a - it->first);
   }
   static Status CheckCastOverlap(const void* src, DType st, void* dst, DType dt, size_t n) {
     const char* s = static_cast<const char*>(src);
@@ -363,10 +643,16 @@ class HostDevice final : public Device {
   int64_t h2d_free_ns_ = 0, d2h_free_ns_ = 0;  // GUARDED_BY(link_mu_) link busy until
   std::mutex streams_mu_;
   std::set<HostStream*> streams_;  // GUARDED_BY(streams_mu_)
+  std::mutex pinned_mu_;
+  std::map<uintptr_t, size_t> pinned_;  // GUARDED_BY(pinned_mu_) PinHostMemory ranges
+  std::atomic<bool> loaded_[static_cast<int>(Kernel::kCount)];
+  // Outlives the streams (they hand it their host functions): the
+  // destructor's body joins the streams before members are destroyed.
+  std::unique_ptr<CallbackThread> callbacks_;
 };
 
-HostStream::HostStream(HostDevice* device, std::string name)
-    : device_(device), name_(std::move(name)) {
+HostStream::HostStream(HostDevice* device, CallbackThread* callbacks, std::string name)
+    : device_(device), callbacks_(callbacks), name_(std::move(name)) {
   device_->Register(this);
   thread_ = std::thread([this] { Run(); });
 }
@@ -388,15 +674,26 @@ StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options)
     return InvalidArgumentError(fmt::format(
         "host device: link model must be non-negative (link_gbytes_per_s {}, link_latency_us {})",
         options.link_gbytes_per_s, options.link_latency_us));
-  const size_t budget = AlignUp(
-      options.hbm_budget_bytes == 0 ? kDefaultHostHbmBudget : options.hbm_budget_bytes, 4096);
-  void* base = mmap(nullptr, budget, PROT_READ | PROT_WRITE,
+  if (!(options.host_deadlock_timeout_s >= 0))
+    return InvalidArgumentError(
+        fmt::format("host device: host_deadlock_timeout_s must be >= 0 (0 = never), got {}",
+                    options.host_deadlock_timeout_s));
+  // The same budget rule as CudaDevice (ArenaBudgetBytes), so both lay out
+  // the same arena; the mapping itself is whole pages.
+  const size_t budget = ArenaBudgetBytes(options.hbm_budget_bytes == 0 ? kDefaultHostHbmBudget
+                                                                       : options.hbm_budget_bytes);
+  if (budget == 0)
+    return ResourceExhaustedError(
+        fmt::format("host device: an HBM budget of {} bytes is less than one {}-byte block",
+                    options.hbm_budget_bytes, kDeviceAlignment));
+  const size_t mapped = AlignUp(budget, 4096);
+  void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED)
     return ErrnoError(fmt::format("host device: reserving an arena of {}", FormatBytes(budget)),
                       errno);
   auto arena = std::make_unique<Arena>(base, budget, "HBM arena (host device)",
-                                       [base, budget] { munmap(base, budget); });
+                                       [base, mapped] { munmap(base, mapped); });
   auto device = std::make_unique<HostDevice>(std::move(arena), options);
   device->Init();
   return std::unique_ptr<Device>(std::move(device));

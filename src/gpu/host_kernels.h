@@ -8,6 +8,8 @@
 #include <cstdint>
 
 #include "src/common/dtype.h"
+#include "src/gpu/adam_coeffs.h"
+#include "src/gpu/device.h"
 
 namespace strata::gpu::host {
 
@@ -23,5 +25,16 @@ bool UnscaleAndCheck(void* x, DType type, size_t n, float inv_scale);
 // Σ x[i]² in double, in index order.
 double SumSquares(const void* x, DType type, size_t n);
 void Fill(void* x, DType type, size_t n, float value);
+
+// ---- Adam/AdamW (host_adam.cc) ----
+
+// The per-step coefficients (src/gpu/adam_coeffs.h) for `hp`.
+AdamCoeffs MakeAdamCoeffs(const AdamHyperParams& hp);
+
+// The plain reference: one element at a time, the order of float operations
+// of src/cpu_adam/kernel_scalar.cc (no fused multiply-add: this file is built
+// with -ffp-contract=off), so results are bitwise equal to the CPU
+// optimizer's scalar kernel. HostDevice::AdamStep runs it.
+void AdamStep(const AdamShard& shard, const AdamCoeffs& c);
 
 }  // namespace strata::gpu::host

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <future>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "src/common/half.h"
@@ -209,8 +210,17 @@ TYPED_TEST(TypedDeviceTest, CopyWaitsForKernelThroughEvent) {
   ASSERT_EQ(h[n - 1], 7.f);
 }
 
+// Hung on an H100 (issue #12): FillInt32 was launched for the first time in
+// the process while h2d was held by a host function waiting for this thread,
+// and CUDA's lazy loading of that kernel synchronized the context. The fix is
+// in CudaDevice (every kernel is loaded at creation); the host device models
+// the hazard with host_lazy_kernel_loading (HostLazyKernelLoadingDeadlocks).
+// The D2H destination is pinned: this test is about streams, not pageable
+// copies (see PageableCopiesAreSynchronous).
 TYPED_TEST(TypedDeviceTest, StreamsRunConcurrently) {
   Device& d = this->dev();
+  auto pool = PinnedPool::Create(PlanPinnedPool(4096, 4096), &d).value();
+  PinnedBuffer pinned = pool->Acquire(64).value();
   // h2d is blocked; d2h and compute must still make progress.
   std::promise<void> gate;
   std::shared_future<void> opened = gate.get_future().share();
@@ -218,13 +228,32 @@ TYPED_TEST(TypedDeviceTest, StreamsRunConcurrently) {
   auto x = d.Allocate(4096).value();
   ASSERT_OK(d.FillInt32(x.as<int32_t>(), 16, 5, d.compute()));
   ASSERT_OK(d.compute().Synchronize());
-  std::vector<int32_t> h(16);
-  ASSERT_OK(d.CopyD2H(h.data(), x.data(), 64, d.d2h()));  // pageable: fine, d2h is not blocked
+  ASSERT_OK(d.CopyD2H(pinned.data(), x.data(), 64, d.d2h()));
   ASSERT_OK(d.d2h().Synchronize());
-  EXPECT_EQ(h[15], 5);
+  EXPECT_EQ(pinned.as<int32_t>()[15], 5);
   EXPECT_FALSE(d.h2d().Query().value());
   gate.set_value();
   ASSERT_OK(d.h2d().Synchronize());
+}
+
+// A copy to or from pageable memory is synchronous for the caller (CUDA:
+// "for transfers from device memory to pageable host memory, the function
+// will return only once the copy has completed"): the data is there when the
+// call returns, after the stream's earlier work.
+TYPED_TEST(TypedDeviceTest, PageableCopiesAreSynchronous) {
+  Device& d = this->dev();
+  auto rng = strata::testing::MakeRng();
+  const std::vector<uint8_t> src = strata::testing::RandomBytes(rng, 100003);
+  auto x = d.Allocate(src.size()).value();
+  ASSERT_OK(d.CopyH2D(x.data(), src.data(), src.size(), d.h2d()));
+  ASSERT_OK(d.Fill(x.data(), DType::kFp32, 16, 3.f, d.d2h()));  // earlier work on d2h
+  std::vector<uint8_t> dst(src.size());
+  ASSERT_OK(d.CopyD2H(dst.data(), x.data(), dst.size(), d.d2h()));
+  // No Synchronize: the copy is complete, and after the Fill.
+  EXPECT_EQ(0, std::memcmp(dst.data() + 64, src.data() + 64, src.size() - 64));
+  float f;
+  std::memcpy(&f, dst.data() + 60, 4);
+  EXPECT_EQ(f, 3.f);
 }
 
 TYPED_TEST(TypedDeviceTest, EventsNeverRecordedAreCompleteAndReRecordWorks) {
@@ -247,10 +276,14 @@ TYPED_TEST(TypedDeviceTest, EventsNeverRecordedAreCompleteAndReRecordWorks) {
   ASSERT_OK(d.Synchronize());
 }
 
+// Hung on an H100 (issue #12) for the same reason as StreamsRunConcurrently:
+// the first FillInt32 launch, lazily loaded while compute was held, waited
+// for the context. Destroying the event while queued is fine on both.
 TYPED_TEST(TypedDeviceTest, EventMayBeDestroyedWhileRecordAndWaitAreQueued) {
   Device& d = this->dev();
   auto x = d.Allocate(64).value();
   auto pool = PinnedPool::Create(PlanPinnedPool(4096, 4096), &d).value();
+  ASSERT_TRUE(pool->pinned()) << "a pageable destination would make the copy below synchronous";
   PinnedBuffer pinned = pool->Acquire(64).value();
   std::promise<void> gate;
   std::shared_future<void> opened = gate.get_future().share();
@@ -265,6 +298,53 @@ TYPED_TEST(TypedDeviceTest, EventMayBeDestroyedWhileRecordAndWaitAreQueued) {
   gate.set_value();
   ASSERT_OK(d.d2h().Synchronize());
   EXPECT_EQ(pinned.as<int32_t>()[15], 9);  // the wait still ordered the copy
+}
+
+// ---- Event timing ----
+
+TYPED_TEST(TypedDeviceTest, ElapsedSecondsTimesTheWorkBetweenRecords) {
+  Device& d = this->dev();
+  auto t0 = d.CreateEvent({.timing = true}).value();
+  auto t1 = d.CreateEvent({.timing = true}).value();
+  EXPECT_TRUE(t0->timing());
+  ASSERT_OK(d.compute().Record(*t0));
+  ASSERT_OK(d.compute().EnqueueHostCallback(
+      [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }));
+  ASSERT_OK(d.compute().Record(*t1));
+  ASSERT_OK(t1->Synchronize());
+  auto s = d.ElapsedSeconds(*t0, *t1);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_GE(*s, 0.029);  // the stream waited for the sleeping host function
+  auto back = d.ElapsedSeconds(*t1, *t0);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_LT(*back, 0.0);
+
+  // Errors: an event without timing, one never recorded, one not complete.
+  auto plain = d.CreateEvent().value();
+  EXPECT_FALSE(plain->timing());
+  ASSERT_OK(d.compute().Record(*plain));
+  ASSERT_OK(d.compute().Synchronize());
+  EXPECT_EQ(d.ElapsedSeconds(*t0, *plain).status().code(), StatusCode::kFailedPrecondition);
+  auto fresh = d.CreateEvent({.timing = true}).value();
+  EXPECT_EQ(d.ElapsedSeconds(*fresh, *t1).status().code(), StatusCode::kFailedPrecondition);
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  ASSERT_OK(d.compute().EnqueueHostCallback([opened] { opened.wait(); }));
+  ASSERT_OK(d.compute().Record(*fresh));
+  EXPECT_FALSE(fresh->Query().value());  // polling is non-blocking
+  EXPECT_EQ(d.ElapsedSeconds(*t0, *fresh).status().code(), StatusCode::kUnavailable);
+  gate.set_value();
+  ASSERT_OK(fresh->Synchronize());
+  EXPECT_TRUE(d.ElapsedSeconds(*t0, *fresh).ok());
+}
+
+TYPED_TEST(TypedDeviceTest, AllocationsAreAlignedAndRoundedAlike) {
+  Device& d = this->dev();
+  auto a = d.Allocate(1).value();
+  auto b = d.Allocate(257).value();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kDeviceAlignment, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % kDeviceAlignment, 0u);
+  EXPECT_EQ(d.Stats().in_use_bytes, 3 * kDeviceAlignment);  // 256 + 512
 }
 
 // ---- Kernels ----

@@ -1,0 +1,242 @@
+// Fused multi-tensor Adam/AdamW for Device::AdamStep on CUDA (llm.c
+// adamw.cuh layout: device helpers, the kernel, the host launcher).
+//
+// Per element it reads the fp32 master param, the gradient (fp32/fp16/bf16)
+// and the fp32 moments m and v, and writes param, m, v and, optionally, the
+// updated param converted to fp16/bf16/fp32 — one pass over HBM:
+//   bytes moved per element = 24 (param, m, v: read + write) + grad (4|2)
+//                             + copy (0|2|4)   e.g. 26 bf16 grad, no copy;
+//                                                   28 with the bf16 copy.
+// The arithmetic is src/cpu_adam/kernel_scalar.cc's, operation for operation,
+// written with the _rn intrinsics so that nvcc cannot contract a multiply
+// and an add into an fma: results equal the CPU scalar reference (sqrt and
+// division are IEEE correctly rounded without fast-math).
+//
+// Multi-tensor: the host packs up to kAdamTensorsPerLaunch tensors into the
+// kernel's parameter block (the device-side table; CUDA 12.1+ allows 32 KiB
+// of parameters on sm_70+), each tensor cut into chunks of kChunk elements;
+// block b finds its tensor by binary search over the chunk prefix sums. A
+// tensor whose arrays are all 16-byte aligned moves 8 elements per thread
+// per iteration with 16-byte loads and stores (two float4 per fp32 array, one
+// uint4 for a 16-bit gradient or copy); others, and the tails, go one element
+// at a time.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "src/gpu/cuda_kernels.h"
+
+namespace strata::gpu::cuda {
+namespace {
+
+constexpr int kAdamThreads = 256;
+constexpr int kVec = 8;                     // elements per thread per iteration (vector path)
+constexpr size_t kChunk = 256 * kVec * 16;  // elements per block: 16 iterations of the block
+
+struct TensorEntry {
+  AdamTensor t;
+  uint64_t first_chunk;  // prefix sum of chunks over the tensors before this one
+  uint32_t vec;          // all arrays 16-byte aligned: the vector path
+};
+
+struct AdamTable {
+  TensorEntry e[kAdamTensorsPerLaunch];
+  int n;
+};
+
+// ---- device helpers ------------------------------------------------------------
+
+template <int GD>  // 0 fp32, 1 fp16, 2 bf16
+__device__ __forceinline__ float LoadGrad(const void* g, size_t i) {
+  if constexpr (GD == 0)
+    return static_cast<const float*>(g)[i];
+  else if constexpr (GD == 1)
+    return __half2float(__ushort_as_half(static_cast<const uint16_t*>(g)[i]));
+  else
+    return __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(g)[i]));
+}
+__device__ __forceinline__ float HalfBits(uint16_t b, int gd) {
+  return gd == 1 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
+}
+template <int CD>  // 0 none, 1 fp32, 2 fp16, 3 bf16
+__device__ __forceinline__ uint16_t ToHalfBits(float x) {
+  if constexpr (CD == 2)
+    return __half_as_ushort(__float2half_rn(x));  // round to nearest even
+  else
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+template <int CD>
+__device__ __forceinline__ void StoreCopy(void* out, size_t i, float x) {
+  if constexpr (CD == 1)
+    static_cast<float*>(out)[i] = x;
+  else if constexpr (CD >= 2)
+    static_cast<uint16_t*>(out)[i] = ToHalfBits<CD>(x);
+}
+
+// One element: kernel_scalar.cc's Adam/AdamW line for line (no contraction).
+__device__ __forceinline__ void AdamElement(float& p, float g, float& m, float& v,
+                                            const host::AdamCoeffs& c) {
+  g = __fmul_rn(g, c.grad_scale);                                          // unscale × clip
+  if (!c.adamw) g = __fadd_rn(__fmul_rn(c.l2, p), g);                      // Adam: L2 decay
+  m = __fadd_rn(__fmul_rn(c.w1, __fsub_rn(g, m)), m);                      // m = lerp(m, g, 1-b1)
+  v = __fadd_rn(__fmul_rn(c.w2, __fmul_rn(g, g)), __fmul_rn(c.beta2, v));  // v = b2 v + (1-b2) g²
+  const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(v), c.inv_bc2_sqrt), c.eps);  // sqrt(v̂)+eps
+  if (c.adamw) p = __fmul_rn(p, c.decay);                        // AdamW: decoupled decay
+  p = __fadd_rn(__fmul_rn(c.neg_step, __fdiv_rn(m, denom)), p);  // p -= lr m̂ / denom
+}
+
+// Which tensor holds chunk `b` (the last entry whose first_chunk <= b).
+__device__ __forceinline__ int FindTensor(const AdamTable& tab, uint64_t b) {
+  int lo = 0, hi = tab.n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tab.e[mid].first_chunk <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+// ---- the kernel ---------------------------------------------------------------------
+
+template <int GD, int CD>
+__global__ void __launch_bounds__(kAdamThreads)
+    AdamKernel(const __grid_constant__ AdamTable tab, const host::AdamCoeffs c,
+               const int32_t* skip) {
+  if (skip != nullptr && *skip != 0) return;  // overflow: the step is skipped
+  const TensorEntry& e = tab.e[FindTensor(tab, blockIdx.x)];
+  const AdamTensor& t = e.t;
+  const size_t begin = (blockIdx.x - e.first_chunk) * kChunk;
+  const size_t end = begin + kChunk < t.count ? begin + kChunk : t.count;
+  size_t i = begin;
+  if (e.vec) {
+    // Vector body: 8 consecutive elements per thread, 16-byte accesses.
+    const size_t vec_end = begin + (end - begin) / kVec * kVec;
+    for (size_t j = begin + static_cast<size_t>(threadIdx.x) * kVec; j < vec_end;
+         j += static_cast<size_t>(blockDim.x) * kVec) {
+      float p[kVec], m[kVec], v[kVec], g[kVec];
+      float4* p4 = reinterpret_cast<float4*>(t.param + j);
+      float4* m4 = reinterpret_cast<float4*>(t.exp_avg + j);
+      float4* v4 = reinterpret_cast<float4*>(t.exp_avg_sq + j);
+      *reinterpret_cast<float4*>(p) = p4[0], *reinterpret_cast<float4*>(p + 4) = p4[1];
+      *reinterpret_cast<float4*>(m) = m4[0], *reinterpret_cast<float4*>(m + 4) = m4[1];
+      *reinterpret_cast<float4*>(v) = v4[0], *reinterpret_cast<float4*>(v + 4) = v4[1];
+      if constexpr (GD == 0) {
+        const float4* g4 = reinterpret_cast<const float4*>(static_cast<const float*>(t.grad) + j);
+        *reinterpret_cast<float4*>(g) = g4[0], *reinterpret_cast<float4*>(g + 4) = g4[1];
+      } else {
+        const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(t.grad) + j);
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) g[k] = HalfBits(h[k], GD);
+      }
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) AdamElement(p[k], g[k], m[k], v[k], c);
+      p4[0] = *reinterpret_cast<float4*>(p), p4[1] = *reinterpret_cast<float4*>(p + 4);
+      m4[0] = *reinterpret_cast<float4*>(m), m4[1] = *reinterpret_cast<float4*>(m + 4);
+      v4[0] = *reinterpret_cast<float4*>(v), v4[1] = *reinterpret_cast<float4*>(v + 4);
+      if constexpr (CD == 1) {
+        float4* c4 = reinterpret_cast<float4*>(static_cast<float*>(t.copy_out) + j);
+        c4[0] = *reinterpret_cast<float4*>(p), c4[1] = *reinterpret_cast<float4*>(p + 4);
+      } else if constexpr (CD >= 2) {
+        uint4 out;
+        uint16_t* h = reinterpret_cast<uint16_t*>(&out);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) h[k] = ToHalfBits<CD>(p[k]);
+        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(t.copy_out) + j) = out;
+      }
+    }
+    i = vec_end;
+  }
+  // Scalar: unaligned tensors entirely, the vector path's tail (< 8 elements).
+  for (size_t j = i + threadIdx.x; j < end; j += blockDim.x) {
+    float p = t.param[j], m = t.exp_avg[j], v = t.exp_avg_sq[j];
+    AdamElement(p, LoadGrad<GD>(t.grad, j), m, v, c);
+    t.param[j] = p;
+    t.exp_avg[j] = m;
+    t.exp_avg_sq[j] = v;
+    StoreCopy<CD>(t.copy_out, j, p);
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <int GD, int CD>
+cudaError_t LaunchGroup(const AdamTensor* tensors, size_t n, const host::AdamCoeffs& c,
+                        const int32_t* skip, cudaStream_t stream) {
+  for (size_t base = 0; base < n; base += kAdamTensorsPerLaunch) {
+    AdamTable tab{};
+    uint64_t chunks = 0;
+    for (size_t k = base; k < std::min(n, base + kAdamTensorsPerLaunch); ++k) {
+      const AdamTensor& t = tensors[k];
+      if (t.count == 0) continue;
+      TensorEntry& e = tab.e[tab.n++];
+      e.t = t;
+      e.first_chunk = chunks;
+      e.vec = Aligned16(t.param) && Aligned16(t.grad) && Aligned16(t.exp_avg) &&
+              Aligned16(t.exp_avg_sq) && (CD == 0 || Aligned16(t.copy_out));
+      chunks += (t.count + kChunk - 1) / kChunk;
+    }
+    if (tab.n == 0) continue;
+    if (chunks > 0x7fffffffu) return cudaErrorInvalidValue;  // > 2^31 blocks: ~1.4e14 elements
+    AdamKernel<GD, CD><<<static_cast<unsigned>(chunks), kAdamThreads, 0, stream>>>(tab, c, skip);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+template <int GD>
+cudaError_t LaunchForGrad(const AdamTensor* t, size_t n, bool copy, DType cd,
+                          const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s) {
+  if (!copy) return LaunchGroup<GD, 0>(t, n, c, skip, s);
+  switch (cd) {
+    case DType::kFp32:
+      return LaunchGroup<GD, 1>(t, n, c, skip, s);
+    case DType::kFp16:
+      return LaunchGroup<GD, 2>(t, n, c, skip, s);
+    case DType::kBf16:
+      return LaunchGroup<GD, 3>(t, n, c, skip, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <int GD, int CD>
+cudaError_t LoadOne() {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, AdamKernel<GD, CD>);
+}
+template <int GD>
+cudaError_t LoadForGrad() {
+  for (cudaError_t e : {LoadOne<GD, 0>(), LoadOne<GD, 1>(), LoadOne<GD, 2>(), LoadOne<GD, 3>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bool copy,
+                       DType copy_dtype, const host::AdamCoeffs& c, const int32_t* skip_if_set,
+                       cudaStream_t stream) {
+  switch (grad_dtype) {
+    case DType::kFp32:
+      return LaunchForGrad<0>(tensors, n, copy, copy_dtype, c, skip_if_set, stream);
+    case DType::kFp16:
+      return LaunchForGrad<1>(tensors, n, copy, copy_dtype, c, skip_if_set, stream);
+    case DType::kBf16:
+      return LaunchForGrad<2>(tensors, n, copy, copy_dtype, c, skip_if_set, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+namespace internal_adam {
+cudaError_t LoadAdamKernels() {
+  for (cudaError_t e : {LoadForGrad<0>(), LoadForGrad<1>(), LoadForGrad<2>()})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+}  // namespace internal_adam
+
+}  // namespace strata::gpu::cuda

@@ -1,0 +1,289 @@
+// Device::AdamStep against the CPU optimizer (src/cpu_adam, scalar ISA) on
+// fresh random data: every grad dtype and copy-out dtype, Adam and AdamW,
+// odd sizes, tails, unaligned starts, more tensors than one CUDA launch
+// takes, 10 steps; fp32 state within 2 ulp per element. The host backend
+// runs everywhere; the CUDA cases skip without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "src/common/half.h"
+#include "src/cpu_adam/cpu_adam.h"
+#include "src/gpu/device.h"
+#include "src/gpu/host_kernels.h"
+#include "tests/gpu/device_test_util.h"
+#include "tests/test_util.h"
+
+namespace strata::gpu::testing {
+namespace {
+
+template <typename B>
+using AdamStepTest = DeviceTest<B>;
+TYPED_TEST_SUITE(AdamStepTest, Backends, BackendNames);
+
+// Distance in units in the last place between two finite floats.
+int64_t UlpDistance(float a, float b) {
+  auto key = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? int64_t{INT32_MIN} - i : int64_t{i};  // monotonic in f
+  };
+  return std::llabs(key(a) - key(b));
+}
+
+std::vector<uint8_t> ToDType(const std::vector<float>& f, DType t) {
+  std::vector<uint8_t> out(f.size() * DTypeSize(t));
+  for (size_t i = 0; i < f.size(); ++i) host::StoreFromFloat(out.data(), t, i, f[i]);
+  return out;
+}
+
+struct Case {
+  size_t count;
+  size_t offset;  // elements past a 256-byte boundary (unaligned starts)
+  DType grad;
+  bool copy;
+  DType copy_dtype;
+};
+
+// The CPU side of one tensor and where it lives on the device.
+struct Tensor {
+  Case c;
+  std::vector<float> p, m, v;
+  std::vector<uint8_t> g, copy;
+  DeviceBuffer dp, dm, dv, dg, dc;
+};
+
+void Put(Device& d, void* dev, const void* host, size_t bytes) {
+  ASSERT_OK(d.CopyH2D(dev, host, bytes, d.h2d()));  // pageable: synchronous
+}
+template <typename T>
+std::vector<T> Get(Device& d, const void* dev, size_t n) {
+  std::vector<T> v(n);
+  EXPECT_OK(d.CopyD2H(v.data(), dev, n * sizeof(T), d.d2h()));
+  return v;
+}
+
+cpu_adam::HyperParams CpuHp(const AdamHyperParams& h) {
+  cpu_adam::HyperParams c;
+  c.algorithm = h.decoupled_weight_decay ? cpu_adam::Algorithm::kAdamW : cpu_adam::Algorithm::kAdam;
+  c.lr = h.lr;
+  c.beta1 = h.beta1;
+  c.beta2 = h.beta2;
+  c.eps = h.eps;
+  c.weight_decay = h.weight_decay;
+  c.bias_correction = h.bias_correction;
+  c.step = h.step;
+  c.grad_scale = h.grad_scale;
+  return c;
+}
+
+void RunAndCompare(Device& d, std::vector<Case> cases, bool adamw) {
+  uint64_t seed;
+  auto rng = strata::testing::MakeRng(&seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed << " adamw " << adamw);
+  auto opt = cpu_adam::CpuOptimizer::Create({.threads = 1, .isa = "scalar"}).value();
+  std::vector<Tensor> ts(cases.size());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    Tensor& t = ts[k];
+    t.c = cases[k];
+    const size_t n = t.c.count, off = t.c.offset;
+    t.p = strata::testing::RandomFloats(rng, n, -1.f, 1.f);
+    t.m = strata::testing::RandomFloats(rng, n, -0.01f, 0.01f);
+    t.v = strata::testing::RandomFloats(rng, n, 1e-6f, 1e-4f);
+    auto alloc = [&](size_t elem) { return d.Allocate((n + off) * elem + 64).value(); };
+    t.dp = alloc(4), t.dm = alloc(4), t.dv = alloc(4), t.dg = alloc(4);
+    Put(d, t.dp.as<float>() + off, t.p.data(), n * 4);
+    Put(d, t.dm.as<float>() + off, t.m.data(), n * 4);
+    Put(d, t.dv.as<float>() + off, t.v.data(), n * 4);
+    if (t.c.copy) {
+      t.dc = alloc(4);
+      t.copy.assign(n * DTypeSize(t.c.copy_dtype), 0);
+    }
+  }
+  AdamHyperParams hp;
+  hp.decoupled_weight_decay = adamw;
+  hp.lr = 3e-3;
+  hp.weight_decay = 0.05;
+  for (int step = 1; step <= 10; ++step) {
+    hp.step = step;
+    hp.grad_scale = 0.7 / 1024;  // unscale × a clip coefficient
+    std::vector<AdamShard> shards;
+    std::vector<cpu_adam::ShardStep> cpu;
+    for (Tensor& t : ts) {
+      const size_t n = t.c.count, off = t.c.offset, gs = DTypeSize(t.c.grad);
+      t.g = ToDType(strata::testing::RandomFloats(rng, n, -2000.f, 2000.f), t.c.grad);
+      Put(d, t.dg.as<char>() + off * gs, t.g.data(), n * gs);
+      AdamShard s;
+      s.param = t.dp.as<float>() + off;
+      s.grad = t.dg.as<char>() + off * gs;
+      s.grad_dtype = t.c.grad;
+      s.exp_avg = t.dm.as<float>() + off;
+      s.exp_avg_sq = t.dv.as<float>() + off;
+      if (t.c.copy) {
+        s.copy_out = t.dc.as<char>() + off * DTypeSize(t.c.copy_dtype);
+        s.copy_dtype = t.c.copy_dtype;
+      }
+      s.count = n;
+      shards.push_back(s);
+      cpu_adam::ShardStep c;
+      c.param = t.p.data();
+      c.grad = t.g.data();
+      c.grad_dtype = t.c.grad;
+      c.exp_avg = t.m.data();
+      c.exp_avg_sq = t.v.data();
+      c.count = n;
+      c.copy_out = t.c.copy ? t.copy.data() : nullptr;
+      c.copy_dtype = t.c.copy_dtype;
+      c.hp = CpuHp(hp);
+      cpu.push_back(c);
+    }
+    ASSERT_OK(d.AdamStep(shards, hp, nullptr, d.compute()));
+    ASSERT_OK(d.compute().Synchronize());
+    ASSERT_TRUE(opt->StepMany(cpu).ok());
+  }
+  for (Tensor& t : ts) {
+    SCOPED_TRACE(::testing::Message() << "count " << t.c.count << " offset " << t.c.offset
+                                      << " grad " << DTypeName(t.c.grad) << " copy "
+                                      << (t.c.copy ? DTypeName(t.c.copy_dtype) : "none"));
+    const size_t n = t.c.count, off = t.c.offset;
+    const auto p = Get<float>(d, t.dp.as<float>() + off, n);
+    const auto m = Get<float>(d, t.dm.as<float>() + off, n);
+    const auto v = Get<float>(d, t.dv.as<float>() + off, n);
+    int bad = 0;
+    for (size_t i = 0; i < n && bad < 5; ++i) {
+      for (auto [got, want, name] :
+           {std::tuple{p[i], t.p[i], "param"}, std::tuple{m[i], t.m[i], "exp_avg"},
+            std::tuple{v[i], t.v[i], "exp_avg_sq"}}) {
+        if (!std::isfinite(got) || UlpDistance(got, want) > 2) {
+          ++bad;
+          ADD_FAILURE() << name << "[" << i << "] = " << got << ", CPU " << want;
+        }
+      }
+    }
+    if (t.c.copy) {
+      const size_t cs = DTypeSize(t.c.copy_dtype);
+      const auto copy = Get<uint8_t>(d, t.dc.as<char>() + off * cs, n * cs);
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<uint8_t> want(4);
+        host::StoreFromFloat(want.data(), t.c.copy_dtype, 0, p[i]);  // of the device's param
+        ASSERT_EQ(0, std::memcmp(copy.data() + i * cs, want.data(), cs)) << "copy " << i;
+      }
+    }
+  }
+}
+
+TYPED_TEST(AdamStepTest, MatchesTheCpuOptimizerForEveryDtype) {
+  Device& d = this->dev();
+  for (bool adamw : {true, false}) {
+    std::vector<Case> cases;
+    const size_t sizes[] = {1, 7, 8, 9, 4097, 65536 * 2 + 13};
+    size_t k = 0;
+    for (DType g : {DType::kFp32, DType::kFp16, DType::kBf16})
+      for (int c = 0; c < 4; ++c)
+        for (size_t off : {size_t{0}, size_t{3}}) {
+          const DType cd = c == 1 ? DType::kFp32 : c == 2 ? DType::kFp16 : DType::kBf16;
+          cases.push_back({sizes[k++ % 6], off, g, c != 0, cd});
+        }
+    RunAndCompare(d, cases, adamw);
+  }
+}
+
+// More tensors than one CUDA launch's table holds (256), and tensors of
+// mixed dtypes in one call (several groups).
+TYPED_TEST(AdamStepTest, ManySmallTensorsInOneCall) {
+  Device& d = this->dev();
+  std::vector<Case> cases;
+  for (size_t i = 0; i < 300; ++i)
+    cases.push_back({1 + (i * 37) % 300, i % 5, i % 3 == 0 ? DType::kBf16 : DType::kFp32,
+                     i % 2 == 0, DType::kBf16});
+  RunAndCompare(d, cases, true);
+}
+
+TYPED_TEST(AdamStepTest, SkipFlagLeavesEverythingUntouched) {
+  Device& d = this->dev();
+  auto rng = strata::testing::MakeRng();
+  const size_t n = 1000;
+  auto buf = d.Allocate(4 * n * 4 + 256).value();
+  float* p = buf.as<float>();
+  const auto init = strata::testing::RandomFloats(rng, 4 * n, 0.001f, 1.f);
+  Put(d, p, init.data(), init.size() * 4);
+  auto flag = d.Allocate(4).value();
+  AdamShard s{p, p + n, DType::kFp32, p + 2 * n, p + 3 * n, nullptr, DType::kBf16, n};
+  ASSERT_OK(d.FillInt32(flag.as<int32_t>(), 1, 1, d.compute()));
+  ASSERT_OK(d.AdamStep({&s, 1}, AdamHyperParams{}, flag.as<int32_t>(), d.compute()));
+  ASSERT_OK(d.compute().Synchronize());
+  EXPECT_EQ(Get<float>(d, p, 4 * n), init);
+  ASSERT_OK(d.FillInt32(flag.as<int32_t>(), 1, 0, d.compute()));
+  ASSERT_OK(d.AdamStep({&s, 1}, AdamHyperParams{}, flag.as<int32_t>(), d.compute()));
+  ASSERT_OK(d.compute().Synchronize());
+  EXPECT_NE(Get<float>(d, p, n), std::vector<float>(init.begin(), init.begin() + n));
+}
+
+TYPED_TEST(AdamStepTest, BadArgumentsAreRejectedBeforeAnythingRuns) {
+  Device& d = this->dev();
+  auto buf = d.Allocate(4096 * 4).value();
+  float* p = buf.as<float>();
+  std::vector<float> host(100);
+  AdamShard ok{p, p + 100, DType::kFp32, p + 200, p + 300, nullptr, DType::kBf16, 100};
+  AdamHyperParams hp;
+  ASSERT_OK(d.AdamStep({&ok, 1}, hp, nullptr, d.compute()));
+  AdamShard overlap = ok;
+  overlap.exp_avg = p + 50;
+  EXPECT_EQ(d.AdamStep({&overlap, 1}, hp, nullptr, d.compute()).code(),
+            StatusCode::kInvalidArgument);
+  AdamShard on_host = ok;
+  on_host.grad = host.data();
+  const Status s = d.AdamStep({&on_host, 1}, hp, nullptr, d.compute());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("shard 0 grad"), std::string::npos) << s;
+  AdamShard misaligned = ok;
+  misaligned.exp_avg_sq = reinterpret_cast<float*>(buf.as<char>() + 1202);
+  EXPECT_EQ(d.AdamStep({&misaligned, 1}, hp, nullptr, d.compute()).code(),
+            StatusCode::kInvalidArgument);
+  hp.step = 0;
+  EXPECT_EQ(d.AdamStep({&ok, 1}, hp, nullptr, d.compute()).code(), StatusCode::kInvalidArgument);
+  ASSERT_OK(d.compute().Synchronize());
+}
+
+// The host reference is the CPU optimizer's scalar kernel, bitwise.
+TEST(HostAdamTest, BitwiseEqualToTheCpuScalarKernel) {
+  auto rng = strata::testing::MakeRng();
+  auto opt = cpu_adam::CpuOptimizer::Create({.threads = 1, .isa = "scalar"}).value();
+  for (bool adamw : {true, false})
+    for (DType g : {DType::kFp32, DType::kFp16, DType::kBf16}) {
+      const size_t n = 5003;
+      auto p = strata::testing::RandomFloats(rng, n);
+      auto m = strata::testing::RandomFloats(rng, n, -0.1f, 0.1f);
+      auto v = strata::testing::RandomFloats(rng, n, 1e-5f, 1e-2f);
+      auto grad = ToDType(strata::testing::RandomFloats(rng, n, -50.f, 50.f), g);
+      auto p2 = p, m2 = m, v2 = v;
+      std::vector<uint16_t> c1(n), c2(n);
+      AdamHyperParams hp;
+      hp.decoupled_weight_decay = adamw;
+      hp.weight_decay = 0.1;
+      hp.step = 3;
+      hp.grad_scale = 0.25;
+      host::AdamStep({p.data(), grad.data(), g, m.data(), v.data(), c1.data(), DType::kFp16, n},
+                     host::MakeAdamCoeffs(hp));
+      cpu_adam::ShardStep s;
+      s.param = p2.data();
+      s.grad = grad.data();
+      s.grad_dtype = g;
+      s.exp_avg = m2.data();
+      s.exp_avg_sq = v2.data();
+      s.copy_out = c2.data();
+      s.copy_dtype = DType::kFp16;
+      s.count = n;
+      s.hp = CpuHp(hp);
+      ASSERT_TRUE(opt->Step(s).ok());
+      EXPECT_EQ(0, std::memcmp(p.data(), p2.data(), n * 4));
+      EXPECT_EQ(0, std::memcmp(m.data(), m2.data(), n * 4));
+      EXPECT_EQ(0, std::memcmp(v.data(), v2.data(), n * 4));
+      EXPECT_EQ(c1, c2);
+    }
+}
+
+}  // namespace
+}  // namespace strata::gpu::testing
