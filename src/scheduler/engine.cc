@@ -283,6 +283,7 @@ Status EngineImpl::Plan() {
   fo.prefetch_bucket_elems = zo.stage3_prefetch_bucket_size;
   fo.max_live_elems = zo.stage3_max_live_parameters;
   fo.max_reuse_distance = zo.stage3_max_reuse_distance;
+  fo.device_slots = plan.device_slots;
   fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, this,
                                             fo);
   RETURN_IF_ERROR(fetcher_->Init());
@@ -637,12 +638,9 @@ StatusOr<StepStats> EngineImpl::Step() {
 
 StatusOr<void*> EngineImpl::AllocateWorkspace(int64_t bytes) {
   if (bytes <= 0) return InvalidArgumentError(fmt::format("AllocateWorkspace: {} bytes", bytes));
-  gpu::DeviceBuffer b;
-  if (fetcher_) {
-    ASSIGN_OR_RETURN(b, fetcher_->Allocate(bytes, -1));
-  } else {
-    ASSIGN_OR_RETURN(b, dev_->Allocate(static_cast<size_t>(bytes)));
-  }
+  // From the arena's room beyond the plan's blocks (the fetcher's slots are
+  // allocated once and never grow).
+  ASSIGN_OR_RETURN(gpu::DeviceBuffer b, dev_->Allocate(static_cast<size_t>(bytes)));
   void* p = b.data();
   workspaces_[p] = std::move(b);
   return p;

@@ -7,8 +7,55 @@
 
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/common/units.h"
 
 namespace strata::scheduler {
+
+// ---- SlotPool ------------------------------------------------------------------
+
+SlotPool::Handle& SlotPool::Handle::operator=(Handle&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    pool_ = o.pool_;
+    index_ = o.index_;
+    ptr_ = o.ptr_;
+    o.pool_ = nullptr;
+    o.index_ = -1;
+    o.ptr_ = nullptr;
+  }
+  return *this;
+}
+
+void SlotPool::Handle::Reset() {
+  if (pool_ != nullptr) pool_->free_.push_back(index_);
+  pool_ = nullptr;
+  index_ = -1;
+  ptr_ = nullptr;
+}
+
+Status SlotPool::Init(gpu::Device* device, int64_t slot_bytes, int64_t count) {
+  const auto align = static_cast<int64_t>(gpu::kDeviceAlignment);
+  slot_bytes_ = std::max<int64_t>(align, (slot_bytes + align - 1) / align * align);
+  count_ = count;
+  ASSIGN_OR_RETURN(block_, device->Allocate(static_cast<size_t>(slot_bytes_ * count_)));
+  free_.clear();
+  for (int64_t i = count_ - 1; i >= 0; --i) free_.push_back(static_cast<int>(i));
+  return Status();
+}
+
+StatusOr<SlotPool::Handle> SlotPool::Acquire() {
+  if (free_.empty())
+    return ResourceExhaustedError(fmt::format("all {} device slots of {} are in use", count_,
+                                              FormatBytes(slot_bytes_)));
+  Handle h;
+  h.pool_ = this;
+  h.index_ = free_.back();
+  h.ptr_ = block_.as<uint8_t>() + static_cast<int64_t>(h.index_) * slot_bytes_;
+  free_.pop_back();
+  return h;
+}
+
+// ---- ParamFetcher --------------------------------------------------------------
 
 ParamFetcher::ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store,
                            StepCounters* counters, const StepGate* gate, FetchOptions options)
@@ -33,7 +80,31 @@ Status ParamFetcher::Init() {
   }
   for (const ModuleExtent& m : layout_->modules()) module_elems.push_back(m.elems());
   trace_ = std::make_unique<FetchTrace>(std::move(module_elems));
-  return Status();
+  // The persistent modules' block: each at its own offset.
+  const auto align = static_cast<int64_t>(gpu::kDeviceAlignment);
+  int64_t persistent = 0;
+  persistent_offset_.assign(static_cast<size_t>(layout_->num_modules()), -1);
+  if (params_offloaded()) {
+    for (int m = 0; m < layout_->num_modules(); ++m) {
+      const ModuleExtent& me = layout_->module(m);
+      if (!me.persistent || me.bytes() == 0) continue;
+      persistent_offset_[static_cast<size_t>(m)] = persistent;
+      persistent += (me.bytes() + align - 1) / align * align;
+    }
+  }
+  if (persistent > 0) {
+    ASSIGN_OR_RETURN(persistent_, dev_->Allocate(static_cast<size_t>(persistent)));
+  }
+  // The slots: what the plan says, or what the arena holds.
+  const int64_t slot_bytes = std::max<int64_t>(layout_->max_module_bytes(), align);
+  int64_t count = opts_.device_slots;
+  if (count <= 0)
+    count = std::max<int64_t>(
+        2, static_cast<int64_t>(dev_->Stats().largest_free_bytes) / ((slot_bytes + align - 1) /
+                                                                     align * align));
+  return pool_.Init(dev_, slot_bytes, count)
+      .WithContext(fmt::format("device slots for parameters and gradients ({} x {})", count,
+                               FormatBytes(slot_bytes)));
 }
 
 int64_t ParamFetcher::live_elems() const {
@@ -68,20 +139,26 @@ void ParamFetcher::Release(int m) {
   // The device copy may still be read by work on the compute stream.
   auto ev = dev_->CreateEvent();
   if (ev.ok() && dev_->compute().Record(**ev).ok()) {
-    deferred_.push_back({std::move(s.buf), std::move(*ev)});
+    deferred_.push_back({std::move(s.slot), std::move(*ev)});
   } else {
     dev_->compute().Synchronize().IgnoreError();
-    s.buf.Reset();
+    s.slot.Reset();
   }
+  s.data = nullptr;
   s.residency = Residency::kAbsent;
   s.prefetched = false;
 }
 
-Status ParamFetcher::MakeRoom(int64_t bytes, int keep_module) {
-  // Evict cached (resident, not in use, not persistent) modules, those whose
-  // next use is furthest first (here: the ones not in the lookahead).
+Status ParamFetcher::MakeRoom(int keep_module) {
+  // Slots held by finished work come back first; then cached (resident, not
+  // in use, not persistent) modules are evicted, those whose next use is
+  // furthest first (here: the ones not in the lookahead).
   RETURN_IF_ERROR(ReclaimDeferred(false));
-  if (static_cast<int64_t>(dev_->Stats().largest_free_bytes) >= bytes) return Status();
+  if (pool_.free_count() > 0) return Status();
+  if (!deferred_.empty()) {
+    RETURN_IF_ERROR(ReclaimDeferred(true));
+    if (pool_.free_count() > 0) return Status();
+  }
   std::vector<int> upcoming = trace_ ? trace_->Lookahead(INT64_MAX) : std::vector<int>{};
   auto rank = [&](int m) {
     auto it = std::find(upcoming.begin(), upcoming.end(), m);
@@ -98,16 +175,26 @@ Status ParamFetcher::MakeRoom(int64_t bytes, int keep_module) {
   for (int i : candidates) {
     Release(i);
     RETURN_IF_ERROR(ReclaimDeferred(true));
-    if (static_cast<int64_t>(dev_->Stats().largest_free_bytes) >= bytes) return Status();
+    if (pool_.free_count() > 0) return Status();
   }
   return ReclaimDeferred(true);
 }
 
-StatusOr<gpu::DeviceBuffer> ParamFetcher::Allocate(int64_t bytes, int keep_module) {
-  StatusOr<gpu::DeviceBuffer> b = dev_->Allocate(static_cast<size_t>(bytes));
-  if (b.ok() || b.status().code() != StatusCode::kResourceExhausted) return b;
-  RETURN_IF_ERROR(MakeRoom(bytes, keep_module));
-  return dev_->Allocate(static_cast<size_t>(bytes));
+StatusOr<SlotPool::Handle> ParamFetcher::AcquireSlot(int keep_module) {
+  if (pool_.free_count() == 0) RETURN_IF_ERROR(MakeRoom(keep_module));
+  StatusOr<SlotPool::Handle> h = pool_.Acquire();
+  if (!h.ok()) {
+    int in_use = 0, in_flight = 0;
+    for (const Slot& s : slots_) {
+      in_use += s.in_use || static_cast<bool>(s.grad);
+      in_flight += s.residency == Residency::kReading || s.residency == Residency::kCopying;
+    }
+    return Status(h.status()).WithContext(fmt::format(
+        "module {}: {} module(s) in use or holding gradients, {} being fetched; raise "
+        "strata.hbm_budget or lower stage3_max_live_parameters",
+        keep_module, in_use, in_flight));
+  }
+  return h;
 }
 
 Status ParamFetcher::StartCopy(int m) {
@@ -118,7 +205,7 @@ Status ParamFetcher::StartCopy(int m) {
   const int64_t bytes = layout_->module(m).bytes();
   RETURN_IF_ERROR(counters_->TimedCopy(
       dev_->h2d(), Link::kH2D, fmt::format("fetch module {}", m), bytes,
-      [&] { return dev_->CopyH2D(s.buf.data(), src, static_cast<size_t>(bytes), dev_->h2d()); }));
+      [&] { return dev_->CopyH2D(s.data, src, static_cast<size_t>(bytes), dev_->h2d()); }));
   RETURN_IF_ERROR(dev_->h2d().Record(*s.ready));
   if (s.staging) {
     // The staging buffer goes back to the pool once the copy has read it.
@@ -139,7 +226,8 @@ Status ParamFetcher::Pump() {
     s.read = nvme::IoHandle();
     if (!st.ok()) {
       s.staging.Reset();
-      s.buf.Reset();
+      s.slot.Reset();
+      s.data = nullptr;
       s.residency = Residency::kAbsent;
       return st.WithContext(fmt::format("fetching module {} from NVMe", i));
     }
@@ -152,13 +240,17 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   Slot& s = slots_[static_cast<size_t>(m)];
   if (!params_offloaded() || s.residency != Residency::kAbsent) return Status();
   const int64_t bytes = layout_->module(m).bytes();
-  if (prefetch) {
+  const int64_t persistent_at = persistent_offset_[static_cast<size_t>(m)];
+  if (persistent_at >= 0) {
+    s.data = persistent_.as<uint8_t>() + persistent_at;  // its own place, kept
+  } else if (prefetch) {
     // A prefetch never evicts and never waits: it uses what is free.
-    StatusOr<gpu::DeviceBuffer> b = dev_->Allocate(static_cast<size_t>(bytes));
-    if (!b.ok()) return b.status().code() == StatusCode::kResourceExhausted ? Status() : b.status();
-    s.buf = std::move(*b);
+    if (pool_.free_count() == 0) return Status();
+    ASSIGN_OR_RETURN(s.slot, pool_.Acquire());
+    s.data = s.slot.data();
   } else {
-    ASSIGN_OR_RETURN(s.buf, Allocate(bytes, m));
+    ASSIGN_OR_RETURN(s.slot, AcquireSlot(m));
+    s.data = s.slot.data();
   }
   s.prefetched = prefetch;
   if (store_->param_place() == OffloadDevice::kCpu || gate_->reading_next_params())
@@ -168,7 +260,8 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   StatusOr<gpu::PinnedBuffer> staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
   while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
     if (prefetch) {
-      s.buf.Reset();
+      s.slot.Reset();
+      s.data = nullptr;
       return Status();
     }
     // Wait for the oldest read in flight to land and free its staging buffer.
@@ -186,7 +279,8 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
     if (!waited && !staging.ok()) break;
   }
   if (!staging.ok()) {
-    s.buf.Reset();
+    s.slot.Reset();
+    s.data = nullptr;
     return staging.status().WithContext(fmt::format("fetching module {}", m));
   }
   s.staging = std::move(*staging);
@@ -260,7 +354,8 @@ Status ParamFetcher::InvalidateAll() {
     if (s.residency == Residency::kReading) s.read.Wait().IgnoreError();
     s.read = nvme::IoHandle();
     s.staging.Reset();
-    s.buf.Reset();
+    s.slot.Reset();
+    s.data = nullptr;
     s.residency = Residency::kAbsent;
     s.prefetched = false;
     s.in_use = false;
@@ -272,17 +367,17 @@ ModuleView ParamFetcher::View(int m, bool with_grads) {
   Slot& s = slots_[static_cast<size_t>(m)];
   const ModuleExtent& me = layout_->module(m);
   ModuleView v;
-  uint8_t* base = params_offloaded() ? s.buf.as<uint8_t>() : store_->device_params() + me.byte_begin;
+  uint8_t* base = params_offloaded() ? s.data : store_->device_params() + me.byte_begin;
   for (int id : me.params) {
     const int64_t off = layout_->param(id).byte_off - me.byte_begin;
     v.params.push_back(base + off);
-    if (with_grads) v.grads.push_back(s.grad.as<uint8_t>() + off);
+    if (with_grads) v.grads.push_back(s.grad.data() + off);
   }
   return v;
 }
 
 Status ParamFetcher::AllocateGrad(int m) {
-  ASSIGN_OR_RETURN(slots_[static_cast<size_t>(m)].grad, Allocate(layout_->module(m).bytes(), m));
+  ASSIGN_OR_RETURN(slots_[static_cast<size_t>(m)].grad, AcquireSlot(m));
   return Status();
 }
 

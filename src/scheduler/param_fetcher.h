@@ -3,12 +3,20 @@
 // Per module (offload_param cpu/nvme) a residency state machine:
 //   absent → reading (NVMe → pinned staging) → copying (H2D in flight, the
 //   module's `ready` event recorded) → resident,
-// device buffers taken from the arena (evicting cached modules whose next use
-// is furthest away when it is full), prefetch of the modules the recorded
+// device buffers taken from a slot pool laid out once by the plan (evicting
+// cached modules whose next use is furthest away when every slot is taken), prefetch of the modules the recorded
 // trace says come next (within stage3_prefetch_bucket_size and
 // stage3_max_live_parameters), release after use unless reused soon
 // (stage3_max_reuse_distance), and frees deferred until the device has passed
 // the last use. It also hands out the modules' gradient buffers.
+//
+// Device memory by purpose, fixed at Init: one block for the persistent
+// modules (each at its own offset, filled on first use and kept), and one
+// block cut into `device_slots` slots of the largest module's size for the
+// other modules' copies and every gradient buffer. Nothing the fetcher
+// allocates afterwards comes from the arena, so a plan that fits cannot fail
+// later because the arena is fragmented: a fetch waits for or evicts a slot
+// instead. (Workspaces of the framework come from the rest of the arena.)
 //
 // While an optimizer step runs (not delayed), a module it has finished is
 // copied from the step's copy-out target (its new values) instead of its
@@ -47,6 +55,46 @@ struct FetchOptions {
   int64_t prefetch_bucket_elems = 0;  // stage3_prefetch_bucket_size
   int64_t max_live_elems = 0;         // stage3_max_live_parameters
   int64_t max_reuse_distance = 0;     // stage3_max_reuse_distance (elements)
+  // Device slots (TierPlan::device_slots); 0: as many as the arena's largest
+  // free block holds, at least 2.
+  int64_t device_slots = 0;
+};
+
+// Fixed-size pieces of one device block, handed out and returned without
+// touching the arena. Main thread only; must outlive its handles.
+class SlotPool {
+ public:
+  class Handle {
+   public:
+    Handle() = default;
+    Handle(Handle&& o) noexcept { *this = std::move(o); }
+    Handle& operator=(Handle&& o) noexcept;
+    ~Handle() { Reset(); }
+    uint8_t* data() const { return ptr_; }
+    explicit operator bool() const { return ptr_ != nullptr; }
+    void Reset();
+
+   private:
+    friend class SlotPool;
+    SlotPool* pool_ = nullptr;
+    int index_ = -1;
+    uint8_t* ptr_ = nullptr;
+  };
+
+  // One arena block of count x slot_bytes (slot_bytes rounded up to the
+  // device alignment).
+  Status Init(gpu::Device* device, int64_t slot_bytes, int64_t count);
+  // A free slot, or ResourceExhausted naming how many there are.
+  StatusOr<Handle> Acquire();
+  int64_t free_count() const { return static_cast<int64_t>(free_.size()); }
+  int64_t count() const { return count_; }
+  int64_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  gpu::DeviceBuffer block_;
+  int64_t slot_bytes_ = 0;
+  int64_t count_ = 0;
+  std::vector<int> free_;
 };
 
 enum class Residency { kAbsent, kReading, kCopying, kResident };
@@ -57,7 +105,8 @@ class ParamFetcher {
                StepCounters* counters, const StepGate* gate, FetchOptions options);
   ~ParamFetcher();  // waits for NVMe reads in flight
 
-  // Creates the modules' events and the fetch trace.
+  // Creates the modules' events, the fetch trace, the persistent block and
+  // the slot pool.
   Status Init();
   FetchTrace& trace() { return *trace_; }
   bool params_offloaded() const { return store_->param_place() != OffloadDevice::kNone; }
@@ -83,15 +132,17 @@ class ParamFetcher {
   bool has_grad(int m) const { return static_cast<bool>(slots_[static_cast<size_t>(m)].grad); }
   bool any_grad() const;
   const void* grad(int m) const { return slots_[static_cast<size_t>(m)].grad.data(); }
+  int64_t free_device_slots() const { return pool_.free_count(); }
+  int64_t device_slots() const { return pool_.count(); }
   gpu::Event& computed(int m) { return *slots_[static_cast<size_t>(m)].computed; }
   // Recorded after the last copy of module m's parameters to the device.
   gpu::Event& ready(int m) { return *slots_[static_cast<size_t>(m)].ready; }
   // Frees module m's gradient buffer once the D2H stream has passed this point.
   Status ReleaseGradAfterD2H(int m);
 
-  // Device memory with eviction of cached modules (not `keep_module`) when the
-  // arena is full; workspaces of the framework come from here too.
-  StatusOr<gpu::DeviceBuffer> Allocate(int64_t bytes, int keep_module);
+  // A device slot, evicting cached modules (not `keep_module`) and waiting
+  // for deferred frees when none is free.
+  StatusOr<SlotPool::Handle> AcquireSlot(int keep_module);
   // Frees deferred buffers whose last use has completed (all: waiting).
   Status ReclaimDeferred(bool wait_all);
 
@@ -100,7 +151,8 @@ class ParamFetcher {
  private:
   struct Slot {
     Residency residency = Residency::kAbsent;
-    gpu::DeviceBuffer buf;
+    uint8_t* data = nullptr;  // the device copy: in `slot`, or in the persistent block
+    SlotPool::Handle slot;
     std::unique_ptr<gpu::Event> ready;
     // Recorded on the compute stream when the module's gradients are
     // complete; the D2H stream waits on it.
@@ -110,16 +162,16 @@ class ParamFetcher {
     int64_t read_issued_ns = 0;
     bool in_use = false;
     bool prefetched = false;  // fetch started by a prefetch, not by demand
-    gpu::DeviceBuffer grad;
+    SlotPool::Handle grad;
   };
   struct DeferredFree {
-    gpu::DeviceBuffer buf;
+    SlotPool::Handle buf;
     std::unique_ptr<gpu::Event> after;
   };
 
   Status Fetch(int m, bool prefetch);
   Status StartCopy(int m);
-  Status MakeRoom(int64_t bytes, int keep_module);
+  Status MakeRoom(int keep_module);
   void Release(int m);
   int64_t live_elems() const;
 
@@ -129,6 +181,10 @@ class ParamFetcher {
   StepCounters* counters_;
   const StepGate* gate_;
   FetchOptions opts_;
+  // Declared before what holds its handles (destroyed after them).
+  SlotPool pool_;
+  gpu::DeviceBuffer persistent_;
+  std::vector<int64_t> persistent_offset_;  // per module, -1: not persistent
   std::vector<Slot> slots_;
   std::unique_ptr<FetchTrace> trace_;
   std::vector<DeferredFree> deferred_;

@@ -70,23 +70,34 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   const int64_t states = kOptimizerStateBytesPerElem * n;
   const int64_t accumulator = kGradAccBytesPerElem * n;
 
-  // HBM.
+  // HBM, laid out by purpose (the device layer never has to find a large
+  // free block later): the parameters' block (offload_param none) or the
+  // persistent modules' block, and slots of the largest module's size for
+  // the other modules' copies and for gradient buffers.
   TierSum hbm;
+  plan.slot_bytes = std::max<int64_t>(kTensorAlign, s.max_module_bytes);
+  int64_t param_slots = 0;
   if (pl.params == OffloadDevice::kNone) {
     hbm.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
   } else {
-    // Working set: the live-parameter limit, but at least the largest module
-    // (for backward: the module and its gradient buffer, plus one prefetched).
+    // Working set: the live-parameter limit, but at least two modules (the
+    // one in use and one prefetched), in whole slots.
     const int64_t elem_size = n ? s.total_param_bytes / n : 2;
+    const int64_t offloaded = s.total_param_bytes - s.persistent_param_bytes;
     const int64_t live =
-        std::min(s.total_param_bytes - s.persistent_param_bytes,
-                 std::max(pl.max_live_parameters * elem_size, 2 * s.max_module_bytes));
+        std::min(offloaded, std::max(pl.max_live_parameters * elem_size, 2 * s.max_module_bytes));
+    param_slots = offloaded > 0 ? std::max<int64_t>(1, (live + plan.slot_bytes - 1) / plan.slot_bytes)
+                                : 0;
     hbm.Add(s.persistent_param_bytes,
             "persistent parameters " + FormatBytes(s.persistent_param_bytes));
-    hbm.Add(live, "live parameters " + FormatBytes(live));
+    hbm.Add(param_slots * plan.slot_bytes,
+            fmt::format("parameter slots {} x {}", param_slots, FormatBytes(plan.slot_bytes)));
   }
   // Gradient buffers: one written, one offloading.
-  hbm.Add(2 * s.max_module_bytes, "gradient buffers " + FormatBytes(2 * s.max_module_bytes));
+  constexpr int64_t kGradSlots = 2;
+  plan.device_slots = param_slots + kGradSlots;
+  hbm.Add(kGradSlots * plan.slot_bytes,
+          fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan.slot_bytes)));
   if (pl.optimizer == OffloadDevice::kNone)
     hbm.Add(states, "optimizer states " + FormatBytes(states));
   plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));

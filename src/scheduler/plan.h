@@ -67,6 +67,10 @@ struct TierPlan {
   // what the pinned budget leaves after the staging pools (0: no limit).
   bool pin_param_copies = false;
   int64_t param_copy_bytes = 0;
+  // Device slots (the largest module's bytes each) for parameter copies and
+  // gradient buffers, allocated once (ParamFetcher).
+  int64_t device_slots = 0;
+  int64_t slot_bytes = 0;
   // The NVMe capacity the swap store is opened with (0: no NVMe tier).
   int64_t nvme_bytes() const;
 };

@@ -36,6 +36,7 @@ class FlakyEvent : public gpu::Event {
   FlakyEvent(std::unique_ptr<gpu::Event> inner, std::atomic<int>* fail, std::atomic<int>* count)
       : inner_(std::move(inner)), fail_(fail), count_(count) {}
   StatusOr<bool> Query() override { return inner_->Query(); }
+  bool timing() const override { return inner_->timing(); }
   Status Synchronize() override {
     int f = fail_->load();
     while (f > 0 && !fail_->compare_exchange_weak(f, f - 1)) {
@@ -92,9 +93,16 @@ class FlakyDevice : public gpu::Device {
   StatusOr<std::unique_ptr<gpu::Stream>> CreateStream(const std::string&) override {
     return NotSupportedError("FlakyDevice::CreateStream");
   }
-  StatusOr<std::unique_ptr<gpu::Event>> CreateEvent() override {
-    ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> e, inner_->CreateEvent());
+  StatusOr<std::unique_ptr<gpu::Event>> CreateEvent(gpu::EventOptions options) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> e, inner_->CreateEvent(options));
     return std::unique_ptr<gpu::Event>(new FlakyEvent(std::move(e), &fail, &failures));
+  }
+  StatusOr<double> ElapsedSeconds(gpu::Event& start, gpu::Event& end) override {
+    return inner_->ElapsedSeconds(Inner(start), Inner(end));
+  }
+  Status AdamStep(std::span<const gpu::AdamShard> shards, const gpu::AdamHyperParams& hp,
+                  const int32_t* skip_if_set, gpu::Stream& s) override {
+    return inner_->AdamStep(shards, hp, skip_if_set, U(s));
   }
   Status Synchronize() override { return inner_->Synchronize(); }
   Status CopyH2D(void* d, const void* h, size_t n, gpu::Stream& s) override {

@@ -205,7 +205,9 @@ TEST_P(FetcherTest, ViewHoldsTheModulesBytesInTheirDtypes) {
   }
   ASSERT_OK(dev_->Synchronize());
   ASSERT_OK(fetcher_->ReclaimDeferred(false));
-  EXPECT_EQ(dev_->Stats().in_use_bytes, 0u);
+  // Every device slot is back; the arena holds only the slot pool (allocated
+  // once, by Init).
+  EXPECT_EQ(fetcher_->free_device_slots(), fetcher_->device_slots());
   StepStats st;
   counters_.EndWindow(NowNanos(), &st);
   EXPECT_EQ(st.fetch_misses, 6);
@@ -344,8 +346,8 @@ TEST_P(FetcherTest, DemandFetchNeverEvictsAModuleInUse) {
 }
 
 // Room for three modules; 0 is cached (used again at the end). A prefetch
-// takes 1 and 2, then stops at 3 (no room) without evicting 0 and without
-// skipping ahead to the small module 4, which would fit.
+// takes 1 and 2, then stops at 3 (no free slot) without evicting 0 and
+// without skipping ahead to the small module 4.
 TEST_P(FetcherTest, PrefetchStopsInsteadOfEvicting) {
   FetchOptions fo = Unlimited();
   fo.max_reuse_distance = int64_t{1} << 40;
@@ -356,9 +358,8 @@ TEST_P(FetcherTest, PrefetchStopsInsteadOfEvicting) {
   ASSERT_NO_FATAL_FAILURE(Use(0));
   ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
-  const gpu::ArenaStats st = dev_->Stats();
-  EXPECT_GE(st.largest_free_bytes, static_cast<size_t>(layout_.module(4).bytes()));
-  EXPECT_LT(st.largest_free_bytes, static_cast<size_t>(kSameModuleBytes));
+  EXPECT_EQ(fetcher_->device_slots(), 3);
+  EXPECT_EQ(fetcher_->free_device_slots(), 0);
   // The prefetched copies are usable and hold the modules' bytes.
   for (int m : {1, 2}) {
     ASSERT_NO_FATAL_FAILURE(Use(m, false));
@@ -372,24 +373,24 @@ TEST_P(FetcherTest, PrefetchStopsInsteadOfEvicting) {
 TEST_P(FetcherTest, FreesAreDeferredUntilTheStreamPassesThem) {
   ASSERT_NO_FATAL_FAILURE(Build(Params(3, false), 1 << 20, Unlimited()));
   ASSERT_NO_FATAL_FAILURE(Use(1, false));
-  const size_t with_module = dev_->Stats().in_use_bytes;
-  ASSERT_GE(with_module, static_cast<size_t>(layout_.module(1).bytes()));
+  const int64_t all = fetcher_->device_slots();
+  ASSERT_EQ(fetcher_->free_device_slots(), all - 1);
   {
     StreamBlocker busy(dev_->compute());
     ASSERT_TRUE(busy.ok());
     ASSERT_OK(fetcher_->FinishUse(1));  // not following a trace: released
     EXPECT_EQ(fetcher_->residency(1), Residency::kAbsent);
     ASSERT_OK(fetcher_->ReclaimDeferred(false));
-    EXPECT_EQ(dev_->Stats().in_use_bytes, with_module);
+    EXPECT_EQ(fetcher_->free_device_slots(), all - 1);
     busy.Release();
     ASSERT_OK(dev_->compute().Synchronize());
   }
   ASSERT_OK(fetcher_->ReclaimDeferred(false));
-  EXPECT_EQ(dev_->Stats().in_use_bytes, 0u);
+  EXPECT_EQ(fetcher_->free_device_slots(), all);
 
   ASSERT_NO_FATAL_FAILURE(Use(2, false));
   ASSERT_OK(fetcher_->AllocateGrad(2));
-  const size_t with_grad = dev_->Stats().in_use_bytes;
+  ASSERT_EQ(fetcher_->free_device_slots(), all - 2);
   {
     StreamBlocker busy(dev_->d2h());
     ASSERT_TRUE(busy.ok());
@@ -397,12 +398,12 @@ TEST_P(FetcherTest, FreesAreDeferredUntilTheStreamPassesThem) {
     EXPECT_FALSE(fetcher_->has_grad(2));
     EXPECT_FALSE(fetcher_->any_grad());
     ASSERT_OK(fetcher_->ReclaimDeferred(false));
-    EXPECT_EQ(dev_->Stats().in_use_bytes, with_grad);
+    EXPECT_EQ(fetcher_->free_device_slots(), all - 2);
     busy.Release();
     // Waiting for every deferred free.
     ASSERT_OK(fetcher_->ReclaimDeferred(true));
   }
-  EXPECT_EQ(dev_->Stats().in_use_bytes, with_grad - static_cast<size_t>(layout_.module(2).bytes()));
+  EXPECT_EQ(fetcher_->free_device_slots(), all - 1);  // the module is still in use
 }
 
 std::string PlaceName(const ::testing::TestParamInfo<OffloadDevice>& info) {

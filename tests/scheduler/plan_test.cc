@@ -102,12 +102,18 @@ TEST(PlanTest, OffloadedParametersUseTheLiveWorkingSet) {
   Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
   pl.max_live_parameters = 100;  // 800 B < 2 modules: the working set is 2 modules
   const TierPlan plan = ComputeTierPlan(pl, s, {});
-  // persistent + min(offloaded 7680, max(800, 8192)) + gradient buffers.
-  EXPECT_EQ(Needed(plan, "hbm"), 512 + 7680 + 8192);
+  // persistent + min(offloaded 7680, max(800, 8192)) in whole 4096 B slots
+  // (2) + 2 gradient slots.
+  EXPECT_EQ(Needed(plan, "hbm"), 512 + 2 * 4096 + 2 * 4096);
+  EXPECT_EQ(plan.device_slots, 4);
+  EXPECT_EQ(plan.slot_bytes, 4096);
   pl.max_live_parameters = 500;  // 4000 B: still below 2 modules (8192 B)
-  EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 7680 + 8192);
-  s.max_module_bytes = 1024;  // now the live limit (500 x 8 B) decides
-  EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 4000 + 2048);
+  EXPECT_EQ(Needed(ComputeTierPlan(pl, s, {}), "hbm"), 512 + 2 * 4096 + 2 * 4096);
+  s.max_module_bytes = 1024;  // now the live limit (500 x 8 B) decides: 4 slots of 1 KiB
+  const TierPlan small = ComputeTierPlan(pl, s, {});
+  EXPECT_EQ(Needed(small, "hbm"), 512 + 4 * 1024 + 2 * 1024);
+  EXPECT_EQ(small.device_slots, 6);
+  EXPECT_THAT(Find(small, "hbm")->detail, HasSubstr("parameter slots 4 x 1.00 KiB"));
   // offload_param cpu: the host copy and the updated parameters are pinned
   // (the pinned budget is unknown: no limit); DRAM keeps the rest.
   EXPECT_EQ(Needed(plan, "dram"), 4 * 1001 + 12 * 1001);
@@ -170,15 +176,15 @@ TEST(PlanTest, OverBudgetTableExactText) {
   const TierPlan plan = ComputeTierPlan(pl, s, f);
   EXPECT_FALSE(plan.fits);
   // By hand:
-  //   hbm    512 + min(8192 - 512, max(100 x 8, 2 x 4096)) + 2 x 4096 = 16384
+  //   hbm    512 + 2 slots for min(8192 - 512, max(100 x 8, 2 x 4096)) + 2 x 4096 = 16896
   //   pinned 4 x 4096 staging + 5 x 4096 fetch = 36864
   //   nvme   2 x 8192 + (2 x (2 groups + 2 modules) x 1 path) MiB = 8404992 (8.015625 MiB)
   //   dram   4 x 1001 + 8192 + 12 x 1001 = 24208 (23.640625 KiB) > 20000 (19.53125 KiB)
   const std::string expected =
       "the placement does not fit:\n"
       "  tier          needed    available  made of\n"
-      "  hbm        16.00 KiB     8.00 MiB  persistent parameters 512 B + live parameters "
-      "7.50 KiB + gradient buffers 8.00 KiB\n"
+      "  hbm        16.50 KiB     8.00 MiB  persistent parameters 512 B + parameter slots 2 x "
+      "4.00 KiB + gradient slots 2 x 4.00 KiB\n"
       "  pinned     36.00 KiB    39.06 KiB  gradient staging 16.00 KiB + parameter fetch 5 x "
       "4.00 KiB + not pinned: updated parameters 8.00 KiB (budget left 3.06 KiB)\n"
       "  nvme        8.02 MiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
