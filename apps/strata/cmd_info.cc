@@ -1,10 +1,12 @@
 // strata info: the machine as the engine sees it — GPUs, NUMA, the CPU
-// optimizer's instruction set, io_uring (a real probe), O_DIRECT under a
-// directory, RLIMIT_MEMLOCK, and optionally the effective config.
+// optimizer's instruction set, io_uring (a real probe), O_DIRECT and the swap
+// files (live, leftover) under a directory, RLIMIT_MEMLOCK, and optionally
+// the effective config.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "apps/strata/commands.h"
 #include "src/common/units.h"
@@ -77,7 +79,35 @@ json IoInfo(const std::string& dir) {
                      {"logical_block_size", d->logical_block_size},
                      {"block_size_source", d->block_size_source}};
   }
+  // Swap files under the directory: live (locked by a running store) or
+  // leftovers of a run that ended without removing them (the next store on
+  // the directory removes those).
+  StatusOr<std::vector<nvme::SwapFileEntry>> swaps = nvme::ListSwapFiles(dir);
+  if (!swaps.ok()) {
+    j["swap_files_error"] = swaps.status().ToString();
+  } else {
+    json files = json::array();
+    for (const auto& f : *swaps)
+      files.push_back({{"path", f.path},
+                       {"size_bytes", f.size},
+                       {"age_s", f.age_s},
+                       {"state", f.live ? "live" : "leftover"}});
+    j["swap_files"] = files;
+  }
   return j;
+}
+
+std::string HumanAge(double s) {
+  char buf[32];
+  if (s < 120)
+    std::snprintf(buf, sizeof(buf), "%.0f s", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof(buf), "%.0f min", s / 60);
+  else if (s < 172800)
+    std::snprintf(buf, sizeof(buf), "%.1f h", s / 3600);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f days", s / 86400);
+  return buf;
 }
 
 json MemlockInfo() {
@@ -164,6 +194,22 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
     std::printf("O_DIRECT:       cannot probe %s: %s\n", dir.c_str(),
                 od["error"].get<std::string>().c_str());
   }
+  if (io.contains("swap_files_error")) {
+    std::printf("swap files:     cannot list %s: %s\n", dir.c_str(),
+                io["swap_files_error"].get<std::string>().c_str());
+  } else if (io["swap_files"].empty()) {
+    std::printf("swap files:     none under %s\n", dir.c_str());
+  } else {
+    int leftovers = 0;
+    for (const auto& f : io["swap_files"]) leftovers += f["state"] == "leftover";
+    std::printf("swap files:     %zu under %s (%d leftover: removed by the next run there)\n",
+                io["swap_files"].size(), dir.c_str(), leftovers);
+    for (const auto& f : io["swap_files"])
+      std::printf("  %-8s  %s  %s, modified %s ago\n", f["state"].get<std::string>().c_str(),
+                  f["path"].get<std::string>().c_str(),
+                  HumanBytes(f["size_bytes"].get<double>()).c_str(),
+                  HumanAge(f["age_s"].get<double>()).c_str());
+  }
   std::printf("RLIMIT_MEMLOCK: soft %s, hard %s\n", Show(out["memlock"]["soft_bytes"]).c_str(),
               Show(out["memlock"]["hard_bytes"]).c_str());
   if (out.contains("config")) {
@@ -183,7 +229,8 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->add_option("--config", *config,
                   "Also print this DeepSpeed/Strata config with defaults filled in");
   cmd->add_option("--path", *dir,
-                  "Probe O_DIRECT and the block size under this directory (default: .)");
+                  "Probe O_DIRECT and the block size, and list swap files (live, leftover) under "
+                  "this directory (default: .)");
   cmd->add_flag("--json", *as_json, "Machine-readable output");
   cmd->callback([&r, config, dir, as_json] { r.exit_code = RunInfo(*config, *dir, *as_json); });
 });

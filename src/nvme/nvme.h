@@ -379,7 +379,7 @@ class IoService {
 // ---------------------------------------------------------------------------
 //
 // On-disk layout (scratch space, not a persistent format): one swap file per
-// directory, `<dir>/strata-swap-<pid>-<n>.bin`, preallocated to
+// directory, `<dir>/strata-swap-<token>-<pid>-<n>.bin`, preallocated to
 // capacity/num_dirs rounded up to stripe_unit. A shard of N bytes is cut into
 // stripe_unit pieces; piece k lives in file (first + k) mod D at
 // extent_offset[file] + (k div D) × stripe_unit, where `first` rotates from shard
@@ -387,6 +387,20 @@ class IoService {
 // extent per file it touches, aligned to stripe_unit; extents are reused after
 // Free (first fit, neighbours coalesced). Metadata lives in memory only; files
 // are removed by Close() and by the destructor.
+//
+// Ownership (see docs/design.md, "Swap-file ownership"). <token> is a random
+// 64-bit value drawn once per process (getrandom), so names differ across
+// hosts sharing a filesystem and across PID namespaces (two containers are
+// both PID 1); <pid> and the serial <n> keep a forked child and several
+// stores of one process apart. Each file is created with O_CREAT|O_EXCL (a
+// name that exists is never reused) and locked with flock(LOCK_EX) for the
+// store's life. A file of this scheme (any `strata-swap-*.bin`) whose lock is
+// free belongs to no live run: a leftover of a run that was killed. Open()
+// removes the leftovers in its directories first, one notice each (path,
+// size); a locked file belongs to a live run and is left alone, so several
+// runs (or stores) on one directory each work in their own file. Close()
+// reports a swap file it cannot remove (a warning naming the path and errno,
+// and its Status).
 
 struct SwapStoreOptions {
   std::vector<std::string> paths;  // 1+ writable directories (nvme_path)
@@ -399,11 +413,34 @@ struct ShardInfo {
   uint64_t size = 0;
 };
 
+// A swap file found in a directory (ListSwapFiles).
+struct SwapFileEntry {
+  std::string path;
+  uint64_t size = 0;   // bytes allocated on disk (st_blocks × 512), what removing it frees
+  double age_s = 0;    // seconds since it was last modified
+  bool live = false;   // its lock is held: a running store owns it
+};
+
+// True for a file name of the swap-file scheme, `strata-swap-*.bin` (older
+// releases' `strata-swap-<pid>-<n>.bin` included: they held no lock).
+bool IsSwapFileName(std::string_view name);
+// The swap files in `dir`, sorted by path; each is probed with
+// flock(LOCK_EX|LOCK_NB) (held for an instant, never while it is written).
+// Errors when `dir` cannot be read (naming it and errno).
+StatusOr<std::vector<SwapFileEntry>> ListSwapFiles(const std::string& dir);
+// Removes the leftovers in `dir`: each is locked, checked to still be the
+// file at its path, then unlinked under the lock, so a live run's file is
+// never removed. Logs one line per file (path, size). Returns the removed
+// files; one that cannot be removed is warned about (path, errno) and skipped.
+StatusOr<std::vector<SwapFileEntry>> RemoveLeftoverSwapFiles(const std::string& dir);
+
 class SwapStore {
  public:
-  // Checks each path (exists, is a directory, writable, has
-  // capacity/num_paths bytes free: ResourceExhausted names required vs
-  // available), creates and preallocates the swap files. `io` is not owned.
+  // Checks each path (exists, is a directory, writable), removes its
+  // leftover swap files (RemoveLeftoverSwapFiles), checks it has
+  // capacity/num_paths bytes free (ResourceExhausted names required vs
+  // available), then creates (O_EXCL), locks and preallocates the swap
+  // files. `io` is not owned.
   static StatusOr<std::unique_ptr<SwapStore>> Open(const SwapStoreOptions& options, IoService* io);
   ~SwapStore();  // Close()
 
@@ -422,8 +459,10 @@ class SwapStore {
   IoHandle Read(const std::string& name, uint64_t shard_offset, void* buf, size_t len);
 
   // Drains the IoService (every request on it, not only this store's), then
-  // closes and removes the swap files. Idempotent; later I/O fails with
-  // FailedPrecondition.
+  // closes and removes the swap files (each unlinked while still locked). A
+  // file that cannot be removed is logged as a warning naming its path and
+  // errno, and the first such error is returned. Idempotent; later I/O fails
+  // with FailedPrecondition.
   Status Close();
 
   uint64_t capacity() const;

@@ -1,14 +1,23 @@
 // SwapStore: named shards striped over one preallocated swap file per
 // directory. Layout and rules: see nvme.h.
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <unordered_map>
-
-#include <fmt/format.h>
+#include <utility>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
@@ -22,19 +31,124 @@ namespace strata::nvme {
 namespace {
 std::atomic<uint64_t> g_swap_serial{0};
 constexpr uint64_t kExtentAlign = 4096;
+constexpr std::string_view kSwapPrefix = "strata-swap-";
+constexpr std::string_view kSwapSuffix = ".bin";
+
+// The process's random token (see nvme.h, "Ownership"): getrandom, else a
+// mix of the clock, the pid and an address (ASLR) when getrandom is refused.
+uint64_t ProcessToken() {
+  static const uint64_t token = [] {
+    uint64_t t = 0;
+    if (getrandom(&t, sizeof(t), 0) != static_cast<ssize_t>(sizeof(t)) || t == 0) {
+      t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+          (static_cast<uint64_t>(getpid()) << 32) ^ reinterpret_cast<uintptr_t>(&t);
+      t *= 0x9E3779B97F4A7C15ull;
+    }
+    return t;
+  }();
+  return token;
+}
+
+// An open descriptor closed on scope exit.
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int release() { return std::exchange(fd, -1); }
+};
+
+bool SameFile(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+SwapFileEntry EntryOf(const std::string& path, const struct stat& st, bool live) {
+  SwapFileEntry e;
+  e.path = path;
+  e.size = static_cast<uint64_t>(st.st_blocks) * 512;
+  e.age_s = std::max(0.0, std::difftime(std::time(nullptr), st.st_mtime));
+  e.live = live;
+  return e;
+}
+
+// Scans `dir` for swap files. For each, opens it and tries its lock; `visit`
+// gets the path, the descriptor (locked when !live) and its stat. The lock is
+// released when visit returns.
+Status ForEachSwapFile(
+    const std::string& dir,
+    const std::function<void(const std::string&, int, const struct stat&, bool live)>& visit) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return ErrnoError(fmt::format("list swap files in {}", dir), errno);
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d))
+    if (IsSwapFileName(e->d_name)) names.emplace_back(e->d_name);
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (fd.fd < 0) continue;  // removed meanwhile, or not a regular file we may open
+    struct stat st {};
+    if (fstat(fd.fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const bool live = flock(fd.fd, LOCK_EX | LOCK_NB) != 0;
+    visit(path, fd.fd, st, live);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
+
+bool IsSwapFileName(std::string_view name) {
+  return name.size() > kSwapPrefix.size() + kSwapSuffix.size() && name.starts_with(kSwapPrefix) &&
+         name.ends_with(kSwapSuffix);
+}
+
+StatusOr<std::vector<SwapFileEntry>> ListSwapFiles(const std::string& dir) {
+  std::vector<SwapFileEntry> out;
+  RETURN_IF_ERROR(ForEachSwapFile(dir, [&](const std::string& path, int, const struct stat& st,
+                                           bool live) { out.push_back(EntryOf(path, st, live)); }));
+  return out;
+}
+
+StatusOr<std::vector<SwapFileEntry>> RemoveLeftoverSwapFiles(const std::string& dir) {
+  std::vector<SwapFileEntry> removed;
+  RETURN_IF_ERROR(
+      ForEachSwapFile(dir, [&](const std::string& path, int, const struct stat& st, bool live) {
+        if (live) return;
+        // Still the file we locked? (Another run may have removed it and no
+        // name is reused, but check rather than unlink a stranger.)
+        struct stat now {};
+        if (lstat(path.c_str(), &now) != 0 || !SameFile(now, st)) return;
+        SwapFileEntry e = EntryOf(path, st, false);
+        if (unlink(path.c_str()) != 0) {
+          STRATA_LOG_WARN("nvme: cannot remove leftover swap file {} ({} bytes): {} (errno {})",
+                          path, e.size, std::strerror(errno), errno);
+          return;
+        }
+        STRATA_LOG_INFO(
+            "nvme: removed leftover swap file {} ({} bytes, unlocked: its run ended "
+            "without removing it)",
+            path, e.size);
+        removed.push_back(std::move(e));
+      }));
+  return removed;
+}
 
 struct SwapStore::Impl {
   struct SwapFile {
     std::string path;
+    int lock_fd = -1;  // holds flock(LOCK_EX) while the file exists
     std::unique_ptr<IoFile> file;
     ExtentAllocator alloc;
   };
   struct Shard {
     uint64_t size = 0;
-    size_t first = 0;                 // file of stripe 0
-    std::vector<int64_t> extent;      // per file: offset, or -1 when unused
-    std::vector<uint64_t> extent_len; // per file: bytes asked
+    size_t first = 0;                  // file of stripe 0
+    std::vector<int64_t> extent;       // per file: offset, or -1 when unused
+    std::vector<uint64_t> extent_len;  // per file: bytes asked
   };
 
   SwapStoreOptions opts;
@@ -66,8 +180,15 @@ struct SwapStore::Impl {
     Status first;
     for (auto& f : files) {
       f.file.reset();
-      if (unlink(f.path.c_str()) != 0 && first.ok())
-        first = ErrnoError(fmt::format("remove swap file {}", f.path), errno);
+      // Unlinked while still locked: a sweeping run never sees it unlocked.
+      if (unlink(f.path.c_str()) != 0) {
+        const int err = errno;
+        STRATA_LOG_WARN("nvme: cannot remove swap file {}: {} (errno {})", f.path,
+                        std::strerror(err), err);
+        if (first.ok()) first = ErrnoError(fmt::format("remove swap file {}", f.path), err);
+      }
+      if (f.lock_fd >= 0) close(f.lock_fd);
+      f.lock_fd = -1;
     }
     files.clear();
     shards.clear();
@@ -81,15 +202,15 @@ struct SwapStore::Impl {
       const char* what = kind == IoOpKind::kRead ? "read" : "write";
       if (closed)
         return FailedHandle(FailedPreconditionError(
-                                         fmt::format("swap {} of shard {}: store is closed", what, name)));
+            fmt::format("swap {} of shard {}: store is closed", what, name)));
       auto it = shards.find(name);
       if (it == shards.end())
         return FailedHandle(NotFoundError(fmt::format("swap {}: no shard named {}", what, name)));
       const Shard& s = it->second;
       if (off > s.size || len > s.size - off)
-        return FailedHandle(OutOfRangeError(fmt::format(
-            "swap {} of shard {}: bytes [{}, {}) outside the shard's {} bytes", what, name, off,
-            off + len, s.size)));
+        return FailedHandle(OutOfRangeError(
+            fmt::format("swap {} of shard {}: bytes [{}, {}) outside the shard's {} bytes", what,
+                        name, off, off + len, s.size)));
       const uint64_t S = opts.stripe_unit;
       uint64_t pos = off, end = off + len;
       char* p = static_cast<char*>(buf);
@@ -116,6 +237,46 @@ struct SwapStore::Impl {
   static IoHandle FailedHandle(Status s) { return IoHandle::Completed(std::move(s)); }
 };
 
+namespace {
+
+// Creates a new swap file in `dir` with O_EXCL and takes its lock. A sweeping
+// run may lock and unlink the file between the two (it looks like a
+// leftover for that instant): then the lock comes on an unlinked inode
+// (st_nlink 0) and a new name is tried.
+StatusOr<std::pair<std::string, int>> CreateLocked(const std::string& dir) {
+  constexpr int kTries = 8;
+  for (int attempt = 0; attempt < kTries; ++attempt) {
+    const std::string path = fmt::format("{}/{}{:016x}-{}-{}{}", dir, kSwapPrefix, ProcessToken(),
+                                         getpid(), g_swap_serial.fetch_add(1), kSwapSuffix);
+    Fd fd(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (fd.fd < 0) {
+      if (errno == EEXIST) continue;  // never reuse a name
+      return ErrnoError(fmt::format("create swap file {} (O_EXCL)", path), errno);
+    }
+    int rc;
+    do {
+      rc = flock(fd.fd, LOCK_EX);  // held by a sweeper for an instant at most
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      const int err = errno;
+      unlink(path.c_str());
+      return ErrnoError(fmt::format("lock swap file {} (flock LOCK_EX)", path), err);
+    }
+    struct stat st {};
+    if (fstat(fd.fd, &st) != 0) {
+      const int err = errno;
+      unlink(path.c_str());
+      return ErrnoError(fmt::format("fstat swap file {}", path), err);
+    }
+    if (st.st_nlink == 0) continue;  // swept before we locked it
+    return std::make_pair(path, fd.release());
+  }
+  return UnavailableError(fmt::format(
+      "nvme path {}: could not create a swap file of a fresh name in {} tries", dir, kTries));
+}
+
+}  // namespace
+
 SwapStore::SwapStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SwapStore::~SwapStore() { Close().IgnoreError(); }
 
@@ -134,6 +295,7 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& o, 
   const uint64_t per_file = AlignUp((o.capacity_bytes + D - 1) / D, o.stripe_unit);
   for (const auto& p : o.paths) {
     RETURN_IF_ERROR(internal::CheckWritableDir(p));
+    RETURN_IF_ERROR(RemoveLeftoverSwapFiles(p).status());
     ASSIGN_OR_RETURN(uint64_t avail, internal::FreeBytes(p));
     if (avail < per_file)
       return ResourceExhaustedError(fmt::format(
@@ -147,17 +309,16 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& o, 
   auto store = std::unique_ptr<SwapStore>(new SwapStore(std::move(impl)));
   Impl& m = *store->impl_;
   for (const auto& p : o.paths) {
-    std::string path = fmt::format("{}/strata-swap-{}-{}.bin", p, getpid(), g_swap_serial.fetch_add(1));
+    ASSIGN_OR_RETURN(auto created, CreateLocked(p));
+    auto& [path, lock_fd] = created;
+    // From here the file is ours (locked): the store's Close removes it.
+    m.files.push_back(
+        Impl::SwapFile{path, lock_fd, nullptr, ExtentAllocator(per_file, kExtentAlign)});
     OpenOptions oo;
-    oo.create = true;
-    oo.truncate = true;
     oo.preallocate = per_file;
     auto f = io->Open(path, oo);
-    if (!f.ok()) {
-      unlink(path.c_str());
-      return f.status().WithContext(fmt::format("swap file in nvme path {}", p));
-    }
-    m.files.push_back(Impl::SwapFile{path, std::move(f).value(), ExtentAllocator(per_file, kExtentAlign)});
+    if (!f.ok()) return f.status().WithContext(fmt::format("swap file in nvme path {}", p));
+    m.files.back().file = std::move(f).value();
   }
   STRATA_LOG_DEBUG("nvme: swap store of {} bytes over {} path(s), stripe {} bytes", per_file * D, D,
                    o.stripe_unit);
@@ -167,10 +328,12 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& o, 
 Status SwapStore::Allocate(const std::string& name, uint64_t bytes) {
   std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
-  if (m.closed) return FailedPreconditionError(fmt::format("allocate shard {}: store is closed", name));
+  if (m.closed)
+    return FailedPreconditionError(fmt::format("allocate shard {}: store is closed", name));
   if (bytes == 0) return InvalidArgumentError(fmt::format("allocate shard {}: 0 bytes", name));
   if (m.shards.count(name))
-    return InvalidArgumentError(fmt::format("allocate shard {}: a shard of that name exists", name));
+    return InvalidArgumentError(
+        fmt::format("allocate shard {}: a shard of that name exists", name));
   Impl::Shard s;
   s.size = bytes;
   s.first = m.next_first;
@@ -182,7 +345,8 @@ Status SwapStore::Allocate(const std::string& name, uint64_t bytes) {
     auto off = m.files[j].alloc.Allocate(n);
     if (!off.ok()) {
       for (size_t i = 0; i < j; ++i)
-        if (s.extent[i] >= 0) m.files[i].alloc.Free(static_cast<uint64_t>(s.extent[i]), s.extent_len[i]).IgnoreError();
+        if (s.extent[i] >= 0)
+          m.files[i].alloc.Free(static_cast<uint64_t>(s.extent[i]), s.extent_len[i]).IgnoreError();
       uint64_t free_total = 0;
       for (auto& f : m.files) free_total += f.alloc.free_bytes();
       return ResourceExhaustedError(fmt::format(
@@ -207,7 +371,8 @@ Status SwapStore::Free(const std::string& name) {
   Status first;
   for (size_t j = 0; j < m.D(); ++j) {
     if (it->second.extent[j] < 0) continue;
-    Status s = m.files[j].alloc.Free(static_cast<uint64_t>(it->second.extent[j]), it->second.extent_len[j]);
+    Status s = m.files[j].alloc.Free(static_cast<uint64_t>(it->second.extent[j]),
+                                     it->second.extent_len[j]);
     if (first.ok() && !s.ok()) first = s;
   }
   m.shards.erase(it);

@@ -2,17 +2,45 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <algorithm>
+#include <memory>
+#include <sstream>
 
 #include <cstring>
 #include <random>
 #include <string>
 
 #include "src/common/aligned_buffer.h"
+#include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/nvme/nvme.h"
 #include "tests/test_util.h"
 
 namespace strata::nvme::testing {
+
+// Captures what the Strata logger prints while alive.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    Logger().sinks().push_back(sink_);
+  }
+  ~LogCapture() {
+    auto& sinks = Logger().sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+  }
+  std::string text() { return out_.str(); }
+  static size_t Count(const std::string& hay, const std::string& needle) {
+    size_t n = 0;
+    for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
+    return n;
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
 
 // Which engines can run here: uring only where the kernel allows it.
 inline bool UringAvailable() {

@@ -18,28 +18,6 @@ using strata::testing::MakeRng;
 using strata::testing::ScratchDir;
 using namespace strata::nvme::testing;
 
-// Captures what the Strata logger prints while alive.
-class LogCapture {
- public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
-    Logger().sinks().push_back(sink_);
-  }
-  ~LogCapture() {
-    auto& sinks = Logger().sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-  }
-  std::string text() { return out_.str(); }
-  static size_t Count(const std::string& hay, const std::string& needle) {
-    size_t n = 0;
-    for (size_t p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
-    return n;
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-};
-
 TEST(ProbeTest, UringProbeReportsAvailabilityOrTheReason) {
   UringProbe p = ProbeUring();
   if (p.available) {
