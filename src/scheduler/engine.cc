@@ -200,6 +200,10 @@ Status EngineImpl::Init() {
   aopts.threads = static_cast<int>(cfg_.strata.threads);
   ASSIGN_OR_RETURN(adam_, cpu_adam::CpuOptimizer::Create(aopts));
   scaler_ = cfg_.fp16.enabled ? LossScaler::FromConfig(cfg_.fp16) : LossScaler::Disabled();
+  // Busy times from device events; a framework on a GPU computes on the
+  // compute stream (on the host device it computes on the calling thread).
+  RETURN_IF_ERROR(counters_.StartDeviceClock(dev_.get()));
+  if (!dev_->is_host()) counters_.set_compute_stream(&dev_->compute());
   counters_.StartWindow(NowNanos());
   return Status();
 }

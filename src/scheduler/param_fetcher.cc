@@ -209,14 +209,31 @@ Status ParamFetcher::StartCopy(int m) {
   RETURN_IF_ERROR(dev_->h2d().Record(*s.ready));
   if (s.staging) {
     // The staging buffer goes back to the pool once the copy has read it.
-    auto held = std::make_shared<gpu::PinnedBuffer>(std::move(s.staging));
-    RETURN_IF_ERROR(dev_->h2d().EnqueueHostCallback([held] { held->Reset(); }));
+    StagingInFlight f;
+    ASSIGN_OR_RETURN(f.after, dev_->CreateEvent());
+    RETURN_IF_ERROR(dev_->h2d().Record(*f.after));
+    f.buf = std::move(s.staging);
+    staging_in_flight_.push_back(std::move(f));
   }
   s.residency = Residency::kCopying;
   return Status();
 }
 
+Status ParamFetcher::ReclaimStaging(bool wait_all) {
+  for (auto it = staging_in_flight_.begin(); it != staging_in_flight_.end();) {
+    bool done = wait_all;
+    if (wait_all) {
+      RETURN_IF_ERROR(it->after->Synchronize());
+    } else {
+      ASSIGN_OR_RETURN(done, it->after->Query());
+    }
+    it = done ? staging_in_flight_.erase(it) : it + 1;
+  }
+  return Status();
+}
+
 Status ParamFetcher::Pump() {
+  RETURN_IF_ERROR(ReclaimStaging(false));
   for (int i = 0; i < layout_->num_modules(); ++i) {
     Slot& s = slots_[static_cast<size_t>(i)];
     if (s.residency != Residency::kReading || !s.read.Poll()) continue;
@@ -274,7 +291,7 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
       }
     }
     RETURN_IF_ERROR(Pump());
-    RETURN_IF_ERROR(dev_->h2d().Synchronize());  // staging returns after its H2D
+    RETURN_IF_ERROR(ReclaimStaging(true));  // staging returns after its H2D
     staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
     if (!waited && !staging.ok()) break;
   }
@@ -350,6 +367,7 @@ Status ParamFetcher::FinishUse(int m) {
 
 Status ParamFetcher::InvalidateAll() {
   RETURN_IF_ERROR(dev_->Synchronize());
+  RETURN_IF_ERROR(ReclaimStaging(true));
   for (Slot& s : slots_) {
     if (s.residency == Residency::kReading) s.read.Wait().IgnoreError();
     s.read = nvme::IoHandle();

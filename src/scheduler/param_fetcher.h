@@ -168,6 +168,13 @@ class ParamFetcher {
     SlotPool::Handle buf;
     std::unique_ptr<gpu::Event> after;
   };
+  // A staging buffer an H2D copy still reads (returned when `after` is done:
+  // polled, never from a host function on the stream).
+  struct StagingInFlight {
+    gpu::PinnedBuffer buf;
+    std::unique_ptr<gpu::Event> after;
+  };
+  Status ReclaimStaging(bool wait_all);
 
   Status Fetch(int m, bool prefetch);
   Status StartCopy(int m);
@@ -188,6 +195,7 @@ class ParamFetcher {
   std::vector<Slot> slots_;
   std::unique_ptr<FetchTrace> trace_;
   std::vector<DeferredFree> deferred_;
+  std::vector<StagingInFlight> staging_in_flight_;
 };
 
 }  // namespace strata::scheduler

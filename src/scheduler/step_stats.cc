@@ -10,20 +10,83 @@
 
 namespace strata::scheduler {
 
+Status StepCounters::StartDeviceClock(gpu::Device* device) {
+  device_ = device;
+  ASSIGN_OR_RETURN(clock_ref_, TimingEvent());
+  RETURN_IF_ERROR(device->compute().Record(*clock_ref_));
+  RETURN_IF_ERROR(clock_ref_->Synchronize());
+  clock_ref_ns_ = NowNanos();
+  return Status();
+}
+
+StatusOr<std::unique_ptr<gpu::Event>> StepCounters::TimingEvent() {
+  if (!free_events_.empty()) {
+    std::unique_ptr<gpu::Event> e = std::move(free_events_.back());
+    free_events_.pop_back();
+    return e;
+  }
+  gpu::EventOptions o;
+  o.timing = true;
+  return device_->CreateEvent(o);
+}
+
+Status StepCounters::Record(gpu::Stream& stream, std::unique_ptr<gpu::Event>* event) {
+  ASSIGN_OR_RETURN(*event, TimingEvent());
+  return stream.Record(**event);
+}
+
 Status StepCounters::TimedCopy(gpu::Stream& stream, Link link, std::string name, int64_t bytes,
                                const std::function<Status()>& work) {
-  // Two host callbacks bracket the work on its stream and take its busy time.
-  std::atomic<int64_t>* busy = link == Link::kH2D ? &h2d_busy_ns_ : &d2h_busy_ns_;
-  const char* track = link == Link::kH2D ? "pcie h2d" : "pcie d2h";
-  auto t0 = std::make_shared<int64_t>(0);
-  RETURN_IF_ERROR(stream.EnqueueHostCallback([t0] { *t0 = NowNanos(); }));
+  if (clock_ref_ == nullptr) {
+    RETURN_IF_ERROR(work());
+    AddCopyBytes(link, bytes);
+    return Status();
+  }
+  Span span;
+  span.kind = link == Link::kH2D ? SpanKind::kH2D : SpanKind::kD2H;
+  span.name = std::move(name);
+  span.bytes = bytes;
+  RETURN_IF_ERROR(Record(stream, &span.start));
   RETURN_IF_ERROR(work());
-  RETURN_IF_ERROR(stream.EnqueueHostCallback([this, t0, busy, track, name, bytes] {
-    const int64_t t1 = NowNanos();
-    busy->fetch_add(t1 - *t0, std::memory_order_relaxed);
-    timeline_.Add(track, name, "pcie", *t0, t1 - *t0, bytes);
-  }));
+  RETURN_IF_ERROR(Record(stream, &span.end));
+  pending_.push_back(std::move(span));
   AddCopyBytes(link, bytes);
+  return Status();
+}
+
+Status StepCounters::Collect() {
+  if (clock_ref_ == nullptr) return Status();
+  size_t kept = 0;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Span& sp = pending_[i];
+    ASSIGN_OR_RETURN(bool done, sp.end->Query());
+    if (!done) {
+      if (kept != i) pending_[kept] = std::move(sp);
+      ++kept;
+      continue;
+    }
+    ASSIGN_OR_RETURN(double secs, device_->ElapsedSeconds(*sp.start, *sp.end));
+    ASSIGN_OR_RETURN(double from_ref, device_->ElapsedSeconds(*clock_ref_, *sp.start));
+    const int64_t dur = static_cast<int64_t>(std::max(0.0, secs) * 1e9);
+    const int64_t t0 = clock_ref_ns_ + static_cast<int64_t>(from_ref * 1e9);
+    switch (sp.kind) {
+      case SpanKind::kH2D:
+        h2d_busy_ns_ += dur;
+        timeline_.Add("pcie h2d", sp.name, "pcie", t0, dur, sp.bytes);
+        break;
+      case SpanKind::kD2H:
+        d2h_busy_ns_ += dur;
+        timeline_.Add("pcie d2h", sp.name, "pcie", t0, dur, sp.bytes);
+        break;
+      case SpanKind::kCompute:
+        compute_ns_ += dur;
+        timeline_.Add("compute", sp.name, "compute", t0, dur, 0);
+        break;
+    }
+    free_events_.push_back(std::move(sp.start));
+    free_events_.push_back(std::move(sp.end));
+  }
+  pending_.resize(kept);
   return Status();
 }
 
@@ -45,11 +108,29 @@ void StepCounters::AddNvmeInterval(int64_t start_ns, int64_t end_ns) {
 }
 
 void StepCounters::HookEntry() {
+  if (compute_stream_ != nullptr && clock_ref_ != nullptr) {
+    // The framework's work since the last hook exit, on the device.
+    if (compute_start_ != nullptr) {
+      Span span;
+      span.kind = SpanKind::kCompute;
+      span.name = "framework";
+      span.start = std::move(compute_start_);
+      if (Record(*compute_stream_, &span.end).ok()) pending_.push_back(std::move(span));
+    }
+    return;
+  }
   const int64_t now = NowNanos();
   if (last_hook_exit_ns_ >= 0) compute_ns_ += now - last_hook_exit_ns_;
 }
 
-void StepCounters::HookExit() { last_hook_exit_ns_ = NowNanos(); }
+void StepCounters::HookExit() {
+  if (compute_stream_ != nullptr && clock_ref_ != nullptr) {
+    if (!Record(*compute_stream_, &compute_start_).ok()) compute_start_.reset();
+    Collect().IgnoreError();
+    return;
+  }
+  last_hook_exit_ns_ = NowNanos();
+}
 
 int64_t StepCounters::UnionLength(std::vector<std::pair<int64_t, int64_t>> intervals) {
   std::sort(intervals.begin(), intervals.end());
@@ -68,6 +149,7 @@ int64_t StepCounters::UnionLength(std::vector<std::pair<int64_t, int64_t>> inter
 }
 
 void StepCounters::EndWindow(int64_t now, StepStats* st) {
+  Collect().IgnoreError();  // what is still running counts in a later window
   st->step_time_s = static_cast<double>(now - window_start_ns_) * 1e-9;
   st->fetch_wait_s = static_cast<double>(fetch_wait_ns_) * 1e-9;
   st->optimizer_wait_s = static_cast<double>(optimizer_wait_ns_) * 1e-9;

@@ -3,7 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
+#include <vector>
+
+#include "src/common/timer.h"
+#include "src/gpu/device.h"
 
 #include "strata/engine.h"
 
@@ -73,6 +80,58 @@ TEST(StepCountersTest, EndWindowFillsRatesAndBound) {
   c.EndWindow(2'000'000'000, &next);
   EXPECT_EQ(next.pcie_h2d_bytes, 0);
   EXPECT_DOUBLE_EQ(next.bound_s, 0.0);
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Copies are timed by device events, collected by polling: a copy held up on
+// its stream is not counted (and Collect does not wait for it); once it has
+// run, its device time and bytes are, on the right link and the timeline.
+TEST(StepCountersTest, CopiesAreTimedByDeviceEventsWithoutHostFunctions) {
+  gpu::DeviceOptions o;
+  o.kind = DeviceKind::kHost;
+  o.hbm_budget_bytes = 8 << 20;
+  o.link_gbytes_per_s = 0.5;  // 1 MiB: about 2 ms
+  auto dev = gpu::CreateDevice(o);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  gpu::Device& d = **dev;
+  scheduler::StepCounters c(/*timeline_enabled=*/true);
+  ASSERT_TRUE(c.StartDeviceClock(&d).ok());
+  const size_t bytes = 1 << 20;
+  auto buf = d.Allocate(bytes);
+  ASSERT_TRUE(buf.ok());
+  std::vector<uint8_t> host(bytes, 7);
+  ASSERT_TRUE(d.PinHostMemory(host.data(), bytes).ok());
+  c.StartWindow(NowNanos());
+  // A gate on the compute stream that the H2D stream waits for: the copy is
+  // held up until the test opens it.
+  auto gate = d.CreateEvent();
+  ASSERT_TRUE(gate.ok());
+  std::atomic<bool> open{false};
+  ASSERT_TRUE(d.compute()
+                  .EnqueueHostCallback([&] {
+                    while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                  })
+                  .ok());
+  ASSERT_TRUE(d.compute().Record(**gate).ok());
+  ASSERT_TRUE(d.h2d().Wait(**gate).ok());
+  ASSERT_TRUE(c.TimedCopy(d.h2d(), scheduler::Link::kH2D, "test copy", static_cast<int64_t>(bytes),
+                          [&] { return d.CopyH2D(buf->data(), host.data(), bytes, d.h2d()); })
+                  .ok());
+  ASSERT_TRUE(c.Collect().ok());  // does not wait
+  open = true;
+  ASSERT_TRUE(d.h2d().Synchronize().ok());
+  StepStats st;
+  c.EndWindow(NowNanos(), &st);
+  EXPECT_EQ(st.pcie_h2d_bytes, static_cast<int64_t>(bytes));
+  EXPECT_GT(st.pcie_busy_s, 0.5 * 2e-3);  // at least the link model's time for 1 MiB
+  EXPECT_LT(st.pcie_busy_s, st.step_time_s);
+  EXPECT_EQ(c.timeline().size(), 1u);
+  ASSERT_TRUE(d.UnpinHostMemory(host.data(), bytes).ok());
 }
 
 }  // namespace
