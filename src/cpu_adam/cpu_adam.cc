@@ -16,6 +16,9 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
@@ -223,6 +226,37 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
   return n_bad;
 }
 
+// Starts `n` threads that wait until all have started, then joins them:
+// ResourceExhausted naming how many were asked and started when the process
+// cannot have them all (RLIMIT_NPROC, RLIMIT_AS for their stacks).
+Status ProbeThreads(int n) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
+  Status status;
+  for (int i = 0; i < n; ++i) {
+    try {
+      threads.emplace_back([&] {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return release; });
+      });
+    } catch (const std::system_error& e) {
+      status = ResourceExhaustedError("cpu_adam: cannot start " + std::to_string(n) +
+                                      " optimizer worker threads (strata.threads - 1); " +
+                                      std::to_string(i) + " started: " + e.what());
+      break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  for (auto& t : threads) t.join();
+  return status;
+}
 
 // Pins every thread that enters the arena to the NUMA node's PUs. A thread
 // that is not a TBB worker (the caller of Step) gets its own binding back
@@ -378,6 +412,10 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
       break;
   }
   if (impl->table->lanes == 1) impl->stream_state = impl->stream_copy = false;  // plain loop: no NT stores
+  // TBB starts its workers lazily, on a step, and a pthread_create it cannot
+  // make there throws on whichever thread asked (a TBB worker: terminate).
+  // So check now that the workers can all exist at once.
+  RETURN_IF_ERROR(ProbeThreads(impl->threads > 1 ? impl->threads - 1 : 1));
   try {
     // One slot is kept for the thread that calls Step (it joins the work);
     // asynchronous steps run on the threads-1 workers (1 worker when threads
@@ -388,7 +426,8 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
       impl->observer = std::make_unique<PinObserver>(*impl->arena, impl->topo, impl->node, &impl->pinned);
     }
   } catch (const std::exception& e) {
-    return InternalError(std::string("cpu_adam: creating the TBB arena failed: ") + e.what());
+    return ResourceExhaustedError(std::string("cpu_adam: creating the TBB arena of ") +
+                                  std::to_string(impl->threads) + " threads failed: " + e.what());
   }
   STRATA_LOG_DEBUG("cpu_adam: isa {}, {} threads, NUMA node {}", impl->table->isa, impl->threads, impl->node);
   return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));

@@ -30,6 +30,7 @@
 #include <deque>
 #include <map>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "src/common/aligned_buffer.h"
@@ -390,7 +391,12 @@ class HostDevice final : public Device {
 
   StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) override {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CreateStream"));
-    return std::unique_ptr<Stream>(std::make_unique<HostStream>(this, callbacks_.get(), name));
+    try {
+      return std::unique_ptr<Stream>(std::make_unique<HostStream>(this, callbacks_.get(), name));
+    } catch (const std::system_error& e) {  // its thread could not start
+      return ResourceExhaustedError(
+          fmt::format("host device: cannot start the thread of stream '{}': {}", name, e.what()));
+    }
   }
   StatusOr<std::unique_ptr<Event>> CreateEvent(EventOptions options) override {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("CreateEvent"));
@@ -654,7 +660,12 @@ class HostDevice final : public Device {
 HostStream::HostStream(HostDevice* device, CallbackThread* callbacks, std::string name)
     : device_(device), callbacks_(callbacks), name_(std::move(name)) {
   device_->Register(this);
-  thread_ = std::thread([this] { Run(); });
+  try {
+    thread_ = std::thread([this] { Run(); });
+  } catch (...) {  // no destructor runs: undo the registration
+    device_->Unregister(this);
+    throw;
+  }
 }
 
 HostStream::~HostStream() {
@@ -694,9 +705,17 @@ StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options)
                       errno);
   auto arena = std::make_unique<Arena>(base, budget, "HBM arena (host device)",
                                        [base, mapped] { munmap(base, mapped); });
-  auto device = std::make_unique<HostDevice>(std::move(arena), options);
-  device->Init();
-  return std::unique_ptr<Device>(std::move(device));
+  // The callback thread and the three stream threads start here; a refused
+  // thread (RLIMIT_NPROC, RLIMIT_AS) is a Status, the started ones joined.
+  try {
+    auto device = std::make_unique<HostDevice>(std::move(arena), options);
+    device->Init();
+    return std::unique_ptr<Device>(std::move(device));
+  } catch (const std::system_error& e) {
+    return ResourceExhaustedError(fmt::format(
+        "host device: cannot start its 4 threads (host functions, compute, h2d, d2h): {}",
+        e.what()));
+  }
 }
 
 }  // namespace strata::gpu

@@ -10,8 +10,11 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "src/common/status_util.h"
 #include "src/nvme/nvme.h"
@@ -21,11 +24,26 @@ namespace {
 
 class PosixEngine final : public IoEngine {
  public:
-  explicit PosixEngine(const IoOptions& o) : options_(o) {
-    int workers = std::clamp(o.queue_depth * o.threads, 1, 256);
-    for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });
-  }
+  explicit PosixEngine(const IoOptions& o) : options_(o) {}
   ~PosixEngine() override { Shutdown(); }
+
+  // Starts the workers. A thread that cannot be created (RLIMIT_NPROC,
+  // RLIMIT_AS for its stack) is ResourceExhausted naming how many were asked
+  // and started; the ones started are stopped again by the destructor.
+  Status Start() {
+    const int workers = std::clamp(options_.queue_depth * options_.threads, 1, 256);
+    for (int i = 0; i < workers; ++i) {
+      try {
+        workers_.emplace_back([this] { Work(); });
+      } catch (const std::system_error& e) {
+        return ResourceExhaustedError(
+            fmt::format("POSIX I/O engine: cannot start worker thread {} of {} "
+                        "(aio.queue_depth {} x aio.intra_op_parallelism {}): {}",
+                        i + 1, workers, options_.queue_depth, options_.threads, e.what()));
+      }
+    }
+    return Status::Ok();
+  }
 
   EngineKind kind() const override { return EngineKind::kPosix; }
   int parallelism() const override { return options_.threads; }
@@ -101,7 +119,9 @@ class PosixEngine final : public IoEngine {
 
 StatusOr<std::unique_ptr<IoEngine>> NewPosixEngine(const IoOptions& options) {
   RETURN_IF_ERROR(ValidateIoOptions(options));
-  return std::unique_ptr<IoEngine>(std::make_unique<PosixEngine>(options));
+  auto engine = std::make_unique<PosixEngine>(options);
+  RETURN_IF_ERROR(engine->Start());
+  return std::unique_ptr<IoEngine>(std::move(engine));
 }
 
 }  // namespace strata::nvme

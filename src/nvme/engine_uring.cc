@@ -17,6 +17,7 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -115,7 +116,14 @@ class UringEngine final : public IoEngine {
     for (unsigned s = kFileSlots; s-- > 0;) free_slots_.push_back(static_cast<int>(s));
     for (size_t i = 0; i < rings_.size(); ++i) {
       Ring* r = rings_[i].get();
-      r->reaper = std::thread([this, r] { Reap(r); });
+      try {
+        r->reaper = std::thread([this, r] { Reap(r); });
+      } catch (const std::system_error& e) {
+        // Shutdown (from the destructor) stops the reapers started so far.
+        return ResourceExhaustedError(fmt::format(
+            "io_uring engine: cannot start reaper thread {} of {} (aio.intra_op_parallelism): {}",
+            i + 1, rings_.size(), e.what()));
+      }
     }
     return Status::Ok();
   }

@@ -1,7 +1,10 @@
 // The C API (include/strata/strata_c.h): a thin wrapper over strata::Engine.
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <new>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "strata/engine.h"
@@ -25,6 +28,26 @@ int Check(const strata::Status& s) { return s.ok() ? STRATA_OK : Fail(s); }
 
 int NullArg(const char* what) {
   return Fail(strata::InvalidArgumentError(std::string(what) + " is NULL"));
+}
+
+// The last line of defence: no exception crosses the C boundary. Whatever a
+// call throws (std::bad_alloc, std::system_error from a thread that cannot
+// start, anything else) becomes an error code and strata_last_error().
+template <typename Fn>
+int Guard(const char* call, Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc& e) {
+    return Fail(
+        strata::ResourceExhaustedError(std::string(call) + ": out of memory (" + e.what() + ")"));
+  } catch (const std::system_error& e) {
+    return Fail(strata::ResourceExhaustedError(std::string(call) + ": " + e.what() + " (" +
+                                               e.code().message() + ")"));
+  } catch (const std::exception& e) {
+    return Fail(strata::InternalError(std::string(call) + ": unexpected exception: " + e.what()));
+  } catch (...) {
+    return Fail(strata::InternalError(std::string(call) + ": unexpected exception"));
+  }
 }
 
 int Create(strata::StatusOr<std::unique_ptr<strata::Engine>> e, strata_engine** out) {
@@ -53,130 +76,155 @@ const char* strata_version(void) {
 }
 
 int strata_engine_create_from_json(const char* json_text, strata_engine** out) {
-  if (json_text == nullptr) return NullArg("json_text");
-  if (out == nullptr) return NullArg("out");
-  return Create(strata::Engine::CreateFromJson(json_text), out);
+  return Guard("strata_engine_create_from_json", [&]() -> int {
+    if (json_text == nullptr) return NullArg("json_text");
+    if (out == nullptr) return NullArg("out");
+    return Create(strata::Engine::CreateFromJson(json_text), out);
+  });
 }
 
 int strata_engine_create_from_json_auto(const char* json_text,
                                         const strata_auto_values* auto_values,
                                         strata_engine** out) {
-  if (json_text == nullptr) return NullArg("json_text");
-  if (out == nullptr) return NullArg("out");
-  strata::AutoValues av;
-  if (auto_values != nullptr) {
-    const strata_auto_values& a = *auto_values;
-    auto take = [&](uint32_t bit, auto value, auto* field) {
-      if (a.given & bit) *field = value;
-    };
-    take(STRATA_AUTO_TRAIN_BATCH_SIZE, a.train_batch_size, &av.train_batch_size);
-    take(STRATA_AUTO_TRAIN_MICRO_BATCH_SIZE_PER_GPU, a.train_micro_batch_size_per_gpu,
-         &av.train_micro_batch_size_per_gpu);
-    take(STRATA_AUTO_GRADIENT_ACCUMULATION_STEPS, a.gradient_accumulation_steps,
-         &av.gradient_accumulation_steps);
-    take(STRATA_AUTO_GRADIENT_CLIPPING, a.gradient_clipping, &av.gradient_clipping);
-    take(STRATA_AUTO_LR, a.lr, &av.lr);
-    take(STRATA_AUTO_BETA1, a.beta1, &av.beta1);
-    take(STRATA_AUTO_BETA2, a.beta2, &av.beta2);
-    take(STRATA_AUTO_EPS, a.eps, &av.eps);
-    take(STRATA_AUTO_WEIGHT_DECAY, a.weight_decay, &av.weight_decay);
-    take(STRATA_AUTO_FP16_ENABLED, a.fp16_enabled != 0, &av.fp16_enabled);
-    take(STRATA_AUTO_BF16_ENABLED, a.bf16_enabled != 0, &av.bf16_enabled);
-  }
-  strata::StatusOr<strata::Config> config = strata::ParseConfig(json_text, "<string>", av);
-  if (!config.ok()) return Fail(config.status());
-  return Create(strata::Engine::Create(*config), out);
+  return Guard("strata_engine_create_from_json_auto", [&]() -> int {
+    if (json_text == nullptr) return NullArg("json_text");
+    if (out == nullptr) return NullArg("out");
+    strata::AutoValues av;
+    if (auto_values != nullptr) {
+      const strata_auto_values& a = *auto_values;
+      auto take = [&](uint32_t bit, auto value, auto* field) {
+        if (a.given & bit) *field = value;
+      };
+      take(STRATA_AUTO_TRAIN_BATCH_SIZE, a.train_batch_size, &av.train_batch_size);
+      take(STRATA_AUTO_TRAIN_MICRO_BATCH_SIZE_PER_GPU, a.train_micro_batch_size_per_gpu,
+           &av.train_micro_batch_size_per_gpu);
+      take(STRATA_AUTO_GRADIENT_ACCUMULATION_STEPS, a.gradient_accumulation_steps,
+           &av.gradient_accumulation_steps);
+      take(STRATA_AUTO_GRADIENT_CLIPPING, a.gradient_clipping, &av.gradient_clipping);
+      take(STRATA_AUTO_LR, a.lr, &av.lr);
+      take(STRATA_AUTO_BETA1, a.beta1, &av.beta1);
+      take(STRATA_AUTO_BETA2, a.beta2, &av.beta2);
+      take(STRATA_AUTO_EPS, a.eps, &av.eps);
+      take(STRATA_AUTO_WEIGHT_DECAY, a.weight_decay, &av.weight_decay);
+      take(STRATA_AUTO_FP16_ENABLED, a.fp16_enabled != 0, &av.fp16_enabled);
+      take(STRATA_AUTO_BF16_ENABLED, a.bf16_enabled != 0, &av.bf16_enabled);
+    }
+    strata::StatusOr<strata::Config> config = strata::ParseConfig(json_text, "<string>", av);
+    if (!config.ok()) return Fail(config.status());
+    return Create(strata::Engine::Create(*config), out);
+  });
 }
 
 int strata_engine_create_from_file(const char* path, strata_engine** out) {
-  if (path == nullptr) return NullArg("path");
-  if (out == nullptr) return NullArg("out");
-  return Create(strata::Engine::CreateFromFile(path), out);
+  return Guard("strata_engine_create_from_file", [&]() -> int {
+    if (path == nullptr) return NullArg("path");
+    if (out == nullptr) return NullArg("out");
+    return Create(strata::Engine::CreateFromFile(path), out);
+  });
 }
 
-void strata_engine_destroy(strata_engine* engine) { delete engine; }
+void strata_engine_destroy(strata_engine* engine) {
+  try {
+    delete engine;
+  } catch (...) {  // destructors do not throw; never let one cross anyway
+  }
+}
 
 int strata_register_parameter(strata_engine* e, const char* name, int64_t numel, strata_dtype dtype,
                               int module, const float* init, int* out_id) {
-  if (e == nullptr) return NullArg("engine");
-  if (name == nullptr) return NullArg("name");
-  if (dtype < STRATA_FP32 || dtype > STRATA_BF16)
-    return Fail(
-        strata::InvalidArgumentError("dtype " + std::to_string(static_cast<int>(dtype)) +
-                                     " is not one of STRATA_FP32, STRATA_FP16, STRATA_BF16"));
-  strata::ParamSpec spec;
-  spec.name = name;
-  spec.numel = numel;
-  spec.dtype = static_cast<strata::DType>(dtype);
-  spec.module = module;
-  if (init != nullptr && numel > 0) {
-    spec.init = std::span<const float>(init, static_cast<size_t>(numel));
-  } else {
-    spec.initializer = [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.f); };
-  }
-  strata::StatusOr<int> id = e->engine->RegisterParameter(spec);
-  if (!id.ok()) return Fail(id.status());
-  if (out_id) *out_id = *id;
-  return STRATA_OK;
+  return Guard("strata_register_parameter", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    if (name == nullptr) return NullArg("name");
+    if (dtype < STRATA_FP32 || dtype > STRATA_BF16)
+      return Fail(
+          strata::InvalidArgumentError("dtype " + std::to_string(static_cast<int>(dtype)) +
+                                       " is not one of STRATA_FP32, STRATA_FP16, STRATA_BF16"));
+    strata::ParamSpec spec;
+    spec.name = name;
+    spec.numel = numel;
+    spec.dtype = static_cast<strata::DType>(dtype);
+    spec.module = module;
+    if (init != nullptr && numel > 0) {
+      spec.init = std::span<const float>(init, static_cast<size_t>(numel));
+    } else {
+      spec.initializer = [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.f); };
+    }
+    strata::StatusOr<int> id = e->engine->RegisterParameter(spec);
+    if (!id.ok()) return Fail(id.status());
+    if (out_id) *out_id = *id;
+    return STRATA_OK;
+  });
 }
 
 int strata_plan(strata_engine* e) { return e ? Check(e->engine->Plan()) : NullArg("engine"); }
 
 int strata_before_forward(strata_engine* e, int module, void** params, int capacity, int* count) {
-  if (e == nullptr) return NullArg("engine");
-  auto v = e->engine->BeforeForward(module);
-  if (!v.ok()) return Fail(v.status());
-  if (count) *count = static_cast<int>(v->params.size());
-  return params ? CopyPointers(v->params, params, capacity) : STRATA_OK;
+  return Guard("strata_before_forward", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    auto v = e->engine->BeforeForward(module);
+    if (!v.ok()) return Fail(v.status());
+    if (count) *count = static_cast<int>(v->params.size());
+    return params ? CopyPointers(v->params, params, capacity) : STRATA_OK;
+  });
 }
 
 int strata_after_forward(strata_engine* e, int module) {
-  return e ? Check(e->engine->AfterForward(module)) : NullArg("engine");
+  return Guard("strata_after_forward", [&]() -> int {
+    return e ? Check(e->engine->AfterForward(module)) : NullArg("engine");
+  });
 }
 
 int strata_before_backward(strata_engine* e, int module, void** params, void** grads, int capacity,
                            int* count) {
-  if (e == nullptr) return NullArg("engine");
-  auto v = e->engine->BeforeBackward(module);
-  if (!v.ok()) return Fail(v.status());
-  if (count) *count = static_cast<int>(v->params.size());
-  if (params) {
-    if (int rc = CopyPointers(v->params, params, capacity); rc != STRATA_OK) return rc;
-  }
-  return grads ? CopyPointers(v->grads, grads, capacity) : STRATA_OK;
+  return Guard("strata_before_backward", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    auto v = e->engine->BeforeBackward(module);
+    if (!v.ok()) return Fail(v.status());
+    if (count) *count = static_cast<int>(v->params.size());
+    if (params) {
+      if (int rc = CopyPointers(v->params, params, capacity); rc != STRATA_OK) return rc;
+    }
+    return grads ? CopyPointers(v->grads, grads, capacity) : STRATA_OK;
+  });
 }
 
 int strata_after_backward(strata_engine* e, int module) {
-  return e ? Check(e->engine->AfterBackward(module)) : NullArg("engine");
+  return Guard("strata_after_backward", [&]() -> int {
+    return e ? Check(e->engine->AfterBackward(module)) : NullArg("engine");
+  });
 }
 
 int strata_step(strata_engine* e, strata_step_stats* stats) {
-  if (e == nullptr) return NullArg("engine");
-  auto s = e->engine->Step();
-  if (!s.ok()) return Fail(s.status());
-  if (stats) {
-    stats->step = s->step;
-    stats->applied = s->applied;
-    stats->overflow = s->overflow;
-    stats->loss_scale = s->loss_scale;
-    stats->grad_norm = s->grad_norm;
-    stats->step_time_s = s->step_time_s;
-    stats->overlap_efficiency = s->overlap_efficiency;
-    stats->nvme_read_bytes = s->nvme_read_bytes;
-    stats->nvme_written_bytes = s->nvme_written_bytes;
-    stats->pcie_h2d_bytes = s->pcie_h2d_bytes;
-    stats->pcie_d2h_bytes = s->pcie_d2h_bytes;
-    stats->hbm_high_water_bytes = s->hbm_high_water_bytes;
-  }
-  return STRATA_OK;
+  return Guard("strata_step", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    auto s = e->engine->Step();
+    if (!s.ok()) return Fail(s.status());
+    if (stats) {
+      stats->step = s->step;
+      stats->applied = s->applied;
+      stats->overflow = s->overflow;
+      stats->loss_scale = s->loss_scale;
+      stats->grad_norm = s->grad_norm;
+      stats->step_time_s = s->step_time_s;
+      stats->overlap_efficiency = s->overlap_efficiency;
+      stats->nvme_read_bytes = s->nvme_read_bytes;
+      stats->nvme_written_bytes = s->nvme_written_bytes;
+      stats->pcie_h2d_bytes = s->pcie_h2d_bytes;
+      stats->pcie_d2h_bytes = s->pcie_d2h_bytes;
+      stats->hbm_high_water_bytes = s->hbm_high_water_bytes;
+    }
+    return STRATA_OK;
+  });
 }
 
 int strata_zero_grad(strata_engine* e) {
-  return e ? Check(e->engine->ZeroGrad()) : NullArg("engine");
+  return Guard("strata_zero_grad",
+               [&]() -> int { return e ? Check(e->engine->ZeroGrad()) : NullArg("engine"); });
 }
 
 int strata_synchronize(strata_engine* e) {
-  return e ? Check(e->engine->Synchronize()) : NullArg("engine");
+  return Guard("strata_synchronize",
+               [&]() -> int { return e ? Check(e->engine->Synchronize()) : NullArg("engine"); });
 }
 
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
@@ -186,20 +234,24 @@ void* strata_compute_stream(const strata_engine* e) {
 }
 
 int strata_read_parameter(strata_engine* e, int id, float* out, int64_t numel) {
-  if (e == nullptr) return NullArg("engine");
-  if (out == nullptr) return NullArg("out");
-  return Check(e->engine->ReadParameter(id, std::span<float>(out, static_cast<size_t>(numel))));
+  return Guard("strata_read_parameter", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    if (out == nullptr) return NullArg("out");
+    return Check(e->engine->ReadParameter(id, std::span<float>(out, static_cast<size_t>(numel))));
+  });
 }
 
 int strata_stats_json(const strata_engine* e, char* buf, size_t capacity, size_t* needed) {
-  if (e == nullptr) return NullArg("engine");
-  const std::string j = e->engine->StatsJson();
-  if (needed) *needed = j.size() + 1;
-  if (buf == nullptr || capacity < j.size() + 1)
-    return Fail(strata::OutOfRangeError("stats JSON needs " + std::to_string(j.size() + 1) +
-                                        " bytes, capacity " + std::to_string(capacity)));
-  std::memcpy(buf, j.c_str(), j.size() + 1);
-  return STRATA_OK;
+  return Guard("strata_stats_json", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    const std::string j = e->engine->StatsJson();
+    if (needed) *needed = j.size() + 1;
+    if (buf == nullptr || capacity < j.size() + 1)
+      return Fail(strata::OutOfRangeError("stats JSON needs " + std::to_string(j.size() + 1) +
+                                          " bytes, capacity " + std::to_string(capacity)));
+    std::memcpy(buf, j.c_str(), j.size() + 1);
+    return STRATA_OK;
+  });
 }
 
 }  // extern "C"
