@@ -303,6 +303,14 @@ class CudaDevice final : public Device {
     return CudaStatus(cuda::LaunchFillInt32(x, n, value, MaxBlocks(), cs),
                       "FillInt32 kernel launch");
   }
+  Status AddToFp32(float* acc, const void* x, DType t, size_t n, Stream& stream) override {
+    RETURN_IF_ERROR(CheckElems(acc, n, DType::kFp32, "AddToFp32 accumulator"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "AddToFp32 input"));
+    ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "AddToFp32"));
+    return CudaStatus(cuda::LaunchAddToFp32(acc, x, t, n, MaxBlocks(), cs), [&] {
+      return fmt::format("AddToFp32 {} kernel launch ({} elements)", DTypeName(t), n);
+    });
+  }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble",
                              alignof(double)));

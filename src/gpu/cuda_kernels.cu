@@ -108,6 +108,15 @@ __global__ void SumSquaresKernel(const typename D::T* x, size_t n, double* sum) 
   }
 }
 
+// acc[i] += float(x[i]): reads 4 + sizeof(T), writes 4 bytes per element.
+template <class S>
+__global__ void AddToFp32Kernel(float* __restrict__ acc, const typename S::T* __restrict__ x,
+                                size_t n) {
+  for (size_t i = GlobalIndex(); i < n; i += GridStride()) {
+    acc[i] = __fadd_rn(acc[i], ToFloat(S{}, x[i]));  // one rounding, never fused
+  }
+}
+
 template <typename T>
 __global__ void FillKernel(T* x, size_t n, T value) {
   for (size_t i = GlobalIndex(); i < n; i += GridStride()) x[i] = value;
@@ -162,7 +171,8 @@ cudaError_t LoadKernels() {
       Load(UnscaleKernel<F32>),    Load(UnscaleKernel<F16>),        Load(UnscaleKernel<BF16>),
       Load(SumSquaresKernel<F32>), Load(SumSquaresKernel<F16>),     Load(SumSquaresKernel<BF16>),
       Load(FillKernel<float>),     Load(FillKernel<uint16_t>),      Load(FillKernel<int32_t>),
-      Load(FillKernel<double>),    internal_adam::LoadAdamKernels()};
+      Load(FillKernel<double>),    Load(AddToFp32Kernel<F32>),      Load(AddToFp32Kernel<F16>),
+      Load(AddToFp32Kernel<BF16>), internal_adam::LoadAdamKernels()};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return e;
   return cudaSuccess;
@@ -251,6 +261,26 @@ cudaError_t LaunchFillInt32(int32_t* x, size_t n, int32_t value, int max_blocks,
 cudaError_t LaunchFillDouble(double* x, size_t n, double value, int max_blocks,
                              cudaStream_t stream) {
   return FillT<double>(x, n, value, max_blocks, stream);
+}
+
+cudaError_t LaunchAddToFp32(float* acc, const void* x, DType type, size_t n, int max_blocks,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const int blocks = Blocks(n, kThreads, max_blocks);
+  switch (type) {
+    case DType::kFp32:
+      AddToFp32Kernel<F32><<<blocks, kThreads, 0, stream>>>(acc, static_cast<const float*>(x), n);
+      break;
+    case DType::kFp16:
+      AddToFp32Kernel<F16>
+          <<<blocks, kThreads, 0, stream>>>(acc, static_cast<const uint16_t*>(x), n);
+      break;
+    case DType::kBf16:
+      AddToFp32Kernel<BF16>
+          <<<blocks, kThreads, 0, stream>>>(acc, static_cast<const uint16_t*>(x), n);
+      break;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace strata::gpu::cuda

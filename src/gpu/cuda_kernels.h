@@ -32,6 +32,9 @@ cudaError_t LaunchFillInt32(int32_t* x, size_t n, int32_t value, int max_blocks,
                             cudaStream_t stream);
 cudaError_t LaunchFillDouble(double* x, size_t n, double value, int max_blocks,
                              cudaStream_t stream);
+// acc[i] += float(x[i]) (exact widening, one round-to-nearest fp32 add).
+cudaError_t LaunchAddToFp32(float* acc, const void* x, DType type, size_t n, int max_blocks,
+                            cudaStream_t stream);
 
 // Forces every kernel of this file (and adam_kernel.cu) to be loaded now.
 // CUDA loads kernels lazily by default (CUDA_MODULE_LOADING=LAZY since 12.2)

@@ -382,6 +382,10 @@ class Device {
   virtual Status FillInt32(int32_t* x, size_t n, int32_t value, Stream& stream) = 0;
   // Fills a double array (norm accumulators).
   virtual Status FillDouble(double* x, size_t n, double value, Stream& stream) = 0;
+  // acc[i] += float(x[i]) for i < n: x (fp32/fp16/bf16) widened exactly, one
+  // fp32 add per element (the same bits as the CPU's accumulation); the
+  // gradient accumulator of offload_optimizer none. acc and x must not overlap.
+  virtual Status AddToFp32(float* acc, const void* x, DType type, size_t n, Stream& stream) = 0;
 
   // ---- Optimizer (async, ordered on `stream`) ----
   // One fused pass of Adam/AdamW over every shard: reads the fp32 master

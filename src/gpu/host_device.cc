@@ -518,6 +518,15 @@ class HostDevice final : public Device {
     s->Enqueue([=] { std::fill(x, x + n, value); });
     return Status::Ok();
   }
+  Status AddToFp32(float* acc, const void* x, DType t, size_t n, Stream& stream) override {
+    RETURN_IF_ERROR(CheckElems(acc, n, DType::kFp32, "AddToFp32 accumulator"));
+    RETURN_IF_ERROR(CheckElems(x, n, t, "AddToFp32 input"));
+    ASSIGN_OR_RETURN(HostStream * s, Launch(stream, Kernel::kAddToFp32, "AddToFp32"));
+    s->Enqueue([=] {
+      for (size_t i = 0; i < n; ++i) acc[i] += LoadAsFloat(x, t, i);
+    });
+    return Status::Ok();
+  }
   Status FillDouble(double* x, size_t n, double value, Stream& stream) override {
     RETURN_IF_ERROR(CheckDev(x, n > SIZE_MAX / 8 ? SIZE_MAX : n * sizeof(double), "FillDouble",
                              alignof(double)));
@@ -575,7 +584,17 @@ class HostDevice final : public Device {
 
  private:
   // The kernels whose loading is modelled (host_lazy_kernel_loading).
-  enum class Kernel { kCast, kUnscale, kSumSquares, kFill, kFillInt32, kFillDouble, kAdam, kCount };
+  enum class Kernel {
+    kCast,
+    kUnscale,
+    kSumSquares,
+    kFill,
+    kFillInt32,
+    kFillDouble,
+    kAdam,
+    kAddToFp32,
+    kCount
+  };
 
   StatusOr<HostStream*> AsHost(Stream& stream, const char* what) {
     auto* s = dynamic_cast<HostStream*>(&stream);

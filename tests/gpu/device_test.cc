@@ -562,6 +562,33 @@ TYPED_TEST(TypedDeviceTest, FillEveryDtype) {
   EXPECT_EQ(Download<double>(d, x.data(), 3), (std::vector<double>{-2.5, -2.5, -2.5}));
 }
 
+// AddToFp32 is the CPU's accumulation, bit for bit: exact widening, one fp32
+// add per element, in range only.
+TYPED_TEST(TypedDeviceTest, AddToFp32MatchesThePlainLoop) {
+  Device& d = this->dev();
+  auto rng = strata::testing::MakeRng();
+  for (DType t : {DType::kFp32, DType::kFp16, DType::kBf16}) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{4099}}) {
+      const std::vector<float> acc0 = strata::testing::RandomFloats(rng, n + 2, -3.f, 3.f);
+      const std::vector<float> xf = strata::testing::RandomFloats(rng, n, -2.f, 2.f);
+      std::vector<uint8_t> xb(n * DTypeSize(t));
+      for (size_t i = 0; i < n; ++i) StoreFromFloat(xb.data(), t, i, xf[i]);
+      auto acc = d.Allocate((n + 2) * 4).value();
+      auto x = d.Allocate(xb.size()).value();
+      ASSERT_OK(d.CopyH2D(acc.data(), acc0.data(), (n + 2) * 4, d.compute()));
+      ASSERT_OK(d.CopyH2D(x.data(), xb.data(), xb.size(), d.compute()));
+      ASSERT_OK(d.AddToFp32(acc.as<float>() + 1, x.data(), t, n, d.compute()));
+      ASSERT_OK(d.compute().Synchronize());
+      const std::vector<float> got = Download<float>(d, acc.data(), n + 2);
+      for (size_t i = 0; i < n + 2; ++i) {
+        float want = acc0[i];
+        if (i >= 1 && i <= n) want += LoadAsFloat(xb.data(), t, i - 1);
+        ASSERT_EQ(FloatBits(got[i]), FloatBits(want)) << DTypeName(t) << " n " << n << " i " << i;
+      }
+    }
+  }
+}
+
 TYPED_TEST(TypedDeviceTest, ZeroLengthWorkIsANoOp) {
   Device& d = this->dev();
   auto x = d.Allocate(256).value();

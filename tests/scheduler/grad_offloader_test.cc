@@ -133,6 +133,9 @@ class FlakyDevice : public gpu::Device {
   Status FillDouble(double* x, size_t n, double v, gpu::Stream& s) override {
     return inner_->FillDouble(x, n, v, U(s));
   }
+  Status AddToFp32(float* acc, const void* x, DType t, size_t n, gpu::Stream& s) override {
+    return inner_->AddToFp32(acc, x, t, n, U(s));
+  }
   Status PinHostMemory(void* p, size_t n) override { return inner_->PinHostMemory(p, n); }
   Status UnpinHostMemory(void* p, size_t n) override { return inner_->UnpinHostMemory(p, n); }
 
