@@ -192,9 +192,9 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
       "Benchmark gradient accumulation (fp32 += grad) against the roofline and a scalar loop");
   cmd->add_option("--params", args->params, "Elements, e.g. 100000000, 1e8, 100M or 1.5B")
       ->capture_default_str();
-  cmd->add_option("--threads", args->threads, "Threads (0 = all PUs)")
+  cmd->add_option("--threads", args->threads, "Threads (0 = all PUs; at most the PUs)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->transform(ThreadCount());
   cmd->add_option("--grad-dtype", args->grad_dtype, "fp32|fp16|bf16")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));

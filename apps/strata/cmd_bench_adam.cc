@@ -18,6 +18,7 @@
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
+#include "src/common/host_memory.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/common/units.h"
@@ -122,6 +123,18 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   std::optional<DType> cd;
   if (args.copy_out != "none") cd = *ParseDType(args.copy_out);
   const Algorithm alg = *cpu_adam::ParseAlgorithm(args.optimizer);
+  // Before allocating: param, grad, exp_avg, exp_avg_sq (and the copy-out,
+  // and fp32 grads for the unfused variant) must fit in memory.
+  {
+    uint64_t per_param = 4 + DTypeSize(gd) + 4 + 4;
+    if (cd) per_param += DTypeSize(*cd) + (gd != DType::kFp32 ? 4 : 0);
+    const uint64_t bytes = per_param * n;
+    if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (" +
+                                       std::to_string(per_param) + " bytes/param of arrays)",
+                                   bytes);
+        !s.ok())
+      return Fail(s.ToString());
+  }
   cpu_adam::StreamingStores ss = cpu_adam::StreamingStores::kAuto;
   if (args.streaming == "off") ss = cpu_adam::StreamingStores::kOff;
   if (args.streaming == "copy") ss = cpu_adam::StreamingStores::kCopyOut;
@@ -271,7 +284,9 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
   auto args = std::make_shared<BenchAdamArgs>();
   CLI::App* cmd = bench.add_subcommand("adam", "Benchmark the fused CPU optimizer against the roofline and a scalar loop");
   cmd->add_option("--params", args->params, "Parameters (elements), e.g. 100000000, 1e8, 100M or 1.5B")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "Threads (0 = all PUs)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", args->threads, "Threads (0 = all PUs; at most the PUs)")
+      ->capture_default_str()
+      ->transform(ThreadCount());
   cmd->add_option("--grad-dtype", args->grad_dtype, "fp32|fp16|bf16")
       ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   cmd->add_option("--copy-out", args->copy_out, "none|fp16|bf16|fp32")

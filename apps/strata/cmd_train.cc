@@ -16,7 +16,7 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->add_option("--config", opt->config_path, "DeepSpeed/Strata JSON config (strata.model sets the size)")
       ->required();
   cmd->add_option("--steps", opt->steps, "Optimizer steps (default: strata.model.steps, else 40)")
-      ->transform(CountSuffix());
+      ->transform(CountSuffix(/*min=*/1));
   cmd->add_option("--nvme-path", opt->nvme_path,
                   "Directory for NVMe-offloaded states; overrides the config's nvme_path (created if missing)");
   cmd->add_option("--device", opt->device, "Override strata.device: auto, cuda or host");

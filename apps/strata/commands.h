@@ -44,7 +44,14 @@ bool ParseByteSize(const std::string& text, uint64_t* out);
 
 // A CLI11 transform for options that take a count: "1e8", "100M", "1.5B",
 // "2K" become plain integers before CLI11 converts them (decimal multiples,
-// strata::ParseCount).
-CLI::Validator CountSuffix();
+// strata::ParseCount). A value below `min` (a negative one included) is an
+// error naming the value and the minimum.
+CLI::Validator CountSuffix(int64_t min = 0);
+
+// A check for --threads: 0 (all) up to the machine's PUs; the error names
+// the value and the range.
+CLI::Validator ThreadCount();
+// PUs this process may run on (sched_getaffinity), at least 1.
+int MachinePus();
 
 }  // namespace strata::cli

@@ -1,6 +1,13 @@
 // strata — the command: info, bench, tune (and train, when the engine lands).
+#include <sched.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <thread>
+#include <algorithm>
 
 #include "apps/strata/commands.h"
 #include "src/common/log.h"
@@ -21,22 +28,72 @@ bool ParseByteSize(const std::string& text, uint64_t* out) {
   return true;
 }
 
-CLI::Validator CountSuffix() {
+CLI::Validator CountSuffix(int64_t min) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [min](std::string& text) -> std::string {
         int64_t v = 0;
+        if (!text.empty() && text[0] == '-')
+          return "\"" + text + "\" is negative: give a count of at least " + std::to_string(min);
         if (!strata::ParseCount(text, &v))
           return "\"" + text + "\" is not a count (e.g. 1000, 1e8, 100M, 1.5B)";
+        if (v < min) return text + " is too small: give at least " + std::to_string(min);
         text = std::to_string(v);
         return std::string();
       },
       "COUNT", "count");
 }
 
+CLI::Validator ThreadCount() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const int pus = MachinePus();
+        const std::string range = "give 0 (all " + std::to_string(pus) + " PUs) to " +
+                                  std::to_string(pus);
+        int64_t v = 0;
+        if (!strata::ParseCount(text, &v) || (!text.empty() && text[0] == '-'))
+          return "\"" + text + "\" is not a thread count: " + range;
+        if (v > pus)
+          return text + " threads is more than this machine's " + std::to_string(pus) +
+                 " PUs (hardware threads the process may run on): " + range;
+        text = std::to_string(v);
+        return std::string();
+      },
+      "THREADS", "threads");
+}
+
+int MachinePus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 }  // namespace strata::cli
+
+namespace {
+
+// OpenBLAS (the example model's GEMMs) starts its worker threads when it is
+// loaded, before main, and each maps a ~128 MiB buffer; under a low
+// RLIMIT_AS (`ulimit -v`) a refused mapping makes it retry forever: 100 % CPU
+// and an exit that never returns (it joins that thread). Its thread count can
+// only be set before it loads, so under a finite RLIMIT_AS with no thread
+// count given, strata runs itself again (same pid, same arguments) with
+// OPENBLAS_NUM_THREADS=1: no worker threads, one buffer, mapped on the first
+// GEMM after the example model has checked there is room for it.
+void SingleThreadedBlasUnderAddressLimit(char** argv) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  for (const char* var : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (std::getenv(var) != nullptr) return;
+  if (setenv("OPENBLAS_NUM_THREADS", "1", 1) != 0) return;
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace strata::cli;
+  SingleThreadedBlasUnderAddressLimit(argv);
   CLI::App app{
       "strata: offload engine for training models larger than GPU memory.\n"
       "Keeps parameters, gradients and Adam states across GPU HBM, pinned CPU DRAM\n"

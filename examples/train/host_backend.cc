@@ -11,6 +11,8 @@
 #include "examples/train/model.h"
 #include "examples/train/ops.h"
 #include "src/common/half.h"
+#include "src/common/host_memory.h"
+#include "src/common/units.h"
 
 namespace strata::example {
 namespace {
@@ -211,6 +213,20 @@ class HostBackend final : public Backend {
 };
 
 }  // namespace
+
+Status CheckHostBackendMemory(const ModelShape& shape) {
+  // OpenBLAS 0.3.x maps a BUFFER_SIZE (128 MiB on x86-64) buffer, plus a
+  // little, for a thread's first GEMM (measured: 131 MB of VmSize).
+  constexpr uint64_t kOpenBlasBuffer = uint64_t{132} << 20;
+  int64_t largest = 0;
+  for (const ParamInfo& p : ParameterList(shape)) largest = std::max(largest, p.numel);
+  const uint64_t copies = 8 * static_cast<uint64_t>(largest) * 4;  // 4 parameter + 4 gradient slots
+  return CheckHostMemory("the example model's host backend (fp32 copies of a module's parameters "
+                         "and gradients, " + FormatBytes(static_cast<int64_t>(copies)) +
+                             ", and OpenBLAS's GEMM buffer, " +
+                             FormatBytes(static_cast<int64_t>(kOpenBlasBuffer)) + ")",
+                         copies, kOpenBlasBuffer);
+}
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc) {
   return std::make_unique<HostBackend>(shape, dtype, std::move(alloc));

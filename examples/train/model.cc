@@ -141,6 +141,7 @@ StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape&
   m->dh_ = f + (shape.layers + 1) * N * H;
 
   if (engine->DeviceIsHost()) {
+    STRATA_RETURN_IF_ERROR(CheckHostBackendMemory(shape));
     m->backend_ = NewHostBackend(shape, dtype, alloc);
   } else {
     STRATA_ASSIGN_OR_RETURN(m->backend_, NewCudaBackend(shape, dtype, engine->ComputeStream(), alloc));

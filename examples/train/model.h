@@ -119,6 +119,12 @@ using WorkspaceFn = std::function<StatusOr<void*>(int64_t bytes)>;
 int64_t BackendWorkspaceBytes(const ModelShape& shape);
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc);
+// Before the host backend's first GEMM: its fp32 copies of one module's
+// parameters and gradients must fit in MemAvailable, and those plus
+// OpenBLAS's GEMM buffer (about 128 MiB of address space, mapped on the first
+// GEMM) under RLIMIT_AS. OpenBLAS retries a refused mapping forever (a silent
+// 100 % CPU hang), so this is checked first: ResourceExhausted naming the bytes.
+Status CheckHostBackendMemory(const ModelShape& shape);
 // nullptr with NotSupported when this build has no CUDA.
 StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype, void* stream,
                                                    WorkspaceFn alloc);

@@ -1,22 +1,28 @@
 // The training loop and reports behind `strata train`. See train.h.
 #include "examples/train/train.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <system_error>
+#include <thread>
 
 #include "examples/train/model.h"
 #include "src/common/units.h"
+#include "src/nvme/nvme.h"
 
 namespace strata::example {
 namespace {
@@ -60,6 +66,84 @@ std::vector<const StepStats*> SteadySteps(const TrainResult& r) {
   return out;
 }
 
+std::string SignalName(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal " + std::to_string(sig);
+}
+
+// SIGINT/SIGTERM while `strata train` runs. The handler only stores the
+// signal number (a lock-free atomic: async-signal-safe); the training loop
+// polls it before every micro-batch. A second signal exits at once
+// (write + _exit only). A watchdog thread exits the process when the loop has
+// not returned within the grace period after the first signal, so a wait
+// that blocks cannot hang the exit forever; swap files left that way are
+// unlocked leftovers, removed by the next run on their directory.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void OnStopSignal(int sig) {
+  int expected = 0;
+  if (g_stop_signal.compare_exchange_strong(expected, sig)) return;
+  static const char kMsg[] = "strata train: second signal: exiting now, without cleanup\n";
+  ssize_t ignored = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  (void)ignored;
+  _exit(128 + sig);
+}
+
+class StopSignals {
+ public:
+  explicit StopSignals(double grace_s) : grace_s_(grace_s) {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+    try {
+      watchdog_ = std::thread([this] { Watch(); });
+    } catch (const std::system_error& e) {
+      // No watchdog: signals still stop the loop at the next micro-batch.
+      std::fprintf(stderr, "strata train: no signal watchdog (%s)\n", e.what());
+    }
+  }
+  ~StopSignals() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  const std::atomic<int>* flag() const { return &g_stop_signal; }
+  int signal() const { return g_stop_signal.load(); }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto stop_or_done = [&] { return done_ || signal() != 0; };
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(50), stop_or_done)) {
+    }
+    if (done_) return;
+    const int sig = signal();
+    if (cv_.wait_for(lock, std::chrono::duration<double>(grace_s_), [&] { return done_; })) return;
+    std::fprintf(stderr,
+                 "strata train: did not stop within %.0f s of %s (blocked in a wait); exiting "
+                 "without cleanup: the next run on the nvme path removes the swap files\n",
+                 grace_s_, SignalName(sig).c_str());
+    std::fflush(stderr);
+    _exit(128 + sig);
+  }
+
+  const double grace_s_;
+  struct sigaction old_int_ {}, old_term_ {};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // GUARDED_BY(mu_)
+  std::thread watchdog_;
+};
+
 }  // namespace
 
 Status PrepareNvmePaths(const Config& c) {
@@ -75,11 +159,22 @@ Status PrepareNvmePaths(const Config& c) {
     if (!std::filesystem::is_directory(p, ec)) return IOError("nvme_path " + p + ": not a directory");
     if (access(p.c_str(), W_OK | X_OK) != 0)
       return IOError("nvme_path " + p + ": not writable (" + std::string(std::strerror(errno)) + ")");
+    // Leftover swap files of killed runs (unlocked) go before the plan counts
+    // the directory's free space; live runs' files are left alone. One
+    // notice per file (nvme::RemoveLeftoverSwapFiles).
+    STRATA_RETURN_IF_ERROR(nvme::RemoveLeftoverSwapFiles(p).status());
   }
   return Status();
 }
 
 StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress) {
+  TrainResult r;
+  STRATA_RETURN_IF_ERROR(TrainInto(config, steps, &r, progress));
+  return r;
+}
+
+Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
+                 const ProgressFn& progress, const std::atomic<int>* stop) {
   if (steps < 1) return InvalidArgumentError("steps: " + std::to_string(steps) + " must be >= 1");
   STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
   const DType dtype = ParamDTypeFromConfig(config);
@@ -88,7 +183,8 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
   const uint64_t seed = static_cast<uint64_t>(config.strata.model.seed);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(engine.get(), shape, dtype, seed));
 
-  TrainResult r;
+  TrainResult& r = *result;
+  r = TrainResult();
   r.device = engine->DeviceName();
   r.dtype = dtype == DType::kBf16 ? "bf16" : dtype == DType::kFp16 ? "fp16" : "fp32";
   r.parameters = engine->num_elements();
@@ -108,6 +204,9 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
     StepStats last;
     StepStats sum;  // this window's traffic and busy times, over its Step() calls
     for (int64_t k = 0; k < config.gradient_accumulation_steps; ++k) {
+      if (const int sig = stop ? stop->load() : 0; sig != 0)
+        return CancelledError("interrupted by " + SignalName(sig) + " after " + std::to_string(s) +
+                              " completed step(s); step " + std::to_string(s + 1) + " abandoned");
       data.Batch(micro++, shape.batch, shape.seq_len, &inputs, &targets);
       STRATA_ASSIGN_OR_RETURN(double loss, model->MicroBatch(inputs, targets));
       loss_sum += loss;
@@ -173,7 +272,7 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
     STRATA_RETURN_IF_ERROR(engine->WriteTimeline());
     r.trace_path = config.strata.trace_path;
   }
-  return r;
+  return Status();
 }
 
 double MedianStepTime(const TrainResult& r) {
@@ -204,9 +303,10 @@ std::string MostCommonBound(const TrainResult& r) {
   return best;
 }
 
-std::string ResultJson(const TrainResult& r) {
+std::string ResultJson(const TrainResult& r, const Status& error) {
   const double step_time = MedianStepTime(r);
   json j;
+  if (!error.ok()) j["error"] = OneLine(error.ToString());
   j["device"] = r.device;
   j["dtype"] = r.dtype;
   j["parameters"] = r.parameters;
@@ -387,8 +487,10 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
 }
 
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
+  // One line on stderr; with --json also one object on stdout (no steps).
   auto fail = [&](int code, const Status& s) {
     err << "strata train: " << OneLine(s.ToString()) << std::endl;
+    if (opt.json) out << ResultJson(TrainResult(), s) << std::endl;
     return code;
   };
   if (opt.config_path.empty()) return fail(2, InvalidArgumentError("--config is required"));
@@ -409,7 +511,9 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
   }
   if (Status v = ValidateConfig(config); !v.ok()) return fail(2, v);
   int64_t steps = opt.steps > 0 ? opt.steps : config.strata.model.steps > 0 ? config.strata.model.steps : 40;
-  if (opt.steps < 0) return fail(2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) + " must be >= 1"));
+  if (opt.steps < 0)
+    return fail(2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) +
+                                        " must be at least 1"));
   if (StatusOr<ModelShape> s = ShapeFromConfig(config); !s.ok()) return fail(2, s.status());
   if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(2, s);
 
@@ -428,8 +532,23 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
                   Human(static_cast<double>(st.pcie_d2h_bytes)).c_str(), st.overflow ? "  (overflow: skipped)" : "");
     prog << buf << std::endl;
   };
-  StatusOr<TrainResult> r = Train(config, steps, progress);
-  if (!r.ok()) return fail(1, r.status());
+  TrainResult result;
+  Status status;
+  int signal = 0;
+  {
+    StopSignals signals(opt.stop_grace_s);
+    status = TrainInto(config, steps, &result, progress, signals.flag());
+    signal = signals.signal();
+  }
+  // The Engine is gone (its swap files removed): report.
+  if (!status.ok() || signal != 0) {
+    if (status.ok())
+      status = CancelledError("interrupted by " + SignalName(signal) + " after the last step");
+    err << "strata train: " << OneLine(status.ToString()) << std::endl;
+    if (opt.json) out << ResultJson(result, status) << std::endl;
+    return signal != 0 ? 128 + signal : 1;
+  }
+  const TrainResult* r = &result;
   if (opt.json) {
     out << ResultJson(*r) << std::endl;
   } else {

@@ -5,6 +5,7 @@
 // Threading: call from one thread. Errors are Status; nothing throws.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -49,6 +50,15 @@ Status PrepareNvmePaths(const Config& config);
 // activations cannot be set up.
 StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr);
 
+// Train, filling `*result` as it goes: on an error it holds the steps that
+// completed (their losses and stats). `stop` (optional) is polled before
+// every micro-batch: once it is non-zero (a signal number, set by a signal
+// handler), the step in progress is abandoned and Cancelled is returned
+// naming the signal and the steps completed. The Engine is destroyed before
+// this returns, which removes its swap files.
+Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
+                 const ProgressFn& progress = nullptr, const std::atomic<int>* stop = nullptr);
+
 // Medians and summary figures of a result.
 double MedianStepTime(const TrainResult& r);
 double MedianOverlap(const TrainResult& r);
@@ -60,8 +70,10 @@ std::string MostCommonBound(const TrainResult& r);
 // The `--json` object (keys: final_loss, initial_loss, steps, step_time_s,
 // overlap_efficiency, tokens_per_s, hbm_high_water_bytes,
 // pinned_high_water_bytes, nvme_read_bytes, nvme_written_bytes,
-// pcie_h2d_bytes, pcie_d2h_bytes, device, losses, step_times_s, ...).
-std::string ResultJson(const TrainResult& r);
+// pcie_h2d_bytes, pcie_d2h_bytes, device, losses, step_times_s, ...). When
+// `error` is not OK (a failed or interrupted run) it also has "error" (the
+// message) and "steps"/"losses" cover the steps that completed.
+std::string ResultJson(const TrainResult& r, const Status& error = Status());
 // The human summary table.
 std::string ResultTable(const TrainResult& r);
 // Writes loss.dat, step_time.dat and, with gnuplot on PATH, loss.svg and
@@ -71,13 +83,22 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
 
 struct TrainCommandOptions {
   std::string config_path;
-  int64_t steps = 0;  // 0: strata.model.steps, else 40
+  int64_t steps = 0;  // 0: strata.model.steps, else 40 (the CLI refuses --steps 0)
   bool json = false;
   std::string plot_dir;
   std::string nvme_path;  // overrides both offload sections' nvme_path when set
   std::string device;     // overrides strata.device when set: auto, cuda, host
+  // After SIGINT/SIGTERM, how long the run may take to stop at the next
+  // micro-batch before the process exits anyway (a wait that blocks).
+  double stop_grace_s = 30;
 };
-// The whole command: returns the exit code (0 ok, 2 bad input, 1 failure).
+// The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
+// 130/143 after SIGINT/SIGTERM). While it runs, SIGINT and SIGTERM stop the
+// run at the next micro-batch (the swap files are removed as the Engine
+// closes); a second signal, or a run that has not stopped within
+// stop_grace_s, exits at once with 128 + the signal (the swap files are then
+// leftovers, removed by the next run on their directory). With --json, a
+// failed run still prints one object: the steps completed and "error".
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
 
 }  // namespace strata::example

@@ -76,7 +76,7 @@ StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions
   }
   if (options.budget_bytes != 0 && total > options.budget_bytes)
     return ResourceExhaustedError(
-        fmt::format("pinned pool: the plan needs {} but strata.pinned_budget_bytes is {}",
+        fmt::format("pinned pool: the plan needs {} but strata.pinned_budget is {}",
                     FormatBytes(total), FormatBytes(options.budget_bytes)));
 
   std::unique_ptr<PinnedPool> pool(new PinnedPool());
@@ -123,7 +123,7 @@ StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions
   const std::string msg = fmt::format(
       "pinned pool: cannot page-lock {} ({}); RLIMIT_MEMLOCK is {}. Raise it with `ulimit -l "
       "unlimited` (or `memlock` in /etc/security/limits.conf, `--ulimit memlock=-1` for docker), "
-      "or lower strata.pinned_budget_bytes",
+      "or lower strata.pinned_budget",
       FormatBytes(total), pin_status.ToString(), limit);
   if (!options.allow_pageable_fallback) return ResourceExhaustedError(msg);
   STRATA_WARN_ONCE("gpu.pinned_fallback", "{}; continuing with pageable memory (slower copies)",

@@ -14,8 +14,10 @@
 #include <nlohmann/json.hpp>
 
 #include "src/common/aligned_buffer.h"
+#include "src/common/host_memory.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/nvme/internal.h"
 
 namespace strata::nvme {
 
@@ -66,10 +68,30 @@ std::string EngineBenchSession::engine() const {
 StatusOr<std::unique_ptr<EngineBenchSession>> EngineBenchSession::Open(const NvmeBenchOptions& o) {
   if (o.size == 0) return InvalidArgumentError("bench size is 0 bytes");
   if (o.requests_in_flight < 1) return InvalidArgumentError("requests_in_flight must be at least 1");
+  if (o.paths.empty()) return InvalidArgumentError("bench: no nvme path given");
   auto st = std::make_unique<State>();
   st->o = o;
   st->req = AlignUp(std::min<uint64_t>(o.request_bytes, o.size), 4096);
   st->slots = static_cast<size_t>(std::min<uint64_t>(o.requests_in_flight, (o.size + st->req - 1) / st->req));
+  // Before allocating anything: the swap file must fit in every path (what
+  // SwapStore::Open checks again, after the buffers), and the two buffers in
+  // memory.
+  const uint64_t stripe = std::max<uint64_t>(o.io.block_size, 4096);
+  const uint64_t per_path = AlignUp((o.size + o.paths.size() - 1) / o.paths.size(), stripe);
+  for (const std::string& p : o.paths) {
+    RETURN_IF_ERROR(internal::CheckWritableDir(p));
+    RETURN_IF_ERROR(RemoveLeftoverSwapFiles(p).status());
+    ASSIGN_OR_RETURN(uint64_t avail, internal::FreeBytes(p));
+    if (avail < per_path)
+      return ResourceExhaustedError(fmt::format(
+          "bench: nvme path {} needs {} bytes ({} over {} path(s)) but only {} bytes are "
+          "available there",
+          p, per_path, o.size, o.paths.size(), avail));
+  }
+  RETURN_IF_ERROR(CheckHostMemory(
+      fmt::format("bench: the write and read buffers ({} requests of {} bytes in flight, x2)",
+                  st->slots, st->req),
+      2 * st->req * st->slots));
   ASSIGN_OR_RETURN(st->wbuf, AlignedBuffer::Allocate(st->req * st->slots, 4096));
   ASSIGN_OR_RETURN(st->rbuf, AlignedBuffer::Allocate(st->req * st->slots, 4096));
   std::mt19937_64 rng(0x5eed ^ static_cast<uint64_t>(getpid()));

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -111,6 +112,74 @@ TEST_F(CliTest, BadConfigValueNamesKeyPath) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find("zero_optimization.offload_optimizer.device"), std::string::npos) << r.err;
+}
+
+// --threads: above the machine's PUs, or negative, is a one-line error naming
+// the value and the range (not a 309-digit bound); 0 stays "all PUs".
+TEST_F(CliTest, BenchThreadsOutOfRangeIsOneLineErrorNamingTheRange) {
+  for (const char* bench : {"adam", "accumulate"}) {
+    SCOPED_TRACE(bench);
+    RunResult r =
+        RunCli(std::string("bench ") + bench + " --params 1000 --threads 100000", dir_.str());
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_LE(Lines(r.err), 2u) << r.err;
+    EXPECT_NE(r.err.find("100000 threads is more than this machine's"), std::string::npos) << r.err;
+    r = RunCli(std::string("bench ") + bench + " --params 1000 --threads -1", dir_.str());
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_LE(Lines(r.err), 2u) << r.err;
+    EXPECT_NE(r.err.find("\"-1\" is not a thread count: give 0 (all"), std::string::npos) << r.err;
+    EXPECT_LT(r.err.size(), 200u) << r.err;
+  }
+  RunResult r = RunCli("bench adam --params 1000 --threads 0 --reps 1 --json", dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GE(nlohmann::json::parse(r.out)["threads"].get<int>(), 1);
+}
+
+// bench adam checks memory before allocating its arrays: under an address
+// limit far below what --params needs it fails at once, naming both sides.
+TEST_F(CliTest, BenchAdamRefusesParamsThatDoNotFitBeforeAllocating) {
+  const std::string cmd = "bash -c 'ulimit -v 3000000; exec " + std::string(STRATA_CLI_PATH) +
+                          " bench adam --params 1e9' 2>" + dir_.str() + "/err.txt";
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  std::ifstream f(dir_.str() + "/err.txt");
+  const std::string err(std::istreambuf_iterator<char>(f), {});
+  EXPECT_NE(err.find("needs 16000000000 bytes"), std::string::npos) << err;
+  // The address limit, or less memory than that on this machine.
+  EXPECT_TRUE(err.find("RLIMIT_AS") != std::string::npos ||
+              err.find("MemAvailable") != std::string::npos)
+      << err;
+}
+
+// bench nvme --size beyond the free space fails on the space, before its
+// buffers (not an allocation error of 2 GiB of buffers).
+TEST_F(CliTest, BenchNvmeSizeBeyondFreeSpaceFailsBeforeAllocating) {
+  RunResult r = RunCli("bench nvme --path " + dir_.str() + " --size 100T", dir_.str());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  EXPECT_NE(r.err.find("needs 109951162777600 bytes"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("available"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("AlignedBuffer"), std::string::npos) << r.err;
+}
+
+// info --path lists the swap files there: a leftover (no lock) with its
+// size and age, in JSON and in the table.
+TEST_F(CliTest, InfoListsLeftoverSwapFiles) {
+  const std::string leftover = dir_.str() + "/strata-swap-0123456789abcdef-42-0.bin";
+  std::ofstream(leftover) << std::string(8192, 'x');
+  RunResult r = RunCli("info --json --path " + dir_.str(), dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["io"]["swap_files"].size(), 1u) << r.out;
+  EXPECT_EQ(j["io"]["swap_files"][0]["path"], leftover);
+  EXPECT_EQ(j["io"]["swap_files"][0]["state"], "leftover");
+  EXPECT_GE(j["io"]["swap_files"][0]["size_bytes"].get<int64_t>(), 8192);
+  EXPECT_GE(j["io"]["swap_files"][0]["age_s"].get<double>(), 0.0);
+  r = RunCli("info --path " + dir_.str(), dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("leftover  " + leftover), std::string::npos) << r.out;
+  EXPECT_TRUE(std::ifstream(leftover).good()) << "info only lists";
 }
 
 }  // namespace

@@ -79,6 +79,7 @@ TYPED_TEST(PinnedPoolTest, PlanOverBudgetFailsBeforeAllocating) {
   const std::string msg(pool.status().message());
   EXPECT_NE(msg.find("9437184 bytes"), std::string::npos) << msg;
   EXPECT_NE(msg.find("8388608 bytes"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("strata.pinned_budget is"), std::string::npos) << msg;
   o.classes[0].buffer_bytes = 1000;  // not a page multiple
   EXPECT_EQ(PinnedPool::Create(o, &this->dev()).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PinnedPool::Create(PinnedPoolOptions{}, &this->dev()).status().code(),
@@ -164,6 +165,13 @@ TEST(PinnedPoolFallbackTest, RefusedMlockFallsBackToPageableOrFails) {
     ASSERT_FALSE(strict.ok());
     EXPECT_EQ(strict.status().code(), StatusCode::kResourceExhausted);
     EXPECT_NE(std::string(strict.status().message()).find("ulimit -l"), std::string::npos)
+        << strict.status();
+    // It names the config key that exists (strata.pinned_budget).
+    EXPECT_NE(std::string(strict.status().message()).find("strata.pinned_budget"),
+              std::string::npos)
+        << strict.status();
+    EXPECT_EQ(std::string(strict.status().message()).find("pinned_budget_bytes"),
+              std::string::npos)
         << strict.status();
     // Direct mlock (no device) takes the same path.
     auto direct = PinnedPool::Create(o, nullptr);

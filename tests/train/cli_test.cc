@@ -3,9 +3,12 @@
 // training step.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -173,6 +176,142 @@ TEST(TrainCli, PlanThatCannotFitIsOneLineError) {
   text.replace(at, 4, "\"64K\"");
   std::ofstream(cfg) << text;
   ExpectOneLineFailure(Strata("train --config " + cfg + " --steps 2", dir.str()), "hbm");
+}
+
+// --steps 0 and negative counts are errors (0 used to mean the default).
+TEST(TrainCli, StepsZeroOrNegativeIsAnError) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  for (const char* steps : {"0", "-1", "-5"}) {
+    SCOPED_TRACE(steps);
+    RunResult r = Strata("train --config " + cfg + " --steps " + steps, dir.str());
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.err, HasSubstr("--steps"));
+    EXPECT_THAT(r.err, HasSubstr("at least 1"));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("step ")));
+  }
+}
+
+// A failed run with --json still prints one object: the error and the steps
+// completed (none here: the plan cannot fit).
+TEST(TrainCli, FailedRunWithJsonPrintsOneObjectWithTheError) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  std::stringstream ss;
+  ss << std::ifstream(cfg).rdbuf();
+  std::string text = ss.str();
+  text.replace(text.find("\"4M\""), 4, "\"64K\"");
+  std::ofstream(cfg) << text;
+  RunResult r = Strata("train --config " + cfg + " --steps 2 --json", dir.str());
+  EXPECT_EQ(r.exit_code, 1);
+  json j = json::parse(r.out);
+  EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("hbm"));
+  EXPECT_EQ(j["steps"], 0);
+  EXPECT_TRUE(j["losses"].empty());
+}
+
+// Starts `strata <args>` with stdout/stderr in files; returns its pid.
+pid_t Spawn(const std::string& args, const std::string& dir) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(STRATA_CLI_PATH) + " " + args + " >" + dir +
+                            "/stdout 2>" + dir + "/stderr";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::stringstream ss;
+  ss << std::ifstream(path).rdbuf();
+  return ss.str();
+}
+
+// Waits until `file` contains `text` (or 60 s pass).
+bool WaitFor(const std::string& file, const std::string& text) {
+  for (int i = 0; i < 1200; ++i) {
+    if (ReadFile(file).find(text) != std::string::npos) return true;
+    usleep(50'000);
+  }
+  return false;
+}
+
+size_t SwapFilesIn(const std::string& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+    n += e.path().filename().string().rfind("strata-swap-", 0) == 0;
+  return n;
+}
+
+// SIGTERM / SIGINT mid-run: the run stops at the next micro-batch, the
+// engine closes (its swap files removed), the exit code is 128 + signal and
+// --json prints the steps completed with the error.
+TEST(TrainCli, SigtermAndSigintEndTheRunCleanly) {
+  for (const int sig : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    testing::ScratchDir dir;
+    const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
+    const pid_t pid = Spawn("train --config " + cfg + " --steps 1000000 --json", dir.str());
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(WaitFor(dir.str() + "/stderr", "step    2/")) << ReadFile(dir.str() + "/stderr");
+    EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme"), 1u);
+    ASSERT_EQ(kill(pid, sig), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme"), 0u) << "swap files removed";
+    const std::string err = ReadFile(dir.str() + "/stderr");
+    EXPECT_THAT(err,
+                HasSubstr(sig == SIGTERM ? "interrupted by SIGTERM" : "interrupted by SIGINT"));
+    json j = json::parse(ReadFile(dir.str() + "/stdout"));
+    EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("Cancelled"));
+    EXPECT_GE(j["steps"].get<int>(), 2);
+    EXPECT_EQ(j["losses"].size(), j["steps"].get<size_t>());
+  }
+}
+
+// kill -9 leaves the swap file behind, unlocked; the next run on the path
+// removes it with a notice naming it, and trains.
+TEST(TrainCli, SwapFileOfAKilledRunIsRemovedByTheNextRun) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
+  const pid_t pid = Spawn("train --config " + cfg + " --steps 1000000", dir.str());
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor(dir.str() + "/stdout", "step    1/")) << ReadFile(dir.str() + "/stderr");
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_EQ(SwapFilesIn(dir.str() + "/nvme"), 1u);
+  std::string leftover;
+  for (const auto& e : std::filesystem::directory_iterator(dir.str() + "/nvme"))
+    leftover = e.path().string();
+  RunResult r = Strata("train --config " + cfg + " --steps 1", dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("removed leftover swap file " + leftover));
+  EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme"), 0u);
+}
+
+// Under a low address-space limit the run ends with a Status (or trains), it
+// neither hangs in OpenBLAS's buffer allocation nor aborts.
+TEST(TrainCli, LowAddressLimitEndsWithAStatusNotAHang) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
+  for (const char* kb : {"800000", "1200000"}) {
+    SCOPED_TRACE(std::string("ulimit -v ") + kb);
+    const std::string cmd = std::string("bash -c 'ulimit -v ") + kb + "; exec timeout 120 " +
+                            STRATA_CLI_PATH + " train --config " + cfg + " --steps 2' >" +
+                            dir.str() + "/stdout 2>" + dir.str() + "/stderr";
+    const int st = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(st));
+    const int code = WEXITSTATUS(st);
+    const std::string err = ReadFile(dir.str() + "/stderr");
+    EXPECT_NE(code, 124) << "hung: " << err;
+    EXPECT_TRUE(code == 0 || code == 1) << code << ": " << err;
+    if (code == 1) EXPECT_THAT(err, HasSubstr("ResourceExhausted"));
+  }
 }
 
 }  // namespace
