@@ -20,6 +20,7 @@
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
+#include "src/common/host_memory.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/common/units.h"
@@ -75,6 +76,13 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   const size_t n = static_cast<size_t>(count);
   if (args.reps < 1) return Fail("--reps must be at least 1");
   const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
+  // Before allocating: the accumulator and the gradients must fit.
+  const uint64_t per_elem = 4 + DTypeSize(gd);
+  if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (" +
+                                     std::to_string(per_elem) + " bytes/element of arrays)",
+                                 per_elem * n);
+      !s.ok())
+    return Fail(s.ToString());
 
   cpu_adam::Options base;
   base.threads = args.threads;
