@@ -32,6 +32,7 @@
 #include "src/common/timer.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
+#include "src/scheduler/device_step.h"
 #include "src/scheduler/grad_offloader.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
@@ -144,6 +145,8 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   std::vector<TierBudget> budgets_;
   int64_t pinned_bytes_ = 0;  // the pinned pools
 
+  bool device_optimizer_ = false;  // offload_optimizer none on a GPU (DeviceOptimizer)
+  std::unique_ptr<scheduler::DeviceOptimizer> dev_opt_;
   std::unique_ptr<GradOffloader> grads_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<ParamFetcher> fetcher_;
@@ -192,10 +195,21 @@ Status EngineImpl::Init() {
   }
   ASSIGN_OR_RETURN(gpu::DeviceOptions dopts, gpu::DeviceOptionsFromConfig(cfg_));
   ASSIGN_OR_RETURN(dev_, gpu::CreateDevice(dopts));
-  if (opt_place() == OffloadDevice::kNone && !dev_->is_host())
-    return NotSupportedError(
-        "zero_optimization.offload_optimizer.device: none needs a GPU optimizer kernel, which this "
-        "build does not have yet; use cpu or nvme");
+  // offload_optimizer none on a GPU: the optimizer runs there (DeviceOptimizer).
+  device_optimizer_ =
+      opt_place() == OffloadDevice::kNone && (!dev_->is_host() || hooks_.device_optimizer);
+  if (device_optimizer_ && param_place() != OffloadDevice::kNone)
+    return NotSupportedError(fmt::format(
+        "zero_optimization.offload_param.device: {} with offload_optimizer.device none on {}: the "
+        "device optimizer updates the parameters in HBM, so offload_param must be none too (or "
+        "offload the optimizer: cpu or nvme)",
+        OffloadDeviceName(param_place()), dev_->Describe()));
+  if (device_optimizer_ && cfg_.optimizer.type != OptimizerType::kAdam &&
+      cfg_.optimizer.type != OptimizerType::kAdamW)
+    return NotSupportedError(fmt::format(
+        "optimizer.type: {} runs on the CPU optimizer only; with offload_optimizer.device none on "
+        "{} use Adam or AdamW, or offload the optimizer (cpu or nvme)",
+        OptimizerTypeName(cfg_.optimizer.type), dev_->Describe()));
   cpu_adam::Options aopts;
   aopts.threads = static_cast<int>(cfg_.strata.threads);
   ASSIGN_OR_RETURN(adam_, cpu_adam::CpuOptimizer::Create(aopts));
@@ -261,7 +275,8 @@ Status EngineImpl::Plan() {
   lo.reduce_bucket_size = zo.reduce_bucket_size;
   layout_ = Layout::Build(std::move(recs), lo);
 
-  const scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
+  scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
+  placement.device_optimizer = device_optimizer_;
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(
       placement, sizes,
@@ -279,7 +294,8 @@ Status EngineImpl::Plan() {
     counters_.SetLinkRates(rates.h2d_gbytes_per_s, rates.d2h_gbytes_per_s);
   }
   grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, adam_.get(), &counters_);
-  RETURN_IF_ERROR(grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_));
+  RETURN_IF_ERROR(
+      grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_, !device_optimizer_));
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
   RETURN_IF_ERROR(store_->Open(plan, grads_->staging_pool()->Regions(),
                                hooks_.wrap_io_engine, &pinned_bytes_));
@@ -291,6 +307,10 @@ Status EngineImpl::Plan() {
   fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, this,
                                             fo);
   RETURN_IF_ERROR(fetcher_->Init());
+  if (device_optimizer_) {
+    dev_opt_ = std::make_unique<scheduler::DeviceOptimizer>(dev_.get(), &layout_, store_.get());
+    RETURN_IF_ERROR(dev_opt_->Init());
+  }
   const int64_t init0 = NowNanos();
   RETURN_IF_ERROR(store_->Initialize(
       [&](int id, std::vector<float>& scratch) -> std::span<const float> {
@@ -386,6 +406,15 @@ Status EngineImpl::AfterBackward(int module) {
   if (!planned_ || !fetcher_->has_grad(module))
     return FailedPreconditionError(fmt::format("AfterBackward({}) without BeforeBackward", module));
   grads_since_launch_ = true;
+  if (dev_opt_) {
+    // Into the accumulator in HBM, after the backward work on the compute stream.
+    RETURN_IF_ERROR(dev_opt_->Accumulate(module, fetcher_->grad(module)));
+    RETURN_IF_ERROR(fetcher_->ReleaseGradAfter(module, dev_->compute()));
+    RETURN_IF_ERROR(fetcher_->FinishUse(module));
+    RETURN_IF_ERROR(fetcher_->ReclaimDeferred(false));
+    counters_.HookExit();
+    return Status();
+  }
   RETURN_IF_ERROR(dev_->compute().Record(fetcher_->computed(module)));
   RETURN_IF_ERROR(grads_->Offload(module, fetcher_->grad(module), fetcher_->computed(module)));
   RETURN_IF_ERROR(fetcher_->ReleaseGradAfterD2H(module));
@@ -535,6 +564,7 @@ void EngineImpl::RollbackStep(InFlight& job) {
 void EngineImpl::ClearGradients() {
   grads_->Drain().IgnoreError();
   grads_->ZeroAll();
+  if (dev_opt_) dev_opt_->Zero().IgnoreError();
   micro_batches_ = 0;
   grads_since_launch_ = false;
 }
@@ -550,6 +580,11 @@ Status EngineImpl::ZeroGrad() {
       return grads_->Drain();
     }
     RETURN_IF_ERROR(FinishStep());
+  }
+  if (dev_opt_) {
+    micro_batches_ = 0;
+    grads_since_launch_ = false;
+    return dev_opt_->Zero();
   }
   // With DPU in flight, the step owns the other accumulator; this one is ours.
   RETURN_IF_ERROR(grads_->Drain());
@@ -583,7 +618,13 @@ StatusOr<StepStats> EngineImpl::Step() {
     if (status.ok()) status = fs;
     bool overflow = false;
     double sumsq = 0;
-    if (status.ok()) grads_->GlobalChecks(&overflow, &sumsq);
+    if (status.ok()) {
+      if (dev_opt_) {
+        status = dev_opt_->GlobalChecks(&overflow, &sumsq);
+      } else {
+        grads_->GlobalChecks(&overflow, &sumsq);
+      }
+    }
     const double scale = scaler_.scale();
     st.overflow = overflow;
     if (status.ok() && overflow) {
@@ -601,15 +642,45 @@ StatusOr<StepStats> EngineImpl::Step() {
       st.grad_norm = norm;
       st.clip_coef = clip_coef;
       const double grad_scale = clip_coef / scale;
+      if (dev_opt_) {
+        // All in HBM: one fused step on the compute stream, current at once.
+        const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
+        gpu::AdamHyperParams dh;
+        dh.decoupled_weight_decay = hp.algorithm == cpu_adam::Algorithm::kAdamW;
+        dh.lr = hp.lr;
+        dh.beta1 = hp.beta1;
+        dh.beta2 = hp.beta2;
+        dh.eps = hp.eps;
+        dh.weight_decay = hp.weight_decay;
+        dh.bias_correction = hp.bias_correction;
+        dh.step = hp.step;
+        dh.grad_scale = hp.grad_scale;
+        const int64_t t0 = NowNanos();
+        status = dev_opt_->Step(dh);
+        // On the host device the framework computes on this thread, not on
+        // the compute stream: it must see the step's parameters.
+        if (status.ok() && dev_->is_host()) status = dev_->compute().Synchronize();
+        counters_.AddOptimizerBusy(NowNanos() - t0);
+        if (status.ok()) {
+          ++optimizer_steps_;
+          scaler_.Update(false);
+          grads_since_launch_ = false;
+          st.applied = true;
+        }
+      }
       // The copy-out target must not still be read by the previous publish.
-      if (gpu::Event* uploaded = store_->params_uploaded()) status = uploaded->Synchronize();
+      if (dev_opt_) {
+        // (done above)
+      } else if (gpu::Event* uploaded = store_->params_uploaded()) {
+        status = uploaded->Synchronize();
+      }
       const bool delayed = cfg_.strata.delayed_param_update &&
                            optimizer_steps_ >= cfg_.strata.delayed_param_update_warmup;
       const bool background = delayed || cfg_.strata.overlap_optimizer;
       // Device copies of parameters are stale once the step runs (with DPU:
       // once it is committed, by the next Step()).
-      if (status.ok() && !delayed) status = fetcher_->InvalidateAll();
-      if (status.ok()) {
+      if (status.ok() && !delayed && !dev_opt_) status = fetcher_->InvalidateAll();
+      if (status.ok() && !dev_opt_) {
         const int64_t before = optimizer_steps_;
         status = LaunchStep(grad_scale, delayed, background);
         if (status.ok() && !background) status = FinishStep();

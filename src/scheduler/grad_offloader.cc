@@ -40,8 +40,9 @@ GradOffloader::~GradOffloader() {
   if (worker_.joinable()) worker_.join();
 }
 
-Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes) {
-  const int64_t bytes = kGradAccBytesPerElem * layout_->total_elems();
+Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes,
+                            bool host_accumulator) {
+  const int64_t bytes = host_accumulator ? kGradAccBytesPerElem * layout_->total_elems() : 0;
   RETURN_IF_ERROR(acc_.Allocate(bytes, nullptr, "gradient accumulator"));
   std::memset(acc_.data(), 0, static_cast<size_t>(bytes));
   if (second_accumulator) {
@@ -166,16 +167,16 @@ float* GradOffloader::SwapForStep() {
   return alt_.as<float>();
 }
 
-void GradOffloader::Zero() { ZeroArray(acc_.as<float>(), layout_->total_elems()); }
+void GradOffloader::Zero() { ZeroArray(acc_.as<float>(), acc_.bytes() / kGradAccBytesPerElem); }
 
 void GradOffloader::ZeroAll() {
   for (HostArray* a : {&acc_, &alt_})
-    if (a->data() != nullptr) ZeroArray(a->as<float>(), layout_->total_elems());
+    if (a->data() != nullptr) ZeroArray(a->as<float>(), a->bytes() / kGradAccBytesPerElem);
 }
 
 void GradOffloader::GlobalChecks(bool* overflow, double* sumsq) const {
   const float* acc = static_cast<const float*>(acc_.data());
-  const int64_t total = layout_->total_elems();
+  const int64_t total = acc_.bytes() / kGradAccBytesPerElem;
   const int64_t blocks = (total + kNormBlock - 1) / kNormBlock;
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
   std::vector<uint8_t> bad(static_cast<size_t>(blocks), 0);

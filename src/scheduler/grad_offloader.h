@@ -42,10 +42,11 @@ class GradOffloader {
                 StepCounters* counters);
   ~GradOffloader();  // drains the queue and stops the worker
 
-  // Allocates the accumulator(s) (zeroed) and the staging pool, and starts
-  // the worker. ResourceExhausted when the thread cannot be created. Adds
-  // the pool's bytes to *pinned_bytes.
-  Status Start(bool second_accumulator, int64_t* pinned_bytes);
+  // Allocates the accumulator(s) (zeroed; none when !host_accumulator: the
+  // gradients stay on the device) and the staging pool, and starts the
+  // worker. ResourceExhausted when the thread cannot be created. Adds the
+  // pool's bytes to *pinned_bytes.
+  Status Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator = true);
   gpu::PinnedPool* staging_pool() { return pool_.get(); }
 
   // Enqueues the D2H copies of module m's gradients (device_grad: the

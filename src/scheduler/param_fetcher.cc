@@ -399,9 +399,9 @@ Status ParamFetcher::AllocateGrad(int m) {
   return Status();
 }
 
-Status ParamFetcher::ReleaseGradAfterD2H(int m) {
+Status ParamFetcher::ReleaseGradAfter(int m, gpu::Stream& stream) {
   ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> copied, dev_->CreateEvent());
-  RETURN_IF_ERROR(dev_->d2h().Record(*copied));
+  RETURN_IF_ERROR(stream.Record(*copied));
   deferred_.push_back({std::move(slots_[static_cast<size_t>(m)].grad), std::move(copied)});
   return Status();
 }

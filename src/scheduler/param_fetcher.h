@@ -137,8 +137,10 @@ class ParamFetcher {
   gpu::Event& computed(int m) { return *slots_[static_cast<size_t>(m)].computed; }
   // Recorded after the last copy of module m's parameters to the device.
   gpu::Event& ready(int m) { return *slots_[static_cast<size_t>(m)].ready; }
-  // Frees module m's gradient buffer once the D2H stream has passed this point.
-  Status ReleaseGradAfterD2H(int m);
+  // Frees module m's gradient buffer once the D2H stream (or `stream`) has
+  // passed this point.
+  Status ReleaseGradAfterD2H(int m) { return ReleaseGradAfter(m, dev_->d2h()); }
+  Status ReleaseGradAfter(int m, gpu::Stream& stream);
 
   // A device slot, evicting cached modules (not `keep_module`) and waiting
   // for deferred frees when none is free.

@@ -100,6 +100,8 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
           fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan.slot_bytes)));
   if (pl.optimizer == OffloadDevice::kNone)
     hbm.Add(states, "optimizer states " + FormatBytes(states));
+  if (pl.device_optimizer)
+    hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
   plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));
 
   // Pinned: staging pools (+ the optimizer states when pin_memory).
@@ -157,7 +159,8 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
 
   // DRAM (pageable): gradient accumulator, copy-out target, host states/params.
   TierSum dram;
-  dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+  if (!pl.device_optimizer)
+    dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
   if (!plan.pin_param_copies)
     dram.Add(s.total_param_bytes, "updated parameters " + FormatBytes(s.total_param_bytes));
   if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)

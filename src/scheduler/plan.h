@@ -26,6 +26,9 @@ struct Placement {
   int64_t max_live_parameters = 1'000'000'000;     // stage3_max_live_parameters (elements)
   bool overlap_optimizer = true;                   // strata.overlap_optimizer
   bool delayed_param_update = false;               // strata.delayed_param_update
+  // offload_optimizer none on a GPU: the gradient accumulator is in HBM and
+  // the optimizer runs there (DeviceOptimizer); set by the engine.
+  bool device_optimizer = false;
   int stage = 0;
   int64_t sub_group_size = 0;
 

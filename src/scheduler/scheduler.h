@@ -14,6 +14,7 @@
 //   grad_offloader.h  GradOffloader: gradient D2H chunks -> fp32 accumulator
 //   optimizer_step.h  OptimizerStep: the step over every sub-group, its thread,
 //                     the NVMe state ring, the state read-ahead
+//   device_step.h     DeviceOptimizer: offload_optimizer none on a GPU (all in HBM)
 //   step_stats.h      StepCounters: busy times, bytes, NVMe busy union, timeline
 //   loss_scaler.h     LossScaler: fp16 dynamic loss scaling
 //   fetch_trace.h     FetchTrace: the recorded module order for prefetch
@@ -43,6 +44,11 @@ struct EngineTestHooks {
   // Called on the optimizer's thread before it steps sub-group g (tests hold
   // a step half-way to see what the next forward pass may do meanwhile).
   std::function<void(size_t g)> before_sub_group;
+  // Runs offload_optimizer none through the device optimizer (gradient
+  // accumulator in the arena, Device::AdamStep) on the host device too, as
+  // it always runs on a GPU; without it the host device steps states in the
+  // arena with the CPU optimizer.
+  bool device_optimizer = false;
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config,

@@ -198,20 +198,29 @@ Status StateStore::Initialize(
   const int64_t n = layout_->total_elems();
   std::memset(next, 0, static_cast<size_t>(layout_->total_param_bytes()));
   const bool nvme_states = placement_.optimizer == OffloadDevice::kNvme;
-  std::vector<float> all_master;  // only for nvme optimizer states
-  if (nvme_states) all_master.resize(static_cast<size_t>(n));
+  // States on NVMe or in the device arena are written from a host copy.
+  const bool staged = placement_.optimizer != OffloadDevice::kCpu;
+  std::vector<float> all_master;
+  if (staged) all_master.resize(static_cast<size_t>(n));
   std::vector<float> scratch;
   for (int id = 0; id < static_cast<int>(layout_->params().size()); ++id) {
     const ParamRec& p = layout_->param(id);
     std::span<const float> v = master_of(id, scratch);
-    float* dst = nvme_states ? all_master.data() + p.elem_off : master_ + p.elem_off;
+    float* dst = staged ? all_master.data() + p.elem_off : master_ + p.elem_off;
     std::memcpy(dst, v.data(), static_cast<size_t>(p.numel) * sizeof(float));
     for (int64_t i = 0; i < p.numel; ++i)
       StoreFromFloat(next + p.byte_off, p.dtype, static_cast<size_t>(i), v[static_cast<size_t>(i)]);
   }
-  if (!nvme_states) {
+  if (placement_.optimizer == OffloadDevice::kCpu) {
     std::memset(exp_avg_, 0, static_cast<size_t>(n) * sizeof(float));
     std::memset(exp_avg_sq_, 0, static_cast<size_t>(n) * sizeof(float));
+  } else if (!nvme_states) {
+    // In the device arena (offload_optimizer none): device copies and fills.
+    gpu::Stream& s = dev_->compute();
+    RETURN_IF_ERROR(dev_->CopyH2D(master_, all_master.data(), all_master.size() * sizeof(float), s));
+    RETURN_IF_ERROR(dev_->Fill(exp_avg_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
+    RETURN_IF_ERROR(dev_->Fill(exp_avg_sq_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
+    RETURN_IF_ERROR(s.Synchronize());
   } else {
     for (size_t g = 0; g < layout_->num_groups(); ++g) {
       const SubGroup& sg = layout_->group(g);
@@ -298,9 +307,14 @@ Status StateStore::UploadModule(int m, gpu::Event& ready) {
 }
 
 Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
-  if (placement_.optimizer != OffloadDevice::kNvme) {
+  if (placement_.optimizer == OffloadDevice::kCpu) {
     std::memcpy(out.data(), master_ + p.elem_off, static_cast<size_t>(p.numel) * sizeof(float));
     return Status();
+  }
+  if (placement_.optimizer == OffloadDevice::kNone) {  // in the device arena
+    RETURN_IF_ERROR(dev_->CopyD2H(out.data(), master_ + p.elem_off,
+                                  static_cast<size_t>(p.numel) * sizeof(float), dev_->compute()));
+    return dev_->compute().Synchronize().WithContext("ReadParameter " + p.name);
   }
   // From the sub-groups' active NVMe versions: the master is the first third.
   for (size_t g = 0; g < layout_->num_groups(); ++g) {

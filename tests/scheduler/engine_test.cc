@@ -797,3 +797,101 @@ TEST(EngineTest, OptimizerTypeSelectsTheAlgorithm) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// offload_optimizer none as it runs on a GPU (gradient accumulator in the
+// arena, Device::AdamStep), on the host device: the same steps as the CPU
+// optimizer's none/none to rounding (the global norm is reduced in another
+// order), with accumulation, clipping and fp16 loss scaling; fp16 overflow
+// skips. (Over several steps the two drift apart further: this toy model's
+// gradients depend on its bf16/fp16 parameters, so a rounding difference that
+// moves a parameter across a rounding boundary changes its next gradient.)
+TEST(EngineTest, DeviceOptimizerMatchesTheCpuPlacementsToRounding) {
+  testing::ScratchDir dir;
+  for (int variant = 0; variant < 3; ++variant) {
+    // AdamW; Adam with L2 decay (the decay competes with the scaled gradient,
+    // so the multiplier shows); fp16 loss scaling.
+    const bool fp16 = variant == 2;
+    SCOPED_TRACE(variant == 0 ? "AdamW" : variant == 1 ? "Adam (L2)" : "fp16");
+    Config c = BaseConfig(OffloadDevice::kNone, OffloadDevice::kNone, dir.str());
+    if (variant == 1) {
+      c.optimizer.type = OptimizerType::kAdam;
+      c.optimizer.adam_w_mode = false;
+    }
+    c.gradient_accumulation_steps = c.train_batch_size = 2;
+    c.gradient_clipping = 0.5;
+    c.strata.overlap_optimizer = false;
+    if (fp16) {
+      c.fp16.enabled = true;
+      c.fp16.initial_scale_power = 4;
+    }
+    const auto cpu = Train(c, 9, 2);
+    EngineTestHooks hooks;
+    hooks.device_optimizer = true;
+    auto e = CreateEngine(c, hooks);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Register(**e, 9);
+    int batch = 0;
+    for (int s = 0; s < 2; ++s)
+      for (int k = 0; k < 2; ++k) {
+        MicroBatch(**e, batch++, Forward());
+        auto st = (*e)->Step();
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (k == 1) EXPECT_TRUE(st->applied);
+      }
+    const auto dev = ReadAll(**e);
+    ASSERT_EQ(dev.size(), cpu.size());
+    // Two steps, within 1e-6 (a step moves an element by up to lr = 1e-2);
+    // the clip coefficient differs between them, so a wrong multiplier shows.
+    for (size_t i = 0; i < dev.size(); ++i)
+      for (size_t j = 0; j < dev[i].size(); ++j)
+        ASSERT_NEAR(dev[i][j], cpu[i][j], 1e-6) << "parameter " << i << " element " << j;
+    // Trained: the parameters moved from their initial values.
+    auto fresh = CreateEngine(c);
+    ASSERT_TRUE(fresh.ok());
+    Register(**fresh, 9);
+    EXPECT_FALSE(BitwiseEqual(ReadAll(**fresh), dev));
+  }
+  // An fp16 overflow skips the step on the device path too.
+  Config c = BaseConfig(OffloadDevice::kNone, OffloadDevice::kNone, dir.str());
+  c.fp16.enabled = true;
+  EngineTestHooks hooks;
+  hooks.device_optimizer = true;
+  auto e = CreateEngine(c, hooks);
+  ASSERT_TRUE(e.ok());
+  Register(**e, 3);
+  const auto before = ReadAll(**e);
+  MicroBatch(**e, 0, Forward(), 1.f, /*poison_module=*/2);
+  auto st = (*e)->Step();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_TRUE(st->overflow);
+  EXPECT_FALSE(st->applied);
+  EXPECT_TRUE(BitwiseEqual(ReadAll(**e), before));
+  // And the next, clean, step applies.
+  MicroBatch(**e, 1, Forward());
+  st = (*e)->Step();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_TRUE(st->applied);
+}
+
+// The device optimizer needs the parameters in HBM and Adam/AdamW.
+TEST(EngineTest, DeviceOptimizerRefusesWhatItCannotRun) {
+  testing::ScratchDir dir;
+  EngineTestHooks hooks;
+  hooks.device_optimizer = true;
+  Config c = BaseConfig(OffloadDevice::kNone, OffloadDevice::kCpu, dir.str());
+  auto e = CreateEngine(c, hooks);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kNotSupported);
+  EXPECT_THAT(std::string(e.status().message()), ::testing::HasSubstr("offload_param.device"));
+  c = BaseConfig(OffloadDevice::kNone, OffloadDevice::kNone, dir.str());
+  c.optimizer.type = OptimizerType::kLion;
+  e = CreateEngine(c, hooks);
+  ASSERT_FALSE(e.ok());
+  EXPECT_THAT(std::string(e.status().message()), ::testing::HasSubstr("optimizer.type: Lion"));
+}
+
+}  // namespace
+}  // namespace strata

@@ -281,6 +281,20 @@ TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
   EXPECT_THAT(Find(nv, "pinned")->detail, HasSubstr("updated parameters 8.00 KiB"));
 }
 
+// offload_optimizer none on a GPU: the gradient accumulator moves from DRAM
+// to HBM.
+TEST(PlanTest, DeviceOptimizerKeepsTheAccumulatorInHbm) {
+  const LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kNone, OffloadDevice::kNone);
+  const TierPlan host = ComputeTierPlan(pl, s, {});
+  pl.device_optimizer = true;
+  const TierPlan dev = ComputeTierPlan(pl, s, {});
+  EXPECT_EQ(Needed(dev, "hbm"), Needed(host, "hbm") + 4 * 1001);
+  EXPECT_EQ(Needed(dev, "dram"), Needed(host, "dram") - 4 * 1001);
+  EXPECT_THAT(Find(dev, "hbm")->detail, HasSubstr("gradient accumulator"));
+  EXPECT_THAT(Find(dev, "dram")->detail, Not(HasSubstr("gradient accumulator")));
+}
+
 TEST(PlanTest, DelayedParamUpdateAddsTheSecondAccumulator) {
   const LayoutSizes s = TinySizes();
   Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);

@@ -1,0 +1,76 @@
+#include "src/scheduler/device_step.h"
+
+#include <vector>
+
+#include "src/common/status_util.h"
+
+namespace strata::scheduler {
+
+namespace {
+constexpr size_t kSumOffset = 8;  // the double after the int32 flag
+}  // namespace
+
+Status DeviceOptimizer::Init() {
+  const int64_t n = layout_->total_elems();
+  ASSIGN_OR_RETURN(acc_, dev_->Allocate(static_cast<size_t>(kGradAccBytesPerElem * n)));
+  ASSIGN_OR_RETURN(flags_, dev_->Allocate(kSumOffset + sizeof(double)));
+  RETURN_IF_ERROR(Zero());
+  return dev_->compute().Synchronize();
+}
+
+Status DeviceOptimizer::Accumulate(int m, const void* device_grad) {
+  const ModuleExtent& me = layout_->module(m);
+  const auto* base = static_cast<const uint8_t*>(device_grad);
+  for (int id : me.params) {
+    const ParamRec& p = layout_->param(id);
+    RETURN_IF_ERROR(dev_->AddToFp32(acc_.as<float>() + p.elem_off, base + (p.byte_off - me.byte_begin),
+                                    p.dtype, static_cast<size_t>(p.numel), dev_->compute()));
+  }
+  return Status();
+}
+
+Status DeviceOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
+  const auto n = static_cast<size_t>(layout_->total_elems());
+  int32_t* found = flags_.as<int32_t>();
+  double* sum = reinterpret_cast<double*>(flags_.as<uint8_t>() + kSumOffset);
+  gpu::Stream& s = dev_->compute();
+  RETURN_IF_ERROR(dev_->FillInt32(found, 1, 0, s));
+  RETURN_IF_ERROR(dev_->FillDouble(sum, 1, 0.0, s));
+  // x * 1 is x: the pass only flags inf/nan.
+  RETURN_IF_ERROR(dev_->UnscaleAndCheck(acc_.data(), DType::kFp32, n, 1.0f, found, s));
+  RETURN_IF_ERROR(dev_->SumSquares(acc_.data(), DType::kFp32, n, sum, s));
+  int32_t host_found = 0;
+  double host_sum = 0;
+  RETURN_IF_ERROR(dev_->CopyD2H(&host_found, found, sizeof(host_found), s));
+  RETURN_IF_ERROR(dev_->CopyD2H(&host_sum, sum, sizeof(host_sum), s));
+  RETURN_IF_ERROR(s.Synchronize());
+  *overflow = host_found != 0;
+  *sumsq = host_sum;
+  return Status();
+}
+
+Status DeviceOptimizer::Step(const gpu::AdamHyperParams& hp) {
+  std::vector<gpu::AdamShard> shards;
+  uint8_t* params = store_->device_params();
+  for (const ParamRec& p : layout_->params()) {
+    gpu::AdamShard sh;
+    sh.param = store_->master() + p.elem_off;
+    sh.grad = acc_.as<float>() + p.elem_off;
+    sh.grad_dtype = DType::kFp32;
+    sh.exp_avg = store_->exp_avg() + p.elem_off;
+    sh.exp_avg_sq = store_->exp_avg_sq() + p.elem_off;
+    sh.copy_out = params + p.byte_off;
+    sh.copy_dtype = p.dtype;
+    sh.count = static_cast<size_t>(p.numel);
+    shards.push_back(sh);
+  }
+  RETURN_IF_ERROR(dev_->AdamStep(shards, hp, nullptr, dev_->compute()));
+  return Zero();
+}
+
+Status DeviceOptimizer::Zero() {
+  return dev_->Fill(acc_.data(), DType::kFp32, static_cast<size_t>(layout_->total_elems()), 0.f,
+                    dev_->compute());
+}
+
+}  // namespace strata::scheduler
