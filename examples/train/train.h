@@ -34,6 +34,24 @@ struct TrainResult {
   int64_t skipped_steps = 0;  // fp16 overflow
   double total_time_s = 0;     // wall time of the training loop
   std::string trace_path;      // written timeline, if any
+  // Checkpoints (TrainCheckpoints): the step the run resumed from (0: from
+  // the start; `losses` then also holds the steps before it, from the
+  // checkpoint), the checkpoint loaded, and each save's time and bytes.
+  int64_t resumed_from_step = 0;
+  std::string resumed_from;
+  double checkpoint_load_s = 0;
+  std::vector<double> checkpoint_save_s;
+  int64_t checkpoint_bytes = 0;  // data bytes of one checkpoint
+  std::string checkpoint_dir;
+};
+
+// Checkpoints of a training run (Engine::SaveCheckpoint / LoadCheckpoint).
+// The data position saved is the number of optimizer steps done (micro-batch
+// i of the data is the same in every run); the note holds the losses so far.
+struct TrainCheckpoints {
+  std::string dir;     // empty: none
+  int64_t every = 0;   // save after every N optimizer steps (and after the last); 0: last only
+  bool resume = false;  // first load the newest checkpoint in dir (none there: start at step 0)
 };
 
 // Called after every optimizer step (index from 0) with its loss and stats.
@@ -47,7 +65,10 @@ Status PrepareNvmePaths(const Config& config);
 // Trains `steps` optimizer steps (gradient_accumulation_steps micro-batches
 // each). Fails before the first step when the engine, the plan or the
 // activations cannot be set up.
-StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr);
+// With `checkpoints.resume`, `steps` is the total: a run resumed at step k
+// trains steps k+1..steps.
+StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr,
+                            const TrainCheckpoints& checkpoints = {});
 
 // Medians and summary figures of a result.
 double MedianStepTime(const TrainResult& r);
@@ -76,6 +97,9 @@ struct TrainCommandOptions {
   std::string plot_dir;
   std::string nvme_path;  // overrides both offload sections' nvme_path when set
   std::string device;     // overrides strata.device when set: auto, cuda, host
+  std::string checkpoint_dir;    // --checkpoint-dir
+  int64_t checkpoint_every = 0;  // --checkpoint-every
+  bool resume = false;           // --resume
 };
 // The whole command: returns the exit code (0 ok, 2 bad input, 1 failure).
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
