@@ -42,7 +42,8 @@ class File {
     if (fd < 0) return ErrnoError(fmt::format("open {}", path), errno);
     return File(fd, path);
   }
-  File(File&& o) noexcept : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), off_(o.off_) {}
+  File(File&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), off_(o.off_) {}
   File& operator=(File&&) = delete;
   ~File() {
     if (fd_ >= 0) ::close(fd_);
@@ -74,9 +75,10 @@ class File {
         return ErrnoError(fmt::format("read {} at offset {}", path_, off_), errno);
       }
       if (r == 0)
-        return DataLossError(fmt::format("checkpoint file {}: ends at offset {}, {} more bytes "
-                                         "expected (truncated)",
-                                         path_, off_, n));
+        return DataLossError(
+            fmt::format("checkpoint file {}: ends at offset {}, {} more bytes "
+                        "expected (truncated)",
+                        path_, off_, n));
       p += r;
       n -= static_cast<size_t>(r);
       off_ += r;
@@ -167,8 +169,8 @@ std::string ValueText(const Json& v) { return v.is_string() ? v.get<std::string>
 // The first difference between the identity in the checkpoint and now, or "".
 std::string ConfigDifference(const Json& then, const Json& now) {
   for (const auto& [key, value] : now.items()) {
-    if (!then.contains(key)) return fmt::format("{}: absent in the checkpoint, {} now", key,
-                                                ValueText(value));
+    if (!then.contains(key))
+      return fmt::format("{}: absent in the checkpoint, {} now", key, ValueText(value));
     if (then[key] != value)
       return fmt::format("{}: {} in the checkpoint, {} now", key, ValueText(then[key]),
                          ValueText(value));
@@ -267,14 +269,16 @@ void RemoveOld(const std::string& root, int64_t newest) {
 Status VerifyFile(const std::string& path, int64_t bytes, uint32_t crc, AlignedBuffer& buf) {
   StatusOr<File> f = File::Open(path, O_RDONLY);
   if (!f.ok())
-    return DataLossError(fmt::format("checkpoint file {} listed in the manifest cannot be opened: "
-                                     "{}",
-                                     path, f.status().ToString()));
+    return DataLossError(
+        fmt::format("checkpoint file {} listed in the manifest cannot be opened: "
+                    "{}",
+                    path, f.status().ToString()));
   ASSIGN_OR_RETURN(int64_t size, f->Size());
   if (size != bytes)
-    return DataLossError(fmt::format("checkpoint file {}: {} bytes, the manifest says {} "
-                                     "(truncated or replaced)",
-                                     path, size, bytes));
+    return DataLossError(
+        fmt::format("checkpoint file {}: {} bytes, the manifest says {} "
+                    "(truncated or replaced)",
+                    path, size, bytes));
   uint32_t c = 0;
   for (int64_t done = 0; done < bytes;) {
     const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - done, kVerifyChunk));
@@ -283,9 +287,10 @@ Status VerifyFile(const std::string& path, int64_t bytes, uint32_t crc, AlignedB
     done += static_cast<int64_t>(n);
   }
   if (c != crc)
-    return DataLossError(fmt::format("checkpoint file {}: crc32c {} does not match the manifest's "
-                                     "{} (corrupt)",
-                                     path, Hex32(c), Hex32(crc)));
+    return DataLossError(
+        fmt::format("checkpoint file {}: crc32c {} does not match the manifest's "
+                    "{} (corrupt)",
+                    path, Hex32(c), Hex32(crc)));
   return Status();
 }
 
@@ -337,8 +342,8 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   const bool existed = fs::exists(root, ec);
   fs::create_directories(root, ec);
   if (ec)
-    return IOError(fmt::format("checkpoint directory {}: cannot create it: {}", root,
-                               ec.message()));
+    return IOError(
+        fmt::format("checkpoint directory {}: cannot create it: {}", root, ec.message()));
   if (!existed) {
     const fs::path parent = fs::absolute(root, ec).parent_path();
     RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
@@ -377,11 +382,11 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
                                RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
                                return layout.module(static_cast<int>(m)).bytes();
                              }));
-  RETURN_IF_ERROR(write_file(kStatesFile, layout.num_groups(),
-                             [&](size_t g, void* b) -> StatusOr<int64_t> {
-                               RETURN_IF_ERROR(store->ReadGroupStates(g, b));
-                               return kOptimizerStateBytesPerElem * layout.group(g).elems();
-                             }));
+  RETURN_IF_ERROR(
+      write_file(kStatesFile, layout.num_groups(), [&](size_t g, void* b) -> StatusOr<int64_t> {
+        RETURN_IF_ERROR(store->ReadGroupStates(g, b));
+        return kOptimizerStateBytesPerElem * layout.group(g).elems();
+      }));
   RETURN_IF_ERROR(SyncDir(dir));
   MaybeCrash("data");
 
@@ -407,8 +412,8 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   try {
     text = m.dump(1) + "\n";
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(fmt::format("SaveCheckpoint: the note is not valid UTF-8 ({})",
-                                            e.what()));
+    return InvalidArgumentError(
+        fmt::format("SaveCheckpoint: the note is not valid UTF-8 ({})", e.what()));
   }
   const std::string final_path = dir + "/" + kCheckpointManifest;
   const std::string tmp = final_path + ".tmp";
@@ -488,8 +493,8 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
       if (name == kStatesFile) states_file = e, have_states = true;
     }
     if (!have_params || !have_states)
-      return DataLossError(fmt::format("{}: lists no {} or no {}", manifest_path, kParamsFile,
-                                       kStatesFile));
+      return DataLossError(
+          fmt::format("{}: lists no {} or no {}", manifest_path, kParamsFile, kStatesFile));
   } catch (const std::exception& e) {
     return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
   }
@@ -520,9 +525,10 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
       RETURN_IF_ERROR(put(i, buf.data()));
     }
     if (crc != want)
-      return DataLossError(fmt::format("checkpoint file {}: changed while loading (crc32c {}, "
-                                       "the manifest's {})",
-                                       path, Hex32(crc), Hex32(want)));
+      return DataLossError(
+          fmt::format("checkpoint file {}: changed while loading (crc32c {}, "
+                      "the manifest's {})",
+                      path, Hex32(crc), Hex32(want)));
     return Status();
   };
   Status s = restore(
@@ -535,9 +541,10 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
         [&](size_t g) { return kOptimizerStateBytesPerElem * layout.group(g).elems(); },
         [&](size_t g, const void* b) { return store->WriteGroupStates(g, b); });
   if (!s.ok())
-    return DataLossError(fmt::format("restoring checkpoint {}: {}; the engine's states are partly "
-                                     "restored: load again or recreate the engine",
-                                     dir, s.ToString()));
+    return DataLossError(
+        fmt::format("restoring checkpoint {}: {}; the engine's states are partly "
+                    "restored: load again or recreate the engine",
+                    dir, s.ToString()));
   meta.bytes = params_file.bytes + states_file.bytes;
   return meta;
 }

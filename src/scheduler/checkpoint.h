@@ -66,7 +66,7 @@ struct CheckpointMeta {
   LossScaler::State scaler;
   int64_t data_position = 0;
   std::string note;
-  std::string path;  // the checkpoint's directory (set by Write/Read)
+  std::string path;   // the checkpoint's directory (set by Write/Read)
   int64_t bytes = 0;  // data bytes written or read
 };
 

@@ -331,7 +331,8 @@ Status StateStore::ReadGroupStates(size_t g, void* buf) {
     case OffloadDevice::kNone: {
       const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
-        RETURN_IF_ERROR(dev_->CopyD2H(out + a * bytes, arrays[a] + sg.elem_begin, bytes, dev_->d2h()));
+        RETURN_IF_ERROR(
+            dev_->CopyD2H(out + a * bytes, arrays[a] + sg.elem_begin, bytes, dev_->d2h()));
       return dev_->d2h().Synchronize();
     }
     case OffloadDevice::kCpu: {
@@ -355,7 +356,8 @@ Status StateStore::WriteGroupStates(size_t g, const void* buf) {
     case OffloadDevice::kNone: {
       float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
-        RETURN_IF_ERROR(dev_->CopyH2D(arrays[a] + sg.elem_begin, in + a * bytes, bytes, dev_->h2d()));
+        RETURN_IF_ERROR(
+            dev_->CopyH2D(arrays[a] + sg.elem_begin, in + a * bytes, bytes, dev_->h2d()));
       return dev_->h2d().Synchronize();
     }
     case OffloadDevice::kCpu: {

@@ -223,8 +223,8 @@ RunResult Resumed(const Config& save, const Config& load, uint64_t seed, const s
   return r;
 }
 
-class ResumeTest
-    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, bool>> {};
+class ResumeTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, bool>> {
+};
 
 TEST_P(ResumeTest, BitwiseEqualToUninterrupted) {
   testing::ScratchDir dir;

@@ -43,8 +43,10 @@ std::string WriteConfig(const std::string& dir, const std::string& opt, const st
   std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
     "bf16": {"enabled": true}, "optimizer": {"params": {"lr": 3e-3}},
     "zero_optimization": {"stage": 3,
-      "offload_optimizer": {"device": ")" << opt << R"(", "nvme_path": ")" << dir << R"(/nvme"},
-      "offload_param": {"device": ")" << par << R"(", "nvme_path": ")" << dir << R"(/nvme", "buffer_count": 8},
+      "offload_optimizer": {"device": ")"
+                      << opt << R"(", "nvme_path": ")" << dir << R"(/nvme"},
+      "offload_param": {"device": ")"
+                      << par << R"(", "nvme_path": ")" << dir << R"(/nvme", "buffer_count": 8},
       "sub_group_size": 20000, "stage3_max_live_parameters": 30000,
       "stage3_param_persistence_threshold": 1000, "reduce_bucket_size": 1e6},
     "strata": {"device": "host", "hbm_budget": "4M", "threads": 2,
@@ -95,8 +97,9 @@ Exit Wait(pid_t pid) {
 }
 
 std::vector<std::string> TrainArgs(const std::string& cfg, const std::string& ckpt, bool every) {
-  std::vector<std::string> a = {"train", "--config", cfg, "--steps", std::to_string(kSteps),
-                                "--json", "--checkpoint-dir", ckpt, "--resume"};
+  std::vector<std::string> a = {
+      "train",  "--config",         cfg,  "--steps", std::to_string(kSteps),
+      "--json", "--checkpoint-dir", ckpt, "--resume"};
   if (every) a.insert(a.end(), {"--checkpoint-every", "1"});
   return a;
 }
@@ -233,11 +236,11 @@ TEST(CheckpointCli, BadCheckpointOptionsAreOneLineErrors) {
             2);
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("--checkpoint-every: -1"));
   // A checkpoint of another config is refused, naming the difference.
-  ASSERT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "1", "--checkpoint-dir",
-                        dir.str() + "/c"},
-                       dir.str()))
-                .code,
-            0);
+  ASSERT_EQ(
+      Wait(Spawn({"train", "--config", cfg, "--steps", "1", "--checkpoint-dir", dir.str() + "/c"},
+                 dir.str()))
+          .code,
+      0);
   std::string text = ReadFile(cfg);
   text.replace(text.find("3e-3"), 4, "4e-3");
   std::ofstream(cfg) << text;
