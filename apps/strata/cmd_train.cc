@@ -21,6 +21,11 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
                   "Directory for NVMe-offloaded states; overrides the config's nvme_path (created if missing)");
   cmd->add_option("--device", opt->device, "Override strata.device: auto, cuda or host");
   cmd->add_option("--plot", opt->plot_dir, "Write loss and step-time plots (SVG via gnuplot) into this directory");
+  cmd->add_option("--checkpoint-dir", opt->checkpoint_dir,
+                  "Save checkpoints into this directory (after the last step, and every --checkpoint-every steps)");
+  cmd->add_option("--checkpoint-every", opt->checkpoint_every, "Save a checkpoint every N optimizer steps");
+  cmd->add_flag("--resume", opt->resume,
+                "Resume from the newest checkpoint in --checkpoint-dir (if any); --steps is the total");
   cmd->add_flag("--json", opt->json, "Print one JSON object with the summary instead of the table");
   cmd->callback([&r, opt] { r.exit_code = example::RunTrainCommand(*opt, std::cout, std::cerr); });
 });

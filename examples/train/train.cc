@@ -167,14 +167,16 @@ Status PrepareNvmePaths(const Config& c) {
   return Status();
 }
 
-StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress) {
+StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress,
+                            const TrainCheckpoints& checkpoints) {
   TrainResult r;
-  STRATA_RETURN_IF_ERROR(TrainInto(config, steps, &r, progress));
+  STRATA_RETURN_IF_ERROR(TrainInto(config, steps, &r, progress, nullptr, checkpoints));
   return r;
 }
 
 Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
-                 const ProgressFn& progress, const std::atomic<int>* stop) {
+                 const ProgressFn& progress, const std::atomic<int>* stop,
+                 const TrainCheckpoints& ckpt) {
   if (steps < 1) return InvalidArgumentError("steps: " + std::to_string(steps) + " must be >= 1");
   STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
   const DType dtype = ParamDTypeFromConfig(config);
@@ -197,9 +199,38 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
 
   TextData data(seed);
   std::vector<int32_t> inputs, targets;
-  int64_t micro = 0;
+  int64_t first = 0;
+  r.checkpoint_dir = ckpt.dir;
+  if (ckpt.resume && !ckpt.dir.empty()) {
+    CheckpointInfo info;
+    const double l0 = Seconds();
+    Status ls = engine->LoadCheckpoint(ckpt.dir, &info);
+    if (ls.ok()) {
+      r.checkpoint_load_s = Seconds() - l0;
+      first = info.data_position;
+      r.resumed_from_step = first;
+      r.resumed_from = info.path;
+      const json note = json::parse(info.note, nullptr, false);
+      if (!note.is_object() || !note.contains("losses") ||
+          static_cast<int64_t>(note["losses"].size()) != first)
+        return DataLossError("checkpoint " + info.path + ": its note is not this program's");
+      r.losses = note["losses"].get<std::vector<double>>();
+    } else if (ls.code() != StatusCode::kNotFound) {
+      return ls;
+    }
+  }
+  auto save = [&](int64_t done) -> Status {
+    CheckpointInfo info;
+    info.data_position = done;
+    info.note = json({{"losses", r.losses}}).dump();
+    const double s0 = Seconds();
+    STRATA_RETURN_IF_ERROR(engine->SaveCheckpoint(ckpt.dir, info));
+    r.checkpoint_save_s.push_back(Seconds() - s0);
+    return Status();
+  };
+  int64_t micro = first * config.gradient_accumulation_steps;
   const double t0 = Seconds();
-  for (int64_t s = 0; s < steps; ++s) {
+  for (int64_t s = first; s < steps; ++s) {
     double loss_sum = 0;
     StepStats last;
     StepStats sum;  // this window's traffic and busy times, over its Step() calls
@@ -264,6 +295,9 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
     r.losses.push_back(loss_sum / static_cast<double>(config.gradient_accumulation_steps));
     r.steps.push_back(window);
     if (progress) progress(s, steps, r.losses.back(), window, r);
+    if (!ckpt.dir.empty() && (s + 1 == steps || (ckpt.every > 0 && (s + 1) % ckpt.every == 0))) {
+      STRATA_RETURN_IF_ERROR(save(s + 1).WithContext("step " + std::to_string(s + 1)));
+    }
   }
   // The last optimizer step may still be running (strata.overlap_optimizer,
   // DPU): finish it, so that its error, if any, is reported here.
@@ -364,6 +398,15 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
                        {"detail", b.detail}});
   j["budgets"] = budgets;
   if (!r.trace_path.empty()) j["trace_path"] = r.trace_path;
+  if (!r.checkpoint_dir.empty()) {
+    j["resumed_from_step"] = r.resumed_from_step;
+    j["checkpoint"] = {{"dir", r.checkpoint_dir},
+                       {"resumed_from", r.resumed_from},
+                       {"load_s", r.checkpoint_load_s},
+                       {"saves", r.checkpoint_save_s.size()},
+                       {"save_s_median", Median(r.checkpoint_save_s)},
+                       {"save_s", r.checkpoint_save_s}};
+  }
   return j.dump();
 }
 
@@ -431,6 +474,18 @@ std::string ResultTable(const TrainResult& r) {
       o << buf;
     }
   if (!r.trace_path.empty()) o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
+  if (!r.checkpoint_dir.empty()) {
+    std::snprintf(buf, sizeof(buf), "  checkpoints       %zu saved in %s, %.3f s median",
+                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(), Median(r.checkpoint_save_s));
+    o << buf;
+    if (!r.resumed_from.empty()) {
+      std::snprintf(buf, sizeof(buf), "; resumed from step %lld (%s, loaded in %.3f s)",
+                    static_cast<long long>(r.resumed_from_step), r.resumed_from.c_str(),
+                    r.checkpoint_load_s);
+      o << buf;
+    }
+    o << "\n";
+  }
   return o.str();
 }
 
@@ -532,12 +587,21 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
                   Human(static_cast<double>(st.pcie_d2h_bytes)).c_str(), st.overflow ? "  (overflow: skipped)" : "");
     prog << buf << std::endl;
   };
+  if (opt.checkpoint_every < 0)
+    return fail(2, InvalidArgumentError("--checkpoint-every: " + std::to_string(opt.checkpoint_every) +
+                                        " must be >= 0"));
+  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0))
+    return fail(2, InvalidArgumentError("--resume and --checkpoint-every need --checkpoint-dir"));
+  TrainCheckpoints ckpt;
+  ckpt.dir = opt.checkpoint_dir;
+  ckpt.every = opt.checkpoint_every;
+  ckpt.resume = opt.resume;
   TrainResult result;
   Status status;
   int signal = 0;
   {
     StopSignals signals(opt.stop_grace_s);
-    status = TrainInto(config, steps, &result, progress, signals.flag());
+    status = TrainInto(config, steps, &result, progress, signals.flag(), ckpt);
     signal = signals.signal();
   }
   // The Engine is gone (its swap files removed): report.

@@ -35,6 +35,24 @@ struct TrainResult {
   int64_t skipped_steps = 0;  // fp16 overflow
   double total_time_s = 0;     // wall time of the training loop
   std::string trace_path;      // written timeline, if any
+  // Checkpoints (TrainCheckpoints): the step the run resumed from (0: from
+  // the start; `losses` then also holds the steps before it, from the
+  // checkpoint), the checkpoint loaded, and each save's time and bytes.
+  int64_t resumed_from_step = 0;
+  std::string resumed_from;
+  double checkpoint_load_s = 0;
+  std::vector<double> checkpoint_save_s;
+  int64_t checkpoint_bytes = 0;  // data bytes of one checkpoint
+  std::string checkpoint_dir;
+};
+
+// Checkpoints of a training run (Engine::SaveCheckpoint / LoadCheckpoint).
+// The data position saved is the number of optimizer steps done (micro-batch
+// i of the data is the same in every run); the note holds the losses so far.
+struct TrainCheckpoints {
+  std::string dir;     // empty: none
+  int64_t every = 0;   // save after every N optimizer steps (and after the last); 0: last only
+  bool resume = false;  // first load the newest checkpoint in dir (none there: start at step 0)
 };
 
 // Called after every optimizer step (index from 0) with its loss and stats.
@@ -48,7 +66,10 @@ Status PrepareNvmePaths(const Config& config);
 // Trains `steps` optimizer steps (gradient_accumulation_steps micro-batches
 // each). Fails before the first step when the engine, the plan or the
 // activations cannot be set up.
-StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr);
+// With `checkpoints.resume`, `steps` is the total: a run resumed at step k
+// trains steps k+1..steps.
+StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr,
+                            const TrainCheckpoints& checkpoints = {});
 
 // Train, filling `*result` as it goes: on an error it holds the steps that
 // completed (their losses and stats). `stop` (optional) is polled before
@@ -57,7 +78,8 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
 // naming the signal and the steps completed. The Engine is destroyed before
 // this returns, which removes its swap files.
 Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
-                 const ProgressFn& progress = nullptr, const std::atomic<int>* stop = nullptr);
+                 const ProgressFn& progress = nullptr, const std::atomic<int>* stop = nullptr,
+                 const TrainCheckpoints& checkpoints = {});
 
 // Medians and summary figures of a result.
 double MedianStepTime(const TrainResult& r);
@@ -91,6 +113,9 @@ struct TrainCommandOptions {
   // After SIGINT/SIGTERM, how long the run may take to stop at the next
   // micro-batch before the process exits anyway (a wait that blocks).
   double stop_grace_s = 30;
+  std::string checkpoint_dir;    // --checkpoint-dir
+  int64_t checkpoint_every = 0;  // --checkpoint-every
+  bool resume = false;           // --resume
 };
 // The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
 // 130/143 after SIGINT/SIGTERM). While it runs, SIGINT and SIGTERM stop the

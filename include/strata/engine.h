@@ -122,6 +122,20 @@ struct TierBudget {
   std::string detail;           // what the needed bytes are made of
 };
 
+// The caller's side of a checkpoint: where its data stream is, so that a
+// resumed run continues with the next batch. Stored verbatim.
+struct CheckpointInfo {
+  // The caller's position, e.g. micro-batches (or samples) consumed so far.
+  int64_t data_position = 0;
+  // Anything else the caller needs to resume (a data loader's state, ...):
+  // UTF-8 text, e.g. JSON.
+  std::string note;
+  // Set by LoadCheckpoint (ignored by SaveCheckpoint): optimizer steps applied
+  // when the checkpoint was saved, and the checkpoint's directory.
+  int64_t optimizer_step = 0;
+  std::string path;
+};
+
 class Engine {
  public:
   // Creates the device (strata.device), the CPU optimizer, and for NVMe
@@ -174,6 +188,37 @@ class Engine {
   // the current ones) and returns its error, if any. For checkpoints and
   // evaluation; ReadParameter does this itself.
   virtual Status Synchronize() = 0;
+
+  // Checkpoints (docs/design.md, "Checkpoints"). Call SaveCheckpoint after
+  // the Step() that ends an accumulation window (FailedPrecondition in the
+  // middle of one: accumulated gradients are not saved) and before the next
+  // BeforeForward; it finishes the optimizer step in flight first (as
+  // Synchronize()). It writes the current parameters, the fp32 masters and
+  // moments, the optimizer step count, the loss scaler's state, the config's
+  // and the layout's identity and `info` into a new directory under `dir`
+  // (created if missing), copying NVMe-resident states out of the swap store;
+  // the checkpoint becomes valid only when its manifest (with a CRC-32C per
+  // file) has been fsync'd and renamed into place, so a crash at any point
+  // leaves the previous checkpoint loadable. The two newest checkpoints are
+  // kept. Cost: reading every state once from where it lives and writing
+  // about 12 + 2 bytes per parameter (bf16/fp16; 16 for fp32), then fsync.
+  // With strata.delayed_param_update the step in flight becomes current at
+  // the save (as at Synchronize()), so the run continues as after an ordinary
+  // step.
+  virtual Status SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) = 0;
+  // Restores the newest checkpoint under `dir` (or `dir` itself when it is a
+  // checkpoint's directory): after RegisterParameter of every parameter (it
+  // calls Plan() if needed), before or between windows. The config's
+  // arithmetic fields and the layout must equal the saved ones, else
+  // FailedPrecondition naming the first difference ("optimizer.lr: 0.001 in
+  // the checkpoint, 0.002 now", "parameter block3.w1: numel 1024 in the
+  // checkpoint, 2048 now"); the placement may differ. A missing, truncated or
+  // corrupt file is DataLoss naming it and the checksums. Every file is
+  // verified before anything is restored, so a refused checkpoint leaves the
+  // engine as it was. `info` (may be null) receives what was saved. Training
+  // then continues bitwise as the run that saved it. Cost: every file is read
+  // twice (verify, restore) and the states are written to where they live.
+  virtual Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) = 0;
 
   // Multiply the loss by this before backward (1 unless fp16 is enabled).
   virtual double loss_scale() const = 0;

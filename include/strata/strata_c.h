@@ -112,6 +112,18 @@ int strata_zero_grad(strata_engine* engine);
    its error, if any. */
 int strata_synchronize(strata_engine* engine);
 
+/* Checkpoints (Engine::SaveCheckpoint / LoadCheckpoint in strata/engine.h):
+ * save after the strata_step that ends an accumulation window; `data_position`
+ * and `note` (UTF-8 text, may be NULL) are the caller's and come back from
+ * strata_load_checkpoint. Load: *note_needed is the note's size including the
+ * NUL; it is copied into note_buf when it fits in note_capacity bytes (else
+ * truncated, still NUL-terminated). Out-parameters may be NULL. */
+int strata_save_checkpoint(strata_engine* engine, const char* dir, int64_t data_position,
+                           const char* note);
+int strata_load_checkpoint(strata_engine* engine, const char* dir, int64_t* data_position,
+                           int64_t* optimizer_step, char* note_buf, size_t note_capacity,
+                           size_t* note_needed);
+
 double strata_loss_scale(const strata_engine* engine);
 void* strata_compute_stream(const strata_engine* engine);
 int strata_read_parameter(strata_engine* engine, int id, float* out, int64_t numel);

@@ -1,4 +1,5 @@
 // The C API (include/strata/strata_c.h): a thin wrapper over strata::Engine.
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -225,6 +226,34 @@ int strata_zero_grad(strata_engine* e) {
 int strata_synchronize(strata_engine* e) {
   return Guard("strata_synchronize",
                [&]() -> int { return e ? Check(e->engine->Synchronize()) : NullArg("engine"); });
+}
+
+int strata_save_checkpoint(strata_engine* e, const char* dir, int64_t data_position,
+                           const char* note) {
+  if (e == nullptr) return NullArg("engine");
+  if (dir == nullptr) return NullArg("dir");
+  strata::CheckpointInfo info;
+  info.data_position = data_position;
+  if (note != nullptr) info.note = note;
+  return Check(e->engine->SaveCheckpoint(dir, info));
+}
+
+int strata_load_checkpoint(strata_engine* e, const char* dir, int64_t* data_position,
+                           int64_t* optimizer_step, char* note_buf, size_t note_capacity,
+                           size_t* note_needed) {
+  if (e == nullptr) return NullArg("engine");
+  if (dir == nullptr) return NullArg("dir");
+  strata::CheckpointInfo info;
+  if (int rc = Check(e->engine->LoadCheckpoint(dir, &info)); rc != STRATA_OK) return rc;
+  if (data_position) *data_position = info.data_position;
+  if (optimizer_step) *optimizer_step = info.optimizer_step;
+  if (note_needed) *note_needed = info.note.size() + 1;
+  if (note_buf != nullptr && note_capacity > 0) {
+    const size_t n = std::min(info.note.size(), note_capacity - 1);
+    std::memcpy(note_buf, info.note.data(), n);
+    note_buf[n] = '\0';
+  }
+  return STRATA_OK;
 }
 
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }

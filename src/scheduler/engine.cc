@@ -33,6 +33,7 @@
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/device_step.h"
+#include "src/scheduler/checkpoint.h"
 #include "src/scheduler/grad_offloader.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
@@ -91,6 +92,8 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   StatusOr<StepStats> Step() override;
   Status ZeroGrad() override;
   Status Synchronize() override;
+  Status SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) override;
+  Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) override;
   double loss_scale() const override { return scaler_.scale(); }
   void* ComputeStream() const override { return dev_->compute().native_handle(); }
   StatusOr<void*> AllocateWorkspace(int64_t bytes) override;
@@ -597,6 +600,56 @@ Status EngineImpl::ZeroGrad() {
 Status EngineImpl::Synchronize() {
   if (!planned_) return Status();
   return FinishStep();
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoints (checkpoint.h): between windows, nothing in flight
+// ---------------------------------------------------------------------------
+
+Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) {
+  RETURN_IF_ERROR(Plan());
+  if (micro_batches_ != 0 || grads_since_launch_ || fetcher_->any_grad())
+    return FailedPreconditionError(fmt::format(
+        "SaveCheckpoint: in the middle of an accumulation window ({} of {} micro-batches done, "
+        "gradients not applied); save after the Step() that ends the window",
+        micro_batches_, std::max<int64_t>(1, cfg_.gradient_accumulation_steps)));
+  RETURN_IF_ERROR(FinishStep());
+  RETURN_IF_ERROR(dev_->Synchronize());
+  scheduler::CheckpointMeta meta;
+  meta.optimizer_step = optimizer_steps_;
+  meta.scaler = scaler_.state();
+  meta.data_position = info.data_position;
+  meta.note = info.note;
+  return scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta)
+      .WithContext("SaveCheckpoint " + dir);
+}
+
+Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) {
+  RETURN_IF_ERROR(Plan());
+  if (fetcher_->any_grad())
+    return FailedPreconditionError(
+        "LoadCheckpoint: a module's gradients were not handed over with AfterBackward");
+  // A step in flight ends first; its outcome no longer matters.
+  Status fs = FinishStep();
+  if (!fs.ok()) STRATA_LOG_WARN("LoadCheckpoint: the step in flight failed: {}", fs.ToString());
+  read_ahead_.WaitAll();  // reads of states about to be replaced: dropped
+  read_ahead_ = StateReadAhead();
+  RETURN_IF_ERROR(dev_->Synchronize());
+  StatusOr<scheduler::CheckpointMeta> meta =
+      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get());
+  // Device copies of parameters are stale once anything was restored.
+  RETURN_IF_ERROR(fetcher_->InvalidateAll());
+  if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);
+  optimizer_steps_ = meta->optimizer_step;
+  scaler_.Restore(meta->scaler);
+  ClearGradients();
+  if (info != nullptr) {
+    info->data_position = meta->data_position;
+    info->note = meta->note;
+    info->optimizer_step = meta->optimizer_step;
+    info->path = meta->path;
+  }
+  return Status();
 }
 
 StatusOr<StepStats> EngineImpl::Step() {

@@ -24,6 +24,13 @@ LossScaler LossScaler::FromConfig(const Fp16Config& fp16) {
 
 LossScaler LossScaler::Disabled() { return LossScaler(); }
 
+void LossScaler::Restore(const State& s) {
+  scale_ = s.scale;
+  hysteresis_left_ = s.hysteresis_left;
+  iter_ = s.iteration;
+  last_overflow_iter_ = s.last_overflow_iteration;
+}
+
 bool LossScaler::Update(bool overflow) {
   if (!dynamic_) {
     ++iter_;

@@ -33,6 +33,18 @@ class LossScaler {
   int64_t iteration() const { return iter_; }
   int hysteresis_left() const { return hysteresis_left_; }
 
+  // What changes as steps go (for checkpoints); the rest comes from the
+  // config. Restore(state()) gives a scaler that behaves identically.
+  struct State {
+    double scale = 1.0;
+    int hysteresis_left = 1;
+    int64_t iteration = 0;
+    int64_t last_overflow_iteration = -1;
+    bool operator==(const State&) const = default;
+  };
+  State state() const { return {scale_, hysteresis_left_, iter_, last_overflow_iter_}; }
+  void Restore(const State& s);
+
  private:
   double scale_ = 1.0;
   bool dynamic_ = false;

@@ -19,6 +19,8 @@
 //   loss_scaler.h     LossScaler: fp16 dynamic loss scaling
 //   fetch_trace.h     FetchTrace: the recorded module order for prefetch
 //   timeline.h        Timeline: the Chrome-trace/Perfetto timeline
+//   checkpoint.h      WriteCheckpoint / ReadCheckpoint: crash-consistent
+//                     checkpoints through the StateStore's accessors
 //   engine.cc         EngineImpl: API checks and the wiring; a training step
 //
 // Locking: shared fields carry Clang thread-safety annotations

@@ -337,6 +337,103 @@ Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
   return Status();
 }
 
+Status StateStore::ReadGroupStates(size_t g, void* buf) {
+  const SubGroup& sg = layout_->group(g);
+  const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
+  auto* out = static_cast<uint8_t*>(buf);
+  switch (placement_.optimizer) {
+    case OffloadDevice::kNone: {
+      const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
+      for (int a = 0; a < kOptimizerStateArrays; ++a)
+        RETURN_IF_ERROR(
+            dev_->CopyD2H(out + a * bytes, arrays[a] + sg.elem_begin, bytes, dev_->d2h()));
+      return dev_->d2h().Synchronize();
+    }
+    case OffloadDevice::kCpu: {
+      const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
+      for (int a = 0; a < kOptimizerStateArrays; ++a)
+        std::memcpy(out + a * bytes, arrays[a] + sg.elem_begin, bytes);
+      return Status();
+    }
+    case OffloadDevice::kNvme:
+      return ReadStates(g, buf).Wait().WithContext(
+          fmt::format("reading the optimizer states of sub-group {} for a checkpoint", g));
+  }
+  return Status();
+}
+
+Status StateStore::WriteGroupStates(size_t g, const void* buf) {
+  const SubGroup& sg = layout_->group(g);
+  const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
+  const auto* in = static_cast<const uint8_t*>(buf);
+  switch (placement_.optimizer) {
+    case OffloadDevice::kNone: {
+      float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
+      for (int a = 0; a < kOptimizerStateArrays; ++a)
+        RETURN_IF_ERROR(
+            dev_->CopyH2D(arrays[a] + sg.elem_begin, in + a * bytes, bytes, dev_->h2d()));
+      return dev_->h2d().Synchronize();
+    }
+    case OffloadDevice::kCpu: {
+      float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
+      for (int a = 0; a < kOptimizerStateArrays; ++a)
+        std::memcpy(arrays[a] + sg.elem_begin, in + a * bytes, bytes);
+      return Status();
+    }
+    case OffloadDevice::kNvme:
+      return swap_->Write(StateShard(g, state_version_[g]), 0, buf,
+                          static_cast<size_t>(sg.state_io_bytes()))
+          .Wait()
+          .WithContext(fmt::format("restoring the optimizer states of sub-group {}", g));
+  }
+  return Status();
+}
+
+Status StateStore::ReadModuleParams(int m, void* buf) {
+  const ModuleExtent& me = layout_->module(m);
+  if (me.bytes() == 0) return Status();
+  switch (placement_.params) {
+    case OffloadDevice::kNone:
+      // The device block is current once its last upload has landed.
+      RETURN_IF_ERROR(params_uploaded_->Synchronize());
+      RETURN_IF_ERROR(dev_->CopyD2H(buf, device_params() + me.byte_begin,
+                                    static_cast<size_t>(me.bytes()), dev_->d2h()));
+      return dev_->d2h().Synchronize();
+    case OffloadDevice::kCpu:
+      std::memcpy(buf, host_params_.as<uint8_t>() + me.byte_begin, static_cast<size_t>(me.bytes()));
+      return Status();
+    case OffloadDevice::kNvme:
+      return ReadModule(m, buf).Wait().WithContext(
+          fmt::format("reading the parameters of module {} for a checkpoint", m));
+  }
+  return Status();
+}
+
+Status StateStore::WriteModuleParams(int m, const void* buf) {
+  const ModuleExtent& me = layout_->module(m);
+  if (me.bytes() == 0) return Status();
+  const size_t bytes = static_cast<size_t>(me.bytes());
+  std::memcpy(next_params() + me.byte_begin, buf, bytes);
+  switch (placement_.params) {
+    case OffloadDevice::kNone:
+      RETURN_IF_ERROR(params_uploaded_->Synchronize());
+      RETURN_IF_ERROR(dev_->CopyH2D(device_params() + me.byte_begin, buf, bytes, dev_->h2d()));
+      RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
+      RETURN_IF_ERROR(dev_->h2d().Synchronize());
+      if (mirror_params_) std::memcpy(host_params_.as<uint8_t>() + me.byte_begin, buf, bytes);
+      return Status();
+    case OffloadDevice::kCpu:
+      std::memcpy(host_params_.as<uint8_t>() + me.byte_begin, buf, bytes);
+      return Status();
+    case OffloadDevice::kNvme:
+      return swap_->Write(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0,
+                          next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())))
+          .Wait()
+          .WithContext(fmt::format("restoring the parameters of module {}", m));
+  }
+  return Status();
+}
+
 Status StateStore::Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded) {
   if (placement_.optimizer == OffloadDevice::kNvme && outcome.states_written)
     for (int& v : state_version_) v = 1 - v;

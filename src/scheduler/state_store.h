@@ -149,6 +149,21 @@ class StateStore {
   // mirror. Errors are logged (the step's error is the one returned).
   void Rollback(const std::vector<uint8_t>& uploaded, int64_t step);
 
+  // ---- Checkpoints (main thread; no step in flight, the device idle) ----
+  // Sub-group g's current states as master | exp_avg | exp_avg_sq (12 x
+  // elems bytes) into buf (IoBytes of that, kIoAlign-aligned), from wherever
+  // they live (NVMe: the active version), and back. Writing NVMe states
+  // overwrites the active version in place (the swap store is scratch space;
+  // the next step reads it).
+  Status ReadGroupStates(size_t g, void* buf);
+  Status WriteGroupStates(size_t g, const void* buf);
+  // Module m's current parameter bytes (module(m).bytes(), tensors at their
+  // layout offsets) into buf (IoBytes of that, aligned), and back: written to
+  // where fetches read them (device block and mirror, host copy, or the
+  // active NVMe version) and to next_params().
+  Status ReadModuleParams(int m, void* buf);
+  Status WriteModuleParams(int m, const void* buf);
+
   // For tests and ReadParameter: the active versions.
   int state_version(size_t g) const { return state_version_[g]; }
   int module_version(int m) const { return module_version_[static_cast<size_t>(m)]; }

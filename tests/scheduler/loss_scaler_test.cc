@@ -82,5 +82,24 @@ TEST(LossScalerTest, NeverBelowMinimum) {
   EXPECT_EQ(s.scale(), 1);
 }
 
+TEST(LossScalerTest, RestoredStateBehavesIdentically) {
+  // A scaler part-way through hysteresis and a window, restored into a fresh
+  // one from the same config: every later decision and scale is the same.
+  const Fp16Config c = Dynamic(6, 3, 2, 1);
+  LossScaler a = LossScaler::FromConfig(c);
+  const bool pattern[] = {false, true, false, false, true, true, false, false, false, false};
+  for (bool o : pattern) a.Update(o);
+  LossScaler b = LossScaler::FromConfig(c);
+  EXPECT_NE(b.state(), a.state());
+  b.Restore(a.state());
+  EXPECT_EQ(b.state(), a.state());
+  for (int i = 0; i < 40; ++i) {
+    const bool o = i % 7 == 3 || i % 11 == 0;
+    EXPECT_EQ(a.Update(o), b.Update(o));
+    EXPECT_EQ(a.scale(), b.scale()) << i;
+    EXPECT_EQ(a.state(), b.state()) << i;
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,0 +1,552 @@
+#include "src/scheduler/checkpoint.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/crc32c.h"
+#include "src/common/dtype.h"
+#include "src/common/env_param.h"
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+
+namespace strata::scheduler {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::ordered_json;
+
+constexpr char kFormat[] = "strata-checkpoint";
+constexpr char kParamsFile[] = "params.bin";
+constexpr char kStatesFile[] = "states.bin";
+constexpr size_t kVerifyChunk = size_t{8} << 20;
+
+// An open file descriptor, closed on destruction; every error names the path
+// (and the offset for data transfers) and the errno.
+class File {
+ public:
+  static StatusOr<File> Open(const std::string& path, int flags) {
+    const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoError(fmt::format("open {}", path), errno);
+    return File(fd, path);
+  }
+  File(File&& o) noexcept
+      : fd_(std::exchange(o.fd_, -1)), path_(std::move(o.path_)), off_(o.off_) {}
+  File& operator=(File&&) = delete;
+  ~File() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Appends n bytes (at the running offset).
+  Status Append(const void* data, size_t n) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd_, p, std::min(n, size_t{1} << 30), off_);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError(fmt::format("write {} at offset {}", path_, off_), errno);
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+      off_ += w;
+    }
+    return Status();
+  }
+  // Reads exactly n bytes at the running offset; a file that ends first is
+  // DataLoss (truncated).
+  Status ReadNext(void* buf, size_t n) {
+    auto* p = static_cast<uint8_t*>(buf);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd_, p, std::min(n, size_t{1} << 30), off_);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoError(fmt::format("read {} at offset {}", path_, off_), errno);
+      }
+      if (r == 0)
+        return DataLossError(
+            fmt::format("checkpoint file {}: ends at offset {}, {} more bytes "
+                        "expected (truncated)",
+                        path_, off_, n));
+      p += r;
+      n -= static_cast<size_t>(r);
+      off_ += r;
+    }
+    return Status();
+  }
+  StatusOr<int64_t> Size() const {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) return ErrnoError(fmt::format("fstat {}", path_), errno);
+    return static_cast<int64_t>(st.st_size);
+  }
+  Status Sync() {
+    if (::fsync(fd_) != 0) return ErrnoError(fmt::format("fsync {}", path_), errno);
+    return Status();
+  }
+  Status Close() {
+    const int fd = std::exchange(fd_, -1);
+    if (fd >= 0 && ::close(fd) != 0) return ErrnoError(fmt::format("close {}", path_), errno);
+    return Status();
+  }
+
+ private:
+  File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+  int64_t off_ = 0;
+};
+
+Status SyncDir(const std::string& dir) {
+  ASSIGN_OR_RETURN(File d, File::Open(dir, O_RDONLY | O_DIRECTORY));
+  return d.Sync();
+}
+
+// The test knob of the file comment: dies here when asked to.
+void MaybeCrash(const char* point) {
+  if (EnvString("STRATA_CHECKPOINT_CRASH_AT", "") == point) ::raise(SIGKILL);
+}
+
+std::string Hex32(uint32_t v) { return fmt::format("{:08x}", v); }
+
+// ---- Identity: what must match for a checkpoint to load ----------------------
+
+// The config fields that change the arithmetic of a step or the layout.
+// Placement (offload devices, budgets, threads, I/O) is not among them: the
+// same arithmetic runs on every placement (tested bitwise).
+Json ConfigIdentity(const Config& c) {
+  Json j;
+  j["optimizer.type"] = std::string(OptimizerTypeName(c.optimizer.type));
+  j["optimizer.lr"] = c.optimizer.lr;
+  j["optimizer.betas[0]"] = c.optimizer.beta1;
+  j["optimizer.betas[1]"] = c.optimizer.beta2;
+  j["optimizer.eps"] = c.optimizer.eps;
+  j["optimizer.weight_decay"] = c.optimizer.weight_decay;
+  j["optimizer.adam_w_mode"] = c.optimizer.adam_w_mode;
+  j["optimizer.bias_correction"] = c.optimizer.bias_correction;
+  j["fp16.enabled"] = c.fp16.enabled;
+  j["fp16.loss_scale"] = c.fp16.loss_scale;
+  j["fp16.initial_scale_power"] = c.fp16.initial_scale_power;
+  j["fp16.loss_scale_window"] = c.fp16.loss_scale_window;
+  j["fp16.hysteresis"] = c.fp16.hysteresis;
+  j["fp16.min_loss_scale"] = c.fp16.min_loss_scale;
+  j["bf16.enabled"] = c.bf16_enabled;
+  j["gradient_clipping"] = c.gradient_clipping;
+  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  j["zero_optimization.sub_group_size"] = c.zero_optimization.sub_group_size;
+  return j;
+}
+
+Json LayoutIdentity(const Layout& l) {
+  Json params = Json::array();
+  for (const ParamRec& p : l.params())
+    params.push_back({p.name, p.numel, std::string(DTypeName(p.dtype)), p.module});
+  Json j;
+  j["elements"] = l.total_elems();
+  j["modules"] = l.num_modules();
+  j["sub_groups"] = l.num_groups();
+  j["parameters"] = std::move(params);
+  return j;
+}
+
+std::string IdentityHash(const Json& j) {
+  const std::string s = j.dump();
+  return Hex32(Crc32c(s.data(), s.size()));
+}
+
+std::string ValueText(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// The first difference between the identity in the checkpoint and now, or "".
+std::string ConfigDifference(const Json& then, const Json& now) {
+  for (const auto& [key, value] : now.items()) {
+    if (!then.contains(key))
+      return fmt::format("{}: absent in the checkpoint, {} now", key, ValueText(value));
+    if (then[key] != value)
+      return fmt::format("{}: {} in the checkpoint, {} now", key, ValueText(then[key]),
+                         ValueText(value));
+  }
+  return "";
+}
+
+std::string LayoutDifference(const Json& then, const Json& now) {
+  const Json& a = then.at("parameters");
+  const Json& b = now.at("parameters");
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const std::string name = b[i][0].get<std::string>();
+    if (a[i][0] != b[i][0])
+      return fmt::format("parameter {}: named {} in the checkpoint, {} now", i,
+                         a[i][0].get<std::string>(), name);
+    if (a[i][1] != b[i][1])
+      return fmt::format("parameter {}: numel {} in the checkpoint, {} now", name, a[i][1].dump(),
+                         b[i][1].dump());
+    if (a[i][2] != b[i][2])
+      return fmt::format("parameter {}: dtype {} in the checkpoint, {} now", name,
+                         a[i][2].get<std::string>(), b[i][2].get<std::string>());
+    if (a[i][3] != b[i][3])
+      return fmt::format("parameter {}: module {} in the checkpoint, {} now", name, a[i][3].dump(),
+                         b[i][3].dump());
+  }
+  if (a.size() != b.size())
+    return fmt::format("{} parameters in the checkpoint, {} registered now", a.size(), b.size());
+  for (const char* key : {"elements", "modules", "sub_groups"})
+    if (then.at(key) != now.at(key))
+      return fmt::format("{}: {} in the checkpoint, {} now", key, then.at(key).dump(),
+                         now.at(key).dump());
+  return "";
+}
+
+// ---- The checkpoint directories under a root ---------------------------------
+
+struct Entry {
+  int64_t seq = 0;
+  std::string path;
+  bool valid = false;  // has a manifest
+};
+
+// ckpt-<digits> directories, by sequence number.
+std::vector<Entry> Scan(const std::string& root) {
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
+    const std::string name = d.path().filename().string();
+    if (name.size() <= 5 || name.compare(0, 5, "ckpt-") != 0) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    if (name.size() > 5 + 18 || !d.is_directory(ec)) continue;
+    Entry e;
+    e.seq = std::stoll(name.substr(5));
+    e.path = d.path().string();
+    e.valid = fs::exists(d.path() / kCheckpointManifest, ec);
+    out.push_back(std::move(e));
+  }
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.seq < b.seq; });
+  return out;
+}
+
+// Removes every checkpoint but the newest kCheckpointsKept valid ones, and
+// interrupted saves (no manifest). The manifest goes first, so that a crash
+// half-way leaves a directory that is not a checkpoint. Failures are logged:
+// the new checkpoint is valid whatever happens here.
+void RemoveOld(const std::string& root, int64_t newest) {
+  std::vector<Entry> entries = Scan(root);
+  int kept = 0;
+  bool removed = false;
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (it->seq > newest) continue;  // another writer's: not ours to judge
+    if (it->valid && kept < kCheckpointsKept) {
+      ++kept;
+      continue;
+    }
+    const std::string manifest = it->path + "/" + kCheckpointManifest;
+    if (::unlink(manifest.c_str()) != 0 && errno != ENOENT) {
+      STRATA_LOG_WARN("checkpoint: removing old {}: {}", manifest,
+                      ErrnoError("unlink", errno).ToString());
+      continue;
+    }
+    if (!removed) MaybeCrash("cleanup");
+    removed = true;
+    std::error_code ec;
+    fs::remove_all(it->path, ec);
+    if (ec) STRATA_LOG_WARN("checkpoint: removing old {}: {}", it->path, ec.message());
+  }
+  if (removed) {
+    Status s = SyncDir(root);
+    if (!s.ok()) STRATA_LOG_WARN("checkpoint: {}", s.ToString());
+  }
+}
+
+// Size and CRC-32C of a whole file against the manifest's.
+Status VerifyFile(const std::string& path, int64_t bytes, uint32_t crc, AlignedBuffer& buf) {
+  StatusOr<File> f = File::Open(path, O_RDONLY);
+  if (!f.ok())
+    return DataLossError(
+        fmt::format("checkpoint file {} listed in the manifest cannot be opened: "
+                    "{}",
+                    path, f.status().ToString()));
+  ASSIGN_OR_RETURN(int64_t size, f->Size());
+  if (size != bytes)
+    return DataLossError(
+        fmt::format("checkpoint file {}: {} bytes, the manifest says {} "
+                    "(truncated or replaced)",
+                    path, size, bytes));
+  uint32_t c = 0;
+  for (int64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<int64_t>(bytes - done, kVerifyChunk));
+    RETURN_IF_ERROR(f->ReadNext(buf.data(), n));
+    c = Crc32cExtend(c, buf.data(), n);
+    done += static_cast<int64_t>(n);
+  }
+  if (c != crc)
+    return DataLossError(
+        fmt::format("checkpoint file {}: crc32c {} does not match the manifest's "
+                    "{} (corrupt)",
+                    path, Hex32(c), Hex32(crc)));
+  return Status();
+}
+
+int64_t ParamFileBytes(const Layout& l) {
+  int64_t b = 0;
+  for (const ModuleExtent& me : l.modules()) b += me.bytes();
+  return b;
+}
+
+int64_t StateFileBytes(const Layout& l) { return kOptimizerStateBytesPerElem * l.total_elems(); }
+
+// One buffer big enough for any module's parameters or sub-group's states.
+StatusOr<AlignedBuffer> SectionBuffer(const Layout& l) {
+  const int64_t bytes = std::max({IoBytes(l.max_module_bytes()),
+                                  IoBytes(kOptimizerStateBytesPerElem * l.max_group_elems()),
+                                  static_cast<int64_t>(kVerifyChunk)});
+  return AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign);
+}
+
+// Removes a checkpoint directory whose save failed (it has no manifest).
+class PartialDir {
+ public:
+  explicit PartialDir(std::string path) : path_(std::move(path)) {}
+  ~PartialDir() {
+    if (path_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  void Keep() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+std::string LatestCheckpoint(const std::string& root) {
+  std::error_code ec;
+  if (fs::exists(fs::path(root) / kCheckpointManifest, ec)) return root;
+  std::vector<Entry> entries = Scan(root);
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it)
+    if (it->valid) return it->path;
+  return "";
+}
+
+Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
+                       StateStore* store, CheckpointMeta* meta) {
+  std::error_code ec;
+  const bool existed = fs::exists(root, ec);
+  fs::create_directories(root, ec);
+  if (ec)
+    return IOError(
+        fmt::format("checkpoint directory {}: cannot create it: {}", root, ec.message()));
+  if (!existed) {
+    const fs::path parent = fs::absolute(root, ec).parent_path();
+    RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
+  }
+  const std::vector<Entry> entries = Scan(root);
+  const int64_t seq = (entries.empty() ? 0 : entries.back().seq) + 1;
+  const std::string dir = fmt::format("{}/ckpt-{:08d}", root, seq);
+  if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoError(fmt::format("mkdir {}", dir), errno);
+  PartialDir partial(dir);
+  RETURN_IF_ERROR(SyncDir(root));
+
+  ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
+  Json files = Json::array();
+  // Data files: written in full, fsync'd, closed.
+  auto write_file = [&](const char* name, size_t sections,
+                        const std::function<StatusOr<int64_t>(size_t, void*)>& fill) -> Status {
+    const std::string path = dir + "/" + name;
+    ASSIGN_OR_RETURN(File f, File::Open(path, O_WRONLY | O_CREAT | O_EXCL));
+    uint32_t crc = 0;
+    int64_t bytes = 0;
+    for (size_t i = 0; i < sections; ++i) {
+      ASSIGN_OR_RETURN(int64_t n, fill(i, buf.data()));
+      crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+      RETURN_IF_ERROR(f.Append(buf.data(), static_cast<size_t>(n)));
+      bytes += n;
+    }
+    RETURN_IF_ERROR(f.Sync());
+    RETURN_IF_ERROR(f.Close());
+    files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", Hex32(crc)}});
+    meta->bytes += bytes;
+    return Status();
+  };
+  meta->bytes = 0;
+  RETURN_IF_ERROR(write_file(kParamsFile, static_cast<size_t>(layout.num_modules()),
+                             [&](size_t m, void* b) -> StatusOr<int64_t> {
+                               RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
+                               return layout.module(static_cast<int>(m)).bytes();
+                             }));
+  RETURN_IF_ERROR(
+      write_file(kStatesFile, layout.num_groups(), [&](size_t g, void* b) -> StatusOr<int64_t> {
+        RETURN_IF_ERROR(store->ReadGroupStates(g, b));
+        return kOptimizerStateBytesPerElem * layout.group(g).elems();
+      }));
+  RETURN_IF_ERROR(SyncDir(dir));
+  MaybeCrash("data");
+
+  const Json config_id = ConfigIdentity(config);
+  const Json layout_id = LayoutIdentity(layout);
+  Json m;
+  m["format"] = kFormat;
+  m["version"] = kCheckpointFormatVersion;
+  m["sequence"] = seq;
+  m["optimizer_step"] = meta->optimizer_step;
+  m["loss_scaler"] = {{"scale", meta->scaler.scale},
+                      {"hysteresis_left", meta->scaler.hysteresis_left},
+                      {"iteration", meta->scaler.iteration},
+                      {"last_overflow_iteration", meta->scaler.last_overflow_iteration}};
+  m["data_position"] = meta->data_position;
+  m["note"] = meta->note;
+  m["config_hash"] = IdentityHash(config_id);
+  m["config"] = config_id;
+  m["layout_hash"] = IdentityHash(layout_id);
+  m["layout"] = layout_id;
+  m["files"] = std::move(files);
+  std::string text;
+  try {
+    text = m.dump(1) + "\n";
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError(
+        fmt::format("SaveCheckpoint: the note is not valid UTF-8 ({})", e.what()));
+  }
+  const std::string final_path = dir + "/" + kCheckpointManifest;
+  const std::string tmp = final_path + ".tmp";
+  {
+    ASSIGN_OR_RETURN(File f, File::Open(tmp, O_WRONLY | O_CREAT | O_EXCL));
+    RETURN_IF_ERROR(f.Append(text.data(), text.size()));
+    RETURN_IF_ERROR(f.Sync());
+    RETURN_IF_ERROR(f.Close());
+  }
+  MaybeCrash("manifest_tmp");
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+    return ErrnoError(fmt::format("rename {} to {}", tmp, final_path), errno);
+  partial.Keep();
+  MaybeCrash("rename");
+  RETURN_IF_ERROR(SyncDir(dir));
+  RETURN_IF_ERROR(SyncDir(root));
+  meta->path = dir;
+  RemoveOld(root, seq);
+  return Status();
+}
+
+StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
+                                        const Layout& layout, StateStore* store) {
+  const std::string dir = LatestCheckpoint(root);
+  if (dir.empty())
+    return NotFoundError(
+        fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+  const std::string manifest_path = dir + "/" + kCheckpointManifest;
+  std::string text;
+  {
+    ASSIGN_OR_RETURN(File f, File::Open(manifest_path, O_RDONLY));
+    ASSIGN_OR_RETURN(int64_t size, f.Size());
+    text.resize(static_cast<size_t>(size));
+    RETURN_IF_ERROR(f.ReadNext(text.data(), text.size()));
+  }
+  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object())
+    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+
+  CheckpointMeta meta;
+  meta.path = dir;
+  struct FileEntry {
+    int64_t bytes = 0;
+    uint32_t crc = 0;
+  };
+  FileEntry params_file, states_file;
+  try {
+    if (m.at("format") != kFormat)
+      return DataLossError(fmt::format("{}: not a strata checkpoint manifest", manifest_path));
+    if (m.at("version") != kCheckpointFormatVersion)
+      return NotSupportedError(fmt::format("{}: format version {}, this build reads version {}",
+                                           manifest_path, m.at("version").dump(),
+                                           kCheckpointFormatVersion));
+    std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
+    if (!diff.empty())
+      return FailedPreconditionError(
+          fmt::format("checkpoint {} was saved with a different config: {}", dir, diff));
+    diff = LayoutDifference(m.at("layout"), LayoutIdentity(layout));
+    if (!diff.empty())
+      return FailedPreconditionError(
+          fmt::format("checkpoint {} has a different model layout: {}", dir, diff));
+    meta.optimizer_step = m.at("optimizer_step").get<int64_t>();
+    const Json& ls = m.at("loss_scaler");
+    meta.scaler.scale = ls.at("scale").get<double>();
+    meta.scaler.hysteresis_left = ls.at("hysteresis_left").get<int>();
+    meta.scaler.iteration = ls.at("iteration").get<int64_t>();
+    meta.scaler.last_overflow_iteration = ls.at("last_overflow_iteration").get<int64_t>();
+    meta.data_position = m.at("data_position").get<int64_t>();
+    meta.note = m.at("note").get<std::string>();
+    bool have_params = false, have_states = false;
+    for (const Json& f : m.at("files")) {
+      const std::string name = f.at("name").get<std::string>();
+      FileEntry e;
+      e.bytes = f.at("bytes").get<int64_t>();
+      e.crc = static_cast<uint32_t>(std::stoul(f.at("crc32c").get<std::string>(), nullptr, 16));
+      if (name == kParamsFile) params_file = e, have_params = true;
+      if (name == kStatesFile) states_file = e, have_states = true;
+    }
+    if (!have_params || !have_states)
+      return DataLossError(
+          fmt::format("{}: lists no {} or no {}", manifest_path, kParamsFile, kStatesFile));
+  } catch (const std::exception& e) {
+    return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
+  }
+  if (params_file.bytes != ParamFileBytes(layout) || states_file.bytes != StateFileBytes(layout))
+    return DataLossError(fmt::format("{}: file sizes {} and {} do not match the layout's {} and {}",
+                                     manifest_path, params_file.bytes, states_file.bytes,
+                                     ParamFileBytes(layout), StateFileBytes(layout)));
+
+  // Everything is verified before anything is restored.
+  ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
+  const std::string params_path = dir + "/" + kParamsFile;
+  const std::string states_path = dir + "/" + kStatesFile;
+  RETURN_IF_ERROR(VerifyFile(params_path, params_file.bytes, params_file.crc, buf));
+  RETURN_IF_ERROR(VerifyFile(states_path, states_file.bytes, states_file.crc, buf));
+
+  auto restore = [&](const std::string& path, uint32_t want, size_t sections,
+                     const std::function<int64_t(size_t)>& size_of,
+                     const std::function<Status(size_t, const void*)>& put) -> Status {
+    ASSIGN_OR_RETURN(File f, File::Open(path, O_RDONLY));
+    uint32_t crc = 0;
+    for (size_t i = 0; i < sections; ++i) {
+      const int64_t n = size_of(i);
+      if (n == 0) continue;
+      RETURN_IF_ERROR(f.ReadNext(buf.data(), static_cast<size_t>(n)));
+      crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+      // Page padding of the section buffer: zeros (NVMe writes whole pages).
+      std::memset(buf.as<uint8_t>() + n, 0, static_cast<size_t>(IoBytes(n) - n));
+      RETURN_IF_ERROR(put(i, buf.data()));
+    }
+    if (crc != want)
+      return DataLossError(
+          fmt::format("checkpoint file {}: changed while loading (crc32c {}, "
+                      "the manifest's {})",
+                      path, Hex32(crc), Hex32(want)));
+    return Status();
+  };
+  Status s = restore(
+      params_path, params_file.crc, static_cast<size_t>(layout.num_modules()),
+      [&](size_t m) { return layout.module(static_cast<int>(m)).bytes(); },
+      [&](size_t m, const void* b) { return store->WriteModuleParams(static_cast<int>(m), b); });
+  if (s.ok())
+    s = restore(
+        states_path, states_file.crc, layout.num_groups(),
+        [&](size_t g) { return kOptimizerStateBytesPerElem * layout.group(g).elems(); },
+        [&](size_t g, const void* b) { return store->WriteGroupStates(g, b); });
+  if (!s.ok())
+    return DataLossError(
+        fmt::format("restoring checkpoint {}: {}; the engine's states are partly "
+                    "restored: load again or recreate the engine",
+                    dir, s.ToString()));
+  meta.bytes = params_file.bytes + states_file.bytes;
+  return meta;
+}
+
+}  // namespace strata::scheduler

@@ -1,0 +1,457 @@
+// Engine checkpoints on the host device: k steps + save + a fresh engine +
+// load + N - k steps equals N steps bitwise for every placement (and across
+// placements); a checkpoint of another config or layout is refused naming the
+// difference; corrupt, truncated and half-written checkpoints; retention; the
+// C API.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "src/common/dtype.h"
+#include "src/common/half.h"
+#include "src/scheduler/scheduler.h"
+#include "strata/engine.h"
+#include "strata/strata_c.h"
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int kModules = 5;
+
+int64_t Numel(int m, int i) { return i == 0 ? 300 + 97 * m : 20 + m; }
+DType DTypeOf(int m, int i) {
+  static const DType kinds[] = {DType::kBf16, DType::kFp16, DType::kFp32};
+  return kinds[(m + i) % 3];
+}
+
+Config BaseConfig(OffloadDevice opt, OffloadDevice par, const std::string& nvme_dir) {
+  Config c;
+  c.zero_optimization.stage = 3;
+  c.zero_optimization.offload_optimizer.device = opt;
+  c.zero_optimization.offload_param.device = par;
+  if (opt == OffloadDevice::kNvme) c.zero_optimization.offload_optimizer.nvme_path = {nvme_dir};
+  if (par == OffloadDevice::kNvme) c.zero_optimization.offload_param.nvme_path = {nvme_dir};
+  c.zero_optimization.sub_group_size = 1000;  // sub-groups that split parameters
+  c.zero_optimization.stage3_param_persistence_threshold = 100;
+  c.zero_optimization.stage3_prefetch_bucket_size = 2000;
+  c.zero_optimization.reduce_bucket_size = 500;
+  c.gradient_accumulation_steps = c.train_batch_size = 2;
+  c.gradient_clipping = 2.0;
+  c.optimizer.lr = 1e-2;
+  c.optimizer.weight_decay = 0.01;
+  // Dynamic loss scaling whose scale moves every other step: its state must
+  // survive a checkpoint.
+  c.fp16.enabled = true;
+  c.fp16.initial_scale_power = 3;
+  c.fp16.loss_scale_window = 2;
+  c.strata.device = DeviceKind::kHost;
+  c.strata.hbm_budget_bytes = 8 << 20;
+  c.strata.threads = 2;
+  return c;
+}
+
+void Register(Engine& e, uint64_t seed, int64_t extra_numel = 0) {
+  auto rng = testing::SeededRng(seed);
+  for (int m = 0; m < kModules; ++m)
+    for (int i = 0; i < 2; ++i) {
+      const int64_t n = Numel(m, i) + (m == 3 && i == 0 ? extra_numel : 0);
+      std::vector<float> init = testing::RandomFloats(rng, static_cast<size_t>(n), -0.5f, 0.5f);
+      ParamSpec s;
+      s.name = "m" + std::to_string(m) + (i == 0 ? ".weight" : ".bias");
+      s.numel = n;
+      s.dtype = DTypeOf(m, i);
+      s.module = m;
+      s.init = init;
+      ASSERT_TRUE(e.RegisterParameter(s).ok());
+    }
+}
+
+float Load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kFp32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFp16:
+      return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBf16:
+      return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void Store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kFp32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kFp16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
+      break;
+    case DType::kBf16:
+      static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
+      break;
+  }
+}
+
+// One micro-batch: gradients depend on the parameters the device sees, on the
+// batch index and on the loss scale; returns a "loss" (a sum over the
+// parameters seen) so losses can be compared too.
+double MicroBatch(Engine& e, int batch) {
+  double loss = 0;
+  for (int m = 0; m < kModules; ++m) {
+    auto v = e.BeforeForward(m);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return NAN;
+    for (int i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < Numel(m, i); ++j) loss += Load(v->params[i], DTypeOf(m, i), j);
+    EXPECT_TRUE(e.AfterForward(m).ok());
+  }
+  const float scale = static_cast<float>(e.loss_scale());
+  for (int m = kModules - 1; m >= 0; --m) {
+    auto v = e.BeforeBackward(m);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return NAN;
+    for (int i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < Numel(m, i); ++j) {
+        const float p = Load(v->params[i], DTypeOf(m, i), j);
+        const float g = 0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m);
+        Store(v->grads[i], DTypeOf(m, i), j, scale * g);
+      }
+    EXPECT_TRUE(e.AfterBackward(m).ok());
+  }
+  return loss;
+}
+
+// Trains optimizer steps [from, to) (batches numbered from from × gas);
+// appends each step's loss.
+void TrainSteps(Engine& e, const Config& c, int from, int to, std::vector<double>* losses) {
+  for (int s = from; s < to; ++s) {
+    double loss = 0;
+    for (int64_t k = 0; k < c.gradient_accumulation_steps; ++k) {
+      loss += MicroBatch(e, static_cast<int>(s * c.gradient_accumulation_steps + k));
+      auto st = e.Step();
+      ASSERT_TRUE(st.ok()) << st.status();
+    }
+    losses->push_back(loss);
+  }
+}
+
+std::vector<std::vector<float>> ReadAll(Engine& e) {
+  std::vector<std::vector<float>> out;
+  for (int id = 0; id < e.num_parameters(); ++id) {
+    std::vector<float> v(static_cast<size_t>(Numel(id / 2, id % 2)));
+    Status s = e.ReadParameter(id, v);
+    EXPECT_TRUE(s.ok()) << s;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+bool BitwiseEqual(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
+      return false;
+  return true;
+}
+
+bool BitwiseEqual(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+std::unique_ptr<Engine> NewEngine(const Config& c, uint64_t seed) {
+  auto e = CreateEngine(c);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return nullptr;
+  Register(**e, seed);
+  return std::move(*e);
+}
+
+constexpr int kSteps = 5;
+constexpr int kSaveAt = 2;
+
+struct RunResult {
+  std::vector<double> losses;
+  std::vector<std::vector<float>> params;
+  double loss_scale = 0;
+};
+
+RunResult Uninterrupted(const Config& c, uint64_t seed) {
+  RunResult r;
+  auto e = NewEngine(c, seed);
+  if (!e) return r;
+  TrainSteps(*e, c, 0, kSteps, &r.losses);
+  r.params = ReadAll(*e);
+  r.loss_scale = e->loss_scale();
+  return r;
+}
+
+// kSaveAt steps with `save`, then a fresh engine with `load` (registered
+// with other initial values: the checkpoint must replace them) for the rest.
+RunResult Resumed(const Config& save, const Config& load, uint64_t seed, const std::string& ckpt) {
+  RunResult r;
+  {
+    auto e = NewEngine(save, seed);
+    if (!e) return r;
+    TrainSteps(*e, save, 0, kSaveAt, &r.losses);
+    CheckpointInfo info;
+    info.data_position = kSaveAt;
+    info.note = "{\"epoch\": 0}";
+    Status s = e->SaveCheckpoint(ckpt, info);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  auto e = NewEngine(load, seed + 1);
+  if (!e) return r;
+  CheckpointInfo info;
+  Status s = e->LoadCheckpoint(ckpt, &info);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(info.data_position, kSaveAt);
+  EXPECT_EQ(info.note, "{\"epoch\": 0}");
+  EXPECT_EQ(info.optimizer_step, kSaveAt);
+  EXPECT_THAT(info.path, HasSubstr("ckpt-"));
+  TrainSteps(*e, load, static_cast<int>(info.data_position), kSteps, &r.losses);
+  r.params = ReadAll(*e);
+  r.loss_scale = e->loss_scale();
+  return r;
+}
+
+class ResumeTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, bool>> {
+};
+
+TEST_P(ResumeTest, BitwiseEqualToUninterrupted) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto [opt, par, overlap] = GetParam();
+  Config c = BaseConfig(opt, par, dir.str());
+  c.strata.overlap_optimizer = overlap;
+  const RunResult want = Uninterrupted(c, seed);
+  const RunResult got = Resumed(c, c, seed, dir.str() + "/ckpt");
+  ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));
+  EXPECT_TRUE(BitwiseEqual(want.params, got.params));
+  EXPECT_EQ(want.loss_scale, got.loss_scale);
+  EXPECT_GT(want.loss_scale, 8.0);  // the scale moved: its state was restored
+  // It can fail: the run from other initial values without the checkpoint differs.
+  auto other = NewEngine(c, seed + 1);
+  ASSERT_TRUE(other);
+  EXPECT_FALSE(BitwiseEqual(ReadAll(*other), want.params));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllPlacements, ResumeTest,
+    ::testing::Combine(
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+        ::testing::Bool()),
+    [](const auto& info) {
+      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
+             std::string(OffloadDeviceName(std::get<1>(info.param))) +
+             (std::get<2>(info.param) ? "_overlap" : "_blocking");
+    });
+
+TEST(CheckpointTest, LoadsIntoAnotherPlacement) {
+  // The format does not depend on where states live: saved from NVMe, loaded
+  // into DRAM/HBM and the reverse, the run continues bitwise.
+  testing::ScratchDir dir;
+  const Config nvme = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str());
+  const Config mem = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+  const RunResult want = Uninterrupted(mem, 21);
+  const RunResult a = Resumed(nvme, mem, 21, dir.str() + "/a");
+  const RunResult b = Resumed(mem, nvme, 21, dir.str() + "/b");
+  EXPECT_TRUE(BitwiseEqual(want.params, a.params));
+  EXPECT_TRUE(BitwiseEqual(want.params, b.params));
+  EXPECT_TRUE(BitwiseEqual(want.losses, a.losses));
+}
+
+// An engine trained kSaveAt steps and checkpointed into dir/ckpt.
+std::unique_ptr<Engine> SavedEngine(const Config& c, const std::string& root, int saves = 1) {
+  auto e = NewEngine(c, 5);
+  std::vector<double> losses;
+  for (int i = 0; i < saves; ++i) {
+    TrainSteps(*e, c, i, i + 1, &losses);
+    CheckpointInfo info;
+    info.data_position = i + 1;
+    Status s = e->SaveCheckpoint(root, info);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  return e;
+}
+
+TEST(CheckpointTest, RefusesAnotherConfigOrLayoutNamingTheDifference) {
+  testing::ScratchDir dir;
+  const std::string root = dir.str() + "/ckpt";
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  SavedEngine(c, root);
+
+  Config lr = c;
+  lr.optimizer.lr = 2e-2;
+  auto e = NewEngine(lr, 9);
+  const auto before = ReadAll(*e);
+  Status s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("optimizer.lr: 0.01 in the checkpoint, 0.02 now"));
+  EXPECT_TRUE(BitwiseEqual(before, ReadAll(*e)));  // untouched
+
+  Config sg = c;
+  sg.zero_optimization.sub_group_size = 700;
+  s = NewEngine(sg, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_THAT(s.ToString(),
+              HasSubstr("zero_optimization.sub_group_size: 1000 in the checkpoint, 700 now"));
+
+  auto wider = CreateEngine(c);
+  ASSERT_TRUE(wider.ok());
+  Register(**wider, 9, /*extra_numel=*/1);
+  s = (*wider)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("parameter m3.weight: numel 591 in the checkpoint, 592 now"));
+
+  // The placement is not part of the identity.
+  Config placed = c;
+  placed.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+  EXPECT_TRUE(NewEngine(placed, 9)->LoadCheckpoint(root, nullptr).ok());
+}
+
+void FlipByte(const std::string& path, int64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char b = 0;
+  f.read(&b, 1);
+  b ^= 0x10;
+  f.seekp(at);
+  f.write(&b, 1);
+}
+
+TEST(CheckpointTest, CorruptTruncatedAndHalfWrittenCheckpoints) {
+  testing::ScratchDir dir;
+  const std::string root = dir.str() + "/ckpt";
+  Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, dir.str());
+  SavedEngine(c, root, /*saves=*/2);
+  const std::string first = root + "/ckpt-00000001", second = root + "/ckpt-00000002";
+  ASSERT_TRUE(fs::exists(second + "/MANIFEST.json"));
+
+  auto e = NewEngine(c, 9);
+  const auto before = ReadAll(*e);
+  // A flipped bit in the newest checkpoint's states: refused, naming the file.
+  FlipByte(second + "/states.bin", 1234);
+  Status s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr(second + "/states.bin: crc32c"));
+  EXPECT_THAT(s.ToString(), HasSubstr("does not match the manifest"));
+  EXPECT_TRUE(BitwiseEqual(before, ReadAll(*e)));
+  FlipByte(second + "/states.bin", 1234);  // repaired
+  CheckpointInfo info;
+  ASSERT_TRUE(e->LoadCheckpoint(root, &info).ok());
+  EXPECT_EQ(info.data_position, 2);
+
+  // Truncated parameters.
+  const auto size = fs::file_size(second + "/params.bin");
+  fs::resize_file(second + "/params.bin", size - 10);
+  s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr(second + "/params.bin: " + std::to_string(size - 10) +
+                                      " bytes, the manifest says " + std::to_string(size)));
+
+  // The loader can be pointed at an older checkpoint directly.
+  ASSERT_TRUE(e->LoadCheckpoint(first, &info).ok());
+  EXPECT_EQ(info.data_position, 1);
+
+  // A save interrupted before its manifest was renamed into place (its data
+  // and a temporary manifest on disk) is not a checkpoint: the previous one
+  // loads.
+  fs::remove(second + "/MANIFEST.json");
+  fs::create_directory(root + "/ckpt-00000003");
+  std::ofstream(root + "/ckpt-00000003/MANIFEST.json.tmp") << "{\"format\": \"strata-chec";
+  ASSERT_TRUE(e->LoadCheckpoint(root, &info).ok());
+  EXPECT_EQ(info.data_position, 1);
+  EXPECT_EQ(info.path, first);
+
+  // The next save is number 4; it removes the interrupted ones and keeps two.
+  std::vector<double> losses;
+  TrainSteps(*e, c, 1, 2, &losses);
+  ASSERT_TRUE(e->SaveCheckpoint(root, {}).ok());
+  TrainSteps(*e, c, 2, 3, &losses);
+  ASSERT_TRUE(e->SaveCheckpoint(root, {}).ok());
+  std::vector<std::string> left;
+  for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_THAT(left, ::testing::ElementsAre("ckpt-00000004", "ckpt-00000005"));
+
+  // Nothing there at all.
+  s = e->LoadCheckpoint(dir.str() + "/none", nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+}
+
+TEST(CheckpointTest, SaveInTheMiddleOfAWindowIsRefused) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  auto e = NewEngine(c, 3);
+  MicroBatch(*e, 0);
+  ASSERT_TRUE(e->Step().ok());  // 1 of 2 micro-batches
+  Status s = e->SaveCheckpoint(dir.str() + "/ckpt", {});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("1 of 2 micro-batches"));
+  EXPECT_FALSE(fs::exists(dir.str() + "/ckpt/ckpt-00000001"));
+  MicroBatch(*e, 1);
+  ASSERT_TRUE(e->Step().ok());
+  EXPECT_TRUE(e->SaveCheckpoint(dir.str() + "/ckpt", {}).ok());
+}
+
+TEST(CheckpointTest, CApiRoundTrip) {
+  testing::ScratchDir dir;
+  const std::string json = R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
+    "strata": {"device": "host", "hbm_budget": "8M", "threads": 2}})";
+  strata_engine* a = nullptr;
+  ASSERT_EQ(strata_engine_create_from_json(json.c_str(), &a), STRATA_OK) << strata_last_error();
+  std::vector<float> init(700, 0.25f);
+  ASSERT_EQ(strata_register_parameter(a, "w", 700, STRATA_FP32, 0, init.data(), nullptr), 0);
+  ASSERT_EQ(strata_plan(a), 0);
+  void* p[1];
+  void* g[1];
+  int n = 0;
+  ASSERT_EQ(strata_before_forward(a, 0, p, 1, &n), 0);
+  ASSERT_EQ(strata_after_forward(a, 0), 0);
+  ASSERT_EQ(strata_before_backward(a, 0, p, g, 1, &n), 0);
+  for (int i = 0; i < 700; ++i) static_cast<float*>(g[0])[i] = 0.01f * static_cast<float>(i % 7);
+  ASSERT_EQ(strata_after_backward(a, 0), 0);
+  ASSERT_EQ(strata_step(a, nullptr), 0);
+  const std::string root = dir.str() + "/ckpt";
+  ASSERT_EQ(strata_save_checkpoint(a, root.c_str(), 42, "loader state"), 0) << strata_last_error();
+  std::vector<float> want(700), got(700);
+  ASSERT_EQ(strata_read_parameter(a, 0, want.data(), 700), 0);
+  strata_engine_destroy(a);
+
+  strata_engine* b = nullptr;
+  ASSERT_EQ(strata_engine_create_from_json(json.c_str(), &b), STRATA_OK);
+  ASSERT_EQ(strata_register_parameter(b, "w", 700, STRATA_FP32, 0, nullptr, nullptr), 0);
+  int64_t pos = 0, step = 0;
+  char note[8];
+  size_t needed = 0;
+  ASSERT_EQ(strata_load_checkpoint(b, root.c_str(), &pos, &step, note, sizeof(note), &needed), 0)
+      << strata_last_error();
+  EXPECT_EQ(pos, 42);
+  EXPECT_EQ(step, 1);
+  EXPECT_EQ(needed, 13u);
+  EXPECT_STREQ(note, "loader ");  // truncated to the buffer, NUL-terminated
+  ASSERT_EQ(strata_read_parameter(b, 0, got.data(), 700), 0);
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4));
+  EXPECT_NE(got[1], 0.25f);
+  EXPECT_EQ(strata_load_checkpoint(b, (dir.str() + "/none").c_str(), nullptr, nullptr, nullptr, 0,
+                                   nullptr),
+            STRATA_NOT_FOUND);
+  EXPECT_THAT(strata_last_error(), HasSubstr("no checkpoint in"));
+  strata_engine_destroy(b);
+}
+
+}  // namespace
+}  // namespace strata

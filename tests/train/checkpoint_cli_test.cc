@@ -1,0 +1,257 @@
+// `strata train --checkpoint-dir D --checkpoint-every 1 --resume` killed with
+// SIGKILL at random points, then resumed to the end, gives bitwise the losses
+// and final states of an uninterrupted run; a kill at each point of a save
+// (STRATA_CHECKPOINT_CRASH_AT) leaves the previous checkpoint loadable.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tests/test_util.h"
+
+extern char** environ;
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kSteps = 8;
+
+std::string ReadFile(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path).rdbuf();
+  return s.str();
+}
+
+std::string WriteConfig(const std::string& dir, const std::string& opt, const std::string& par) {
+  const std::string path = dir + "/c.json";
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": true}, "optimizer": {"params": {"lr": 3e-3}},
+    "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": ")"
+                      << opt << R"(", "nvme_path": ")" << dir << R"(/nvme"},
+      "offload_param": {"device": ")"
+                      << par << R"(", "nvme_path": ")" << dir << R"(/nvme", "buffer_count": 8},
+      "sub_group_size": 20000, "stage3_max_live_parameters": 30000,
+      "stage3_param_persistence_threshold": 1000, "reduce_bucket_size": 1e6},
+    "strata": {"device": "host", "hbm_budget": "4M", "threads": 2,
+      "model": {"layers": 2, "hidden": 32, "seq_len": 16}}})";
+  return path;
+}
+
+// Starts `strata <args>` with stdout/stderr into files under dir; returns its pid.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& dir,
+            const std::string& crash_at = "") {
+  std::vector<std::string> argv_s = {STRATA_CLI_PATH};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string(*e).rfind("STRATA_CHECKPOINT_CRASH_AT=", 0) != 0) env_s.push_back(*e);
+  if (!crash_at.empty()) env_s.push_back("STRATA_CHECKPOINT_CRASH_AT=" + crash_at);
+  std::vector<char*> envp;
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, (dir + "/stdout").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_addopen(&fa, 2, (dir + "/stderr").c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  EXPECT_EQ(rc, 0);
+  return pid;
+}
+
+struct Exit {
+  bool killed = false;
+  int code = -1;
+};
+
+Exit Wait(pid_t pid) {
+  int status = 0;
+  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  Exit e;
+  e.killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+  e.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return e;
+}
+
+std::vector<std::string> TrainArgs(const std::string& cfg, const std::string& ckpt, bool every) {
+  std::vector<std::string> a = {
+      "train",  "--config",         cfg,  "--steps", std::to_string(kSteps),
+      "--json", "--checkpoint-dir", ckpt, "--resume"};
+  if (every) a.insert(a.end(), {"--checkpoint-every", "1"});
+  return a;
+}
+
+// The newest directory with a manifest under root ("" if none), and its
+// manifest.
+std::string Latest(const std::string& root) {
+  std::string best;
+  std::error_code ec;
+  for (const auto& d : fs::directory_iterator(root, ec)) {
+    const std::string name = d.path().filename().string();
+    if (name.rfind("ckpt-", 0) == 0 && fs::exists(d.path() / "MANIFEST.json") &&
+        (best.empty() || name > fs::path(best).filename().string()))
+      best = d.path().string();
+  }
+  return best;
+}
+
+struct Final {
+  std::vector<double> losses;
+  json files;  // the last checkpoint's data files: names, sizes, CRC-32C
+};
+
+// Runs to the end (resuming) and returns the losses and the final checkpoint.
+Final RunToEnd(const std::string& cfg, const std::string& ckpt, const std::string& dir,
+               bool every) {
+  Final f;
+  const Exit e = Wait(Spawn(TrainArgs(cfg, ckpt, every), dir));
+  EXPECT_EQ(e.code, 0) << ReadFile(dir + "/stderr");
+  if (e.code != 0) return f;
+  const json j = json::parse(ReadFile(dir + "/stdout"));
+  f.losses = j["losses"].get<std::vector<double>>();
+  const std::string last = Latest(ckpt);
+  EXPECT_FALSE(last.empty());
+  if (last.empty()) return f;
+  const json m = json::parse(ReadFile(last + "/MANIFEST.json"));
+  EXPECT_EQ(m["optimizer_step"], kSteps);
+  f.files = m["files"];
+  return f;
+}
+
+bool BitwiseEqual(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+class CrashTest : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(CrashTest, KilledAtRandomPointsThenResumedIsBitwiseUninterrupted) {
+  testing::ScratchDir dir;
+  const auto [opt, par] = GetParam();
+  const std::string cfg = WriteConfig(dir.str(), opt, par);
+  // The uninterrupted run, timed: kills land anywhere inside such a run.
+  const auto t0 = std::chrono::steady_clock::now();
+  const Final want = RunToEnd(cfg, dir.str() + "/ref", dir.str(), /*every=*/false);
+  const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(want.files.size(), 2u);
+
+  uint64_t seed = 0;
+  auto rng = testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  int kills = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    const std::string ckpt = dir.str() + "/ckpt" + std::to_string(trial);
+    // One to three kills at random times, each run resuming where the last
+    // checkpoint left it.
+    const int n = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < n; ++k) {
+      const pid_t pid = Spawn(TrainArgs(cfg, ckpt, true), dir.str());
+      std::uniform_real_distribution<double> at(0.0, run_s * 1.2);
+      std::this_thread::sleep_for(std::chrono::duration<double>(at(rng)));
+      ::kill(pid, SIGKILL);
+      const Exit e = Wait(pid);
+      kills += e.killed;
+      if (!e.killed) EXPECT_EQ(e.code, 0) << ReadFile(dir.str() + "/stderr");  // it had finished
+    }
+    const Final got = RunToEnd(cfg, ckpt, dir.str(), true);
+    EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));
+    EXPECT_EQ(want.files, got.files);  // parameters and states: same sizes and CRC-32C
+    // At most two checkpoints are left.
+    int left = 0;
+    for (const auto& d : fs::directory_iterator(ckpt)) left += d.is_directory();
+    EXPECT_LE(left, 2);
+  }
+  EXPECT_GT(kills, 0);  // the test did kill something
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, CrashTest,
+                         ::testing::Values(std::pair{"nvme", "nvme"}, std::pair{"cpu", "cpu"}),
+                         [](const auto& info) {
+                           return std::string(info.param.first) + "_" + info.param.second;
+                         });
+
+TEST(CheckpointCli, KilledDuringASaveLeavesThePreviousCheckpoint) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "nvme", "nvme");
+  const Final want = RunToEnd(cfg, dir.str() + "/ref", dir.str(), false);
+  ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps));
+  // The save after step 1 dies at each point; with the manifest not yet in
+  // place there is no checkpoint, after the rename there is one.
+  for (const char* point : {"data", "manifest_tmp", "rename", "cleanup"}) {
+    SCOPED_TRACE(point);
+    const std::string ckpt = dir.str() + "/" + point;
+    std::vector<std::string> args = TrainArgs(cfg, ckpt, true);
+    args[4] = "3";  // --steps 3: checkpoints 1..3
+    ASSERT_EQ(Wait(Spawn(args, dir.str())).code, 0) << ReadFile(dir.str() + "/stderr");
+    const Exit e = Wait(Spawn(TrainArgs(cfg, ckpt, true), dir.str(), point));
+    EXPECT_TRUE(e.killed);
+    const bool committed = std::string(point) == "rename" || std::string(point) == "cleanup";
+    const std::string latest = Latest(ckpt);
+    ASSERT_FALSE(latest.empty());
+    const json m = json::parse(ReadFile(latest + "/MANIFEST.json"));
+    EXPECT_EQ(m["optimizer_step"], committed ? 4 : 3);
+    EXPECT_EQ(fs::exists(ckpt + "/ckpt-00000004"), true);  // the save had begun
+    if (!committed) {
+      EXPECT_FALSE(fs::exists(ckpt + "/ckpt-00000004/MANIFEST.json"));
+    }
+    const Final got = RunToEnd(cfg, ckpt, dir.str(), true);
+    EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));
+    EXPECT_EQ(want.files, got.files);
+  }
+}
+
+TEST(CheckpointCli, BadCheckpointOptionsAreOneLineErrors) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--resume"}, dir.str())).code, 2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("need --checkpoint-dir"));
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--checkpoint-dir", dir.str() + "/c",
+                        "--checkpoint-every", "-1"},
+                       dir.str()))
+                .code,
+            2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("--checkpoint-every: -1"));
+  // A checkpoint of another config is refused, naming the difference.
+  ASSERT_EQ(
+      Wait(Spawn({"train", "--config", cfg, "--steps", "1", "--checkpoint-dir", dir.str() + "/c"},
+                 dir.str()))
+          .code,
+      0);
+  std::string text = ReadFile(cfg);
+  text.replace(text.find("3e-3"), 4, "4e-3");
+  std::ofstream(cfg) << text;
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--checkpoint-dir",
+                        dir.str() + "/c", "--resume"},
+                       dir.str()))
+                .code,
+            1);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("optimizer.lr: 0.003 in the checkpoint, 0.004 now"));
+}
+
+}  // namespace
+}  // namespace strata
