@@ -89,10 +89,17 @@ Status ForEachSwapFile(
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     const std::string path = dir + "/" + name;
-    Fd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    // Read-write where allowed: NFS emulates flock with POSIX locks, whose
+    // exclusive lock needs a descriptor open for writing.
+    constexpr int kFlags = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    Fd fd(open(path.c_str(), O_RDWR | kFlags));
+    if (fd.fd < 0 && (errno == EACCES || errno == EROFS))
+      fd.fd = open(path.c_str(), O_RDONLY | kFlags);
     if (fd.fd < 0) continue;  // removed meanwhile, or not a regular file we may open
     struct stat st {};
     if (fstat(fd.fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    // Live unless the lock could be taken. A lock refused for another reason
+    // (EBADF, ENOLCK) counts as live too: never remove what may be in use.
     const bool live = flock(fd.fd, LOCK_EX | LOCK_NB) != 0;
     visit(path, fd.fd, st, live);
   }
