@@ -417,7 +417,7 @@ TEST(Train, NvmeOptimizerStatesAreBitwiseAtDemoSize) {
     c.zero_optimization.sub_group_size = 1'000'000;
     c.zero_optimization.stage3_max_live_parameters = 2'000'000;
     c.zero_optimization.reduce_bucket_size = 2'000'000;
-    c.strata.hbm_budget_bytes = 20 << 20;
+    c.strata.hbm_budget_bytes = 26 << 20;  // slots for 2 blocks + 2 gradients, and the activations
     return c;
   };
   StatusOr<TrainResult> want = Train(config(OffloadDevice::kCpu), 5);
