@@ -157,7 +157,10 @@ int strata_register_parameter(strata_engine* e, const char* name, int64_t numel,
   });
 }
 
-int strata_plan(strata_engine* e) { return e ? Check(e->engine->Plan()) : NullArg("engine"); }
+int strata_plan(strata_engine* e) {
+  return Guard("strata_plan",
+               [&]() -> int { return e ? Check(e->engine->Plan()) : NullArg("engine"); });
+}
 
 int strata_before_forward(strata_engine* e, int module, void** params, int capacity, int* count) {
   return Guard("strata_before_forward", [&]() -> int {
@@ -230,30 +233,34 @@ int strata_synchronize(strata_engine* e) {
 
 int strata_save_checkpoint(strata_engine* e, const char* dir, int64_t data_position,
                            const char* note) {
-  if (e == nullptr) return NullArg("engine");
-  if (dir == nullptr) return NullArg("dir");
-  strata::CheckpointInfo info;
-  info.data_position = data_position;
-  if (note != nullptr) info.note = note;
-  return Check(e->engine->SaveCheckpoint(dir, info));
+  return Guard("strata_save_checkpoint", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    if (dir == nullptr) return NullArg("dir");
+    strata::CheckpointInfo info;
+    info.data_position = data_position;
+    if (note != nullptr) info.note = note;
+    return Check(e->engine->SaveCheckpoint(dir, info));
+  });
 }
 
 int strata_load_checkpoint(strata_engine* e, const char* dir, int64_t* data_position,
                            int64_t* optimizer_step, char* note_buf, size_t note_capacity,
                            size_t* note_needed) {
-  if (e == nullptr) return NullArg("engine");
-  if (dir == nullptr) return NullArg("dir");
-  strata::CheckpointInfo info;
-  if (int rc = Check(e->engine->LoadCheckpoint(dir, &info)); rc != STRATA_OK) return rc;
-  if (data_position) *data_position = info.data_position;
-  if (optimizer_step) *optimizer_step = info.optimizer_step;
-  if (note_needed) *note_needed = info.note.size() + 1;
-  if (note_buf != nullptr && note_capacity > 0) {
-    const size_t n = std::min(info.note.size(), note_capacity - 1);
-    std::memcpy(note_buf, info.note.data(), n);
-    note_buf[n] = '\0';
-  }
-  return STRATA_OK;
+  return Guard("strata_load_checkpoint", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    if (dir == nullptr) return NullArg("dir");
+    strata::CheckpointInfo info;
+    if (int rc = Check(e->engine->LoadCheckpoint(dir, &info)); rc != STRATA_OK) return rc;
+    if (data_position) *data_position = info.data_position;
+    if (optimizer_step) *optimizer_step = info.optimizer_step;
+    if (note_needed) *note_needed = info.note.size() + 1;
+    if (note_buf != nullptr && note_capacity > 0) {
+      const size_t n = std::min(info.note.size(), note_capacity - 1);
+      std::memcpy(note_buf, info.note.data(), n);
+      note_buf[n] = '\0';
+    }
+    return STRATA_OK;
+  });
 }
 
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
