@@ -77,8 +77,18 @@ ChildResult RunInChild(const std::function<bool()>& limit,
     r.message.append(buf, static_cast<size_t>(n));
   }
   close(fds[0]);
+  // The pipe may close before the child exits (or hangs): wait with the
+  // same deadline, then kill it.
   int status = 0;
-  waitpid(pid, &status, 0);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      r.message += "[timed out: the child hung after closing its pipe]";
+      waitpid(pid, &status, 0);
+      break;
+    }
+    usleep(10'000);
+  }
   r.exited = WIFEXITED(status);
   if (r.exited) r.code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
@@ -207,6 +217,9 @@ TEST_F(ResourceLimitsTest, SomeThreadsLeftIsAStatusWhereverItStops) {
 // Little address space left: every step from creation to the plan either
 // fits or fails with a Status.
 TEST_F(ResourceLimitsTest, LowAddressSpaceIsAStatusNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's own allocator dies under RLIMIT_AS (its shadow memory)";
+#endif
   int statuses = 0;
   for (uint64_t extra_mib : {0, 8, 32, 64, 128, 256}) {
     SCOPED_TRACE("RLIMIT_AS: mapped + " + std::to_string(extra_mib) + " MiB");
@@ -227,11 +240,13 @@ TEST_F(ResourceLimitsTest, CApiGivesAnErrorCodeAndMessage) {
   ASSERT_TRUE(r.exited) << "killed by signal " << r.signal << ": " << r.message;
   ASSERT_EQ(r.code, kStatus) << r.message;
   EXPECT_NE(r.message.find("thread"), std::string::npos) << r.message;
+#if !defined(__SANITIZE_ADDRESS__)  // see LowAddressSpaceIsAStatusNotAnAbort
   r = RunInChild([] { return LimitAddressSpace(0); },
                  [&](std::string* m) { return CreateThroughCApi(dir_.str(), m); });
   ASSERT_TRUE(r.exited) << "killed by signal " << r.signal << ": " << r.message;
   EXPECT_EQ(r.code, kStatus) << r.message;
   EXPECT_FALSE(r.message.empty());
+#endif
 }
 
 }  // namespace
