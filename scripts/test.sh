@@ -3,7 +3,10 @@
 # then installs the library into a staging prefix and builds the consumer in
 # examples/link against the *installed* package (CMake and pkg-config), then
 # fuzzes the config parser for ${STRATA_FUZZ_SECONDS:-60} s (scripts/fuzz.sh;
-# skipped, saying why, without clang).
+# skipped, saying why, without clang). Also: Clang's thread-safety analysis
+# of the scheduler (scripts/check_thread_safety.sh) and the config and nvme
+# tests under ASan + UBSan (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0
+# skips it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
@@ -15,6 +18,11 @@ ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 900 || st
 
 echo "== thread-safety analysis (clang -Werror=thread-safety over src/scheduler)"
 "$ROOT/scripts/check_thread_safety.sh" "$BUILD_DIR" || status=1
+
+if [ "${STRATA_SANITIZE_TESTS:-1}" != 0 ]; then
+  echo "== sanitizers (ASan + UBSan: config and nvme tests)"
+  "$ROOT/scripts/sanitize.sh" || status=1
+fi
 
 echo "== install + link check (examples/link)"
 STAGE="$BUILD_DIR/stage"
