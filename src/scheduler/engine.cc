@@ -278,6 +278,10 @@ Status EngineImpl::Plan() {
   lo.reduce_bucket_size = zo.reduce_bucket_size;
   layout_ = Layout::Build(std::move(recs), lo);
 
+  // Leftover swap files of killed runs go before the plan counts free space
+  // (one notice each; files of live runs are left alone).
+  for (const std::string& p : scheduler::UsedNvmePaths(cfg_))
+    RETURN_IF_ERROR(nvme::RemoveLeftoverSwapFiles(p).status());
   scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
   placement.device_optimizer = device_optimizer_;
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);

@@ -13,6 +13,8 @@
 #include <map>
 #include <mutex>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "src/common/dtype.h"
@@ -891,6 +893,29 @@ TEST(EngineTest, DeviceOptimizerRefusesWhatItCannotRun) {
   e = CreateEngine(c, hooks);
   ASSERT_FALSE(e.ok());
   EXPECT_THAT(std::string(e.status().message()), ::testing::HasSubstr("optimizer.type: Lion"));
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A killed run's swap file (nobody holds its lock) is removed by Plan(), a
+// library user's too (Plan removes leftovers before it measures free space).
+TEST(EngineTest, PlanRemovesLeftoverSwapFilesFirst) {
+  testing::ScratchDir dir;
+  const std::string leftover = dir.str() + "/strata-swap-00000000000000aa-12345-0.bin";
+  {
+    std::ofstream f(leftover, std::ios::binary);
+    f << std::string(1 << 16, 'x');
+  }
+  ASSERT_TRUE(std::filesystem::exists(leftover));
+  auto e = CreateEngine(BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str()));
+  ASSERT_TRUE(e.ok()) << e.status();
+  Register(**e, 1);
+  ASSERT_TRUE((*e)->Plan().ok());
+  EXPECT_FALSE(std::filesystem::exists(leftover));
 }
 
 }  // namespace
