@@ -72,30 +72,8 @@ void Register(Engine& e, uint64_t seed) {
   }
 }
 
-float Load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kFp32:
-      return static_cast<const float*>(p)[i];
-    case DType::kFp16:
-      return HalfBitsToFloat(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBf16:
-      return Bf16BitsToFloat(static_cast<const uint16_t*>(p)[i]);
-  }
-  return 0;
-}
-void Store(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kFp32:
-      static_cast<float*>(p)[i] = v;
-      break;
-    case DType::kFp16:
-      static_cast<uint16_t*>(p)[i] = FloatToHalfBits(v);
-      break;
-    case DType::kBf16:
-      static_cast<uint16_t*>(p)[i] = FloatToBf16Bits(v);
-      break;
-  }
-}
+float Load(const void* p, DType t, int64_t i) { return LoadAsFloat(p, t, static_cast<size_t>(i)); }
+void Store(void* p, DType t, int64_t i, float v) { StoreFromFloat(p, t, static_cast<size_t>(i), v); }
 
 // One micro-batch of a toy "model": forward touches every module in `order`,
 // backward writes gradients that depend on the parameters' device values and
