@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/strata/bench_optimizers.h"
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
@@ -87,16 +88,13 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   cpu_adam::Options base;
   base.threads = args.threads;
   base.isa = args.isa;
-  auto strata_opt = cpu_adam::CpuOptimizer::Create(base);
-  if (!strata_opt.ok()) return Fail(strata_opt.status().ToString());
-  cpu_adam::Options ro = base;
-  ro.roofline_kernel = true;
-  auto roof_opt = cpu_adam::CpuOptimizer::Create(ro);
-  if (!roof_opt.ok()) return Fail(roof_opt.status().ToString());
+  auto opts = CreateBenchOptimizers(base);
+  if (!opts.ok()) return Fail(opts.status().ToString());
+  auto* const strata_opt = &opts->strata;
+  auto* const roof_opt = &opts->roofline;
+  auto* const scalar_opt = &opts->scalar;
   cpu_adam::Options so = base;
   so.isa = "scalar";
-  auto scalar_opt = cpu_adam::CpuOptimizer::Create(so);
-  if (!scalar_opt.ok()) return Fail(scalar_opt.status().ToString());
   so.threads = 1;
   auto scalar1_opt = cpu_adam::CpuOptimizer::Create(so);
   if (!scalar1_opt.ok()) return Fail(scalar1_opt.status().ToString());

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/strata/bench_optimizers.h"
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
@@ -144,16 +145,11 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   base.threads = args.threads;
   base.isa = args.isa;
   base.streaming_stores = ss;
-  auto strata_opt = cpu_adam::CpuOptimizer::Create(base);
-  if (!strata_opt.ok()) return Fail(strata_opt.status().ToString());
-  cpu_adam::Options ro = base;
-  ro.roofline_kernel = true;
-  auto roof_opt = cpu_adam::CpuOptimizer::Create(ro);
-  if (!roof_opt.ok()) return Fail(roof_opt.status().ToString());
-  cpu_adam::Options so = base;
-  so.isa = "scalar";
-  auto scalar_opt = cpu_adam::CpuOptimizer::Create(so);
-  if (!scalar_opt.ok()) return Fail(scalar_opt.status().ToString());
+  auto opts = CreateBenchOptimizers(base);
+  if (!opts.ok()) return Fail(opts.status().ToString());
+  auto* const strata_opt = &opts->strata;
+  auto* const roof_opt = &opts->roofline;
+  auto* const scalar_opt = &opts->scalar;
 
   // All variants step the SAME arrays: where an array sits in memory changes
   // its bandwidth on this VM by up to 25% (measured), so separate arrays per
