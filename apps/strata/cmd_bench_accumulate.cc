@@ -79,8 +79,8 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
   // Before allocating: the accumulator and the gradients must fit.
   const uint64_t per_elem = 4 + DTypeSize(gd);
-  if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (" +
-                                     std::to_string(per_elem) + " bytes/element of arrays)",
+  if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (" + std::to_string(per_elem) +
+                                     " bytes/element of arrays)",
                                  per_elem * n);
       !s.ok())
     return Fail(s.ToString());

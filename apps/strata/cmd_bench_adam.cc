@@ -28,8 +28,8 @@
 namespace strata::cli {
 namespace {
 
-using nlohmann::json;
 using cpu_adam::Algorithm;
+using nlohmann::json;
 
 struct BenchAdamArgs {
   std::string params = "100000000";
@@ -80,13 +80,16 @@ StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd) {
     m[i] = (Hash01(i, 2) - 0.5f) * 0.01f;
     v[i] = Hash01(i, 3) * 1e-4f;
     const float g = (Hash01(i, 4) - 0.5f) * 0.1f;
-    if (gd == DType::kFp32) a.g.as<float>()[i] = g;
-    else a.g.as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
+    if (gd == DType::kFp32)
+      a.g.as<float>()[i] = g;
+    else
+      a.g.as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
   }
   return a;
 }
 
-cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType> cd, Algorithm alg) {
+cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType> cd,
+                             Algorithm alg) {
   cpu_adam::ShardStep s;
   s.param = a.p.as<float>();
   s.grad = a.g.data();
@@ -156,7 +159,8 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   // variant would bias the comparison. The roofline kernel leaves finite
   // values unchanged; the optimizer steps keep them finite.
   auto arrays = MakeArrays(n, gd, cd);
-  if (!arrays.ok()) return Fail("allocating " + std::to_string(n) + " params: " + arrays.status().ToString());
+  if (!arrays.ok())
+    return Fail("allocating " + std::to_string(n) + " params: " + arrays.status().ToString());
   // The unfused variant needs fp32 gradients (its own array when grads are 16-bit).
   AlignedBuffer grad32;
   if (cd && gd != DType::kFp32) {
@@ -208,10 +212,18 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   for (int r = 0; r < args.reps; ++r) {
     for (int k = 0; k < variants; ++k) {
       switch ((r + k) % variants) {
-        case 0: t_roof.push_back(time_it([&] { run_step(**roof_opt, roof_step); })); break;
-        case 1: t_strata.push_back(time_it([&] { run_step(**strata_opt, strata_step); })); break;
-        case 2: t_scalar.push_back(time_it([&] { run_step(**scalar_opt, scalar_step); })); break;
-        case 3: t_two.push_back(time_it(run_two_pass)); break;
+        case 0:
+          t_roof.push_back(time_it([&] { run_step(**roof_opt, roof_step); }));
+          break;
+        case 1:
+          t_strata.push_back(time_it([&] { run_step(**strata_opt, strata_step); }));
+          break;
+        case 2:
+          t_scalar.push_back(time_it([&] { run_step(**scalar_opt, scalar_step); }));
+          break;
+        case 3:
+          t_two.push_back(time_it(run_two_pass));
+          break;
       }
     }
   }
@@ -227,7 +239,8 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   const double roof_pps = roof_adam_pps * static_cast<double>(roof_bpp) / static_cast<double>(bpp);
   std::string formula = "param 4r+4w + grad " + std::to_string(DTypeSize(gd)) + "r + " +
                         (two_states ? "exp_avg 4r+4w + exp_avg_sq 4r+4w" : "state 4r+4w") +
-                        (cd ? " + copy " + std::to_string(DTypeSize(*cd)) + "w" : "") + " = " + std::to_string(bpp);
+                        (cd ? " + copy " + std::to_string(DTypeSize(*cd)) + "w" : "") + " = " +
+                        std::to_string(bpp);
   json j;
   j["optimizer"] = args.optimizer;
   j["params"] = n;
@@ -235,7 +248,9 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   j["isa"] = std::string((*strata_opt)->isa());
   j["grad_dtype"] = args.grad_dtype;
   j["copy_out"] = args.copy_out;
-  j["streaming_stores"] = (*strata_opt)->streams_state() ? "all" : ((*strata_opt)->streams_copy() && cd ? "copy" : "off");
+  j["streaming_stores"] = (*strata_opt)->streams_state()
+                              ? "all"
+                              : ((*strata_opt)->streams_copy() && cd ? "copy" : "off");
   j["reps"] = args.reps;
   j["params_per_s"] = strata_pps;
   j["bytes_per_param"] = bpp;
@@ -248,11 +263,13 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   j["scalar_params_per_s"] = scalar_pps;
   j["speedup_vs_scalar"] = strata_pps / scalar_pps;
   if (two_pass) {
-    const size_t two_bpp = cpu_adam::BytesPerElement(alg, DType::kFp32, std::nullopt) + 4 + DTypeSize(*cd);
+    const size_t two_bpp =
+        cpu_adam::BytesPerElement(alg, DType::kFp32, std::nullopt) + 4 + DTypeSize(*cd);
     const double two_pps = n / Median(t_two);
     j["two_pass_bytes_per_param"] = two_bpp;
     j["two_pass_formula"] = "step with fp32 grads " + std::to_string(two_bpp - 4 - DTypeSize(*cd)) +
-                            " + cast pass 4r+" + std::to_string(DTypeSize(*cd)) + "w = " + std::to_string(two_bpp);
+                            " + cast pass 4r+" + std::to_string(DTypeSize(*cd)) +
+                            "w = " + std::to_string(two_bpp);
     j["two_pass_params_per_s"] = two_pps;
     j["fused_speedup_vs_two_pass"] = strata_pps / two_pps;
   }
@@ -260,17 +277,25 @@ int RunBenchAdam(const BenchAdamArgs& args) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("strata bench adam: %s, %zu params, %d threads, isa %s, grad %s, copy-out %s, %d reps (medians)\n",
-              args.optimizer.c_str(), n, (*strata_opt)->threads(), std::string((*strata_opt)->isa()).c_str(),
-              args.grad_dtype.c_str(), args.copy_out.c_str(), args.reps);
+  std::printf(
+      "strata bench adam: %s, %zu params, %d threads, isa %s, grad %s, copy-out %s, %d reps "
+      "(medians)\n",
+      args.optimizer.c_str(), n, (*strata_opt)->threads(),
+      std::string((*strata_opt)->isa()).c_str(), args.grad_dtype.c_str(), args.copy_out.c_str(),
+      args.reps);
   std::printf("  bytes/param     %s\n", formula.c_str());
-  std::printf("  roofline        %8.1f Mparams/s  %6.1f GB/s\n", roof_pps / 1e6, roof_adam_pps * roof_bpp / 1e9);
-  std::printf("  scalar loop     %8.1f Mparams/s  %6.1f GB/s\n", scalar_pps / 1e6, scalar_pps * bpp / 1e9);
-  std::printf("  strata          %8.1f Mparams/s  %6.1f GB/s  roofline_fraction %.3f  speedup_vs_scalar %.2f\n",
-              strata_pps / 1e6, strata_pps * bpp / 1e9, strata_pps / roof_pps, strata_pps / scalar_pps);
+  std::printf("  roofline        %8.1f Mparams/s  %6.1f GB/s\n", roof_pps / 1e6,
+              roof_adam_pps * roof_bpp / 1e9);
+  std::printf("  scalar loop     %8.1f Mparams/s  %6.1f GB/s\n", scalar_pps / 1e6,
+              scalar_pps * bpp / 1e9);
+  std::printf(
+      "  strata          %8.1f Mparams/s  %6.1f GB/s  roofline_fraction %.3f  speedup_vs_scalar "
+      "%.2f\n",
+      strata_pps / 1e6, strata_pps * bpp / 1e9, strata_pps / roof_pps, strata_pps / scalar_pps);
   if (two_pass) {
     std::printf("  two-pass        %8.1f Mparams/s  (%s)  fused is %.2fx faster\n",
-                j["two_pass_params_per_s"].get<double>() / 1e6, j["two_pass_formula"].get<std::string>().c_str(),
+                j["two_pass_params_per_s"].get<double>() / 1e6,
+                j["two_pass_formula"].get<std::string>().c_str(),
                 j["fused_speedup_vs_two_pass"].get<double>());
   }
   return 0;
@@ -278,22 +303,32 @@ int RunBenchAdam(const BenchAdamArgs& args) {
 
 CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
   auto args = std::make_shared<BenchAdamArgs>();
-  CLI::App* cmd = bench.add_subcommand("adam", "Benchmark the fused CPU optimizer against the roofline and a scalar loop");
-  cmd->add_option("--params", args->params, "Parameters (elements), e.g. 100000000, 1e8, 100M or 1.5B")->capture_default_str();
+  CLI::App* cmd = bench.add_subcommand(
+      "adam", "Benchmark the fused CPU optimizer against the roofline and a scalar loop");
+  cmd->add_option("--params", args->params,
+                  "Parameters (elements), e.g. 100000000, 1e8, 100M or 1.5B")
+      ->capture_default_str();
   cmd->add_option("--threads", args->threads, "Threads (0 = all PUs; at most the PUs)")
       ->capture_default_str()
       ->transform(ThreadCount());
   cmd->add_option("--grad-dtype", args->grad_dtype, "fp32|fp16|bf16")
-      ->capture_default_str()->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   cmd->add_option("--copy-out", args->copy_out, "none|fp16|bf16|fp32")
-      ->capture_default_str()->check(CLI::IsMember({"none", "fp16", "bf16", "fp32"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "fp32"}));
   cmd->add_option("--optimizer", args->optimizer, "adam|adamw|adagrad|lion")
-      ->capture_default_str()->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
   cmd->add_option("--isa", args->isa, "auto|avx512|avx2|sse4.2|scalar")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));
   cmd->add_option("--streaming", args->streaming, "Non-temporal stores: auto|off|copy|all")
-      ->capture_default_str()->check(CLI::IsMember({"auto", "off", "copy", "all"}));
-  cmd->add_option("--reps", args->reps, "Timed repetitions per variant (interleaved)")->capture_default_str()->transform(CountSuffix());
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "off", "copy", "all"}));
+  cmd->add_option("--reps", args->reps, "Timed repetitions per variant (interleaved)")
+      ->capture_default_str()
+      ->transform(CountSuffix());
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->callback([args, &r] { r.exit_code = RunBenchAdam(*args); });
 });

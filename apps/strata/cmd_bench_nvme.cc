@@ -39,8 +39,10 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
   nvme::NvmeBenchOptions o;
   o.paths = a.paths;
   uint64_t bs = 0;
-  if (!ParseByteSize(a.size, &o.size) || o.size == 0) return Fail("--size: \"" + a.size + "\" is not a size");
-  if (!ParseByteSize(a.block_size, &bs)) return Fail("--block-size: \"" + a.block_size + "\" is not a size");
+  if (!ParseByteSize(a.size, &o.size) || o.size == 0)
+    return Fail("--size: \"" + a.size + "\" is not a size");
+  if (!ParseByteSize(a.block_size, &bs))
+    return Fail("--block-size: \"" + a.block_size + "\" is not a size");
   if (!ParseByteSize(a.request, &o.request_bytes) || o.request_bytes == 0)
     return Fail("--request-size: \"" + a.request + "\" is not a size");
   auto kind = nvme::ParseEngineKind(a.engine);
@@ -86,8 +88,12 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
       run["fio_read_gbytes_per_s"] = fr.back();
     }
     if (!a.json)
-      std::fprintf(stderr, "run %d/%d: engine write %.3f read %.3f GB/s%s\n", i + 1, a.runs, ew.back(), er.back(),
-                   a.vs_fio ? (", fio write " + std::to_string(fw.back()) + " read " + std::to_string(fr.back())).c_str() : "");
+      std::fprintf(stderr, "run %d/%d: engine write %.3f read %.3f GB/s%s\n", i + 1, a.runs,
+                   ew.back(), er.back(),
+                   a.vs_fio ? (", fio write " + std::to_string(fw.back()) + " read " +
+                               std::to_string(fr.back()))
+                                  .c_str()
+                            : "");
     runs.push_back(run);
   }
   json out;
@@ -105,16 +111,19 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
     out["fio_read_gbytes_per_s"] = nvme::Median(fr);
     out["write_vs_fio"] = nvme::Median(ew) / nvme::Median(fw);
     out["read_vs_fio"] = nvme::Median(er) / nvme::Median(fr);
-    out["fio_command_write"] = nvme::FioCommand(o, a.paths[0] + "/strata-fio-<pid>.bin", "write", "<json>");
+    out["fio_command_write"] =
+        nvme::FioCommand(o, a.paths[0] + "/strata-fio-<pid>.bin", "write", "<json>");
   }
   out["runs"] = runs;
   if (a.json) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
-  std::printf("engine %s, %s over %zu path(s), block %llu, queue depth %d, threads %d, %d run(s) (medians)\n",
-              engine_used.c_str(), a.size.c_str(), a.paths.size(), static_cast<unsigned long long>(o.io.block_size),
-              o.io.queue_depth, o.io.threads, a.runs);
+  std::printf(
+      "engine %s, %s over %zu path(s), block %llu, queue depth %d, threads %d, %d run(s) "
+      "(medians)\n",
+      engine_used.c_str(), a.size.c_str(), a.paths.size(),
+      static_cast<unsigned long long>(o.io.block_size), o.io.queue_depth, o.io.threads, a.runs);
   std::printf("  write %.3f GB/s   read %.3f GB/s\n", nvme::Median(ew), nvme::Median(er));
   if (a.vs_fio)
     std::printf("  fio   write %.3f GB/s   read %.3f GB/s   (engine/fio: write %.3f, read %.3f)\n",
@@ -132,13 +141,17 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
       ->check(CLI::ExistingDirectory);
   cmd->add_option("--size", a->size, "Bytes written then read (default 1G, ~10 s here)");
   cmd->add_option("--block-size", a->block_size, "aio.block_size (default 1M)");
-  cmd->add_option("--queue-depth", a->queue_depth, "aio.queue_depth (default 16)")->transform(CountSuffix());
+  cmd->add_option("--queue-depth", a->queue_depth, "aio.queue_depth (default 16)")
+      ->transform(CountSuffix());
   cmd->add_option("--threads", a->threads, "aio.intra_op_parallelism: rings (default 1)");
   cmd->add_option("--engine", a->engine, "uring|posix|auto (default uring)")
       ->check(CLI::IsMember({"uring", "io_uring", "posix", "auto"}));
-  cmd->add_option("--request-size", a->request, "Bytes per swap-store request (default 256M; DeepSpeed sub-groups are GBs)");
-  cmd->add_option("--runs", a->runs, "Repetitions, alternating engine and fio (default 3)")->transform(CountSuffix());
-  cmd->add_flag("--vs-fio", a->vs_fio, "Also run fio with the same engine/block/depth/size/O_DIRECT");
+  cmd->add_option("--request-size", a->request,
+                  "Bytes per swap-store request (default 256M; DeepSpeed sub-groups are GBs)");
+  cmd->add_option("--runs", a->runs, "Repetitions, alternating engine and fio (default 3)")
+      ->transform(CountSuffix());
+  cmd->add_flag("--vs-fio", a->vs_fio,
+                "Also run fio with the same engine/block/depth/size/O_DIRECT");
   cmd->add_flag("--json", a->json, "Machine-readable output");
   cmd->callback([&r, a] { r.exit_code = RunBenchNvme(*a); });
 });

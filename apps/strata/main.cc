@@ -3,11 +3,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
-#include <algorithm>
 
 #include "apps/strata/commands.h"
 #include "src/common/log.h"
@@ -47,8 +47,8 @@ CLI::Validator ThreadCount() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         const int pus = MachinePus();
-        const std::string range = "give 0 (all " + std::to_string(pus) + " PUs) to " +
-                                  std::to_string(pus);
+        const std::string range =
+            "give 0 (all " + std::to_string(pus) + " PUs) to " + std::to_string(pus);
         int64_t v = 0;
         if (!strata::ParseCount(text, &v) || (!text.empty() && text[0] == '-'))
           return "\"" + text + "\" is not a thread count: " + range;
@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
   CliResult result;
-  CLI::App* bench =
-      app.add_subcommand("bench", "Measure CPU Adam, gradient accumulation, NVMe or PCIe against a baseline");
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Measure CPU Adam, gradient accumulation, NVMe or PCIe against a baseline");
   bench->require_subcommand(1);
   CLI::App* tune = app.add_subcommand("tune", "Sweep settings and print the best config section");
   tune->require_subcommand(1);

@@ -23,11 +23,13 @@ namespace {
 
 Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status();
-  return InternalError(std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  return InternalError(std::string(what) + ": " + cudaGetErrorName(e) + " (" +
+                       cudaGetErrorString(e) + ")");
 }
 Status CublasStatus(cublasStatus_t e, const char* what) {
   if (e == CUBLAS_STATUS_SUCCESS) return Status();
-  return InternalError(std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(e)));
+  return InternalError(std::string(what) + ": cuBLAS status " +
+                       std::to_string(static_cast<int>(e)));
 }
 #define CUDA_RETURN(expr, what) STRATA_RETURN_IF_ERROR(CudaStatus((expr), what))
 
@@ -76,7 +78,8 @@ class CudaBackend final : public Backend {
     host_tokens_.assign(inputs.begin(), inputs.end());
     host_tokens_.insert(host_tokens_.end(), targets.begin(), targets.end());
     // Pageable source: the copy is staged before cudaMemcpyAsync returns.
-    CUDA_RETURN(cudaMemcpyAsync(tokens_, host_tokens_.data(), host_tokens_.size() * 4, cudaMemcpyHostToDevice, stream_),
+    CUDA_RETURN(cudaMemcpyAsync(tokens_, host_tokens_.data(), host_tokens_.size() * 4,
+                                cudaMemcpyHostToDevice, stream_),
                 "upload tokens");
     return Status();
   }
@@ -85,7 +88,9 @@ class CudaBackend final : public Backend {
     if (p.size() != 3) return InvalidArgumentError("embedding: expected 3 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, VH = s_.vocab * H;
     for (int i = 0; i < 3; ++i) STRATA_RETURN_IF_ERROR(Widen(p[i], w_ + i * VH, VH));
-    return Check(cuda::EmbedForward(tokens_, s_.seq_len, H, N, w_, w_ + VH, w_ + 2 * VH, h0, stream_), "EmbedForward");
+    return Check(
+        cuda::EmbedForward(tokens_, s_.seq_len, H, N, w_, w_ + VH, w_ + 2 * VH, h0, stream_),
+        "EmbedForward");
   }
 
   Status BlockForward(const std::vector<void*>& p, const float* h_in, float* h_out) override {
@@ -100,7 +105,8 @@ class CudaBackend final : public Backend {
     return Gemm(false, true, N, H, F, g_, F, w2, F, 1.f, h_out, H);
   }
 
-  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h, double loss_scale) override {
+  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
+                               double loss_scale) override {
     if (p.size() != 2) return InvalidArgumentError("head: expected 2 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
     float *w = w_, *b = w_ + V * H;
@@ -109,16 +115,20 @@ class CudaBackend final : public Backend {
     STRATA_RETURN_IF_ERROR(Check(cuda::RmsForward(h, N, H, u_, rms_, stream_), "RmsForward"));
     STRATA_RETURN_IF_ERROR(Check(cuda::AddRowBias(nullptr, b, N, V, z_, stream_), "AddRowBias"));
     STRATA_RETURN_IF_ERROR(Gemm(false, true, N, V, H, u_, H, w, H, 1.f, z_, V));
-    STRATA_RETURN_IF_ERROR(Check(
-        cuda::SoftmaxXent(z_, tokens_ + N, N, V, static_cast<float>(loss_scale / N), loss_, stream_), "SoftmaxXent"));
-    CUDA_RETURN(cudaMemcpyAsync(host_loss_.data(), loss_, N * 4, cudaMemcpyDeviceToHost, stream_), "download loss");
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::SoftmaxXent(z_, tokens_ + N, N, V, static_cast<float>(loss_scale / N), loss_,
+                                stream_),
+              "SoftmaxXent"));
+    CUDA_RETURN(cudaMemcpyAsync(host_loss_.data(), loss_, N * 4, cudaMemcpyDeviceToHost, stream_),
+                "download loss");
     CUDA_RETURN(cudaStreamSynchronize(stream_), "synchronize for the loss");
     double total = 0;
     for (float l : host_loss_) total += l;
     return total / static_cast<double>(N);
   }
 
-  Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h, float* dh) override {
+  Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h,
+                      float* dh) override {
     if (p.size() != 2 || g.size() != 2) return InvalidArgumentError("head: expected 2 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
     float* w = w_;
@@ -128,7 +138,8 @@ class CudaBackend final : public Backend {
     STRATA_RETURN_IF_ERROR(Gemm(true, false, V, H, N, z_, V, u_, H, 0.f, gw, H));
     STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSum(z_, N, V, gb, stream_), "ColumnSum"));
     STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, V, z_, V, w, H, 0.f, du_, H));
-    STRATA_RETURN_IF_ERROR(Check(cuda::RmsBackward(u_, rms_, du_, N, H, false, dh, stream_), "RmsBackward"));
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::RmsBackward(u_, rms_, du_, N, H, false, dh, stream_), "RmsBackward"));
     STRATA_RETURN_IF_ERROR(Narrow(gw, g[0], V * H));
     return Narrow(gb, g[1], V);
   }
@@ -151,7 +162,8 @@ class CudaBackend final : public Backend {
     STRATA_RETURN_IF_ERROR(Gemm(true, false, F, H, N, g_, F, u_, H, 0.f, gw1, H));  // dW1 = daᵀ · u
     STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSum(g_, N, F, gb1, stream_), "ColumnSum"));
     STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, F, g_, F, w1, H, 0.f, du_, H));  // du = da · W1
-    STRATA_RETURN_IF_ERROR(Check(cuda::RmsBackward(u_, rms_, du_, N, H, true, dh, stream_), "RmsBackward"));
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::RmsBackward(u_, rms_, du_, N, H, true, dh, stream_), "RmsBackward"));
     STRATA_RETURN_IF_ERROR(Narrow(gw1, g[0], F * H));
     STRATA_RETURN_IF_ERROR(Narrow(gb1, g[1], F));
     STRATA_RETURN_IF_ERROR(Narrow(gw2, g[2], H * F));
@@ -162,14 +174,16 @@ class CudaBackend final : public Backend {
     if (g.size() != 3) return InvalidArgumentError("embedding: expected 3 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, VH = s_.vocab * H;
     CUDA_RETURN(cudaMemsetAsync(gw_, 0, 3 * VH * 4, stream_), "zero embedding gradients");
-    STRATA_RETURN_IF_ERROR(
-        Check(cuda::EmbedBackward(tokens_, s_.seq_len, H, N, dh, gw_, gw_ + VH, gw_ + 2 * VH, stream_), "EmbedBackward"));
+    STRATA_RETURN_IF_ERROR(Check(
+        cuda::EmbedBackward(tokens_, s_.seq_len, H, N, dh, gw_, gw_ + VH, gw_ + 2 * VH, stream_),
+        "EmbedBackward"));
     for (int i = 0; i < 3; ++i) STRATA_RETURN_IF_ERROR(Narrow(gw_ + i * VH, g[i], VH));
     return Status();
   }
 
   Status CopyToHost(const float* device, float* host, int64_t n) override {
-    CUDA_RETURN(cudaMemcpyAsync(host, device, n * 4, cudaMemcpyDeviceToHost, stream_), "CopyToHost");
+    CUDA_RETURN(cudaMemcpyAsync(host, device, n * 4, cudaMemcpyDeviceToHost, stream_),
+                "CopyToHost");
     return CudaStatus(cudaStreamSynchronize(stream_), "CopyToHost synchronize");
   }
 
@@ -189,14 +203,14 @@ class CudaBackend final : public Backend {
     return Widen(p[3], b2, H);
   }
   // Row-major C[m × n] = op(A) · op(B) + beta · C, as column-major Cᵀ = op(B)ᵀ · op(A)ᵀ.
-  Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-              int64_t ldb, float beta, float* c, int64_t ldc) {
+  Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     const float alpha = 1.f;
     return CublasStatus(
-        cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n),
-                     static_cast<int>(m), static_cast<int>(k), &alpha, b, CUDA_R_32F, static_cast<int>(ldb), a,
-                     CUDA_R_32F, static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(ldc),
-                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                     CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta,
+                     c, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   }
 
@@ -214,10 +228,10 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype, void* stream,
-                                                   WorkspaceFn alloc) {
-  return std::unique_ptr<Backend>(
-      std::make_unique<CudaBackend>(shape, dtype, static_cast<cudaStream_t>(stream), std::move(alloc)));
+StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype,
+                                                  void* stream, WorkspaceFn alloc) {
+  return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(
+      shape, dtype, static_cast<cudaStream_t>(stream), std::move(alloc)));
 }
 
 }  // namespace strata::example

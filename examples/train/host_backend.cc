@@ -19,13 +19,15 @@ namespace {
 
 class HostBackend final : public Backend {
  public:
-  HostBackend(const ModelShape& s, DType dtype, WorkspaceFn alloc) : s_(s), dtype_(dtype), alloc_(std::move(alloc)) {}
+  HostBackend(const ModelShape& s, DType dtype, WorkspaceFn alloc)
+      : s_(s), dtype_(dtype), alloc_(std::move(alloc)) {}
 
   Status SetBatch(std::span<const int32_t> inputs, std::span<const int32_t> targets) override {
     const int64_t n = s_.tokens();
     if (static_cast<int64_t>(inputs.size()) != n || static_cast<int64_t>(targets.size()) != n)
       return InvalidArgumentError("SetBatch: " + std::to_string(inputs.size()) + " inputs and " +
-                                  std::to_string(targets.size()) + " targets, model takes " + std::to_string(n));
+                                  std::to_string(targets.size()) + " targets, model takes " +
+                                  std::to_string(n));
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i] < 0 || inputs[i] >= s_.vocab || targets[i] < 0 || targets[i] >= s_.vocab)
         return InvalidArgumentError("SetBatch: token out of range at " + std::to_string(i));
@@ -61,7 +63,8 @@ class HostBackend final : public Backend {
     return Status();
   }
 
-  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h, double loss_scale) override {
+  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
+                               double loss_scale) override {
     STRATA_RETURN_IF_ERROR(Expect(p, 2, "head"));
     STRATA_RETURN_IF_ERROR(Prepare());
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
@@ -74,7 +77,8 @@ class HostBackend final : public Backend {
     return ops::SoftmaxCrossEntropy(z_, targets_.data(), N, V, static_cast<float>(loss_scale / N));
   }
 
-  Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h, float* dh) override {
+  Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h,
+                      float* dh) override {
     STRATA_RETURN_IF_ERROR(Expect(p, 2, "head"));
     STRATA_RETURN_IF_ERROR(Expect(g, 2, "head gradients"));
     STRATA_RETURN_IF_ERROR(Prepare());
@@ -83,7 +87,7 @@ class HostBackend final : public Backend {
     ops::RmsNormForward(h, N, H, u_, rms_);
     float* gw = Grad(0, V * H);
     float* gb = Grad(1, V);
-    Gemm(true, false, V, H, N, z_, V, u_, H, 0.f, gw, H);  // dW = dzᵀ · y
+    Gemm(true, false, V, H, N, z_, V, u_, H, 0.f, gw, H);   // dW = dzᵀ · y
     ops::ColumnSum(z_, N, V, gb);                           // db = Σ dz
     Gemm(false, false, N, H, V, z_, V, w, H, 0.f, du_, H);  // dy = dz · W
     ops::RmsNormBackward(h, u_, rms_, du_, N, H, /*accumulate=*/false, dh);
@@ -109,14 +113,15 @@ class HostBackend final : public Backend {
     float* gb1 = Grad(1, F);
     float* gw2 = Grad(2, H * F);
     float* gb2 = Grad(3, H);
-    Gemm(true, false, H, F, N, dh, H, g_, F, 0.f, gw2, F);  // dW2 = dhᵀ · g
-    ops::ColumnSum(dh, N, H, gb2);                            // db2 = Σ dh
+    Gemm(true, false, H, F, N, dh, H, g_, F, 0.f, gw2, F);   // dW2 = dhᵀ · g
+    ops::ColumnSum(dh, N, H, gb2);                           // db2 = Σ dh
     Gemm(false, false, N, F, H, dh, H, w2, F, 0.f, g_, F);   // dg = dh · W2 (over g)
-    ops::GeluBackward(a_, g_, N * F);                         // da = dg ⊙ gelu'(a) (in g_)
+    ops::GeluBackward(a_, g_, N * F);                        // da = dg ⊙ gelu'(a) (in g_)
     Gemm(true, false, F, H, N, g_, F, u_, H, 0.f, gw1, H);   // dW1 = daᵀ · u
-    ops::ColumnSum(g_, N, F, gb1);                            // db1 = Σ da
+    ops::ColumnSum(g_, N, F, gb1);                           // db1 = Σ da
     Gemm(false, false, N, H, F, g_, F, w1, H, 0.f, du_, H);  // du = da · W1
-    ops::RmsNormBackward(h_in, u_, rms_, du_, N, H, /*accumulate=*/true, dh);  // residual: dh += ...
+    ops::RmsNormBackward(h_in, u_, rms_, du_, N, H, /*accumulate=*/true,
+                         dh);  // residual: dh += ...
     StoreGrad(g[0], gw1, F * H);
     StoreGrad(g[1], gb1, F);
     StoreGrad(g[2], gw2, H * F);
@@ -129,7 +134,8 @@ class HostBackend final : public Backend {
     const int64_t VH = s_.vocab * s_.hidden;
     float* gt[3];
     for (int i = 0; i < 3; ++i) gt[i] = Grad(i, VH);
-    ops::EmbedBackward(inputs_.data(), s_.batch, s_.seq_len, s_.hidden, s_.vocab, dh, gt[0], gt[1], gt[2]);
+    ops::EmbedBackward(inputs_.data(), s_.batch, s_.seq_len, s_.hidden, s_.vocab, dh, gt[0], gt[1],
+                       gt[2]);
     for (int i = 0; i < 3; ++i) StoreGrad(g[i], gt[i], VH);
     return Status();
   }
@@ -142,8 +148,8 @@ class HostBackend final : public Backend {
  private:
   static Status Expect(const std::vector<void*>& v, size_t n, const char* what) {
     if (v.size() != n)
-      return InvalidArgumentError(std::string(what) + ": " + std::to_string(v.size()) + " tensors, expected " +
-                                  std::to_string(n));
+      return InvalidArgumentError(std::string(what) + ": " + std::to_string(v.size()) +
+                                  " tensors, expected " + std::to_string(n));
     return Status();
   }
 
@@ -197,11 +203,11 @@ class HostBackend final : public Backend {
   }
 
   // Row-major C[m × n] = op(A) · op(B) + beta · C.
-  static void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  static void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f, a, static_cast<int>(lda), b,
-                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), 1.f, a,
+                static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
   }
 
   ModelShape s_;
@@ -221,11 +227,12 @@ Status CheckHostBackendMemory(const ModelShape& shape) {
   int64_t largest = 0;
   for (const ParamInfo& p : ParameterList(shape)) largest = std::max(largest, p.numel);
   const uint64_t copies = 8 * static_cast<uint64_t>(largest) * 4;  // 4 parameter + 4 gradient slots
-  return CheckHostMemory("the example model's host backend (fp32 copies of a module's parameters "
-                         "and gradients, " + FormatBytes(static_cast<int64_t>(copies)) +
-                             ", and OpenBLAS's GEMM buffer, " +
-                             FormatBytes(static_cast<int64_t>(kOpenBlasBuffer)) + ")",
-                         copies, kOpenBlasBuffer);
+  return CheckHostMemory(
+      "the example model's host backend (fp32 copies of a module's parameters "
+      "and gradients, " +
+          FormatBytes(static_cast<int64_t>(copies)) + ", and OpenBLAS's GEMM buffer, " +
+          FormatBytes(static_cast<int64_t>(kOpenBlasBuffer)) + ")",
+      copies, kOpenBlasBuffer);
 }
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc) {

@@ -48,12 +48,14 @@ StatusOr<ModelShape> ShapeFromConfig(const Config& config) {
   if (s.layers < 1 || s.layers > 100000 || s.hidden < 8 || s.hidden > (1 << 20) || s.seq_len < 2 ||
       s.seq_len > (1 << 20) || s.batch < 1 || s.batch > (1 << 20))
     return InvalidArgumentError("strata.model: layers " + std::to_string(s.layers) + ", hidden " +
-                                std::to_string(s.hidden) + ", seq_len " + std::to_string(s.seq_len) +
-                                ", micro-batch " + std::to_string(s.batch) + " out of range");
+                                std::to_string(s.hidden) + ", seq_len " +
+                                std::to_string(s.seq_len) + ", micro-batch " +
+                                std::to_string(s.batch) + " out of range");
   // Every GEMM dimension must fit BLAS's int.
   if (s.tokens() * s.ffn() > (int64_t{1} << 31) - 1)
-    return InvalidArgumentError("strata.model: micro-batch tokens × 4·hidden = " +
-                                std::to_string(s.tokens() * s.ffn()) + " elements exceeds 2^31 - 1");
+    return InvalidArgumentError(
+        "strata.model: micro-batch tokens × 4·hidden = " + std::to_string(s.tokens() * s.ffn()) +
+        " elements exceeds 2^31 - 1");
   return s;
 }
 
@@ -65,7 +67,8 @@ DType ParamDTypeFromConfig(const Config& config) {
 
 std::vector<ParamInfo> ParameterList(const ModelShape& s) {
   const int64_t V = s.vocab, H = s.hidden, F = s.ffn();
-  std::vector<ParamInfo> out = {{"embed.tok", V * H, 0}, {"embed.prev1", V * H, 0}, {"embed.prev2", V * H, 0}};
+  std::vector<ParamInfo> out = {
+      {"embed.tok", V * H, 0}, {"embed.prev1", V * H, 0}, {"embed.prev2", V * H, 0}};
   for (int64_t i = 1; i <= s.layers; ++i) {
     const std::string b = "block" + std::to_string(i);
     const int m = static_cast<int>(i);
@@ -80,7 +83,8 @@ std::vector<ParamInfo> ParameterList(const ModelShape& s) {
   return out;
 }
 
-void InitParameter(const std::string& name, const ModelShape& s, uint64_t seed, std::span<float> out) {
+void InitParameter(const std::string& name, const ModelShape& s, uint64_t seed,
+                   std::span<float> out) {
   // Uniform(−a, a) has standard deviation a / sqrt(3).
   double a = 0;
   if (name.rfind("embed.", 0) == 0) {
@@ -88,7 +92,8 @@ void InitParameter(const std::string& name, const ModelShape& s, uint64_t seed, 
   } else if (EndsWith(name, ".w1") || name == "head.w") {
     a = std::sqrt(3.0 / static_cast<double>(s.hidden));
   } else if (EndsWith(name, ".w2")) {
-    a = std::sqrt(3.0 / static_cast<double>(s.ffn())) / std::sqrt(2.0 * static_cast<double>(s.layers));
+    a = std::sqrt(3.0 / static_cast<double>(s.ffn())) /
+        std::sqrt(2.0 * static_cast<double>(s.layers));
   }  // biases start at zero
   uint64_t st = seed ^ HashName(name);
   for (float& v : out) {
@@ -108,7 +113,8 @@ int64_t BackendWorkspaceBytes(const ModelShape& s) {
   return floats * 4 + 2 * N * 4;  // + the int32 tokens (inputs and targets)
 }
 
-StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape& shape, DType dtype, uint64_t seed) {
+StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape& shape, DType dtype,
+                                               uint64_t seed) {
   if (engine == nullptr) return InvalidArgumentError("Model::Create: no engine");
   std::unique_ptr<Model> m(new Model(engine, shape, dtype));
   for (const ParamInfo& p : ParameterList(shape)) {
@@ -117,7 +123,9 @@ StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape&
     spec.numel = p.numel;
     spec.dtype = dtype;
     spec.module = p.module;
-    spec.initializer = [name = p.name, shape, seed](std::span<float> out) { InitParameter(name, shape, seed, out); };
+    spec.initializer = [name = p.name, shape, seed](std::span<float> out) {
+      InitParameter(name, shape, seed, out);
+    };
     STRATA_ASSIGN_OR_RETURN(int id, engine->RegisterParameter(spec));
     (void)id;
   }
@@ -128,9 +136,10 @@ StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape&
   WorkspaceFn alloc = [raw = m.get()](int64_t bytes) -> StatusOr<void*> {
     StatusOr<void*> p = raw->engine_->AllocateWorkspace(bytes);
     if (!p.ok())
-      return Status(p.status()).WithContext("activations of the example model (" + std::to_string(bytes) +
-                                            " bytes more; " + std::to_string(raw->workspace_bytes_) +
-                                            " bytes already allocated)");
+      return Status(p.status())
+          .WithContext("activations of the example model (" + std::to_string(bytes) +
+                       " bytes more; " + std::to_string(raw->workspace_bytes_) +
+                       " bytes already allocated)");
     raw->workspaces_.push_back(*p);
     raw->workspace_bytes_ += bytes;
     return *p;
@@ -144,13 +153,15 @@ StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape&
     STRATA_RETURN_IF_ERROR(CheckHostBackendMemory(shape));
     m->backend_ = NewHostBackend(shape, dtype, alloc);
   } else {
-    STRATA_ASSIGN_OR_RETURN(m->backend_, NewCudaBackend(shape, dtype, engine->ComputeStream(), alloc));
+    STRATA_ASSIGN_OR_RETURN(m->backend_,
+                            NewCudaBackend(shape, dtype, engine->ComputeStream(), alloc));
   }
   STRATA_RETURN_IF_ERROR(m->backend_->Prepare());
   return m;
 }
 
-StatusOr<double> Model::MicroBatch(std::span<const int32_t> inputs, std::span<const int32_t> targets) {
+StatusOr<double> Model::MicroBatch(std::span<const int32_t> inputs,
+                                   std::span<const int32_t> targets) {
   STRATA_RETURN_IF_ERROR(backend_->SetBatch(inputs, targets));
   const int L = static_cast<int>(shape_.layers);
   const int head = L + 1;

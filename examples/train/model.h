@@ -95,13 +95,14 @@ class Backend {
   virtual Status EmbedForward(const std::vector<void*>& p, float* h0) = 0;
   virtual Status BlockForward(const std::vector<void*>& p, const float* h_in, float* h_out) = 0;
   // Loss (mean over tokens, unscaled) and stores d loss·scale / d logits.
-  virtual StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h, double loss_scale) = 0;
+  virtual StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
+                                       double loss_scale) = 0;
   // dh = d(loss·scale)/dh of the head's input; writes the head's gradients.
-  virtual Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h,
-                              float* dh) = 0;
+  virtual Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g,
+                              const float* h, float* dh) = 0;
   // dh: in = gradient w.r.t. the block's output, out = w.r.t. its input.
-  virtual Status BlockBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h_in,
-                               float* dh) = 0;
+  virtual Status BlockBackward(const std::vector<void*>& p, const std::vector<void*>& g,
+                               const float* h_in, float* dh) = 0;
   virtual Status EmbedBackward(const std::vector<void*>& g, const float* dh) = 0;
   // Copies n floats of a device activation to the host (tests, debugging).
   virtual Status CopyToHost(const float* device, float* host, int64_t n) = 0;
@@ -126,8 +127,8 @@ std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, Wo
 // 100 % CPU hang), so this is checked first: ResourceExhausted naming the bytes.
 Status CheckHostBackendMemory(const ModelShape& shape);
 // nullptr with NotSupported when this build has no CUDA.
-StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype, void* stream,
-                                                   WorkspaceFn alloc);
+StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype,
+                                                  void* stream, WorkspaceFn alloc);
 
 // ---------------------------------------------------------------------------
 // Model: registers parameters with an Engine and runs micro-batches through
@@ -139,8 +140,8 @@ class Model {
   // head), calls Engine::Plan(), then allocates the activations as engine
   // workspaces. Fails (nothing trained) when the plan or the activations do
   // not fit the HBM budget, naming the bytes asked and the budget.
-  static StatusOr<std::unique_ptr<Model>> Create(Engine* engine, const ModelShape& shape, DType dtype,
-                                                 uint64_t seed);
+  static StatusOr<std::unique_ptr<Model>> Create(Engine* engine, const ModelShape& shape,
+                                                 DType dtype, uint64_t seed);
   ~Model();
 
   // One micro-batch: forward through every module, backward in reverse
@@ -155,7 +156,8 @@ class Model {
   int64_t workspace_bytes() const { return workspace_bytes_; }
 
  private:
-  Model(Engine* engine, const ModelShape& shape, DType dtype) : engine_(engine), shape_(shape), dtype_(dtype) {}
+  Model(Engine* engine, const ModelShape& shape, DType dtype)
+      : engine_(engine), shape_(shape), dtype_(dtype) {}
   Engine* engine_;
   ModelShape shape_;
   DType dtype_;
@@ -167,7 +169,8 @@ class Model {
 };
 
 // Initial values of parameter `name` (numel floats), deterministic in seed.
-void InitParameter(const std::string& name, const ModelShape& shape, uint64_t seed, std::span<float> out);
+void InitParameter(const std::string& name, const ModelShape& shape, uint64_t seed,
+                   std::span<float> out);
 // Parameter names and sizes per module, in registration order.
 struct ParamInfo {
   std::string name;

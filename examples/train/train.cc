@@ -6,15 +6,15 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <system_error>
@@ -137,7 +137,8 @@ class StopSignals {
   }
 
   const double grace_s_;
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;  // GUARDED_BY(mu_)
@@ -156,9 +157,11 @@ Status PrepareNvmePaths(const Config& c) {
     std::error_code ec;
     std::filesystem::create_directories(p, ec);
     if (ec) return IOError("nvme_path " + p + ": cannot create the directory: " + ec.message());
-    if (!std::filesystem::is_directory(p, ec)) return IOError("nvme_path " + p + ": not a directory");
+    if (!std::filesystem::is_directory(p, ec))
+      return IOError("nvme_path " + p + ": not a directory");
     if (access(p.c_str(), W_OK | X_OK) != 0)
-      return IOError("nvme_path " + p + ": not writable (" + std::string(std::strerror(errno)) + ")");
+      return IOError("nvme_path " + p + ": not writable (" + std::string(std::strerror(errno)) +
+                     ")");
     // Leftover swap files of killed runs (unlocked) go before the plan counts
     // the directory's free space; live runs' files are left alone. One
     // notice per file (nvme::RemoveLeftoverSwapFiles).
@@ -183,7 +186,8 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config));
   const uint64_t seed = static_cast<uint64_t>(config.strata.model.seed);
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(engine.get(), shape, dtype, seed));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                          Model::Create(engine.get(), shape, dtype, seed));
 
   TrainResult& r = *result;
   r = TrainResult();
@@ -394,7 +398,9 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   j["per_step"] = per_step;
   json budgets = json::array();
   for (const TierBudget& b : r.budgets)
-    budgets.push_back({{"tier", b.tier}, {"needed_bytes", b.needed_bytes}, {"available_bytes", b.available_bytes},
+    budgets.push_back({{"tier", b.tier},
+                       {"needed_bytes", b.needed_bytes},
+                       {"available_bytes", b.available_bytes},
                        {"detail", b.detail}});
   j["budgets"] = budgets;
   if (!r.trace_path.empty()) j["trace_path"] = r.trace_path;
@@ -414,41 +420,48 @@ std::string ResultTable(const TrainResult& r) {
   std::ostringstream o;
   char buf[256];
   const double step_time = MedianStepTime(r);
-  std::snprintf(buf, sizeof(buf), "\nstrata train: %zu steps on %s, %.2fM parameters (%s)\n", r.losses.size(),
-                r.device.c_str(), static_cast<double>(r.parameters) * 1e-6, r.dtype.c_str());
+  std::snprintf(buf, sizeof(buf), "\nstrata train: %zu steps on %s, %.2fM parameters (%s)\n",
+                r.losses.size(), r.device.c_str(), static_cast<double>(r.parameters) * 1e-6,
+                r.dtype.c_str());
   o << buf;
   std::snprintf(buf, sizeof(buf), "  model states      %s (%.1fx the HBM budget of %s)\n",
                 Human(static_cast<double>(r.state_bytes)).c_str(),
-                r.hbm_budget_bytes > 0 ? static_cast<double>(r.state_bytes) / static_cast<double>(r.hbm_budget_bytes)
-                                       : 0.0,
+                r.hbm_budget_bytes > 0
+                    ? static_cast<double>(r.state_bytes) / static_cast<double>(r.hbm_budget_bytes)
+                    : 0.0,
                 Human(static_cast<double>(r.hbm_budget_bytes)).c_str());
   o << buf;
   if (!r.losses.empty()) {
-    std::snprintf(buf, sizeof(buf), "  loss              %.4f -> %.4f\n", r.losses.front(), r.losses.back());
+    std::snprintf(buf, sizeof(buf), "  loss              %.4f -> %.4f\n", r.losses.front(),
+                  r.losses.back());
     o << buf;
   }
-  std::snprintf(buf, sizeof(buf), "  step time         %.3f s median (%.1f s total), %.0f tokens/s\n", step_time,
-                r.total_time_s, step_time > 0 ? static_cast<double>(r.tokens_per_step) / step_time : 0.0);
+  std::snprintf(buf, sizeof(buf),
+                "  step time         %.3f s median (%.1f s total), %.0f tokens/s\n", step_time,
+                r.total_time_s,
+                step_time > 0 ? static_cast<double>(r.tokens_per_step) / step_time : 0.0);
   o << buf;
   std::snprintf(buf, sizeof(buf),
-                "  overlap           %.2f (busiest of compute, PCIe, CPU optimizer, NVMe / step time; median)\n",
+                "  overlap           %.2f (busiest of compute, PCIe, CPU optimizer, NVMe / step "
+                "time; median)\n",
                 MedianOverlap(r));
   o << buf;
   if (!r.steps.empty()) {
     const StepStats& l = r.steps.back();
-    std::snprintf(buf, sizeof(buf),
-                  "  bound             %.2f of the step (lower bound / step time; median), bound by "
-                  "%s (h2d %.1f GB/s, d2h %.1f GB/s, nvme %.2f GB/s)\n",
-                  MedianBoundEfficiency(r), MostCommonBound(r).c_str(), l.h2d_gbytes_per_s,
-                  l.d2h_gbytes_per_s, l.nvme_gbytes_per_s);
+    std::snprintf(
+        buf, sizeof(buf),
+        "  bound             %.2f of the step (lower bound / step time; median), bound by "
+        "%s (h2d %.1f GB/s, d2h %.1f GB/s, nvme %.2f GB/s)\n",
+        MedianBoundEfficiency(r), MostCommonBound(r).c_str(), l.h2d_gbytes_per_s,
+        l.d2h_gbytes_per_s, l.nvme_gbytes_per_s);
     o << buf;
   }
   if (r.skipped_steps) o << "  skipped steps     " << r.skipped_steps << " (fp16 overflow)\n";
   const double t = r.total_time_s > 0 ? r.total_time_s : 1;
   o << "  link              bytes moved      GB/s\n";
   auto link = [&](const char* name, int64_t b) {
-    std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %8.3f\n", name, Human(static_cast<double>(b)).c_str(),
-                  static_cast<double>(b) / t * 1e-9);
+    std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %8.3f\n", name,
+                  Human(static_cast<double>(b)).c_str(), static_cast<double>(b) / t * 1e-9);
     o << buf;
   };
   link("nvme read", r.nvme_read_bytes);
@@ -456,7 +469,8 @@ std::string ResultTable(const TrainResult& r) {
   link("pcie h2d", r.pcie_h2d_bytes);
   link("pcie d2h", r.pcie_d2h_bytes);
   o << "  tier              high water       budget / needed by the plan\n";
-  std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s\n", "hbm", Human(static_cast<double>(r.hbm_high_water_bytes)).c_str(),
+  std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s\n", "hbm",
+                Human(static_cast<double>(r.hbm_high_water_bytes)).c_str(),
                 Human(static_cast<double>(r.hbm_budget_bytes)).c_str());
   o << buf;
   for (const TierBudget& b : r.budgets)
@@ -473,10 +487,12 @@ std::string ResultTable(const TrainResult& r) {
                     Human(static_cast<double>(b.needed_bytes)).c_str(), b.detail.c_str());
       o << buf;
     }
-  if (!r.trace_path.empty()) o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
+  if (!r.trace_path.empty())
+    o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
   if (!r.checkpoint_dir.empty()) {
     std::snprintf(buf, sizeof(buf), "  checkpoints       %zu saved in %s, %.3f s median",
-                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(), Median(r.checkpoint_save_s));
+                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(),
+                  Median(r.checkpoint_save_s));
     o << buf;
     if (!r.resumed_from.empty()) {
       std::snprintf(buf, sizeof(buf), "; resumed from step %lld (%s, loaded in %.3f s)",
@@ -489,7 +505,8 @@ std::string ResultTable(const TrainResult& r) {
   return o.str();
 }
 
-StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir, std::string* note) {
+StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir,
+                                              std::string* note) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return IOError("--plot " + dir + ": cannot create the directory: " + ec.message());
@@ -510,15 +527,17 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
       // for the new parameters of a step overlapping the forward pass).
       const double opt = s.optimizer_wall_s + s.optimizer_wait_s;
       const double other = std::max(0.0, s.step_time_s - s.compute_s - s.fetch_wait_s - opt);
-      f << i + 1 << " " << s.step_time_s << " " << s.compute_s << " " << s.fetch_wait_s << " " << opt << " "
-        << other << "\n";
+      f << i + 1 << " " << s.step_time_s << " " << s.compute_s << " " << s.fetch_wait_s << " "
+        << opt << " " << other << "\n";
     }
     if (!f) return IOError(time_dat + ": write failed");
   }
   files.push_back(loss_dat);
   files.push_back(time_dat);
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    *note = "gnuplot not found on PATH: wrote the .dat files only (apt-get install gnuplot-nox for SVGs)";
+    *note =
+        "gnuplot not found on PATH: wrote the .dat files only (apt-get install gnuplot-nox for "
+        "SVGs)";
     return files;
   }
   const std::string script = dir + "/plot.gp";
@@ -526,12 +545,15 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
     std::ofstream f(script);
     f << "set terminal svg size 800,450 dynamic\n"
       << "set output '" << dir << "/loss.svg'\n"
-      << "set title 'strata train: loss (" << r.device << ")'\nset xlabel 'step'\nset ylabel 'loss'\n"
+      << "set title 'strata train: loss (" << r.device
+      << ")'\nset xlabel 'step'\nset ylabel 'loss'\n"
       << "plot '" << loss_dat << "' using 1:2 with linespoints title 'loss'\n"
       << "set output '" << dir << "/step_time.svg'\n"
       << "set title 'strata train: step time by phase'\nset xlabel 'step'\nset ylabel 'seconds'\n"
-      << "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8\nset boxwidth 0.8\n"
-      << "plot '" << time_dat << "' using 3 title 'compute', '' using 4 title 'fetch wait (PCIe/NVMe)', "
+      << "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8\nset "
+         "boxwidth 0.8\n"
+      << "plot '" << time_dat
+      << "' using 3 title 'compute', '' using 4 title 'fetch wait (PCIe/NVMe)', "
       << "'' using 5 title 'waiting for the optimizer', '' using 6 title 'other'\n";
   }
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
@@ -559,37 +581,49 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
       config.zero_optimization.offload_param.nvme_path = {opt.nvme_path};
   }
   if (!opt.device.empty()) {
-    if (opt.device == "auto") config.strata.device = DeviceKind::kAuto;
-    else if (opt.device == "cuda") config.strata.device = DeviceKind::kCuda;
-    else if (opt.device == "host") config.strata.device = DeviceKind::kHost;
-    else return fail(2, InvalidArgumentError("--device: \"" + opt.device + "\" is not one of auto, cuda, host"));
+    if (opt.device == "auto")
+      config.strata.device = DeviceKind::kAuto;
+    else if (opt.device == "cuda")
+      config.strata.device = DeviceKind::kCuda;
+    else if (opt.device == "host")
+      config.strata.device = DeviceKind::kHost;
+    else
+      return fail(2, InvalidArgumentError("--device: \"" + opt.device +
+                                          "\" is not one of auto, cuda, host"));
   }
   if (Status v = ValidateConfig(config); !v.ok()) return fail(2, v);
-  int64_t steps = opt.steps > 0 ? opt.steps : config.strata.model.steps > 0 ? config.strata.model.steps : 40;
+  int64_t steps = opt.steps > 0                   ? opt.steps
+                  : config.strata.model.steps > 0 ? config.strata.model.steps
+                                                  : 40;
   if (opt.steps < 0)
-    return fail(2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) +
-                                        " must be at least 1"));
+    return fail(
+        2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) + " must be at least 1"));
   if (StatusOr<ModelShape> s = ShapeFromConfig(config); !s.ok()) return fail(2, s.status());
   if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(2, s);
 
   // Progress: stdout for people; stderr when stdout carries the JSON object.
   std::ostream& prog = opt.json ? err : out;
-  ProgressFn progress = [&prog](int64_t s, int64_t n, double loss, const StepStats& st, const TrainResult& r) {
+  ProgressFn progress = [&prog](int64_t s, int64_t n, double loss, const StepStats& st,
+                                const TrainResult& r) {
     char buf[320];
-    std::snprintf(buf, sizeof(buf),
-                  "step %4lld/%lld  loss %.4f  %7.0f tok/s  %.3f s  overlap %.2f  nvme r %s w %s  pcie h2d %s "
-                  "d2h %s%s",
-                  static_cast<long long>(s + 1), static_cast<long long>(n), loss,
-                  st.step_time_s > 0 ? static_cast<double>(r.tokens_per_step) / st.step_time_s : 0.0, st.step_time_s,
-                  st.overlap_efficiency, Human(static_cast<double>(st.nvme_read_bytes)).c_str(),
-                  Human(static_cast<double>(st.nvme_written_bytes)).c_str(),
-                  Human(static_cast<double>(st.pcie_h2d_bytes)).c_str(),
-                  Human(static_cast<double>(st.pcie_d2h_bytes)).c_str(), st.overflow ? "  (overflow: skipped)" : "");
+    std::snprintf(
+        buf, sizeof(buf),
+        "step %4lld/%lld  loss %.4f  %7.0f tok/s  %.3f s  overlap %.2f  nvme r %s w %s  pcie h2d "
+        "%s "
+        "d2h %s%s",
+        static_cast<long long>(s + 1), static_cast<long long>(n), loss,
+        st.step_time_s > 0 ? static_cast<double>(r.tokens_per_step) / st.step_time_s : 0.0,
+        st.step_time_s, st.overlap_efficiency,
+        Human(static_cast<double>(st.nvme_read_bytes)).c_str(),
+        Human(static_cast<double>(st.nvme_written_bytes)).c_str(),
+        Human(static_cast<double>(st.pcie_h2d_bytes)).c_str(),
+        Human(static_cast<double>(st.pcie_d2h_bytes)).c_str(),
+        st.overflow ? "  (overflow: skipped)" : "");
     prog << buf << std::endl;
   };
   if (opt.checkpoint_every < 0)
-    return fail(2, InvalidArgumentError("--checkpoint-every: " + std::to_string(opt.checkpoint_every) +
-                                        " must be >= 0"));
+    return fail(2, InvalidArgumentError("--checkpoint-every: " +
+                                        std::to_string(opt.checkpoint_every) + " must be >= 0"));
   if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0))
     return fail(2, InvalidArgumentError("--resume and --checkpoint-every need --checkpoint-dir"));
   TrainCheckpoints ckpt;

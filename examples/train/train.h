@@ -19,22 +19,22 @@
 namespace strata::example {
 
 struct TrainResult {
-  std::string device;          // Engine::DeviceName()
-  std::string dtype;           // "bf16", "fp16", "fp32"
-  int64_t parameters = 0;      // elements
-  int64_t state_bytes = 0;     // params + grads (dtype) + fp32 master/exp_avg/exp_avg_sq
+  std::string device;       // Engine::DeviceName()
+  std::string dtype;        // "bf16", "fp16", "fp32"
+  int64_t parameters = 0;   // elements
+  int64_t state_bytes = 0;  // params + grads (dtype) + fp32 master/exp_avg/exp_avg_sq
   int64_t hbm_budget_bytes = 0;
   int64_t workspace_bytes = 0;  // activations allocated as engine workspaces
   int64_t tokens_per_step = 0;
-  std::vector<double> losses;   // one per optimizer step: mean over its micro-batches
+  std::vector<double> losses;    // one per optimizer step: mean over its micro-batches
   std::vector<StepStats> steps;  // the Step() that ended each optimizer step
   std::vector<TierBudget> budgets;
   // Sums over every Step() call (all micro-batches).
   int64_t nvme_read_bytes = 0, nvme_written_bytes = 0, pcie_h2d_bytes = 0, pcie_d2h_bytes = 0;
   int64_t hbm_high_water_bytes = 0, pinned_high_water_bytes = 0;
   int64_t skipped_steps = 0;  // fp16 overflow
-  double total_time_s = 0;     // wall time of the training loop
-  std::string trace_path;      // written timeline, if any
+  double total_time_s = 0;    // wall time of the training loop
+  std::string trace_path;     // written timeline, if any
   // Checkpoints (TrainCheckpoints): the step the run resumed from (0: from
   // the start; `losses` then also holds the steps before it, from the
   // checkpoint), the checkpoint loaded, and each save's time and bytes.
@@ -50,8 +50,8 @@ struct TrainResult {
 // The data position saved is the number of optimizer steps done (micro-batch
 // i of the data is the same in every run); the note holds the losses so far.
 struct TrainCheckpoints {
-  std::string dir;     // empty: none
-  int64_t every = 0;   // save after every N optimizer steps (and after the last); 0: last only
+  std::string dir;      // empty: none
+  int64_t every = 0;    // save after every N optimizer steps (and after the last); 0: last only
   bool resume = false;  // first load the newest checkpoint in dir (none there: start at step 0)
 };
 
@@ -68,7 +68,8 @@ Status PrepareNvmePaths(const Config& config);
 // activations cannot be set up.
 // With `checkpoints.resume`, `steps` is the total: a run resumed at step k
 // trains steps k+1..steps.
-StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress = nullptr,
+StatusOr<TrainResult> Train(const Config& config, int64_t steps,
+                            const ProgressFn& progress = nullptr,
                             const TrainCheckpoints& checkpoints = {});
 
 // Train, filling `*result` as it goes: on an error it holds the steps that
@@ -101,7 +102,8 @@ std::string ResultTable(const TrainResult& r);
 // Writes loss.dat, step_time.dat and, with gnuplot on PATH, loss.svg and
 // step_time.svg into dir. Returns the files written; a missing gnuplot is
 // not an error (`note` says so).
-StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir, std::string* note);
+StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir,
+                                              std::string* note);
 
 struct TrainCommandOptions {
   std::string config_path;

@@ -88,8 +88,7 @@ typedef struct strata_auto_values {
  * (auto_values may be NULL: none given). A given value out of range is
  * STRATA_INVALID_ARGUMENT naming the key, as if the config had written it. */
 int strata_engine_create_from_json_auto(const char* json_text,
-                                        const strata_auto_values* auto_values,
-                                        strata_engine** out);
+                                        const strata_auto_values* auto_values, strata_engine** out);
 void strata_engine_destroy(strata_engine* engine);
 
 /* init: numel floats (copied), or NULL to start from zeros. */

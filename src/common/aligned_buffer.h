@@ -13,9 +13,7 @@ namespace strata {
 
 constexpr size_t AlignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 constexpr size_t AlignDown(size_t n, size_t a) { return n / a * a; }
-inline bool IsAligned(const void* p, size_t a) {
-  return (reinterpret_cast<uintptr_t>(p) % a) == 0;
-}
+inline bool IsAligned(const void* p, size_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
 class AlignedBuffer {
  public:

@@ -65,8 +65,8 @@ bool ParseByteSize(std::string_view text, int64_t* out) {
   std::string suffix;
   if (!SplitNumber(text, /*allow_exponent=*/false, &value, &suffix)) return false;
   static const std::pair<std::string_view, int> kSuffixes[] = {
-      {"", 0},   {"b", 0},   {"k", 1},  {"kb", 1},  {"kib", 1}, {"m", 2},  {"mb", 2}, {"mib", 2},
-      {"g", 3},  {"gb", 3},  {"gib", 3}, {"t", 4},  {"tb", 4},  {"tib", 4}};
+      {"", 0},    {"b", 0}, {"k", 1},  {"kb", 1},  {"kib", 1}, {"m", 2},  {"mb", 2},
+      {"mib", 2}, {"g", 3}, {"gb", 3}, {"gib", 3}, {"t", 4},   {"tb", 4}, {"tib", 4}};
   int power = -1;
   for (const auto& [name, p] : kSuffixes)
     if (suffix == name) power = p;

@@ -25,8 +25,8 @@
 #include <utility>
 
 #include "src/common/log.h"
-#include "src/common/units.h"
 #include "src/common/status_util.h"
+#include "src/common/units.h"
 
 namespace strata {
 namespace {

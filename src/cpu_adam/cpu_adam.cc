@@ -34,10 +34,14 @@ using internal::KernelTable;
 
 std::string_view AlgorithmName(Algorithm a) {
   switch (a) {
-    case Algorithm::kAdam: return "adam";
-    case Algorithm::kAdamW: return "adamw";
-    case Algorithm::kAdagrad: return "adagrad";
-    case Algorithm::kLion: return "lion";
+    case Algorithm::kAdam:
+      return "adam";
+    case Algorithm::kAdamW:
+      return "adamw";
+    case Algorithm::kAdagrad:
+      return "adagrad";
+    case Algorithm::kLion:
+      return "lion";
   }
   return "?";
 }
@@ -80,16 +84,23 @@ std::string ShardName(size_t i) { return "cpu_adam: shard " + std::to_string(i);
 
 Status CheckHyper(const HyperParams& hp, size_t i) {
   auto bad = [&](const std::string& what) {
-    return InvalidArgumentError(ShardName(i) + " (" + std::string(AlgorithmName(hp.algorithm)) + "): " + what);
+    return InvalidArgumentError(ShardName(i) + " (" + std::string(AlgorithmName(hp.algorithm)) +
+                                "): " + what);
   };
-  if (!(hp.lr >= 0) || !std::isfinite(hp.lr)) return bad("lr must be finite and >= 0, got " + std::to_string(hp.lr));
-  if (!(hp.beta1 >= 0 && hp.beta1 < 1)) return bad("beta1 must be in [0, 1), got " + std::to_string(hp.beta1));
-  if (!(hp.beta2 >= 0 && hp.beta2 < 1)) return bad("beta2 must be in [0, 1), got " + std::to_string(hp.beta2));
-  if (!(hp.eps >= 0) || !std::isfinite(hp.eps)) return bad("eps must be finite and >= 0, got " + std::to_string(hp.eps));
+  if (!(hp.lr >= 0) || !std::isfinite(hp.lr))
+    return bad("lr must be finite and >= 0, got " + std::to_string(hp.lr));
+  if (!(hp.beta1 >= 0 && hp.beta1 < 1))
+    return bad("beta1 must be in [0, 1), got " + std::to_string(hp.beta1));
+  if (!(hp.beta2 >= 0 && hp.beta2 < 1))
+    return bad("beta2 must be in [0, 1), got " + std::to_string(hp.beta2));
+  if (!(hp.eps >= 0) || !std::isfinite(hp.eps))
+    return bad("eps must be finite and >= 0, got " + std::to_string(hp.eps));
   if (!(hp.weight_decay >= 0) || !std::isfinite(hp.weight_decay))
     return bad("weight_decay must be finite and >= 0, got " + std::to_string(hp.weight_decay));
-  if (!std::isfinite(hp.grad_scale)) return bad("grad_scale must be finite, got " + std::to_string(hp.grad_scale));
-  if (hp.step < 1) return bad("step must be >= 1 (the step being taken, 1-based), got " + std::to_string(hp.step));
+  if (!std::isfinite(hp.grad_scale))
+    return bad("grad_scale must be finite, got " + std::to_string(hp.grad_scale));
+  if (hp.step < 1)
+    return bad("step must be >= 1 (the step being taken, 1-based), got " + std::to_string(hp.step));
   return Status::Ok();
 }
 
@@ -110,8 +121,10 @@ internal::Coeffs MakeCoeffs(const HyperParams& hp) {
       const double bc2 = hp.bias_correction ? 1.0 - std::pow(b2, t) : 1.0;
       c.neg_step = static_cast<float>(-lr / bc1);
       c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-      if (hp.algorithm == Algorithm::kAdam) c.l2 = static_cast<float>(hp.weight_decay);
-      else c.decay = static_cast<float>(1.0 - lr * wd);
+      if (hp.algorithm == Algorithm::kAdam)
+        c.l2 = static_cast<float>(hp.weight_decay);
+      else
+        c.decay = static_cast<float>(1.0 - lr * wd);
       break;
     }
     case Algorithm::kAdagrad:
@@ -131,12 +144,13 @@ struct Range {
   const char* name;
 };
 
-Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool roofline, size_t block,
-                    bool stream_state, bool stream_copy, Prepared* out) {
+Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool roofline,
+                    size_t block, bool stream_state, bool stream_copy, Prepared* out) {
   RETURN_IF_ERROR(CheckHyper(s.hp, i));
   const Algorithm alg = s.hp.algorithm;
   if (static_cast<int>(alg) > 3) return InvalidArgumentError(ShardName(i) + ": unknown algorithm");
-  if (!IsValidDType(s.grad_dtype)) return InvalidArgumentError(ShardName(i) + ": grad_dtype is not fp32, fp16 or bf16");
+  if (!IsValidDType(s.grad_dtype))
+    return InvalidArgumentError(ShardName(i) + ": grad_dtype is not fp32, fp16 or bf16");
   if (s.copy_out != nullptr && !IsValidDType(s.copy_dtype))
     return InvalidArgumentError(ShardName(i) + ": copy_dtype is not fp32, fp16 or bf16");
   const bool adam = alg == Algorithm::kAdam || alg == Algorithm::kAdamW;
@@ -166,15 +180,18 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
   for (size_t a = 0; a < ranges.size(); ++a) {
     for (size_t b = a + 1; b < ranges.size(); ++b) {
       if (ranges[a].lo < ranges[b].hi && ranges[b].lo < ranges[a].hi) {
-        return InvalidArgumentError(ShardName(i) + ": " + ranges[a].name + " and " + ranges[b].name +
-                                    " overlap (count " + std::to_string(s.count) + ")");
+        return InvalidArgumentError(ShardName(i) + ": " + ranges[a].name + " and " +
+                                    ranges[b].name + " overlap (count " + std::to_string(s.count) +
+                                    ")");
       }
     }
   }
   KernelOp op = roofline ? KernelOp::kRoofline : static_cast<KernelOp>(static_cast<int>(alg));
   CopyOut co = CopyOut::kNone;
   if (s.copy_out) {
-    co = s.copy_dtype == DType::kFp32 ? CopyOut::kFp32 : (s.copy_dtype == DType::kFp16 ? CopyOut::kFp16 : CopyOut::kBf16);
+    co = s.copy_dtype == DType::kFp32
+             ? CopyOut::kFp32
+             : (s.copy_dtype == DType::kFp16 ? CopyOut::kFp16 : CopyOut::kBf16);
   }
   out->fn = table.step[static_cast<int>(op)][static_cast<int>(s.grad_dtype)][static_cast<int>(co)];
   KernelArgs& a = out->base;
@@ -207,7 +224,8 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
   for (size_t k = 0; k < shards.size(); ++k) bad[k].store(false, std::memory_order_relaxed);
   auto body = [&](const tbb::blocked_range<size_t>& r) {
     for (size_t gb = r.begin(); gb < r.end(); ++gb) {
-      const size_t k = static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const size_t k =
+          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
       const Prepared& p = shards[k];
       const size_t off = (gb - first[k]) * block;
       KernelArgs a = p.base;
@@ -222,7 +240,8 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
   };
   tbb::parallel_for(tbb::blocked_range<size_t>(0, total, 1), body, tbb::simple_partitioner());
   size_t n_bad = 0;
-  for (size_t k = 0; k < shards.size(); ++k) n_bad += bad[k].load(std::memory_order_relaxed) ? 1 : 0;
+  for (size_t k = 0; k < shards.size(); ++k)
+    n_bad += bad[k].load(std::memory_order_relaxed) ? 1 : 0;
   return n_bad;
 }
 
@@ -265,7 +284,10 @@ class PinObserver final : public tbb::task_scheduler_observer {
  public:
   PinObserver(tbb::task_arena& arena, std::shared_ptr<internal::Topology> topo, int node,
               std::atomic<uint64_t>* entries)
-      : tbb::task_scheduler_observer(arena), topo_(std::move(topo)), node_(node), entries_(entries) {
+      : tbb::task_scheduler_observer(arena),
+        topo_(std::move(topo)),
+        node_(node),
+        entries_(entries) {
     observe(true);
   }
   ~PinObserver() override { observe(false); }
@@ -274,7 +296,8 @@ class PinObserver final : public tbb::task_scheduler_observer {
     if (!is_worker) Saved().push_back(topo_->SaveBinding());
     Status s = topo_->BindThisThread(node_);
     if (!s.ok()) {
-      STRATA_WARN_ONCE("cpu_adam.pin_failed", "cpu_adam: cannot pin optimizer threads, running unpinned: {}",
+      STRATA_WARN_ONCE("cpu_adam.pin_failed",
+                       "cpu_adam: cannot pin optimizer threads, running unpinned: {}",
                        s.ToString());
       return;
     }
@@ -302,10 +325,10 @@ class PinObserver final : public tbb::task_scheduler_observer {
 struct StepHandle::State {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;            // GUARDED_BY(mu)
-  Status status;                // GUARDED_BY(mu)
-  StepResult result;            // GUARDED_BY(mu)
-  std::vector<Prepared> shards; // read by the worker only
+  bool done = false;             // GUARDED_BY(mu)
+  Status status;                 // GUARDED_BY(mu)
+  StepResult result;             // GUARDED_BY(mu)
+  std::vector<Prepared> shards;  // read by the worker only
 };
 
 StepHandle::StepHandle() = default;
@@ -329,7 +352,9 @@ bool StepHandle::Ready() const {
 }
 
 StatusOr<StepResult> StepHandle::Wait() {
-  if (!state_) return FailedPreconditionError("cpu_adam: Wait on an invalid StepHandle (already waited or empty)");
+  if (!state_)
+    return FailedPreconditionError(
+        "cpu_adam: Wait on an invalid StepHandle (already waited or empty)");
   std::shared_ptr<State> s = std::move(state_);
   std::unique_lock<std::mutex> lock(s->mu);
   s->cv.wait(lock, [&] { return s->done; });
@@ -364,8 +389,8 @@ struct CpuOptimizer::Impl {
   Status PrepareAll(std::span<const ShardStep> shards, std::vector<Prepared>* out) const {
     out->resize(shards.size());
     for (size_t i = 0; i < shards.size(); ++i) {
-      RETURN_IF_ERROR(PrepareShard(shards[i], i, *table, opt.roofline_kernel, opt.block_elems, stream_state,
-                                   stream_copy, &(*out)[i]));
+      RETURN_IF_ERROR(PrepareShard(shards[i], i, *table, opt.roofline_kernel, opt.block_elems,
+                                   stream_state, stream_copy, &(*out)[i]));
     }
     return Status::Ok();
   }
@@ -389,8 +414,9 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
   ASSIGN_OR_RETURN(impl->topo, internal::Topology::Load());
   impl->node = options.numa_node;
   if (impl->node < -1) {
-    return InvalidArgumentError("cpu_adam: numa_node must be -1 (no pinning) or a node index, got " +
-                                std::to_string(impl->node));
+    return InvalidArgumentError(
+        "cpu_adam: numa_node must be -1 (no pinning) or a node index, got " +
+        std::to_string(impl->node));
   }
   auto pus = impl->topo->PuCount(impl->node);
   if (!pus.ok()) return NotSupportedError(std::string(pus.status().message()));
@@ -404,14 +430,18 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
       impl->stream_state = false;
       impl->stream_copy = false;
       break;
-    case StreamingStores::kOff: break;
-    case StreamingStores::kCopyOut: impl->stream_copy = true; break;
+    case StreamingStores::kOff:
+      break;
+    case StreamingStores::kCopyOut:
+      impl->stream_copy = true;
+      break;
     case StreamingStores::kAll:
       impl->stream_state = true;
       impl->stream_copy = true;
       break;
   }
-  if (impl->table->lanes == 1) impl->stream_state = impl->stream_copy = false;  // plain loop: no NT stores
+  if (impl->table->lanes == 1)
+    impl->stream_state = impl->stream_copy = false;  // plain loop: no NT stores
   // TBB starts its workers lazily, on a step, and a pthread_create it cannot
   // make there throws on whichever thread asked (a TBB worker: terminate).
   // So check now that the workers can all exist at once.
@@ -423,13 +453,15 @@ StatusOr<std::unique_ptr<CpuOptimizer>> CpuOptimizer::Create(const Options& opti
     impl->arena = std::make_unique<tbb::task_arena>(impl->threads, impl->threads > 1 ? 1 : 0);
     impl->arena->initialize();
     if (impl->node >= 0) {
-      impl->observer = std::make_unique<PinObserver>(*impl->arena, impl->topo, impl->node, &impl->pinned);
+      impl->observer =
+          std::make_unique<PinObserver>(*impl->arena, impl->topo, impl->node, &impl->pinned);
     }
   } catch (const std::exception& e) {
     return ResourceExhaustedError(std::string("cpu_adam: creating the TBB arena of ") +
                                   std::to_string(impl->threads) + " threads failed: " + e.what());
   }
-  STRATA_LOG_DEBUG("cpu_adam: isa {}, {} threads, NUMA node {}", impl->table->isa, impl->threads, impl->node);
+  STRATA_LOG_DEBUG("cpu_adam: isa {}, {} threads, NUMA node {}", impl->table->isa, impl->threads,
+                   impl->node);
   return std::unique_ptr<CpuOptimizer>(new CpuOptimizer(std::move(impl)));
 }
 
@@ -440,7 +472,8 @@ StatusOr<StepResult> CpuOptimizer::StepMany(std::span<const ShardStep> shards) {
   RETURN_IF_ERROR(impl_->PrepareAll(shards, &prepared));
   StepResult result;
   try {
-    impl_->arena->execute([&] { result.nonfinite_shards = RunPrepared(prepared, impl_->opt.block_elems); });
+    impl_->arena->execute(
+        [&] { result.nonfinite_shards = RunPrepared(prepared, impl_->opt.block_elems); });
   } catch (const std::exception& e) {
     return InternalError(std::string("cpu_adam: step failed: ") + e.what());
   }
@@ -486,10 +519,14 @@ StatusOr<StepHandle> CpuOptimizer::StepAsync(std::span<const ShardStep> shards) 
   return StepHandle(std::move(state));
 }
 
-StatusOr<bool> CpuOptimizer::AllFinite(const void* grad, DType grad_dtype, size_t count, float grad_scale) {
-  if (!IsValidDType(grad_dtype)) return InvalidArgumentError("cpu_adam: AllFinite: grad_dtype is not fp32, fp16 or bf16");
+StatusOr<bool> CpuOptimizer::AllFinite(const void* grad, DType grad_dtype, size_t count,
+                                       float grad_scale) {
+  if (!IsValidDType(grad_dtype))
+    return InvalidArgumentError("cpu_adam: AllFinite: grad_dtype is not fp32, fp16 or bf16");
   if (count == 0) return true;
-  if (grad == nullptr) return InvalidArgumentError("cpu_adam: AllFinite: grad is null (count " + std::to_string(count) + ")");
+  if (grad == nullptr)
+    return InvalidArgumentError("cpu_adam: AllFinite: grad is null (count " +
+                                std::to_string(count) + ")");
   const internal::CheckFn fn = impl_->table->check[static_cast<int>(grad_dtype)];
   const size_t block = impl_->opt.block_elems;
   const size_t esize = DTypeSize(grad_dtype);
@@ -502,7 +539,8 @@ StatusOr<bool> CpuOptimizer::AllFinite(const void* grad, DType grad_dtype, size_
             for (size_t b = r.begin(); b < r.end(); ++b) {
               if (!finite.load(std::memory_order_relaxed)) return;
               const size_t off = b * block;
-              if (!fn(static_cast<const char*>(grad) + off * esize, std::min(block, count - off), grad_scale))
+              if (!fn(static_cast<const char*>(grad) + off * esize, std::min(block, count - off),
+                      grad_scale))
                 finite.store(false, std::memory_order_relaxed);
             }
           },
@@ -515,15 +553,17 @@ StatusOr<bool> CpuOptimizer::AllFinite(const void* grad, DType grad_dtype, size_
 }
 
 Status CpuOptimizer::Cast(const float* src, void* dst, DType dst_dtype, size_t count) {
-  if (!IsValidDType(dst_dtype)) return InvalidArgumentError("cpu_adam: Cast: dst_dtype is not fp32, fp16 or bf16");
+  if (!IsValidDType(dst_dtype))
+    return InvalidArgumentError("cpu_adam: Cast: dst_dtype is not fp32, fp16 or bf16");
   if (count == 0) return Status::Ok();
   if (src == nullptr || dst == nullptr)
-    return InvalidArgumentError("cpu_adam: Cast: null " + std::string(src ? "dst" : "src") + " (count " +
-                                std::to_string(count) + ")");
+    return InvalidArgumentError("cpu_adam: Cast: null " + std::string(src ? "dst" : "src") +
+                                " (count " + std::to_string(count) + ")");
   const size_t esize = DTypeSize(dst_dtype);
   const auto s_lo = reinterpret_cast<uintptr_t>(src), d_lo = reinterpret_cast<uintptr_t>(dst);
   if (s_lo < d_lo + count * esize && d_lo < s_lo + count * 4)
-    return InvalidArgumentError("cpu_adam: Cast: src and dst overlap (count " + std::to_string(count) + ")");
+    return InvalidArgumentError("cpu_adam: Cast: src and dst overlap (count " +
+                                std::to_string(count) + ")");
   const KernelTable& t = *impl_->table;
   const size_t block = impl_->opt.block_elems;
   try {

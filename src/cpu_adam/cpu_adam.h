@@ -49,7 +49,7 @@
 namespace strata::cpu_adam {
 
 enum class Algorithm : uint8_t { kAdam = 0, kAdamW = 1, kAdagrad = 2, kLion = 3 };
-std::string_view AlgorithmName(Algorithm a);                  // "adam", "adamw", "adagrad", "lion"
+std::string_view AlgorithmName(Algorithm a);  // "adam", "adamw", "adagrad", "lion"
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);  // the names above
 
 // Per-group hyper-parameters plus the step count and the gradient multiplier.
@@ -75,8 +75,8 @@ struct HyperParams {
 // or its StepHandle is waited on. Any alignment is accepted; 64-byte aligned
 // arrays are fastest. Arrays must not overlap each other.
 struct ShardStep {
-  float* param = nullptr;       // fp32 master, count elements, updated in place
-  const void* grad = nullptr;   // count elements of grad_dtype (read only)
+  float* param = nullptr;      // fp32 master, count elements, updated in place
+  const void* grad = nullptr;  // count elements of grad_dtype (read only)
   DType grad_dtype = DType::kFp32;
   float* exp_avg = nullptr;     // Adam/AdamW/Lion momentum; null for Adagrad
   float* exp_avg_sq = nullptr;  // Adam/AdamW second moment, Adagrad sum; null for Lion
@@ -98,10 +98,10 @@ struct StepResult {
 };
 
 enum class StreamingStores : uint8_t {
-  kAuto = 0,  // what the measurements say (docs/perf.md, "cpu_adam"): currently off
-  kOff = 1,   // ordinary stores
+  kAuto = 0,     // what the measurements say (docs/perf.md, "cpu_adam"): currently off
+  kOff = 1,      // ordinary stores
   kCopyOut = 2,  // non-temporal stores for the write-only copy-out only
-  kAll = 3,   // non-temporal stores for param, states and copy-out
+  kAll = 3,      // non-temporal stores for param, states and copy-out
 };
 
 struct Options {
@@ -189,7 +189,8 @@ class CpuOptimizer {
 
   // True if grad[0, count) * grad_scale holds no inf/NaN (read-only pass on
   // the optimizer's threads). InvalidArgument for a null grad with count > 0.
-  StatusOr<bool> AllFinite(const void* grad, DType grad_dtype, size_t count, float grad_scale = 1.f);
+  StatusOr<bool> AllFinite(const void* grad, DType grad_dtype, size_t count,
+                           float grad_scale = 1.f);
 
   // dst[i] = src[i] converted to dst_dtype (round to nearest even), on the
   // optimizer's threads: e.g. the fp16/bf16 copy of freshly loaded masters.
@@ -223,7 +224,7 @@ class CpuOptimizer {
 
   std::string_view isa() const;  // the ISA actually used
   int threads() const;
-  int numa_node() const;  // -1 when not pinned
+  int numa_node() const;       // -1 when not pinned
   bool streams_state() const;  // resolved streaming-store choice
   bool streams_copy() const;
   // How many times a thread entered the arena and was pinned (tests).
@@ -252,11 +253,11 @@ std::string_view BestIsa();
 std::vector<std::string_view> AvailableIsas();
 
 struct NumaNodeInfo {
-  int logical_index = 0;       // hwloc logical index (what Options::numa_node takes)
-  int os_index = 0;            // the kernel's node number
-  uint64_t memory_bytes = 0;   // local memory
+  int logical_index = 0;      // hwloc logical index (what Options::numa_node takes)
+  int os_index = 0;           // the kernel's node number
+  uint64_t memory_bytes = 0;  // local memory
   int cores = 0;
-  std::vector<int> pus;        // OS indices of the PUs (logical CPUs)
+  std::vector<int> pus;  // OS indices of the PUs (logical CPUs)
 };
 struct CpuTopology {
   int packages = 0;

@@ -32,16 +32,16 @@ constexpr int kNumCopyOuts = 4;
 // Coefficients are computed once per shard (in double, then rounded to
 // float) by cpu_adam.cc; the kernels only multiply and add them.
 struct Coeffs {
-  float grad_scale = 1.f;     // g = grad * grad_scale
-  float l2 = 0.f;             // Adam/Adagrad: g += l2 * p   (coupled weight decay)
-  float decay = 1.f;          // AdamW/Lion: p *= decay     (1 - lr * weight_decay)
-  float beta1 = 0.9f;         // Lion: interpolation for the sign
-  float w1 = 0.1f;            // 1 - beta1   (Adam: lerp weight of exp_avg)
-  float beta2 = 0.999f;       //
-  float w2 = 0.001f;          // 1 - beta2
-  float inv_bc2_sqrt = 1.f;   // 1 / sqrt(1 - beta2^t)  (1 without bias correction)
-  float eps = 1e-8f;          //
-  float neg_step = -1e-3f;    // -lr / (1 - beta1^t); Adagrad: -clr; Lion: -lr
+  float grad_scale = 1.f;    // g = grad * grad_scale
+  float l2 = 0.f;            // Adam/Adagrad: g += l2 * p   (coupled weight decay)
+  float decay = 1.f;         // AdamW/Lion: p *= decay     (1 - lr * weight_decay)
+  float beta1 = 0.9f;        // Lion: interpolation for the sign
+  float w1 = 0.1f;           // 1 - beta1   (Adam: lerp weight of exp_avg)
+  float beta2 = 0.999f;      //
+  float w2 = 0.001f;         // 1 - beta2
+  float inv_bc2_sqrt = 1.f;  // 1 / sqrt(1 - beta2^t)  (1 without bias correction)
+  float eps = 1e-8f;         //
+  float neg_step = -1e-3f;   // -lr / (1 - beta1^t); Adagrad: -clr; Lion: -lr
 };
 
 struct KernelArgs {
@@ -78,7 +78,7 @@ struct KernelTable {
   size_t lanes;          // fp32 lanes per vector (1 for scalar)
   // step[op][grad dtype][copy-out]
   StepFn step[kNumKernelOps][3][kNumCopyOuts];
-  CheckFn check[3];  // by grad dtype
+  CheckFn check[3];            // by grad dtype
   AccumulateFn accumulate[3];  // by grad dtype
   // Benchmark only: the same loads and stores as accumulate[] with trivial
   // integer arithmetic (acc's bits | (grad's bits & an opaque zero): no
@@ -102,8 +102,9 @@ constexpr size_t kCheckChunk = 1024;
 
 }  // namespace strata::cpu_adam::internal
 
-#include "strata/status.h"
 #include <vector>
+
+#include "strata/status.h"
 
 namespace strata::cpu_adam::internal {
 

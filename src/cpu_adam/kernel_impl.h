@@ -19,11 +19,10 @@
 // fp16 conversions, streaming stores) before instantiating MakeTable<A>().
 #pragma once
 
-#include <xsimd/xsimd.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <xsimd/xsimd.hpp>
 
 #include "src/cpu_adam/kernel.h"
 
@@ -69,13 +68,15 @@ inline BI<A> FloatToHalfBitsGeneric(BF<A> f) {
   // Subnormal results: adding 0.5f aligns the value so that fp32's own
   // round-to-nearest-even rounds it to a multiple of 2^-24 (the fp16 unit).
   const BF<A> magic = xsimd::bitwise_cast<BF<A>>(BI<A>(0x3f000000));
-  const BI<A> sub = xsimd::bitwise_cast<BI<A>>(xsimd::bitwise_cast<BF<A>>(a) + magic) - BI<A>(0x3f000000);
+  const BI<A> sub =
+      xsimd::bitwise_cast<BI<A>>(xsimd::bitwise_cast<BF<A>>(a) + magic) - BI<A>(0x3f000000);
   // Normal results: rebias the exponent and round the 13 dropped bits (ties to even).
   const BI<A> odd = (a >> 13) & BI<A>(1);
   const BI<A> norm = (a - BI<A>(112 << 23) + BI<A>(0xfff) + odd) >> 13;
   BI<A> r = xsimd::select(a < BI<A>(0x38800000), sub, norm);
   r = xsimd::select(a >= BI<A>(0x477ff000), BI<A>(0x7c00), r);  // overflow (and inf) → inf
-  r = xsimd::select(a > BI<A>(0x7f800000), BI<A>(0x7e00) | ((a >> 13) & BI<A>(0x3ff)), r);  // NaN → quiet NaN
+  r = xsimd::select(a > BI<A>(0x7f800000), BI<A>(0x7e00) | ((a >> 13) & BI<A>(0x3ff)),
+                    r);  // NaN → quiet NaN
   return r | sign;
 }
 
@@ -94,8 +95,9 @@ inline BI<A> FloatToBf16Bits(BF<A> f) {
   const BU u = xsimd::bitwise_cast<BU>(f);
   const BU hi = u >> 16;
   const BU rounded = (u + BU(0x7fffu) + (hi & BU(1u))) >> 16;  // ties to even; may round up to inf
-  const BU quiet = hi | BU(0x40u);                             // NaN: keep sign and payload, set quiet bit
-  const BF<A> r = xsimd::select(xsimd::isnan(f), xsimd::bitwise_cast<BF<A>>(quiet), xsimd::bitwise_cast<BF<A>>(rounded));
+  const BU quiet = hi | BU(0x40u);  // NaN: keep sign and payload, set quiet bit
+  const BF<A> r = xsimd::select(xsimd::isnan(f), xsimd::bitwise_cast<BF<A>>(quiet),
+                                xsimd::bitwise_cast<BF<A>>(rounded));
   return xsimd::bitwise_cast<BI<A>>(r);
 }
 
@@ -155,24 +157,27 @@ struct FusedKernel {
       B m = B::load_unaligned(s0_ + i);
       B v = B::load_unaligned(s1_ + i);
       if constexpr (OP == KernelOp::kAdam) g = xsimd::fma(B(c.l2), p, g);  // g += wd * p (L2)
-      m = xsimd::fma(B(c.w1), g - m, m);                                   // m = lerp(m, g, 1 - beta1)
-      v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);                      // v = beta2 v + (1 - beta2) g^2
-      const B denom = xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
-      if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);           // p *= 1 - lr wd (decoupled)
-      p = xsimd::fma(B(c.neg_step), m / denom, p);                         // p -= lr/bc1 * m / denom
+      m = xsimd::fma(B(c.w1), g - m, m);               // m = lerp(m, g, 1 - beta1)
+      v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);  // v = beta2 v + (1 - beta2) g^2
+      const B denom =
+          xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
+      if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);     // p *= 1 - lr wd (decoupled)
+      p = xsimd::fma(B(c.neg_step), m / denom, p);                  // p -= lr/bc1 * m / denom
       StoreF32<A>(s0_ + i, m, nt);
       StoreF32<A>(s1_ + i, v, nt);
     } else if constexpr (OP == KernelOp::kAdagrad) {
       B s = B::load_unaligned(s0_ + i);
-      g = xsimd::fma(B(c.l2), p, g);                                   // g += wd * p
-      s = xsimd::fma(g, g, s);                                         // sum += g^2
-      p = xsimd::fma(B(c.neg_step), g / (xsimd::sqrt(s) + B(c.eps)), p);  // p -= clr g / (sqrt(sum) + eps)
+      g = xsimd::fma(B(c.l2), p, g);  // g += wd * p
+      s = xsimd::fma(g, g, s);        // sum += g^2
+      p = xsimd::fma(B(c.neg_step), g / (xsimd::sqrt(s) + B(c.eps)),
+                     p);  // p -= clr g / (sqrt(sum) + eps)
       StoreF32<A>(s0_ + i, s, nt);
     } else if constexpr (OP == KernelOp::kLion) {
       B m = B::load_unaligned(s0_ + i);
       const B u = xsimd::fma(B(c.w1), g - m, m);  // u = lerp(m, g, 1 - beta1)
       // sign(u): +1, -1, or u * 0 (keeps ±0 → 0 and NaN → NaN).
-      const B sgn = xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
+      const B sgn =
+          xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
       p = p * B(c.decay);                     // p *= 1 - lr wd
       p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
       m = xsimd::fma(B(c.w2), g - m, m);      // m = lerp(m, g, 1 - beta2)
@@ -189,7 +194,8 @@ struct FusedKernel {
     if constexpr (kWithCopy) StoreCopy<A, CO>(cp_, i, p, nt_copy);
   }
 
-  static constexpr bool kHasS1 = OP == KernelOp::kAdam || OP == KernelOp::kAdamW || OP == KernelOp::kRoofline;
+  static constexpr bool kHasS1 =
+      OP == KernelOp::kAdam || OP == KernelOp::kAdamW || OP == KernelOp::kRoofline;
 
   // Elements [off, off + n).
   static inline void Range(const KernelArgs& a, size_t off, size_t n) {
@@ -198,7 +204,8 @@ struct FusedKernel {
     const void* const g = static_cast<const char*>(a.grad) + off * GradBytes(GD);
     float* const s0 = a.state0 + off;
     float* const s1 = kHasS1 ? a.state1 + off : nullptr;
-    void* const cp = CO == CopyOut::kNone ? nullptr : static_cast<char*>(a.copy_out) + off * CopyBytes(CO);
+    void* const cp =
+        CO == CopyOut::kNone ? nullptr : static_cast<char*>(a.copy_out) + off * CopyBytes(CO);
     // Local copies: the compiler can then keep the coefficients in registers
     // (stores through float* could otherwise alias a.c).
     const Coeffs c = a.c;
@@ -215,7 +222,8 @@ struct FusedKernel {
       for (size_t s = 0; s < body; s += kSub) {
         const size_t e = std::min(body, s + kSub);
         for (size_t i = s; i < e; i += W) Vec<false>(p, g, s0, s1, cp, i, c, nt_state, nt_copy);
-        for (size_t i = s; i < e; i += W) StoreCopy<A, CO>(cp, i, B::load_unaligned(p + i), nt_copy);
+        for (size_t i = s; i < e; i += W)
+          StoreCopy<A, CO>(cp, i, B::load_unaligned(p + i), nt_copy);
       }
     }
     const size_t rem = n - body;
@@ -376,7 +384,8 @@ template <class A>
 void ToBf16Array(const float* in, uint16_t* out, size_t n) {
   constexpr size_t W = BF<A>::size;
   size_t i = 0;
-  for (; i + W <= n; i += W) ArchIO<A>::StoreU16(out + i, FloatToBf16Bits<A>(BF<A>::load_unaligned(in + i)));
+  for (; i + W <= n; i += W)
+    ArchIO<A>::StoreU16(out + i, FloatToBf16Bits<A>(BF<A>::load_unaligned(in + i)));
   for (; i < n; ++i) {
     alignas(64) float t[W] = {};
     alignas(64) uint16_t o[W] = {};

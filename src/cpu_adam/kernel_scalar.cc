@@ -18,16 +18,22 @@ namespace {
 
 template <int GD>
 inline float LoadG(const void* g, size_t i) {
-  if constexpr (GD == 0) return static_cast<const float*>(g)[i];
-  else if constexpr (GD == 1) return HalfBitsToFloat(static_cast<const uint16_t*>(g)[i]);
-  else return Bf16BitsToFloat(static_cast<const uint16_t*>(g)[i]);
+  if constexpr (GD == 0)
+    return static_cast<const float*>(g)[i];
+  else if constexpr (GD == 1)
+    return HalfBitsToFloat(static_cast<const uint16_t*>(g)[i]);
+  else
+    return Bf16BitsToFloat(static_cast<const uint16_t*>(g)[i]);
 }
 
 template <CopyOut CO>
 inline void StoreC(void* out, size_t i, float x) {
-  if constexpr (CO == CopyOut::kFp32) static_cast<float*>(out)[i] = x;
-  else if constexpr (CO == CopyOut::kFp16) static_cast<uint16_t*>(out)[i] = FloatToHalfBits(x);
-  else if constexpr (CO == CopyOut::kBf16) static_cast<uint16_t*>(out)[i] = FloatToBf16Bits(x);
+  if constexpr (CO == CopyOut::kFp32)
+    static_cast<float*>(out)[i] = x;
+  else if constexpr (CO == CopyOut::kFp16)
+    static_cast<uint16_t*>(out)[i] = FloatToHalfBits(x);
+  else if constexpr (CO == CopyOut::kBf16)
+    static_cast<uint16_t*>(out)[i] = FloatToBf16Bits(x);
 }
 
 template <KernelOp OP, int GD, CopyOut CO>

@@ -2,6 +2,7 @@
 // where io_uring is refused (kernel.io_uring_disabled, seccomp, old kernels)
 // or when forced with strata.io_engine = "posix". queue_depth × threads
 // workers keep as many ops in flight as the io_uring engine would.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,8 +14,6 @@
 #include <system_error>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "src/common/status_util.h"
 #include "src/nvme/nvme.h"

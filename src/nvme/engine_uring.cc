@@ -5,6 +5,7 @@
 // A failed io_uring_submit never takes the process down: the SQEs the kernel
 // did not consume are taken back out of the SQ and their ops fail with the
 // -errno (see Submit and ReclaimLocked).
+#include <fmt/format.h>
 #include <liburing.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -22,8 +23,6 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
 
 #if defined(__SANITIZE_THREAD__)
 #include <sanitizer/tsan_interface.h>
@@ -76,8 +75,8 @@ class UringEngine final : public IoEngine {
     // The IoService keeps at most queue_depth × threads ops in flight over all
     // rings; sizing every SQ for that (and the CQ, 2× by default, above it)
     // means a ring's CQ never overflows even if round-robin piles ops on it.
-    unsigned entries = RoundUpPow2(static_cast<unsigned>(
-        std::max(options_.queue_depth * options_.threads, 8)));
+    unsigned entries =
+        RoundUpPow2(static_cast<unsigned>(std::max(options_.queue_depth * options_.threads, 8)));
     entries = std::min(entries, 4096u);
     for (int i = 0; i < options_.threads; ++i) {
       auto r = std::make_unique<Ring>();
@@ -133,8 +132,7 @@ class UringEngine final : public IoEngine {
 
   Status RegisterBuffers(std::span<const MemoryRegion> regions) override {
     std::unique_lock lock(table_mu_);
-    if (inflight_.load() != 0)
-      return FailedPreconditionError("RegisterBuffers: ops are in flight");
+    if (inflight_.load() != 0) return FailedPreconditionError("RegisterBuffers: ops are in flight");
     for (auto& r : rings_) {
       if (!regions_.empty()) io_uring_unregister_buffers(&r->ring);
     }
@@ -145,7 +143,8 @@ class UringEngine final : public IoEngine {
     std::vector<Region> table;
     constexpr size_t kMax = size_t{1} << 30;
     for (const auto& m : regions) {
-      if (m.data == nullptr || m.size == 0) return InvalidArgumentError("RegisterBuffers: empty region");
+      if (m.data == nullptr || m.size == 0)
+        return InvalidArgumentError("RegisterBuffers: empty region");
       for (size_t off = 0; off < m.size; off += kMax) {
         size_t n = std::min(kMax, m.size - off);
         char* p = static_cast<char*>(m.data) + off;
@@ -154,7 +153,8 @@ class UringEngine final : public IoEngine {
       }
     }
     for (size_t i = 0; i < rings_.size(); ++i) {
-      int ret = io_uring_register_buffers(&rings_[i]->ring, iov.data(), static_cast<unsigned>(iov.size()));
+      int ret = io_uring_register_buffers(&rings_[i]->ring, iov.data(),
+                                          static_cast<unsigned>(iov.size()));
       if (ret < 0) {
         for (size_t j = 0; j < i; ++j) io_uring_unregister_buffers(&rings_[j]->ring);
         STRATA_WARN_ONCE("nvme.fixed_buffers_refused",
@@ -324,7 +324,8 @@ class UringEngine final : public IoEngine {
   int FindRegion(const void* buf, size_t len) const {
     auto p = static_cast<const char*>(buf);
     for (size_t i = 0; i < regions_.size(); ++i) {
-      if (p >= regions_[i].p && p + len <= regions_[i].p + regions_[i].n) return static_cast<int>(i);
+      if (p >= regions_[i].p && p + len <= regions_[i].p + regions_[i].n)
+        return static_cast<int>(i);
     }
     return -1;
   }

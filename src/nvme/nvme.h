@@ -73,11 +73,12 @@ struct IoOptions {
   EngineKind engine = EngineKind::kAuto;
   size_t block_size = 1 << 20;  // bytes per piece (aio.block_size)
   int queue_depth = 8;          // pieces in flight per ring/thread group (aio.queue_depth)
-  int threads = 1;              // io_uring rings (each with a reaper thread) (aio.intra_op_parallelism)
-  bool sqpoll = false;          // io_uring SQPOLL (strata.io_sqpoll)
-  bool single_submit = false;   // one io_uring_submit per piece instead of per batch (aio.single_submit)
-  bool direct = true;           // try O_DIRECT (falls back to buffered where refused)
-  int eagain_retries = 3;       // EAGAIN resubmissions per piece before failing with Unavailable
+  int threads = 1;      // io_uring rings (each with a reaper thread) (aio.intra_op_parallelism)
+  bool sqpoll = false;  // io_uring SQPOLL (strata.io_sqpoll)
+  bool single_submit =
+      false;               // one io_uring_submit per piece instead of per batch (aio.single_submit)
+  bool direct = true;      // try O_DIRECT (falls back to buffered where refused)
+  int eagain_retries = 3;  // EAGAIN resubmissions per piece before failing with Unavailable
   std::vector<MemoryRegion> fixed_buffers;
 };
 
@@ -93,8 +94,8 @@ Status ValidateIoOptions(const IoOptions& options);
 
 struct UringProbe {
   bool available = false;
-  Status error;          // why not, when !available (e.g. "io_uring_queue_init: Operation not permitted")
-  uint32_t features = 0; // IORING_FEAT_* bits reported by the kernel
+  Status error;  // why not, when !available (e.g. "io_uring_queue_init: Operation not permitted")
+  uint32_t features = 0;  // IORING_FEAT_* bits reported by the kernel
 };
 // Sets up a small ring and round-trips a NOP. Never fails: refusal is a result.
 UringProbe ProbeUring();
@@ -189,7 +190,9 @@ class IoEngineWrapper : public IoEngine {
   explicit IoEngineWrapper(std::unique_ptr<IoEngine> target) : target_(std::move(target)) {}
   EngineKind kind() const override { return target_->kind(); }
   int parallelism() const override { return target_->parallelism(); }
-  Status RegisterBuffers(std::span<const MemoryRegion> r) override { return target_->RegisterBuffers(r); }
+  Status RegisterBuffers(std::span<const MemoryRegion> r) override {
+    return target_->RegisterBuffers(r);
+  }
   Status RegisterFile(int fd) override { return target_->RegisterFile(fd); }
   void UnregisterFile(int fd) override { target_->UnregisterFile(fd); }
   Status Submit(std::span<IoOp* const> ops) override { return target_->Submit(ops); }
@@ -214,9 +217,9 @@ class FaultInjectionEngine : public IoEngineWrapper {
     int64_t nth = 1;
     int64_t at_offset = -1;
     Fault fault = Fault::kErrno;
-    int err = 5;                // EIO; for kErrno
-    uint32_t short_bytes = 0;   // for kShort: bytes reported as moved (< len)
-    int64_t times = 1;          // how many consecutive matches (from the Nth) fail
+    int err = 5;               // EIO; for kErrno
+    uint32_t short_bytes = 0;  // for kShort: bytes reported as moved (< len)
+    int64_t times = 1;         // how many consecutive matches (from the Nth) fail
   };
   explicit FaultInjectionEngine(std::unique_ptr<IoEngine> target);
   ~FaultInjectionEngine() override;
@@ -291,9 +294,9 @@ class IoFile {
 };
 
 struct OpenOptions {
-  bool create = false;        // O_CREAT
-  bool truncate = false;      // O_TRUNC
-  uint64_t preallocate = 0;   // fallocate this many bytes (ftruncate if unsupported, warned once)
+  bool create = false;       // O_CREAT
+  bool truncate = false;     // O_TRUNC
+  uint64_t preallocate = 0;  // fallocate this many bytes (ftruncate if unsupported, warned once)
 };
 
 // One segment of a request.
@@ -416,9 +419,9 @@ struct ShardInfo {
 // A swap file found in a directory (ListSwapFiles).
 struct SwapFileEntry {
   std::string path;
-  uint64_t size = 0;   // bytes allocated on disk (st_blocks × 512), what removing it frees
-  double age_s = 0;    // seconds since it was last modified
-  bool live = false;   // its lock is held: a running store owns it
+  uint64_t size = 0;  // bytes allocated on disk (st_blocks × 512), what removing it frees
+  double age_s = 0;   // seconds since it was last modified
+  bool live = false;  // its lock is held: a running store owns it
 };
 
 // True for a file name of the swap-file scheme, `strata-swap-*.bin` (older

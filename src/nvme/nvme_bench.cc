@@ -1,5 +1,6 @@
 #include "src/nvme/nvme_bench.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,11 +8,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/host_memory.h"
@@ -67,12 +66,14 @@ std::string EngineBenchSession::engine() const {
 
 StatusOr<std::unique_ptr<EngineBenchSession>> EngineBenchSession::Open(const NvmeBenchOptions& o) {
   if (o.size == 0) return InvalidArgumentError("bench size is 0 bytes");
-  if (o.requests_in_flight < 1) return InvalidArgumentError("requests_in_flight must be at least 1");
+  if (o.requests_in_flight < 1)
+    return InvalidArgumentError("requests_in_flight must be at least 1");
   if (o.paths.empty()) return InvalidArgumentError("bench: no nvme path given");
   auto st = std::make_unique<State>();
   st->o = o;
   st->req = AlignUp(std::min<uint64_t>(o.request_bytes, o.size), 4096);
-  st->slots = static_cast<size_t>(std::min<uint64_t>(o.requests_in_flight, (o.size + st->req - 1) / st->req));
+  st->slots = static_cast<size_t>(
+      std::min<uint64_t>(o.requests_in_flight, (o.size + st->req - 1) / st->req));
   // Before allocating anything: the swap file must fit in every path (what
   // SwapStore::Open checks again, after the buffers), and the two buffers in
   // memory.
@@ -113,7 +114,8 @@ StatusOr<std::unique_ptr<EngineBenchSession>> EngineBenchSession::Open(const Nvm
 StatusOr<double> EngineBenchSession::WritePass() {
   State& m = *s_;
   Stopwatch sw;
-  RETURN_IF_ERROR(Sweep(m.store.get(), "bench", m.o.size, m.req, static_cast<int>(m.slots), m.wbuf.as<char>(), true));
+  RETURN_IF_ERROR(Sweep(m.store.get(), "bench", m.o.size, m.req, static_cast<int>(m.slots),
+                        m.wbuf.as<char>(), true));
   double sec = sw.Seconds();
   m.written = true;
   return static_cast<double>(m.o.size) / sec / 1e9;
@@ -124,7 +126,8 @@ StatusOr<double> EngineBenchSession::ReadPass() {
   if (!m.written) return FailedPreconditionError("bench read pass before a write pass");
   std::memset(m.rbuf.data(), 0, m.rbuf.size());
   Stopwatch sw;
-  RETURN_IF_ERROR(Sweep(m.store.get(), "bench", m.o.size, m.req, static_cast<int>(m.slots), m.rbuf.as<char>(), false));
+  RETURN_IF_ERROR(Sweep(m.store.get(), "bench", m.o.size, m.req, static_cast<int>(m.slots),
+                        m.rbuf.as<char>(), false));
   double sec = sw.Seconds();
   // The last `slots` requests read back what the same slots wrote.
   uint64_t nreq = (m.o.size + m.req - 1) / m.req;
@@ -132,7 +135,8 @@ StatusOr<double> EngineBenchSession::ReadPass() {
     size_t slot = i % m.slots;
     uint64_t n = std::min(m.req, m.o.size - i * m.req);
     if (std::memcmp(m.wbuf.as<char>() + slot * m.req, m.rbuf.as<char>() + slot * m.req, n) != 0)
-      return DataLossError(fmt::format("bench: data read back at offset {} differs from what was written", i * m.req));
+      return DataLossError(fmt::format(
+          "bench: data read back at offset {} differs from what was written", i * m.req));
   }
   return static_cast<double>(m.o.size) / sec / 1e9;
 }
@@ -168,7 +172,8 @@ std::string FioCommand(const NvmeBenchOptions& o, const std::string& file, const
 }
 
 namespace {
-StatusOr<double> RunFioOnce(const std::string& cmd, const std::string& json_out, const std::string& rw) {
+StatusOr<double> RunFioOnce(const std::string& cmd, const std::string& json_out,
+                            const std::string& rw) {
   std::string full = cmd + " >/dev/null 2>&1";
   int rc = std::system(full.c_str());
   std::ifstream in(json_out);
@@ -185,7 +190,8 @@ StatusOr<double> RunFioOnce(const std::string& cmd, const std::string& json_out,
 }
 }  // namespace
 
-StatusOr<double> RunFioPass(const NvmeBenchOptions& o, const std::string& file, const std::string& rw) {
+StatusOr<double> RunFioPass(const NvmeBenchOptions& o, const std::string& file,
+                            const std::string& rw) {
   if (std::system("command -v fio >/dev/null 2>&1") != 0)
     return NotFoundError("fio is not installed (not found in PATH)");
   std::string json = file + ".json";
@@ -206,12 +212,11 @@ StatusOr<NvmeBenchResult> RunFioBench(const NvmeBenchOptions& o) {
   return r;
 }
 
-StatusOr<std::vector<TunePoint>> RunTune(const NvmeBenchOptions& base,
-                                         const std::vector<uint64_t>& block_sizes,
-                                         const std::vector<int>& queue_depths,
-                                         const std::vector<int>& threads,
-                                         const std::function<void(size_t, size_t, const TunePoint&)>& progress,
-                                         int confirm_top, int confirm_runs) {
+StatusOr<std::vector<TunePoint>> RunTune(
+    const NvmeBenchOptions& base, const std::vector<uint64_t>& block_sizes,
+    const std::vector<int>& queue_depths, const std::vector<int>& threads,
+    const std::function<void(size_t, size_t, const TunePoint&)>& progress, int confirm_top,
+    int confirm_runs) {
   std::vector<TunePoint> points;
   const size_t sweep = block_sizes.size() * queue_depths.size() * threads.size();
   const size_t top = std::min<size_t>(static_cast<size_t>(std::max(confirm_top, 0)), sweep);
@@ -242,7 +247,8 @@ StatusOr<std::vector<TunePoint>> RunTune(const NvmeBenchOptions& base,
   for (size_t k = 0; k < top; ++k) runs[k].push_back(points[k]);
   for (int rep = 0; rep < confirm_runs; ++rep)
     for (size_t k = 0; k < top; ++k) {
-      ASSIGN_OR_RETURN(TunePoint p, measure(points[k].block_size, points[k].queue_depth, points[k].threads));
+      ASSIGN_OR_RETURN(TunePoint p,
+                       measure(points[k].block_size, points[k].queue_depth, points[k].threads));
       runs[k].push_back(p);
     }
   for (size_t k = 0; k < top; ++k) {

@@ -23,8 +23,9 @@ Status DeviceOptimizer::Accumulate(int m, const void* device_grad) {
   const auto* base = static_cast<const uint8_t*>(device_grad);
   for (int id : me.params) {
     const ParamRec& p = layout_->param(id);
-    RETURN_IF_ERROR(dev_->AddToFp32(acc_.as<float>() + p.elem_off, base + (p.byte_off - me.byte_begin),
-                                    p.dtype, static_cast<size_t>(p.numel), dev_->compute()));
+    RETURN_IF_ERROR(dev_->AddToFp32(acc_.as<float>() + p.elem_off,
+                                    base + (p.byte_off - me.byte_begin), p.dtype,
+                                    static_cast<size_t>(p.numel), dev_->compute()));
   }
   return Status();
 }

@@ -32,8 +32,8 @@
 #include "src/common/timer.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
-#include "src/scheduler/device_step.h"
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/device_step.h"
 #include "src/scheduler/grad_offloader.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
@@ -288,8 +288,7 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(
       placement, sizes,
       scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
-                                  cfg_.strata.pinned_budget_bytes,
-                                  scheduler::UsedNvmePaths(cfg_)));
+                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_)));
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
 
@@ -304,23 +303,23 @@ Status EngineImpl::Plan() {
   RETURN_IF_ERROR(
       grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_, !device_optimizer_));
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
-  RETURN_IF_ERROR(store_->Open(plan, grads_->staging_pool()->Regions(),
-                               hooks_.wrap_io_engine, &pinned_bytes_));
+  RETURN_IF_ERROR(
+      store_->Open(plan, grads_->staging_pool()->Regions(), hooks_.wrap_io_engine, &pinned_bytes_));
   scheduler::FetchOptions fo;
   fo.prefetch_bucket_elems = zo.stage3_prefetch_bucket_size;
   fo.max_live_elems = zo.stage3_max_live_parameters;
   fo.max_reuse_distance = zo.stage3_max_reuse_distance;
   fo.device_slots = plan.device_slots;
-  fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, this,
-                                            fo);
+  fetcher_ =
+      std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, this, fo);
   RETURN_IF_ERROR(fetcher_->Init());
   if (device_optimizer_) {
     dev_opt_ = std::make_unique<scheduler::DeviceOptimizer>(dev_.get(), &layout_, store_.get());
     RETURN_IF_ERROR(dev_opt_->Init());
   }
   const int64_t init0 = NowNanos();
-  RETURN_IF_ERROR(store_->Initialize(
-      [&](int id, std::vector<float>& scratch) -> std::span<const float> {
+  RETURN_IF_ERROR(
+      store_->Initialize([&](int id, std::vector<float>& scratch) -> std::span<const float> {
         const Registration& r = regs_[static_cast<size_t>(id)];
         if (!r.init.empty()) return r.init;
         scratch.assign(static_cast<size_t>(r.rec.numel), 0.f);
@@ -792,8 +791,9 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     return InvalidArgumentError(fmt::format("ReadParameter: no parameter {}", id));
   const Registration& r = regs_[static_cast<size_t>(id)];
   if (static_cast<int64_t>(out.size()) != r.rec.numel)
-    return InvalidArgumentError(fmt::format("ReadParameter {}: buffer of {} floats, parameter has {}",
-                                            r.rec.name, out.size(), r.rec.numel));
+    return InvalidArgumentError(
+        fmt::format("ReadParameter {}: buffer of {} floats, parameter has {}", r.rec.name,
+                    out.size(), r.rec.numel));
   if (!planned_) {
     if (!r.init.empty()) {
       std::copy(r.init.begin(), r.init.end(), out.begin());

@@ -40,8 +40,7 @@ GradOffloader::~GradOffloader() {
   if (worker_.joinable()) worker_.join();
 }
 
-Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes,
-                            bool host_accumulator) {
+Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator) {
   const int64_t bytes = host_accumulator ? kGradAccBytesPerElem * layout_->total_elems() : 0;
   RETURN_IF_ERROR(acc_.Allocate(bytes, nullptr, "gradient accumulator"));
   std::memset(acc_.data(), 0, static_cast<size_t>(bytes));

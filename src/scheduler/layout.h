@@ -69,9 +69,9 @@ struct SubGroup {
 };
 
 struct LayoutOptions {
-  int64_t sub_group_size = 1'000'000'000;  // elements per sub-group (< 1: 1)
-  bool params_offloaded = false;           // offload_param cpu or nvme
-  int64_t persistence_threshold = 0;       // modules below this many elements stay resident
+  int64_t sub_group_size = 1'000'000'000;    // elements per sub-group (< 1: 1)
+  bool params_offloaded = false;             // offload_param cpu or nvme
+  int64_t persistence_threshold = 0;         // modules below this many elements stay resident
   int64_t reduce_bucket_size = 500'000'000;  // elements; sizes a gradient staging chunk
 };
 

@@ -87,8 +87,8 @@ Status StateRing::AcquireBuffers() {
   pre.reads_.clear();
   pre.issue_ns_.clear();
   const int64_t want = std::max<int64_t>(1, step_->deps_.buffer_count);
-  for (int64_t i = static_cast<int64_t>(buffers_.size());
-       i < want && i < static_cast<int64_t>(G_); ++i) {
+  for (int64_t i = static_cast<int64_t>(buffers_.size()); i < want && i < static_cast<int64_t>(G_);
+       ++i) {
     StatusOr<gpu::PinnedBuffer> b = store_.optimizer_pool()->Acquire(
         static_cast<size_t>(kOptimizerStateBytesPerElem * layout_.max_group_elems()));
     if (!b.ok()) {
@@ -168,8 +168,8 @@ Status StateRing::Run(StepOutcome* outcome) {
     counters_.AddNvmeWritten(static_cast<int64_t>(h.bytes()));
     if (s.ok()) outcome->param_written.push_back(module);
     if (!s.ok() && error_.ok())
-      error_ = s.WithContext(
-          fmt::format("writing the updated parameters of module {} to NVMe", module));
+      error_ =
+          s.WithContext(fmt::format("writing the updated parameters of module {} to NVMe", module));
   }
   if (!param_writes.empty()) counters_.AddNvmeInterval(pw0, NowNanos());
   if (!error_.ok()) {
@@ -197,9 +197,8 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Launch(const StepDeps& d
   try {
     step->thread_ = std::thread([s] { s->Run(); });
   } catch (const std::system_error& e) {
-    return ResourceExhaustedError(
-        fmt::format("starting the optimizer thread for step {}: {} (RLIMIT_NPROC?)", params.step,
-                    e.what()));
+    return ResourceExhaustedError(fmt::format(
+        "starting the optimizer thread for step {}: {} (RLIMIT_NPROC?)", params.step, e.what()));
   }
   return step;
 }

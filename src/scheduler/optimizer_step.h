@@ -120,7 +120,7 @@ class OptimizerStep {
   StepParams params_;
   StateReadAhead read_ahead_;
   std::thread thread_;
-  StepOutcome outcome_;  // the step's thread until it has finished, then Join()
+  StepOutcome outcome_;                 // the step's thread until it has finished, then Join()
   std::atomic<size_t> groups_done_{0};  // sub-groups stepped, in order
   mutable Mutex mu_;
   CondVar cv_;

@@ -45,8 +45,8 @@ Status SlotPool::Init(gpu::Device* device, int64_t slot_bytes, int64_t count) {
 
 StatusOr<SlotPool::Handle> SlotPool::Acquire() {
   if (free_.empty())
-    return ResourceExhaustedError(fmt::format("all {} device slots of {} are in use", count_,
-                                              FormatBytes(slot_bytes_)));
+    return ResourceExhaustedError(
+        fmt::format("all {} device slots of {} are in use", count_, FormatBytes(slot_bytes_)));
   Handle h;
   h.pool_ = this;
   h.index_ = free_.back();
@@ -99,9 +99,8 @@ Status ParamFetcher::Init() {
   const int64_t slot_bytes = std::max<int64_t>(layout_->max_module_bytes(), align);
   int64_t count = opts_.device_slots;
   if (count <= 0)
-    count = std::max<int64_t>(
-        2, static_cast<int64_t>(dev_->Stats().largest_free_bytes) / ((slot_bytes + align - 1) /
-                                                                     align * align));
+    count = std::max<int64_t>(2, static_cast<int64_t>(dev_->Stats().largest_free_bytes) /
+                                     ((slot_bytes + align - 1) / align * align));
   return pool_.Init(dev_, slot_bytes, count)
       .WithContext(fmt::format("device slots for parameters and gradients ({} x {})", count,
                                FormatBytes(slot_bytes)));
@@ -110,7 +109,8 @@ Status ParamFetcher::Init() {
 int64_t ParamFetcher::live_elems() const {
   int64_t live = 0;
   for (int m = 0; m < layout_->num_modules(); ++m)
-    if (!layout_->module(m).persistent && slots_[static_cast<size_t>(m)].residency != Residency::kAbsent)
+    if (!layout_->module(m).persistent &&
+        slots_[static_cast<size_t>(m)].residency != Residency::kAbsent)
       live += layout_->module(m).elems();
   return live;
 }
@@ -189,10 +189,11 @@ StatusOr<SlotPool::Handle> ParamFetcher::AcquireSlot(int keep_module) {
       in_use += s.in_use || static_cast<bool>(s.grad);
       in_flight += s.residency == Residency::kReading || s.residency == Residency::kCopying;
     }
-    return Status(h.status()).WithContext(fmt::format(
-        "module {}: {} module(s) in use or holding gradients, {} being fetched; raise "
-        "strata.hbm_budget or lower stage3_max_live_parameters",
-        keep_module, in_use, in_flight));
+    return Status(h.status())
+        .WithContext(fmt::format(
+            "module {}: {} module(s) in use or holding gradients, {} being fetched; raise "
+            "strata.hbm_budget or lower stage3_max_live_parameters",
+            keep_module, in_use, in_flight));
   }
   return h;
 }

@@ -4,8 +4,8 @@
 //   absent → reading (NVMe → pinned staging) → copying (H2D in flight, the
 //   module's `ready` event recorded) → resident,
 // device buffers taken from a slot pool laid out once by the plan (evicting
-// cached modules whose next use is furthest away when every slot is taken), prefetch of the modules the recorded
-// trace says come next (within stage3_prefetch_bucket_size and
+// cached modules whose next use is furthest away when every slot is taken), prefetch of the modules
+// the recorded trace says come next (within stage3_prefetch_bucket_size and
 // stage3_max_live_parameters), release after use unless reused soon
 // (stage3_max_reuse_distance), and frees deferred until the device has passed
 // the last use. It also hands out the modules' gradient buffers.
@@ -101,8 +101,8 @@ enum class Residency { kAbsent, kReading, kCopying, kResident };
 
 class ParamFetcher {
  public:
-  ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store,
-               StepCounters* counters, const StepGate* gate, FetchOptions options);
+  ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store, StepCounters* counters,
+               const StepGate* gate, FetchOptions options);
   ~ParamFetcher();  // waits for NVMe reads in flight
 
   // Creates the modules' events, the fetch trace, the persistent block and

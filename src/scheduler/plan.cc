@@ -86,8 +86,8 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
     const int64_t offloaded = s.total_param_bytes - s.persistent_param_bytes;
     const int64_t live =
         std::min(offloaded, std::max(pl.max_live_parameters * elem_size, 2 * s.max_module_bytes));
-    param_slots = offloaded > 0 ? std::max<int64_t>(1, (live + plan.slot_bytes - 1) / plan.slot_bytes)
-                                : 0;
+    param_slots =
+        offloaded > 0 ? std::max<int64_t>(1, (live + plan.slot_bytes - 1) / plan.slot_bytes) : 0;
     hbm.Add(s.persistent_param_bytes,
             "persistent parameters " + FormatBytes(s.persistent_param_bytes));
     hbm.Add(param_slots * plan.slot_bytes,
@@ -100,8 +100,7 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
           fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan.slot_bytes)));
   if (pl.optimizer == OffloadDevice::kNone)
     hbm.Add(states, "optimizer states " + FormatBytes(states));
-  if (pl.device_optimizer)
-    hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+  if (pl.device_optimizer) hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
   plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));
 
   // Pinned: staging pools (+ the optimizer states when pin_memory).
@@ -110,9 +109,9 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
              "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
   if (pl.optimizer == OffloadDevice::kNvme) {
     const int64_t per = kOptimizerStateBytesPerElem * s.max_group_elems;
-    pinned.Add(pl.optimizer_buffer_count * per,
-               fmt::format("optimizer pipeline {} x {}", pl.optimizer_buffer_count,
-                           FormatBytes(per)));
+    pinned.Add(
+        pl.optimizer_buffer_count * per,
+        fmt::format("optimizer pipeline {} x {}", pl.optimizer_buffer_count, FormatBytes(per)));
   }
   if (pl.params == OffloadDevice::kNvme) {
     pinned.Add(pl.param_buffer_count * s.max_module_bytes,
@@ -150,8 +149,8 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
     disk.Add(2 * s.total_param_bytes, "parameters 2 x " + FormatBytes(s.total_param_bytes));
   if (!facts.nvme_paths.empty()) {
     // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
-    disk.bytes += (2 * (s.num_groups + s.num_modules) * static_cast<int64_t>(facts.nvme_paths.size()))
-                  << 20;
+    disk.bytes +=
+        (2 * (s.num_groups + s.num_modules) * static_cast<int64_t>(facts.nvme_paths.size())) << 20;
     TierBudget b = disk.Budget("nvme", facts.nvme_available);
     b.detail += fmt::format(" on {}", fmt::join(facts.nvme_paths, ", "));
     plan.budgets.push_back(b);

@@ -53,9 +53,9 @@ struct LayoutSizes {
 struct TierFacts {
   int64_t hbm_budget = 0;
   int64_t pinned_budget = 0;
-  int64_t dram_available = 0;               // MemAvailable-like
-  std::vector<std::string> nvme_paths;      // the directories the NVMe tier uses
-  int64_t nvme_available = 0;               // free bytes on them, summed
+  int64_t dram_available = 0;           // MemAvailable-like
+  std::vector<std::string> nvme_paths;  // the directories the NVMe tier uses
+  int64_t nvme_available = 0;           // free bytes on them, summed
 };
 
 // Gradient staging chunks in flight (one pool of this many chunk buffers).

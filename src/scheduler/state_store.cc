@@ -17,8 +17,8 @@ using gpu::PinnedPool;
 // ---- HostArray ---------------------------------------------------------------
 
 Status HostArray::Allocate(int64_t bytes, Device* pin_with, const std::string& what) {
-  ASSIGN_OR_RETURN(buf_, AlignedBuffer::Allocate(
-                             static_cast<size_t>(std::max<int64_t>(bytes, 64)), kIoAlign));
+  ASSIGN_OR_RETURN(
+      buf_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 64)), kIoAlign));
   bytes_ = bytes;
   if (pin_with != nullptr && bytes > 0) {
     Status s = pin_with->PinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes)));
@@ -217,7 +217,8 @@ Status StateStore::Initialize(
   } else if (!nvme_states) {
     // In the device arena (offload_optimizer none): device copies and fills.
     gpu::Stream& s = dev_->compute();
-    RETURN_IF_ERROR(dev_->CopyH2D(master_, all_master.data(), all_master.size() * sizeof(float), s));
+    RETURN_IF_ERROR(
+        dev_->CopyH2D(master_, all_master.data(), all_master.size() * sizeof(float), s));
     RETURN_IF_ERROR(dev_->Fill(exp_avg_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
     RETURN_IF_ERROR(dev_->Fill(exp_avg_sq_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
     RETURN_IF_ERROR(s.Synchronize());
@@ -242,8 +243,8 @@ Status StateStore::Initialize(
   const int64_t param_bytes = layout_->total_param_bytes();
   switch (placement_.params) {
     case OffloadDevice::kNone:
-      RETURN_IF_ERROR(
-          dev_->CopyH2D(device_params_.data(), next, static_cast<size_t>(param_bytes), dev_->h2d()));
+      RETURN_IF_ERROR(dev_->CopyH2D(device_params_.data(), next, static_cast<size_t>(param_bytes),
+                                    dev_->h2d()));
       RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
       RETURN_IF_ERROR(dev_->h2d().Synchronize());
       counters_->AddCopyBytes(Link::kH2D, param_bytes);
@@ -327,7 +328,8 @@ Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
     const int64_t last = kMasterBytesPerElem * (e - sg.elem_begin);
     const int64_t page0 = first / kIoAlign * kIoAlign;
     const int64_t len = IoBytes(last) - page0;
-    ASSIGN_OR_RETURN(AlignedBuffer tmp, AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
+    ASSIGN_OR_RETURN(AlignedBuffer tmp,
+                     AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
     nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]), static_cast<uint64_t>(page0),
                                    tmp.data(), static_cast<size_t>(len));
     RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
@@ -381,8 +383,9 @@ Status StateStore::WriteGroupStates(size_t g, const void* buf) {
       return Status();
     }
     case OffloadDevice::kNvme:
-      return swap_->Write(StateShard(g, state_version_[g]), 0, buf,
-                          static_cast<size_t>(sg.state_io_bytes()))
+      return swap_
+          ->Write(StateShard(g, state_version_[g]), 0, buf,
+                  static_cast<size_t>(sg.state_io_bytes()))
           .Wait()
           .WithContext(fmt::format("restoring the optimizer states of sub-group {}", g));
   }
@@ -426,8 +429,9 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
       std::memcpy(host_params_.as<uint8_t>() + me.byte_begin, buf, bytes);
       return Status();
     case OffloadDevice::kNvme:
-      return swap_->Write(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0,
-                          next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())))
+      return swap_
+          ->Write(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0,
+                  next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())))
           .Wait()
           .WithContext(fmt::format("restoring the parameters of module {}", m));
   }

@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
+#include "src/common/aligned_buffer.h"
 #include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
-#include "src/common/aligned_buffer.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/plan.h"
 #include "src/scheduler/step_stats.h"
@@ -71,8 +71,8 @@ class HostArray {
 // What an optimizer step did, for Commit / Rollback.
 struct StepOutcome {
   Status status;
-  bool advanced = false;         // in-memory states moved to the new step
-  bool states_written = false;   // every sub-group's new NVMe states were written
+  bool advanced = false;                // in-memory states moved to the new step
+  bool states_written = false;          // every sub-group's new NVMe states were written
   std::vector<int> param_written;       // modules whose new parameters are on NVMe
   std::vector<int> param_write_failed;  // modules whose NVMe parameter write failed
 };
@@ -174,9 +174,9 @@ class StateStore {
 
  private:
   Status AllocatePools(int64_t* pinned_bytes);
-  Status OpenNvme(int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
-                  const std::function<std::unique_ptr<nvme::IoEngine>(
-                      std::unique_ptr<nvme::IoEngine>)>& wrap);
+  Status OpenNvme(
+      int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
+      const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap);
 
   gpu::Device* dev_;
   const Layout* layout_;
@@ -184,7 +184,7 @@ class StateStore {
   const Config* cfg_;
   Placement placement_;
 
-  HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;           // offload_optimizer cpu
+  HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;          // offload_optimizer cpu
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none
   float* master_ = nullptr;
   float* exp_avg_ = nullptr;
@@ -194,7 +194,7 @@ class StateStore {
   HostArray next_params_;            // copy-out target
   gpu::DeviceBuffer device_params_;  // offload_param none
   std::unique_ptr<gpu::Event> params_uploaded_;
-  bool mirror_params_ = false;      // offload_param none: host_params_ mirrors the device
+  bool mirror_params_ = false;       // offload_param none: host_params_ mirrors the device
   std::vector<int> module_version_;  // per module, nvme: active version
   int64_t initial_nvme_bytes_ = 0;
 

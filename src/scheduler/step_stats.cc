@@ -172,8 +172,8 @@ void StepCounters::EndWindow(int64_t now, StepStats* st) {
   st->pcie_d2h_bytes = d2h_bytes_.exchange(0);
   st->prefetched_modules = prefetch_hits_;
   st->fetch_misses = fetch_misses_;
-  const double busiest = std::max({st->compute_s, st->pcie_busy_s + st->grad_offload_s,
-                                   st->optimizer_s, st->nvme_busy_s});
+  const double busiest = std::max(
+      {st->compute_s, st->pcie_busy_s + st->grad_offload_s, st->optimizer_s, st->nvme_busy_s});
   st->overlap_efficiency = st->step_time_s > 0 ? std::min(1.0, busiest / st->step_time_s) : 0;
   const int64_t nvme_bytes = st->nvme_read_bytes + st->nvme_written_bytes;
   if (st->nvme_busy_s > 1e-3 && nvme_bytes > 0)
@@ -239,8 +239,9 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
     for (bool h2d : {true, false}) {
       gpu::Stream& s = h2d ? device->h2d() : device->d2h();
       const int64_t t0 = NowNanos();
-      RETURN_IF_ERROR(h2d ? device->CopyH2D(dev.data(), host.data(), static_cast<size_t>(bytes), s)
-                          : device->CopyD2H(host.data(), dev.data(), static_cast<size_t>(bytes), s));
+      RETURN_IF_ERROR(
+          h2d ? device->CopyH2D(dev.data(), host.data(), static_cast<size_t>(bytes), s)
+              : device->CopyD2H(host.data(), dev.data(), static_cast<size_t>(bytes), s));
       RETURN_IF_ERROR(s.Synchronize());
       const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
       double& best = h2d ? r.h2d_gbytes_per_s : r.d2h_gbytes_per_s;
@@ -265,9 +266,9 @@ StepBound BoundOf(const StepStats& s) {
     consider(static_cast<double>(s.pcie_d2h_bytes) / (s.d2h_gbytes_per_s * 1e9), "pcie_d2h");
   consider(s.optimizer_s, "cpu_optimizer");
   if (s.nvme_gbytes_per_s > 0)
-    consider(static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) /
-                 (s.nvme_gbytes_per_s * 1e9),
-             "nvme");
+    consider(
+        static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) / (s.nvme_gbytes_per_s * 1e9),
+        "nvme");
   return b;
 }
 

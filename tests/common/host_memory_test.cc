@@ -2,11 +2,10 @@
 // with the bytes asked and available.
 #include "src/common/host_memory.h"
 
+#include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <string>
 

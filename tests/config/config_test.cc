@@ -1,6 +1,8 @@
 // Tests for src/config/config.cc: DeepSpeed defaults, "auto", exponent-form
 // integers, every error category (message names path, value and what is
 // allowed), unknown-key warnings, file errors, and ConfigToJson round trips.
+#include "strata/config.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -13,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "strata/config.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -46,7 +47,8 @@ json Nest(const std::string& path, const json& value) {
   size_t start = 0;
   while (true) {
     size_t dot = path.find('.', start);
-    std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string key =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (dot == std::string::npos) {
       (*cur)[key] = value;
       break;
@@ -66,7 +68,8 @@ std::string WithPath(const std::string& path, const json& value) {
 
 std::vector<std::string> ExampleConfigs() {
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(STRATA_SOURCE_DIR) + "/configs"))
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(STRATA_SOURCE_DIR) + "/configs"))
     if (e.path().extension() == ".json") files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
   return files;
@@ -145,7 +148,8 @@ TEST(ConfigDefaults, EmptyObjectGivesDeepSpeedDefaults) {
 }
 
 TEST(ConfigDefaults, EmptySectionsGiveDefaultsToo) {
-  Config c = Parse(R"({"zero_optimization": {"offload_optimizer": {}, "offload_param": {}}, "aio": {},
+  Config c =
+      Parse(R"({"zero_optimization": {"offload_optimizer": {}, "offload_param": {}}, "aio": {},
                        "optimizer": {"params": {}}, "fp16": {}, "bf16": {}, "strata": {"host_device": {}}})");
   EXPECT_TRUE(c == Config{});
   EXPECT_TRUE(c.warnings.empty());
@@ -163,10 +167,13 @@ TEST(ConfigDefaults, OverlapCommDefaultsToTrueOnlyForStage3) {
 TEST(ConfigDefaults, AdamWModeFollowsTypeUnlessGiven) {
   // DeepSpeed's default is decoupled decay for Adam too; AdamW forces it.
   EXPECT_TRUE(Parse(R"({"optimizer": {"type": "Adam"}})").optimizer.adam_w_mode);
-  EXPECT_FALSE(Parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
+  EXPECT_FALSE(Parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})")
+                   .optimizer.adam_w_mode);
   EXPECT_TRUE(Parse(R"({"optimizer": {"type": "AdamW"}})").optimizer.adam_w_mode);
-  EXPECT_TRUE(Parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})").optimizer.adam_w_mode);
-  EXPECT_TRUE(Parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})").optimizer.adam_w_mode);
+  EXPECT_TRUE(Parse(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": true}}})")
+                  .optimizer.adam_w_mode);
+  EXPECT_TRUE(Parse(R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})")
+                  .optimizer.adam_w_mode);
 }
 
 TEST(ConfigNames, EnumNames) {
@@ -278,7 +285,8 @@ TEST(ConfigValues, EveryKeyIsRead) {
 }
 
 TEST(ConfigValues, ExponentFormIntegers) {
-  Config c = Parse(R"({"zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 2E9,
+  Config c =
+      Parse(R"({"zero_optimization": {"reduce_bucket_size": 5e8, "allgather_bucket_size": 2E9,
                        "stage3_max_live_parameters": 1.0e9, "stage": 2.0}, "train_batch_size": 6.4e1})");
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 500'000'000);
   EXPECT_EQ(c.zero_optimization.allgather_bucket_size, 2'000'000'000);
@@ -291,10 +299,11 @@ TEST(ConfigValues, NonWholeOrHugeIntegersAreErrors) {
   EXPECT_THAT(ErrorOf(R"({"aio": {"queue_depth": 1.5}})"),
               AllOf(HasSubstr("aio.queue_depth"), HasSubstr("1.5"), HasSubstr("not an integer")));
   EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"reduce_bucket_size": 1e30}})"),
-              AllOf(HasSubstr("zero_optimization.reduce_bucket_size"), HasSubstr("1e+30"), HasSubstr("out of range")));
-  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"sub_group_size": 18446744073709551615}})"),
-              AllOf(HasSubstr("zero_optimization.sub_group_size"), HasSubstr("18446744073709551615"),
+              AllOf(HasSubstr("zero_optimization.reduce_bucket_size"), HasSubstr("1e+30"),
                     HasSubstr("out of range")));
+  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"sub_group_size": 18446744073709551615}})"),
+              AllOf(HasSubstr("zero_optimization.sub_group_size"),
+                    HasSubstr("18446744073709551615"), HasSubstr("out of range")));
   EXPECT_THAT(ErrorOf(R"({"fp16": {"hysteresis": 1e10}})"),
               AllOf(HasSubstr("fp16.hysteresis"), HasSubstr("32 bits")));
   EXPECT_THAT(ErrorOf(R"({"aio": {"queue_depth": "8"}})"),
@@ -314,13 +323,21 @@ TEST(ConfigValues, EnumsAreCaseInsensitive) {
 }
 
 TEST(ConfigValues, AutoResolvesToDefaultWhereDeepSpeedAllowsIt) {
-  const char* kAutoKeys[] = {
-      "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-      "gradient_clipping", "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps",
-      "optimizer.params.weight_decay", "fp16.enabled", "bf16.enabled",
-      "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
-      "zero_optimization.stage3_param_persistence_threshold", "zero_optimization.sub_group_size",
-      "zero_optimization.allgather_bucket_size"};
+  const char* kAutoKeys[] = {"train_batch_size",
+                             "train_micro_batch_size_per_gpu",
+                             "gradient_accumulation_steps",
+                             "gradient_clipping",
+                             "optimizer.params.lr",
+                             "optimizer.params.betas",
+                             "optimizer.params.eps",
+                             "optimizer.params.weight_decay",
+                             "fp16.enabled",
+                             "bf16.enabled",
+                             "zero_optimization.reduce_bucket_size",
+                             "zero_optimization.stage3_prefetch_bucket_size",
+                             "zero_optimization.stage3_param_persistence_threshold",
+                             "zero_optimization.sub_group_size",
+                             "zero_optimization.allgather_bucket_size"};
   for (const char* key : kAutoKeys) {
     SCOPED_TRACE(key);
     std::string text = Nest(key, "auto").dump();
@@ -343,13 +360,18 @@ TEST(ConfigValues, AutoResolvesToDefaultWhereDeepSpeedAllowsIt) {
 
 TEST(ConfigValues, AutoIsATypeErrorElsewhere) {
   // (zero_optimization and aio keys take "auto" as "the default": config_compat_test.cc.)
-  const char* kNoAutoKeys[] = {"fp16.loss_scale", "fp16.hysteresis", "optimizer.params.adam_w_mode",
-                               "optimizer.params.bias_correction", "strata.threads", "strata.device_id",
-                               "strata.host_device.link_latency_us", "strata.model.layers"};
+  const char* kNoAutoKeys[] = {"fp16.loss_scale",
+                               "fp16.hysteresis",
+                               "optimizer.params.adam_w_mode",
+                               "optimizer.params.bias_correction",
+                               "strata.threads",
+                               "strata.device_id",
+                               "strata.host_device.link_latency_us",
+                               "strata.model.layers"};
   for (const char* key : kNoAutoKeys) {
     SCOPED_TRACE(key);
-    EXPECT_THAT(ErrorOf(Nest(key, "auto").dump()),
-                AllOf(HasSubstr(key), HasSubstr("\"auto\""), HasSubstr("not accepted for this key")));
+    EXPECT_THAT(ErrorOf(Nest(key, "auto").dump()), AllOf(HasSubstr(key), HasSubstr("\"auto\""),
+                                                         HasSubstr("not accepted for this key")));
   }
 }
 
@@ -357,7 +379,8 @@ TEST(ConfigValues, NvmePathStringOrList) {
   Config c = Parse(R"({"zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
     "offload_param": {"device": "nvme", "nvme_path": ["/nvme0", "/nvme1", "/nvme2"]}}})");
-  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, (std::vector<std::string>{"/local_nvme"}));
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path,
+            (std::vector<std::string>{"/local_nvme"}));
   EXPECT_EQ(c.zero_optimization.offload_param.nvme_path,
             (std::vector<std::string>{"/nvme0", "/nvme1", "/nvme2"}));
   EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"offload_optimizer": {"nvme_path": ["/a", 3]}}})"),
@@ -372,9 +395,15 @@ TEST(ConfigValues, ByteSizesInStrataSection) {
   struct Case {
     json value;
     int64_t bytes;
-  } cases[] = {{"8G", int64_t{8} << 30},  {"512M", int64_t{512} << 20}, {"64KiB", 64 << 10},
-               {"1.5GB", int64_t{3} << 29}, {"2t", int64_t{2} << 40},    {"4096", 4096},
-               {"100B", 100},            {1073741824, int64_t{1} << 30}, {4e9, 4'000'000'000},
+  } cases[] = {{"8G", int64_t{8} << 30},
+               {"512M", int64_t{512} << 20},
+               {"64KiB", 64 << 10},
+               {"1.5GB", int64_t{3} << 29},
+               {"2t", int64_t{2} << 40},
+               {"4096", 4096},
+               {"100B", 100},
+               {1073741824, int64_t{1} << 30},
+               {4e9, 4'000'000'000},
                {" 16 MiB ", int64_t{16} << 20}};
   for (const auto& [value, bytes] : cases) {
     SCOPED_TRACE(value.dump());
@@ -382,12 +411,12 @@ TEST(ConfigValues, ByteSizesInStrataSection) {
     EXPECT_EQ(c.strata.hbm_budget_bytes, bytes);
     EXPECT_EQ(c.strata.pinned_budget_bytes, bytes);
   }
-  for (const json& bad : {json("8X"), json("G"), json("-1G"), json(-5), json(1.5), json("1.2.3M"), json(true),
-                          json("0.1K"), json("99999999999T")}) {
+  for (const json& bad : {json("8X"), json("G"), json("-1G"), json(-5), json(1.5), json("1.2.3M"),
+                          json(true), json("0.1K"), json("99999999999T")}) {
     SCOPED_TRACE(bad.dump());
     EXPECT_THAT(ErrorOf(json{{"strata", {{"pinned_budget", bad}}}}.dump()),
-                AllOf(HasSubstr("strata.pinned_budget"), HasSubstr(bad.dump()), HasSubstr("byte count"),
-                      HasSubstr("\"8G\"")));
+                AllOf(HasSubstr("strata.pinned_budget"), HasSubstr(bad.dump()),
+                      HasSubstr("byte count"), HasSubstr("\"8G\"")));
   }
 }
 
@@ -396,19 +425,24 @@ TEST(ConfigValues, DeprecatedDeepSpeedSpellings) {
   EXPECT_EQ(c.aio.intra_op_parallelism, 3);
   EXPECT_TRUE(c.bf16_enabled);
   EXPECT_TRUE(c.warnings.empty());
-  EXPECT_EQ(Parse(R"({"aio": {"thread_count": 3, "intra_op_parallelism": 3}})").aio.intra_op_parallelism, 3);
+  EXPECT_EQ(
+      Parse(R"({"aio": {"thread_count": 3, "intra_op_parallelism": 3}})").aio.intra_op_parallelism,
+      3);
   EXPECT_THAT(ErrorOf(R"({"aio": {"thread_count": 3, "intra_op_parallelism": 2}})"),
               AllOf(HasSubstr("aio.thread_count: 3"), HasSubstr("aio.intra_op_parallelism: 2")));
-  EXPECT_THAT(ErrorOf(R"({"aio": {"thread_count": 0}})"), AllOf(HasSubstr("aio.thread_count: 0"), HasSubstr("> 0")));
+  EXPECT_THAT(ErrorOf(R"({"aio": {"thread_count": 0}})"),
+              AllOf(HasSubstr("aio.thread_count: 0"), HasSubstr("> 0")));
   EXPECT_THAT(ErrorOf(R"({"bf16": {"enabled": true}, "bfloat16": {"enabled": true}})"),
               AllOf(HasSubstr("bf16"), HasSubstr("bfloat16")));
 
-  Config old = Parse(R"({"zero_optimization": {"stage": 2, "cpu_offload": true, "cpu_offload_use_pin_memory": true}})");
+  Config old = Parse(
+      R"({"zero_optimization": {"stage": 2, "cpu_offload": true, "cpu_offload_use_pin_memory": true}})");
   EXPECT_EQ(old.zero_optimization.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_TRUE(old.zero_optimization.offload_optimizer.pin_memory);
   Config old3 = Parse(R"({"zero_optimization": {"stage": 3, "cpu_offload_params": true}})");
   EXPECT_EQ(old3.zero_optimization.offload_param.device, OffloadDevice::kCpu);
-  Config pipe = Parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"pipeline": true}}})");
+  Config pipe =
+      Parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"pipeline": true}}})");
   EXPECT_TRUE(pipe.zero_optimization.offload_optimizer.pipeline_read);
   EXPECT_TRUE(pipe.zero_optimization.offload_optimizer.pipeline_write);
 }
@@ -427,7 +461,8 @@ TEST(ConfigBatch, AnyTwoDeriveTheThird) {
       {R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", 32, 4, 8},
       {R"({"train_batch_size": 32, "gradient_accumulation_steps": 2})", 32, 16, 2},
       {R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 7})", 21, 3, 7},
-      {R"({"train_batch_size": 21, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 7})", 21, 3, 7},
+      {R"({"train_batch_size": 21, "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 7})",
+       21, 3, 7},
       {R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 7})",
        21, 3, 7},
   };
@@ -441,23 +476,28 @@ TEST(ConfigBatch, AnyTwoDeriveTheThird) {
 }
 
 TEST(ConfigBatch, InconsistentOrNonPositiveIsAnError) {
-  EXPECT_THAT(ErrorOf(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4})"),
-              AllOf(HasSubstr("train_batch_size: 32"), HasSubstr("train_micro_batch_size_per_gpu 4"),
-                    HasSubstr("gradient_accumulation_steps 4"), HasSubstr("16")));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4})"),
+      AllOf(HasSubstr("train_batch_size: 32"), HasSubstr("train_micro_batch_size_per_gpu 4"),
+            HasSubstr("gradient_accumulation_steps 4"), HasSubstr("16")));
   EXPECT_THAT(ErrorOf(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})"),
               AllOf(HasSubstr("train_batch_size: 30"), HasSubstr("not a multiple"),
                     HasSubstr("train_micro_batch_size_per_gpu 4")));
   EXPECT_THAT(ErrorOf(R"({"train_batch_size": 30, "gradient_accumulation_steps": 4})"),
               AllOf(HasSubstr("train_batch_size: 30"), HasSubstr("gradient_accumulation_steps 4")));
-  for (const char* key : {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+  for (const char* key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
     for (int v : {0, -3}) {
       SCOPED_TRACE(std::string(key) + "=" + std::to_string(v));
-      EXPECT_THAT(ErrorOf(json{{key, v}}.dump()),
-                  AllOf(HasSubstr(std::string(key) + ": " + std::to_string(v)), HasSubstr("must be > 0")));
+      EXPECT_THAT(
+          ErrorOf(json{{key, v}}.dump()),
+          AllOf(HasSubstr(std::string(key) + ": " + std::to_string(v)), HasSubstr("must be > 0")));
     }
   }
-  EXPECT_THAT(ErrorOf(R"({"train_micro_batch_size_per_gpu": 4e18, "gradient_accumulation_steps": 4})"),
-              HasSubstr("overflows"));
+  EXPECT_THAT(
+      ErrorOf(R"({"train_micro_batch_size_per_gpu": 4e18, "gradient_accumulation_steps": 4})"),
+      HasSubstr("overflows"));
 }
 
 // ---- Errors: type, enum, range, cross-field ---------------------------------------
@@ -492,7 +532,8 @@ TEST(ConfigErrors, BadTypes) {
   for (const auto& k : cases) {
     SCOPED_TRACE(k.path);
     EXPECT_THAT(ErrorOf(Nest(k.path, k.value).dump()),
-                AllOf(HasSubstr(std::string(k.path) + ": "), HasSubstr(k.value.dump()), HasSubstr(k.allowed)));
+                AllOf(HasSubstr(std::string(k.path) + ": "), HasSubstr(k.value.dump()),
+                      HasSubstr(k.allowed)));
   }
 }
 
@@ -506,20 +547,24 @@ TEST(ConfigErrors, BadEnums) {
               AllOf(HasSubstr("optimizer.type"), HasSubstr("\"Lamb\""), HasSubstr("Adam, AdamW"),
                     HasSubstr("Adagrad, Lion"),
                     HasSubstr("Strata's CPU optimizer implements Adam, AdamW, Adagrad and Lion")));
-  EXPECT_THAT(ErrorOf(R"({"strata": {"device": "tpu"}})"),
-              AllOf(HasSubstr("strata.device"), HasSubstr("\"tpu\""), HasSubstr("auto, cuda, host")));
-  EXPECT_THAT(ErrorOf(R"({"strata": {"io_engine": "aio"}})"),
-              AllOf(HasSubstr("strata.io_engine"), HasSubstr("\"aio\""), HasSubstr("auto, uring, posix")));
+  EXPECT_THAT(
+      ErrorOf(R"({"strata": {"device": "tpu"}})"),
+      AllOf(HasSubstr("strata.device"), HasSubstr("\"tpu\""), HasSubstr("auto, cuda, host")));
+  EXPECT_THAT(
+      ErrorOf(R"({"strata": {"io_engine": "aio"}})"),
+      AllOf(HasSubstr("strata.io_engine"), HasSubstr("\"aio\""), HasSubstr("auto, uring, posix")));
 }
 
 TEST(ConfigErrors, ZeroOrNegativeSizes) {
-  const char* kPositive[] = {"aio.block_size",         "aio.queue_depth",      "aio.intra_op_parallelism",
-                             "fp16.loss_scale_window", "fp16.min_loss_scale", "optimizer.params.eps"};
+  const char* kPositive[] = {"aio.block_size",           "aio.queue_depth",
+                             "aio.intra_op_parallelism", "fp16.loss_scale_window",
+                             "fp16.min_loss_scale",      "optimizer.params.eps"};
   for (const char* key : kPositive) {
     for (int v : {0, -1}) {
       SCOPED_TRACE(std::string(key) + "=" + std::to_string(v));
-      EXPECT_THAT(ErrorOf(WithPath(key, v)),
-                  AllOf(HasSubstr(std::string(key) + ": " + std::to_string(v)), HasSubstr("must be > 0")));
+      EXPECT_THAT(
+          ErrorOf(WithPath(key, v)),
+          AllOf(HasSubstr(std::string(key) + ": " + std::to_string(v)), HasSubstr("must be > 0")));
     }
   }
   // Zero is meaningful here (DeepSpeed allows it too: ge=0); sub_group_size
@@ -547,25 +592,30 @@ TEST(ConfigErrors, ZeroOrNegativeSizes) {
   for (const char* key : kNonNegative) {
     SCOPED_TRACE(key);
     Parse(WithPath(key, 0));  // zero is meaningful here
-    EXPECT_THAT(ErrorOf(WithPath(key, -2)), AllOf(HasSubstr(std::string(key) + ": -2"), HasSubstr("must be >= 0")));
+    EXPECT_THAT(ErrorOf(WithPath(key, -2)),
+                AllOf(HasSubstr(std::string(key) + ": -2"), HasSubstr("must be >= 0")));
   }
 }
 
 TEST(ConfigErrors, OtherRanges) {
   for (int stage : {-1, 4}) {
     EXPECT_THAT(ErrorOf(json{{"zero_optimization", {{"stage", stage}}}}.dump()),
-                AllOf(HasSubstr("zero_optimization.stage: " + std::to_string(stage)), HasSubstr("0, 1, 2, 3")));
+                AllOf(HasSubstr("zero_optimization.stage: " + std::to_string(stage)),
+                      HasSubstr("0, 1, 2, 3")));
   }
   EXPECT_THAT(ErrorOf(R"({"aio": {"block_size": 1000}})"),
               AllOf(HasSubstr("aio.block_size: 1000"), HasSubstr("multiple of 512")));
   for (double ratio : {0.0, -0.5, 1.5}) {
     SCOPED_TRACE(ratio);
-    EXPECT_THAT(ErrorOf(WithPath("zero_optimization.offload_optimizer.ratio", ratio)),
-                AllOf(HasSubstr("zero_optimization.offload_optimizer.ratio: "), HasSubstr("(0, 1]")));
+    EXPECT_THAT(
+        ErrorOf(WithPath("zero_optimization.offload_optimizer.ratio", ratio)),
+        AllOf(HasSubstr("zero_optimization.offload_optimizer.ratio: "), HasSubstr("(0, 1]")));
   }
-  EXPECT_EQ(Parse(WithPath("zero_optimization.offload_optimizer.ratio", 0.3)).zero_optimization.offload_optimizer.ratio,
+  EXPECT_EQ(Parse(WithPath("zero_optimization.offload_optimizer.ratio", 0.3))
+                .zero_optimization.offload_optimizer.ratio,
             0.3);
-  EXPECT_THAT(ErrorOf(R"({"fp16": {"hysteresis": 0}})"), AllOf(HasSubstr("fp16.hysteresis: 0"), HasSubstr(">= 1")));
+  EXPECT_THAT(ErrorOf(R"({"fp16": {"hysteresis": 0}})"),
+              AllOf(HasSubstr("fp16.hysteresis: 0"), HasSubstr(">= 1")));
   EXPECT_THAT(ErrorOf(R"({"fp16": {"initial_scale_power": 100}})"),
               AllOf(HasSubstr("fp16.initial_scale_power: 100"), HasSubstr("[0, 64]")));
 }
@@ -575,7 +625,8 @@ TEST(ConfigErrors, Betas) {
               AllOf(HasSubstr("optimizer.params.betas[1]: 1"), HasSubstr("[0, 1)")));
   EXPECT_THAT(ErrorOf(R"({"optimizer": {"params": {"betas": [-0.1, 0.9]}}})"),
               AllOf(HasSubstr("optimizer.params.betas[0]: -0.1"), HasSubstr("[0, 1)")));
-  for (const char* bad : {"[0.9]", "[0.9, 0.99, 0.999]", "0.9", "[\"0.9\", 0.99]", "{\"b1\": 0.9}"}) {
+  for (const char* bad :
+       {"[0.9]", "[0.9, 0.99, 0.999]", "0.9", "[\"0.9\", 0.99]", "{\"b1\": 0.9}"}) {
     SCOPED_TRACE(bad);
     EXPECT_THAT(ErrorOf(std::string(R"({"optimizer": {"params": {"betas": )") + bad + "}}}"),
                 AllOf(HasSubstr("optimizer.params.betas: "), HasSubstr("[beta1, beta2]")));
@@ -583,28 +634,35 @@ TEST(ConfigErrors, Betas) {
 }
 
 TEST(ConfigErrors, CrossFieldRules) {
-  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
-              AllOf(HasSubstr("zero_optimization.offload_optimizer.nvme_path"), HasSubstr("required"),
-                    HasSubstr("\"nvme\"")));
-  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ""}}})"),
-              AllOf(HasSubstr("zero_optimization.offload_param.nvme_path"), HasSubstr("required")));
-  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": []}}})"),
-              AllOf(HasSubstr("zero_optimization.offload_param.nvme_path"), HasSubstr("required")));
+  EXPECT_THAT(
+      ErrorOf(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}})"),
+      AllOf(HasSubstr("zero_optimization.offload_optimizer.nvme_path"), HasSubstr("required"),
+            HasSubstr("\"nvme\"")));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ""}}})"),
+      AllOf(HasSubstr("zero_optimization.offload_param.nvme_path"), HasSubstr("required")));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": []}}})"),
+      AllOf(HasSubstr("zero_optimization.offload_param.nvme_path"), HasSubstr("required")));
   // Below stage 3 the parser ignores offload_param (a warning, as DeepSpeed
   // ignores it: config_compat_test.cc); a hand-edited Config is still checked.
   Config stage2;
   stage2.zero_optimization.stage = 2;
   stage2.zero_optimization.offload_param.device = OffloadDevice::kCpu;
   EXPECT_THAT(std::string(ValidateConfig(stage2).message()),
-              AllOf(HasSubstr("zero_optimization.offload_param.device: \"cpu\""), HasSubstr("stage 3"),
-                    HasSubstr("stage is 2")));
+              AllOf(HasSubstr("zero_optimization.offload_param.device: \"cpu\""),
+                    HasSubstr("stage 3"), HasSubstr("stage is 2")));
   EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
-              AllOf(HasSubstr("zero_optimization.offload_optimizer.device: \"cpu\""), HasSubstr(">= 1"),
-                    HasSubstr("stage is 0")));
+              AllOf(HasSubstr("zero_optimization.offload_optimizer.device: \"cpu\""),
+                    HasSubstr(">= 1"), HasSubstr("stage is 0")));
   Parse(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}})");
-  Parse(R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}})");
-  EXPECT_THAT(ErrorOf(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
-              AllOf(HasSubstr("fp16.enabled"), HasSubstr("bf16.enabled"), HasSubstr("at most one")));
+  Parse(
+      R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}})");
+  EXPECT_THAT(
+      ErrorOf(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
+      AllOf(HasSubstr("fp16.enabled"), HasSubstr("bf16.enabled"), HasSubstr("at most one")));
 }
 
 TEST(ConfigErrors, TopLevelMustBeAnObject) {
@@ -631,7 +689,8 @@ TEST(ConfigErrors, SourceNamedInValueErrors) {
 TEST(ConfigErrors, LongValuesAreTruncated) {
   std::string long_name(500, 'x');
   std::string msg = ErrorOf(json{{"strata", {{"device", long_name}}}}.dump());
-  EXPECT_THAT(msg, AllOf(HasSubstr("strata.device"), HasSubstr("xxx..."), HasSubstr("auto, cuda, host")));
+  EXPECT_THAT(
+      msg, AllOf(HasSubstr("strata.device"), HasSubstr("xxx..."), HasSubstr("auto, cuda, host")));
   EXPECT_LT(msg.size(), 200u);
 }
 
@@ -659,14 +718,17 @@ TEST(ConfigValidate, HandEditedConfigs) {
 // ---- Unknown keys -----------------------------------------------------------------
 
 TEST(ConfigWarnings, UnknownKeysNameTheFullPath) {
-  Config c = Parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "foo": 1},
+  Config c =
+      Parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "foo": 1},
                        "bar": true}, "aio": {"qd": 3}, "optimizer": {"params": {"amsgrad": false}, "x": 1},
                        "strata": {"host_device": {"gbps": 3}, "zzz": 1}, "toplevel_typo": 1})");
-  EXPECT_THAT(c.warnings, Contains("unknown key zero_optimization.offload_optimizer.foo (ignored)"));
+  EXPECT_THAT(c.warnings,
+              Contains("unknown key zero_optimization.offload_optimizer.foo (ignored)"));
   EXPECT_THAT(c.warnings, Contains("unknown key zero_optimization.bar (ignored)"));
   EXPECT_THAT(c.warnings, Contains("unknown key aio.qd (ignored)"));
   // amsgrad is DeepSpeed's; false changes nothing (true is an error: config_compat_test.cc).
-  EXPECT_THAT(c.warnings, Contains("DeepSpeed key optimizer.params.amsgrad is not used by Strata (ignored)"));
+  EXPECT_THAT(c.warnings,
+              Contains("DeepSpeed key optimizer.params.amsgrad is not used by Strata (ignored)"));
   EXPECT_THAT(c.warnings, Contains("unknown key optimizer.x (ignored)"));
   EXPECT_THAT(c.warnings, Contains("unknown key strata.host_device.gbps (ignored)"));
   EXPECT_THAT(c.warnings, Contains("unknown key strata.zzz (ignored)"));
@@ -681,14 +743,17 @@ TEST(ConfigWarnings, UnknownKeysNameTheFullPath) {
 }
 
 TEST(ConfigWarnings, KnownDeepSpeedKeysGetASofterMessage) {
-  Config c = Parse(R"({"steps_per_print": 10, "wall_clock_breakdown": false, "zero_allow_untested_optimizer": true,
+  Config c = Parse(
+      R"({"steps_per_print": 10, "wall_clock_breakdown": false, "zero_allow_untested_optimizer": true,
                        "scheduler": {"type": "WarmupLR"}, "communication_data_type": "fp32",
                        "zero_optimization": {"stage": 2, "reduce_scatter": true, "allgather_partitions": true},
                        "fp16": {"auto_cast": false}})");
-  for (const char* key : {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "scheduler",
-                          "communication_data_type", "zero_optimization.reduce_scatter",
-                          "zero_optimization.allgather_partitions", "fp16.auto_cast"}) {
-    EXPECT_THAT(c.warnings, Contains(std::string("DeepSpeed key ") + key + " is not used by Strata (ignored)"));
+  for (const char* key :
+       {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "scheduler",
+        "communication_data_type", "zero_optimization.reduce_scatter",
+        "zero_optimization.allgather_partitions", "fp16.auto_cast"}) {
+    EXPECT_THAT(c.warnings,
+                Contains(std::string("DeepSpeed key ") + key + " is not used by Strata (ignored)"));
   }
   EXPECT_EQ(c.warnings.size(), 8u);
   // A DeepSpeed top-level name nested somewhere else is simply unknown.
@@ -712,7 +777,8 @@ TEST(ConfigFile, DirectoryIsIOError) {
   StatusOr<Config> c = LoadConfigFile(dir.str());
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kIOError);
-  EXPECT_THAT(std::string(c.status().message()), AllOf(HasSubstr(dir.str()), HasSubstr("directory")));
+  EXPECT_THAT(std::string(c.status().message()),
+              AllOf(HasSubstr(dir.str()), HasSubstr("directory")));
 }
 
 TEST(ConfigFile, UnreadableFileIsIOError) {
@@ -733,7 +799,8 @@ TEST(ConfigFile, ReadErrorIsIOError) {
   StatusOr<Config> c = LoadConfigFile("/proc/self/mem");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kIOError);
-  EXPECT_THAT(std::string(c.status().message()), AllOf(HasSubstr("/proc/self/mem"), HasSubstr("errno")));
+  EXPECT_THAT(std::string(c.status().message()),
+              AllOf(HasSubstr("/proc/self/mem"), HasSubstr("errno")));
 }
 
 TEST(ConfigFile, MalformedFileNamesFileLineColumn) {
@@ -745,18 +812,20 @@ TEST(ConfigFile, MalformedFileNamesFileLineColumn) {
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
   // nlohmann reports the position of the last character it read: the end of
   // the offending token ("x" in column 5..7).
-  EXPECT_THAT(std::string(c.status().message()),
-              AllOf(HasSubstr(path + ":4:7: malformed JSON"), HasSubstr("unexpected string literal")));
+  EXPECT_THAT(std::string(c.status().message()), AllOf(HasSubstr(path + ":4:7: malformed JSON"),
+                                                       HasSubstr("unexpected string literal")));
 }
 
 TEST(ConfigFile, LoadsAndNamesFileInErrors) {
   testing::ScratchDir dir;
   std::string path = dir.str() + "/c.json";
-  std::ofstream(path) << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "gpu"}}})";
+  std::ofstream(path)
+      << R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "gpu"}}})";
   StatusOr<Config> c = LoadConfigFile(path);
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().message(),
-            path + ": zero_optimization.offload_optimizer.device: \"gpu\" is not one of none, cpu, nvme");
+  EXPECT_EQ(
+      c.status().message(),
+      path + ": zero_optimization.offload_optimizer.device: \"gpu\" is not one of none, cpu, nvme");
   std::ofstream(path) << R"({"zero_optimization": {"stage": 1}})";
   StatusOr<Config> ok = LoadConfigFile(path);
   ASSERT_TRUE(ok.ok()) << ok.status();
@@ -791,7 +860,8 @@ TEST(ConfigExamples, AllThreeExamplesLoad) {
   ASSERT_TRUE(nv.ok()) << nv.status();
   EXPECT_EQ(nv->zero_optimization.offload_optimizer.device, OffloadDevice::kNvme);
   EXPECT_EQ(nv->zero_optimization.offload_param.device, OffloadDevice::kNvme);
-  EXPECT_EQ(nv->zero_optimization.offload_optimizer.nvme_path, std::vector<std::string>{"/local_nvme"});
+  EXPECT_EQ(nv->zero_optimization.offload_optimizer.nvme_path,
+            std::vector<std::string>{"/local_nvme"});
   EXPECT_EQ(nv->zero_optimization.offload_param.nvme_path, std::vector<std::string>{"/local_nvme"});
   EXPECT_EQ(nv->aio.queue_depth, 16);
   EXPECT_EQ(nv->gradient_accumulation_steps, 8);
@@ -846,7 +916,8 @@ TEST(ConfigRoundTrip, InvalidUtf8DoesNotThrow) {
   std::string text = ConfigToJson(c);
   StatusOr<Config> back = ParseConfig(text);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->strata.trace_path, "/tmp/bad\xEF\xBF\xBD\xEF\xBF\xBD.json");  // U+FFFD per bad byte
+  EXPECT_EQ(back->strata.trace_path,
+            "/tmp/bad\xEF\xBF\xBD\xEF\xBF\xBD.json");  // U+FFFD per bad byte
 }
 
 TEST(ConfigRoundTrip, RandomConfigs) {
@@ -892,7 +963,8 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.aio.overlap_events = coin();
     c.aio.use_gds = coin();
     c.optimizer.type = static_cast<OptimizerType>(rng() % 4);
-    const bool adam = c.optimizer.type == OptimizerType::kAdam || c.optimizer.type == OptimizerType::kAdamW;
+    const bool adam =
+        c.optimizer.type == OptimizerType::kAdam || c.optimizer.type == OptimizerType::kAdamW;
     c.optimizer.lr = unit() * 1e-2;
     c.optimizer.weight_decay = unit();
     // A type's own params; the others keep their defaults (config.h).
@@ -902,7 +974,8 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     }
     if (c.optimizer.type != OptimizerType::kLion) c.optimizer.eps = unit() * 1e-6;
     if (adam) {
-      c.optimizer.adam_w_mode = c.optimizer.type == OptimizerType::kAdamW || coin();  // AdamW forces it
+      c.optimizer.adam_w_mode =
+          c.optimizer.type == OptimizerType::kAdamW || coin();  // AdamW forces it
       c.optimizer.bias_correction = coin();
     }
     c.fp16.enabled = coin();
@@ -959,7 +1032,8 @@ TEST(ConfigModel, Defaults) {
 }
 
 TEST(ConfigModel, EveryKeyIsRead) {
-  Config c = Parse(R"({"strata": {"model": {"layers": 12, "hidden": 1e3, "seq_len": 128, "vocab": 256,
+  Config c =
+      Parse(R"({"strata": {"model": {"layers": 12, "hidden": 1e3, "seq_len": 128, "vocab": 256,
                                             "seed": 7, "steps": 40}}})");
   EXPECT_EQ(c.strata.model.layers, 12);
   EXPECT_EQ(c.strata.model.hidden, 1000);
@@ -999,7 +1073,8 @@ TEST(ConfigModel, UnknownKeyWarns) {
 
 TEST(ConfigModel, RoundTrip) {
   Config c;
-  c.strata.model = ModelConfig{.layers = 3, .hidden = 96, .seq_len = 33, .vocab = 256, .seed = 99, .steps = 17};
+  c.strata.model =
+      ModelConfig{.layers = 3, .hidden = 96, .seq_len = 33, .vocab = 256, .seed = 99, .steps = 17};
   ExpectRoundTrip(c);
 }
 

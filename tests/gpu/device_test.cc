@@ -1,6 +1,8 @@
 // The typed device suite: every case runs against HostDevice and CudaDevice
 // (CUDA cases skip with the reason when no device is present). Kernels are
 // checked against the scalar reference in src/common/half.h and plain loops.
+#include "src/gpu/device.h"
+
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "src/common/half.h"
-#include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
 #include "strata/build_config.h"
 #include "tests/gpu/device_test_util.h"

@@ -170,8 +170,7 @@ TEST(PinnedPoolFallbackTest, RefusedMlockFallsBackToPageableOrFails) {
     EXPECT_NE(std::string(strict.status().message()).find("strata.pinned_budget"),
               std::string::npos)
         << strict.status();
-    EXPECT_EQ(std::string(strict.status().message()).find("pinned_budget_bytes"),
-              std::string::npos)
+    EXPECT_EQ(std::string(strict.status().message()).find("pinned_budget_bytes"), std::string::npos)
         << strict.status();
     // Direct mlock (no device) takes the same path.
     auto direct = PinnedPool::Create(o, nullptr);

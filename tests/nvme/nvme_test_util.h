@@ -5,11 +5,10 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include <algorithm>
-#include <memory>
-#include <sstream>
-
 #include <cstring>
+#include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "src/common/aligned_buffer.h"
@@ -48,16 +47,17 @@ inline bool UringAvailable() {
   return ok;
 }
 
-#define SKIP_IF_NO_URING(kind)                                                          \
-  do {                                                                                  \
-    if ((kind) == ::strata::nvme::EngineKind::kUring &&                                 \
-        !::strata::nvme::testing::UringAvailable())                                     \
-      GTEST_SKIP() << "io_uring is refused on this machine: "                           \
-                   << ::strata::nvme::ProbeUring().error;                               \
+#define SKIP_IF_NO_URING(kind)                                \
+  do {                                                        \
+    if ((kind) == ::strata::nvme::EngineKind::kUring &&       \
+        !::strata::nvme::testing::UringAvailable())           \
+      GTEST_SKIP() << "io_uring is refused on this machine: " \
+                   << ::strata::nvme::ProbeUring().error;     \
   } while (0)
 
 // Small pieces so that tests exercise splitting, depth and tails quickly.
-inline IoOptions SmallOptions(EngineKind kind, size_t block = 16 << 10, int depth = 4, int threads = 1) {
+inline IoOptions SmallOptions(EngineKind kind, size_t block = 16 << 10, int depth = 4,
+                              int threads = 1) {
   IoOptions o;
   o.engine = kind;
   o.block_size = block;

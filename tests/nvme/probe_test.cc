@@ -65,7 +65,8 @@ TEST(ProbeTest, DirectIoProbeOnDiskDirectory) {
   EXPECT_GE(p->logical_block_size, 512u);
   EXPECT_EQ(p->logical_block_size & (p->logical_block_size - 1), 0u);
   EXPECT_FALSE(p->block_size_source.empty());
-  if (!p->direct_supported) GTEST_SKIP() << "scratch filesystem refuses O_DIRECT: " << p->direct_error;
+  if (!p->direct_supported)
+    GTEST_SKIP() << "scratch filesystem refuses O_DIRECT: " << p->direct_error;
   EXPECT_TRUE(std::filesystem::is_empty(d.path())) << "probe file left behind";
 }
 

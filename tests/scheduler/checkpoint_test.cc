@@ -75,7 +75,9 @@ void Register(Engine& e, uint64_t seed, int64_t extra_numel = 0) {
 }
 
 float Load(const void* p, DType t, int64_t i) { return LoadAsFloat(p, t, static_cast<size_t>(i)); }
-void Store(void* p, DType t, int64_t i, float v) { StoreFromFloat(p, t, static_cast<size_t>(i), v); }
+void Store(void* p, DType t, int64_t i, float v) {
+  StoreFromFloat(p, t, static_cast<size_t>(i), v);
+}
 
 // One micro-batch: gradients depend on the parameters the device sees, on the
 // batch index and on the loss scale; returns a "loss" (a sum over the

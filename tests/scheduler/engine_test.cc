@@ -10,11 +10,11 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <map>
-#include <mutex>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "src/common/dtype.h"
@@ -73,7 +73,9 @@ void Register(Engine& e, uint64_t seed) {
 }
 
 float Load(const void* p, DType t, int64_t i) { return LoadAsFloat(p, t, static_cast<size_t>(i)); }
-void Store(void* p, DType t, int64_t i, float v) { StoreFromFloat(p, t, static_cast<size_t>(i), v); }
+void Store(void* p, DType t, int64_t i, float v) {
+  StoreFromFloat(p, t, static_cast<size_t>(i), v);
+}
 
 // One micro-batch of a toy "model": forward touches every module in `order`,
 // backward writes gradients that depend on the parameters' device values and

@@ -11,7 +11,6 @@
 
 #include "src/common/timer.h"
 #include "src/gpu/device.h"
-
 #include "strata/engine.h"
 
 namespace strata {
@@ -119,9 +118,10 @@ TEST(StepCountersTest, CopiesAreTimedByDeviceEventsWithoutHostFunctions) {
                   .ok());
   ASSERT_TRUE(d.compute().Record(**gate).ok());
   ASSERT_TRUE(d.h2d().Wait(**gate).ok());
-  ASSERT_TRUE(c.TimedCopy(d.h2d(), scheduler::Link::kH2D, "test copy", static_cast<int64_t>(bytes),
-                          [&] { return d.CopyH2D(buf->data(), host.data(), bytes, d.h2d()); })
-                  .ok());
+  ASSERT_TRUE(
+      c.TimedCopy(d.h2d(), scheduler::Link::kH2D, "test copy", static_cast<int64_t>(bytes), [&] {
+         return d.CopyH2D(buf->data(), host.data(), bytes, d.h2d());
+       }).ok());
   ASSERT_TRUE(c.Collect().ok());  // does not wait
   open = true;
   ASSERT_TRUE(d.h2d().Synchronize().ok());

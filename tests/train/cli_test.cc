@@ -47,11 +47,14 @@ std::string WriteConfig(const std::string& dir, const std::string& name, const s
   std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
     "bf16": {"enabled": true}, "optimizer": {"params": {"lr": 3e-3}},
     "zero_optimization": {"stage": 3,
-      "offload_optimizer": {"device": ")" << opt << R"(", "nvme_path": ")" << dir << R"(/nvme"},
-      "offload_param": {"device": ")" << par << R"(", "nvme_path": ")" << dir << R"(/nvme", "buffer_count": 8},
+      "offload_optimizer": {"device": ")"
+                      << opt << R"(", "nvme_path": ")" << dir << R"(/nvme"},
+      "offload_param": {"device": ")"
+                      << par << R"(", "nvme_path": ")" << dir << R"(/nvme", "buffer_count": 8},
       "sub_group_size": 20000, "stage3_max_live_parameters": 30000,
       "stage3_param_persistence_threshold": 1000, "reduce_bucket_size": 1e6},
-    "strata": {"device": "host", "hbm_budget": "4M", "threads": 2)" << extra << R"(,
+    "strata": {"device": "host", "hbm_budget": "4M", "threads": 2)"
+                      << extra << R"(,
       "model": {"layers": 2, "hidden": 32, "seq_len": 16}}})";
   return path;
 }
@@ -60,22 +63,25 @@ std::vector<std::string> Lines(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   for (std::string l; std::getline(ss, l);)
-    if (l.find("[strata info]") == std::string::npos && l.find("[strata warn") == std::string::npos) out.push_back(l);
+    if (l.find("[strata info]") == std::string::npos && l.find("[strata warn") == std::string::npos)
+      out.push_back(l);
   return out;
 }
 
 TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
   testing::ScratchDir dir;
-  for (const auto& [opt, par] : {std::pair{"nvme", "nvme"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"cpu", "nvme"}}) {
+  for (const auto& [opt, par] :
+       {std::pair{"nvme", "nvme"}, {"cpu", "cpu"}, {"nvme", "cpu"}, {"cpu", "nvme"}}) {
     SCOPED_TRACE(std::string(opt) + "/" + par);
     const std::string cfg = WriteConfig(dir.str(), "c.json", opt, par,
                                         R"(, "trace_path": ")" + dir.str() + "/trace.json\"");
     RunResult r = Strata("train --config " + cfg + " --steps 3 --json", dir.str());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     json j = json::parse(r.out);  // ONE object on stdout
-    for (const char* key : {"final_loss", "initial_loss", "steps", "step_time_s", "overlap_efficiency",
-                            "hbm_high_water_bytes", "nvme_read_bytes", "nvme_written_bytes", "pcie_h2d_bytes",
-                            "pcie_d2h_bytes", "device", "losses", "tokens_per_s"})
+    for (const char* key :
+         {"final_loss", "initial_loss", "steps", "step_time_s", "overlap_efficiency",
+          "hbm_high_water_bytes", "nvme_read_bytes", "nvme_written_bytes", "pcie_h2d_bytes",
+          "pcie_d2h_bytes", "device", "losses", "tokens_per_s"})
       EXPECT_TRUE(j.contains(key)) << key;
     // The step bound: a fraction of the step, named by its component, with
     // the link rates measured at Plan().
@@ -95,7 +101,8 @@ TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
     EXPECT_LE(j["overlap_efficiency"].get<double>(), 1);
     EXPECT_LE(j["hbm_high_water_bytes"].get<int64_t>(), 4 << 20);
     EXPECT_GT(j["hbm_high_water_bytes"].get<int64_t>(), 0);
-    // Parameters live off the device: they are fetched (H2D) every use; gradients always leave (D2H).
+    // Parameters live off the device: they are fetched (H2D) every use; gradients always leave
+    // (D2H).
     EXPECT_GT(j["pcie_h2d_bytes"].get<int64_t>(), 0);
     EXPECT_GT(j["pcie_d2h_bytes"].get<int64_t>(), 0);
     const bool nvme = std::string(opt) == "nvme" || std::string(par) == "nvme";
@@ -113,7 +120,8 @@ TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
 TEST(TrainCli, TableAndPlotData) {
   testing::ScratchDir dir;
   const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
-  RunResult r = Strata("train --config " + cfg + " --steps 2 --plot " + dir.str() + "/plots", dir.str());
+  RunResult r =
+      Strata("train --config " + cfg + " --steps 2 --plot " + dir.str() + "/plots", dir.str());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("step    1/2"));
   EXPECT_THAT(r.out, HasSubstr("loss "));
@@ -149,17 +157,21 @@ void ExpectOneLineFailure(const RunResult& r, const std::string& what) {
 TEST(TrainCli, BadConfigIsOneLineErrorBeforeTraining) {
   testing::ScratchDir dir;
   std::ofstream(dir.str() + "/bad.json") << R"({"strata": {"model": {"vocab": 1000}}})";
-  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/bad.json --steps 2", dir.str()), "strata.model.vocab");
+  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/bad.json --steps 2", dir.str()),
+                       "strata.model.vocab");
   std::ofstream(dir.str() + "/broken.json") << "{\"zero_optimization\": {";
-  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/broken.json", dir.str()), "malformed JSON");
-  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/missing.json", dir.str()), "missing.json");
+  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/broken.json", dir.str()),
+                       "malformed JSON");
+  ExpectOneLineFailure(Strata("train --config " + dir.str() + "/missing.json", dir.str()),
+                       "missing.json");
 }
 
 TEST(TrainCli, UnwritableNvmePathIsOneLineErrorBeforeTraining) {
   testing::ScratchDir dir;
   const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
-  ExpectOneLineFailure(Strata("train --config " + cfg + " --steps 2 --nvme-path /proc/strata-nvme", dir.str()),
-                       "/proc/strata-nvme");
+  ExpectOneLineFailure(
+      Strata("train --config " + cfg + " --steps 2 --nvme-path /proc/strata-nvme", dir.str()),
+      "/proc/strata-nvme");
 }
 
 TEST(TrainCli, PlanThatCannotFitIsOneLineError) {

@@ -1,13 +1,14 @@
 // The example model: the host backend against an independent double-precision
 // reference (every dtype, odd sizes), the data generator, and training through
 // the Engine on the host device (loss decreases; placement never changes a bit).
+#include "examples/train/model.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 
-#include "examples/train/model.h"
 #include "examples/train/train.h"
 #include "src/common/dtype.h"
 #include "src/common/half.h"
@@ -22,11 +23,14 @@ struct RefModel {
   // name → values (already rounded to the parameter dtype)
   std::map<std::string, std::vector<double>> p, g;
 
-  double Gelu(double a) const { return 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a))); }
+  double Gelu(double a) const {
+    return 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)));
+  }
 
   // Returns the mean loss and fills g with d(loss · scale)/dparam.
   double Run(const std::vector<int32_t>& x, const std::vector<int32_t>& y, double scale) {
-    const int64_t N = s.tokens(), H = s.hidden, F = s.ffn(), V = s.vocab, L = s.layers, T = s.seq_len;
+    const int64_t N = s.tokens(), H = s.hidden, F = s.ffn(), V = s.vocab, L = s.layers,
+                  T = s.seq_len;
     for (auto& [name, v] : p) g[name].assign(v.size(), 0.0);
     // Forward, keeping every layer's input.
     std::vector<std::vector<double>> hs(static_cast<size_t>(L + 1), std::vector<double>(N * H));
@@ -49,12 +53,13 @@ struct RefModel {
         for (int64_t j = 0; j < H; ++j) (*u)[n * H + j] = h[n * H + j] / (*r)[n];
       }
     };
-    auto rms_back = [&](const std::vector<double>& u, const std::vector<double>& r, const std::vector<double>& du,
-                        std::vector<double>* dh) {
+    auto rms_back = [&](const std::vector<double>& u, const std::vector<double>& r,
+                        const std::vector<double>& du, std::vector<double>* dh) {
       for (int64_t n = 0; n < N; ++n) {
         double dot = 0;
         for (int64_t j = 0; j < H; ++j) dot += du[n * H + j] * u[n * H + j];
-        for (int64_t j = 0; j < H; ++j) (*dh)[n * H + j] += (du[n * H + j] - u[n * H + j] * dot / H) / r[n];
+        for (int64_t j = 0; j < H; ++j)
+          (*dh)[n * H + j] += (du[n * H + j] - u[n * H + j] * dot / H) / r[n];
       }
     };
     std::vector<double> u, r;
@@ -90,7 +95,8 @@ struct RefModel {
       double sum = 0;
       for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
       loss += std::log(sum) - (z[y[n]] - mx);
-      for (int64_t v = 0; v < V; ++v) dz[n * V + v] = (std::exp(z[v] - mx) / sum - (v == y[n])) * scale / N;
+      for (int64_t v = 0; v < V; ++v)
+        dz[n * V + v] = (std::exp(z[v] - mx) / sum - (v == y[n])) * scale / N;
     }
     loss /= N;
     // Backward.
@@ -178,7 +184,8 @@ TEST_P(BackendVsReference, LossAndEveryGradientMatch) {
   s.vocab = 256;
   const int64_t N = s.tokens();
   std::vector<int32_t> x(N), y(N);
-  for (int64_t i = 0; i < N; ++i) x[i] = static_cast<int32_t>(rng() % 256), y[i] = static_cast<int32_t>(rng() % 256);
+  for (int64_t i = 0; i < N; ++i)
+    x[i] = static_cast<int32_t>(rng() % 256), y[i] = static_cast<int32_t>(rng() % 256);
 
   RefModel ref{s, {}, {}};
   std::vector<std::vector<uint8_t>> pbuf, gbuf;
@@ -191,7 +198,8 @@ TEST_P(BackendVsReference, LossAndEveryGradientMatch) {
     for (size_t i = 0; i < v.size(); ++i) {
       const float f = Round(v[i], dt);
       rv.push_back(f);
-      if (dt == DType::kFp32) std::memcpy(buf.data() + 4 * i, &f, 4);
+      if (dt == DType::kFp32)
+        std::memcpy(buf.data() + 4 * i, &f, 4);
       else {
         const uint16_t h = dt == DType::kBf16 ? FloatToBf16Bits(f) : FloatToHalfBits(f);
         std::memcpy(buf.data() + 2 * i, &h, 2);
@@ -221,16 +229,18 @@ TEST_P(BackendVsReference, LossAndEveryGradientMatch) {
   std::vector<float> dh(N * H);
   ASSERT_TRUE(be->EmbedForward(ptrs(pbuf, 0, 3), hs[0].data()).ok());
   for (int64_t l = 1; l <= L; ++l)
-    ASSERT_TRUE(be->BlockForward(ptrs(pbuf, 3 + 4 * (l - 1), 4), hs[l - 1].data(), hs[l].data()).ok());
+    ASSERT_TRUE(
+        be->BlockForward(ptrs(pbuf, 3 + 4 * (l - 1), 4), hs[l - 1].data(), hs[l].data()).ok());
   const size_t head = 3 + 4 * static_cast<size_t>(L);
   StatusOr<double> loss = be->HeadForward(ptrs(pbuf, head, 2), hs[L].data(), scale);
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_NEAR(*loss, want_loss, 1e-4 * want_loss);
-  ASSERT_TRUE(be->HeadBackward(ptrs(pbuf, head, 2), ptrs(gbuf, head, 2), hs[L].data(), dh.data()).ok());
+  ASSERT_TRUE(
+      be->HeadBackward(ptrs(pbuf, head, 2), ptrs(gbuf, head, 2), hs[L].data(), dh.data()).ok());
   for (int64_t l = L; l >= 1; --l)
-    ASSERT_TRUE(
-        be->BlockBackward(ptrs(pbuf, 3 + 4 * (l - 1), 4), ptrs(gbuf, 3 + 4 * (l - 1), 4), hs[l - 1].data(), dh.data())
-            .ok());
+    ASSERT_TRUE(be->BlockBackward(ptrs(pbuf, 3 + 4 * (l - 1), 4), ptrs(gbuf, 3 + 4 * (l - 1), 4),
+                                  hs[l - 1].data(), dh.data())
+                    .ok());
   ASSERT_TRUE(be->EmbedBackward(ptrs(gbuf, 0, 3), dh.data()).ok());
 
   // Gradients are stored in the parameter dtype: allow its rounding plus fp32 noise.
@@ -246,7 +256,8 @@ TEST_P(BackendVsReference, LossAndEveryGradientMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryDType, BackendVsReference, ::testing::Values(DType::kFp32, DType::kBf16, DType::kFp16),
+INSTANTIATE_TEST_SUITE_P(EveryDType, BackendVsReference,
+                         ::testing::Values(DType::kFp32, DType::kBf16, DType::kFp16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 TEST(TextData, DeterministicAndShifted) {
@@ -270,7 +281,8 @@ Config TinyConfig(OffloadDevice opt, OffloadDevice par, const std::string& dir) 
   c.zero_optimization.stage = 3;
   c.zero_optimization.offload_optimizer.device = opt;
   c.zero_optimization.offload_param.device = par;
-  if (opt == OffloadDevice::kNvme) c.zero_optimization.offload_optimizer.nvme_path = {dir + "/nvme"};
+  if (opt == OffloadDevice::kNvme)
+    c.zero_optimization.offload_optimizer.nvme_path = {dir + "/nvme"};
   if (par == OffloadDevice::kNvme) c.zero_optimization.offload_param.nvme_path = {dir + "/nvme"};
   c.zero_optimization.sub_group_size = 20000;
   c.zero_optimization.stage3_max_live_parameters = 30000;
@@ -309,7 +321,8 @@ TEST(Train, LossDecreasesOnTinyDemo) {
   EXPECT_LE(r->hbm_high_water_bytes, c.strata.hbm_budget_bytes);
 }
 
-std::vector<double> TrainLosses(OffloadDevice opt, OffloadDevice par, const std::string& dir, TrainResult* out) {
+std::vector<double> TrainLosses(OffloadDevice opt, OffloadDevice par, const std::string& dir,
+                                TrainResult* out) {
   StatusOr<TrainResult> r = Train(TinyConfig(opt, par, dir), 4);
   EXPECT_TRUE(r.ok()) << r.status();
   if (!r.ok()) return {};
@@ -327,8 +340,8 @@ TEST(Train, SameSeedSameLossesBitwiseAcrossPlacements) {
   ASSERT_EQ(want.size(), 4u);
   ASSERT_NE(want.front(), want.back());  // training changed something
   EXPECT_EQ(ref.nvme_read_bytes, 0);
-  const std::pair<D, D> placements[] = {{D::kCpu, D::kCpu}, {D::kNvme, D::kNvme}, {D::kNone, D::kCpu},
-                                        {D::kNvme, D::kCpu}};
+  const std::pair<D, D> placements[] = {
+      {D::kCpu, D::kCpu}, {D::kNvme, D::kNvme}, {D::kNone, D::kCpu}, {D::kNvme, D::kCpu}};
   for (auto [opt, par] : placements) {
     SCOPED_TRACE(std::string(OffloadDeviceName(opt)) + "/" + std::string(OffloadDeviceName(par)));
     TrainResult r;
@@ -383,7 +396,8 @@ TEST(Train, ActivationsThatDoNotFitFailBeforeTraining) {
   Config c = TinyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
   c.strata.model.seq_len = 2048;  // activations far beyond 4 MiB
   int calls = 0;
-  StatusOr<TrainResult> r = Train(c, 3, [&](int64_t, int64_t, double, const StepStats&, const TrainResult&) { ++calls; });
+  StatusOr<TrainResult> r =
+      Train(c, 3, [&](int64_t, int64_t, double, const StepStats&, const TrainResult&) { ++calls; });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status();
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("activations"));
@@ -425,7 +439,8 @@ TEST(Train, NvmeOptimizerStatesAreBitwiseAtDemoSize) {
   for (int rep = 0; rep < 2; ++rep) {
     StatusOr<TrainResult> got = Train(config(OffloadDevice::kNvme), 5);
     ASSERT_TRUE(got.ok()) << got.status();
-    for (size_t i = 0; i < want->losses.size(); ++i) EXPECT_EQ(got->losses[i], want->losses[i]) << "step " << i + 1;
+    for (size_t i = 0; i < want->losses.size(); ++i)
+      EXPECT_EQ(got->losses[i], want->losses[i]) << "step " << i + 1;
   }
 }
 
@@ -458,7 +473,8 @@ TEST(CudaBackend, FailsCleanlyWithoutAGpu) {
   }
   ASSERT_TRUE(be.ok()) << be.status();
   Status st = (*be)->Prepare();
-  if (st.ok()) GTEST_SKIP() << "a GPU is present: the CUDA backend set up (not exercised further here)";
+  if (st.ok())
+    GTEST_SKIP() << "a GPU is present: the CUDA backend set up (not exercised further here)";
   EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("cublas"));
 }
 
