@@ -235,6 +235,15 @@ class Engine {
 
   // Copies the fp32 master value of a parameter (numel floats) to `out`.
   virtual Status ReadParameter(int id, std::span<float> out) = 0;
+  // Sets parameter `id` to `values` (numel floats): its fp32 master and its
+  // working-precision copy (rounded to nearest even), wherever they live;
+  // exp_avg, exp_avg_sq and the step count are kept. For loading weights into
+  // a running engine (a framework's load_state_dict). Before Plan() it
+  // replaces the initial values. Like LoadCheckpoint: between windows (no
+  // gradients pending, else FailedPrecondition); it finishes the step in
+  // flight first. Cost: the sub-groups and the module holding the parameter
+  // are read and written back once.
+  virtual Status WriteParameter(int id, std::span<const float> values) = 0;
   virtual StatusOr<int> FindParameter(std::string_view name) const = 0;
   virtual int num_parameters() const = 0;
   virtual int64_t num_elements() const = 0;

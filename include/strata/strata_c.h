@@ -126,6 +126,9 @@ int strata_load_checkpoint(strata_engine* engine, const char* dir, int64_t* data
 double strata_loss_scale(const strata_engine* engine);
 void* strata_compute_stream(const strata_engine* engine);
 int strata_read_parameter(strata_engine* engine, int id, float* out, int64_t numel);
+/* Sets parameter `id` (master and working copy) to numel floats; moments kept.
+ * Between accumulation windows (Engine::WriteParameter). */
+int strata_write_parameter(strata_engine* engine, int id, const float* values, int64_t numel);
 /* Writes the last step's statistics as JSON (NUL-terminated) if it fits in
  * `capacity` bytes; *needed is the size including the NUL. */
 int strata_stats_json(const strata_engine* engine, char* buf, size_t capacity, size_t* needed);

@@ -277,6 +277,16 @@ int strata_read_parameter(strata_engine* e, int id, float* out, int64_t numel) {
   });
 }
 
+int strata_write_parameter(strata_engine* e, int id, const float* values, int64_t numel) {
+  return Guard("strata_write_parameter", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    if (values == nullptr) return NullArg("values");
+    if (numel < 0) return Check(strata::InvalidArgumentError("strata_write_parameter: numel < 0"));
+    return Check(
+        e->engine->WriteParameter(id, std::span<const float>(values, static_cast<size_t>(numel))));
+  });
+}
+
 int strata_stats_json(const strata_engine* e, char* buf, size_t capacity, size_t* needed) {
   return Guard("strata_stats_json", [&]() -> int {
     if (e == nullptr) return NullArg("engine");

@@ -27,6 +27,8 @@
 #include <map>
 #include <unordered_map>
 
+#include "src/common/aligned_buffer.h"
+#include "src/common/dtype.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
@@ -101,6 +103,7 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   std::string DeviceName() const override { return dev_->Describe(); }
   bool DeviceIsHost() const override { return dev_->is_host(); }
   Status ReadParameter(int id, std::span<float> out) override;
+  Status WriteParameter(int id, std::span<const float> values) override;
   StatusOr<int> FindParameter(std::string_view name) const override;
   int num_parameters() const override { return static_cast<int>(regs_.size()); }
   int64_t num_elements() const override { return layout_.total_elems(); }
@@ -805,6 +808,53 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
   // A step in flight is finished (and committed) first: its states are read.
   RETURN_IF_ERROR(FinishStep());
   return store_->ReadMaster(layout_.param(id), out);
+}
+
+Status EngineImpl::WriteParameter(int id, std::span<const float> values) {
+  if (id < 0 || id >= static_cast<int>(regs_.size()))
+    return InvalidArgumentError(fmt::format("WriteParameter: no parameter {}", id));
+  Registration& r = regs_[static_cast<size_t>(id)];
+  if (static_cast<int64_t>(values.size()) != r.rec.numel)
+    return InvalidArgumentError(fmt::format("WriteParameter {}: {} floats given, parameter has {}",
+                                            r.rec.name, values.size(), r.rec.numel));
+  if (!planned_) {
+    r.init.assign(values.begin(), values.end());
+    r.initializer = nullptr;
+    return Status();
+  }
+  if (fetcher_->any_grad() || grads_since_launch_ || micro_batches_ != 0)
+    return FailedPreconditionError(fmt::format(
+        "WriteParameter {}: in the middle of an accumulation window ({} of {} micro-batches "
+        "done); write between windows",
+        r.rec.name, micro_batches_, std::max<int64_t>(1, cfg_.gradient_accumulation_steps)));
+  RETURN_IF_ERROR(FinishStep());
+  RETURN_IF_ERROR(dev_->Synchronize());
+  const scheduler::ParamRec& p = layout_.param(id);
+  // The working-precision copy: the module's bytes, read, patched, written back.
+  const scheduler::ModuleExtent& me = layout_.module(p.module);
+  ASSIGN_OR_RETURN(AlignedBuffer mod,
+                   AlignedBuffer::Allocate(static_cast<size_t>(scheduler::IoBytes(me.bytes())),
+                                           scheduler::kIoAlign));
+  RETURN_IF_ERROR(store_->ReadModuleParams(p.module, mod.data()));
+  uint8_t* dst = mod.as<uint8_t>() + (p.byte_off - me.byte_begin);
+  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dst, p.dtype, i, values[i]);
+  RETURN_IF_ERROR(store_->WriteModuleParams(p.module, mod.data()));
+  // The fp32 master: in each sub-group holding part of it (master | exp_avg | exp_avg_sq).
+  for (size_t g = 0; g < layout_.num_groups(); ++g) {
+    const scheduler::SubGroup& sg = layout_.group(g);
+    const int64_t b = std::max(sg.elem_begin, p.elem_off);
+    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
+    if (b >= e) continue;
+    ASSIGN_OR_RETURN(
+        AlignedBuffer states,
+        AlignedBuffer::Allocate(static_cast<size_t>(sg.state_io_bytes()), scheduler::kIoAlign));
+    RETURN_IF_ERROR(store_->ReadGroupStates(g, states.data()));
+    std::memcpy(states.as<float>() + (b - sg.elem_begin), values.data() + (b - p.elem_off),
+                static_cast<size_t>(e - b) * sizeof(float));
+    RETURN_IF_ERROR(store_->WriteGroupStates(g, states.data()));
+  }
+  // Device copies fetched before are stale.
+  return fetcher_->InvalidateAll();
 }
 
 std::string EngineImpl::StatsJson() const {

@@ -429,7 +429,101 @@ TEST(CheckpointTest, CApiRoundTrip) {
                                    nullptr),
             STRATA_NOT_FOUND);
   EXPECT_THAT(strata_last_error(), HasSubstr("no checkpoint in"));
+  std::vector<float> fresh(700, -1.5f);
+  fresh[699] = 3.0f;
+  ASSERT_EQ(strata_write_parameter(b, 0, fresh.data(), 700), 0) << strata_last_error();
+  ASSERT_EQ(strata_read_parameter(b, 0, got.data(), 700), 0);
+  EXPECT_EQ(got, fresh);
+  EXPECT_EQ(strata_write_parameter(b, 0, fresh.data(), 5), STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("5 floats given, parameter has 700"));
   strata_engine_destroy(b);
+}
+
+// WriteParameter (a framework's load_state_dict): the written values are the
+// master and the working copy wherever they live; writing back what
+// ReadParameter returned changes nothing (moments and step count kept, the
+// run continues bitwise); in the middle of a window it is refused.
+class WriteParameterTest
+    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice>> {};
+
+TEST_P(WriteParameterTest, ValuesLandEverywhereAndMomentsAreKept) {
+  testing::ScratchDir dir;
+  const auto [opt, par] = GetParam();
+  const Config c = BaseConfig(opt, par, dir.str());
+  const RunResult want = Uninterrupted(c, 31);
+
+  auto e = NewEngine(c, 31);
+  ASSERT_TRUE(e);
+  RunResult got;
+  TrainSteps(*e, c, 0, kSaveAt, &got.losses);
+  // Same values back: nothing may change.
+  for (int id = 0; id < e->num_parameters(); ++id) {
+    std::vector<float> v(static_cast<size_t>(Numel(id / 2, id % 2)));
+    ASSERT_TRUE(e->ReadParameter(id, v).ok());
+    Status s = e->WriteParameter(id, v);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  TrainSteps(*e, c, kSaveAt, kSteps, &got.losses);
+  EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));
+  EXPECT_TRUE(BitwiseEqual(want.params, ReadAll(*e)));
+
+  // An evaluation pass leaves modules on the device: they must not be used stale.
+  for (int m = 0; m < kModules; ++m) {
+    ASSERT_TRUE(e->BeforeForward(m).ok());
+    ASSERT_TRUE(e->AfterForward(m).ok());
+  }
+  // New values: read back exactly; the device sees them rounded to the dtype.
+  auto rng = testing::SeededRng(77);
+  std::vector<std::vector<float>> fresh;
+  for (int id = 0; id < e->num_parameters(); ++id) {
+    fresh.push_back(
+        testing::RandomFloats(rng, static_cast<size_t>(Numel(id / 2, id % 2)), -2.f, 2.f));
+    Status s = e->WriteParameter(id, fresh.back());
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  EXPECT_TRUE(BitwiseEqual(fresh, ReadAll(*e)));
+  for (int m = 0; m < kModules; ++m) {
+    auto v = e->BeforeForward(m);
+    ASSERT_TRUE(v.ok()) << v.status();
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<float>& want_v = fresh[static_cast<size_t>(2 * m + i)];
+      std::vector<uint8_t> rounded(want_v.size() * 4);
+      for (size_t j = 0; j < want_v.size(); ++j)
+        Store(rounded.data(), DTypeOf(m, i), static_cast<int64_t>(j), want_v[j]);
+      for (int64_t j = 0; j < Numel(m, i); ++j)
+        ASSERT_EQ(Load(v->params[i], DTypeOf(m, i), j), Load(rounded.data(), DTypeOf(m, i), j))
+            << "module " << m << " tensor " << i << " element " << j;
+    }
+    ASSERT_TRUE(e->AfterForward(m).ok());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, WriteParameterTest,
+    ::testing::Values(std::make_tuple(OffloadDevice::kNone, OffloadDevice::kNone),
+                      std::make_tuple(OffloadDevice::kCpu, OffloadDevice::kNone),
+                      std::make_tuple(OffloadDevice::kCpu, OffloadDevice::kCpu),
+                      std::make_tuple(OffloadDevice::kNvme, OffloadDevice::kNvme)));
+
+TEST(WriteParameterRulesTest, BeforePlanReplacesTheInitialValuesAndMidWindowIsRefused) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  auto e = NewEngine(c, 3);
+  std::vector<float> v(static_cast<size_t>(Numel(0, 0)), 0.125f);
+  ASSERT_TRUE(e->WriteParameter(0, v).ok());
+  std::vector<float> out(v.size());
+  ASSERT_TRUE(e->ReadParameter(0, out).ok());
+  EXPECT_EQ(out, v);
+  ASSERT_TRUE(e->Plan().ok());
+  ASSERT_TRUE(e->ReadParameter(0, out).ok());
+  EXPECT_EQ(out, v);
+  EXPECT_EQ(e->WriteParameter(0, std::vector<float>(3)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->WriteParameter(99, v).code(), StatusCode::kInvalidArgument);
+  MicroBatch(*e, 0);
+  ASSERT_TRUE(e->Step().ok());  // 1 of 2 micro-batches
+  Status s = e->WriteParameter(0, v);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("1 of 2 micro-batches"));
 }
 
 }  // namespace
