@@ -16,8 +16,10 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
-  clang libclang-rt-14-dev)  # clang: thread-safety analysis (check_thread_safety.sh); its
+  clang libclang-rt-14-dev   # clang: thread-safety analysis (check_thread_safety.sh); its
                              # libFuzzer runtime: scripts/fuzz.sh (config parser)
+  python3-dev pybind11-dev libdlpack-dev   # the Python package (python/)
+  python3-torch python3-pytest)            # its tests (tests/python), CPU torch 1.13
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -38,5 +40,11 @@ fi
 # /usr/local/cuda); without nvcc every CPU path still builds and runs.
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
 
-cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" ${STRATA_CMAKE_ARGS:-}
+# The Python package is built for Debian's interpreter, the one python3-torch
+# is installed for (another python3 may come first on PATH).
+PYTHON_ARGS=()
+if [ -x /usr/bin/python3 ]; then PYTHON_ARGS=(-DPython_EXECUTABLE=/usr/bin/python3); fi
+
+cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${PYTHON_ARGS[@]}" \
+  ${STRATA_CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$JOBS"

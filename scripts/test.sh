@@ -45,6 +45,17 @@ if PKG_CONFIG_PATH="$STAGE/lib/pkgconfig" \
 else
   echo "examples/link (pkg-config): FAILED"; link_ok=0
 fi
+PYDIR=$(find "$STAGE" -type d -path '*-packages/strata' 2>/dev/null | head -n 1)
+if [ -n "$PYDIR" ]; then
+  # The installed package imports and runs from the staging prefix alone.
+  if PYTHONPATH="$(dirname "$PYDIR")" /usr/bin/python3 -c \
+       "import strata, sys; assert strata.__file__.startswith('$STAGE'); \
+        print('installed python package:', strata.parse_config({})['strata']['device'] != '')"; then
+    echo "python package (installed): ok"
+  else
+    echo "python package (installed): FAILED"; link_ok=0
+  fi
+fi
 [ "$link_ok" = 1 ] || status=1
 
 "$ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-60}" || status=1

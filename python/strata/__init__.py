@@ -1,0 +1,25 @@
+"""Strata: train a PyTorch model with its optimizer states and parameters
+offloaded to CPU memory and NVMe, configured with a DeepSpeed JSON.
+
+    import strata
+    engine = strata.initialize(model, config="ds_config.json")
+    loss = engine(batch); engine.backward(loss); engine.step()
+
+See strata.engine for how parameters and gradients move, and README's
+Python section for what is supported.
+"""
+
+from ._errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
+                      ResourceExhaustedError, StrataError)
+from .engine import Engine, initialize, parse_config
+
+__all__ = [
+    "Engine",
+    "FailedPreconditionError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "ResourceExhaustedError",
+    "StrataError",
+    "initialize",
+    "parse_config",
+]

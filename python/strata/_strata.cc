@@ -1,0 +1,482 @@
+// _strata: the Python extension under the `strata` package (python/strata).
+//
+// A thin binding of strata::Engine (include/strata/engine.h) for the PyTorch
+// frontend in strata/engine.py. It never includes a torch header: tensors
+// cross as DLPack capsules (dlpack/dlpack.h), so one build works with any
+// torch that speaks DLPack (Debian's 1.13 on the CPU, 2.x on a GPU machine).
+//
+//   * Parameter and gradient views are capsules over the engine's device
+//     memory (CUDA memory on a CUDA device, host memory on the host device),
+//     valid from BeforeForward/BeforeBackward until the matching After call.
+//     They own nothing; the frontend replaces them before they go stale.
+//   * Initial values and parameter writes are consumed from fp32, contiguous,
+//     CPU capsules (torch.utils.dlpack.to_dlpack of a CPU tensor).
+//   * ReadParameter returns a capsule that owns its fp32 host buffer.
+//
+// Every engine call releases the GIL (hooks may wait for fetches). A non-OK
+// Status becomes a Python exception: strata.StrataError or its subclass for
+// the code (see strata/_errors.py), with the Status message.
+#include <Python.h>
+#include <dlpack/dlpack.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/config.h"
+#include "strata/engine.h"
+#include "strata/status.h"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+// A non-OK Status on its way to Python (translated below).
+struct StatusException {
+  Status status;
+};
+
+void ThrowIfError(const Status& s) {
+  if (!s.ok()) throw StatusException{s};
+}
+
+template <typename T>
+T ValueOrThrow(StatusOr<T> v) {
+  if (!v.ok()) throw StatusException{v.status()};
+  return std::move(*v);
+}
+
+// ---- DLPack ----------------------------------------------------------------
+
+constexpr const char* kCapsuleName = "dltensor";
+constexpr const char* kUsedCapsuleName = "used_dltensor";
+
+DLDataType ToDL(DType t) {
+  switch (t) {
+    case DType::kFp32:
+      return DLDataType{kDLFloat, 32, 1};
+    case DType::kFp16:
+      return DLDataType{kDLFloat, 16, 1};
+    case DType::kBf16:
+      return DLDataType{kDLBfloat, 16, 1};
+  }
+  return DLDataType{kDLFloat, 32, 1};
+}
+
+DType ParseDType(const std::string& name) {
+  if (name == "float32" || name == "fp32") return DType::kFp32;
+  if (name == "float16" || name == "fp16") return DType::kFp16;
+  if (name == "bfloat16" || name == "bf16") return DType::kBf16;
+  throw StatusException{
+      InvalidArgumentError("dtype '" + name + "': expected float32, float16 or bfloat16")};
+}
+
+// The manager of a capsule we hand out: the shape (and, for a capsule that
+// owns its data, the data).
+struct Managed {
+  DLManagedTensor tensor{};
+  std::vector<int64_t> shape;
+  std::vector<float> owned;
+};
+
+void DeleteManaged(DLManagedTensor* self) { delete static_cast<Managed*>(self->manager_ctx); }
+
+// The capsule's destructor: a capsule never consumed (still "dltensor")
+// frees its manager; a consumer renamed it and calls the deleter itself.
+void CapsuleDestructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, kCapsuleName)) {
+    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsuleName));
+    if (t != nullptr && t->deleter != nullptr) t->deleter(t);
+  }
+}
+
+py::capsule MakeCapsule(std::unique_ptr<Managed> m, void* data, DType dtype, DLDevice device) {
+  DLTensor& t = m->tensor.dl_tensor;
+  t.data = data;
+  t.device = device;
+  t.ndim = static_cast<int32_t>(m->shape.size());
+  t.dtype = ToDL(dtype);
+  t.shape = m->shape.empty() ? nullptr : m->shape.data();
+  t.strides = nullptr;  // compact, row-major
+  t.byte_offset = 0;
+  m->tensor.manager_ctx = m.get();
+  m->tensor.deleter = DeleteManaged;
+  PyObject* cap = PyCapsule_New(&m->tensor, kCapsuleName, CapsuleDestructor);
+  if (cap == nullptr) throw py::error_already_set();
+  m.release();
+  return py::reinterpret_steal<py::capsule>(cap);
+}
+
+// Copies the fp32 values of a CPU capsule (consuming it, as a DLPack
+// consumer does) into out; `what` names the tensor in errors.
+std::vector<float> ConsumeFloats(const py::capsule& cap, int64_t numel, const std::string& what) {
+  PyObject* obj = cap.ptr();
+  if (!PyCapsule_IsValid(obj, kCapsuleName))
+    throw StatusException{InvalidArgumentError(
+        what + ": expected an unconsumed DLPack capsule (torch.utils.dlpack.to_dlpack)")};
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(obj, kCapsuleName));
+  const DLTensor& t = m->dl_tensor;
+  std::string problem;
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  if (t.device.device_type != kDLCPU) {
+    problem = "it is not in CPU memory";
+  } else if (t.dtype.code != kDLFloat || t.dtype.bits != 32 || t.dtype.lanes != 1) {
+    problem = "it is not float32";
+  } else if (n != numel) {
+    problem = "it has " + std::to_string(n) + " elements, the parameter " + std::to_string(numel);
+  } else if (t.strides != nullptr) {
+    int64_t expect = 1;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expect) problem = "it is not contiguous";
+      expect *= t.shape[i];
+    }
+  }
+  if (!problem.empty()) throw StatusException{InvalidArgumentError(what + ": " + problem)};
+  std::vector<float> out(static_cast<size_t>(numel));
+  if (numel > 0)
+    std::memcpy(out.data(), static_cast<const uint8_t*>(t.data) + t.byte_offset,
+                static_cast<size_t>(numel) * sizeof(float));
+  // Consumed: renamed so the capsule's destructor leaves it, then released.
+  PyCapsule_SetName(obj, kUsedCapsuleName);
+  if (m->deleter != nullptr) m->deleter(m);
+  return out;
+}
+
+// ---- Engine ----------------------------------------------------------------
+
+AutoValues ToAutoValues(const py::dict& d) {
+  AutoValues a;
+  for (const auto& [k, v] : d) {
+    const std::string key = py::str(k);
+    if (v.is_none()) continue;
+    if (key == "train_batch_size") {
+      a.train_batch_size = v.cast<int64_t>();
+    } else if (key == "train_micro_batch_size_per_gpu") {
+      a.train_micro_batch_size_per_gpu = v.cast<int64_t>();
+    } else if (key == "gradient_accumulation_steps") {
+      a.gradient_accumulation_steps = v.cast<int64_t>();
+    } else if (key == "gradient_clipping") {
+      a.gradient_clipping = v.cast<double>();
+    } else if (key == "lr") {
+      a.lr = v.cast<double>();
+    } else if (key == "beta1") {
+      a.beta1 = v.cast<double>();
+    } else if (key == "beta2") {
+      a.beta2 = v.cast<double>();
+    } else if (key == "eps") {
+      a.eps = v.cast<double>();
+    } else if (key == "weight_decay") {
+      a.weight_decay = v.cast<double>();
+    } else if (key == "fp16_enabled") {
+      a.fp16_enabled = v.cast<bool>();
+    } else if (key == "bf16_enabled") {
+      a.bf16_enabled = v.cast<bool>();
+    } else {
+      throw StatusException{InvalidArgumentError(
+          "auto value '" + key +
+          "': not one of train_batch_size, train_micro_batch_size_per_gpu, "
+          "gradient_accumulation_steps, gradient_clipping, lr, beta1, beta2, eps, weight_decay, "
+          "fp16_enabled, bf16_enabled")};
+    }
+  }
+  return a;
+}
+
+// The parsed config: text → Config (with "auto" values), the device forced
+// to the host when the frontend cannot use a GPU.
+Config ParseForPython(const std::string& json_text, const std::string& source,
+                      const py::dict& auto_values, bool host_only) {
+  Config c = ValueOrThrow(ParseConfig(json_text, source, ToAutoValues(auto_values)));
+  if (host_only) {
+    if (c.strata.device == DeviceKind::kCuda)
+      throw StatusException{InvalidArgumentError(
+          source +
+          ": strata.device is \"cuda\" but this torch has no CUDA device; use \"auto\" "
+          "or \"host\"")};
+    c.strata.device = DeviceKind::kHost;
+  }
+  ThrowIfError(ValidateConfig(c));
+  return c;
+}
+
+class PyEngine {
+ public:
+  PyEngine(const std::string& json_text, const std::string& source, const py::dict& auto_values,
+           bool host_only)
+      : config_(ParseForPython(json_text, source, auto_values, host_only)) {
+    py::gil_scoped_release nogil;
+    engine_ = ValueOrThrow(Engine::Create(config_));
+    device_ = DLDevice{kDLCPU, 0};
+    if (!engine_->DeviceIsHost())
+      device_ = DLDevice{kDLCUDA, static_cast<int32_t>(config_.strata.device_id)};
+  }
+
+  std::string config_json() const { return ConfigToJson(config_); }
+
+  int register_parameter(const std::string& name, const std::vector<int64_t>& shape,
+                         const std::string& dtype, int module, const py::capsule& init) {
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0)
+        throw StatusException{InvalidArgumentError("parameter " + name + ": negative dimension")};
+      numel *= d;
+    }
+    std::vector<float> values = ConsumeFloats(init, numel, "initial values of " + name);
+    ParamSpec spec;
+    spec.name = name;
+    spec.numel = numel;
+    spec.dtype = ParseDType(dtype);
+    spec.module = module;
+    spec.init = values;
+    int id = 0;
+    {
+      py::gil_scoped_release nogil;
+      id = ValueOrThrow(engine_->RegisterParameter(spec));
+    }
+    if (id != static_cast<int>(params_.size()))
+      throw StatusException{InternalError("parameter ids out of order")};
+    params_.push_back({shape, spec.dtype, numel});
+    if (static_cast<size_t>(module) >= module_params_.size())
+      module_params_.resize(static_cast<size_t>(module) + 1);
+    module_params_[static_cast<size_t>(module)].push_back(id);
+    return id;
+  }
+
+  void plan() {
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->Plan());
+  }
+
+  py::list budgets() const {
+    py::list out;
+    for (const TierBudget& b : engine_->Budgets()) {
+      py::dict d;
+      d["tier"] = b.tier;
+      d["needed_bytes"] = b.needed_bytes;
+      d["available_bytes"] = b.available_bytes;
+      d["detail"] = b.detail;
+      out.append(d);
+    }
+    return out;
+  }
+
+  // Parameter views of module m (list of capsules, registration order).
+  py::list before_forward(int m) {
+    ModuleView v;
+    {
+      py::gil_scoped_release nogil;
+      v = ValueOrThrow(engine_->BeforeForward(m));
+    }
+    return Views(m, v.params);
+  }
+  void after_forward(int m) {
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->AfterForward(m));
+  }
+  // (parameter views, gradient views) of module m.
+  py::tuple before_backward(int m) {
+    ModuleView v;
+    {
+      py::gil_scoped_release nogil;
+      v = ValueOrThrow(engine_->BeforeBackward(m));
+    }
+    return py::make_tuple(Views(m, v.params), Views(m, v.grads));
+  }
+  void after_backward(int m) {
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->AfterBackward(m));
+  }
+
+  // The step's statistics as JSON text (StatsJson).
+  std::string step() {
+    py::gil_scoped_release nogil;
+    ValueOrThrow(engine_->Step());
+    return engine_->StatsJson();
+  }
+  void zero_grad() {
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->ZeroGrad());
+  }
+  void synchronize() {
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->Synchronize());
+  }
+
+  py::capsule read_parameter(int id) {
+    const Param& p = Get(id);
+    auto m = std::make_unique<Managed>();
+    m->shape = p.shape;
+    m->owned.resize(static_cast<size_t>(p.numel));
+    {
+      py::gil_scoped_release nogil;
+      ThrowIfError(engine_->ReadParameter(id, m->owned));
+    }
+    float* data = m->owned.data();
+    return MakeCapsule(std::move(m), data, DType::kFp32, DLDevice{kDLCPU, 0});
+  }
+  void write_parameter(int id, const py::capsule& values) {
+    const Param& p = Get(id);
+    std::vector<float> v =
+        ConsumeFloats(values, p.numel, "values for parameter " + std::to_string(id));
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->WriteParameter(id, v));
+  }
+
+  void save_checkpoint(const std::string& dir, int64_t data_position, const std::string& note) {
+    CheckpointInfo info;
+    info.data_position = data_position;
+    info.note = note;
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->SaveCheckpoint(dir, info));
+  }
+  py::dict load_checkpoint(const std::string& dir) {
+    CheckpointInfo info;
+    {
+      py::gil_scoped_release nogil;
+      ThrowIfError(engine_->LoadCheckpoint(dir, &info));
+    }
+    py::dict d;
+    d["data_position"] = info.data_position;
+    d["note"] = info.note;
+    d["optimizer_step"] = info.optimizer_step;
+    d["path"] = info.path;
+    return d;
+  }
+
+  double loss_scale() const { return engine_->loss_scale(); }
+  uintptr_t compute_stream() const { return reinterpret_cast<uintptr_t>(engine_->ComputeStream()); }
+  std::string device_name() const { return engine_->DeviceName(); }
+  bool device_is_host() const { return engine_->DeviceIsHost(); }
+  int num_parameters() const { return engine_->num_parameters(); }
+  int64_t num_elements() const { return engine_->num_elements(); }
+  std::string stats_json() const { return engine_->StatsJson(); }
+  void write_timeline() {
+    py::gil_scoped_release nogil;
+    ThrowIfError(engine_->WriteTimeline());
+  }
+  // Destroys the engine now (removes swap files); later calls raise.
+  void close() {
+    py::gil_scoped_release nogil;
+    engine_.reset();
+  }
+
+  Engine& engine() {
+    if (!engine_) throw StatusException{FailedPreconditionError("the engine was closed")};
+    return *engine_;
+  }
+
+ private:
+  struct Param {
+    std::vector<int64_t> shape;
+    DType dtype;
+    int64_t numel;
+  };
+
+  const Param& Get(int id) const {
+    if (id < 0 || id >= static_cast<int>(params_.size()))
+      throw StatusException{InvalidArgumentError("no parameter " + std::to_string(id))};
+    return params_[static_cast<size_t>(id)];
+  }
+
+  // Capsules over the pointers of module m's view (registration order).
+  py::list Views(int m, const std::vector<void*>& ptrs) {
+    const std::vector<int>& ids = module_params_.at(static_cast<size_t>(m));
+    if (ids.size() != ptrs.size())
+      throw StatusException{InternalError("module view has an unexpected number of tensors")};
+    py::list out;
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      const Param& p = params_[static_cast<size_t>(ids[i])];
+      auto man = std::make_unique<Managed>();
+      man->shape = p.shape;
+      out.append(MakeCapsule(std::move(man), ptrs[i], p.dtype, device_));
+    }
+    return out;
+  }
+
+ private:
+  Config config_;
+  std::unique_ptr<Engine> engine_;
+  DLDevice device_{};
+  std::vector<Param> params_;
+  std::vector<std::vector<int>> module_params_;  // module -> parameter ids
+};
+
+}  // namespace
+}  // namespace strata::python
+
+PYBIND11_MODULE(_strata, m) {
+  using strata::python::PyEngine;
+  using strata::python::StatusException;
+  m.doc() = "Strata's engine binding (use the `strata` package, not this module).";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusException& e) {
+      py::object errors = py::module_::import("strata._errors");
+      const std::string code(strata::StatusCodeName(e.status.code()));
+      py::object cls = errors.attr("error_class")(code);
+      py::object exc = cls(std::string(e.status.message()), code);
+      PyErr_SetObject(cls.ptr(), exc.ptr());
+    }
+  });
+
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<const std::string&, const std::string&, const py::dict&, bool>(),
+           py::arg("json_text"), py::arg("source"), py::arg("auto_values"), py::arg("host_only"))
+      .def("config_json", &PyEngine::config_json)
+      .def(
+          "register_parameter",
+          [](PyEngine& self, const std::string& name, const std::vector<int64_t>& shape,
+             const std::string& dtype, int module, const py::capsule& init) {
+            self.engine();
+            return self.register_parameter(name, shape, dtype, module, init);
+          },
+          py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("module"), py::arg("init"))
+      .def("plan", [](PyEngine& s) { s.engine(), s.plan(); })
+      .def("budgets", [](PyEngine& s) { return s.engine(), s.budgets(); })
+      .def("before_forward", [](PyEngine& s, int mod) { return s.engine(), s.before_forward(mod); })
+      .def("after_forward", [](PyEngine& s, int mod) { s.engine(), s.after_forward(mod); })
+      .def("before_backward",
+           [](PyEngine& s, int mod) { return s.engine(), s.before_backward(mod); })
+      .def("after_backward", [](PyEngine& s, int mod) { s.engine(), s.after_backward(mod); })
+      .def("step", [](PyEngine& s) { return s.engine(), s.step(); })
+      .def("zero_grad", [](PyEngine& s) { s.engine(), s.zero_grad(); })
+      .def("synchronize", [](PyEngine& s) { s.engine(), s.synchronize(); })
+      .def("read_parameter", [](PyEngine& s, int id) { return s.engine(), s.read_parameter(id); })
+      .def("write_parameter",
+           [](PyEngine& s, int id, const py::capsule& v) { s.engine(), s.write_parameter(id, v); })
+      .def(
+          "save_checkpoint",
+          [](PyEngine& s, const std::string& dir, int64_t pos, const std::string& note) {
+            s.engine(), s.save_checkpoint(dir, pos, note);
+          },
+          py::arg("dir"), py::arg("data_position") = 0, py::arg("note") = "")
+      .def("load_checkpoint",
+           [](PyEngine& s, const std::string& dir) { return s.engine(), s.load_checkpoint(dir); })
+      .def("loss_scale", [](PyEngine& s) { return s.engine(), s.loss_scale(); })
+      .def("compute_stream", [](PyEngine& s) { return s.engine(), s.compute_stream(); })
+      .def("device_name", [](PyEngine& s) { return s.engine(), s.device_name(); })
+      .def("device_is_host", [](PyEngine& s) { return s.engine(), s.device_is_host(); })
+      .def("num_parameters", [](PyEngine& s) { return s.engine(), s.num_parameters(); })
+      .def("num_elements", [](PyEngine& s) { return s.engine(), s.num_elements(); })
+      .def("stats_json", [](PyEngine& s) { return s.engine(), s.stats_json(); })
+      .def("write_timeline", [](PyEngine& s) { s.engine(), s.write_timeline(); })
+      .def("close", &PyEngine::close);
+
+  m.def(
+      "parse_config",
+      [](const std::string& json_text, const std::string& source, const py::dict& auto_values) {
+        return strata::ConfigToJson(
+            strata::python::ParseForPython(json_text, source, auto_values, false));
+      },
+      py::arg("json_text"), py::arg("source") = "<string>", py::arg("auto_values") = py::dict(),
+      "The effective config (every key, defaults filled in) as JSON text; raises on a bad one.");
+}

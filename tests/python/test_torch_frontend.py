@@ -1,0 +1,328 @@
+"""The PyTorch frontend (python/strata) on the host device against plain PyTorch.
+
+A small GPT-style transformer is trained through Strata and, from the same
+initial weights and data, by plain PyTorch with torch.optim.AdamW: the losses
+must agree within 1e-5 (relative) for fp32 at every step, for every placement
+of optimizer states and parameters. The configs force parameters out of the
+device after each use (max_reuse_distance 0, no persistence), so views that
+autograd saved in forward would be stale in backward without the frontend's
+saved-tensor hooks.
+"""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import strata
+
+VOCAB, HIDDEN, HEADS, SEQ, BATCH = 61, 48, 4, 12, 3
+
+
+class Linear(torch.nn.Module):
+    """`x @ W.t() + b` in fp32 (so autograd saves a view of W when it is fp32;
+    torch 1.13 has no fp16 matmul on the CPU)."""
+
+    def __init__(self, n_in, n_out, bias=True):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(n_out, n_in) / math.sqrt(n_in))
+        self.bias = torch.nn.Parameter(torch.randn(n_out) * 0.02) if bias else None
+
+    def forward(self, x):
+        y = x @ self.weight.float().t()
+        return y + self.bias.float() if self.bias is not None else y
+
+
+class Norm(torch.nn.LayerNorm):
+    """LayerNorm in fp32."""
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight.float(), self.bias.float(),
+                            self.eps)
+
+
+class Block(torch.nn.Module):
+    """Pre-norm attention + MLP; activations in fp32 whatever the parameters' dtype."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln1 = Norm(HIDDEN)
+        # No bias: the key bias's gradient is zero in exact arithmetic, and Adam
+        # turns its rounding noise into O(lr) steps that no two runs share.
+        self.qkv = Linear(HIDDEN, 3 * HIDDEN, bias=False)
+        self.proj = Linear(HIDDEN, HIDDEN)
+        self.ln2 = Norm(HIDDEN)
+        self.fc = Linear(HIDDEN, 4 * HIDDEN)
+        self.out = Linear(4 * HIDDEN, HIDDEN)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(c // HEADS)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(b, t, c)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(torch.nn.Module):
+    """Token + position embeddings (the position table is the top module's own
+    parameter), blocks, final norm, a head tied to the token embedding.
+    `repeat` applies the block list that many times (modules called twice)."""
+
+    def __init__(self, layers=2, repeat=1):
+        super().__init__()
+        self.wte = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.wpe = torch.nn.Parameter(torch.randn(SEQ, HIDDEN) * 0.02)
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
+        self.ln_f = Norm(HIDDEN)
+        self.head = Linear(HIDDEN, VOCAB, bias=False)
+        self.head.weight = self.wte.weight
+        self.repeat = repeat
+
+    def forward(self, idx, targets):
+        x = self.wte(idx).float() + self.wpe[:idx.shape[1]].float()
+        for _ in range(self.repeat):
+            for blk in self.blocks:
+                x = blk(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+
+def batches(n, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        idx = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+        out.append((idx[:, :-1].contiguous(), idx[:, 1:].contiguous()))
+    return out
+
+
+def config(opt="cpu", par="cpu", nvme_dir=None, gas=1, clip=0.0, lr=3e-3, wd=0.01, dtype="fp32"):
+    zero = {
+        "stage": 3,
+        "offload_optimizer": {"device": opt},
+        "offload_param": {"device": par},
+        "stage3_max_reuse_distance": 0,
+        "stage3_param_persistence_threshold": 0,
+        "stage3_prefetch_bucket_size": 20000,
+        "sub_group_size": 30000,
+    }
+    for key, dev in (("offload_optimizer", opt), ("offload_param", par)):
+        if dev == "nvme":
+            zero[key]["nvme_path"] = str(nvme_dir)
+    return {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW",
+                      "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8,
+                                 "weight_decay": wd}},
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16", "initial_scale_power": 8},
+        "zero_optimization": zero,
+        "strata": {"device": "host", "hbm_budget": "32M", "threads": 2},
+    }
+
+
+def reference_losses(model, cfg, data, steps):
+    """The same training in plain PyTorch (torch.optim.AdamW)."""
+    p = cfg["optimizer"]["params"]
+    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
+                            weight_decay=p["weight_decay"])
+    gas = cfg["gradient_accumulation_steps"]
+    losses = []
+    for s in range(steps):
+        for k in range(gas):
+            idx, tgt = data[s * gas + k]
+            loss = model(idx, tgt)
+            (loss / gas).backward()
+            losses.append(loss.item())
+        if cfg["gradient_clipping"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["gradient_clipping"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return losses
+
+
+def strata_losses(engine, data, steps):
+    gas = engine.gradient_accumulation_steps
+    losses = []
+    for s in range(steps):
+        for k in range(gas):
+            idx, tgt = data[s * gas + k]
+            loss = engine(idx, tgt)
+            engine.backward(loss)
+            stats = engine.step()
+            assert stats["applied"] == (k == gas - 1)
+            losses.append(loss.item())
+    engine.synchronize()
+    return losses
+
+
+def assert_close(got, want, rel=1e-5):
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert abs(a - b) <= rel * abs(b), f"micro-batch {i}: strata {a!r}, torch {b!r}"
+
+
+@pytest.mark.parametrize("opt,par", [("none", "none"), ("cpu", "none"), ("cpu", "cpu"),
+                                     ("nvme", "nvme")])
+def test_fp32_matches_torch_adamw(opt, par, tmp_path):
+    torch.manual_seed(1)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path)
+    data = batches(20)
+    want = reference_losses(ref, cfg, data, 20)
+    engine = strata.initialize(model, cfg)
+    got = strata_losses(engine, data, 20)
+    assert_close(got, want)
+    assert want[-1] < want[0] * 0.9  # it trained
+    # The gathered fp32 parameters are those of the reference.
+    sd, ref_sd = engine.state_dict(), ref.state_dict()
+    assert sd.keys() == ref_sd.keys()
+    for k in sd:
+        assert sd[k].dtype == torch.float32 and sd[k].shape == ref_sd[k].shape, k
+        torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-4, atol=1e-5, msg=k)
+    engine.close()
+
+
+def test_accumulation_and_clipping_match_torch(tmp_path):
+    torch.manual_seed(2)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config("cpu", "cpu", gas=2, clip=0.5)
+    data = batches(40)
+    want = reference_losses(ref, cfg, data, 20)
+    engine = strata.initialize(model, cfg)
+    got = strata_losses(engine, data, 20)
+    assert_close(got, want)
+    assert engine.last_stats["clip_coef"] < 1.0  # clipping was exercised
+
+
+def test_modules_called_twice_and_shared_weights(tmp_path):
+    torch.manual_seed(3)
+    model = GPT(layers=1, repeat=2)  # the block runs twice per step; head tied to wte
+    ref = copy.deepcopy(model)
+    cfg = config("nvme", "cpu", tmp_path)
+    data = batches(12)
+    want = reference_losses(ref, cfg, data, 12)
+    engine = strata.initialize(model, cfg)
+    got = strata_losses(engine, data, 12)
+    assert_close(got, want)
+    sd = engine.state_dict()
+    assert torch.equal(sd["wte.weight"], sd["head.weight"])  # still one tensor
+
+
+def test_without_saved_tensor_hooks_views_go_stale():
+    """The check above can fail: with the saved-tensor hooks disabled, a view of
+    a weight saved in forward reads another module's weights in backward."""
+    torch.manual_seed(4)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config("cpu", "cpu")
+    data = batches(3)
+    want = reference_losses(ref, cfg, data, 3)
+    engine = strata.initialize(model, cfg)
+    engine._pack = lambda t: t  # what a frontend without the hooks would do
+    got = strata_losses(engine, data, 3)
+    assert any(abs(a - b) > 1e-3 * abs(b) for a, b in zip(got[1:], want[1:]))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_precision_trains(dtype):
+    torch.manual_seed(5)
+    model = GPT()
+    engine = strata.initialize(model, config("cpu", "cpu", dtype=dtype, lr=1e-2))
+    assert engine.dtype == {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    losses = strata_losses(engine, batches(1) * 20, 20)  # one batch, memorized
+    assert all(math.isfinite(x) for x in losses)
+    assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3, losses
+    if dtype == "fp16":
+        assert engine.loss_scale > 1.0
+    # The masters stay fp32.
+    assert all(v.dtype == torch.float32 for v in engine.state_dict().values())
+
+
+def test_unused_parameters_get_zero_gradients():
+    """A module whose output does not reach the loss: its parameters get zero
+    gradients (so with weight decay 0 they do not move) and training goes on."""
+
+    class WithUnused(GPT):
+
+        def __init__(self):
+            super().__init__(layers=1)
+            self.unused = torch.nn.Linear(HIDDEN, HIDDEN)
+
+        def forward(self, idx, targets):
+            self.unused(self.wte(idx))  # output dropped
+            return super().forward(idx, targets)
+
+    torch.manual_seed(6)
+    model = WithUnused()
+    before = model.unused.weight.detach().clone()
+    engine = strata.initialize(model, config("cpu", "cpu", wd=0.0))
+    strata_losses(engine, batches(4), 4)
+    assert torch.equal(engine.state_dict()["unused.weight"], before)
+
+
+def test_eval_and_state_dict_round_trip(tmp_path):
+    torch.manual_seed(7)
+    model = GPT()
+    engine = strata.initialize(model, config("cpu", "cpu"))
+    data = batches(5)
+    strata_losses(engine, data, 4)
+    sd = engine.state_dict()
+    engine.eval()
+    with torch.no_grad():
+        l1 = engine(*data[4]).item()
+    # Load other weights, then the saved ones back: the loss comes back exactly.
+    other = {k: torch.zeros_like(v) for k, v in sd.items()}
+    engine.load_state_dict(other)
+    with torch.no_grad():
+        assert engine(*data[4]).item() == pytest.approx(math.log(VOCAB), rel=1e-5)
+    engine.load_state_dict(sd)
+    with torch.no_grad():
+        assert engine(*data[4]).item() == l1
+    engine.train()
+    with pytest.raises(strata.InvalidArgumentError, match="wpe has shape"):
+        engine.load_state_dict({**sd, "wpe": torch.zeros(2, 2)})
+    with pytest.raises(strata.InvalidArgumentError, match="missing keys"):
+        engine.load_state_dict({"wpe": sd["wpe"]})
+
+
+def test_checkpoint_resume_is_bitwise(tmp_path):
+    torch.manual_seed(8)
+    base = GPT()
+    data = batches(8)
+    full = strata.initialize(copy.deepcopy(base), config("cpu", "cpu"))
+    want = strata_losses(full, data, 8)
+    a = strata.initialize(copy.deepcopy(base), config("cpu", "cpu"))
+    got = strata_losses(a, data[:4], 4)
+    a.save_checkpoint(tmp_path, data_position=4)
+    a.close()
+    b = strata.initialize(copy.deepcopy(base), config("cpu", "cpu"))
+    info = b.load_checkpoint(tmp_path)
+    assert info["data_position"] == 4 and info["optimizer_step"] == 4
+    got += strata_losses(b, data[4:], 4)
+    assert got == want
+
+
+def test_bad_config_raises_with_the_key_path():
+    cfg = config()
+    cfg["zero_optimization"]["offload_optimizer"]["device"] = "gpu"
+    with pytest.raises(strata.InvalidArgumentError,
+                       match="zero_optimization.offload_optimizer.device") as e:
+        strata.initialize(GPT(), cfg)
+    assert isinstance(e.value, ValueError) and e.value.code == "InvalidArgument"
+    with pytest.raises(FileNotFoundError):
+        strata.initialize(GPT(), "/nonexistent/ds_config.json")
+    cfg = config()
+    cfg["strata"]["hbm_budget"] = "64K"
+    with pytest.raises(strata.ResourceExhaustedError, match="hbm"):
+        strata.initialize(GPT(), cfg)
