@@ -298,6 +298,22 @@ class Engine:
             return contextlib.nullcontext()
         return torch.cuda.stream(self._stream)
 
+    @contextlib.contextmanager
+    def _caller_ordered(self):
+        """Runs the block on the engine's compute stream, ordered after the
+        caller's stream's work (its inputs) and before its later work (the
+        outputs it reads); on the host device, just runs it."""
+        if self._stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self._stream):
+                yield
+        finally:
+            caller.wait_stream(self._stream)
+
     def _saved_tensor_hooks(self):
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
@@ -444,7 +460,7 @@ class Engine:
 
     def __call__(self, *args, **kwargs):
         """Runs the model's forward (its parameters fetched module by module)."""
-        with self._on_stream(), self._saved_tensor_hooks():
+        with self._caller_ordered(), self._saved_tensor_hooks():
             return self.module(*args, **kwargs)
 
     forward = __call__
@@ -455,7 +471,7 @@ class Engine:
         window's gradient is the mean of its micro-batches'); gradients go to
         the engine as each module's backward finishes."""
         factor = self._engine.loss_scale() / self.gradient_accumulation_steps
-        with self._on_stream(), self._saved_tensor_hooks():
+        with self._caller_ordered(), self._saved_tensor_hooks():
             (loss * factor if factor != 1.0 else loss).backward()
         for g in self._groups:
             g.bwd_depth = 0  # modules whose inputs need no gradient end here

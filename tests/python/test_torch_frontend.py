@@ -192,6 +192,24 @@ def test_fp32_matches_torch_adamw(opt, par, tmp_path):
     engine.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device and a CUDA torch")
+@pytest.mark.parametrize("opt,par", [("none", "none"), ("cpu", "cpu"), ("nvme", "nvme")])
+def test_cuda_fp32_matches_torch_adamw(opt, par, tmp_path):
+    """The same on a GPU: the engine's views are CUDA tensors; the reference
+    trains on the GPU too."""
+    torch.manual_seed(1)
+    model = GPT()
+    ref = copy.deepcopy(model).cuda()
+    cfg = config(opt, par, tmp_path)
+    cfg["strata"]["device"] = "cuda"
+    data = batches(20)
+    want = reference_losses(ref, cfg, [(i.cuda(), t.cuda()) for i, t in data], 20)
+    engine = strata.initialize(model, cfg)
+    assert engine.device.type == "cuda"
+    got = strata_losses(engine, [(i.cuda(), t.cuda()) for i, t in data], 20)
+    assert_close(got, want)
+
+
 def test_accumulation_and_clipping_match_torch(tmp_path):
     torch.manual_seed(2)
     model = GPT()
