@@ -34,8 +34,11 @@ constexpr float kGeluC = 0.044715f;
 constexpr float kRmsEps = 1e-5f;
 
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-// Grid-stride loops cover what a capped grid leaves.
-unsigned Grid(int64_t n) { return std::min<unsigned>(Blocks(n), 65535u * 8); }
+// Element-wise kernels over N rows × C columns: blockIdx.x tiles the columns,
+// blockIdx.y strides over the rows (no 64-bit division per element).
+dim3 RowGrid(int64_t N, int64_t C) {
+  return dim3(Blocks(C), static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+}
 // Threads for one block per row of C columns: a multiple of 32, at most kThreads.
 unsigned RowThreads(int64_t C) {
   return static_cast<unsigned>(std::min<int64_t>(kThreads, (C + 31) / 32 * 32));
@@ -112,13 +115,14 @@ __device__ inline void ChunkRows(int64_t N, int64_t* first, int64_t* last) {
 template <typename T>
 __global__ void EmbedForwardKernel(const int32_t* x, int64_t seq, int64_t H, int64_t N,
                                    const T* tok, const T* p1, const T* p2, float* h0) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * H;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t n = i / H, j = i % H, t = n % seq;
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= H) return;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const int64_t t = n % seq;
     float v = ToFloat(tok[x[n] * H + j]);
     if (t >= 1) v += ToFloat(p1[x[n - 1] * H + j]);
     if (t >= 2) v += ToFloat(p2[x[n - 2] * H + j]);
-    h0[i] = v;
+    h0[n * H + j] = v;
   }
 }
 
@@ -175,9 +179,11 @@ __global__ void RmsBackwardKernel(const float* h, const float* r, const float* d
 // g_t = gelu(a + b) (b per column), in T.
 template <typename T>
 __global__ void BiasGeluKernel(const float* a, const T* b, int64_t N, int64_t F, T* g_t) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * F;
-       i += int64_t{gridDim.x} * blockDim.x)
-    g_t[i] = FromFloat<T>(Gelu(a[i] + ToFloat(b[i % F])));
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= F) return;
+  const float bj = ToFloat(b[j]);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y)
+    g_t[n * F + j] = FromFloat<T>(Gelu(a[n * F + j] + bj));
 }
 
 // Block (column tile, row chunk): d = d ⊙ gelu'(a + b) in place (T), and the
@@ -231,9 +237,10 @@ __global__ void FinishColumnSumKernel(const float* partial, int64_t C, T* out) {
 // out[n, j] = x[n, j] + b[j].
 template <typename T>
 __global__ void AddRowBiasKernel(const float* x, const T* b, int64_t N, int64_t C, float* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * C;
-       i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = x[i] + ToFloat(b[i % C]);
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= C) return;
+  const float bj = ToFloat(b[j]);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) out[n * C + j] = x[n * C + j] + bj;
 }
 
 // One block per row of V logits: z += b; loss[n] = logsumexp(z) − z[y];
@@ -283,9 +290,9 @@ cudaError_t EmbedForward(const int32_t* x, int64_t seq, int64_t H, int64_t N, co
                          const void* p1, const void* p2, int dtype, float* h0, cudaStream_t s) {
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    EmbedForwardKernel<T><<<Grid(N * H), kThreads, 0, s>>>(x, seq, H, N, static_cast<const T*>(tok),
-                                                           static_cast<const T*>(p1),
-                                                           static_cast<const T*>(p2), h0);
+    EmbedForwardKernel<T><<<RowGrid(N, H), kThreads, 0, s>>>(
+        x, seq, H, N, static_cast<const T*>(tok), static_cast<const T*>(p1),
+        static_cast<const T*>(p2), h0);
     return cudaGetLastError();
   });
 }
@@ -323,8 +330,8 @@ cudaError_t BiasGelu(const float* a, const void* b, int64_t N, int64_t F, int dt
                      cudaStream_t s) {
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    BiasGeluKernel<T>
-        <<<Grid(N * F), kThreads, 0, s>>>(a, static_cast<const T*>(b), N, F, static_cast<T*>(g_t));
+    BiasGeluKernel<T><<<RowGrid(N, F), kThreads, 0, s>>>(a, static_cast<const T*>(b), N, F,
+                                                         static_cast<T*>(g_t));
     return cudaGetLastError();
   });
 }
@@ -356,7 +363,7 @@ cudaError_t AddRowBias(const float* x, const void* b, int64_t N, int64_t C, int 
                        cudaStream_t s) {
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    AddRowBiasKernel<T><<<Grid(N * C), kThreads, 0, s>>>(x, static_cast<const T*>(b), N, C, out);
+    AddRowBiasKernel<T><<<RowGrid(N, C), kThreads, 0, s>>>(x, static_cast<const T*>(b), N, C, out);
     return cudaGetLastError();
   });
 }
