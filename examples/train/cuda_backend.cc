@@ -1,13 +1,30 @@
-// CUDA backend of the example model: cuBLAS GEMMs (fp32 compute) plus the
-// kernels of cuda_kernels.cu, all ordered on Engine::ComputeStream(). Built
-// when STRATA_HAVE_CUDA. Compiled here; never run (no GPU was available).
+// CUDA backend of the example model: cuBLAS GEMMs plus the fused kernels of
+// cuda_kernels.cu, all ordered on Engine::ComputeStream(). Built when
+// STRATA_HAVE_CUDA.
 //
-// Parameters arrive as bf16/fp16/fp32 device tensors; each module's weights are
-// widened once per use into an fp32 workspace and its fp32 gradients narrowed
-// into the engine's gradient buffers (mixed-type cublasGemmEx is not allowed
-// and the activations are fp32). The embedding backward scatter-adds with
-// atomics (not bitwise deterministic on the GPU; the host backend is the
-// bitwise reference).
+// GEMM types. cublasGemmEx needs A and B of one type; with
+// CUBLAS_COMPUTE_32F (fp32 accumulation, fp32 alpha/beta) it takes
+// 16BF×16BF→16BF or →32F, 16F×16F→16F or →32F, and 32F×32F→32F. So:
+//   * bf16/fp16 parameters: the weights are read where the engine put them,
+//     and every activation a GEMM reads is emitted in the same type by the
+//     kernel that produces it (u by the rms norm, gelu(a) by bias+gelu, dh by
+//     the bias-gradient pass, da by gelu'+bias-gradient, dz by the head's
+//     bias-gradient pass). Outputs are fp32 where the next op adds into them
+//     or reduces them (the pre-activation a, the residual stream, du, the
+//     logits) and in the parameter type otherwise: dg, and the weight
+//     gradients, written straight into the engine's gradient buffers
+//     (reductions stay fp32: CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+//   * fp32 parameters: 32F×32F→32F, CUBLAS_DEFAULT_MATH (no TF32).
+// cuBLAS picks tensor-core kernels for the 16-bit types.
+//
+// Host synchronization: none inside a module but HeadForward's, which returns
+// the loss (one D2H copy of N floats and a stream synchronize). Nothing here
+// allocates after Prepare(): the workspace is one engine workspace, cuBLAS's
+// workspace pool comes with its handle.
+//
+// Deterministic: column sums are two-pass with a fixed chunking and the
+// embedding backward gathers each table row's positions in order (no
+// atomics), so a run gives the same bits each time on a given GPU.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -21,6 +38,8 @@
 namespace strata::example {
 namespace {
 
+static_assert(cuda::kColumnChunks == kBackendColumnChunks, "one chunking for both layouts");
+
 Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status();
   return InternalError(std::string(what) + ": " + cudaGetErrorName(e) + " (" +
@@ -33,11 +52,27 @@ Status CublasStatus(cublasStatus_t e, const char* what) {
 }
 #define CUDA_RETURN(expr, what) STRATA_RETURN_IF_ERROR(CudaStatus((expr), what))
 
+cudaDataType CudaType(DType t) {
+  switch (t) {
+    case DType::kFp16:
+      return CUDA_R_16F;
+    case DType::kBf16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
 // ---- the backend -------------------------------------------------------------
 class CudaBackend final : public Backend {
  public:
   CudaBackend(const ModelShape& s, DType dtype, cudaStream_t stream, WorkspaceFn alloc)
-      : s_(s), dtype_(static_cast<int>(dtype)), stream_(stream), alloc_(std::move(alloc)) {}
+      : s_(s),
+        dtype_(static_cast<int>(dtype)),
+        narrow_(dtype != DType::kFp32),
+        type_(CudaType(dtype)),
+        stream_(stream),
+        alloc_(std::move(alloc)) {}
   ~CudaBackend() override {
     if (blas_) cublasDestroy(blas_);
   }
@@ -46,38 +81,56 @@ class CudaBackend final : public Backend {
     if (blas_) return Status();
     STRATA_RETURN_IF_ERROR(CublasStatus(cublasCreate(&blas_), "cublasCreate"));
     STRATA_RETURN_IF_ERROR(CublasStatus(cublasSetStream(blas_, stream_), "cublasSetStream"));
-    const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn(), V = s_.vocab;
-    // Activations: a, g [N × F]; u, du [N × H]; z [N × V]; rms, loss [N].
-    // Weights/grads in fp32: the largest module has two F × H tensors (or three V × H).
-    // BackendWorkspaceBytes (model.cc) is this layout's size.
-    const int64_t wmax = std::max(2 * F * H + F + H, 3 * V * H);
-    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(BackendWorkspaceBytes(s_)));
-    float* f = static_cast<float*>(base);
-    a_ = f, f += N * F;
-    g_ = f, f += N * F;
-    u_ = f, f += N * H;
-    du_ = f, f += N * H;
-    z_ = f, f += N * V;
-    rms_ = f, f += N;
-    loss_ = f, f += N;
-    w_ = f, f += wmax;
-    gw_ = f, f += wmax;
-    tokens_ = reinterpret_cast<int32_t*>(f);
-    host_loss_.resize(static_cast<size_t>(N));
+    // Default math: tensor cores for 16-bit types, never TF32 for fp32; and
+    // no reduced-precision reductions (split-K partials stay fp32).
+    STRATA_RETURN_IF_ERROR(CublasStatus(
+        cublasSetMathMode(
+            blas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+        "cublasSetMathMode"));
+    // The layout is BackendWorkspaceLayout (model.cc), shared with the host backend.
+    const BackendLayout l = BackendWorkspaceLayout(s_);
+    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(l.total));
+    char* b = static_cast<char*>(base);
+    a_ = reinterpret_cast<float*>(b + l.a);
+    gt_ = b + l.g;
+    ut_ = b + l.u;
+    du_ = reinterpret_cast<float*>(b + l.du);
+    z_ = reinterpret_cast<float*>(b + l.z);
+    rms_ = reinterpret_cast<float*>(b + l.rms);
+    loss_ = reinterpret_cast<float*>(b + l.loss);
+    dht_ = b + l.dht;
+    zt_ = b + l.zt;
+    partial_ = reinterpret_cast<float*>(b + l.partial);
+    tokens_ = reinterpret_cast<int32_t*>(b + l.tokens);
+    host_loss_.resize(static_cast<size_t>(s_.tokens()));
     return Status();
   }
 
   Status SetBatch(std::span<const int32_t> inputs, std::span<const int32_t> targets) override {
-    const int64_t N = s_.tokens();
+    const int64_t N = s_.tokens(), V = s_.vocab;
     if (static_cast<int64_t>(inputs.size()) != N || static_cast<int64_t>(targets.size()) != N)
-      return InvalidArgumentError("SetBatch: wrong number of tokens");
+      return InvalidArgumentError("SetBatch: " + std::to_string(inputs.size()) + " inputs and " +
+                                  std::to_string(targets.size()) + " targets, model takes " +
+                                  std::to_string(N));
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i] < 0 || inputs[i] >= s_.vocab || targets[i] < 0 || targets[i] >= s_.vocab)
+      if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V)
         return InvalidArgumentError("SetBatch: token out of range at " + std::to_string(i));
     STRATA_RETURN_IF_ERROR(Prepare());
-    host_tokens_.assign(inputs.begin(), inputs.end());
-    host_tokens_.insert(host_tokens_.end(), targets.begin(), targets.end());
-    // Pageable source: the copy is staged before cudaMemcpyAsync returns.
+    // inputs [N], targets [N], the positions sorted by token (a stable
+    // counting sort: ascending within a token) [N], each token's offset [V + 1].
+    host_tokens_.assign(static_cast<size_t>(3 * N + V + 1), 0);
+    int32_t* in = host_tokens_.data();
+    int32_t* order = in + 2 * N;
+    int32_t* offsets = in + 3 * N;
+    std::copy(inputs.begin(), inputs.end(), in);
+    std::copy(targets.begin(), targets.end(), in + N);
+    for (int64_t n = 0; n < N; ++n) ++offsets[in[n] + 1];
+    for (int64_t v = 0; v < V; ++v) offsets[v + 1] += offsets[v];
+    std::vector<int32_t> next(offsets, offsets + V);
+    for (int64_t n = 0; n < N; ++n) order[next[in[n]]++] = static_cast<int32_t>(n);
+    // Pageable source: the driver stages it before cudaMemcpyAsync returns,
+    // without waiting for the stream.
     CUDA_RETURN(cudaMemcpyAsync(tokens_, host_tokens_.data(), host_tokens_.size() * 4,
                                 cudaMemcpyHostToDevice, stream_),
                 "upload tokens");
@@ -86,39 +139,39 @@ class CudaBackend final : public Backend {
 
   Status EmbedForward(const std::vector<void*>& p, float* h0) override {
     if (p.size() != 3) return InvalidArgumentError("embedding: expected 3 tensors");
-    const int64_t N = s_.tokens(), H = s_.hidden, VH = s_.vocab * H;
-    for (int i = 0; i < 3; ++i) STRATA_RETURN_IF_ERROR(Widen(p[i], w_ + i * VH, VH));
-    return Check(
-        cuda::EmbedForward(tokens_, s_.seq_len, H, N, w_, w_ + VH, w_ + 2 * VH, h0, stream_),
-        "EmbedForward");
+    return Check(cuda::EmbedForward(tokens_, s_.seq_len, s_.hidden, s_.tokens(), p[0], p[1], p[2],
+                                    dtype_, h0, stream_),
+                 "EmbedForward");
   }
 
   Status BlockForward(const std::vector<void*>& p, const float* h_in, float* h_out) override {
     if (p.size() != 4) return InvalidArgumentError("block: expected 4 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn();
-    float *w1 = w_, *b1 = w_ + F * H, *w2 = b1 + F, *b2 = w2 + H * F;
-    STRATA_RETURN_IF_ERROR(WidenBlock(p, w1, b1, w2, b2));
-    STRATA_RETURN_IF_ERROR(Check(cuda::RmsForward(h_in, N, H, u_, rms_, stream_), "RmsForward"));
-    STRATA_RETURN_IF_ERROR(Gemm(false, true, N, F, H, u_, H, w1, H, 0.f, a_, F));
-    STRATA_RETURN_IF_ERROR(Check(cuda::BiasGelu(a_, b1, N, F, g_, stream_), "BiasGelu"));
-    STRATA_RETURN_IF_ERROR(Check(cuda::AddRowBias(h_in, b2, N, H, h_out, stream_), "AddRowBias"));
-    return Gemm(false, true, N, H, F, g_, F, w2, F, 1.f, h_out, H);
+    const void *w1 = p[0], *b1 = p[1], *w2 = p[2], *b2 = p[3];
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::RmsForward(h_in, N, H, dtype_, ut_, rms_, stream_), "RmsForward"));
+    // a = u · W1ᵀ (fp32); g = gelu(a + b1) (operand type)
+    STRATA_RETURN_IF_ERROR(Gemm(false, true, N, F, H, ut_, H, w1, H, 0.f, a_, CUDA_R_32F, F));
+    STRATA_RETURN_IF_ERROR(Check(cuda::BiasGelu(a_, b1, N, F, dtype_, gt_, stream_), "BiasGelu"));
+    // h_out = h_in + b2 + g · W2ᵀ (fp32)
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::AddRowBias(h_in, b2, N, H, dtype_, h_out, stream_), "AddRowBias"));
+    return Gemm(false, true, N, H, F, gt_, F, w2, F, 1.f, h_out, CUDA_R_32F, H);
   }
 
   StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
                                double loss_scale) override {
     if (p.size() != 2) return InvalidArgumentError("head: expected 2 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
-    float *w = w_, *b = w_ + V * H;
-    STRATA_RETURN_IF_ERROR(Widen(p[0], w, V * H));
-    STRATA_RETURN_IF_ERROR(Widen(p[1], b, V));
-    STRATA_RETURN_IF_ERROR(Check(cuda::RmsForward(h, N, H, u_, rms_, stream_), "RmsForward"));
-    STRATA_RETURN_IF_ERROR(Check(cuda::AddRowBias(nullptr, b, N, V, z_, stream_), "AddRowBias"));
-    STRATA_RETURN_IF_ERROR(Gemm(false, true, N, V, H, u_, H, w, H, 1.f, z_, V));
     STRATA_RETURN_IF_ERROR(
-        Check(cuda::SoftmaxXent(z_, tokens_ + N, N, V, static_cast<float>(loss_scale / N), loss_,
-                                stream_),
+        Check(cuda::RmsForward(h, N, H, dtype_, ut_, rms_, stream_), "RmsForward"));
+    // z = y · Wᵀ (fp32); the bias is added by the softmax kernel.
+    STRATA_RETURN_IF_ERROR(Gemm(false, true, N, V, H, ut_, H, p[0], H, 0.f, z_, CUDA_R_32F, V));
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::SoftmaxXent(z_, p[1], dtype_, tokens_ + N, N, V,
+                                static_cast<float>(loss_scale / N), loss_, stream_),
               "SoftmaxXent"));
+    // The module's one synchronization: the loss is this call's result.
     CUDA_RETURN(cudaMemcpyAsync(host_loss_.data(), loss_, N * 4, cudaMemcpyDeviceToHost, stream_),
                 "download loss");
     CUDA_RETURN(cudaStreamSynchronize(stream_), "synchronize for the loss");
@@ -131,54 +184,56 @@ class CudaBackend final : public Backend {
                       float* dh) override {
     if (p.size() != 2 || g.size() != 2) return InvalidArgumentError("head: expected 2 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
-    float* w = w_;
-    STRATA_RETURN_IF_ERROR(Widen(p[0], w, V * H));
-    STRATA_RETURN_IF_ERROR(Check(cuda::RmsForward(h, N, H, u_, rms_, stream_), "RmsForward"));
-    float *gw = gw_, *gb = gw_ + V * H;
-    STRATA_RETURN_IF_ERROR(Gemm(true, false, V, H, N, z_, V, u_, H, 0.f, gw, H));
-    STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSum(z_, N, V, gb, stream_), "ColumnSum"));
-    STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, V, z_, V, w, H, 0.f, du_, H));
     STRATA_RETURN_IF_ERROR(
-        Check(cuda::RmsBackward(u_, rms_, du_, N, H, false, dh, stream_), "RmsBackward"));
-    STRATA_RETURN_IF_ERROR(Narrow(gw, g[0], V * H));
-    return Narrow(gb, g[1], V);
+        Check(cuda::RmsForward(h, N, H, dtype_, ut_, rms_, stream_), "RmsForward"));
+    // db = Σ dz, and dz in the operand type.
+    const void* dz = narrow_ ? zt_ : z_;
+    STRATA_RETURN_IF_ERROR(Check(
+        cuda::ColumnSumCast(z_, N, V, dtype_, narrow_ ? zt_ : nullptr, partial_, g[1], stream_),
+        "ColumnSumCast"));
+    // dW = dzᵀ · y (parameter type, into the engine's buffer); dy = dz · W (fp32)
+    STRATA_RETURN_IF_ERROR(Gemm(true, false, V, H, N, dz, V, ut_, H, 0.f, g[0], type_, H));
+    STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, V, dz, V, p[0], H, 0.f, du_, CUDA_R_32F, H));
+    return Check(cuda::RmsBackward(h, rms_, du_, N, H, /*accumulate=*/false, dh, stream_),
+                 "RmsBackward");
   }
 
   Status BlockBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h_in,
                        float* dh) override {
     if (p.size() != 4 || g.size() != 4) return InvalidArgumentError("block: expected 4 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn();
-    float *w1 = w_, *b1 = w_ + F * H, *w2 = b1 + F, *b2 = w2 + H * F;
-    STRATA_RETURN_IF_ERROR(WidenBlock(p, w1, b1, w2, b2));
-    // Recompute the forward activations.
-    STRATA_RETURN_IF_ERROR(Check(cuda::RmsForward(h_in, N, H, u_, rms_, stream_), "RmsForward"));
-    STRATA_RETURN_IF_ERROR(Gemm(false, true, N, F, H, u_, H, w1, H, 0.f, a_, F));
-    STRATA_RETURN_IF_ERROR(Check(cuda::BiasGelu(a_, b1, N, F, g_, stream_), "BiasGelu"));
-    float *gw1 = gw_, *gb1 = gw_ + F * H, *gw2 = gb1 + F, *gb2 = gw2 + H * F;
-    STRATA_RETURN_IF_ERROR(Gemm(true, false, H, F, N, dh, H, g_, F, 0.f, gw2, F));  // dW2 = dhᵀ · g
-    STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSum(dh, N, H, gb2, stream_), "ColumnSum"));
-    STRATA_RETURN_IF_ERROR(Gemm(false, false, N, F, H, dh, H, w2, F, 0.f, g_, F));  // dg = dh · W2
-    STRATA_RETURN_IF_ERROR(Check(cuda::GeluBackward(a_, g_, N * F, stream_), "GeluBackward"));
-    STRATA_RETURN_IF_ERROR(Gemm(true, false, F, H, N, g_, F, u_, H, 0.f, gw1, H));  // dW1 = daᵀ · u
-    STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSum(g_, N, F, gb1, stream_), "ColumnSum"));
-    STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, F, g_, F, w1, H, 0.f, du_, H));  // du = da · W1
+    const void *w1 = p[0], *b1 = p[1], *w2 = p[2];
+    void *gw1 = g[0], *gb1 = g[1], *gw2 = g[2], *gb2 = g[3];
+    // Recompute the forward activations from the saved input.
     STRATA_RETURN_IF_ERROR(
-        Check(cuda::RmsBackward(u_, rms_, du_, N, H, true, dh, stream_), "RmsBackward"));
-    STRATA_RETURN_IF_ERROR(Narrow(gw1, g[0], F * H));
-    STRATA_RETURN_IF_ERROR(Narrow(gb1, g[1], F));
-    STRATA_RETURN_IF_ERROR(Narrow(gw2, g[2], H * F));
-    return Narrow(gb2, g[3], H);
+        Check(cuda::RmsForward(h_in, N, H, dtype_, ut_, rms_, stream_), "RmsForward"));
+    STRATA_RETURN_IF_ERROR(Gemm(false, true, N, F, H, ut_, H, w1, H, 0.f, a_, CUDA_R_32F, F));
+    STRATA_RETURN_IF_ERROR(Check(cuda::BiasGelu(a_, b1, N, F, dtype_, gt_, stream_), "BiasGelu"));
+    // db2 = Σ dh, and dh in the operand type.
+    const void* dht = narrow_ ? dht_ : dh;
+    STRATA_RETURN_IF_ERROR(Check(
+        cuda::ColumnSumCast(dh, N, H, dtype_, narrow_ ? dht_ : nullptr, partial_, gb2, stream_),
+        "ColumnSumCast"));
+    // dW2 = dhᵀ · g; then dg = dh · W2 overwrites g (stream order: after dW2 read it).
+    STRATA_RETURN_IF_ERROR(Gemm(true, false, H, F, N, dht, H, gt_, F, 0.f, gw2, type_, F));
+    STRATA_RETURN_IF_ERROR(Gemm(false, false, N, F, H, dht, H, w2, F, 0.f, gt_, type_, F));
+    // da = dg ⊙ gelu'(a + b1) in place; db1 = Σ da.
+    STRATA_RETURN_IF_ERROR(
+        Check(cuda::GeluBackwardBiasGrad(a_, b1, N, F, dtype_, gt_, partial_, gb1, stream_),
+              "GeluBackwardBiasGrad"));
+    // dW1 = daᵀ · u; du = da · W1 (fp32); dh += rms backward (the residual).
+    STRATA_RETURN_IF_ERROR(Gemm(true, false, F, H, N, gt_, F, ut_, H, 0.f, gw1, type_, H));
+    STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, F, gt_, F, w1, H, 0.f, du_, CUDA_R_32F, H));
+    return Check(cuda::RmsBackward(h_in, rms_, du_, N, H, /*accumulate=*/true, dh, stream_),
+                 "RmsBackward");
   }
 
   Status EmbedBackward(const std::vector<void*>& g, const float* dh) override {
     if (g.size() != 3) return InvalidArgumentError("embedding: expected 3 tensors");
-    const int64_t N = s_.tokens(), H = s_.hidden, VH = s_.vocab * H;
-    CUDA_RETURN(cudaMemsetAsync(gw_, 0, 3 * VH * 4, stream_), "zero embedding gradients");
-    STRATA_RETURN_IF_ERROR(Check(
-        cuda::EmbedBackward(tokens_, s_.seq_len, H, N, dh, gw_, gw_ + VH, gw_ + 2 * VH, stream_),
-        "EmbedBackward"));
-    for (int i = 0; i < 3; ++i) STRATA_RETURN_IF_ERROR(Narrow(gw_ + i * VH, g[i], VH));
-    return Status();
+    const int64_t N = s_.tokens();
+    return Check(cuda::EmbedBackward(tokens_ + 2 * N, tokens_ + 3 * N, s_.vocab, s_.seq_len,
+                                     s_.hidden, dh, dtype_, g[0], g[1], g[2], stream_),
+                 "EmbedBackward");
   }
 
   Status CopyToHost(const float* device, float* host, int64_t n) override {
@@ -189,38 +244,32 @@ class CudaBackend final : public Backend {
 
  private:
   static Status Check(cudaError_t e, const char* kernel) { return CudaStatus(e, kernel); }
-  Status Widen(const void* p, float* out, int64_t n) {
-    return Check(cuda::Widen(p, dtype_, out, n, stream_), "Widen");
-  }
-  Status Narrow(const float* in, void* out, int64_t n) {
-    return Check(cuda::Narrow(in, out, dtype_, n, stream_), "Narrow");
-  }
-  Status WidenBlock(const std::vector<void*>& p, float* w1, float* b1, float* w2, float* b2) {
-    const int64_t H = s_.hidden, F = s_.ffn();
-    STRATA_RETURN_IF_ERROR(Widen(p[0], w1, F * H));
-    STRATA_RETURN_IF_ERROR(Widen(p[1], b1, F));
-    STRATA_RETURN_IF_ERROR(Widen(p[2], w2, H * F));
-    return Widen(p[3], b2, H);
-  }
-  // Row-major C[m × n] = op(A) · op(B) + beta · C, as column-major Cᵀ = op(B)ᵀ · op(A)ᵀ.
-  Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-              const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+
+  // Row-major C[m × n] = op(A) · op(B) + beta · C, as column-major
+  // Cᵀ = op(B)ᵀ · op(A)ᵀ. A and B have the operand type (the parameter
+  // dtype); C is ctype (fp32, or the operand type); fp32 accumulation.
+  Status Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda,
+              const void* b, int64_t ldb, float beta, void* c, cudaDataType ctype, int64_t ldc) {
     const float alpha = 1.f;
     return CublasStatus(
         cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                      static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-                     CUDA_R_32F, static_cast<int>(ldb), a, CUDA_R_32F, static_cast<int>(lda), &beta,
-                     c, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     type_, static_cast<int>(ldb), a, type_, static_cast<int>(lda), &beta, c, ctype,
+                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   }
 
   ModelShape s_;
   int dtype_;
+  bool narrow_;        // 16-bit parameters: activations get operand copies
+  cudaDataType type_;  // the GEMM operand type: the parameter dtype
   cudaStream_t stream_;
   WorkspaceFn alloc_;
   cublasHandle_t blas_ = nullptr;
-  float *a_ = nullptr, *g_ = nullptr, *u_ = nullptr, *du_ = nullptr, *z_ = nullptr, *rms_ = nullptr,
-        *loss_ = nullptr, *w_ = nullptr, *gw_ = nullptr;
+  // Workspace slots (BackendLayout). `void*` ones hold the operand type.
+  float *a_ = nullptr, *du_ = nullptr, *z_ = nullptr, *rms_ = nullptr, *loss_ = nullptr,
+        *partial_ = nullptr;
+  void *gt_ = nullptr, *ut_ = nullptr, *dht_ = nullptr, *zt_ = nullptr;
   int32_t* tokens_ = nullptr;
   std::vector<int32_t> host_tokens_;
   std::vector<float> host_loss_;

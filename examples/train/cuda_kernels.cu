@@ -2,14 +2,21 @@
 // Engine::ComputeStream() between cuBLAS GEMMs). Built when STRATA_HAVE_CUDA.
 // Raw pointers and cudaError_t only: no framework types in device code.
 //
-// Parameters arrive as bf16/fp16/fp32 device tensors; each module's weights are
-// widened once per use into an fp32 workspace (2 bytes read + 4 written per
-// element) and its fp32 gradients narrowed into the engine's gradient buffers
-// (4 read + 2 written). Activations are fp32. Per element of the activations:
-// embedding 3 gathers; rms norm 2 passes over a row; bias+gelu 1 read, 2
-// writes; softmax cross-entropy one block per row (V = 256 threads).
-// The embedding backward scatter-adds with atomics (order not deterministic
-// on the GPU; the host backend is the bitwise reference).
+// T is the parameter dtype (fp32, fp16 or bf16): parameters are read as they
+// are, gradients written in T, and every kernel that produces a GEMM operand
+// writes it in T so that cuBLAS runs T × T on tensor cores with fp32
+// accumulation. Arithmetic is fp32 throughout. Bytes per element (bf16):
+//   embedding forward    3 gathers of 2 B, 4 B written
+//   embedding backward   4-12 B read (dh), 2 B written per table element
+//   rms forward          4 B read twice (the second from cache), 2 B written
+//   rms backward         12 B read, 4 B written (8 read when not accumulating)
+//   bias + gelu          4 B read, 2 B written
+//   gelu' + bias grad    6 B read, 2 B written, plus kColumnChunks partial sums
+//   column sum + cast    4 B read, 2 B written
+//   softmax xent         4 B read, 4 B written per logit (one block per row)
+// Column sums are two-pass with a fixed chunking (kColumnChunks), and the
+// embedding backward gathers in position order: every kernel is
+// deterministic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -27,22 +34,46 @@ constexpr float kGeluC = 0.044715f;
 constexpr float kRmsEps = 1e-5f;
 
 unsigned Blocks(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
-unsigned Grid(int64_t n) { return std::min<unsigned>(Blocks(n), 65535u * 8); }  // grid-stride loops cover the rest
+// Element-wise kernels over N rows × C columns: blockIdx.x tiles the columns,
+// blockIdx.y strides over the rows (no 64-bit division per element).
+dim3 RowGrid(int64_t N, int64_t C) {
+  return dim3(Blocks(C), static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+}
+// Threads for one block per row of C columns: a multiple of 32, at most kThreads.
+unsigned RowThreads(int64_t C) {
+  return static_cast<unsigned>(std::min<int64_t>(kThreads, (C + 31) / 32 * 32));
+}
 
 // ---- device helpers --------------------------------------------------------
-__device__ inline float Load(const void* p, int dtype, int64_t i) {
-  // dtype: 0 fp32, 1 fp16, 2 bf16 (strata::DType values)
-  if (dtype == 0) return static_cast<const float*>(p)[i];
-  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+__device__ inline float ToFloat(float v) { return v; }
+__device__ inline float ToFloat(__half v) { return __half2float(v); }
+__device__ inline float ToFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ inline T FromFloat(float v);  // round to nearest even
+template <>
+__device__ inline float FromFloat<float>(float v) {
+  return v;
 }
-__device__ inline void Store(void* p, int dtype, int64_t i, float v) {
-  if (dtype == 0) static_cast<float*>(p)[i] = v;
-  else if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+template <>
+__device__ inline __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
 }
+template <>
+__device__ inline __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+__device__ inline float Gelu(float v) {
+  return 0.5f * v * (1.f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+}
+__device__ inline float GeluGrad(float v) {
+  const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
+  // d/dv [0.5 v (1 + t)] = 0.5 (1 + t) + 0.5 v (1 − t²) k (1 + 3c v²)
+  return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluK * (1.f + 3.f * kGeluC * v * v);
+}
+
+// Sum / max over the block (blockDim.x a multiple of 32, at most 1024).
 __device__ inline float BlockSum(float v, float* shared) {
-  // Sum over the block (blockDim.x a multiple of 32, at most 1024).
   for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) shared[warp] = v;
@@ -71,101 +102,161 @@ __device__ inline float BlockMax(float v, float* shared) {
   return total;
 }
 
+// Rows [first, last) of chunk blockIdx.y when N rows are cut into kColumnChunks.
+__device__ inline void ChunkRows(int64_t N, int64_t* first, int64_t* last) {
+  const int64_t rows = (N + kColumnChunks - 1) / kColumnChunks;
+  const int64_t begin = blockIdx.y * rows;
+  *first = begin < N ? begin : N;
+  *last = *first + rows < N ? *first + rows : N;
+}
+
 // ---- kernels ---------------------------------------------------------------
-// out[i] = float(in[i]): widen a parameter.
-__global__ void WidenKernel(const void* in, int dtype, float* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = Load(in, dtype, i);
-}
-// out[i] = narrow(in[i]): a gradient into the engine's buffer.
-__global__ void NarrowKernel(const float* in, void* out, int dtype, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    Store(out, dtype, i, in[i]);
-}
-// h0[n, j] = tok[x_t] + prev1[x_{t-1}] + prev2[x_{t-2}]
-__global__ void EmbedForwardKernel(const int32_t* x, int64_t seq, int64_t H, int64_t N, const float* tok,
-                                   const float* p1, const float* p2, float* h0) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * H; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t n = i / H, j = i % H, t = n % seq;
-    float v = tok[x[n] * H + j];
-    if (t >= 1) v += p1[x[n - 1] * H + j];
-    if (t >= 2) v += p2[x[n - 2] * H + j];
-    h0[i] = v;
+// h0[n, j] = tok[x_n] + prev1[x_{n-1}] + prev2[x_{n-2}]
+template <typename T>
+__global__ void EmbedForwardKernel(const int32_t* x, int64_t seq, int64_t H, int64_t N,
+                                   const T* tok, const T* p1, const T* p2, float* h0) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= H) return;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const int64_t t = n % seq;
+    float v = ToFloat(tok[x[n] * H + j]);
+    if (t >= 1) v += ToFloat(p1[x[n - 1] * H + j]);
+    if (t >= 2) v += ToFloat(p2[x[n - 2] * H + j]);
+    h0[n * H + j] = v;
   }
 }
-// Scatter-add dh into the three (zeroed) fp32 table gradients.
-__global__ void EmbedBackwardKernel(const int32_t* x, int64_t seq, int64_t H, int64_t N, const float* dh, float* g0,
-                                    float* g1, float* g2) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * H; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t n = i / H, j = i % H, t = n % seq;
-    const float d = dh[i];
-    atomicAdd(&g0[x[n] * H + j], d);
-    if (t >= 1) atomicAdd(&g1[x[n - 1] * H + j], d);
-    if (t >= 2) atomicAdd(&g2[x[n - 2] * H + j], d);
+
+// Block (column tile, token v): g_k[v, j] = Σ dh[n + k, j] over the positions
+// n of token v (ascending), when n + k is in n's sequence.
+template <typename T>
+__global__ void EmbedBackwardKernel(const int32_t* order, const int32_t* offsets, int64_t seq,
+                                    int64_t H, const float* dh, T* g0, T* g1, T* g2) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t v = blockIdx.y;
+  if (j >= H) return;
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f;
+  for (int32_t e = offsets[v]; e < offsets[v + 1]; ++e) {
+    const int64_t n = order[e], t = n % seq;
+    s0 += dh[n * H + j];
+    if (t + 1 < seq) s1 += dh[(n + 1) * H + j];
+    if (t + 2 < seq) s2 += dh[(n + 2) * H + j];
   }
+  g0[v * H + j] = FromFloat<T>(s0);
+  g1[v * H + j] = FromFloat<T>(s1);
+  g2[v * H + j] = FromFloat<T>(s2);
 }
-// One block per row: r = sqrt(mean(h²) + eps); u = h / r.
-__global__ void RmsForwardKernel(const float* h, int64_t H, float* u, float* r) {
+
+// One block per row: r = sqrt(mean(h²) + eps); u_t = h / r in T.
+template <typename T>
+__global__ void RmsForwardKernel(const float* h, int64_t H, T* u_t, float* r) {
   __shared__ float sh[32];
   const float* row = h + blockIdx.x * H;
   float ss = 0.f;
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) ss += row[j] * row[j];
   ss = BlockSum(ss, sh);
   const float rn = sqrtf(ss / static_cast<float>(H) + kRmsEps);
+  const float inv = 1.f / rn;
   if (threadIdx.x == 0) r[blockIdx.x] = rn;
-  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) u[blockIdx.x * H + j] = row[j] / rn;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
+    u_t[blockIdx.x * H + j] = FromFloat<T>(row[j] * inv);
 }
-// One block per row: dh (= or +=) (du − u · mean(du ⊙ u)) / r.
-__global__ void RmsBackwardKernel(const float* u, const float* r, const float* du, int64_t H, int accumulate,
-                                  float* dh) {
+
+// One block per row: u = h / r; dh (= or +=) (du − u · mean(du ⊙ u)) / r.
+__global__ void RmsBackwardKernel(const float* h, const float* r, const float* du, int64_t H,
+                                  int accumulate, float* dh) {
   __shared__ float sh[32];
   const int64_t off = blockIdx.x * H;
-  float dot = 0.f;
-  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dot += du[off + j] * u[off + j];
-  const float mean = BlockSum(dot, sh) / static_cast<float>(H);
   const float inv = 1.f / r[blockIdx.x];
+  float dot = 0.f;
+  for (int64_t j = threadIdx.x; j < H; j += blockDim.x) dot += du[off + j] * (h[off + j] * inv);
+  const float mean = BlockSum(dot, sh) / static_cast<float>(H);
   for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
-    const float v = (du[off + j] - u[off + j] * mean) * inv;
+    const float v = (du[off + j] - h[off + j] * inv * mean) * inv;
     dh[off + j] = accumulate ? dh[off + j] + v : v;
   }
 }
-// a += b (per column); g = gelu(a).
-__global__ void BiasGeluKernel(float* a, const float* b, int64_t N, int64_t F, float* g) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * F; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = a[i] + b[i % F];
-    a[i] = v;
-    g[i] = 0.5f * v * (1.f + tanhf(kGeluK * (v + kGeluC * v * v * v)));
+
+// g_t = gelu(a + b) (b per column), in T.
+template <typename T>
+__global__ void BiasGeluKernel(const float* a, const T* b, int64_t N, int64_t F, T* g_t) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= F) return;
+  const float bj = ToFloat(b[j]);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y)
+    g_t[n * F + j] = FromFloat<T>(Gelu(a[n * F + j] + bj));
+}
+
+// Block (column tile, row chunk): d = d ⊙ gelu'(a + b) in place (T), and the
+// chunk's column sums of the fp32 products into partial[chunk, j].
+template <typename T>
+__global__ void GeluBackwardPartialKernel(const float* a, const T* b, int64_t N, int64_t F, T* d,
+                                          float* partial) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= F) return;
+  int64_t first, last;
+  ChunkRows(N, &first, &last);
+  const float bj = ToFloat(b[j]);
+  float sum = 0.f;
+  for (int64_t n = first; n < last; ++n) {
+    const int64_t i = n * F + j;
+    const float da = ToFloat(d[i]) * GeluGrad(a[i] + bj);  // da = dg ⊙ gelu'(a + b)
+    d[i] = FromFloat<T>(da);
+    sum += da;
   }
+  partial[blockIdx.y * F + j] = sum;
 }
-// dg *= gelu'(a).
-__global__ void GeluBackwardKernel(const float* a, float* dg, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = a[i];
-    const float t = tanhf(kGeluK * (v + kGeluC * v * v * v));
-    dg[i] *= 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * kGeluK * (1.f + 3.f * kGeluC * v * v);
+
+// Block (column tile, row chunk): x_t = x in T (unless null) and the chunk's
+// column sums of x into partial[chunk, j].
+template <typename T>
+__global__ void ColumnSumCastPartialKernel(const float* x, int64_t N, int64_t C, T* x_t,
+                                           float* partial) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= C) return;
+  int64_t first, last;
+  ChunkRows(N, &first, &last);
+  float sum = 0.f;
+  for (int64_t n = first; n < last; ++n) {
+    const float v = x[n * C + j];
+    if (x_t != nullptr) x_t[n * C + j] = FromFloat<T>(v);
+    sum += v;
   }
+  partial[blockIdx.y * C + j] = sum;
 }
-// out[n, j] = x[n, j] + b[j]  (x may be null: out = b broadcast).
-__global__ void AddRowBiasKernel(const float* x, const float* b, int64_t N, int64_t C, float* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * C; i += int64_t{gridDim.x} * blockDim.x)
-    out[i] = (x ? x[i] : 0.f) + b[i % C];
-}
-// out[j] = Σ_n x[n, j] (one thread per column; deterministic).
-__global__ void ColumnSumKernel(const float* x, int64_t N, int64_t C, float* out) {
+
+// out[j] = Σ_chunk partial[chunk, j], chunks in order, stored in T.
+template <typename T>
+__global__ void FinishColumnSumKernel(const float* partial, int64_t C, T* out) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= C) return;
   float s = 0.f;
-  for (int64_t n = 0; n < N; ++n) s += x[n * C + j];
-  out[j] = s;
+  for (int c = 0; c < kColumnChunks; ++c) s += partial[c * C + j];
+  out[j] = FromFloat<T>(s);
 }
-// One block per row of V logits: loss[n] = logsumexp(z) − z[y]; z becomes
-// (softmax(z) − onehot(y)) · scale.
-__global__ void SoftmaxXentKernel(float* z, const int32_t* y, int64_t V, float scale, float* loss) {
+
+// out[n, j] = x[n, j] + b[j].
+template <typename T>
+__global__ void AddRowBiasKernel(const float* x, const T* b, int64_t N, int64_t C, float* out) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= C) return;
+  const float bj = ToFloat(b[j]);
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) out[n * C + j] = x[n * C + j] + bj;
+}
+
+// One block per row of V logits: z += b; loss[n] = logsumexp(z) − z[y];
+// z becomes (softmax(z) − onehot(y)) · scale.
+template <typename T>
+__global__ void SoftmaxXentKernel(float* z, const T* b, const int32_t* y, int64_t V, float scale,
+                                  float* loss) {
   __shared__ float sh[32];
   float* row = z + blockIdx.x * V;
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, row[j]);
-  mx = BlockMax(mx, sh);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float v = row[j] + ToFloat(b[j]);
+    row[j] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = BlockMax(mx, sh);  // its __syncthreads also publishes the biased row
   float s = 0.f;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(row[j] - mx);
   s = BlockSum(s, sh);
@@ -178,54 +269,113 @@ __global__ void SoftmaxXentKernel(float* z, const int32_t* y, int64_t V, float s
   }
 }
 
+// Calls f(T{}) with T the type of `dtype` (0 fp32, 1 fp16, 2 bf16).
+template <typename F>
+cudaError_t Dispatch(int dtype, F&& f) {
+  switch (dtype) {
+    case 0:
+      return f(float{});
+    case 1:
+      return f(__half{});
+    case 2:
+      return f(__nv_bfloat16{});
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
-cudaError_t Widen(const void* in, int dtype, float* out, int64_t n, cudaStream_t s) {
-  WidenKernel<<<Grid(n), kThreads, 0, s>>>(in, dtype, out, n);
+cudaError_t EmbedForward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const void* tok,
+                         const void* p1, const void* p2, int dtype, float* h0, cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    EmbedForwardKernel<T><<<RowGrid(N, H), kThreads, 0, s>>>(
+        x, seq, H, N, static_cast<const T*>(tok), static_cast<const T*>(p1),
+        static_cast<const T*>(p2), h0);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t EmbedBackward(const int32_t* order, const int32_t* offsets, int64_t V, int64_t seq,
+                          int64_t H, const float* dh, int dtype, void* g0, void* g1, void* g2,
+                          cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const dim3 grid(Blocks(H), static_cast<unsigned>(V));
+    EmbedBackwardKernel<T><<<grid, kThreads, 0, s>>>(
+        order, offsets, seq, H, dh, static_cast<T*>(g0), static_cast<T*>(g1), static_cast<T*>(g2));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t RmsForward(const float* h, int64_t N, int64_t H, int dtype, void* u_t, float* r,
+                       cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    RmsForwardKernel<T>
+        <<<static_cast<unsigned>(N), RowThreads(H), 0, s>>>(h, H, static_cast<T*>(u_t), r);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t RmsBackward(const float* h, const float* r, const float* du, int64_t N, int64_t H,
+                        bool accumulate, float* dh, cudaStream_t s) {
+  RmsBackwardKernel<<<static_cast<unsigned>(N), RowThreads(H), 0, s>>>(h, r, du, H,
+                                                                       accumulate ? 1 : 0, dh);
   return cudaGetLastError();
 }
-cudaError_t Narrow(const float* in, void* out, int dtype, int64_t n, cudaStream_t s) {
-  NarrowKernel<<<Grid(n), kThreads, 0, s>>>(in, out, dtype, n);
-  return cudaGetLastError();
+
+cudaError_t BiasGelu(const float* a, const void* b, int64_t N, int64_t F, int dtype, void* g_t,
+                     cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    BiasGeluKernel<T><<<RowGrid(N, F), kThreads, 0, s>>>(a, static_cast<const T*>(b), N, F,
+                                                         static_cast<T*>(g_t));
+    return cudaGetLastError();
+  });
 }
-cudaError_t EmbedForward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const float* tok, const float* p1,
-                         const float* p2, float* h0, cudaStream_t s) {
-  EmbedForwardKernel<<<Grid(N * H), kThreads, 0, s>>>(x, seq, H, N, tok, p1, p2, h0);
-  return cudaGetLastError();
+
+cudaError_t GeluBackwardBiasGrad(const float* a, const void* b, int64_t N, int64_t F, int dtype,
+                                 void* d_t, float* partial, void* db, cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const dim3 grid(Blocks(F), kColumnChunks);
+    GeluBackwardPartialKernel<T><<<grid, kThreads, 0, s>>>(a, static_cast<const T*>(b), N, F,
+                                                           static_cast<T*>(d_t), partial);
+    FinishColumnSumKernel<T><<<Blocks(F), kThreads, 0, s>>>(partial, F, static_cast<T*>(db));
+    return cudaGetLastError();
+  });
 }
-cudaError_t EmbedBackward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const float* dh, float* g0, float* g1,
-                          float* g2, cudaStream_t s) {
-  EmbedBackwardKernel<<<Grid(N * H), kThreads, 0, s>>>(x, seq, H, N, dh, g0, g1, g2);
-  return cudaGetLastError();
+
+cudaError_t ColumnSumCast(const float* x, int64_t N, int64_t C, int dtype, void* x_t,
+                          float* partial, void* db, cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const dim3 grid(Blocks(C), kColumnChunks);
+    ColumnSumCastPartialKernel<T><<<grid, kThreads, 0, s>>>(x, N, C, static_cast<T*>(x_t), partial);
+    FinishColumnSumKernel<T><<<Blocks(C), kThreads, 0, s>>>(partial, C, static_cast<T*>(db));
+    return cudaGetLastError();
+  });
 }
-cudaError_t RmsForward(const float* h, int64_t N, int64_t H, float* u, float* r, cudaStream_t s) {
-  RmsForwardKernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(h, H, u, r);
-  return cudaGetLastError();
+
+cudaError_t AddRowBias(const float* x, const void* b, int64_t N, int64_t C, int dtype, float* out,
+                       cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    AddRowBiasKernel<T><<<RowGrid(N, C), kThreads, 0, s>>>(x, static_cast<const T*>(b), N, C, out);
+    return cudaGetLastError();
+  });
 }
-cudaError_t RmsBackward(const float* u, const float* r, const float* du, int64_t N, int64_t H, bool accumulate,
-                        float* dh, cudaStream_t s) {
-  RmsBackwardKernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(u, r, du, H, accumulate ? 1 : 0, dh);
-  return cudaGetLastError();
-}
-cudaError_t BiasGelu(float* a, const float* b, int64_t N, int64_t F, float* g, cudaStream_t s) {
-  BiasGeluKernel<<<Grid(N * F), kThreads, 0, s>>>(a, b, N, F, g);
-  return cudaGetLastError();
-}
-cudaError_t GeluBackward(const float* a, float* dg, int64_t n, cudaStream_t s) {
-  GeluBackwardKernel<<<Grid(n), kThreads, 0, s>>>(a, dg, n);
-  return cudaGetLastError();
-}
-cudaError_t AddRowBias(const float* x, const float* b, int64_t N, int64_t C, float* out, cudaStream_t s) {
-  AddRowBiasKernel<<<Grid(N * C), kThreads, 0, s>>>(x, b, N, C, out);
-  return cudaGetLastError();
-}
-cudaError_t ColumnSum(const float* x, int64_t N, int64_t C, float* out, cudaStream_t s) {
-  ColumnSumKernel<<<Blocks(C), kThreads, 0, s>>>(x, N, C, out);
-  return cudaGetLastError();
-}
-cudaError_t SoftmaxXent(float* z, const int32_t* y, int64_t N, int64_t V, float scale, float* loss, cudaStream_t s) {
-  SoftmaxXentKernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(z, y, V, scale, loss);
-  return cudaGetLastError();
+
+cudaError_t SoftmaxXent(float* z, const void* b, int dtype, const int32_t* y, int64_t N, int64_t V,
+                        float scale, float* loss, cudaStream_t s) {
+  return Dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    SoftmaxXentKernel<T><<<static_cast<unsigned>(N), RowThreads(V), 0, s>>>(
+        z, static_cast<const T*>(b), y, V, scale, loss);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace strata::example::cuda

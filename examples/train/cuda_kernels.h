@@ -1,7 +1,13 @@
 // Launchers of the example model's CUDA kernels (cuda_kernels.cu). Each
-// enqueues on `s` and returns the launch status (cudaGetLastError()).
-// dtype: 0 fp32, 1 fp16, 2 bf16 (strata::DType values). Row-major fp32
-// activations, N rows (tokens); see model.h for the layouts.
+// enqueues on `s` and returns the launch status (cudaGetLastError()); none
+// synchronizes or allocates.
+//
+// dtype: 0 fp32, 1 fp16, 2 bf16 (strata::DType values). It is the type of the
+// parameters, of their gradients and of the GEMM operand copies the kernels
+// emit (`..._t` arguments: what cuBLAS reads with tensor cores when dtype is
+// fp16/bf16). The residual stream h, its gradient dh, the MLP pre-activation
+// a, the logits z and the rms factors are fp32. Row-major, N rows (tokens);
+// see model.h for the layouts.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,25 +16,46 @@
 
 namespace strata::example::cuda {
 
-// out = float(in) (a parameter, widened); out = narrow(in) (a gradient).
-cudaError_t Widen(const void* in, int dtype, float* out, int64_t n, cudaStream_t s);
-cudaError_t Narrow(const float* in, void* out, int dtype, int64_t n, cudaStream_t s);
-// h0[n] = tok[x_t] + p1[x_{t-1}] + p2[x_{t-2}]; backward scatter-adds (atomics) into zeroed tables.
-cudaError_t EmbedForward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const float* tok, const float* p1,
-                         const float* p2, float* h0, cudaStream_t s);
-cudaError_t EmbedBackward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const float* dh, float* g0, float* g1,
-                          float* g2, cudaStream_t s);
-// u = h / r, r = sqrt(mean(h²) + 1e-5) per row; backward dh (= or +=) (du − u·mean(du⊙u)) / r.
-cudaError_t RmsForward(const float* h, int64_t N, int64_t H, float* u, float* r, cudaStream_t s);
-cudaError_t RmsBackward(const float* u, const float* r, const float* du, int64_t N, int64_t H, bool accumulate,
-                        float* dh, cudaStream_t s);
-// a += b per column, g = gelu(a); dg *= gelu'(a).
-cudaError_t BiasGelu(float* a, const float* b, int64_t N, int64_t F, float* g, cudaStream_t s);
-cudaError_t GeluBackward(const float* a, float* dg, int64_t n, cudaStream_t s);
-// out = x + b per row (x may be null: out = b broadcast); out[j] = Σ_n x[n, j].
-cudaError_t AddRowBias(const float* x, const float* b, int64_t N, int64_t C, float* out, cudaStream_t s);
-cudaError_t ColumnSum(const float* x, int64_t N, int64_t C, float* out, cudaStream_t s);
-// loss[n] = logsumexp(z[n]) − z[n, y[n]]; z becomes (softmax(z) − onehot(y)) · scale.
-cudaError_t SoftmaxXent(float* z, const int32_t* y, int64_t N, int64_t V, float scale, float* loss, cudaStream_t s);
+// Column sums run in two passes: kColumnChunks blocks of rows each write a
+// partial sum per column into `partial` (kColumnChunks × C floats), then one
+// pass adds the chunks in order. Fixed chunking: the same bits on any GPU.
+inline constexpr int kColumnChunks = 32;
+
+// h0[n] = tok[x_n] + p1[x_{n-1}] + p2[x_{n-2}] (terms before a sequence's
+// start left out); tables in dtype.
+cudaError_t EmbedForward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const void* tok,
+                         const void* p1, const void* p2, int dtype, float* h0, cudaStream_t s);
+// Gradients of the three tables, written (not accumulated) in dtype:
+// g_k[v] = Σ dh[n + k] over the positions n with x_n = v whose sequence
+// reaches n + k. `order` lists the positions sorted by token (stable, so
+// ascending within a token) and `offsets` [V + 1] delimits each token's run:
+// a gather in position order, deterministic, no atomics.
+cudaError_t EmbedBackward(const int32_t* order, const int32_t* offsets, int64_t V, int64_t seq,
+                          int64_t H, const float* dh, int dtype, void* g0, void* g1, void* g2,
+                          cudaStream_t s);
+// r = sqrt(mean(h²) + 1e-5) per row; u_t = h / r in dtype (the GEMM operand).
+cudaError_t RmsForward(const float* h, int64_t N, int64_t H, int dtype, void* u_t, float* r,
+                       cudaStream_t s);
+// dh (= or +=) (du − u · mean(du ⊙ u)) / r with u = h / r recomputed in fp32.
+cudaError_t RmsBackward(const float* h, const float* r, const float* du, int64_t N, int64_t H,
+                        bool accumulate, float* dh, cudaStream_t s);
+// g_t = gelu(a + b) in dtype (b [F] in dtype; a, without the bias, is kept
+// for the backward pass).
+cudaError_t BiasGelu(const float* a, const void* b, int64_t N, int64_t F, int dtype, void* g_t,
+                     cudaStream_t s);
+// d_t: in, dg (dtype); out, da = dg ⊙ gelu'(a + b) (dtype, in place);
+// db[j] = Σ_n da[n, j] (fp32 sum of the unrounded da, stored in dtype).
+cudaError_t GeluBackwardBiasGrad(const float* a, const void* b, int64_t N, int64_t F, int dtype,
+                                 void* d_t, float* partial, void* db, cudaStream_t s);
+// db[j] = Σ_n x[n, j] stored in dtype; x_t = x in dtype unless x_t is null.
+cudaError_t ColumnSumCast(const float* x, int64_t N, int64_t C, int dtype, void* x_t,
+                          float* partial, void* db, cudaStream_t s);
+// out[n, j] = x[n, j] + b[j] (b in dtype).
+cudaError_t AddRowBias(const float* x, const void* b, int64_t N, int64_t C, int dtype, float* out,
+                       cudaStream_t s);
+// With z[n] += b (b [V] in dtype): loss[n] = logsumexp(z[n]) − z[n, y[n]];
+// z becomes (softmax(z) − onehot(y)) · scale.
+cudaError_t SoftmaxXent(float* z, const void* b, int dtype, const int32_t* y, int64_t N, int64_t V,
+                        float scale, float* loss, cudaStream_t s);
 
 }  // namespace strata::example::cuda

@@ -155,18 +155,18 @@ class HostBackend final : public Backend {
 
   Status Prepare() override {
     if (a_) return Status();
-    const int64_t N = s_.tokens(), H = s_.hidden, F = s_.ffn(), V = s_.vocab;
-    // One workspace: a, g [N × F]; u, du [N × H]; z [N × V]; rms [N] — a
-    // prefix of the CUDA backend's workspace, allocated at its full size so
-    // that the arena's layout matches the CUDA device's.
-    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(BackendWorkspaceBytes(s_)));
-    float* f = static_cast<float*>(base);
-    a_ = f, f += N * F;
-    g_ = f, f += N * F;
-    u_ = f, f += N * H;
-    du_ = f, f += N * H;
-    z_ = f, f += N * V;
-    rms_ = f;
+    // One workspace: a, g [N × F]; u, du [N × H]; z [N × V]; rms [N] — slots
+    // of the CUDA backend's workspace, allocated at its full size so that the
+    // arena's layout matches the CUDA device's.
+    const BackendLayout l = BackendWorkspaceLayout(s_);
+    STRATA_ASSIGN_OR_RETURN(void* base, alloc_(l.total));
+    char* b = static_cast<char*>(base);
+    a_ = reinterpret_cast<float*>(b + l.a);
+    g_ = reinterpret_cast<float*>(b + l.g);
+    u_ = reinterpret_cast<float*>(b + l.u);
+    du_ = reinterpret_cast<float*>(b + l.du);
+    z_ = reinterpret_cast<float*>(b + l.z);
+    rms_ = reinterpret_cast<float*>(b + l.rms);
     return Status();
   }
 

@@ -106,12 +106,31 @@ Model::~Model() {
   for (void* p : workspaces_) engine_->FreeWorkspace(p).IgnoreError();
 }
 
-int64_t BackendWorkspaceBytes(const ModelShape& s) {
+BackendLayout BackendWorkspaceLayout(const ModelShape& s) {
   const int64_t N = s.tokens(), H = s.hidden, F = s.ffn(), V = s.vocab;
-  const int64_t wmax = std::max(2 * F * H + F + H, 3 * V * H);
-  const int64_t floats = 2 * N * F + 2 * N * H + N * V + 2 * N + 2 * wmax;
-  return floats * 4 + 2 * N * 4;  // + the int32 tokens (inputs and targets)
+  BackendLayout l{};
+  int64_t at = 0;
+  auto slot = [&at](int64_t bytes) {
+    const int64_t offset = at;
+    at += (bytes + 255) / 256 * 256;
+    return offset;
+  };
+  l.a = slot(N * F * 4);
+  l.g = slot(N * F * 4);
+  l.u = slot(N * H * 4);
+  l.du = slot(N * H * 4);
+  l.z = slot(N * V * 4);
+  l.rms = slot(N * 4);
+  l.loss = slot(N * 4);
+  l.dht = slot(N * H * 4);
+  l.zt = slot(N * V * 4);
+  l.partial = slot(kBackendColumnChunks * std::max(F, V) * 4);
+  l.tokens = slot((3 * N + V + 1) * 4);
+  l.total = at;
+  return l;
 }
+
+int64_t BackendWorkspaceBytes(const ModelShape& s) { return BackendWorkspaceLayout(s).total; }
 
 StatusOr<std::unique_ptr<Model>> Model::Create(Engine* engine, const ModelShape& shape, DType dtype,
                                                uint64_t seed) {

@@ -16,9 +16,10 @@
 //
 // Compute: a Backend per device. The host backend (Engine::DeviceIsHost())
 // runs OpenBLAS sgemm on fp32 copies of the parameters plus plain loops; the
-// CUDA backend (built when STRATA_HAVE_CUDA) runs cuBLAS and a few kernels on
-// Engine::ComputeStream(). Activations (the residual stream of every layer,
-// the MLP scratch, the logits) are engine workspaces, counted against the HBM
+// CUDA backend (built when STRATA_HAVE_CUDA) runs cuBLAS GEMMs on the
+// parameters as they are (bf16/fp16 on tensor cores with fp32 accumulation,
+// fp32 without TF32) and fused kernels on Engine::ComputeStream(). Activations (the residual stream
+// of every layer, the MLP scratch, the logits) are engine workspaces, counted against the HBM
 // budget on both; the host backend's fp32 copies of one module's parameters
 // and gradients are plain host memory (a GPU reads bf16 directly).
 // Backward recomputes each block's MLP activations from its saved input
@@ -112,11 +113,27 @@ class Backend {
 // host memory in tests that run a backend without an engine.
 using WorkspaceFn = std::function<StatusOr<void*>(int64_t bytes)>;
 
-// Bytes of the one scratch workspace a backend asks for in Prepare(): the
-// CUDA backend's layout (activations a, g [N × F], u, du [N × H], z [N × V],
-// rms, loss [N]; fp32 weights and gradients of the largest module; the
-// tokens). The host backend asks for the same bytes (and uses a prefix), so
-// the HBM arena is laid out, and fragments, alike on both devices.
+// The one scratch workspace a backend asks for in Prepare(), as byte offsets
+// of its slots (each on a 256-byte boundary, sized for fp32 elements whatever
+// the parameter dtype, so the layout does not depend on it):
+//   a, g [N × F]     MLP pre-activation (fp32); gelu output, then its gradient
+//                    (the CUDA backend keeps these in the parameter dtype)
+//   u, du [N × H]    rms-normalized input (the GEMM operand), its gradient
+//   z [N × V]        logits, then d(loss·scale)/dz
+//   rms, loss [N]    rms factors, per-token losses
+//   dht [N × H]      the residual gradient in the parameter dtype (CUDA)
+//   zt [N × V]       dz in the parameter dtype (CUDA)
+//   partial          kBackendColumnChunks × max(F, V) column partial sums (CUDA)
+//   tokens           int32 inputs, targets [N], positions by token [N],
+//                    token offsets [V + 1]
+// The host backend uses a, g, u, du, z and rms and asks for the same bytes,
+// so the HBM arena is laid out, and fragments, alike on both devices.
+inline constexpr int kBackendColumnChunks = 32;
+struct BackendLayout {
+  int64_t a, g, u, du, z, rms, loss, dht, zt, partial, tokens;
+  int64_t total;  // bytes
+};
+BackendLayout BackendWorkspaceLayout(const ModelShape& shape);
 int64_t BackendWorkspaceBytes(const ModelShape& shape);
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc);
