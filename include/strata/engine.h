@@ -215,7 +215,10 @@ class Engine {
   // checkpoint, 2048 now"); the placement may differ. A missing, truncated or
   // corrupt file is DataLoss naming it and the checksums. Every file is
   // verified before anything is restored, so a refused checkpoint leaves the
-  // engine as it was. `info` (may be null) receives what was saved. Training
+  // engine as it was. Loading from a root directory also removes what an
+  // interrupted save left under it (a checkpoint without a manifest, or one
+  // beyond the two newest), as that save would have. `info` (may be null)
+  // receives what was saved. Training
   // then continues bitwise as the run that saved it. Cost: every file is read
   // twice (verify, restore) and the states are written to where they live.
   virtual Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) = 0;

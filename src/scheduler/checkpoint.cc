@@ -546,6 +546,12 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
                     "restored: load again or recreate the engine",
                     dir, s.ToString()));
   meta.bytes = params_file.bytes + states_file.bytes;
+  // A resume tidies what a crash left under the root, as the save it
+  // interrupted would have: directories without a manifest and checkpoints
+  // beyond the newest kCheckpointsKept, none newer than the one loaded.
+  if (dir != root)
+    for (const Entry& e : Scan(root))
+      if (e.path == dir) RemoveOld(root, e.seq);
   return meta;
 }
 

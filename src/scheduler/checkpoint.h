@@ -35,7 +35,9 @@
 // engine's config and layout (the first difference is named), then every file's
 // size and CRC-32C are verified, and only then are the states restored (the
 // files are read a second time, checksummed again). A refusal leaves the
-// engine's states untouched.
+// engine's states untouched. Loaded from a root, it then removes what an
+// interrupted save left there (a directory without a manifest, a third
+// checkpoint), as that save would have.
 //
 // Test knob (src/common/env_param.h): STRATA_CHECKPOINT_CRASH_AT=data |
 // manifest_tmp | rename | cleanup kills the process (SIGKILL) at that point

@@ -370,6 +370,30 @@ TEST(CheckpointTest, CorruptTruncatedAndHalfWrittenCheckpoints) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
 }
 
+TEST(CheckpointTest, ResumeRemovesWhatAnInterruptedCleanupLeft) {
+  // A save of checkpoint 4 killed after its rename, while removing number 2
+  // (its manifest gone, its data left): a resume that has nothing left to
+  // train saves nothing, so the load itself tidies: 3 and 4 are left.
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  auto e = SavedEngine(c, root, /*saves=*/3);
+  fs::copy(root + "/ckpt-00000003", root + "/ckpt-00000004");
+  ASSERT_TRUE(fs::remove(root + "/ckpt-00000002/MANIFEST.json"));
+  CheckpointInfo info;
+  Status s = e->LoadCheckpoint(root, &info);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(info.path, root + "/ckpt-00000004");
+  std::vector<std::string> left;
+  for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_THAT(left, ::testing::ElementsAre("ckpt-00000003", "ckpt-00000004"));
+  // Pointed at one checkpoint directly, the loader leaves its siblings alone.
+  fs::create_directory(root + "/ckpt-00000001");
+  ASSERT_TRUE(e->LoadCheckpoint(root + "/ckpt-00000003", &info).ok());
+  EXPECT_TRUE(fs::exists(root + "/ckpt-00000001"));
+}
+
 TEST(CheckpointTest, SaveInTheMiddleOfAWindowIsRefused) {
   testing::ScratchDir dir;
   Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
