@@ -344,12 +344,26 @@ Status ParamFetcher::WaitResident(int m) {
 Status ParamFetcher::Prefetch() {
   if (!params_offloaded() || !trace_->following()) return Status();
   int64_t live = live_elems();
+  // As the plan (ComputeTierPlan) reserves slots for: the live limit, but at
+  // least the two largest offloaded modules (one in use and the next). Below
+  // that no fetch could overlap a module's compute.
+  int64_t largest = 0, second = 0;
+  for (const ModuleExtent& me : layout_->modules()) {
+    if (me.persistent) continue;
+    if (me.elems() > largest) {
+      second = largest;
+      largest = me.elems();
+    } else if (me.elems() > second) {
+      second = me.elems();
+    }
+  }
+  const int64_t max_live = std::max(opts_.max_live_elems, largest + second);
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);
     Slot& s = slots_[static_cast<size_t>(next)];
     if (s.residency != Residency::kAbsent) continue;
     if (gate_->reading_next_params() && !gate_->module_ready(next)) break;  // not reached yet
-    if (!me.persistent && live + me.elems() > opts_.max_live_elems) break;
+    if (!me.persistent && live + me.elems() > max_live) break;
     RETURN_IF_ERROR(Fetch(next, true));
     if (s.residency == Residency::kAbsent) break;  // no room now: stop here
     live += me.persistent ? 0 : me.elems();

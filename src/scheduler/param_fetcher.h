@@ -6,7 +6,9 @@
 // device buffers taken from a slot pool laid out once by the plan (evicting
 // cached modules whose next use is furthest away when every slot is taken), prefetch of the modules
 // the recorded trace says come next (within stage3_prefetch_bucket_size and
-// stage3_max_live_parameters), release after use unless reused soon
+// stage3_max_live_parameters, which counts as at least the two largest
+// offloaded modules: the one in use and the next, as the plan reserves
+// slots for), release after use unless reused soon
 // (stage3_max_reuse_distance), and frees deferred until the device has passed
 // the last use. It also hands out the modules' gradient buffers.
 //
@@ -53,7 +55,7 @@ class StepGate {
 
 struct FetchOptions {
   int64_t prefetch_bucket_elems = 0;  // stage3_prefetch_bucket_size
-  int64_t max_live_elems = 0;         // stage3_max_live_parameters
+  int64_t max_live_elems = 0;         // stage3_max_live_parameters (floor: see above)
   int64_t max_reuse_distance = 0;     // stage3_max_reuse_distance (elements)
   // Device slots (TierPlan::device_slots); 0: as many as the arena's largest
   // free block holds, at least 2.

@@ -305,6 +305,24 @@ TEST_P(FetcherTest, PrefetchStopsAtTheLiveLimitAndAtAStepNotYetThere) {
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2, 3, 4}));
 }
 
+TEST_P(FetcherTest, ALiveLimitBelowTwoModulesStillPrefetchesTheNext) {
+  // stage3_max_live_parameters smaller than one module: the module in use and
+  // the next still fit (the plan reserved their slots), a third does not.
+  ASSERT_NO_FATAL_FAILURE(Build(Params(6, false), 1 << 20, Unlimited()));
+  const std::vector<int> order = {0, 1, 2, 3, 4, 5};
+  FetchOptions fo = Unlimited();
+  fo.max_live_elems = layout_.module(0).elems() / 2;
+  ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
+  ASSERT_NO_FATAL_FAILURE(Record(order));
+  ASSERT_NO_FATAL_FAILURE(Use(0, false));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1}));
+  ASSERT_OK(fetcher_->FinishUse(0));
+  ASSERT_NO_FATAL_FAILURE(Use(1, false));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{1, 2}));
+}
+
 // Room for three modules. Modules 0, 1, 2 are cached (reused later in the
 // trace) when 3 is needed: the one whose next use is furthest (1) goes, not
 // the least (0) or most (2) recently used.
