@@ -151,40 +151,47 @@ std::vector<float> ConsumeFloats(const py::capsule& cap, int64_t numel, const st
 
 // ---- Engine ----------------------------------------------------------------
 
+// The fields of AutoValues by their Python names (strata.initialize's
+// auto_values), one table for parsing and for the error that lists them.
+template <typename T>
+using AutoField = std::optional<T> AutoValues::*;
+struct AutoKey {
+  const char* name;
+  AutoField<int64_t> count = nullptr;
+  AutoField<double> number = nullptr;
+  AutoField<bool> flag = nullptr;
+};
+const AutoKey kAutoKeys[] = {
+    {"train_batch_size", &AutoValues::train_batch_size},
+    {"train_micro_batch_size_per_gpu", &AutoValues::train_micro_batch_size_per_gpu},
+    {"gradient_accumulation_steps", &AutoValues::gradient_accumulation_steps},
+    {"gradient_clipping", nullptr, &AutoValues::gradient_clipping},
+    {"lr", nullptr, &AutoValues::lr},
+    {"beta1", nullptr, &AutoValues::beta1},
+    {"beta2", nullptr, &AutoValues::beta2},
+    {"eps", nullptr, &AutoValues::eps},
+    {"weight_decay", nullptr, &AutoValues::weight_decay},
+    {"fp16_enabled", nullptr, nullptr, &AutoValues::fp16_enabled},
+    {"bf16_enabled", nullptr, nullptr, &AutoValues::bf16_enabled},
+};
+
 AutoValues ToAutoValues(const py::dict& d) {
   AutoValues a;
   for (const auto& [k, v] : d) {
     const std::string key = py::str(k);
     if (v.is_none()) continue;
-    if (key == "train_batch_size") {
-      a.train_batch_size = v.cast<int64_t>();
-    } else if (key == "train_micro_batch_size_per_gpu") {
-      a.train_micro_batch_size_per_gpu = v.cast<int64_t>();
-    } else if (key == "gradient_accumulation_steps") {
-      a.gradient_accumulation_steps = v.cast<int64_t>();
-    } else if (key == "gradient_clipping") {
-      a.gradient_clipping = v.cast<double>();
-    } else if (key == "lr") {
-      a.lr = v.cast<double>();
-    } else if (key == "beta1") {
-      a.beta1 = v.cast<double>();
-    } else if (key == "beta2") {
-      a.beta2 = v.cast<double>();
-    } else if (key == "eps") {
-      a.eps = v.cast<double>();
-    } else if (key == "weight_decay") {
-      a.weight_decay = v.cast<double>();
-    } else if (key == "fp16_enabled") {
-      a.fp16_enabled = v.cast<bool>();
-    } else if (key == "bf16_enabled") {
-      a.bf16_enabled = v.cast<bool>();
-    } else {
-      throw StatusException{InvalidArgumentError(
-          "auto value '" + key +
-          "': not one of train_batch_size, train_micro_batch_size_per_gpu, "
-          "gradient_accumulation_steps, gradient_clipping, lr, beta1, beta2, eps, weight_decay, "
-          "fp16_enabled, bf16_enabled")};
+    const AutoKey* f = nullptr;
+    for (const AutoKey& candidate : kAutoKeys)
+      if (key == candidate.name) f = &candidate;
+    if (f == nullptr) {
+      std::string names;
+      for (const AutoKey& candidate : kAutoKeys)
+        names += std::string(names.empty() ? "" : ", ") + candidate.name;
+      throw StatusException{InvalidArgumentError("auto value '" + key + "': not one of " + names)};
     }
+    if (f->count) a.*(f->count) = v.cast<int64_t>();
+    if (f->number) a.*(f->number) = v.cast<double>();
+    if (f->flag) a.*(f->flag) = v.cast<bool>();
   }
   return a;
 }

@@ -112,34 +112,20 @@ class _SavedView:
         self.stride = stride
 
 
-class _PreBackward(torch.autograd.Function):
-    """Identity on a module's outputs; its backward runs before the module's."""
+class _OnBackward(torch.autograd.Function):
+    """Identity on some tensors; its backward calls `callback` before passing
+    their gradients on. Around a module's outputs it runs before the module's
+    backward; around its inputs, after."""
 
     @staticmethod
-    def forward(ctx, frontend, group, *tensors):
-        ctx.frontend = frontend
-        ctx.group = group
+    def forward(ctx, callback, *tensors):
+        ctx.callback = callback
         return tuple(t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.frontend._enter_backward(ctx.group)
-        return (None, None) + grads
-
-
-class _PostBackward(torch.autograd.Function):
-    """Identity on a module's inputs; its backward runs after the module's."""
-
-    @staticmethod
-    def forward(ctx, frontend, group, *tensors):
-        ctx.frontend = frontend
-        ctx.group = group
-        return tuple(t.detach() for t in tensors)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.frontend._exit_backward(ctx.group)
-        return (None, None) + grads
+        ctx.callback()
+        return (None,) + grads
 
 
 def _collect(output, out):
@@ -417,20 +403,22 @@ class Engine:
         if g.fwd_depth > 0 or g.bwd_depth > 0:  # still in use
             self._hold(g)
 
-    def _wrap(self, fn, g, structure):
-        """structure with its tensors that need a gradient passed through fn."""
+    @staticmethod
+    def _wrap(structure, callback):
+        """structure with its tensors that need a gradient passed through
+        _OnBackward(callback)."""
         tensors = []
         _collect(structure, tensors)
         if not tensors:
             return structure
-        wrapped = fn.apply(self, g, *tensors)
+        wrapped = _OnBackward.apply(callback, *tensors)
         return _replace(structure, {id(t): w for t, w in zip(tensors, wrapped)})
 
     def _make_pre_forward(self, g):
         def hook(module, inputs):
             self._enter_forward(g)
             if torch.is_grad_enabled():
-                return self._wrap(_PostBackward, g, inputs)
+                return self._wrap(inputs, lambda: self._exit_backward(g))
             return None
 
         return hook
@@ -438,7 +426,7 @@ class Engine:
     def _make_post_forward(self, g):
         def hook(module, inputs, output):
             if torch.is_grad_enabled():
-                output = self._wrap(_PreBackward, g, output)
+                output = self._wrap(output, lambda: self._enter_backward(g))
             self._exit_forward(g)
             return output
 

@@ -344,3 +344,17 @@ def test_bad_config_raises_with_the_key_path():
     cfg["strata"]["hbm_budget"] = "64K"
     with pytest.raises(strata.ResourceExhaustedError, match="hbm"):
         strata.initialize(GPT(), cfg)
+
+
+def test_auto_values_fill_the_configs_auto_keys():
+    cfg = config()
+    cfg["optimizer"]["params"]["lr"] = "auto"
+    cfg["gradient_accumulation_steps"] = "auto"
+    eff = strata.parse_config(cfg, {"lr": 0.25, "gradient_accumulation_steps": 3})
+    assert eff["optimizer"]["params"]["lr"] == 0.25
+    assert eff["gradient_accumulation_steps"] == 3
+    engine = strata.initialize(GPT(), cfg, auto_values={"lr": 0.25,
+                                                        "gradient_accumulation_steps": 3})
+    assert engine.gradient_accumulation_steps == 3
+    with pytest.raises(strata.InvalidArgumentError, match="auto value 'learning_rate'"):
+        strata.parse_config(cfg, {"learning_rate": 1.0})
