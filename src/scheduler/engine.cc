@@ -304,7 +304,7 @@ Status EngineImpl::Plan() {
   }
   if (!device_optimizer_ && !placement.delayed_param_update && placement.fold_override != 0) {
     const int64_t elems =
-        std::clamp<int64_t>(layout_.total_elems(), int64_t{1} << 18, int64_t{1} << 22);
+        std::clamp<int64_t>(layout_.total_elems(), int64_t{1} << 18, int64_t{1} << 24);
     ASSIGN_OR_RETURN(facts.accumulate_gbps, scheduler::MeasureAccumulateRate(adam_.get(), elems));
   }
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
