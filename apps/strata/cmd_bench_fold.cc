@@ -169,7 +169,7 @@ int RunBenchFold(const BenchFoldArgs& args) {
   std::printf(
       "strata bench fold: %zu elements, AdamW bf16 grads -> bf16 copy, %d micro-batch(es), %d "
       "threads, isa %s, %d reps (medians), load %.2f-%.2f\n",
-      n, opt->get()->threads(), std::string(opt->get()->isa()).c_str(), args.micro_batches,
+      n, args.micro_batches, opt->get()->threads(), std::string(opt->get()->isa()).c_str(),
       args.reps, load_before, load_after);
   std::printf("  accumulate + step + zero  %8.4f s  %2d B/element  %6.1f GB/s\n", a, bytes_acc,
               static_cast<double>(n) * bytes_acc / a * 1e-9);
