@@ -418,7 +418,7 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
 
 std::string ResultTable(const TrainResult& r) {
   std::ostringstream o;
-  char buf[256];
+  char buf[1024];  // the plan rows are long
   const double step_time = MedianStepTime(r);
   std::snprintf(buf, sizeof(buf), "\nstrata train: %zu steps on %s, %.2fM parameters (%s)\n",
                 r.losses.size(), r.device.c_str(), static_cast<double>(r.parameters) * 1e-6,
@@ -480,6 +480,17 @@ std::string ResultTable(const TrainResult& r) {
                     Human(static_cast<double>(r.pinned_high_water_bytes)).c_str(),
                     Human(static_cast<double>(b.needed_bytes)).c_str(), b.detail.c_str());
       o << buf;
+    }
+  // The plan's gradient path: the part of the pinned or dram row that says
+  // whether the last micro-batch is folded into the optimizer.
+  for (const TierBudget& b : r.budgets)
+    for (const char* key : {"gradient landing ", "last micro-batch accumulated "}) {
+      const size_t at = b.detail.find(key);
+      if (at == std::string::npos) continue;
+      const size_t end = b.detail.find(" + ", at);
+      o << "  gradients         "
+        << b.detail.substr(at, end == std::string::npos ? std::string::npos : end - at) << " ["
+        << b.tier << "]\n";
     }
   for (const TierBudget& b : r.budgets)
     if (b.tier == "nvme") {

@@ -177,6 +177,10 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
   if (needs_m) add(s.exp_avg, s.count * 4, "exp_avg");
   if (needs_v) add(s.exp_avg_sq, s.count * 4, "exp_avg_sq");
   if (s.copy_out) add(s.copy_out, s.count * DTypeSize(s.copy_dtype), "copy_out");
+  if (s.fold && s.check_finite)
+    return InvalidArgumentError(ShardName(i) +
+                                ": check_finite is not supported with fold (check the sum first)");
+  if (s.fold && s.fold_acc != nullptr) add(s.fold_acc, s.count * 4, "fold_acc");
   for (size_t a = 0; a < ranges.size(); ++a) {
     for (size_t b = a + 1; b < ranges.size(); ++b) {
       if (ranges[a].lo < ranges[b].hi && ranges[b].lo < ranges[a].hi) {
@@ -193,8 +197,10 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
              ? CopyOut::kFp32
              : (s.copy_dtype == DType::kFp16 ? CopyOut::kFp16 : CopyOut::kBf16);
   }
-  out->fn = table.step[static_cast<int>(op)][static_cast<int>(s.grad_dtype)][static_cast<int>(co)];
+  const auto& fns = s.fold ? table.step_fold : table.step;
+  out->fn = fns[static_cast<int>(op)][static_cast<int>(s.grad_dtype)][static_cast<int>(co)];
   KernelArgs& a = out->base;
+  a.fold = s.fold ? s.fold_acc : nullptr;
   a.param = s.param;
   a.grad = s.grad;
   // Adagrad keeps its sum in exp_avg_sq; the kernels call it state0.
@@ -234,6 +240,7 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
       a.grad = static_cast<const char*>(p.base.grad) + off * p.grad_bytes;
       a.state0 += off;
       if (a.state1) a.state1 += off;
+      if (a.fold) a.fold += off;
       if (a.copy_out) a.copy_out = static_cast<char*>(a.copy_out) + off * p.copy_bytes;
       if (!p.fn(a, p.check)) bad[k].store(true, std::memory_order_relaxed);
     }

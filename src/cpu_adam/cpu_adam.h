@@ -90,6 +90,16 @@ struct ShardStep {
   // every other chunk is updated. For PyTorch's all-or-nothing "skip the
   // step" use AllFinite() before stepping (a read-only pass over the grads).
   bool check_finite = false;
+  // Fold the window's last micro-batch into the step (no accumulation pass
+  // for it): the gradient stepped with is the fp32 sum fold_acc[i] +
+  // float(grad[i]) — one fp32 add, rounded, before the grad_scale multiply —
+  // bitwise what Accumulate(fold_acc, grad) followed by a step with
+  // grad = fold_acc (fp32) gives. fold_acc null: 0.f + float(grad[i]), a
+  // zeroed accumulator's sum (-0 becomes +0). fold_acc (count fp32, read
+  // only) must not overlap param, states or copy_out. Not with check_finite
+  // (InvalidArgument): check the sum beforehand.
+  bool fold = false;
+  const float* fold_acc = nullptr;
 };
 
 struct StepResult {

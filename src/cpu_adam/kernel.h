@@ -50,6 +50,11 @@ struct KernelArgs {
   float* state0 = nullptr;   // Adam: exp_avg;    Adagrad: sum;  Lion: exp_avg
   float* state1 = nullptr;   // Adam: exp_avg_sq; Adagrad, Lion: unused (null)
   void* copy_out = nullptr;  // null when copy == kNone
+  // The step_fold kernels only: the gradient is fold[i] + float(grad[i]) (one
+  // fp32 add, before the grad_scale multiply), or 0.f + float(grad[i]) when
+  // fold is null — exactly what accumulate[] into fold (or into a zeroed
+  // accumulator) followed by a step on the fp32 sum computes. Read only.
+  const float* fold = nullptr;
   size_t n = 0;
   Coeffs c;
   // Non-temporal stores (where the address is vector-aligned) for the
@@ -78,6 +83,10 @@ struct KernelTable {
   size_t lanes;          // fp32 lanes per vector (1 for scalar)
   // step[op][grad dtype][copy-out]
   StepFn step[kNumKernelOps][3][kNumCopyOuts];
+  // The same with the window's last micro-batch folded in (KernelArgs::fold):
+  // reads fold (4 bytes, unless null) beside the grad. check_finite is not
+  // supported (cpu_adam.cc refuses it).
+  StepFn step_fold[kNumKernelOps][3][kNumCopyOuts];
   CheckFn check[3];            // by grad dtype
   AccumulateFn accumulate[3];  // by grad dtype
   // Benchmark only: the same loads and stores as accumulate[] with trivial

@@ -141,18 +141,34 @@ constexpr size_t CopyBytes(CopyOut co) {
 
 // ---- The kernels -----------------------------------------------------------
 
-template <class A, KernelOp OP, int GD, CopyOut CO>
+// The gradient a fused kernel steps with: kNoFold reads grad alone; the fold
+// kinds add it to the window's fp32 accumulator first (kFoldAcc: acc[i] +
+// float(grad[i])) or to a zeroed one (kFoldZero: 0.f + float(grad[i]), which
+// is not an identity: -0 becomes +0, as `acc += g` on a zeroed acc gives).
+enum FoldKind : int { kNoFold = 0, kFoldAcc = 1, kFoldZero = 2 };
+
+template <class A, int GD, int F>
+inline BF<A> LoadFoldedGrad(const void* g, const float* f, size_t i) {
+  const BF<A> x = LoadGrad<A, GD>(g, i);
+  if constexpr (F == kFoldAcc) return BF<A>::load_unaligned(f + i) + x;  // acc + g, as acc += g
+  if constexpr (F == kFoldZero) return BF<A>(0.f) + x;                   // a zeroed acc += g
+  return x;
+}
+
+// FOLD: the step_fold table entries (KernelArgs::fold), else step[].
+template <class A, KernelOp OP, int GD, CopyOut CO, bool FOLD = false>
 struct FusedKernel {
   using B = BF<A>;
   static constexpr size_t W = B::size;
 
   // Updates the W elements at index i. Pointers may be the real arrays or a
   // padded stack copy (the tail); the arithmetic is the same either way.
-  template <bool kWithCopy = true>
-  static inline void Vec(float* p_, const void* g_, float* s0_, float* s1_, void* cp_, size_t i,
-                         const Coeffs& c, bool nt, bool nt_copy) {
+  template <int F, bool kWithCopy = true>
+  static inline void Vec(float* p_, const void* g_, const float* f_, float* s0_, float* s1_,
+                         void* cp_, size_t i, const Coeffs& c, bool nt, bool nt_copy) {
     B p = B::load_unaligned(p_ + i);
-    B g = LoadGrad<A, GD>(g_, i) * B(c.grad_scale);  // unscale and clip in one multiply
+    B g =
+        LoadFoldedGrad<A, GD, F>(g_, f_, i) * B(c.grad_scale);  // unscale and clip in one multiply
     if constexpr (OP == KernelOp::kAdam || OP == KernelOp::kAdamW) {
       B m = B::load_unaligned(s0_ + i);
       B v = B::load_unaligned(s1_ + i);
@@ -197,11 +213,13 @@ struct FusedKernel {
   static constexpr bool kHasS1 =
       OP == KernelOp::kAdam || OP == KernelOp::kAdamW || OP == KernelOp::kRoofline;
 
-  // Elements [off, off + n).
-  static inline void Range(const KernelArgs& a, size_t off, size_t n) {
+  // Elements [off, off + n), the gradient folded as F says.
+  template <int F>
+  static inline void RangeF(const KernelArgs& a, size_t off, size_t n) {
     const size_t body = n / W * W;
     float* const p = a.param + off;
     const void* const g = static_cast<const char*>(a.grad) + off * GradBytes(GD);
+    const float* const f = F == kFoldAcc ? a.fold + off : nullptr;
     float* const s0 = a.state0 + off;
     float* const s1 = kHasS1 ? a.state1 + off : nullptr;
     void* const cp =
@@ -211,7 +229,7 @@ struct FusedKernel {
     const Coeffs c = a.c;
     const bool nt_state = a.stream_state, nt_copy = a.stream_copy;
     if constexpr (CO == CopyOut::kNone) {
-      for (size_t i = 0; i < body; i += W) Vec(p, g, s0, s1, cp, i, c, nt_state, nt_copy);
+      for (size_t i = 0; i < body; i += W) Vec<F>(p, g, f, s0, s1, cp, i, c, nt_state, nt_copy);
     } else {
       // The copy is converted from the just-written master while it is still
       // in L1, one sub-chunk later: a short independent loop instead of more
@@ -221,7 +239,8 @@ struct FusedKernel {
       constexpr size_t kSub = 256;  // 1 KiB of param: stays in L1
       for (size_t s = 0; s < body; s += kSub) {
         const size_t e = std::min(body, s + kSub);
-        for (size_t i = s; i < e; i += W) Vec<false>(p, g, s0, s1, cp, i, c, nt_state, nt_copy);
+        for (size_t i = s; i < e; i += W)
+          Vec<F, false>(p, g, f, s0, s1, cp, i, c, nt_state, nt_copy);
         for (size_t i = s; i < e; i += W)
           StoreCopy<A, CO>(cp, i, B::load_unaligned(p + i), nt_copy);
       }
@@ -231,17 +250,28 @@ struct FusedKernel {
     // Tail: the same vector code on a zero-padded copy (zeros keep the
     // padding lanes finite; their results are discarded).
     alignas(64) float tp[W] = {}, ts0[W] = {}, ts1[W] = {}, tcp[W] = {};
-    alignas(64) float tg[W] = {};
+    alignas(64) float tg[W] = {}, tf[W] = {};
     std::memcpy(tp, p + body, rem * 4);
+    if constexpr (F == kFoldAcc) std::memcpy(tf, f + body, rem * 4);
     std::memcpy(tg, static_cast<const char*>(g) + body * GradBytes(GD), rem * GradBytes(GD));
     std::memcpy(ts0, s0 + body, rem * 4);
     if constexpr (kHasS1) std::memcpy(ts1, s1 + body, rem * 4);
-    Vec(tp, tg, ts0, ts1, tcp, 0, c, false, false);
+    Vec<F>(tp, tg, tf, ts0, ts1, tcp, 0, c, false, false);
     std::memcpy(p + body, tp, rem * 4);
     std::memcpy(s0 + body, ts0, rem * 4);
     if constexpr (kHasS1) std::memcpy(s1 + body, ts1, rem * 4);
     if constexpr (CO != CopyOut::kNone)
       std::memcpy(static_cast<char*>(cp) + body * CopyBytes(CO), tcp, rem * CopyBytes(CO));
+  }
+
+  static inline void Range(const KernelArgs& a, size_t off, size_t n) {
+    if constexpr (!FOLD) {
+      RangeF<kNoFold>(a, off, n);
+    } else if (a.fold != nullptr) {
+      RangeF<kFoldAcc>(a, off, n);
+    } else {
+      RangeF<kFoldZero>(a, off, n);
+    }
   }
 
   static bool Run(const KernelArgs& a, bool check_finite);
@@ -268,10 +298,10 @@ inline bool RangeFinite(const void* g, size_t n, float scale) {
   return xsimd::all(acc == acc);  // == is ordered: false for NaN (xsimd's != is NEQ_OQ, also false)
 }
 
-template <class A, KernelOp OP, int GD, CopyOut CO>
-bool FusedKernel<A, OP, GD, CO>::Run(const KernelArgs& a, bool check_finite) {
+template <class A, KernelOp OP, int GD, CopyOut CO, bool FOLD>
+bool FusedKernel<A, OP, GD, CO, FOLD>::Run(const KernelArgs& a, bool check_finite) {
   bool finite = true;
-  if (!check_finite) {
+  if (FOLD || !check_finite) {  // check_finite is refused with a fold (cpu_adam.cc)
     Range(a, 0, a.n);
   } else {
     for (size_t off = 0; off < a.n; off += kCheckChunk) {
@@ -414,6 +444,14 @@ constexpr void FillCopies(KernelTable& t) {
   t.step[int(OP)][GD][int(CopyOut::kFp32)] = &FusedKernel<A, OP, GD, CopyOut::kFp32>::Run;
   t.step[int(OP)][GD][int(CopyOut::kFp16)] = &FusedKernel<A, OP, GD, CopyOut::kFp16>::Run;
   t.step[int(OP)][GD][int(CopyOut::kBf16)] = &FusedKernel<A, OP, GD, CopyOut::kBf16>::Run;
+  t.step_fold[int(OP)][GD][int(CopyOut::kNone)] =
+      &FusedKernel<A, OP, GD, CopyOut::kNone, true>::Run;
+  t.step_fold[int(OP)][GD][int(CopyOut::kFp32)] =
+      &FusedKernel<A, OP, GD, CopyOut::kFp32, true>::Run;
+  t.step_fold[int(OP)][GD][int(CopyOut::kFp16)] =
+      &FusedKernel<A, OP, GD, CopyOut::kFp16, true>::Run;
+  t.step_fold[int(OP)][GD][int(CopyOut::kBf16)] =
+      &FusedKernel<A, OP, GD, CopyOut::kBf16, true>::Run;
 }
 template <class A, KernelOp OP>
 constexpr void FillGrads(KernelTable& t) {

@@ -36,12 +36,16 @@ inline void StoreC(void* out, size_t i, float x) {
     static_cast<uint16_t*>(out)[i] = FloatToBf16Bits(x);
 }
 
-template <KernelOp OP, int GD, CopyOut CO>
+// FOLD: the step_fold kernels — the gradient is fold[i] + grad[i] (fold
+// null: 0.f + grad[i]), one add as the accumulation does, then scaled.
+template <KernelOp OP, int GD, CopyOut CO, bool FOLD = false>
 void ScalarRange(const KernelArgs& a, size_t off, size_t n) {
   const Coeffs& c = a.c;
   for (size_t i = off; i < off + n; ++i) {
     float p = a.param[i];
-    float g = LoadG<GD>(a.grad, i) * c.grad_scale;
+    float g = LoadG<GD>(a.grad, i);
+    if constexpr (FOLD) g = (a.fold != nullptr ? a.fold[i] : 0.f) + g;
+    g = g * c.grad_scale;
     if constexpr (OP == KernelOp::kAdam || OP == KernelOp::kAdamW) {
       float m = a.state0[i];
       float v = a.state1[i];
@@ -112,10 +116,10 @@ void ScalarAccumulateRoofline(float* acc, const void* grad, size_t n) {
   }
 }
 
-template <KernelOp OP, int GD, CopyOut CO>
+template <KernelOp OP, int GD, CopyOut CO, bool FOLD = false>
 bool ScalarRun(const KernelArgs& a, bool check_finite) {
-  if (!check_finite) {
-    ScalarRange<OP, GD, CO>(a, 0, a.n);
+  if (FOLD || !check_finite) {  // check_finite is refused with a fold (cpu_adam.cc)
+    ScalarRange<OP, GD, CO, FOLD>(a, 0, a.n);
     return true;
   }
   bool finite = true;
@@ -137,6 +141,10 @@ void Fill(KernelTable& t) {
   t.step[int(OP)][GD][1] = &ScalarRun<OP, GD, CopyOut::kFp32>;
   t.step[int(OP)][GD][2] = &ScalarRun<OP, GD, CopyOut::kFp16>;
   t.step[int(OP)][GD][3] = &ScalarRun<OP, GD, CopyOut::kBf16>;
+  t.step_fold[int(OP)][GD][0] = &ScalarRun<OP, GD, CopyOut::kNone, true>;
+  t.step_fold[int(OP)][GD][1] = &ScalarRun<OP, GD, CopyOut::kFp32, true>;
+  t.step_fold[int(OP)][GD][2] = &ScalarRun<OP, GD, CopyOut::kFp16, true>;
+  t.step_fold[int(OP)][GD][3] = &ScalarRun<OP, GD, CopyOut::kBf16, true>;
 }
 template <KernelOp OP>
 void FillAll(KernelTable& t) {

@@ -29,6 +29,7 @@
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/dtype.h"
+#include "src/common/env_param.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
@@ -163,6 +164,7 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   int64_t optimizer_steps_ = 0;
   int micro_batches_ = 0;
   bool grads_since_launch_ = false;  // gradients were handed over since LaunchStep
+  bool fold_ = false;                // the plan folds the last micro-batch (plan.h)
   StepStats last_;
 };
 
@@ -287,24 +289,35 @@ Status EngineImpl::Plan() {
     RETURN_IF_ERROR(nvme::RemoveLeftoverSwapFiles(p).status());
   scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
   placement.device_optimizer = device_optimizer_;
+  const std::string fold = EnvString("STRATA_FOLD_GRADS", "auto");
+  placement.fold_override = fold == "on" ? 1 : (fold == "off" ? 0 : -1);
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
-  const scheduler::TierPlan plan = scheduler::ComputeTierPlan(
-      placement, sizes,
+  scheduler::TierFacts facts =
       scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
-                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_)));
-  budgets_ = plan.budgets;
-  if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
-
-  // The pinned link rates the step bound uses (a few MiB each way).
+                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_));
+  // The link rates the step bound and the gradient path use (pinned copies
+  // of a few MiB each way, one pageable), and the accumulation rate.
   const int64_t probe = std::min<int64_t>(
       int64_t{16} << 20, static_cast<int64_t>(dev_->Stats().largest_free_bytes) / 2 / 4096 * 4096);
   if (probe >= (int64_t{64} << 10)) {
     ASSIGN_OR_RETURN(scheduler::LinkRates rates, scheduler::MeasureLinkRates(dev_.get(), probe));
     counters_.SetLinkRates(rates.h2d_gbytes_per_s, rates.d2h_gbytes_per_s);
+    facts.d2h_pinned_gbps = rates.d2h_gbytes_per_s;
+    facts.d2h_pageable_gbps = rates.d2h_pageable_gbytes_per_s;
   }
+  if (!device_optimizer_ && !placement.delayed_param_update && placement.fold_override != 0) {
+    const int64_t elems =
+        std::clamp<int64_t>(layout_.total_elems(), int64_t{1} << 18, int64_t{1} << 24);
+    ASSIGN_OR_RETURN(facts.accumulate_gbps, scheduler::MeasureAccumulateRate(adam_.get(), elems));
+  }
+  const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
+  budgets_ = plan.budgets;
+  if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
+  fold_ = plan.fold_last_micro_batch;
   grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, adam_.get(), &counters_);
-  RETURN_IF_ERROR(
-      grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_, !device_optimizer_));
+  RETURN_IF_ERROR(grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_,
+                                !device_optimizer_, plan.grad_landing_bytes,
+                                plan.pin_grad_landing));
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
   RETURN_IF_ERROR(
       store_->Open(plan, grads_->staging_pool()->Regions(), hooks_.wrap_io_engine, &pinned_bytes_));
@@ -425,7 +438,12 @@ Status EngineImpl::AfterBackward(int module) {
     return Status();
   }
   RETURN_IF_ERROR(dev_->compute().Record(fetcher_->computed(module)));
-  RETURN_IF_ERROR(grads_->Offload(module, fetcher_->grad(module), fetcher_->computed(module)));
+  // Fold: the window's last micro-batch lands for the optimizer to read.
+  if (fold_ && micro_batches_ + 1 >= std::max<int64_t>(1, cfg_.gradient_accumulation_steps)) {
+    RETURN_IF_ERROR(grads_->Land(module, fetcher_->grad(module), fetcher_->computed(module)));
+  } else {
+    RETURN_IF_ERROR(grads_->Offload(module, fetcher_->grad(module), fetcher_->computed(module)));
+  }
   RETURN_IF_ERROR(fetcher_->ReleaseGradAfterD2H(module));
   RETURN_IF_ERROR(fetcher_->FinishUse(module));
   RETURN_IF_ERROR(fetcher_->ReclaimDeferred(false));
@@ -513,6 +531,8 @@ Status EngineImpl::LaunchStep(double grad_scale, bool delayed, bool background) 
   p.background = background;
   // DPU: the next window accumulates into the other accumulator.
   p.grads = delayed ? grads_->SwapForStep() : grads_->accumulator();
+  p.fold_modes = grads_->FoldModes();
+  p.landing = grads_->landing();
   StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, &read_ahead_);
   if (!run.ok()) {
     if (delayed) grads_->SwapForStep();  // back as it was
@@ -525,6 +545,7 @@ Status EngineImpl::LaunchStep(double grad_scale, bool delayed, bool background) 
   ++optimizer_steps_;
   scaler_.Update(false);
   grads_since_launch_ = false;
+  grads_->ForgetWindow();  // the step has the window's fold modes
   inflight_ = std::move(job);
   return Status();
 }

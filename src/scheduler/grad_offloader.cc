@@ -40,7 +40,8 @@ GradOffloader::~GradOffloader() {
   if (worker_.joinable()) worker_.join();
 }
 
-Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator) {
+Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator,
+                            int64_t landing_bytes, bool pin_landing) {
   const int64_t bytes = host_accumulator ? kGradAccBytesPerElem * layout_->total_elems() : 0;
   RETURN_IF_ERROR(acc_.Allocate(bytes, nullptr, "gradient accumulator"));
   std::memset(acc_.data(), 0, static_cast<size_t>(bytes));
@@ -48,6 +49,14 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool
     RETURN_IF_ERROR(alt_.Allocate(bytes, nullptr, "second gradient accumulator"));
     std::memset(alt_.data(), 0, static_cast<size_t>(bytes));
   }
+  if (landing_bytes > 0) {
+    RETURN_IF_ERROR(
+        landing_.Allocate(landing_bytes, pin_landing ? dev_ : nullptr, "gradient landing buffer"));
+    if (landing_.pinned()) *pinned_bytes += IoBytes(landing_bytes);
+    ASSIGN_OR_RETURN(landed_event_, dev_->CreateEvent());
+  }
+  landed_.assign(static_cast<size_t>(layout_->num_modules()), 0);
+  accumulated_.assign(static_cast<size_t>(layout_->num_modules()), 0);
   gpu::PinnedPoolOptions popts;
   popts.classes.push_back(
       {static_cast<size_t>(IoBytes(std::max<int64_t>(layout_->grad_staging_bytes(), kIoAlign))),
@@ -65,13 +74,18 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool
 }
 
 Status GradOffloader::Accumulate(const Job& job) {
-  const auto* base = static_cast<const uint8_t*>(job.staging.data());
+  return AccumulateBytes(job.module, static_cast<const uint8_t*>(job.staging.data()),
+                         job.byte_begin, job.byte_end);
+}
+
+Status GradOffloader::AccumulateBytes(int m, const uint8_t* base, int64_t byte_begin,
+                                      int64_t byte_end) {
   float* acc = acc_.as<float>();
   std::vector<cpu_adam::AccumulateShard> shards;
-  for (const Layout::Slice& sl : layout_->ByteSlices(job.module, job.byte_begin, job.byte_end)) {
+  for (const Layout::Slice& sl : layout_->ByteSlices(m, byte_begin, byte_end)) {
     cpu_adam::AccumulateShard sh;
     sh.acc = acc + sl.elem_begin;
-    sh.grad = base + (sl.byte_offset - job.byte_begin);
+    sh.grad = base + (sl.byte_offset - byte_begin);
     sh.grad_dtype = layout_->param(sl.param).dtype;
     sh.count = static_cast<size_t>(sl.elem_end - sl.elem_begin);
     shards.push_back(sh);
@@ -82,6 +96,7 @@ Status GradOffloader::Accumulate(const Job& job) {
 Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& computed) {
   const ModuleExtent& me = layout_->module(m);
   const int64_t chunk = layout_->grad_staging_bytes();
+  accumulated_[static_cast<size_t>(m)] = 1;
   // The gradients are complete once the framework's work on the compute
   // stream is; the D2H stream waits for that, then copies them out in chunks.
   RETURN_IF_ERROR(dev_->d2h().Wait(computed));
@@ -126,6 +141,58 @@ Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& comput
   return Status();
 }
 
+Status GradOffloader::Land(int m, const void* device_grad, gpu::Event& computed) {
+  if (landing_.data() == nullptr || landing_.bytes() == 0)
+    return FailedPreconditionError("GradOffloader::Land without a landing buffer");
+  const ModuleExtent& me = layout_->module(m);
+  uint8_t* dst = landing_.as<uint8_t>() + me.byte_begin;
+  if (landed_[static_cast<size_t>(m)] != 0) {
+    // Landed before in this window: those gradients go into the accumulator
+    // first (after every chunk queued before them), as the plain path would
+    // have added them, then the new ones land in their place.
+    if (landing_in_flight_)
+      RETURN_IF_ERROR(landed_event_->Synchronize().WithContext("gradient copy"));
+    landing_in_flight_ = false;
+    WaitIdle();
+    const int64_t t0 = NowNanos();
+    RETURN_IF_ERROR(AccumulateBytes(m, dst, me.byte_begin, me.byte_end)
+                        .WithContext(fmt::format("accumulating module {}", m)));
+    counters_->AddGradBusy(NowNanos() - t0);
+    accumulated_[static_cast<size_t>(m)] = 1;
+  }
+  RETURN_IF_ERROR(dev_->d2h().Wait(computed));
+  RETURN_IF_ERROR(counters_->TimedCopy(
+      dev_->d2h(), Link::kD2H, fmt::format("grads module {} (landing)", m), me.bytes(), [&] {
+        return dev_->CopyD2H(dst, device_grad, static_cast<size_t>(me.bytes()), dev_->d2h());
+      }));
+  RETURN_IF_ERROR(dev_->d2h().Record(*landed_event_));
+  landing_in_flight_ = true;
+  landed_[static_cast<size_t>(m)] = 1;
+  return Status();
+}
+
+std::vector<uint8_t> GradOffloader::FoldModes() const {
+  std::vector<uint8_t> modes(landed_.size(), kAccOnly);
+  bool any = false;
+  for (size_t m = 0; m < landed_.size(); ++m) {
+    if (landed_[m] == 0) continue;
+    modes[m] = accumulated_[m] != 0 ? kFoldAcc : kFoldZero;
+    any = true;
+  }
+  if (!any) modes.clear();
+  return modes;
+}
+
+void GradOffloader::ForgetWindow() {
+  std::fill(landed_.begin(), landed_.end(), 0);
+  std::fill(accumulated_.begin(), accumulated_.end(), 0);
+}
+
+void GradOffloader::WaitIdle() {
+  MutexLock lock(&mu_);
+  while (pending_ != 0) cv_.Wait(&mu_);
+}
+
 void GradOffloader::Worker() {
   for (;;) {
     Job job;
@@ -154,9 +221,14 @@ void GradOffloader::Worker() {
 }
 
 Status GradOffloader::Drain() {
+  Status landed;
+  if (landing_in_flight_) {
+    landed = landed_event_->Synchronize().WithContext("gradient copy (landing)");
+    landing_in_flight_ = false;
+  }
   MutexLock lock(&mu_);
   while (pending_ != 0) cv_.Wait(&mu_);
-  Status s = error_;
+  Status s = error_.ok() ? landed : error_;
   error_ = Status();
   return s;
 }
@@ -166,29 +238,106 @@ float* GradOffloader::SwapForStep() {
   return alt_.as<float>();
 }
 
-void GradOffloader::Zero() { ZeroArray(acc_.as<float>(), acc_.bytes() / kGradAccBytesPerElem); }
+void GradOffloader::Zero() {
+  ZeroArray(acc_.as<float>(), acc_.bytes() / kGradAccBytesPerElem);
+  ForgetWindow();
+}
 
 void GradOffloader::ZeroAll() {
+  ForgetWindow();
   for (HostArray* a : {&acc_, &alt_})
     if (a->data() != nullptr) ZeroArray(a->as<float>(), a->bytes() / kGradAccBytesPerElem);
 }
+
+namespace {
+
+// The window's gradient at element i, in fp32: acc[i], or with the fold the
+// sum the accumulation would have written (acc[i] + g, or 0.f + g).
+template <int kMode, int kDType>
+inline float FoldedAt(const float* acc, const uint8_t* land, int64_t i, int64_t j) {
+  if constexpr (kMode == GradOffloader::kAccOnly) {
+    return acc[i];
+  } else {
+    float g;
+    if constexpr (kDType == static_cast<int>(DType::kFp32)) {
+      std::memcpy(&g, land + 4 * j, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, land + 2 * j, 2);
+      g = kDType == static_cast<int>(DType::kFp16) ? HalfBitsToFloat(h) : Bf16BitsToFloat(h);
+    }
+    return (kMode == GradOffloader::kFoldAcc ? acc[i] : 0.f) + g;  // acc += g, not written
+  }
+}
+
+// s + the sum of x^2 over elements [b, e) of one slice, x in double, added
+// one element at a time in element order (the plain loop's sum, bit for
+// bit): the squares of a chunk are computed first (a loop without a
+// reduction, which the compiler vectorizes), then added in order.
+template <int kMode, int kDType>
+double SumSlice(const float* acc, const uint8_t* land, int64_t b, int64_t e, double s) {
+  constexpr int64_t kChunk = 256;
+  alignas(64) double sq[kChunk];
+  for (int64_t c = b; c < e; c += kChunk) {
+    const int64_t n = std::min(kChunk, e - c);
+    for (int64_t k = 0; k < n; ++k) {
+      const double x = FoldedAt<kMode, kDType>(acc, land, c + k, c - b + k);
+      sq[k] = x * x;
+    }
+    for (int64_t k = 0; k < n; ++k) s += sq[k];
+  }
+  return s;
+}
+
+template <int kMode>
+double SumSliceOf(DType d, const float* acc, const uint8_t* land, int64_t b, int64_t e, double s) {
+  switch (d) {
+    case DType::kFp32:
+      return SumSlice<kMode, static_cast<int>(DType::kFp32)>(acc, land, b, e, s);
+    case DType::kFp16:
+      return SumSlice<kMode, static_cast<int>(DType::kFp16)>(acc, land, b, e, s);
+    default:
+      return SumSlice<kMode, static_cast<int>(DType::kBf16)>(acc, land, b, e, s);
+  }
+}
+
+}  // namespace
 
 void GradOffloader::GlobalChecks(bool* overflow, double* sumsq) const {
   const float* acc = static_cast<const float*>(acc_.data());
   const int64_t total = acc_.bytes() / kGradAccBytesPerElem;
   const int64_t blocks = (total + kNormBlock - 1) / kNormBlock;
+  const std::vector<uint8_t> modes = FoldModes();
+  const uint8_t* land = landing();
   std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
   std::vector<uint8_t> bad(static_cast<size_t>(blocks), 0);
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks), [&](const auto& r) {
     for (int64_t blk = r.begin(); blk < r.end(); ++blk) {
       const int64_t b = blk * kNormBlock, e = std::min(total, b + kNormBlock);
       double s = 0;
-      bool nonfinite = false;
-      for (int64_t i = b; i < e; ++i) {
-        const double x = acc[i];
-        nonfinite |= !std::isfinite(acc[i]);
-        s += x * x;
+      if (modes.empty()) {
+        s = SumSlice<kAccOnly, 0>(acc, nullptr, b, e, s);
+      } else {
+        for (const Layout::Slice& sl : layout_->Slices(b, e)) {
+          const ParamRec& p = layout_->param(sl.param);
+          const uint8_t* g = land + sl.byte_offset;
+          switch (modes[static_cast<size_t>(p.module)]) {
+            case kFoldAcc:
+              s = SumSliceOf<kFoldAcc>(p.dtype, acc, g, sl.elem_begin, sl.elem_end, s);
+              break;
+            case kFoldZero:
+              s = SumSliceOf<kFoldZero>(p.dtype, acc, g, sl.elem_begin, sl.elem_end, s);
+              break;
+            default:
+              s = SumSlice<kAccOnly, 0>(acc, nullptr, sl.elem_begin, sl.elem_end, s);
+          }
+        }
       }
+      // An inf/nan element makes the block's sum inf/nan, and finite ones
+      // cannot: a float squared is below 1.2e77 in double, 2^16 of them
+      // below 1e82 (kNormBlock elements).
+      static_assert(kNormBlock <= (1 << 20));
+      const bool nonfinite = !std::isfinite(s);
       partial[static_cast<size_t>(blk)] = s;
       bad[static_cast<size_t>(blk)] = nonfinite;
     }

@@ -13,6 +13,17 @@
 // first error. The accumulator is also where the global inf/nan check and
 // the gradient norm read from (GlobalChecks).
 //
+// Fold (the plan's TierPlan::fold_last_micro_batch): the window's last
+// micro-batch is not accumulated. Land(m) copies module m's gradients whole
+// into the landing buffer (laid out like the parameters); the global checks
+// and the optimizer read them beside the accumulator, per module as
+// FoldModes() says: kFoldAcc (acc + landed, the module was also accumulated
+// this window), kFoldZero (only landed: acc is zero there and stays so) or
+// kAccOnly (not landed). A module landed twice in one window (a module used
+// twice in a micro-batch) has its first gradients added into the accumulator
+// before the second land, so the float additions are those of the plain
+// path, in its order.
+//
 // With delayed_param_update there are two accumulators: the step started at
 // the end of a window consumes one (SwapForStep) while the next window
 // accumulates into the other.
@@ -26,6 +37,7 @@
 #include <deque>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/cpu_adam.h"
@@ -46,14 +58,31 @@ class GradOffloader {
   // gradients stay on the device) and the staging pool, and starts the
   // worker. ResourceExhausted when the thread cannot be created. Adds the
   // pool's bytes to *pinned_bytes.
-  Status Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator = true);
+  // landing_bytes > 0: the fold's landing buffer (the parameters' bytes),
+  // page-locked with the device when pin_landing.
+  Status Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator = true,
+               int64_t landing_bytes = 0, bool pin_landing = false);
   gpu::PinnedPool* staging_pool() { return pool_.get(); }
+
+  // How a module's gradients reach the optimizer this window (fold).
+  enum FoldMode : uint8_t { kAccOnly = 0, kFoldAcc = 1, kFoldZero = 2 };
 
   // Enqueues the D2H copies of module m's gradients (device_grad: the
   // module's gradient buffer, laid out like its parameters) after `computed`
   // and hands each chunk to the worker. The buffer may be freed once the D2H
   // stream has passed this point.
   Status Offload(int m, const void* device_grad, gpu::Event& computed) EXCLUDES(mu_);
+  // Fold: copies module m's gradients into its part of the landing buffer
+  // (D2H stream, after `computed`), not accumulated. REQUIRES: a landing
+  // buffer (Start). Drain() waits for the copies.
+  Status Land(int m, const void* device_grad, gpu::Event& computed) EXCLUDES(mu_);
+  // The window's fold modes, one per module (empty when nothing was landed:
+  // the plain path), and the landing buffer the optimizer reads them from.
+  // REQUIRES: drained. The modes are forgotten by Zero/ZeroAll and ForgetWindow.
+  std::vector<uint8_t> FoldModes() const;
+  const uint8_t* landing() const { return static_cast<const uint8_t*>(landing_.data()); }
+  // A step has taken the window (its FoldModes): the next window starts.
+  void ForgetWindow();
   // Waits until every chunk has been accumulated; returns (and forgets) the
   // first error since the last Drain.
   Status Drain() EXCLUDES(mu_);
@@ -66,8 +95,11 @@ class GradOffloader {
   // Zeroes the current accumulator / both (REQUIRES: drained).
   void Zero();
   void ZeroAll();
-  // Inf/nan anywhere in the current accumulator, and its sum of squares, in
-  // fixed blocks added in order (the same bits for any thread count).
+  // Inf/nan anywhere in the window's gradients, and their sum of squares, in
+  // fixed blocks added in order (the same bits for any thread count). With
+  // landed modules the element is acc + landed (or 0 + landed), computed as
+  // the accumulation would, without writing it: the same bits as the plain
+  // path's pass over the accumulator. REQUIRES: drained.
   void GlobalChecks(bool* overflow, double* sumsq) const;
 
  private:
@@ -81,12 +113,25 @@ class GradOffloader {
   void Worker() EXCLUDES(mu_);
   // acc += the staged chunk (module m's bytes [byte_begin, byte_end)).
   Status Accumulate(const Job& job);
+  // acc += what module m has in `src` (laid out like the parameters, from
+  // the module's first byte): a staged chunk or the landing buffer.
+  Status AccumulateBytes(int m, const uint8_t* src, int64_t byte_begin, int64_t byte_end);
+  // Waits until the worker has accumulated every queued chunk (errors stay
+  // for Drain).
+  void WaitIdle() EXCLUDES(mu_);
 
   gpu::Device* dev_;
   const Layout* layout_;
   cpu_adam::CpuOptimizer* adam_;
   StepCounters* counters_;
   HostArray acc_, alt_;
+  // Fold (main thread only): the landing buffer, the event after the last
+  // landing copy, and per module whether it was landed / accumulated in
+  // this window.
+  HostArray landing_;
+  std::unique_ptr<gpu::Event> landed_event_;
+  bool landing_in_flight_ = false;
+  std::vector<uint8_t> landed_, accumulated_;
   std::unique_ptr<gpu::PinnedPool> pool_;
   std::thread worker_;
 

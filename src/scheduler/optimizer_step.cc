@@ -259,6 +259,14 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
     st.param = master + (s.elem_begin - base);
     st.grad = params_.grads + s.elem_begin;
     st.grad_dtype = DType::kFp32;
+    const uint8_t mode = FoldModeOf(s.param);
+    if (mode != GradOffloader::kAccOnly) {
+      // The landed gradients beside the accumulator, in the optimizer's pass.
+      st.grad = params_.landing + s.byte_offset;
+      st.grad_dtype = p.dtype;
+      st.fold = true;
+      st.fold_acc = mode == GradOffloader::kFoldAcc ? params_.grads + s.elem_begin : nullptr;
+    }
     st.exp_avg = m + (s.elem_begin - base);
     st.exp_avg_sq = v + (s.elem_begin - base);
     st.count = static_cast<size_t>(s.elem_end - s.elem_begin);
@@ -281,10 +289,23 @@ Status OptimizerStep::StepShards(size_t g, std::span<const cpu_adam::ShardStep> 
   return Status();
 }
 
+uint8_t OptimizerStep::FoldModeOf(int param) const {
+  if (params_.fold_modes.empty()) return GradOffloader::kAccOnly;
+  return params_.fold_modes[static_cast<size_t>(deps_.layout->param(param).module)];
+}
+
 void OptimizerStep::GroupDone(size_t g) {
   const SubGroup& sg = deps_.layout->group(g);
-  std::memset(params_.grads + sg.elem_begin, 0,
-              static_cast<size_t>(sg.elems()) * kGradAccBytesPerElem);
+  if (params_.fold_modes.empty()) {
+    std::memset(params_.grads + sg.elem_begin, 0,
+                static_cast<size_t>(sg.elems()) * kGradAccBytesPerElem);
+  } else {
+    // Modules only landed left their accumulator part at zero.
+    for (const Layout::Slice& s : deps_.layout->Slices(sg.elem_begin, sg.elem_end))
+      if (FoldModeOf(s.param) != GradOffloader::kFoldZero)
+        std::memset(params_.grads + s.elem_begin, 0,
+                    static_cast<size_t>(s.elem_end - s.elem_begin) * kGradAccBytesPerElem);
+  }
   {
     MutexLock lock(&mu_);
     groups_done_.store(g + 1, std::memory_order_release);

@@ -26,6 +26,7 @@
 
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/cpu_adam.h"
+#include "src/scheduler/grad_offloader.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/state_store.h"
 #include "src/scheduler/step_stats.h"
@@ -74,6 +75,11 @@ struct StepParams {
   bool delayed = false;     // DPU: its parameters are used from the next Step() on
   bool background = false;  // on its own thread (else run inside Launch)
   float* grads = nullptr;   // the accumulator it consumes (zeroed as it goes)
+  // Fold (GradOffloader::FoldModes): per module how its gradients are read —
+  // accumulator only, accumulator + landed, or landed only (its accumulator
+  // part is zero and is not rewritten). Empty: the accumulator only.
+  std::vector<uint8_t> fold_modes;
+  const uint8_t* landing = nullptr;  // the landed gradients, laid out like the parameters
 };
 
 class OptimizerStep {
@@ -104,6 +110,8 @@ class OptimizerStep {
   OptimizerStep(const StepDeps& deps, const StepParams& params) : deps_(deps), params_(params) {}
   void Run() EXCLUDES(mu_);
   Status StepInMemory();
+  // The fold mode of a parameter's module (GradOffloader::FoldMode).
+  uint8_t FoldModeOf(int param) const;
   // After sub-group g: zero its gradients, publish progress.
   void GroupDone(size_t g) EXCLUDES(mu_);
   // offload_param nvme: writes the modules completed by sub-group g.

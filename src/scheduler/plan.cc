@@ -23,6 +23,7 @@ Placement Placement::FromConfig(const Config& config) {
   p.max_live_parameters = zo.stage3_max_live_parameters;
   p.overlap_optimizer = config.strata.overlap_optimizer;
   p.delayed_param_update = config.strata.delayed_param_update;
+  p.gradient_accumulation_steps = std::max<int64_t>(1, config.gradient_accumulation_steps);
   p.stage = zo.stage;
   p.sub_group_size = zo.sub_group_size;
   return p;
@@ -61,6 +62,67 @@ struct TierSum {
     return {std::move(tier), bytes, available, fmt::format("{}", fmt::join(parts, " + "))};
   }
 };
+
+// The gradient path (plan.h, TierPlan::fold_last_micro_batch). `pinned_left`:
+// the pinned budget left once the pools and parameter copies are placed.
+void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
+                    int64_t pinned_left, TierPlan* plan) {
+  plan->fold_last_micro_batch = false;
+  plan->pin_grad_landing = false;
+  plan->grad_landing_bytes = 0;
+  if (pl.device_optimizer) {
+    plan->grad_path = "gradients accumulate in HBM";
+    return;
+  }
+  if (pl.delayed_param_update) {
+    plan->grad_path = "delayed_param_update: the step reads the window's gradients during the next";
+    return;
+  }
+  if (pl.fold_override == 0 || s.total_elems == 0) {
+    plan->grad_path = s.total_elems == 0 ? "no parameters" : "fold off (STRATA_FOLD_GRADS)";
+    return;
+  }
+  const int64_t landing = s.total_param_bytes;
+  const bool pin = landing <= pinned_left;
+  // Bytes per element and window the fold saves (plan.h).
+  const double g = static_cast<double>(s.total_param_bytes) / static_cast<double>(s.total_elems);
+  const double saved_per_elem = pl.gradient_accumulation_steps <= 1 ? 20.0 - g : 8.0 - g;
+  const double saved_bytes = saved_per_elem * static_cast<double>(s.total_elems);
+  // What a pageable landing buffer adds to the copy, at the measured rates.
+  double penalty_s = 0;
+  if (!pin) {
+    penalty_s = (facts.d2h_pageable_gbps > 0 && facts.d2h_pinned_gbps > 0)
+                    ? static_cast<double>(landing) * 1e-9 *
+                          std::max(0.0, 1.0 / facts.d2h_pageable_gbps - 1.0 / facts.d2h_pinned_gbps)
+                    : -1;  // unknown
+  }
+  const double saved_s =
+      facts.accumulate_gbps > 0 ? saved_bytes * 1e-9 / facts.accumulate_gbps : -1;  // unknown
+  if (pl.fold_override != 1) {
+    if (saved_s < 0 || penalty_s < 0) {
+      plan->grad_path = "rates not measured";
+      return;
+    }
+    if (saved_s <= penalty_s) {
+      plan->grad_path = fmt::format(
+          "folding would save {:.2f} ms of accumulation at {:.1f} GB/s but cost {:.2f} ms of "
+          "pageable copy",
+          saved_s * 1e3, facts.accumulate_gbps, penalty_s * 1e3);
+      return;
+    }
+  }
+  plan->fold_last_micro_batch = true;
+  plan->pin_grad_landing = pin;
+  plan->grad_landing_bytes = landing;
+  plan->grad_path =
+      pl.fold_override == 1
+          ? "last micro-batch folded into the optimizer (STRATA_FOLD_GRADS=on)"
+          : fmt::format(
+                "last micro-batch folded into the optimizer: {:.0f} B/element less, {:.2f} "
+                "ms per window at {:.1f} GB/s{}",
+                saved_per_elem, saved_s * 1e3, facts.accumulate_gbps,
+                pin ? "" : fmt::format(", pageable copy +{:.2f} ms", penalty_s * 1e3));
+}
 
 }  // namespace
 
@@ -139,6 +201,11 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
     pinned.parts.push_back(fmt::format("not pinned: {} (budget left {})", copies,
                                        FormatBytes(std::max<int64_t>(0, pinned_left))));
   }
+  ChooseGradPath(pl, s, facts, pinned_left - (plan.pin_param_copies ? plan.param_copy_bytes : 0),
+                 &plan);
+  if (plan.fold_last_micro_batch && plan.pin_grad_landing)
+    pinned.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
+                                            " (" + plan.grad_path + ")");
   plan.budgets.push_back(pinned.Budget("pinned", facts.pinned_budget));
 
   // NVMe: two versions of everything placed there (atomic steps).
@@ -172,6 +239,20 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   if (pl.delayed_param_update)
     dram.Add(accumulator,
              "second gradient accumulator (delayed_param_update) " + FormatBytes(accumulator));
+  if (plan.fold_last_micro_batch && !plan.pin_grad_landing) {
+    if (facts.dram_available > 0 && dram.bytes + plan.grad_landing_bytes > facts.dram_available) {
+      // A pageable landing buffer must not make a plan that fits fail.
+      plan.fold_last_micro_batch = false;
+      plan.grad_path =
+          "no DRAM left for a landing buffer of " + FormatBytes(plan.grad_landing_bytes);
+      plan.grad_landing_bytes = 0;
+    } else {
+      dram.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
+                                            " (" + plan.grad_path + ")");
+    }
+  }
+  if (!plan.fold_last_micro_batch && !pl.device_optimizer)
+    dram.parts.push_back("last micro-batch accumulated (" + plan.grad_path + ")");
   plan.budgets.push_back(dram.Budget("dram", facts.dram_available));
 
   for (const TierBudget& t : plan.budgets)

@@ -29,6 +29,11 @@ struct Placement {
   // offload_optimizer none on a GPU: the gradient accumulator is in HBM and
   // the optimizer runs there (DeviceOptimizer); set by the engine.
   bool device_optimizer = false;
+  int64_t gradient_accumulation_steps = 1;  // micro-batches per window
+  // The gradient path (GradPath below): -1 the plan decides, 0 never fold,
+  // 1 fold wherever it is possible (STRATA_FOLD_GRADS=auto|off|on, a
+  // developer knob for A/B measurements; set by the engine).
+  int fold_override = -1;
   int stage = 0;
   int64_t sub_group_size = 0;
 
@@ -56,6 +61,13 @@ struct TierFacts {
   int64_t dram_available = 0;           // MemAvailable-like
   std::vector<std::string> nvme_paths;  // the directories the NVMe tier uses
   int64_t nvme_available = 0;           // free bytes on them, summed
+  // Measured rates (GB/s; 0: not measured): device-to-host copies into
+  // pinned and into pageable memory, and the CPU optimizer's gradient
+  // accumulation (fp32 += bf16, bytes moved per second). The gradient path
+  // is chosen from them.
+  double d2h_pinned_gbps = 0;
+  double d2h_pageable_gbps = 0;
+  double accumulate_gbps = 0;
 };
 
 // Gradient staging chunks in flight (one pool of this many chunk buffers).
@@ -70,6 +82,25 @@ struct TierPlan {
   // what the pinned budget leaves after the staging pools (0: no limit).
   bool pin_param_copies = false;
   int64_t param_copy_bytes = 0;
+  // The gradient path. Accumulate: every micro-batch's gradients are staged
+  // and added into the fp32 accumulator (GradOffloader), the optimizer reads
+  // the sum. Fold: the window's last micro-batch lands whole in a landing
+  // buffer of the parameters' dtype (total_param_bytes) and is never
+  // accumulated; the global checks and the optimizer's pass read it beside
+  // the accumulator (cpu_adam's ShardStep::fold), which saves per element
+  // and window the accumulation pass (8 + G bytes, G the gradient's size),
+  // with one micro-batch also the accumulator's read by the checks and the
+  // step and its zeroing (12), less the G bytes the checks and the step
+  // each read in its place. Chosen when the time that saves at the measured
+  // accumulation rate exceeds what a pageable landing buffer would add to
+  // the device-to-host copy (none when it is pinned), and DRAM holds it.
+  // Not with the device optimizer (gradients stay in HBM) nor
+  // delayed_param_update (the next window would overwrite the buffer while
+  // the step reads it). The plan table's pinned or dram row says which.
+  bool fold_last_micro_batch = false;
+  bool pin_grad_landing = false;
+  int64_t grad_landing_bytes = 0;  // 0 unless folding
+  std::string grad_path;           // the choice and its reason, in words
   // Device slots (the largest module's bytes each) for parameter copies and
   // gradient buffers, allocated once (ParamFetcher).
   int64_t device_slots = 0;

@@ -247,8 +247,31 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
       double& best = h2d ? r.h2d_gbytes_per_s : r.d2h_gbytes_per_s;
       best = std::max(best, static_cast<double>(bytes) / secs * 1e-9);
     }
+    std::vector<uint8_t> pageable(static_cast<size_t>(bytes), 1);
+    const int64_t t0 = NowNanos();
+    RETURN_IF_ERROR(
+        device->CopyD2H(pageable.data(), dev.data(), static_cast<size_t>(bytes), device->d2h()));
+    RETURN_IF_ERROR(device->d2h().Synchronize());
+    const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+    r.d2h_pageable_gbytes_per_s =
+        std::max(r.d2h_pageable_gbytes_per_s, static_cast<double>(bytes) / secs * 1e-9);
   }
   return r;
+}
+
+StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
+  std::vector<float> acc(static_cast<size_t>(elems), 0.f);
+  std::vector<uint16_t> grad(static_cast<size_t>(elems), 0x3f80);  // bf16 1.0
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t t0 = NowNanos();
+    RETURN_IF_ERROR(
+        adam->Accumulate(acc.data(), grad.data(), DType::kBf16, static_cast<size_t>(elems)));
+    const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+    best = std::max(best, static_cast<double>(cpu_adam::AccumulateBytesPerElement(DType::kBf16)) *
+                              static_cast<double>(elems) / secs * 1e-9);
+  }
+  return best;
 }
 
 }  // namespace strata::scheduler

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "src/common/thread_annotations.h"
+#include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/timeline.h"
 #include "strata/engine.h"
@@ -134,10 +135,15 @@ class StepCounters {
 struct LinkRates {
   double h2d_gbytes_per_s = 0;
   double d2h_gbytes_per_s = 0;
+  double d2h_pageable_gbytes_per_s = 0;  // into pageable memory
 };
 // Times pinned host<->device copies of `bytes` on the device's copy streams
-// (best of a few, each direction alone). Needs `bytes` free in the arena.
+// (best of a few, each direction alone), and a device-to-host copy into
+// pageable memory. Needs `bytes` free in the arena.
 StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes);
+// The CPU optimizer's gradient accumulation rate (fp32 += bf16 over `elems`
+// elements, best of three): bytes moved per second, in GB/s.
+StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems);
 
 // The JSON object of Engine::StatsJson.
 std::string StepStatsJson(const StepStats& s, const std::string& device);

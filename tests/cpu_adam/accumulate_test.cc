@@ -481,7 +481,8 @@ TEST(AccumulateConcurrencyTest, ConcurrentWithStepManyOnTheSameOptimizer) {
           s[k].count = half;
           s[k].hp.step = r + 1;
         }
-        ASSERT_TRUE(opt.StepMany(s).ok());
+        auto rs = opt.StepMany(s);
+        ASSERT_TRUE(rs.ok()) << rs.status();
       }
     };
     auto accumulate = [&] {

@@ -900,3 +900,140 @@ TEST(EngineTest, PlanRemovesLeftoverSwapFilesFirst) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// ---- The gradient path: the last micro-batch folded into the optimizer ------
+
+// STRATA_FOLD_GRADS for the engines created while it lives.
+class FoldEnv {
+ public:
+  explicit FoldEnv(const char* v) { setenv("STRATA_FOLD_GRADS", v, 1); }
+  ~FoldEnv() { unsetenv("STRATA_FOLD_GRADS"); }
+};
+
+bool PlanFolds(Engine& e) {
+  for (const TierBudget& b : e.Budgets())
+    if (b.detail.find("folded into the optimizer") != std::string::npos) return true;
+  return false;
+}
+
+struct FoldRun {
+  std::vector<std::vector<float>> params;
+  std::vector<double> norms;
+  std::vector<int> applied;
+  bool folded = false;
+};
+
+// `steps` windows of c.gradient_accumulation_steps micro-batches; in each
+// window's last micro-batch module 4 is left out and module 2 runs twice
+// (forward and backward: two gradient hand-overs in one micro-batch), and
+// in window 1 (fp16) module 1's gradients overflow in the last micro-batch.
+FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison) {
+  FoldRun r;
+  auto e = CreateEngine(c);
+  EXPECT_TRUE(e.ok()) << e.status();
+  if (!e.ok()) return r;
+  Register(**e, seed);
+  int batch = 0;
+  const float scale = c.fp16.enabled ? 64.f : 1.f;
+  for (int s = 0; s < steps; ++s) {
+    for (int64_t k = 0; k < c.gradient_accumulation_steps; ++k) {
+      const bool last = k + 1 == c.gradient_accumulation_steps;
+      std::vector<int> order = Forward();
+      if (last) order = {0, 1, 2, 2, 3, 5};
+      MicroBatch(**e, batch++, order, scale, (poison && last && s == 1) ? 1 : -1);
+      auto st = (*e)->Step();
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (!st.ok()) return r;
+      if (last) {
+        r.norms.push_back(st->grad_norm);
+        r.applied.push_back(st->applied ? 1 : 0);
+      }
+    }
+  }
+  r.folded = PlanFolds(**e);
+  r.params = ReadAll(**e);
+  return r;
+}
+
+// (optimizer placement, parameter placement, gradient_accumulation_steps)
+class FoldTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, int>> {};
+
+// Folding changes no bit: parameters after every step, the global norm (and
+// so the clip coefficient) and the overflow skip are those of the plain
+// accumulation path, for every placement, with and without accumulation,
+// with a module missing from and a module twice in the last micro-batch.
+TEST_P(FoldTest, BitwiseIdenticalToAccumulating) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto [opt, par, gas] = GetParam();
+  for (bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16 ? "fp16" : "bf16 + clipping");
+    Config c = BaseConfig(opt, par, dir.str());
+    c.gradient_accumulation_steps = c.train_batch_size = gas;
+    if (fp16) {
+      c.fp16.enabled = true;
+      c.fp16.initial_scale_power = 6;
+      c.fp16.hysteresis = 1;
+    } else {
+      c.gradient_clipping = 0.3;  // clips: the norm is well above
+    }
+    FoldRun plain, folded;
+    {
+      FoldEnv off("off");
+      plain = TrainOddOrders(c, seed, 3, fp16);
+    }
+    {
+      FoldEnv on("auto");
+      folded = TrainOddOrders(c, seed, 3, fp16);
+    }
+    ASSERT_FALSE(plain.params.empty());
+    EXPECT_FALSE(plain.folded);
+    EXPECT_TRUE(folded.folded) << "the plan did not fold";
+    EXPECT_TRUE(BitwiseEqual(plain.params, folded.params));
+    EXPECT_EQ(plain.norms, folded.norms);  // bitwise: same doubles
+    EXPECT_EQ(plain.applied, folded.applied);
+    if (fp16) {
+      EXPECT_EQ(folded.applied, (std::vector<int>{1, 0, 1}));  // the overflow skipped step 2
+    } else {
+      EXPECT_GT(folded.norms[0], 0.3);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, FoldTest,
+    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu,
+                                         OffloadDevice::kNvme),
+                       ::testing::Values(OffloadDevice::kNone, OffloadDevice::kNvme),
+                       ::testing::Values(1, 3)),
+    [](const auto& info) {
+      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
+             std::string(OffloadDeviceName(std::get<1>(info.param))) + "_gas" +
+             std::to_string(std::get<2>(info.param));
+    });
+
+// delayed_param_update keeps the plain path (the step reads the window's
+// gradients while the next window runs), and the plan table says so.
+TEST(FoldPlanTest, DelayedParamUpdateDoesNotFold) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  c.strata.delayed_param_update = true;
+  auto e = CreateEngine(c);
+  ASSERT_TRUE(e.ok());
+  Register(**e, 1);
+  ASSERT_TRUE((*e)->Plan().ok());
+  EXPECT_FALSE(PlanFolds(**e));
+  bool said = false;
+  for (const TierBudget& b : (*e)->Budgets())
+    said |=
+        b.detail.find("last micro-batch accumulated (delayed_param_update") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+}  // namespace
+}  // namespace strata

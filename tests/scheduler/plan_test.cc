@@ -189,7 +189,8 @@ TEST(PlanTest, OverBudgetTableExactText) {
       "4.00 KiB + not pinned: updated parameters 8.00 KiB (budget left 3.06 KiB)\n"
       "  nvme        8.02 MiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
       "  dram       23.64 KiB    19.53 KiB  gradient accumulator 3.91 KiB + updated parameters "
-      "8.00 KiB + optimizer states 11.73 KiB  <-- over\n"
+      "8.00 KiB + optimizer states 11.73 KiB + last micro-batch accumulated (rates not "
+      "measured)  <-- over\n"
       "  (stage 3, offload_optimizer cpu, offload_param nvme, 1001 parameters in 2 modules, "
       "sub_group_size 1000)";
   EXPECT_EQ(OverBudgetTable(plan, pl, s), expected);
@@ -343,6 +344,76 @@ TEST(PlanTest, UsedNvmePathsDedupesOptimizerFirst) {
   EXPECT_TRUE(UsedNvmePaths(c).empty());
   c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
   EXPECT_THAT(UsedNvmePaths(c), ElementsAre("/b", "/a"));
+}
+
+// The gradient path: fold the last micro-batch into the optimizer's pass
+// when the accumulation time it saves (at the measured rate) exceeds what a
+// pageable landing buffer adds to the copy; the landing buffer is pinned
+// when the budget holds it; never with the device optimizer or DPU.
+TEST(PlanTest, GradPathFromSizesAndRates) {
+  const LayoutSizes s = TinySizes();  // 8192 B of parameters, 1001 elements (G ~ 8.2 B)
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  TierFacts f;
+  f.hbm_budget = 8 << 20;
+  f.pinned_budget = 1 << 20;
+  f.dram_available = 1 << 20;
+  // No rates measured: the plain path, and the table says why.
+  TierPlan plan = ComputeTierPlan(pl, s, f);
+  EXPECT_FALSE(plan.fold_last_micro_batch);
+  EXPECT_THAT(Find(plan, "dram")->detail,
+              HasSubstr("last micro-batch accumulated (rates not measured)"));
+  // Measured, pinned budget room: fold, the landing buffer pinned.
+  f.accumulate_gbps = 10;
+  f.d2h_pinned_gbps = 50;
+  f.d2h_pageable_gbps = 15;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fold_last_micro_batch);
+  EXPECT_TRUE(plan.pin_grad_landing);
+  EXPECT_EQ(plan.grad_landing_bytes, 8192);
+  EXPECT_THAT(Find(plan, "pinned")->detail,
+              HasSubstr("gradient landing 8.00 KiB (last micro-batch folded into the optimizer"));
+  EXPECT_EQ(Needed(plan, "pinned"), 4 * 4096 + 2 * 8192 + 8192);
+  // No pinned room left: a pageable landing buffer still pays while the
+  // copy penalty is below the accumulation saved...
+  f.pinned_budget = 4 * 4096 + 2 * 8192;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fold_last_micro_batch);
+  EXPECT_FALSE(plan.pin_grad_landing);
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("gradient landing 8.00 KiB"));
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("pageable copy +"));
+  // ... and not once pageable copies are slow enough: with one micro-batch
+  // per window the fold saves 20 - G B/element = ~11.8 KB, 1.2 us at
+  // 10 GB/s; 8 KiB at 1 GB/s vs 50 GB/s costs ~8 us.
+  f.d2h_pageable_gbps = 1;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_FALSE(plan.fold_last_micro_batch);
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("of pageable copy"));
+  // With pinned room again but no DRAM... pinned: folds; pageable and no
+  // DRAM left: does not, and the plan still fits.
+  f.d2h_pageable_gbps = 15;
+  f.dram_available =
+      Needed(ComputeTierPlan(Place(OffloadDevice::kCpu, OffloadDevice::kCpu), s, TierFacts{}),
+             "dram") +
+      100;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_FALSE(plan.fold_last_micro_batch);
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("no DRAM left for a landing buffer"));
+  f.dram_available = 1 << 20;
+  // Never with DPU or the device optimizer; the override forces either way.
+  Placement dpu = pl;
+  dpu.delayed_param_update = true;
+  EXPECT_FALSE(ComputeTierPlan(dpu, s, f).fold_last_micro_batch);
+  Placement dev = Place(OffloadDevice::kNone, OffloadDevice::kNone);
+  dev.device_optimizer = true;
+  EXPECT_FALSE(ComputeTierPlan(dev, s, f).fold_last_micro_batch);
+  Placement off = pl;
+  off.fold_override = 0;
+  EXPECT_FALSE(ComputeTierPlan(off, s, f).fold_last_micro_batch);
+  Placement on = pl;
+  on.fold_override = 1;
+  f.d2h_pageable_gbps = 1;
+  EXPECT_TRUE(ComputeTierPlan(on, s, f).fold_last_micro_batch);
 }
 
 }  // namespace
