@@ -5,6 +5,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "src/common/aligned_buffer.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 
@@ -247,10 +248,15 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
       double& best = h2d ? r.h2d_gbytes_per_s : r.d2h_gbytes_per_s;
       best = std::max(best, static_cast<double>(bytes) / secs * 1e-9);
     }
-    std::vector<uint8_t> pageable(static_cast<size_t>(bytes), 1);
+    // Plain malloc'd memory, allocated for each copy as a framework's would be
+    // (a Status, not an exception, when the address space is exhausted).
+    StatusOr<AlignedBuffer> pageable = AlignedBuffer::Allocate(static_cast<size_t>(bytes));
+    if (!pageable.ok())
+      return pageable.status().WithContext("Plan: measuring the pageable device-to-host rate");
+    std::memset(pageable->data(), 1, static_cast<size_t>(bytes));
     const int64_t t0 = NowNanos();
     RETURN_IF_ERROR(
-        device->CopyD2H(pageable.data(), dev.data(), static_cast<size_t>(bytes), device->d2h()));
+        device->CopyD2H(pageable->data(), dev.data(), static_cast<size_t>(bytes), device->d2h()));
     RETURN_IF_ERROR(device->d2h().Synchronize());
     const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
     r.d2h_pageable_gbytes_per_s =
@@ -260,13 +266,18 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
 }
 
 StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
-  std::vector<float> acc(static_cast<size_t>(elems), 0.f);
-  std::vector<uint16_t> grad(static_cast<size_t>(elems), 0x3f80);  // bf16 1.0
+  StatusOr<AlignedBuffer> acc_buf = AlignedBuffer::Allocate(static_cast<size_t>(elems) * 4);
+  StatusOr<AlignedBuffer> grad_buf = AlignedBuffer::Allocate(static_cast<size_t>(elems) * 2);
+  for (const auto* b : {&acc_buf, &grad_buf})
+    if (!b->ok()) return b->status().WithContext("Plan: measuring the accumulation rate");
+  float* acc = acc_buf->as<float>();
+  uint16_t* grad = grad_buf->as<uint16_t>();
+  std::fill(acc, acc + elems, 0.f);
+  std::fill(grad, grad + elems, uint16_t{0x3f80});  // bf16 1.0
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const int64_t t0 = NowNanos();
-    RETURN_IF_ERROR(
-        adam->Accumulate(acc.data(), grad.data(), DType::kBf16, static_cast<size_t>(elems)));
+    RETURN_IF_ERROR(adam->Accumulate(acc, grad, DType::kBf16, static_cast<size_t>(elems)));
     const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
     best = std::max(best, static_cast<double>(cpu_adam::AccumulateBytesPerElement(DType::kBf16)) *
                               static_cast<double>(elems) / secs * 1e-9);
