@@ -113,7 +113,9 @@ struct ZeroConfig {
   // Modules smaller than this stay on the device; 0 = none stays.
   int64_t stage3_param_persistence_threshold = 100'000;
   // Non-persistent elements resident at once; 0 = only the module in use
-  // (nothing is prefetched), as in DeepSpeed.
+  // (nothing is prefetched), as in DeepSpeed. A positive value below the two
+  // largest offloaded modules counts as those two (the one in use and the
+  // next: the plan reserves their slots in any case).
   int64_t stage3_max_live_parameters = 1'000'000'000;
   // A module reused within this many elements stays; 0 = release right after use.
   int64_t stage3_max_reuse_distance = 1'000'000'000;

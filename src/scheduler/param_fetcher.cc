@@ -344,9 +344,10 @@ Status ParamFetcher::WaitResident(int m) {
 Status ParamFetcher::Prefetch() {
   if (!params_offloaded() || !trace_->following()) return Status();
   int64_t live = live_elems();
-  // As the plan (ComputeTierPlan) reserves slots for: the live limit, but at
-  // least the two largest offloaded modules (one in use and the next). Below
-  // that no fetch could overlap a module's compute.
+  // As the plan (ComputeTierPlan) reserves slots for: a positive live limit
+  // counts as at least the two largest offloaded modules (one in use and the
+  // next); below that no fetch could overlap a module's compute. 0 keeps
+  // DeepSpeed's meaning: nothing is prefetched.
   int64_t largest = 0, second = 0;
   for (const ModuleExtent& me : layout_->modules()) {
     if (me.persistent) continue;
@@ -357,7 +358,8 @@ Status ParamFetcher::Prefetch() {
       second = me.elems();
     }
   }
-  const int64_t max_live = std::max(opts_.max_live_elems, largest + second);
+  const int64_t max_live =
+      opts_.max_live_elems == 0 ? 0 : std::max(opts_.max_live_elems, largest + second);
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);
     Slot& s = slots_[static_cast<size_t>(next)];

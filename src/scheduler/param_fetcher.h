@@ -6,9 +6,9 @@
 // device buffers taken from a slot pool laid out once by the plan (evicting
 // cached modules whose next use is furthest away when every slot is taken), prefetch of the modules
 // the recorded trace says come next (within stage3_prefetch_bucket_size and
-// stage3_max_live_parameters, which counts as at least the two largest
-// offloaded modules: the one in use and the next, as the plan reserves
-// slots for), release after use unless reused soon
+// stage3_max_live_parameters; a positive limit counts as at least the two
+// largest offloaded modules, the one in use and the next, as the plan
+// reserves slots for), release after use unless reused soon
 // (stage3_max_reuse_distance), and frees deferred until the device has passed
 // the last use. It also hands out the modules' gradient buffers.
 //

@@ -321,6 +321,15 @@ TEST_P(FetcherTest, ALiveLimitBelowTwoModulesStillPrefetchesTheNext) {
   ASSERT_NO_FATAL_FAILURE(Use(1, false));
   ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{1, 2}));
+  ASSERT_OK(fetcher_->FinishUse(1));
+  // 0 keeps DeepSpeed's meaning: only the module in use, nothing prefetched.
+  ASSERT_OK(fetcher_->InvalidateAll());
+  fo.max_live_elems = 0;
+  ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
+  ASSERT_NO_FATAL_FAILURE(Record(order));
+  ASSERT_NO_FATAL_FAILURE(Use(0, false));
+  ASSERT_OK(fetcher_->Prefetch());
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0}));
 }
 
 // Room for three modules. Modules 0, 1, 2 are cached (reused later in the
