@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "apps/strata/bench_optimizers.h"
+#include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
@@ -53,20 +54,6 @@ float Hash01(uint64_t i, uint64_t salt) {
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 29;
   return static_cast<float>((x >> 40) + 1) * 0x1p-24f;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
-}
-
-// The 1-minute load average (the machine is shared: say how busy it was).
-double LoadAverage() {
-  std::ifstream f("/proc/loadavg");
-  double load = -1;
-  f >> load;
-  return load;
 }
 
 int RunBenchAccumulate(const BenchAccumulateArgs& args) {

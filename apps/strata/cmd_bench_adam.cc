@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "apps/strata/bench_optimizers.h"
+#include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
@@ -108,12 +109,6 @@ cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType>
   s.hp.step = 10;
   s.hp.grad_scale = 1.0 / 1024;
   return s;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
 int RunBenchAdam(const BenchAdamArgs& args) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
@@ -45,19 +46,6 @@ struct BenchFoldArgs {
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "strata bench fold: %s\n", msg.c_str());
   return 1;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size() / 2;
-  return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
-}
-
-double LoadAverage() {
-  std::ifstream f("/proc/loadavg");
-  double load = -1;
-  f >> load;
-  return load;
 }
 
 void Check(const Status& s) {
