@@ -221,7 +221,7 @@ class PyEngine {
     py::gil_scoped_release nogil;
     engine_ = ValueOrThrow(Engine::Create(config_));
     device_ = DLDevice{kDLCPU, 0};
-    if (!engine_->DeviceIsHost())
+    if (!e().DeviceIsHost())
       device_ = DLDevice{kDLCUDA, static_cast<int32_t>(config_.strata.device_id)};
   }
 
@@ -229,6 +229,7 @@ class PyEngine {
 
   int register_parameter(const std::string& name, const std::vector<int64_t>& shape,
                          const std::string& dtype, int module, const py::capsule& init) {
+    e();  // closed: before the capsule is consumed
     int64_t numel = 1;
     for (int64_t d : shape) {
       if (d < 0)
@@ -245,7 +246,7 @@ class PyEngine {
     int id = 0;
     {
       py::gil_scoped_release nogil;
-      id = ValueOrThrow(engine_->RegisterParameter(spec));
+      id = ValueOrThrow(e().RegisterParameter(spec));
     }
     if (id != static_cast<int>(params_.size()))
       throw StatusException{InternalError("parameter ids out of order")};
@@ -258,12 +259,12 @@ class PyEngine {
 
   void plan() {
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->Plan());
+    ThrowIfError(e().Plan());
   }
 
   py::list budgets() const {
     py::list out;
-    for (const TierBudget& b : engine_->Budgets()) {
+    for (const TierBudget& b : e().Budgets()) {
       py::dict d;
       d["tier"] = b.tier;
       d["needed_bytes"] = b.needed_bytes;
@@ -279,41 +280,41 @@ class PyEngine {
     ModuleView v;
     {
       py::gil_scoped_release nogil;
-      v = ValueOrThrow(engine_->BeforeForward(m));
+      v = ValueOrThrow(e().BeforeForward(m));
     }
     return Views(m, v.params);
   }
   void after_forward(int m) {
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->AfterForward(m));
+    ThrowIfError(e().AfterForward(m));
   }
   // (parameter views, gradient views) of module m.
   py::tuple before_backward(int m) {
     ModuleView v;
     {
       py::gil_scoped_release nogil;
-      v = ValueOrThrow(engine_->BeforeBackward(m));
+      v = ValueOrThrow(e().BeforeBackward(m));
     }
     return py::make_tuple(Views(m, v.params), Views(m, v.grads));
   }
   void after_backward(int m) {
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->AfterBackward(m));
+    ThrowIfError(e().AfterBackward(m));
   }
 
   // The step's statistics as JSON text (StatsJson).
   std::string step() {
     py::gil_scoped_release nogil;
-    ValueOrThrow(engine_->Step());
-    return engine_->StatsJson();
+    ValueOrThrow(e().Step());
+    return e().StatsJson();
   }
   void zero_grad() {
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->ZeroGrad());
+    ThrowIfError(e().ZeroGrad());
   }
   void synchronize() {
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->Synchronize());
+    ThrowIfError(e().Synchronize());
   }
 
   py::capsule read_parameter(int id) {
@@ -323,7 +324,7 @@ class PyEngine {
     m->owned.resize(static_cast<size_t>(p.numel));
     {
       py::gil_scoped_release nogil;
-      ThrowIfError(engine_->ReadParameter(id, m->owned));
+      ThrowIfError(e().ReadParameter(id, m->owned));
     }
     float* data = m->owned.data();
     return MakeCapsule(std::move(m), data, DType::kFp32, DLDevice{kDLCPU, 0});
@@ -333,7 +334,7 @@ class PyEngine {
     std::vector<float> v =
         ConsumeFloats(values, p.numel, "values for parameter " + std::to_string(id));
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->WriteParameter(id, v));
+    ThrowIfError(e().WriteParameter(id, v));
   }
 
   void save_checkpoint(const std::string& dir, int64_t data_position, const std::string& note) {
@@ -341,13 +342,13 @@ class PyEngine {
     info.data_position = data_position;
     info.note = note;
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->SaveCheckpoint(dir, info));
+    ThrowIfError(e().SaveCheckpoint(dir, info));
   }
   py::dict load_checkpoint(const std::string& dir) {
     CheckpointInfo info;
     {
       py::gil_scoped_release nogil;
-      ThrowIfError(engine_->LoadCheckpoint(dir, &info));
+      ThrowIfError(e().LoadCheckpoint(dir, &info));
     }
     py::dict d;
     d["data_position"] = info.data_position;
@@ -357,16 +358,16 @@ class PyEngine {
     return d;
   }
 
-  double loss_scale() const { return engine_->loss_scale(); }
-  uintptr_t compute_stream() const { return reinterpret_cast<uintptr_t>(engine_->ComputeStream()); }
-  std::string device_name() const { return engine_->DeviceName(); }
-  bool device_is_host() const { return engine_->DeviceIsHost(); }
-  int num_parameters() const { return engine_->num_parameters(); }
-  int64_t num_elements() const { return engine_->num_elements(); }
-  std::string stats_json() const { return engine_->StatsJson(); }
+  double loss_scale() const { return e().loss_scale(); }
+  uintptr_t compute_stream() const { return reinterpret_cast<uintptr_t>(e().ComputeStream()); }
+  std::string device_name() const { return e().DeviceName(); }
+  bool device_is_host() const { return e().DeviceIsHost(); }
+  int num_parameters() const { return e().num_parameters(); }
+  int64_t num_elements() const { return e().num_elements(); }
+  std::string stats_json() const { return e().StatsJson(); }
   void write_timeline() {
     py::gil_scoped_release nogil;
-    ThrowIfError(engine_->WriteTimeline());
+    ThrowIfError(e().WriteTimeline());
   }
   // Destroys the engine now (removes swap files); later calls raise.
   void close() {
@@ -374,12 +375,13 @@ class PyEngine {
     engine_.reset();
   }
 
-  Engine& engine() {
+ private:
+  // The engine; after close(), FailedPrecondition.
+  Engine& e() const {
     if (!engine_) throw StatusException{FailedPreconditionError("the engine was closed")};
     return *engine_;
   }
 
- private:
   struct Param {
     std::vector<int64_t> shape;
     DType dtype;
@@ -439,43 +441,30 @@ PYBIND11_MODULE(_strata, m) {
       .def(py::init<const std::string&, const std::string&, const py::dict&, bool>(),
            py::arg("json_text"), py::arg("source"), py::arg("auto_values"), py::arg("host_only"))
       .def("config_json", &PyEngine::config_json)
-      .def(
-          "register_parameter",
-          [](PyEngine& self, const std::string& name, const std::vector<int64_t>& shape,
-             const std::string& dtype, int module, const py::capsule& init) {
-            self.engine();
-            return self.register_parameter(name, shape, dtype, module, init);
-          },
-          py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("module"), py::arg("init"))
-      .def("plan", [](PyEngine& s) { s.engine(), s.plan(); })
-      .def("budgets", [](PyEngine& s) { return s.engine(), s.budgets(); })
-      .def("before_forward", [](PyEngine& s, int mod) { return s.engine(), s.before_forward(mod); })
-      .def("after_forward", [](PyEngine& s, int mod) { s.engine(), s.after_forward(mod); })
-      .def("before_backward",
-           [](PyEngine& s, int mod) { return s.engine(), s.before_backward(mod); })
-      .def("after_backward", [](PyEngine& s, int mod) { s.engine(), s.after_backward(mod); })
-      .def("step", [](PyEngine& s) { return s.engine(), s.step(); })
-      .def("zero_grad", [](PyEngine& s) { s.engine(), s.zero_grad(); })
-      .def("synchronize", [](PyEngine& s) { s.engine(), s.synchronize(); })
-      .def("read_parameter", [](PyEngine& s, int id) { return s.engine(), s.read_parameter(id); })
-      .def("write_parameter",
-           [](PyEngine& s, int id, const py::capsule& v) { s.engine(), s.write_parameter(id, v); })
-      .def(
-          "save_checkpoint",
-          [](PyEngine& s, const std::string& dir, int64_t pos, const std::string& note) {
-            s.engine(), s.save_checkpoint(dir, pos, note);
-          },
-          py::arg("dir"), py::arg("data_position") = 0, py::arg("note") = "")
-      .def("load_checkpoint",
-           [](PyEngine& s, const std::string& dir) { return s.engine(), s.load_checkpoint(dir); })
-      .def("loss_scale", [](PyEngine& s) { return s.engine(), s.loss_scale(); })
-      .def("compute_stream", [](PyEngine& s) { return s.engine(), s.compute_stream(); })
-      .def("device_name", [](PyEngine& s) { return s.engine(), s.device_name(); })
-      .def("device_is_host", [](PyEngine& s) { return s.engine(), s.device_is_host(); })
-      .def("num_parameters", [](PyEngine& s) { return s.engine(), s.num_parameters(); })
-      .def("num_elements", [](PyEngine& s) { return s.engine(), s.num_elements(); })
-      .def("stats_json", [](PyEngine& s) { return s.engine(), s.stats_json(); })
-      .def("write_timeline", [](PyEngine& s) { s.engine(), s.write_timeline(); })
+      .def("register_parameter", &PyEngine::register_parameter, py::arg("name"), py::arg("shape"),
+           py::arg("dtype"), py::arg("module"), py::arg("init"))
+      .def("plan", &PyEngine::plan)
+      .def("budgets", &PyEngine::budgets)
+      .def("before_forward", &PyEngine::before_forward)
+      .def("after_forward", &PyEngine::after_forward)
+      .def("before_backward", &PyEngine::before_backward)
+      .def("after_backward", &PyEngine::after_backward)
+      .def("step", &PyEngine::step)
+      .def("zero_grad", &PyEngine::zero_grad)
+      .def("synchronize", &PyEngine::synchronize)
+      .def("read_parameter", &PyEngine::read_parameter)
+      .def("write_parameter", &PyEngine::write_parameter)
+      .def("save_checkpoint", &PyEngine::save_checkpoint, py::arg("dir"),
+           py::arg("data_position") = 0, py::arg("note") = "")
+      .def("load_checkpoint", &PyEngine::load_checkpoint)
+      .def("loss_scale", &PyEngine::loss_scale)
+      .def("compute_stream", &PyEngine::compute_stream)
+      .def("device_name", &PyEngine::device_name)
+      .def("device_is_host", &PyEngine::device_is_host)
+      .def("num_parameters", &PyEngine::num_parameters)
+      .def("num_elements", &PyEngine::num_elements)
+      .def("stats_json", &PyEngine::stats_json)
+      .def("write_timeline", &PyEngine::write_timeline)
       .def("close", &PyEngine::close);
 
   m.def(

@@ -92,7 +92,6 @@ class _Group:
         self.index = index
         self.params = []  # torch Parameters, registration order
         self.names = []  # their first qualified names
-        self.ids = []  # engine parameter ids
         self.fwd_depth = 0  # forwards of its modules in progress
         self.bwd_depth = 0  # backwards of its modules in progress
         self.in_backward = False  # gradients due in this backward pass
@@ -224,7 +223,7 @@ class Engine:
                 if r != root:
                     parent[r] = root
         by_root = {}
-        for key, (order, name, p) in sorted(first.items(), key=lambda kv: kv[1][0]):
+        for key, (_, name, p) in sorted(first.items(), key=lambda kv: kv[1][0]):
             root = find(key)
             if root not in by_root:
                 by_root[root] = _Group(len(by_root))
@@ -245,7 +244,6 @@ class Engine:
                 init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 pid = self._engine.register_parameter(name, list(p.shape), dtype_name, g.index,
                                                       _dlpack.to_dlpack(init))
-                g.ids.append(pid)
                 self._param_id[id(p)] = pid
                 self._shape_of_id.append(tuple(p.shape))
         # What the engine does not own follows the model to the device and dtype

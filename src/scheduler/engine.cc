@@ -123,6 +123,9 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   bool module_ready(int m) const override { return inflight_->run->ModuleReady(m); }
 
   Status CheckModule(int module, const char* call) const;
+  // FailedPrecondition naming `call` in the middle of an accumulation window
+  // (gradients handed over and not yet applied), with `advice`.
+  Status BetweenWindows(const std::string& call, std::string_view advice) const;
   scheduler::StepDeps Deps();
   // Makes module m usable: waits for its new parameters if a step is
   // producing them, then for its device copy.
@@ -633,13 +636,17 @@ Status EngineImpl::Synchronize() {
 // Checkpoints (checkpoint.h): between windows, nothing in flight
 // ---------------------------------------------------------------------------
 
+Status EngineImpl::BetweenWindows(const std::string& call, std::string_view advice) const {
+  if (micro_batches_ == 0 && !grads_since_launch_ && !fetcher_->any_grad()) return Status();
+  return FailedPreconditionError(fmt::format(
+      "{}: in the middle of an accumulation window ({} of {} micro-batches done, gradients not "
+      "applied); {}",
+      call, micro_batches_, std::max<int64_t>(1, cfg_.gradient_accumulation_steps), advice));
+}
+
 Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) {
   RETURN_IF_ERROR(Plan());
-  if (micro_batches_ != 0 || grads_since_launch_ || fetcher_->any_grad())
-    return FailedPreconditionError(fmt::format(
-        "SaveCheckpoint: in the middle of an accumulation window ({} of {} micro-batches done, "
-        "gradients not applied); save after the Step() that ends the window",
-        micro_batches_, std::max<int64_t>(1, cfg_.gradient_accumulation_steps)));
+  RETURN_IF_ERROR(BetweenWindows("SaveCheckpoint", "save after the Step() that ends the window"));
   RETURN_IF_ERROR(FinishStep());
   RETURN_IF_ERROR(dev_->Synchronize());
   scheduler::CheckpointMeta meta;
@@ -843,11 +850,7 @@ Status EngineImpl::WriteParameter(int id, std::span<const float> values) {
     r.initializer = nullptr;
     return Status();
   }
-  if (fetcher_->any_grad() || grads_since_launch_ || micro_batches_ != 0)
-    return FailedPreconditionError(fmt::format(
-        "WriteParameter {}: in the middle of an accumulation window ({} of {} micro-batches "
-        "done); write between windows",
-        r.rec.name, micro_batches_, std::max<int64_t>(1, cfg_.gradient_accumulation_steps)));
+  RETURN_IF_ERROR(BetweenWindows("WriteParameter " + r.rec.name, "write between windows"));
   RETURN_IF_ERROR(FinishStep());
   RETURN_IF_ERROR(dev_->Synchronize());
   const scheduler::ParamRec& p = layout_.param(id);

@@ -80,6 +80,22 @@ Status ParamFetcher::Init() {
   }
   for (const ModuleExtent& m : layout_->modules()) module_elems.push_back(m.elems());
   trace_ = std::make_unique<FetchTrace>(std::move(module_elems));
+  // As the plan (ComputeTierPlan) reserves slots for: a positive live limit
+  // counts as at least the two largest offloaded modules (one in use and the
+  // next); below that no fetch could overlap a module's compute. 0 keeps
+  // DeepSpeed's meaning: nothing is prefetched.
+  int64_t largest = 0, second = 0;
+  for (const ModuleExtent& me : layout_->modules()) {
+    if (me.persistent) continue;
+    if (me.elems() > largest) {
+      second = largest;
+      largest = me.elems();
+    } else if (me.elems() > second) {
+      second = me.elems();
+    }
+  }
+  max_live_elems_ =
+      opts_.max_live_elems == 0 ? 0 : std::max(opts_.max_live_elems, largest + second);
   // The persistent modules' block: each at its own offset.
   const auto align = static_cast<int64_t>(gpu::kDeviceAlignment);
   int64_t persistent = 0;
@@ -344,28 +360,12 @@ Status ParamFetcher::WaitResident(int m) {
 Status ParamFetcher::Prefetch() {
   if (!params_offloaded() || !trace_->following()) return Status();
   int64_t live = live_elems();
-  // As the plan (ComputeTierPlan) reserves slots for: a positive live limit
-  // counts as at least the two largest offloaded modules (one in use and the
-  // next); below that no fetch could overlap a module's compute. 0 keeps
-  // DeepSpeed's meaning: nothing is prefetched.
-  int64_t largest = 0, second = 0;
-  for (const ModuleExtent& me : layout_->modules()) {
-    if (me.persistent) continue;
-    if (me.elems() > largest) {
-      second = largest;
-      largest = me.elems();
-    } else if (me.elems() > second) {
-      second = me.elems();
-    }
-  }
-  const int64_t max_live =
-      opts_.max_live_elems == 0 ? 0 : std::max(opts_.max_live_elems, largest + second);
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);
     Slot& s = slots_[static_cast<size_t>(next)];
     if (s.residency != Residency::kAbsent) continue;
     if (gate_->reading_next_params() && !gate_->module_ready(next)) break;  // not reached yet
-    if (!me.persistent && live + me.elems() > max_live) break;
+    if (!me.persistent && live + me.elems() > max_live_elems_) break;
     RETURN_IF_ERROR(Fetch(next, true));
     if (s.residency == Residency::kAbsent) break;  // no room now: stop here
     live += me.persistent ? 0 : me.elems();

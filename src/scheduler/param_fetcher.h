@@ -192,6 +192,7 @@ class ParamFetcher {
   StepCounters* counters_;
   const StepGate* gate_;
   FetchOptions opts_;
+  int64_t max_live_elems_ = 0;  // opts_.max_live_elems with its floor (Init)
   // Declared before what holds its handles (destroyed after them).
   SlotPool pool_;
   gpu::DeviceBuffer persistent_;
