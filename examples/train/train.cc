@@ -21,13 +21,35 @@
 #include <thread>
 
 #include "examples/train/model.h"
+#include "src/common/env_param.h"
 #include "src/common/units.h"
 #include "src/nvme/nvme.h"
+#include "src/scheduler/scheduler.h"
 
 namespace strata::example {
 namespace {
 
 using nlohmann::json;
+
+// Developer switches of `strata train`, read from the environment (not
+// config keys: they exist for A/B runs and crash tests):
+//   STRATA_FOLD_GRADS=auto|on|off   fold the window's last micro-batch into
+//                                   the optimizer as the plan decides, wherever
+//                                   possible, or never (bench/train_fold_ab.sh)
+//   STRATA_CHECKPOINT_CRASH_AT=data|manifest_tmp|rename|cleanup
+//                                   SIGKILL at that point of a checkpoint save
+//                                   (tests/train/checkpoint_cli_test.cc)
+EngineTestHooks DeveloperHooksFromEnv() {
+  EngineTestHooks hooks;
+  const std::string fold = EnvString("STRATA_FOLD_GRADS", "auto");
+  hooks.fold_override = fold == "on" ? 1 : (fold == "off" ? 0 : -1);
+  const std::string crash_at = EnvString("STRATA_CHECKPOINT_CRASH_AT", "");
+  if (!crash_at.empty())
+    hooks.checkpoint_point = [crash_at](std::string_view point) {
+      if (point == crash_at) ::raise(SIGKILL);
+    };
+  return hooks;
+}
 
 double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -184,7 +206,8 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
   STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
   const DType dtype = ParamDTypeFromConfig(config);
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(config));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          CreateEngine(config, DeveloperHooksFromEnv()));
   const uint64_t seed = static_cast<uint64_t>(config.strata.model.seed);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                           Model::Create(engine.get(), shape, dtype, seed));

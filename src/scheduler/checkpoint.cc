@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +17,6 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/crc32c.h"
 #include "src/common/dtype.h"
-#include "src/common/env_param.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 
@@ -110,11 +108,6 @@ class File {
 Status SyncDir(const std::string& dir) {
   ASSIGN_OR_RETURN(File d, File::Open(dir, O_RDONLY | O_DIRECTORY));
   return d.Sync();
-}
-
-// The test knob of the file comment: dies here when asked to.
-void MaybeCrash(const char* point) {
-  if (EnvString("STRATA_CHECKPOINT_CRASH_AT", "") == point) ::raise(SIGKILL);
 }
 
 std::string Hex32(uint32_t v) { return fmt::format("{:08x}", v); }
@@ -237,7 +230,8 @@ std::vector<Entry> Scan(const std::string& root) {
 // interrupted saves (no manifest). The manifest goes first, so that a crash
 // half-way leaves a directory that is not a checkpoint. Failures are logged:
 // the new checkpoint is valid whatever happens here.
-void RemoveOld(const std::string& root, int64_t newest) {
+void RemoveOld(const std::string& root, int64_t newest,
+               const std::function<void(std::string_view)>& at_point = {}) {
   std::vector<Entry> entries = Scan(root);
   int kept = 0;
   bool removed = false;
@@ -253,7 +247,7 @@ void RemoveOld(const std::string& root, int64_t newest) {
                       ErrnoError("unlink", errno).ToString());
       continue;
     }
-    if (!removed) MaybeCrash("cleanup");
+    if (!removed && at_point) at_point("cleanup");
     removed = true;
     std::error_code ec;
     fs::remove_all(it->path, ec);
@@ -388,7 +382,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
         return kOptimizerStateBytesPerElem * layout.group(g).elems();
       }));
   RETURN_IF_ERROR(SyncDir(dir));
-  MaybeCrash("data");
+  if (meta->at_point) meta->at_point("data");
 
   const Json config_id = ConfigIdentity(config);
   const Json layout_id = LayoutIdentity(layout);
@@ -423,15 +417,15 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
     RETURN_IF_ERROR(f.Sync());
     RETURN_IF_ERROR(f.Close());
   }
-  MaybeCrash("manifest_tmp");
+  if (meta->at_point) meta->at_point("manifest_tmp");
   if (::rename(tmp.c_str(), final_path.c_str()) != 0)
     return ErrnoError(fmt::format("rename {} to {}", tmp, final_path), errno);
   partial.Keep();
-  MaybeCrash("rename");
+  if (meta->at_point) meta->at_point("rename");
   RETURN_IF_ERROR(SyncDir(dir));
   RETURN_IF_ERROR(SyncDir(root));
   meta->path = dir;
-  RemoveOld(root, seq);
+  RemoveOld(root, seq, meta->at_point);
   return Status();
 }
 

@@ -39,16 +39,18 @@
 // interrupted save left there (a directory without a manifest, a third
 // checkpoint), as that save would have.
 //
-// Test knob (src/common/env_param.h): STRATA_CHECKPOINT_CRASH_AT=data |
-// manifest_tmp | rename | cleanup kills the process (SIGKILL) at that point
-// of a save: after the data files are durable, after the temporary manifest
-// is, after the rename, after the first old checkpoint lost its manifest.
+// The points of a save (CheckpointMeta::at_point, for crash tests): "data"
+// after the data files are durable, "manifest_tmp" after the temporary
+// manifest is, "rename" after the rename, "cleanup" after the first old
+// checkpoint lost its manifest.
 //
 // Threading: the engine's thread; no optimizer step in flight.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
@@ -70,6 +72,8 @@ struct CheckpointMeta {
   std::string note;
   std::string path;   // the checkpoint's directory (set by Write/Read)
   int64_t bytes = 0;  // data bytes written or read
+  // Writing: called at each point of the save named in the file comment.
+  std::function<void(std::string_view point)> at_point;
 };
 
 // Writes a new checkpoint under `root` (created if missing) and removes old

@@ -2,22 +2,24 @@
 // NVMe swap store. This file wires the parts together and reads like a
 // training step; each part owns its state (see scheduler.h):
 //
-//   Layout        where every parameter's elements and bytes live (layout.h)
-//   TierPlan      what each tier must hold, and whether it fits (plan.h)
-//   StateStore    the states and parameter copies, commit/rollback (state_store.h)
-//   ParamFetcher  parameters onto the device ahead of use (param_fetcher.h)
-//   GradOffloader gradients into the fp32 accumulator (grad_offloader.h)
-//   OptimizerStep the optimizer over every sub-group (optimizer_step.h)
-//   StepCounters  the statistics of a step window (step_stats.h)
+//   Layout            where every parameter's elements and bytes live (layout.h)
+//   TierPlan          what each tier must hold, and whether it fits (plan.h)
+//   StateStore        the states and parameter copies, commit/rollback (state_store.h)
+//   ParamFetcher      parameters onto the device ahead of use (param_fetcher.h)
+//   OptimizerBackend  where gradients go and the optimizer runs, chosen once
+//                     by the plan (optimizer_backend.h): HostOptimizer
+//                     (gradients into DRAM, the step on the CPU) or
+//                     DeviceOptimizer (all in HBM)
+//   StepCounters      the statistics of a step window (step_counters.h)
 //
 // A window of micro-batches: BeforeForward/AfterForward and BeforeBackward/
-// AfterBackward per module fetch parameters and offload gradients; Step()
-// counts micro-batches and at the window's end checks the gradients
-// (inf/nan, global norm), launches the optimizer step (on its own thread with
-// overlap_optimizer) and returns. The step runs on while the next forward pass
-// begins; a module's fetch waits only for the sub-group holding it. The next
-// Step() (or an error, ReadParameter, Synchronize) joins it and commits it
-// into the StateStore, or rolls it back.
+// AfterBackward per module acquire and release the module's parameters and
+// hand its gradients to the back-end; Step() counts micro-batches and at the
+// window's end drains the gradients, checks them (inf/nan, global norm,
+// clipping) and launches the optimizer step. With the host back-end the step
+// runs on while the next forward pass begins; a module's fetch waits only for
+// the sub-group holding it. The next Step() (or an error, ReadParameter,
+// Synchronize) joins it and commits it into the StateStore, or rolls it back.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -29,35 +31,33 @@
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/dtype.h"
-#include "src/common/env_param.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/checkpoint.h"
-#include "src/scheduler/device_step.h"
-#include "src/scheduler/grad_offloader.h"
+#include "src/scheduler/device_optimizer.h"
+#include "src/scheduler/host_optimizer.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
-#include "src/scheduler/optimizer_step.h"
+#include "src/scheduler/optimizer_backend.h"
 #include "src/scheduler/param_fetcher.h"
 #include "src/scheduler/plan.h"
+#include "src/scheduler/rate_probes.h"
 #include "src/scheduler/scheduler.h"
 #include "src/scheduler/state_store.h"
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
 
 namespace strata {
 namespace {
 
-using scheduler::GradOffloader;
 using scheduler::Layout;
-using scheduler::OptimizerStep;
+using scheduler::OptimizerBackend;
 using scheduler::ParamFetcher;
-using scheduler::StateReadAhead;
+using scheduler::Phase;
 using scheduler::StateStore;
 using scheduler::StepCounters;
-using scheduler::StepOutcome;
 
 // A parameter as registered, until Plan() lays it out.
 struct Registration {
@@ -66,16 +66,7 @@ struct Registration {
   std::function<void(std::span<float>)> initializer;
 };
 
-// The optimizer step in flight and what the main thread keeps beside it.
-struct InFlight {
-  std::unique_ptr<OptimizerStep> run;
-  LossScaler scaler_before;
-  // offload_param none: modules whose new parameters were uploaded into the
-  // device block during the step.
-  std::vector<uint8_t> uploaded;
-};
-
-class EngineImpl final : public Engine, public scheduler::StepGate {
+class EngineImpl final : public Engine {
  public:
   EngineImpl(Config config, EngineTestHooks hooks)
       : cfg_(std::move(config)),
@@ -116,30 +107,18 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   OffloadDevice opt_place() const { return cfg_.zero_optimization.offload_optimizer.device; }
   OffloadDevice param_place() const { return cfg_.zero_optimization.offload_param.device; }
 
-  // StepGate (for the fetcher).
-  bool reading_next_params() const override {
-    return inflight_ && !inflight_->run->params().delayed;
-  }
-  bool module_ready(int m) const override { return inflight_->run->ModuleReady(m); }
-
   Status CheckModule(int module, const char* call) const;
   // FailedPrecondition naming `call` in the middle of an accumulation window
   // (gradients handed over and not yet applied), with `advice`.
   Status BetweenWindows(const std::string& call, std::string_view advice) const;
-  scheduler::StepDeps Deps();
-  // Makes module m usable: waits for its new parameters if a step is
-  // producing them, then for its device copy.
-  Status Acquire(int module);
-  Status AwaitModule(int module);
+  // The plan's optimizer back-end, started; the store opened beside it.
+  Status OpenBackendAndStore(const scheduler::TierPlan& plan);
+  // The window's last micro-batch is under way.
+  bool last_micro_batch() const { return window_.micro_batches + 1 >= gas_; }
 
-  // The optimizer step: launched by Step(), joined by FinishStep, which
-  // commits it into the store or rolls it back.
+  // The window's end: drain, join the step in flight, global checks, launch.
+  Status EndWindow(StepStats* st);
   cpu_adam::HyperParams HyperParamsFor(double grad_scale) const;
-  Status LaunchStep(double grad_scale, bool delayed, bool background);
-  Status PollStep();  // finishes a step that has ended (error, or commit when not delayed)
-  Status FinishStep();
-  void RollbackStep(InFlight& job);
-  void ClearGradients();
 
   Config cfg_;
   EngineTestHooks hooks_;
@@ -156,18 +135,12 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
   int64_t pinned_bytes_ = 0;  // the pinned pools
 
   bool device_optimizer_ = false;  // offload_optimizer none on a GPU (DeviceOptimizer)
-  std::unique_ptr<scheduler::DeviceOptimizer> dev_opt_;
-  std::unique_ptr<GradOffloader> grads_;
+  int64_t gas_ = 1;                // gradient_accumulation_steps, at least 1
+  scheduler::GradientWindow window_;
   std::unique_ptr<StateStore> store_;
+  std::unique_ptr<OptimizerBackend> backend_;
   std::unique_ptr<ParamFetcher> fetcher_;
-  StateReadAhead read_ahead_;
-  std::unique_ptr<InFlight> inflight_;
   std::map<void*, gpu::DeviceBuffer> workspaces_;
-
-  int64_t optimizer_steps_ = 0;
-  int micro_batches_ = 0;
-  bool grads_since_launch_ = false;  // gradients were handed over since LaunchStep
-  bool fold_ = false;                // the plan folds the last micro-batch (plan.h)
   StepStats last_;
 };
 
@@ -178,10 +151,8 @@ class EngineImpl final : public Engine, public scheduler::StepGate {
 EngineImpl::~EngineImpl() {
   // A step still running in the background ends first; it is not committed
   // (nothing reads the engine's state any more).
-  inflight_.reset();
-  read_ahead_.WaitAll();
+  backend_.reset();
   if (dev_) dev_->Synchronize().IgnoreError();
-  grads_.reset();
   if (!cfg_.strata.trace_path.empty() && counters_.timeline().size() > 0) {
     Status s = WriteTimeline();
     if (!s.ok()) STRATA_LOG_WARN("timeline: {}", s.ToString());
@@ -225,6 +196,7 @@ Status EngineImpl::Init() {
   aopts.threads = static_cast<int>(cfg_.strata.threads);
   ASSIGN_OR_RETURN(adam_, cpu_adam::CpuOptimizer::Create(aopts));
   scaler_ = cfg_.fp16.enabled ? LossScaler::FromConfig(cfg_.fp16) : LossScaler::Disabled();
+  gas_ = std::max<int64_t>(1, cfg_.gradient_accumulation_steps);
   // Busy times from device events; a framework on a GPU computes on the
   // compute stream (on the host device it computes on the calling thread).
   RETURN_IF_ERROR(counters_.StartDeviceClock(dev_.get()));
@@ -292,8 +264,7 @@ Status EngineImpl::Plan() {
     RETURN_IF_ERROR(nvme::RemoveLeftoverSwapFiles(p).status());
   scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
   placement.device_optimizer = device_optimizer_;
-  const std::string fold = EnvString("STRATA_FOLD_GRADS", "auto");
-  placement.fold_override = fold == "on" ? 1 : (fold == "off" ? 0 : -1);
+  placement.fold_override = hooks_.fold_override;
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   scheduler::TierFacts facts =
       scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
@@ -316,26 +287,15 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
-  fold_ = plan.fold_last_micro_batch;
-  grads_ = std::make_unique<GradOffloader>(dev_.get(), &layout_, adam_.get(), &counters_);
-  RETURN_IF_ERROR(grads_->Start(cfg_.strata.delayed_param_update, &pinned_bytes_,
-                                !device_optimizer_, plan.grad_landing_bytes,
-                                plan.pin_grad_landing));
-  store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
-  RETURN_IF_ERROR(
-      store_->Open(plan, grads_->staging_pool()->Regions(), hooks_.wrap_io_engine, &pinned_bytes_));
+  RETURN_IF_ERROR(OpenBackendAndStore(plan));
   scheduler::FetchOptions fo;
   fo.prefetch_bucket_elems = zo.stage3_prefetch_bucket_size;
   fo.max_live_elems = zo.stage3_max_live_parameters;
   fo.max_reuse_distance = zo.stage3_max_reuse_distance;
   fo.device_slots = plan.device_slots;
-  fetcher_ =
-      std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, this, fo);
+  fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_,
+                                            backend_.get(), fo);
   RETURN_IF_ERROR(fetcher_->Init());
-  if (device_optimizer_) {
-    dev_opt_ = std::make_unique<scheduler::DeviceOptimizer>(dev_.get(), &layout_, store_.get());
-    RETURN_IF_ERROR(dev_opt_->Init());
-  }
   const int64_t init0 = NowNanos();
   RETURN_IF_ERROR(
       store_->Initialize([&](int id, std::vector<float>& scratch) -> std::span<const float> {
@@ -358,8 +318,35 @@ Status EngineImpl::Plan() {
   return Status();
 }
 
+Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
+  store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
+  if (device_optimizer_) {
+    RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));
+    auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(dev_.get(), &layout_, store_.get(),
+                                                                &counters_, &scaler_, &window_);
+    RETURN_IF_ERROR(dev_opt->Init());
+    backend_ = std::move(dev_opt);
+    return Status();
+  }
+  scheduler::HostOptimizer::Options ho;
+  ho.second_accumulator = cfg_.strata.delayed_param_update;
+  ho.fold = plan.fold_last_micro_batch;
+  ho.landing_bytes = plan.grad_landing_bytes;
+  ho.pin_landing = plan.pin_grad_landing;
+  ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
+  ho.before_sub_group = hooks_.before_sub_group;
+  auto host = std::make_unique<scheduler::HostOptimizer>(dev_.get(), &layout_, adam_.get(),
+                                                         &counters_, &scaler_, &window_, ho);
+  // The gradient staging buffers are registered with the store's I/O engine.
+  RETURN_IF_ERROR(host->Start(&pinned_bytes_));
+  RETURN_IF_ERROR(store_->Open(plan, host->io_buffers(), hooks_.wrap_io_engine, &pinned_bytes_));
+  host->Bind(store_.get(), [this] { return fetcher_->InvalidateAll(); });
+  backend_ = std::move(host);
+  return Status();
+}
+
 // ---------------------------------------------------------------------------
-// The hooks: fetch before use, offload gradients after backward
+// The hooks: parameters acquired before use, gradients handed over after backward
 // ---------------------------------------------------------------------------
 
 Status EngineImpl::CheckModule(int module, const char* call) const {
@@ -369,25 +356,12 @@ Status EngineImpl::CheckModule(int module, const char* call) const {
   return Status();
 }
 
-Status EngineImpl::Acquire(int module) {
-  fetcher_->trace().Observe(module);
-  const int64_t t0 = NowNanos(), waited0 = counters_.optimizer_wait_ns();
-  RETURN_IF_ERROR(AwaitModule(module));
-  RETURN_IF_ERROR(fetcher_->WaitResident(module));
-  counters_.AddFetchWait((NowNanos() - t0) - (counters_.optimizer_wait_ns() - waited0));
-  fetcher_->MarkInUse(module);
-  return Status();
-}
-
 StatusOr<ModuleView> EngineImpl::BeforeForward(int module) {
   counters_.HookEntry();
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(CheckModule(module, "BeforeForward"));
-  RETURN_IF_ERROR(PollStep());
-  RETURN_IF_ERROR(fetcher_->Pump());
-  RETURN_IF_ERROR(Acquire(module));
-  RETURN_IF_ERROR(fetcher_->Prefetch());
-  ModuleView v = fetcher_->View(module, false);
+  RETURN_IF_ERROR(backend_->Poll());
+  ASSIGN_OR_RETURN(ModuleView v, fetcher_->Acquire(module, Phase::kForward));
   counters_.HookExit();
   return v;
 }
@@ -396,9 +370,8 @@ Status EngineImpl::AfterForward(int module) {
   counters_.HookEntry();
   RETURN_IF_ERROR(CheckModule(module, "AfterForward"));
   if (!planned_) return FailedPreconditionError("AfterForward before any BeforeForward");
-  RETURN_IF_ERROR(PollStep());
-  RETURN_IF_ERROR(fetcher_->FinishUse(module));
-  RETURN_IF_ERROR(fetcher_->Pump());
+  RETURN_IF_ERROR(backend_->Poll());
+  RETURN_IF_ERROR(fetcher_->Release(module));
   counters_.HookExit();
   return Status();
 }
@@ -407,20 +380,14 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
   counters_.HookEntry();
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(CheckModule(module, "BeforeBackward"));
-  RETURN_IF_ERROR(PollStep());
-  RETURN_IF_ERROR(fetcher_->Pump());
+  RETURN_IF_ERROR(backend_->Poll());
   if (fetcher_->has_grad(module))
     return FailedPreconditionError(
         fmt::format("BeforeBackward({}): the module's previous gradients were not handed over with "
                     "AfterBackward",
                     module));
-  RETURN_IF_ERROR(Acquire(module));
-  if (opt_place() == OffloadDevice::kNvme && !read_ahead_.started() && !inflight_ &&
-      micro_batches_ + 1 >= std::max<int64_t>(1, cfg_.gradient_accumulation_steps))
-    read_ahead_.Start(Deps());  // the window's last backward pass: the step follows it
-  RETURN_IF_ERROR(fetcher_->AllocateGrad(module));
-  RETURN_IF_ERROR(fetcher_->Prefetch());
-  ModuleView v = fetcher_->View(module, true);
+  ASSIGN_OR_RETURN(ModuleView v, fetcher_->Acquire(module, Phase::kBackward));
+  if (last_micro_batch()) backend_->PrepareStep();  // the step follows this backward pass
   counters_.HookExit();
   return v;
 }
@@ -430,73 +397,17 @@ Status EngineImpl::AfterBackward(int module) {
   RETURN_IF_ERROR(CheckModule(module, "AfterBackward"));
   if (!planned_ || !fetcher_->has_grad(module))
     return FailedPreconditionError(fmt::format("AfterBackward({}) without BeforeBackward", module));
-  grads_since_launch_ = true;
-  if (dev_opt_) {
-    // Into the accumulator in HBM, after the backward work on the compute stream.
-    RETURN_IF_ERROR(dev_opt_->Accumulate(module, fetcher_->grad(module)));
-    RETURN_IF_ERROR(fetcher_->ReleaseGradAfter(module, dev_->compute()));
-    RETURN_IF_ERROR(fetcher_->FinishUse(module));
-    RETURN_IF_ERROR(fetcher_->ReclaimDeferred(false));
-    counters_.HookExit();
-    return Status();
-  }
-  RETURN_IF_ERROR(dev_->compute().Record(fetcher_->computed(module)));
-  // Fold: the window's last micro-batch lands for the optimizer to read.
-  if (fold_ && micro_batches_ + 1 >= std::max<int64_t>(1, cfg_.gradient_accumulation_steps)) {
-    RETURN_IF_ERROR(grads_->Land(module, fetcher_->grad(module), fetcher_->computed(module)));
-  } else {
-    RETURN_IF_ERROR(grads_->Offload(module, fetcher_->grad(module), fetcher_->computed(module)));
-  }
-  RETURN_IF_ERROR(fetcher_->ReleaseGradAfterD2H(module));
-  RETURN_IF_ERROR(fetcher_->FinishUse(module));
-  RETURN_IF_ERROR(fetcher_->ReclaimDeferred(false));
-  RETURN_IF_ERROR(fetcher_->Pump());
+  window_.grads_since_launch = true;
+  RETURN_IF_ERROR(backend_->AddGradients(module, fetcher_->grad(module), fetcher_->computed(module),
+                                         last_micro_batch()));
+  RETURN_IF_ERROR(fetcher_->ReleaseGrad(module, backend_->gradients_read_on()));
   counters_.HookExit();
-  return Status();
-}
-
-Status EngineImpl::AwaitModule(int module) {
-  RETURN_IF_ERROR(PollStep());
-  if (!reading_next_params()) return Status();
-  InFlight& job = *inflight_;
-  if (!job.run->ModuleReady(module)) {
-    const int64_t t0 = NowNanos();
-    const bool ready = job.run->WaitModule(module);
-    counters_.AddOptimizerWait(NowNanos() - t0);
-    // Finished without reaching the module: the step failed (rolled back).
-    if (!ready) return FinishStep();
-  }
-  if (param_place() != OffloadDevice::kNone || job.uploaded[static_cast<size_t>(module)])
-    return Status();
-  // offload_param none: the module's new parameters go into its part of the
-  // device block now, ahead of the rest of the step.
-  if (layout_.module(module).bytes() > 0) {
-    gpu::Event& ready = fetcher_->ready(module);
-    RETURN_IF_ERROR(store_->UploadModule(module, ready));
-    if (dev_->is_host()) {
-      RETURN_IF_ERROR(ready.Synchronize());
-    } else {
-      RETURN_IF_ERROR(dev_->compute().Wait(ready));
-    }
-  }
-  job.uploaded[static_cast<size_t>(module)] = 1;
   return Status();
 }
 
 // ---------------------------------------------------------------------------
 // The optimizer step
 // ---------------------------------------------------------------------------
-
-scheduler::StepDeps EngineImpl::Deps() {
-  scheduler::StepDeps d;
-  d.layout = &layout_;
-  d.store = store_.get();
-  d.adam = adam_.get();
-  d.counters = &counters_;
-  d.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
-  d.before_sub_group = hooks_.before_sub_group;
-  return d;
-}
 
 cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
   const auto& o = cfg_.optimizer;
@@ -521,115 +432,20 @@ cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
   hp.eps = o.eps;
   hp.weight_decay = o.weight_decay;
   hp.bias_correction = o.bias_correction;
-  hp.step = optimizer_steps_ + 1;
+  hp.step = backend_->steps() + 1;
   hp.grad_scale = grad_scale;
   return hp;
 }
 
-Status EngineImpl::LaunchStep(double grad_scale, bool delayed, bool background) {
-  scheduler::StepParams p;
-  p.hp = HyperParamsFor(grad_scale);
-  p.step = optimizer_steps_ + 1;
-  p.delayed = delayed;
-  p.background = background;
-  // DPU: the next window accumulates into the other accumulator.
-  p.grads = delayed ? grads_->SwapForStep() : grads_->accumulator();
-  p.fold_modes = grads_->FoldModes();
-  p.landing = grads_->landing();
-  StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, &read_ahead_);
-  if (!run.ok()) {
-    if (delayed) grads_->SwapForStep();  // back as it was
-    return run.status();
-  }
-  auto job = std::make_unique<InFlight>();
-  job->run = std::move(*run);
-  job->scaler_before = scaler_;
-  job->uploaded.assign(static_cast<size_t>(layout_.num_modules()), 0);
-  ++optimizer_steps_;
-  scaler_.Update(false);
-  grads_since_launch_ = false;
-  grads_->ForgetWindow();  // the step has the window's fold modes
-  inflight_ = std::move(job);
-  return Status();
-}
-
-Status EngineImpl::PollStep() {
-  if (!inflight_) return Status();
-  bool ok = true;
-  const bool finished = inflight_->run->Finished(&ok);
-  if (!finished || (inflight_->run->params().delayed && ok)) return Status();  // DPU: by Step()
-  return FinishStep();
-}
-
-Status EngineImpl::FinishStep() {
-  if (!inflight_) return Status();
-  std::unique_ptr<InFlight> job = std::move(inflight_);
-  const StepOutcome outcome = job->run->Join();
-  const scheduler::StepParams& p = job->run->params();
-  const Status& s = outcome.status;
-  if (s.ok() || outcome.advanced) {
-    // DPU: the device copies were used during the step; they go now.
-    Status cs = p.delayed ? fetcher_->InvalidateAll() : Status();
-    if (cs.ok()) cs = store_->Commit(outcome, job->uploaded);
-    if (!s.ok()) ClearGradients();
-    return s.ok() ? cs : s;
-  }
-  RollbackStep(*job);
-  return s.WithContext(
-      fmt::format("optimizer step {} (launched by Step(){}); parameters and optimizer states are "
-                  "those of step {}, the window's gradients are discarded and a micro-batch in "
-                  "progress must be restarted",
-                  p.step, p.background ? ", run in the background" : "", p.step - 1));
-}
-
-void EngineImpl::RollbackStep(InFlight& job) {
-  const scheduler::StepParams& p = job.run->params();
-  optimizer_steps_ = p.step - 1;
-  scaler_ = job.scaler_before;
-  if (!p.delayed) {
-    // Device copies may hold the new parameters of modules the step reached.
-    fetcher_->InvalidateAll().IgnoreError();
-    store_->Rollback(job.uploaded, p.step);
-  }
-  ClearGradients();
-}
-
-void EngineImpl::ClearGradients() {
-  grads_->Drain().IgnoreError();
-  grads_->ZeroAll();
-  if (dev_opt_) dev_opt_->Zero().IgnoreError();
-  micro_batches_ = 0;
-  grads_since_launch_ = false;
-}
-
 Status EngineImpl::ZeroGrad() {
   if (!planned_) return Status();
-  RETURN_IF_ERROR(PollStep());
-  if (reading_next_params()) {
-    // The step in flight zeroes the accumulator as it consumes it: with no
-    // gradients added since, there is nothing to do (and no reason to wait).
-    if (!grads_since_launch_) {
-      micro_batches_ = 0;
-      return grads_->Drain();
-    }
-    RETURN_IF_ERROR(FinishStep());
-  }
-  if (dev_opt_) {
-    micro_batches_ = 0;
-    grads_since_launch_ = false;
-    return dev_opt_->Zero();
-  }
-  // With DPU in flight, the step owns the other accumulator; this one is ours.
-  RETURN_IF_ERROR(grads_->Drain());
-  grads_since_launch_ = false;
-  grads_->Zero();
-  micro_batches_ = 0;
-  return Status();
+  RETURN_IF_ERROR(backend_->Poll());
+  return backend_->ZeroGrad();
 }
 
 Status EngineImpl::Synchronize() {
   if (!planned_) return Status();
-  return FinishStep();
+  return backend_->Join();
 }
 
 // ---------------------------------------------------------------------------
@@ -637,23 +453,25 @@ Status EngineImpl::Synchronize() {
 // ---------------------------------------------------------------------------
 
 Status EngineImpl::BetweenWindows(const std::string& call, std::string_view advice) const {
-  if (micro_batches_ == 0 && !grads_since_launch_ && !fetcher_->any_grad()) return Status();
+  if (window_.micro_batches == 0 && !window_.grads_since_launch && !fetcher_->any_grad())
+    return Status();
   return FailedPreconditionError(fmt::format(
       "{}: in the middle of an accumulation window ({} of {} micro-batches done, gradients not "
       "applied); {}",
-      call, micro_batches_, std::max<int64_t>(1, cfg_.gradient_accumulation_steps), advice));
+      call, window_.micro_batches, gas_, advice));
 }
 
 Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) {
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(BetweenWindows("SaveCheckpoint", "save after the Step() that ends the window"));
-  RETURN_IF_ERROR(FinishStep());
+  RETURN_IF_ERROR(backend_->Join());
   RETURN_IF_ERROR(dev_->Synchronize());
   scheduler::CheckpointMeta meta;
-  meta.optimizer_step = optimizer_steps_;
+  meta.optimizer_step = backend_->steps();
   meta.scaler = scaler_.state();
   meta.data_position = info.data_position;
   meta.note = info.note;
+  meta.at_point = hooks_.checkpoint_point;
   return scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta)
       .WithContext("SaveCheckpoint " + dir);
 }
@@ -664,19 +482,17 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
     return FailedPreconditionError(
         "LoadCheckpoint: a module's gradients were not handed over with AfterBackward");
   // A step in flight ends first; its outcome no longer matters.
-  Status fs = FinishStep();
+  Status fs = backend_->Abandon();
   if (!fs.ok()) STRATA_LOG_WARN("LoadCheckpoint: the step in flight failed: {}", fs.ToString());
-  read_ahead_.WaitAll();  // reads of states about to be replaced: dropped
-  read_ahead_ = StateReadAhead();
   RETURN_IF_ERROR(dev_->Synchronize());
   StatusOr<scheduler::CheckpointMeta> meta =
       scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get());
   // Device copies of parameters are stale once anything was restored.
   RETURN_IF_ERROR(fetcher_->InvalidateAll());
   if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);
-  optimizer_steps_ = meta->optimizer_step;
+  backend_->set_steps(meta->optimizer_step);
   scaler_.Restore(meta->scaler);
-  ClearGradients();
+  backend_->DiscardWindow();
   if (info != nullptr) {
     info->data_position = meta->data_position;
     info->note = meta->note;
@@ -693,105 +509,64 @@ StatusOr<StepStats> EngineImpl::Step() {
     return FailedPreconditionError(
         "Step: a module's gradients were not handed over with AfterBackward");
   StepStats st;
-  ++micro_batches_;
-  const int64_t gas = std::max<int64_t>(1, cfg_.gradient_accumulation_steps);
   Status status;
-  if (micro_batches_ >= gas) {
+  if (++window_.micro_batches >= gas_) {
     const int64_t opt0 = NowNanos();
-    status = grads_->Drain();
-    // The step in flight ends here: this one reads its states (and with DPU
-    // its parameters become the current ones now).
-    Status fs = FinishStep();
-    if (status.ok()) status = fs;
-    bool overflow = false;
-    double sumsq = 0;
-    if (status.ok()) {
-      if (dev_opt_) {
-        status = dev_opt_->GlobalChecks(&overflow, &sumsq);
-      } else {
-        grads_->GlobalChecks(&overflow, &sumsq);
-      }
-    }
-    const double scale = scaler_.scale();
-    st.overflow = overflow;
-    if (status.ok() && overflow) {
-      scaler_.Update(true);
-      STRATA_LOG_INFO("step {}: inf/nan in the gradients, step skipped; loss scale now {}",
-                      optimizer_steps_ + 1, scaler_.scale());
-      ClearGradients();
-    } else if (status.ok()) {
-      const double norm = std::sqrt(sumsq) / scale;
-      double clip_coef = 1.0;
-      if (cfg_.gradient_clipping > 0) {
-        const double c = cfg_.gradient_clipping / (norm + 1e-6);
-        if (c < 1.0) clip_coef = c;
-      }
-      st.grad_norm = norm;
-      st.clip_coef = clip_coef;
-      const double grad_scale = clip_coef / scale;
-      if (dev_opt_) {
-        // All in HBM: one fused step on the compute stream, current at once.
-        const cpu_adam::HyperParams hp = HyperParamsFor(grad_scale);
-        gpu::AdamHyperParams dh;
-        dh.decoupled_weight_decay = hp.algorithm == cpu_adam::Algorithm::kAdamW;
-        dh.lr = hp.lr;
-        dh.beta1 = hp.beta1;
-        dh.beta2 = hp.beta2;
-        dh.eps = hp.eps;
-        dh.weight_decay = hp.weight_decay;
-        dh.bias_correction = hp.bias_correction;
-        dh.step = hp.step;
-        dh.grad_scale = hp.grad_scale;
-        const int64_t t0 = NowNanos();
-        status = dev_opt_->Step(dh);
-        // On the host device the framework computes on this thread, not on
-        // the compute stream: it must see the step's parameters.
-        if (status.ok() && dev_->is_host()) status = dev_->compute().Synchronize();
-        counters_.AddOptimizerBusy(NowNanos() - t0);
-        if (status.ok()) {
-          ++optimizer_steps_;
-          scaler_.Update(false);
-          grads_since_launch_ = false;
-          st.applied = true;
-        }
-      }
-      // The copy-out target must not still be read by the previous publish.
-      if (dev_opt_) {
-        // (done above)
-      } else if (gpu::Event* uploaded = store_->params_uploaded()) {
-        status = uploaded->Synchronize();
-      }
-      const bool delayed = cfg_.strata.delayed_param_update &&
-                           optimizer_steps_ >= cfg_.strata.delayed_param_update_warmup;
-      const bool background = delayed || cfg_.strata.overlap_optimizer;
-      // Device copies of parameters are stale once the step runs (with DPU:
-      // once it is committed, by the next Step()).
-      if (status.ok() && !delayed && !dev_opt_) status = fetcher_->InvalidateAll();
-      if (status.ok() && !dev_opt_) {
-        const int64_t before = optimizer_steps_;
-        status = LaunchStep(grad_scale, delayed, background);
-        if (status.ok() && !background) status = FinishStep();
-        st.applied = optimizer_steps_ > before;
-      }
-    }
-    if (!status.ok()) ClearGradients();  // the window is over, applied or not
+    status = EndWindow(&st);
+    if (!status.ok()) backend_->DiscardWindow();  // the window is over, applied or not
     st.optimizer_wall_s = static_cast<double>(NowNanos() - opt0) * 1e-9;
-    micro_batches_ = 0;
+    window_.micro_batches = 0;
   }
   // Statistics of the window since the previous Step().
   const int64_t now = NowNanos();
-  fetcher_->trace().EndStep();
-  st.step = optimizer_steps_;
+  st.trace_rerecords = fetcher_->NextStep();
+  st.step = backend_->steps();
   st.loss_scale = scaler_.scale();
   counters_.EndWindow(now, &st);
   st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);
   st.pinned_high_water_bytes = pinned_bytes_ + store_->pinned_array_bytes();
-  st.trace_rerecords = fetcher_->trace().rerecords();
   last_ = st;
-  fetcher_->trace().BeginStep();
   counters_.HookExit();
   if (!status.ok()) return status;
   return st;
+}
+
+Status EngineImpl::EndWindow(StepStats* st) {
+  Status status = backend_->Drain();
+  // The step in flight ends here: this one reads its states (and with DPU
+  // its parameters become the current ones now).
+  Status joined = backend_->Join();
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(joined);
+  bool overflow = false;
+  double sumsq = 0;
+  RETURN_IF_ERROR(backend_->GlobalChecks(&overflow, &sumsq));
+  const double scale = scaler_.scale();
+  st->overflow = overflow;
+  if (overflow) {
+    scaler_.Update(true);
+    STRATA_LOG_INFO("step {}: inf/nan in the gradients, step skipped; loss scale now {}",
+                    backend_->steps() + 1, scaler_.scale());
+    backend_->DiscardWindow();
+    return Status();
+  }
+  const double norm = std::sqrt(sumsq) / scale;
+  double clip_coef = 1.0;
+  if (cfg_.gradient_clipping > 0) {
+    const double c = cfg_.gradient_clipping / (norm + 1e-6);
+    if (c < 1.0) clip_coef = c;
+  }
+  st->grad_norm = norm;
+  st->clip_coef = clip_coef;
+  scheduler::LaunchParams p;
+  p.hp = HyperParamsFor(clip_coef / scale);
+  p.delayed = cfg_.strata.delayed_param_update &&
+              backend_->steps() >= cfg_.strata.delayed_param_update_warmup;
+  p.background = p.delayed || cfg_.strata.overlap_optimizer;
+  const int64_t before = backend_->steps();
+  Status launched = backend_->Launch(p);
+  st->applied = backend_->steps() > before;
+  return launched;
 }
 
 // ---------------------------------------------------------------------------
@@ -834,7 +609,7 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     return Status();
   }
   // A step in flight is finished (and committed) first: its states are read.
-  RETURN_IF_ERROR(FinishStep());
+  RETURN_IF_ERROR(backend_->Join());
   return store_->ReadMaster(layout_.param(id), out);
 }
 
@@ -851,32 +626,9 @@ Status EngineImpl::WriteParameter(int id, std::span<const float> values) {
     return Status();
   }
   RETURN_IF_ERROR(BetweenWindows("WriteParameter " + r.rec.name, "write between windows"));
-  RETURN_IF_ERROR(FinishStep());
+  RETURN_IF_ERROR(backend_->Join());
   RETURN_IF_ERROR(dev_->Synchronize());
-  const scheduler::ParamRec& p = layout_.param(id);
-  // The working-precision copy: the module's bytes, read, patched, written back.
-  const scheduler::ModuleExtent& me = layout_.module(p.module);
-  ASSIGN_OR_RETURN(AlignedBuffer mod,
-                   AlignedBuffer::Allocate(static_cast<size_t>(scheduler::IoBytes(me.bytes())),
-                                           scheduler::kIoAlign));
-  RETURN_IF_ERROR(store_->ReadModuleParams(p.module, mod.data()));
-  uint8_t* dst = mod.as<uint8_t>() + (p.byte_off - me.byte_begin);
-  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dst, p.dtype, i, values[i]);
-  RETURN_IF_ERROR(store_->WriteModuleParams(p.module, mod.data()));
-  // The fp32 master: in each sub-group holding part of it (master | exp_avg | exp_avg_sq).
-  for (size_t g = 0; g < layout_.num_groups(); ++g) {
-    const scheduler::SubGroup& sg = layout_.group(g);
-    const int64_t b = std::max(sg.elem_begin, p.elem_off);
-    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
-    if (b >= e) continue;
-    ASSIGN_OR_RETURN(
-        AlignedBuffer states,
-        AlignedBuffer::Allocate(static_cast<size_t>(sg.state_io_bytes()), scheduler::kIoAlign));
-    RETURN_IF_ERROR(store_->ReadGroupStates(g, states.data()));
-    std::memcpy(states.as<float>() + (b - sg.elem_begin), values.data() + (b - p.elem_off),
-                static_cast<size_t>(e - b) * sizeof(float));
-    RETURN_IF_ERROR(store_->WriteGroupStates(g, states.data()));
-  }
+  RETURN_IF_ERROR(store_->WriteMaster(layout_.param(id), values));
   // Device copies fetched before are stale.
   return fetcher_->InvalidateAll();
 }

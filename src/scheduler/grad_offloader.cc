@@ -13,6 +13,7 @@
 #include "src/common/half.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/scheduler/plan.h"
 
 namespace strata::scheduler {
 namespace {
@@ -255,7 +256,7 @@ namespace {
 // sum the accumulation would have written (acc[i] + g, or 0.f + g).
 template <int kMode, int kDType>
 inline float FoldedAt(const float* acc, const uint8_t* land, int64_t i, int64_t j) {
-  if constexpr (kMode == GradOffloader::kAccOnly) {
+  if constexpr (kMode == kAccOnly) {
     return acc[i];
   } else {
     float g;
@@ -266,7 +267,7 @@ inline float FoldedAt(const float* acc, const uint8_t* land, int64_t i, int64_t 
       std::memcpy(&h, land + 2 * j, 2);
       g = kDType == static_cast<int>(DType::kFp16) ? HalfBitsToFloat(h) : Bf16BitsToFloat(h);
     }
-    return (kMode == GradOffloader::kFoldAcc ? acc[i] : 0.f) + g;  // acc += g, not written
+    return (kMode == kFoldAcc ? acc[i] : 0.f) + g;  // acc += g, not written
   }
 }
 

@@ -42,9 +42,10 @@
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
+#include "src/scheduler/fold_mode.h"
+#include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
-#include "src/scheduler/state_store.h"
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
 
 namespace strata::scheduler {
 
@@ -63,9 +64,6 @@ class GradOffloader {
   Status Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator = true,
                int64_t landing_bytes = 0, bool pin_landing = false);
   gpu::PinnedPool* staging_pool() { return pool_.get(); }
-
-  // How a module's gradients reach the optimizer this window (fold).
-  enum FoldMode : uint8_t { kAccOnly = 0, kFoldAcc = 1, kFoldZero = 2 };
 
   // Enqueues the D2H copies of module m's gradients (device_grad: the
   // module's gradient buffer, laid out like its parameters) after `computed`

@@ -260,12 +260,12 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
     st.grad = params_.grads + s.elem_begin;
     st.grad_dtype = DType::kFp32;
     const uint8_t mode = FoldModeOf(s.param);
-    if (mode != GradOffloader::kAccOnly) {
+    if (mode != kAccOnly) {
       // The landed gradients beside the accumulator, in the optimizer's pass.
       st.grad = params_.landing + s.byte_offset;
       st.grad_dtype = p.dtype;
       st.fold = true;
-      st.fold_acc = mode == GradOffloader::kFoldAcc ? params_.grads + s.elem_begin : nullptr;
+      st.fold_acc = mode == kFoldAcc ? params_.grads + s.elem_begin : nullptr;
     }
     st.exp_avg = m + (s.elem_begin - base);
     st.exp_avg_sq = v + (s.elem_begin - base);
@@ -290,7 +290,7 @@ Status OptimizerStep::StepShards(size_t g, std::span<const cpu_adam::ShardStep> 
 }
 
 uint8_t OptimizerStep::FoldModeOf(int param) const {
-  if (params_.fold_modes.empty()) return GradOffloader::kAccOnly;
+  if (params_.fold_modes.empty()) return kAccOnly;
   return params_.fold_modes[static_cast<size_t>(deps_.layout->param(param).module)];
 }
 
@@ -302,7 +302,7 @@ void OptimizerStep::GroupDone(size_t g) {
   } else {
     // Modules only landed left their accumulator part at zero.
     for (const Layout::Slice& s : deps_.layout->Slices(sg.elem_begin, sg.elem_end))
-      if (FoldModeOf(s.param) != GradOffloader::kFoldZero)
+      if (FoldModeOf(s.param) != kFoldZero)
         std::memset(params_.grads + s.elem_begin, 0,
                     static_cast<size_t>(s.elem_end - s.elem_begin) * kGradAccBytesPerElem);
   }

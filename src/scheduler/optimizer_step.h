@@ -26,10 +26,10 @@
 
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/cpu_adam.h"
-#include "src/scheduler/grad_offloader.h"
+#include "src/scheduler/fold_mode.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/state_store.h"
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
 
 namespace strata::scheduler {
 
@@ -110,7 +110,7 @@ class OptimizerStep {
   OptimizerStep(const StepDeps& deps, const StepParams& params) : deps_(deps), params_(params) {}
   void Run() EXCLUDES(mu_);
   Status StepInMemory();
-  // The fold mode of a parameter's module (GradOffloader::FoldMode).
+  // The fold mode of a parameter's module (fold_mode.h).
   uint8_t FoldModeOf(int param) const;
   // After sub-group g: zero its gradients, publish progress.
   void GroupDone(size_t g) EXCLUDES(mu_);

@@ -8,6 +8,7 @@
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/common/units.h"
+#include "src/scheduler/fetch_trace.h"
 
 namespace strata::scheduler {
 
@@ -58,12 +59,12 @@ StatusOr<SlotPool::Handle> SlotPool::Acquire() {
 // ---- ParamFetcher --------------------------------------------------------------
 
 ParamFetcher::ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store,
-                           StepCounters* counters, const StepGate* gate, FetchOptions options)
+                           StepCounters* counters, StepProgress* progress, FetchOptions options)
     : dev_(device),
       layout_(layout),
       store_(store),
       counters_(counters),
-      gate_(gate),
+      progress_(progress),
       opts_(options),
       slots_(static_cast<size_t>(layout->num_modules())) {}
 
@@ -150,7 +151,7 @@ Status ParamFetcher::ReclaimDeferred(bool wait_all) {
   return Status();
 }
 
-void ParamFetcher::Release(int m) {
+void ParamFetcher::DropCopy(int m) {
   Slot& s = slots_[static_cast<size_t>(m)];
   // The device copy may still be read by work on the compute stream.
   auto ev = dev_->CreateEvent();
@@ -189,7 +190,7 @@ Status ParamFetcher::MakeRoom(int keep_module) {
   }
   std::sort(candidates.begin(), candidates.end(), [&](int a, int b) { return rank(a) > rank(b); });
   for (int i : candidates) {
-    Release(i);
+    DropCopy(i);
     RETURN_IF_ERROR(ReclaimDeferred(true));
     if (pool_.free_count() > 0) return Status();
   }
@@ -216,7 +217,7 @@ StatusOr<SlotPool::Handle> ParamFetcher::AcquireSlot(int keep_module) {
 
 Status ParamFetcher::StartCopy(int m) {
   Slot& s = slots_[static_cast<size_t>(m)];
-  const bool updated = gate_->reading_next_params();
+  const bool updated = progress_->reading_next_params();
   const void* src = store_->FetchSource(m, updated);
   if (src == nullptr) src = s.staging.data();
   const int64_t bytes = layout_->module(m).bytes();
@@ -287,7 +288,7 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
     s.data = s.slot.data();
   }
   s.prefetched = prefetch;
-  if (store_->param_place() == OffloadDevice::kCpu || gate_->reading_next_params())
+  if (store_->param_place() == OffloadDevice::kCpu || progress_->reading_next_params())
     return StartCopy(m);
   // NVMe → pinned staging → HBM.
   gpu::PinnedPool* pool = store_->param_pool();
@@ -364,7 +365,8 @@ Status ParamFetcher::Prefetch() {
     const ModuleExtent& me = layout_->module(next);
     Slot& s = slots_[static_cast<size_t>(next)];
     if (s.residency != Residency::kAbsent) continue;
-    if (gate_->reading_next_params() && !gate_->module_ready(next)) break;  // not reached yet
+    if (progress_->reading_next_params() && !progress_->module_ready(next))
+      break;  // not reached yet
     if (!me.persistent && live + me.elems() > max_live_elems_) break;
     RETURN_IF_ERROR(Fetch(next, true));
     if (s.residency == Residency::kAbsent) break;  // no room now: stop here
@@ -378,7 +380,7 @@ Status ParamFetcher::FinishUse(int m) {
   s.in_use = false;
   if (!params_offloaded() || layout_->module(m).persistent) return Status();
   if (trace_->following() && trace_->ReuseDistance() <= opts_.max_reuse_distance) return Status();
-  Release(m);
+  DropCopy(m);
   return Status();
 }
 
@@ -411,16 +413,43 @@ ModuleView ParamFetcher::View(int m, bool with_grads) {
   return v;
 }
 
-Status ParamFetcher::AllocateGrad(int m) {
-  ASSIGN_OR_RETURN(slots_[static_cast<size_t>(m)].grad, AcquireSlot(m));
-  return Status();
+// ---- The engine's calls --------------------------------------------------------
+
+StatusOr<ModuleView> ParamFetcher::Acquire(int m, Phase phase) {
+  RETURN_IF_ERROR(Pump());
+  trace_->Observe(m);
+  const int64_t t0 = NowNanos(), waited0 = counters_->optimizer_wait_ns();
+  RETURN_IF_ERROR(progress_->AwaitModule(m));
+  RETURN_IF_ERROR(WaitResident(m));
+  counters_->AddFetchWait((NowNanos() - t0) - (counters_->optimizer_wait_ns() - waited0));
+  Slot& s = slots_[static_cast<size_t>(m)];
+  s.in_use = true;
+  if (phase == Phase::kBackward) {
+    ASSIGN_OR_RETURN(s.grad, AcquireSlot(m));
+  }
+  RETURN_IF_ERROR(Prefetch());
+  return View(m, phase == Phase::kBackward);
 }
 
-Status ParamFetcher::ReleaseGradAfter(int m, gpu::Stream& stream) {
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> copied, dev_->CreateEvent());
-  RETURN_IF_ERROR(stream.Record(*copied));
-  deferred_.push_back({std::move(slots_[static_cast<size_t>(m)].grad), std::move(copied)});
-  return Status();
+Status ParamFetcher::Release(int m) {
+  RETURN_IF_ERROR(FinishUse(m));
+  return Pump();
+}
+
+Status ParamFetcher::ReleaseGrad(int m, gpu::Stream& read_by) {
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> read, dev_->CreateEvent());
+  RETURN_IF_ERROR(read_by.Record(*read));
+  deferred_.push_back({std::move(slots_[static_cast<size_t>(m)].grad), std::move(read)});
+  RETURN_IF_ERROR(FinishUse(m));
+  RETURN_IF_ERROR(ReclaimDeferred(false));
+  return Pump();
+}
+
+int64_t ParamFetcher::NextStep() {
+  trace_->EndStep();
+  const int64_t rerecords = trace_->rerecords();
+  trace_->BeginStep();
+  return rerecords;
 }
 
 }  // namespace strata::scheduler

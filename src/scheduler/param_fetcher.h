@@ -23,7 +23,18 @@
 // While an optimizer step runs (not delayed), a module it has finished is
 // copied from the step's copy-out target (its new values) instead of its
 // host/NVMe copy, and a prefetch stops at the first module the step has not
-// reached: the StepGate says which.
+// reached: the optimizer back-end's StepProgress says which, and waits for
+// the part of the step a module needs.
+//
+// The engine drives it with a few calls per module and phase:
+//   Acquire(m, phase)    before the module's forward or backward: its
+//                        parameters resident (and a gradient buffer for
+//                        backward), the next modules prefetched; its view
+//   Release(m)           after its forward
+//   ReleaseGrad(m, s)    after its backward, once its gradients were handed
+//                        over (the buffer is reused when stream s has read it)
+//   InvalidateAll()      the parameters changed: every device copy dropped
+//   NextStep()           at the step's end: the recorded order moves on
 //
 // Threading: the engine's (main) thread only.
 #pragma once
@@ -38,20 +49,11 @@
 #include "src/scheduler/fetch_trace.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/state_store.h"
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
+#include "src/scheduler/step_progress.h"
 #include "strata/engine.h"
 
 namespace strata::scheduler {
-
-// What the fetcher needs to know of an optimizer step in flight.
-class StepGate {
- public:
-  virtual ~StepGate() = default;
-  // A step is running whose new parameters the next fetches must read.
-  virtual bool reading_next_params() const = 0;
-  // That step has finished module m (its new parameters are final).
-  virtual bool module_ready(int m) const = 0;
-};
 
 struct FetchOptions {
   int64_t prefetch_bucket_elems = 0;  // stage3_prefetch_bucket_size
@@ -101,56 +103,52 @@ class SlotPool {
 
 enum class Residency { kAbsent, kReading, kCopying, kResident };
 
+enum class Phase { kForward, kBackward };
+
 class ParamFetcher {
  public:
   ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store, StepCounters* counters,
-               const StepGate* gate, FetchOptions options);
+               StepProgress* progress, FetchOptions options);
   ~ParamFetcher();  // waits for NVMe reads in flight
 
   // Creates the modules' events, the fetch trace, the persistent block and
   // the slot pool.
   Status Init();
-  FetchTrace& trace() { return *trace_; }
-  bool params_offloaded() const { return store_->param_place() != OffloadDevice::kNone; }
 
-  // Advances NVMe reads that have completed into their H2D copies.
-  Status Pump();
   // Makes module m's parameters usable by work on the compute stream (on the
-  // host device: by the caller, now), fetching on demand.
-  Status WaitResident(int m);
-  void MarkInUse(int m) { slots_[static_cast<size_t>(m)].in_use = true; }
-  // Starts fetching the modules the trace expects next, within the budgets.
-  Status Prefetch();
-  // The framework is done with module m: release its device copy unless it
-  // is reused soon.
-  Status FinishUse(int m);
+  // host device: by the caller, now): the step in flight's new values if it
+  // produces them, fetched on demand if no prefetch brought them. kBackward
+  // also gives the module a gradient buffer. Then starts fetching the modules
+  // the recorded order expects next, within the budgets. The view holds the
+  // device pointers of the module's parameters (and gradient buffers).
+  StatusOr<ModuleView> Acquire(int m, Phase phase);
+  // The framework is done with module m's forward: its device copy is
+  // released unless it is reused soon.
+  Status Release(int m);
+  // Module m's backward is done and its gradients were handed over: the
+  // gradient buffer is reused once `read_by` has passed this point, and the
+  // device copy is released as by Release.
+  Status ReleaseGrad(int m, gpu::Stream& read_by);
   // Drops every device copy (the parameters changed), after the device is idle.
   Status InvalidateAll();
+  // The step ends: the fetch order it took is recorded or confirmed, and the
+  // next step's begins. Returns how often a step's order differed so far.
+  int64_t NextStep();
 
-  // Device pointers of module m's parameters (and gradient buffers).
-  ModuleView View(int m, bool with_grads);
-  // Module m's gradient buffer (same layout as its parameters).
-  Status AllocateGrad(int m);
+  // Module m's gradient buffer (laid out like its parameters), and the event
+  // recorded when its gradients are complete.
   bool has_grad(int m) const { return static_cast<bool>(slots_[static_cast<size_t>(m)].grad); }
   bool any_grad() const;
   const void* grad(int m) const { return slots_[static_cast<size_t>(m)].grad.data(); }
+  gpu::Event& computed(int m) { return *slots_[static_cast<size_t>(m)].computed; }
+
+  // Observers (tests, statistics).
+  Residency residency(int m) const { return slots_[static_cast<size_t>(m)].residency; }
   int64_t free_device_slots() const { return pool_.free_count(); }
   int64_t device_slots() const { return pool_.count(); }
-  gpu::Event& computed(int m) { return *slots_[static_cast<size_t>(m)].computed; }
-  // Recorded after the last copy of module m's parameters to the device.
-  gpu::Event& ready(int m) { return *slots_[static_cast<size_t>(m)].ready; }
-  // Frees module m's gradient buffer once the D2H stream (or `stream`) has
-  // passed this point.
-  Status ReleaseGradAfterD2H(int m) { return ReleaseGradAfter(m, dev_->d2h()); }
-  Status ReleaseGradAfter(int m, gpu::Stream& stream);
-
-  // A device slot, evicting cached modules (not `keep_module`) and waiting
-  // for deferred frees when none is free.
-  StatusOr<SlotPool::Handle> AcquireSlot(int keep_module);
+  const FetchTrace& trace() const { return *trace_; }
   // Frees deferred buffers whose last use has completed (all: waiting).
   Status ReclaimDeferred(bool wait_all);
-
-  Residency residency(int m) const { return slots_[static_cast<size_t>(m)].residency; }
 
  private:
   struct Slot {
@@ -180,17 +178,30 @@ class ParamFetcher {
   };
   Status ReclaimStaging(bool wait_all);
 
+  bool params_offloaded() const { return store_->param_place() != OffloadDevice::kNone; }
+  // Advances NVMe reads that have completed into their H2D copies.
+  Status Pump();
+  // Module m resident for work on the compute stream, fetched on demand.
+  Status WaitResident(int m);
+  // Starts fetching the modules the trace expects next, within the budgets.
+  Status Prefetch();
+  // Module m's device copy released unless it is reused soon.
+  Status FinishUse(int m);
+  ModuleView View(int m, bool with_grads);
+  // A device slot, evicting cached modules (not `keep_module`) and waiting
+  // for deferred frees when none is free.
+  StatusOr<SlotPool::Handle> AcquireSlot(int keep_module);
   Status Fetch(int m, bool prefetch);
   Status StartCopy(int m);
   Status MakeRoom(int keep_module);
-  void Release(int m);
+  void DropCopy(int m);  // the device copy goes once the compute stream is past it
   int64_t live_elems() const;
 
   gpu::Device* dev_;
   const Layout* layout_;
   StateStore* store_;
   StepCounters* counters_;
-  const StepGate* gate_;
+  StepProgress* progress_;
   FetchOptions opts_;
   int64_t max_live_elems_ = 0;  // opts_.max_live_elems with its floor (Init)
   // Declared before what holds its handles (destroyed after them).

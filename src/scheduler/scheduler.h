@@ -14,8 +14,13 @@
 //   grad_offloader.h  GradOffloader: gradient D2H chunks -> fp32 accumulator
 //   optimizer_step.h  OptimizerStep: the step over every sub-group, its thread,
 //                     the NVMe state ring, the state read-ahead
-//   device_step.h     DeviceOptimizer: offload_optimizer none on a GPU (all in HBM)
-//   step_stats.h      StepCounters: busy times, bytes, NVMe busy union, timeline
+//   optimizer_backend.h  OptimizerBackend: where gradients go and the optimizer
+//                     runs, chosen once by the plan; StepProgress for the fetcher
+//   host_optimizer.h  HostOptimizer: GradOffloader + OptimizerStep, the step
+//                     in flight, commit / rollback
+//   device_optimizer.h  DeviceOptimizer: offload_optimizer none on a GPU (all in HBM)
+//   step_counters.h   StepCounters: busy times, bytes, NVMe busy union, timeline
+//   rate_probes.h     the PCIe and accumulation rates the plan measures
 //   loss_scaler.h     LossScaler: fp16 dynamic loss scaling
 //   fetch_trace.h     FetchTrace: the recorded module order for prefetch
 //   timeline.h        Timeline: the Chrome-trace/Perfetto timeline
@@ -33,6 +38,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string_view>
 
 #include "src/nvme/nvme.h"
 #include "strata/engine.h"
@@ -51,6 +57,14 @@ struct EngineTestHooks {
   // it always runs on a GPU; without it the host device steps states in the
   // arena with the CPU optimizer.
   bool device_optimizer = false;
+  // Whether the window's last micro-batch is folded into the optimizer's
+  // pass: -1 as the plan decides, 0 never, 1 wherever possible (the plan's
+  // Placement::fold_override; `strata train` sets it from STRATA_FOLD_GRADS
+  // for A/B runs).
+  int fold_override = -1;
+  // Called at each point of a checkpoint save (CheckpointMeta::at_point
+  // lists them); crash tests end the process there.
+  std::function<void(std::string_view point)> checkpoint_point;
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config,

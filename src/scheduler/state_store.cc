@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "src/common/dtype.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/units.h"
@@ -13,37 +14,6 @@ namespace strata::scheduler {
 
 using gpu::Device;
 using gpu::PinnedPool;
-
-// ---- HostArray ---------------------------------------------------------------
-
-Status HostArray::Allocate(int64_t bytes, Device* pin_with, const std::string& what) {
-  ASSIGN_OR_RETURN(
-      buf_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 64)), kIoAlign));
-  bytes_ = bytes;
-  if (pin_with != nullptr && bytes > 0) {
-    Status s = pin_with->PinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes)));
-    if (s.ok()) {
-      pinned_by_ = pin_with;
-    } else {
-      STRATA_WARN_ONCE("scheduler.pin." + what,
-                       "pin_memory: could not page-lock {} for {} ({}); using pageable memory "
-                       "(raise the limit with `ulimit -l unlimited` or LimitMEMLOCK=infinity)",
-                       FormatBytes(bytes), what, s.ToString());
-    }
-  }
-  return Status();
-}
-
-HostArray::~HostArray() {
-  if (pinned_by_ != nullptr)
-    pinned_by_->UnpinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes_))).IgnoreError();
-}
-
-void HostArray::swap(HostArray& o) {
-  std::swap(buf_, o.buf_);
-  std::swap(bytes_, o.bytes_);
-  std::swap(pinned_by_, o.pinned_by_);
-}
 
 // ---- StateStore --------------------------------------------------------------
 
@@ -335,6 +305,41 @@ Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
     RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
     std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0),
                 static_cast<size_t>(last - first));
+  }
+  return Status();
+}
+
+Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values) {
+  // The working-precision copy: the module's bytes, read, patched, written back.
+  const ModuleExtent& me = layout_->module(p.module);
+  ASSIGN_OR_RETURN(AlignedBuffer mod,
+                   AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(me.bytes())), kIoAlign));
+  RETURN_IF_ERROR(ReadModuleParams(p.module, mod.data()));
+  uint8_t* dst = mod.as<uint8_t>() + (p.byte_off - me.byte_begin);
+  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dst, p.dtype, i, values[i]);
+  RETURN_IF_ERROR(WriteModuleParams(p.module, mod.data()));
+  const size_t bytes = static_cast<size_t>(p.numel) * sizeof(float);
+  if (placement_.optimizer == OffloadDevice::kCpu) {
+    std::memcpy(master_ + p.elem_off, values.data(), bytes);
+    return Status();
+  }
+  if (placement_.optimizer == OffloadDevice::kNone) {  // in the device arena
+    RETURN_IF_ERROR(dev_->CopyH2D(master_ + p.elem_off, values.data(), bytes, dev_->compute()));
+    return dev_->compute().Synchronize().WithContext("WriteParameter " + p.name);
+  }
+  // Into the sub-groups' active NVMe versions (master | exp_avg | exp_avg_sq),
+  // each group read and written whole.
+  for (size_t g = 0; g < layout_->num_groups(); ++g) {
+    const SubGroup& sg = layout_->group(g);
+    const int64_t b = std::max(sg.elem_begin, p.elem_off);
+    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
+    if (b >= e) continue;
+    ASSIGN_OR_RETURN(AlignedBuffer states,
+                     AlignedBuffer::Allocate(static_cast<size_t>(sg.state_io_bytes()), kIoAlign));
+    RETURN_IF_ERROR(ReadGroupStates(g, states.data()));
+    std::memcpy(states.as<float>() + (b - sg.elem_begin), values.data() + (b - p.elem_off),
+                static_cast<size_t>(e - b) * sizeof(float));
+    RETURN_IF_ERROR(WriteGroupStates(g, states.data()));
   }
   return Status();
 }

@@ -36,37 +36,13 @@
 #include "src/common/aligned_buffer.h"
 #include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
+#include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/plan.h"
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
 #include "strata/config.h"
 
 namespace strata::scheduler {
-
-// A flat host array that may be page-locked through the device (a failure to
-// pin is logged once and leaves it pageable).
-class HostArray {
- public:
-  HostArray() = default;
-  HostArray(const HostArray&) = delete;
-  HostArray& operator=(const HostArray&) = delete;
-  ~HostArray();
-  Status Allocate(int64_t bytes, gpu::Device* pin_with, const std::string& what);
-  void* data() { return buf_.data(); }
-  const void* data() const { return buf_.data(); }
-  template <typename T>
-  T* as() {
-    return buf_.as<T>();
-  }
-  int64_t bytes() const { return bytes_; }
-  bool pinned() const { return pinned_by_ != nullptr; }
-  void swap(HostArray& o);
-
- private:
-  AlignedBuffer buf_;
-  int64_t bytes_ = 0;
-  gpu::Device* pinned_by_ = nullptr;
-};
 
 // What an optimizer step did, for Commit / Rollback.
 struct StepOutcome {
@@ -119,6 +95,11 @@ class StateStore {
   // The fp32 master values of parameter p (from the active NVMe versions
   // when the states are there).
   Status ReadMaster(const ParamRec& p, std::span<float> out);
+  // Its mirror: parameter p's fp32 master becomes `values` (p.numel of them)
+  // wherever it lives (NVMe: the active version, in place), and so does its
+  // working-precision copy wherever fetches read it; the moments are kept.
+  // REQUIRES: no step in flight, the device idle.
+  Status WriteMaster(const ParamRec& p, std::span<const float> values);
 
   // ---- Parameters ----
   uint8_t* next_params() { return next_params_.as<uint8_t>(); }

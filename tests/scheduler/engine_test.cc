@@ -906,13 +906,6 @@ namespace {
 
 // ---- The gradient path: the last micro-batch folded into the optimizer ------
 
-// STRATA_FOLD_GRADS for the engines created while it lives.
-class FoldEnv {
- public:
-  explicit FoldEnv(const char* v) { setenv("STRATA_FOLD_GRADS", v, 1); }
-  ~FoldEnv() { unsetenv("STRATA_FOLD_GRADS"); }
-};
-
 bool PlanFolds(Engine& e) {
   for (const TierBudget& b : e.Budgets())
     if (b.detail.find("folded into the optimizer") != std::string::npos) return true;
@@ -930,9 +923,12 @@ struct FoldRun {
 // window's last micro-batch module 4 is left out and module 2 runs twice
 // (forward and backward: two gradient hand-overs in one micro-batch), and
 // in window 1 (fp16) module 1's gradients overflow in the last micro-batch.
-FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison) {
+// fold_override: EngineTestHooks::fold_override.
+FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, int fold_override) {
   FoldRun r;
-  auto e = CreateEngine(c);
+  EngineTestHooks hooks;
+  hooks.fold_override = fold_override;
+  auto e = CreateEngine(c, hooks);
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return r;
   Register(**e, seed);
@@ -982,15 +978,8 @@ TEST_P(FoldTest, BitwiseIdenticalToAccumulating) {
     } else {
       c.gradient_clipping = 0.3;  // clips: the norm is well above
     }
-    FoldRun plain, folded;
-    {
-      FoldEnv off("off");
-      plain = TrainOddOrders(c, seed, 3, fp16);
-    }
-    {
-      FoldEnv on("auto");
-      folded = TrainOddOrders(c, seed, 3, fp16);
-    }
+    const FoldRun plain = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/0);
+    const FoldRun folded = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
     ASSERT_FALSE(plain.params.empty());
     EXPECT_FALSE(plain.folded);
     EXPECT_TRUE(folded.folded) << "the plan did not fold";

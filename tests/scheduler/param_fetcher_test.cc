@@ -1,5 +1,6 @@
 // ParamFetcher on the host device with a StateStore (offload_param cpu, and
-// nvme on a scratch directory) and a fake StepGate: the device copies hold
+// nvme on a scratch directory) and a fake StepProgress, driven through the
+// engine's calls (Acquire / Release / ReleaseGrad / NextStep): the device copies hold
 // the modules' bytes, prefetch follows the recorded trace within its budgets,
 // eviction under budget pressure picks the module used furthest ahead while a
 // prefetch stops instead of evicting, and frees wait for the stream.
@@ -10,6 +11,7 @@
 
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -25,10 +27,11 @@ using testing::MakeHostDevice;
 using testing::Rec;
 using testing::ToBytes;
 
-class FakeGate : public StepGate {
+class FakeProgress : public StepProgress {
  public:
   bool reading_next_params() const override { return reading; }
   bool module_ready(int m) const override { return ready.count(m) != 0; }
+  Status AwaitModule(int) override { return Status(); }
   bool reading = false;
   std::set<int> ready;
 };
@@ -115,33 +118,32 @@ class FetcherTest : public ::testing::TestWithParam<OffloadDevice> {
     store_.reset();
   }
 
-  // One fetch as the engine's hooks do it: observe, wait, use, finish.
+  // One forward use as the engine's hooks make it: acquire (which prefetches
+  // what follows), then release unless `finish` is false.
   void Use(int m, bool finish = true) {
-    fetcher_->trace().Observe(m);
-    ASSERT_OK(fetcher_->Pump());
-    ASSERT_OK(fetcher_->WaitResident(m));
+    StatusOr<ModuleView> v = fetcher_->Acquire(m, Phase::kForward);
+    ASSERT_OK(v.status());
     ASSERT_EQ(fetcher_->residency(m), Residency::kResident);
-    fetcher_->MarkInUse(m);
-    if (finish) ASSERT_OK(fetcher_->FinishUse(m));
+    views_[m] = *v;
+    if (finish) ASSERT_OK(fetcher_->Release(m));
   }
   // Records `order` as the trace (one step), then begins the next step.
   void Record(const std::vector<int>& order) {
-    fetcher_->trace().BeginStep();
     for (int m : order) ASSERT_NO_FATAL_FAILURE(Use(m));
-    fetcher_->trace().EndStep();
+    fetcher_->NextStep();
     ASSERT_EQ(fetcher_->trace().trace(), order);
     ASSERT_OK(fetcher_->InvalidateAll());
     ASSERT_OK(fetcher_->ReclaimDeferred(true));
-    fetcher_->trace().BeginStep();
   }
   std::vector<uint8_t> ExpectedBytes(int id) const {
     const ParamRec& p = layout_.param(id);
     return ToBytes(init_[static_cast<size_t>(id)], p.dtype);
   }
-  // Module m's parameters as the device holds them, one vector per tensor.
+  // Module m's parameters as the device holds them (its last acquired
+  // view), one vector per tensor.
   std::vector<std::vector<uint8_t>> DeviceBytes(int m) {
     std::vector<std::vector<uint8_t>> out;
-    ModuleView v = fetcher_->View(m, false);
+    const ModuleView& v = views_[m];
     const ModuleExtent& me = layout_.module(m);
     EXPECT_EQ(v.params.size(), me.params.size());
     for (size_t i = 0; i < v.params.size() && i < me.params.size(); ++i) {
@@ -167,7 +169,8 @@ class FetcherTest : public ::testing::TestWithParam<OffloadDevice> {
   std::unique_ptr<gpu::Device> dev_;
   Config cfg_;
   std::vector<std::vector<float>> init_;
-  FakeGate gate_;
+  FakeProgress gate_;
+  std::map<int, ModuleView> views_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<ParamFetcher> fetcher_;
 };
@@ -184,14 +187,17 @@ TEST_P(FetcherTest, ViewHoldsTheModulesBytesInTheirDtypes) {
   ASSERT_NO_FATAL_FAILURE(Build(Params(6, false), 1 << 20, Unlimited()));
   SCOPED_TRACE("seed " + std::to_string(seed_));
   for (int m : {4, 0, 5, 2, 1, 3}) {
-    ASSERT_NO_FATAL_FAILURE(Use(m, /*finish=*/false));
+    // Backward: the parameters, and gradient buffers at the same offsets in
+    // a separate device buffer.
+    StatusOr<ModuleView> got_view = fetcher_->Acquire(m, Phase::kBackward);
+    ASSERT_OK(got_view.status());
+    const ModuleView& v = *got_view;
+    views_[m] = v;
     const auto got = DeviceBytes(m);
     const ModuleExtent& me = layout_.module(m);
     for (size_t i = 0; i < me.params.size(); ++i)
       EXPECT_EQ(got[i], ExpectedBytes(me.params[i])) << "module " << m << " tensor " << i;
-    // Gradient buffers: the same offsets in a separate device buffer.
-    ASSERT_OK(fetcher_->AllocateGrad(m));
-    ModuleView v = fetcher_->View(m, true);
+    EXPECT_TRUE(fetcher_->has_grad(m));
     ASSERT_EQ(v.grads.size(), v.params.size());
     for (size_t i = 0; i < v.grads.size(); ++i) {
       EXPECT_EQ(static_cast<uint8_t*>(v.grads[i]) - static_cast<uint8_t*>(v.grads[0]),
@@ -200,8 +206,8 @@ TEST_P(FetcherTest, ViewHoldsTheModulesBytesInTheirDtypes) {
     }
     EXPECT_NE(v.grads[0], v.params[0]);
     EXPECT_EQ(fetcher_->grad(m), v.grads[0]);
-    ASSERT_OK(fetcher_->ReleaseGradAfterD2H(m));
-    ASSERT_OK(fetcher_->FinishUse(m));
+    ASSERT_OK(fetcher_->ReleaseGrad(m, dev_->d2h()));
+    EXPECT_FALSE(fetcher_->has_grad(m));
   }
   ASSERT_OK(dev_->Synchronize());
   ASSERT_OK(fetcher_->ReclaimDeferred(false));
@@ -247,31 +253,25 @@ TEST_P(FetcherTest, PrefetchFollowsTheRecordedTraceWithinTheBucket) {
       layout_.module(1).elems() + layout_.module(4).elems() + layout_.module(0).elems() - 1;
   ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
   ASSERT_NO_FATAL_FAILURE(Record(order));  // six misses
-  ASSERT_NO_FATAL_FAILURE(Use(3, false));  // a miss
-  ASSERT_OK(fetcher_->Prefetch());
+  ASSERT_NO_FATAL_FAILURE(Use(3, false));  // a miss, then the prefetch
   EXPECT_EQ(NotAbsent(), (std::set<int>{3, 1, 4}));
-  ASSERT_OK(fetcher_->FinishUse(3));  // not used again: released
+  ASSERT_OK(fetcher_->Release(3));  // not used again: released
   // Following the trace: each use prefetches what comes next within the
   // bucket (after 1: 4, 0; 5 would exceed it).
   ASSERT_NO_FATAL_FAILURE(Use(1));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{4, 0}));
-  for (int m : {4, 0, 5, 2}) {
-    ASSERT_NO_FATAL_FAILURE(Use(m));
-    ASSERT_OK(fetcher_->Prefetch());
-  }
+  for (int m : {4, 0, 5, 2}) ASSERT_NO_FATAL_FAILURE(Use(m));
   // The prefetched ones were hits: 1, 4, 0, 5, 2.
   StepStats st;
   counters_.EndWindow(NowNanos(), &st);
   EXPECT_EQ(st.prefetched_modules, 5);
   EXPECT_EQ(st.fetch_misses, 6 + 1);
   // The prefetched copies hold the modules' bytes.
-  fetcher_->trace().BeginStep();
+  EXPECT_EQ(fetcher_->NextStep(), 0);  // the step followed the trace
   for (int m : order) {
     ASSERT_NO_FATAL_FAILURE(Use(m, false));
-    ASSERT_OK(fetcher_->Prefetch());
     EXPECT_EQ(DeviceBytes(m)[0], ExpectedBytes(layout_.module(m).params[0])) << m;
-    ASSERT_OK(fetcher_->FinishUse(m));
+    ASSERT_OK(fetcher_->Release(m));
   }
 }
 
@@ -285,9 +285,8 @@ TEST_P(FetcherTest, PrefetchStopsAtTheLiveLimitAndAtAStepNotYetThere) {
   ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
   ASSERT_NO_FATAL_FAILURE(Record(order));
   ASSERT_NO_FATAL_FAILURE(Use(0, false));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
-  ASSERT_OK(fetcher_->FinishUse(0));
+  ASSERT_OK(fetcher_->Release(0));
 
   // A step in flight has finished modules 0, 1, 2 and 4 only: the prefetch
   // takes nothing past the first module it has not reached (3), even 4; then
@@ -298,10 +297,9 @@ TEST_P(FetcherTest, PrefetchStopsAtTheLiveLimitAndAtAStepNotYetThere) {
   gate_.reading = true;
   gate_.ready = {0, 1, 2, 4};
   ASSERT_NO_FATAL_FAILURE(Use(0, false));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
   gate_.ready.insert(3);
-  ASSERT_OK(fetcher_->Prefetch());
+  ASSERT_NO_FATAL_FAILURE(Use(1, false));  // its prefetch goes on past 3
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2, 3, 4}));
 }
 
@@ -315,20 +313,17 @@ TEST_P(FetcherTest, ALiveLimitBelowTwoModulesStillPrefetchesTheNext) {
   ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
   ASSERT_NO_FATAL_FAILURE(Record(order));
   ASSERT_NO_FATAL_FAILURE(Use(0, false));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1}));
-  ASSERT_OK(fetcher_->FinishUse(0));
+  ASSERT_OK(fetcher_->Release(0));
   ASSERT_NO_FATAL_FAILURE(Use(1, false));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{1, 2}));
-  ASSERT_OK(fetcher_->FinishUse(1));
+  ASSERT_OK(fetcher_->Release(1));
   // 0 keeps DeepSpeed's meaning: only the module in use, nothing prefetched.
   ASSERT_OK(fetcher_->InvalidateAll());
   fo.max_live_elems = 0;
   ASSERT_NO_FATAL_FAILURE(Refetcher(fo));
   ASSERT_NO_FATAL_FAILURE(Record(order));
   ASSERT_NO_FATAL_FAILURE(Use(0, false));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{0}));
 }
 
@@ -348,7 +343,7 @@ TEST_P(FetcherTest, DemandFetchEvictsTheModuleUsedFurthestAhead) {
   ASSERT_NO_FATAL_FAILURE(Use(3, false));
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 2, 3}));
   EXPECT_EQ(DeviceBytes(3)[0], ExpectedBytes(layout_.module(3).params[0]));
-  ASSERT_OK(fetcher_->FinishUse(3));
+  ASSERT_OK(fetcher_->Release(3));
   // 0 and 2 were kept: no fetch for them, only for 1.
   for (int m : {0, 2, 1}) ASSERT_NO_FATAL_FAILURE(Use(m));
   StepStats st;
@@ -383,7 +378,6 @@ TEST_P(FetcherTest, PrefetchStopsInsteadOfEvicting) {
   const std::vector<int> order = {0, 1, 2, 3, 4, 5, 0};
   ASSERT_NO_FATAL_FAILURE(Record(order));
   ASSERT_NO_FATAL_FAILURE(Use(0));
-  ASSERT_OK(fetcher_->Prefetch());
   EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
   EXPECT_EQ(fetcher_->device_slots(), 3);
   EXPECT_EQ(fetcher_->free_device_slots(), 0);
@@ -405,7 +399,7 @@ TEST_P(FetcherTest, FreesAreDeferredUntilTheStreamPassesThem) {
   {
     StreamBlocker busy(dev_->compute());
     ASSERT_TRUE(busy.ok());
-    ASSERT_OK(fetcher_->FinishUse(1));  // not following a trace: released
+    ASSERT_OK(fetcher_->Release(1));  // not following a trace: released
     EXPECT_EQ(fetcher_->residency(1), Residency::kAbsent);
     ASSERT_OK(fetcher_->ReclaimDeferred(false));
     EXPECT_EQ(fetcher_->free_device_slots(), all - 1);
@@ -415,22 +409,25 @@ TEST_P(FetcherTest, FreesAreDeferredUntilTheStreamPassesThem) {
   ASSERT_OK(fetcher_->ReclaimDeferred(false));
   EXPECT_EQ(fetcher_->free_device_slots(), all);
 
-  ASSERT_NO_FATAL_FAILURE(Use(2, false));
-  ASSERT_OK(fetcher_->AllocateGrad(2));
+  // Backward: the module's copy and its gradient buffer.
+  ASSERT_OK(fetcher_->Acquire(2, Phase::kBackward).status());
   ASSERT_EQ(fetcher_->free_device_slots(), all - 2);
   {
     StreamBlocker busy(dev_->d2h());
     ASSERT_TRUE(busy.ok());
-    ASSERT_OK(fetcher_->ReleaseGradAfterD2H(2));
+    ASSERT_OK(fetcher_->ReleaseGrad(2, dev_->d2h()));
     EXPECT_FALSE(fetcher_->has_grad(2));
     EXPECT_FALSE(fetcher_->any_grad());
+    // Once the compute stream has passed the release, the module's copy is
+    // back; the gradient buffer waits for the D2H stream.
+    ASSERT_OK(dev_->compute().Synchronize());
     ASSERT_OK(fetcher_->ReclaimDeferred(false));
-    EXPECT_EQ(fetcher_->free_device_slots(), all - 2);
+    EXPECT_EQ(fetcher_->free_device_slots(), all - 1);
     busy.Release();
     // Waiting for every deferred free.
     ASSERT_OK(fetcher_->ReclaimDeferred(true));
   }
-  EXPECT_EQ(fetcher_->free_device_slots(), all - 1);  // the module is still in use
+  EXPECT_EQ(fetcher_->free_device_slots(), all);
 }
 
 std::string PlaceName(const ::testing::TestParamInfo<OffloadDevice>& info) {

@@ -16,7 +16,7 @@
 #include "src/scheduler/layout.h"
 #include "src/scheduler/plan.h"
 #include "src/scheduler/state_store.h"
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
 #include "tests/test_util.h"
 
 #define ASSERT_OK(expr)                                     \

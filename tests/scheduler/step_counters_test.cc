@@ -1,5 +1,5 @@
 // StepCounters and the step bound: pure arithmetic on hand-made figures.
-#include "src/scheduler/step_stats.h"
+#include "src/scheduler/step_counters.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,9 @@
-#include "src/scheduler/device_step.h"
+#include "src/scheduler/device_optimizer.h"
 
 #include <vector>
 
 #include "src/common/status_util.h"
+#include "src/common/timer.h"
 
 namespace strata::scheduler {
 
@@ -18,7 +19,8 @@ Status DeviceOptimizer::Init() {
   return dev_->compute().Synchronize();
 }
 
-Status DeviceOptimizer::Accumulate(int m, const void* device_grad) {
+Status DeviceOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& /*computed*/,
+                                     bool /*last*/) {
   const ModuleExtent& me = layout_->module(m);
   const auto* base = static_cast<const uint8_t*>(device_grad);
   for (int id : me.params) {
@@ -50,7 +52,17 @@ Status DeviceOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   return Status();
 }
 
-Status DeviceOptimizer::Step(const gpu::AdamHyperParams& hp) {
+Status DeviceOptimizer::Launch(const LaunchParams& p) {
+  gpu::AdamHyperParams hp;
+  hp.decoupled_weight_decay = p.hp.algorithm == cpu_adam::Algorithm::kAdamW;
+  hp.lr = p.hp.lr;
+  hp.beta1 = p.hp.beta1;
+  hp.beta2 = p.hp.beta2;
+  hp.eps = p.hp.eps;
+  hp.weight_decay = p.hp.weight_decay;
+  hp.bias_correction = p.hp.bias_correction;
+  hp.step = p.hp.step;
+  hp.grad_scale = p.hp.grad_scale;
   std::vector<gpu::AdamShard> shards;
   uint8_t* params = store_->device_params();
   for (const ParamRec& p : layout_->params()) {
@@ -65,8 +77,28 @@ Status DeviceOptimizer::Step(const gpu::AdamHyperParams& hp) {
     sh.count = static_cast<size_t>(p.numel);
     shards.push_back(sh);
   }
-  RETURN_IF_ERROR(dev_->AdamStep(shards, hp, nullptr, dev_->compute()));
+  const int64_t t0 = NowNanos();
+  Status s = dev_->AdamStep(shards, hp, nullptr, dev_->compute());
+  if (s.ok()) s = Zero();
+  // On the host device the framework computes on this thread, not on the
+  // compute stream: it must see the step's parameters.
+  if (s.ok() && dev_->is_host()) s = dev_->compute().Synchronize();
+  counters_->AddOptimizerBusy(NowNanos() - t0);
+  RETURN_IF_ERROR(s);
+  ++steps_;
+  scaler_->Update(false);
+  window_->grads_since_launch = false;
+  return Status();
+}
+
+Status DeviceOptimizer::ZeroGrad() {
+  window_->Reset();
   return Zero();
+}
+
+void DeviceOptimizer::DiscardWindow() {
+  Zero().IgnoreError();
+  window_->Reset();
 }
 
 Status DeviceOptimizer::Zero() {

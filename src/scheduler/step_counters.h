@@ -1,4 +1,4 @@
-// src/scheduler/step_stats.h — the statistics of a step window (the time
+// src/scheduler/step_counters.h — StepCounters, the statistics of a step window (the time
 // between two Step() calls): busy times and bytes per link, the union of the
 // intervals with NVMe requests in flight, hook timing, fetch hits/misses, and
 // the Chrome-trace timeline. EndWindow() turns them into the public
@@ -27,7 +27,6 @@
 #include <vector>
 
 #include "src/common/thread_annotations.h"
-#include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/timeline.h"
 #include "strata/engine.h"
@@ -82,7 +81,7 @@ class StepCounters {
   void CountFetchMiss() { ++fetch_misses_; }
   void StartWindow(int64_t now_ns) { window_start_ns_ = now_ns; }
   // The rates of the step bound (StepStats::*_gbytes_per_s): the pinned link
-  // rates (MeasureLinkRates) and a first NVMe rate; later windows raise the
+  // rates (rate_probes.h) and a first NVMe rate; later windows raise the
   // NVMe rate to the best they see.
   void SetLinkRates(double h2d_gbytes_per_s, double d2h_gbytes_per_s) {
     h2d_rate_ = h2d_gbytes_per_s;
@@ -131,19 +130,6 @@ class StepCounters {
   int64_t prefetch_hits_ = 0, fetch_misses_ = 0;
   double h2d_rate_ = 0, d2h_rate_ = 0, nvme_rate_ = 0;  // GB/s
 };
-
-struct LinkRates {
-  double h2d_gbytes_per_s = 0;
-  double d2h_gbytes_per_s = 0;
-  double d2h_pageable_gbytes_per_s = 0;  // into pageable memory
-};
-// Times pinned host<->device copies of `bytes` on the device's copy streams
-// (best of a few, each direction alone), and a device-to-host copy into
-// pageable memory. Needs `bytes` free in the arena.
-StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes);
-// The CPU optimizer's gradient accumulation rate (fp32 += bf16 over `elems`
-// elements, best of three): bytes moved per second, in GB/s.
-StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems);
 
 // The JSON object of Engine::StatsJson.
 std::string StepStatsJson(const StepStats& s, const std::string& device);

@@ -1,0 +1,42 @@
+#include "src/scheduler/host_array.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/common/units.h"
+#include "src/scheduler/layout.h"
+
+namespace strata::scheduler {
+
+Status HostArray::Allocate(int64_t bytes, gpu::Device* pin_with, const std::string& what) {
+  ASSIGN_OR_RETURN(
+      buf_, AlignedBuffer::Allocate(static_cast<size_t>(std::max<int64_t>(bytes, 64)), kIoAlign));
+  bytes_ = bytes;
+  if (pin_with != nullptr && bytes > 0) {
+    Status s = pin_with->PinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes)));
+    if (s.ok()) {
+      pinned_by_ = pin_with;
+    } else {
+      STRATA_WARN_ONCE("scheduler.pin." + what,
+                       "pin_memory: could not page-lock {} for {} ({}); using pageable memory "
+                       "(raise the limit with `ulimit -l unlimited` or LimitMEMLOCK=infinity)",
+                       FormatBytes(bytes), what, s.ToString());
+    }
+  }
+  return Status();
+}
+
+HostArray::~HostArray() {
+  if (pinned_by_ != nullptr)
+    pinned_by_->UnpinHostMemory(buf_.data(), static_cast<size_t>(IoBytes(bytes_))).IgnoreError();
+}
+
+void HostArray::swap(HostArray& o) {
+  std::swap(buf_, o.buf_);
+  std::swap(bytes_, o.bytes_);
+  std::swap(pinned_by_, o.pinned_by_);
+}
+
+}  // namespace strata::scheduler

@@ -1,0 +1,214 @@
+#include "src/scheduler/host_optimizer.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+
+namespace strata::scheduler {
+
+HostOptimizer::HostOptimizer(gpu::Device* device, const Layout* layout,
+                             cpu_adam::CpuOptimizer* adam, StepCounters* counters,
+                             LossScaler* scaler, GradientWindow* window, Options options)
+    : dev_(device),
+      layout_(layout),
+      adam_(adam),
+      counters_(counters),
+      scaler_(scaler),
+      window_(window),
+      opts_(std::move(options)) {}
+
+HostOptimizer::~HostOptimizer() {
+  // A step still running in the background ends first; it is not committed
+  // (nothing reads the engine's state any more).
+  inflight_.reset();
+  read_ahead_.WaitAll();
+  if (dev_) dev_->Synchronize().IgnoreError();
+  grads_.reset();
+}
+
+Status HostOptimizer::Start(int64_t* pinned_bytes) {
+  grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
+  RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes, /*host_accumulator=*/true,
+                                opts_.landing_bytes, opts_.pin_landing));
+  ASSIGN_OR_RETURN(upload_ready_, dev_->CreateEvent());
+  return Status();
+}
+
+std::vector<gpu::PinnedPool::Region> HostOptimizer::io_buffers() const {
+  return grads_->staging_pool()->Regions();
+}
+
+void HostOptimizer::Bind(StateStore* store, std::function<Status()> invalidate_device_copies) {
+  store_ = store;
+  invalidate_ = std::move(invalidate_device_copies);
+}
+
+StepDeps HostOptimizer::Deps() const {
+  StepDeps d;
+  d.layout = layout_;
+  d.store = store_;
+  d.adam = adam_;
+  d.counters = counters_;
+  d.buffer_count = opts_.buffer_count;
+  d.before_sub_group = opts_.before_sub_group;
+  return d;
+}
+
+// ---- The window's gradients ---------------------------------------------------
+
+Status HostOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& computed,
+                                   bool last) {
+  RETURN_IF_ERROR(dev_->compute().Record(computed));
+  // Fold: the window's last micro-batch lands for the optimizer to read.
+  if (opts_.fold && last) return grads_->Land(m, device_grad, computed);
+  return grads_->Offload(m, device_grad, computed);
+}
+
+void HostOptimizer::PrepareStep() {
+  if (store_->optimizer_place() == OffloadDevice::kNvme && !read_ahead_.started() && !inflight_)
+    read_ahead_.Start(Deps());
+}
+
+Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
+  grads_->GlobalChecks(overflow, sumsq);
+  return Status();
+}
+
+Status HostOptimizer::ZeroGrad() {
+  if (reading_next_params()) {
+    // The step in flight zeroes the accumulator as it consumes it: with no
+    // gradients added since, there is nothing to do (and no reason to wait).
+    if (!window_->grads_since_launch) {
+      window_->micro_batches = 0;
+      return grads_->Drain();
+    }
+    RETURN_IF_ERROR(Join());
+  }
+  // With DPU in flight, the step owns the other accumulator; this one is ours.
+  RETURN_IF_ERROR(grads_->Drain());
+  window_->grads_since_launch = false;
+  grads_->Zero();
+  window_->micro_batches = 0;
+  return Status();
+}
+
+void HostOptimizer::DiscardWindow() {
+  grads_->Drain().IgnoreError();
+  grads_->ZeroAll();
+  window_->Reset();
+}
+
+// ---- The step -----------------------------------------------------------------
+
+Status HostOptimizer::Launch(const LaunchParams& lp) {
+  // The copy-out target must not still be read by the previous publish.
+  if (gpu::Event* uploaded = store_->params_uploaded()) RETURN_IF_ERROR(uploaded->Synchronize());
+  // Device copies of parameters are stale once the step runs (with DPU: once
+  // it is committed, by the next Step()).
+  if (!lp.delayed) RETURN_IF_ERROR(invalidate_());
+  StepParams p;
+  p.hp = lp.hp;
+  p.step = lp.hp.step;
+  p.delayed = lp.delayed;
+  p.background = lp.background;
+  // DPU: the next window accumulates into the other accumulator.
+  p.grads = lp.delayed ? grads_->SwapForStep() : grads_->accumulator();
+  p.fold_modes = grads_->FoldModes();
+  p.landing = grads_->landing();
+  StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, &read_ahead_);
+  if (!run.ok()) {
+    if (lp.delayed) grads_->SwapForStep();  // back as it was
+    return run.status();
+  }
+  auto job = std::make_unique<InFlight>();
+  job->run = std::move(*run);
+  job->scaler_before = *scaler_;
+  job->uploaded.assign(static_cast<size_t>(layout_->num_modules()), 0);
+  ++steps_;
+  scaler_->Update(false);
+  window_->grads_since_launch = false;
+  grads_->ForgetWindow();  // the step has the window's fold modes
+  inflight_ = std::move(job);
+  return lp.background ? Status() : Join();
+}
+
+Status HostOptimizer::Poll() {
+  if (!inflight_) return Status();
+  bool ok = true;
+  const bool finished = inflight_->run->Finished(&ok);
+  if (!finished || (inflight_->run->params().delayed && ok)) return Status();  // DPU: by Step()
+  return Join();
+}
+
+Status HostOptimizer::Join() {
+  if (!inflight_) return Status();
+  std::unique_ptr<InFlight> job = std::move(inflight_);
+  const StepOutcome outcome = job->run->Join();
+  const StepParams& p = job->run->params();
+  const Status& s = outcome.status;
+  if (s.ok() || outcome.advanced) {
+    // DPU: the device copies were used during the step; they go now.
+    Status cs = p.delayed ? invalidate_() : Status();
+    if (cs.ok()) cs = store_->Commit(outcome, job->uploaded);
+    if (!s.ok()) DiscardWindow();
+    return s.ok() ? cs : s;
+  }
+  Rollback(*job);
+  return s.WithContext(
+      fmt::format("optimizer step {} (launched by Step(){}); parameters and optimizer states are "
+                  "those of step {}, the window's gradients are discarded and a micro-batch in "
+                  "progress must be restarted",
+                  p.step, p.background ? ", run in the background" : "", p.step - 1));
+}
+
+void HostOptimizer::Rollback(InFlight& job) {
+  const StepParams& p = job.run->params();
+  steps_ = p.step - 1;
+  *scaler_ = job.scaler_before;
+  if (!p.delayed) {
+    // Device copies may hold the new parameters of modules the step reached.
+    invalidate_().IgnoreError();
+    store_->Rollback(job.uploaded, p.step);
+  }
+  DiscardWindow();
+}
+
+Status HostOptimizer::Abandon() {
+  Status s = Join();
+  read_ahead_.WaitAll();  // reads of states about to be replaced: dropped
+  read_ahead_ = StateReadAhead();
+  return s;
+}
+
+Status HostOptimizer::AwaitModule(int m) {
+  RETURN_IF_ERROR(Poll());
+  if (!reading_next_params()) return Status();
+  InFlight& job = *inflight_;
+  if (!job.run->ModuleReady(m)) {
+    const int64_t t0 = NowNanos();
+    const bool ready = job.run->WaitModule(m);
+    counters_->AddOptimizerWait(NowNanos() - t0);
+    // Finished without reaching the module: the step failed (rolled back).
+    if (!ready) return Join();
+  }
+  if (store_->param_place() != OffloadDevice::kNone || job.uploaded[static_cast<size_t>(m)])
+    return Status();
+  // offload_param none: the module's new parameters go into its part of the
+  // device block now, ahead of the rest of the step.
+  if (layout_->module(m).bytes() > 0) {
+    RETURN_IF_ERROR(store_->UploadModule(m, *upload_ready_));
+    if (dev_->is_host()) {
+      RETURN_IF_ERROR(upload_ready_->Synchronize());
+    } else {
+      RETURN_IF_ERROR(dev_->compute().Wait(*upload_ready_));
+    }
+  }
+  job.uploaded[static_cast<size_t>(m)] = 1;
+  return Status();
+}
+
+}  // namespace strata::scheduler

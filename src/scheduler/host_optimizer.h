@@ -1,0 +1,108 @@
+// src/scheduler/host_optimizer.h — the optimizer back-end on the CPU
+// (offload_optimizer cpu or nvme, and none on the host device): gradients go
+// into the fp32 accumulator in DRAM (GradOffloader), and the step runs over
+// every sub-group on the CPU optimizer (OptimizerStep).
+//
+// A launched step runs in the background (strata.overlap_optimizer,
+// delayed_param_update) or inline. While it runs, the next window's fetches
+// read the modules it has finished (StepProgress); the next Step(), or an
+// error it reports, joins it: the StateStore commits it, or it is rolled back
+// (states and parameters those of the previous step, steps() and the loss
+// scaler restored, the window's gradients dropped). With states on NVMe the
+// first sub-groups' states are read while the window's last backward pass
+// runs (PrepareStep).
+//
+// Threading: the engine's (main) thread; the step's and the gradient
+// worker's threads are internal.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "src/scheduler/grad_offloader.h"
+#include "src/scheduler/layout.h"
+#include "src/scheduler/optimizer_backend.h"
+#include "src/scheduler/optimizer_step.h"
+#include "src/scheduler/state_store.h"
+#include "src/scheduler/step_counters.h"
+
+namespace strata::scheduler {
+
+class HostOptimizer final : public OptimizerBackend {
+ public:
+  struct Options {
+    bool second_accumulator = false;  // delayed_param_update: one per window in flight
+    bool fold = false;                // TierPlan::fold_last_micro_batch
+    int64_t landing_bytes = 0;        // TierPlan::grad_landing_bytes
+    bool pin_landing = false;
+    int64_t buffer_count = 4;  // offload_optimizer.buffer_count
+    // Called on the step's thread before it steps sub-group g (tests).
+    std::function<void(size_t g)> before_sub_group;
+  };
+  HostOptimizer(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
+                StepCounters* counters, LossScaler* scaler, GradientWindow* window,
+                Options options);
+  ~HostOptimizer() override;  // a step in flight ends uncommitted
+
+  // Starts the gradient path (accumulators, staging pool, worker); adds its
+  // page-locked bytes to *pinned_bytes. Before the store opens: the staging
+  // buffers are registered with its I/O engine (io_buffers).
+  Status Start(int64_t* pinned_bytes);
+  std::vector<gpu::PinnedPool::Region> io_buffers() const;
+  // The store the steps read and commit into, and how to drop the device's
+  // copies of parameters a step changes.
+  void Bind(StateStore* store, std::function<Status()> invalidate_device_copies);
+
+  // StepProgress.
+  bool reading_next_params() const override {
+    return inflight_ && !inflight_->run->params().delayed;
+  }
+  bool module_ready(int m) const override { return inflight_->run->ModuleReady(m); }
+  Status AwaitModule(int m) override;
+
+  // OptimizerBackend.
+  Status AddGradients(int m, const void* device_grad, gpu::Event& computed, bool last) override;
+  gpu::Stream& gradients_read_on() override { return dev_->d2h(); }
+  void PrepareStep() override;
+  Status Drain() override { return grads_->Drain(); }
+  Status GlobalChecks(bool* overflow, double* sumsq) override;
+  Status ZeroGrad() override;
+  void DiscardWindow() override;
+  Status Launch(const LaunchParams& p) override;
+  Status Poll() override;
+  Status Join() override;
+  Status Abandon() override;
+  int64_t steps() const override { return steps_; }
+  void set_steps(int64_t steps) override { steps_ = steps; }
+
+ private:
+  // The step in flight and what the main thread keeps beside it.
+  struct InFlight {
+    std::unique_ptr<OptimizerStep> run;
+    LossScaler scaler_before;
+    // offload_param none: modules whose new parameters were uploaded into the
+    // device block during the step.
+    std::vector<uint8_t> uploaded;
+  };
+  StepDeps Deps() const;
+  void Rollback(InFlight& job);
+
+  gpu::Device* dev_;
+  const Layout* layout_;
+  cpu_adam::CpuOptimizer* adam_;
+  StepCounters* counters_;
+  LossScaler* scaler_;
+  GradientWindow* window_;
+  Options opts_;
+  StateStore* store_ = nullptr;
+  std::function<Status()> invalidate_;
+  std::unique_ptr<GradOffloader> grads_;
+  StateReadAhead read_ahead_;
+  std::unique_ptr<InFlight> inflight_;
+  std::unique_ptr<gpu::Event> upload_ready_;  // offload_param none: AwaitModule's uploads
+  int64_t steps_ = 0;
+};
+
+}  // namespace strata::scheduler

@@ -1,0 +1,71 @@
+#include "src/scheduler/rate_probes.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+
+namespace strata::scheduler {
+
+StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
+  gpu::PinnedPoolOptions popts;
+  popts.classes.push_back({static_cast<size_t>(bytes), 1});
+  popts.allow_pageable_fallback = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::PinnedPool> pool, gpu::PinnedPool::Create(popts, device));
+  ASSIGN_OR_RETURN(gpu::PinnedBuffer host, pool->Acquire(static_cast<size_t>(bytes)));
+  std::memset(host.data(), 1, static_cast<size_t>(bytes));
+  ASSIGN_OR_RETURN(gpu::DeviceBuffer dev, device->Allocate(static_cast<size_t>(bytes)));
+  LinkRates r;
+  for (int rep = 0; rep < 3; ++rep) {
+    for (bool h2d : {true, false}) {
+      gpu::Stream& s = h2d ? device->h2d() : device->d2h();
+      const int64_t t0 = NowNanos();
+      RETURN_IF_ERROR(
+          h2d ? device->CopyH2D(dev.data(), host.data(), static_cast<size_t>(bytes), s)
+              : device->CopyD2H(host.data(), dev.data(), static_cast<size_t>(bytes), s));
+      RETURN_IF_ERROR(s.Synchronize());
+      const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+      double& best = h2d ? r.h2d_gbytes_per_s : r.d2h_gbytes_per_s;
+      best = std::max(best, static_cast<double>(bytes) / secs * 1e-9);
+    }
+    // Plain malloc'd memory, allocated for each copy as a framework's would be
+    // (a Status, not an exception, when the address space is exhausted).
+    StatusOr<AlignedBuffer> pageable = AlignedBuffer::Allocate(static_cast<size_t>(bytes));
+    if (!pageable.ok())
+      return pageable.status().WithContext("Plan: measuring the pageable device-to-host rate");
+    std::memset(pageable->data(), 1, static_cast<size_t>(bytes));
+    const int64_t t0 = NowNanos();
+    RETURN_IF_ERROR(
+        device->CopyD2H(pageable->data(), dev.data(), static_cast<size_t>(bytes), device->d2h()));
+    RETURN_IF_ERROR(device->d2h().Synchronize());
+    const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+    r.d2h_pageable_gbytes_per_s =
+        std::max(r.d2h_pageable_gbytes_per_s, static_cast<double>(bytes) / secs * 1e-9);
+  }
+  return r;
+}
+
+StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
+  StatusOr<AlignedBuffer> acc_buf = AlignedBuffer::Allocate(static_cast<size_t>(elems) * 4);
+  StatusOr<AlignedBuffer> grad_buf = AlignedBuffer::Allocate(static_cast<size_t>(elems) * 2);
+  for (const auto* b : {&acc_buf, &grad_buf})
+    if (!b->ok()) return b->status().WithContext("Plan: measuring the accumulation rate");
+  float* acc = acc_buf->as<float>();
+  uint16_t* grad = grad_buf->as<uint16_t>();
+  std::fill(acc, acc + elems, 0.f);
+  std::fill(grad, grad + elems, uint16_t{0x3f80});  // bf16 1.0
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const int64_t t0 = NowNanos();
+    RETURN_IF_ERROR(adam->Accumulate(acc, grad, DType::kBf16, static_cast<size_t>(elems)));
+    const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+    best = std::max(best, static_cast<double>(cpu_adam::AccumulateBytesPerElement(DType::kBf16)) *
+                              static_cast<double>(elems) / secs * 1e-9);
+  }
+  return best;
+}
+
+}  // namespace strata::scheduler

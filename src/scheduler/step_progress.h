@@ -1,0 +1,28 @@
+// src/scheduler/step_progress.h — what the parameter fetcher needs to know
+// of an optimizer step in flight, told by the optimizer back-end
+// (optimizer_backend.h) without the fetcher knowing which one runs.
+//
+// Threading: the engine's (main) thread only.
+#pragma once
+
+#include "strata/status.h"
+
+namespace strata::scheduler {
+
+// What the parameter fetcher needs to know of an optimizer step in flight.
+class StepProgress {
+ public:
+  virtual ~StepProgress() = default;
+  // A step is running whose new parameters the next fetches must read.
+  virtual bool reading_next_params() const = 0;
+  // That step has finished module m (its new parameters are final).
+  virtual bool module_ready(int m) const = 0;
+  // Makes module m's parameters those of the step in flight, if one produces
+  // them: waits until the step has finished the module (a step that failed
+  // first is joined and rolled back, and its error returned), and with
+  // offload_param none uploads them into the module's part of the device
+  // block. Time spent waiting for the step counts as optimizer wait.
+  virtual Status AwaitModule(int m) = 0;
+};
+
+}  // namespace strata::scheduler
