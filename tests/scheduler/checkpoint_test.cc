@@ -16,6 +16,7 @@
 #include "src/scheduler/scheduler.h"
 #include "strata/engine.h"
 #include "strata/strata_c.h"
+#include "tests/scheduler/toy_engine_model.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -24,59 +25,31 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
+using testing::BitwiseEqual;
+using testing::Load;
+using testing::ReadAll;
+using testing::Store;
+
 constexpr int kModules = 5;
 
-int64_t Numel(int m, int i) { return i == 0 ? 300 + 97 * m : 20 + m; }
-DType DTypeOf(int m, int i) {
-  static const DType kinds[] = {DType::kBf16, DType::kFp16, DType::kFp32};
-  return kinds[(m + i) % 3];
-}
+int64_t Numel(int m, int i) { return testing::ToyNumel(m, i); }
+DType DTypeOf(int m, int i) { return testing::ToyDType(m, i); }
 
+// The engine tests' config with accumulation, clipping and dynamic loss
+// scaling whose scale moves every other step: its state must survive a
+// checkpoint.
 Config BaseConfig(OffloadDevice opt, OffloadDevice par, const std::string& nvme_dir) {
-  Config c;
-  c.zero_optimization.stage = 3;
-  c.zero_optimization.offload_optimizer.device = opt;
-  c.zero_optimization.offload_param.device = par;
-  if (opt == OffloadDevice::kNvme) c.zero_optimization.offload_optimizer.nvme_path = {nvme_dir};
-  if (par == OffloadDevice::kNvme) c.zero_optimization.offload_param.nvme_path = {nvme_dir};
-  c.zero_optimization.sub_group_size = 1000;  // sub-groups that split parameters
-  c.zero_optimization.stage3_param_persistence_threshold = 100;
-  c.zero_optimization.stage3_prefetch_bucket_size = 2000;
-  c.zero_optimization.reduce_bucket_size = 500;
+  Config c = testing::ToyConfig(opt, par, nvme_dir);
   c.gradient_accumulation_steps = c.train_batch_size = 2;
   c.gradient_clipping = 2.0;
-  c.optimizer.lr = 1e-2;
-  c.optimizer.weight_decay = 0.01;
-  // Dynamic loss scaling whose scale moves every other step: its state must
-  // survive a checkpoint.
   c.fp16.enabled = true;
   c.fp16.initial_scale_power = 3;
   c.fp16.loss_scale_window = 2;
-  c.strata.device = DeviceKind::kHost;
-  c.strata.hbm_budget_bytes = 8 << 20;
-  c.strata.threads = 2;
   return c;
 }
 
 void Register(Engine& e, uint64_t seed, int64_t extra_numel = 0) {
-  auto rng = testing::SeededRng(seed);
-  for (int m = 0; m < kModules; ++m)
-    for (int i = 0; i < 2; ++i) {
-      const int64_t n = Numel(m, i) + (m == 3 && i == 0 ? extra_numel : 0);
-      std::vector<float> init = testing::RandomFloats(rng, static_cast<size_t>(n), -0.5f, 0.5f);
-      ParamSpec s;
-      s.name = "m" + std::to_string(m) + (i == 0 ? ".weight" : ".bias");
-      s.numel = n;
-      s.dtype = DTypeOf(m, i);
-      s.module = m;
-      s.init = init;
-      ASSERT_TRUE(e.RegisterParameter(s).ok());
-    }
-}
-
-float Load(const void* p, DType t, int64_t i) { return LoadAsFloat(p, t, static_cast<size_t>(i)); }
-void Store(void* p, DType t, int64_t i, float v) {
-  StoreFromFloat(p, t, static_cast<size_t>(i), v);
+  testing::RegisterToy(e, seed, kModules, extra_numel);
 }
 
 // One micro-batch: gradients depend on the parameters the device sees, on the
@@ -120,30 +93,6 @@ void TrainSteps(Engine& e, const Config& c, int from, int to, std::vector<double
     }
     losses->push_back(loss);
   }
-}
-
-std::vector<std::vector<float>> ReadAll(Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (int id = 0; id < e.num_parameters(); ++id) {
-    std::vector<float> v(static_cast<size_t>(Numel(id / 2, id % 2)));
-    Status s = e.ReadParameter(id, v);
-    EXPECT_TRUE(s.ok()) << s;
-    out.push_back(std::move(v));
-  }
-  return out;
-}
-
-bool BitwiseEqual(const std::vector<std::vector<float>>& a,
-                  const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
-      return false;
-  return true;
-}
-
-bool BitwiseEqual(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
 std::unique_ptr<Engine> NewEngine(const Config& c, uint64_t seed) {
@@ -226,17 +175,8 @@ TEST_P(ResumeTest, BitwiseEqualToUninterrupted) {
   EXPECT_FALSE(BitwiseEqual(ReadAll(*other), want.params));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllPlacements, ResumeTest,
-    ::testing::Combine(
-        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
-        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
-        ::testing::Bool()),
-    [](const auto& info) {
-      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
-             std::string(OffloadDeviceName(std::get<1>(info.param))) +
-             (std::get<2>(info.param) ? "_overlap" : "_blocking");
-    });
+INSTANTIATE_TEST_SUITE_P(AllPlacements, ResumeTest, testing::AllPlacementsAndOverlap(),
+                         testing::PlacementOverlapName);
 
 TEST(CheckpointTest, LoadsIntoAnotherPlacement) {
   // The format does not depend on where states live: saved from NVMe, loaded
@@ -527,7 +467,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(std::make_tuple(OffloadDevice::kNone, OffloadDevice::kNone),
                       std::make_tuple(OffloadDevice::kCpu, OffloadDevice::kNone),
                       std::make_tuple(OffloadDevice::kCpu, OffloadDevice::kCpu),
-                      std::make_tuple(OffloadDevice::kNvme, OffloadDevice::kNvme)));
+                      std::make_tuple(OffloadDevice::kNvme, OffloadDevice::kNvme)),
+    testing::PlacementPairName);
 
 TEST(WriteParameterRulesTest, BeforePlanReplacesTheInitialValuesAndMidWindowIsRefused) {
   testing::ScratchDir dir;

@@ -20,62 +20,24 @@
 #include "src/common/dtype.h"
 #include "src/common/half.h"
 #include "src/scheduler/scheduler.h"
+#include "tests/scheduler/toy_engine_model.h"
 #include "tests/test_util.h"
 
 namespace strata {
 namespace {
 
+using testing::BitwiseEqual;
+using testing::Load;
+using testing::ReadAll;
+using testing::Store;
+
 constexpr int kModules = 6;
 
 Config BaseConfig(OffloadDevice opt, OffloadDevice par, const std::string& nvme_dir) {
-  Config c;
-  c.zero_optimization.stage = 3;
-  c.zero_optimization.offload_optimizer.device = opt;
-  c.zero_optimization.offload_param.device = par;
-  if (opt == OffloadDevice::kNvme) c.zero_optimization.offload_optimizer.nvme_path = {nvme_dir};
-  if (par == OffloadDevice::kNvme) c.zero_optimization.offload_param.nvme_path = {nvme_dir};
-  c.zero_optimization.sub_group_size = 1000;  // several sub-groups, some splitting parameters
-  c.zero_optimization.stage3_param_persistence_threshold = 100;
-  c.zero_optimization.stage3_prefetch_bucket_size = 2000;
-  c.zero_optimization.reduce_bucket_size =
-      500;  // gradient chunks of 1000 bytes → several per module
-  c.optimizer.lr = 1e-2;
-  c.optimizer.weight_decay = 0.01;
-  c.strata.device = DeviceKind::kHost;
-  c.strata.hbm_budget_bytes = 8 << 20;
-  c.strata.threads = 2;
-  return c;
+  return testing::ToyConfig(opt, par, nvme_dir);
 }
-
-DType DTypeOf(int m, int i) {
-  static const DType kinds[] = {DType::kBf16, DType::kFp16, DType::kFp32};
-  return kinds[(m + i) % 3];
-}
-
-// Module m has two parameters: a weight of 300 + 97 m elements and a bias of
-// 20 + m elements (below the persistence threshold when alone... they are
-// counted per module).
-void Register(Engine& e, uint64_t seed) {
-  auto rng = testing::SeededRng(seed);
-  for (int m = 0; m < kModules; ++m) {
-    for (int i = 0; i < 2; ++i) {
-      const int64_t n = i == 0 ? 300 + 97 * m : 20 + m;
-      std::vector<float> init = testing::RandomFloats(rng, static_cast<size_t>(n), -0.5f, 0.5f);
-      ParamSpec s;
-      s.name = "m" + std::to_string(m) + (i == 0 ? ".weight" : ".bias");
-      s.numel = n;
-      s.dtype = DTypeOf(m, i);
-      s.module = m;
-      s.init = init;
-      ASSERT_TRUE(e.RegisterParameter(s).ok());
-    }
-  }
-}
-
-float Load(const void* p, DType t, int64_t i) { return LoadAsFloat(p, t, static_cast<size_t>(i)); }
-void Store(void* p, DType t, int64_t i, float v) {
-  StoreFromFloat(p, t, static_cast<size_t>(i), v);
-}
+DType DTypeOf(int m, int i) { return testing::ToyDType(m, i); }
+void Register(Engine& e, uint64_t seed) { testing::RegisterToy(e, seed, kModules); }
 
 // One micro-batch of a toy "model": forward touches every module in `order`,
 // backward writes gradients that depend on the parameters' device values and
@@ -93,7 +55,7 @@ void MicroBatch(Engine& e, int batch, const std::vector<int>& order, float scale
     auto v = e.BeforeBackward(m);
     ASSERT_TRUE(v.ok()) << v.status();
     for (int i = 0; i < 2; ++i) {
-      const int64_t n = i == 0 ? 300 + 97 * m : 20 + m;
+      const int64_t n = testing::ToyNumel(m, i);
       const DType t = DTypeOf(m, i);
       for (int64_t j = 0; j < n; ++j) {
         const float p = Load(v->params[i], t, j);
@@ -111,25 +73,6 @@ std::vector<int> Forward() {
   std::vector<int> o(kModules);
   for (int i = 0; i < kModules; ++i) o[i] = i;
   return o;
-}
-
-std::vector<std::vector<float>> ReadAll(Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (int id = 0; id < e.num_parameters(); ++id) {
-    std::vector<float> v(id % 2 == 0 ? 300 + 97 * (id / 2) : 20 + id / 2);
-    EXPECT_TRUE(e.ReadParameter(id, v).ok());
-    out.push_back(std::move(v));
-  }
-  return out;
-}
-
-bool BitwiseEqual(const std::vector<std::vector<float>>& a,
-                  const std::vector<std::vector<float>>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * 4) != 0)
-      return false;
-  return true;
 }
 
 // Trains `steps` optimizer steps; *last gets the last Step()'s statistics
@@ -200,17 +143,8 @@ TEST_P(PlacementTest, BitwiseIdenticalToAllInHbm) {
   EXPECT_GT(st.pcie_d2h_bytes, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllPlacements, PlacementTest,
-    ::testing::Combine(
-        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
-        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
-        ::testing::Bool()),
-    [](const auto& info) {
-      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
-             std::string(OffloadDeviceName(std::get<1>(info.param))) +
-             (std::get<2>(info.param) ? "_overlap" : "_blocking");
-    });
+INSTANTIATE_TEST_SUITE_P(AllPlacements, PlacementTest, testing::AllPlacementsAndOverlap(),
+                         testing::PlacementOverlapName);
 
 TEST(EngineTest, PrefetchFollowsTraceWithinBudgetAndRerecords) {
   testing::ScratchDir dir;
@@ -821,7 +755,9 @@ TEST(EngineTest, DeviceOptimizerMatchesTheCpuPlacementsToRounding) {
         MicroBatch(**e, batch++, Forward());
         auto st = (*e)->Step();
         ASSERT_TRUE(st.ok()) << st.status();
-        if (k == 1) EXPECT_TRUE(st->applied);
+        if (k == 1) {
+          EXPECT_TRUE(st->applied);
+        }
       }
     const auto dev = ReadAll(**e);
     ASSERT_EQ(dev.size(), cpu.size());
