@@ -77,6 +77,8 @@ enum class KeyUse {
   kUnused,       // a DeepSpeed key with no effect here: a softer warning
   kUnsupported,  // a DeepSpeed setting Strata does not implement: an error
                  // unless written at its neutral value
+  kApplication,  // a `strata` section the application owns: kept as JSON text
+                 // (StrataConfig::application_sections), its keys unread
 };
 
 // One known key. `path` is dot-separated from the top level.
@@ -100,6 +102,8 @@ struct KeySpec {
 
 // Every known key, in the order of the documentation.
 const std::vector<KeySpec>& Schema();
+// The name of each application-owned section of `strata` (KeyUse::kApplication).
+std::vector<std::string_view> ApplicationSections();
 // The entry of `path`, or nullptr for a key Strata does not know.
 const KeySpec* FindKey(std::string_view path);
 // The verdict on a key present in the JSON that no reader asked for: a

@@ -1,6 +1,7 @@
 // The `strata` section: what DeepSpeed has no key for (device, budgets,
 // tracing, threads, I/O engine, the optimizer's overlap and delayed update,
-// the host backend's link model, the example model). Its keys are declared in
+// the host backend's link model), and the sections of `strata` that belong
+// to the application (kept as JSON text). Its keys are declared in
 // schema.cc; ranges are checked in validate.cc.
 #include "src/config/config_internal.h"
 
@@ -25,16 +26,13 @@ Status ReadStrata(Section& s, StrataConfig* st) {
     RETURN_IF_ERROR(host->Double("link_latency_us", &st->host_device.link_latency_us));
     RETURN_IF_ERROR(host->ReportUnread());
   }
-  std::optional<Section> model;
-  RETURN_IF_ERROR(s.Child("model", &model));
-  if (model) {
-    RETURN_IF_ERROR(model->Int("layers", &st->model.layers));
-    RETURN_IF_ERROR(model->Int("hidden", &st->model.hidden));
-    RETURN_IF_ERROR(model->Int("seq_len", &st->model.seq_len));
-    RETURN_IF_ERROR(model->Int("vocab", &st->model.vocab));
-    RETURN_IF_ERROR(model->Int("seed", &st->model.seed));
-    RETURN_IF_ERROR(model->Int("steps", &st->model.steps));
-    RETURN_IF_ERROR(model->ReportUnread());
+  // Application-owned sections: kept as text, their keys unread here.
+  for (std::string_view name : ApplicationSections()) {
+    const json* v = s.Take(name);
+    if (v == nullptr) continue;
+    if (!v->is_object())
+      return ValueError(s.PathOf(name), *v, "is not an object (expected { ... })");
+    st->application_sections[std::string(name)] = v->dump();
   }
   return s.ReportUnread();
 }

@@ -8,8 +8,9 @@
 // warning naming its path.
 //
 // Columns: path, JSON type, use (read / a DeepSpeed key Strata does not use /
-// a DeepSpeed setting Strata does not implement), default as JSON text, note
-// (allowed values; or why the key is not used).
+// a DeepSpeed setting Strata does not implement / a `strata` section the
+// application owns), default as JSON text, note (allowed values; or why the
+// key is not used).
 #include <fmt/format.h>
 
 #include <string>
@@ -25,7 +26,7 @@ constexpr KeyType kInt = KeyType::kInt, kDouble = KeyType::kDouble, kBool = KeyT
                   kPaths = KeyType::kPaths, kPair = KeyType::kPair, kObject = KeyType::kObject,
                   kAny = KeyType::kAny;
 constexpr KeyUse kRead = KeyUse::kRead, kUnused = KeyUse::kUnused,
-                 kUnsupported = KeyUse::kUnsupported;
+                 kUnsupported = KeyUse::kUnsupported, kApplication = KeyUse::kApplication;
 
 bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
@@ -129,13 +130,9 @@ const KeySpec kSchema[] = {
     {"strata.host_device", kObject},
     {"strata.host_device.link_gbytes_per_s", kDouble, kRead, "0.0", ">= 0; 0 = unlimited"},
     {"strata.host_device.link_latency_us", kDouble, kRead, "0.0", ">= 0"},
-    {"strata.model", kObject, kRead, "", "the example model of `strata train`"},
-    {"strata.model.layers", kInt, kRead, "4", ">= 1"},
-    {"strata.model.hidden", kInt, kRead, "256", ">= 8"},
-    {"strata.model.seq_len", kInt, kRead, "64", ">= 2"},
-    {"strata.model.vocab", kInt, kRead, "256", "256 (byte-level)"},
-    {"strata.model.seed", kInt, kRead, "1234", ">= 0"},
-    {"strata.model.steps", kInt, kRead, "0", ">= 0; 0 = the command's default"},
+    // Application-owned: the example model of `strata train`
+    // (examples/train/model_config.cc reads and validates it).
+    {"strata.model", kObject, kApplication, "", "the example model of `strata train`"},
 
     // ---- DeepSpeed keys Strata reads nothing from ----------------------------------
     // They change nothing here (one rank, no communication; monitoring;
@@ -266,6 +263,14 @@ const std::vector<KeySpec>& Schema() {
   return schema;
 }
 
+std::vector<std::string_view> ApplicationSections() {
+  constexpr std::string_view kPrefix = "strata.";
+  std::vector<std::string_view> names;
+  for (const KeySpec& k : kSchema)
+    if (k.use == KeyUse::kApplication) names.push_back(k.path.substr(kPrefix.size()));
+  return names;
+}
+
 const KeySpec* FindKey(std::string_view path) {
   static const auto* index = [] {
     auto* m = new std::unordered_map<std::string_view, const KeySpec*>();
@@ -285,7 +290,7 @@ Status JudgeUnreadKey(std::string_view path, const json& value, bool auto_is_def
         "{}: {} is not supported: {}; it would change the training (remove the key or write {})",
         path, Show(value), k->note, k->neutral_text));
   // A key Strata reads that no reader took counts as unknown here.
-  if (k == nullptr || k->use == KeyUse::kRead) {
+  if (k == nullptr || k->use == KeyUse::kRead || k->use == KeyUse::kApplication) {
     warnings->push_back(fmt::format("unknown key {} (ignored)", path));
   } else if (k->use == KeyUse::kUnsupported || k->note.empty()) {
     warnings->push_back(fmt::format("DeepSpeed key {} is not used by Strata (ignored)", path));

@@ -99,13 +99,13 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"delayed_param_update", s.delayed_param_update},
                       {"delayed_param_update_warmup", s.delayed_param_update_warmup},
                       {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
-                                            {"link_latency_us", s.host_device.link_latency_us}}},
-                      {"model", ojson{{"layers", s.model.layers},
-                                      {"hidden", s.model.hidden},
-                                      {"seq_len", s.model.seq_len},
-                                      {"vocab", s.model.vocab},
-                                      {"seed", s.model.seed},
-                                      {"steps", s.model.steps}}}};
+                                            {"link_latency_us", s.host_device.link_latency_us}}}};
+  // Application-owned sections as kept; text that is not JSON (a Config
+  // edited by hand; ValidateConfig refuses it) is written as a string.
+  for (const auto& [name, text] : s.application_sections) {
+    ojson section = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    j["strata"][name] = section.is_discarded() ? ojson(text) : std::move(section);
+  }
   // Strings a caller put into the Config by hand may be invalid UTF-8: they
   // are written with U+FFFD instead of throwing.
   return j.dump(indent, ' ', false, ojson::error_handler_t::replace);

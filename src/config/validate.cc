@@ -3,7 +3,9 @@
 // broken rule is the error; its message names the key path, the value and
 // the rule.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -143,15 +145,16 @@ Status ValidateConfig(const Config& c) {
   k.NonNegative("strata.delayed_param_update_warmup", s.delayed_param_update_warmup);
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);
-  const ModelConfig& m = s.model;
-  k.Positive("strata.model.layers", m.layers);
-  if (m.hidden < 8) k.Fail("strata.model.hidden", fmt::format("{}", m.hidden), "must be >= 8");
-  if (m.seq_len < 2) k.Fail("strata.model.seq_len", fmt::format("{}", m.seq_len), "must be >= 2");
-  if (m.vocab != 256)
-    k.Fail("strata.model.vocab", fmt::format("{}", m.vocab),
-           "must be 256 (the example model is byte-level)");
-  k.NonNegative("strata.model.seed", m.seed);
-  k.NonNegative("strata.model.steps", m.steps);
+  const std::vector<std::string_view> known = config_internal::ApplicationSections();
+  for (const auto& [name, text] : s.application_sections) {
+    const std::string path = "strata." + name;
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      k.Fail(fmt::format("{}: not a section Strata keeps for the application (known: {})",
+                         config_internal::ShowKey(path), fmt::join(known, ", ")));
+    else if (!config_internal::json::accept(text) ||
+             !config_internal::json::parse(text).is_object())
+      k.Fail(fmt::format("{}: the section's text is not a JSON object", path));
+  }
   return k.status();
 }
 
