@@ -35,18 +35,16 @@ int64_t ModelShape::num_parameters() const {
 }
 
 StatusOr<ModelShape> ShapeFromConfig(const Config& config) {
-  const ModelConfig& m = config.strata.model;
-  if (m.vocab != 256)
-    return InvalidArgumentError("strata.model.vocab: " + std::to_string(m.vocab) +
-                                " is not allowed; must be 256 (the example model is byte-level)");
+  STRATA_ASSIGN_OR_RETURN(const ModelConfig m, ModelConfigFromConfig(config));
   ModelShape s;
   s.layers = m.layers;
   s.hidden = m.hidden;
   s.seq_len = m.seq_len;
   s.vocab = m.vocab;
   s.batch = config.train_micro_batch_size_per_gpu;
-  if (s.layers < 1 || s.layers > 100000 || s.hidden < 8 || s.hidden > (1 << 20) || s.seq_len < 2 ||
-      s.seq_len > (1 << 20) || s.batch < 1 || s.batch > (1 << 20))
+  // The lower bounds are ValidateModelConfig's; these keep the sizes sane.
+  if (s.layers > 100000 || s.hidden > (1 << 20) || s.seq_len > (1 << 20) || s.batch < 1 ||
+      s.batch > (1 << 20))
     return InvalidArgumentError("strata.model: layers " + std::to_string(s.layers) + ", hidden " +
                                 std::to_string(s.hidden) + ", seq_len " +
                                 std::to_string(s.seq_len) + ", micro-batch " +

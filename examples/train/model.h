@@ -53,6 +53,31 @@ struct ModelShape {
   int64_t num_parameters() const;  // elements over all tensors
 };
 
+// strata.model: the example model's section of the config. The library keeps
+// it as JSON text (StrataConfig::application_sections["model"]); this
+// program reads and checks it (model_config.cc).
+struct ModelConfig {
+  int64_t layers = 4;    // residual blocks, >= 1
+  int64_t hidden = 256;  // width, >= 8
+  int64_t seq_len = 64;  // tokens per sequence, >= 2
+  int64_t vocab = 256;   // byte-level: must be 256
+  int64_t seed = 1234;   // initialization and data; >= 0
+  int64_t steps = 0;     // optimizer steps; 0 = use --steps or the command's default
+
+  bool operator==(const ModelConfig&) const = default;
+};
+
+// strata.model of `config`, absent keys at their defaults. A wrong type or
+// value is InvalidArgument naming strata.model.<key>, the value and what is
+// allowed; an unknown key is a warning "unknown key strata.model.<key>
+// (ignored)" appended to `warnings` (when given).
+StatusOr<ModelConfig> ModelConfigFromConfig(const Config& config,
+                                            std::vector<std::string>* warnings = nullptr);
+// The ranges above; the first one broken is the error.
+Status ValidateModelConfig(const ModelConfig& model);
+// Writes `model` as the config's strata.model (every key).
+void SetModelConfig(const ModelConfig& model, Config* config);
+
 // Shape and parameter dtype from a config (strata.model, micro-batch size,
 // fp16/bf16 sections). Validates what the config parser cannot know.
 StatusOr<ModelShape> ShapeFromConfig(const Config& config);

@@ -22,6 +22,7 @@
 
 #include "examples/train/model.h"
 #include "src/common/env_param.h"
+#include "src/common/log.h"
 #include "src/common/units.h"
 #include "src/nvme/nvme.h"
 #include "src/scheduler/scheduler.h"
@@ -204,11 +205,12 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
                  const TrainCheckpoints& ckpt) {
   if (steps < 1) return InvalidArgumentError("steps: " + std::to_string(steps) + " must be >= 1");
   STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
+  STRATA_ASSIGN_OR_RETURN(const ModelConfig model_config, ModelConfigFromConfig(config));
   const DType dtype = ParamDTypeFromConfig(config);
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           CreateEngine(config, DeveloperHooksFromEnv()));
-  const uint64_t seed = static_cast<uint64_t>(config.strata.model.seed);
+  const uint64_t seed = static_cast<uint64_t>(model_config.seed);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                           Model::Create(engine.get(), shape, dtype, seed));
 
@@ -608,6 +610,11 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
   StatusOr<Config> loaded = LoadConfigFile(opt.config_path);
   if (!loaded.ok()) return fail(2, loaded.status());
   Config config = *loaded;
+  // strata.model is this program's section: the library keeps it as text.
+  std::vector<std::string> model_warnings;
+  StatusOr<ModelConfig> model = ModelConfigFromConfig(config, &model_warnings);
+  if (!model.ok()) return fail(2, model.status().WithContext(opt.config_path));
+  for (const std::string& w : model_warnings) STRATA_LOG_WARN("{}: {}", opt.config_path, w);
   if (!opt.nvme_path.empty()) {
     if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
       config.zero_optimization.offload_optimizer.nvme_path = {opt.nvme_path};
@@ -626,9 +633,7 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
                                           "\" is not one of auto, cuda, host"));
   }
   if (Status v = ValidateConfig(config); !v.ok()) return fail(2, v);
-  int64_t steps = opt.steps > 0                   ? opt.steps
-                  : config.strata.model.steps > 0 ? config.strata.model.steps
-                                                  : 40;
+  int64_t steps = opt.steps > 0 ? opt.steps : model->steps > 0 ? model->steps : 40;
   if (opt.steps < 0)
     return fail(
         2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) + " must be at least 1"));

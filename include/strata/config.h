@@ -42,6 +42,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -200,19 +201,6 @@ struct HostDeviceConfig {
   bool operator==(const HostDeviceConfig&) const = default;
 };
 
-// strata.model: the example model `strata train` builds (examples/train): a
-// byte-level residual-MLP language model.
-struct ModelConfig {
-  int64_t layers = 4;    // residual blocks, >= 1
-  int64_t hidden = 256;  // width, >= 8
-  int64_t seq_len = 64;  // tokens per sequence, >= 2
-  int64_t vocab = 256;   // byte-level: must be 256
-  int64_t seed = 1234;   // initialization and data; >= 0
-  int64_t steps = 0;     // optimizer steps; 0 = use --steps or the command's default
-
-  bool operator==(const ModelConfig&) const = default;
-};
-
 // strata: what DeepSpeed has no key for.
 struct StrataConfig {
   DeviceKind device = DeviceKind::kAuto;
@@ -238,7 +226,15 @@ struct StrataConfig {
   // paper starts it after a few dozen steps, when gradients change slowly).
   int64_t delayed_param_update_warmup = 0;
   HostDeviceConfig host_device;
-  ModelConfig model;  // strata.model
+  // Sections of `strata` owned by the application that reads them, not by
+  // the library (`strata.model`, the example model of `strata train`, is
+  // one): section name -> the section's JSON object as compact text with
+  // sorted keys (nlohmann::json::dump()), present when the config gives the
+  // section. The loader checks only that each is an object and does not warn
+  // about its keys; ConfigToJson writes it back; the application parses and
+  // validates it. ValidateConfig refuses a name the loader does not know and
+  // text that is not a JSON object.
+  std::map<std::string, std::string> application_sections;
 
   bool operator==(const StrataConfig&) const = default;
 };

@@ -1,4 +1,4 @@
-// libFuzzer target for the config parser (src/config/config.cc).
+// libFuzzer target for the config parser (src/config).
 //
 // Any byte string must give a Config or an error, never a crash, a leak, a
 // hang or unbounded memory (ASan/UBSan watch). When a config parses, the

@@ -366,8 +366,7 @@ TEST(ConfigValues, AutoIsATypeErrorElsewhere) {
                                "optimizer.params.bias_correction",
                                "strata.threads",
                                "strata.device_id",
-                               "strata.host_device.link_latency_us",
-                               "strata.model.layers"};
+                               "strata.host_device.link_latency_us"};
   for (const char* key : kNoAutoKeys) {
     SCOPED_TRACE(key);
     EXPECT_THAT(ErrorOf(Nest(key, "auto").dump()), AllOf(HasSubstr(key), HasSubstr("\"auto\""),
@@ -906,8 +905,8 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
   for (const char* section : {"zero_optimization", "aio", "optimizer", "fp16", "bf16", "strata"})
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
-  EXPECT_EQ(j["strata"].size(), 13u);
-  EXPECT_EQ(j["strata"]["model"].size(), 6u);
+  // Application-owned sections (strata.model) only when the config gives them.
+  EXPECT_EQ(j["strata"].size(), 12u);
 }
 
 TEST(ConfigRoundTrip, InvalidUtf8DoesNotThrow) {
@@ -1002,11 +1001,11 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.overlap_optimizer = coin();
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;
-    c.strata.model.layers = pos(96);
-    c.strata.model.hidden = 7 + pos(16384);
-    c.strata.model.seq_len = 1 + pos(8192);
-    c.strata.model.seed = pos(int64_t{1} << 40) - 1;
-    c.strata.model.steps = pos(100000) - 1;
+    if (coin())
+      c.strata.application_sections["model"] = json{
+          {"layers", pos(96)},
+          {"hidden", unit() * 1e4},
+          {"name", std::to_string(pos(9))}}.dump();
     ASSERT_TRUE(ValidateConfig(c).ok()) << ValidateConfig(c);
     ExpectRoundTrip(c);
   }
@@ -1015,67 +1014,46 @@ TEST(ConfigRoundTrip, RandomConfigs) {
 }  // namespace
 }  // namespace strata
 
-// ---- strata.model (the example model of `strata train`) ---------------------------------
+// ---- strata.model: a section the application owns ------------------------------------
 
 namespace strata {
 namespace {
 
-TEST(ConfigModel, Defaults) {
-  Config c = Parse("{}");
-  EXPECT_EQ(c.strata.model.layers, 4);
-  EXPECT_EQ(c.strata.model.hidden, 256);
-  EXPECT_EQ(c.strata.model.seq_len, 64);
-  EXPECT_EQ(c.strata.model.vocab, 256);
-  EXPECT_EQ(c.strata.model.seed, 1234);
-  EXPECT_EQ(c.strata.model.steps, 0);
-  EXPECT_TRUE(Parse(R"({"strata": {"model": {}}})").strata.model == ModelConfig{});
+TEST(ConfigApplicationSection, AbsentByDefault) {
+  EXPECT_TRUE(Parse("{}").strata.application_sections.empty());
 }
 
-TEST(ConfigModel, EveryKeyIsRead) {
-  Config c =
-      Parse(R"({"strata": {"model": {"layers": 12, "hidden": 1e3, "seq_len": 128, "vocab": 256,
-                                            "seed": 7, "steps": 40}}})");
-  EXPECT_EQ(c.strata.model.layers, 12);
-  EXPECT_EQ(c.strata.model.hidden, 1000);
-  EXPECT_EQ(c.strata.model.seq_len, 128);
-  EXPECT_EQ(c.strata.model.seed, 7);
-  EXPECT_EQ(c.strata.model.steps, 40);
+TEST(ConfigApplicationSection, KeptAsTextUnreadAndWithoutWarnings) {
+  // The library reads nothing in it: values it would refuse elsewhere, and
+  // keys it does not know, are the application's to judge.
+  Config c = Parse(R"({"strata": {"model": {"layers": 0, "hidden": "auto", "heads": 8}}})");
+  ASSERT_EQ(c.strata.application_sections.count("model"), 1u);
+  EXPECT_EQ(json::parse(c.strata.application_sections.at("model")),
+            json::parse(R"({"layers": 0, "hidden": "auto", "heads": 8})"));
   EXPECT_TRUE(c.warnings.empty());
 }
 
-TEST(ConfigModel, BadValuesNameTheKey) {
-  const std::pair<const char*, const char*> cases[] = {
-      {R"({"layers": 0})", "strata.model.layers: 0 is not allowed"},
-      {R"({"hidden": 4})", "strata.model.hidden: 4 is not allowed"},
-      {R"({"seq_len": 1})", "strata.model.seq_len: 1 is not allowed"},
-      {R"({"vocab": 50257})", "strata.model.vocab: 50257 is not allowed; must be 256"},
-      {R"({"seed": -1})", "strata.model.seed: -1 is not allowed"},
-      {R"({"steps": -3})", "strata.model.steps: -3 is not allowed"},
-      {R"({"layers": "many"})", "strata.model.layers"},
-      {R"({"hidden": 2.5})", "strata.model.hidden"},
-  };
-  for (auto [model, want] : cases) {
-    SCOPED_TRACE(model);
-    StatusOr<Config> c = ParseConfig(std::string(R"({"strata": {"model": )") + model + "}}");
-    ASSERT_FALSE(c.ok());
-    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_THAT(c.status().message(), HasSubstr(want));
-  }
+TEST(ConfigApplicationSection, MustBeAnObject) {
   StatusOr<Config> c = ParseConfig(R"({"strata": {"model": 3}})");
   ASSERT_FALSE(c.ok());
-  EXPECT_THAT(c.status().message(), HasSubstr("strata.model"));
+  EXPECT_THAT(c.status().message(), HasSubstr("strata.model: 3 is not an object"));
 }
 
-TEST(ConfigModel, UnknownKeyWarns) {
-  Config c = Parse(R"({"strata": {"model": {"heads": 8}}})");
-  EXPECT_THAT(c.warnings, Contains("unknown key strata.model.heads (ignored)"));
-}
-
-TEST(ConfigModel, RoundTrip) {
-  Config c;
-  c.strata.model =
-      ModelConfig{.layers = 3, .hidden = 96, .seq_len = 33, .vocab = 256, .seed = 99, .steps = 17};
+TEST(ConfigApplicationSection, RoundTrip) {
+  Config c = Parse(R"({"strata": {"model": {"layers": 3, "hidden": 96, "seed": 1e2}}})");
   ExpectRoundTrip(c);
+  Config hand;
+  hand.strata.application_sections["model"] = R"({"hidden":96,"layers":3})";
+  ExpectRoundTrip(hand);
+}
+
+TEST(ConfigApplicationSection, ValidateRefusesUnknownNamesAndText) {
+  Config c;
+  c.strata.application_sections["modle"] = "{}";
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("strata.modle: not a section"));
+  c.strata.application_sections.clear();
+  c.strata.application_sections["model"] = "[1, 2";
+  EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("strata.model: the section's text is not"));
 }
 
 }  // namespace

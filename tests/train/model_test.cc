@@ -300,9 +300,7 @@ Config TinyConfig(OffloadDevice opt, OffloadDevice par, const std::string& dir) 
   c.strata.device = DeviceKind::kHost;
   c.strata.hbm_budget_bytes = 4 << 20;
   c.strata.threads = 2;
-  c.strata.model.layers = 2;
-  c.strata.model.hidden = 32;
-  c.strata.model.seq_len = 32;
+  SetModelConfig(ModelConfig{.layers = 2, .hidden = 32, .seq_len = 32}, &c);
   return c;
 }
 
@@ -394,7 +392,8 @@ TEST(Train, Fp16UsesTheLossScale) {
 TEST(Train, ActivationsThatDoNotFitFailBeforeTraining) {
   testing::ScratchDir dir;
   Config c = TinyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
-  c.strata.model.seq_len = 2048;  // activations far beyond 4 MiB
+  // Activations far beyond 4 MiB.
+  SetModelConfig(ModelConfig{.layers = 2, .hidden = 32, .seq_len = 2048}, &c);
   int calls = 0;
   StatusOr<TrainResult> r =
       Train(c, 3, [&](int64_t, int64_t, double, const StepStats&, const TrainResult&) { ++calls; });
@@ -425,9 +424,7 @@ TEST(Train, NvmeOptimizerStatesAreBitwiseAtDemoSize) {
   testing::ScratchDir dir;
   auto config = [&](OffloadDevice opt) {
     Config c = TinyConfig(opt, OffloadDevice::kCpu, dir.str());
-    c.strata.model.hidden = 384;
-    c.strata.model.layers = 4;
-    c.strata.model.seq_len = 64;
+    SetModelConfig(ModelConfig{.layers = 4, .hidden = 384, .seq_len = 64}, &c);
     c.zero_optimization.sub_group_size = 1'000'000;
     c.zero_optimization.stage3_max_live_parameters = 2'000'000;
     c.zero_optimization.reduce_bucket_size = 2'000'000;

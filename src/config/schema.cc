@@ -1,0 +1,332 @@
+// The schema: every key of the config that Strata knows, in one table, and
+// the verdict on a key present in a config that no reader asked for.
+//
+// A key is declared here before any reader may take it (Section::Take
+// reports an undeclared key as an internal error), and every key
+// ConfigToJson writes is declared here with its default (tests/config
+// checks both). A key absent from this table is "unknown" and gets a
+// warning naming its path.
+//
+// Columns: path, JSON type, use (read / a DeepSpeed key Strata does not use /
+// a DeepSpeed setting Strata does not implement / a `strata` section the
+// application owns), default as JSON text, note (allowed values; or why the
+// key is not used).
+#include <fmt/format.h>
+
+#include <string>
+#include <unordered_map>
+
+#include "src/config/config_internal.h"
+
+namespace strata::config_internal {
+namespace {
+
+constexpr KeyType kInt = KeyType::kInt, kDouble = KeyType::kDouble, kBool = KeyType::kBool,
+                  kBytes = KeyType::kBytes, kString = KeyType::kString, kEnum = KeyType::kEnum,
+                  kPaths = KeyType::kPaths, kPair = KeyType::kPair, kObject = KeyType::kObject,
+                  kAny = KeyType::kAny;
+constexpr KeyUse kRead = KeyUse::kRead, kUnused = KeyUse::kUnused,
+                 kUnsupported = KeyUse::kUnsupported, kApplication = KeyUse::kApplication;
+
+bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
+
+// clang-format off
+const KeySpec kSchema[] = {
+    // ---- Top level ----------------------------------------------------------
+    {"train_batch_size", kInt, kRead, "1", "> 0; train = micro x accumulation on one rank"},
+    {"train_micro_batch_size_per_gpu", kInt, kRead, "1", "> 0"},
+    {"gradient_accumulation_steps", kInt, kRead, "1", "> 0"},
+    {"gradient_clipping", kDouble, kRead, "0.0", ">= 0; 0 = no clipping"},
+    {"zero_optimization", kObject, kRead, "", "an object, or the legacy true (stage 1) / false"},
+    {"aio", kObject},
+    {"optimizer", kObject},
+    {"fp16", kObject},
+    {"bf16", kObject},
+    {"bfloat16", kObject, kRead, "", "old name of bf16"},
+    {"strata", kObject},
+
+    // ---- zero_optimization ----------------------------------------------------
+    {"zero_optimization.stage", kInt, kRead, "0", "0, 1, 2, 3"},
+    {"zero_optimization.offload_optimizer", kObject},
+    {"zero_optimization.offload_param", kObject, kRead, "", "stage 3 only"},
+    {"zero_optimization.cpu_offload", kBool, kRead, "", "old spelling of offload_optimizer.device \"cpu\""},
+    {"zero_optimization.cpu_offload_param", kBool, kRead, "", "old spelling of offload_param.device \"cpu\""},
+    {"zero_optimization.cpu_offload_params", kBool, kRead, "", "old spelling of offload_param.device \"cpu\""},
+    {"zero_optimization.cpu_offload_use_pin_memory", kBool, kRead, "", "old spelling of both sections' pin_memory"},
+    {"zero_optimization.sub_group_size", kInt, kRead, "1000000000", ">= 0; 0 = kZeroMeansOneTensorElems"},
+    {"zero_optimization.stage3_prefetch_bucket_size", kInt, kRead, "50000000", ">= 0"},
+    {"zero_optimization.prefetch_bucket_size", kInt, kRead, "", "alias of stage3_prefetch_bucket_size"},
+    {"zero_optimization.stage3_param_persistence_threshold", kInt, kRead, "100000", ">= 0"},
+    {"zero_optimization.param_persistence_threshold", kInt, kRead, "", "alias of stage3_param_persistence_threshold"},
+    {"zero_optimization.stage3_max_live_parameters", kInt, kRead, "1000000000", ">= 0"},
+    {"zero_optimization.max_live_parameters", kInt, kRead, "", "alias of stage3_max_live_parameters"},
+    {"zero_optimization.stage3_max_reuse_distance", kInt, kRead, "1000000000", ">= 0"},
+    {"zero_optimization.max_reuse_distance", kInt, kRead, "", "alias of stage3_max_reuse_distance"},
+    {"zero_optimization.overlap_comm", kBool, kRead, "false", "default true for stage 3"},
+    {"zero_optimization.contiguous_gradients", kBool, kRead, "true"},
+    {"zero_optimization.reduce_bucket_size", kInt, kRead, "500000000", ">= 0; 0 = kZeroMeansOneTensorElems"},
+    {"zero_optimization.allgather_bucket_size", kInt, kRead, "500000000", ">= 0"},
+    {"zero_optimization.aio", kObject, kRead, "", "misplaced: ignored with a warning (aio is top-level)"},
+
+    {"zero_optimization.offload_optimizer.device", kEnum, kRead, "\"none\"", "none, cpu, nvme"},
+    {"zero_optimization.offload_optimizer.nvme_path", kPaths, kRead, "[]", "required with device nvme"},
+    {"zero_optimization.offload_optimizer.pin_memory", kBool, kRead, "false"},
+    {"zero_optimization.offload_optimizer.buffer_count", kInt, kRead, "4", ">= 0; >= 1 with device nvme"},
+    {"zero_optimization.offload_optimizer.fast_init", kBool, kRead, "false"},
+    {"zero_optimization.offload_optimizer.ratio", kDouble, kRead, "1.0", "(0, 1]"},
+    {"zero_optimization.offload_optimizer.pipeline_read", kBool, kRead, "false"},
+    {"zero_optimization.offload_optimizer.pipeline_write", kBool, kRead, "false"},
+    {"zero_optimization.offload_optimizer.pipeline", kBool, kRead, "", "old spelling: true sets pipeline_read and pipeline_write"},
+
+    {"zero_optimization.offload_param.device", kEnum, kRead, "\"none\"", "none, cpu, nvme"},
+    {"zero_optimization.offload_param.nvme_path", kPaths, kRead, "[]", "required with device nvme"},
+    {"zero_optimization.offload_param.pin_memory", kBool, kRead, "false"},
+    {"zero_optimization.offload_param.buffer_count", kInt, kRead, "5", ">= 0; >= 1 with device nvme"},
+    {"zero_optimization.offload_param.buffer_size", kInt, kRead, "100000000", ">= 0; not used by Strata"},
+    {"zero_optimization.offload_param.max_in_cpu", kInt, kRead, "1000000000", ">= 0; not used by Strata"},
+
+    // ---- aio ------------------------------------------------------------------
+    {"aio.block_size", kInt, kRead, "1048576", "> 0, a multiple of 512"},
+    {"aio.queue_depth", kInt, kRead, "8", "> 0"},
+    {"aio.intra_op_parallelism", kInt, kRead, "1", "> 0"},
+    {"aio.thread_count", kInt, kRead, "", "old name of intra_op_parallelism"},
+    {"aio.single_submit", kBool, kRead, "false"},
+    {"aio.overlap_events", kBool, kRead, "true"},
+    {"aio.use_gds", kBool, kRead, "false"},
+
+    // ---- optimizer (defaults of AdamW; Adagrad: lr 1e-2, eps 1e-10) -------------
+    {"optimizer.type", kEnum, kRead, "\"AdamW\"", "Adam, AdamW, Adagrad, Lion (case-insensitive)"},
+    {"optimizer.params", kObject},
+    {"optimizer.params.lr", kDouble, kRead, "0.001", ">= 0"},
+    {"optimizer.params.betas", kPair, kRead, "[0.9, 0.999]", "each in [0, 1); Adam, AdamW, Lion"},
+    {"optimizer.params.eps", kDouble, kRead, "1e-8", "> 0; Adam, AdamW, Adagrad"},
+    {"optimizer.params.weight_decay", kDouble, kRead, "0.0", ">= 0"},
+    {"optimizer.params.adam_w_mode", kBool, kRead, "true", "Adam, AdamW (AdamW forces true)"},
+    {"optimizer.params.bias_correction", kBool, kRead, "true", "Adam, AdamW"},
+
+    // ---- fp16, bf16 -------------------------------------------------------------
+    {"fp16.enabled", kBool, kRead, "false", "not together with bf16.enabled"},
+    {"fp16.loss_scale", kDouble, kRead, "0.0", ">= 0; 0 = dynamic"},
+    {"fp16.initial_scale_power", kInt, kRead, "16", "[0, 64]"},
+    {"fp16.loss_scale_window", kInt, kRead, "1000", "> 0"},
+    {"fp16.hysteresis", kInt, kRead, "2", ">= 1"},
+    {"fp16.min_loss_scale", kDouble, kRead, "1.0", "> 0"},
+    {"bf16.enabled", kBool, kRead, "false"},
+    {"bfloat16.enabled", kBool, kRead, "", "old name of bf16.enabled"},
+
+    // ---- strata -------------------------------------------------------------------
+    {"strata.device", kEnum, kRead, "\"auto\"", "auto, cuda, host"},
+    {"strata.device_id", kInt, kRead, "0", ">= 0"},
+    {"strata.hbm_budget", kBytes, kRead, "0", ">= 0; 0 = all free device memory"},
+    {"strata.pinned_budget", kBytes, kRead, "0", ">= 0; 0 = sized from the placement"},
+    {"strata.trace_path", kString, kRead, "\"\"", "empty = no trace"},
+    {"strata.threads", kInt, kRead, "0", ">= 0; 0 = all cores of the NUMA node"},
+    {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix"},
+    {"strata.io_sqpoll", kBool, kRead, "false"},
+    {"strata.overlap_optimizer", kBool, kRead, "true"},
+    {"strata.delayed_param_update", kBool, kRead, "false"},
+    {"strata.delayed_param_update_warmup", kInt, kRead, "0", ">= 0"},
+    {"strata.host_device", kObject},
+    {"strata.host_device.link_gbytes_per_s", kDouble, kRead, "0.0", ">= 0; 0 = unlimited"},
+    {"strata.host_device.link_latency_us", kDouble, kRead, "0.0", ">= 0"},
+    // Application-owned: the example model of `strata train`
+    // (examples/train/model_config.cc reads and validates it).
+    {"strata.model", kObject, kApplication, "", "the example model of `strata train`"},
+
+    // ---- DeepSpeed keys Strata reads nothing from ----------------------------------
+    // They change nothing here (one rank, no communication; monitoring;
+    // checkpoint formats; memory or speed approximations Strata does not
+    // make). They get a softer warning than a misspelt key ("DeepSpeed key X
+    // is not used by Strata") but still a warning: the user should know the
+    // setting has no effect here. The note, when given, says why.
+    {"steps_per_print", kAny, kUnused},
+    {"wall_clock_breakdown", kAny, kUnused},
+    {"memory_breakdown", kAny, kUnused},
+    {"dump_state", kAny, kUnused},
+    {"zero_allow_untested_optimizer", kAny, kUnused},
+    {"zero_force_ds_cpu_optimizer", kAny, kUnused},
+    {"scheduler", kAny, kUnused},
+    {"communication_data_type", kAny, kUnused},
+    {"seq_parallel_communication_data_type", kAny, kUnused},
+    {"prescale_gradients", kAny, kUnused},
+    {"gradient_predivide_factor", kAny, kUnused},
+    {"sparse_gradients", kAny, kUnused},
+    {"sparse_attention", kAny, kUnused},
+    {"disable_allgather", kAny, kUnused},
+    {"flops_profiler", kAny, kUnused},
+    {"tensorboard", kAny, kUnused},
+    {"wandb", kAny, kUnused},
+    {"csv_monitor", kAny, kUnused},
+    {"comet", kAny, kUnused},
+    {"comms_logger", kAny, kUnused},
+    {"activation_checkpointing", kAny, kUnused},
+    {"checkpoint", kAny, kUnused},
+    {"data_types", kAny, kUnused},
+    {"amp", kAny, kUnused},
+    {"torch_autocast", kAny, kUnused},
+    {"autotuning", kAny, kUnused},
+    {"elasticity", kAny, kUnused},
+    {"compression_training", kAny, kUnused},
+    {"data_efficiency", kAny, kUnused},
+    {"curriculum_learning", kAny, kUnused},
+    {"pipeline", kAny, kUnused},
+    {"load_universal_checkpoint", kAny, kUnused},
+    {"use_node_local_storage", kAny, kUnused},
+    {"dataloader_drop_last", kAny, kUnused, "", "the framework feeds the batches"},
+    {"graph_harvesting", kAny, kUnused},
+    {"eigenvalue", kAny, kUnused},
+    {"progressive_layer_drop", kAny, kUnused},
+    {"quantize_training", kAny, kUnused},
+    {"weight_quantization", kAny, kUnused},
+    {"use_data_before_expert_parallelism", kAny, kUnused},
+    {"hybrid_engine", kAny, kUnused},
+    {"nebula", kAny, kUnused},
+    {"compile", kAny, kUnused},
+    {"timers", kAny, kUnused},
+    {"tensor_parallel", kAny, kUnused},
+    {"zenflow", kAny, kUnused, "", "Strata updates every parameter at every step"},
+    {"allgather_size", kInt, kUnused, "", "read only with the legacy \"zero_optimization\": true"},
+    {"fp16.auto_cast", kAny, kUnused},
+    {"fp16.consecutive_hysteresis", kAny, kUnused},
+    {"fp16.fp16_master_weights_and_grads", kAny, kUnused, "", "Strata keeps fp32 master weights and gradients"},
+    {"bf16.immediate_grad_update", kAny, kUnused},
+    {"bf16.bf16_master_weights_and_grads", kAny, kUnused, "", "Strata keeps fp32 master weights and gradients"},
+    {"bf16.bf16_optimizer_states", kAny, kUnused, "", "Strata keeps fp32 optimizer states"},
+    {"bfloat16.immediate_grad_update", kAny, kUnused},
+    {"optimizer.legacy_fusion", kAny, kUnused},
+    {"optimizer.params.torch_adam", kAny, kUnused},
+    {"optimizer.params.fused", kAny, kUnused},
+    {"optimizer.params.foreach", kAny, kUnused},
+    {"optimizer.params.capturable", kAny, kUnused},
+    {"optimizer.params.differentiable", kAny, kUnused},
+    {"optimizer.params.fp32_optimizer_states", kAny, kUnused, "", "Strata keeps fp32 optimizer states"},
+    {"aio.io_backend", kAny, kUnused, "", "Strata picks its I/O engine with strata.io_engine"},
+    {"aio.parallel_write", kAny, kUnused},
+    {"zero_optimization.allgather_partitions", kAny, kUnused},
+    {"zero_optimization.reduce_scatter", kAny, kUnused},
+    {"zero_optimization.use_multi_rank_bucket_allreduce", kAny, kUnused},
+    {"zero_optimization.round_robin_gradients", kAny, kUnused},
+    {"zero_optimization.elastic_checkpoint", kAny, kUnused},
+    {"zero_optimization.ignore_unused_parameters", kAny, kUnused},
+    {"zero_optimization.legacy_stage1", kAny, kUnused},
+    {"zero_optimization.load_from_fp32_weights", kAny, kUnused},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", kAny, kUnused},
+    {"zero_optimization.gather_16bit_weights_on_model_save", kAny, kUnused},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", kAny, kUnused},
+    {"zero_optimization.stage3_model_persistence_threshold", kAny, kUnused},
+    {"zero_optimization.model_persistence_threshold", kAny, kUnused},
+    {"zero_optimization.stage3_module_granularity_threshold", kAny, kUnused},
+    {"zero_optimization.module_granularity_threshold", kAny, kUnused},
+    {"zero_optimization.stage3_use_all_reduce_for_fetch_params", kAny, kUnused},
+    {"zero_optimization.use_all_reduce_for_fetch_params", kAny, kUnused},
+    {"zero_optimization.zero_hpz_partition_size", kAny, kUnused},
+    {"zero_optimization.zero_quantized_weights", kAny, kUnused},
+    {"zero_optimization.zero_quantized_nontrainable_weights", kAny, kUnused},
+    {"zero_optimization.zero_quantized_gradients", kAny, kUnused},
+    {"zero_optimization.zeropp_loco_param", kAny, kUnused},
+    {"zero_optimization.mics_shard_size", kAny, kUnused},
+    {"zero_optimization.mics_hierarchical_params_gather", kAny, kUnused},
+    {"zero_optimization.memory_efficient_linear", kAny, kUnused},
+    {"zero_optimization.pipeline_loading_checkpoint", kAny, kUnused},
+    {"zero_optimization.override_module_apply", kAny, kUnused},
+    {"zero_optimization.log_trace_cache_warnings", kAny, kUnused},
+    {"zero_optimization.zenflow", kAny, kUnused, "", "Strata updates every parameter at every step"},
+
+    // ---- DeepSpeed settings Strata does not implement -------------------------------
+    // At their neutral value they change nothing (reported like the unused
+    // keys above); at any other value they would change the training in a
+    // way Strata does not implement: an error.
+    {"optimizer.params.amsgrad", kBool, kUnsupported, "",
+     "AMSGrad (the maximum of past second moments) is not implemented by Strata's CPU optimizer",
+     IsFalse, "false"},
+    {"optimizer.params.maximize", kBool, kUnsupported, "", "Strata's optimizers minimize", IsFalse,
+     "false"},
+    {"optimizer.params.lr_decay", kDouble, kUnsupported, "",
+     "Strata's Adagrad has no learning-rate decay", IsZero, "0"},
+    {"optimizer.params.initial_accumulator_value", kDouble, kUnsupported, "",
+     "Strata's Adagrad starts its sum at 0", IsZero, "0"},
+};
+// clang-format on
+
+template <typename Enum, size_t N>
+std::string_view NameOf(const EnumName<Enum> (&names)[N], Enum value) {
+  for (const auto& n : names)
+    if (n.value == value) return n.name;
+  return "?";
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& Schema() {
+  static const std::vector<KeySpec> schema(std::begin(kSchema), std::end(kSchema));
+  return schema;
+}
+
+std::vector<std::string_view> ApplicationSections() {
+  constexpr std::string_view kPrefix = "strata.";
+  std::vector<std::string_view> names;
+  for (const KeySpec& k : kSchema)
+    if (k.use == KeyUse::kApplication) names.push_back(k.path.substr(kPrefix.size()));
+  return names;
+}
+
+const KeySpec* FindKey(std::string_view path) {
+  static const auto* index = [] {
+    auto* m = new std::unordered_map<std::string_view, const KeySpec*>();
+    for (const KeySpec& k : kSchema) m->emplace(k.path, &k);
+    return m;
+  }();
+  auto it = index->find(path);
+  return it == index->end() ? nullptr : it->second;
+}
+
+Status JudgeUnreadKey(std::string_view path, const json& value, bool auto_is_default,
+                      std::vector<std::string>* warnings) {
+  const KeySpec* k = FindKey(path);
+  if (k != nullptr && k->use == KeyUse::kUnsupported && !k->neutral(value) &&
+      !(auto_is_default && IsAuto(value)))
+    return InvalidArgumentError(fmt::format(
+        "{}: {} is not supported: {}; it would change the training (remove the key or write {})",
+        path, Show(value), k->note, k->neutral_text));
+  // A key Strata reads that no reader took counts as unknown here.
+  if (k == nullptr || k->use == KeyUse::kRead || k->use == KeyUse::kApplication) {
+    warnings->push_back(fmt::format("unknown key {} (ignored)", path));
+  } else if (k->use == KeyUse::kUnsupported || k->note.empty()) {
+    warnings->push_back(fmt::format("DeepSpeed key {} is not used by Strata (ignored)", path));
+  } else {
+    warnings->push_back(
+        fmt::format("DeepSpeed key {} is not used by Strata (ignored; {})", path, k->note));
+  }
+  return Status::Ok();
+}
+
+OptimizerParams ParamsOf(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kAdagrad:
+      return {false, true, false, "lr, eps, weight_decay"};
+    case OptimizerType::kLion:
+      return {true, false, false, "lr, betas, weight_decay"};
+    default:
+      return {true, true, true, "lr, betas, eps, weight_decay, adam_w_mode, bias_correction"};
+  }
+}
+
+}  // namespace strata::config_internal
+
+namespace strata {
+
+std::string_view OffloadDeviceName(OffloadDevice d) {
+  return config_internal::NameOf(config_internal::kOffloadDevices, d);
+}
+std::string_view OptimizerTypeName(OptimizerType t) {
+  return config_internal::NameOf(config_internal::kOptimizerTypes, t);
+}
+std::string_view DeviceKindName(DeviceKind k) {
+  return config_internal::NameOf(config_internal::kDeviceKinds, k);
+}
+std::string_view IoEngineKindName(IoEngineKind k) {
+  return config_internal::NameOf(config_internal::kIoEngines, k);
+}
+
+}  // namespace strata

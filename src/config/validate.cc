@@ -1,0 +1,161 @@
+// ValidateConfig: the ranges and cross-field rules of a Config (the schema's
+// "allowed values"), for parsed and hand-edited Configs alike. The first
+// broken rule is the error; its message names the key path, the value and
+// the rule.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "src/config/config_internal.h"
+
+namespace strata {
+namespace {
+
+class Checker {
+ public:
+  template <typename T>
+  void Positive(std::string_view path, T v) {
+    if (!(v > 0)) Fail(path, fmt::format("{}", v), "must be > 0");
+  }
+  template <typename T>
+  void NonNegative(std::string_view path, T v) {
+    if (!(v >= 0)) Fail(path, fmt::format("{}", v), "must be >= 0");
+  }
+  void Fail(std::string_view path, std::string_view value, std::string_view rule) {
+    if (first_.ok())
+      first_ = InvalidArgumentError(fmt::format("{}: {} is not allowed; {}", path, value, rule));
+  }
+  void Fail(std::string message) {
+    if (first_.ok()) first_ = InvalidArgumentError(std::move(message));
+  }
+  Status status() const { return first_; }
+
+ private:
+  Status first_;
+};
+
+void CheckOffloadCommon(Checker& k, std::string_view section, OffloadDevice device,
+                        const std::vector<std::string>& nvme_path, int stage, int min_stage) {
+  if (device == OffloadDevice::kNvme && nvme_path.empty())
+    k.Fail(fmt::format(
+        "zero_optimization.{}.nvme_path: required (a directory, or a list of directories) when "
+        "zero_optimization.{}.device is \"nvme\"",
+        section, section));
+  for (size_t i = 0; i < nvme_path.size(); ++i)
+    if (nvme_path[i].empty())
+      k.Fail(fmt::format("zero_optimization.{}.nvme_path[{}]", section, i), "\"\"",
+             "must be a non-empty path");
+  if (device != OffloadDevice::kNone && stage < min_stage)
+    k.Fail(
+        fmt::format("zero_optimization.{}.device: \"{}\" requires zero_optimization.stage {} "
+                    "(stage is {})",
+                    section, OffloadDeviceName(device), min_stage == 3 ? "3" : ">= 1", stage));
+}
+
+// DeepSpeed allows buffer_count 0 (ge=0); with an nvme device its swapper
+// then has no buffer and stops at the first step ("ran out of swap buffers").
+void CheckBufferCount(Checker& k, std::string_view section, OffloadDevice device, int64_t count) {
+  const std::string path = fmt::format("zero_optimization.{}.buffer_count", section);
+  if (count < 0) k.Fail(path, fmt::format("{}", count), "must be >= 0");
+  if (count == 0 && device == OffloadDevice::kNvme)
+    k.Fail(path, "0",
+           fmt::format("must be >= 1 when zero_optimization.{}.device is \"nvme\" (the NVMe "
+                       "pipeline needs a buffer; DeepSpeed would stop at its first step)",
+                       section));
+}
+
+}  // namespace
+
+Status ValidateConfig(const Config& c) {
+  Checker k;
+  const ZeroConfig& z = c.zero_optimization;
+  if (z.stage < 0 || z.stage > 3)
+    k.Fail("zero_optimization.stage", fmt::format("{}", z.stage), "must be one of 0, 1, 2, 3");
+  const OffloadOptimizerConfig& oo = z.offload_optimizer;
+  CheckOffloadCommon(k, "offload_optimizer", oo.device, oo.nvme_path, z.stage, 1);
+  CheckBufferCount(k, "offload_optimizer", oo.device, oo.buffer_count);
+  if (!(oo.ratio > 0.0 && oo.ratio <= 1.0))
+    k.Fail("zero_optimization.offload_optimizer.ratio", fmt::format("{}", oo.ratio),
+           "must be in (0, 1]");
+  const OffloadParamConfig& op = z.offload_param;
+  CheckOffloadCommon(k, "offload_param", op.device, op.nvme_path, z.stage, 3);
+  CheckBufferCount(k, "offload_param", op.device, op.buffer_count);
+  // DeepSpeed allows 0 for these (ge=0); see config.h for what 0 means.
+  k.NonNegative("zero_optimization.offload_param.buffer_size", op.buffer_size);
+  k.NonNegative("zero_optimization.offload_param.max_in_cpu", op.max_in_cpu);
+  // The parser resolves 0 (kZeroMeansOneTensorElems); a Config carries >= 1.
+  k.Positive("zero_optimization.sub_group_size", z.sub_group_size);
+  k.NonNegative("zero_optimization.stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size);
+  k.NonNegative("zero_optimization.stage3_param_persistence_threshold",
+                z.stage3_param_persistence_threshold);
+  k.NonNegative("zero_optimization.stage3_max_live_parameters", z.stage3_max_live_parameters);
+  k.NonNegative("zero_optimization.stage3_max_reuse_distance", z.stage3_max_reuse_distance);
+  k.Positive("zero_optimization.reduce_bucket_size", z.reduce_bucket_size);
+  k.NonNegative("zero_optimization.allgather_bucket_size", z.allgather_bucket_size);
+
+  k.Positive("aio.block_size", c.aio.block_size);
+  if (c.aio.block_size > 0 && c.aio.block_size % 512 != 0)
+    k.Fail("aio.block_size", fmt::format("{}", c.aio.block_size), "must be a multiple of 512");
+  k.Positive("aio.queue_depth", c.aio.queue_depth);
+  k.Positive("aio.intra_op_parallelism", c.aio.intra_op_parallelism);
+
+  const OptimizerConfig& o = c.optimizer;
+  k.NonNegative("optimizer.params.lr", o.lr);
+  if (!(o.beta1 >= 0.0 && o.beta1 < 1.0))
+    k.Fail("optimizer.params.betas[0]", fmt::format("{}", o.beta1), "must be in [0, 1)");
+  if (!(o.beta2 >= 0.0 && o.beta2 < 1.0))
+    k.Fail("optimizer.params.betas[1]", fmt::format("{}", o.beta2), "must be in [0, 1)");
+  k.Positive("optimizer.params.eps", o.eps);
+  k.NonNegative("optimizer.params.weight_decay", o.weight_decay);
+
+  const Fp16Config& f = c.fp16;
+  k.NonNegative("fp16.loss_scale", f.loss_scale);  // 0 = dynamic
+  if (f.initial_scale_power < 0 || f.initial_scale_power > 64)
+    k.Fail("fp16.initial_scale_power", fmt::format("{}", f.initial_scale_power),
+           "must be in [0, 64]");
+  k.Positive("fp16.loss_scale_window", f.loss_scale_window);
+  if (f.hysteresis < 1) k.Fail("fp16.hysteresis", fmt::format("{}", f.hysteresis), "must be >= 1");
+  k.Positive("fp16.min_loss_scale", f.min_loss_scale);
+  if (f.enabled && c.bf16_enabled)
+    k.Fail("fp16.enabled and bf16.enabled are both true; enable at most one");
+  k.NonNegative("gradient_clipping", c.gradient_clipping);
+
+  k.Positive("train_batch_size", c.train_batch_size);
+  k.Positive("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  k.Positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  int64_t product = 0;
+  if (c.train_micro_batch_size_per_gpu > 0 && c.gradient_accumulation_steps > 0 &&
+      (__builtin_mul_overflow(c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
+                              &product) ||
+       product != c.train_batch_size))
+    k.Fail(fmt::format(
+        "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
+        "gradient_accumulation_steps {} "
+        "(one rank: train = micro × accumulation)",
+        c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps));
+
+  const StrataConfig& s = c.strata;
+  k.NonNegative("strata.device_id", s.device_id);
+  k.NonNegative("strata.hbm_budget", s.hbm_budget_bytes);
+  k.NonNegative("strata.pinned_budget", s.pinned_budget_bytes);
+  k.NonNegative("strata.threads", s.threads);
+  k.NonNegative("strata.delayed_param_update_warmup", s.delayed_param_update_warmup);
+  k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
+  k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);
+  const std::vector<std::string_view> known = config_internal::ApplicationSections();
+  for (const auto& [name, text] : s.application_sections) {
+    const std::string path = "strata." + name;
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      k.Fail(fmt::format("{}: not a section Strata keeps for the application (known: {})",
+                         config_internal::ShowKey(path), fmt::join(known, ", ")));
+    else if (!config_internal::json::accept(text) ||
+             !config_internal::json::parse(text).is_object())
+      k.Fail(fmt::format("{}: the section's text is not a JSON object", path));
+  }
+  return k.status();
+}
+
+}  // namespace strata
