@@ -25,12 +25,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <unordered_map>
 
-#include "src/common/aligned_buffer.h"
-#include "src/common/dtype.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
