@@ -11,10 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -22,6 +20,7 @@
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/cpu_adam/kernel.h"
 #include "src/cpu_adam/topology.h"
 
@@ -256,17 +255,19 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
 // ResourceExhausted naming how many were asked and started when the process
 // cannot have them all (RLIMIT_NPROC, RLIMIT_AS for their stacks).
 Status ProbeThreads(int n) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
+  struct Gate {
+    Mutex mu;
+    CondVar cv;
+    bool release GUARDED_BY(mu) = false;
+  } gate;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(n));
   Status status;
   for (int i = 0; i < n; ++i) {
     try {
       threads.emplace_back([&] {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return release; });
+        MutexLock lock(&gate.mu);
+        while (!gate.release) gate.cv.Wait(&gate.mu);
       });
     } catch (const std::system_error& e) {
       status = ResourceExhaustedError("cpu_adam: cannot start " + std::to_string(n) +
@@ -276,10 +277,10 @@ Status ProbeThreads(int n) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
+    MutexLock lock(&gate.mu);
+    gate.release = true;
   }
-  cv.notify_all();
+  gate.cv.NotifyAll();
   for (auto& t : threads) t.join();
   return status;
 }
@@ -330,11 +331,11 @@ class PinObserver final : public tbb::task_scheduler_observer {
 }  // namespace
 
 struct StepHandle::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;             // GUARDED_BY(mu)
-  Status status;                 // GUARDED_BY(mu)
-  StepResult result;             // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
+  StepResult result GUARDED_BY(mu);
   std::vector<Prepared> shards;  // read by the worker only
 };
 
@@ -354,7 +355,7 @@ StepHandle::~StepHandle() {
 
 bool StepHandle::Ready() const {
   if (!state_) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->done;
 }
 
@@ -363,8 +364,8 @@ StatusOr<StepResult> StepHandle::Wait() {
     return FailedPreconditionError(
         "cpu_adam: Wait on an invalid StepHandle (already waited or empty)");
   std::shared_ptr<State> s = std::move(state_);
-  std::unique_lock<std::mutex> lock(s->mu);
-  s->cv.wait(lock, [&] { return s->done; });
+  MutexLock lock(&s->mu);
+  while (!s->done) s->cv.Wait(&s->mu);
   if (!s->status.ok()) return s->status;
   return s->result;
 }
@@ -381,14 +382,15 @@ struct CpuOptimizer::Impl {
   std::unique_ptr<tbb::task_arena> arena;
   std::unique_ptr<PinObserver> observer;
 
-  std::mutex mu;
-  std::condition_variable idle;
-  int outstanding = 0;  // GUARDED_BY(mu): asynchronous steps not finished
+  Mutex mu;
+  CondVar idle;
+  int outstanding GUARDED_BY(mu) = 0;  // asynchronous steps not finished
 
   ~Impl() {
-    std::unique_lock<std::mutex> lock(mu);
-    idle.wait(lock, [&] { return outstanding == 0; });
-    lock.unlock();
+    {
+      MutexLock lock(&mu);
+      while (outstanding != 0) idle.Wait(&mu);
+    }
     observer.reset();  // before the arena it observes
     arena.reset();
   }
@@ -491,7 +493,7 @@ StatusOr<StepHandle> CpuOptimizer::StepAsync(std::span<const ShardStep> shards) 
   auto state = std::make_shared<StepHandle::State>();
   RETURN_IF_ERROR(impl_->PrepareAll(shards, &state->shards));
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     ++impl_->outstanding;
   }
   Impl* impl = impl_.get();
@@ -504,22 +506,22 @@ StatusOr<StepHandle> CpuOptimizer::StepAsync(std::span<const ShardStep> shards) 
       status = InternalError(std::string("cpu_adam: asynchronous step failed: ") + e.what());
     }
     {
-      std::lock_guard<std::mutex> lock(state->mu);
+      MutexLock lock(&state->mu);
       state->status = std::move(status);
       state->result = result;
       state->done = true;
     }
-    state->cv.notify_all();
+    state->cv.NotifyAll();
     {
-      std::lock_guard<std::mutex> lock(impl->mu);
+      MutexLock lock(&impl->mu);
       --impl->outstanding;
     }
-    impl->idle.notify_all();
+    impl->idle.NotifyAll();
   };
   try {
     impl_->arena->enqueue(std::move(task));
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     --impl_->outstanding;
     return InternalError(std::string("cpu_adam: enqueue failed: ") + e.what());
   }
