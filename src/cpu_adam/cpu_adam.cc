@@ -217,22 +217,43 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
   return Status::Ok();
 }
 
+// The blocks of several shards as one index range [0, total()): global block
+// gb is block gb - first_[k] of shard k. Block b of a shard covers its
+// elements [b*block, min((b+1)*block, count)).
+class FlatBlocks {
+ public:
+  // Each of `shards` has a `blocks` count.
+  template <typename S>
+  explicit FlatBlocks(const std::vector<S>& shards) : first_(shards.size() + 1, 0) {
+    for (size_t k = 0; k < shards.size(); ++k) first_[k + 1] = first_[k] + shards[k].blocks;
+  }
+  size_t total() const { return first_.back(); }
+  // The shard global block `gb` belongs to.
+  size_t ShardOf(size_t gb) const {
+    return static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), gb) -
+                               first_.begin()) -
+           1;
+  }
+  // The offset of global block `gb` (of shard k) in its shard's elements.
+  size_t Offset(size_t gb, size_t k, size_t block) const { return (gb - first_[k]) * block; }
+
+ private:
+  std::vector<size_t> first_;
+};
+
 // Runs the prepared shards as one parallel pass over all their blocks.
-// Must be called inside the arena. Block b of shard k covers elements
-// [b*block, min((b+1)*block, count)).
+// Must be called inside the arena.
 size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
-  std::vector<size_t> first(shards.size() + 1, 0);
-  for (size_t k = 0; k < shards.size(); ++k) first[k + 1] = first[k] + shards[k].blocks;
-  const size_t total = first.back();
+  const FlatBlocks blocks(shards);
+  const size_t total = blocks.total();
   if (total == 0) return 0;
   std::unique_ptr<std::atomic<bool>[]> bad(new std::atomic<bool>[shards.size()]);
   for (size_t k = 0; k < shards.size(); ++k) bad[k].store(false, std::memory_order_relaxed);
   auto body = [&](const tbb::blocked_range<size_t>& r) {
     for (size_t gb = r.begin(); gb < r.end(); ++gb) {
-      const size_t k =
-          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const size_t k = blocks.ShardOf(gb);
       const Prepared& p = shards[k];
-      const size_t off = (gb - first[k]) * block;
+      const size_t off = blocks.Offset(gb, k, block);
       KernelArgs a = p.base;
       a.n = std::min(block, p.base.n - off);
       a.param += off;
@@ -704,15 +725,12 @@ Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
     for (const PreparedAccumulate& p : prepared) p.fn(p.acc, p.grad, p.count);
     return Status::Ok();
   }
-  // first[k]: the global index of shard k's first block (as RunPrepared).
-  std::vector<size_t> first(prepared.size() + 1, 0);
-  for (size_t k = 0; k < prepared.size(); ++k) first[k + 1] = first[k] + prepared[k].blocks;
+  const FlatBlocks blocks(prepared);
   auto body = [&](const tbb::blocked_range<size_t>& r) {
     for (size_t gb = r.begin(); gb < r.end(); ++gb) {
-      const size_t k =
-          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const size_t k = blocks.ShardOf(gb);
       const PreparedAccumulate& p = prepared[k];
-      const size_t off = (gb - first[k]) * block;
+      const size_t off = blocks.Offset(gb, k, block);
       p.fn(p.acc + off, p.grad + off * p.grad_bytes, std::min(block, p.count - off));
     }
   };
