@@ -13,17 +13,7 @@
 #include <thread>
 
 #include "src/gpu/device.h"
-
-#define ASSERT_OK(expr)                                     \
-  do {                                                      \
-    const ::strata::Status s_ = (expr);                     \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
-#define EXPECT_OK(expr)                                     \
-  do {                                                      \
-    const ::strata::Status s_ = (expr);                     \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
+#include "tests/status_matchers.h"
 
 namespace strata::gpu::testing {
 
