@@ -20,7 +20,10 @@ endfunction()
 # Each case gets TIMEOUT seconds (default 120: the slowest case takes ~10 s on
 # a 2-core machine), so a hang fails in minutes; the TIMEOUT property
 # overrides `ctest --timeout`. LABELS default to the name of the test's
-# folder (tests/nvme: "nvme").
+# folder (tests/nvme: "nvme"). Value-parameterized cases are named by their
+# suite's name generator (Engines/IoServiceTest.ReadWrite/uring); the
+# printed parameter (`# GetParam() = 0x...`) is left out of the CTest name
+# (NO_PRETTY_VALUES), so every INSTANTIATE_TEST_SUITE_P gives a generator.
 #
 # The properties are set by a script CTest runs after the discovered tests
 # are added (TEST_LIST): gtest_discover_tests' own PROPERTIES splits list
@@ -36,7 +39,7 @@ function(strata_cc_test)
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} strata_test_util GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
-  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 TEST_LIST ${A_NAME}_TESTS)
+  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 TEST_LIST ${A_NAME}_TESTS NO_PRETTY_VALUES)
   set(props "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_properties.cmake")
   file(WRITE "${props}"
     "foreach(t IN LISTS ${A_NAME}_TESTS)\n"

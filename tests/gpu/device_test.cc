@@ -29,7 +29,7 @@ namespace {
 
 template <typename B>
 using TypedDeviceTest = DeviceTest<B>;
-TYPED_TEST_SUITE(TypedDeviceTest, Backends, BackendNames);
+TYPED_TEST_SUITE(TypedDeviceTest, Backends);
 
 // Uploads `bytes` to a fresh device buffer (synchronously).
 template <typename T>

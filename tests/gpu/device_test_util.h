@@ -107,13 +107,10 @@ class DeviceTest : public ::testing::Test {
   std::unique_ptr<Device> device_;
 };
 
+// Typed suites are instantiated without a name generator: CTest then names
+// each case after its type (Suite.Case<strata::gpu::testing::HostBackend>);
+// with one, CMake's test discovery puts gtest's whole "# TypeParam = ..."
+// line into the CTest name.
 using Backends = ::testing::Types<HostBackend, CudaBackend>;
-
-struct BackendNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return T::kName;
-  }
-};
 
 }  // namespace strata::gpu::testing
