@@ -139,8 +139,8 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   auto* const roof_opt = &opts->roofline;
   auto* const scalar_opt = &opts->scalar;
 
-  // All variants step the SAME arrays: where an array sits in memory changes
-  // its bandwidth on this VM by up to 25% (measured), so separate arrays per
+  // All variants step the SAME arrays: where an array sits in memory changed
+  // its bandwidth by up to 25% on the 2-core VM of docs/perf.md, so separate arrays per
   // variant would bias the comparison. The roofline kernel leaves finite
   // values unchanged; the optimizer steps keep them finite.
   auto arrays = MakeArrays(n, gd, cd);

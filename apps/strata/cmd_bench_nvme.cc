@@ -57,10 +57,10 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
   json runs = json::array();
   std::string engine_used;
   // Per run: engine write+read, then fio write+read. Each tool reads what it
-  // wrote just before: on this VM the host's write-back cache makes freshly
-  // written data faster to read, so a read that follows the other tool's
-  // write pass is penalised (measured: engine/fio read 0.70 with the
-  // interleaved order, 1.28 the other way round).
+  // wrote just before: on a VM whose host caches its virtual disk write-back,
+  // freshly written data is faster to read, so a read that follows the other
+  // tool's write pass is penalised (measured on such a VM, docs/perf.md:
+  // engine/fio read 0.70 with the interleaved order, 1.28 the other way round).
   const std::string fio_file = a.paths[0] + "/strata-fio-" + std::to_string(getpid()) + ".bin";
   for (int i = 0; i < a.runs; ++i) {
     auto session = nvme::EngineBenchSession::Open(o);
