@@ -18,15 +18,32 @@ endfunction()
 #                [TIMEOUT <seconds>])
 # A GoogleTest binary registered with CTest (one CTest entry per test case).
 # Each case gets TIMEOUT seconds (default 120: the slowest case takes ~10 s on
-# a 2-core VM), so a hang fails in minutes. The discovered tests' TIMEOUT
-# property overrides `ctest --timeout`.
+# a 2-core machine), so a hang fails in minutes; the TIMEOUT property
+# overrides `ctest --timeout`. LABELS default to the name of the test's
+# folder (tests/nvme: "nvme"). Value-parameterized cases are named by their
+# suite's name generator (Engines/IoServiceTest.ReadWrite/uring); the
+# printed parameter (`# GetParam() = 0x...`) is left out of the CTest name
+# (NO_PRETTY_VALUES), so every INSTANTIATE_TEST_SUITE_P gives a generator.
+#
+# The properties are set by a script CTest runs after the discovered tests
+# are added (TEST_LIST): gtest_discover_tests' own PROPERTIES splits list
+# values, so a list of labels or an empty one would shift the pairs.
 function(strata_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 120)
   endif()
+  if(NOT A_LABELS)
+    get_filename_component(A_LABELS "${CMAKE_CURRENT_SOURCE_DIR}" NAME)
+  endif()
   add_executable(${A_NAME} ${A_SRCS})
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} strata_test_util GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
-  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${A_LABELS}" TIMEOUT ${A_TIMEOUT})
+  gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 TEST_LIST ${A_NAME}_TESTS NO_PRETTY_VALUES)
+  set(props "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_properties.cmake")
+  file(WRITE "${props}"
+    "foreach(t IN LISTS ${A_NAME}_TESTS)\n"
+    "  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"${A_LABELS}\" TIMEOUT ${A_TIMEOUT})\n"
+    "endforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${props}")
 endfunction()

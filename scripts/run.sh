@@ -2,7 +2,7 @@
 # The main job: install what is missing, build, show the machine as Strata
 # sees it, then train the example model with its states offloaded to NVMe
 # (configs/demo.json: on the GPU if there is one, else on the host device with
-# a 20 MiB HBM budget; the swap files go under the build tree).
+# a 26 MiB HBM budget; the swap files go under the build tree).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"

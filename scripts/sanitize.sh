@@ -20,7 +20,12 @@ if ! cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
   echo "sanitizers: FAILED to configure (see $BUILD_DIR/configure.log)"
   exit 1
 fi
-cmake --build "$BUILD_DIR" --target "${TESTS[@]}" -j "$JOBS" >/dev/null
+echo "sanitizers: building ${TESTS[*]} in $BUILD_DIR (log $BUILD_DIR/build.log)"
+if ! cmake --build "$BUILD_DIR" --target "${TESTS[@]}" -j "$JOBS" >"$BUILD_DIR/build.log" 2>&1; then
+  tail -n 40 "$BUILD_DIR/build.log"
+  echo "sanitizers: FAILED to build (see $BUILD_DIR/build.log)"
+  exit 1
+fi
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 status=0

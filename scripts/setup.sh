@@ -1,25 +1,40 @@
 #!/usr/bin/env bash
 # Installs what Strata needs from Debian's packages (only what is missing),
-# then configures and builds into ${STRATA_BUILD_DIR:-build}. Sourced by
-# run.sh and test.sh; can be run on its own. Needs root for apt-get.
+# then configures and builds into ${STRATA_BUILD_DIR:-build}. Run by run.sh
+# (the build's packages) and test.sh (with --tests: also the tools the tests
+# use); can be run on its own. Needs root for apt-get.
+#   scripts/setup.sh [--tests]
 #
 # Environment: STRATA_BUILD_DIR (build), STRATA_BUILD_TYPE (Release),
 #              STRATA_CMAKE_ARGS (extra cmake arguments, e.g. -DSTRATA_CUDA=OFF),
-#              STRATA_JOBS (nproc).
+#              STRATA_JOBS (nproc), STRATA_SETUP_TESTS=1 (as --tests).
 set -euo pipefail
+WITH_TESTS="${STRATA_SETUP_TESTS:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --tests) WITH_TESTS=1 ;;
+    *) echo "usage: scripts/setup.sh [--tests]" >&2; exit 2 ;;
+  esac
+done
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
 BUILD_TYPE="${STRATA_BUILD_TYPE:-Release}"
 JOBS="${STRATA_JOBS:-$(nproc)}"
 
+# The build (every target, the test binaries included) and the main job.
 PACKAGES=(build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
-  clang libclang-rt-14-dev   # clang: thread-safety analysis (check_thread_safety.sh); its
-                             # libFuzzer runtime: scripts/fuzz.sh (config parser)
-  python3-dev pybind11-dev libdlpack-dev   # the Python package (python/)
-  python3-torch python3-pytest)            # its tests (tests/python), CPU torch 1.13
+  python3-dev pybind11-dev libdlpack-dev)  # the Python package (python/)
+# What only the tests use. Without them the build still configures: the
+# pytest case reports "Not Run" with the reason, and the thread-safety check
+# and the fuzzer say they are skipped.
+TEST_PACKAGES=(
+  clang libclang-rt-14-dev        # clang: thread-safety analysis (check_thread_safety.sh); its
+                                  # libFuzzer runtime: scripts/fuzz.sh (config parser)
+  python3-torch python3-pytest)   # the Python package's tests (tests/python), CPU torch 1.13
+if [ "$WITH_TESTS" = 1 ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -4,27 +4,45 @@
 # examples/link against the *installed* package (CMake and pkg-config), then
 # fuzzes the config parser for ${STRATA_FUZZ_SECONDS:-60} s (scripts/fuzz.sh;
 # skipped, saying why, without clang). Also: Clang's thread-safety analysis
-# of the scheduler (scripts/check_thread_safety.sh) and the config and nvme
-# tests under ASan + UBSan (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0
-# skips it).
+# of every .cc under src/ (scripts/check_thread_safety.sh), the docs check
+# (scripts/check_docs.sh) and the config and nvme tests under ASan + UBSan
+# (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0 skips it). Each stage prints
+# a line when it starts and one with its elapsed time when it ends.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
 JOBS="${STRATA_JOBS:-$(nproc)}"
-"$ROOT/scripts/setup.sh"
+
+STAGE_NAME=""
+STAGE_START=0
+stage() {  # ends the current stage (if any) and starts the one named "$1"
+  if [ -n "$STAGE_NAME" ]; then
+    echo "== stage done: $STAGE_NAME ($((SECONDS - STAGE_START)) s; $SECONDS s in all)"
+  fi
+  STAGE_NAME="$1"
+  STAGE_START=$SECONDS
+  [ -z "$STAGE_NAME" ] || echo "== stage: $STAGE_NAME"
+}
+
+stage "setup and build (scripts/setup.sh --tests)"
+"$ROOT/scripts/setup.sh" --tests
 
 status=0
+stage "CTest"
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 900 || status=$?
 
-echo "== thread-safety analysis (clang -Werror=thread-safety over src/scheduler)"
+stage "thread-safety analysis (clang -Werror=thread-safety over every .cc under src/)"
 "$ROOT/scripts/check_thread_safety.sh" "$BUILD_DIR" || status=1
 
+stage "docs check (paths named in README.md and docs/*.md; no issue references)"
+"$ROOT/scripts/check_docs.sh" || status=1
+
 if [ "${STRATA_SANITIZE_TESTS:-1}" != 0 ]; then
-  echo "== sanitizers (ASan + UBSan: config and nvme tests)"
+  stage "sanitizers (ASan + UBSan build of the config and nvme tests, then run)"
   "$ROOT/scripts/sanitize.sh" || status=1
 fi
 
-echo "== install + link check (examples/link)"
+stage "install + link check (examples/link)"
 STAGE="$BUILD_DIR/stage"
 rm -rf "$STAGE" "$BUILD_DIR/link-cmake"
 cmake --install "$BUILD_DIR" --prefix "$STAGE" >/dev/null
@@ -58,5 +76,7 @@ if [ -n "$PYDIR" ]; then
 fi
 [ "$link_ok" = 1 ] || status=1
 
+stage "config fuzz (${STRATA_FUZZ_SECONDS:-60} s)"
 "$ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-60}" || status=1
+stage ""
 exit "$status"

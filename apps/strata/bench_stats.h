@@ -1,10 +1,14 @@
-// Small statistics the `strata bench` commands share: the median of repeated
-// timings, and the machine's load average to print beside them (the machines
-// are shared: a figure says how busy its machine was).
+// Small helpers the `strata bench` commands share: the median of repeated
+// timings, the machine's load average to print beside them (the machines are
+// shared: a figure says how busy its machine was), the error exit, and the
+// deterministic values the benchmarks fill their arrays with.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
+#include <string>
 #include <vector>
 
 namespace strata::cli {
@@ -21,6 +25,22 @@ inline double LoadAverage() {
   double load = -1;
   f >> load;
   return load;
+}
+
+// Prints "strata <command>: <msg>" to stderr and returns the exit code 1.
+inline int Fail(const char* command, const std::string& msg) {
+  std::fprintf(stderr, "strata %s: %s\n", command, msg.c_str());
+  return 1;
+}
+
+// Deterministic non-zero pseudo-random values in (0, 1] (fast enough for 100M
+// elements): element i of the sequence `salt`.
+inline float Hash01(uint64_t i, uint64_t salt) {
+  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<float>((x >> 40) + 1) * 0x1p-24f;
 }
 
 }  // namespace strata::cli

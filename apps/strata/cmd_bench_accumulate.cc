@@ -42,27 +42,16 @@ struct BenchAccumulateArgs {
   bool json = false;
 };
 
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "strata bench accumulate: %s\n", msg.c_str());
-  return 1;
-}
-
-// Deterministic non-zero pseudo-random values in (0, 1].
-float Hash01(uint64_t i, uint64_t salt) {
-  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<float>((x >> 40) + 1) * 0x1p-24f;
-}
+constexpr char kCommand[] = "bench accumulate";
 
 int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   int64_t count = 0;
   if (!ParseCount(args.params, &count) || count < 1 || count > 4'000'000'000)
-    return Fail("--params: \"" + args.params +
-                "\" is not a whole number of elements in [1, 4e9] (e.g. 1e8, 100M, 1.5B)");
+    return Fail(kCommand,
+                "--params: \"" + args.params +
+                    "\" is not a whole number of elements in [1, 4e9] (e.g. 1e8, 100M, 1.5B)");
   const size_t n = static_cast<size_t>(count);
-  if (args.reps < 1) return Fail("--reps must be at least 1");
+  if (args.reps < 1) return Fail(kCommand, "--reps must be at least 1");
   const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
   // Before allocating: the accumulator and the gradients must fit.
   const uint64_t per_elem = 4 + DTypeSize(gd);
@@ -70,13 +59,13 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
                                      " bytes/element of arrays)",
                                  per_elem * n);
       !s.ok())
-    return Fail(s.ToString());
+    return Fail(kCommand, s.ToString());
 
   cpu_adam::Options base;
   base.threads = args.threads;
   base.isa = args.isa;
   auto opts = CreateBenchOptimizers(base);
-  if (!opts.ok()) return Fail(opts.status().ToString());
+  if (!opts.ok()) return Fail(kCommand, opts.status().ToString());
   auto* const strata_opt = &opts->strata;
   auto* const roof_opt = &opts->roofline;
   auto* const scalar_opt = &opts->scalar;
@@ -84,14 +73,14 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   so.isa = "scalar";
   so.threads = 1;
   auto scalar1_opt = cpu_adam::CpuOptimizer::Create(so);
-  if (!scalar1_opt.ok()) return Fail(scalar1_opt.status().ToString());
+  if (!scalar1_opt.ok()) return Fail(kCommand, scalar1_opt.status().ToString());
 
   // One accumulator and one gradient array for every variant: where an array
   // sits in memory changes its bandwidth on a VM (docs/perf.md, "cpu_adam").
   auto acc = AlignedBuffer::Allocate(n * 4, 64);
-  if (!acc.ok()) return Fail("allocating the accumulator: " + acc.status().ToString());
+  if (!acc.ok()) return Fail(kCommand, "allocating the accumulator: " + acc.status().ToString());
   auto grad = AlignedBuffer::Allocate(n * DTypeSize(gd), 64);
-  if (!grad.ok()) return Fail("allocating the gradients: " + grad.status().ToString());
+  if (!grad.ok()) return Fail(kCommand, "allocating the gradients: " + grad.status().ToString());
   float* a = acc->as<float>();
   for (size_t i = 0; i < n; ++i) {
     a[i] = Hash01(i, 1) - 0.5f;

@@ -44,24 +44,13 @@ struct BenchAdamArgs {
   bool json = false;
 };
 
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "strata bench adam: %s\n", msg.c_str());
-  return 1;
-}
+constexpr char kCommand[] = "bench adam";
 
 // Arrays for one variant, filled with deterministic non-zero pseudo-random
 // values (fast enough for 100M elements, touched before timing).
 struct Arrays {
   AlignedBuffer p, g, m, v, c;
 };
-
-float Hash01(uint64_t i, uint64_t salt) {
-  uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ salt;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return static_cast<float>((x >> 40) + 1) * 0x1p-24f;  // (0, 1]
-}
 
 StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd) {
   Arrays a;
@@ -114,10 +103,11 @@ cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType>
 int RunBenchAdam(const BenchAdamArgs& args) {
   int64_t count = 0;
   if (!ParseCount(args.params, &count) || count < 1 || count > 4'000'000'000)
-    return Fail("--params: \"" + args.params +
-                "\" is not a whole number of parameters in [1, 4e9] (e.g. 1e8, 100M, 1.5B)");
+    return Fail(kCommand,
+                "--params: \"" + args.params +
+                    "\" is not a whole number of parameters in [1, 4e9] (e.g. 1e8, 100M, 1.5B)");
   const size_t n = static_cast<size_t>(count);
-  if (args.reps < 1) return Fail("--reps must be at least 1");
+  if (args.reps < 1) return Fail(kCommand, "--reps must be at least 1");
   const DType gd = *ParseDType(args.grad_dtype);  // CLI checked membership
   std::optional<DType> cd;
   if (args.copy_out != "none") cd = *ParseDType(args.copy_out);
@@ -132,7 +122,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
                                        std::to_string(per_param) + " bytes/param of arrays)",
                                    bytes);
         !s.ok())
-      return Fail(s.ToString());
+      return Fail(kCommand, s.ToString());
   }
   cpu_adam::StreamingStores ss = cpu_adam::StreamingStores::kAuto;
   if (args.streaming == "off") ss = cpu_adam::StreamingStores::kOff;
@@ -144,23 +134,24 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   base.isa = args.isa;
   base.streaming_stores = ss;
   auto opts = CreateBenchOptimizers(base);
-  if (!opts.ok()) return Fail(opts.status().ToString());
+  if (!opts.ok()) return Fail(kCommand, opts.status().ToString());
   auto* const strata_opt = &opts->strata;
   auto* const roof_opt = &opts->roofline;
   auto* const scalar_opt = &opts->scalar;
 
-  // All variants step the SAME arrays: where an array sits in memory changes
-  // its bandwidth on this VM by up to 25% (measured), so separate arrays per
+  // All variants step the SAME arrays: where an array sits in memory changed
+  // its bandwidth by up to 25% on the 2-core VM of docs/perf.md, so separate arrays per
   // variant would bias the comparison. The roofline kernel leaves finite
   // values unchanged; the optimizer steps keep them finite.
   auto arrays = MakeArrays(n, gd, cd);
   if (!arrays.ok())
-    return Fail("allocating " + std::to_string(n) + " params: " + arrays.status().ToString());
+    return Fail(kCommand,
+                "allocating " + std::to_string(n) + " params: " + arrays.status().ToString());
   // The unfused variant needs fp32 gradients (its own array when grads are 16-bit).
   AlignedBuffer grad32;
   if (cd && gd != DType::kFp32) {
     auto g = AlignedBuffer::Allocate(n * 4, 64);
-    if (!g.ok()) return Fail(g.status().ToString());
+    if (!g.ok()) return Fail(kCommand, g.status().ToString());
     grad32 = std::move(*g);
     for (size_t i = 0; i < n; ++i) grad32.as<float>()[i] = (Hash01(i, 4) - 0.5f) * 0.1f;
   }

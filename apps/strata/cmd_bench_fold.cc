@@ -43,10 +43,7 @@ struct BenchFoldArgs {
   bool json = false;
 };
 
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "strata bench fold: %s\n", msg.c_str());
-  return 1;
-}
+constexpr char kCommand[] = "bench fold";
 
 void Check(const Status& s) {
   if (s.ok()) return;
@@ -57,23 +54,24 @@ void Check(const Status& s) {
 int RunBenchFold(const BenchFoldArgs& args) {
   int64_t count = 0;
   if (!ParseCount(args.params, &count) || count < 1 || count > 2'000'000'000)
-    return Fail("--params: \"" + args.params + "\" is not a whole number of elements in [1, 2e9]");
-  if (args.reps < 1) return Fail("--reps must be at least 1");
-  if (args.micro_batches < 1) return Fail("--micro-batches must be at least 1");
+    return Fail(kCommand,
+                "--params: \"" + args.params + "\" is not a whole number of elements in [1, 2e9]");
+  if (args.reps < 1) return Fail(kCommand, "--reps must be at least 1");
+  if (args.micro_batches < 1) return Fail(kCommand, "--micro-batches must be at least 1");
   const size_t n = static_cast<size_t>(count);
   // master, m, v, acc (fp32), grad and copy (bf16).
   if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (20 bytes/element)", 20 * n);
       !s.ok())
-    return Fail(s.ToString());
+    return Fail(kCommand, s.ToString());
   cpu_adam::Options o;
   o.threads = args.threads;
   auto opt = cpu_adam::CpuOptimizer::Create(o);
-  if (!opt.ok()) return Fail(opt.status().ToString());
+  if (!opt.ok()) return Fail(kCommand, opt.status().ToString());
 
   std::vector<AlignedBuffer> bufs;
   for (size_t bytes : {4 * n, 4 * n, 4 * n, 4 * n, 2 * n, 2 * n}) {
     auto b = AlignedBuffer::Allocate(bytes, 64);
-    if (!b.ok()) return Fail(b.status().ToString());
+    if (!b.ok()) return Fail(kCommand, b.status().ToString());
     bufs.push_back(std::move(*b));
   }
   float* master = bufs[0].as<float>();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
 #include "src/nvme/nvme_bench.h"
 
@@ -30,53 +31,51 @@ struct BenchNvmeArgs {
   bool json = false;
 };
 
-int Fail(const std::string& msg) {
-  std::fprintf(stderr, "strata bench nvme: %s\n", msg.c_str());
-  return 1;
-}
+constexpr char kCommand[] = "bench nvme";
 
 int RunBenchNvme(const BenchNvmeArgs& a) {
   nvme::NvmeBenchOptions o;
   o.paths = a.paths;
   uint64_t bs = 0;
   if (!ParseByteSize(a.size, &o.size) || o.size == 0)
-    return Fail("--size: \"" + a.size + "\" is not a size");
+    return Fail(kCommand, "--size: \"" + a.size + "\" is not a size");
   if (!ParseByteSize(a.block_size, &bs))
-    return Fail("--block-size: \"" + a.block_size + "\" is not a size");
+    return Fail(kCommand, "--block-size: \"" + a.block_size + "\" is not a size");
   if (!ParseByteSize(a.request, &o.request_bytes) || o.request_bytes == 0)
-    return Fail("--request-size: \"" + a.request + "\" is not a size");
+    return Fail(kCommand, "--request-size: \"" + a.request + "\" is not a size");
   auto kind = nvme::ParseEngineKind(a.engine);
-  if (!kind.ok()) return Fail(std::string(kind.status().message()));
+  if (!kind.ok()) return Fail(kCommand, std::string(kind.status().message()));
   o.io.engine = *kind;
   o.io.block_size = bs;
   o.io.queue_depth = a.queue_depth;
   o.io.threads = a.threads;
-  if (Status s = nvme::ValidateIoOptions(o.io); !s.ok()) return Fail(std::string(s.message()));
-  if (a.runs < 1) return Fail("--runs must be at least 1");
+  if (Status s = nvme::ValidateIoOptions(o.io); !s.ok())
+    return Fail(kCommand, std::string(s.message()));
+  if (a.runs < 1) return Fail(kCommand, "--runs must be at least 1");
 
   std::vector<double> ew, er, fw, fr;
   json runs = json::array();
   std::string engine_used;
   // Per run: engine write+read, then fio write+read. Each tool reads what it
-  // wrote just before: on this VM the host's write-back cache makes freshly
-  // written data faster to read, so a read that follows the other tool's
-  // write pass is penalised (measured: engine/fio read 0.70 with the
-  // interleaved order, 1.28 the other way round).
+  // wrote just before: on a VM whose host caches its virtual disk write-back,
+  // freshly written data is faster to read, so a read that follows the other
+  // tool's write pass is penalised (measured on such a VM, docs/perf.md:
+  // engine/fio read 0.70 with the interleaved order, 1.28 the other way round).
   const std::string fio_file = a.paths[0] + "/strata-fio-" + std::to_string(getpid()) + ".bin";
   for (int i = 0; i < a.runs; ++i) {
     auto session = nvme::EngineBenchSession::Open(o);
-    if (!session.ok()) return Fail(session.status().ToString());
+    if (!session.ok()) return Fail(kCommand, session.status().ToString());
     engine_used = (*session)->engine();
     auto w = (*session)->WritePass();
-    if (!w.ok()) return Fail(w.status().ToString());
+    if (!w.ok()) return Fail(kCommand, w.status().ToString());
     auto rd = (*session)->ReadPass();
-    if (!rd.ok()) return Fail(rd.status().ToString());
+    if (!rd.ok()) return Fail(kCommand, rd.status().ToString());
     session->reset();  // removes the swap file
     if (a.vs_fio) {
       auto f = nvme::RunFioPass(o, fio_file, "write");
       auto g = f.ok() ? nvme::RunFioPass(o, fio_file, "read") : StatusOr<double>(f.status());
       unlink(fio_file.c_str());
-      if (!g.ok()) return Fail(g.status().ToString());
+      if (!g.ok()) return Fail(kCommand, g.status().ToString());
       fw.push_back(*f);
       fr.push_back(*g);
     }

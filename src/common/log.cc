@@ -4,11 +4,11 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <set>
 #include <string>
 
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 
 namespace strata {
 namespace {
@@ -51,10 +51,13 @@ void SetLogLevel(std::string_view level) {
 }
 
 bool FirstTimeFor(std::string_view key) {
-  static std::mutex mu;
-  static std::set<std::string, std::less<>> seen;
-  std::lock_guard<std::mutex> lock(mu);
-  return seen.emplace(key).second;
+  struct Seen {
+    Mutex mu;
+    std::set<std::string, std::less<>> keys GUARDED_BY(mu);
+  };
+  static Seen seen;
+  MutexLock lock(&seen.mu);
+  return seen.keys.emplace(key).second;
 }
 
 namespace internal {

@@ -11,10 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
-#include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -22,6 +20,7 @@
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/cpu_adam/kernel.h"
 #include "src/cpu_adam/topology.h"
 
@@ -218,22 +217,43 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
   return Status::Ok();
 }
 
+// The blocks of several shards as one index range [0, total()): global block
+// gb is block gb - first_[k] of shard k. Block b of a shard covers its
+// elements [b*block, min((b+1)*block, count)).
+class FlatBlocks {
+ public:
+  // Each of `shards` has a `blocks` count.
+  template <typename S>
+  explicit FlatBlocks(const std::vector<S>& shards) : first_(shards.size() + 1, 0) {
+    for (size_t k = 0; k < shards.size(); ++k) first_[k + 1] = first_[k] + shards[k].blocks;
+  }
+  size_t total() const { return first_.back(); }
+  // The shard global block `gb` belongs to.
+  size_t ShardOf(size_t gb) const {
+    return static_cast<size_t>(std::upper_bound(first_.begin(), first_.end(), gb) -
+                               first_.begin()) -
+           1;
+  }
+  // The offset of global block `gb` (of shard k) in its shard's elements.
+  size_t Offset(size_t gb, size_t k, size_t block) const { return (gb - first_[k]) * block; }
+
+ private:
+  std::vector<size_t> first_;
+};
+
 // Runs the prepared shards as one parallel pass over all their blocks.
-// Must be called inside the arena. Block b of shard k covers elements
-// [b*block, min((b+1)*block, count)).
+// Must be called inside the arena.
 size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
-  std::vector<size_t> first(shards.size() + 1, 0);
-  for (size_t k = 0; k < shards.size(); ++k) first[k + 1] = first[k] + shards[k].blocks;
-  const size_t total = first.back();
+  const FlatBlocks blocks(shards);
+  const size_t total = blocks.total();
   if (total == 0) return 0;
   std::unique_ptr<std::atomic<bool>[]> bad(new std::atomic<bool>[shards.size()]);
   for (size_t k = 0; k < shards.size(); ++k) bad[k].store(false, std::memory_order_relaxed);
   auto body = [&](const tbb::blocked_range<size_t>& r) {
     for (size_t gb = r.begin(); gb < r.end(); ++gb) {
-      const size_t k =
-          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const size_t k = blocks.ShardOf(gb);
       const Prepared& p = shards[k];
-      const size_t off = (gb - first[k]) * block;
+      const size_t off = blocks.Offset(gb, k, block);
       KernelArgs a = p.base;
       a.n = std::min(block, p.base.n - off);
       a.param += off;
@@ -256,17 +276,19 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
 // ResourceExhausted naming how many were asked and started when the process
 // cannot have them all (RLIMIT_NPROC, RLIMIT_AS for their stacks).
 Status ProbeThreads(int n) {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool release = false;
+  struct Gate {
+    Mutex mu;
+    CondVar cv;
+    bool release GUARDED_BY(mu) = false;
+  } gate;
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(n));
   Status status;
   for (int i = 0; i < n; ++i) {
     try {
       threads.emplace_back([&] {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return release; });
+        MutexLock lock(&gate.mu);
+        while (!gate.release) gate.cv.Wait(&gate.mu);
       });
     } catch (const std::system_error& e) {
       status = ResourceExhaustedError("cpu_adam: cannot start " + std::to_string(n) +
@@ -276,10 +298,10 @@ Status ProbeThreads(int n) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu);
-    release = true;
+    MutexLock lock(&gate.mu);
+    gate.release = true;
   }
-  cv.notify_all();
+  gate.cv.NotifyAll();
   for (auto& t : threads) t.join();
   return status;
 }
@@ -330,11 +352,11 @@ class PinObserver final : public tbb::task_scheduler_observer {
 }  // namespace
 
 struct StepHandle::State {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;             // GUARDED_BY(mu)
-  Status status;                 // GUARDED_BY(mu)
-  StepResult result;             // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
+  StepResult result GUARDED_BY(mu);
   std::vector<Prepared> shards;  // read by the worker only
 };
 
@@ -354,7 +376,7 @@ StepHandle::~StepHandle() {
 
 bool StepHandle::Ready() const {
   if (!state_) return false;
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->done;
 }
 
@@ -363,8 +385,8 @@ StatusOr<StepResult> StepHandle::Wait() {
     return FailedPreconditionError(
         "cpu_adam: Wait on an invalid StepHandle (already waited or empty)");
   std::shared_ptr<State> s = std::move(state_);
-  std::unique_lock<std::mutex> lock(s->mu);
-  s->cv.wait(lock, [&] { return s->done; });
+  MutexLock lock(&s->mu);
+  while (!s->done) s->cv.Wait(&s->mu);
   if (!s->status.ok()) return s->status;
   return s->result;
 }
@@ -381,14 +403,15 @@ struct CpuOptimizer::Impl {
   std::unique_ptr<tbb::task_arena> arena;
   std::unique_ptr<PinObserver> observer;
 
-  std::mutex mu;
-  std::condition_variable idle;
-  int outstanding = 0;  // GUARDED_BY(mu): asynchronous steps not finished
+  Mutex mu;
+  CondVar idle;
+  int outstanding GUARDED_BY(mu) = 0;  // asynchronous steps not finished
 
   ~Impl() {
-    std::unique_lock<std::mutex> lock(mu);
-    idle.wait(lock, [&] { return outstanding == 0; });
-    lock.unlock();
+    {
+      MutexLock lock(&mu);
+      while (outstanding != 0) idle.Wait(&mu);
+    }
     observer.reset();  // before the arena it observes
     arena.reset();
   }
@@ -491,7 +514,7 @@ StatusOr<StepHandle> CpuOptimizer::StepAsync(std::span<const ShardStep> shards) 
   auto state = std::make_shared<StepHandle::State>();
   RETURN_IF_ERROR(impl_->PrepareAll(shards, &state->shards));
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     ++impl_->outstanding;
   }
   Impl* impl = impl_.get();
@@ -504,22 +527,22 @@ StatusOr<StepHandle> CpuOptimizer::StepAsync(std::span<const ShardStep> shards) 
       status = InternalError(std::string("cpu_adam: asynchronous step failed: ") + e.what());
     }
     {
-      std::lock_guard<std::mutex> lock(state->mu);
+      MutexLock lock(&state->mu);
       state->status = std::move(status);
       state->result = result;
       state->done = true;
     }
-    state->cv.notify_all();
+    state->cv.NotifyAll();
     {
-      std::lock_guard<std::mutex> lock(impl->mu);
+      MutexLock lock(&impl->mu);
       --impl->outstanding;
     }
-    impl->idle.notify_all();
+    impl->idle.NotifyAll();
   };
   try {
     impl_->arena->enqueue(std::move(task));
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     --impl_->outstanding;
     return InternalError(std::string("cpu_adam: enqueue failed: ") + e.what());
   }
@@ -702,15 +725,12 @@ Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
     for (const PreparedAccumulate& p : prepared) p.fn(p.acc, p.grad, p.count);
     return Status::Ok();
   }
-  // first[k]: the global index of shard k's first block (as RunPrepared).
-  std::vector<size_t> first(prepared.size() + 1, 0);
-  for (size_t k = 0; k < prepared.size(); ++k) first[k + 1] = first[k] + prepared[k].blocks;
+  const FlatBlocks blocks(prepared);
   auto body = [&](const tbb::blocked_range<size_t>& r) {
     for (size_t gb = r.begin(); gb < r.end(); ++gb) {
-      const size_t k =
-          static_cast<size_t>(std::upper_bound(first.begin(), first.end(), gb) - first.begin()) - 1;
+      const size_t k = blocks.ShardOf(gb);
       const PreparedAccumulate& p = prepared[k];
-      const size_t off = (gb - first[k]) * block;
+      const size_t off = blocks.Offset(gb, k, block);
       p.fn(p.acc + off, p.grad + off * p.grad_bytes, std::min(block, p.count - off));
     }
   };

@@ -8,6 +8,10 @@
 // xsimd::dispatch cannot express (it asserts the last arch is available).
 #include <xsimd/xsimd.hpp>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <string>
 
 #include "src/common/env_param.h"
@@ -28,7 +32,10 @@ Support Detect() {
 #if defined(__x86_64__) || defined(__i386__)
   const auto arch = xsimd::available_architectures();
   __builtin_cpu_init();
-  const bool f16c = __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): Clang's __builtin_cpu_supports does
+  // not know "f16c" before version 15.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
   const bool fma = __builtin_cpu_supports("fma");
   s.sse42 = arch.sse4_2 && __builtin_cpu_supports("sse4.2");
   s.avx2 = arch.fma3_avx2 && __builtin_cpu_supports("avx2") && fma && f16c;

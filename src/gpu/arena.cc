@@ -19,6 +19,7 @@ Arena::Arena(void* base, size_t bytes, std::string label, std::function<void()> 
       bytes_(AlignDown(bytes, kAlign)),
       label_(std::move(label)),
       release_(std::move(release)) {
+  MutexLock lock(&mu_);
   if (bytes_ > 0) InsertFree(0, bytes_);
 }
 
@@ -38,7 +39,7 @@ void Arena::EraseFree(std::map<size_t, size_t>::iterator it) {
 
 StatusOr<void*> Arena::Allocate(size_t bytes) {
   if (bytes == 0) return InvalidArgumentError(label_ + ": allocation of 0 bytes");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const size_t need = bytes > bytes_ ? bytes : AlignUp(bytes, kAlign);
   // Best fit: the smallest free block that holds `need` (lowest offset on ties).
   auto fit = need > bytes_ ? free_by_len_.end() : free_by_len_.lower_bound({need, 0});
@@ -63,7 +64,7 @@ StatusOr<void*> Arena::Allocate(size_t bytes) {
 
 Status Arena::Free(void* p) {
   if (p == nullptr) return Status::Ok();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const char* c = static_cast<const char*>(p);
   auto it =
       (c >= base_ && c < base_ + bytes_) ? used_.find(static_cast<size_t>(c - base_)) : used_.end();
@@ -92,7 +93,7 @@ Status Arena::Free(void* p) {
 }
 
 ArenaStats Arena::Stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ArenaStats s;
   s.budget_bytes = bytes_;
   s.in_use_bytes = in_use_;
@@ -105,7 +106,7 @@ ArenaStats Arena::Stats() const {
 }
 
 void Arena::ResetHighWater() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   high_water_ = in_use_;
 }
 

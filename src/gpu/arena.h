@@ -10,12 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
+#include "src/common/thread_annotations.h"
 #include "src/gpu/device.h"
 
 namespace strata::gpu {
@@ -34,31 +34,33 @@ class Arena {
 
   // ResourceExhausted (with bytes asked, in use, budget, largest free block)
   // or InvalidArgument for 0 bytes.
-  StatusOr<void*> Allocate(size_t bytes);
+  StatusOr<void*> Allocate(size_t bytes) EXCLUDES(mu_);
   // REQUIRES: p came from Allocate and was not freed. Returns Internal for
   // an unknown pointer (never corrupts the free lists).
-  Status Free(void* p);
-  ArenaStats Stats() const;
-  void ResetHighWater();
+  Status Free(void* p) EXCLUDES(mu_);
+  ArenaStats Stats() const EXCLUDES(mu_);
+  void ResetHighWater() EXCLUDES(mu_);
   bool Contains(const void* p, size_t bytes) const;
   void* base() const { return base_; }
   size_t budget() const { return bytes_; }
 
  private:
-  void InsertFree(size_t off, size_t len);  // REQUIRES: mu_ held
-  void EraseFree(std::map<size_t, size_t>::iterator it);
+  void InsertFree(size_t off, size_t len) REQUIRES(mu_);
+  void EraseFree(std::map<size_t, size_t>::iterator it) REQUIRES(mu_);
 
   char* const base_;
   const size_t bytes_;
   const std::string label_;
   std::function<void()> release_;
 
-  mutable std::mutex mu_;
-  std::map<size_t, size_t> free_by_off_;             // GUARDED_BY(mu_) offset → length
-  std::set<std::pair<size_t, size_t>> free_by_len_;  // GUARDED_BY(mu_) (length, offset)
-  std::unordered_map<size_t, size_t> used_;          // GUARDED_BY(mu_) offset → length
-  size_t in_use_ = 0, high_water_ = 0;               // GUARDED_BY(mu_)
-  uint64_t total_ = 0, failed_ = 0;                  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<size_t, size_t> free_by_off_ GUARDED_BY(mu_);             // offset → length
+  std::set<std::pair<size_t, size_t>> free_by_len_ GUARDED_BY(mu_);  // (length, offset)
+  std::unordered_map<size_t, size_t> used_ GUARDED_BY(mu_);          // offset → length
+  size_t in_use_ GUARDED_BY(mu_) = 0;
+  size_t high_water_ GUARDED_BY(mu_) = 0;
+  uint64_t total_ GUARDED_BY(mu_) = 0;
+  uint64_t failed_ GUARDED_BY(mu_) = 0;
 };
 
 // "1.50 GiB (1610612736 bytes)"

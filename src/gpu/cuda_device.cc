@@ -9,8 +9,9 @@
 // Every kernel is loaded at creation (cuda::LoadKernels): with CUDA's default
 // lazy loading, the first launch of a kernel may synchronize the context, so
 // a first launch while a stream is held by a host function that waits for
-// the launching thread never returns (the two tests of issue #12 that hung
-// on an H100 launched FillInt32 for the first time in exactly that state).
+// the launching thread never returns (StreamsRunConcurrently and
+// EventMayBeDestroyedWhileRecordAndWaitAreQueued hung on an H100 that way:
+// they launched FillInt32 for the first time in exactly that state).
 // Every CUDA error becomes a Status naming the call (CudaStatus below).
 //
 // This file is compiled only when the build has CUDA (STRATA_HAVE_CUDA);

@@ -91,12 +91,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "src/common/dtype.h"
+#include "src/common/thread_annotations.h"
 #include "strata/config.h"
 #include "strata/status.h"
 
@@ -527,28 +527,29 @@ class PinnedPool {
   // A free buffer of the smallest class with buffer_bytes ≥ bytes, or
   // ResourceExhausted naming the class and how many are in use (the hot path
   // never allocates; callers wait for a buffer to come back and retry).
-  StatusOr<PinnedBuffer> Acquire(size_t bytes);
+  StatusOr<PinnedBuffer> Acquire(size_t bytes) EXCLUDES(mu_);
   const std::vector<Region>& Regions() const { return regions_; }
   bool pinned() const { return pinned_; }
   size_t total_bytes() const { return total_bytes_; }
-  Stats GetStats() const;
+  Stats GetStats() const EXCLUDES(mu_);
 
  private:
   friend class PinnedBuffer;
   PinnedPool() = default;
-  void Return(int cls, void* p);
+  void Return(int cls, void* p) EXCLUDES(mu_);
   struct Class {
     size_t buffer_bytes;
-    std::vector<void*> free;  // GUARDED_BY(mu_)
+    std::vector<void*> free;  // the free buffers (guarded by classes_'s mutex)
     size_t count;
   };
   Device* device_ = nullptr;
   bool pinned_ = false;
   size_t total_bytes_ = 0;
   std::vector<Region> regions_;
-  std::vector<Class> classes_;
-  mutable std::mutex mu_;
-  uint64_t acquired_ = 0, exhausted_ = 0;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<Class> classes_ GUARDED_BY(mu_);
+  uint64_t acquired_ GUARDED_BY(mu_) = 0;
+  uint64_t exhausted_ GUARDED_BY(mu_) = 0;
 };
 
 // ---- Collectives -------------------------------------------------------------------

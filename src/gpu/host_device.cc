@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -36,6 +35,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/common/timer.h"
 #include "src/gpu/arena.h"
 #include "src/gpu/device.h"
@@ -54,21 +54,21 @@ class CallbackThread {
       : deadlock_ns_(static_cast<int64_t>(deadlock_timeout_s * 1e9)), thread_([this] { Loop(); }) {}
   ~CallbackThread() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
   }
 
   // Runs `fn` on the callback thread after the host functions handed over
   // before it; returns when it has returned. Called on a stream thread.
-  void Run(std::function<void()>& fn, const std::string& stream) {
+  void Run(std::function<void()>& fn, const std::string& stream) EXCLUDES(mu_) {
     Job job{&fn, &stream};
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back(&job);
-    cv_.notify_all();
-    done_cv_.wait(lock, [&] { return job.done; });
+    cv_.NotifyAll();
+    while (!job.done) done_cv_.Wait(&mu_);
   }
 
   // FailedPrecondition when called from a host function (CUDA forbids
@@ -82,21 +82,24 @@ class CallbackThread {
                     what));
   }
 
-  // Waits on `cv` (with `lock` held, as for condition_variable::wait) until
-  // `done()`. A wait that has lasted the deadlock timeout while a host
-  // function has been running at least as long returns FailedPrecondition
-  // naming the deadlock; any other wait goes on until done.
+  // Waits on `cv` (with *mu held, as for CondVar::Wait) until `done()`. A
+  // wait that has lasted the deadlock timeout while a host function has been
+  // running at least as long returns FailedPrecondition naming the deadlock;
+  // any other wait goes on until done. `done` runs with *mu held: callers
+  // annotate it REQUIRES(*mu), and the analysis checks its body there (it
+  // cannot follow a callable's contract into this template, hence
+  // NO_THREAD_SAFETY_ANALYSIS here).
   template <typename Pred>
-  Status Await(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, Pred done,
-               std::string_view what) {
+  Status Await(Mutex* mu, CondVar& cv, Pred done, std::string_view what) REQUIRES(mu)
+      EXCLUDES(mu_) NO_THREAD_SAFETY_ANALYSIS {
     if (deadlock_ns_ <= 0) {
-      cv.wait(lock, done);
+      while (!done()) cv.Wait(mu);
       return Status::Ok();
     }
     const int64_t start = NowNanos();
     const auto poll = std::chrono::nanoseconds(std::min<int64_t>(deadlock_ns_ / 4, 50'000'000));
     while (!done()) {
-      cv.wait_for(lock, poll, done);
+      cv.WaitFor(mu, poll);
       if (done()) break;
       const int64_t waited = NowNanos() - start;
       if (waited < deadlock_ns_) continue;
@@ -118,42 +121,45 @@ class CallbackThread {
   struct Job {
     std::function<void()>* fn;
     const std::string* stream;
-    bool done = false;  // GUARDED_BY(mu_)
+    bool done = false;  // guarded by CallbackThread::mu_
   };
 
   // How long the running host function has been running (0: none), and on
   // which stream.
-  int64_t StuckFor(std::string* stream) {
-    std::lock_guard<std::mutex> lock(mu_);
+  int64_t StuckFor(std::string* stream) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (running_ == nullptr) return 0;
     *stream = *running_->stream;
     return NowNanos() - running_since_ns_;
   }
 
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Loop() EXCLUDES(mu_) {
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
-      running_ = queue_.front();
-      queue_.pop_front();
-      running_since_ns_ = NowNanos();
-      lock.unlock();
-      (*running_->fn)();
-      lock.lock();
-      running_->done = true;
+      Job* job;
+      {
+        MutexLock lock(&mu_);
+        while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
+        if (queue_.empty()) return;  // stop_ and drained
+        job = queue_.front();
+        queue_.pop_front();
+        running_ = job;
+        running_since_ns_ = NowNanos();
+      }
+      (*job->fn)();
+      MutexLock lock(&mu_);
+      job->done = true;
       running_ = nullptr;
-      done_cv_.notify_all();
+      done_cv_.NotifyAll();
     }
   }
 
   const int64_t deadlock_ns_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<Job*> queue_;        // GUARDED_BY(mu_)
-  Job* running_ = nullptr;        // GUARDED_BY(mu_)
-  int64_t running_since_ns_ = 0;  // GUARDED_BY(mu_)
-  bool stop_ = false;             // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_, done_cv_;
+  std::deque<Job*> queue_ GUARDED_BY(mu_);
+  Job* running_ GUARDED_BY(mu_) = nullptr;
+  int64_t running_since_ns_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;            // last: started in the constructor
 };
 
@@ -161,36 +167,36 @@ class CallbackThread {
 // event may be destroyed while a Record or Wait on it is still queued (CUDA
 // allows that too).
 struct EventState {
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t recorded = 0;       // GUARDED_BY(mu) the latest record (0 = never)
-  std::set<uint64_t> pending;  // GUARDED_BY(mu) records not yet completed
-  int64_t latest_done_ns = 0;  // GUARDED_BY(mu) when the latest record completed
+  Mutex mu;
+  CondVar cv;
+  uint64_t recorded GUARDED_BY(mu) = 0;       // the latest record (0 = never)
+  std::set<uint64_t> pending GUARDED_BY(mu);  // records not yet completed
+  int64_t latest_done_ns GUARDED_BY(mu) = 0;  // when the latest record completed
 
   // Called by Stream::Record on the enqueueing thread.
-  uint64_t BeginRecord() {
-    std::lock_guard<std::mutex> lock(mu);
+  uint64_t BeginRecord() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     pending.insert(++recorded);
     return recorded;
   }
-  uint64_t Latest() {
-    std::lock_guard<std::mutex> lock(mu);
+  uint64_t Latest() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     return recorded;
   }
   // Called on the stream thread when the recorded work is done.
-  void Complete(uint64_t seq) {
+  void Complete(uint64_t seq) EXCLUDES(mu) {
     const int64_t now = NowNanos();
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     pending.erase(seq);
     if (seq == recorded) latest_done_ns = now;
-    cv.notify_all();
+    cv.NotifyAll();
   }
   // Blocks until record `seq` has completed (records on different streams
   // may complete out of order, hence a set rather than a counter). Only for
   // stream threads; callers' threads use Await.
-  void WaitFor(uint64_t seq) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return pending.count(seq) == 0; });
+  void WaitFor(uint64_t seq) EXCLUDES(mu) {
+    MutexLock lock(&mu);
+    while (pending.count(seq) != 0) cv.Wait(&mu);
   }
 };
 
@@ -201,19 +207,21 @@ class HostEvent final : public Event {
   bool timing() const override { return timing_; }
 
   StatusOr<bool> Query() override {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     return state_->pending.count(state_->recorded) == 0;
   }
   Status Synchronize() override {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Event::Synchronize"));
-    std::unique_lock<std::mutex> lock(state_->mu);
-    const uint64_t seq = state_->recorded;
+    EventState* st = state_.get();
+    MutexLock lock(&st->mu);
+    const uint64_t seq = st->recorded;
     return callbacks_->Await(
-        lock, state_->cv, [&] { return state_->pending.count(seq) == 0; }, "Event::Synchronize");
+        &st->mu, st->cv, [&]() REQUIRES(st->mu) { return st->pending.count(seq) == 0; },
+        "Event::Synchronize");
   }
   // The completion time of the latest record, or the reason there is none.
   StatusOr<int64_t> CompletedAt(const char* which) {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     if (!timing_)
       return FailedPreconditionError(fmt::format(
           "ElapsedSeconds: the {} event was created without timing (EventOptions::timing)", which));
@@ -243,13 +251,13 @@ class HostStream final : public Stream {
   void* native_handle() const override { return nullptr; }
 
   // Appends `op` to the queue; it runs on this stream's thread.
-  void Enqueue(std::function<void()> op) {
+  void Enqueue(std::function<void()> op) EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(std::move(op));
       ++enqueued_;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
 
   // Enqueues `op` and waits until it has run (a pageable copy): the caller
@@ -258,31 +266,34 @@ class HostStream final : public Stream {
   // after this returns — and the deadlock is returned.
   Status EnqueueAndWait(std::function<void()> op, std::string_view what) {
     struct Sync {
-      std::mutex mu;
-      std::condition_variable cv;
-      bool cancelled = false, running = false, done = false;  // GUARDED_BY(mu)
+      Mutex mu;
+      CondVar cv;
+      bool cancelled GUARDED_BY(mu) = false;
+      bool running GUARDED_BY(mu) = false;
+      bool done GUARDED_BY(mu) = false;
     };
     auto sync = std::make_shared<Sync>();
     Enqueue([sync, op = std::move(op)] {
       {
-        std::lock_guard<std::mutex> lock(sync->mu);
+        MutexLock lock(&sync->mu);
         if (sync->cancelled) return;
         sync->running = true;
       }
       op();
-      std::lock_guard<std::mutex> lock(sync->mu);
+      MutexLock lock(&sync->mu);
       sync->done = true;
-      sync->cv.notify_all();
+      sync->cv.NotifyAll();
     });
-    std::unique_lock<std::mutex> lock(sync->mu);
+    Sync* y = sync.get();
+    MutexLock lock(&y->mu);
     Status s = callbacks_->Await(
-        lock, sync->cv, [&] { return sync->done; }, what);
+        &y->mu, y->cv, [&]() REQUIRES(y->mu) { return y->done; }, what);
     if (s.ok()) return s;
-    if (!sync->running) {
-      sync->cancelled = true;
+    if (!y->running) {
+      y->cancelled = true;
       return s;
     }
-    sync->cv.wait(lock, [&] { return sync->done; });  // it started meanwhile: finish it
+    while (!y->done) y->cv.Wait(&y->mu);  // it started meanwhile: finish it
     return Status::Ok();
   }
 
@@ -315,45 +326,46 @@ class HostStream final : public Stream {
   }
   Status Synchronize() override {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Stream::Synchronize"));
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const uint64_t target = enqueued_;
     return callbacks_->Await(
-        lock, done_cv_, [&] { return completed_ >= target; },
+        &mu_, done_cv_, [&]() REQUIRES(mu_) { return completed_ >= target; },
         fmt::format("Stream::Synchronize({})", name_));
   }
   StatusOr<bool> Query() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return completed_ >= enqueued_;
   }
 
  private:
-  void Run() {
+  void Run() EXCLUDES(mu_) {
     for (;;) {
       std::function<void()> op;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
         if (queue_.empty()) return;  // stop_ and drained
         op = std::move(queue_.front());
         queue_.pop_front();
       }
       op();
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         ++completed_;
       }
-      done_cv_.notify_all();
+      done_cv_.NotifyAll();
     }
   }
 
   HostDevice* device_;
   CallbackThread* const callbacks_;
   const std::string name_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  std::deque<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-  uint64_t enqueued_ = 0, completed_ = 0;    // GUARDED_BY(mu_)
-  bool stop_ = false;                        // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_, done_cv_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  uint64_t enqueued_ GUARDED_BY(mu_) = 0;
+  uint64_t completed_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;                       // started last, in the constructor
 };
 
@@ -416,14 +428,14 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Device::Synchronize"));
     std::vector<HostStream*> streams;
     {
-      std::lock_guard<std::mutex> lock(streams_mu_);
+      MutexLock lock(&streams_mu_);
       streams.assign(streams_.begin(), streams_.end());
     }
     // A stream destroyed meanwhile drained its work in its destructor; the
     // registry lock is not held while waiting so destruction cannot deadlock,
     // hence re-check membership under the lock per stream.
     for (HostStream* s : streams) {
-      std::lock_guard<std::mutex> lock(streams_mu_);
+      MutexLock lock(&streams_mu_);
       if (streams_.count(s)) RETURN_IF_ERROR(s->Synchronize());
     }
     return Status::Ok();
@@ -559,14 +571,14 @@ class HostDevice final : public Device {
                                     lim.soft_unlimited ? "unlimited" : FormatBytes(lim.soft_bytes)),
                         err);
     }
-    std::lock_guard<std::mutex> lock(pinned_mu_);
+    MutexLock lock(&pinned_mu_);
     pinned_[reinterpret_cast<uintptr_t>(p)] = bytes;
     return Status::Ok();
   }
   Status UnpinHostMemory(void* p, size_t bytes) override {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("UnpinHostMemory"));
     {
-      std::lock_guard<std::mutex> lock(pinned_mu_);
+      MutexLock lock(&pinned_mu_);
       pinned_.erase(reinterpret_cast<uintptr_t>(p));
     }
     if (munlock(p, bytes) != 0) return ErrnoError(fmt::format("munlock of {} bytes", bytes), errno);
@@ -574,11 +586,11 @@ class HostDevice final : public Device {
   }
 
   void Register(HostStream* s) {
-    std::lock_guard<std::mutex> lock(streams_mu_);
+    MutexLock lock(&streams_mu_);
     streams_.insert(s);
   }
   void Unregister(HostStream* s) {
-    std::lock_guard<std::mutex> lock(streams_mu_);
+    MutexLock lock(&streams_mu_);
     streams_.erase(s);
   }
 
@@ -622,7 +634,7 @@ class HostDevice final : public Device {
   // True if [p, p+bytes) lies inside one range registered with PinHostMemory.
   bool IsPinned(const void* p, size_t bytes) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    std::lock_guard<std::mutex> lock(pinned_mu_);
+    MutexLock lock(&pinned_mu_);
     auto it = pinned_.upper_bound(a);
     if (it == pinned_.begin()) return false;
     --it;
@@ -653,7 +665,7 @@ class HostDevice final : public Device {
     if (link_bytes_per_ns_ > 0) need += static_cast<int64_t>(bytes / link_bytes_per_ns_);
     int64_t end;
     {
-      std::lock_guard<std::mutex> lock(link_mu_);
+      MutexLock lock(&link_mu_);
       int64_t& free_at = dir == Dir::kH2D ? h2d_free_ns_ : d2h_free_ns_;
       end = std::max(free_at, enqueued_ns) + need;
       free_at = end;
@@ -664,12 +676,13 @@ class HostDevice final : public Device {
 
   const double link_bytes_per_ns_;  // GB/s == bytes per ns
   const int64_t link_latency_ns_;
-  std::mutex link_mu_;
-  int64_t h2d_free_ns_ = 0, d2h_free_ns_ = 0;  // GUARDED_BY(link_mu_) link busy until
-  std::mutex streams_mu_;
-  std::set<HostStream*> streams_;  // GUARDED_BY(streams_mu_)
-  std::mutex pinned_mu_;
-  std::map<uintptr_t, size_t> pinned_;  // GUARDED_BY(pinned_mu_) PinHostMemory ranges
+  Mutex link_mu_;
+  int64_t h2d_free_ns_ GUARDED_BY(link_mu_) = 0;  // the link is busy until
+  int64_t d2h_free_ns_ GUARDED_BY(link_mu_) = 0;
+  Mutex streams_mu_;
+  std::set<HostStream*> streams_ GUARDED_BY(streams_mu_);
+  Mutex pinned_mu_;
+  std::map<uintptr_t, size_t> pinned_ GUARDED_BY(pinned_mu_);  // PinHostMemory ranges
   std::atomic<bool> loaded_[static_cast<int>(Kernel::kCount)];
   // Outlives the streams (they hand it their host functions): the
   // destructor's body joins the streams before members are destroyed.
@@ -690,10 +703,10 @@ HostStream::HostStream(HostDevice* device, CallbackThread* callbacks, std::strin
 HostStream::~HostStream() {
   device_->Unregister(this);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();  // runs what is still queued first, like cudaStreamDestroy
 }
 

@@ -84,21 +84,24 @@ StatusOr<std::unique_ptr<PinnedPool>> PinnedPool::Create(const PinnedPoolOptions
   pool->total_bytes_ = total;
   // Allocate every region before pinning any, so a late allocation failure
   // leaves nothing pinned behind (the destructor frees what was taken).
-  for (const PinnedSizeClass& c : options.classes) {
-    const size_t bytes = c.buffer_bytes * c.count;
-    void* p = nullptr;
-    if (posix_memalign(&p, kPage, bytes) != 0) {
-      return ResourceExhaustedError(
-          fmt::format("pinned pool: cannot allocate {} of host memory for {} buffers of {}",
-                      FormatBytes(bytes), c.count, FormatBytes(c.buffer_bytes)));
+  {
+    MutexLock lock(&pool->mu_);  // uncontended: the pool is not shared yet
+    for (const PinnedSizeClass& c : options.classes) {
+      const size_t bytes = c.buffer_bytes * c.count;
+      void* p = nullptr;
+      if (posix_memalign(&p, kPage, bytes) != 0) {
+        return ResourceExhaustedError(
+            fmt::format("pinned pool: cannot allocate {} of host memory for {} buffers of {}",
+                        FormatBytes(bytes), c.count, FormatBytes(c.buffer_bytes)));
+      }
+      pool->regions_.push_back({p, bytes});
+      Class cls{c.buffer_bytes, {}, c.count};
+      cls.free.reserve(c.count);
+      // Hand out low addresses first (stack order: last pushed is taken first).
+      for (size_t k = c.count; k-- > 0;)
+        cls.free.push_back(static_cast<char*>(p) + k * c.buffer_bytes);
+      pool->classes_.push_back(std::move(cls));
     }
-    pool->regions_.push_back({p, bytes});
-    Class cls{c.buffer_bytes, {}, c.count};
-    cls.free.reserve(c.count);
-    // Hand out low addresses first (stack order: last pushed is taken first).
-    for (size_t k = c.count; k-- > 0;)
-      cls.free.push_back(static_cast<char*>(p) + k * c.buffer_bytes);
-    pool->classes_.push_back(std::move(cls));
   }
   Status pin_status;
   size_t pinned_regions = 0;
@@ -146,7 +149,7 @@ PinnedPool::~PinnedPool() {
 }
 
 StatusOr<PinnedBuffer> PinnedPool::Acquire(size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   int best = -1;
   for (size_t i = 0; i < classes_.size(); ++i) {
     if (classes_[i].buffer_bytes < bytes) continue;
@@ -190,12 +193,12 @@ StatusOr<PinnedBuffer> PinnedPool::Acquire(size_t bytes) {
 }
 
 void PinnedPool::Return(int cls, void* p) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   classes_[cls].free.push_back(p);  // capacity reserved at creation: no allocation
 }
 
 PinnedPool::Stats PinnedPool::GetStats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   Stats s;
   s.total_bytes = total_bytes_;
   s.pinned = pinned_;

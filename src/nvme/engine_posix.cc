@@ -8,14 +8,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/nvme/nvme.h"
 
 namespace strata::nvme {
@@ -50,34 +49,34 @@ class PosixEngine final : public IoEngine {
   Status RegisterFile(int) override { return Status::Ok(); }
   void UnregisterFile(int) override {}
 
-  Status Submit(std::span<IoOp* const> ops) override {
+  Status Submit(std::span<IoOp* const> ops) override EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_) return FailedPreconditionError("POSIX I/O engine is shut down");
       for (IoOp* op : ops) queue_.push_back(op);
       ops_ += ops.size();
       ++submits_;
     }
     if (ops.size() == 1)
-      cv_.notify_one();
+      cv_.NotifyOne();
     else
-      cv_.notify_all();
+      cv_.NotifyAll();
     return Status::Ok();
   }
 
-  void Shutdown() override {
+  void Shutdown() override EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       if (stopping_ && workers_.empty()) return;
       stopping_ = true;  // workers finish the queue, then exit
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     for (auto& t : workers_) t.join();
     workers_.clear();
   }
 
-  IoEngineStats stats() const override {
-    std::lock_guard lock(mu_);
+  IoEngineStats stats() const override EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     IoEngineStats s;
     s.ops = ops_;
     s.submit_calls = submits_;
@@ -85,12 +84,12 @@ class PosixEngine final : public IoEngine {
   }
 
  private:
-  void Work() {
+  void Work() EXCLUDES(mu_) {
     for (;;) {
       IoOp* op = nullptr;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
         if (queue_.empty()) return;  // stopping and drained
         op = queue_.front();
         queue_.pop_front();
@@ -106,12 +105,13 @@ class PosixEngine final : public IoEngine {
   }
 
   IoOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<IoOp*> queue_;
-  bool stopping_ = false;
-  uint64_t ops_ = 0, submits_ = 0;
-  std::vector<std::thread> workers_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<IoOp*> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  uint64_t ops_ GUARDED_BY(mu_) = 0;
+  uint64_t submits_ GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> workers_;  // started by Start, joined by Shutdown (one caller)
 };
 
 }  // namespace

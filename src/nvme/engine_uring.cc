@@ -13,11 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <shared_mutex>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -36,6 +33,7 @@
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/nvme/internal.h"
 #include "src/nvme/nvme.h"
 
@@ -56,7 +54,7 @@ unsigned RoundUpPow2(unsigned v) {
 struct Ring {
   io_uring ring{};
   bool live = false;
-  std::mutex sq_mu;  // guards the submission queue
+  Mutex sq_mu;  // guards the submission queue of `ring` (the reaper owns its CQ)
   std::thread reaper;
   // Set when the exit NOP could not be submitted: the reaper stops at its next
   // timed wake-up instead.
@@ -112,7 +110,10 @@ class UringEngine final : public IoEngine {
         break;
       }
     }
-    for (unsigned s = kFileSlots; s-- > 0;) free_slots_.push_back(static_cast<int>(s));
+    {
+      WriterMutexLock lock(&table_mu_);
+      for (unsigned s = kFileSlots; s-- > 0;) free_slots_.push_back(static_cast<int>(s));
+    }
     for (size_t i = 0; i < rings_.size(); ++i) {
       Ring* r = rings_[i].get();
       try {
@@ -130,8 +131,8 @@ class UringEngine final : public IoEngine {
   EngineKind kind() const override { return EngineKind::kUring; }
   int parallelism() const override { return static_cast<int>(rings_.size()); }
 
-  Status RegisterBuffers(std::span<const MemoryRegion> regions) override {
-    std::unique_lock lock(table_mu_);
+  Status RegisterBuffers(std::span<const MemoryRegion> regions) override EXCLUDES(table_mu_) {
+    WriterMutexLock lock(&table_mu_);
     if (inflight_.load() != 0) return FailedPreconditionError("RegisterBuffers: ops are in flight");
     for (auto& r : rings_) {
       if (!regions_.empty()) io_uring_unregister_buffers(&r->ring);
@@ -168,9 +169,9 @@ class UringEngine final : public IoEngine {
     return Status::Ok();
   }
 
-  Status RegisterFile(int fd) override {
+  Status RegisterFile(int fd) override EXCLUDES(table_mu_) {
     if (!files_ok_ || fd < 0) return Status::Ok();
-    std::unique_lock lock(table_mu_);
+    WriterMutexLock lock(&table_mu_);
     if (slot_of_.count(fd)) return Status::Ok();
     if (free_slots_.empty()) return Status::Ok();  // plain fd: still correct
     int slot = free_slots_.back();
@@ -192,8 +193,8 @@ class UringEngine final : public IoEngine {
     return Status::Ok();
   }
 
-  void UnregisterFile(int fd) override {
-    std::unique_lock lock(table_mu_);
+  void UnregisterFile(int fd) override EXCLUDES(table_mu_) {
+    WriterMutexLock lock(&table_mu_);
     auto it = slot_of_.find(fd);
     if (it == slot_of_.end()) return;
     int minus = -1;
@@ -209,7 +210,7 @@ class UringEngine final : public IoEngine {
   // error (the caller fails the batch, as for any refused Submit); otherwise
   // each such op completes with the -errno, on this thread, once the locks
   // are released.
-  Status Submit(std::span<IoOp* const> ops) override {
+  Status Submit(std::span<IoOp* const> ops) override EXCLUDES(table_mu_, idle_mu_) {
     if (ops.empty()) return Status::Ok();
     if (shutdown_.load()) return FailedPreconditionError("io_uring engine is shut down");
     Ring* r = rings_[next_ring_.fetch_add(1, std::memory_order_relaxed) % rings_.size()].get();
@@ -217,8 +218,8 @@ class UringEngine final : public IoEngine {
     int err = 0;
     bool started = true;
     {
-      std::shared_lock tables(table_mu_);
-      std::lock_guard lock(r->sq_mu);
+      ReaderMutexLock tables(&table_mu_);
+      MutexLock lock(&r->sq_mu);
       inflight_.fetch_add(static_cast<int64_t>(ops.size()));
       const unsigned base = r->ring.sq.sqe_tail;  // SQ position of ops[0]
       size_t queued = 0;
@@ -255,25 +256,25 @@ class UringEngine final : public IoEngine {
     if (started) return Status::Ok();
     // Nothing of this batch reached the kernel: the caller fails it.
     if (inflight_.fetch_sub(static_cast<int64_t>(ops.size())) == static_cast<int64_t>(ops.size())) {
-      std::lock_guard lock(idle_mu_);
-      idle_cv_.notify_all();
+      MutexLock lock(&idle_mu_);
+      idle_cv_.NotifyAll();
     }
     return ErrnoError("io_uring_submit", -err);
   }
 
-  void Shutdown() override {
-    std::lock_guard once(shutdown_mu_);
+  void Shutdown() override EXCLUDES(shutdown_mu_, idle_mu_) {
+    MutexLock once(&shutdown_mu_);
     if (stopped_) return;
     shutdown_.store(true);
     {
-      std::unique_lock lock(idle_mu_);
-      idle_cv_.wait(lock, [&] { return inflight_.load() == 0; });
+      MutexLock lock(&idle_mu_);
+      while (inflight_.load() != 0) idle_cv_.Wait(&idle_mu_);
     }
     for (auto& r : rings_) {
       if (!r->reaper.joinable()) continue;
       int err = 0;
       {
-        std::lock_guard lock(r->sq_mu);
+        MutexLock lock(&r->sq_mu);
         io_uring_sqe* sqe;
         while ((sqe = io_uring_get_sqe(&r->ring)) == nullptr) {
           if ((err = SubmitLocked(r.get())) != 0) break;
@@ -321,7 +322,7 @@ class UringEngine final : public IoEngine {
     size_t n;
   };
 
-  int FindRegion(const void* buf, size_t len) const {
+  int FindRegion(const void* buf, size_t len) const REQUIRES_SHARED(table_mu_) {
     auto p = static_cast<const char*>(buf);
     for (size_t i = 0; i < regions_.size(); ++i) {
       if (p >= regions_[i].p && p + len <= regions_[i].p + regions_[i].n)
@@ -330,8 +331,9 @@ class UringEngine final : public IoEngine {
     return -1;
   }
 
-  // REQUIRES: r->sq_mu held. The SQE setup of one op.
-  void PrepareLocked(io_uring_sqe* sqe, IoOp* op) {
+  // The SQE setup of one op; `sqe` is from the SQ of a ring whose sq_mu the
+  // caller holds.
+  void PrepareLocked(io_uring_sqe* sqe, IoOp* op) REQUIRES_SHARED(table_mu_) {
     int fd = op->fd;
     bool fixed_file = false;
     if (auto it = slot_of_.find(op->fd); it != slot_of_.end()) {
@@ -358,12 +360,12 @@ class UringEngine final : public IoEngine {
     if (fixed_file) stats_fixed_file_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  // REQUIRES: r->sq_mu held. Hands every queued SQE to the kernel. Transient
+  // Hands every queued SQE to the kernel. Transient
   // refusals (EAGAIN/EBUSY: the CQ is full until the reaper catches up; EINTR)
   // and partial submissions (the kernel took fewer SQEs than queued) are
   // retried. Returns 0, or the -errno of a failure that left SQEs in the SQ
   // (the caller then takes them back with ReclaimLocked).
-  int SubmitLocked(Ring* r) {
+  int SubmitLocked(Ring* r) REQUIRES(r->sq_mu) {
     for (int attempt = 0;; ++attempt) {
       int ret = internal::UringSubmitFaultForTest();
       if (ret == 0) {
@@ -383,23 +385,23 @@ class UringEngine final : public IoEngine {
     }
   }
 
-  // REQUIRES: r->sq_mu held. Publishes the queued SQEs to the kernel the way
-  // liburing's io_uring_submit does first (for the test seam).
-  static void PublishLocked(Ring* r) {
+  // Publishes the queued SQEs to the kernel the way liburing's
+  // io_uring_submit does first (for the test seam).
+  static void PublishLocked(Ring* r) REQUIRES(r->sq_mu) {
     io_uring_sq* sq = &r->ring.sq;
     if (sq->sqe_head == sq->sqe_tail) return;
     sq->sqe_head = sq->sqe_tail;
     __atomic_store_n(sq->ktail, sq->sqe_tail, __ATOMIC_RELEASE);
   }
 
-  // REQUIRES: r->sq_mu held; the last submission failed with `err`. Takes
+  // REQUIRES: the last submission failed with `err`. Takes
   // every SQE the kernel has not consumed back out of the SQ and returns the
   // ops with their SQ positions, oldest first (the exit NOP is dropped).
   // Without SQPOLL the kernel reads the SQ only inside io_uring_enter(to_submit
   // > 0), which only SubmitLocked calls, under sq_mu: nothing races with this.
   // With SQPOLL the kernel thread may consume published SQEs at any moment, so
   // they are left to it unless it is gone (EOWNERDEAD).
-  std::vector<std::pair<unsigned, IoOp*>> ReclaimLocked(Ring* r, int err) {
+  std::vector<std::pair<unsigned, IoOp*>> ReclaimLocked(Ring* r, int err) REQUIRES(r->sq_mu) {
     std::vector<std::pair<unsigned, IoOp*>> out;
     if (sqpoll_ && err != -EOWNERDEAD) return out;
     io_uring_sq* sq = &r->ring.sq;
@@ -416,12 +418,12 @@ class UringEngine final : public IoEngine {
   // Completes ops that never reached the kernel with `err` (< 0), as the
   // reaper completes the others. REQUIRES: no engine lock held (done() may
   // submit more).
-  void FailOps(std::span<IoOp* const> ops, int err) {
+  void FailOps(std::span<IoOp* const> ops, int err) EXCLUDES(table_mu_, idle_mu_) {
     for (IoOp* op : ops) {
       op->done(op, err);
       if (inflight_.fetch_sub(1) == 1) {
-        std::lock_guard lock(idle_mu_);
-        idle_cv_.notify_all();
+        MutexLock lock(&idle_mu_);
+        idle_cv_.NotifyAll();
       }
     }
   }
@@ -431,7 +433,7 @@ class UringEngine final : public IoEngine {
   // would queue a timeout SQE from the reaper thread, outside sq_mu.
   static bool TimedReap(Ring* r) { return (r->ring.features & IORING_FEAT_EXT_ARG) != 0; }
 
-  void Reap(Ring* r) {
+  void Reap(Ring* r) EXCLUDES(idle_mu_) {
     const bool timed = TimedReap(r);
     bool exit = false;
     while (!exit) {
@@ -459,8 +461,8 @@ class UringEngine final : public IoEngine {
         int64_t res = cqe->res;
         op->done(op, res);  // may submit more (takes sq_mu, never this thread's)
         if (inflight_.fetch_sub(1) == 1) {
-          std::lock_guard lock(idle_mu_);
-          idle_cv_.notify_all();
+          MutexLock lock(&idle_mu_);
+          idle_cv_.NotifyAll();
         }
       }
       io_uring_cq_advance(&r->ring, seen);
@@ -473,18 +475,18 @@ class UringEngine final : public IoEngine {
   uint32_t features_ = 0;
   bool sqpoll_ = false;
 
-  std::shared_mutex table_mu_;  // regions_, slot_of_, free_slots_
-  std::vector<Region> regions_;
-  bool files_ok_ = false;
-  std::unordered_map<int, int> slot_of_;
-  std::vector<int> free_slots_;
+  SharedMutex table_mu_;
+  std::vector<Region> regions_ GUARDED_BY(table_mu_);
+  bool files_ok_ = false;  // set by Init
+  std::unordered_map<int, int> slot_of_ GUARDED_BY(table_mu_);
+  std::vector<int> free_slots_ GUARDED_BY(table_mu_);
 
   std::atomic<int64_t> inflight_{0};
-  std::mutex idle_mu_;
-  std::condition_variable idle_cv_;
+  Mutex idle_mu_;  // for idle_cv_: Shutdown waits for inflight_ to reach 0
+  CondVar idle_cv_;
   std::atomic<bool> shutdown_{false};
-  std::mutex shutdown_mu_;
-  bool stopped_ = false;
+  Mutex shutdown_mu_;  // one Shutdown at a time
+  bool stopped_ GUARDED_BY(shutdown_mu_) = false;
 
   std::atomic<uint64_t> stats_ops_{0}, stats_fixed_buf_{0}, stats_fixed_file_{0}, stats_submits_{0};
 };
@@ -494,14 +496,14 @@ class UringEngine final : public IoEngine {
 namespace internal {
 namespace {
 std::atomic<bool> g_submit_fault_armed{false};
-std::mutex g_submit_fault_mu;
-int g_submit_fault_err = 0;  // guarded by g_submit_fault_mu, as the two below
-int g_submit_fault_skip = 0;
-int g_submit_fault_count = 0;
+Mutex g_submit_fault_mu;
+int g_submit_fault_err GUARDED_BY(g_submit_fault_mu) = 0;
+int g_submit_fault_skip GUARDED_BY(g_submit_fault_mu) = 0;
+int g_submit_fault_count GUARDED_BY(g_submit_fault_mu) = 0;
 }  // namespace
 
 void SetUringSubmitFaultForTest(int err, int skip, int count) {
-  std::lock_guard lock(g_submit_fault_mu);
+  MutexLock lock(&g_submit_fault_mu);
   g_submit_fault_err = std::abs(err);
   g_submit_fault_skip = std::max(skip, 0);
   g_submit_fault_count = std::max(count, 0);
@@ -510,7 +512,7 @@ void SetUringSubmitFaultForTest(int err, int skip, int count) {
 
 int UringSubmitFaultForTest() {
   if (!g_submit_fault_armed.load(std::memory_order_relaxed)) return 0;
-  std::lock_guard lock(g_submit_fault_mu);
+  MutexLock lock(&g_submit_fault_mu);
   if (g_submit_fault_err == 0 || g_submit_fault_count == 0) return 0;
   if (g_submit_fault_skip > 0) {
     --g_submit_fault_skip;

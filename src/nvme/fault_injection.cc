@@ -4,9 +4,9 @@
 // real one.
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <vector>
 
+#include "src/common/thread_annotations.h"
 #include "src/nvme/nvme.h"
 
 namespace strata::nvme {
@@ -36,8 +36,8 @@ struct FaultInjectionEngine::State {
     Rule rule;
     int64_t seen = 0;
   };
-  std::mutex mu;
-  std::vector<Armed> rules;
+  Mutex mu;
+  std::vector<Armed> rules GUARDED_BY(mu);
   std::atomic<int64_t> injected{0};
 };
 
@@ -46,12 +46,12 @@ FaultInjectionEngine::FaultInjectionEngine(std::unique_ptr<IoEngine> target)
 FaultInjectionEngine::~FaultInjectionEngine() { Shutdown(); }
 
 void FaultInjectionEngine::AddRule(const Rule& rule) {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   state_->rules.push_back({rule, 0});
 }
 
 void FaultInjectionEngine::ClearRules() {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   state_->rules.clear();
 }
 
@@ -61,7 +61,7 @@ Status FaultInjectionEngine::Submit(std::span<IoOp* const> ops) {
   std::vector<IoOp*> out(ops.begin(), ops.end());
   std::vector<Shadow*> shadows;
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     for (auto& op : out) {
       for (auto& a : state_->rules) {
         const Rule& r = a.rule;

@@ -15,26 +15,26 @@
 // range locks and every RequestState's bookkeeping; engine Submit is called
 // without it, and so are the bounce copies (an in-flight piece belongs to its
 // completion). RequestState::done is published under RequestState::mu for
-// waiters.
+// waiters. The fields of Impl and RequestState::mu's fields carry GUARDED_BY;
+// a RequestState's bookkeeping cannot name Impl::mu (another object's mutex),
+// so it says so in a comment, and the Impl methods that touch it REQUIRES(mu).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/nvme/internal.h"
 #include "src/nvme/nvme.h"
 
@@ -61,10 +61,10 @@ struct RequestState {
   Status error;           // first error
 
   // Completion, for waiters.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Status final_status;
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Status final_status GUARDED_BY(mu);
 
   bool exhausted() const {
     for (const auto& l : lanes)
@@ -77,6 +77,7 @@ namespace {
 std::shared_ptr<RequestState> CompletedRequest(Status s) {
   auto r = std::make_shared<RequestState>();
   r->finished = true;
+  MutexLock lock(&r->mu);
   r->done = true;
   r->final_status = std::move(s);
   return r;
@@ -85,20 +86,20 @@ std::shared_ptr<RequestState> CompletedRequest(Status s) {
 
 bool IoHandle::Poll() const {
   if (!state_) return true;
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->done;
 }
 
 Status IoHandle::Wait() const {
   if (!state_) return InvalidArgumentError("Wait on an invalid IoHandle");
-  std::unique_lock lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
+  MutexLock lock(&state_->mu);
+  while (!state_->done) state_->cv.Wait(&state_->mu);
   return state_->final_status;
 }
 
 Status IoHandle::status() const {
   if (!state_) return InvalidArgumentError("status of an invalid IoHandle");
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   if (!state_->done) return FailedPreconditionError("IoHandle::status before completion");
   return state_->final_status;
 }
@@ -160,22 +161,22 @@ struct IoService::Impl {
   IoOptions opts;
   int64_t limit;
 
-  std::mutex mu;
-  std::condition_variable idle_cv;
-  std::deque<std::shared_ptr<RequestState>> queue;  // requests with pieces to issue
-  std::deque<Piece*> retry;                         // remainders and EAGAIN retries
-  std::unordered_map<const IoFile*, RangeLocks> range_locks;
-  int64_t inflight = 0;
-  int64_t active_requests = 0;
-  bool shutdown = false;
-  IoServiceStats stats;
+  Mutex mu;
+  CondVar idle_cv;
+  std::deque<std::shared_ptr<RequestState>> queue GUARDED_BY(mu);  // requests with pieces to issue
+  std::deque<Piece*> retry GUARDED_BY(mu);                         // remainders and EAGAIN retries
+  std::unordered_map<const IoFile*, RangeLocks> range_locks GUARDED_BY(mu);
+  int64_t inflight GUARDED_BY(mu) = 0;
+  int64_t active_requests GUARDED_BY(mu) = 0;
+  bool shutdown GUARDED_BY(mu) = false;
+  IoServiceStats stats GUARDED_BY(mu);
 
   // The granularity of unaligned I/O on an O_DIRECT file: a page, or the
   // device's O_DIRECT alignment where that is larger.
   static uint64_t Unit(const IoFile* f) { return std::max<uint64_t>(f->block_, 4096); }
 
-  // REQUIRES: mu. Publishes the result once nothing of the request is left.
-  void MaybeFinish(const std::shared_ptr<RequestState>& r) {
+  // Publishes the result once nothing of the request is left.
+  void MaybeFinish(const std::shared_ptr<RequestState>& r) REQUIRES(mu) {
     if (r->finished || r->outstanding > 0) return;
     if (!r->failed && !r->cancelled && !r->exhausted()) return;
     r->finished = true;
@@ -185,17 +186,16 @@ struct IoService::Impl {
                                     r->total))
                               : Status::Ok();
     {
-      std::lock_guard lock(r->mu);
+      MutexLock lock(&r->mu);
       r->final_status = std::move(s);
       r->done = true;
     }
-    r->cv.notify_all();
+    r->cv.NotifyAll();
     --active_requests;
-    if (active_requests == 0) idle_cv.notify_all();
+    if (active_requests == 0) idle_cv.NotifyAll();
   }
 
-  // REQUIRES: mu.
-  void Fail(const std::shared_ptr<RequestState>& r, Status s) {
+  void Fail(const std::shared_ptr<RequestState>& r, Status s) REQUIRES(mu) {
     if (!r->failed) {
       r->failed = true;
       r->error = std::move(s);
@@ -217,9 +217,9 @@ struct IoService::Impl {
     p->op.ctx = p;
   }
 
-  // REQUIRES: mu. Sets up the piece's (first) op. False when it got none: it
-  // waits for a range lock, or it was retired (no memory for its bounce buffer).
-  bool Prepare(Piece* p) {
+  // Sets up the piece's (first) op. False when it got none: it waits for a
+  // range lock, or it was retired (no memory for its bounce buffer).
+  bool Prepare(Piece* p) REQUIRES(mu) {
     IoFile* f = p->file;
     const IoOpKind kind = p->req->kind;
     if (f->direct_fd_ < 0) {
@@ -285,10 +285,10 @@ struct IoService::Impl {
     return false;
   }
 
-  // REQUIRES: mu. Takes the file's range lock over the piece's span (unless
-  // Release handed it over already), or parks the piece until the holders
-  // overlapping it let go. Every parked piece overlaps a held span.
-  bool TryLock(Piece* p) {
+  // Takes the file's range lock over the piece's span (unless Release handed
+  // it over already), or parks the piece until the holders overlapping it let
+  // go. Every parked piece overlaps a held span.
+  bool TryLock(Piece* p) REQUIRES(mu) {
     if (p->locked) return true;
     RangeLocks& rl = range_locks[p->file];
     const uint64_t b = p->span_off, e = p->span_off + p->span_len;
@@ -301,10 +301,10 @@ struct IoService::Impl {
     return true;
   }
 
-  // REQUIRES: mu. Drops what a bounce piece holds (buffer, range lock). The
-  // lock goes on, oldest first, to the parked pieces it kept out that no other
-  // holder keeps out; they move to the retry deque holding it.
-  void Release(Piece* p) {
+  // Drops what a bounce piece holds (buffer, range lock). The lock goes on,
+  // oldest first, to the parked pieces it kept out that no other holder keeps
+  // out; they move to the retry deque holding it.
+  void Release(Piece* p) REQUIRES(mu) {
     p->bounce = AlignedBuffer();
     if (!p->locked) return;
     p->locked = false;
@@ -327,8 +327,8 @@ struct IoService::Impl {
     if (rl.held.empty() && rl.waiting.empty()) range_locks.erase(it);
   }
 
-  // REQUIRES: mu, !r->exhausted(). Cuts the next piece off the request.
-  Piece* NextPiece(const std::shared_ptr<RequestState>& r) {
+  // REQUIRES: !r->exhausted(). Cuts the next piece off the request.
+  Piece* NextPiece(const std::shared_ptr<RequestState>& r) REQUIRES(mu) {
     RequestState::Lane* lane = nullptr;
     for (size_t k = 0; k < r->lanes.size(); ++k) {
       auto& l = r->lanes[(r->next_lane + k) % r->lanes.size()];
@@ -402,8 +402,8 @@ struct IoService::Impl {
     return lanes;
   }
 
-  // REQUIRES: mu. Retires a piece that will not be issued (again).
-  void Retire(Piece* p) {
+  // Retires a piece that will not be issued (again).
+  void Retire(Piece* p) REQUIRES(mu) {
     Release(p);
     auto r = std::move(p->req);
     delete p;
@@ -411,12 +411,12 @@ struct IoService::Impl {
     MaybeFinish(r);
   }
 
-  // Issues pieces while there is room. Called from any thread without mu.
-  void Pump() {
+  // Issues pieces while there is room. Called from any thread.
+  void Pump() EXCLUDES(mu) {
     for (;;) {
       std::vector<IoOp*> batch;
       {
-        std::lock_guard lock(mu);
+        MutexLock lock(&mu);
         while (inflight < limit) {
           Piece* p = nullptr;
           if (!retry.empty()) {
@@ -458,15 +458,15 @@ struct IoService::Impl {
   }
 
   // A Submit refused `batch` (none of it started): fails its pieces.
-  void SubmitFailed(std::span<IoOp* const> batch, const Status& s) {
-    std::lock_guard lock(mu);
+  void SubmitFailed(std::span<IoOp* const> batch, const Status& s) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     for (IoOp* op : batch) {
       auto* p = static_cast<Piece*>(op->ctx);
       Fail(p->req, s.WithContext(PieceContext(p)));
       --inflight;
       Retire(p);
     }
-    if (inflight == 0) idle_cv.notify_all();
+    if (inflight == 0) idle_cv.NotifyAll();
   }
 
   std::string PieceContext(const Piece* p) const {
@@ -517,8 +517,8 @@ struct IoService::Impl {
     return true;
   }
 
-  void Complete(Piece* p, int64_t res) {
-    std::lock_guard lock(mu);
+  void Complete(Piece* p, int64_t res) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     --inflight;
     auto& r = p->req;
     bool stop = r->failed || r->cancelled;
@@ -560,10 +560,10 @@ struct IoService::Impl {
     } else {
       Retire(p);
     }
-    if (inflight == 0) idle_cv.notify_all();
+    if (inflight == 0) idle_cv.NotifyAll();
   }
 
-  IoHandle Start(IoOpKind kind, std::span<const IoSegment> segments) {
+  IoHandle Start(IoOpKind kind, std::span<const IoSegment> segments) EXCLUDES(mu) {
     std::vector<IoSegment> segs;
     uint64_t total = 0;
     for (const auto& s : segments) {
@@ -582,7 +582,7 @@ struct IoService::Impl {
     r->total = total;
     r->lanes = SplitLanes(std::move(segs), total, engine->parallelism());
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       if (shutdown)
         return IoHandle(CompletedRequest(FailedPreconditionError(
             fmt::format("{} of {} bytes after IoService shutdown", kind == IoOpKind::kRead ? "read" : "write",
@@ -599,8 +599,7 @@ struct IoService::Impl {
     return IoHandle(r);
   }
 
-  // REQUIRES: mu.
-  void CancelLocked(const std::shared_ptr<RequestState>& r) {
+  void CancelLocked(const std::shared_ptr<RequestState>& r) REQUIRES(mu) {
     if (r->finished) return;
     r->cancelled = true;
     // Its parked pieces first, so that no range lock its other pieces let go
@@ -630,7 +629,6 @@ struct IoService::Impl {
     if (qit != queue.end()) queue.erase(qit);
     MaybeFinish(r);
   }
-
 };
 
 IoService::IoService(const IoOptions& options, std::unique_ptr<IoEngine> engine)
@@ -736,20 +734,20 @@ IoHandle IoService::Submit(IoOpKind kind, std::span<const IoSegment> segments) {
 void IoService::Cancel(const IoHandle& handle) {
   if (!handle.state_) return;
   {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     impl_->CancelLocked(handle.state_);
   }
   impl_->Pump();
 }
 
 void IoService::Drain() {
-  std::unique_lock lock(impl_->mu);
-  impl_->idle_cv.wait(lock, [&] { return impl_->active_requests == 0 && impl_->inflight == 0; });
+  MutexLock lock(&impl_->mu);
+  while (impl_->active_requests != 0 || impl_->inflight != 0) impl_->idle_cv.Wait(&impl_->mu);
 }
 
 void IoService::Shutdown() {
   {
-    std::unique_lock lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     if (!impl_->shutdown) {
       impl_->shutdown = true;
       // The requests first: cancelling one retires its pieces.
@@ -759,13 +757,13 @@ void IoService::Shutdown() {
         for (auto* p : rl.waiting) pending.push_back(p->req);
       for (auto& r : pending) impl_->CancelLocked(r);
     }
-    impl_->idle_cv.wait(lock, [&] { return impl_->inflight == 0; });
+    while (impl_->inflight != 0) impl_->idle_cv.Wait(&impl_->mu);
   }
   if (engine_) engine_->Shutdown();
 }
 
 IoServiceStats IoService::stats() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->stats;
 }
 

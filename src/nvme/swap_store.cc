@@ -14,7 +14,6 @@
 #include <cstring>
 #include <ctime>
 #include <functional>
-#include <mutex>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -22,6 +21,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
 #include "src/nvme/extent_allocator.h"
 #include "src/nvme/internal.h"
 #include "src/nvme/nvme.h"
@@ -160,16 +160,16 @@ struct SwapStore::Impl {
 
   SwapStoreOptions opts;
   IoService* io = nullptr;
-  mutable std::mutex mu;
-  std::vector<SwapFile> files;
-  std::unordered_map<std::string, Shard> shards;
-  size_t next_first = 0;
-  bool closed = false;
+  mutable Mutex mu;
+  std::vector<SwapFile> files GUARDED_BY(mu);
+  std::unordered_map<std::string, Shard> shards GUARDED_BY(mu);
+  size_t next_first GUARDED_BY(mu) = 0;
+  bool closed GUARDED_BY(mu) = false;
 
-  size_t D() const { return files.size(); }
+  size_t D() const REQUIRES(mu) { return files.size(); }
 
   // Bytes of the shard that land in file j (by position relative to `first`).
-  uint64_t BytesInFile(const Shard& s, size_t j) const {
+  uint64_t BytesInFile(const Shard& s, size_t j) const REQUIRES(mu) {
     const uint64_t S = opts.stripe_unit;
     uint64_t nstripes = (s.size + S - 1) / S;
     uint64_t rel = (j + D() - s.first) % D();
@@ -180,7 +180,7 @@ struct SwapStore::Impl {
     return (count - 1) * S + last_len;
   }
 
-  Status CloseLocked() {
+  Status CloseLocked() REQUIRES(mu) {
     if (closed) return Status::Ok();
     closed = true;
     if (io) io->Drain();
@@ -202,10 +202,11 @@ struct SwapStore::Impl {
     return first;
   }
 
-  IoHandle Start(IoOpKind kind, const std::string& name, uint64_t off, void* buf, size_t len) {
+  IoHandle Start(IoOpKind kind, const std::string& name, uint64_t off, void* buf, size_t len)
+      EXCLUDES(mu) {
     std::vector<IoSegment> segs;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(&mu);
       const char* what = kind == IoOpKind::kRead ? "read" : "write";
       if (closed)
         return FailedHandle(FailedPreconditionError(
@@ -315,6 +316,7 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& o, 
   impl->io = io;
   auto store = std::unique_ptr<SwapStore>(new SwapStore(std::move(impl)));
   Impl& m = *store->impl_;
+  MutexLock lock(&m.mu);  // uncontended: the store is not shared yet
   for (const auto& p : o.paths) {
     ASSIGN_OR_RETURN(auto created, CreateLocked(p));
     auto& [path, lock_fd] = created;
@@ -333,8 +335,8 @@ StatusOr<std::unique_ptr<SwapStore>> SwapStore::Open(const SwapStoreOptions& o, 
 }
 
 Status SwapStore::Allocate(const std::string& name, uint64_t bytes) {
-  std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
+  MutexLock lock(&m.mu);
   if (m.closed)
     return FailedPreconditionError(fmt::format("allocate shard {}: store is closed", name));
   if (bytes == 0) return InvalidArgumentError(fmt::format("allocate shard {}: 0 bytes", name));
@@ -371,8 +373,8 @@ Status SwapStore::Allocate(const std::string& name, uint64_t bytes) {
 }
 
 Status SwapStore::Free(const std::string& name) {
-  std::lock_guard lock(impl_->mu);
   Impl& m = *impl_;
+  MutexLock lock(&m.mu);
   auto it = m.shards.find(name);
   if (it == m.shards.end()) return NotFoundError(fmt::format("free shard {}: no such shard", name));
   Status first;
@@ -387,7 +389,7 @@ Status SwapStore::Free(const std::string& name) {
 }
 
 StatusOr<ShardInfo> SwapStore::Lookup(const std::string& name) const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   auto it = impl_->shards.find(name);
   if (it == impl_->shards.end()) return NotFoundError(fmt::format("no shard named {}", name));
   return ShardInfo{name, it->second.size};
@@ -402,31 +404,31 @@ IoHandle SwapStore::Read(const std::string& name, uint64_t off, void* buf, size_
 }
 
 Status SwapStore::Close() {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->CloseLocked();
 }
 
 uint64_t SwapStore::capacity() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   uint64_t c = 0;
   for (auto& f : impl_->files) c += f.alloc.capacity();
   return c;
 }
 
 uint64_t SwapStore::free_bytes() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   uint64_t c = 0;
   for (auto& f : impl_->files) c += f.alloc.free_bytes();
   return c;
 }
 
 size_t SwapStore::num_shards() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->shards.size();
 }
 
 std::vector<std::string> SwapStore::swap_files() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   std::vector<std::string> v;
   for (auto& f : impl_->files) v.push_back(f.path);
   return v;

@@ -17,7 +17,9 @@ TEST(HostMemoryTest, ReadsTheMachineAndTheProcess) {
   ASSERT_TRUE(m.mem_known);
   EXPECT_GT(m.mem_available, 0u);
   EXPECT_GT(m.vm_size, 0u);
-  if (!m.as_limited) EXPECT_EQ(m.as_headroom(), UINT64_MAX);
+  if (!m.as_limited) {
+    EXPECT_EQ(m.as_headroom(), UINT64_MAX);
+  }
 }
 
 TEST(HostMemoryTest, MoreThanMemAvailableIsRefusedNamingBothSides) {

@@ -1,5 +1,5 @@
 // Tests for src/config/config.cc with DeepSpeed configs written the way
-// people write them (issue #14): the Hugging Face integration's "auto"
+// people write them: the Hugging Face integration's "auto"
 // configs, Megatron-DeepSpeed's alias keys, the legacy boolean form, zeros,
 // misplaced sections, Adagrad and Lion, duplicate keys. Each checks the
 // effective values against what DeepSpeed resolves on one rank

@@ -1,4 +1,4 @@
-// Tests for src/config/config.cc on hostile input (issue #14, point 11):
+// Tests for src/config/config.cc on hostile input:
 // values nested 100,000 levels deep (they used to overflow the stack in the
 // error message's serialization), nesting just inside and outside the limit,
 // text over kMaxConfigBytes, and large but legal inputs. Every input gives a

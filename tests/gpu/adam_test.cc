@@ -21,7 +21,7 @@ namespace {
 
 template <typename B>
 using AdamStepTest = DeviceTest<B>;
-TYPED_TEST_SUITE(AdamStepTest, Backends, BackendNames);
+TYPED_TEST_SUITE(AdamStepTest, Backends);
 
 // Distance in units in the last place between two finite floats.
 int64_t UlpDistance(float a, float b) {

@@ -106,7 +106,7 @@ TEST(UniqueIdTest, FileRoundTripTimeoutAndHexEnv) {
 
 template <typename B>
 using CommTest = DeviceTest<B>;
-TYPED_TEST_SUITE(CommTest, Backends, BackendNames);
+TYPED_TEST_SUITE(CommTest, Backends);
 
 // One rank: every collective leaves recv equal to send (on CUDA this runs
 // NCCL when the build has it).

@@ -29,7 +29,7 @@ namespace {
 
 template <typename B>
 using TypedDeviceTest = DeviceTest<B>;
-TYPED_TEST_SUITE(TypedDeviceTest, Backends, BackendNames);
+TYPED_TEST_SUITE(TypedDeviceTest, Backends);
 
 // Uploads `bytes` to a fresh device buffer (synchronously).
 template <typename T>
@@ -211,9 +211,10 @@ TYPED_TEST(TypedDeviceTest, CopyWaitsForKernelThroughEvent) {
   ASSERT_EQ(h[n - 1], 7.f);
 }
 
-// Hung on an H100 (issue #12): FillInt32 was launched for the first time in
-// the process while h2d was held by a host function waiting for this thread,
-// and CUDA's lazy loading of that kernel synchronized the context. The fix is
+// Hung on an H100 before kernels were loaded at creation: FillInt32 was
+// launched for the first time in the process while h2d was held by a host
+// function waiting for this thread, and CUDA's lazy loading of that kernel
+// synchronized the context. The fix is
 // in CudaDevice (every kernel is loaded at creation); the host device models
 // the hazard with host_lazy_kernel_loading (HostLazyKernelLoadingDeadlocks).
 // The D2H destination is pinned: this test is about streams, not pageable
@@ -277,7 +278,7 @@ TYPED_TEST(TypedDeviceTest, EventsNeverRecordedAreCompleteAndReRecordWorks) {
   ASSERT_OK(d.Synchronize());
 }
 
-// Hung on an H100 (issue #12) for the same reason as StreamsRunConcurrently:
+// Hung on an H100 for the same reason as StreamsRunConcurrently:
 // the first FillInt32 launch, lazily loaded while compute was held, waited
 // for the context. Destroying the event while queued is fine on both.
 TYPED_TEST(TypedDeviceTest, EventMayBeDestroyedWhileRecordAndWaitAreQueued) {

@@ -13,17 +13,7 @@
 #include <thread>
 
 #include "src/gpu/device.h"
-
-#define ASSERT_OK(expr)                                     \
-  do {                                                      \
-    const ::strata::Status s_ = (expr);                     \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
-#define EXPECT_OK(expr)                                     \
-  do {                                                      \
-    const ::strata::Status s_ = (expr);                     \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
+#include "tests/status_matchers.h"
 
 namespace strata::gpu::testing {
 
@@ -117,13 +107,10 @@ class DeviceTest : public ::testing::Test {
   std::unique_ptr<Device> device_;
 };
 
+// Typed suites are instantiated without a name generator: CTest then names
+// each case after its type (Suite.Case<strata::gpu::testing::HostBackend>);
+// with one, CMake's test discovery puts gtest's whole "# TypeParam = ..."
+// line into the CTest name.
 using Backends = ::testing::Types<HostBackend, CudaBackend>;
-
-struct BackendNames {
-  template <typename T>
-  static std::string GetName(int) {
-    return T::kName;
-  }
-};
 
 }  // namespace strata::gpu::testing

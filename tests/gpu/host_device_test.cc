@@ -1,4 +1,4 @@
-// The host device's strictness (issue #12, device.h): one host-function
+// The host device's strictness (the rules in device.h): one host-function
 // thread per device, deadlock reports instead of hangs, no device calls from
 // host functions, synchronous pageable copies, CUDA's arena rule, and the
 // lazy-kernel-loading model that explains the two tests that hung on an H100.
@@ -159,7 +159,7 @@ TEST(HostDeviceTest, PinnedCopiesAreAsynchronous) {
   EXPECT_EQ(b.as<int32_t>()[16], 5);
 }
 
-// The cause of the two hangs on the H100 (issue #12), reproduced with the
+// The cause of the two hangs on an H100 (device_test.cc), reproduced with the
 // lazy-loading model: the first launch of a kernel synchronizes the device,
 // which cannot finish while a host function waits for the launching thread.
 // The same sequences as StreamsRunConcurrently and

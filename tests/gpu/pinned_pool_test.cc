@@ -21,7 +21,7 @@ namespace {
 
 template <typename B>
 using PinnedPoolTest = DeviceTest<B>;
-TYPED_TEST_SUITE(PinnedPoolTest, Backends, BackendNames);
+TYPED_TEST_SUITE(PinnedPoolTest, Backends);
 
 TYPED_TEST(PinnedPoolTest, SizeClassesExhaustionAndRegions) {
   PinnedPoolOptions o;

@@ -287,7 +287,7 @@ std::vector<RaceRange> RaceLayout(std::mt19937_64& rng, uint64_t total) {
 // was overwritten with stale bytes when the cached page was written back (and
 // buffered reads could cache stale pages the same way). Many concurrent
 // requests on adjacent ranges that share pages, every round read back. Where
-// the kernel serializes the two paths (ext4 on Linux 6.18 here did) the data
+// the kernel serializes the two paths (ext4 on Linux 6.18 did) the data
 // race does not show, so the mechanism is checked too: an O_DIRECT file never
 // sees a buffered piece.
 TEST_P(IoServiceTest, UnalignedRequestsSharingPagesWithDirectOnesKeepEveryByte) {

@@ -90,7 +90,8 @@ TEST_P(SwapStoreTest, ByteRangesAndShardLargerThanAnyBuffer) {
   const uint64_t shard = (6 << 20) + 12345;
   ASSERT_TRUE(store->Allocate("big", shard).ok());
   auto whole = RandomBuffer(rng_, shard);
-  // Write it through a 1 MiB + 3 "pool" buffer, range by range (DeepSpeed #3506).
+  // Write it through a 1 MiB + 3 "pool" buffer, range by range (the case of
+  // github.com/microsoft/DeepSpeed/issues/3506).
   const size_t chunk = (1 << 20) + 3;
   auto pool = PoisonBuffer(chunk);
   for (uint64_t off = 0; off < shard; off += chunk) {

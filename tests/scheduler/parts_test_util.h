@@ -17,18 +17,8 @@
 #include "src/scheduler/plan.h"
 #include "src/scheduler/state_store.h"
 #include "src/scheduler/step_counters.h"
+#include "tests/status_matchers.h"
 #include "tests/test_util.h"
-
-#define ASSERT_OK(expr)                                     \
-  do {                                                      \
-    const ::strata::Status s_ = (expr);                     \
-    ASSERT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
-#define EXPECT_OK(expr)                                     \
-  do {                                                      \
-    const ::strata::Status s_ = (expr);                     \
-    EXPECT_TRUE(s_.ok()) << #expr << ": " << s_.ToString(); \
-  } while (0)
 
 namespace strata::scheduler::testing {
 

@@ -209,8 +209,9 @@ TEST_F(ResourceLimitsTest, SomeThreadsLeftIsAStatusWhereverItStops) {
     ASSERT_TRUE(r.exited) << "killed by signal " << r.signal << ": " << r.message;
     EXPECT_TRUE(r.code == kStatus || r.code == kCreated) << r.code << ": " << r.message;
     std::printf("  NPROC %d: %s\n", static_cast<int>(n), r.message.c_str());
-    if (r.code == kStatus)
+    if (r.code == kStatus) {
       EXPECT_NE(r.message.find("ResourceExhausted"), std::string::npos) << r.message;
+    }
   }
 }
 

@@ -175,7 +175,9 @@ TEST_P(CrashTest, KilledAtRandomPointsThenResumedIsBitwiseUninterrupted) {
       ::kill(pid, SIGKILL);
       const Exit e = Wait(pid);
       kills += e.killed;
-      if (!e.killed) EXPECT_EQ(e.code, 0) << ReadFile(dir.str() + "/stderr");  // it had finished
+      if (!e.killed) {  // it had finished
+        EXPECT_EQ(e.code, 0) << ReadFile(dir.str() + "/stderr");
+      }
     }
     const Final got = RunToEnd(cfg, ckpt, dir.str(), true);
     EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));

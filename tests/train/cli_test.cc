@@ -325,7 +325,9 @@ TEST(TrainCli, LowAddressLimitEndsWithAStatusNotAHang) {
     const std::string err = ReadFile(dir.str() + "/stderr");
     EXPECT_NE(code, 124) << "hung: " << err;
     EXPECT_TRUE(code == 0 || code == 1) << code << ": " << err;
-    if (code == 1) EXPECT_THAT(err, HasSubstr("ResourceExhausted"));
+    if (code == 1) {
+      EXPECT_THAT(err, HasSubstr("ResourceExhausted"));
+    }
   }
 }
 

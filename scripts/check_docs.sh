@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Keeps the docs honest, mechanically. Fails (exit 1), listing each offence
+# as file:line, when
+#  1. README.md or a docs/*.md names a repository path that does not exist.
+#     A path is a word that starts with one of the tree's top-level folders
+#     (apps/ bench/ cmake/ configs/ docs/ examples/ include/ python/ scripts/
+#     src/ tests/) and is not part of a longer path (build/bench/... is a build
+#     output and is not checked). Trailing punctuation is dropped. Placeholders
+#     match anything: `*` (a glob), `<name>`, `{a,b}` (either); a path that
+#     goes on with `...` is checked up to the folder before it. A path ending
+#     in `/` must be a folder.
+#  2. A file under src/, tests/ or bench/, docs/*.md or README.md refers to a
+#     work item by number instead of stating the fact: `issue #12`, `PR #3`,
+#     `item #4` (also issues, items, ticket, task, bug), or a bare number in
+#     parentheses, `(#16 ...)`. Links to another project's tracker
+#     (github.com/owner/repo/issues/123) are fine.
+#   scripts/check_docs.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+python3 - "$ROOT" <<'PY'
+import glob, os, re, sys
+
+root = sys.argv[1]
+os.chdir(root)
+errors = []
+
+TOP = "apps|bench|cmake|configs|docs|examples|include|python|scripts|src|tests"
+PATH_RE = re.compile(r"(?<![\w./@-])(?:%s)/[\w.*/{}<>,+-]*" % TOP)
+
+
+def expand_braces(p):
+    m = re.search(r"\{([^{}]*)\}", p)
+    if not m:
+        return [p]
+    out = []
+    for alt in m.group(1).split(","):
+        out += expand_braces(p[: m.start()] + alt + p[m.end():])
+    return out
+
+
+def exists(p):
+    must_be_dir = p.endswith("/")
+    if "..." in p:  # "src/..." : the folder before the ellipsis
+        p = p[: p.index("...")]
+        p = p[: p.rfind("/") + 1] if "/" in p else p
+        must_be_dir = True
+    p = re.sub(r"<[^<>]*>", "*", p)
+    for q in expand_braces(p):
+        q = q.rstrip("/") or q
+        hits = glob.glob(q) if any(c in q for c in "*?[") else ([q] if os.path.exists(q) else [])
+        if not hits:
+            return False
+        if must_be_dir and not any(os.path.isdir(h) for h in hits):
+            return False
+    return True
+
+
+docs = ["README.md"] + sorted(glob.glob("docs/*.md"))
+paths = 0
+for doc in docs:
+    for n, line in enumerate(open(doc, encoding="utf-8"), 1):
+        for m in PATH_RE.finditer(line):
+            p = m.group(0)
+            # Sentence punctuation and a dangling "," or "." are not part of it.
+            p = re.sub(r"[.,:;]+$", "", p)
+            if p.endswith(">") and "<" not in p:
+                p = p[:-1]
+            paths += 1
+            if not exists(p):
+                errors.append(f"{doc}:{n}: names {p}, which does not exist")
+
+REF_RE = re.compile(
+    r"\b(?:issues?|items?|PRs?|pull requests?|tickets?|tasks?|bugs?)\s*#\s*\d+|\(#\d+\b",
+    re.IGNORECASE)
+ref_files = docs[:]
+for top in ("src", "tests", "bench"):
+    for dirpath, _, names in os.walk(top):
+        ref_files += [os.path.join(dirpath, f) for f in names]
+for f in ref_files:
+    try:
+        text = open(f, encoding="utf-8").read()
+    except (UnicodeDecodeError, OSError):
+        continue  # binary test data
+    for n, line in enumerate(text.splitlines(), 1):
+        for m in REF_RE.finditer(line):
+            errors.append(f"{f}:{n}: \"{m.group(0)}\" refers to a work item; state the fact instead")
+
+for e in errors:
+    print(e)
+print(f"docs check: {paths} paths in {len(docs)} docs, {len(ref_files)} files searched for "
+      f"work-item references, {len(errors)} problem(s)")
+sys.exit(1 if errors else 0)
+PY
