@@ -142,7 +142,8 @@ int CreateAndPlan(const std::string& nvme_dir, std::string* msg) {
   }
   for (int m = 0; m < 4; ++m) {
     ParamSpec s;
-    s.name = "w" + std::to_string(m);
+    s.name = "w";
+    s.name += std::to_string(m);  // (GCC 12 -Wrestrict misfires on "w" + std::string)
     s.numel = 50000;
     s.dtype = DType::kBf16;
     s.module = m;
