@@ -160,7 +160,7 @@ class CallbackThread {
   Job* running_ GUARDED_BY(mu_) = nullptr;
   int64_t running_since_ns_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
-  std::thread thread_;            // last: started in the constructor
+  std::thread thread_;  // last: started in the constructor
 };
 
 // An event's state, shared with the stream ops that reference it so that an
@@ -314,14 +314,20 @@ class HostStream final : public Stream {
     std::shared_ptr<EventState> st = e->state();
     const uint64_t seq = st->Latest();
     if (seq == 0) return Status::Ok();  // never recorded: nothing to wait for
-    Enqueue([st, seq] { st->WaitFor(seq); });
+    Enqueue([this, st, seq] {
+      st->WaitFor(seq);
+      held_until_ns_ = NowNanos();
+    });
     return Status::Ok();
   }
   Status EnqueueHostCallback(std::function<void()> fn) override {
     RETURN_IF_ERROR(callbacks_->CheckNotInHostFunction("Stream::EnqueueHostCallback"));
     if (!fn) return InvalidArgumentError("Stream::EnqueueHostCallback: empty function");
     // The stream waits here until the callback thread has run `fn`.
-    Enqueue([this, fn = std::move(fn)]() mutable { callbacks_->Run(fn, name_); });
+    Enqueue([this, fn = std::move(fn)]() mutable {
+      callbacks_->Run(fn, name_);
+      held_until_ns_ = NowNanos();
+    });
     return Status::Ok();
   }
   Status Synchronize() override {
@@ -336,6 +342,11 @@ class HostStream final : public Stream {
     MutexLock lock(&mu_);
     return completed_ >= enqueued_;
   }
+
+  // When the stream was last released from a hold (an event wait or a host
+  // function): work after it cannot have started earlier. The stream's
+  // thread only (its ops).
+  int64_t held_until_ns() const { return held_until_ns_; }
 
  private:
   void Run() EXCLUDES(mu_) {
@@ -366,7 +377,8 @@ class HostStream final : public Stream {
   uint64_t enqueued_ GUARDED_BY(mu_) = 0;
   uint64_t completed_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
-  std::thread thread_;                       // started last, in the constructor
+  int64_t held_until_ns_ = 0;  // the stream's thread only
+  std::thread thread_;         // started last, in the constructor
 };
 
 class HostDevice final : public Device {
@@ -447,8 +459,8 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyH2D source"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyH2D"));
     if (bytes == 0) return Status::Ok();
-    auto op = [this, dev, host, bytes, t = NowNanos()] {
-      LinkCopy(dev, host, bytes, Dir::kH2D, t);
+    auto op = [this, s, dev, host, bytes, t = NowNanos()] {
+      LinkCopy(dev, host, bytes, Dir::kH2D, std::max(t, s->held_until_ns()));
     };
     if (IsPinned(host, bytes)) {
       s->Enqueue(op);
@@ -463,8 +475,8 @@ class HostDevice final : public Device {
     RETURN_IF_ERROR(CheckHost(host, bytes, "CopyD2H destination"));
     ASSIGN_OR_RETURN(HostStream * s, AsHost(stream, "CopyD2H"));
     if (bytes == 0) return Status::Ok();
-    auto op = [this, host, dev, bytes, t = NowNanos()] {
-      LinkCopy(host, dev, bytes, Dir::kD2H, t);
+    auto op = [this, s, host, dev, bytes, t = NowNanos()] {
+      LinkCopy(host, dev, bytes, Dir::kD2H, std::max(t, s->held_until_ns()));
     };
     if (IsPinned(host, bytes)) {
       s->Enqueue(op);
@@ -653,12 +665,15 @@ class HostDevice final : public Device {
   }
 
   // memcpy, then sleep out what the modelled link would still need. The link
-  // is one virtual pipe per direction: a copy starts when it was enqueued or
-  // when the previous copy in that direction finished on the link, whichever
-  // is later, so back-to-back copies run at the modelled rate even when a
-  // sleep overshoots (the overshoot is absorbed, not accumulated).
+  // is one virtual pipe per direction: a copy starts when it is ready (it was
+  // enqueued, and its stream was released from any event wait or host
+  // function before it, as a GPU copy engine would start it) or when the
+  // previous copy in that direction finished on the link, whichever is
+  // later, so back-to-back copies run at the modelled rate even when a sleep
+  // overshoots (the overshoot is absorbed, not accumulated), and a copy held
+  // up on its stream still takes the modelled time once it runs.
   enum class Dir { kH2D, kD2H };
-  void LinkCopy(void* dst, const void* src, size_t bytes, Dir dir, int64_t enqueued_ns) {
+  void LinkCopy(void* dst, const void* src, size_t bytes, Dir dir, int64_t ready_ns) {
     std::memcpy(dst, src, bytes);
     if (link_bytes_per_ns_ <= 0 && link_latency_ns_ <= 0) return;
     int64_t need = link_latency_ns_;
@@ -667,7 +682,7 @@ class HostDevice final : public Device {
     {
       MutexLock lock(&link_mu_);
       int64_t& free_at = dir == Dir::kH2D ? h2d_free_ns_ : d2h_free_ns_;
-      end = std::max(free_at, enqueued_ns) + need;
+      end = std::max(free_at, ready_ns) + need;
       free_at = end;
     }
     const int64_t left = end - NowNanos();

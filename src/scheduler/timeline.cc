@@ -12,19 +12,19 @@ namespace strata {
 void Timeline::Add(const std::string& track, const std::string& name, const char* category,
                    int64_t start_ns, int64_t dur_ns, int64_t bytes) {
   if (!enabled_) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = tracks_.emplace(track, static_cast<int>(tracks_.size()) + 1);
   if (origin_ns_ < 0 || start_ns < origin_ns_) origin_ns_ = start_ns;
   events_.push_back({it->second, name, category, start_ns, std::max<int64_t>(dur_ns, 0), bytes});
 }
 
 size_t Timeline::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return events_.size();
 }
 
 Status Timeline::WriteJson(const std::string& path) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   nlohmann::json events = nlohmann::json::array();
   for (const auto& [name, tid] : tracks_) {
     events.push_back({{"ph", "M"},

@@ -8,10 +8,10 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "src/common/thread_annotations.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -27,10 +27,10 @@ class Timeline {
   // An event on `track` from `start_ns` (NowNanos clock) lasting `dur_ns`.
   // `bytes` (if > 0) is shown as an argument.
   void Add(const std::string& track, const std::string& name, const char* category,
-           int64_t start_ns, int64_t dur_ns, int64_t bytes = 0);
-  size_t size() const;
+           int64_t start_ns, int64_t dur_ns, int64_t bytes = 0) EXCLUDES(mu_);
+  size_t size() const EXCLUDES(mu_);
   // Writes {"traceEvents": [...]} with a thread_name entry per track.
-  Status WriteJson(const std::string& path) const;
+  Status WriteJson(const std::string& path) const EXCLUDES(mu_);
 
  private:
   struct Event {
@@ -40,10 +40,10 @@ class Timeline {
     int64_t start_ns, dur_ns, bytes;
   };
   bool enabled_ = false;
-  mutable std::mutex mu_;
-  std::map<std::string, int> tracks_;  // GUARDED_BY(mu_)
-  std::vector<Event> events_;          // GUARDED_BY(mu_)
-  int64_t origin_ns_ = -1;             // GUARDED_BY(mu_): first event's start
+  mutable Mutex mu_;
+  std::map<std::string, int> tracks_ GUARDED_BY(mu_);
+  std::vector<Event> events_ GUARDED_BY(mu_);
+  int64_t origin_ns_ GUARDED_BY(mu_) = -1;  // the first event's start
 };
 
 }  // namespace strata
