@@ -25,6 +25,7 @@
 #include "src/common/log.h"
 #include "src/common/units.h"
 #include "src/nvme/nvme.h"
+#include "src/scheduler/checkpoint.h"
 #include "src/scheduler/scheduler.h"
 
 namespace strata::example {
@@ -208,14 +209,34 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
   STRATA_ASSIGN_OR_RETURN(const ModelConfig model_config, ModelConfigFromConfig(config));
   const DType dtype = ParamDTypeFromConfig(config);
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
+  TrainResult& r = *result;
+  r = TrainResult();
+  // The checkpoint directory is this run's for its whole life.
+  std::shared_ptr<scheduler::CheckpointDirLock> ckpt_lock;
+  std::string run_id;
+  if (!ckpt.dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(ckpt_lock, scheduler::LockCheckpointDir(ckpt.dir, ""));
+    const std::vector<scheduler::CheckpointEntry> entries = scheduler::ListCheckpoints(ckpt.dir);
+    if (ckpt.resume)
+      for (const scheduler::CheckpointEntry& e : entries)
+        if (e.complete) run_id = e.run_id;  // the newest's
+    if (run_id.empty()) run_id = scheduler::NewCheckpointRunId();
+    if (const std::string held = scheduler::OtherRunsCheckpoints(entries, run_id);
+        !ckpt.resume && !held.empty()) {
+      if (!ckpt.overwrite)
+        return FailedPreconditionError("--checkpoint-dir " + ckpt.dir + " holds " + held +
+                                       ": use --resume, another --checkpoint-dir, or --overwrite");
+      STRATA_ASSIGN_OR_RETURN(r.checkpoints_overwritten, scheduler::RemoveAllCheckpoints(ckpt.dir));
+      STRATA_LOG_WARN("--overwrite: removed {} from {}", held, ckpt.dir);
+    }
+    ckpt_lock->SetRunId(run_id);
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           CreateEngine(config, DeveloperHooksFromEnv()));
   const uint64_t seed = static_cast<uint64_t>(model_config.seed);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                           Model::Create(engine.get(), shape, dtype, seed));
 
-  TrainResult& r = *result;
-  r = TrainResult();
   r.device = engine->DeviceName();
   r.dtype = dtype == DType::kBf16 ? "bf16" : dtype == DType::kFp16 ? "fp16" : "fp32";
   r.parameters = engine->num_elements();
@@ -230,6 +251,7 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
   std::vector<int32_t> inputs, targets;
   int64_t first = 0;
   r.checkpoint_dir = ckpt.dir;
+  r.checkpoint_run_id = run_id;
   if (ckpt.resume && !ckpt.dir.empty()) {
     CheckpointInfo info;
     const double l0 = Seconds();
@@ -239,6 +261,7 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
       first = info.data_position;
       r.resumed_from_step = first;
       r.resumed_from = info.path;
+      r.checkpoint_run_id = info.run_id;
       const json note = json::parse(info.note, nullptr, false);
       if (!note.is_object() || !note.contains("losses") ||
           static_cast<int64_t>(note["losses"].size()) != first)
@@ -251,6 +274,7 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
   auto save = [&](int64_t done) -> Status {
     CheckpointInfo info;
     info.data_position = done;
+    info.run_id = r.checkpoint_run_id;
     info.note = json({{"losses", r.losses}}).dump();
     const double s0 = Seconds();
     STRATA_RETURN_IF_ERROR(engine->SaveCheckpoint(ckpt.dir, info));
@@ -432,6 +456,8 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   if (!r.checkpoint_dir.empty()) {
     j["resumed_from_step"] = r.resumed_from_step;
     j["checkpoint"] = {{"dir", r.checkpoint_dir},
+                       {"run_id", r.checkpoint_run_id},
+                       {"overwritten", r.checkpoints_overwritten},
                        {"resumed_from", r.resumed_from},
                        {"load_s", r.checkpoint_load_s},
                        {"saves", r.checkpoint_save_s.size()},
@@ -526,8 +552,8 @@ std::string ResultTable(const TrainResult& r) {
   if (!r.trace_path.empty())
     o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
   if (!r.checkpoint_dir.empty()) {
-    std::snprintf(buf, sizeof(buf), "  checkpoints       %zu saved in %s, %.3f s median",
-                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(),
+    std::snprintf(buf, sizeof(buf), "  checkpoints       %zu saved in %s (run %s), %.3f s median",
+                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(), r.checkpoint_run_id.c_str(),
                   Median(r.checkpoint_save_s));
     o << buf;
     if (!r.resumed_from.empty()) {
@@ -663,12 +689,18 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
   if (opt.checkpoint_every < 0)
     return fail(2, InvalidArgumentError("--checkpoint-every: " +
                                         std::to_string(opt.checkpoint_every) + " must be >= 0"));
-  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0))
-    return fail(2, InvalidArgumentError("--resume and --checkpoint-every need --checkpoint-dir"));
+  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0 || opt.overwrite))
+    return fail(2, InvalidArgumentError(
+                       "--resume, --overwrite and --checkpoint-every need --checkpoint-dir"));
+  if (opt.resume && opt.overwrite)
+    return fail(2, InvalidArgumentError(
+                       "--resume and --overwrite exclude each other: --resume continues the "
+                       "checkpoints in --checkpoint-dir, --overwrite removes them"));
   TrainCheckpoints ckpt;
   ckpt.dir = opt.checkpoint_dir;
   ckpt.every = opt.checkpoint_every;
   ckpt.resume = opt.resume;
+  ckpt.overwrite = opt.overwrite;
   TrainResult result;
   Status status;
   int signal = 0;

@@ -44,15 +44,26 @@ struct TrainResult {
   std::vector<double> checkpoint_save_s;
   int64_t checkpoint_bytes = 0;  // data bytes of one checkpoint
   std::string checkpoint_dir;
+  std::string checkpoint_run_id;    // the run (lineage) its checkpoints belong to
+  int checkpoints_overwritten = 0;  // another run's checkpoints removed (--overwrite)
 };
 
 // Checkpoints of a training run (Engine::SaveCheckpoint / LoadCheckpoint).
 // The data position saved is the number of optimizer steps done (micro-batch
 // i of the data is the same in every run); the note holds the losses so far.
+//
+// The directory belongs to one run lineage: a run id, new at a fresh start
+// and kept by --resume, recorded in every checkpoint. The run locks the
+// directory (CheckpointDirLock) before its first step and holds it to the
+// end; a directory another process holds is refused, naming it. A fresh run
+// (no `resume`) in a directory holding checkpoints refuses, naming their run
+// and last step, unless `overwrite` (then they are removed first, and said
+// so); only the run's own old checkpoints are ever pruned.
 struct TrainCheckpoints {
-  std::string dir;      // empty: none
-  int64_t every = 0;    // save after every N optimizer steps (and after the last); 0: last only
-  bool resume = false;  // first load the newest checkpoint in dir (none there: start at step 0)
+  std::string dir;         // empty: none
+  int64_t every = 0;       // save after every N optimizer steps (and after the last); 0: last only
+  bool resume = false;     // first load the newest checkpoint in dir (none there: start at step 0)
+  bool overwrite = false;  // a fresh run removes the checkpoints already in dir
 };
 
 // Called after every optimizer step (index from 0) with its loss and stats.
@@ -118,6 +129,7 @@ struct TrainCommandOptions {
   std::string checkpoint_dir;    // --checkpoint-dir
   int64_t checkpoint_every = 0;  // --checkpoint-every
   bool resume = false;           // --resume
+  bool overwrite = false;        // --overwrite
 };
 // The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
 // 130/143 after SIGINT/SIGTERM). While it runs, SIGINT and SIGTERM stop the

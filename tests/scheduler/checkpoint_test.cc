@@ -3,8 +3,11 @@
 // placements); a checkpoint of another config or layout is refused naming the
 // difference; corrupt, truncated and half-written checkpoints; retention; the
 // C API.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -303,7 +306,7 @@ TEST(CheckpointTest, CorruptTruncatedAndHalfWrittenCheckpoints) {
   std::vector<std::string> left;
   for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
   std::sort(left.begin(), left.end());
-  EXPECT_THAT(left, ::testing::ElementsAre("ckpt-00000004", "ckpt-00000005"));
+  EXPECT_THAT(left, ::testing::ElementsAre("LOCK", "ckpt-00000004", "ckpt-00000005"));
 
   // Nothing there at all.
   s = e->LoadCheckpoint(dir.str() + "/none", nullptr);
@@ -327,11 +330,88 @@ TEST(CheckpointTest, ResumeRemovesWhatAnInterruptedCleanupLeft) {
   std::vector<std::string> left;
   for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
   std::sort(left.begin(), left.end());
-  EXPECT_THAT(left, ::testing::ElementsAre("ckpt-00000003", "ckpt-00000004"));
+  EXPECT_THAT(left, ::testing::ElementsAre("LOCK", "ckpt-00000003", "ckpt-00000004"));
   // Pointed at one checkpoint directly, the loader leaves its siblings alone.
   fs::create_directory(root + "/ckpt-00000001");
   ASSERT_TRUE(e->LoadCheckpoint(root + "/ckpt-00000003", &info).ok());
   EXPECT_TRUE(fs::exists(root + "/ckpt-00000001"));
+}
+
+std::vector<std::string> Listing(const std::string& root) {
+  std::vector<std::string> left;
+  for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
+  std::sort(left.begin(), left.end());
+  return left;
+}
+
+TEST(CheckpointTest, AnotherRunsCheckpointsAreRefusedNeverRemoved) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  std::string first_run;
+  {
+    auto a = SavedEngine(c, root, /*saves=*/2);
+    CheckpointInfo info;
+    ASSERT_TRUE(a->LoadCheckpoint(root, &info).ok());
+    first_run = info.run_id;
+  }
+  ASSERT_EQ(first_run.size(), 16u);
+  // A fresh engine is another run: its save is refused, naming what is there.
+  auto b = NewEngine(c, 7);
+  std::vector<double> losses;
+  TrainSteps(*b, c, 0, 1, &losses);
+  Status s = b->SaveCheckpoint(root, {});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("holds 2 checkpoints of run " + first_run + " up to step 2"));
+  CheckpointInfo mine;
+  mine.run_id = "0123456789abcdef";
+  s = b->SaveCheckpoint(root, mine);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Listing(root), ::testing::ElementsAre("LOCK", "ckpt-00000001", "ckpt-00000002"));
+  // Loaded, the run continues that lineage: its saves prune its own.
+  CheckpointInfo info;
+  ASSERT_TRUE(b->LoadCheckpoint(root, &info).ok());
+  EXPECT_EQ(info.run_id, first_run);
+  TrainSteps(*b, c, 2, 3, &losses);
+  ASSERT_TRUE(b->SaveCheckpoint(root, {}).ok());
+  EXPECT_THAT(Listing(root), ::testing::ElementsAre("LOCK", "ckpt-00000002", "ckpt-00000003"));
+  ASSERT_TRUE(b->LoadCheckpoint(root, &info).ok());
+  EXPECT_EQ(info.run_id, first_run);
+  EXPECT_EQ(info.path, root + "/ckpt-00000003");
+}
+
+TEST(CheckpointTest, ARootLockedByAnotherProcessIsRefusedNamingTheHolder) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  SavedEngine(c, root, /*saves=*/1);
+  // Another open file description of the lock file stands for another
+  // process (flock conflicts between them).
+  const int fd = ::open((root + "/LOCK").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "pid 4242 run feedfacecafebeef\n";
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  ASSERT_EQ(::pwrite(fd, holder.data(), holder.size(), 0), static_cast<ssize_t>(holder.size()));
+  auto e = NewEngine(c, 5);
+  Status s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("in use by another run (pid 4242 run feedfacecafebeef; " +
+                                      root + "/LOCK is locked)"));
+  std::vector<double> losses;
+  TrainSteps(*e, c, 0, 1, &losses);
+  s = e->SaveCheckpoint(root, {});
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_THAT(Listing(root), ::testing::ElementsAre("LOCK", "ckpt-00000001"));
+  ::close(fd);
+  // Released: the engine loads, then holds the root until it is destroyed.
+  ASSERT_TRUE(e->LoadCheckpoint(root, nullptr).ok());
+  const int again = ::open((root + "/LOCK").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(again, 0);
+  EXPECT_NE(::flock(again, LOCK_EX | LOCK_NB), 0);
+  e.reset();
+  EXPECT_EQ(::flock(again, LOCK_EX | LOCK_NB), 0);
+  ::close(again);
 }
 
 TEST(CheckpointTest, SaveInTheMiddleOfAWindowIsRefused) {
