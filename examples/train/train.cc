@@ -201,12 +201,16 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
   return r;
 }
 
-Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
+Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
                  const ProgressFn& progress, const std::atomic<int>* stop,
                  const TrainCheckpoints& ckpt) {
   if (steps < 1) return InvalidArgumentError("steps: " + std::to_string(steps) + " must be >= 1");
-  STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
-  STRATA_ASSIGN_OR_RETURN(const ModelConfig model_config, ModelConfigFromConfig(config));
+  STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(given));
+  STRATA_ASSIGN_OR_RETURN(const ModelConfig model_config, ModelConfigFromConfig(given));
+  // strata.model with every key at its effective value: a checkpoint records
+  // the config, and a default written out must compare equal to one left out.
+  Config config = given;
+  SetModelConfig(model_config, &config);
   const DType dtype = ParamDTypeFromConfig(config);
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
   TrainResult& r = *result;

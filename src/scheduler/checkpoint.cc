@@ -118,30 +118,19 @@ std::string Hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
 // ---- Identity: what must match for a checkpoint to load ----------------------
 
-// The config fields that change the arithmetic of a step or the layout.
-// Placement (offload devices, budgets, threads, I/O) is not among them: the
-// same arithmetic runs on every placement (tested bitwise).
-Json ConfigIdentity(const Config& c) {
-  Json j;
-  j["optimizer.type"] = std::string(OptimizerTypeName(c.optimizer.type));
-  j["optimizer.lr"] = c.optimizer.lr;
-  j["optimizer.betas[0]"] = c.optimizer.beta1;
-  j["optimizer.betas[1]"] = c.optimizer.beta2;
-  j["optimizer.eps"] = c.optimizer.eps;
-  j["optimizer.weight_decay"] = c.optimizer.weight_decay;
-  j["optimizer.adam_w_mode"] = c.optimizer.adam_w_mode;
-  j["optimizer.bias_correction"] = c.optimizer.bias_correction;
-  j["fp16.enabled"] = c.fp16.enabled;
-  j["fp16.loss_scale"] = c.fp16.loss_scale;
-  j["fp16.initial_scale_power"] = c.fp16.initial_scale_power;
-  j["fp16.loss_scale_window"] = c.fp16.loss_scale_window;
-  j["fp16.hysteresis"] = c.fp16.hysteresis;
-  j["fp16.min_loss_scale"] = c.fp16.min_loss_scale;
-  j["bf16.enabled"] = c.bf16_enabled;
-  j["gradient_clipping"] = c.gradient_clipping;
-  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-  j["zero_optimization.sub_group_size"] = c.zero_optimization.sub_group_size;
-  return j;
+// The whole effective config (ConfigToJson), application sections included.
+Json ConfigIdentity(const Config& c) { return Json::parse(ConfigToJson(c, -1)); }
+
+// Leaf values by key path: "a.b", "a.b[0]".
+void Flatten(const Json& j, const std::string& path,
+             std::vector<std::pair<std::string, Json>>* out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [k, v] : j.items()) Flatten(v, path.empty() ? k : path + "." + k, out);
+  } else if (j.is_array() && !j.empty()) {
+    for (size_t i = 0; i < j.size(); ++i) Flatten(j[i], fmt::format("{}[{}]", path, i), out);
+  } else {
+    out->emplace_back(path, j);
+  }
 }
 
 Json LayoutIdentity(const Layout& l) {
@@ -163,16 +152,37 @@ std::string IdentityHash(const Json& j) {
 
 std::string ValueText(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
-// The first difference between the identity in the checkpoint and now, or "".
 std::string ConfigDifference(const Json& then, const Json& now) {
-  for (const auto& [key, value] : now.items()) {
-    if (!then.contains(key))
-      return fmt::format("{}: absent in the checkpoint, {} now", key, ValueText(value));
-    if (then[key] != value)
-      return fmt::format("{}: {} in the checkpoint, {} now", key, ValueText(then[key]),
-                         ValueText(value));
+  std::vector<std::pair<std::string, Json>> a, b;
+  Flatten(then, "", &a);
+  Flatten(now, "", &b);
+  std::vector<std::string> keys;
+  std::string first;
+  auto differs = [&](const std::string& key, const std::string& what) {
+    if (CheckpointKeyMayDiffer(key)) return;
+    if (first.empty())
+      first = key + ": " + what;
+    else
+      keys.push_back(key);
+  };
+  auto find = [](const std::vector<std::pair<std::string, Json>>& v, const std::string& key) {
+    return std::find_if(v.begin(), v.end(), [&](const auto& kv) { return kv.first == key; });
+  };
+  for (const auto& [key, value] : b) {
+    auto it = find(a, key);
+    if (it == a.end())
+      differs(key, fmt::format("absent in the checkpoint, {} now", ValueText(value)));
+    else if (it->second != value)
+      differs(key,
+              fmt::format("{} in the checkpoint, {} now", ValueText(it->second), ValueText(value)));
   }
-  return "";
+  for (const auto& [key, value] : a)
+    if (find(b, key) == b.end())
+      differs(key, fmt::format("{} in the checkpoint, absent now", ValueText(value)));
+  if (first.empty() || keys.empty()) return first;
+  std::string also;
+  for (const std::string& k : keys) also += (also.empty() ? "" : ", ") + k;
+  return fmt::format("{} (also: {})", first, also);
 }
 
 std::string LayoutDifference(const Json& then, const Json& now) {
@@ -348,6 +358,54 @@ class PartialDir {
 };
 
 }  // namespace
+
+// ---- What may differ on load ---------------------------------------------------
+
+namespace {
+constexpr CheckpointFreeKey kFreeKeys[] = {
+    {"zero_optimization.offload_optimizer",
+     "where the optimizer states live: the same arithmetic runs on every placement, and the "
+     "format does not depend on it"},
+    {"zero_optimization.offload_param", "where the parameters live (as above)"},
+    {"zero_optimization.stage3_prefetch_bucket_size", "how far ahead parameters are fetched"},
+    {"zero_optimization.stage3_param_persistence_threshold",
+     "which parameters stay resident in HBM"},
+    {"zero_optimization.stage3_max_live_parameters", "how many parameters are resident at once"},
+    {"zero_optimization.stage3_max_reuse_distance", "when a fetched parameter is kept"},
+    {"zero_optimization.overlap_comm", "whether transfers overlap compute"},
+    {"zero_optimization.contiguous_gradients", "the staging of gradient copies"},
+    {"zero_optimization.reduce_bucket_size", "the size of gradient transfers"},
+    {"zero_optimization.allgather_bucket_size", "the size of parameter transfers"},
+    {"aio", "NVMe I/O tuning"},
+    {"strata.device", "the device that runs the model (resuming on another device is allowed)"},
+    {"strata.device_id", "which GPU of the machine runs the model"},
+    {"strata.hbm_budget", "a memory budget: it changes the placement only"},
+    {"strata.pinned_budget", "a memory budget: it changes the placement only"},
+    {"strata.trace_path", "where the timeline is written"},
+    {"strata.threads",
+     "CPU optimizer threads: each element's update does not depend on how the work is split"},
+    {"strata.io_engine", "the NVMe I/O engine"},
+    {"strata.io_sqpoll", "NVMe I/O submission polling"},
+    {"strata.overlap_optimizer", "the overlapped step computes exactly what the blocking one does"},
+    {"strata.host_device", "the simulated link of the host device (timing only)"},
+    {"strata.model.steps", "the run's length (strata train: --steps counts from step 0)"},
+};
+}  // namespace
+
+std::span<const CheckpointFreeKey> CheckpointFreeKeys() { return kFreeKeys; }
+
+bool CheckpointKeyMayDiffer(std::string_view key) {
+  for (const CheckpointFreeKey& f : kFreeKeys) {
+    const std::string_view k = f.key;
+    if (key.substr(0, k.size()) != k) continue;
+    if (key.size() == k.size() || key[k.size()] == '.' || key[k.size()] == '[') return true;
+  }
+  return false;
+}
+
+std::string CheckpointConfigDifference(const std::string& then_json, const std::string& now_json) {
+  return ConfigDifference(Json::parse(then_json), Json::parse(now_json));
+}
 
 // ---- Run ids and the lock on a root -------------------------------------------
 

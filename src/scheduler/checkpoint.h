@@ -50,6 +50,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +88,23 @@ struct CheckpointMeta {
   // Writing: called at each point of the save named in the file comment.
   std::function<void(std::string_view point)> at_point;
 };
+
+// The config keys (ConfigToJson paths; an entry covers the keys below it)
+// that may differ between a checkpoint and the engine loading it, each with
+// the reason. Every other key is compared: a difference is refused.
+struct CheckpointFreeKey {
+  const char* key;
+  const char* reason;
+};
+std::span<const CheckpointFreeKey> CheckpointFreeKeys();
+// Whether `key` (e.g. "zero_optimization.offload_param.nvme_path[0]") is
+// covered by CheckpointFreeKeys().
+bool CheckpointKeyMayDiffer(std::string_view key);
+// The differences between the config saved in a checkpoint and `now` (both
+// ConfigToJson text), the free keys left out: "strata.model.seed: 1234 in
+// the checkpoint, 99 now" for the first, then "(also: key, key)"; "" when
+// none.
+std::string CheckpointConfigDifference(const std::string& then_json, const std::string& now_json);
 
 // A new run id: 16 random hex digits.
 std::string NewCheckpointRunId();

@@ -3,6 +3,8 @@
 // placements); a checkpoint of another config or layout is refused naming the
 // difference; corrupt, truncated and half-written checkpoints; retention; the
 // C API.
+#include "src/scheduler/checkpoint.h"
+
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "src/common/dtype.h"
 #include "src/common/half.h"
@@ -221,7 +225,7 @@ TEST(CheckpointTest, RefusesAnotherConfigOrLayoutNamingTheDifference) {
   const auto before = ReadAll(*e);
   Status s = e->LoadCheckpoint(root, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.ToString(), HasSubstr("optimizer.lr: 0.01 in the checkpoint, 0.02 now"));
+  EXPECT_THAT(s.ToString(), HasSubstr("optimizer.params.lr: 0.01 in the checkpoint, 0.02 now"));
   EXPECT_TRUE(BitwiseEqual(before, ReadAll(*e)));  // untouched
 
   Config sg = c;
@@ -241,6 +245,97 @@ TEST(CheckpointTest, RefusesAnotherConfigOrLayoutNamingTheDifference) {
   Config placed = c;
   placed.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
   EXPECT_TRUE(NewEngine(placed, 9)->LoadCheckpoint(root, nullptr).ok());
+}
+
+// Leaf values of a JSON object by key path ("a.b", "a.b[0]").
+void Leaves(const nlohmann::json& j, const std::string& path,
+            std::vector<std::pair<std::string, nlohmann::json>>* out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [k, v] : j.items()) Leaves(v, path.empty() ? k : path + "." + k, out);
+  } else if (j.is_array() && !j.empty()) {
+    for (size_t i = 0; i < j.size(); ++i) Leaves(j[i], path + "[" + std::to_string(i) + "]", out);
+  } else {
+    out->emplace_back(path, j);
+  }
+}
+
+nlohmann::json::json_pointer Pointer(const std::string& path) {
+  std::string p;
+  for (char ch : path) p += ch == '.' || ch == '[' ? '/' : ch == ']' ? '\0' : ch;
+  p.erase(std::remove(p.begin(), p.end(), '\0'), p.end());
+  return nlohmann::json::json_pointer("/" + p);
+}
+
+// Every key of the effective config, changed one at a time: the free ones
+// (CheckpointFreeKeys) load, every other one is refused naming it.
+TEST(CheckpointTest, EveryConfigKeyIsComparedButTheFreeOnes) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, dir.str());
+  c.strata.application_sections["model"] =
+      R"({"layers": 2, "hidden": 32, "seq_len": 16, "vocab": 256, "seed": 1234, "steps": 0})";
+  const std::string base = ConfigToJson(c);
+  std::vector<std::pair<std::string, nlohmann::json>> leaves;
+  Leaves(nlohmann::json::parse(base), "", &leaves);
+  ASSERT_GT(leaves.size(), 50u);
+  std::set<std::string> free_seen;
+  for (const auto& [key, value] : leaves) {
+    SCOPED_TRACE(key);
+    nlohmann::json changed = nlohmann::json::parse(base);
+    nlohmann::json& v = changed[Pointer(key)];
+    if (v.is_boolean())
+      v = !v.get<bool>();
+    else if (v.is_number_integer())
+      v = v.get<int64_t>() + 1;
+    else if (v.is_number())
+      v = v.get<double>() * 2 + 0.5;
+    else if (v.is_string())
+      v = v.get<std::string>() + "x";
+    else
+      v = 1;
+    const std::string diff = scheduler::CheckpointConfigDifference(base, changed.dump());
+    if (scheduler::CheckpointKeyMayDiffer(key)) {
+      EXPECT_EQ(diff, "");
+      for (const scheduler::CheckpointFreeKey& f : scheduler::CheckpointFreeKeys())
+        if (key.rfind(f.key, 0) == 0) free_seen.insert(f.key);
+    } else {
+      EXPECT_THAT(diff, ::testing::StartsWith(key + ": "));
+    }
+  }
+  // Every free key exists, and has a reason.
+  for (const scheduler::CheckpointFreeKey& f : scheduler::CheckpointFreeKeys()) {
+    EXPECT_TRUE(free_seen.count(f.key)) << f.key << " is no key of the config";
+    EXPECT_GT(std::strlen(f.reason), 10u) << f.key;
+  }
+  // The arithmetic the issue named: seed, seq_len, micro-batch.
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seed"));
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seq_len"));
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("train_micro_batch_size_per_gpu"));
+  EXPECT_TRUE(scheduler::CheckpointKeyMayDiffer("zero_optimization.offload_param.nvme_path[0]"));
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("zero_optimization.offload_parameters"));
+}
+
+TEST(CheckpointTest, ConfigDifferencesThroughTheEngine) {
+  testing::ScratchDir dir;
+  const std::string root = dir.str() + "/ckpt";
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  c.strata.application_sections["model"] = R"({"seed": 1234, "seq_len": 64})";
+  SavedEngine(c, root);
+  Config seed = c;
+  seed.strata.application_sections["model"] = R"({"seed": 99, "seq_len": 32})";
+  Status s = NewEngine(seed, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("strata.model.seed: 1234 in the checkpoint, 99 now (also: "
+                                      "strata.model.seq_len)"));
+  Config mb = c;
+  mb.train_micro_batch_size_per_gpu = 2;
+  mb.train_batch_size = 4;
+  s = NewEngine(mb, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_THAT(s.ToString(), HasSubstr("train_micro_batch_size_per_gpu"));
+  Config free = c;
+  free.strata.threads = 1;
+  free.strata.hbm_budget_bytes *= 2;
+  free.aio.queue_depth = 3;
+  EXPECT_TRUE(NewEngine(free, 9)->LoadCheckpoint(root, nullptr).ok());
 }
 
 void FlipByte(const std::string& path, int64_t at) {

@@ -252,7 +252,20 @@ TEST(CheckpointCli, BadCheckpointOptionsAreOneLineErrors) {
                 .code,
             1);
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
-              ::testing::HasSubstr("optimizer.lr: 0.003 in the checkpoint, 0.004 now"));
+              ::testing::HasSubstr("optimizer.params.lr: 0.003 in the checkpoint, 0.004 now"));
+  // The example model's section is compared too, every key at its effective
+  // value (the seed, absent from the file, is 1234).
+  text.replace(text.find("4e-3"), 4, "3e-3");
+  text.replace(text.find(R"("seq_len": 16)"), 13, R"("seq_len": 8, "seed": 99)");
+  std::ofstream(cfg) << text;
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--checkpoint-dir",
+                        dir.str() + "/c", "--resume"},
+                       dir.str()))
+                .code,
+            1);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("strata.model.seed: 1234 in the checkpoint, 99 now (also: "
+                                   "strata.model.seq_len)"));
 }
 
 // A checkpoint directory belongs to one run: a fresh run refuses another's
