@@ -150,6 +150,13 @@ std::string IdentityHash(const Json& j) {
   return Hex32(Crc32c(s.data(), s.size()));
 }
 
+// CRC-32C of a manifest's canonical text (compact dump, keys in order),
+// without its manifest_crc32c.
+std::string ManifestCrc(const Json& m) {
+  const std::string s = m.dump();
+  return Hex32(Crc32c(s.data(), s.size()));
+}
+
 std::string ValueText(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 std::string ConfigDifference(const Json& then, const Json& now) {
@@ -614,6 +621,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   m["files"] = std::move(files);
   std::string text;
   try {
+    m["manifest_crc32c"] = ManifestCrc(m);
     text = m.dump(1) + "\n";
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(
@@ -659,6 +667,19 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
   if (dir.empty())
     return NotFoundError(
         fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+  if (dir != root) {
+    std::string skipped;
+    bool newer = false;
+    for (const CheckpointEntry& e : Scan(root, /*summaries=*/false)) {
+      if (e.path == dir)
+        newer = true;
+      else if (newer && !e.complete)
+        skipped += (skipped.empty() ? "" : ", ") + e.path;
+    }
+    if (!skipped.empty())
+      STRATA_LOG_WARN("checkpoint: loading {}; skipped the newer {} (no {}: an interrupted save)",
+                      dir, skipped, kCheckpointManifest);
+  }
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
   std::string text;
   {
@@ -687,6 +708,14 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
           "the run id nor the whole config): continue that run with the build that wrote it, or "
           "start afresh in another directory",
           manifest_path, m.at("version").dump(), kCheckpointFormatVersion));
+    Json content = m;
+    content.erase("manifest_crc32c");
+    const std::string want = m.at("manifest_crc32c").get<std::string>();
+    if (const std::string got = ManifestCrc(content); got != want)
+      return DataLossError(fmt::format(
+          "checkpoint manifest {}: its content has crc32c {}, its manifest_crc32c says {} (edited "
+          "or corrupt); remove {} to resume from the checkpoint before it",
+          manifest_path, got, want, dir));
     std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
     if (!diff.empty())
       return FailedPreconditionError(

@@ -14,7 +14,9 @@
 // step, the loss scaler's state, the caller's data position and note, the
 // config's identity (the fields that change the arithmetic or the layout,
 // and their hash), the layout's (parameter names, numels, dtypes, modules,
-// sub_group_size, and its hash), and per data file its size and CRC-32C.
+// sub_group_size, and its hash), per data file its size and CRC-32C, and last
+// manifest_crc32c: the CRC-32C of the manifest's own content (its compact
+// JSON without that key), so that an edited manifest is refused.
 //
 // Writing (WriteCheckpoint): a new directory ckpt-<N> (N = 1 + the highest
 // present); the data files are written, fsync'd, and the directory fsync'd;

@@ -408,6 +408,52 @@ TEST(CheckpointTest, CorruptTruncatedAndHalfWrittenCheckpoints) {
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
 }
 
+TEST(CheckpointTest, AnEditedManifestIsRefusedASkippedSaveIsLogged) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  SavedEngine(c, root, /*saves=*/2);
+  const std::string manifest = root + "/ckpt-00000002/MANIFEST.json";
+  std::string text;
+  {
+    std::ifstream f(manifest);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t at = text.find("\"optimizer_step\": 2");
+  ASSERT_NE(at, std::string::npos);
+  std::string edited = text;
+  edited.replace(at, 19, "\"optimizer_step\": 1");
+  std::ofstream(manifest) << edited;
+  auto e = NewEngine(c, 9);
+  Status s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("checkpoint manifest " + manifest + ": its content has"));
+  EXPECT_THAT(s.ToString(), HasSubstr("(edited or corrupt)"));
+  std::ofstream(manifest) << text;
+  // A newer directory without a manifest is skipped, named in one line.
+  fs::create_directory(root + "/ckpt-00000003");
+  ::testing::internal::CaptureStderr();
+  CheckpointInfo info;
+  s = e->LoadCheckpoint(root, &info);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(info.optimizer_step, 2);
+  EXPECT_THAT(log, HasSubstr("skipped the newer " + root +
+                             "/ckpt-00000003 (no MANIFEST.json: an interrupted save)"));
+}
+
+TEST(CheckpointTest, AManifestOfFormatOneIsRefusedSayingWhy) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  fs::create_directories(root + "/ckpt-00000001");
+  std::ofstream(root + "/ckpt-00000001/MANIFEST.json")
+      << R"({"format": "strata-checkpoint", "version": 1, "sequence": 1})";
+  Status s = NewEngine(c, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("format version 1, this build reads version 2 only"));
+}
+
 TEST(CheckpointTest, ResumeRemovesWhatAnInterruptedCleanupLeft) {
   // A save of checkpoint 4 killed after its rename, while removing number 2
   // (its manifest gone, its data left): a resume that has nothing left to
