@@ -74,6 +74,19 @@ using ProgressFn = std::function<void(int64_t step, int64_t steps, double loss, 
 // build tree works; an unusable path is an error naming it.
 Status PrepareNvmePaths(const Config& config);
 
+// Creates `dir` (mkdir -p) and checks that it is a writable directory;
+// `what` names the option in the error ("--plot /proc/x: cannot create the
+// directory: ...").
+Status PrepareOutputDir(const std::string& what, const std::string& dir);
+
+// Whether the file system of `dir` has room for `new_checkpoints` more
+// checkpoints of `checkpoint_bytes` each (statvfs, blocks available to an
+// unprivileged user): ResourceExhausted "--checkpoint-dir D: N bytes
+// needed (...), M available" when not. `available_override` >= 0 replaces
+// the free space measured (tests).
+Status CheckCheckpointRoom(const std::string& dir, int64_t checkpoint_bytes,
+                           int64_t new_checkpoints, int64_t available_override = -1);
+
 // Trains `steps` optimizer steps (gradient_accumulation_steps micro-batches
 // each). Fails before the first step when the engine, the plan or the
 // activations cannot be set up.
@@ -132,12 +145,16 @@ struct TrainCommandOptions {
   bool overwrite = false;        // --overwrite
 };
 // The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
-// 130/143 after SIGINT/SIGTERM). While it runs, SIGINT and SIGTERM stop the
-// run at the next micro-batch (the swap files are removed as the Engine
-// closes); a second signal, or a run that has not stopped within
-// stop_grace_s, exits at once with 128 + the signal (the swap files are then
-// leftovers, removed by the next run on their directory). With --json, a
-// failed run still prints one object: the steps completed and "error".
+// 129/130/143 after SIGHUP/SIGINT/SIGTERM). The checkpoint and plot
+// directories are created and checked before the first step, and the
+// checkpoint directory's free space (CheckCheckpointRoom). While it runs,
+// SIGINT, SIGTERM and SIGHUP stop the run at the next micro-batch (the swap files are removed as
+// the Engine closes); a second signal, or a run that has not stopped within stop_grace_s, exits at
+// once with 128 + the signal (the swap files are then leftovers, removed by the next run on their
+// directory). With --json, a failed run still prints one object: the steps completed and "error".
+// SIGPIPE is ignored while it runs: a closed stdout does not end the run;
+// it is reported on stderr at the end, with exit code 1 after a run that
+// completed.
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
 
 }  // namespace strata::example
