@@ -218,9 +218,9 @@ class Engine {
   // checkpoint's directory): after RegisterParameter of every parameter (it
   // calls Plan() if needed), before or between windows. The config's
   // arithmetic fields and the layout must equal the saved ones, else
-  // FailedPrecondition naming the first difference ("optimizer.lr: 0.001 in
-  // the checkpoint, 0.002 now", "parameter block3.w1: numel 1024 in the
-  // checkpoint, 2048 now"); the placement may differ. A missing, truncated or
+  // FailedPrecondition naming the first difference ("optimizer.params.lr:
+  // 0.001 in the checkpoint, 0.002 now", "parameter block3.w1: numel 1024 in
+  // the checkpoint, 2048 now"); the placement may differ. A missing, truncated or
   // corrupt file is DataLoss naming it and the checksums. Every file is
   // verified before anything is restored, so a refused checkpoint leaves the
   // engine as it was. Loading from a root directory also removes what an

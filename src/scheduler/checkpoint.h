@@ -12,9 +12,10 @@
 //
 // The manifest holds the format version, the sequence number, the optimizer
 // step, the loss scaler's state, the caller's data position and note, the
-// config's identity (the fields that change the arithmetic or the layout,
-// and their hash), the layout's (parameter names, numels, dtypes, modules,
-// sub_group_size, and its hash), per data file its size and CRC-32C, and last
+// run id (CheckpointMeta::run_id), the whole effective config (ConfigToJson;
+// compared key by key on load but CheckpointFreeKeys()), the layout's
+// (parameter names, numels, dtypes, modules, sub-group count, and its hash),
+// per data file its size and CRC-32C, and last
 // manifest_crc32c: the CRC-32C of the manifest's own content (its compact
 // JSON without that key), so that an edited manifest is refused.
 //
@@ -23,8 +24,9 @@
 // then MANIFEST.json.tmp is written and fsync'd, renamed to MANIFEST.json,
 // and the checkpoint directory and the root are fsync'd. Only a directory
 // with a MANIFEST.json is a checkpoint, so a crash at any point leaves the
-// previous one as the newest. Then checkpoints older than the last two, and
-// directories left by interrupted saves, are removed (manifest first).
+// previous one as the newest. Then the run's checkpoints older than its last
+// two, and directories left by interrupted saves, are removed (manifest
+// first); another run's checkpoints are never removed.
 //
 // The format does not depend on the placement: states and parameters are
 // copied out of wherever they live (HBM, DRAM, or the active NVMe versions,
