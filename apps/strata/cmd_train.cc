@@ -33,6 +33,9 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->add_flag(
       "--resume", opt->resume,
       "Resume from the newest checkpoint in --checkpoint-dir (if any); --steps is the total");
+  cmd->add_flag("--overwrite", opt->overwrite,
+                "Without --resume: remove the checkpoints (of another run) already in "
+                "--checkpoint-dir instead of refusing to start");
   cmd->add_flag("--json", opt->json, "Print one JSON object with the summary instead of the table");
   cmd->callback([&r, opt] { r.exit_code = example::RunTrainCommand(*opt, std::cout, std::cerr); });
 });

@@ -2,6 +2,7 @@
 #include "examples/train/train.h"
 
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 #include "src/common/log.h"
 #include "src/common/units.h"
 #include "src/nvme/nvme.h"
+#include "src/scheduler/checkpoint.h"
 #include "src/scheduler/scheduler.h"
 
 namespace strata::example {
@@ -90,10 +92,13 @@ std::vector<const StepStats*> SteadySteps(const TrainResult& r) {
 }
 
 std::string SignalName(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "signal " + std::to_string(sig);
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGHUP  ? "SIGHUP"
+                          : "signal " + std::to_string(sig);
 }
 
-// SIGINT/SIGTERM while `strata train` runs. The handler only stores the
+// SIGINT/SIGTERM/SIGHUP (a closed terminal) while `strata train` runs. The handler only stores the
 // signal number (a lock-free atomic: async-signal-safe); the training loop
 // polls it before every micro-batch. A second signal exits at once
 // (write + _exit only). A watchdog thread exits the process when the loop has
@@ -122,6 +127,7 @@ class StopSignals {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGHUP, &sa, &old_hup_);
     try {
       watchdog_ = std::thread([this] { Watch(); });
     } catch (const std::system_error& e) {
@@ -138,6 +144,7 @@ class StopSignals {
     if (watchdog_.joinable()) watchdog_.join();
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGHUP, &old_hup_, nullptr);
   }
   const std::atomic<int>* flag() const { return &g_stop_signal; }
   int signal() const { return g_stop_signal.load(); }
@@ -161,7 +168,7 @@ class StopSignals {
 
   const double grace_s_;
   struct sigaction old_int_ {
-  }, old_term_{};
+  }, old_term_{}, old_hup_{};
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;  // GUARDED_BY(mu_)
@@ -193,6 +200,36 @@ Status PrepareNvmePaths(const Config& c) {
   return Status();
 }
 
+Status PrepareOutputDir(const std::string& what, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IOError(what + " " + dir + ": cannot create the directory: " + ec.message());
+  if (!std::filesystem::is_directory(dir, ec))
+    return IOError(what + " " + dir + ": not a directory");
+  if (access(dir.c_str(), W_OK | X_OK) != 0)
+    return IOError(what + " " + dir + ": not writable (" + std::string(std::strerror(errno)) + ")");
+  return Status();
+}
+
+Status CheckCheckpointRoom(const std::string& dir, int64_t checkpoint_bytes,
+                           int64_t new_checkpoints, int64_t available_override) {
+  if (new_checkpoints <= 0) return Status();
+  int64_t available = available_override;
+  if (available < 0) {
+    struct statvfs st;
+    if (statvfs(dir.c_str(), &st) != 0)
+      return IOError("--checkpoint-dir " + dir + ": statvfs: " + std::strerror(errno));
+    available = static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+  }
+  const int64_t needed = checkpoint_bytes * new_checkpoints;
+  if (available >= needed) return Status();
+  return ResourceExhaustedError("--checkpoint-dir " + dir + ": " + std::to_string(needed) +
+                                " bytes needed (" + std::to_string(new_checkpoints) +
+                                " more checkpoint(s) of " + std::to_string(checkpoint_bytes) +
+                                " bytes on disk at once during a save), " +
+                                std::to_string(available) + " available");
+}
+
 StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressFn& progress,
                             const TrainCheckpoints& checkpoints) {
   TrainResult r;
@@ -200,22 +237,46 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps, const ProgressF
   return r;
 }
 
-Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
+Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
                  const ProgressFn& progress, const std::atomic<int>* stop,
                  const TrainCheckpoints& ckpt) {
   if (steps < 1) return InvalidArgumentError("steps: " + std::to_string(steps) + " must be >= 1");
-  STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(config));
-  STRATA_ASSIGN_OR_RETURN(const ModelConfig model_config, ModelConfigFromConfig(config));
+  STRATA_ASSIGN_OR_RETURN(ModelShape shape, ShapeFromConfig(given));
+  STRATA_ASSIGN_OR_RETURN(const ModelConfig model_config, ModelConfigFromConfig(given));
+  // strata.model with every key at its effective value: a checkpoint records
+  // the config, and a default written out must compare equal to one left out.
+  Config config = given;
+  SetModelConfig(model_config, &config);
   const DType dtype = ParamDTypeFromConfig(config);
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
+  TrainResult& r = *result;
+  r = TrainResult();
+  // The checkpoint directory is this run's for its whole life.
+  std::shared_ptr<scheduler::CheckpointDirLock> ckpt_lock;
+  std::string run_id;
+  if (!ckpt.dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(ckpt_lock, scheduler::LockCheckpointDir(ckpt.dir, ""));
+    const std::vector<scheduler::CheckpointEntry> entries = scheduler::ListCheckpoints(ckpt.dir);
+    if (ckpt.resume)
+      for (const scheduler::CheckpointEntry& e : entries)
+        if (e.complete) run_id = e.run_id;  // the newest's
+    if (run_id.empty()) run_id = scheduler::NewCheckpointRunId();
+    if (const std::string held = scheduler::OtherRunsCheckpoints(entries, run_id);
+        !ckpt.resume && !held.empty()) {
+      if (!ckpt.overwrite)
+        return FailedPreconditionError("--checkpoint-dir " + ckpt.dir + " holds " + held +
+                                       ": use --resume, another --checkpoint-dir, or --overwrite");
+      STRATA_ASSIGN_OR_RETURN(r.checkpoints_overwritten, scheduler::RemoveAllCheckpoints(ckpt.dir));
+      STRATA_LOG_WARN("--overwrite: removed {} from {}", held, ckpt.dir);
+    }
+    ckpt_lock->SetRunId(run_id);
+  }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                           CreateEngine(config, DeveloperHooksFromEnv()));
   const uint64_t seed = static_cast<uint64_t>(model_config.seed);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                           Model::Create(engine.get(), shape, dtype, seed));
 
-  TrainResult& r = *result;
-  r = TrainResult();
   r.device = engine->DeviceName();
   r.dtype = dtype == DType::kBf16 ? "bf16" : dtype == DType::kFp16 ? "fp16" : "fp32";
   r.parameters = engine->num_elements();
@@ -225,11 +286,26 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
     if (t.tier == "hbm") r.hbm_budget_bytes = t.available_bytes;
   r.workspace_bytes = model->workspace_bytes();
   r.tokens_per_step = shape.tokens() * config.gradient_accumulation_steps;
+  if (!ckpt.dir.empty()) {
+    // Room for the checkpoints this run adds to the directory at its peak:
+    // a save writes the new one before the oldest of the kept ones goes.
+    int64_t own = 0, saves = 0;
+    for (const scheduler::CheckpointEntry& e : scheduler::ListCheckpoints(ckpt.dir))
+      own += e.complete && e.run_id == run_id;
+    for (int64_t s = 1; s <= steps; ++s)  // an upper bound when resuming
+      saves += s == steps || (ckpt.every > 0 && s % ckpt.every == 0);
+    const int64_t peak = std::min(own + saves, int64_t{scheduler::kCheckpointsKept} + 1);
+    r.checkpoint_bytes =
+        r.parameters * ((dtype == DType::kFp32 ? 4 : 2) + scheduler::kOptimizerStateBytesPerElem);
+    STRATA_RETURN_IF_ERROR(
+        CheckCheckpointRoom(ckpt.dir, r.checkpoint_bytes + (int64_t{1} << 20), peak - own));
+  }
 
   TextData data(seed);
   std::vector<int32_t> inputs, targets;
   int64_t first = 0;
   r.checkpoint_dir = ckpt.dir;
+  r.checkpoint_run_id = run_id;
   if (ckpt.resume && !ckpt.dir.empty()) {
     CheckpointInfo info;
     const double l0 = Seconds();
@@ -239,6 +315,7 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
       first = info.data_position;
       r.resumed_from_step = first;
       r.resumed_from = info.path;
+      r.checkpoint_run_id = info.run_id;
       const json note = json::parse(info.note, nullptr, false);
       if (!note.is_object() || !note.contains("losses") ||
           static_cast<int64_t>(note["losses"].size()) != first)
@@ -251,6 +328,7 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
   auto save = [&](int64_t done) -> Status {
     CheckpointInfo info;
     info.data_position = done;
+    info.run_id = r.checkpoint_run_id;
     info.note = json({{"losses", r.losses}}).dump();
     const double s0 = Seconds();
     STRATA_RETURN_IF_ERROR(engine->SaveCheckpoint(ckpt.dir, info));
@@ -432,6 +510,8 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   if (!r.checkpoint_dir.empty()) {
     j["resumed_from_step"] = r.resumed_from_step;
     j["checkpoint"] = {{"dir", r.checkpoint_dir},
+                       {"run_id", r.checkpoint_run_id},
+                       {"overwritten", r.checkpoints_overwritten},
                        {"resumed_from", r.resumed_from},
                        {"load_s", r.checkpoint_load_s},
                        {"saves", r.checkpoint_save_s.size()},
@@ -526,8 +606,8 @@ std::string ResultTable(const TrainResult& r) {
   if (!r.trace_path.empty())
     o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
   if (!r.checkpoint_dir.empty()) {
-    std::snprintf(buf, sizeof(buf), "  checkpoints       %zu saved in %s, %.3f s median",
-                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(),
+    std::snprintf(buf, sizeof(buf), "  checkpoints       %zu saved in %s (run %s), %.3f s median",
+                  r.checkpoint_save_s.size(), r.checkpoint_dir.c_str(), r.checkpoint_run_id.c_str(),
                   Median(r.checkpoint_save_s));
     o << buf;
     if (!r.resumed_from.empty()) {
@@ -599,7 +679,43 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
   return files;
 }
 
+namespace {
+// The command, its output written to `out` and `err`.
+int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
+}  // namespace
+
+// SIGPIPE ignored while the command runs: a closed stdout (`| head`) makes
+// writes fail with EPIPE, which the command reports, instead of killing the
+// process with the engine's swap files in place.
+class IgnoreSigpipe {
+ public:
+  IgnoreSigpipe() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, &old_);
+  }
+  ~IgnoreSigpipe() { sigaction(SIGPIPE, &old_, nullptr); }
+
+ private:
+  struct sigaction old_ {};
+};
+
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
+  IgnoreSigpipe ignore_sigpipe;
+  const int code = RunTrain(opt, out, err);
+  if (out.flush(); !out.good()) {
+    err << "strata train: stdout: write failed (closed: EPIPE or similar); the run "
+        << (code == 0 ? "completed" : "ended with exit code " + std::to_string(code))
+        << " but its output was not all written" << std::endl;
+    return code == 0 ? 1 : code;
+  }
+  return code;
+}
+
+namespace {
+
+int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
   // One line on stderr; with --json also one object on stdout (no steps).
   auto fail = [&](int code, const Status& s) {
     err << "strata train: " << OneLine(s.ToString()) << std::endl;
@@ -639,6 +755,13 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
         2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) + " must be at least 1"));
   if (StatusOr<ModelShape> s = ShapeFromConfig(config); !s.ok()) return fail(2, s.status());
   if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(2, s);
+  // Output directories are usable before the first step, not found unusable
+  // after the last.
+  if (!opt.checkpoint_dir.empty())
+    if (Status s = PrepareOutputDir("--checkpoint-dir", opt.checkpoint_dir); !s.ok())
+      return fail(2, s);
+  if (!opt.plot_dir.empty())
+    if (Status s = PrepareOutputDir("--plot", opt.plot_dir); !s.ok()) return fail(2, s);
 
   // Progress: stdout for people; stderr when stdout carries the JSON object.
   std::ostream& prog = opt.json ? err : out;
@@ -663,12 +786,18 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
   if (opt.checkpoint_every < 0)
     return fail(2, InvalidArgumentError("--checkpoint-every: " +
                                         std::to_string(opt.checkpoint_every) + " must be >= 0"));
-  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0))
-    return fail(2, InvalidArgumentError("--resume and --checkpoint-every need --checkpoint-dir"));
+  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0 || opt.overwrite))
+    return fail(2, InvalidArgumentError(
+                       "--resume, --overwrite and --checkpoint-every need --checkpoint-dir"));
+  if (opt.resume && opt.overwrite)
+    return fail(2, InvalidArgumentError(
+                       "--resume and --overwrite exclude each other: --resume continues the "
+                       "checkpoints in --checkpoint-dir, --overwrite removes them"));
   TrainCheckpoints ckpt;
   ckpt.dir = opt.checkpoint_dir;
   ckpt.every = opt.checkpoint_every;
   ckpt.resume = opt.resume;
+  ckpt.overwrite = opt.overwrite;
   TrainResult result;
   Status status;
   int signal = 0;
@@ -701,5 +830,7 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
   }
   return 0;
 }
+
+}  // namespace
 
 }  // namespace strata::example

@@ -44,15 +44,26 @@ struct TrainResult {
   std::vector<double> checkpoint_save_s;
   int64_t checkpoint_bytes = 0;  // data bytes of one checkpoint
   std::string checkpoint_dir;
+  std::string checkpoint_run_id;    // the run (lineage) its checkpoints belong to
+  int checkpoints_overwritten = 0;  // another run's checkpoints removed (--overwrite)
 };
 
 // Checkpoints of a training run (Engine::SaveCheckpoint / LoadCheckpoint).
 // The data position saved is the number of optimizer steps done (micro-batch
 // i of the data is the same in every run); the note holds the losses so far.
+//
+// The directory belongs to one run lineage: a run id, new at a fresh start
+// and kept by --resume, recorded in every checkpoint. The run locks the
+// directory (CheckpointDirLock) before its first step and holds it to the
+// end; a directory another process holds is refused, naming it. A fresh run
+// (no `resume`) in a directory holding checkpoints refuses, naming their run
+// and last step, unless `overwrite` (then they are removed first, and said
+// so); only the run's own old checkpoints are ever pruned.
 struct TrainCheckpoints {
-  std::string dir;      // empty: none
-  int64_t every = 0;    // save after every N optimizer steps (and after the last); 0: last only
-  bool resume = false;  // first load the newest checkpoint in dir (none there: start at step 0)
+  std::string dir;         // empty: none
+  int64_t every = 0;       // save after every N optimizer steps (and after the last); 0: last only
+  bool resume = false;     // first load the newest checkpoint in dir (none there: start at step 0)
+  bool overwrite = false;  // a fresh run removes the checkpoints already in dir
 };
 
 // Called after every optimizer step (index from 0) with its loss and stats.
@@ -62,6 +73,19 @@ using ProgressFn = std::function<void(int64_t step, int64_t steps, double loss, 
 // Creates the NVMe directories the config names (mkdir -p) so that a fresh
 // build tree works; an unusable path is an error naming it.
 Status PrepareNvmePaths(const Config& config);
+
+// Creates `dir` (mkdir -p) and checks that it is a writable directory;
+// `what` names the option in the error ("--plot /proc/x: cannot create the
+// directory: ...").
+Status PrepareOutputDir(const std::string& what, const std::string& dir);
+
+// Whether the file system of `dir` has room for `new_checkpoints` more
+// checkpoints of `checkpoint_bytes` each (statvfs, blocks available to an
+// unprivileged user): ResourceExhausted "--checkpoint-dir D: N bytes
+// needed (...), M available" when not. `available_override` >= 0 replaces
+// the free space measured (tests).
+Status CheckCheckpointRoom(const std::string& dir, int64_t checkpoint_bytes,
+                           int64_t new_checkpoints, int64_t available_override = -1);
 
 // Trains `steps` optimizer steps (gradient_accumulation_steps micro-batches
 // each). Fails before the first step when the engine, the plan or the
@@ -118,14 +142,19 @@ struct TrainCommandOptions {
   std::string checkpoint_dir;    // --checkpoint-dir
   int64_t checkpoint_every = 0;  // --checkpoint-every
   bool resume = false;           // --resume
+  bool overwrite = false;        // --overwrite
 };
 // The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
-// 130/143 after SIGINT/SIGTERM). While it runs, SIGINT and SIGTERM stop the
-// run at the next micro-batch (the swap files are removed as the Engine
-// closes); a second signal, or a run that has not stopped within
-// stop_grace_s, exits at once with 128 + the signal (the swap files are then
-// leftovers, removed by the next run on their directory). With --json, a
-// failed run still prints one object: the steps completed and "error".
+// 129/130/143 after SIGHUP/SIGINT/SIGTERM). The checkpoint and plot
+// directories are created and checked before the first step, and the
+// checkpoint directory's free space (CheckCheckpointRoom). While it runs,
+// SIGINT, SIGTERM and SIGHUP stop the run at the next micro-batch (the swap files are removed as
+// the Engine closes); a second signal, or a run that has not stopped within stop_grace_s, exits at
+// once with 128 + the signal (the swap files are then leftovers, removed by the next run on their
+// directory). With --json, a failed run still prints one object: the steps completed and "error".
+// SIGPIPE is ignored while it runs: a closed stdout does not end the run;
+// it is reported on stderr at the end, with exit code 1 after a run that
+// completed.
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
 
 }  // namespace strata::example

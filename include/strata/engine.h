@@ -134,6 +134,10 @@ struct CheckpointInfo {
   // when the checkpoint was saved, and the checkpoint's directory.
   int64_t optimizer_step = 0;
   std::string path;
+  // The run (lineage) the checkpoint belongs to. SaveCheckpoint records it
+  // (empty: the engine's own, random at Create and replaced by the run id of
+  // the checkpoint LoadCheckpoint restores); LoadCheckpoint sets it.
+  std::string run_id;
 };
 
 class Engine {
@@ -199,20 +203,24 @@ class Engine {
   // (created if missing), copying NVMe-resident states out of the swap store;
   // the checkpoint becomes valid only when its manifest (with a CRC-32C per
   // file) has been fsync'd and renamed into place, so a crash at any point
-  // leaves the previous checkpoint loadable. The two newest checkpoints are
-  // kept. Cost: reading every state once from where it lives and writing
-  // about 12 + 2 bytes per parameter (bf16/fp16; 16 for fp32), then fsync.
-  // With strata.delayed_param_update the step in flight becomes current at
-  // the save (as at Synchronize()), so the run continues as after an ordinary
-  // step.
+  // leaves the previous checkpoint loadable. The two newest checkpoints of
+  // the run (CheckpointInfo::run_id) are kept; another run's are never
+  // removed: a `dir` holding complete checkpoints of another run is refused
+  // (FailedPrecondition naming them; LoadCheckpoint first continues that
+  // run). The engine locks `dir` (flock on dir/LOCK) at its first save or
+  // load there and holds it until it is destroyed: another process's save or
+  // load there is refused (Unavailable, naming the holder's pid and run id). Cost: reading every
+  // state once from where it lives and writing about 12 + 2 bytes per parameter (bf16/fp16; 16 for
+  // fp32), then fsync. With strata.delayed_param_update the step in flight becomes current at the
+  // save (as at Synchronize()), so the run continues as after an ordinary step.
   virtual Status SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) = 0;
   // Restores the newest checkpoint under `dir` (or `dir` itself when it is a
   // checkpoint's directory): after RegisterParameter of every parameter (it
   // calls Plan() if needed), before or between windows. The config's
   // arithmetic fields and the layout must equal the saved ones, else
-  // FailedPrecondition naming the first difference ("optimizer.lr: 0.001 in
-  // the checkpoint, 0.002 now", "parameter block3.w1: numel 1024 in the
-  // checkpoint, 2048 now"); the placement may differ. A missing, truncated or
+  // FailedPrecondition naming the first difference ("optimizer.params.lr:
+  // 0.001 in the checkpoint, 0.002 now", "parameter block3.w1: numel 1024 in
+  // the checkpoint, 2048 now"); the placement may differ. A missing, truncated or
   // corrupt file is DataLoss naming it and the checksums. Every file is
   // verified before anything is restored, so a refused checkpoint leaves the
   // engine as it was. Loading from a root directory also removes what an

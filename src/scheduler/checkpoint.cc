@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,7 +11,10 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -114,30 +118,19 @@ std::string Hex32(uint32_t v) { return fmt::format("{:08x}", v); }
 
 // ---- Identity: what must match for a checkpoint to load ----------------------
 
-// The config fields that change the arithmetic of a step or the layout.
-// Placement (offload devices, budgets, threads, I/O) is not among them: the
-// same arithmetic runs on every placement (tested bitwise).
-Json ConfigIdentity(const Config& c) {
-  Json j;
-  j["optimizer.type"] = std::string(OptimizerTypeName(c.optimizer.type));
-  j["optimizer.lr"] = c.optimizer.lr;
-  j["optimizer.betas[0]"] = c.optimizer.beta1;
-  j["optimizer.betas[1]"] = c.optimizer.beta2;
-  j["optimizer.eps"] = c.optimizer.eps;
-  j["optimizer.weight_decay"] = c.optimizer.weight_decay;
-  j["optimizer.adam_w_mode"] = c.optimizer.adam_w_mode;
-  j["optimizer.bias_correction"] = c.optimizer.bias_correction;
-  j["fp16.enabled"] = c.fp16.enabled;
-  j["fp16.loss_scale"] = c.fp16.loss_scale;
-  j["fp16.initial_scale_power"] = c.fp16.initial_scale_power;
-  j["fp16.loss_scale_window"] = c.fp16.loss_scale_window;
-  j["fp16.hysteresis"] = c.fp16.hysteresis;
-  j["fp16.min_loss_scale"] = c.fp16.min_loss_scale;
-  j["bf16.enabled"] = c.bf16_enabled;
-  j["gradient_clipping"] = c.gradient_clipping;
-  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-  j["zero_optimization.sub_group_size"] = c.zero_optimization.sub_group_size;
-  return j;
+// The whole effective config (ConfigToJson), application sections included.
+Json ConfigIdentity(const Config& c) { return Json::parse(ConfigToJson(c, -1)); }
+
+// Leaf values by key path: "a.b", "a.b[0]".
+void Flatten(const Json& j, const std::string& path,
+             std::vector<std::pair<std::string, Json>>* out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [k, v] : j.items()) Flatten(v, path.empty() ? k : path + "." + k, out);
+  } else if (j.is_array() && !j.empty()) {
+    for (size_t i = 0; i < j.size(); ++i) Flatten(j[i], fmt::format("{}[{}]", path, i), out);
+  } else {
+    out->emplace_back(path, j);
+  }
 }
 
 Json LayoutIdentity(const Layout& l) {
@@ -157,18 +150,46 @@ std::string IdentityHash(const Json& j) {
   return Hex32(Crc32c(s.data(), s.size()));
 }
 
+// CRC-32C of a manifest's canonical text (compact dump, keys in order),
+// without its manifest_crc32c.
+std::string ManifestCrc(const Json& m) {
+  const std::string s = m.dump();
+  return Hex32(Crc32c(s.data(), s.size()));
+}
+
 std::string ValueText(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
-// The first difference between the identity in the checkpoint and now, or "".
 std::string ConfigDifference(const Json& then, const Json& now) {
-  for (const auto& [key, value] : now.items()) {
-    if (!then.contains(key))
-      return fmt::format("{}: absent in the checkpoint, {} now", key, ValueText(value));
-    if (then[key] != value)
-      return fmt::format("{}: {} in the checkpoint, {} now", key, ValueText(then[key]),
-                         ValueText(value));
+  std::vector<std::pair<std::string, Json>> a, b;
+  Flatten(then, "", &a);
+  Flatten(now, "", &b);
+  std::vector<std::string> keys;
+  std::string first;
+  auto differs = [&](const std::string& key, const std::string& what) {
+    if (CheckpointKeyMayDiffer(key)) return;
+    if (first.empty())
+      first = key + ": " + what;
+    else
+      keys.push_back(key);
+  };
+  auto find = [](const std::vector<std::pair<std::string, Json>>& v, const std::string& key) {
+    return std::find_if(v.begin(), v.end(), [&](const auto& kv) { return kv.first == key; });
+  };
+  for (const auto& [key, value] : b) {
+    auto it = find(a, key);
+    if (it == a.end())
+      differs(key, fmt::format("absent in the checkpoint, {} now", ValueText(value)));
+    else if (it->second != value)
+      differs(key,
+              fmt::format("{} in the checkpoint, {} now", ValueText(it->second), ValueText(value)));
   }
-  return "";
+  for (const auto& [key, value] : a)
+    if (find(b, key) == b.end())
+      differs(key, fmt::format("{} in the checkpoint, absent now", ValueText(value)));
+  if (first.empty() || keys.empty()) return first;
+  std::string also;
+  for (const std::string& k : keys) also += (also.empty() ? "" : ", ") + k;
+  return fmt::format("{} (also: {})", first, also);
 }
 
 std::string LayoutDifference(const Json& then, const Json& now) {
@@ -200,15 +221,28 @@ std::string LayoutDifference(const Json& then, const Json& now) {
 
 // ---- The checkpoint directories under a root ---------------------------------
 
-struct Entry {
-  int64_t seq = 0;
-  std::string path;
-  bool valid = false;  // has a manifest
-};
+// The run id and optimizer step of a manifest, when it parses.
+void ReadSummary(const std::string& manifest, CheckpointEntry* e) {
+  std::string text;
+  {
+    StatusOr<File> f = File::Open(manifest, O_RDONLY);
+    if (!f.ok()) return;
+    StatusOr<int64_t> size = f->Size();
+    if (!size.ok() || *size > (int64_t{64} << 20)) return;
+    text.resize(static_cast<size_t>(*size));
+    if (!f->ReadNext(text.data(), text.size()).ok()) return;
+  }
+  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object()) return;
+  if (m.contains("run_id") && m["run_id"].is_string()) e->run_id = m["run_id"].get<std::string>();
+  if (m.contains("optimizer_step") && m["optimizer_step"].is_number_integer())
+    e->optimizer_step = m["optimizer_step"].get<int64_t>();
+}
 
-// ckpt-<digits> directories, by sequence number.
-std::vector<Entry> Scan(const std::string& root) {
-  std::vector<Entry> out;
+// ckpt-<digits> directories, by sequence number; with `summaries`, the run
+// id and step of each complete one.
+std::vector<CheckpointEntry> Scan(const std::string& root, bool summaries = true) {
+  std::vector<CheckpointEntry> out;
   std::error_code ec;
   for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
     const std::string name = d.path().filename().string();
@@ -216,28 +250,39 @@ std::vector<Entry> Scan(const std::string& root) {
     if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
     if (name.size() > 5 + 18 || !d.is_directory(ec)) continue;
-    Entry e;
-    e.seq = std::stoll(name.substr(5));
+    CheckpointEntry e;
+    e.sequence = std::stoll(name.substr(5));
     e.path = d.path().string();
-    e.valid = fs::exists(d.path() / kCheckpointManifest, ec);
+    const fs::path manifest = d.path() / kCheckpointManifest;
+    e.complete = fs::exists(manifest, ec);
+    if (e.complete && summaries) ReadSummary(manifest.string(), &e);
     out.push_back(std::move(e));
   }
-  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.seq < b.seq; });
+  std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    return a.sequence < b.sequence;
+  });
   return out;
 }
 
-// Removes every checkpoint but the newest kCheckpointsKept valid ones, and
-// interrupted saves (no manifest). The manifest goes first, so that a crash
-// half-way leaves a directory that is not a checkpoint. Failures are logged:
-// the new checkpoint is valid whatever happens here.
-void RemoveOld(const std::string& root, int64_t newest,
+std::string RunName(const std::string& run_id) {
+  return run_id.empty() ? "(no run id recorded)" : run_id;
+}
+
+// Removes the run's checkpoints but the newest kCheckpointsKept, and
+// interrupted saves (no manifest: with the root locked, no save is in
+// progress). Complete checkpoints of other runs are never touched. The
+// manifest goes first, so that a crash half-way leaves a directory that is
+// not a checkpoint. Failures are logged: the new checkpoint is valid
+// whatever happens here.
+void RemoveOld(const std::string& root, int64_t newest, const std::string& run_id,
                const std::function<void(std::string_view)>& at_point = {}) {
-  std::vector<Entry> entries = Scan(root);
+  std::vector<CheckpointEntry> entries = Scan(root);
   int kept = 0;
   bool removed = false;
   for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
-    if (it->seq > newest) continue;  // another writer's: not ours to judge
-    if (it->valid && kept < kCheckpointsKept) {
+    if (it->sequence > newest) continue;  // newer than the one just written or loaded
+    if (it->complete && it->run_id != run_id) continue;  // another run's
+    if (it->complete && kept < kCheckpointsKept) {
       ++kept;
       continue;
     }
@@ -321,29 +366,200 @@ class PartialDir {
 
 }  // namespace
 
+// ---- What may differ on load ---------------------------------------------------
+
+namespace {
+constexpr CheckpointFreeKey kFreeKeys[] = {
+    {"zero_optimization.offload_optimizer",
+     "where the optimizer states live: the same arithmetic runs on every placement, and the "
+     "format does not depend on it"},
+    {"zero_optimization.offload_param", "where the parameters live (as above)"},
+    {"zero_optimization.stage3_prefetch_bucket_size", "how far ahead parameters are fetched"},
+    {"zero_optimization.stage3_param_persistence_threshold",
+     "which parameters stay resident in HBM"},
+    {"zero_optimization.stage3_max_live_parameters", "how many parameters are resident at once"},
+    {"zero_optimization.stage3_max_reuse_distance", "when a fetched parameter is kept"},
+    {"zero_optimization.overlap_comm", "whether transfers overlap compute"},
+    {"zero_optimization.contiguous_gradients", "the staging of gradient copies"},
+    {"zero_optimization.reduce_bucket_size", "the size of gradient transfers"},
+    {"zero_optimization.allgather_bucket_size", "the size of parameter transfers"},
+    {"aio", "NVMe I/O tuning"},
+    {"strata.device", "the device that runs the model (resuming on another device is allowed)"},
+    {"strata.device_id", "which GPU of the machine runs the model"},
+    {"strata.hbm_budget", "a memory budget: it changes the placement only"},
+    {"strata.pinned_budget", "a memory budget: it changes the placement only"},
+    {"strata.trace_path", "where the timeline is written"},
+    {"strata.threads",
+     "CPU optimizer threads: each element's update does not depend on how the work is split"},
+    {"strata.io_engine", "the NVMe I/O engine"},
+    {"strata.io_sqpoll", "NVMe I/O submission polling"},
+    {"strata.overlap_optimizer", "the overlapped step computes exactly what the blocking one does"},
+    {"strata.host_device", "the simulated link of the host device (timing only)"},
+    {"strata.model.steps", "the run's length (strata train: --steps counts from step 0)"},
+};
+}  // namespace
+
+std::span<const CheckpointFreeKey> CheckpointFreeKeys() { return kFreeKeys; }
+
+bool CheckpointKeyMayDiffer(std::string_view key) {
+  for (const CheckpointFreeKey& f : kFreeKeys) {
+    const std::string_view k = f.key;
+    if (key.substr(0, k.size()) != k) continue;
+    if (key.size() == k.size() || key[k.size()] == '.' || key[k.size()] == '[') return true;
+  }
+  return false;
+}
+
+std::string CheckpointConfigDifference(const std::string& then_json, const std::string& now_json) {
+  return ConfigDifference(Json::parse(then_json), Json::parse(now_json));
+}
+
+// ---- Run ids and the lock on a root -------------------------------------------
+
+std::string NewCheckpointRunId() {
+  std::random_device rd;
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return fmt::format("{:016x}", v);
+}
+
+namespace {
+
+// The locks this process holds, by the root's device and inode.
+std::mutex g_locks_mu;
+std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<CheckpointDirLock>>& Locks() {
+  static auto* locks =
+      new std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<CheckpointDirLock>>;
+  return *locks;
+}
+
+void WriteLockText(int fd, const std::string& run_id) {
+  const std::string text =
+      fmt::format("pid {} run {}\n", ::getpid(), run_id.empty() ? "-" : run_id);
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0)
+    STRATA_LOG_WARN("checkpoint lock: cannot describe the holder: {}", std::strerror(errno));
+}
+
+}  // namespace
+
+CheckpointDirLock::~CheckpointDirLock() {
+  std::lock_guard<std::mutex> lock(g_locks_mu);
+  ::close(fd_);  // drops the flock
+  auto it = Locks().find({dev_, ino_});
+  if (it != Locks().end() && it->second.expired()) Locks().erase(it);
+}
+
+void CheckpointDirLock::SetRunId(const std::string& run_id) { WriteLockText(fd_, run_id); }
+
+StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string& root,
+                                                               const std::string& run_id) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec)
+    return IOError(
+        fmt::format("checkpoint directory {}: cannot create it: {}", root, ec.message()));
+  struct stat st;
+  if (::stat(root.c_str(), &st) != 0)
+    return ErrnoError(fmt::format("checkpoint directory {}", root), errno);
+  if (!S_ISDIR(st.st_mode))
+    return FailedPreconditionError(fmt::format("checkpoint directory {}: not a directory", root));
+  const std::pair<uint64_t, uint64_t> key{st.st_dev, st.st_ino};
+  std::lock_guard<std::mutex> lock(g_locks_mu);
+  if (auto it = Locks().find(key); it != Locks().end())
+    if (std::shared_ptr<CheckpointDirLock> held = it->second.lock()) {
+      if (!run_id.empty()) held->SetRunId(run_id);
+      return held;
+    }
+  const std::string path = root + "/" + kCheckpointLockFile;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(fmt::format("checkpoint lock file {}: open", path), errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[256] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK) return ErrnoError(fmt::format("flock {}", path), err);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    return UnavailableError(fmt::format(
+        "checkpoint directory {} is in use by another run ({}; {} is locked): wait for it to end "
+        "or use another directory",
+        root, holder.empty() ? "holder unknown" : holder, path));
+  }
+  WriteLockText(fd, run_id);
+  std::shared_ptr<CheckpointDirLock> held(new CheckpointDirLock(
+      fd, root, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)));
+  Locks()[key] = held;
+  return held;
+}
+
+// ---- What a root holds ---------------------------------------------------------
+
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root) { return Scan(root); }
+
+std::string OtherRunsCheckpoints(const std::vector<CheckpointEntry>& entries,
+                                 const std::string& run_id) {
+  struct Run {
+    int count = 0;
+    int64_t step = 0;
+  };
+  std::vector<std::pair<std::string, Run>> runs;  // in order of first appearance
+  for (const CheckpointEntry& e : entries) {
+    if (!e.complete || e.run_id == run_id) continue;
+    auto it =
+        std::find_if(runs.begin(), runs.end(), [&](const auto& r) { return r.first == e.run_id; });
+    if (it == runs.end()) it = runs.insert(runs.end(), {e.run_id, Run{}});
+    ++it->second.count;
+    it->second.step = std::max(it->second.step, e.optimizer_step);
+  }
+  std::string out;
+  for (const auto& [id, r] : runs)
+    out += fmt::format("{}{} checkpoint{} of run {} up to step {}", out.empty() ? "" : " and ",
+                       r.count, r.count == 1 ? "" : "s", RunName(id), r.step);
+  return out;
+}
+
+StatusOr<int> RemoveAllCheckpoints(const std::string& root) {
+  int removed = 0;
+  for (const CheckpointEntry& e : Scan(root, /*summaries=*/false)) {
+    const std::string manifest = e.path + "/" + kCheckpointManifest;
+    if (::unlink(manifest.c_str()) != 0 && errno != ENOENT)
+      return ErrnoError(fmt::format("removing checkpoint {}: unlink {}", e.path, manifest), errno);
+    std::error_code ec;
+    fs::remove_all(e.path, ec);
+    if (ec) return IOError(fmt::format("removing checkpoint {}: {}", e.path, ec.message()));
+    ++removed;
+  }
+  if (removed > 0) RETURN_IF_ERROR(SyncDir(root));
+  return removed;
+}
+
 std::string LatestCheckpoint(const std::string& root) {
   std::error_code ec;
   if (fs::exists(fs::path(root) / kCheckpointManifest, ec)) return root;
-  std::vector<Entry> entries = Scan(root);
+  std::vector<CheckpointEntry> entries = Scan(root, /*summaries=*/false);
   for (auto it = entries.rbegin(); it != entries.rend(); ++it)
-    if (it->valid) return it->path;
+    if (it->complete) return it->path;
   return "";
 }
 
 Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
                        StateStore* store, CheckpointMeta* meta) {
+  if (meta->run_id.empty())
+    return InvalidArgumentError("WriteCheckpoint: no run id (CheckpointMeta::run_id)");
   std::error_code ec;
   const bool existed = fs::exists(root, ec);
-  fs::create_directories(root, ec);
-  if (ec)
-    return IOError(
-        fmt::format("checkpoint directory {}: cannot create it: {}", root, ec.message()));
+  ASSIGN_OR_RETURN(meta->lock, LockCheckpointDir(root, ""));
   if (!existed) {
     const fs::path parent = fs::absolute(root, ec).parent_path();
     RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
   }
-  const std::vector<Entry> entries = Scan(root);
-  const int64_t seq = (entries.empty() ? 0 : entries.back().seq) + 1;
+  const std::vector<CheckpointEntry> entries = Scan(root);
+  if (const std::string others = OtherRunsCheckpoints(entries, meta->run_id); !others.empty())
+    return FailedPreconditionError(fmt::format(
+        "checkpoint directory {} holds {}, not of this run ({}): load its newest checkpoint "
+        "first to continue that run, save into another directory, or remove them",
+        root, others, meta->run_id));
+  const int64_t seq = (entries.empty() ? 0 : entries.back().sequence) + 1;
   const std::string dir = fmt::format("{}/ckpt-{:08d}", root, seq);
   if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoError(fmt::format("mkdir {}", dir), errno);
   PartialDir partial(dir);
@@ -390,6 +606,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   m["format"] = kFormat;
   m["version"] = kCheckpointFormatVersion;
   m["sequence"] = seq;
+  m["run_id"] = meta->run_id;
   m["optimizer_step"] = meta->optimizer_step;
   m["loss_scaler"] = {{"scale", meta->scaler.scale},
                       {"hysteresis_left", meta->scaler.hysteresis_left},
@@ -404,6 +621,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   m["files"] = std::move(files);
   std::string text;
   try {
+    m["manifest_crc32c"] = ManifestCrc(m);
     text = m.dump(1) + "\n";
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(
@@ -425,16 +643,43 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   RETURN_IF_ERROR(SyncDir(dir));
   RETURN_IF_ERROR(SyncDir(root));
   meta->path = dir;
-  RemoveOld(root, seq, meta->at_point);
+  RemoveOld(root, seq, meta->run_id, meta->at_point);
   return Status();
 }
 
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
                                         const Layout& layout, StateStore* store) {
+  if (LatestCheckpoint(root).empty())
+    return NotFoundError(
+        fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+  // A root is locked: a save of another process must not be judged
+  // interrupted, nor a checkpoint removed under it.
+  std::shared_ptr<CheckpointDirLock> lock;
+  if (LatestCheckpoint(root) != root) {
+    StatusOr<std::shared_ptr<CheckpointDirLock>> l = LockCheckpointDir(root, "");
+    if (l.ok()) {
+      lock = *l;
+    } else if (l.status().code() == StatusCode::kUnavailable || ::access(root.c_str(), W_OK) == 0) {
+      return l.status();
+    }  // else read-only: read without the lock, tidy nothing
+  }
   const std::string dir = LatestCheckpoint(root);
   if (dir.empty())
     return NotFoundError(
         fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+  if (dir != root) {
+    std::string skipped;
+    bool newer = false;
+    for (const CheckpointEntry& e : Scan(root, /*summaries=*/false)) {
+      if (e.path == dir)
+        newer = true;
+      else if (newer && !e.complete)
+        skipped += (skipped.empty() ? "" : ", ") + e.path;
+    }
+    if (!skipped.empty())
+      STRATA_LOG_WARN("checkpoint: loading {}; skipped the newer {} (no {}: an interrupted save)",
+                      dir, skipped, kCheckpointManifest);
+  }
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
   std::string text;
   {
@@ -458,9 +703,19 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
     if (m.at("format") != kFormat)
       return DataLossError(fmt::format("{}: not a strata checkpoint manifest", manifest_path));
     if (m.at("version") != kCheckpointFormatVersion)
-      return NotSupportedError(fmt::format("{}: format version {}, this build reads version {}",
-                                           manifest_path, m.at("version").dump(),
-                                           kCheckpointFormatVersion));
+      return NotSupportedError(fmt::format(
+          "{}: format version {}, this build reads version {} only (version 1 recorded neither "
+          "the run id nor the whole config): continue that run with the build that wrote it, or "
+          "start afresh in another directory",
+          manifest_path, m.at("version").dump(), kCheckpointFormatVersion));
+    Json content = m;
+    content.erase("manifest_crc32c");
+    const std::string want = m.at("manifest_crc32c").get<std::string>();
+    if (const std::string got = ManifestCrc(content); got != want)
+      return DataLossError(fmt::format(
+          "checkpoint manifest {}: its content has crc32c {}, its manifest_crc32c says {} (edited "
+          "or corrupt); remove {} to resume from the checkpoint before it",
+          manifest_path, got, want, dir));
     std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
     if (!diff.empty())
       return FailedPreconditionError(
@@ -469,6 +724,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
     if (!diff.empty())
       return FailedPreconditionError(
           fmt::format("checkpoint {} has a different model layout: {}", dir, diff));
+    meta.run_id = m.at("run_id").get<std::string>();
     meta.optimizer_step = m.at("optimizer_step").get<int64_t>();
     const Json& ls = m.at("loss_scaler");
     meta.scaler.scale = ls.at("scale").get<double>();
@@ -543,9 +799,12 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
   // A resume tidies what a crash left under the root, as the save it
   // interrupted would have: directories without a manifest and checkpoints
   // beyond the newest kCheckpointsKept, none newer than the one loaded.
-  if (dir != root)
-    for (const Entry& e : Scan(root))
-      if (e.path == dir) RemoveOld(root, e.seq);
+  if (lock != nullptr) {
+    lock->SetRunId(meta.run_id);
+    for (const CheckpointEntry& e : Scan(root, /*summaries=*/false))
+      if (e.path == dir) RemoveOld(root, e.sequence, meta.run_id);
+  }
+  meta.lock = std::move(lock);
   return meta;
 }
 

@@ -12,17 +12,21 @@
 //
 // The manifest holds the format version, the sequence number, the optimizer
 // step, the loss scaler's state, the caller's data position and note, the
-// config's identity (the fields that change the arithmetic or the layout,
-// and their hash), the layout's (parameter names, numels, dtypes, modules,
-// sub_group_size, and its hash), and per data file its size and CRC-32C.
+// run id (CheckpointMeta::run_id), the whole effective config (ConfigToJson;
+// compared key by key on load but CheckpointFreeKeys()), the layout's
+// (parameter names, numels, dtypes, modules, sub-group count, and its hash),
+// per data file its size and CRC-32C, and last
+// manifest_crc32c: the CRC-32C of the manifest's own content (its compact
+// JSON without that key), so that an edited manifest is refused.
 //
 // Writing (WriteCheckpoint): a new directory ckpt-<N> (N = 1 + the highest
 // present); the data files are written, fsync'd, and the directory fsync'd;
 // then MANIFEST.json.tmp is written and fsync'd, renamed to MANIFEST.json,
 // and the checkpoint directory and the root are fsync'd. Only a directory
 // with a MANIFEST.json is a checkpoint, so a crash at any point leaves the
-// previous one as the newest. Then checkpoints older than the last two, and
-// directories left by interrupted saves, are removed (manifest first).
+// previous one as the newest. Then the run's checkpoints older than its last
+// two, and directories left by interrupted saves, are removed (manifest
+// first); another run's checkpoints are never removed.
 //
 // The format does not depend on the placement: states and parameters are
 // copied out of wherever they live (HBM, DRAM, or the active NVMe versions,
@@ -49,8 +53,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
@@ -60,9 +67,13 @@
 namespace strata::scheduler {
 
 inline constexpr char kCheckpointManifest[] = "MANIFEST.json";
-inline constexpr int kCheckpointFormatVersion = 1;
+// The lock file of a root (see CheckpointDirLock); it stays after the run.
+inline constexpr char kCheckpointLockFile[] = "LOCK";
+inline constexpr int kCheckpointFormatVersion = 2;
 // Checkpoints kept after a successful save (the new one included).
 inline constexpr int kCheckpointsKept = 2;
+
+class CheckpointDirLock;
 
 // What the engine keeps besides the StateStore, and the caller's position.
 struct CheckpointMeta {
@@ -72,17 +83,101 @@ struct CheckpointMeta {
   std::string note;
   std::string path;   // the checkpoint's directory (set by Write/Read)
   int64_t bytes = 0;  // data bytes written or read
+  // The run (lineage) the checkpoint belongs to: written into the manifest;
+  // set from it by Read. Write requires it non-empty.
+  std::string run_id;
+  // Set by Write, and by Read from a root: the lock on the root, taken for
+  // the call. Keep it to hold the root beyond the call.
+  std::shared_ptr<CheckpointDirLock> lock;
   // Writing: called at each point of the save named in the file comment.
   std::function<void(std::string_view point)> at_point;
 };
 
+// The config keys (ConfigToJson paths; an entry covers the keys below it)
+// that may differ between a checkpoint and the engine loading it, each with
+// the reason. Every other key is compared: a difference is refused.
+struct CheckpointFreeKey {
+  const char* key;
+  const char* reason;
+};
+std::span<const CheckpointFreeKey> CheckpointFreeKeys();
+// Whether `key` (e.g. "zero_optimization.offload_param.nvme_path[0]") is
+// covered by CheckpointFreeKeys().
+bool CheckpointKeyMayDiffer(std::string_view key);
+// The differences between the config saved in a checkpoint and `now` (both
+// ConfigToJson text), the free keys left out: "strata.model.seed: 1234 in
+// the checkpoint, 99 now" for the first, then "(also: key, key)"; "" when
+// none.
+std::string CheckpointConfigDifference(const std::string& then_json, const std::string& now_json);
+
+// A new run id: 16 random hex digits.
+std::string NewCheckpointRunId();
+
+// The exclusive lock of one process on a checkpoint root: flock(2) on
+// <root>/LOCK, which holds "pid <pid> run <run id>". Another process's
+// LockCheckpointDir on the same root is refused (Unavailable, naming the
+// holder's pid and run id) until every holder in this process has dropped
+// it; the kernel drops it when the process dies (kill -9 included).
+// Within one process the lock is shared: LockCheckpointDir returns the lock
+// already held. Thread-safe.
+class CheckpointDirLock {
+ public:
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+  const std::string& root() const { return root_; }
+  // Rewrites the lock file with this process's pid and `run_id`.
+  void SetRunId(const std::string& run_id);
+
+ private:
+  friend StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string&,
+                                                                        const std::string&);
+  CheckpointDirLock(int fd, std::string root, uint64_t dev, uint64_t ino)
+      : fd_(fd), root_(std::move(root)), dev_(dev), ino_(ino) {}
+  int fd_;
+  std::string root_;
+  uint64_t dev_, ino_;
+};
+
+// Locks `root` (created if missing) for this process; `run_id` (may be "")
+// is written into the lock file. Unavailable when another process holds it:
+// "checkpoint directory R is in use by pid P (run X): ...".
+StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string& root,
+                                                               const std::string& run_id);
+
+// One ckpt-<N> directory under a root.
+struct CheckpointEntry {
+  int64_t sequence = 0;
+  std::string path;
+  bool complete = false;  // has a manifest
+  // From the manifest (when it parses): the run id ("" for one written
+  // before run ids were recorded) and the optimizer step.
+  std::string run_id;
+  int64_t optimizer_step = 0;
+};
+// The ckpt-<N> directories under root, by sequence number.
+std::vector<CheckpointEntry> ListCheckpoints(const std::string& root);
+// The complete checkpoints in `entries` not of `run_id`, as a phrase: "2
+// checkpoints of run 1a2b up to step 6" (runs joined by "and"); "" if none.
+std::string OtherRunsCheckpoints(const std::vector<CheckpointEntry>& entries,
+                                 const std::string& run_id);
+// Removes every ckpt-<N> directory under root (manifest first), whatever its
+// run. REQUIRES: the caller holds the root's lock. Returns how many.
+StatusOr<int> RemoveAllCheckpoints(const std::string& root);
+
 // Writes a new checkpoint under `root` (created if missing) and removes old
-// ones; returns its directory in meta.path. IOError etc. name the file,
-// offset and errno; an error leaves the previous checkpoints as they were.
+// ones of the same run (meta->run_id); returns its directory in meta.path.
+// It locks the root (Unavailable while another process holds it) and
+// refuses (FailedPrecondition) a root holding complete checkpoints of
+// another run, naming them: it never removes another run's checkpoints.
+// IOError etc. name the file, offset and errno; an error leaves the previous
+// checkpoints as they were.
 Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
                        StateStore* store, CheckpointMeta* meta);
 
 // Verifies and restores the newest checkpoint under `root` into `store`.
+// Loading from a root locks it (as Write; a root where the lock file cannot
+// be created, e.g. read-only, is read without the lock and left untidied).
 // NotFound: no checkpoint there. FailedPrecondition: a different config or
 // layout (the message names the first difference). DataLoss: a file missing,
 // truncated or failing its checksum (named, with both checksums).

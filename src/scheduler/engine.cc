@@ -108,6 +108,12 @@ class EngineImpl final : public Engine {
   // FailedPrecondition naming `call` in the middle of an accumulation window
   // (gradients handed over and not yet applied), with `advice`.
   Status BetweenWindows(const std::string& call, std::string_view advice) const;
+  // Keeps a checkpoint root's lock until the engine is destroyed.
+  void HoldCheckpointLock(std::shared_ptr<scheduler::CheckpointDirLock> lock) {
+    if (lock != nullptr && std::find(checkpoint_locks_.begin(), checkpoint_locks_.end(), lock) ==
+                               checkpoint_locks_.end())
+      checkpoint_locks_.push_back(std::move(lock));
+  }
   // The plan's optimizer back-end, started; the store opened beside it.
   Status OpenBackendAndStore(const scheduler::TierPlan& plan);
   // The window's last micro-batch is under way.
@@ -119,6 +125,10 @@ class EngineImpl final : public Engine {
 
   Config cfg_;
   EngineTestHooks hooks_;
+  // Checkpoints: the run id recorded by SaveCheckpoint (adopted from the
+  // checkpoint LoadCheckpoint restores), and the roots locked.
+  std::string run_id_ = scheduler::NewCheckpointRunId();
+  std::vector<std::shared_ptr<scheduler::CheckpointDirLock>> checkpoint_locks_;
   StepCounters counters_;  // outlives the device: its callbacks note into it
   std::unique_ptr<gpu::Device> dev_;
   std::unique_ptr<cpu_adam::CpuOptimizer> adam_;
@@ -469,8 +479,12 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& 
   meta.data_position = info.data_position;
   meta.note = info.note;
   meta.at_point = hooks_.checkpoint_point;
-  return scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta)
-      .WithContext("SaveCheckpoint " + dir);
+  meta.run_id = info.run_id.empty() ? run_id_ : info.run_id;
+  Status s = scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta);
+  HoldCheckpointLock(std::move(meta.lock));
+  if (!s.ok()) return s.WithContext("SaveCheckpoint " + dir);
+  run_id_ = meta.run_id;
+  return Status();
 }
 
 Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) {
@@ -487,6 +501,8 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
   // Device copies of parameters are stale once anything was restored.
   RETURN_IF_ERROR(fetcher_->InvalidateAll());
   if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);
+  HoldCheckpointLock(std::move(meta->lock));
+  run_id_ = meta->run_id;
   backend_->set_steps(meta->optimizer_step);
   scaler_.Restore(meta->scaler);
   backend_->DiscardWindow();
@@ -495,6 +511,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
     info->note = meta->note;
     info->optimizer_step = meta->optimizer_step;
     info->path = meta->path;
+    info->run_id = meta->run_id;
   }
   return Status();
 }

@@ -3,13 +3,20 @@
 // placements); a checkpoint of another config or layout is refused naming the
 // difference; corrupt, truncated and half-written checkpoints; retention; the
 // C API.
+#include "src/scheduler/checkpoint.h"
+
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "src/common/dtype.h"
 #include "src/common/half.h"
@@ -218,7 +225,7 @@ TEST(CheckpointTest, RefusesAnotherConfigOrLayoutNamingTheDifference) {
   const auto before = ReadAll(*e);
   Status s = e->LoadCheckpoint(root, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.ToString(), HasSubstr("optimizer.lr: 0.01 in the checkpoint, 0.02 now"));
+  EXPECT_THAT(s.ToString(), HasSubstr("optimizer.params.lr: 0.01 in the checkpoint, 0.02 now"));
   EXPECT_TRUE(BitwiseEqual(before, ReadAll(*e)));  // untouched
 
   Config sg = c;
@@ -238,6 +245,97 @@ TEST(CheckpointTest, RefusesAnotherConfigOrLayoutNamingTheDifference) {
   Config placed = c;
   placed.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
   EXPECT_TRUE(NewEngine(placed, 9)->LoadCheckpoint(root, nullptr).ok());
+}
+
+// Leaf values of a JSON object by key path ("a.b", "a.b[0]").
+void Leaves(const nlohmann::json& j, const std::string& path,
+            std::vector<std::pair<std::string, nlohmann::json>>* out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [k, v] : j.items()) Leaves(v, path.empty() ? k : path + "." + k, out);
+  } else if (j.is_array() && !j.empty()) {
+    for (size_t i = 0; i < j.size(); ++i) Leaves(j[i], path + "[" + std::to_string(i) + "]", out);
+  } else {
+    out->emplace_back(path, j);
+  }
+}
+
+nlohmann::json::json_pointer Pointer(const std::string& path) {
+  std::string p;
+  for (char ch : path) p += ch == '.' || ch == '[' ? '/' : ch == ']' ? '\0' : ch;
+  p.erase(std::remove(p.begin(), p.end(), '\0'), p.end());
+  return nlohmann::json::json_pointer("/" + p);
+}
+
+// Every key of the effective config, changed one at a time: the free ones
+// (CheckpointFreeKeys) load, every other one is refused naming it.
+TEST(CheckpointTest, EveryConfigKeyIsComparedButTheFreeOnes) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, dir.str());
+  c.strata.application_sections["model"] =
+      R"({"layers": 2, "hidden": 32, "seq_len": 16, "vocab": 256, "seed": 1234, "steps": 0})";
+  const std::string base = ConfigToJson(c);
+  std::vector<std::pair<std::string, nlohmann::json>> leaves;
+  Leaves(nlohmann::json::parse(base), "", &leaves);
+  ASSERT_GT(leaves.size(), 50u);
+  std::set<std::string> free_seen;
+  for (const auto& [key, value] : leaves) {
+    SCOPED_TRACE(key);
+    nlohmann::json changed = nlohmann::json::parse(base);
+    nlohmann::json& v = changed[Pointer(key)];
+    if (v.is_boolean())
+      v = !v.get<bool>();
+    else if (v.is_number_integer())
+      v = v.get<int64_t>() + 1;
+    else if (v.is_number())
+      v = v.get<double>() * 2 + 0.5;
+    else if (v.is_string())
+      v = v.get<std::string>() + "x";
+    else
+      v = 1;
+    const std::string diff = scheduler::CheckpointConfigDifference(base, changed.dump());
+    if (scheduler::CheckpointKeyMayDiffer(key)) {
+      EXPECT_EQ(diff, "");
+      for (const scheduler::CheckpointFreeKey& f : scheduler::CheckpointFreeKeys())
+        if (key.rfind(f.key, 0) == 0) free_seen.insert(f.key);
+    } else {
+      EXPECT_THAT(diff, ::testing::StartsWith(key + ": "));
+    }
+  }
+  // Every free key exists, and has a reason.
+  for (const scheduler::CheckpointFreeKey& f : scheduler::CheckpointFreeKeys()) {
+    EXPECT_TRUE(free_seen.count(f.key)) << f.key << " is no key of the config";
+    EXPECT_GT(std::strlen(f.reason), 10u) << f.key;
+  }
+  // The arithmetic the issue named: seed, seq_len, micro-batch.
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seed"));
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seq_len"));
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("train_micro_batch_size_per_gpu"));
+  EXPECT_TRUE(scheduler::CheckpointKeyMayDiffer("zero_optimization.offload_param.nvme_path[0]"));
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("zero_optimization.offload_parameters"));
+}
+
+TEST(CheckpointTest, ConfigDifferencesThroughTheEngine) {
+  testing::ScratchDir dir;
+  const std::string root = dir.str() + "/ckpt";
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  c.strata.application_sections["model"] = R"({"seed": 1234, "seq_len": 64})";
+  SavedEngine(c, root);
+  Config seed = c;
+  seed.strata.application_sections["model"] = R"({"seed": 99, "seq_len": 32})";
+  Status s = NewEngine(seed, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("strata.model.seed: 1234 in the checkpoint, 99 now (also: "
+                                      "strata.model.seq_len)"));
+  Config mb = c;
+  mb.train_micro_batch_size_per_gpu = 2;
+  mb.train_batch_size = 4;
+  s = NewEngine(mb, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_THAT(s.ToString(), HasSubstr("train_micro_batch_size_per_gpu"));
+  Config free = c;
+  free.strata.threads = 1;
+  free.strata.hbm_budget_bytes *= 2;
+  free.aio.queue_depth = 3;
+  EXPECT_TRUE(NewEngine(free, 9)->LoadCheckpoint(root, nullptr).ok());
 }
 
 void FlipByte(const std::string& path, int64_t at) {
@@ -303,11 +401,57 @@ TEST(CheckpointTest, CorruptTruncatedAndHalfWrittenCheckpoints) {
   std::vector<std::string> left;
   for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
   std::sort(left.begin(), left.end());
-  EXPECT_THAT(left, ::testing::ElementsAre("ckpt-00000004", "ckpt-00000005"));
+  EXPECT_THAT(left, ::testing::ElementsAre("LOCK", "ckpt-00000004", "ckpt-00000005"));
 
   // Nothing there at all.
   s = e->LoadCheckpoint(dir.str() + "/none", nullptr);
   EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+}
+
+TEST(CheckpointTest, AnEditedManifestIsRefusedASkippedSaveIsLogged) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  SavedEngine(c, root, /*saves=*/2);
+  const std::string manifest = root + "/ckpt-00000002/MANIFEST.json";
+  std::string text;
+  {
+    std::ifstream f(manifest);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t at = text.find("\"optimizer_step\": 2");
+  ASSERT_NE(at, std::string::npos);
+  std::string edited = text;
+  edited.replace(at, 19, "\"optimizer_step\": 1");
+  std::ofstream(manifest) << edited;
+  auto e = NewEngine(c, 9);
+  Status s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("checkpoint manifest " + manifest + ": its content has"));
+  EXPECT_THAT(s.ToString(), HasSubstr("(edited or corrupt)"));
+  std::ofstream(manifest) << text;
+  // A newer directory without a manifest is skipped, named in one line.
+  fs::create_directory(root + "/ckpt-00000003");
+  ::testing::internal::CaptureStderr();
+  CheckpointInfo info;
+  s = e->LoadCheckpoint(root, &info);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(info.optimizer_step, 2);
+  EXPECT_THAT(log, HasSubstr("skipped the newer " + root +
+                             "/ckpt-00000003 (no MANIFEST.json: an interrupted save)"));
+}
+
+TEST(CheckpointTest, AManifestOfFormatOneIsRefusedSayingWhy) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  fs::create_directories(root + "/ckpt-00000001");
+  std::ofstream(root + "/ckpt-00000001/MANIFEST.json")
+      << R"({"format": "strata-checkpoint", "version": 1, "sequence": 1})";
+  Status s = NewEngine(c, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("format version 1, this build reads version 2 only"));
 }
 
 TEST(CheckpointTest, ResumeRemovesWhatAnInterruptedCleanupLeft) {
@@ -327,11 +471,88 @@ TEST(CheckpointTest, ResumeRemovesWhatAnInterruptedCleanupLeft) {
   std::vector<std::string> left;
   for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
   std::sort(left.begin(), left.end());
-  EXPECT_THAT(left, ::testing::ElementsAre("ckpt-00000003", "ckpt-00000004"));
+  EXPECT_THAT(left, ::testing::ElementsAre("LOCK", "ckpt-00000003", "ckpt-00000004"));
   // Pointed at one checkpoint directly, the loader leaves its siblings alone.
   fs::create_directory(root + "/ckpt-00000001");
   ASSERT_TRUE(e->LoadCheckpoint(root + "/ckpt-00000003", &info).ok());
   EXPECT_TRUE(fs::exists(root + "/ckpt-00000001"));
+}
+
+std::vector<std::string> Listing(const std::string& root) {
+  std::vector<std::string> left;
+  for (const auto& d : fs::directory_iterator(root)) left.push_back(d.path().filename().string());
+  std::sort(left.begin(), left.end());
+  return left;
+}
+
+TEST(CheckpointTest, AnotherRunsCheckpointsAreRefusedNeverRemoved) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  std::string first_run;
+  {
+    auto a = SavedEngine(c, root, /*saves=*/2);
+    CheckpointInfo info;
+    ASSERT_TRUE(a->LoadCheckpoint(root, &info).ok());
+    first_run = info.run_id;
+  }
+  ASSERT_EQ(first_run.size(), 16u);
+  // A fresh engine is another run: its save is refused, naming what is there.
+  auto b = NewEngine(c, 7);
+  std::vector<double> losses;
+  TrainSteps(*b, c, 0, 1, &losses);
+  Status s = b->SaveCheckpoint(root, {});
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("holds 2 checkpoints of run " + first_run + " up to step 2"));
+  CheckpointInfo mine;
+  mine.run_id = "0123456789abcdef";
+  s = b->SaveCheckpoint(root, mine);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(Listing(root), ::testing::ElementsAre("LOCK", "ckpt-00000001", "ckpt-00000002"));
+  // Loaded, the run continues that lineage: its saves prune its own.
+  CheckpointInfo info;
+  ASSERT_TRUE(b->LoadCheckpoint(root, &info).ok());
+  EXPECT_EQ(info.run_id, first_run);
+  TrainSteps(*b, c, 2, 3, &losses);
+  ASSERT_TRUE(b->SaveCheckpoint(root, {}).ok());
+  EXPECT_THAT(Listing(root), ::testing::ElementsAre("LOCK", "ckpt-00000002", "ckpt-00000003"));
+  ASSERT_TRUE(b->LoadCheckpoint(root, &info).ok());
+  EXPECT_EQ(info.run_id, first_run);
+  EXPECT_EQ(info.path, root + "/ckpt-00000003");
+}
+
+TEST(CheckpointTest, ARootLockedByAnotherProcessIsRefusedNamingTheHolder) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  SavedEngine(c, root, /*saves=*/1);
+  // Another open file description of the lock file stands for another
+  // process (flock conflicts between them).
+  const int fd = ::open((root + "/LOCK").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "pid 4242 run feedfacecafebeef\n";
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  ASSERT_EQ(::pwrite(fd, holder.data(), holder.size(), 0), static_cast<ssize_t>(holder.size()));
+  auto e = NewEngine(c, 5);
+  Status s = e->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("in use by another run (pid 4242 run feedfacecafebeef; " +
+                                      root + "/LOCK is locked)"));
+  std::vector<double> losses;
+  TrainSteps(*e, c, 0, 1, &losses);
+  s = e->SaveCheckpoint(root, {});
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_THAT(Listing(root), ::testing::ElementsAre("LOCK", "ckpt-00000001"));
+  ::close(fd);
+  // Released: the engine loads, then holds the root until it is destroyed.
+  ASSERT_TRUE(e->LoadCheckpoint(root, nullptr).ok());
+  const int again = ::open((root + "/LOCK").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(again, 0);
+  EXPECT_NE(::flock(again, LOCK_EX | LOCK_NB), 0);
+  e.reset();
+  EXPECT_EQ(::flock(again, LOCK_EX | LOCK_NB), 0);
+  ::close(again);
 }
 
 TEST(CheckpointTest, SaveInTheMiddleOfAWindowIsRefused) {

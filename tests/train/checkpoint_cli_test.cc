@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -230,7 +231,8 @@ TEST(CheckpointCli, BadCheckpointOptionsAreOneLineErrors) {
   testing::ScratchDir dir;
   const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
   EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--resume"}, dir.str())).code, 2);
-  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("need --checkpoint-dir"));
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("--checkpoint-every need --checkpoint-dir"));
   EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--checkpoint-dir", dir.str() + "/c",
                         "--checkpoint-every", "-1"},
                        dir.str()))
@@ -252,7 +254,69 @@ TEST(CheckpointCli, BadCheckpointOptionsAreOneLineErrors) {
                 .code,
             1);
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
-              ::testing::HasSubstr("optimizer.lr: 0.003 in the checkpoint, 0.004 now"));
+              ::testing::HasSubstr("optimizer.params.lr: 0.003 in the checkpoint, 0.004 now"));
+  // The example model's section is compared too, every key at its effective
+  // value (the seed, absent from the file, is 1234).
+  text.replace(text.find("4e-3"), 4, "3e-3");
+  text.replace(text.find(R"("seq_len": 16)"), 13, R"("seq_len": 8, "seed": 99)");
+  std::ofstream(cfg) << text;
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--checkpoint-dir",
+                        dir.str() + "/c", "--resume"},
+                       dir.str()))
+                .code,
+            1);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("strata.model.seed: 1234 in the checkpoint, 99 now (also: "
+                                   "strata.model.seq_len)"));
+}
+
+// A checkpoint directory belongs to one run: a fresh run refuses another's
+// checkpoints (they stay) unless --overwrite; --resume keeps the run id; a
+// directory locked by a live process is refused, naming it.
+TEST(CheckpointCli, ADirectoryBelongsToOneRun) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string ckpt = dir.str() + "/c";
+  auto run = [&](std::vector<std::string> extra, const char* steps = "2") {
+    std::vector<std::string> a = {
+        "train", "--config",           cfg, "--steps", steps, "--json", "--checkpoint-dir",
+        ckpt,    "--checkpoint-every", "1"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return Wait(Spawn(a, dir.str())).code;
+  };
+  auto run_id = [&] {
+    return json::parse(ReadFile(dir.str() + "/stdout"))["checkpoint"]["run_id"];
+  };
+  ASSERT_EQ(run({}), 0) << ReadFile(dir.str() + "/stderr");
+  const std::string first = run_id();
+  EXPECT_EQ(run({}), 1);
+  EXPECT_THAT(
+      ReadFile(dir.str() + "/stderr"),
+      ::testing::HasSubstr("--checkpoint-dir " + ckpt + " holds 2 checkpoints of run " + first +
+                           " up to step 2: use --resume, another --checkpoint-dir, or "
+                           "--overwrite"));
+  EXPECT_TRUE(fs::exists(ckpt + "/ckpt-00000001/MANIFEST.json"));
+  EXPECT_TRUE(fs::exists(ckpt + "/ckpt-00000002/MANIFEST.json"));
+  ASSERT_EQ(run({"--resume"}, "3"), 0) << ReadFile(dir.str() + "/stderr");
+  EXPECT_EQ(run_id(), first);
+  ASSERT_EQ(run({"--overwrite"}), 0) << ReadFile(dir.str() + "/stderr");
+  EXPECT_NE(run_id(), first);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("--overwrite: removed 2 checkpoints of run " + first));
+  EXPECT_FALSE(fs::exists(ckpt + "/ckpt-00000003"));
+  // A live holder of the lock: refused before training, naming it.
+  const int fd = ::open((ckpt + "/LOCK").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "pid 4242 run feedfacecafebeef\n";
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  ASSERT_EQ(::pwrite(fd, holder.data(), holder.size(), 0), static_cast<ssize_t>(holder.size()));
+  EXPECT_EQ(run({"--resume"}, "9"), 1);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("is in use by another run (pid 4242 run feedfacecafebeef"));
+  ::close(fd);
+  EXPECT_EQ(run({"--resume", "--overwrite"}), 2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("exclude each other"));
 }
 
 }  // namespace
