@@ -263,9 +263,9 @@ class Engine:
         self._register()
         self._engine.plan()
         self._install_hooks()
-        model._strata_engine_state = self._state
         self._lr_pushed = self._engine.learning_rate()
         self.optimizer = _Optimizer(self, [p for g in self._groups for p in g.params])
+        model._strata_engine_state = self._state
 
     # ---- setup ---------------------------------------------------------------
 
@@ -591,11 +591,15 @@ class Engine:
             self._engine.set_learning_rate(lr)
             self._lr_pushed = lr
         self.last_stats = json.loads(self._engine.step())
-        if self.config.get("scheduler") is not None:
-            # The schedule's lr of the next step, for get_lr() and param_groups.
-            self._lr_pushed = self._engine.learning_rate()
-            dict.__setitem__(group, "lr", self._lr_pushed)
+        self._show_scheduled_lr()
         return self.last_stats
+
+    def _show_scheduled_lr(self):
+        """With a config schedule: its lr of the next step, for get_lr() and
+        param_groups (the step count moved)."""
+        if self.config.get("scheduler") is not None:
+            self._lr_pushed = self._engine.learning_rate()
+            dict.__setitem__(self.optimizer.param_groups[0], "lr", self._lr_pushed)
 
     def get_lr(self):
         """The learning rate of the next optimizer step, one per param group (as
@@ -704,7 +708,9 @@ class Engine:
     def load_checkpoint(self, directory):
         """Restores the newest checkpoint under `directory`; returns a dict with
         data_position, note, optimizer_step and path."""
-        return self._engine.load_checkpoint(os.fspath(directory))
+        info = self._engine.load_checkpoint(os.fspath(directory))
+        self._show_scheduled_lr()
+        return info
 
     def close(self):
         """Gives the model its weights back (each parameter's fp32 master, in

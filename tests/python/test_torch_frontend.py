@@ -452,6 +452,28 @@ def test_config_schedule_sets_each_steps_lr():
     assert engine.get_lr() == [pytest.approx(1e-4, rel=1e-12)]
 
 
+def test_config_schedule_resumes_from_a_checkpoint(tmp_path):
+    cfg = config("cpu", "cpu")
+    cfg["scheduler"] = {"type": "WarmupCosineLR",
+                        "params": {"total_num_steps": 8, "warmup_num_steps": 3}}
+    torch.manual_seed(16)
+    base = GPT()
+    data = batches(6, seed=24)
+    full = strata.initialize(copy.deepcopy(base), cfg)
+    want = strata_losses(full, data, 6)
+    want_lr = full.get_lr()
+    a = strata.initialize(copy.deepcopy(base), cfg)
+    got = strata_losses(a, data[:3], 3)
+    a.save_checkpoint(tmp_path)
+    a.close()
+    b = strata.initialize(copy.deepcopy(base), cfg)
+    b.load_checkpoint(tmp_path)
+    assert b.get_lr() == [pytest.approx(a.get_lr()[0], rel=0)]
+    got += strata_losses(b, data[3:], 3)
+    assert got == want
+    assert b.get_lr() == want_lr
+
+
 def test_config_schedule_and_torch_scheduler_is_an_error():
     cfg = config("cpu", "none")
     cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}
