@@ -182,7 +182,8 @@ def main():
             total += loss.item() / gas
         dt = time.perf_counter() - t0
         times.append(dt)
-        print(f"step {step + 1:4d}  loss {total:.4f}  {tokens_per_step / dt:9.0f} tok/s  "
+        print(f"step {step + 1:4d}  loss {total:.4f}  lr {st['lr']:.3e}  "
+              f"{tokens_per_step / dt:9.0f} tok/s  "
               f"fetch_wait {1e3 * window['fetch_wait_s']:.1f} ms  "
               f"grad_offload {1e3 * window['grad_offload_s']:.1f} ms  "
               f"optimizer {1e3 * window['optimizer_s']:.1f} ms  "

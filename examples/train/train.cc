@@ -497,6 +497,7 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
                         {"bound_efficiency", s.bound_efficiency},
                         {"bound_by", s.bound_by},
                         {"grad_norm", s.grad_norm},
+                        {"lr", s.lr},
                         {"loss_scale", s.loss_scale}});
   j["per_step"] = per_step;
   json budgets = json::array();
@@ -770,10 +771,9 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     char buf[320];
     std::snprintf(
         buf, sizeof(buf),
-        "step %4lld/%lld  loss %.4f  %7.0f tok/s  %.3f s  overlap %.2f  nvme r %s w %s  pcie h2d "
-        "%s "
-        "d2h %s%s",
-        static_cast<long long>(s + 1), static_cast<long long>(n), loss,
+        "step %4lld/%lld  loss %.4f  lr %.3e  %7.0f tok/s  %.3f s  overlap %.2f  nvme r %s w %s  "
+        "pcie h2d %s d2h %s%s",
+        static_cast<long long>(s + 1), static_cast<long long>(n), loss, st.lr,
         st.step_time_s > 0 ? static_cast<double>(r.tokens_per_step) / st.step_time_s : 0.0,
         st.step_time_s, st.overlap_efficiency,
         Human(static_cast<double>(st.nvme_read_bytes)).c_str(),

@@ -19,7 +19,8 @@
 //    section or aio written "auto" as a whole means its defaults too.
 //  - train_batch_size, train_micro_batch_size_per_gpu,
 //    gradient_accumulation_steps, gradient_clipping, optimizer.params.{lr,
-//    betas, eps, weight_decay}, fp16.enabled and bf16.enabled take the value a
+//    betas, eps, weight_decay}, scheduler.params.{warmup_min_lr, warmup_max_lr,
+//    warmup_num_steps, total_num_steps}, fp16.enabled and bf16.enabled take the value a
 //    frontend passes in AutoValues (as the Hugging Face trainer does); without
 //    one, Strata's default (batch sizes: derived from the others, else 1).
 //    Each such resolution is one notice naming the key and the value used.
@@ -175,6 +176,78 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+// The learning-rate schedule (the `scheduler` section): DeepSpeed's five
+// schedules from deepspeed/runtime/lr_schedules.py, with their names, keys,
+// defaults and formulas. A schedule is a function of the number of optimizer
+// steps applied so far (steps skipped on an fp16 overflow do not advance it,
+// as in DeepSpeed), so a resumed run continues it exactly. The optimizer step
+// that follows k applied steps uses DeepSpeed's lr for last_batch_iteration
+// k - 1 (ScheduleAt below): DeepSpeed sets the lr of iteration -1 when it
+// builds the schedule and advances it after each applied step.
+enum class LrScheduleType {
+  kNone,
+  kWarmupLR,
+  kWarmupDecayLR,
+  kWarmupCosineLR,
+  kOneCycle,
+  kLRRangeTest
+};
+// "none" (no section), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"
+std::string_view LrScheduleTypeName(LrScheduleType t);
+
+// warmup_type of the three warmup schedules: log (DeepSpeed's default) or linear.
+enum class WarmupType { kLog, kLinear };
+std::string_view WarmupTypeName(WarmupType t);  // "log", "linear"
+
+// scheduler.params. Which keys apply depends on the type (a key the type does
+// not take is an error, as DeepSpeed's constructor refuses it):
+//   WarmupLR:       warmup_min_lr 0, warmup_max_lr (optimizer.params.lr),
+//                   warmup_num_steps 1000, warmup_type log
+//   WarmupDecayLR:  the same with warmup_max_lr 0.001, and total_num_steps (required)
+//   WarmupCosineLR: total_num_steps (required), warmup_min_ratio 0,
+//                   warmup_num_steps 1000, cos_min_ratio 0.0001, warmup_type log;
+//                   the lr is optimizer.params.lr × the ratio
+//   OneCycle:       cycle_min_lr, cycle_max_lr (both required), decay_lr_rate 0,
+//                   cycle_first_step_size 2000, cycle_second_step_size (= first),
+//                   cycle_first_stair_count 0, cycle_second_stair_count (= first),
+//                   decay_step_size 0, cycle_momentum true, cycle_min_mom 0.8,
+//                   cycle_max_mom 0.9, decay_mom_rate 0
+//   LRRangeTest:    lr_range_test_min_lr 0.001, lr_range_test_step_size 2000,
+//                   lr_range_test_step_rate 1.0, lr_range_test_staircase false
+// The parser resolves the defaults that depend on other keys, so the fields
+// below hold the values used. warmup_num_steps below 2 counts as 2 (DeepSpeed).
+struct SchedulerConfig {
+  LrScheduleType type = LrScheduleType::kNone;
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;
+  int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::kLog;
+  int64_t total_num_steps = 0;  // WarmupDecayLR, WarmupCosineLR: > 0
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 1e-4;
+  double cycle_min_lr = 0.0;
+  double cycle_max_lr = 0.0;
+  double decay_lr_rate = 0.0;
+  int64_t cycle_first_step_size = 2000;
+  int64_t cycle_second_step_size = 2000;
+  int64_t cycle_first_stair_count = 0;
+  int64_t cycle_second_stair_count = 0;
+  int64_t decay_step_size = 0;
+  // OneCycle cycles betas[0] inversely to the lr and sets betas[1] to 0.99
+  // (DeepSpeed's OneCycle does both). Adagrad has no betas: the parser turns
+  // it off with a warning, as DeepSpeed does.
+  bool cycle_momentum = true;
+  double cycle_min_mom = 0.8;
+  double cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+  double lr_range_test_min_lr = 1e-3;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
+
+  bool operator==(const SchedulerConfig&) const = default;
+};
+
 // fp16
 struct Fp16Config {
   bool enabled = false;
@@ -243,6 +316,7 @@ struct Config {
   ZeroConfig zero_optimization;
   AioConfig aio;
   OptimizerConfig optimizer;
+  SchedulerConfig scheduler;  // type kNone: the lr stays optimizer.params.lr
   Fp16Config fp16;
   bool bf16_enabled = false;       // bf16.enabled
   double gradient_clipping = 0.0;  // 0 = no clipping
@@ -286,7 +360,22 @@ struct AutoValues {
   std::optional<double> weight_decay;
   std::optional<bool> fp16_enabled;
   std::optional<bool> bf16_enabled;
+  // scheduler.params (the Hugging Face trainer fills these from its warmup
+  // and max steps; warmup_max_lr "auto" takes `lr`, warmup_min_lr "auto" 0).
+  std::optional<int64_t> warmup_num_steps;
+  std::optional<int64_t> total_num_steps;
 };
+
+// What the schedule gives the optimizer step that follows `applied_steps`
+// applied optimizer steps: its learning rate and, for OneCycle with
+// cycle_momentum, its betas. Without a schedule: optimizer.params.lr and the
+// optimizer's betas.
+struct ScheduledValues {
+  double lr = 0.0;
+  double beta1 = 0.0;
+  double beta2 = 0.0;
+};
+ScheduledValues ScheduleAt(const Config& config, int64_t applied_steps);
 
 // Parses JSON text. `source` names it in error messages (a file path, or
 // "<string>"). Logs each warning (warn) and notice (info) as well as storing

@@ -64,9 +64,13 @@ struct ModuleView {
 // What happened in the last Step() and where the time went. Times are wall
 // seconds on the calling thread unless noted; bytes are totals for the step.
 struct StepStats {
-  int64_t step = 0;               // optimizer steps applied so far
-  bool applied = false;           // false: accumulating, or skipped on overflow
-  bool overflow = false;          // inf/nan in the gradients (step skipped)
+  int64_t step = 0;       // optimizer steps applied so far
+  bool applied = false;   // false: accumulating, or skipped on overflow
+  bool overflow = false;  // inf/nan in the gradients (step skipped)
+  // The learning rate of the optimizer step this Step() applied; when none
+  // was applied (accumulating, or skipped on overflow), the one the next
+  // step will use.
+  double lr = 0.0;
   double loss_scale = 1.0;        // the scale for the next micro-batch
   double grad_norm = 0.0;         // global L2 norm of the (unscaled) gradients
   double clip_coef = 1.0;         // applied clip multiplier (1 = not clipped)
@@ -168,7 +172,10 @@ class Engine {
   virtual Status AfterBackward(int module) = 0;
 
   // Ends a micro-batch. On the last micro-batch of an accumulation window it
-  // applies the optimizer: fp16 overflow → skipped (loss scale lowered);
+  // applies the optimizer (FailedPrecondition, and nothing changes, when no
+  // gradients were handed over since the last optimizer step: the update
+  // would be one of zero gradients, which weight decay and momentum still
+  // move): fp16 overflow → skipped (loss scale lowered);
   // gradient clipping by global norm; updated parameters copied to where
   // offload_param says.
   //
@@ -230,6 +237,23 @@ class Engine {
   // then continues bitwise as the run that saved it. Cost: every file is read
   // twice (verify, restore) and the states are written to where they live.
   virtual Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) = 0;
+
+  // The learning rate. Without a `scheduler` section it is
+  // optimizer.params.lr until SetLearningRate changes it; with one it is the
+  // schedule's value at the optimizer step count (config.h, ScheduleAt).
+  //
+  // SetLearningRate(lr): the lr of every later optimizer step (the next
+  // Step() that ends a window, and on), until set again; the step in flight
+  // keeps its own. Any time, also within a window (a framework's scheduler
+  // steps after its optimizer's step). Not checkpointed: a resumed run sets
+  // it again (a framework's scheduler restores its own state). Refused:
+  // InvalidArgument for a negative or non-finite lr; FailedPrecondition when
+  // the config has a `scheduler` section (one source of truth: the schedule
+  // sets the lr at every step; remove the section to drive the lr from
+  // outside).
+  virtual Status SetLearningRate(double lr) = 0;
+  // The lr the next optimizer step will use.
+  virtual double learning_rate() const = 0;
 
   // Multiply the loss by this before backward (1 unless fp16 is enabled).
   virtual double loss_scale() const = 0;

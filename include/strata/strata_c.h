@@ -48,6 +48,7 @@ typedef struct strata_step_stats {
   int64_t nvme_read_bytes, nvme_written_bytes;
   int64_t pcie_h2d_bytes, pcie_d2h_bytes;
   int64_t hbm_high_water_bytes;
+  double lr; /* the step's learning rate (StepStats::lr) */
 } strata_step_stats;
 
 /* The message of the last failed call on this thread ("" if none). */
@@ -74,7 +75,9 @@ enum {
   STRATA_AUTO_EPS = 1u << 7,
   STRATA_AUTO_WEIGHT_DECAY = 1u << 8,
   STRATA_AUTO_FP16_ENABLED = 1u << 9,
-  STRATA_AUTO_BF16_ENABLED = 1u << 10
+  STRATA_AUTO_BF16_ENABLED = 1u << 10,
+  STRATA_AUTO_WARMUP_NUM_STEPS = 1u << 11,
+  STRATA_AUTO_TOTAL_NUM_STEPS = 1u << 12
 };
 typedef struct strata_auto_values {
   uint32_t given; /* STRATA_AUTO_* bits */
@@ -82,6 +85,7 @@ typedef struct strata_auto_values {
   double gradient_clipping;
   double lr, beta1, beta2, eps, weight_decay; /* optimizer.params (betas[0], betas[1]) */
   int fp16_enabled, bf16_enabled;             /* 0 or 1 */
+  int64_t warmup_num_steps, total_num_steps;  /* scheduler.params */
 } strata_auto_values;
 
 /* strata_engine_create_from_json, with values for the "auto" keys
@@ -122,6 +126,13 @@ int strata_save_checkpoint(strata_engine* engine, const char* dir, int64_t data_
 int strata_load_checkpoint(strata_engine* engine, const char* dir, int64_t* data_position,
                            int64_t* optimizer_step, char* note_buf, size_t note_capacity,
                            size_t* note_needed);
+
+/* Engine::SetLearningRate / learning_rate (strata/engine.h): the lr of the
+ * later optimizer steps; STRATA_FAILED_PRECONDITION when the config has a
+ * scheduler section, STRATA_INVALID_ARGUMENT for a negative or non-finite lr.
+ * strata_learning_rate: the lr of the next optimizer step (0 for NULL). */
+int strata_set_learning_rate(strata_engine* engine, double lr);
+double strata_learning_rate(const strata_engine* engine);
 
 double strata_loss_scale(const strata_engine* engine);
 void* strata_compute_stream(const strata_engine* engine);

@@ -173,6 +173,8 @@ const AutoKey kAutoKeys[] = {
     {"weight_decay", nullptr, &AutoValues::weight_decay},
     {"fp16_enabled", nullptr, nullptr, &AutoValues::fp16_enabled},
     {"bf16_enabled", nullptr, nullptr, &AutoValues::bf16_enabled},
+    {"warmup_num_steps", &AutoValues::warmup_num_steps},
+    {"total_num_steps", &AutoValues::total_num_steps},
 };
 
 AutoValues ToAutoValues(const py::dict& d) {
@@ -359,6 +361,8 @@ class PyEngine {
   }
 
   double loss_scale() const { return e().loss_scale(); }
+  void set_learning_rate(double lr) { ThrowIfError(e().SetLearningRate(lr)); }
+  double learning_rate() const { return e().learning_rate(); }
   uintptr_t compute_stream() const { return reinterpret_cast<uintptr_t>(e().ComputeStream()); }
   std::string device_name() const { return e().DeviceName(); }
   bool device_is_host() const { return e().DeviceIsHost(); }
@@ -458,6 +462,8 @@ PYBIND11_MODULE(_strata, m) {
            py::arg("data_position") = 0, py::arg("note") = "")
       .def("load_checkpoint", &PyEngine::load_checkpoint)
       .def("loss_scale", &PyEngine::loss_scale)
+      .def("set_learning_rate", &PyEngine::set_learning_rate)
+      .def("learning_rate", &PyEngine::learning_rate)
       .def("compute_stream", &PyEngine::compute_stream)
       .def("device_name", &PyEngine::device_name)
       .def("device_is_host", &PyEngine::device_is_host)

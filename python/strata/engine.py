@@ -51,7 +51,7 @@ import torch
 import torch.utils.dlpack as _dlpack
 
 from . import _strata
-from ._errors import InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -97,6 +97,7 @@ class _Group:
         self.in_backward = False  # gradients due in this backward pass
         self.held = False  # BeforeForward without AfterForward: views mapped
         self.pending = {}  # param index -> finished gradient, until all are there
+        self.recompute = []  # the views replaced by copies, per recomputation in progress
 
 
 class _SavedView:
@@ -152,12 +153,82 @@ def _replace(output, mapping):
     return output
 
 
+class _LrGroup(dict):
+    """The optimizer's one param group. With a config `scheduler` section,
+    setting its lr (or the initial_lr a torch scheduler records) is an error:
+    the config's schedule sets the lr, and two sources would silently race."""
+
+    def __init__(self, group, scheduled):
+        super().__init__(group)
+        self._scheduled = scheduled  # the config's schedule type, or None
+
+    def _refuse(self, key):
+        if self._scheduled is not None and key in ("lr", "initial_lr"):
+            raise FailedPreconditionError(
+                f"param_groups[0][{key!r}]: the config's scheduler section ({self._scheduled}) "
+                "sets the learning rate at every step; use either it or a torch lr_scheduler "
+                "(or your own lr), not both: remove the config's scheduler section to drive the "
+                "lr from Python", "FailedPrecondition")
+
+    def __setitem__(self, key, value):
+        self._refuse(key)
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self._refuse(key)
+        return super().setdefault(key, default)
+
+    def update(self, *args, **kwargs):
+        for key in dict(*args, **kwargs):
+            self._refuse(key)
+        super().update(*args, **kwargs)
+
+
+class _Optimizer(torch.optim.Optimizer):
+    """``engine.optimizer``: what torch's lr schedulers drive. One param group
+    (every parameter the engine owns) whose ``lr`` is read at each step and
+    becomes the engine's learning rate (Engine::SetLearningRate); ``betas``,
+    ``eps`` and ``weight_decay`` are the config's, for reading only. step()
+    is ``engine.step()``; zero_grad() is ``engine.zero_grad()``. The optimizer
+    states live in the engine: state_dict() holds the param group only."""
+
+    def __init__(self, engine, params):
+        opt = engine.config["optimizer"]["params"]
+        defaults = {"lr": engine._engine.learning_rate(),
+                    "weight_decay": opt.get("weight_decay", 0.0)}
+        if "betas" in opt:
+            defaults["betas"] = tuple(opt["betas"])
+        if "eps" in opt:
+            defaults["eps"] = opt["eps"]
+        super().__init__(params, defaults)
+        self._strata = engine
+        sched = engine.config.get("scheduler", {}).get("type")
+        self.param_groups[0] = _LrGroup(self.param_groups[0], sched)
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise InvalidArgumentError(
+                "engine.optimizer.step(closure): closures are not supported (run forward and "
+                "engine.backward(loss) before step())", "InvalidArgument")
+        return self._strata._step()
+
+    def zero_grad(self, set_to_none=True):
+        self._strata.zero_grad()
+
+
 class Engine:
     """A model trained through Strata. Create it with :func:`strata.initialize`."""
 
     def __init__(self, model, config, auto_values=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        owner = getattr(model, "_strata_engine_state", None)
+        if owner is not None and not owner["closed"]:
+            raise FailedPreconditionError(
+                "initialize: this model is already trained by a Strata engine (its parameters "
+                "live in that engine); close() that engine first (it gives the model its weights "
+                "back)", "FailedPrecondition")
         text, source = _config_text(config)
         host_only = not torch.cuda.is_available()
         self._engine = _strata.Engine(text, source, dict(auto_values or {}), host_only)
@@ -185,10 +256,16 @@ class Engine:
         self._owner = {}  # storage pointer of a live view -> param
         self._accumulators = []  # strong references: keeps the hooks alive
         self._handles = []
+        self._state = {"closed": False}
+        self._in_backward = False  # inside backward(): a forward now is a recomputation
+        self._origin = {}  # id(param) -> (dtype, device) before the engine took it
         self._build_groups()
         self._register()
         self._engine.plan()
         self._install_hooks()
+        self._lr_pushed = self._engine.learning_rate()
+        self.optimizer = _Optimizer(self, [p for g in self._groups for p in g.params])
+        model._strata_engine_state = self._state
 
     # ---- setup ---------------------------------------------------------------
 
@@ -241,6 +318,7 @@ class Engine:
         dtype_name = _DTYPE_NAMES[self.dtype]
         for g in self._groups:
             for name, p in zip(g.names, g.params):
+                self._origin[id(p)] = (p.dtype, p.device)
                 init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 pid = self._engine.register_parameter(name, list(p.shape), dtype_name, g.index,
                                                       _dlpack.to_dlpack(init))
@@ -412,9 +490,22 @@ class Engine:
         wrapped = _OnBackward.apply(callback, *tensors)
         return _replace(structure, {id(t): w for t, w in zip(tensors, wrapped)})
 
+    # A forward during backward() is activation checkpointing recomputing it.
+    # Non-reentrant checkpointing stores what the recomputation saves with
+    # its own saved-tensor hooks (they replace the frontend's), so a saved
+    # view of a parameter would point into engine memory that is reused once
+    # the module is released. The recomputation therefore runs on copies of
+    # the parameters (one module at a time; autograd keeps the saved ones
+    # until their use in backward), and the views come back afterwards.
+
     def _make_pre_forward(self, g):
         def hook(module, inputs):
             self._enter_forward(g)
+            if self._in_backward and torch.is_grad_enabled():
+                g.recompute.append([p.data for p in g.params])
+                with self._on_stream():
+                    for p in g.params:
+                        p.data = p.data.clone()
             if torch.is_grad_enabled():
                 return self._wrap(inputs, lambda: self._exit_backward(g))
             return None
@@ -425,6 +516,9 @@ class Engine:
         def hook(module, inputs, output):
             if torch.is_grad_enabled():
                 output = self._wrap(output, lambda: self._enter_backward(g))
+            if self._in_backward and torch.is_grad_enabled() and g.recompute:
+                for p, v in zip(g.params, g.recompute.pop()):
+                    p.data = v
             self._exit_forward(g)
             return output
 
@@ -433,7 +527,7 @@ class Engine:
     def _make_grad_hook(self, g, i):
         def hook(grad_inputs, grad_outputs):
             p = g.params[i]
-            if p.grad is None:
+            if p.grad is None or self._state["closed"]:
                 return
             g.pending[i] = p.grad
             p.grad = None
@@ -444,8 +538,15 @@ class Engine:
 
     # ---- training ------------------------------------------------------------
 
+    def _check_open(self):
+        if self._state["closed"]:
+            raise FailedPreconditionError(
+                "the engine was closed (engine closed); the model has its weights back and runs "
+                "without it", "FailedPrecondition")
+
     def __call__(self, *args, **kwargs):
         """Runs the model's forward (its parameters fetched module by module)."""
+        self._check_open()
         with self._caller_ordered(), self._saved_tensor_hooks():
             return self.module(*args, **kwargs)
 
@@ -456,9 +557,14 @@ class Engine:
         gradient_accumulation_steps (as DeepSpeed's engine.backward does, so a
         window's gradient is the mean of its micro-batches'); gradients go to
         the engine as each module's backward finishes."""
+        self._check_open()
         factor = self._engine.loss_scale() / self.gradient_accumulation_steps
-        with self._caller_ordered(), self._saved_tensor_hooks():
-            (loss * factor if factor != 1.0 else loss).backward()
+        self._in_backward = True
+        try:
+            with self._caller_ordered(), self._saved_tensor_hooks():
+                (loss * factor if factor != 1.0 else loss).backward()
+        finally:
+            self._in_backward = False
         for g in self._groups:
             g.bwd_depth = 0  # modules whose inputs need no gradient end here
             if g.in_backward or g.pending:  # parameters that got no gradient: zeros
@@ -467,9 +573,38 @@ class Engine:
 
     def step(self):
         """Ends a micro-batch; applies the optimizer at the end of each window of
-        gradient_accumulation_steps. Returns the step's statistics (dict)."""
+        gradient_accumulation_steps. Returns the step's statistics (dict), whose
+        ``lr`` is the step's learning rate. Raises FailedPreconditionError when
+        no backward() handed gradients over since the last optimizer step.
+
+        Goes through ``engine.optimizer.step()``, so torch lr schedulers see the
+        optimizer step."""
+        return self.optimizer.step()
+
+    def _step(self):
+        self._check_open()
+        group = self.optimizer.param_groups[0]
+        lr = float(group["lr"])
+        if lr != self._lr_pushed:
+            # Set from outside (a torch lr_scheduler, or by hand); refused by
+            # the engine when the config has a scheduler section.
+            self._engine.set_learning_rate(lr)
+            self._lr_pushed = lr
         self.last_stats = json.loads(self._engine.step())
+        self._show_scheduled_lr()
         return self.last_stats
+
+    def _show_scheduled_lr(self):
+        """With a config schedule: its lr of the next step, for get_lr() and
+        param_groups (the step count moved)."""
+        if self.config.get("scheduler") is not None:
+            self._lr_pushed = self._engine.learning_rate()
+            dict.__setitem__(self.optimizer.param_groups[0], "lr", self._lr_pushed)
+
+    def get_lr(self):
+        """The learning rate of the next optimizer step, one per param group (as
+        DeepSpeed's engine.get_lr())."""
+        return [group["lr"] for group in self.optimizer.param_groups]
 
     def zero_grad(self):
         """Discards the accumulated gradients of the current window."""
@@ -573,13 +708,35 @@ class Engine:
     def load_checkpoint(self, directory):
         """Restores the newest checkpoint under `directory`; returns a dict with
         data_position, note, optimizer_step and path."""
-        return self._engine.load_checkpoint(os.fspath(directory))
+        info = self._engine.load_checkpoint(os.fspath(directory))
+        self._show_scheduled_lr()
+        return info
 
     def close(self):
-        """Removes the hooks and destroys the engine (its swap files go)."""
+        """Gives the model its weights back (each parameter's fp32 master, in
+        the parameter's original dtype and device), removes the hooks and
+        destroys the engine (its swap files go). The model then trains or
+        evaluates without Strata, or can be handed to a new engine; calls on
+        this engine raise FailedPreconditionError. Idempotent."""
+        if self._state["closed"]:
+            return
+        self._engine.synchronize()
+        for g in self._groups:
+            self._release(g)
+        with torch.no_grad():
+            for g in self._groups:
+                for p in g.params:
+                    pid = self._param_id[id(p)]
+                    value = _dlpack.from_dlpack(self._engine.read_parameter(pid))
+                    dtype, device = self._origin[id(p)]
+                    p.data = value.view(self._shape_of_id[pid]).to(device=device, dtype=dtype)
+                    p.grad = None
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._accumulators = []
+        self._owner = {}
+        self._state["closed"] = True
         self._engine.close()
 
 

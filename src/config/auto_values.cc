@@ -1,6 +1,8 @@
 // "auto", the Hugging Face integration's placeholder, for the keys a frontend
 // fills (AutoValues): gradient_clipping, optimizer.params.{lr, betas, eps,
-// weight_decay}, fp16.enabled, bf16.enabled and the three batch sizes. Each
+// weight_decay}, scheduler.params.{warmup_min_lr, warmup_max_lr,
+// warmup_num_steps, total_num_steps}, fp16.enabled, bf16.enabled and the
+// three batch sizes. Each
 // resolution is one notice naming the key, the value used and where it came
 // from. Also the batch-size rule: any two of train, micro and accumulation
 // derive the third.
@@ -23,6 +25,8 @@ Status ReadAutoKey(Section& s, std::string_view key, const std::optional<T>& sup
   if (!s.IsAutoKey(key)) {
     if constexpr (std::is_same_v<T, bool>)
       return s.Bool(key, out, Auto::kAllowed);
+    else if constexpr (std::is_same_v<T, int64_t>)
+      return s.Int(key, out, Auto::kAllowed);
     else
       return s.Double(key, out, Auto::kAllowed);
   }
@@ -101,6 +105,11 @@ Status ReadAutoBool(Section& s, std::string_view key, const std::optional<bool>&
 
 Status ReadAutoDouble(Section& s, std::string_view key, const std::optional<double>& supplied,
                       std::string_view fallback, double* out) {
+  return ReadAutoKey(s, key, supplied, fallback, out);
+}
+
+Status ReadAutoInt(Section& s, std::string_view key, const std::optional<int64_t>& supplied,
+                   std::string_view fallback, int64_t* out) {
   return ReadAutoKey(s, key, supplied, fallback, out);
 }
 

@@ -15,6 +15,8 @@
 //                     ReadConfig, the walk over the whole document.
 //   auto_values.cc    "auto" resolution (AutoValues) and the batch-size rule.
 //   read_strata.cc    The `strata` section.
+//   read_scheduler.cc The `scheduler` section (DeepSpeed's lr schedules).
+//   lr_schedule.cc    ScheduleAt: the schedules' formulas.
 //   validate.cc       ValidateConfig: ranges and cross-field rules.
 //   to_json.cc        ConfigToJson and Config equality.
 //
@@ -133,6 +135,15 @@ inline constexpr EnumName<DeviceKind> kDeviceKinds[] = {
 inline constexpr EnumName<IoEngineKind> kIoEngines[] = {{"auto", IoEngineKind::kAuto},
                                                         {"uring", IoEngineKind::kUring},
                                                         {"posix", IoEngineKind::kPosix}};
+
+inline constexpr EnumName<LrScheduleType> kLrSchedules[] = {
+    {"WarmupLR", LrScheduleType::kWarmupLR},
+    {"WarmupDecayLR", LrScheduleType::kWarmupDecayLR},
+    {"WarmupCosineLR", LrScheduleType::kWarmupCosineLR},
+    {"OneCycle", LrScheduleType::kOneCycle},
+    {"LRRangeTest", LrScheduleType::kLRRangeTest}};
+inline constexpr EnumName<WarmupType> kWarmupTypes[] = {{"log", WarmupType::kLog},
+                                                        {"linear", WarmupType::kLinear}};
 
 // Which optimizer.params each type takes (DeepSpeed's CPU optimizers' names).
 struct OptimizerParams {
@@ -264,6 +275,11 @@ class Section {
 // read_deepspeed.cc: the whole document into `c` (values and diagnostics).
 Status ReadConfig(const json& root, const AutoValues& autos, Config* c);
 
+// read_scheduler.cc: the `scheduler` section (after the optimizer's: defaults
+// depend on it).
+Status ReadScheduler(Section& s, const AutoValues& autos, const OptimizerConfig& o,
+                     SchedulerConfig* sc);
+
 // read_strata.cc: the `strata` section.
 Status ReadStrata(Section& s, StrataConfig* st);
 
@@ -274,6 +290,8 @@ Status ReadAutoBool(Section& s, std::string_view key, const std::optional<bool>&
                     std::string_view fallback, bool* out);
 Status ReadAutoDouble(Section& s, std::string_view key, const std::optional<double>& supplied,
                       std::string_view fallback, double* out);
+Status ReadAutoInt(Section& s, std::string_view key, const std::optional<int64_t>& supplied,
+                   std::string_view fallback, int64_t* out);
 // optimizer.params.betas written "auto" (both values from AutoValues).
 void ResolveAutoBetas(Section& p, const AutoValues& autos, std::string_view fallback,
                       OptimizerConfig* o);

@@ -311,6 +311,9 @@ Status ReadConfig(const json& root, const AutoValues& autos, Config* c) {
         OptimizerTypeName(o.type), o.lr, o.beta1, o.beta2, o.eps, o.weight_decay));
   }
   sec.reset();
+  RETURN_IF_ERROR(top.Child("scheduler", &sec));
+  if (sec) RETURN_IF_ERROR(ReadScheduler(*sec, autos, c->optimizer, &c->scheduler));
+  sec.reset();
   RETURN_IF_ERROR(top.Child("fp16", &sec));
   if (sec) RETURN_IF_ERROR(ReadFp16(*sec, autos, &c->fp16));
   sec.reset();

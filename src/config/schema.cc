@@ -30,6 +30,7 @@ constexpr KeyUse kRead = KeyUse::kRead, kUnused = KeyUse::kUnused,
 
 bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool IsMinusOne(const json& v) { return v.is_number() && v.get<double>() == -1.0; }
 
 // clang-format off
 const KeySpec kSchema[] = {
@@ -45,6 +46,7 @@ const KeySpec kSchema[] = {
     {"bf16", kObject},
     {"bfloat16", kObject, kRead, "", "old name of bf16"},
     {"strata", kObject},
+    {"scheduler", kObject},
 
     // ---- zero_optimization ----------------------------------------------------
     {"zero_optimization.stage", kInt, kRead, "0", "0, 1, 2, 3"},
@@ -105,6 +107,34 @@ const KeySpec kSchema[] = {
     {"optimizer.params.adam_w_mode", kBool, kRead, "true", "Adam, AdamW (AdamW forces true)"},
     {"optimizer.params.bias_correction", kBool, kRead, "true", "Adam, AdamW"},
 
+    // ---- scheduler (DeepSpeed's lr_schedules.py; the keys each type takes:
+    // include/strata/config.h, SchedulerConfig) ---------------------------------
+    {"scheduler.type", kEnum, kRead, "", "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest"},
+    {"scheduler.params", kObject},
+    {"scheduler.params.warmup_min_lr", kDouble, kRead, "", ">= 0; default 0"},
+    {"scheduler.params.warmup_max_lr", kDouble, kRead, "", ">= 0; default optimizer.params.lr (WarmupDecayLR: 0.001)"},
+    {"scheduler.params.warmup_num_steps", kInt, kRead, "", "> 0; default 1000; below 2 counts as 2"},
+    {"scheduler.params.warmup_type", kEnum, kRead, "", "log, linear; default log"},
+    {"scheduler.params.total_num_steps", kInt, kRead, "", "> 0; required by WarmupDecayLR and WarmupCosineLR"},
+    {"scheduler.params.warmup_min_ratio", kDouble, kRead, "", ">= 0; default 0"},
+    {"scheduler.params.cos_min_ratio", kDouble, kRead, "", ">= 0; default 0.0001"},
+    {"scheduler.params.cycle_min_lr", kDouble, kRead, "", ">= 0; required by OneCycle"},
+    {"scheduler.params.cycle_max_lr", kDouble, kRead, "", ">= 0; required by OneCycle"},
+    {"scheduler.params.decay_lr_rate", kDouble, kRead, "", ">= 0; default 0"},
+    {"scheduler.params.cycle_first_step_size", kInt, kRead, "", "> 0; default 2000"},
+    {"scheduler.params.cycle_second_step_size", kInt, kRead, "", ">= 0; default cycle_first_step_size"},
+    {"scheduler.params.cycle_first_stair_count", kInt, kRead, "", ">= 0; default 0 (no stairs)"},
+    {"scheduler.params.cycle_second_stair_count", kInt, kRead, "", ">= 0; default cycle_first_stair_count"},
+    {"scheduler.params.decay_step_size", kInt, kRead, "", ">= 0; default 0 (no decay)"},
+    {"scheduler.params.cycle_momentum", kBool, kRead, "", "default true; not with Adagrad"},
+    {"scheduler.params.cycle_min_mom", kDouble, kRead, "", "[0, 1); default 0.8"},
+    {"scheduler.params.cycle_max_mom", kDouble, kRead, "", "[0, 1); default 0.9"},
+    {"scheduler.params.decay_mom_rate", kDouble, kRead, "", ">= 0; default 0"},
+    {"scheduler.params.lr_range_test_min_lr", kDouble, kRead, "", ">= 0; default 0.001"},
+    {"scheduler.params.lr_range_test_step_size", kInt, kRead, "", "> 0; default 2000"},
+    {"scheduler.params.lr_range_test_step_rate", kDouble, kRead, "", ">= 0; default 1.0"},
+    {"scheduler.params.lr_range_test_staircase", kBool, kRead, "", "default false"},
+
     // ---- fp16, bf16 -------------------------------------------------------------
     {"fp16.enabled", kBool, kRead, "false", "not together with bf16.enabled"},
     {"fp16.loss_scale", kDouble, kRead, "0.0", ">= 0; 0 = dynamic"},
@@ -146,7 +176,6 @@ const KeySpec kSchema[] = {
     {"dump_state", kAny, kUnused},
     {"zero_allow_untested_optimizer", kAny, kUnused},
     {"zero_force_ds_cpu_optimizer", kAny, kUnused},
-    {"scheduler", kAny, kUnused},
     {"communication_data_type", kAny, kUnused},
     {"seq_parallel_communication_data_type", kAny, kUnused},
     {"prescale_gradients", kAny, kUnused},
@@ -242,6 +271,9 @@ const KeySpec kSchema[] = {
      IsFalse, "false"},
     {"optimizer.params.maximize", kBool, kUnsupported, "", "Strata's optimizers minimize", IsFalse,
      "false"},
+    {"scheduler.params.last_batch_iteration", kInt, kUnsupported, "",
+     "Strata's schedule follows the engine's optimizer step count (restored by LoadCheckpoint)",
+     IsMinusOne, "-1"},
     {"optimizer.params.lr_decay", kDouble, kUnsupported, "",
      "Strata's Adagrad has no learning-rate decay", IsZero, "0"},
     {"optimizer.params.initial_accumulator_value", kDouble, kUnsupported, "",
@@ -327,6 +359,13 @@ std::string_view DeviceKindName(DeviceKind k) {
 }
 std::string_view IoEngineKindName(IoEngineKind k) {
   return config_internal::NameOf(config_internal::kIoEngines, k);
+}
+std::string_view LrScheduleTypeName(LrScheduleType t) {
+  return t == LrScheduleType::kNone ? "none"
+                                    : config_internal::NameOf(config_internal::kLrSchedules, t);
+}
+std::string_view WarmupTypeName(WarmupType t) {
+  return config_internal::NameOf(config_internal::kWarmupTypes, t);
 }
 
 }  // namespace strata

@@ -15,8 +15,9 @@ using config_internal::ParamsOf;
 
 bool operator==(const Config& a, const Config& b) {
   return a.zero_optimization == b.zero_optimization && a.aio == b.aio &&
-         a.optimizer == b.optimizer && a.fp16 == b.fp16 && a.bf16_enabled == b.bf16_enabled &&
-         a.gradient_clipping == b.gradient_clipping && a.train_batch_size == b.train_batch_size &&
+         a.optimizer == b.optimizer && a.scheduler == b.scheduler && a.fp16 == b.fp16 &&
+         a.bf16_enabled == b.bf16_enabled && a.gradient_clipping == b.gradient_clipping &&
+         a.train_batch_size == b.train_batch_size &&
          a.train_micro_batch_size_per_gpu == b.train_micro_batch_size_per_gpu &&
          a.gradient_accumulation_steps == b.gradient_accumulation_steps && a.strata == b.strata;
 }
@@ -78,6 +79,51 @@ std::string ConfigToJson(const Config& c, int indent) {
     params["bias_correction"] = o.bias_correction;
   }
   j["optimizer"] = ojson{{"type", OptimizerTypeName(o.type)}, {"params", std::move(params)}};
+  // The scheduler section only when there is a schedule, with the keys its
+  // type takes.
+  const SchedulerConfig& sc = c.scheduler;
+  ojson sp;
+  switch (sc.type) {
+    case LrScheduleType::kNone:
+      break;
+    case LrScheduleType::kWarmupLR:
+    case LrScheduleType::kWarmupDecayLR:
+      sp = ojson{{"warmup_min_lr", sc.warmup_min_lr},
+                 {"warmup_max_lr", sc.warmup_max_lr},
+                 {"warmup_num_steps", sc.warmup_num_steps},
+                 {"warmup_type", WarmupTypeName(sc.warmup_type)}};
+      if (sc.type == LrScheduleType::kWarmupDecayLR) sp["total_num_steps"] = sc.total_num_steps;
+      break;
+    case LrScheduleType::kWarmupCosineLR:
+      sp = ojson{{"total_num_steps", sc.total_num_steps},
+                 {"warmup_min_ratio", sc.warmup_min_ratio},
+                 {"warmup_num_steps", sc.warmup_num_steps},
+                 {"cos_min_ratio", sc.cos_min_ratio},
+                 {"warmup_type", WarmupTypeName(sc.warmup_type)}};
+      break;
+    case LrScheduleType::kOneCycle:
+      sp = ojson{{"cycle_min_lr", sc.cycle_min_lr},
+                 {"cycle_max_lr", sc.cycle_max_lr},
+                 {"decay_lr_rate", sc.decay_lr_rate},
+                 {"cycle_first_step_size", sc.cycle_first_step_size},
+                 {"cycle_second_step_size", sc.cycle_second_step_size},
+                 {"cycle_first_stair_count", sc.cycle_first_stair_count},
+                 {"cycle_second_stair_count", sc.cycle_second_stair_count},
+                 {"decay_step_size", sc.decay_step_size},
+                 {"cycle_momentum", sc.cycle_momentum},
+                 {"cycle_min_mom", sc.cycle_min_mom},
+                 {"cycle_max_mom", sc.cycle_max_mom},
+                 {"decay_mom_rate", sc.decay_mom_rate}};
+      break;
+    case LrScheduleType::kLRRangeTest:
+      sp = ojson{{"lr_range_test_min_lr", sc.lr_range_test_min_lr},
+                 {"lr_range_test_step_size", sc.lr_range_test_step_size},
+                 {"lr_range_test_step_rate", sc.lr_range_test_step_rate},
+                 {"lr_range_test_staircase", sc.lr_range_test_staircase}};
+      break;
+  }
+  if (sc.type != LrScheduleType::kNone)
+    j["scheduler"] = ojson{{"type", LrScheduleTypeName(sc.type)}, {"params", std::move(sp)}};
   const Fp16Config& f = c.fp16;
   j["fp16"] = ojson{{"enabled", f.enabled},
                     {"loss_scale", f.loss_scale},

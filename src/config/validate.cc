@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/config/config_internal.h"
@@ -53,6 +54,49 @@ void CheckOffloadCommon(Checker& k, std::string_view section, OffloadDevice devi
         fmt::format("zero_optimization.{}.device: \"{}\" requires zero_optimization.stage {} "
                     "(stage is {})",
                     section, OffloadDeviceName(device), min_stage == 3 ? "3" : ">= 1", stage));
+}
+
+// The scheduler's ranges (DeepSpeed's constructors refuse the same values,
+// or divide by them).
+void CheckScheduler(Checker& k, const SchedulerConfig& s) {
+  auto path = [](std::string_view key) { return fmt::format("scheduler.params.{}", key); };
+  switch (s.type) {
+    case LrScheduleType::kNone:
+      return;
+    case LrScheduleType::kWarmupLR:
+    case LrScheduleType::kWarmupDecayLR:
+      k.NonNegative(path("warmup_min_lr"), s.warmup_min_lr);
+      k.NonNegative(path("warmup_max_lr"), s.warmup_max_lr);
+      break;
+    case LrScheduleType::kWarmupCosineLR:
+      k.NonNegative(path("warmup_min_ratio"), s.warmup_min_ratio);
+      k.NonNegative(path("cos_min_ratio"), s.cos_min_ratio);
+      break;
+    case LrScheduleType::kOneCycle:
+      k.NonNegative(path("cycle_min_lr"), s.cycle_min_lr);
+      k.NonNegative(path("cycle_max_lr"), s.cycle_max_lr);
+      k.NonNegative(path("decay_lr_rate"), s.decay_lr_rate);
+      k.Positive(path("cycle_first_step_size"), s.cycle_first_step_size);
+      k.NonNegative(path("cycle_second_step_size"), s.cycle_second_step_size);
+      k.NonNegative(path("cycle_first_stair_count"), s.cycle_first_stair_count);
+      k.NonNegative(path("cycle_second_stair_count"), s.cycle_second_stair_count);
+      k.NonNegative(path("decay_step_size"), s.decay_step_size);
+      k.NonNegative(path("decay_mom_rate"), s.decay_mom_rate);
+      for (auto [key, v] : {std::pair{"cycle_min_mom", s.cycle_min_mom},
+                            std::pair{"cycle_max_mom", s.cycle_max_mom}})
+        if (s.cycle_momentum && !(v >= 0 && v < 1))
+          k.Fail(path(key), fmt::format("{}", v), "must be in [0, 1) (it is betas[0])");
+      break;
+    case LrScheduleType::kLRRangeTest:
+      k.NonNegative(path("lr_range_test_min_lr"), s.lr_range_test_min_lr);
+      k.Positive(path("lr_range_test_step_size"), s.lr_range_test_step_size);
+      k.NonNegative(path("lr_range_test_step_rate"), s.lr_range_test_step_rate);
+      break;
+  }
+  if (s.type != LrScheduleType::kOneCycle && s.type != LrScheduleType::kLRRangeTest)
+    k.Positive(path("warmup_num_steps"), s.warmup_num_steps);
+  if (s.type == LrScheduleType::kWarmupDecayLR || s.type == LrScheduleType::kWarmupCosineLR)
+    k.Positive(path("total_num_steps"), s.total_num_steps);
 }
 
 // DeepSpeed allows buffer_count 0 (ge=0); with an nvme device its swapper
@@ -110,6 +154,7 @@ Status ValidateConfig(const Config& c) {
     k.Fail("optimizer.params.betas[1]", fmt::format("{}", o.beta2), "must be in [0, 1)");
   k.Positive("optimizer.params.eps", o.eps);
   k.NonNegative("optimizer.params.weight_decay", o.weight_decay);
+  CheckScheduler(k, c.scheduler);
 
   const Fp16Config& f = c.fp16;
   k.NonNegative("fp16.loss_scale", f.loss_scale);  // 0 = dynamic

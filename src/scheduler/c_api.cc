@@ -109,6 +109,8 @@ int strata_engine_create_from_json_auto(const char* json_text,
       take(STRATA_AUTO_WEIGHT_DECAY, a.weight_decay, &av.weight_decay);
       take(STRATA_AUTO_FP16_ENABLED, a.fp16_enabled != 0, &av.fp16_enabled);
       take(STRATA_AUTO_BF16_ENABLED, a.bf16_enabled != 0, &av.bf16_enabled);
+      take(STRATA_AUTO_WARMUP_NUM_STEPS, a.warmup_num_steps, &av.warmup_num_steps);
+      take(STRATA_AUTO_TOTAL_NUM_STEPS, a.total_num_steps, &av.total_num_steps);
     }
     strata::StatusOr<strata::Config> config = strata::ParseConfig(json_text, "<string>", av);
     if (!config.ok()) return Fail(config.status());
@@ -216,6 +218,7 @@ int strata_step(strata_engine* e, strata_step_stats* stats) {
       stats->pcie_h2d_bytes = s->pcie_h2d_bytes;
       stats->pcie_d2h_bytes = s->pcie_d2h_bytes;
       stats->hbm_high_water_bytes = s->hbm_high_water_bytes;
+      stats->lr = s->lr;
     }
     return STRATA_OK;
   });
@@ -262,6 +265,14 @@ int strata_load_checkpoint(strata_engine* e, const char* dir, int64_t* data_posi
     return STRATA_OK;
   });
 }
+
+int strata_set_learning_rate(strata_engine* e, double lr) {
+  return Guard("strata_set_learning_rate", [&]() -> int {
+    return e ? Check(e->engine->SetLearningRate(lr)) : NullArg("engine");
+  });
+}
+
+double strata_learning_rate(const strata_engine* e) { return e ? e->engine->learning_rate() : 0.0; }
 
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
 

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <unordered_map>
 
 #include "src/common/log.h"
@@ -85,6 +86,8 @@ class EngineImpl final : public Engine {
   Status Synchronize() override;
   Status SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) override;
   Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) override;
+  Status SetLearningRate(double lr) override;
+  double learning_rate() const override;
   double loss_scale() const override { return scaler_.scale(); }
   void* ComputeStream() const override { return dev_->compute().native_handle(); }
   StatusOr<void*> AllocateWorkspace(int64_t bytes) override;
@@ -149,6 +152,8 @@ class EngineImpl final : public Engine {
   std::unique_ptr<ParamFetcher> fetcher_;
   std::map<void*, gpu::DeviceBuffer> workspaces_;
   StepStats last_;
+  // SetLearningRate's value (no scheduler section); unset: the config's.
+  std::optional<double> lr_override_;
 };
 
 // ---------------------------------------------------------------------------
@@ -433,15 +438,36 @@ cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
   }
   // Doubles all the way, as the optimizer's fields and PyTorch's: the
   // derived coefficients are rounded to fp32 once, inside the optimizer.
-  hp.lr = o.lr;
-  hp.beta1 = o.beta1;
-  hp.beta2 = o.beta2;
+  // The schedule is a function of the applied steps (skipped ones do not
+  // advance it), which checkpoints restore.
+  const ScheduledValues sched = ScheduleAt(cfg_, backend_->steps());
+  hp.lr = lr_override_.value_or(sched.lr);
+  hp.beta1 = sched.beta1;
+  hp.beta2 = sched.beta2;
   hp.eps = o.eps;
   hp.weight_decay = o.weight_decay;
   hp.bias_correction = o.bias_correction;
   hp.step = backend_->steps() + 1;
   hp.grad_scale = grad_scale;
   return hp;
+}
+
+Status EngineImpl::SetLearningRate(double lr) {
+  if (!std::isfinite(lr) || lr < 0)
+    return InvalidArgumentError(
+        fmt::format("SetLearningRate: {} is not allowed; must be >= 0", lr));
+  if (cfg_.scheduler.type != LrScheduleType::kNone)
+    return FailedPreconditionError(fmt::format(
+        "SetLearningRate: the config's scheduler section ({}) sets the learning rate at every "
+        "step; remove the section to set the learning rate from outside",
+        LrScheduleTypeName(cfg_.scheduler.type)));
+  lr_override_ = lr;
+  return Status();
+}
+
+double EngineImpl::learning_rate() const {
+  if (lr_override_) return *lr_override_;
+  return ScheduleAt(cfg_, planned_ ? backend_->steps() : 0).lr;
 }
 
 Status EngineImpl::ZeroGrad() {
@@ -522,7 +548,15 @@ StatusOr<StepStats> EngineImpl::Step() {
   if (fetcher_->any_grad())
     return FailedPreconditionError(
         "Step: a module's gradients were not handed over with AfterBackward");
+  if (last_micro_batch() && !window_.grads_since_launch)
+    return FailedPreconditionError(fmt::format(
+        "Step: no gradients were handed over since the last optimizer step (no backward in this "
+        "window of {} micro-batch{}); the optimizer would apply zero gradients, which weight "
+        "decay and momentum still move. Run backward before Step(), or ZeroGrad() to drop the "
+        "window",
+        gas_, gas_ == 1 ? "" : "es"));
   StepStats st;
+  st.lr = learning_rate();
   Status status;
   if (++window_.micro_batches >= gas_) {
     const int64_t opt0 = NowNanos();

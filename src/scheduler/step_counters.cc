@@ -195,6 +195,7 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
   nlohmann::json j = {{"step", s.step},
                       {"applied", s.applied},
                       {"overflow", s.overflow},
+                      {"lr", s.lr},
                       {"loss_scale", s.loss_scale},
                       {"grad_norm", s.grad_norm},
                       {"clip_coef", s.clip_coef},

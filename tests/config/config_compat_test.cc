@@ -95,12 +95,19 @@ TEST(ConfigCompatAuto, HuggingFaceZero3StandaloneUsesDefaultsAndSaysSo) {
               Contains(HasSubstr("train_micro_batch_size_per_gpu: \"auto\" resolved to 1")));
   EXPECT_THAT(c.notices,
               Contains(HasSubstr("gradient_accumulation_steps: \"auto\" resolved to 1")));
-  EXPECT_EQ(c.notices.size(), 10u);
-  EXPECT_THAT(c.warnings, Contains("DeepSpeed key scheduler is not used by Strata (ignored)"));
+  // The scheduler section's "auto" keys: WarmupLR from 0 to the optimizer's
+  // lr over DeepSpeed's default 1000 steps.
+  EXPECT_EQ(c.scheduler.type, LrScheduleType::kWarmupLR);
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 0.001);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);
+  EXPECT_THAT(c.notices, Contains("scheduler.params.warmup_max_lr: \"auto\" resolved to 0.001 "
+                                  "(optimizer.params.lr; no frontend value)"));
+  EXPECT_EQ(c.notices.size(), 13u);
   EXPECT_THAT(c.warnings,
               Contains("DeepSpeed key zero_optimization.stage3_gather_16bit_weights_on_model_save "
                        "is not used by Strata (ignored)"));
-  EXPECT_EQ(c.warnings.size(), 4u);  // + steps_per_print, wall_clock_breakdown
+  EXPECT_EQ(c.warnings.size(), 3u);  // + steps_per_print, wall_clock_breakdown
 }
 
 TEST(ConfigCompatAuto, FrontendSuppliesTheTrainerValues) {
@@ -118,7 +125,11 @@ TEST(ConfigCompatAuto, FrontendSuppliesTheTrainerValues) {
   autos.train_micro_batch_size_per_gpu = 8;
   autos.gradient_accumulation_steps = 4;
   autos.train_batch_size = 32;
+  autos.warmup_num_steps = 50;
   Config c = Load("hf_zero3_auto.json", autos);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 50);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 5e-5);  // the trainer's learning_rate
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
   EXPECT_EQ(c.optimizer.lr, 5e-5);
   EXPECT_EQ(c.optimizer.beta1, 0.9);
   EXPECT_EQ(c.optimizer.beta2, 0.98);

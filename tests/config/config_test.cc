@@ -744,17 +744,17 @@ TEST(ConfigWarnings, UnknownKeysNameTheFullPath) {
 TEST(ConfigWarnings, KnownDeepSpeedKeysGetASofterMessage) {
   Config c = Parse(
       R"({"steps_per_print": 10, "wall_clock_breakdown": false, "zero_allow_untested_optimizer": true,
-                       "scheduler": {"type": "WarmupLR"}, "communication_data_type": "fp32",
+                       "communication_data_type": "fp32",
                        "zero_optimization": {"stage": 2, "reduce_scatter": true, "allgather_partitions": true},
                        "fp16": {"auto_cast": false}})");
   for (const char* key :
-       {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "scheduler",
+       {"steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
         "communication_data_type", "zero_optimization.reduce_scatter",
         "zero_optimization.allgather_partitions", "fp16.auto_cast"}) {
     EXPECT_THAT(c.warnings,
                 Contains(std::string("DeepSpeed key ") + key + " is not used by Strata (ignored)"));
   }
-  EXPECT_EQ(c.warnings.size(), 8u);
+  EXPECT_EQ(c.warnings.size(), 7u);
   // A DeepSpeed top-level name nested somewhere else is simply unknown.
   Config d = Parse(R"({"aio": {"steps_per_print": 1}})");
   EXPECT_THAT(d.warnings, Contains("unknown key aio.steps_per_print (ignored)"));

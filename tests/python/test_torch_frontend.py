@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 import strata
 
@@ -358,3 +359,219 @@ def test_auto_values_fill_the_configs_auto_keys():
     assert engine.gradient_accumulation_steps == 3
     with pytest.raises(strata.InvalidArgumentError, match="auto value 'learning_rate'"):
         strata.parse_config(cfg, {"learning_rate": 1.0})
+
+
+# ---- learning rate -------------------------------------------------------------
+
+
+def _lambda(step):
+    return min(1.0, (step + 1) / 3) * 0.9**max(0, step - 3)
+
+
+@pytest.mark.parametrize("kind", ["lambda", "cosine"])
+def test_torch_lr_schedulers_drive_the_engine(kind):
+    """torch's LambdaLR and CosineAnnealingLR on engine.optimizer, unchanged,
+    train as they do on torch.optim.AdamW."""
+
+    def make(optimizer):
+        if kind == "lambda":
+            return torch.optim.lr_scheduler.LambdaLR(optimizer, _lambda)
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6, eta_min=1e-4)
+
+    torch.manual_seed(11)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config("cpu", "cpu")
+    p = cfg["optimizer"]["params"]
+    data = batches(10)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=p["lr"], betas=tuple(p["betas"]),
+                                eps=p["eps"], weight_decay=p["weight_decay"])
+    ref_sched = make(ref_opt)
+    engine = strata.initialize(model, cfg)
+    sched = make(engine.optimizer)
+    lrs = []
+    for idx, tgt in data:
+        want = ref(idx, tgt)
+        want.backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        got = engine(idx, tgt)
+        engine.backward(got)
+        assert engine.get_lr() == ref_sched.get_last_lr()
+        stats = engine.step()
+        assert stats["lr"] == pytest.approx(ref_sched.get_last_lr()[0], rel=1e-15)
+        lrs.append(stats["lr"])
+        ref_sched.step()
+        sched.step()
+        assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    assert len(set(lrs)) > 5  # the lr moved
+    sd, ref_sd = engine.state_dict(), ref.state_dict()
+    for k in sd:
+        torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_config_schedule_sets_each_steps_lr():
+    """A config WarmupDecayLR trains as torch AdamW with DeepSpeed's formula in a
+    LambdaLR; stats["lr"] and get_lr() follow the formula."""
+    torch.manual_seed(12)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config("cpu", "cpu")
+    cfg["scheduler"] = {"type": "WarmupDecayLR",
+                        "params": {"warmup_min_lr": 1e-4, "warmup_max_lr": 4e-3,
+                                   "warmup_num_steps": 3, "warmup_type": "linear",
+                                   "total_num_steps": 7}}
+
+    def deepspeed_lr(n):  # the n-th optimizer step, n >= 1
+        i = n - 2  # DeepSpeed's last_batch_iteration when it runs
+        if i < 0:
+            return 1e-4
+        gamma = i / 3 if i < 3 else max(0.0, (7 - i) / 4)
+        return 1e-4 + (4e-3 - 1e-4) * gamma
+
+    lr0 = cfg["optimizer"]["params"]["lr"]
+    p = cfg["optimizer"]["params"]
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=lr0, betas=tuple(p["betas"]), eps=p["eps"],
+                                weight_decay=p["weight_decay"])
+    ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda k: deepspeed_lr(k + 1) / lr0)
+    engine = strata.initialize(model, cfg)
+    data = batches(10)
+    for n, (idx, tgt) in enumerate(data, start=1):
+        assert engine.get_lr() == [pytest.approx(deepspeed_lr(n), rel=1e-12)]
+        want = ref(idx, tgt)
+        want.backward()
+        ref_opt.step()
+        ref_opt.zero_grad(set_to_none=True)
+        ref_sched.step()
+        got = engine(idx, tgt)
+        engine.backward(got)
+        stats = engine.step()
+        assert stats["lr"] == pytest.approx(deepspeed_lr(n), rel=1e-12)
+        assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    # Past total_num_steps: back at warmup_min_lr.
+    assert engine.get_lr() == [pytest.approx(1e-4, rel=1e-12)]
+
+
+def test_config_schedule_resumes_from_a_checkpoint(tmp_path):
+    cfg = config("cpu", "cpu")
+    cfg["scheduler"] = {"type": "WarmupCosineLR",
+                        "params": {"total_num_steps": 8, "warmup_num_steps": 3}}
+    torch.manual_seed(16)
+    base = GPT()
+    data = batches(6, seed=24)
+    full = strata.initialize(copy.deepcopy(base), cfg)
+    want = strata_losses(full, data, 6)
+    want_lr = full.get_lr()
+    a = strata.initialize(copy.deepcopy(base), cfg)
+    got = strata_losses(a, data[:3], 3)
+    a.save_checkpoint(tmp_path)
+    a.close()
+    b = strata.initialize(copy.deepcopy(base), cfg)
+    b.load_checkpoint(tmp_path)
+    assert b.get_lr() == [pytest.approx(a.get_lr()[0], rel=0)]
+    got += strata_losses(b, data[3:], 3)
+    assert got == want
+    assert b.get_lr() == want_lr
+
+
+def test_config_schedule_and_torch_scheduler_is_an_error():
+    cfg = config("cpu", "none")
+    cfg["scheduler"] = {"type": "WarmupLR", "params": {"warmup_num_steps": 5}}
+    engine = strata.initialize(GPT(), cfg)
+    with pytest.raises(strata.FailedPreconditionError, match=r"scheduler section \(WarmupLR\)"):
+        torch.optim.lr_scheduler.LambdaLR(engine.optimizer, lambda k: 1.0)
+    with pytest.raises(strata.FailedPreconditionError, match="scheduler section"):
+        engine.optimizer.param_groups[0]["lr"] = 0.1
+
+
+def test_lr_set_by_hand_applies_to_the_next_step():
+    cfg = config("cpu", "none", wd=0.0)
+    engine = strata.initialize(GPT(), cfg)
+    idx, tgt = batches(1)[0]
+    engine.optimizer.param_groups[0]["lr"] = 0.0
+    before = engine.state_dict()
+    engine.backward(engine(idx, tgt))
+    assert engine.step()["lr"] == 0.0
+    after = engine.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # lr 0: nothing moved
+    engine.optimizer.param_groups[0]["lr"] = 1e-3
+    engine.backward(engine(idx, tgt))
+    assert engine.step()["lr"] == 1e-3
+    assert engine.get_lr() == [1e-3]
+
+
+# ---- patterns that used to be silently wrong -------------------------------------
+
+
+PLACEMENTS = [("none", "none"), ("cpu", "cpu"), ("cpu", "nvme")]
+
+
+class CheckpointedGPT(GPT):
+    """GPT whose blocks run under non-reentrant activation checkpointing."""
+
+    def forward(self, idx, targets):
+        x = self.wte(idx).float() + self.wpe[:idx.shape[1]].float()
+        for blk in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+
+@pytest.mark.parametrize("opt,par", PLACEMENTS)
+def test_non_reentrant_checkpointing_matches_torch(opt, par, tmp_path):
+    torch.manual_seed(13)
+    model = CheckpointedGPT()
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path)
+    data = batches(6, seed=21)
+    want = reference_losses(ref, cfg, data, 6)
+    engine = strata.initialize(model, cfg)
+    got = strata_losses(engine, data, 6)
+    assert_close(got, want)
+    sd, ref_sd = engine.state_dict(), ref.state_dict()
+    for k in sd:
+        torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("opt,par", PLACEMENTS)
+def test_step_without_backward_is_an_error(opt, par, tmp_path):
+    torch.manual_seed(14)
+    engine = strata.initialize(GPT(), config(opt, par, tmp_path))
+    idx, tgt = batches(1, seed=22)[0]
+    engine.backward(engine(idx, tgt))
+    engine.step()
+    before = engine.state_dict()
+    with pytest.raises(strata.FailedPreconditionError, match="no gradients were handed over"):
+        engine.step()
+    after = engine.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # weight decay did not move them
+    engine.backward(engine(idx, tgt))  # training goes on
+    assert engine.step()["applied"]
+
+
+@pytest.mark.parametrize("opt,par", PLACEMENTS)
+def test_initialize_twice_and_close(opt, par, tmp_path):
+    torch.manual_seed(15)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path)
+    data = batches(4, seed=23)
+    engine = strata.initialize(model, cfg)
+    with pytest.raises(strata.FailedPreconditionError, match="already trained by a Strata engine"):
+        strata.initialize(model, cfg)
+    got = strata_losses(engine, data[:3], 3)
+    want = reference_losses(ref, cfg, data[:3], 3)
+    assert_close(got, want)
+    trained = engine.state_dict()
+    engine.close()
+    # The model has its trained weights back and runs on its own ...
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, trained[k], rtol=0, atol=0, msg=k)
+    idx, tgt = data[3]
+    torch.testing.assert_close(model(idx, tgt), ref(idx, tgt), rtol=1e-5, atol=0)
+    with pytest.raises(strata.FailedPreconditionError, match="engine closed"):
+        engine(idx, tgt)
+    # ... and can be handed to a new engine.
+    again = strata.initialize(model, cfg)
+    assert again(idx, tgt).item() == pytest.approx(ref(idx, tgt).item(), rel=1e-5)
+    again.close()
