@@ -37,6 +37,7 @@
 #include "src/scheduler/checkpoint.h"
 #include "src/scheduler/device_optimizer.h"
 #include "src/scheduler/host_optimizer.h"
+#include "src/scheduler/hyperparams.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
 #include "src/scheduler/optimizer_backend.h"
@@ -422,34 +423,7 @@ Status EngineImpl::AfterBackward(int module) {
 // ---------------------------------------------------------------------------
 
 cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
-  const auto& o = cfg_.optimizer;
-  cpu_adam::HyperParams hp;
-  switch (o.type) {
-    case OptimizerType::kAdam:
-    case OptimizerType::kAdamW:
-      hp.algorithm = o.adam_w_mode ? cpu_adam::Algorithm::kAdamW : cpu_adam::Algorithm::kAdam;
-      break;
-    case OptimizerType::kAdagrad:  // uses exp_avg_sq as its sum of squares
-      hp.algorithm = cpu_adam::Algorithm::kAdagrad;
-      break;
-    case OptimizerType::kLion:  // uses exp_avg as its momentum
-      hp.algorithm = cpu_adam::Algorithm::kLion;
-      break;
-  }
-  // Doubles all the way, as the optimizer's fields and PyTorch's: the
-  // derived coefficients are rounded to fp32 once, inside the optimizer.
-  // The schedule is a function of the applied steps (skipped ones do not
-  // advance it), which checkpoints restore.
-  const ScheduledValues sched = ScheduleAt(cfg_, backend_->steps());
-  hp.lr = lr_override_.value_or(sched.lr);
-  hp.beta1 = sched.beta1;
-  hp.beta2 = sched.beta2;
-  hp.eps = o.eps;
-  hp.weight_decay = o.weight_decay;
-  hp.bias_correction = o.bias_correction;
-  hp.step = backend_->steps() + 1;
-  hp.grad_scale = grad_scale;
-  return hp;
+  return scheduler::OptimizerHyperParams(cfg_, backend_->steps(), lr_override_, grad_scale);
 }
 
 Status EngineImpl::SetLearningRate(double lr) {

@@ -21,6 +21,7 @@
 //   device_optimizer.h  DeviceOptimizer: offload_optimizer none on a GPU (all in HBM)
 //   step_counters.h   StepCounters: busy times, bytes, NVMe busy union, timeline
 //   rate_probes.h     the PCIe and accumulation rates the plan measures
+//   hyperparams.h     the optimizer hyperparameters of a step (config + schedule)
 //   loss_scaler.h     LossScaler: fp16 dynamic loss scaling
 //   fetch_trace.h     FetchTrace: the recorded module order for prefetch
 //   timeline.h        Timeline: the Chrome-trace/Perfetto timeline
