@@ -169,7 +169,9 @@ void ParamFetcher::DropCopy(int m) {
 Status ParamFetcher::MakeRoom(int keep_module) {
   // Slots held by finished work come back first; then cached (resident, not
   // in use, not persistent) modules are evicted, those whose next use is
-  // furthest first (here: the ones not in the lookahead).
+  // furthest first (here: the ones not in the lookahead); then fetches in
+  // flight that nothing uses yet (prefetches the order did not need now, in
+  // the same order), completed first: their copies still write the slot.
   RETURN_IF_ERROR(ReclaimDeferred(false));
   if (pool_.free_count() > 0) return Status();
   if (!deferred_.empty()) {
@@ -181,20 +183,42 @@ Status ParamFetcher::MakeRoom(int keep_module) {
     auto it = std::find(upcoming.begin(), upcoming.end(), m);
     return it == upcoming.end() ? INT32_MAX : static_cast<int>(it - upcoming.begin());
   };
-  std::vector<int> candidates;
+  std::vector<int> cached, in_flight;
   for (int i = 0; i < layout_->num_modules(); ++i) {
     const Slot& s = slots_[static_cast<size_t>(i)];
-    if (i != keep_module && !layout_->module(i).persistent && !s.in_use &&
-        s.residency == Residency::kResident)
-      candidates.push_back(i);
+    if (i == keep_module || layout_->module(i).persistent || s.in_use || !s.slot) continue;
+    if (s.residency == Residency::kResident) cached.push_back(i);
+    if (s.residency == Residency::kReading || s.residency == Residency::kCopying)
+      in_flight.push_back(i);
   }
-  std::sort(candidates.begin(), candidates.end(), [&](int a, int b) { return rank(a) > rank(b); });
-  for (int i : candidates) {
+  auto furthest_first = [&](int a, int b) { return rank(a) > rank(b); };
+  std::sort(cached.begin(), cached.end(), furthest_first);
+  std::sort(in_flight.begin(), in_flight.end(), furthest_first);
+  for (int i : cached) {
     DropCopy(i);
     RETURN_IF_ERROR(ReclaimDeferred(true));
     if (pool_.free_count() > 0) return Status();
   }
+  for (int i : in_flight) {
+    RETURN_IF_ERROR(CompleteFetch(i));
+    if (slots_[static_cast<size_t>(i)].residency == Residency::kResident) DropCopy(i);
+    RETURN_IF_ERROR(ReclaimDeferred(true));
+    if (pool_.free_count() > 0) return Status();
+  }
   return ReclaimDeferred(true);
+}
+
+Status ParamFetcher::CompleteFetch(int m) {
+  Slot& s = slots_[static_cast<size_t>(m)];
+  if (s.residency == Residency::kReading) {
+    s.read.Wait().IgnoreError();  // the status is taken by Pump
+    RETURN_IF_ERROR(Pump());
+  }
+  if (s.residency == Residency::kCopying) {
+    RETURN_IF_ERROR(s.ready->Synchronize());
+    s.residency = Residency::kResident;
+  }
+  return Status();
 }
 
 StatusOr<SlotPool::Handle> ParamFetcher::AcquireSlot(int keep_module) {

@@ -192,6 +192,9 @@ class ParamFetcher {
   // for deferred frees when none is free.
   StatusOr<SlotPool::Handle> AcquireSlot(int keep_module);
   Status Fetch(int m, bool prefetch);
+  // Waits until module m's fetch in flight has landed on the device (its
+  // read, then its copy): resident, or absent after a failed read.
+  Status CompleteFetch(int m);
   Status StartCopy(int m);
   Status MakeRoom(int keep_module);
   void DropCopy(int m);  // the device copy goes once the compute stream is past it

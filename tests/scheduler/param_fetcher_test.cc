@@ -388,6 +388,27 @@ TEST_P(FetcherTest, PrefetchStopsInsteadOfEvicting) {
   }
 }
 
+// Room for three modules: 0 in use and prefetches of 1 and 2 still in flight
+// (not yet waited for) hold every slot when the order diverges and 4 is
+// needed. The demand fetch completes a prefetch and drops it instead of
+// failing with every slot taken.
+TEST_P(FetcherTest, DemandFetchDropsPrefetchesStillInFlight) {
+  FetchOptions fo = Unlimited();
+  fo.max_reuse_distance = int64_t{1} << 40;
+  ASSERT_NO_FATAL_FAILURE(Build(Params(6, true), 3 * kSameModuleBytes, fo));
+  ASSERT_NO_FATAL_FAILURE(Record({0, 1, 2, 3, 4, 5}));
+  ASSERT_NO_FATAL_FAILURE(Use(0, false));
+  EXPECT_EQ(NotAbsent(), (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(fetcher_->free_device_slots(), 0);
+  for (int m : {1, 2}) EXPECT_NE(fetcher_->residency(m), Residency::kResident) << m;
+  ASSERT_NO_FATAL_FAILURE(Use(4, false));  // off the recorded order
+  EXPECT_EQ(DeviceBytes(4)[0], ExpectedBytes(layout_.module(4).params[0]));
+  EXPECT_EQ(DeviceBytes(0)[0], ExpectedBytes(layout_.module(0).params[0]));  // in use: kept
+  const std::set<int> held = NotAbsent();
+  EXPECT_EQ(held.size(), 3u);
+  EXPECT_TRUE(held.count(0) && held.count(4));
+}
+
 // A released device copy is freed only once the compute stream has passed
 // the point of its release (work enqueued before may still read it); a
 // gradient buffer once the D2H stream has.
