@@ -79,7 +79,7 @@ void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& 
     return;
   }
   if (pl.fold_override == 0 || s.total_elems == 0) {
-    plan->grad_path = s.total_elems == 0 ? "no parameters" : "fold off (STRATA_FOLD_GRADS)";
+    plan->grad_path = s.total_elems == 0 ? "no parameters" : "fold off (developer override)";
     return;
   }
   const int64_t landing = s.total_param_bytes;
@@ -116,7 +116,7 @@ void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& 
   plan->grad_landing_bytes = landing;
   plan->grad_path =
       pl.fold_override == 1
-          ? "last micro-batch folded into the optimizer (STRATA_FOLD_GRADS=on)"
+          ? "last micro-batch folded into the optimizer (developer override)"
           : fmt::format(
                 "last micro-batch folded into the optimizer: {:.0f} B/element less, {:.2f} "
                 "ms per window at {:.1f} GB/s{}",

@@ -31,8 +31,8 @@ struct Placement {
   bool device_optimizer = false;
   int64_t gradient_accumulation_steps = 1;  // micro-batches per window
   // The gradient path (GradPath below): -1 the plan decides, 0 never fold,
-  // 1 fold wherever it is possible (STRATA_FOLD_GRADS=auto|off|on, a
-  // developer knob for A/B measurements; set by the engine).
+  // 1 fold wherever it is possible (EngineTestHooks::fold_override, a
+  // developer switch for A/B measurements; set by the engine).
   int fold_override = -1;
   int stage = 0;
   int64_t sub_group_size = 0;
