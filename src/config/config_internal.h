@@ -108,13 +108,20 @@ const std::vector<KeySpec>& Schema();
 std::vector<std::string_view> ApplicationSections();
 // The entry of `path`, or nullptr for a key Strata does not know.
 const KeySpec* FindKey(std::string_view path);
-// The verdict on a key present in the JSON that no reader asked for: a
-// warning for an unknown key or a DeepSpeed key Strata does not use (added
-// to `warnings`); an error for a DeepSpeed setting Strata does not implement
-// written at a value that would change the training. `auto_is_default`: the
-// section reads "auto" as absent (then "auto" is neutral everywhere).
-Status JudgeUnreadKey(std::string_view path, const json& value, bool auto_is_default,
-                      std::vector<std::string>* warnings);
+// The verdict on a key `key` of the section `section` ("" for the top level)
+// present in the JSON that no reader asked for. Inside a section, a key
+// Strata does not know is an error, with the section's closest known key as
+// a suggestion; at the top level, a key close to one Strata reads is an error
+// naming it, any other unknown key a warning. A DeepSpeed key Strata does not
+// use is a warning (added to `warnings`); a DeepSpeed setting Strata does not
+// implement, written at a value that would change the training, an error.
+// `auto_is_default`: the section reads "auto" as absent (then "auto" is
+// neutral everywhere).
+Status JudgeUnreadKey(std::string_view section, std::string_view key, const json& value,
+                      bool auto_is_default, std::vector<std::string>* warnings);
+// The edit distance of `a` and `b` (insertions, deletions, substitutions and
+// swaps of neighbours), or limit + 1 when it is above `limit`.
+size_t EditDistance(std::string_view a, std::string_view b, size_t limit);
 
 // ---- Enum names (schema.cc) --------------------------------------------------
 

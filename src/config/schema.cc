@@ -4,8 +4,9 @@
 // A key is declared here before any reader may take it (Section::Take
 // reports an undeclared key as an internal error), and every key
 // ConfigToJson writes is declared here with its default (tests/config
-// checks both). A key absent from this table is "unknown" and gets a
-// warning naming its path.
+// checks both). A key absent from this table is "unknown": an error inside a
+// section, with the section's closest key as a suggestion; at the top level
+// an error when close to a key Strata reads, else a warning.
 //
 // Columns: path, JSON type, use (read / a DeepSpeed key Strata does not use /
 // a DeepSpeed setting Strata does not implement / a `strata` section the
@@ -13,8 +14,10 @@
 // key is not used).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "src/config/config_internal.h"
 
@@ -313,9 +316,74 @@ const KeySpec* FindKey(std::string_view path) {
   return it == index->end() ? nullptr : it->second;
 }
 
-Status JudgeUnreadKey(std::string_view path, const json& value, bool auto_is_default,
-                      std::vector<std::string>* warnings) {
-  const KeySpec* k = FindKey(path);
+size_t EditDistance(std::string_view a, std::string_view b, size_t limit) {
+  const size_t gap = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+  if (gap > limit) return limit + 1;
+  // Optimal string alignment: insertions, deletions, substitutions and swaps
+  // of two neighbours cost 1 each. Three rows of the table.
+  std::vector<size_t> before(b.size() + 1), prev(b.size() + 1), row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    row[0] = i;
+    size_t best = row[0];
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      row[j] = std::min({prev[j] + 1, row[j - 1] + 1, prev[j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        row[j] = std::min(row[j], before[j - 2] + 1);
+      best = std::min(best, row[j]);
+    }
+    if (best > limit) return limit + 1;  // every later row is at least this far
+    std::swap(before, prev);
+    std::swap(prev, row);
+  }
+  return std::min(prev[b.size()], limit + 1);
+}
+
+namespace {
+
+// The schema's key `name` the unknown key `key` most likely misspells: the
+// closest within 2 edits (1 for a name of 4 characters or fewer, where 2
+// edits reach too many unrelated words), among the keys of `section` that
+// `use` accepts; "" when none is that close.
+std::string_view ClosestKey(std::string_view section, std::string_view key,
+                            bool (*use)(const KeySpec&)) {
+  std::string_view best;
+  size_t best_distance = 3;
+  for (const KeySpec& k : kSchema) {
+    std::string_view name = k.path;
+    if (section.empty()) {
+      if (name.find('.') != std::string_view::npos) continue;
+    } else {
+      if (name.size() <= section.size() + 1 || !name.starts_with(section) ||
+          name[section.size()] != '.')
+        continue;
+      name.remove_prefix(section.size() + 1);
+      if (name.find('.') != std::string_view::npos) continue;
+    }
+    if (!use(k)) continue;
+    const size_t limit = name.size() <= 4 ? 1 : 2;
+    const size_t d = EditDistance(Lower(key), name, limit);
+    if (d <= limit && d < best_distance) {
+      best = name;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+bool AnyKey(const KeySpec&) { return true; }
+// At the top level, a name for a typo's target: a section or key Strata reads
+// (a misspelt DeepSpeed key Strata does not use changes nothing here).
+bool ReadAtTopLevel(const KeySpec& k) { return k.use == KeyUse::kRead; }
+
+}  // namespace
+
+Status JudgeUnreadKey(std::string_view section, std::string_view key, const json& value,
+                      bool auto_is_default, std::vector<std::string>* warnings) {
+  const std::string prefix = section.empty() ? "" : std::string(section) + ".";
+  const std::string path = prefix + ShowKey(key);
+  const KeySpec* k = FindKey(prefix + std::string(key));
   if (k != nullptr && k->use == KeyUse::kUnsupported && !k->neutral(value) &&
       !(auto_is_default && IsAuto(value)))
     return InvalidArgumentError(fmt::format(
@@ -323,6 +391,19 @@ Status JudgeUnreadKey(std::string_view path, const json& value, bool auto_is_def
         path, Show(value), k->note, k->neutral_text));
   // A key Strata reads that no reader took counts as unknown here.
   if (k == nullptr || k->use == KeyUse::kRead || k->use == KeyUse::kApplication) {
+    if (!section.empty()) {
+      // Inside a section every key is known (DeepSpeed's config models
+      // refuse unknown fields too): a misspelt key would silently leave its
+      // setting at the default.
+      const std::string_view near = ClosestKey(section, key, AnyKey);
+      return InvalidArgumentError(
+          near.empty() ? fmt::format("{}: unknown key (no such key in {})", path, section)
+                       : fmt::format("{}: unknown key; did you mean {}?", path, near));
+    }
+    if (const std::string_view near = ClosestKey("", key, ReadAtTopLevel); !near.empty())
+      return InvalidArgumentError(fmt::format(
+          "{}: unknown key; did you mean {}? (as written, {} is not read and keeps its default)",
+          path, near, near));
     warnings->push_back(fmt::format("unknown key {} (ignored)", path));
   } else if (k->use == KeyUse::kUnsupported || k->note.empty()) {
     warnings->push_back(fmt::format("DeepSpeed key {} is not used by Strata (ignored)", path));

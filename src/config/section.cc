@@ -271,8 +271,7 @@ Status Section::Conflict(std::string_view key, std::string_view alias) const {
 Status Section::ReportUnread() const {
   for (auto it = obj_.begin(); it != obj_.end(); ++it) {
     if (read_.count(it.key())) continue;
-    RETURN_IF_ERROR(
-        JudgeUnreadKey(PathOf(ShowKey(it.key())), *it, auto_is_default_, diag_.warnings));
+    RETURN_IF_ERROR(JudgeUnreadKey(path_, it.key(), *it, auto_is_default_, diag_.warnings));
   }
   return Status::Ok();
 }

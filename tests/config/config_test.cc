@@ -714,31 +714,68 @@ TEST(ConfigValidate, HandEditedConfigs) {
   EXPECT_THAT(std::string(ValidateConfig(c).message()), HasSubstr("strata.pinned_budget: -1"));
 }
 
-// ---- Unknown keys -----------------------------------------------------------------
+// ---- Unknown keys ------------------------------------------------------------------
 
-TEST(ConfigWarnings, UnknownKeysNameTheFullPath) {
-  Config c =
-      Parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "foo": 1},
-                       "bar": true}, "aio": {"qd": 3}, "optimizer": {"params": {"amsgrad": false}, "x": 1},
-                       "strata": {"host_device": {"gbps": 3}, "zzz": 1}, "toplevel_typo": 1})");
-  EXPECT_THAT(c.warnings,
-              Contains("unknown key zero_optimization.offload_optimizer.foo (ignored)"));
-  EXPECT_THAT(c.warnings, Contains("unknown key zero_optimization.bar (ignored)"));
-  EXPECT_THAT(c.warnings, Contains("unknown key aio.qd (ignored)"));
-  // amsgrad is DeepSpeed's; false changes nothing (true is an error: config_compat_test.cc).
-  EXPECT_THAT(c.warnings,
-              Contains("DeepSpeed key optimizer.params.amsgrad is not used by Strata (ignored)"));
-  EXPECT_THAT(c.warnings, Contains("unknown key optimizer.x (ignored)"));
-  EXPECT_THAT(c.warnings, Contains("unknown key strata.host_device.gbps (ignored)"));
-  EXPECT_THAT(c.warnings, Contains("unknown key strata.zzz (ignored)"));
+TEST(ConfigUnknownKeys, InsideASectionAreErrorsWithASuggestion) {
+  // A misspelt key would leave its setting at the default: here, the
+  // optimizer states on the device instead of the CPU.
+  EXPECT_EQ(
+      ErrorOf(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"devcie": "cpu"}}})"),
+      "zero_optimization.offload_optimizer.devcie: unknown key; did you mean device?");
+  EXPECT_EQ(ErrorOf(R"({"aio": {"queue_dept": 3}})"),
+            "aio.queue_dept: unknown key; did you mean queue_depth?");
+  EXPECT_EQ(ErrorOf(R"({"optimizer": {"params": {"Weight_Decay": 0.1}}})"),
+            "optimizer.params.Weight_Decay: unknown key; did you mean weight_decay?");
+  EXPECT_EQ(ErrorOf(R"({"strata": {"host_device": {"gbps": 3}}})"),
+            "strata.host_device.gbps: unknown key (no such key in strata.host_device)");
+  EXPECT_EQ(ErrorOf(R"({"strata": {"modle": {}}})"),
+            "strata.modle: unknown key; did you mean model?");
+  EXPECT_EQ(ErrorOf(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_step": 5}}})"),
+            "scheduler.params.warmup_num_step: unknown key; did you mean warmup_num_steps?");
+  // With no type DeepSpeed builds no schedule, but a key no schedule takes is
+  // still refused.
+  EXPECT_EQ(ErrorOf(R"({"scheduler": {"params": {"warmup_maxlr": 5}}})"),
+            "scheduler.params.warmup_maxlr: unknown key; did you mean warmup_max_lr?");
+  EXPECT_EQ(ErrorOf(R"({"zero_optimization": {"stage": 3, "bar": true}})"),
+            "zero_optimization.bar: unknown key (no such key in zero_optimization)");
+  // A DeepSpeed top-level name nested somewhere else is unknown there.
+  EXPECT_THAT(ErrorOf(R"({"aio": {"steps_per_print": 1}})"),
+              HasSubstr("aio.steps_per_print: unknown key"));
+}
+
+TEST(ConfigUnknownKeys, TopLevelNearAKnownNameIsAnErrorOtherwiseAWarning) {
+  // zero_optimisation (British spelling) would mean no ZeRO at all.
+  EXPECT_EQ(ErrorOf(R"({"zero_optimisation": {"stage": 3}})"),
+            "zero_optimisation: unknown key; did you mean zero_optimization? (as written, "
+            "zero_optimization is not read and keeps its default)");
+  EXPECT_THAT(ErrorOf(R"({"Optimiser": {}})"), HasSubstr("did you mean optimizer?"));
+  EXPECT_THAT(ErrorOf(R"({"gradient_cliping": 1.0})"),
+              HasSubstr("did you mean gradient_clipping?"));
+  EXPECT_THAT(ErrorOf(R"({"fp61": {}})"), HasSubstr("did you mean fp16?"));
+  // Far from every name Strata reads: one warning, the rest of the config used.
+  Config c = Parse(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+                       "toplevel_typo": 1, "fp8": {}, "my_run_name": "x"})");
   EXPECT_THAT(c.warnings, Contains("unknown key toplevel_typo (ignored)"));
-  EXPECT_EQ(c.warnings.size(), 8u);
+  EXPECT_THAT(c.warnings, Contains("unknown key fp8 (ignored)"));
+  EXPECT_THAT(c.warnings, Contains("unknown key my_run_name (ignored)"));
+  EXPECT_EQ(c.warnings.size(), 3u);
   // Warnings do not take part in equality.
   Config expected;
   expected.zero_optimization.stage = 3;
   expected.zero_optimization.overlap_comm = true;
   expected.zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
   EXPECT_TRUE(c == expected);
+}
+
+TEST(ConfigUnknownKeys, DeepSpeedKeysStrataDoesNotUseStayWarnings) {
+  Config c = Parse(R"({"optimizer": {"params": {"amsgrad": false}},
+                       "zero_optimization": {"stage": 3, "zenflow": {}}})");
+  // amsgrad is DeepSpeed's; false changes nothing (true is an error: config_compat_test.cc).
+  EXPECT_THAT(c.warnings,
+              Contains("DeepSpeed key optimizer.params.amsgrad is not used by Strata (ignored)"));
+  EXPECT_THAT(c.warnings,
+              Contains(HasSubstr("DeepSpeed key zero_optimization.zenflow is not used")));
+  EXPECT_EQ(c.warnings.size(), 2u);
 }
 
 TEST(ConfigWarnings, KnownDeepSpeedKeysGetASofterMessage) {
@@ -755,9 +792,6 @@ TEST(ConfigWarnings, KnownDeepSpeedKeysGetASofterMessage) {
                 Contains(std::string("DeepSpeed key ") + key + " is not used by Strata (ignored)"));
   }
   EXPECT_EQ(c.warnings.size(), 7u);
-  // A DeepSpeed top-level name nested somewhere else is simply unknown.
-  Config d = Parse(R"({"aio": {"steps_per_print": 1}})");
-  EXPECT_THAT(d.warnings, Contains("unknown key aio.steps_per_print (ignored)"));
 }
 
 // ---- Files -----------------------------------------------------------------------

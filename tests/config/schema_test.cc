@@ -15,6 +15,7 @@
 namespace strata {
 namespace {
 
+using config_internal::EditDistance;
 using config_internal::FindKey;
 using config_internal::KeySpec;
 using config_internal::KeyType;
@@ -107,11 +108,42 @@ TEST(ConfigSchema, UnsupportedSettingsAreErrorsAwayFromTheirNeutralValue) {
   }
 }
 
-TEST(ConfigSchema, UndeclaredKeysAreUnknown) {
-  StatusOr<Config> c = ParseConfig(R"({"zero_optimization": {"stage3_prefetch": 1}})");
-  ASSERT_TRUE(c.ok()) << c.status();
+TEST(ConfigSchema, UndeclaredKeysInASectionAreErrors) {
   EXPECT_EQ(FindKey("zero_optimization.stage3_prefetch"), nullptr);
-  EXPECT_THAT(c->warnings, Contains("unknown key zero_optimization.stage3_prefetch (ignored)"));
+  StatusOr<Config> c = ParseConfig(R"({"zero_optimization": {"stage3_prefetch": 1}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            "zero_optimization.stage3_prefetch: unknown key (no such key in "
+            "zero_optimization)");
+}
+
+// Each key of the schema with its first letter doubled (one edit away) is
+// refused, naming the key; at the top level only the names Strata reads are
+// suggested.
+TEST(ConfigSchema, EveryMisspeltKeyIsRefusedWithItsName) {
+  for (const KeySpec& k : Schema()) {
+    const std::string path(k.path);
+    const size_t dot = path.rfind('.');
+    const std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
+    const std::string name = path.substr(dot == std::string::npos ? 0 : dot + 1);
+    if (section.empty() && k.use != KeyUse::kRead) continue;
+    SCOPED_TRACE(path);
+    const std::string typo = name.substr(0, 1) + name;
+    const std::string typo_path = (section.empty() ? "" : section + ".") + typo;
+    StatusOr<Config> c = ParseConfig(Nest(typo_path, json::object()).dump());
+    ASSERT_FALSE(c.ok());
+    EXPECT_THAT(c.status().message(),
+                HasSubstr(typo_path + ": unknown key; did you mean " + name + "?"));
+  }
+}
+
+TEST(ConfigSchema, EditDistanceCountsSwapsAsOneEdit) {
+  EXPECT_EQ(EditDistance("devcie", "device", 2), 1u);
+  EXPECT_EQ(EditDistance("zero_optimisation", "zero_optimization", 2), 1u);
+  EXPECT_EQ(EditDistance("dev", "device", 2), 3u);  // above the limit: limit + 1
+  EXPECT_EQ(EditDistance("abcd", "bacd", 0), 1u);
+  EXPECT_EQ(EditDistance("", "ab", 2), 2u);
+  EXPECT_EQ(EditDistance("same", "same", 2), 0u);
 }
 
 }  // namespace
