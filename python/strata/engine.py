@@ -46,6 +46,7 @@ drives one model, from one thread.
 import contextlib
 import json
 import os
+import weakref
 
 import torch
 import torch.utils.dlpack as _dlpack
@@ -232,6 +233,9 @@ class Engine:
         text, source = _config_text(config)
         host_only = not torch.cuda.is_available()
         self._engine = _strata.Engine(text, source, dict(auto_values or {}), host_only)
+        # A script that ends without close() still removes the swap files: the
+        # engine is destroyed at interpreter exit at the latest.
+        self._finalizer = weakref.finalize(self, self._engine.close)
         self.config = json.loads(self._engine.config_json())
         self.module = model
         if self.config["bf16"]["enabled"]:
@@ -259,10 +263,17 @@ class Engine:
         self._state = {"closed": False}
         self._in_backward = False  # inside backward(): a forward now is a recomputation
         self._origin = {}  # id(param) -> (dtype, device) before the engine took it
+        self._call_depth = 0  # engine calls in progress (a model may call the engine)
+        self._in_engine_state_dict = False
         self._build_groups()
         self._register()
         self._engine.plan()
         self._install_hooks()
+        # requires_grad of every parameter as at initialize: the engine owns the
+        # trainable ones (weights and optimizer states), the set is fixed.
+        self._requires_grad = [(name, p, p.requires_grad)
+                               for name, p in self.module.named_parameters()
+                               if p.numel() > 0 or id(p) in self._param_id]
         self._lr_pushed = self._engine.learning_rate()
         self.optimizer = _Optimizer(self, [p for g in self._groups for p in g.params])
         model._strata_engine_state = self._state
@@ -354,6 +365,33 @@ class Engine:
         for mod, g in self._group_of_module.items():
             self._handles.append(mod.register_forward_pre_hook(self._make_pre_forward(g)))
             self._handles.append(mod.register_forward_hook(self._make_post_forward(g)))
+        for mod in self.module.modules():
+            owned = [(n, p) for n, p in mod._parameters.items()
+                     if p is not None and id(p) in self._param_id]
+            if owned:
+                hook = self._make_state_dict_hook(owned)
+                self._handles.append(mod._register_state_dict_hook(hook))
+
+    def _make_state_dict_hook(self, owned):
+        """model.state_dict() while the engine owns the parameters: each one's
+        fp32 master in the parameter's original dtype and device (what close()
+        gives back), instead of the empty placeholder."""
+
+        def hook(module, state_dict, prefix, local_metadata):
+            if self._in_engine_state_dict or self._state["closed"]:
+                return
+            self._engine.synchronize()
+            for name, p in owned:
+                key = prefix + name
+                if key not in state_dict:
+                    continue
+                pid = self._param_id[id(p)]
+                value = _dlpack.from_dlpack(self._engine.read_parameter(pid))
+                dtype, device = self._origin[id(p)]
+                state_dict[key] = value.view(self._shape_of_id[pid]).to(device=device,
+                                                                        dtype=dtype)
+
+        return hook
 
     def _on_stream(self):
         if self._stream is None:
@@ -544,11 +582,45 @@ class Engine:
                 "the engine was closed (engine closed); the model has its weights back and runs "
                 "without it", "FailedPrecondition")
 
+    def _check_requires_grad(self):
+        for name, p, at_initialize in self._requires_grad:
+            if p.requires_grad != at_initialize:
+                raise FailedPreconditionError(
+                    f"{name}: requires_grad is {p.requires_grad}, at initialize it was "
+                    f"{at_initialize}; the engine's set of trainable parameters is fixed at "
+                    "initialize (it owns their weights and optimizer states): set it back, or "
+                    "close() the engine and initialize a new one for the new set",
+                    "FailedPrecondition")
+
+    def _end_failed_forward(self):
+        """After a forward that raised: the modules it entered and did not
+        leave (their forward hooks never ran) are left now, so their
+        parameters are not held into the next micro-batch. Runs when an
+        engine call raises, and at the start of each engine call and of
+        backward() (for an exception the model caught itself)."""
+        for g in self._groups:
+            if g.fwd_depth > 0:
+                g.fwd_depth = 0
+                g.recompute = []
+                self._maybe_release(g)
+
     def __call__(self, *args, **kwargs):
         """Runs the model's forward (its parameters fetched module by module)."""
         self._check_open()
-        with self._caller_ordered(), self._saved_tensor_hooks():
-            return self.module(*args, **kwargs)
+        self._check_requires_grad()
+        outermost = self._call_depth == 0 and not self._in_backward
+        if outermost:
+            self._end_failed_forward()
+        self._call_depth += 1
+        try:
+            with self._caller_ordered(), self._saved_tensor_hooks():
+                return self.module(*args, **kwargs)
+        except BaseException:
+            if outermost:
+                self._end_failed_forward()
+            raise
+        finally:
+            self._call_depth -= 1
 
     forward = __call__
 
@@ -559,6 +631,7 @@ class Engine:
         the engine as each module's backward finishes."""
         self._check_open()
         factor = self._engine.loss_scale() / self.gradient_accumulation_steps
+        self._end_failed_forward()
         self._in_backward = True
         try:
             with self._caller_ordered(), self._saved_tensor_hooks():
@@ -583,6 +656,7 @@ class Engine:
 
     def _step(self):
         self._check_open()
+        self._check_requires_grad()
         group = self.optimizer.param_groups[0]
         lr = float(group["lr"])
         if lr != self._lr_pushed:
@@ -660,7 +734,11 @@ class Engine:
         self._engine.synchronize()
         names = self._registered_names()
         values = {}
-        out = self.module.state_dict()
+        self._in_engine_state_dict = True
+        try:
+            out = self.module.state_dict()
+        finally:
+            self._in_engine_state_dict = False
         for key in out:
             if key in names:
                 pid = names[key]
@@ -737,7 +815,7 @@ class Engine:
         self._accumulators = []
         self._owner = {}
         self._state["closed"] = True
-        self._engine.close()
+        self._finalizer()  # destroys the engine
 
 
 def initialize(model, config, *, auto_values=None):

@@ -11,6 +11,9 @@ saved-tensor hooks.
 
 import copy
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -575,3 +578,143 @@ def test_initialize_twice_and_close(opt, par, tmp_path):
     again = strata.initialize(model, cfg)
     assert again(idx, tgt).item() == pytest.approx(ref(idx, tgt).item(), rel=1e-5)
     again.close()
+
+
+class FlakyLinear(Linear):
+    """Linear that raises after computing (its parameters fetched) while `fail` is set."""
+
+    fail = False
+
+    def forward(self, x):
+        y = super().forward(x)
+        if self.fail:
+            raise RuntimeError("flaky forward")
+        return y
+
+
+class FlakyGPT(GPT):
+    """GPT whose first block's fc may raise. With `retry`, its forward catches
+    that and runs again (fc no longer failing)."""
+
+    def __init__(self, retry=False):
+        super().__init__()
+        self.blocks[0].fc = FlakyLinear(HIDDEN, 4 * HIDDEN)
+        self.retry = retry
+
+    def forward(self, idx, targets):
+        if not self.retry:
+            return super().forward(idx, targets)
+        try:
+            return super().forward(idx, targets)
+        except RuntimeError:
+            self.blocks[0].fc.fail = False
+            return super().forward(idx, targets)
+
+
+@pytest.mark.parametrize("opt,par", PLACEMENTS)
+@pytest.mark.parametrize("catcher", ["user", "model"])
+def test_exception_inside_a_forward_leaves_the_engine_consistent(opt, par, catcher, tmp_path):
+    """A forward that raises inside a module owning parameters, caught around
+    the engine call (the micro-batch skipped) or inside the model's own
+    forward (run again): the next steps equal torch's."""
+    torch.manual_seed(16)
+    model = FlakyGPT(retry=catcher == "model")
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path)
+    data = batches(4, seed=24)
+    engine = strata.initialize(model, cfg)
+    got = strata_losses(engine, data[:1], 1)
+    model.blocks[0].fc.fail = True
+    if catcher == "user":
+        with pytest.raises(RuntimeError, match="flaky forward"):
+            engine(*data[1])
+        model.blocks[0].fc.fail = False
+        want = reference_losses(ref, cfg, data, 4)
+    else:
+        ref.blocks[0].fc.fail = True
+        want = reference_losses(ref, cfg, data, 4)
+    got += strata_losses(engine, data[1:], 3)
+    assert_close(got, want)
+    engine.close()
+
+
+@pytest.mark.parametrize("opt,par", PLACEMENTS)
+def test_changing_requires_grad_after_initialize_is_refused(opt, par, tmp_path):
+    torch.manual_seed(17)
+    model = GPT()
+    model.blocks[1].fc.weight.requires_grad_(False)  # frozen at initialize
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path)
+    data = batches(3, seed=25)
+    engine = strata.initialize(model, cfg)
+    got = strata_losses(engine, data[:1], 1)
+    for param, name in ((model.blocks[1].fc.weight, "blocks.1.fc.weight"),
+                        (model.blocks[0].proj.bias, "blocks.0.proj.bias")):
+        param.requires_grad_(not param.requires_grad)
+        with pytest.raises(strata.FailedPreconditionError, match=f"{name}: requires_grad"):
+            engine(*data[1])
+        with pytest.raises(strata.FailedPreconditionError, match=f"{name}: requires_grad"):
+            engine.step()
+        param.requires_grad_(not param.requires_grad)  # back as at initialize: training goes on
+    got += strata_losses(engine, data[1:], 2)
+    want = reference_losses(ref, cfg, data, 3)
+    assert_close(got, want)
+    frozen = model.blocks[1].fc.weight
+    engine.close()
+    torch.testing.assert_close(frozen, ref.blocks[1].fc.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("opt,par", PLACEMENTS)
+def test_model_state_dict_after_initialize_is_full(opt, par, tmp_path):
+    torch.manual_seed(18)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path)
+    data = batches(2, seed=26)
+    engine = strata.initialize(model, cfg)
+    strata_losses(engine, data, 2)
+    reference_losses(ref, cfg, data, 2)
+    sd, ref_sd = model.state_dict(), ref.state_dict()
+    assert sd.keys() == ref_sd.keys()
+    for k in sd:
+        assert sd[k].dtype == ref_sd[k].dtype and sd[k].shape == ref_sd[k].shape, k
+        torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-4, atol=1e-5, msg=k)
+    # A submodule's state_dict too, with its own prefix.
+    sub = model.blocks[0].state_dict(prefix="b.")
+    for k, v in sub.items():
+        torch.testing.assert_close(v, ref_sd["blocks.0." + k[2:]], rtol=1e-4, atol=1e-5, msg=k)
+    # Training goes on after it.
+    got = strata_losses(engine, data, 1)
+    want = reference_losses(ref, cfg, data, 1)
+    assert_close(got, want)
+    engine.close()
+
+
+def test_swap_files_are_removed_at_interpreter_exit(tmp_path):
+    """A script that ends without close(): the engine is destroyed by the
+    interpreter's exit handlers (which run last-registered first: the
+    engine's, registered at initialize, before the script's), not by
+    whatever teardown happens to reach it later."""
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    script = f"""
+import atexit, os, sys
+sys.path[:0] = {sys.path!r}
+import torch, strata
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from test_torch_frontend import GPT, batches, config
+atexit.register(lambda: print("at exit", len(os.listdir({str(swap)!r}))))
+torch.manual_seed(19)
+engine = strata.initialize(GPT(), config("nvme", "nvme", {str(swap)!r}))
+idx, tgt = batches(1)[0]
+engine.backward(engine(idx, tgt))
+engine.step()
+print("swapping", len(os.listdir({str(swap)!r})))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    counts = dict(line.rsplit(" ", 1) for line in out.stdout.splitlines()
+                  if line.startswith(("swapping", "at exit")))
+    assert int(counts["swapping"]) > 0 and int(counts["at exit"]) == 0, out.stdout
+    assert os.listdir(swap) == []
