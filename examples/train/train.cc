@@ -301,6 +301,9 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
         CheckCheckpointRoom(ckpt.dir, r.checkpoint_bytes + (int64_t{1} << 20), peak - own));
   }
 
+  // What the losses' last bits depend on besides the config and the data.
+  const std::string arithmetic =
+      engine->DeviceIsHost() ? "host: " + HostBlasArithmetic() : "cuda: " + r.device;
   TextData data(seed);
   std::vector<int32_t> inputs, targets;
   int64_t first = 0;
@@ -321,6 +324,15 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
           static_cast<int64_t>(note["losses"].size()) != first)
         return DataLossError("checkpoint " + info.path + ": its note is not this program's");
       r.losses = note["losses"].get<std::vector<double>>();
+      // Bitwise reproducible only on the same arithmetic (model.h,
+      // HostBlasArithmetic): a resume elsewhere continues, and says so.
+      if (note.contains("arithmetic") && note["arithmetic"].is_string() &&
+          note["arithmetic"].get<std::string>() != arithmetic)
+        STRATA_LOG_WARN(
+            "checkpoint {} was written with other arithmetic ({}) than this run's ({}): the "
+            "losses from step {} on may differ in their last bits from a run that was not "
+            "interrupted",
+            info.path, note["arithmetic"].get<std::string>(), arithmetic, first + 1);
     } else if (ls.code() != StatusCode::kNotFound) {
       return ls;
     }
@@ -329,7 +341,7 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
     CheckpointInfo info;
     info.data_position = done;
     info.run_id = r.checkpoint_run_id;
-    info.note = json({{"losses", r.losses}}).dump();
+    info.note = json({{"losses", r.losses}, {"arithmetic", arithmetic}}).dump();
     const double s0 = Seconds();
     STRATA_RETURN_IF_ERROR(engine->SaveCheckpoint(ckpt.dir, info));
     r.checkpoint_save_s.push_back(Seconds() - s0);

@@ -27,9 +27,11 @@ struct RunResult {
   std::string out, err;
 };
 
-RunResult Strata(const std::string& args, const std::string& dir) {
+// `env`: "VAR=value ..." put before the command.
+RunResult Strata(const std::string& args, const std::string& dir, const std::string& env = "") {
   const std::string out = dir + "/stdout", err = dir + "/stderr";
-  const std::string cmd = std::string(STRATA_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
+  const std::string cmd =
+      env + " " + std::string(STRATA_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
   const int rc = std::system(cmd.c_str());
   RunResult r;
   r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
@@ -329,6 +331,63 @@ TEST(TrainCli, LowAddressLimitEndsWithAStatusNotAHang) {
       EXPECT_THAT(err, HasSubstr("ResourceExhausted"));
     }
   }
+}
+
+// The host backend's losses are the same bits whatever the environment says
+// about BLAS threads, and under an address-space limit (which makes strata
+// restart itself with OPENBLAS_NUM_THREADS=1). The GEMMs here (128 tokens,
+// hidden 128, ffn 512) are large enough for OpenBLAS to split them.
+TEST(TrainCli, LossesAreBitwiseIndependentOfBlasThreadsAndLimits) {
+  testing::ScratchDir dir;
+  const std::string cfg = dir.str() + "/c.json";
+  std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+      "offload_param": {"device": "cpu"}},
+    "strata": {"device": "host", "hbm_budget": "64M", "threads": 2,
+      "model": {"layers": 2, "hidden": 128, "seq_len": 64}}})";
+  auto losses = [&](const std::string& prefix) {
+    const std::string cmd = "bash -c '" + prefix + " exec " + STRATA_CLI_PATH + " train --config " +
+                            cfg + " --steps 2 --json' >" + dir.str() + "/stdout 2>" + dir.str() +
+                            "/stderr";
+    const int st = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << prefix << ReadFile(dir.str() + "/stderr");
+    const json j = json::parse(ReadFile(dir.str() + "/stdout"), nullptr, false);
+    if (!j.is_object() || !j.contains("losses")) return std::vector<double>();
+    return j["losses"].get<std::vector<double>>();
+  };
+  const std::vector<double> one = losses("export OPENBLAS_NUM_THREADS=1;");
+  ASSERT_EQ(one.size(), 2u);
+  EXPECT_EQ(losses("export OPENBLAS_NUM_THREADS=2;"), one);
+  EXPECT_EQ(losses("export OPENBLAS_NUM_THREADS=4;"), one);
+#if !defined(__SANITIZE_ADDRESS__)  // ASan reserves terabytes of address space
+  EXPECT_EQ(losses("unset OPENBLAS_NUM_THREADS; ulimit -v 4000000;"), one);
+#endif
+}
+
+// What can still change the bits (the OpenBLAS build and the kernels it picks
+// for the CPU) is in the checkpoint's manifest; resuming on other kernels
+// (OPENBLAS_CORETYPE here) warns.
+TEST(TrainCli, ResumeOnOtherBlasKernelsWarns) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  const std::string ck = dir.str() + "/ck";
+  RunResult r = Strata("train --config " + cfg + " --steps 2 --checkpoint-dir " + ck, dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string arithmetic;
+  for (const auto& e : std::filesystem::directory_iterator(ck))
+    if (std::filesystem::exists(e.path() / "MANIFEST.json"))
+      arithmetic = json::parse(json::parse(ReadFile((e.path() / "MANIFEST.json").string()))["note"]
+                                   .get<std::string>())["arithmetic"];
+  EXPECT_THAT(arithmetic, HasSubstr("host: OpenBLAS"));
+  EXPECT_THAT(arithmetic, HasSubstr("; 1 thread"));
+  if (arithmetic.find("DYNAMIC_ARCH") == std::string::npos ||
+      arithmetic.find("kernels Nehalem") != std::string::npos)
+    GTEST_SKIP() << "OPENBLAS_CORETYPE=Nehalem picks no other kernels here: " << arithmetic;
+  r = Strata("train --config " + cfg + " --steps 3 --checkpoint-dir " + ck + " --resume", dir.str(),
+             "OPENBLAS_CORETYPE=Nehalem");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("was written with other arithmetic (" + arithmetic + ")"));
+  EXPECT_THAT(r.err, HasSubstr("kernels Nehalem; 1 thread): the losses from step 3 on may differ"));
 }
 
 }  // namespace
