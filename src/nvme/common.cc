@@ -153,6 +153,8 @@ std::string FsTypeName(const std::string& path) {
     case BTRFS_SUPER_MAGIC: return "btrfs";
     case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
     case NFS_SUPER_MAGIC: return "nfs";
+    case PROC_SUPER_MAGIC: return "proc";
+    case SYSFS_MAGIC: return "sysfs";
     default: return fmt::format("0x{:x}", static_cast<unsigned long>(sf.f_type));
   }
 }
@@ -168,6 +170,12 @@ Status CheckWritableDir(const std::string& dir) {
   if (!S_ISDIR(st.st_mode))
     return InvalidArgumentError(fmt::format("nvme path {} is not a directory", dir));
   struct statvfs vfs;
+  // proc, sysfs and the like have no blocks: no file of ours can grow there.
+  if (statvfs(dir.c_str(), &vfs) == 0 && vfs.f_blocks == 0)
+    return FailedPreconditionError(fmt::format(
+        "nvme path {} is on a {} filesystem with no storage (statfs: 0 blocks), not a writable "
+        "regular filesystem",
+        dir, FsTypeName(dir)));
   if (statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
     return FailedPreconditionError(
         fmt::format("nvme path {} is on a read-only filesystem", dir));

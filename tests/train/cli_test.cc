@@ -174,6 +174,11 @@ TEST(TrainCli, UnwritableNvmePathIsOneLineErrorBeforeTraining) {
   ExpectOneLineFailure(
       Strata("train --config " + cfg + " --steps 2 --nvme-path /proc/strata-nvme", dir.str()),
       "/proc/strata-nvme");
+  // /proc itself is a directory, writable by root, with no storage.
+  const RunResult r = Strata("train --config " + cfg + " --steps 2 --nvme-path /proc", dir.str());
+  ExpectOneLineFailure(r,
+                       "nvme path /proc is on a proc filesystem with no storage (statfs: 0 "
+                       "blocks), not a writable regular filesystem");
 }
 
 TEST(TrainCli, PlanThatCannotFitIsOneLineError) {
@@ -388,6 +393,30 @@ TEST(TrainCli, ResumeOnOtherBlasKernelsWarns) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("was written with other arithmetic (" + arithmetic + ")"));
   EXPECT_THAT(r.err, HasSubstr("kernels Nehalem; 1 thread): the losses from step 3 on may differ"));
+}
+
+// A thread refused under `ulimit -v` names the limit. Where the engine's
+// threads fail depends on what the process has mapped; the limits tried
+// bracket it (each run ends before the first step).
+TEST(TrainCli, ThreadThatCannotStartUnderAddressLimitNamesTheLimit) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: no ulimit -v here";
+#endif
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  int hits = 0;
+  for (int kb = 50000; kb <= 200000; kb += 10000) {
+    const std::string cmd = "bash -c 'ulimit -v " + std::to_string(kb) + "; exec " +
+                            STRATA_CLI_PATH + " train --config " + cfg +
+                            " --steps 2' >/dev/null 2>" + dir.str() + "/stderr";
+    std::system(cmd.c_str());
+    const std::string err = ReadFile(dir.str() + "/stderr");
+    if (err.find("cannot start its 4 threads") == std::string::npos) continue;
+    ++hits;
+    EXPECT_THAT(err,
+                HasSubstr("RLIMIT_AS (`ulimit -v`) is " + std::to_string(kb * 1024LL) + " bytes"));
+  }
+  if (hits == 0) GTEST_SKIP() << "no limit tried stopped the host device's threads here";
 }
 
 }  // namespace
