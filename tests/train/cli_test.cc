@@ -222,7 +222,7 @@ TEST(TrainCli, FailedRunWithJsonPrintsOneObjectWithTheError) {
   text.replace(text.find("\"4M\""), 4, "\"64K\"");
   std::ofstream(cfg) << text;
   RunResult r = Strata("train --config " + cfg + " --steps 2 --json", dir.str());
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 4);  // resource error
   json j = json::parse(r.out);
   EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("hbm"));
   EXPECT_EQ(j["steps"], 0);
@@ -331,8 +331,8 @@ TEST(TrainCli, LowAddressLimitEndsWithAStatusNotAHang) {
     const int code = WEXITSTATUS(st);
     const std::string err = ReadFile(dir.str() + "/stderr");
     EXPECT_NE(code, 124) << "hung: " << err;
-    EXPECT_TRUE(code == 0 || code == 1) << code << ": " << err;
-    if (code == 1) {
+    EXPECT_TRUE(code == 0 || code == 4) << code << ": " << err;  // 4: resource error
+    if (code == 4) {
       EXPECT_THAT(err, HasSubstr("ResourceExhausted"));
     }
   }
@@ -417,6 +417,76 @@ TEST(TrainCli, ThreadThatCannotStartUnderAddressLimitNamesTheLimit) {
                 HasSubstr("RLIMIT_AS (`ulimit -v`) is " + std::to_string(kb * 1024LL) + " bytes"));
   }
   if (hits == 0) GTEST_SKIP() << "no limit tried stopped the host device's threads here";
+}
+
+// --resume: an empty directory says there is nothing to resume and starts
+// at step 0; one that does not exist is a usage error (nothing is created).
+TEST(TrainCli, ResumeFromAnEmptyOrMissingDirectory) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  std::filesystem::create_directory(dir.str() + "/empty");
+  RunResult r = Strata(
+      "train --config " + cfg + " --steps 2 --checkpoint-dir " + dir.str() + "/empty --resume",
+      dir.str());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--resume: nothing to resume in " + dir.str() +
+                               "/empty (no checkpoint there): starting from step 0"));
+  r = Strata("train --config " + cfg + " --steps 2 --checkpoint-dir " + dir.str() +
+                 "/mistyped --resume --json",
+             dir.str());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--checkpoint-dir " + dir.str() + "/mistyped does not exist"));
+  EXPECT_FALSE(std::filesystem::exists(dir.str() + "/mistyped"));
+  // No step ran: no losses to report.
+  const json j = json::parse(r.out);
+  EXPECT_TRUE(j["initial_loss"].is_null()) << r.out;
+  EXPECT_TRUE(j["final_loss"].is_null()) << r.out;
+}
+
+// --steps is the total: below the checkpoint's step is a usage error, equal
+// to it is a finished run (one line, exit 0); a refused resume reports no
+// resumed_from_step.
+TEST(TrainCli, ResumeWithStepsAtOrBelowTheCheckpoint) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  const std::string ck = " --checkpoint-dir " + dir.str() + "/ck";
+  ASSERT_EQ(Strata("train --config " + cfg + " --steps 3" + ck, dir.str()).exit_code, 0);
+  RunResult r = Strata("train --config " + cfg + " --steps 2 --resume --json" + ck, dir.str());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--steps 2 is the total, and checkpoint "));
+  EXPECT_THAT(r.err, HasSubstr(" is at step 3 already: give --steps above 3 to train on"));
+  EXPECT_TRUE(json::parse(r.out)["resumed_from_step"].is_null()) << r.out;
+  r = Strata("train --config " + cfg + " --steps 3 --resume --json" + ck, dir.str());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr(" is at step 3, which is --steps: nothing to train"));
+  EXPECT_EQ(json::parse(r.out)["resumed_from_step"], 3);
+  // Another config: the resume is refused.
+  const std::string other = dir.str() + "/other.json";
+  std::string text = ReadFile(cfg);
+  text.replace(text.find("\"seq_len\": 16"), 13, "\"seq_len\": 16, \"seed\": 7");
+  std::ofstream(other) << text;
+  r = Strata("train --config " + other + " --steps 4 --resume --json" + ck, dir.str());
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("different config"));
+  EXPECT_TRUE(json::parse(r.out)["resumed_from_step"].is_null()) << r.out;
+}
+
+// A run whose loss ends NaN (learning rate 1e30) fails, in one line.
+TEST(TrainCli, RunEndingWithANanLossFails) {
+  testing::ScratchDir dir;
+  std::string text = ReadFile(WriteConfig(dir.str(), "c.json", "cpu", "cpu"));
+  text.replace(text.find("\"lr\": 3e-3"), 10, "\"lr\": 1e30");
+  text.replace(text.find("\"bf16\": {\"enabled\": true}, "), 27, "");
+  const std::string cfg = dir.str() + "/nan.json";
+  std::ofstream(cfg) << text;
+  RunResult r = Strata("train --config " + cfg + " --steps 3 --json", dir.str());
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("strata train: FailedPrecondition: the loss is NaN from step 2 to the "
+                        "last, step 3: the run diverged"));
+  const json j = json::parse(r.out);
+  EXPECT_THAT(j["error"].get<std::string>(), HasSubstr("the loss is NaN"));
+  EXPECT_EQ(j["steps"], 3);
 }
 
 }  // namespace
