@@ -177,8 +177,8 @@ TEST(TrainCli, UnwritableNvmePathIsOneLineErrorBeforeTraining) {
   // /proc itself is a directory, writable by root, with no storage.
   const RunResult r = Strata("train --config " + cfg + " --steps 2 --nvme-path /proc", dir.str());
   ExpectOneLineFailure(r,
-                       "nvme path /proc is on a proc filesystem with no storage (statfs: 0 "
-                       "blocks), not a writable regular filesystem");
+                       "nvme path /proc is on a proc filesystem (kernel objects, no storage), "
+                       "not a writable regular filesystem");
 }
 
 TEST(TrainCli, PlanThatCannotFitIsOneLineError) {
