@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/strata/exit_codes.h"
+
 namespace strata::cli {
 
 inline double Median(std::vector<double> v) {
@@ -27,11 +29,26 @@ inline double LoadAverage() {
   return load;
 }
 
-// Prints "strata <command>: <msg>" to stderr and returns the exit code 1.
+// Prints "strata <command>: <msg>" to stderr and returns the usage error's
+// exit code: a message without a Status is about the command line.
 inline int Fail(const char* command, const std::string& msg) {
   std::fprintf(stderr, "strata %s: %s\n", command, msg.c_str());
-  return 1;
+  return kExitUsage;
 }
+// Prints "strata <command>: <status>" and returns its exit code
+// (exit_codes.h); InvalidArgument is about the command line's values.
+inline int Fail(const char* command, const Status& s) {
+  std::fprintf(stderr, "strata %s: %s\n", command, s.ToString().c_str());
+  return s.code() == StatusCode::kInvalidArgument ? kExitUsage : ExitCodeOf(s);
+}
+
+// The NVMe engine's O_DIRECT unit: aio.block_size (and the bench flags that
+// set it) must be a multiple of it. The config check accepts any multiple of
+// 512 (DeepSpeed's rule), so a message about it says both.
+inline constexpr char kBlockSizeRule[] =
+    "is not a multiple of 4096 between 4096 and 1 GiB (the NVMe engine's O_DIRECT unit; a "
+    "config's aio.block_size must be one as well, although the config check accepts any "
+    "multiple of 512)";
 
 // Deterministic non-zero pseudo-random values in (0, 1] (fast enough for 100M
 // elements): element i of the sequence `salt`.

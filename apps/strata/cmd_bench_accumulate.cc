@@ -59,13 +59,13 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
                                      " bytes/element of arrays)",
                                  per_elem * n);
       !s.ok())
-    return Fail(kCommand, s.ToString());
+    return Fail(kCommand, s);
 
   cpu_adam::Options base;
   base.threads = args.threads;
   base.isa = args.isa;
   auto opts = CreateBenchOptimizers(base);
-  if (!opts.ok()) return Fail(kCommand, opts.status().ToString());
+  if (!opts.ok()) return Fail(kCommand, opts.status());
   auto* const strata_opt = &opts->strata;
   auto* const roof_opt = &opts->roofline;
   auto* const scalar_opt = &opts->scalar;
@@ -73,14 +73,14 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   so.isa = "scalar";
   so.threads = 1;
   auto scalar1_opt = cpu_adam::CpuOptimizer::Create(so);
-  if (!scalar1_opt.ok()) return Fail(kCommand, scalar1_opt.status().ToString());
+  if (!scalar1_opt.ok()) return Fail(kCommand, scalar1_opt.status());
 
   // One accumulator and one gradient array for every variant: where an array
   // sits in memory changes its bandwidth on a VM (docs/perf.md, "cpu_adam").
   auto acc = AlignedBuffer::Allocate(n * 4, 64);
-  if (!acc.ok()) return Fail(kCommand, "allocating the accumulator: " + acc.status().ToString());
+  if (!acc.ok()) return Fail(kCommand, Status(acc.status()).WithContext("allocating the accumulator"));
   auto grad = AlignedBuffer::Allocate(n * DTypeSize(gd), 64);
-  if (!grad.ok()) return Fail(kCommand, "allocating the gradients: " + grad.status().ToString());
+  if (!grad.ok()) return Fail(kCommand, Status(grad.status()).WithContext("allocating the gradients"));
   float* a = acc->as<float>();
   for (size_t i = 0; i < n; ++i) {
     a[i] = Hash01(i, 1) - 0.5f;
@@ -97,7 +97,7 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
     const double s = sw.Seconds();
     if (!st.ok()) {
       std::fprintf(stderr, "strata bench accumulate: %s\n", st.ToString().c_str());
-      std::exit(1);
+      std::exit(ExitCodeOf(st));
     }
     return s;
   };

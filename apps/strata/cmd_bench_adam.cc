@@ -122,7 +122,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
                                        std::to_string(per_param) + " bytes/param of arrays)",
                                    bytes);
         !s.ok())
-      return Fail(kCommand, s.ToString());
+      return Fail(kCommand, s);
   }
   cpu_adam::StreamingStores ss = cpu_adam::StreamingStores::kAuto;
   if (args.streaming == "off") ss = cpu_adam::StreamingStores::kOff;
@@ -134,7 +134,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   base.isa = args.isa;
   base.streaming_stores = ss;
   auto opts = CreateBenchOptimizers(base);
-  if (!opts.ok()) return Fail(kCommand, opts.status().ToString());
+  if (!opts.ok()) return Fail(kCommand, opts.status());
   auto* const strata_opt = &opts->strata;
   auto* const roof_opt = &opts->roofline;
   auto* const scalar_opt = &opts->scalar;
@@ -145,13 +145,13 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   // values unchanged; the optimizer steps keep them finite.
   auto arrays = MakeArrays(n, gd, cd);
   if (!arrays.ok())
-    return Fail(kCommand,
-                "allocating " + std::to_string(n) + " params: " + arrays.status().ToString());
+    return Fail(kCommand, Status(arrays.status())
+                              .WithContext("allocating " + std::to_string(n) + " params"));
   // The unfused variant needs fp32 gradients (its own array when grads are 16-bit).
   AlignedBuffer grad32;
   if (cd && gd != DType::kFp32) {
     auto g = AlignedBuffer::Allocate(n * 4, 64);
-    if (!g.ok()) return Fail(kCommand, g.status().ToString());
+    if (!g.ok()) return Fail(kCommand, g.status());
     grad32 = std::move(*g);
     for (size_t i = 0; i < n; ++i) grad32.as<float>()[i] = (Hash01(i, 4) - 0.5f) * 0.1f;
   }
@@ -175,7 +175,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
     auto r = o.Step(s);
     if (!r.ok()) {
       std::fprintf(stderr, "strata bench adam: %s\n", r.status().ToString().c_str());
-      std::exit(1);
+      std::exit(ExitCodeOf(r.status()));
     }
   };
   auto run_two_pass = [&] {
@@ -183,7 +183,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
     Status st = (*strata_opt)->Cast(two_step.param, arrays->c.data(), *cd, n);
     if (!st.ok()) {
       std::fprintf(stderr, "strata bench adam: %s\n", st.ToString().c_str());
-      std::exit(1);
+      std::exit(ExitCodeOf(st));
     }
   };
   // Warm-up (page faults, thread start), then interleaved repetitions.

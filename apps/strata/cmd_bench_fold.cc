@@ -48,7 +48,7 @@ constexpr char kCommand[] = "bench fold";
 void Check(const Status& s) {
   if (s.ok()) return;
   std::fprintf(stderr, "strata bench fold: %s\n", s.ToString().c_str());
-  std::exit(1);
+  std::exit(ExitCodeOf(s));
 }
 
 int RunBenchFold(const BenchFoldArgs& args) {
@@ -62,16 +62,16 @@ int RunBenchFold(const BenchFoldArgs& args) {
   // master, m, v, acc (fp32), grad and copy (bf16).
   if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (20 bytes/element)", 20 * n);
       !s.ok())
-    return Fail(kCommand, s.ToString());
+    return Fail(kCommand, s);
   cpu_adam::Options o;
   o.threads = args.threads;
   auto opt = cpu_adam::CpuOptimizer::Create(o);
-  if (!opt.ok()) return Fail(kCommand, opt.status().ToString());
+  if (!opt.ok()) return Fail(kCommand, opt.status());
 
   std::vector<AlignedBuffer> bufs;
   for (size_t bytes : {4 * n, 4 * n, 4 * n, 4 * n, 2 * n, 2 * n}) {
     auto b = AlignedBuffer::Allocate(bytes, 64);
-    if (!b.ok()) return Fail(kCommand, b.status().ToString());
+    if (!b.ok()) return Fail(kCommand, b.status());
     bufs.push_back(std::move(*b));
   }
   float* master = bufs[0].as<float>();

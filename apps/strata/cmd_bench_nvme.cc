@@ -49,6 +49,14 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
   o.io.block_size = bs;
   o.io.queue_depth = a.queue_depth;
   o.io.threads = a.threads;
+  // The flags' own names (nvme::ValidateIoOptions names the config keys).
+  if (bs == 0 || bs % 4096 != 0 || bs > (uint64_t{1} << 30))
+    return Fail(kCommand, "--block-size: " + std::to_string(bs) + " " + kBlockSizeRule);
+  if (a.queue_depth < 1 || a.queue_depth > 4096)
+    return Fail(kCommand,
+                "--queue-depth: " + std::to_string(a.queue_depth) + " is not between 1 and 4096");
+  if (a.threads < 1 || a.threads > 64)
+    return Fail(kCommand, "--threads: " + std::to_string(a.threads) + " is not between 1 and 64");
   if (Status s = nvme::ValidateIoOptions(o.io); !s.ok())
     return Fail(kCommand, std::string(s.message()));
   if (a.runs < 1) return Fail(kCommand, "--runs must be at least 1");
@@ -64,18 +72,18 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
   const std::string fio_file = a.paths[0] + "/strata-fio-" + std::to_string(getpid()) + ".bin";
   for (int i = 0; i < a.runs; ++i) {
     auto session = nvme::EngineBenchSession::Open(o);
-    if (!session.ok()) return Fail(kCommand, session.status().ToString());
+    if (!session.ok()) return Fail(kCommand, session.status());
     engine_used = (*session)->engine();
     auto w = (*session)->WritePass();
-    if (!w.ok()) return Fail(kCommand, w.status().ToString());
+    if (!w.ok()) return Fail(kCommand, w.status());
     auto rd = (*session)->ReadPass();
-    if (!rd.ok()) return Fail(kCommand, rd.status().ToString());
+    if (!rd.ok()) return Fail(kCommand, rd.status());
     session->reset();  // removes the swap file
     if (a.vs_fio) {
       auto f = nvme::RunFioPass(o, fio_file, "write");
       auto g = f.ok() ? nvme::RunFioPass(o, fio_file, "read") : StatusOr<double>(f.status());
       unlink(fio_file.c_str());
-      if (!g.ok()) return Fail(kCommand, g.status().ToString());
+      if (!g.ok()) return Fail(kCommand, g.status());
       fw.push_back(*f);
       fr.push_back(*g);
     }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "apps/strata/commands.h"
+#include "apps/strata/exit_codes.h"
 #include "src/common/log.h"
 #include "src/gpu/device.h"
 
@@ -70,16 +71,16 @@ int RunBenchPcie(const Args& a) {
   std::string err;
   if (!ParseSizes(a.sizes, &sizes, &err)) {
     std::fprintf(stderr, "strata bench pcie: %s\n", err.c_str());
-    return 2;
+    return kExitUsage;
   }
   uint64_t chunk = 0;
   if (!ParseByteSize(a.chunk, &chunk) || chunk == 0) {
     std::fprintf(stderr, "strata bench pcie: --chunk: \"%s\" is not a size\n", a.chunk.c_str());
-    return 2;
+    return kExitUsage;
   }
   if (a.reps < 1) {
     std::fprintf(stderr, "strata bench pcie: --reps must be at least 1\n");
-    return 2;
+    return kExitUsage;
   }
   size_t max_size = 0;
   for (size_t s : sizes) max_size = std::max(max_size, s);
@@ -107,7 +108,7 @@ int RunBenchPcie(const Args& a) {
       return 0;
     }
     std::fprintf(stderr, "strata bench pcie: %s\n", device.status().ToString().c_str());
-    return 1;
+    return ExitCodeOf(device.status());
   }
   gpu::PcieBenchOptions bo;
   bo.sizes = sizes;
@@ -116,7 +117,7 @@ int RunBenchPcie(const Args& a) {
   auto report = gpu::RunPcieBench(**device, bo);
   if (!report.ok()) {
     std::fprintf(stderr, "strata bench pcie: %s\n", report.status().ToString().c_str());
-    return 1;
+    return ExitCodeOf(report.status());
   }
   const gpu::PcieBenchReport& r = *report;
   const std::string label = (*device)->is_host() ? "host backend (no GPU): " + r.device : r.device;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/strata/commands.h"
+#include "apps/strata/exit_codes.h"
 #include "src/common/units.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
@@ -130,7 +131,7 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
     StatusOr<Config> config = LoadConfigFile(config_path);
     if (!config.ok()) {
       std::fprintf(stderr, "strata info: %s\n", config.status().ToString().c_str());
-      return 2;
+      return kExitConfig;
     }
     out["config"] = json::parse(ConfigToJson(*config));
     out["config_warnings"] = config->warnings;

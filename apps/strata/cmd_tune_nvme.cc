@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
+#include "apps/strata/exit_codes.h"
 #include "src/nvme/nvme_bench.h"
 
 namespace strata::cli {
@@ -28,9 +30,10 @@ struct TuneNvmeArgs {
   bool json = false;
 };
 
+// A message about the command line: the usage error's exit code.
 int Fail(const std::string& msg) {
   std::fprintf(stderr, "strata tune nvme: %s\n", msg.c_str());
-  return 1;
+  return kExitUsage;
 }
 
 int RunTuneNvme(const TuneNvmeArgs& a) {
@@ -53,6 +56,12 @@ int RunTuneNvme(const TuneNvmeArgs& a) {
         io.block_size = bs;
         io.queue_depth = qd;
         io.threads = t;
+        // The flags' own names (nvme::ValidateIoOptions names the config keys).
+        if (bs == 0 || bs % 4096 != 0 || bs > (uint64_t{1} << 30))
+          return Fail("--block-sizes: " + std::to_string(bs) + " " + kBlockSizeRule);
+        if (qd < 1 || qd > 4096)
+          return Fail("--queue-depths: " + std::to_string(qd) + " is not between 1 and 4096");
+        if (t < 1 || t > 64) return Fail("--threads: " + std::to_string(t) + " is not between 1 and 64");
         if (Status s = nvme::ValidateIoOptions(io); !s.ok()) return Fail(std::string(s.message()));
       }
   auto points = nvme::RunTune(base, bss, a.queue_depths, a.threads,
@@ -63,7 +72,10 @@ int RunTuneNvme(const TuneNvmeArgs& a) {
                                              p.threads, p.result.write_gbytes_per_s, p.result.read_gbytes_per_s);
                               },
                               a.confirm_top, a.confirm_runs);
-  if (!points.ok()) return Fail(points.status().ToString());
+  if (!points.ok()) {
+    std::fprintf(stderr, "strata tune nvme: %s\n", points.status().ToString().c_str());
+    return ExitCodeOf(points.status());
+  }
   const auto& best = points->front();
   json aio = {{"block_size", best.block_size},
               {"queue_depth", best.queue_depth},

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "apps/strata/commands.h"
+#include "apps/strata/exit_codes.h"
 #include "src/common/log.h"
 #include "src/common/units.h"
 #include "strata/strata.h"
@@ -131,7 +132,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // One line, then a pointer to --help: no wall of usage text on a typo.
     std::fprintf(stderr, "strata: %s\nRun 'strata --help' for usage.\n", e.what());
-    return e.get_exit_code() == 0 ? 2 : e.get_exit_code();
+    // CLI11's own codes (105 a bad value, 106 a missing option, 109 an
+    // unknown argument, ...) are all the usage error of the table.
+    return kExitUsage;
   }
   return result.exit_code;
 }

@@ -1,5 +1,6 @@
-// Host backend of the example model: OpenBLAS sgemm on fp32 copies of one
-// module's parameters, plus plain loops for the element-wise parts. Used on
+// Host backend of the example model: OpenBLAS sgemm (one thread) on fp32
+// copies of one module's parameters, plus plain loops for the element-wise
+// parts. Used on
 // the host device (strata.device = host, or no GPU). Activations live in
 // engine workspaces (fp32); parameter/gradient fp32 copies in host vectors.
 #include <cblas.h>
@@ -17,10 +18,15 @@
 namespace strata::example {
 namespace {
 
+// See HostBlasArithmetic in model.h.
+constexpr int kBlasThreads = 1;
+
 class HostBackend final : public Backend {
  public:
   HostBackend(const ModelShape& s, DType dtype, WorkspaceFn alloc)
-      : s_(s), dtype_(dtype), alloc_(std::move(alloc)) {}
+      : s_(s), dtype_(dtype), alloc_(std::move(alloc)) {
+    openblas_set_num_threads(kBlasThreads);
+  }
 
   Status SetBatch(std::span<const int32_t> inputs, std::span<const int32_t> targets) override {
     const int64_t n = s_.tokens();
@@ -233,6 +239,13 @@ Status CheckHostBackendMemory(const ModelShape& shape) {
           FormatBytes(static_cast<int64_t>(copies)) + ", and OpenBLAS's GEMM buffer, " +
           FormatBytes(static_cast<int64_t>(kOpenBlasBuffer)) + ")",
       copies, kOpenBlasBuffer);
+}
+
+std::string HostBlasArithmetic() {
+  const char* config = openblas_get_config();
+  const char* core = openblas_get_corename();
+  return std::string(config ? config : "OpenBLAS (no config string)") + "; kernels " +
+         (core ? core : "unknown") + "; " + std::to_string(kBlasThreads) + " thread";
 }
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc) {

@@ -162,6 +162,15 @@ BackendLayout BackendWorkspaceLayout(const ModelShape& shape);
 int64_t BackendWorkspaceBytes(const ModelShape& shape);
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc);
+// The host backend's GEMMs run on one OpenBLAS thread, whatever
+// OPENBLAS_NUM_THREADS, the CPU count or the resource limits say
+// (NewHostBackend sets it): a thread count changes how OpenBLAS splits a GEMM,
+// and with it the last bits of the losses. What can still change them is the
+// library build and the CPU kernels it picks (DYNAMIC_ARCH builds pick by
+// CPU; OPENBLAS_CORETYPE overrides): this names both, e.g. "OpenBLAS 0.3.21
+// NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64; kernels
+// SkylakeX; 1 thread".
+std::string HostBlasArithmetic();
 // Before the host backend's first GEMM: its fp32 copies of one module's
 // parameters and gradients must fit in MemAvailable, and those plus
 // OpenBLAS's GEMM buffer (about 128 MiB of address space, mapped on the first

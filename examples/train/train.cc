@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include <system_error>
 #include <thread>
 
+#include "apps/strata/exit_codes.h"
 #include "examples/train/model.h"
 #include "src/common/env_param.h"
 #include "src/common/log.h"
@@ -301,6 +303,9 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
         CheckCheckpointRoom(ckpt.dir, r.checkpoint_bytes + (int64_t{1} << 20), peak - own));
   }
 
+  // What the losses' last bits depend on besides the config and the data.
+  const std::string arithmetic =
+      engine->DeviceIsHost() ? "host: " + HostBlasArithmetic() : "cuda: " + r.device;
   TextData data(seed);
   std::vector<int32_t> inputs, targets;
   int64_t first = 0;
@@ -311,17 +316,39 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
     const double l0 = Seconds();
     Status ls = engine->LoadCheckpoint(ckpt.dir, &info);
     if (ls.ok()) {
-      r.checkpoint_load_s = Seconds() - l0;
+      const double load_s = Seconds() - l0;
       first = info.data_position;
-      r.resumed_from_step = first;
-      r.resumed_from = info.path;
-      r.checkpoint_run_id = info.run_id;
       const json note = json::parse(info.note, nullptr, false);
       if (!note.is_object() || !note.contains("losses") ||
           static_cast<int64_t>(note["losses"].size()) != first)
         return DataLossError("checkpoint " + info.path + ": its note is not this program's");
+      if (first > steps)
+        return OutOfRangeError("--steps " + std::to_string(steps) +
+                               " is the total, and checkpoint " + info.path + " is at step " +
+                               std::to_string(first) + " already: give --steps above " +
+                               std::to_string(first) + " to train on");
+      if (first == steps)
+        STRATA_LOG_WARN("checkpoint {} is at step {}, which is --steps: nothing to train",
+                        info.path, first);
+      r.checkpoint_load_s = load_s;
+      r.resumed_from_step = first;
+      r.resumed_from = info.path;
+      r.checkpoint_run_id = info.run_id;
       r.losses = note["losses"].get<std::vector<double>>();
-    } else if (ls.code() != StatusCode::kNotFound) {
+      // Bitwise reproducible only on the same arithmetic (model.h,
+      // HostBlasArithmetic): a resume elsewhere continues, and says so.
+      if (note.contains("arithmetic") && note["arithmetic"].is_string() &&
+          note["arithmetic"].get<std::string>() != arithmetic)
+        STRATA_LOG_WARN(
+            "checkpoint {} was written with other arithmetic ({}) than this run's ({}): the "
+            "losses from step {} on may differ in their last bits from a run that was not "
+            "interrupted",
+            info.path, note["arithmetic"].get<std::string>(), arithmetic, first + 1);
+    } else if (ls.code() == StatusCode::kNotFound) {
+      STRATA_LOG_WARN(
+          "--resume: nothing to resume in {} (no checkpoint there): starting from step 0",
+          ckpt.dir);
+    } else {
       return ls;
     }
   }
@@ -329,7 +356,7 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
     CheckpointInfo info;
     info.data_position = done;
     info.run_id = r.checkpoint_run_id;
-    info.note = json({{"losses", r.losses}}).dump();
+    info.note = json({{"losses", r.losses}, {"arithmetic", arithmetic}}).dump();
     const double s0 = Seconds();
     STRATA_RETURN_IF_ERROR(engine->SaveCheckpoint(ckpt.dir, info));
     r.checkpoint_save_s.push_back(Seconds() - s0);
@@ -455,8 +482,9 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   j["hbm_budget_bytes"] = r.hbm_budget_bytes;
   j["workspace_bytes"] = r.workspace_bytes;
   j["steps"] = static_cast<int64_t>(r.losses.size());
-  j["initial_loss"] = r.losses.empty() ? 0.0 : r.losses.front();
-  j["final_loss"] = r.losses.empty() ? 0.0 : r.losses.back();
+  // null when no step ran (and, as for every NaN in the output, for a NaN).
+  j["initial_loss"] = r.losses.empty() ? json(nullptr) : json(r.losses.front());
+  j["final_loss"] = r.losses.empty() ? json(nullptr) : json(r.losses.back());
   j["losses"] = r.losses;
   j["step_time_s"] = step_time;
   j["total_time_s"] = r.total_time_s;
@@ -509,7 +537,8 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   j["budgets"] = budgets;
   if (!r.trace_path.empty()) j["trace_path"] = r.trace_path;
   if (!r.checkpoint_dir.empty()) {
-    j["resumed_from_step"] = r.resumed_from_step;
+    // null unless a checkpoint was loaded and training went on from it.
+    j["resumed_from_step"] = r.resumed_from.empty() ? json(nullptr) : json(r.resumed_from_step);
     j["checkpoint"] = {{"dir", r.checkpoint_dir},
                        {"run_id", r.checkpoint_run_id},
                        {"overwritten", r.checkpoints_overwritten},
@@ -709,7 +738,7 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
     err << "strata train: stdout: write failed (closed: EPIPE or similar); the run "
         << (code == 0 ? "completed" : "ended with exit code " + std::to_string(code))
         << " but its output was not all written" << std::endl;
-    return code == 0 ? 1 : code;
+    return code == 0 ? cli::kExitIo : code;
   }
   return code;
 }
@@ -717,20 +746,22 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
 namespace {
 
 int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
+  using namespace cli;  // the exit codes (apps/strata/exit_codes.h)
   // One line on stderr; with --json also one object on stdout (no steps).
   auto fail = [&](int code, const Status& s) {
     err << "strata train: " << OneLine(s.ToString()) << std::endl;
     if (opt.json) out << ResultJson(TrainResult(), s) << std::endl;
     return code;
   };
-  if (opt.config_path.empty()) return fail(2, InvalidArgumentError("--config is required"));
+  if (opt.config_path.empty())
+    return fail(kExitUsage, InvalidArgumentError("--config is required"));
   StatusOr<Config> loaded = LoadConfigFile(opt.config_path);
-  if (!loaded.ok()) return fail(2, loaded.status());
+  if (!loaded.ok()) return fail(kExitConfig, loaded.status());
   Config config = *loaded;
   // strata.model is this program's section: the library keeps it as text.
   std::vector<std::string> model_warnings;
   StatusOr<ModelConfig> model = ModelConfigFromConfig(config, &model_warnings);
-  if (!model.ok()) return fail(2, model.status().WithContext(opt.config_path));
+  if (!model.ok()) return fail(kExitConfig, model.status().WithContext(opt.config_path));
   for (const std::string& w : model_warnings) STRATA_LOG_WARN("{}: {}", opt.config_path, w);
   if (!opt.nvme_path.empty()) {
     if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
@@ -746,23 +777,38 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     else if (opt.device == "host")
       config.strata.device = DeviceKind::kHost;
     else
-      return fail(2, InvalidArgumentError("--device: \"" + opt.device +
-                                          "\" is not one of auto, cuda, host"));
+      return fail(kExitUsage, InvalidArgumentError("--device: \"" + opt.device +
+                                                   "\" is not one of auto, cuda, host"));
   }
-  if (Status v = ValidateConfig(config); !v.ok()) return fail(2, v);
+  if (Status v = ValidateConfig(config); !v.ok()) return fail(kExitConfig, v);
+  // The NVMe engine's own rules (aio.block_size a multiple of 4096, where
+  // ValidateConfig accepts multiples of 512): a config error before any step.
+  if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme ||
+      config.zero_optimization.offload_param.device == OffloadDevice::kNvme)
+    if (Status v = nvme::ValidateIoOptions(nvme::IoOptionsFromConfig(config)); !v.ok())
+      return fail(kExitConfig, InvalidArgumentError(
+                                   opt.config_path + ": " + std::string(v.message()) +
+                                   " (the NVMe engine's O_DIRECT unit; the config check accepts "
+                                   "multiples of 512, DeepSpeed's rule)"));
   int64_t steps = opt.steps > 0 ? opt.steps : model->steps > 0 ? model->steps : 40;
   if (opt.steps < 0)
-    return fail(
-        2, InvalidArgumentError("--steps: " + std::to_string(opt.steps) + " must be at least 1"));
-  if (StatusOr<ModelShape> s = ShapeFromConfig(config); !s.ok()) return fail(2, s.status());
-  if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(2, s);
+    return fail(kExitUsage, InvalidArgumentError("--steps: " + std::to_string(opt.steps) +
+                                                 " must be at least 1"));
+  if (StatusOr<ModelShape> s = ShapeFromConfig(config); !s.ok())
+    return fail(kExitConfig, s.status());
+  if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(ExitCodeOf(s), s);
+  // --resume continues a directory that exists; a mistyped one is not
+  // created and started afresh.
+  if (opt.resume && !opt.checkpoint_dir.empty() && !std::filesystem::exists(opt.checkpoint_dir))
+    return fail(kExitUsage, NotFoundError("--resume: --checkpoint-dir " + opt.checkpoint_dir +
+                                          " does not exist (without --resume it is created)"));
   // Output directories are usable before the first step, not found unusable
   // after the last.
   if (!opt.checkpoint_dir.empty())
     if (Status s = PrepareOutputDir("--checkpoint-dir", opt.checkpoint_dir); !s.ok())
-      return fail(2, s);
+      return fail(ExitCodeOf(s), s);
   if (!opt.plot_dir.empty())
-    if (Status s = PrepareOutputDir("--plot", opt.plot_dir); !s.ok()) return fail(2, s);
+    if (Status s = PrepareOutputDir("--plot", opt.plot_dir); !s.ok()) return fail(ExitCodeOf(s), s);
 
   // Progress: stdout for people; stderr when stdout carries the JSON object.
   std::ostream& prog = opt.json ? err : out;
@@ -784,15 +830,18 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     prog << buf << std::endl;
   };
   if (opt.checkpoint_every < 0)
-    return fail(2, InvalidArgumentError("--checkpoint-every: " +
-                                        std::to_string(opt.checkpoint_every) + " must be >= 0"));
+    return fail(kExitUsage,
+                InvalidArgumentError("--checkpoint-every: " + std::to_string(opt.checkpoint_every) +
+                                     " must be >= 0"));
   if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0 || opt.overwrite))
-    return fail(2, InvalidArgumentError(
-                       "--resume, --overwrite and --checkpoint-every need --checkpoint-dir"));
+    return fail(
+        kExitUsage,
+        InvalidArgumentError("--resume, --overwrite and --checkpoint-every need --checkpoint-dir"));
   if (opt.resume && opt.overwrite)
-    return fail(2, InvalidArgumentError(
-                       "--resume and --overwrite exclude each other: --resume continues the "
-                       "checkpoints in --checkpoint-dir, --overwrite removes them"));
+    return fail(
+        kExitUsage,
+        InvalidArgumentError("--resume and --overwrite exclude each other: --resume continues the "
+                             "checkpoints in --checkpoint-dir, --overwrite removes them"));
   TrainCheckpoints ckpt;
   ckpt.dir = opt.checkpoint_dir;
   ckpt.every = opt.checkpoint_every;
@@ -806,13 +855,26 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     status = TrainInto(config, steps, &result, progress, signals.flag(), ckpt);
     signal = signals.signal();
   }
+  // A run that ends with a NaN loss failed, whatever it printed on the way.
+  if (status.ok() && signal == 0 && !result.losses.empty() &&
+      !std::isfinite(result.losses.back())) {
+    size_t from = result.losses.size();
+    while (from > 0 && !std::isfinite(result.losses[from - 1])) --from;
+    status = FailedPreconditionError(
+        std::string("the loss is ") + (std::isnan(result.losses.back()) ? "NaN" : "infinite") +
+        " from step " + std::to_string(from + 1) + " to the last, step " +
+        std::to_string(result.losses.size()) +
+        ": the run diverged (a lower learning rate, gradient_clipping, or fp32 may help)");
+  }
   // The Engine is gone (its swap files removed): report.
   if (!status.ok() || signal != 0) {
     if (status.ok())
       status = CancelledError("interrupted by " + SignalName(signal) + " after the last step");
     err << "strata train: " << OneLine(status.ToString()) << std::endl;
     if (opt.json) out << ResultJson(result, status) << std::endl;
-    return signal != 0 ? 128 + signal : 1;
+    if (signal != 0) return kExitSignalBase + signal;
+    // --steps below the checkpoint's step (TrainInto) is the command line's.
+    return status.code() == StatusCode::kOutOfRange ? kExitUsage : ExitCodeOf(status);
   }
   const TrainResult* r = &result;
   if (opt.json) {
@@ -823,7 +885,7 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
   if (!opt.plot_dir.empty()) {
     std::string note;
     StatusOr<std::vector<std::string>> files = WritePlots(*r, opt.plot_dir, &note);
-    if (!files.ok()) return fail(1, files.status());
+    if (!files.ok()) return fail(ExitCodeOf(files.status()), files.status());
     if (!note.empty()) err << "strata train: " << note << std::endl;
     if (!opt.json)
       for (const std::string& f : *files) out << "  plot              " << f << "\n";

@@ -69,4 +69,23 @@ Status CheckHostMemory(std::string_view what, uint64_t resident_bytes, uint64_t 
   return Status::Ok();
 }
 
+std::string ThreadStartLimits() {
+  std::string out;
+  const HostMemoryInfo m = ReadHostMemory();
+  if (m.as_limited) {
+    out = fmt::format("RLIMIT_AS (`ulimit -v`) is {} with {} mapped now", Both(m.as_limit),
+                      Both(m.vm_size));
+    rlimit st{};
+    if (getrlimit(RLIMIT_STACK, &st) == 0 && st.rlim_cur != RLIM_INFINITY)
+      out += fmt::format(", and a thread reserves a stack of {} (RLIMIT_STACK)",
+                         Both(static_cast<uint64_t>(st.rlim_cur)));
+    out += " plus up to 64 MiB for its malloc arena (glibc)";
+  }
+  rlimit np{};
+  if (getrlimit(RLIMIT_NPROC, &np) == 0 && np.rlim_cur != RLIM_INFINITY)
+    out += fmt::format("{}RLIMIT_NPROC (`ulimit -u`) is {}", out.empty() ? "" : "; ",
+                       static_cast<uint64_t>(np.rlim_cur));
+  return out;
+}
+
 }  // namespace strata

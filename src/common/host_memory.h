@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "strata/status.h"
@@ -32,5 +33,12 @@ HostMemoryInfo ReadHostMemory();
 // "<what> needs N bytes (X) but only M bytes are available (MemAvailable ...;
 // RLIMIT_AS ... with ... mapped)".
 Status CheckHostMemory(std::string_view what, uint64_t resident_bytes, uint64_t address_bytes = 0);
+
+// The limits that can refuse a new thread, those that are finite, for the
+// error of a thread that did not start: "RLIMIT_AS (`ulimit -v`) is N bytes
+// (X) with M bytes (Y) mapped now, and a thread reserves a stack of S bytes
+// (Z) (RLIMIT_STACK) plus up to 64 MiB for its malloc arena (glibc);
+// RLIMIT_NPROC (`ulimit -u`) is P". "" when none is finite.
+std::string ThreadStartLimits();
 
 }  // namespace strata

@@ -145,6 +145,14 @@ StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source
     return with_source(InvalidArgumentError(fmt::format(
         "the config is {} bytes; at most {} ({} MiB) are accepted (a DeepSpeed config is a few KB)",
         json_text.size(), kMaxConfigBytes, kMaxConfigBytes >> 20)));
+  // JSON text has no NUL byte (not even in a string, where control
+  // characters are escaped); nlohmann would call it the end of the input.
+  if (const size_t nul = json_text.find('\0'); nul != std::string_view::npos) {
+    auto [line, column] = LineColumn(json_text, nul + 1);
+    return InvalidArgumentError(fmt::format(
+        "{}:{}:{}: a NUL byte (0x00) at byte offset {}: a config is JSON text, which has none",
+        source, line, column, nul));
+  }
   json root;
   InputGuard guard;
   try {
@@ -164,6 +172,9 @@ StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source
     return ResourceExhaustedError(
         fmt::format("{}: out of memory while parsing the config", source));
   }
+  if (root.is_null())
+    return with_source(
+        InvalidArgumentError("the top level is null, expected a JSON object { ... }"));
   if (!root.is_object())
     return with_source(
         InvalidArgumentError(fmt::format("the top level is {} {}, expected a JSON object {{ ... }}",
@@ -196,6 +207,11 @@ StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_
   }
   if (S_ISDIR(st.st_mode))
     return IOError(fmt::format("config file {} is a directory, not a file", path));
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxConfigBytes)
+    return InvalidArgumentError(fmt::format(
+        "config file {}: the config is {} bytes; at most {} ({} MiB) are accepted (a DeepSpeed "
+        "config is a few KB)",
+        path, static_cast<uint64_t>(st.st_size), kMaxConfigBytes, kMaxConfigBytes >> 20));
   std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) {
     int err = errno;
@@ -214,6 +230,13 @@ StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_
     return IOError(
         std::string(ErrnoError(fmt::format("cannot read config file {}", path), err).message()));
   }
+  // Only a file whose size stat does not give (a pipe, a device, a /proc
+  // file) gets here with more than the limit: its size is unknown.
+  if (text.size() > kMaxConfigBytes)
+    return InvalidArgumentError(fmt::format(
+        "config file {} gives more than {} bytes ({} MiB), the most accepted, and has no size "
+        "of its own (a pipe, a device or a /proc file; a DeepSpeed config is a few KB)",
+        path, kMaxConfigBytes, kMaxConfigBytes >> 20));
   return ParseConfig(text, path, auto_values);
 }
 

@@ -33,6 +33,7 @@
 #include <thread>
 
 #include "src/common/aligned_buffer.h"
+#include "src/common/host_memory.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_annotations.h"
@@ -759,9 +760,10 @@ StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options)
     device->Init();
     return std::unique_ptr<Device>(std::move(device));
   } catch (const std::system_error& e) {
+    const std::string limits = ThreadStartLimits();
     return ResourceExhaustedError(fmt::format(
-        "host device: cannot start its 4 threads (host functions, compute, h2d, d2h): {}",
-        e.what()));
+        "host device: cannot start its 4 threads (host functions, compute, h2d, d2h): {}{}{}",
+        e.what(), limits.empty() ? "" : "; ", limits));
   }
 }
 

@@ -153,6 +153,8 @@ std::string FsTypeName(const std::string& path) {
     case BTRFS_SUPER_MAGIC: return "btrfs";
     case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
     case NFS_SUPER_MAGIC: return "nfs";
+    case PROC_SUPER_MAGIC: return "proc";
+    case SYSFS_MAGIC: return "sysfs";
     default: return fmt::format("0x{:x}", static_cast<unsigned long>(sf.f_type));
   }
 }
@@ -168,6 +170,26 @@ Status CheckWritableDir(const std::string& dir) {
   if (!S_ISDIR(st.st_mode))
     return InvalidArgumentError(fmt::format("nvme path {} is not a directory", dir));
   struct statvfs vfs;
+  // Kernel pseudo-filesystems (proc, sysfs, ...) hold no files of ours.
+  if (struct statfs sf; statfs(dir.c_str(), &sf) == 0) {
+    const char* pseudo = nullptr;
+    switch (static_cast<unsigned long>(sf.f_type)) {
+      case PROC_SUPER_MAGIC: pseudo = "proc"; break;
+      case SYSFS_MAGIC: pseudo = "sysfs"; break;
+      case DEBUGFS_MAGIC: pseudo = "debugfs"; break;
+      case TRACEFS_MAGIC: pseudo = "tracefs"; break;
+      case CGROUP_SUPER_MAGIC: pseudo = "cgroup"; break;
+      case CGROUP2_SUPER_MAGIC: pseudo = "cgroup2"; break;
+      case SECURITYFS_MAGIC: pseudo = "securityfs"; break;
+      case DEVPTS_SUPER_MAGIC: pseudo = "devpts"; break;
+      default: break;
+    }
+    if (pseudo != nullptr)
+      return FailedPreconditionError(fmt::format(
+          "nvme path {} is on a {} filesystem (kernel objects, no storage), not a writable "
+          "regular filesystem",
+          dir, pseudo));
+  }
   if (statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
     return FailedPreconditionError(
         fmt::format("nvme path {} is on a read-only filesystem", dir));

@@ -145,7 +145,7 @@ TEST_F(CliTest, BenchAdamRefusesParamsThatDoNotFitBeforeAllocating) {
                           " bench adam --params 1e9' 2>" + dir_.str() + "/err.txt";
   const int st = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 1);
+  EXPECT_EQ(WEXITSTATUS(st), 4);  // resource error
   std::ifstream f(dir_.str() + "/err.txt");
   const std::string err(std::istreambuf_iterator<char>(f), {});
   EXPECT_NE(err.find("needs 16000000000 bytes"), std::string::npos) << err;
@@ -159,7 +159,7 @@ TEST_F(CliTest, BenchAdamRefusesParamsThatDoNotFitBeforeAllocating) {
 // buffers (not an allocation error of 2 GiB of buffers).
 TEST_F(CliTest, BenchNvmeSizeBeyondFreeSpaceFailsBeforeAllocating) {
   RunResult r = RunCli("bench nvme --path " + dir_.str() + " --size 100T", dir_.str());
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 4);  // resource error
   EXPECT_EQ(Lines(r.err), 1u) << r.err;
   EXPECT_NE(r.err.find("needs 109951162777600 bytes"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("available"), std::string::npos) << r.err;
@@ -183,6 +183,40 @@ TEST_F(CliTest, InfoListsLeftoverSwapFiles) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("leftover  " + leftover), std::string::npos) << r.out;
   EXPECT_TRUE(std::ifstream(leftover).good()) << "info only lists";
+}
+
+// The exit codes of README.md's table, one case per row that needs no run.
+TEST_F(CliTest, ExitCodesFollowTheTable) {
+  const std::string d = dir_.str();
+  std::ofstream(d + "/bad.json") << R"({"train_micro_batch_size_per_gpu": -1})";
+  const std::pair<std::string, int> cases[] = {
+      {"frobnicate", 2},                                   // usage: unknown subcommand
+      {"info --no-such-flag", 2},                          // usage: unknown option
+      {"train", 2},                                        // usage: missing --config
+      {"train --config " + d + "/bad.json --steps x", 2},  // usage: bad value
+      {"bench nvme --path " + d + " --threads 100", 2},    // usage: out of range
+      {"info --config " + d + "/none.json", 3},            // config: missing file
+      {"train --config " + d + "/bad.json", 3},            // config: bad value
+      {"bench nvme --path " + d + " --size 100T", 4},      // resource: disk space
+  };
+  for (const auto& [args, code] : cases) {
+    SCOPED_TRACE(args);
+    RunResult r = RunCli(args, d);
+    EXPECT_EQ(r.exit_code, code) << r.err;
+    EXPECT_LE(Lines(r.err), 2u) << r.err;
+  }
+}
+
+// bench nvme's checks name its flags, and the block size rule says where the
+// config's differs.
+TEST_F(CliTest, BenchNvmeFlagErrorsNameTheFlags) {
+  RunResult r = RunCli("bench nvme --path " + dir_.str() + " --threads 100", dir_.str());
+  EXPECT_NE(r.err.find("--threads: 100 is not between 1 and 64"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("intra_op_parallelism"), std::string::npos) << r.err;
+  r = RunCli("bench nvme --path " + dir_.str() + " --block-size 1536", dir_.str());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--block-size: 1536 is not a multiple of 4096"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the config check accepts any multiple of 512"), std::string::npos) << r.err;
 }
 
 }  // namespace

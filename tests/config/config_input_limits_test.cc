@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -18,6 +19,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string Nested(int levels, char open, char close, const std::string& inner = "1") {
   return std::string(levels, open) + inner + std::string(levels, close);
@@ -96,6 +98,37 @@ TEST(ConfigInputLimits, TextOverTheLimitIsRefused) {
   EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(c.status().message()),
               AllOf(HasSubstr(path), HasSubstr("at most 4194304")));
+}
+
+// A regular file is refused with its own size (not the bytes read up to the
+// limit); a device has no size, and the error claims none.
+TEST(ConfigInputLimits, FileOverTheLimitIsRefusedWithItsSize) {
+  testing::ScratchDir dir;
+  const std::string path = dir.str() + "/100mb.json";
+  std::ofstream(path).close();
+  std::filesystem::resize_file(path, 100'000'000);  // sparse: no 100 MB written
+  StatusOr<Config> c = LoadConfigFile(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(std::string(c.status().message()),
+              AllOf(HasSubstr(path + ": the config is 100000000 bytes"),
+                    HasSubstr("at most 4194304 (4 MiB)")));
+  c = LoadConfigFile("/dev/zero");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  const std::string m(c.status().message());
+  EXPECT_THAT(m, HasSubstr("/dev/zero gives more than 4194304 bytes (4 MiB), the most accepted, "
+                           "and has no size of its own"));
+  EXPECT_THAT(m, Not(HasSubstr("the config is")));
+}
+
+TEST(ConfigInputLimits, NulByteIsNamedWithItsOffset) {
+  const std::string text("{\"a\":\n \0 1}", 10);
+  EXPECT_THAT(ErrorOf(text), HasSubstr("<string>:2:2: a NUL byte (0x00) at byte offset 7"));
+}
+
+TEST(ConfigInputLimits, NullDocumentIsNamedOnce) {
+  EXPECT_EQ(ErrorOf("null"), "the top level is null, expected a JSON object { ... }");
+  EXPECT_THAT(ErrorOf("[1]"), HasSubstr("the top level is array [1], expected a JSON object"));
 }
 
 TEST(ConfigInputLimits, LargeLegalInputsParse) {

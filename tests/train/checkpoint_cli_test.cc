@@ -97,7 +97,9 @@ Exit Wait(pid_t pid) {
   return e;
 }
 
+// Creates ckpt: --resume refuses a directory that does not exist.
 std::vector<std::string> TrainArgs(const std::string& cfg, const std::string& ckpt, bool every) {
+  fs::create_directories(ckpt);
   std::vector<std::string> a = {
       "train",  "--config",         cfg,  "--steps", std::to_string(kSteps),
       "--json", "--checkpoint-dir", ckpt, "--resume"};
@@ -311,7 +313,7 @@ TEST(CheckpointCli, ADirectoryBelongsToOneRun) {
   const std::string holder = "pid 4242 run feedfacecafebeef\n";
   ASSERT_EQ(::ftruncate(fd, 0), 0);
   ASSERT_EQ(::pwrite(fd, holder.data(), holder.size(), 0), static_cast<ssize_t>(holder.size()));
-  EXPECT_EQ(run({"--resume"}, "9"), 1);
+  EXPECT_EQ(run({"--resume"}, "9"), 5);  // I/O error: the directory is locked
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
               ::testing::HasSubstr("is in use by another run (pid 4242 run feedfacecafebeef"));
   ::close(fd);

@@ -100,7 +100,7 @@ TEST(TrainChecks, UnusableOutputDirectoriesFailBeforeTheFirstStep) {
        {"--checkpoint-dir " + dir.str() + "/file", std::string("--plot /proc/plot"),
         "--plot " + dir.str() + "/file/sub"}) {
     SCOPED_TRACE(bad);
-    EXPECT_EQ(Wait(Spawn("train --config " + cfg + " --steps 2 " + bad, dir.str())), 2);
+    EXPECT_EQ(Wait(Spawn("train --config " + cfg + " --steps 2 " + bad, dir.str())), 5);  // I/O
     const std::string err = ReadFile(dir.str() + "/stderr");
     EXPECT_THAT(err, HasSubstr("strata train: IOError: " + bad.substr(0, bad.find(' ')) + " "));
     size_t lines = 0;
@@ -130,7 +130,8 @@ TEST(TrainChecks, SighupEndsTheRunCleanly) {
 
 // `strata train ... | head -c 1`: stdout closed early. The run is not
 // killed by SIGPIPE: it trains to the end (its checkpoint saved), removes
-// its swap files, says on stderr that its output was lost, and exits 1.
+// its swap files, says on stderr that its output was lost, and exits 5 (I/O
+// error).
 TEST(TrainChecks, ClosedStdoutDoesNotKillTheRun) {
   testing::ScratchDir dir;
   const std::string cfg = WriteConfig(dir.str());
@@ -138,7 +139,7 @@ TEST(TrainChecks, ClosedStdoutDoesNotKillTheRun) {
       Spawn("train --config " + cfg + " --steps 2 --checkpoint-dir " + dir.str() + "/ckpt",
             dir.str(), "head -c 1 >/dev/null");
   EXPECT_EQ(Wait(pid), 0);
-  EXPECT_EQ(ReadFile(dir.str() + "/rc"), "1\n");
+  EXPECT_EQ(ReadFile(dir.str() + "/rc"), "5\n");  // I/O error
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
               HasSubstr("stdout: write failed (closed: EPIPE or similar); the run completed"));
   EXPECT_TRUE(std::filesystem::exists(dir.str() + "/ckpt/ckpt-00000001/MANIFEST.json"));
