@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/common/host_memory.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_annotations.h"
@@ -291,9 +292,11 @@ Status ProbeThreads(int n) {
         while (!gate.release) gate.cv.Wait(&gate.mu);
       });
     } catch (const std::system_error& e) {
+      const std::string limits = ThreadStartLimits();
       status = ResourceExhaustedError("cpu_adam: cannot start " + std::to_string(n) +
                                       " optimizer worker threads (strata.threads - 1); " +
-                                      std::to_string(i) + " started: " + e.what());
+                                      std::to_string(i) + " started: " + e.what() +
+                                      (limits.empty() ? "" : "; " + limits));
       break;
     }
   }
