@@ -22,22 +22,18 @@
 #include <thread>
 
 #include "tests/test_util.h"
+#include "tests/train/cli_process.h"
 
 extern char** environ;
 
 namespace strata {
 namespace {
 
+using cli_testing::ReadFile;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr int kSteps = 8;
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream s;
-  s << std::ifstream(path).rdbuf();
-  return s.str();
-}
 
 std::string WriteConfig(const std::string& dir, const std::string& opt, const std::string& par) {
   const std::string path = dir + "/c.json";

@@ -16,10 +16,14 @@
 #include <string>
 
 #include "tests/test_util.h"
+#include "tests/train/cli_process.h"
 
 namespace strata {
 namespace {
 
+using cli_testing::ReadFile;
+using cli_testing::SwapFilesIn;
+using cli_testing::WaitFor;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
@@ -240,29 +244,6 @@ pid_t Spawn(const std::string& args, const std::string& dir) {
     _exit(127);
   }
   return pid;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  return ss.str();
-}
-
-// Waits until `file` contains `text` (or 60 s pass).
-bool WaitFor(const std::string& file, const std::string& text) {
-  for (int i = 0; i < 1200; ++i) {
-    if (ReadFile(file).find(text) != std::string::npos) return true;
-    usleep(50'000);
-  }
-  return false;
-}
-
-size_t SwapFilesIn(const std::string& dir) {
-  size_t n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    n += e.path().filename().string().rfind("strata-swap-", 0) == 0;
-  return n;
 }
 
 // SIGTERM / SIGINT mid-run: the run stops at the next micro-batch, the

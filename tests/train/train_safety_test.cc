@@ -16,17 +16,15 @@
 
 #include "examples/train/train.h"
 #include "tests/test_util.h"
+#include "tests/train/cli_process.h"
 
 namespace strata {
 namespace {
 
+using cli_testing::ReadFile;
+using cli_testing::SwapFilesIn;
+using cli_testing::WaitFor;
 using ::testing::HasSubstr;
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream ss;
-  ss << std::ifstream(path).rdbuf();
-  return ss.str();
-}
 
 std::string WriteConfig(const std::string& dir) {
   const std::string path = dir + "/c.json";
@@ -61,22 +59,6 @@ int Wait(pid_t pid, bool* signaled = nullptr) {
   EXPECT_EQ(waitpid(pid, &status, 0), pid);
   if (signaled) *signaled = WIFSIGNALED(status);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-bool WaitFor(const std::string& file, const std::string& text) {
-  for (int i = 0; i < 1200; ++i) {
-    if (ReadFile(file).find(text) != std::string::npos) return true;
-    usleep(50'000);
-  }
-  return false;
-}
-
-size_t SwapFilesIn(const std::string& dir) {
-  size_t n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec))
-    n += e.path().filename().string().rfind("strata-swap-", 0) == 0;
-  return n;
 }
 
 TEST(TrainChecks, CheckpointRoomNamesBytesNeededAndAvailable) {
