@@ -11,7 +11,7 @@ Python section for what is supported.
 
 from ._errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
                       ResourceExhaustedError, StrataError)
-from .engine import Engine, initialize, parse_config
+from .engine import Engine, export, initialize, parse_config, write_safetensors
 
 __all__ = [
     "Engine",
@@ -20,6 +20,8 @@ __all__ = [
     "NotFoundError",
     "ResourceExhaustedError",
     "StrataError",
+    "export",
     "initialize",
     "parse_config",
+    "write_safetensors",
 ]

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/scheduler/checkpoint.h"
 #include "strata/config.h"
 #include "strata/engine.h"
 #include "strata/status.h"
@@ -481,4 +482,27 @@ PYBIND11_MODULE(_strata, m) {
       },
       py::arg("json_text"), py::arg("source") = "<string>", py::arg("auto_values") = py::dict(),
       "The effective config (every key, defaults filled in) as JSON text; raises on a bad one.");
+  m.def(
+      "export_checkpoint",
+      [](const std::string& dir, const std::string& out, const std::string& dtype) {
+        if (dtype != "fp32" && dtype != "train")
+          throw StatusException{strata::InvalidArgumentError("export_checkpoint: dtype " + dtype +
+                                                             ", expected \"fp32\" or \"train\"")};
+        const auto precision = dtype == "fp32" ? strata::scheduler::ExportPrecision::kFp32
+                                               : strata::scheduler::ExportPrecision::kTrain;
+        auto r = [&] {
+          py::gil_scoped_release nogil;
+          return strata::scheduler::ExportCheckpoint(dir, out, precision);
+        }();
+        if (!r.ok()) throw StatusException{r.status()};
+        py::dict d;
+        d["checkpoint"] = r->checkpoint;
+        d["optimizer_step"] = r->optimizer_step;
+        d["tensors"] = r->tensors;
+        d["bytes"] = r->bytes;
+        return d;
+      },
+      py::arg("checkpoint_dir"), py::arg("out"), py::arg("dtype") = "fp32",
+      "Writes a checkpoint's parameters (fp32 masters or training-dtype copies) as a "
+      "safetensors file keyed by the registered names; verifies the checkpoint first.");
 }

@@ -790,6 +790,31 @@ class Engine:
         self._show_scheduled_lr()
         return info
 
+    def save_16bit_model(self, path):
+        """Writes the model's state_dict with the engine's parameters in the
+        training dtype (the masters rounded to nearest even, which is what the
+        working copies hold after a step) to `path`: safetensors when it ends
+        in ".safetensors" (parameters and floating-point buffers only, shapes
+        kept), else torch.save of the whole state_dict. Tied parameters appear
+        under every name in torch.save's file and under the first one in
+        safetensors."""
+        sd = self.state_dict()
+        names = self._registered_names()
+        out = {}
+        seen = set()
+        for key, value in sd.items():
+            if key in names:
+                if os.fspath(path).endswith(".safetensors"):
+                    if names[key] in seen:
+                        continue
+                    seen.add(names[key])
+                value = value.to(self.dtype)
+            out[key] = value
+        if os.fspath(path).endswith(".safetensors"):
+            write_safetensors({k: v for k, v in out.items() if torch.is_tensor(v)}, path)
+        else:
+            torch.save(out, os.fspath(path))
+
     def close(self):
         """Gives the model its weights back (each parameter's fp32 master, in
         the parameter's original dtype and device), removes the hooks and
@@ -816,6 +841,53 @@ class Engine:
         self._owner = {}
         self._state["closed"] = True
         self._finalizer()  # destroys the engine
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+                       torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
+                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+                       torch.bool: "BOOL"}
+
+
+def write_safetensors(tensors, path, metadata=None):
+    """Writes {name: tensor} (CPU copies, contiguous) in the safetensors format:
+    8-byte little-endian header length, a JSON header padded with spaces to a
+    multiple of 8, the tensors' bytes in order."""
+    header = {"__metadata__": dict(metadata or {"format": "pt"})}
+    blobs = []
+    offset = 0
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise InvalidArgumentError(f"write_safetensors: {name} has dtype {t.dtype}",
+                                       "InvalidArgument")
+        data = t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = os.fspath(path) + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for data in blobs:
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.fspath(path))
+
+
+def export(checkpoint_dir, path, dtype="fp32"):
+    """Writes the parameters of the checkpoint under `checkpoint_dir` (a root:
+    its newest checkpoint that verifies; or one ckpt-<N> directory) to `path`
+    as safetensors keyed by the registered names, each of shape [numel]:
+    dtype "fp32" the fp32 masters, "train" the training-dtype copies. Every
+    file's size and CRC-32C are verified first. Needs no engine (the same C++
+    as `strata checkpoint export`). Returns a dict: checkpoint, optimizer_step,
+    tensors, bytes."""
+    return _strata.export_checkpoint(os.fspath(checkpoint_dir), os.fspath(path), dtype)
 
 
 def initialize(model, config, *, auto_values=None):

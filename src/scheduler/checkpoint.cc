@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -806,6 +807,296 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
   }
   meta.lock = std::move(lock);
   return meta;
+}
+
+// ---- Reading a checkpoint without an engine ------------------------------------
+
+namespace {
+
+// The manifest of `dir` as an inspection: identity, rebuilt layout and the
+// files it lists (not checked).
+StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
+  const std::string manifest_path = dir + "/" + kCheckpointManifest;
+  std::string text;
+  {
+    ASSIGN_OR_RETURN(File f, File::Open(manifest_path, O_RDONLY));
+    ASSIGN_OR_RETURN(int64_t size, f.Size());
+    if (size > (int64_t{256} << 20))
+      return DataLossError(fmt::format("checkpoint manifest {}: {} bytes, expected at most 256 MiB",
+                                       manifest_path, size));
+    text.resize(static_cast<size_t>(size));
+    RETURN_IF_ERROR(f.ReadNext(text.data(), text.size()));
+  }
+  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object())
+    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+  CheckpointInspection in;
+  in.path = dir;
+  try {
+    if (m.at("format") != kFormat)
+      return DataLossError(
+          fmt::format("{}: not a strata checkpoint manifest (format {}, expected {})",
+                      manifest_path, m.at("format").dump(), kFormat));
+    in.version = m.at("version").get<int>();
+    if (in.version != kCheckpointFormatVersion)
+      return NotSupportedError(
+          fmt::format("{}: format version {}, this build reads version {} only", manifest_path,
+                      in.version, kCheckpointFormatVersion));
+    Json content = m;
+    content.erase("manifest_crc32c");
+    const std::string want = m.at("manifest_crc32c").get<std::string>();
+    if (const std::string got = ManifestCrc(content); got != want)
+      return DataLossError(
+          fmt::format("checkpoint manifest {}: its content has crc32c {}, its manifest_crc32c "
+                      "says {} (edited or corrupt)",
+                      manifest_path, got, want));
+    in.sequence = m.at("sequence").get<int64_t>();
+    in.run_id = m.at("run_id").get<std::string>();
+    in.optimizer_step = m.at("optimizer_step").get<int64_t>();
+    in.data_position = m.at("data_position").get<int64_t>();
+    in.note = m.at("note").get<std::string>();
+    in.config_hash = m.at("config_hash").get<std::string>();
+    in.layout_hash = m.at("layout_hash").get<std::string>();
+    const Json& cfg = m.at("config");
+    in.config_json = cfg.dump();
+    const Json& opt = cfg.at("optimizer");
+    in.optimizer_type = opt.at("type").get<std::string>();
+    if (opt.contains("params") && opt["params"].contains("lr"))
+      in.lr = opt["params"]["lr"].get<double>();
+    in.model_dtype = cfg.at("fp16").at("enabled").get<bool>()   ? "fp16"
+                     : cfg.at("bf16").at("enabled").get<bool>() ? "bf16"
+                                                                : "fp32";
+    in.sub_group_size = cfg.at("zero_optimization").at("sub_group_size").get<int64_t>();
+    const Json& lj = m.at("layout");
+    std::vector<ParamRec> recs;
+    for (const Json& pj : lj.at("parameters")) {
+      ParamRec r;
+      r.name = pj.at(0).get<std::string>();
+      r.numel = pj.at(1).get<int64_t>();
+      const std::string dt = pj.at(2).get<std::string>();
+      const std::optional<DType> d = ParseDType(dt);
+      if (!d.has_value())
+        return DataLossError(
+            fmt::format("{}: parameter {} has dtype {}, expected fp32, fp16 or bf16", manifest_path,
+                        r.name, dt));
+      r.dtype = *d;
+      r.module = pj.at(3).get<int>();
+      if (r.numel < 0 || r.module < 0)
+        return DataLossError(fmt::format("{}: parameter {} has numel {} and module {}",
+                                         manifest_path, r.name, r.numel, r.module));
+      recs.push_back(std::move(r));
+    }
+    if (recs.empty())
+      return DataLossError(fmt::format("{}: the layout lists no parameters", manifest_path));
+    LayoutOptions lo;
+    lo.sub_group_size = in.sub_group_size;
+    in.layout = Layout::Build(std::move(recs), lo);
+    if (in.layout.total_elems() != lj.at("elements").get<int64_t>() ||
+        in.layout.num_modules() != lj.at("modules").get<int>() ||
+        in.layout.num_groups() != lj.at("sub_groups").get<size_t>())
+      return DataLossError(fmt::format(
+          "{}: the layout records {} elements, {} modules and {} sub-groups; its parameters and "
+          "sub_group_size {} give {}, {} and {}",
+          manifest_path, lj.at("elements").dump(), lj.at("modules").dump(),
+          lj.at("sub_groups").dump(), in.sub_group_size, in.layout.total_elems(),
+          in.layout.num_modules(), in.layout.num_groups()));
+    for (const Json& f : m.at("files")) {
+      CheckpointFileCheck c;
+      c.name = f.at("name").get<std::string>();
+      c.bytes = f.at("bytes").get<int64_t>();
+      c.crc32c = f.at("crc32c").get<std::string>();
+      in.files.push_back(std::move(c));
+    }
+  } catch (const std::exception& e) {
+    return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
+  }
+  for (const auto& [name, bytes] :
+       {std::pair{std::string(kParamsFile), ParamFileBytes(in.layout)},
+        std::pair{std::string(kStatesFile), StateFileBytes(in.layout)}}) {
+    auto it = std::find_if(in.files.begin(), in.files.end(),
+                           [&](const CheckpointFileCheck& c) { return c.name == name; });
+    if (it == in.files.end())
+      return DataLossError(fmt::format("{}: lists no {}", manifest_path, name));
+    if (it->bytes != bytes)
+      return DataLossError(fmt::format("{}: {} of {} bytes, the layout's is {} bytes",
+                                       manifest_path, name, it->bytes, bytes));
+  }
+  return in;
+}
+
+// Sizes (and with `verify` CRC-32C) of the listed files; sets validity.
+Status CheckFiles(CheckpointInspection* in, bool verify) {
+  ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
+  for (CheckpointFileCheck& c : in->files) {
+    const std::string path = in->path + "/" + c.name;
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    c.actual_bytes = ec ? -1 : static_cast<int64_t>(size);
+    Status s;
+    if (verify) {
+      s = VerifyFile(path, c.bytes, static_cast<uint32_t>(std::stoul(c.crc32c, nullptr, 16)), buf);
+    } else if (c.actual_bytes != c.bytes) {
+      s = DataLossError(fmt::format("checkpoint file {}: {} bytes, the manifest says {}", path,
+                                    c.actual_bytes, c.bytes));
+    }
+    c.ok = s.ok() && verify;
+    if (!s.ok() && in->validity.ok()) in->validity = s;
+  }
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<CheckpointInspection> InspectCheckpoint(const std::string& dir, bool verify) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kCheckpointManifest, ec)) {
+    ASSIGN_OR_RETURN(CheckpointInspection in, ParseManifest(dir));
+    RETURN_IF_ERROR(CheckFiles(&in, verify));
+    return in;
+  }
+  if (!fs::is_directory(dir, ec))
+    return NotFoundError(fmt::format("checkpoint directory {}: not a directory", dir));
+  std::vector<CheckpointEntry> entries = Scan(dir, /*summaries=*/false);
+  std::optional<CheckpointInspection> newest;
+  Status newest_error;
+  std::vector<std::string> skipped;
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (!it->complete) continue;
+    StatusOr<CheckpointInspection> in = ParseManifest(it->path);
+    if (in.ok()) RETURN_IF_ERROR(CheckFiles(&*in, verify));
+    const Status problem = in.ok() ? in->validity : in.status();
+    if (problem.ok()) {
+      in->skipped = std::move(skipped);
+      return std::move(*in);
+    }
+    if (!newest.has_value() && newest_error.ok()) {
+      if (in.ok())
+        newest = std::move(*in);
+      else
+        newest_error = problem;
+    }
+    skipped.push_back(fmt::format("{}: {}", it->path, problem.message()));
+  }
+  if (newest.has_value()) {
+    skipped.erase(skipped.begin());
+    newest->skipped = std::move(skipped);
+    return std::move(*newest);
+  }
+  if (!newest_error.ok()) return newest_error;
+  return NotFoundError(fmt::format("no checkpoint in {} (no {} there and no ckpt-*/{})", dir,
+                                   kCheckpointManifest, kCheckpointManifest));
+}
+
+StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
+                                                  ExportPrecision precision) {
+  ASSIGN_OR_RETURN(CheckpointInspection in, InspectCheckpoint(dir, /*verify=*/true));
+  if (!in.validity.ok())
+    return DataLossError(
+        fmt::format("refusing to export checkpoint {}: {}", in.path, in.validity.message()));
+  const Layout& l = in.layout;
+  const bool fp32 = precision == ExportPrecision::kFp32;
+  const char* source = fp32 ? kStatesFile : kParamsFile;
+  // The bytes to copy, as [begin, end) ranges of the source file in the
+  // flat element order (which is the order of the tensors in the output).
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  Json tensors = Json::object();
+  int64_t data = 0;
+  auto add_tensor = [&](const ParamRec& p, int64_t file_off) -> Status {
+    const int64_t es = fp32 ? 4 : p.elem_size();
+    const DType t = fp32 ? DType::kFp32 : p.dtype;
+    if (tensors.contains(p.name))
+      return FailedPreconditionError(
+          fmt::format("checkpoint {}: parameter name {} appears twice", in.path, p.name));
+    tensors[p.name] = {{"dtype", t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16")},
+                       {"shape", Json::array({p.numel})},
+                       {"data_offsets", Json::array({data, data + p.numel * es})}};
+    if (p.numel > 0 && !fp32) ranges.emplace_back(file_off, file_off + p.numel * es);
+    data += p.numel * es;
+    return Status();
+  };
+  int64_t module_file_off = 0;
+  for (const ModuleExtent& me : l.modules()) {
+    for (int id : me.params)
+      RETURN_IF_ERROR(
+          add_tensor(l.param(id), module_file_off + l.param(id).byte_off - me.byte_begin));
+    module_file_off += me.bytes();
+  }
+  if (fp32)  // each sub-group's section starts with its masters
+    for (const SubGroup& g : l.groups())
+      ranges.emplace_back(
+          kOptimizerStateBytesPerElem * g.elem_begin,
+          kOptimizerStateBytesPerElem * g.elem_begin + kMasterBytesPerElem * g.elems());
+  Json header = Json::object();
+  header["__metadata__"] = {{"format", "pt"},
+                            {"strata_checkpoint", in.path},
+                            {"run_id", in.run_id},
+                            {"optimizer_step", std::to_string(in.optimizer_step)},
+                            {"precision", fp32 ? "fp32 masters" : "training dtype"}};
+  for (const auto& [k, v] : tensors.items()) header[k] = v;
+  std::string h;
+  try {
+    h = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(
+        fmt::format("checkpoint {}: a parameter name or the run id is not valid "
+                    "UTF-8 ({})",
+                    in.path, e.what()));
+  }
+  h.append((8 - h.size() % 8) % 8, ' ');
+
+  const std::string tmp = out + ".tmp";
+  struct RemoveOnError {
+    std::string path;
+    ~RemoveOnError() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  } guard{tmp};
+  ASSIGN_OR_RETURN(File f, File::Open(tmp, O_WRONLY | O_CREAT | O_TRUNC));
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
+  RETURN_IF_ERROR(f.Append(len, sizeof(len)));
+  RETURN_IF_ERROR(f.Append(h.data(), h.size()));
+
+  // The source file, read once in chunks: checksummed whole, the ranges copied.
+  const std::string src_path = in.path + "/" + source;
+  const auto entry = std::find_if(in.files.begin(), in.files.end(),
+                                  [&](const CheckpointFileCheck& c) { return c.name == source; });
+  ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
+  ASSIGN_OR_RETURN(File src, File::Open(src_path, O_RDONLY));
+  uint32_t crc = 0;
+  size_t r = 0;
+  for (int64_t pos = 0; pos < entry->bytes;) {
+    const int64_t n = std::min<int64_t>(entry->bytes - pos, kVerifyChunk);
+    RETURN_IF_ERROR(src.ReadNext(buf.data(), static_cast<size_t>(n)));
+    crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+    for (; r < ranges.size() && ranges[r].first < pos + n; ++r) {
+      const int64_t b = std::max(ranges[r].first, pos), e = std::min(ranges[r].second, pos + n);
+      if (e > b)
+        RETURN_IF_ERROR(f.Append(buf.as<uint8_t>() + (b - pos), static_cast<size_t>(e - b)));
+      if (ranges[r].second > pos + n) break;  // continues in the next chunk
+    }
+    pos += n;
+  }
+  if (Hex32(crc) != entry->crc32c)
+    return DataLossError(
+        fmt::format("checkpoint file {}: changed while exporting (crc32c {}, the "
+                    "manifest's {})",
+                    src_path, Hex32(crc), entry->crc32c));
+  RETURN_IF_ERROR(f.Sync());
+  RETURN_IF_ERROR(f.Close());
+  if (::rename(tmp.c_str(), out.c_str()) != 0)
+    return ErrnoError(fmt::format("rename {} to {}", tmp, out), errno);
+  guard.path.clear();
+  std::error_code ec;
+  const fs::path parent = fs::absolute(out, ec).parent_path();
+  RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
+  CheckpointExportResult res;
+  res.checkpoint = in.path;
+  res.optimizer_step = in.optimizer_step;
+  res.tensors = static_cast<int64_t>(l.params().size());
+  res.bytes = static_cast<int64_t>(8 + h.size()) + data;
+  return res;
 }
 
 }  // namespace strata::scheduler

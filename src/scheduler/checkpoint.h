@@ -188,4 +188,73 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
 // root itself when it holds a manifest.
 std::string LatestCheckpoint(const std::string& root);
 
+// ---- Reading a checkpoint without an engine (`strata checkpoint`) -----------
+
+// One data file as the manifest lists it, and what was found on disk.
+struct CheckpointFileCheck {
+  std::string name;           // "params.bin"
+  int64_t bytes = 0;          // the manifest's
+  std::string crc32c;         // the manifest's (8 hex digits)
+  int64_t actual_bytes = -1;  // on disk (-1: cannot be opened)
+  bool ok = false;            // size and CRC-32C match (false when not verified)
+};
+
+// What a checkpoint holds, from its manifest, and whether its files verify.
+struct CheckpointInspection {
+  std::string path;  // the ckpt-<N> directory
+  int version = 0;
+  int64_t sequence = 0;
+  std::string run_id;
+  int64_t optimizer_step = 0;
+  int64_t data_position = 0;
+  std::string note;
+  std::string optimizer_type;  // config optimizer.type
+  double lr = 0;               // config optimizer.params.lr
+  std::string model_dtype;     // "fp16", "bf16" or "fp32" (the config's fp16/bf16 sections)
+  int64_t sub_group_size = 0;
+  std::string config_hash, layout_hash;
+  std::string config_json;  // the whole effective config saved
+  // The parameters with the offsets Layout::Build assigns (modules, sub-groups
+  // and offsets rebuilt from the manifest's parameter list and sub_group_size).
+  Layout layout;
+  std::vector<CheckpointFileCheck> files;
+  // OK, or DataLoss naming the file and what is wrong (size or CRC-32C).
+  Status validity;
+  // Newer complete checkpoints under the root that failed verification:
+  // "<dir>: <reason>" each (only when a root was given).
+  std::vector<std::string> skipped;
+};
+
+// Reads and checks `dir`: a ckpt-<N> directory (one holding a manifest), or a
+// root, for which the newest checkpoint whose files verify is taken (the
+// newest one, with its validity, when none does). With `verify`, every data
+// file's size and CRC-32C are checked (validity); without, only sizes. Takes
+// no lock and changes nothing. NotFound: no checkpoint. DataLoss: a manifest
+// that does not parse or fails its own CRC; NotSupported: another format
+// version. A file that fails its check is not an error here: see validity.
+StatusOr<CheckpointInspection> InspectCheckpoint(const std::string& dir, bool verify = true);
+
+// What ExportCheckpoint writes per parameter: the fp32 masters (from
+// states.bin) or the working-precision bytes (from params.bin).
+enum class ExportPrecision { kFp32, kTrain };
+
+struct CheckpointExportResult {
+  std::string checkpoint;  // the ckpt-<N> directory read
+  int64_t optimizer_step = 0;
+  int64_t tensors = 0;
+  int64_t bytes = 0;  // of the file written
+};
+
+// Writes the parameters of the checkpoint at `dir` (as InspectCheckpoint
+// picks it) to `out` in the safetensors format: an 8-byte little-endian
+// header length, a JSON header {"<registered name>": {"dtype": "F32"|"BF16"|
+// "F16", "shape": [numel], "data_offsets": [begin, end]}, "__metadata__":
+// {...}} padded with spaces to a multiple of 8 bytes, then the tensors' bytes
+// in the flat element order. The checkpoint's files are verified first: an
+// invalid checkpoint is refused (DataLoss naming the file). The file is
+// written to <out>.tmp, fsync'd and renamed; nothing is left at `out` on
+// error.
+StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
+                                                  ExportPrecision precision);
+
 }  // namespace strata::scheduler

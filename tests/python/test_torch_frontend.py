@@ -773,3 +773,70 @@ def test_random_call_orders_train_like_torch(opt, par, tmp_path):
         got.append(loss.item())
     assert_close(got, want)
     engine.close()
+
+
+def read_safetensors(path):
+    """A plain safetensors reader (no safetensors package in torch 1.13's Debian)."""
+    import json
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    kinds = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = h["data_offsets"]
+        data = bytearray(raw[8 + n + b:8 + n + e])
+        t = torch.frombuffer(data, dtype=kinds[h["dtype"]]) if data else torch.empty(0)
+        out[name] = t.reshape(h["shape"])
+    return header.get("__metadata__", {}), out
+
+
+def test_export_and_16bit_model_round_trip_through_plain_torch(tmp_path):
+    torch.manual_seed(11)
+    engine = strata.initialize(GPT(), config("cpu", "cpu", dtype="bf16", lr=1e-2))
+    strata_losses(engine, batches(3), 3)
+    engine.save_checkpoint(tmp_path / "ckpt")
+    want = engine.state_dict()
+    registered = set(engine._registered_names())
+
+    info = strata.export(tmp_path / "ckpt", tmp_path / "fp32.safetensors")
+    assert info["optimizer_step"] == 3 and "ckpt-00000001" in info["checkpoint"]
+    meta, fp32 = read_safetensors(tmp_path / "fp32.safetensors")
+    assert meta["optimizer_step"] == "3"
+    assert all(t.dtype == torch.float32 for t in fp32.values())
+    fresh = GPT()
+    shapes = {k: v.shape for k, v in fresh.state_dict().items()}
+    result = fresh.load_state_dict({k: v.view(shapes[k]) for k, v in fp32.items()}, strict=False)
+    assert not result.unexpected_keys
+    for key in registered:  # tied names (head.weight) come with wte.weight
+        got = fresh.state_dict()[key]
+        assert torch.equal(got.view(torch.int32), want[key].view(torch.int32)), key
+
+    strata.export(tmp_path / "ckpt", tmp_path / "bf16.safetensors", dtype="train")
+    _, bf16 = read_safetensors(tmp_path / "bf16.safetensors")
+    assert set(bf16) == set(fp32)
+    for key, t in bf16.items():
+        assert t.dtype == torch.bfloat16
+        assert torch.equal(t.view(shapes[key]), want[key].to(torch.bfloat16)), key
+
+    engine.save_16bit_model(tmp_path / "model.pt")
+    engine.save_16bit_model(tmp_path / "model.safetensors")
+    pt = torch.load(tmp_path / "model.pt")
+    _, st = read_safetensors(tmp_path / "model.safetensors")
+    for key in registered:
+        assert pt[key].dtype == torch.bfloat16 and pt[key].shape == shapes[key]
+        assert torch.equal(pt[key], want[key].to(torch.bfloat16)), key
+        if key in st:
+            assert torch.equal(st[key], pt[key]), key
+    assert set(st) <= set(pt) and set(bf16) <= set(st)
+
+    # A corrupt states.bin: export is refused naming it, and writes nothing.
+    states = tmp_path / "ckpt" / "ckpt-00000001" / "states.bin"
+    raw = bytearray(states.read_bytes())
+    raw[10] ^= 1
+    states.write_bytes(bytes(raw))
+    with pytest.raises(strata.StrataError, match="states.bin"):
+        strata.export(tmp_path / "ckpt", tmp_path / "bad.safetensors")
+    assert not (tmp_path / "bad.safetensors").exists()

@@ -317,5 +317,74 @@ TEST(CheckpointCli, ADirectoryBelongsToOneRun) {
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("exclude each other"));
 }
 
+// `strata checkpoint info --json` and `export` on what `strata train` saved;
+// a corrupt states.bin is reported (exit 5, naming it) and not exported.
+TEST(CheckpointCli, InfoAndExportReadACheckpointWithoutAnEngine) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string ckpt = dir.str() + "/c";
+  ASSERT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--json", "--checkpoint-dir",
+                        ckpt, "--checkpoint-every", "1"},
+                       dir.str()))
+                .code,
+            0)
+      << ReadFile(dir.str() + "/stderr");
+  const std::string run_id = json::parse(ReadFile(dir.str() + "/stdout"))["checkpoint"]["run_id"];
+  ASSERT_EQ(Wait(Spawn({"checkpoint", "info", ckpt, "--json"}, dir.str())).code, 0)
+      << ReadFile(dir.str() + "/stderr");
+  const json info = json::parse(ReadFile(dir.str() + "/stdout"));
+  EXPECT_EQ(info["path"], ckpt + "/ckpt-00000002");
+  EXPECT_EQ(info["valid"], true);
+  EXPECT_EQ(info["optimizer_step"], 2);
+  EXPECT_EQ(info["run_id"], run_id);
+  EXPECT_EQ(info["format_version"], 2);
+  EXPECT_EQ(info["model_dtype"], "bf16");
+  EXPECT_EQ(info["optimizer"]["lr"], 3e-3);
+  EXPECT_GT(info["parameters"].get<int>(), 0);
+  EXPECT_GT(info["elements"].get<int64_t>(), 0);
+  ASSERT_EQ(info["files"].size(), 2u);
+  for (const json& f : info["files"]) EXPECT_EQ(f["ok"], true) << f.dump();
+
+  const std::string out = dir.str() + "/model.safetensors";
+  ASSERT_EQ(Wait(Spawn({"checkpoint", "export", ckpt, "--out", out, "--json"}, dir.str())).code, 0)
+      << ReadFile(dir.str() + "/stderr");
+  const json exported = json::parse(ReadFile(dir.str() + "/stdout"));
+  EXPECT_EQ(exported["tensors"], info["parameters"]);
+  EXPECT_EQ(exported["bytes"].get<int64_t>(), static_cast<int64_t>(fs::file_size(out)));
+  EXPECT_EQ(
+      Wait(Spawn({"checkpoint", "export", ckpt, "--out", out, "--dtype", "fp8"}, dir.str())).code,
+      2);
+
+  // One byte of the newest checkpoint's states flipped: the root falls back
+  // to the older one; the directory itself is invalid.
+  const std::string states = ckpt + "/ckpt-00000002/states.bin";
+  {
+    std::fstream f(states, std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(64);
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 1);
+    f.seekp(64);
+    f.write(&c, 1);
+  }
+  ASSERT_EQ(Wait(Spawn({"checkpoint", "info", ckpt, "--json"}, dir.str())).code, 0);
+  const json older = json::parse(ReadFile(dir.str() + "/stdout"));
+  EXPECT_EQ(older["path"], ckpt + "/ckpt-00000001");
+  ASSERT_EQ(older["skipped"].size(), 1u);
+  EXPECT_THAT(older["skipped"][0].get<std::string>(), ::testing::HasSubstr(states));
+  EXPECT_EQ(Wait(Spawn({"checkpoint", "info", ckpt + "/ckpt-00000002", "--json"}, dir.str())).code,
+            5);
+  const json bad = json::parse(ReadFile(dir.str() + "/stdout"));
+  EXPECT_EQ(bad["valid"], false);
+  EXPECT_THAT(bad["error"].get<std::string>(), ::testing::HasSubstr(states));
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr(states));
+  fs::remove(out);
+  EXPECT_EQ(
+      Wait(Spawn({"checkpoint", "export", ckpt + "/ckpt-00000002", "--out", out}, dir.str())).code,
+      5);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr(states));
+  EXPECT_FALSE(fs::exists(out));
+}
+
 }  // namespace
 }  // namespace strata

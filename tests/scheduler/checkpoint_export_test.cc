@@ -1,0 +1,226 @@
+// Checkpoints read without an engine: InspectCheckpoint reports what a
+// checkpoint written by a small engine holds and whether it verifies;
+// ExportCheckpoint writes safetensors whose fp32 tensors equal ReadParameter
+// bitwise and whose training-dtype tensors equal the engine's working copies
+// byte for byte; a corrupt states.bin is refused naming it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "src/common/dtype.h"
+#include "src/scheduler/checkpoint.h"
+#include "src/scheduler/scheduler.h"
+#include "strata/engine.h"
+#include "tests/scheduler/toy_engine_model.h"
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using scheduler::ExportCheckpoint;
+using scheduler::ExportPrecision;
+using scheduler::InspectCheckpoint;
+using ::testing::HasSubstr;
+
+constexpr int kModules = 5;
+
+struct Trained {
+  std::string root;
+  std::vector<std::vector<float>> masters;    // ReadParameter, registration order
+  std::vector<std::vector<uint8_t>> working;  // the working-precision bytes
+  std::vector<std::string> names;
+};
+
+// Trains a toy engine 3 steps (sub-groups of 1000 elements split parameters),
+// saves a checkpoint under root, and records what the engine holds.
+Trained TrainAndSave(const std::string& root) {
+  Trained t;
+  t.root = root;
+  const Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, "");
+  auto created = CreateEngine(c);
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return t;
+  Engine& e = **created;
+  testing::RegisterToy(e, 7, kModules);
+  for (int step = 0; step < 3; ++step) {
+    for (int m = 0; m < kModules; ++m) {
+      EXPECT_TRUE(e.BeforeForward(m).ok());
+      EXPECT_TRUE(e.AfterForward(m).ok());
+    }
+    for (int m = kModules - 1; m >= 0; --m) {
+      auto v = e.BeforeBackward(m);
+      EXPECT_TRUE(v.ok()) << v.status();
+      if (!v.ok()) return t;
+      for (int i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < testing::ToyNumel(m, i); ++j) {
+          const float p = testing::Load(v->params[i], testing::ToyDType(m, i), j);
+          testing::Store(v->grads[i], testing::ToyDType(m, i), j,
+                         0.5f * p + 0.1f * std::sin(static_cast<float>(step) + 0.37f * j + m));
+        }
+      EXPECT_TRUE(e.AfterBackward(m).ok());
+    }
+    auto st = e.Step();
+    EXPECT_TRUE(st.ok()) << st.status();
+  }
+  CheckpointInfo info;
+  Status s = e.SaveCheckpoint(root, info);
+  EXPECT_TRUE(s.ok()) << s;
+  t.masters = testing::ReadAll(e);
+  for (int m = 0; m < kModules; ++m) {
+    auto v = e.BeforeForward(m);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return t;
+    for (int i = 0; i < 2; ++i) {
+      const auto* p = static_cast<const uint8_t*>(v->params[i]);
+      t.working.emplace_back(p, p + testing::ToyNumel(m, i) *
+                                        static_cast<int64_t>(DTypeSize(testing::ToyDType(m, i))));
+      t.names.push_back("m" + std::to_string(m) + (i == 0 ? ".weight" : ".bias"));
+    }
+    EXPECT_TRUE(e.AfterForward(m).ok());
+  }
+  return t;
+}
+
+struct Tensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// A plain safetensors reader: 8-byte little-endian header length, JSON
+// header, data.
+std::map<std::string, Tensor> ReadSafetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), {});
+  std::map<std::string, Tensor> out;
+  EXPECT_GE(all.size(), 8u);
+  if (all.size() < 8) return out;
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<uint8_t>(all[i])} << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  const auto header = nlohmann::json::parse(all.substr(8, n));
+  size_t end = 0;
+  for (const auto& [k, v] : header.items()) {
+    if (k == "__metadata__") continue;
+    Tensor t;
+    t.dtype = v["dtype"];
+    t.shape = v["shape"].get<std::vector<int64_t>>();
+    const size_t b = v["data_offsets"][0], e = v["data_offsets"][1];
+    EXPECT_LE(8 + n + e, all.size());
+    t.bytes.assign(all.begin() + static_cast<long>(8 + n + b),
+                   all.begin() + static_cast<long>(8 + n + e));
+    end = std::max(end, e);
+    out[k] = std::move(t);
+  }
+  EXPECT_EQ(8 + n + end, all.size()) << "data beyond the last tensor";
+  return out;
+}
+
+class CheckpointExportTest : public ::testing::Test {
+ protected:
+  testing::ScratchDir dir_;
+};
+
+TEST_F(CheckpointExportTest, InspectReportsIdentityAndVerifies) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  ASSERT_FALSE(t.masters.empty());
+  auto in = InspectCheckpoint(t.root);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_TRUE(in->validity.ok()) << in->validity;
+  EXPECT_THAT(in->path, HasSubstr("ckpt-00000001"));
+  EXPECT_EQ(in->optimizer_step, 3);
+  EXPECT_EQ(in->version, scheduler::kCheckpointFormatVersion);
+  EXPECT_FALSE(in->run_id.empty());
+  EXPECT_EQ(in->model_dtype, "fp32");
+  EXPECT_DOUBLE_EQ(in->lr, 1e-2);
+  EXPECT_EQ(in->sub_group_size, 1000);
+  EXPECT_EQ(in->layout.params().size(), size_t{2 * kModules});
+  int64_t elems = 0;
+  for (int m = 0; m < kModules; ++m) elems += testing::ToyNumel(m, 0) + testing::ToyNumel(m, 1);
+  EXPECT_EQ(in->layout.total_elems(), elems);
+  ASSERT_EQ(in->files.size(), 2u);
+  for (const auto& f : in->files) {
+    EXPECT_TRUE(f.ok) << f.name;
+    EXPECT_EQ(f.actual_bytes, f.bytes);
+  }
+  // The ckpt-<N> directory itself gives the same.
+  auto one = InspectCheckpoint(in->path);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->path, in->path);
+}
+
+TEST_F(CheckpointExportTest, Fp32EqualsReadParameterAndTrainBytesEqualWorkingCopies) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  ASSERT_EQ(t.working.size(), size_t{2 * kModules});
+  const std::string fp32 = dir_.str() + "/m.safetensors", train = dir_.str() + "/t.safetensors";
+  auto r = ExportCheckpoint(t.root, fp32, ExportPrecision::kFp32);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tensors, 2 * kModules);
+  EXPECT_EQ(r->bytes, static_cast<int64_t>(fs::file_size(fp32)));
+  ASSERT_TRUE(ExportCheckpoint(t.root, train, ExportPrecision::kTrain).ok());
+  EXPECT_FALSE(fs::exists(fp32 + ".tmp"));
+  const auto a = ReadSafetensors(fp32);
+  const auto b = ReadSafetensors(train);
+  ASSERT_EQ(a.size(), t.names.size());
+  ASSERT_EQ(b.size(), t.names.size());
+  for (size_t id = 0; id < t.names.size(); ++id) {
+    const std::string& name = t.names[id];
+    const int m = static_cast<int>(id) / 2, i = static_cast<int>(id) % 2;
+    ASSERT_TRUE(a.count(name)) << name;
+    const Tensor& x = a.at(name);
+    EXPECT_EQ(x.dtype, "F32") << name;
+    EXPECT_EQ(x.shape, std::vector<int64_t>{testing::ToyNumel(m, i)}) << name;
+    ASSERT_EQ(x.bytes.size(), t.masters[id].size() * 4) << name;
+    EXPECT_EQ(std::memcmp(x.bytes.data(), t.masters[id].data(), x.bytes.size()), 0) << name;
+    const Tensor& y = b.at(name);
+    const DType d = testing::ToyDType(m, i);
+    EXPECT_EQ(y.dtype, d == DType::kFp32 ? "F32" : (d == DType::kBf16 ? "BF16" : "F16")) << name;
+    EXPECT_EQ(y.bytes, t.working[id]) << name;
+  }
+}
+
+TEST_F(CheckpointExportTest, CorruptStatesAreRefusedNamingTheFile) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  auto in = InspectCheckpoint(t.root);
+  ASSERT_TRUE(in.ok()) << in.status();
+  const std::string states = in->path + "/states.bin";
+  {
+    std::fstream f(states, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(100);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  auto bad = InspectCheckpoint(in->path);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->validity.code(), StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(bad->validity.message()), HasSubstr(states));
+  EXPECT_THAT(std::string(bad->validity.message()), HasSubstr("crc32c"));
+  const std::string out = dir_.str() + "/m.safetensors";
+  for (ExportPrecision p : {ExportPrecision::kFp32, ExportPrecision::kTrain}) {
+    auto r = ExportCheckpoint(t.root, out, p);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(states));
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_FALSE(fs::exists(out + ".tmp"));
+  }
+}
+
+TEST_F(CheckpointExportTest, NoCheckpointIsNotFound) {
+  auto in = InspectCheckpoint(dir_.str());
+  EXPECT_EQ(in.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(std::string(in.status().message()), HasSubstr(dir_.str()));
+}
+
+}  // namespace
+}  // namespace strata
