@@ -910,9 +910,10 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
   } catch (const std::exception& e) {
     return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
   }
-  for (const auto& [name, bytes] :
+  for (const auto& [file, bytes] :
        {std::pair{std::string(kParamsFile), ParamFileBytes(in.layout)},
         std::pair{std::string(kStatesFile), StateFileBytes(in.layout)}}) {
+    const std::string& name = file;  // Clang 14 (the thread-safety check) cannot capture a binding
     auto it = std::find_if(in.files.begin(), in.files.end(),
                            [&](const CheckpointFileCheck& c) { return c.name == name; });
     if (it == in.files.end())
