@@ -27,6 +27,17 @@ namespace {
 using nlohmann::ordered_json;
 using scheduler::CheckpointInspection;
 
+// What a resume compares: every config key saved in the manifest but these
+// (each with the reason it may differ), and the layout.
+ordered_json ResumeComparesJson() {
+  ordered_json free = ordered_json::array();
+  for (const scheduler::CheckpointFreeKey& k : scheduler::CheckpointFreeKeys())
+    free.push_back({{"key", k.key}, {"reason", k.reason}});
+  return {{"config", "every key of the saved config except not_compared"},
+          {"layout", "every parameter's name, size, dtype and module; the sub-group count"},
+          {"not_compared", free}};
+}
+
 ordered_json InspectionJson(const CheckpointInspection& in) {
   const scheduler::Layout& l = in.layout;
   ordered_json files = ordered_json::array();
@@ -61,7 +72,8 @@ ordered_json InspectionJson(const CheckpointInspection& in) {
           {"config_hash", in.config_hash},
           {"layout_hash", in.layout_hash},
           {"files", files},
-          {"skipped", in.skipped}};
+          {"skipped", in.skipped},
+          {"resume_compares", ResumeComparesJson()}};
 }
 
 int RunCheckpointInfo(const std::string& dir, bool as_json) {
@@ -92,6 +104,9 @@ int RunCheckpointInfo(const std::string& dir, bool as_json) {
       std::cout << "file            " << f.name << ": " << FormatBytes(f.bytes) << " (" << f.bytes
                 << " bytes), crc32c " << f.crc32c << (f.ok ? ", ok" : ", NOT OK") << "\n";
     for (const std::string& s : in->skipped) std::cout << "skipped newer   " << s << "\n";
+    std::cout << "resume compares every config key and the layout, except:\n";
+    for (const scheduler::CheckpointFreeKey& k : scheduler::CheckpointFreeKeys())
+      std::cout << "  " << k.key << " (" << k.reason << ")\n";
   }
   if (!in->validity.ok()) {
     std::fprintf(stderr, "strata checkpoint info: %s\n", in->validity.ToString().c_str());

@@ -341,6 +341,13 @@ TEST(CheckpointCli, InfoAndExportReadACheckpointWithoutAnEngine) {
   EXPECT_EQ(info["model_dtype"], "bf16");
   EXPECT_EQ(info["optimizer"]["lr"], 3e-3);
   EXPECT_GT(info["parameters"].get<int>(), 0);
+  // What a resume compares: the keys left out, each with its reason.
+  bool placement_free = false;
+  for (const json& k : info["resume_compares"]["not_compared"]) {
+    EXPECT_FALSE(k["reason"].get<std::string>().empty()) << k;
+    placement_free |= k["key"] == "zero_optimization.offload_optimizer";
+  }
+  EXPECT_TRUE(placement_free) << info["resume_compares"];
   EXPECT_GT(info["elements"].get<int64_t>(), 0);
   ASSERT_EQ(info["files"].size(), 2u);
   for (const json& f : info["files"]) EXPECT_EQ(f["ok"], true) << f.dump();
