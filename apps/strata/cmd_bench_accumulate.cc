@@ -78,9 +78,11 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   // One accumulator and one gradient array for every variant: where an array
   // sits in memory changes its bandwidth on a VM (docs/perf.md, "cpu_adam").
   auto acc = AlignedBuffer::Allocate(n * 4, 64);
-  if (!acc.ok()) return Fail(kCommand, Status(acc.status()).WithContext("allocating the accumulator"));
+  if (!acc.ok())
+    return Fail(kCommand, Status(acc.status()).WithContext("allocating the accumulator"));
   auto grad = AlignedBuffer::Allocate(n * DTypeSize(gd), 64);
-  if (!grad.ok()) return Fail(kCommand, Status(grad.status()).WithContext("allocating the gradients"));
+  if (!grad.ok())
+    return Fail(kCommand, Status(grad.status()).WithContext("allocating the gradients"));
   float* a = acc->as<float>();
   for (size_t i = 0; i < n; ++i) {
     a[i] = Hash01(i, 1) - 0.5f;

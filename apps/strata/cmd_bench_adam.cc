@@ -145,8 +145,8 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   // values unchanged; the optimizer steps keep them finite.
   auto arrays = MakeArrays(n, gd, cd);
   if (!arrays.ok())
-    return Fail(kCommand, Status(arrays.status())
-                              .WithContext("allocating " + std::to_string(n) + " params"));
+    return Fail(kCommand,
+                Status(arrays.status()).WithContext("allocating " + std::to_string(n) + " params"));
   // The unfused variant needs fp32 gradients (its own array when grads are 16-bit).
   AlignedBuffer grad32;
   if (cd && gd != DType::kFp32) {

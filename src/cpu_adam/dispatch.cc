@@ -39,8 +39,9 @@ Support Detect() {
   const bool fma = __builtin_cpu_supports("fma");
   s.sse42 = arch.sse4_2 && __builtin_cpu_supports("sse4.2");
   s.avx2 = arch.fma3_avx2 && __builtin_cpu_supports("avx2") && fma && f16c;
-  s.avx512 = arch.avx512bw && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && fma && f16c;
+  s.avx512 = arch.avx512bw && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl") && fma && f16c;
 #endif
   return s;
 }
@@ -71,7 +72,10 @@ StatusOr<const KernelTable*> SelectTable(std::string_view request) {
     const std::vector<const KernelTable*> usable = UsableTables();
     const KernelTable* best = usable.front();
     if (!cap.empty()) {
-      const int cap_rank = cap == "avx512" ? 0 : cap == "avx2" || cap == "avx2+fma" ? 1 : cap == "sse4.2" ? 2 : 3;
+      const int cap_rank = cap == "avx512"                      ? 0
+                           : cap == "avx2" || cap == "avx2+fma" ? 1
+                           : cap == "sse4.2"                    ? 2
+                                                                : 3;
       auto rank = [](const KernelTable* t) {
         return t->isa == "avx512" ? 0 : t->isa == "avx2+fma" ? 1 : t->isa == "sse4.2" ? 2 : 3;
       };
@@ -81,18 +85,20 @@ StatusOr<const KernelTable*> SelectTable(std::string_view request) {
           break;
         }
       }
-      STRATA_INFO_ONCE("cpu_adam.isa_cap", "cpu_adam: STRATA_CPU_ADAM_MAX_ISA={} caps the ISA at {}", cap, best->isa);
+      STRATA_INFO_ONCE("cpu_adam.isa_cap",
+                       "cpu_adam: STRATA_CPU_ADAM_MAX_ISA={} caps the ISA at {}", cap, best->isa);
     }
     if (best->lanes == 1) {
       STRATA_WARN_ONCE("cpu_adam.scalar_fallback",
-                       "cpu_adam: no usable SIMD kernels (no SSE4.2, or capped); using the plain scalar loop (slow)");
+                       "cpu_adam: no usable SIMD kernels (no SSE4.2, or capped); using the plain "
+                       "scalar loop (slow)");
     }
     return best;
   }
   auto unsupported = [&](std::string_view what) {
-    return NotSupportedError("cpu_adam: isa \"" + std::string(request) + "\" needs " + std::string(what) +
-                             ", which this CPU (or OS) does not provide; usable here: " +
-                             [] {
+    return NotSupportedError("cpu_adam: isa \"" + std::string(request) + "\" needs " +
+                             std::string(what) +
+                             ", which this CPU (or OS) does not provide; usable here: " + [] {
                                std::string names;
                                for (const KernelTable* t : UsableTables()) {
                                  if (!names.empty()) names += ", ";

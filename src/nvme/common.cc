@@ -1,5 +1,6 @@
 // Options, probes, engine selection and filesystem helpers of the nvme module.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -14,8 +15,6 @@
 #include <fstream>
 #include <random>
 
-#include <fmt/format.h>
-
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
@@ -26,9 +25,12 @@ namespace strata::nvme {
 
 std::string_view EngineKindName(EngineKind k) {
   switch (k) {
-    case EngineKind::kAuto: return "auto";
-    case EngineKind::kUring: return "uring";
-    case EngineKind::kPosix: return "posix";
+    case EngineKind::kAuto:
+      return "auto";
+    case EngineKind::kUring:
+      return "uring";
+    case EngineKind::kPosix:
+      return "posix";
   }
   return "?";
 }
@@ -44,9 +46,15 @@ StatusOr<EngineKind> ParseEngineKind(std::string_view text) {
 IoOptions IoOptionsFromConfig(const Config& config) {
   IoOptions o;
   switch (config.strata.io_engine) {
-    case IoEngineKind::kAuto: o.engine = EngineKind::kAuto; break;
-    case IoEngineKind::kUring: o.engine = EngineKind::kUring; break;
-    case IoEngineKind::kPosix: o.engine = EngineKind::kPosix; break;
+    case IoEngineKind::kAuto:
+      o.engine = EngineKind::kAuto;
+      break;
+    case IoEngineKind::kUring:
+      o.engine = EngineKind::kUring;
+      break;
+    case IoEngineKind::kPosix:
+      o.engine = EngineKind::kPosix;
+      break;
   }
   o.block_size = static_cast<size_t>(std::max<int64_t>(config.aio.block_size, 1));
   o.queue_depth = static_cast<int>(std::clamp<int64_t>(config.aio.queue_depth, 1, 4096));
@@ -68,7 +76,8 @@ Status ValidateIoOptions(const IoOptions& o) {
         fmt::format("aio.intra_op_parallelism: {} is not between 1 and 64", o.threads));
   if (o.eagain_retries < 0)
     return InvalidArgumentError(fmt::format("eagain_retries: {} is negative", o.eagain_retries));
-  if (o.engine == EngineKind::kAuto || o.engine == EngineKind::kUring || o.engine == EngineKind::kPosix)
+  if (o.engine == EngineKind::kAuto || o.engine == EngineKind::kUring ||
+      o.engine == EngineKind::kPosix)
     return Status::Ok();
   return InvalidArgumentError("io engine: unknown kind");
 }
@@ -147,15 +156,24 @@ std::string FsTypeName(const std::string& path) {
   struct statfs sf;
   if (statfs(path.c_str(), &sf) != 0) return "unknown";
   switch (static_cast<unsigned long>(sf.f_type)) {
-    case EXT4_SUPER_MAGIC: return "ext4";
-    case TMPFS_MAGIC: return "tmpfs";
-    case XFS_SUPER_MAGIC: return "xfs";
-    case BTRFS_SUPER_MAGIC: return "btrfs";
-    case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
-    case NFS_SUPER_MAGIC: return "nfs";
-    case PROC_SUPER_MAGIC: return "proc";
-    case SYSFS_MAGIC: return "sysfs";
-    default: return fmt::format("0x{:x}", static_cast<unsigned long>(sf.f_type));
+    case EXT4_SUPER_MAGIC:
+      return "ext4";
+    case TMPFS_MAGIC:
+      return "tmpfs";
+    case XFS_SUPER_MAGIC:
+      return "xfs";
+    case BTRFS_SUPER_MAGIC:
+      return "btrfs";
+    case OVERLAYFS_SUPER_MAGIC:
+      return "overlayfs";
+    case NFS_SUPER_MAGIC:
+      return "nfs";
+    case PROC_SUPER_MAGIC:
+      return "proc";
+    case SYSFS_MAGIC:
+      return "sysfs";
+    default:
+      return fmt::format("0x{:x}", static_cast<unsigned long>(sf.f_type));
   }
 }
 
@@ -174,15 +192,32 @@ Status CheckWritableDir(const std::string& dir) {
   if (struct statfs sf; statfs(dir.c_str(), &sf) == 0) {
     const char* pseudo = nullptr;
     switch (static_cast<unsigned long>(sf.f_type)) {
-      case PROC_SUPER_MAGIC: pseudo = "proc"; break;
-      case SYSFS_MAGIC: pseudo = "sysfs"; break;
-      case DEBUGFS_MAGIC: pseudo = "debugfs"; break;
-      case TRACEFS_MAGIC: pseudo = "tracefs"; break;
-      case CGROUP_SUPER_MAGIC: pseudo = "cgroup"; break;
-      case CGROUP2_SUPER_MAGIC: pseudo = "cgroup2"; break;
-      case SECURITYFS_MAGIC: pseudo = "securityfs"; break;
-      case DEVPTS_SUPER_MAGIC: pseudo = "devpts"; break;
-      default: break;
+      case PROC_SUPER_MAGIC:
+        pseudo = "proc";
+        break;
+      case SYSFS_MAGIC:
+        pseudo = "sysfs";
+        break;
+      case DEBUGFS_MAGIC:
+        pseudo = "debugfs";
+        break;
+      case TRACEFS_MAGIC:
+        pseudo = "tracefs";
+        break;
+      case CGROUP_SUPER_MAGIC:
+        pseudo = "cgroup";
+        break;
+      case CGROUP2_SUPER_MAGIC:
+        pseudo = "cgroup2";
+        break;
+      case SECURITYFS_MAGIC:
+        pseudo = "securityfs";
+        break;
+      case DEVPTS_SUPER_MAGIC:
+        pseudo = "devpts";
+        break;
+      default:
+        break;
     }
     if (pseudo != nullptr)
       return FailedPreconditionError(fmt::format(
@@ -191,12 +226,11 @@ Status CheckWritableDir(const std::string& dir) {
           dir, pseudo));
   }
   if (statvfs(dir.c_str(), &vfs) == 0 && (vfs.f_flag & ST_RDONLY))
-    return FailedPreconditionError(
-        fmt::format("nvme path {} is on a read-only filesystem", dir));
+    return FailedPreconditionError(fmt::format("nvme path {} is on a read-only filesystem", dir));
   if (access(dir.c_str(), W_OK | X_OK) != 0) {
     int err = errno;
-    return FailedPreconditionError(fmt::format("nvme path {} is not writable: {} (errno {})", dir,
-                                               std::strerror(err), err));
+    return FailedPreconditionError(
+        fmt::format("nvme path {} is not writable: {} (errno {})", dir, std::strerror(err), err));
   }
   return Status::Ok();
 }
@@ -251,9 +285,8 @@ StatusOr<DirectIoProbe> ProbeDirectIo(const std::string& dir) {
     int err = errno;
     if (err != EINVAL) return ErrnoError(fmt::format("create {}", path), err);
     // The filesystem refuses O_DIRECT; report the block size of a buffered file.
-    r.direct_error = ErrnoError(fmt::format("open {} with O_DIRECT ({})", path,
-                                            internal::FsTypeName(dir)),
-                                err);
+    r.direct_error =
+        ErrnoError(fmt::format("open {} with O_DIRECT ({})", path, internal::FsTypeName(dir)), err);
     fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return ErrnoError(fmt::format("create {}", path), errno);
     auto b = internal::LogicalBlockSize(fd);
@@ -283,13 +316,16 @@ StatusOr<DirectIoProbe> ProbeDirectIo(const std::string& dir) {
   close(fd);
   unlink(path.c_str());
   if (w != static_cast<ssize_t>(n)) {
-    r.direct_error = w < 0 ? ErrnoError(fmt::format("O_DIRECT write of {} bytes to {}", n, path), werr)
-                           : IOError(fmt::format("O_DIRECT write to {}: {} of {} bytes", path, w, n));
+    r.direct_error =
+        w < 0 ? ErrnoError(fmt::format("O_DIRECT write of {} bytes to {}", n, path), werr)
+              : IOError(fmt::format("O_DIRECT write to {}: {} of {} bytes", path, w, n));
   } else if (rd != static_cast<ssize_t>(n)) {
-    r.direct_error = rd < 0 ? ErrnoError(fmt::format("O_DIRECT read of {} bytes from {}", n, path), rerr)
-                            : IOError(fmt::format("O_DIRECT read from {}: {} of {} bytes", path, rd, n));
+    r.direct_error =
+        rd < 0 ? ErrnoError(fmt::format("O_DIRECT read of {} bytes from {}", n, path), rerr)
+               : IOError(fmt::format("O_DIRECT read from {}: {} of {} bytes", path, rd, n));
   } else if (std::memcmp(wbuf->data(), rbuf->data(), n) != 0) {
-    r.direct_error = DataLossError(fmt::format("O_DIRECT round trip through {} changed the data", path));
+    r.direct_error =
+        DataLossError(fmt::format("O_DIRECT round trip through {} changed the data", path));
   } else {
     r.direct_supported = true;
   }

@@ -16,16 +16,16 @@ namespace {
 struct Shadow {
   IoOp op;
   IoOp* orig;
-  bool short_fault;      // report `short_bytes` instead of the result
-  int64_t err;           // -errno to report when !short_fault
+  bool short_fault;  // report `short_bytes` instead of the result
+  int64_t err;       // -errno to report when !short_fault
   uint32_t short_bytes;
 };
 
 void ShadowDone(IoOp* op, int64_t result) {
   auto* s = static_cast<Shadow*>(op->ctx);
   IoOp* orig = s->orig;
-  int64_t r = s->short_fault ? (result < 0 ? result : std::min<int64_t>(result, s->short_bytes))
-                             : s->err;
+  int64_t r =
+      s->short_fault ? (result < 0 ? result : std::min<int64_t>(result, s->short_bytes)) : s->err;
   delete s;
   orig->done(orig, r);
 }

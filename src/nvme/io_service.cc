@@ -104,7 +104,9 @@ Status IoHandle::status() const {
   return state_->final_status;
 }
 
-IoHandle IoHandle::Completed(Status status) { return IoHandle(CompletedRequest(std::move(status))); }
+IoHandle IoHandle::Completed(Status status) {
+  return IoHandle(CompletedRequest(std::move(status)));
+}
 
 uint64_t IoHandle::bytes() const { return state_ ? state_->total : 0; }
 
@@ -116,7 +118,6 @@ Status WaitAll(std::span<const IoHandle> handles) {
   }
   return first;
 }
-
 
 struct IoService::Impl {
   // How a piece moves its bytes (chosen by Prepare at every (re)issue).
@@ -180,11 +181,12 @@ struct IoService::Impl {
     if (r->finished || r->outstanding > 0) return;
     if (!r->failed && !r->cancelled && !r->exhausted()) return;
     r->finished = true;
-    Status s = r->failed ? r->error
-               : r->cancelled ? CancelledError(fmt::format(
-                                    "{} of {} bytes cancelled", r->kind == IoOpKind::kRead ? "read" : "write",
-                                    r->total))
-                              : Status::Ok();
+    Status s =
+        r->failed ? r->error
+        : r->cancelled
+            ? CancelledError(fmt::format("{} of {} bytes cancelled",
+                                         r->kind == IoOpKind::kRead ? "read" : "write", r->total))
+            : Status::Ok();
     {
       MutexLock lock(&r->mu);
       r->final_status = std::move(s);
@@ -377,7 +379,8 @@ struct IoService::Impl {
   }
 
   // Cuts segs into `n` lanes of about equal, block_size-aligned byte counts.
-  std::vector<RequestState::Lane> SplitLanes(std::vector<IoSegment> segs, uint64_t total, int n) const {
+  std::vector<RequestState::Lane> SplitLanes(std::vector<IoSegment> segs, uint64_t total,
+                                             int n) const {
     std::vector<RequestState::Lane> lanes;
     uint64_t per = AlignUp((total + n - 1) / std::max(n, 1), opts.block_size);
     if (n <= 1 || total <= opts.block_size) per = total;
@@ -470,8 +473,9 @@ struct IoService::Impl {
   }
 
   std::string PieceContext(const Piece* p) const {
-    return fmt::format("{} {} offset {} length {}", p->req->kind == IoOpKind::kRead ? "read" : "write",
-                       p->file->path_, p->off, p->len);
+    return fmt::format("{} {} offset {} length {}",
+                       p->req->kind == IoOpKind::kRead ? "read" : "write", p->file->path_, p->off,
+                       p->len);
   }
 
   static void OnDone(IoOp* op, int64_t res) {
@@ -585,8 +589,8 @@ struct IoService::Impl {
       MutexLock lock(&mu);
       if (shutdown)
         return IoHandle(CompletedRequest(FailedPreconditionError(
-            fmt::format("{} of {} bytes after IoService shutdown", kind == IoOpKind::kRead ? "read" : "write",
-                        total))));
+            fmt::format("{} of {} bytes after IoService shutdown",
+                        kind == IoOpKind::kRead ? "read" : "write", total))));
       ++stats.requests;
       ++active_requests;
       if (r->exhausted()) {
@@ -648,7 +652,8 @@ StatusOr<std::unique_ptr<IoService>> IoService::Create(const IoOptions& options,
                                                        std::unique_ptr<IoEngine> engine) {
   RETURN_IF_ERROR(ValidateIoOptions(options));
   if (!engine) return InvalidArgumentError("IoService::Create: null engine");
-  if (!options.fixed_buffers.empty()) RETURN_IF_ERROR(engine->RegisterBuffers(options.fixed_buffers));
+  if (!options.fixed_buffers.empty())
+    RETURN_IF_ERROR(engine->RegisterBuffers(options.fixed_buffers));
   STRATA_INFO_ONCE(fmt::format("nvme.engine.{}", EngineKindName(engine->kind())),
                    "nvme: {} engine, block {} bytes, queue depth {}, {} ring(s)/thread group(s)",
                    EngineKindName(engine->kind()), options.block_size, options.queue_depth,

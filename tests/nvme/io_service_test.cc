@@ -3,9 +3,8 @@
 // requests sharing pages with O_DIRECT ones, truncation, cancellation,
 // shutdown, every injected fault, and failed io_uring submissions.
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -71,8 +70,16 @@ TEST_P(IoServiceTest, RoundTripSizesAroundBlockAndDepth) {
   auto f = OpenNew(io.get(), "sizes.bin");
   EXPECT_TRUE(f->direct()) << "ext4/xfs scratch dirs should take O_DIRECT";
   // Not block multiples, one byte, exactly a block, more than block × depth.
-  const size_t sizes[] = {1, 511, 4096, 4097, block - 1, block, block + 1, 3 * block + 777,
-                          4 * block * 5 + 4095, (1 << 20) + 12345};
+  const size_t sizes[] = {1,
+                          511,
+                          4096,
+                          4097,
+                          block - 1,
+                          block,
+                          block + 1,
+                          3 * block + 777,
+                          4 * block * 5 + 4095,
+                          (1 << 20) + 12345};
   uint64_t off = 0;
   for (size_t n : sizes) {
     SCOPED_TRACE(n);
@@ -166,7 +173,8 @@ TEST_P(IoServiceTest, FixedBuffersRoundTrip) {
   EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
   if (GetParam() == EngineKind::kUring) {
     auto es = io->engine()->stats();
-    EXPECT_GT(es.fixed_buffer_ops, 0u) << "requests inside registered regions must use READ/WRITE_FIXED";
+    EXPECT_GT(es.fixed_buffer_ops, 0u)
+        << "requests inside registered regions must use READ/WRITE_FIXED";
     EXPECT_GT(es.fixed_file_ops, 0u);
   }
 }
@@ -492,23 +500,31 @@ TEST_P(IoServiceTest, InjectedErrnoSurfacesAtTheRightRequestOnly) {
     }
     // The bad op: the third piece of request kBad.
     const uint64_t bad_off = kBad * slot + 2 * block + 100;
-    if (c.kind == IoOpKind::kWrite) faults->AddRule({IoOpKind::kWrite, 1, int64_t(bad_off), FaultInjectionEngine::Fault::kErrno, c.err});
+    if (c.kind == IoOpKind::kWrite)
+      faults->AddRule(
+          {IoOpKind::kWrite, 1, int64_t(bad_off), FaultInjectionEngine::Fault::kErrno, c.err});
     std::vector<IoHandle> hs;
-    for (int i = 0; i < kReq; ++i) hs.push_back(io->Write(f.get(), src[i].data(), slot, uint64_t(i) * slot));
+    for (int i = 0; i < kReq; ++i)
+      hs.push_back(io->Write(f.get(), src[i].data(), slot, uint64_t(i) * slot));
     for (int i = 0; i < kReq; ++i) {
       Status s = hs[i].Wait();
       if (c.kind == IoOpKind::kWrite && i == kBad) {
         EXPECT_EQ(s.code(), c.code) << s;
         EXPECT_NE(s.message().find(f->path()), std::string::npos) << s;
-        EXPECT_NE(s.message().find("offset " + std::to_string(kBad * slot + 2 * block)), std::string::npos) << s;
+        EXPECT_NE(s.message().find("offset " + std::to_string(kBad * slot + 2 * block)),
+                  std::string::npos)
+            << s;
         EXPECT_NE(s.message().find("errno " + std::to_string(c.err)), std::string::npos) << s;
       } else {
         EXPECT_TRUE(s.ok()) << i << ": " << s;
       }
     }
-    if (c.kind == IoOpKind::kRead) faults->AddRule({IoOpKind::kRead, 1, int64_t(bad_off), FaultInjectionEngine::Fault::kErrno, c.err});
+    if (c.kind == IoOpKind::kRead)
+      faults->AddRule(
+          {IoOpKind::kRead, 1, int64_t(bad_off), FaultInjectionEngine::Fault::kErrno, c.err});
     hs.clear();
-    for (int i = 0; i < kReq; ++i) hs.push_back(io->Read(f.get(), dst[i].data(), slot, uint64_t(i) * slot));
+    for (int i = 0; i < kReq; ++i)
+      hs.push_back(io->Read(f.get(), dst[i].data(), slot, uint64_t(i) * slot));
     for (int i = 0; i < kReq; ++i) {
       Status s = hs[i].Wait();
       if (i == kBad) {
@@ -535,14 +551,17 @@ TEST_P(IoServiceTest, ShortReadsAndWritesAreResubmitted) {
   auto src = RandomBuffer(rng_, n);
   auto dst = PoisonBuffer(n);
   // A short write of an aligned piece (4096 of 16384) and an odd one (1000).
-  faults->AddRule({IoOpKind::kWrite, 1, int64_t(block), FaultInjectionEngine::Fault::kShort, 0, 4096});
-  faults->AddRule({IoOpKind::kWrite, 1, int64_t(3 * block), FaultInjectionEngine::Fault::kShort, 0, 1000});
+  faults->AddRule(
+      {IoOpKind::kWrite, 1, int64_t(block), FaultInjectionEngine::Fault::kShort, 0, 4096});
+  faults->AddRule(
+      {IoOpKind::kWrite, 1, int64_t(3 * block), FaultInjectionEngine::Fault::kShort, 0, 1000});
   Status ws = io->Write(f.get(), src.data(), n, 0).Wait();
   ASSERT_TRUE(ws.ok()) << ws;
   faults->ClearRules();
   faults->AddRule({IoOpKind::kRead, 1, 0, FaultInjectionEngine::Fault::kShort, 0, 777});
   // Twice on the same piece: 4096 of 16384, then 4096 of the remaining 12288.
-  faults->AddRule({IoOpKind::kRead, 1, int64_t(4 * block + 8192 + 100), FaultInjectionEngine::Fault::kShort, 0, 4096, 2});
+  faults->AddRule({IoOpKind::kRead, 1, int64_t(4 * block + 8192 + 100),
+                   FaultInjectionEngine::Fault::kShort, 0, 4096, 2});
   Status s = io->Read(f.get(), dst.data(), n, 0).Wait();
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(SameBytes(src.data(), dst.data(), n));
@@ -675,7 +694,8 @@ TEST_F(UringSubmitFailureTest, ShutdownWithABrokenRingReturns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, IoServiceTest,
-                         ::testing::Values(EngineKind::kUring, EngineKind::kPosix), EngineParamName);
+                         ::testing::Values(EngineKind::kUring, EngineKind::kPosix),
+                         EngineParamName);
 
 }  // namespace
 }  // namespace strata::nvme
