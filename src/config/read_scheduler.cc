@@ -37,30 +37,18 @@ constexpr std::string_view kOneCycleKeys[] = {"cycle_min_lr",
 constexpr std::string_view kRangeTestKeys[] = {"lr_range_test_min_lr", "lr_range_test_step_size",
                                                "lr_range_test_step_rate",
                                                "lr_range_test_staircase"};
-// Every key of scheduler.params some type takes.
-constexpr std::string_view kAllKeys[] = {"warmup_min_lr",
-                                         "warmup_max_lr",
-                                         "warmup_num_steps",
-                                         "warmup_type",
-                                         "total_num_steps",
-                                         "warmup_min_ratio",
-                                         "cos_min_ratio",
-                                         "cycle_min_lr",
-                                         "cycle_max_lr",
-                                         "decay_lr_rate",
-                                         "cycle_first_step_size",
-                                         "cycle_second_step_size",
-                                         "cycle_first_stair_count",
-                                         "cycle_second_stair_count",
-                                         "decay_step_size",
-                                         "cycle_momentum",
-                                         "cycle_min_mom",
-                                         "cycle_max_mom",
-                                         "decay_mom_rate",
-                                         "lr_range_test_min_lr",
-                                         "lr_range_test_step_size",
-                                         "lr_range_test_step_rate",
-                                         "lr_range_test_staircase"};
+// Every key of scheduler.params some type takes: the schema table's.
+const std::vector<std::string_view>& AllParamKeys() {
+  static const std::vector<std::string_view> keys = [] {
+    constexpr std::string_view kPrefix = "scheduler.params.";
+    std::vector<std::string_view> k;
+    for (const KeySpec& spec : Schema())
+      if (spec.use == KeyUse::kRead && spec.path.starts_with(kPrefix))
+        k.push_back(spec.path.substr(kPrefix.size()));
+    return k;
+  }();
+  return keys;
+}
 
 std::span<const std::string_view> KeysOf(LrScheduleType t) {
   switch (t) {
@@ -105,7 +93,7 @@ Status ReadParams(Section& p, const AutoValues& autos, const OptimizerConfig& o,
   const LrScheduleType t = sc->type;
   const std::span<const std::string_view> takes = KeysOf(t);
   // A key of another type: DeepSpeed's constructor would refuse it.
-  for (std::string_view key : kAllKeys) {
+  for (std::string_view key : AllParamKeys()) {
     if (Takes(takes, key)) continue;
     if (p.Given(key))
       return ValueError(p.PathOf(key), *p.Peek(key),
@@ -205,7 +193,7 @@ Status ReadScheduler(Section& s, const AutoValues& autos, const OptimizerConfig&
     std::optional<Section> params;
     RETURN_IF_ERROR(s.Child("params", &params));
     if (params) {
-      for (std::string_view key : kAllKeys) params->Take(key);
+      for (std::string_view key : AllParamKeys()) params->Take(key);
       RETURN_IF_ERROR(params->ReportUnread());
     }
     return s.ReportUnread();
