@@ -334,6 +334,12 @@ class Device {
   Stream& compute() { return *compute_; }
   Stream& h2d() { return *h2d_; }
   Stream& d2h() { return *d2h_; }
+  // Orders the framework's compute after the work `event` marks: on CUDA the
+  // compute stream waits for it; on the host device, where the framework
+  // computes on the calling thread, the caller does.
+  Status OrderComputeAfter(Event& event) {
+    return is_host_ ? event.Synchronize() : compute_->Wait(event);
+  }
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream(const std::string& name) = 0;
   virtual StatusOr<std::unique_ptr<Event>> CreateEvent(EventOptions options) = 0;
   StatusOr<std::unique_ptr<Event>> CreateEvent() { return CreateEvent(EventOptions{}); }

@@ -201,11 +201,7 @@ Status HostOptimizer::AwaitModule(int m) {
   // device block now, ahead of the rest of the step.
   if (layout_->module(m).bytes() > 0) {
     RETURN_IF_ERROR(store_->UploadModule(m, *upload_ready_));
-    if (dev_->is_host()) {
-      RETURN_IF_ERROR(upload_ready_->Synchronize());
-    } else {
-      RETURN_IF_ERROR(dev_->compute().Wait(*upload_ready_));
-    }
+    RETURN_IF_ERROR(dev_->OrderComputeAfter(*upload_ready_));
   }
   job.uploaded[static_cast<size_t>(m)] = 1;
   return Status();

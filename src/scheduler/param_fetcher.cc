@@ -200,7 +200,7 @@ Status ParamFetcher::MakeRoom(int keep_module) {
     if (pool_.free_count() > 0) return Status();
   }
   for (int i : in_flight) {
-    RETURN_IF_ERROR(CompleteFetch(i));
+    RETURN_IF_ERROR(CompleteFetch(i, /*host_waits=*/true));  // its slot is reused next
     if (slots_[static_cast<size_t>(i)].residency == Residency::kResident) DropCopy(i);
     RETURN_IF_ERROR(ReclaimDeferred(true));
     if (pool_.free_count() > 0) return Status();
@@ -208,14 +208,14 @@ Status ParamFetcher::MakeRoom(int keep_module) {
   return ReclaimDeferred(true);
 }
 
-Status ParamFetcher::CompleteFetch(int m) {
+Status ParamFetcher::CompleteFetch(int m, bool host_waits) {
   Slot& s = slots_[static_cast<size_t>(m)];
   if (s.residency == Residency::kReading) {
     s.read.Wait().IgnoreError();  // the status is taken by Pump
     RETURN_IF_ERROR(Pump());
   }
   if (s.residency == Residency::kCopying) {
-    RETURN_IF_ERROR(s.ready->Synchronize());
+    RETURN_IF_ERROR(host_waits ? s.ready->Synchronize() : dev_->OrderComputeAfter(*s.ready));
     s.residency = Residency::kResident;
   }
   return Status();
@@ -351,13 +351,8 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
 
 Status ParamFetcher::WaitResident(int m) {
   if (!params_offloaded()) {
-    if (gpu::Event* uploaded = store_->params_uploaded()) {
-      if (dev_->is_host()) {
-        RETURN_IF_ERROR(uploaded->Synchronize());
-      } else {
-        RETURN_IF_ERROR(dev_->compute().Wait(*uploaded));
-      }
-    }
+    if (gpu::Event* uploaded = store_->params_uploaded())
+      RETURN_IF_ERROR(dev_->OrderComputeAfter(*uploaded));
     return Status();
   }
   Slot& s = slots_[static_cast<size_t>(m)];
@@ -367,19 +362,7 @@ Status ParamFetcher::WaitResident(int m) {
   } else if (s.prefetched) {
     counters_->CountPrefetchHit();
   }
-  if (s.residency == Residency::kReading) {
-    s.read.Wait().IgnoreError();  // the status is taken by Pump
-    RETURN_IF_ERROR(Pump());
-  }
-  if (s.residency == Residency::kCopying) {
-    if (dev_->is_host()) {
-      RETURN_IF_ERROR(s.ready->Synchronize());  // the framework computes on this thread
-    } else {
-      RETURN_IF_ERROR(dev_->compute().Wait(*s.ready));
-    }
-    s.residency = Residency::kResident;
-  }
-  return Status();
+  return CompleteFetch(m, /*host_waits=*/false);
 }
 
 Status ParamFetcher::Prefetch() {

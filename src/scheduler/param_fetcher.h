@@ -192,9 +192,10 @@ class ParamFetcher {
   // for deferred frees when none is free.
   StatusOr<SlotPool::Handle> AcquireSlot(int keep_module);
   Status Fetch(int m, bool prefetch);
-  // Waits until module m's fetch in flight has landed on the device (its
-  // read, then its copy): resident, or absent after a failed read.
-  Status CompleteFetch(int m);
+  // Module m's fetch in flight (its read, then its copy) made resident, or
+  // absent after a failed read: the framework's compute is ordered after the
+  // copy, or with `host_waits` the caller waits for it (the slot is reused).
+  Status CompleteFetch(int m, bool host_waits);
   Status StartCopy(int m);
   Status MakeRoom(int keep_module);
   void DropCopy(int m);  // the device copy goes once the compute stream is past it
