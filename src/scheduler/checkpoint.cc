@@ -158,6 +158,48 @@ std::string ManifestCrc(const Json& m) {
   return Hex32(Crc32c(s.data(), s.size()));
 }
 
+// The manifest of checkpoint directory `dir`, read and checked: JSON, this
+// format and version, and its own CRC-32C. Its fields are the caller's to read.
+StatusOr<Json> LoadManifest(const std::string& dir) {
+  const std::string manifest_path = dir + "/" + kCheckpointManifest;
+  std::string text;
+  {
+    ASSIGN_OR_RETURN(File f, File::Open(manifest_path, O_RDONLY));
+    ASSIGN_OR_RETURN(int64_t size, f.Size());
+    if (size > (int64_t{256} << 20))
+      return DataLossError(fmt::format("checkpoint manifest {}: {} bytes, expected at most 256 MiB",
+                                       manifest_path, size));
+    text.resize(static_cast<size_t>(size));
+    RETURN_IF_ERROR(f.ReadNext(text.data(), text.size()));
+  }
+  Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object())
+    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+  try {
+    if (m.at("format") != kFormat)
+      return DataLossError(
+          fmt::format("{}: not a strata checkpoint manifest (format {}, expected {})",
+                      manifest_path, m.at("format").dump(), kFormat));
+    if (m.at("version") != kCheckpointFormatVersion)
+      return NotSupportedError(fmt::format(
+          "{}: format version {}, this build reads version {} only (version 1 recorded neither "
+          "the run id nor the whole config): continue that run with the build that wrote it, or "
+          "start afresh in another directory",
+          manifest_path, m.at("version").dump(), kCheckpointFormatVersion));
+    Json content = m;
+    content.erase("manifest_crc32c");
+    const std::string want = m.at("manifest_crc32c").get<std::string>();
+    if (const std::string got = ManifestCrc(content); got != want)
+      return DataLossError(fmt::format(
+          "checkpoint manifest {}: its content has crc32c {}, its manifest_crc32c says {} (edited "
+          "or corrupt); remove {} to resume from the checkpoint before it",
+          manifest_path, got, want, dir));
+  } catch (const std::exception& e) {
+    return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
+  }
+  return m;
+}
+
 std::string ValueText(const Json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 std::string ConfigDifference(const Json& then, const Json& now) {
@@ -682,16 +724,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
                       dir, skipped, kCheckpointManifest);
   }
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
-  std::string text;
-  {
-    ASSIGN_OR_RETURN(File f, File::Open(manifest_path, O_RDONLY));
-    ASSIGN_OR_RETURN(int64_t size, f.Size());
-    text.resize(static_cast<size_t>(size));
-    RETURN_IF_ERROR(f.ReadNext(text.data(), text.size()));
-  }
-  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded() || !m.is_object())
-    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+  ASSIGN_OR_RETURN(const Json m, LoadManifest(dir));
 
   CheckpointMeta meta;
   meta.path = dir;
@@ -701,22 +734,6 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
   };
   FileEntry params_file, states_file;
   try {
-    if (m.at("format") != kFormat)
-      return DataLossError(fmt::format("{}: not a strata checkpoint manifest", manifest_path));
-    if (m.at("version") != kCheckpointFormatVersion)
-      return NotSupportedError(fmt::format(
-          "{}: format version {}, this build reads version {} only (version 1 recorded neither "
-          "the run id nor the whole config): continue that run with the build that wrote it, or "
-          "start afresh in another directory",
-          manifest_path, m.at("version").dump(), kCheckpointFormatVersion));
-    Json content = m;
-    content.erase("manifest_crc32c");
-    const std::string want = m.at("manifest_crc32c").get<std::string>();
-    if (const std::string got = ManifestCrc(content); got != want)
-      return DataLossError(fmt::format(
-          "checkpoint manifest {}: its content has crc32c {}, its manifest_crc32c says {} (edited "
-          "or corrupt); remove {} to resume from the checkpoint before it",
-          manifest_path, got, want, dir));
     std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
     if (!diff.empty())
       return FailedPreconditionError(
@@ -817,39 +834,11 @@ namespace {
 // files it lists (not checked).
 StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
-  std::string text;
-  {
-    ASSIGN_OR_RETURN(File f, File::Open(manifest_path, O_RDONLY));
-    ASSIGN_OR_RETURN(int64_t size, f.Size());
-    if (size > (int64_t{256} << 20))
-      return DataLossError(fmt::format("checkpoint manifest {}: {} bytes, expected at most 256 MiB",
-                                       manifest_path, size));
-    text.resize(static_cast<size_t>(size));
-    RETURN_IF_ERROR(f.ReadNext(text.data(), text.size()));
-  }
-  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded() || !m.is_object())
-    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+  ASSIGN_OR_RETURN(const Json m, LoadManifest(dir));
   CheckpointInspection in;
   in.path = dir;
   try {
-    if (m.at("format") != kFormat)
-      return DataLossError(
-          fmt::format("{}: not a strata checkpoint manifest (format {}, expected {})",
-                      manifest_path, m.at("format").dump(), kFormat));
     in.version = m.at("version").get<int>();
-    if (in.version != kCheckpointFormatVersion)
-      return NotSupportedError(
-          fmt::format("{}: format version {}, this build reads version {} only", manifest_path,
-                      in.version, kCheckpointFormatVersion));
-    Json content = m;
-    content.erase("manifest_crc32c");
-    const std::string want = m.at("manifest_crc32c").get<std::string>();
-    if (const std::string got = ManifestCrc(content); got != want)
-      return DataLossError(
-          fmt::format("checkpoint manifest {}: its content has crc32c {}, its manifest_crc32c "
-                      "says {} (edited or corrupt)",
-                      manifest_path, got, want));
     in.sequence = m.at("sequence").get<int64_t>();
     in.run_id = m.at("run_id").get<std::string>();
     in.optimizer_step = m.at("optimizer_step").get<int64_t>();
