@@ -155,21 +155,22 @@ def _replace(output, mapping):
 
 
 class _LrGroup(dict):
-    """The optimizer's one param group. With a config `scheduler` section,
+    """One of the optimizer's param groups. With a config `scheduler` section,
     setting its lr (or the initial_lr a torch scheduler records) is an error:
     the config's schedule sets the lr, and two sources would silently race."""
 
-    def __init__(self, group, scheduled):
+    def __init__(self, group, scheduled, index):
         super().__init__(group)
         self._scheduled = scheduled  # the config's schedule type, or None
+        self._index = index
 
     def _refuse(self, key):
         if self._scheduled is not None and key in ("lr", "initial_lr"):
             raise FailedPreconditionError(
-                f"param_groups[0][{key!r}]: the config's scheduler section ({self._scheduled}) "
-                "sets the learning rate at every step; use either it or a torch lr_scheduler "
-                "(or your own lr), not both: remove the config's scheduler section to drive the "
-                "lr from Python", "FailedPrecondition")
+                f"param_groups[{self._index}][{key!r}]: the config's scheduler section "
+                f"({self._scheduled}) sets the learning rate at every step; use either it or a "
+                "torch lr_scheduler (or your own lr), not both: remove the config's scheduler "
+                "section to drive the lr from Python", "FailedPrecondition")
 
     def __setitem__(self, key, value):
         self._refuse(key)
@@ -187,25 +188,33 @@ class _LrGroup(dict):
 
 
 class _Optimizer(torch.optim.Optimizer):
-    """``engine.optimizer``: what torch's lr schedulers drive. One param group
-    (every parameter the engine owns) whose ``lr`` is read at each step and
-    becomes the engine's learning rate (Engine::SetLearningRate); ``betas``,
-    ``eps`` and ``weight_decay`` are the config's, for reading only. step()
-    is ``engine.step()``; zero_grad() is ``engine.zero_grad()``. The optimizer
-    states live in the engine: state_dict() holds the param group only."""
+    """``engine.optimizer``: what torch's lr schedulers drive. Its param groups
+    are the engine's (the ``model_parameters`` groups given to initialize, or
+    one group of every parameter the engine owns); each group's ``lr`` is read
+    at each step and becomes that group's learning rate in the engine
+    (Engine::SetLearningRate); ``betas``, ``eps`` and ``weight_decay`` are the
+    group's (or the config's), for reading only. step() is ``engine.step()``;
+    zero_grad() is ``engine.zero_grad()``. The optimizer states live in the
+    engine: state_dict() holds the param groups only."""
 
-    def __init__(self, engine, params):
+    def __init__(self, engine, groups):
         opt = engine.config["optimizer"]["params"]
-        defaults = {"lr": engine._engine.learning_rate(),
+        defaults = {"lr": engine._engine.learning_rate(0),
                     "weight_decay": opt.get("weight_decay", 0.0)}
         if "betas" in opt:
             defaults["betas"] = tuple(opt["betas"])
         if "eps" in opt:
             defaults["eps"] = opt["eps"]
-        super().__init__(params, defaults)
+        param_groups = []
+        for g in groups:
+            group = {k: v for k, v in g.options.items() if k != "name"}
+            group["params"] = g.params
+            group["lr"] = engine._engine.learning_rate(g.engine_id)
+            param_groups.append(group)
+        super().__init__(param_groups, defaults)
         self._strata = engine
         sched = engine.config.get("scheduler", {}).get("type")
-        self.param_groups[0] = _LrGroup(self.param_groups[0], sched)
+        self.param_groups = [_LrGroup(pg, sched, i) for i, pg in enumerate(self.param_groups)]
 
     def step(self, closure=None):
         if closure is not None:
@@ -218,10 +227,106 @@ class _Optimizer(torch.optim.Optimizer):
         self._strata.zero_grad()
 
 
+class _ParamGroup:
+    """One optimizer parameter group as given to initialize: its trainable
+    parameters, the hyperparameters it overrides, and its engine group id."""
+
+    def __init__(self, params, options, engine_id):
+        self.params = params
+        self.options = options  # lr, weight_decay, betas, eps, name (those given)
+        self.engine_id = engine_id
+
+
+_GROUP_KEYS = ("params", "lr", "weight_decay", "betas", "eps", "name")
+# torch.optim.AdamW's flags that do not change the arithmetic Strata computes
+# when left at their defaults.
+_GROUP_FLAGS = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+                "differentiable": False, "fused": None}
+
+
+def _param_groups(model, model_parameters):
+    """[_ParamGroup] from initialize's model_parameters: None (every trainable
+    parameter, the config's hyperparameters), an iterable of parameters, or
+    of dicts {"params": ..., "lr": ..., "weight_decay": ..., "betas": ...,
+    "eps": ...} as torch.optim and DeepSpeed take them."""
+    trainable = [p for p in model.parameters() if p.requires_grad and p.numel() > 0]
+    if model_parameters is None:
+        return [_ParamGroup(trainable, {}, 0)]
+    if isinstance(model_parameters, (torch.Tensor, dict)):
+        model_parameters = [model_parameters]
+    items = list(model_parameters)
+    if not items:
+        raise InvalidArgumentError("model_parameters: empty (give the model's parameters, or "
+                                   "omit model_parameters)", "InvalidArgument")
+    names = {id(p): n for n, p in model.named_parameters()}
+    if all(isinstance(x, dict) for x in items):
+        raw = items
+        dicts = True
+    elif all(isinstance(x, torch.Tensor) for x in items):
+        raw = [{"params": items}]
+        dicts = False
+    else:
+        raise InvalidArgumentError(
+            "model_parameters: an iterable of parameters or of dicts {'params': [...], ...}, "
+            "not a mix", "InvalidArgument")
+    groups = []
+    where = {}  # id(param) -> group index
+    for i, d in enumerate(raw):
+        what = f"model_parameters[{i}]" if dicts else "model_parameters"
+        if "params" not in d:
+            raise InvalidArgumentError(f"{what}: no 'params' key", "InvalidArgument")
+        for key, value in d.items():
+            if key in _GROUP_KEYS:
+                continue
+            if key in _GROUP_FLAGS and value == _GROUP_FLAGS[key]:
+                continue
+            raise InvalidArgumentError(
+                f"{what}[{key!r}]: not supported (a group may set "
+                f"{', '.join(k for k in _GROUP_KEYS if k != 'params')}; torch's "
+                f"{', '.join(_GROUP_FLAGS)} only at their defaults)", "InvalidArgument")
+        params = d["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        mine = []
+        for p in params:
+            if not isinstance(p, torch.nn.Parameter) or id(p) not in names:
+                raise InvalidArgumentError(
+                    f"{what}: holds a {type(p).__name__} of shape {tuple(p.shape)} that is not "
+                    "a parameter of the model", "InvalidArgument")
+            if id(p) in where:
+                other = where[id(p)]
+                raise InvalidArgumentError(
+                    f"{what}: parameter {names[id(p)]} is also in model_parameters[{other}]; "
+                    "a parameter belongs to one group", "InvalidArgument")
+            where[id(p)] = i
+            if p.requires_grad and p.numel() > 0:
+                mine.append(p)  # frozen ones stay with torch, as torch.optim skips them
+        options = {}
+        for key in ("lr", "weight_decay", "eps"):
+            if key in d:
+                options[key] = float(d[key])
+        if "betas" in d:
+            b = tuple(float(x) for x in d["betas"])
+            if len(b) != 2:
+                raise InvalidArgumentError(f"{what}['betas']: two values, not {len(b)}",
+                                           "InvalidArgument")
+            options["betas"] = b
+        if "name" in d:
+            options["name"] = str(d["name"])
+        groups.append(_ParamGroup(mine, options, i + 1 if dicts else 0))
+    missing = [names[id(p)] for p in trainable if id(p) not in where]
+    if missing:
+        raise InvalidArgumentError(
+            f"model_parameters: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+            f"({len(missing)} parameter{'s' if len(missing) != 1 else ''}) require grad but are "
+            "in no group; add them to a group, or set requires_grad False to keep them frozen",
+            "InvalidArgument")
+    return groups
+
+
 class Engine:
     """A model trained through Strata. Create it with :func:`strata.initialize`."""
 
-    def __init__(self, model, config, auto_values=None):
+    def __init__(self, model, config, auto_values=None, model_parameters=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         owner = getattr(model, "_strata_engine_state", None)
@@ -265,6 +370,8 @@ class Engine:
         self._origin = {}  # id(param) -> (dtype, device) before the engine took it
         self._call_depth = 0  # engine calls in progress (a model may call the engine)
         self._in_engine_state_dict = False
+        self._param_groups = _param_groups(model, model_parameters)
+        self._add_param_groups()
         self._build_groups()
         self._register()
         self._engine.plan()
@@ -274,11 +381,28 @@ class Engine:
         self._requires_grad = [(name, p, p.requires_grad)
                                for name, p in self.module.named_parameters()
                                if p.numel() > 0 or id(p) in self._param_id]
-        self._lr_pushed = self._engine.learning_rate()
-        self.optimizer = _Optimizer(self, [p for g in self._groups for p in g.params])
+        self.optimizer = _Optimizer(self, self._param_groups)
+        self._lr_pushed = [g["lr"] for g in self.optimizer.param_groups]
         model._strata_engine_state = self._state
 
     # ---- setup ---------------------------------------------------------------
+
+    def _add_param_groups(self):
+        """The model_parameters groups' hyperparameters into the engine."""
+        self._engine_group_of = {}  # id(param) -> engine group id
+        for i, g in enumerate(self._param_groups):
+            if g.engine_id == 0:
+                continue
+            o = g.options
+            betas = o.get("betas", (None, None))
+            gid = self._engine.add_param_group(o.get("name", f"model_parameters[{i}]"),
+                                               o.get("lr"), o.get("weight_decay"), betas[0],
+                                               betas[1], o.get("eps"))
+            if gid != g.engine_id:
+                raise RuntimeError(f"engine group {gid}, expected {g.engine_id}")
+        for g in self._param_groups:
+            for p in g.params:
+                self._engine_group_of[id(p)] = g.engine_id
 
     def _build_groups(self):
         """Engine modules from the torch modules owning trainable parameters."""
@@ -332,7 +456,8 @@ class Engine:
                 self._origin[id(p)] = (p.dtype, p.device)
                 init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 pid = self._engine.register_parameter(name, list(p.shape), dtype_name, g.index,
-                                                      _dlpack.to_dlpack(init))
+                                                      _dlpack.to_dlpack(init),
+                                                      self._engine_group_of.get(id(p), 0))
                 self._param_id[id(p)] = pid
                 self._shape_of_id.append(tuple(p.shape))
         # What the engine does not own follows the model to the device and dtype
@@ -657,13 +782,13 @@ class Engine:
     def _step(self):
         self._check_open()
         self._check_requires_grad()
-        group = self.optimizer.param_groups[0]
-        lr = float(group["lr"])
-        if lr != self._lr_pushed:
-            # Set from outside (a torch lr_scheduler, or by hand); refused by
-            # the engine when the config has a scheduler section.
-            self._engine.set_learning_rate(lr)
-            self._lr_pushed = lr
+        for i, (group, pg) in enumerate(zip(self.optimizer.param_groups, self._param_groups)):
+            lr = float(group["lr"])
+            if lr != self._lr_pushed[i]:
+                # Set from outside (a torch lr_scheduler, or by hand); refused by
+                # the engine when the config has a scheduler section.
+                self._engine.set_learning_rate(lr, pg.engine_id)
+                self._lr_pushed[i] = lr
         self.last_stats = json.loads(self._engine.step())
         self._show_scheduled_lr()
         return self.last_stats
@@ -672,8 +797,9 @@ class Engine:
         """With a config schedule: its lr of the next step, for get_lr() and
         param_groups (the step count moved)."""
         if self.config.get("scheduler") is not None:
-            self._lr_pushed = self._engine.learning_rate()
-            dict.__setitem__(self.optimizer.param_groups[0], "lr", self._lr_pushed)
+            for i, pg in enumerate(self._param_groups):
+                self._lr_pushed[i] = self._engine.learning_rate(pg.engine_id)
+                dict.__setitem__(self.optimizer.param_groups[i], "lr", self._lr_pushed[i])
 
     def get_lr(self):
         """The learning rate of the next optimizer step, one per param group (as
@@ -890,13 +1016,24 @@ def export(checkpoint_dir, path, dtype="fp32"):
     return _strata.export_checkpoint(os.fspath(checkpoint_dir), os.fspath(path), dtype)
 
 
-def initialize(model, config, *, auto_values=None):
+def initialize(model, config, *, model_parameters=None, auto_values=None):
     """Hands `model`'s trainable parameters to a Strata engine configured by
     `config` (a DeepSpeed JSON file's path, or a dict) and returns the Engine.
+
+    model_parameters: as deepspeed.initialize's, the optimizer's parameter
+    groups: an iterable of parameters, or of dicts {"params": [...], "lr":
+    ..., "weight_decay": ..., "betas": (b1, b2), "eps": ..., "name": ...} like
+    torch.optim's param groups; keys left out take the config's
+    optimizer.params. Every parameter that requires grad must be in exactly
+    one group (frozen ones listed are skipped, as torch.optim skips them).
+    A group's lr is refused with a config `scheduler` that sets every
+    group's lr (all but WarmupCosineLR, which scales each group's own). The
+    groups are part of a checkpoint's identity. None: one group, every
+    trainable parameter, the config's hyperparameters.
 
     auto_values: values for the config's "auto" keys (train_batch_size,
     train_micro_batch_size_per_gpu, gradient_accumulation_steps,
     gradient_clipping, lr, beta1, beta2, eps, weight_decay, fp16_enabled,
     bf16_enabled).
     """
-    return Engine(model, config, auto_values)
+    return Engine(model, config, auto_values, model_parameters)
