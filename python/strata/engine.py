@@ -10,7 +10,8 @@
 How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
 
 * Grouping. Every module that owns trainable parameters directly becomes an
-  engine module, in ``named_modules()`` order. Modules that share a parameter
+  engine module, in ``named_modules()`` order (a leaf module, below, with
+  its whole subtree's). Modules that share a parameter
   (tied embeddings) are merged into one engine module. Each parameter is
   registered with its fp32 value as the initial master; then its storage is
   released (``param.data`` becomes an empty placeholder) and the engine owns
@@ -37,10 +38,34 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
   ``weight.t()``) would point into engine memory that is reused before
   backward; a saved-tensor hook stores them as (parameter, offset, size,
   stride) and rebuilds them from the parameter's view at backward.
+* Parameters used outside their module's forward. A parameter is mapped
+  only while a module holding its engine module runs; elsewhere its ``data``
+  is an empty placeholder. Two ways to hold it where it is used (as
+  DeepSpeed ZeRO-3 does):
+  - Leaf modules: a leaf's whole subtree (its own and its descendants'
+    trainable parameters) is one engine module, hooked on the leaf only, so
+    a forward that reads its children's parameters directly finds them
+    mapped. torch's MultiheadAttention (it reads ``out_proj.weight``) and
+    TransformerEncoderLayer (its inference fast path reads every
+    sublayer's) are leaves by default; ``set_leaf_modules(model, [Class])``
+    or a module's ``_strata_leaf = True`` makes others leaves, before
+    initialize (``_strata_leaf = False`` turns a built-in one off).
+  - ``register_external_parameter(module, param)``: ``module``'s hooks
+    also hold the engine module of ``param`` (owned elsewhere) for its
+    forward and backward, next to its own. Recorded on the module before
+    initialize, or added to a running engine between micro-batches.
+  A forward that raises on an unmapped parameter (torch's "mat2 must be a
+  matrix, got 1-D tensor") is re-raised as FailedPreconditionError naming
+  the parameter and these fixes: the frames of the traceback are searched
+  for registered parameters that were not mapped, as locals or as attribute
+  paths (``self.embed.weight``) on the failing statement. An op that
+  accepts an empty tensor (``w.sum()``) cannot be caught this way.
+* ``model.load_state_dict()`` while the engine owns the parameters: a
+  pre-hook per module takes each owned key out of the state_dict and
+  writes it into the engine (WriteParameter), and a post-hook takes those
+  keys out of missing_keys again; shape errors are torch's messages.
 
-A parameter must be used inside the forward of a module that owns it (as in
-DeepSpeed ZeRO-3): outside, its ``data`` is an empty placeholder. One engine
-drives one model, from one thread.
+One engine drives one model, from one thread.
 """
 
 import contextlib
@@ -542,7 +567,11 @@ class Engine:
                 p._strata_engine = weakref.ref(self)
 
     def _hook_module(self, mod, groups):
-        self._handles.append(mod.register_forward_pre_hook(self._make_pre_forward(groups)))
+        handle = mod.register_forward_pre_hook(self._make_pre_forward(groups))
+        # First: the module's own pre-hooks (weight_norm's, which computes the
+        # weight from weight_g and weight_v) run with the parameters mapped.
+        mod._forward_pre_hooks.move_to_end(handle.id, last=False)
+        self._handles.append(handle)
         self._handles.append(mod.register_forward_hook(self._make_post_forward(groups)))
 
     def _add_external(self, mod, p):

@@ -42,12 +42,12 @@ def token_data(n, seed):
     return out
 
 
-def train_both(model, cfg, data, prepare=None):
+def train_both(model, cfg, data, prepare=None, ref=None):
     """(strata losses, torch losses, engine) of training `model` (whose
     forward takes a batch and returns the loss) on `data`, one optimizer
     step per batch; `prepare(model)` runs on the engine's copy before
-    initialize."""
-    ref = copy.deepcopy(model)
+    initialize. `ref`: torch's copy (default: a deep copy of `model`)."""
+    ref = copy.deepcopy(model) if ref is None else ref
     p = cfg["optimizer"]["params"]
     opt = torch.optim.AdamW(ref.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
                             weight_decay=p["weight_decay"])
@@ -454,5 +454,30 @@ def test_model_load_state_dict_goes_into_the_engine(opt, par, tmp_path):
     ref.load_state_dict(other.state_dict(), strict=False)
     assert not result.missing_keys
     step(data[3])
+    assert_close(got, want)
+    engine.close()
+
+
+class WeightNormed(nn.Module):
+    """torch.nn.utils.weight_norm: a forward pre-hook of the module computes
+    its weight from weight_g and weight_v (so the engine's pre-hook must run
+    before it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.utils.weight_norm(nn.Linear(8, D))
+        self.out = nn.Linear(D, 1)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.out(torch.tanh(self.inp(x))), y)
+
+
+def test_weight_norm_matches_torch(tmp_path):
+    torch.manual_seed(40)
+    model = WeightNormed()
+    torch.manual_seed(40)
+    ref = WeightNormed()  # weight_norm's modules cannot be deep-copied
+    got, want, engine = train_both(model, config("cpu", "nvme", tmp_path),
+                                   regression_data(4, 52), ref=ref)
     assert_close(got, want)
     engine.close()
