@@ -865,7 +865,10 @@ class Engine:
         while tb is not None:
             frame = tb.tb_frame
             code = frame.f_code
-            where = f"{code.co_name} ({os.path.basename(code.co_filename)}:{tb.tb_lineno})"
+            owner = frame.f_locals.get("self")
+            func = (f"{type(owner).__name__}.{code.co_name}"
+                    if isinstance(owner, torch.nn.Module) else code.co_name)
+            where = f"{func} ({os.path.basename(code.co_filename)}:{tb.tb_lineno})"
             text = _statement_text(tb)
             for var, value in list(frame.f_locals.items()):
                 if isinstance(value, torch.nn.Parameter):
@@ -892,9 +895,10 @@ class Engine:
         if not used:
             return None
         names = ", ".join(name for name, _ in used)
+        it = "it" if len(used) == 1 else "them"
         return FailedPreconditionError(
-            f"{names}: used in {used[-1][1]} outside the forward of the module that owns it, "
-            "where the engine has not fetched it (its data is an empty placeholder). Declare "
+            f"{names}: used in {used[-1][1]} outside the forward of the module that owns {it}, "
+            f"where the engine has not fetched {it} (an empty placeholder there). Declare "
             "the use before strata.initialize: strata.register_external_parameter(module, "
             "param) for the module whose forward uses it, or strata.set_leaf_modules(model, "
             f"[ModuleClass]) to fetch a module's whole subtree for its forward "
