@@ -128,6 +128,29 @@ def test_transformer_encoder_layer_matches_torch(opt, par, batch_first, norm_fir
         assert loss == pytest.approx(model(x, y).item(), rel=1e-5)
 
 
+class CheckpointedEncoder(Encoder):
+    """Encoder whose layers (leaves) run under activation checkpointing."""
+
+    def __init__(self, reentrant):
+        super().__init__(batch_first=True, norm_first=False)
+        self.reentrant = reentrant
+
+    def forward(self, x, y):
+        h = self.inp(x)
+        for layer in self.enc.layers:
+            h = torch.utils.checkpoint.checkpoint(layer, h, use_reentrant=self.reentrant)
+        return F.mse_loss(self.out(h), y)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpointed_encoder_layers_match_torch(reentrant, tmp_path):
+    torch.manual_seed(30)
+    got, want, engine = train_both(CheckpointedEncoder(reentrant), config("cpu", "nvme", tmp_path),
+                                   regression_data(4, 40))
+    assert_close(got, want)
+    engine.close()
+
+
 class Attention(nn.Module):
     """MultiheadAttention on its own: self-attention with a causal mask, or
     cross-attention with kdim/vdim != embed_dim (separate q/k/v weights)."""
