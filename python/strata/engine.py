@@ -130,12 +130,17 @@ def _is_leaf(mod):
     return isinstance(mod, _BUILTIN_LEAVES)
 
 
+# The Engines alive, for the calls that are given a module or a parameter
+# (register_external_parameter, set_leaf_modules after initialize). An open
+# engine keeps its parameters alive, so an id in its _param_id is one of them.
+_ENGINES = weakref.WeakSet()
+
+
 def _engine_of(params):
     """The open Engine that owns any of `params`, or None."""
-    for p in params:
-        ref = getattr(p, "_strata_engine", None)
-        engine = ref() if ref is not None else None
-        if engine is not None and not engine._state["closed"]:
+    ids = {id(p) for p in params}
+    for engine in list(_ENGINES):
+        if not engine._state["closed"] and not ids.isdisjoint(engine._param_id):
             return engine
     return None
 
@@ -562,9 +567,7 @@ class Engine:
                     self._make_load_state_dict_hook(owned)))
                 self._handles.append(mod.register_load_state_dict_post_hook(
                     self._drop_loaded_from_missing))
-        for p in self.module.parameters():
-            if id(p) in self._param_id:
-                p._strata_engine = weakref.ref(self)
+        _ENGINES.add(self)
 
     def _hook_module(self, mod, groups):
         handle = mod.register_forward_pre_hook(self._make_pre_forward(groups))
@@ -1167,7 +1170,6 @@ class Engine:
                     dtype, device = self._origin[id(p)]
                     p.data = value.view(self._shape_of_id[pid]).to(device=device, dtype=dtype)
                     p.grad = None
-                    p.__dict__.pop("_strata_engine", None)
         for h in self._handles:
             h.remove()
         self._handles = []
