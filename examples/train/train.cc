@@ -731,6 +731,51 @@ class IgnoreSigpipe {
   struct sigaction old_ {};
 };
 
+StatusOr<Config> LoadCommandConfig(const std::string& path, const std::string& nvme_path,
+                                   const std::string& device, int* exit_code) {
+  using namespace cli;  // the exit codes (apps/strata/exit_codes.h)
+  *exit_code = kExitConfig;
+  if (path.empty()) {
+    *exit_code = kExitUsage;
+    return InvalidArgumentError("--config is required");
+  }
+  STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(path));
+  // strata.model is this program's section: the library keeps it as text.
+  std::vector<std::string> model_warnings;
+  StatusOr<ModelConfig> model = ModelConfigFromConfig(config, &model_warnings);
+  if (!model.ok()) return model.status().WithContext(path);
+  for (const std::string& w : model_warnings) STRATA_LOG_WARN("{}: {}", path, w);
+  if (!nvme_path.empty()) {
+    if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
+      config.zero_optimization.offload_optimizer.nvme_path = {nvme_path};
+    if (config.zero_optimization.offload_param.device == OffloadDevice::kNvme)
+      config.zero_optimization.offload_param.nvme_path = {nvme_path};
+  }
+  if (!device.empty()) {
+    if (device == "auto") {
+      config.strata.device = DeviceKind::kAuto;
+    } else if (device == "cuda") {
+      config.strata.device = DeviceKind::kCuda;
+    } else if (device == "host") {
+      config.strata.device = DeviceKind::kHost;
+    } else {
+      *exit_code = kExitUsage;
+      return InvalidArgumentError("--device: \"" + device + "\" is not one of auto, cuda, host");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(ValidateConfig(config));
+  // The NVMe engine's own rules (aio.block_size a multiple of 4096, where
+  // ValidateConfig accepts multiples of 512): a config error before any step.
+  if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme ||
+      config.zero_optimization.offload_param.device == OffloadDevice::kNvme)
+    if (Status v = nvme::ValidateIoOptions(nvme::IoOptionsFromConfig(config)); !v.ok())
+      return InvalidArgumentError(path + ": " + std::string(v.message()) +
+                                  " (the NVMe engine's O_DIRECT unit; the config check accepts "
+                                  "multiples of 512, DeepSpeed's rule)");
+  STRATA_RETURN_IF_ERROR(ShapeFromConfig(config).status());
+  return config;
+}
+
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
   IgnoreSigpipe ignore_sigpipe;
   const int code = RunTrain(opt, out, err);
@@ -753,43 +798,12 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     if (opt.json) out << ResultJson(TrainResult(), s) << std::endl;
     return code;
   };
-  if (opt.config_path.empty())
-    return fail(kExitUsage, InvalidArgumentError("--config is required"));
-  StatusOr<Config> loaded = LoadConfigFile(opt.config_path);
-  if (!loaded.ok()) return fail(kExitConfig, loaded.status());
+  int code = 0;
+  StatusOr<Config> loaded = LoadCommandConfig(opt.config_path, opt.nvme_path, opt.device, &code);
+  if (!loaded.ok()) return fail(code, loaded.status());
   Config config = *loaded;
-  // strata.model is this program's section: the library keeps it as text.
-  std::vector<std::string> model_warnings;
-  StatusOr<ModelConfig> model = ModelConfigFromConfig(config, &model_warnings);
+  StatusOr<ModelConfig> model = ModelConfigFromConfig(config);
   if (!model.ok()) return fail(kExitConfig, model.status().WithContext(opt.config_path));
-  for (const std::string& w : model_warnings) STRATA_LOG_WARN("{}: {}", opt.config_path, w);
-  if (!opt.nvme_path.empty()) {
-    if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
-      config.zero_optimization.offload_optimizer.nvme_path = {opt.nvme_path};
-    if (config.zero_optimization.offload_param.device == OffloadDevice::kNvme)
-      config.zero_optimization.offload_param.nvme_path = {opt.nvme_path};
-  }
-  if (!opt.device.empty()) {
-    if (opt.device == "auto")
-      config.strata.device = DeviceKind::kAuto;
-    else if (opt.device == "cuda")
-      config.strata.device = DeviceKind::kCuda;
-    else if (opt.device == "host")
-      config.strata.device = DeviceKind::kHost;
-    else
-      return fail(kExitUsage, InvalidArgumentError("--device: \"" + opt.device +
-                                                   "\" is not one of auto, cuda, host"));
-  }
-  if (Status v = ValidateConfig(config); !v.ok()) return fail(kExitConfig, v);
-  // The NVMe engine's own rules (aio.block_size a multiple of 4096, where
-  // ValidateConfig accepts multiples of 512): a config error before any step.
-  if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme ||
-      config.zero_optimization.offload_param.device == OffloadDevice::kNvme)
-    if (Status v = nvme::ValidateIoOptions(nvme::IoOptionsFromConfig(config)); !v.ok())
-      return fail(kExitConfig, InvalidArgumentError(
-                                   opt.config_path + ": " + std::string(v.message()) +
-                                   " (the NVMe engine's O_DIRECT unit; the config check accepts "
-                                   "multiples of 512, DeepSpeed's rule)"));
   int64_t steps = opt.steps > 0 ? opt.steps : model->steps > 0 ? model->steps : 40;
   if (opt.steps < 0)
     return fail(kExitUsage, InvalidArgumentError("--steps: " + std::to_string(opt.steps) +

@@ -157,4 +157,29 @@ struct TrainCommandOptions {
 // completed.
 int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
 
+// The config a command (train, plan) runs with: read from `path` (strata.model
+// checked, its unknown keys warned about), nvme_path and device ("auto",
+// "cuda", "host"; "" keeps the config's) overriding, validated with the NVMe
+// engine's rules and the model's shape. On error *exit_code is the exit code
+// (usage for a bad option, config otherwise).
+StatusOr<Config> LoadCommandConfig(const std::string& path, const std::string& nvme_path,
+                                   const std::string& device, int* exit_code);
+
+// `strata plan` (apps/strata/cmd_plan.cc): a dry run of `strata train` with the
+// config. It lays out the example model (or one of `params` elements, the
+// config's width with as many blocks as that takes), measures the rates the
+// engine would (PCIe, CPU optimizer and accumulation, NVMe on the config's
+// directory), and prints the tier table, the predicted step per resource and
+// the largest model of that width that fits the machine. No state is
+// allocated: only the device (its arena) and the probes' buffers.
+struct PlanCommandOptions {
+  std::string config_path;
+  std::string nvme_path;
+  std::string device;
+  int64_t params = 0;        // 0: the config's strata.model
+  bool measure_nvme = true;  // write and read 256 MiB on the NVMe directory
+  bool json = false;
+};
+int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostream& err);
+
 }  // namespace strata::example

@@ -329,12 +329,7 @@ Status EngineImpl::Plan() {
   const auto& zo = cfg_.zero_optimization;
   std::vector<scheduler::ParamRec> recs;
   for (const Registration& r : regs_) recs.push_back(r.rec);
-  scheduler::LayoutOptions lo;
-  lo.sub_group_size = zo.sub_group_size;
-  lo.params_offloaded = param_place() != OffloadDevice::kNone;
-  lo.persistence_threshold = zo.stage3_param_persistence_threshold;
-  lo.reduce_bucket_size = zo.reduce_bucket_size;
-  layout_ = Layout::Build(std::move(recs), lo);
+  layout_ = Layout::Build(std::move(recs), scheduler::LayoutOptionsFromConfig(cfg_));
 
   // Leftover swap files of killed runs go before the plan counts free space
   // (one notice each; files of live runs are left alone).

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 
 #include "src/common/units.h"
 
@@ -302,6 +303,91 @@ TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
   const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   f.dram_available = (pages > 0 && page > 0) ? static_cast<int64_t>(pages) * page : 0;
   return f;
+}
+
+LayoutOptions LayoutOptionsFromConfig(const Config& config) {
+  const auto& zo = config.zero_optimization;
+  LayoutOptions lo;
+  lo.sub_group_size = zo.sub_group_size;
+  lo.params_offloaded = zo.offload_param.device != OffloadDevice::kNone;
+  lo.persistence_threshold = zo.stage3_param_persistence_threshold;
+  lo.reduce_bucket_size = zo.reduce_bucket_size;
+  return lo;
+}
+
+StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const TierPlan& plan,
+                           const StepRates& r) {
+  StepPrediction p;
+  auto add = [&](const char* resource, double amount, double rate, std::string what) {
+    if (amount <= 0) return;
+    StepPrediction::Term t;
+    t.resource = resource;
+    t.amount = amount;
+    t.seconds = rate > 0 ? amount / rate : 0;
+    t.what = std::move(what);
+    p.terms.push_back(std::move(t));
+  };
+  const auto elems = static_cast<double>(s.total_elems);
+  const auto param_bytes = static_cast<double>(s.total_param_bytes);
+  const auto persistent = static_cast<double>(s.persistent_param_bytes);
+  const auto gas = static_cast<double>(std::max<int64_t>(1, pl.gradient_accumulation_steps));
+  const double grad_elem_bytes = elems > 0 ? param_bytes / elems : 0;
+  if (!pl.device_optimizer) {
+    add("pcie_d2h", gas * param_bytes, r.d2h_gbps * 1e9,
+        fmt::format("gradients, {} micro-batch{} x {}", gas, gas == 1 ? "" : "es",
+                    FormatBytes(s.total_param_bytes)));
+    const double accumulated = gas - (plan.fold_last_micro_batch ? 1 : 0);
+    // 8 + G bytes per element and pass: the fp32 sum read and written, the
+    // gradient (G bytes) read.
+    add("cpu_accumulate", accumulated * elems * (8 + grad_elem_bytes), r.accumulate_gbps * 1e9,
+        fmt::format("{} accumulation pass{} over {} elements", accumulated,
+                    accumulated == 1 ? "" : "es", s.total_elems));
+    add("cpu_optimizer", elems, r.adam_elems_per_s, fmt::format("{} elements", s.total_elems));
+  }
+  // Parameters: fetched for forward and backward when offloaded; the
+  // updated ones uploaded after the step (persistent ones and
+  // offload_param none) unless the optimizer runs on the device.
+  const double fetched = pl.params == OffloadDevice::kNone ? 0 : 2 * gas * (param_bytes - persistent);
+  const double uploaded =
+      pl.device_optimizer ? 0 : (pl.params == OffloadDevice::kNone ? param_bytes : persistent);
+  add("pcie_h2d", fetched + uploaded, r.h2d_gbps * 1e9,
+      fetched > 0 ? fmt::format("parameter fetches {} x {} + updated {}", 2 * gas,
+                                FormatBytes(s.total_param_bytes - s.persistent_param_bytes),
+                                FormatBytes(static_cast<int64_t>(uploaded)))
+                  : fmt::format("updated parameters {}", FormatBytes(s.total_param_bytes)));
+  double nvme_read = 0, nvme_write = 0;
+  std::string read_what, write_what;
+  if (pl.optimizer == OffloadDevice::kNvme) {
+    const double states = static_cast<double>(kOptimizerStateBytesPerElem) * elems;
+    nvme_read += states;
+    nvme_write += states;
+    read_what = "optimizer states " + FormatBytes(static_cast<int64_t>(states));
+    write_what = read_what;
+  }
+  if (pl.params == OffloadDevice::kNvme) {
+    nvme_read += fetched;
+    nvme_write += param_bytes;
+    read_what += std::string(read_what.empty() ? "" : " + ") + "parameter fetches " +
+                 FormatBytes(static_cast<int64_t>(fetched));
+    write_what += std::string(write_what.empty() ? "" : " + ") + "updated parameters " +
+                  FormatBytes(s.total_param_bytes);
+  }
+  add("nvme_read", nvme_read, r.nvme_read_gbps * 1e9, read_what);
+  add("nvme_write", nvme_write, r.nvme_write_gbps * 1e9, write_what);
+  // Shared resources add up: one disk, one CPU.
+  std::map<std::string, double> busy;
+  for (const StepPrediction::Term& t : p.terms) {
+    std::string key = t.resource;
+    if (key.starts_with("nvme")) key = "nvme";
+    if (key.starts_with("cpu")) key = "cpu";
+    busy[key] += t.seconds;
+  }
+  for (const auto& [key, secs] : busy)
+    if (secs > p.bound_s) {
+      p.bound_s = secs;
+      p.bound_by = key;
+    }
+  return p;
 }
 
 }  // namespace strata::scheduler

@@ -124,6 +124,48 @@ TierPlan ComputeTierPlan(const Placement& placement, const LayoutSizes& sizes,
 std::string OverBudgetTable(const TierPlan& plan, const Placement& placement,
                             const LayoutSizes& sizes);
 
+// The layout options of a config's zero_optimization section (what the
+// engine's Plan() lays the parameters out with).
+LayoutOptions LayoutOptionsFromConfig(const Config& config);
+
+// The rates a step prediction uses (0: not measured; that term is left out).
+struct StepRates {
+  double h2d_gbps = 0;           // pinned host-to-device copies
+  double d2h_gbps = 0;           // device-to-host copies into pinned memory
+  double accumulate_gbps = 0;    // the CPU's gradient accumulation, bytes moved
+  double adam_elems_per_s = 0;   // the CPU optimizer's step, elements
+  double nvme_read_gbps = 0;     // the NVMe engine, sequential
+  double nvme_write_gbps = 0;
+};
+
+// One optimizer step (a window of gradient_accumulation_steps micro-batches)
+// as the engine moves its bytes, and the time each resource needs at the
+// measured rates. Compute is not predicted (it depends on the model's
+// kernels): the bound is that of the offload machinery.
+struct StepPrediction {
+  struct Term {
+    std::string resource;  // "pcie_h2d", "pcie_d2h", "cpu_accumulate", "cpu_optimizer",
+                           // "nvme_read", "nvme_write"
+    double amount = 0;     // bytes (elements for cpu_optimizer)
+    double seconds = 0;    // amount / rate; 0 when the rate is unknown
+    std::string what;      // what the amount is made of
+  };
+  std::vector<Term> terms;
+  // The busiest resource: PCIe directions, NVMe (read + write, one device),
+  // the CPU (accumulation + optimizer, one pool of threads).
+  double bound_s = 0;
+  std::string bound_by;
+};
+// Counts per window (all micro-batches): the gradients' device-to-host
+// copies, their accumulation (none for a folded last micro-batch), the
+// parameters' fetches (forward and backward of every micro-batch for
+// offloaded parameters, as with stage3_max_reuse_distance 0: an upper bound)
+// and the updated parameters' upload, the optimizer's elements, the NVMe
+// pipeline's state reads and writes and the parameters' NVMe traffic. The
+// device optimizer (offload_optimizer none on a GPU) moves nothing.
+StepPrediction PredictStep(const Placement& placement, const LayoutSizes& sizes,
+                           const TierPlan& plan, const StepRates& rates);
+
 // The NVMe directories a config uses, optimizer's first, without duplicates
 // (empty when nothing is placed on NVMe).
 std::vector<std::string> UsedNvmePaths(const Config& config);

@@ -68,4 +68,29 @@ StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t ele
   return best;
 }
 
+StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
+  const auto n = static_cast<size_t>(elems);
+  StatusOr<AlignedBuffer> buf = AlignedBuffer::Allocate(n * 4 * 4 + n * 2);
+  if (!buf.ok()) return buf.status().WithContext("measuring the CPU optimizer's rate");
+  float* f = buf->as<float>();
+  std::fill(f, f + 4 * n, 0.25f);
+  cpu_adam::ShardStep st;
+  st.param = f;
+  st.grad = f + n;
+  st.exp_avg = f + 2 * n;
+  st.exp_avg_sq = f + 3 * n;
+  st.count = n;
+  st.copy_out = f + 4 * n;
+  st.copy_dtype = DType::kBf16;
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    st.hp.step = rep + 1;
+    const int64_t t0 = NowNanos();
+    RETURN_IF_ERROR(adam->Step(st).status());
+    const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
+    best = std::max(best, static_cast<double>(elems) / secs);
+  }
+  return best;
+}
+
 }  // namespace strata::scheduler

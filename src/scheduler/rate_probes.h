@@ -27,4 +27,8 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes);
 // elements, best of three): bytes moved per second, in GB/s.
 StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems);
 
+// The CPU optimizer's AdamW step over `elems` fp32 elements with a bf16
+// copy-out (best of three): elements per second.
+StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems);
+
 }  // namespace strata::scheduler

@@ -416,5 +416,54 @@ TEST(PlanTest, GradPathFromSizesAndRates) {
   EXPECT_TRUE(ComputeTierPlan(on, s, f).fold_last_micro_batch);
 }
 
+// The predicted step counts the bytes each placement moves per window and
+// divides by the rates; shared resources (the disk, the CPU) add up.
+TEST(PlanTest, PredictedStepCountsThePlacementsBytes) {
+  const LayoutSizes s = TinySizes();
+  StepRates r;
+  r.h2d_gbps = r.d2h_gbps = 1e-6;  // 1000 bytes/s
+  r.accumulate_gbps = 1e-5;
+  r.adam_elems_per_s = 1001;
+  r.nvme_read_gbps = 2e-6;
+  r.nvme_write_gbps = 1e-6;
+  auto amount = [](const StepPrediction& p, const std::string& res) {
+    for (const auto& t : p.terms)
+      if (t.resource == res) return t.amount;
+    return -1.0;
+  };
+  Placement nn = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  nn.gradient_accumulation_steps = 3;
+  TierFacts f;
+  TierPlan plan = ComputeTierPlan(nn, s, f);
+  plan.fold_last_micro_batch = false;
+  StepPrediction p = PredictStep(nn, s, plan, r);
+  EXPECT_EQ(amount(p, "pcie_d2h"), 3 * 8192.0);
+  // 8 + G bytes per element and accumulated micro-batch (G = 8192 / 1001).
+  EXPECT_DOUBLE_EQ(amount(p, "cpu_accumulate"), 3 * (8 * 1001.0 + 8192));
+  EXPECT_EQ(amount(p, "cpu_optimizer"), 1001.0);
+  EXPECT_EQ(amount(p, "pcie_h2d"), 2 * 3 * (8192.0 - 512) + 512);
+  EXPECT_EQ(amount(p, "nvme_read"), 12 * 1001.0 + 2 * 3 * (8192.0 - 512));
+  EXPECT_EQ(amount(p, "nvme_write"), 12 * 1001.0 + 8192);
+  // The disk: reads at 2000 B/s plus writes at 1000 B/s, the largest.
+  EXPECT_EQ(p.bound_by, "nvme");
+  EXPECT_DOUBLE_EQ(p.bound_s, (12 * 1001.0 + 6 * 7680) / 2000 + (12 * 1001.0 + 8192) / 1000);
+  // Folding the last micro-batch saves one accumulation pass.
+  plan.fold_last_micro_batch = true;
+  EXPECT_DOUBLE_EQ(amount(PredictStep(nn, s, plan, r), "cpu_accumulate"), 2 * (8 * 1001.0 + 8192));
+  // cpu/none: no NVMe, the updated parameters uploaded once.
+  const Placement cn = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
+  p = PredictStep(cn, s, ComputeTierPlan(cn, s, f), r);
+  EXPECT_EQ(amount(p, "pcie_h2d"), 8192.0);
+  EXPECT_EQ(amount(p, "nvme_read"), -1.0);
+  // The device optimizer moves nothing over PCIe; an unmeasured rate
+  // leaves its term at 0 seconds.
+  Placement dev = Place(OffloadDevice::kNone, OffloadDevice::kNone);
+  dev.device_optimizer = true;
+  EXPECT_TRUE(PredictStep(dev, s, ComputeTierPlan(dev, s, f), r).terms.empty());
+  p = PredictStep(cn, s, ComputeTierPlan(cn, s, f), StepRates());
+  for (const auto& t : p.terms) EXPECT_EQ(t.seconds, 0.0) << t.resource;
+  EXPECT_EQ(p.bound_s, 0.0);
+}
+
 }  // namespace
 }  // namespace strata::scheduler

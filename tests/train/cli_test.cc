@@ -481,3 +481,78 @@ TEST(TrainCli, RunEndingWithANanLossFails) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// `strata plan`: the tier table and the predicted step of the config, the
+// NVMe traffic equal to what `strata train` measures where the engine's
+// traffic is exact (the optimizer states and the updated parameters), and
+// the largest model that fits; a plan that does not fit exits 4.
+TEST(PlanCli, JsonTableMatchesTheTrainedRun) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
+  RunResult r = Strata("plan --config " + cfg + " --json", dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json plan = json::parse(r.out);
+  EXPECT_TRUE(plan["fits"].get<bool>());
+  std::vector<std::string> tiers;
+  for (const json& t : plan["tiers"]) tiers.push_back(t["tier"].get<std::string>());
+  EXPECT_THAT(tiers, ::testing::ElementsAre("hbm", "pinned", "nvme", "dram"));
+  const int64_t params = plan["model"]["parameters"].get<int64_t>();
+  double nvme_write = -1, d2h = -1, h2d = -1, adam = -1;
+  for (const json& t : plan["step"]) {
+    if (t["resource"] == "pcie_h2d") h2d = t["amount"].get<double>();
+    if (t["resource"] == "nvme_write") nvme_write = t["amount"].get<double>();
+    if (t["resource"] == "pcie_d2h") d2h = t["amount"].get<double>();
+    if (t["resource"] == "cpu_optimizer") adam = t["amount"].get<double>();
+  }
+  EXPECT_EQ(adam, static_cast<double>(params));
+  EXPECT_GT(plan["rates"]["nvme_write_gbytes_per_s"].get<double>(), 0);
+  EXPECT_GT(plan["bound_s"].get<double>(), 0);
+  EXPECT_GT(plan["largest"]["layers"].get<int64_t>(), plan["model"]["layers"].get<int64_t>());
+  EXPECT_FALSE(plan["largest"]["limited_by"].get<std::string>().empty());
+  // The trained run's counters per step: the NVMe writes (states and
+  // updated parameters) and the gradients' copies within 15 % of the
+  // prediction (the first step's and the initial writes count in the totals
+  // too); the fetches no more than predicted (the prediction assumes every
+  // module fetched for forward and for backward).
+  RunResult t = Strata("train --config " + cfg + " --steps 3 --json", dir.str());
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  const json run = json::parse(t.out);
+  const double steps = run["steps"].get<double>();
+  EXPECT_NEAR(run["nvme_written_bytes"].get<double>() / steps, nvme_write, 0.15 * nvme_write);
+  EXPECT_NEAR(run["pcie_d2h_bytes"].get<double>() / steps, d2h, 0.15 * d2h);
+  EXPECT_LE(run["pcie_h2d_bytes"].get<double>() / steps, h2d);
+  // --params: the config's width, as many blocks as make about that many.
+  r = Strata("plan --config " + cfg + " --params 2M --no-nvme-bench --json", dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json big = json::parse(r.out);
+  EXPECT_NEAR(big["model"]["parameters"].get<double>(), 2e6, 0.05e6);
+  EXPECT_EQ(big["rates"]["nvme_read_gbytes_per_s"].get<double>(), 0);
+  // Human-readable: the table and the verdict.
+  r = Strata("plan --config " + cfg + " --no-nvme-bench", dir.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("largest that fits"));
+  EXPECT_THAT(r.out, HasSubstr("predicted step"));
+}
+
+TEST(PlanCli, PlanThatDoesNotFitExitsFourWithTheRowMarked) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  RunResult r = Strata("plan --config " + cfg + " --params 50M", dir.str());
+  // 4 MiB of HBM holds the slots of this width: what overflows is the host.
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string text = ReadFile(cfg);
+  const size_t at = text.find("\"4M\"");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 4, "\"64K\"");
+  std::ofstream(cfg) << text;
+  r = Strata("plan --config " + cfg, dir.str());
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("<-- over"));
+  EXPECT_THAT(r.out, HasSubstr("does not fit"));
+}
+
+}  // namespace
+}  // namespace strata
