@@ -107,6 +107,7 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   Placement placement = Placement::FromConfig(config);
   placement.device_optimizer =
       placement.optimizer == OffloadDevice::kNone && !(*dev)->is_host();
+  placement.host_device = (*dev)->is_host();
   TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>((*dev)->Stats().budget_bytes), config.strata.pinned_budget_bytes,
       scheduler::UsedNvmePaths(config));

@@ -266,6 +266,13 @@ std::string_view DeviceKindName(DeviceKind k);  // "auto", "cuda", "host"
 enum class IoEngineKind { kAuto, kUring, kPosix };
 std::string_view IoEngineKindName(IoEngineKind k);  // "auto", "uring", "posix"
 
+// Where the window's gradients are summed across micro-batches
+// (strata.grad_accumulator): auto (the plan decides from the HBM room and the
+// measured rates), device (an fp32 accumulator in HBM, copied to the host once
+// per window) or host (every micro-batch's gradients copied and added in DRAM).
+enum class GradAccumulatorPlace { kAuto, kDevice, kHost };
+std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p);  // "auto", "device", "host"
+
 // strata.host_device: the host backend's model of a PCIe link.
 struct HostDeviceConfig {
   double link_gbytes_per_s = 0.0;  // 0 = unlimited (copies at memcpy speed)
@@ -284,6 +291,10 @@ struct StrataConfig {
   int64_t threads = 0;              // CPU optimizer threads; 0 = all cores of the NUMA node
   IoEngineKind io_engine = IoEngineKind::kAuto;
   bool io_sqpoll = false;  // io_uring SQPOLL
+  // With gradient accumulation and the optimizer offloaded: where the
+  // window's gradients are summed (GradAccumulatorPlace). The same bits
+  // either way.
+  GradAccumulatorPlace grad_accumulator = GradAccumulatorPlace::kAuto;
   // The optimizer step runs in the background while the next forward pass
   // starts: a module's forward waits only for the sub-groups holding its
   // parameters. Arithmetic is unchanged (bitwise the same parameters); an

@@ -139,6 +139,10 @@ inline constexpr EnumName<OptimizerType> kOptimizerTypes[] = {{"Adam", Optimizer
                                                               {"Lion", OptimizerType::kLion}};
 inline constexpr EnumName<DeviceKind> kDeviceKinds[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};
+inline constexpr EnumName<GradAccumulatorPlace> kGradAccumulatorPlaces[] = {
+    {"auto", GradAccumulatorPlace::kAuto},
+    {"device", GradAccumulatorPlace::kDevice},
+    {"host", GradAccumulatorPlace::kHost}};
 inline constexpr EnumName<IoEngineKind> kIoEngines[] = {{"auto", IoEngineKind::kAuto},
                                                         {"uring", IoEngineKind::kUring},
                                                         {"posix", IoEngineKind::kPosix}};

@@ -157,6 +157,7 @@ const KeySpec kSchema[] = {
     {"strata.threads", kInt, kRead, "0", ">= 0; 0 = all cores of the NUMA node"},
     {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix"},
     {"strata.io_sqpoll", kBool, kRead, "false"},
+    {"strata.grad_accumulator", kEnum, kRead, "\"auto\"", "auto, device, host"},
     {"strata.overlap_optimizer", kBool, kRead, "true"},
     {"strata.delayed_param_update", kBool, kRead, "false"},
     {"strata.delayed_param_update_warmup", kInt, kRead, "0", ">= 0"},
@@ -438,6 +439,10 @@ std::string_view OptimizerTypeName(OptimizerType t) {
 std::string_view DeviceKindName(DeviceKind k) {
   return config_internal::NameOf(config_internal::kDeviceKinds, k);
 }
+std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p) {
+  return config_internal::NameOf(config_internal::kGradAccumulatorPlaces, p);
+}
+
 std::string_view IoEngineKindName(IoEngineKind k) {
   return config_internal::NameOf(config_internal::kIoEngines, k);
 }

@@ -141,6 +141,7 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"threads", s.threads},
                       {"io_engine", IoEngineKindName(s.io_engine)},
                       {"io_sqpoll", s.io_sqpoll},
+                      {"grad_accumulator", GradAccumulatorPlaceName(s.grad_accumulator)},
                       {"overlap_optimizer", s.overlap_optimizer},
                       {"delayed_param_update", s.delayed_param_update},
                       {"delayed_param_update_warmup", s.delayed_param_update_warmup},

@@ -484,6 +484,7 @@ constexpr CheckpointFreeKey kFreeKeys[] = {
     {"strata.io_engine", "the NVMe I/O engine"},
     {"strata.io_sqpoll", "NVMe I/O submission polling"},
     {"strata.overlap_optimizer", "the overlapped step computes exactly what the blocking one does"},
+    {"strata.grad_accumulator", "the window's sum has the same bits in HBM or in DRAM"},
     {"strata.host_device", "the simulated link of the host device (timing only)"},
     {"strata.model.steps", "the run's length (strata train: --steps counts from step 0)"},
 };

@@ -338,6 +338,7 @@ Status EngineImpl::Plan() {
   scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
   placement.device_optimizer = device_optimizer_;
   placement.fold_override = hooks_.fold_override;
+  placement.host_device = dev_->is_host();
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   scheduler::TierFacts facts =
       scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
@@ -406,6 +407,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.fold = plan.fold_last_micro_batch;
   ho.landing_bytes = plan.grad_landing_bytes;
   ho.pin_landing = plan.pin_grad_landing;
+  ho.device_accumulator = plan.device_grad_accumulator;
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;
   auto host = std::make_unique<scheduler::HostOptimizer>(dev_.get(), &layout_, adam_.get(),

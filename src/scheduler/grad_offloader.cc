@@ -75,6 +75,14 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool
 }
 
 Status GradOffloader::Accumulate(const Job& job) {
+  if (job.fp32) {
+    cpu_adam::AccumulateShard sh;
+    sh.acc = acc_.as<float>() + job.elem_begin;
+    sh.grad = job.staging.data();
+    sh.grad_dtype = DType::kFp32;
+    sh.count = static_cast<size_t>(job.elem_end - job.elem_begin);
+    return adam_->AccumulateMany({&sh, 1});
+  }
   return AccumulateBytes(job.module, static_cast<const uint8_t*>(job.staging.data()),
                          job.byte_begin, job.byte_end);
 }
@@ -103,42 +111,65 @@ Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& comput
   RETURN_IF_ERROR(dev_->d2h().Wait(computed));
   for (int64_t b = me.byte_begin; b < me.byte_end; b += chunk) {
     const int64_t e = std::min(me.byte_end, b + chunk);
-    StatusOr<gpu::PinnedBuffer> staging = pool_->Acquire(static_cast<size_t>(e - b));
-    while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
-      // Every buffer is held by a chunk not yet accumulated: wait for the
-      // worker to finish one, then try again. With no chunk pending, the
-      // buffers were all returned since the failed Acquire: one more try.
-      bool none_pending = false;
-      {
-        MutexLock lock(&mu_);
-        none_pending = pending_ == 0;
-        const int64_t before = pending_;
-        if (!none_pending)
-          while (pending_ >= before) cv_.Wait(&mu_);  // the worker goes on after an error
-      }
-      staging = pool_->Acquire(static_cast<size_t>(e - b));
-      if (none_pending) break;
-    }
-    if (!staging.ok()) return staging.status().WithContext("staging gradients");
     Job job;
     job.module = m;
     job.byte_begin = b;
     job.byte_end = e;
-    job.staging = std::move(*staging);
-    ASSIGN_OR_RETURN(job.done, dev_->CreateEvent());
-    void* dst = job.staging.data();
-    const void* src = static_cast<const uint8_t*>(device_grad) + (b - me.byte_begin);
-    RETURN_IF_ERROR(counters_->TimedCopy(
-        dev_->d2h(), Link::kD2H, fmt::format("grads module {}", m), e - b,
-        [&] { return dev_->CopyD2H(dst, src, static_cast<size_t>(e - b), dev_->d2h()); }));
-    RETURN_IF_ERROR(dev_->d2h().Record(*job.done));
+    RETURN_IF_ERROR(
+        Enqueue(std::move(job), static_cast<const uint8_t*>(device_grad) + (b - me.byte_begin),
+                e - b));
+  }
+  return Status();
+}
+
+Status GradOffloader::OffloadFp32(int m, const float* device_sum, gpu::Event& computed) {
+  const ModuleExtent& me = layout_->module(m);
+  const int64_t chunk = std::max<int64_t>(1, layout_->grad_staging_bytes() / 4);
+  accumulated_[static_cast<size_t>(m)] = 1;
+  RETURN_IF_ERROR(dev_->d2h().Wait(computed));
+  for (int64_t b = me.elem_begin; b < me.elem_end; b += chunk) {
+    const int64_t e = std::min(me.elem_end, b + chunk);
+    Job job;
+    job.module = m;
+    job.fp32 = true;
+    job.elem_begin = b;
+    job.elem_end = e;
+    RETURN_IF_ERROR(Enqueue(std::move(job), device_sum + (b - me.elem_begin), 4 * (e - b)));
+  }
+  return Status();
+}
+
+Status GradOffloader::Enqueue(Job job, const void* src, int64_t bytes) {
+  StatusOr<gpu::PinnedBuffer> staging = pool_->Acquire(static_cast<size_t>(bytes));
+  while (!staging.ok() && staging.status().code() == StatusCode::kResourceExhausted) {
+    // Every buffer is held by a chunk not yet accumulated: wait for the
+    // worker to finish one, then try again. With no chunk pending, the
+    // buffers were all returned since the failed Acquire: one more try.
+    bool none_pending = false;
     {
       MutexLock lock(&mu_);
-      queue_.push_back(std::move(job));
-      ++pending_;
+      none_pending = pending_ == 0;
+      const int64_t before = pending_;
+      if (!none_pending)
+        while (pending_ >= before) cv_.Wait(&mu_);  // the worker goes on after an error
     }
-    cv_.NotifyAll();
+    staging = pool_->Acquire(static_cast<size_t>(bytes));
+    if (none_pending) break;
   }
+  if (!staging.ok()) return staging.status().WithContext("staging gradients");
+  job.staging = std::move(*staging);
+  ASSIGN_OR_RETURN(job.done, dev_->CreateEvent());
+  void* dst = job.staging.data();
+  RETURN_IF_ERROR(counters_->TimedCopy(
+      dev_->d2h(), Link::kD2H, fmt::format("grads module {}", job.module), bytes,
+      [&] { return dev_->CopyD2H(dst, src, static_cast<size_t>(bytes), dev_->d2h()); }));
+  RETURN_IF_ERROR(dev_->d2h().Record(*job.done));
+  {
+    MutexLock lock(&mu_);
+    queue_.push_back(std::move(job));
+    ++pending_;
+  }
+  cv_.NotifyAll();
   return Status();
 }
 

@@ -70,6 +70,10 @@ class GradOffloader {
   // and hands each chunk to the worker. The buffer may be freed once the D2H
   // stream has passed this point.
   Status Offload(int m, const void* device_grad, gpu::Event& computed) EXCLUDES(mu_);
+  // The same for module m's fp32 sums (the device accumulator's part for
+  // the module, m's elements from its first): added into the accumulator in
+  // fp32 (a zeroed accumulator takes their bits).
+  Status OffloadFp32(int m, const float* device_sum, gpu::Event& computed) EXCLUDES(mu_);
   // Fold: copies module m's gradients into its part of the landing buffer
   // (D2H stream, after `computed`), not accumulated. REQUIRES: a landing
   // buffer (Start). Drain() waits for the copies.
@@ -107,7 +111,12 @@ class GradOffloader {
     std::unique_ptr<gpu::Event> done;
     int module = 0;
     int64_t byte_begin = 0, byte_end = 0;  // in the flat parameter-byte space
+    bool fp32 = false;                     // OffloadFp32: elements, not bytes
+    int64_t elem_begin = 0, elem_end = 0;  // fp32: in the flat element space
   };
+  // Stages `bytes` of `src` (device) into a staging buffer on the D2H stream
+  // and queues `job` for the worker; waits for a buffer when all are taken.
+  Status Enqueue(Job job, const void* src, int64_t bytes) EXCLUDES(mu_);
   void Worker() EXCLUDES(mu_);
   // acc += the staged chunk (module m's bytes [byte_begin, byte_end)).
   Status Accumulate(const Job& job);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "src/common/log.h"
@@ -35,6 +36,15 @@ Status HostOptimizer::Start(int64_t* pinned_bytes) {
   RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes, /*host_accumulator=*/true,
                                 opts_.landing_bytes, opts_.pin_landing));
   ASSIGN_OR_RETURN(upload_ready_, dev_->CreateEvent());
+  if (opts_.device_accumulator) {
+    const auto n = static_cast<size_t>(layout_->total_elems());
+    ASSIGN_OR_RETURN(device_sum_, dev_->Allocate(n * sizeof(float)));
+    RETURN_IF_ERROR(dev_->Fill(device_sum_.data(), DType::kFp32, n, 0.f, dev_->compute()));
+    RETURN_IF_ERROR(dev_->compute().Synchronize());
+    sum_pending_.assign(static_cast<size_t>(layout_->num_modules()), 0);
+    ASSIGN_OR_RETURN(summed_, dev_->CreateEvent());
+    ASSIGN_OR_RETURN(zeroed_, dev_->CreateEvent());
+  }
   return Status();
 }
 
@@ -63,9 +73,61 @@ StepDeps HostOptimizer::Deps() const {
 Status HostOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& computed,
                                    bool last) {
   RETURN_IF_ERROR(dev_->compute().Record(computed));
+  if (opts_.device_accumulator) {
+    // acc += grad in fp32 on the compute stream (the order of the host
+    // path's adds: micro-batches, then calls, in order), after any zeroing
+    // of the accumulator still on the D2H stream.
+    RETURN_IF_ERROR(SettleDeviceSum());
+    const ModuleExtent& me = layout_->module(m);
+    const auto* base = static_cast<const uint8_t*>(device_grad);
+    float* sum = device_sum_.as<float>();
+    for (int id : me.params) {
+      const ParamRec& p = layout_->param(id);
+      RETURN_IF_ERROR(dev_->AddToFp32(sum + p.elem_off, base + (p.byte_off - me.byte_begin),
+                                      p.dtype, static_cast<size_t>(p.numel), dev_->compute()));
+    }
+    RETURN_IF_ERROR(dev_->compute().Record(*summed_));
+    // The gradient buffer is read on the compute stream; its reuse is
+    // ordered after the D2H stream (gradients_read_on), which follows.
+    RETURN_IF_ERROR(dev_->d2h().Wait(*summed_));
+    sum_pending_[static_cast<size_t>(m)] = 1;
+    return last ? OffloadDeviceSum(m) : Status();
+  }
   // Fold: the window's last micro-batch lands for the optimizer to read.
   if (opts_.fold && last) return grads_->Land(m, device_grad, computed);
   return grads_->Offload(m, device_grad, computed);
+}
+
+Status HostOptimizer::OffloadDeviceSum(int m) {
+  const ModuleExtent& me = layout_->module(m);
+  float* part = device_sum_.as<float>() + me.elem_begin;
+  RETURN_IF_ERROR(grads_->OffloadFp32(m, part, *summed_));
+  RETURN_IF_ERROR(
+      dev_->Fill(part, DType::kFp32, static_cast<size_t>(me.elems()), 0.f, dev_->d2h()));
+  RETURN_IF_ERROR(dev_->d2h().Record(*zeroed_));
+  zero_in_flight_ = true;
+  sum_pending_[static_cast<size_t>(m)] = 0;
+  return Status();
+}
+
+Status HostOptimizer::SettleDeviceSum() {
+  if (!zero_in_flight_) return Status();
+  zero_in_flight_ = false;
+  return dev_->compute().Wait(*zeroed_);
+}
+
+Status HostOptimizer::Drain() {
+  if (opts_.device_accumulator) {
+    // Modules not used in the window's last micro-batch: their sums now.
+    Status s;
+    for (int m = 0; m < layout_->num_modules() && s.ok(); ++m)
+      if (sum_pending_[static_cast<size_t>(m)]) s = OffloadDeviceSum(m);
+    if (!s.ok()) {
+      grads_->Drain().IgnoreError();
+      return s;
+    }
+  }
+  return grads_->Drain();
 }
 
 void HostOptimizer::PrepareStep() {
@@ -92,6 +154,7 @@ Status HostOptimizer::ZeroGrad() {
   RETURN_IF_ERROR(grads_->Drain());
   window_->grads_since_launch = false;
   grads_->Zero();
+  RETURN_IF_ERROR(ZeroDeviceSum());
   window_->micro_batches = 0;
   return Status();
 }
@@ -99,7 +162,16 @@ Status HostOptimizer::ZeroGrad() {
 void HostOptimizer::DiscardWindow() {
   grads_->Drain().IgnoreError();
   grads_->ZeroAll();
+  ZeroDeviceSum().IgnoreError();
   window_->Reset();
+}
+
+Status HostOptimizer::ZeroDeviceSum() {
+  if (!opts_.device_accumulator) return Status();
+  RETURN_IF_ERROR(SettleDeviceSum());
+  std::fill(sum_pending_.begin(), sum_pending_.end(), 0);
+  return dev_->Fill(device_sum_.data(), DType::kFp32, static_cast<size_t>(layout_->total_elems()),
+                    0.f, dev_->compute());
 }
 
 // ---- The step -----------------------------------------------------------------

@@ -37,6 +37,10 @@ class HostOptimizer final : public OptimizerBackend {
     bool fold = false;                // TierPlan::fold_last_micro_batch
     int64_t landing_bytes = 0;        // TierPlan::grad_landing_bytes
     bool pin_landing = false;
+    // TierPlan::device_grad_accumulator: the window's gradients are summed
+    // in an fp32 array in HBM and each module's sum is offloaded once, at
+    // its last micro-batch (the others at Drain).
+    bool device_accumulator = false;
     int64_t buffer_count = 4;  // offload_optimizer.buffer_count
     // Called on the step's thread before it steps sub-group g (tests).
     std::function<void(size_t g)> before_sub_group;
@@ -66,7 +70,7 @@ class HostOptimizer final : public OptimizerBackend {
   Status AddGradients(int m, const void* device_grad, gpu::Event& computed, bool last) override;
   gpu::Stream& gradients_read_on() override { return dev_->d2h(); }
   void PrepareStep() override;
-  Status Drain() override { return grads_->Drain(); }
+  Status Drain() override;
   Status GlobalChecks(bool* overflow, double* sumsq) override;
   Status ZeroGrad() override;
   void DiscardWindow() override;
@@ -87,6 +91,13 @@ class HostOptimizer final : public OptimizerBackend {
     std::vector<uint8_t> uploaded;
   };
   StepDeps Deps() const;
+  // The device accumulator: module m's sum offloaded and its part zeroed
+  // (on the D2H stream, after the copies).
+  Status OffloadDeviceSum(int m);
+  // Later compute-stream work on the device accumulator follows its zeroing.
+  Status SettleDeviceSum();
+  // The window is dropped: the whole device accumulator zeroed.
+  Status ZeroDeviceSum();
   void Rollback(InFlight& job);
 
   gpu::Device* dev_;
@@ -102,6 +113,13 @@ class HostOptimizer final : public OptimizerBackend {
   StateReadAhead read_ahead_;
   std::unique_ptr<InFlight> inflight_;
   std::unique_ptr<gpu::Event> upload_ready_;  // offload_param none: AwaitModule's uploads
+  // The device accumulator (Options::device_accumulator): the fp32 sums,
+  // per module whether it holds a sum not offloaded yet, and the events
+  // after the adds and after the last zeroing.
+  gpu::DeviceBuffer device_sum_;
+  std::vector<uint8_t> sum_pending_;
+  std::unique_ptr<gpu::Event> summed_, zeroed_;
+  bool zero_in_flight_ = false;
   int64_t steps_ = 0;
 };
 

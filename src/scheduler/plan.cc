@@ -25,6 +25,7 @@ Placement Placement::FromConfig(const Config& config) {
   p.overlap_optimizer = config.strata.overlap_optimizer;
   p.delayed_param_update = config.strata.delayed_param_update;
   p.gradient_accumulation_steps = std::max<int64_t>(1, config.gradient_accumulation_steps);
+  p.grad_accumulator = config.strata.grad_accumulator;
   p.stage = zo.stage;
   p.sub_group_size = zo.sub_group_size;
   return p;
@@ -66,11 +67,50 @@ struct TierSum {
 
 // The gradient path (plan.h, TierPlan::fold_last_micro_batch). `pinned_left`:
 // the pinned budget left once the pools and parameter copies are placed.
+// Whether the window's gradients are summed in HBM (TierPlan::
+// device_grad_accumulator), with `hbm_needed` bytes of HBM planned already.
+void ChooseDeviceAccumulator(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
+                             int64_t hbm_needed, TierPlan* plan) {
+  plan->device_grad_accumulator = false;
+  plan->device_accumulator_bytes = 0;
+  if (pl.grad_accumulator == GradAccumulatorPlace::kHost || pl.device_optimizer ||
+      pl.delayed_param_update || pl.gradient_accumulation_steps <= 1 || s.total_elems == 0)
+    return;
+  const int64_t bytes = kGradAccBytesPerElem * s.total_elems;
+  auto choose = [&](std::string why) {
+    plan->device_grad_accumulator = true;
+    plan->device_accumulator_bytes = bytes;
+    plan->grad_path = "the window's gradients summed in HBM, copied to the host once per window (" +
+                      why + ")";
+  };
+  if (pl.grad_accumulator == GradAccumulatorPlace::kDevice) {
+    choose("strata.grad_accumulator device");
+    return;
+  }
+  if (pl.host_device) return;  // the adds would run on the framework's thread
+  if (facts.hbm_budget <= 0 || hbm_needed + bytes > facts.hbm_budget / 2) return;
+  if (facts.d2h_pinned_gbps <= 0 || facts.accumulate_gbps <= 0) return;  // rates unknown
+  // Per window: every micro-batch's gradients copied and added (8 + G bytes
+  // per element each), against one fp32 copy and one fp32 pass (8 + 4).
+  const auto e = static_cast<double>(s.total_elems);
+  const double g = static_cast<double>(s.total_param_bytes) / e;
+  const auto gas = static_cast<double>(pl.gradient_accumulation_steps);
+  const double host_s =
+      (gas * g * e / facts.d2h_pinned_gbps + gas * (8 + g) * e / facts.accumulate_gbps) * 1e-9;
+  const double device_s =
+      (4 * e / facts.d2h_pinned_gbps + 12 * e / facts.accumulate_gbps) * 1e-9;
+  if (device_s < host_s)
+    choose(fmt::format("{:.2f} ms of copies and accumulation per window instead of {:.2f} ms at "
+                       "the measured rates",
+                       device_s * 1e3, host_s * 1e3));
+}
+
 void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
                     int64_t pinned_left, TierPlan* plan) {
   plan->fold_last_micro_batch = false;
   plan->pin_grad_landing = false;
   plan->grad_landing_bytes = 0;
+  if (plan->device_grad_accumulator) return;  // the sum is in HBM: nothing to fold
   if (pl.device_optimizer) {
     plan->grad_path = "gradients accumulate in HBM";
     return;
@@ -164,6 +204,10 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   if (pl.optimizer == OffloadDevice::kNone)
     hbm.Add(states, "optimizer states " + FormatBytes(states));
   if (pl.device_optimizer) hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+  ChooseDeviceAccumulator(pl, s, facts, hbm.bytes, &plan);
+  if (plan.device_grad_accumulator)
+    hbm.Add(plan.device_accumulator_bytes,
+            "window gradient accumulator " + FormatBytes(plan.device_accumulator_bytes));
   plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));
 
   // Pinned: staging pools (+ the optimizer states when pin_memory).
@@ -332,7 +376,14 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   const auto persistent = static_cast<double>(s.persistent_param_bytes);
   const auto gas = static_cast<double>(std::max<int64_t>(1, pl.gradient_accumulation_steps));
   const double grad_elem_bytes = elems > 0 ? param_bytes / elems : 0;
-  if (!pl.device_optimizer) {
+  if (!pl.device_optimizer && plan.device_grad_accumulator) {
+    // The window's fp32 sum, copied and added once.
+    add("pcie_d2h", 4 * elems, r.d2h_gbps * 1e9,
+        "the window's fp32 gradient sum " + FormatBytes(4 * s.total_elems));
+    add("cpu_accumulate", 12 * elems, r.accumulate_gbps * 1e9,
+        fmt::format("1 fp32 pass over {} elements", s.total_elems));
+    add("cpu_optimizer", elems, r.adam_elems_per_s, fmt::format("{} elements", s.total_elems));
+  } else if (!pl.device_optimizer) {
     add("pcie_d2h", gas * param_bytes, r.d2h_gbps * 1e9,
         fmt::format("gradients, {} micro-batch{} x {}", gas, gas == 1 ? "" : "es",
                     FormatBytes(s.total_param_bytes)));

@@ -34,6 +34,11 @@ struct Placement {
   // 1 fold wherever it is possible (EngineTestHooks::fold_override, a
   // developer switch for A/B measurements; set by the engine).
   int fold_override = -1;
+  // strata.grad_accumulator: where the window's gradients are summed.
+  GradAccumulatorPlace grad_accumulator = GradAccumulatorPlace::kAuto;
+  // The host device (set by the engine): device work runs on the
+  // framework's thread.
+  bool host_device = false;
   int stage = 0;
   int64_t sub_group_size = 0;
 
@@ -98,6 +103,18 @@ struct TierPlan {
   // delayed_param_update (the next window would overwrite the buffer while
   // the step reads it). The plan table's pinned or dram row says which.
   bool fold_last_micro_batch = false;
+  // The window's gradients summed in an fp32 accumulator in HBM
+  // (device_accumulator_bytes), copied to the host once per window: with
+  // more than one micro-batch, the optimizer offloaded and not
+  // delayed_param_update; strata.grad_accumulator device, or auto when the
+  // copies and accumulation passes it saves take longer at the measured
+  // rates than the one fp32 copy and pass it adds, and the accumulator fits
+  // in the HBM budget with at least half of the budget left for the
+  // framework's workspaces; auto never on the host device, where the adds
+  // would run on the framework's thread instead of the CPU optimizer's. It
+  // replaces the fold (the window's last micro-batch is summed in HBM too).
+  bool device_grad_accumulator = false;
+  int64_t device_accumulator_bytes = 0;
   bool pin_grad_landing = false;
   int64_t grad_landing_bytes = 0;  // 0 unless folding
   std::string grad_path;           // the choice and its reason, in words

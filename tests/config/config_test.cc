@@ -216,7 +216,7 @@ TEST(ConfigValues, EveryKeyIsRead) {
     "strata": {"device": "host", "device_id": 2, "hbm_budget": "8G", "pinned_budget": 4096,
                "trace_path": "/tmp/t.json", "threads": 6, "io_engine": "posix", "io_sqpoll": true,
                "delayed_param_update": true, "delayed_param_update_warmup": 40,
-               "overlap_optimizer": false,
+               "overlap_optimizer": false, "grad_accumulator": "device",
                "host_device": {"link_gbytes_per_s": 25.5, "link_latency_us": 3}}})");
   EXPECT_TRUE(c.warnings.empty());
   const ZeroConfig& z = c.zero_optimization;
@@ -280,6 +280,7 @@ TEST(ConfigValues, EveryKeyIsRead) {
   EXPECT_TRUE(c.strata.delayed_param_update);
   EXPECT_EQ(c.strata.delayed_param_update_warmup, 40);
   EXPECT_FALSE(c.strata.overlap_optimizer);
+  EXPECT_EQ(c.strata.grad_accumulator, GradAccumulatorPlace::kDevice);
   EXPECT_EQ(c.strata.host_device.link_gbytes_per_s, 25.5);
   EXPECT_EQ(c.strata.host_device.link_latency_us, 3.0);
 }
@@ -517,6 +518,7 @@ TEST(ConfigErrors, BadTypes) {
       {"strata.io_sqpoll", "false", "not a boolean"},
       {"strata.delayed_param_update", json::array(), "not a boolean"},
       {"strata.overlap_optimizer", "yes", "not a boolean"},
+      {"strata.grad_accumulator", "gpu", "auto, device, host"},
       {"optimizer.params.lr", "1e-3", "not a number"},
       {"optimizer.params.eps", json::object(), "not a number"},
       {"gradient_clipping", true, "not a number"},
@@ -940,7 +942,8 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
   // Application-owned sections (strata.model) only when the config gives them.
-  EXPECT_EQ(j["strata"].size(), 12u);
+  EXPECT_EQ(j["strata"].size(), 13u);
+  EXPECT_EQ(j["strata"]["grad_accumulator"], "auto");
 }
 
 TEST(ConfigRoundTrip, InvalidUtf8DoesNotThrow) {
@@ -1033,6 +1036,7 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.delayed_param_update = coin();
     c.strata.delayed_param_update_warmup = pos(100) - 1;
     c.strata.overlap_optimizer = coin();
+    c.strata.grad_accumulator = static_cast<GradAccumulatorPlace>(rng() % 3);
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;
     if (coin())

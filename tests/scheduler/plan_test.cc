@@ -465,5 +465,58 @@ TEST(PlanTest, PredictedStepCountsThePlacementsBytes) {
   EXPECT_EQ(p.bound_s, 0.0);
 }
 
+// The window's gradients in HBM: chosen when asked, or (auto) when one fp32
+// copy and pass per window beat every micro-batch's copy and pass at the
+// measured rates and the accumulator leaves half of the HBM budget; never
+// with one micro-batch, delayed_param_update or the device optimizer. It
+// takes an HBM row and replaces the fold.
+TEST(PlanTest, DeviceGradAccumulatorRule) {
+  const LayoutSizes s = TinySizes();  // 1001 elements: a 4004-byte accumulator
+  Placement p = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  p.gradient_accumulation_steps = 2;
+  TierFacts f;
+  f.hbm_budget = 1 << 20;
+  f.d2h_pinned_gbps = 10;
+  f.d2h_pageable_gbps = 5;
+  f.accumulate_gbps = 20;
+  TierPlan plan = ComputeTierPlan(p, s, f);
+  EXPECT_TRUE(plan.device_grad_accumulator) << plan.grad_path;
+  EXPECT_EQ(plan.device_accumulator_bytes, 4004);
+  EXPECT_FALSE(plan.fold_last_micro_batch);
+  EXPECT_THAT(Find(plan, "hbm")->detail, HasSubstr("window gradient accumulator"));
+  EXPECT_THAT(plan.grad_path, HasSubstr("summed in HBM"));
+  // Half of the budget would be taken: the host sums.
+  TierFacts small = f;
+  small.hbm_budget = 2 * Needed(plan, "hbm");
+  EXPECT_TRUE(ComputeTierPlan(p, s, small).device_grad_accumulator);
+  small.hbm_budget -= 2;
+  EXPECT_FALSE(ComputeTierPlan(p, s, small).device_grad_accumulator);
+  // The host device: auto leaves the adds to the CPU optimizer's threads.
+  Placement host = p;
+  host.host_device = true;
+  EXPECT_FALSE(ComputeTierPlan(host, s, f).device_grad_accumulator);
+  // Rates not measured: the host sums (auto decides from them).
+  TierFacts unmeasured = f;
+  unmeasured.accumulate_gbps = 0;
+  EXPECT_FALSE(ComputeTierPlan(p, s, unmeasured).device_grad_accumulator);
+  // Asked for: chosen whatever the rates; host: never.
+  p.grad_accumulator = GradAccumulatorPlace::kDevice;
+  EXPECT_TRUE(ComputeTierPlan(p, s, unmeasured).device_grad_accumulator);
+  p.grad_accumulator = GradAccumulatorPlace::kHost;
+  EXPECT_FALSE(ComputeTierPlan(p, s, f).device_grad_accumulator);
+  p.grad_accumulator = GradAccumulatorPlace::kDevice;
+  Placement one = p;
+  one.gradient_accumulation_steps = 1;
+  EXPECT_FALSE(ComputeTierPlan(one, s, f).device_grad_accumulator);
+  Placement dpu = p;
+  dpu.delayed_param_update = true;
+  EXPECT_FALSE(ComputeTierPlan(dpu, s, f).device_grad_accumulator);
+  Placement dev = Place(OffloadDevice::kNone, OffloadDevice::kNone);
+  dev.device_optimizer = true;
+  dev.gradient_accumulation_steps = 2;
+  dev.grad_accumulator = GradAccumulatorPlace::kDevice;
+  EXPECT_FALSE(ComputeTierPlan(dev, s, f).device_grad_accumulator);
+}
+
 }  // namespace
 }  // namespace strata::scheduler
