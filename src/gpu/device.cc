@@ -180,8 +180,11 @@ StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
     case DeviceKind::kAuto: {
       auto cuda = CreateCudaDevice(options);
       if (cuda.ok()) return cuda;
-      // Only "no device here" falls back; a device that exists but fails
-      // (budget larger than its memory, driver error) is reported.
+      // Only "no GPU here" falls back: a CPU-only build (NotSupported) or no
+      // device at all (Unavailable, CreateCudaDevice's answer for nothing
+      // else). A GPU that exists but cannot be used (a driver older than the
+      // runtime, a budget larger than its memory) is reported: a run that
+      // meant to use it must not quietly measure the host instead.
       const StatusCode c = cuda.status().code();
       if (c != StatusCode::kNotSupported && c != StatusCode::kUnavailable) return cuda.status();
       STRATA_INFO_ONCE("gpu.auto_host",
