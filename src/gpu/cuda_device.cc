@@ -387,15 +387,19 @@ class CudaDevice final : public Device {
       if (g == groups.end()) g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, {}});
       g->tensors.push_back({sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
     }
-    for (const Group& g : groups)
+    size_t vec = 0, total = 0;
+    for (const Group& g : groups) {
+      total += g.tensors.size();
       RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad,
-                                                  g.copy, g.copy_dtype, c, skip_if_set, cs),
+                                                  g.copy, g.copy_dtype, c, skip_if_set, cs, &vec),
                                  [&] {
                                    return fmt::format(
                                        "AdamStep kernel launch ({} tensors, grad {}, copy {})",
                                        g.tensors.size(), DTypeName(g.grad),
                                        g.copy ? DTypeName(g.copy_dtype) : "none");
                                  }));
+    }
+    CountAdamPaths(vec, total - vec);
     return Status::Ok();
   }
 

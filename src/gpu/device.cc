@@ -38,6 +38,12 @@ size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype) {
   return 24 + DTypeSize(grad_dtype) + (copy_out ? DTypeSize(copy_dtype) : 0);
 }
 
+bool AdamShardVectorizable(const AdamShard& s) {
+  auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a16(s.param) && a16(s.grad) && a16(s.exp_avg) && a16(s.exp_avg_sq) &&
+         (s.copy_out == nullptr || a16(s.copy_out));
+}
+
 // ---- Device ----
 
 Device::Device(bool is_host, std::unique_ptr<Arena> arena)

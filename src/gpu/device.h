@@ -96,6 +96,7 @@
 // buffers, pinned pools and communicators.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -281,6 +282,19 @@ struct AdamShard {
   size_t count = 0;  // 0 is valid (nothing happens)
 };
 
+// The CUDA kernel's 16-byte vector path needs param, grad, exp_avg,
+// exp_avg_sq and copy_out (when present) all 16-byte aligned; any other
+// shard runs element by element (same results, a fraction of the bandwidth).
+bool AdamShardVectorizable(const AdamShard& s);
+
+// Shards (count > 0) AdamStep enqueued, by path: on CUDA the launcher's
+// decision, which its kernel follows; on the host device the same rule
+// (AdamShardVectorizable), so that layouts can be checked without a GPU.
+struct AdamPathCounts {
+  uint64_t vector_shards = 0;
+  uint64_t scalar_shards = 0;
+};
+
 // Bytes AdamStep moves per element (reads + writes): param, exp_avg,
 // exp_avg_sq read and written (24), the gradient read, the copy written.
 size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype);
@@ -428,6 +442,11 @@ class Device {
   // algorithm) are returned before anything is enqueued.
   virtual Status AdamStep(std::span<const AdamShard> shards, const AdamHyperParams& hp,
                           const int32_t* skip_if_set, Stream& stream) = 0;
+  // The shards AdamStep enqueued since creation, by path. Thread-safe.
+  AdamPathCounts adam_path_counts() const {
+    return {adam_vector_.load(std::memory_order_relaxed),
+            adam_scalar_.load(std::memory_order_relaxed)};
+  }
 
   // ---- Host memory pinning (used by PinnedPool) ----
   // Page-locks [p, p+bytes) for fast DMA (cudaHostRegister on CUDA, mlock on
@@ -456,12 +475,18 @@ class Device {
                    const int32_t* skip_if_set) const;
   // Backends set these three in their factory.
   std::unique_ptr<Stream> compute_, h2d_, d2h_;
+  // AdamStep's backends report the paths of the shards they enqueued.
+  void CountAdamPaths(uint64_t vector_shards, uint64_t scalar_shards) {
+    adam_vector_.fetch_add(vector_shards, std::memory_order_relaxed);
+    adam_scalar_.fetch_add(scalar_shards, std::memory_order_relaxed);
+  }
 
  private:
   friend class DeviceBuffer;
   void Release(void* p);
   bool is_host_;
   std::unique_ptr<Arena> arena_;
+  std::atomic<uint64_t> adam_vector_{0}, adam_scalar_{0};
 };
 
 // ---- Pinned host-memory pool ----------------------------------------------------
