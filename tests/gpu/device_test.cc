@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <span>
 #include <future>
 #include <limits>
 #include <thread>
@@ -740,7 +743,13 @@ TEST(CudaDeviceTest, ToleratedRegisterFailureDoesNotFailTheNextLaunch) {
   auto d = CudaBackend::Make(16 << 20);
   if (!d.ok()) GTEST_SKIP() << "no CUDA device: " << d.status();
   Device& dev = **d;
-  std::vector<float> host(4096, 1.f);
+  // Page-aligned, as the pinned pool's regions are.
+  constexpr size_t kCount = 4096;
+  std::unique_ptr<float, decltype(&std::free)> mem(
+      static_cast<float*>(std::aligned_alloc(4096, kCount * sizeof(float))), &std::free);
+  ASSERT_NE(mem, nullptr);
+  std::span<float> host(mem.get(), kCount);
+  std::fill(host.begin(), host.end(), 1.f);
   ASSERT_OK(dev.PinHostMemory(host.data(), host.size() * sizeof(float)));
   const Status again = dev.PinHostMemory(host.data(), host.size() * sizeof(float));
   ASSERT_FALSE(again.ok());
