@@ -134,7 +134,12 @@ int main(int argc, char** argv) {
   auto dev = gpu::CreateDevice(o);
   if (!dev.ok()) {
     std::printf("bench_gpu_adam: %s\n", dev.status().ToString().c_str());
-    return kind == "cuda" ? 0 : 1;  // no GPU: nothing to measure
+    // No GPU here: nothing to measure. A GPU that is present but unusable
+    // (FailedPrecondition, e.g. a driver older than the runtime) is a failure.
+    const StatusCode code = dev.status().code();
+    return kind == "cuda" && (code == StatusCode::kUnavailable || code == StatusCode::kNotSupported)
+               ? 0
+               : 1;
   }
   gpu::Device& d = **dev;
   auto p = Value(d.Allocate(n_alloc * 4), "param");

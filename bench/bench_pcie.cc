@@ -24,7 +24,12 @@ int main(int argc, char** argv) {
   auto device = gpu::CreateDevice(o);
   if (!device.ok()) {
     std::printf("bench_pcie: %s\n", device.status().ToString().c_str());
-    return kind == "cuda" ? 0 : 1;  // no GPU: nothing to measure
+    // No GPU here: nothing to measure. A GPU that is present but unusable
+    // (FailedPrecondition, e.g. a driver older than the runtime) is a failure.
+    const StatusCode code = device.status().code();
+    return kind == "cuda" && (code == StatusCode::kUnavailable || code == StatusCode::kNotSupported)
+               ? 0
+               : 1;
   }
   gpu::PcieBenchOptions bo;
   for (size_t s = 64 << 10; s <= max_bytes; s *= 4) bo.sizes.push_back(s);

@@ -55,7 +55,7 @@ python3 - "$WORK" "$ROUNDS" $PLACEMENTS <<'PY'
 import json, statistics, sys, os
 work, rounds, *placements = sys.argv[1:]
 rows = {}
-print(f"{'placement':<11}{'round':>6}{'tok/s':>10}{'step s':>9}{'bound eff':>10}  bound by")
+print(f"{'placement':<11}{'round':>6}{'tok/s':>10}{'step s':>9}{'bound eff':>10}  bound by; device")
 for p in placements:
     name = p.replace("/", "_")
     for i in range(1, int(rounds) + 1):
@@ -66,9 +66,15 @@ for p in placements:
         if "error" in d:
             continue
         rows.setdefault(p, []).append(d)
-        print(f"{p:<11}{i:>6}{d['tokens_per_s']:>10.0f}{d['step_time_s']:>9.3f}{d.get('bound_efficiency', 0):>10.3f}  {d.get('bound_by', '')}")
+        print(f"{p:<11}{i:>6}{d['tokens_per_s']:>10.0f}{d['step_time_s']:>9.3f}{d.get('bound_efficiency', 0):>10.3f}  {d.get('bound_by', '')}; {d.get('device', '?')}")
 base = statistics.median(d["tokens_per_s"] for d in rows.get("none/none", [])) if rows.get("none/none") else None
+# Every figure names the device it was measured on; ratios across devices
+# would be meaningless, so a mix is called out.
+devices = sorted({d.get("device", "?") for ds in rows.values() for d in ds})
 print()
+print(f"device: {', '.join(devices) if devices else '-'}")
+if len(devices) > 1:
+    print("warning: the runs used different devices; the ratios compare different machines")
 print(f"{'placement':<11}{'tok/s':>10}{'vs none/none':>14}{'bound eff':>10}  final loss")
 for p, ds in rows.items():
     t = statistics.median(d["tokens_per_s"] for d in ds)

@@ -64,7 +64,7 @@ ordered_json InspectionJson(const CheckpointInspection& in) {
           {"optimizer", {{"type", in.optimizer_type}, {"lr", in.lr}}},
           {"model_dtype", in.model_dtype},
           {"parameters", l.params().size()},
-          {"elements", l.total_elems()},
+          {"elements", l.param_elems()},
           {"parameter_dtypes", dtypes},
           {"modules", l.num_modules()},
           {"sub_groups", l.num_groups()},
@@ -96,7 +96,7 @@ int RunCheckpointInfo(const std::string& dir, bool as_json) {
               << "format version  " << in->version << "\n"
               << "optimizer       " << in->optimizer_type << ", lr " << in->lr << "\n"
               << "model dtype     " << in->model_dtype << "\n"
-              << "parameters      " << l.params().size() << " (" << l.total_elems() << " elements, "
+              << "parameters      " << l.params().size() << " (" << l.param_elems() << " elements, "
               << l.num_modules() << " modules, " << l.num_groups() << " sub-groups)\n"
               << "data position   " << in->data_position << "\n";
     if (!in->note.empty()) std::cout << "note            " << in->note << "\n";

@@ -102,6 +102,7 @@ class CudaBackend final : public Backend {
     dht_ = b + l.dht;
     zt_ = b + l.zt;
     partial_ = reinterpret_cast<float*>(b + l.partial);
+    partial_floats_ = int64_t{kBackendColumnChunks} * std::max(s_.ffn(), s_.vocab);
     tokens_ = reinterpret_cast<int32_t*>(b + l.tokens);
     host_loss_.resize(static_cast<size_t>(s_.tokens()));
     return Status();
@@ -171,7 +172,13 @@ class CudaBackend final : public Backend {
         Check(cuda::SoftmaxXent(z_, p[1], dtype_, tokens_ + N, N, V,
                                 static_cast<float>(loss_scale / N), loss_, stream_),
               "SoftmaxXent"));
-    // The module's one synchronization: the loss is this call's result.
+    // The module's one synchronization, needed for correctness: the
+    // Backend interface returns the loss as a value (model.h), so the host
+    // must have it before returning. Without it the copy would still be in
+    // flight when the host sums host_loss_. Dropping it needs a deferred loss
+    // in the interface (read at the step's end); the cost here is one wait
+    // per micro-batch for the head's forward, after which the backward is
+    // enqueued at once.
     CUDA_RETURN(cudaMemcpyAsync(host_loss_.data(), loss_, N * 4, cudaMemcpyDeviceToHost, stream_),
                 "download loss");
     CUDA_RETURN(cudaStreamSynchronize(stream_), "synchronize for the loss");
@@ -189,7 +196,7 @@ class CudaBackend final : public Backend {
     // db = Σ dz, and dz in the operand type.
     const void* dz = narrow_ ? zt_ : z_;
     STRATA_RETURN_IF_ERROR(Check(
-        cuda::ColumnSumCast(z_, N, V, dtype_, narrow_ ? zt_ : nullptr, partial_, g[1], stream_),
+        cuda::ColumnSumCast(z_, N, V, dtype_, narrow_ ? zt_ : nullptr, partial_, partial_floats_, g[1], stream_),
         "ColumnSumCast"));
     // dW = dzᵀ · y (parameter type, into the engine's buffer); dy = dz · W (fp32)
     STRATA_RETURN_IF_ERROR(Gemm(true, false, V, H, N, dz, V, ut_, H, 0.f, g[0], type_, H));
@@ -212,14 +219,16 @@ class CudaBackend final : public Backend {
     // db2 = Σ dh, and dh in the operand type.
     const void* dht = narrow_ ? dht_ : dh;
     STRATA_RETURN_IF_ERROR(Check(
-        cuda::ColumnSumCast(dh, N, H, dtype_, narrow_ ? dht_ : nullptr, partial_, gb2, stream_),
+        cuda::ColumnSumCast(dh, N, H, dtype_, narrow_ ? dht_ : nullptr, partial_, partial_floats_, gb2,
+                            stream_),
         "ColumnSumCast"));
     // dW2 = dhᵀ · g; then dg = dh · W2 overwrites g (stream order: after dW2 read it).
     STRATA_RETURN_IF_ERROR(Gemm(true, false, H, F, N, dht, H, gt_, F, 0.f, gw2, type_, F));
     STRATA_RETURN_IF_ERROR(Gemm(false, false, N, F, H, dht, H, w2, F, 0.f, gt_, type_, F));
     // da = dg ⊙ gelu'(a + b1) in place; db1 = Σ da.
     STRATA_RETURN_IF_ERROR(
-        Check(cuda::GeluBackwardBiasGrad(a_, b1, N, F, dtype_, gt_, partial_, gb1, stream_),
+        Check(cuda::GeluBackwardBiasGrad(a_, b1, N, F, dtype_, gt_, partial_, partial_floats_, gb1,
+                                         stream_),
               "GeluBackwardBiasGrad"));
     // dW1 = daᵀ · u; du = da · W1 (fp32); dh += rms backward (the residual).
     STRATA_RETURN_IF_ERROR(Gemm(true, false, F, H, N, gt_, F, ut_, H, 0.f, gw1, type_, H));
@@ -270,6 +279,7 @@ class CudaBackend final : public Backend {
   float *a_ = nullptr, *du_ = nullptr, *z_ = nullptr, *rms_ = nullptr, *loss_ = nullptr,
         *partial_ = nullptr;
   void *gt_ = nullptr, *ut_ = nullptr, *dht_ = nullptr, *zt_ = nullptr;
+  int64_t partial_floats_ = 0;  // the partial slot's floats (model.cc's layout)
   int32_t* tokens_ = nullptr;
   std::vector<int32_t> host_tokens_;
   std::vector<float> host_loss_;
@@ -279,6 +289,8 @@ class CudaBackend final : public Backend {
 
 StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType dtype,
                                                   void* stream, WorkspaceFn alloc) {
+  // Every kernel loaded now, before any launch (see cuda::LoadKernels).
+  STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LoadKernels(), "loading the example's CUDA kernels"));
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(
       shape, dtype, static_cast<cudaStream_t>(stream), std::move(alloc)));
 }

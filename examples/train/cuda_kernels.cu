@@ -14,9 +14,9 @@
 //   gelu' + bias grad    6 B read, 2 B written, plus kColumnChunks partial sums
 //   column sum + cast    4 B read, 2 B written
 //   softmax xent         4 B read, 4 B written per logit (one block per row)
-// Column sums are two-pass with a fixed chunking (kColumnChunks), and the
-// embedding backward gathers in position order: every kernel is
-// deterministic.
+// Column sums are two-pass with a chunking that depends on the shape only
+// (ColumnChunks), and the embedding backward gathers in position order: every
+// kernel is deterministic.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -102,9 +102,10 @@ __device__ inline float BlockMax(float v, float* shared) {
   return total;
 }
 
-// Rows [first, last) of chunk blockIdx.y when N rows are cut into kColumnChunks.
+// Rows [first, last) of chunk blockIdx.y when N rows are cut into gridDim.y
+// chunks.
 __device__ inline void ChunkRows(int64_t N, int64_t* first, int64_t* last) {
-  const int64_t rows = (N + kColumnChunks - 1) / kColumnChunks;
+  const int64_t rows = (N + gridDim.y - 1) / gridDim.y;
   const int64_t begin = blockIdx.y * rows;
   *first = begin < N ? begin : N;
   *last = *first + rows < N ? *first + rows : N;
@@ -226,11 +227,11 @@ __global__ void ColumnSumCastPartialKernel(const float* x, int64_t N, int64_t C,
 
 // out[j] = Σ_chunk partial[chunk, j], chunks in order, stored in T.
 template <typename T>
-__global__ void FinishColumnSumKernel(const float* partial, int64_t C, T* out) {
+__global__ void FinishColumnSumKernel(const float* partial, int64_t C, int chunks, T* out) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= C) return;
   float s = 0.f;
-  for (int c = 0; c < kColumnChunks; ++c) s += partial[c * C + j];
+  for (int c = 0; c < chunks; ++c) s += partial[c * C + j];
   out[j] = FromFloat<T>(s);
 }
 
@@ -284,7 +285,40 @@ cudaError_t Dispatch(int dtype, F&& f) {
   }
 }
 
+template <typename K>
+cudaError_t Load(K* kernel) {
+  cudaFuncAttributes attr{};
+  return cudaFuncGetAttributes(&attr, kernel);
+}
+
 }  // namespace
+
+cudaError_t LoadKernels() {
+  for (int dtype = 0; dtype < 3; ++dtype) {
+    const cudaError_t e = Dispatch(dtype, [](auto tag) {
+      using T = decltype(tag);
+      const cudaError_t errs[] = {
+          Load(EmbedForwardKernel<T>),         Load(EmbedBackwardKernel<T>),
+          Load(RmsForwardKernel<T>),           Load(BiasGeluKernel<T>),
+          Load(GeluBackwardPartialKernel<T>),  Load(ColumnSumCastPartialKernel<T>),
+          Load(FinishColumnSumKernel<T>),      Load(AddRowBiasKernel<T>),
+          Load(SoftmaxXentKernel<T>)};
+      for (cudaError_t x : errs)
+        if (x != cudaSuccess) return x;
+      return cudaSuccess;
+    });
+    if (e != cudaSuccess) return e;
+  }
+  return Load(RmsBackwardKernel);
+}
+
+int ColumnChunks(int64_t N, int64_t C, int64_t partial_floats) {
+  const int64_t tiles = std::max<int64_t>(1, Blocks(C));
+  int64_t chunks = std::max<int64_t>(kColumnChunks, (kColumnSumBlocks + tiles - 1) / tiles);
+  chunks = std::min<int64_t>(chunks, partial_floats / std::max<int64_t>(1, C));
+  chunks = std::min<int64_t>(chunks, std::min<int64_t>(N, 65535));
+  return static_cast<int>(std::max<int64_t>(1, chunks));
+}
 
 cudaError_t EmbedForward(const int32_t* x, int64_t seq, int64_t H, int64_t N, const void* tok,
                          const void* p1, const void* p2, int dtype, float* h0, cudaStream_t s) {
@@ -337,24 +371,31 @@ cudaError_t BiasGelu(const float* a, const void* b, int64_t N, int64_t F, int dt
 }
 
 cudaError_t GeluBackwardBiasGrad(const float* a, const void* b, int64_t N, int64_t F, int dtype,
-                                 void* d_t, float* partial, void* db, cudaStream_t s) {
+                                 void* d_t, float* partial, int64_t partial_floats, void* db,
+                                 cudaStream_t s) {
+  if (partial_floats < F) return cudaErrorInvalidValue;
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const dim3 grid(Blocks(F), kColumnChunks);
+    const int chunks = ColumnChunks(N, F, partial_floats);
+    const dim3 grid(Blocks(F), static_cast<unsigned>(chunks));
     GeluBackwardPartialKernel<T><<<grid, kThreads, 0, s>>>(a, static_cast<const T*>(b), N, F,
                                                            static_cast<T*>(d_t), partial);
-    FinishColumnSumKernel<T><<<Blocks(F), kThreads, 0, s>>>(partial, F, static_cast<T*>(db));
+    FinishColumnSumKernel<T>
+        <<<Blocks(F), kThreads, 0, s>>>(partial, F, chunks, static_cast<T*>(db));
     return cudaGetLastError();
   });
 }
 
 cudaError_t ColumnSumCast(const float* x, int64_t N, int64_t C, int dtype, void* x_t,
-                          float* partial, void* db, cudaStream_t s) {
+                          float* partial, int64_t partial_floats, void* db, cudaStream_t s) {
+  if (partial_floats < C) return cudaErrorInvalidValue;
   return Dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const dim3 grid(Blocks(C), kColumnChunks);
+    const int chunks = ColumnChunks(N, C, partial_floats);
+    const dim3 grid(Blocks(C), static_cast<unsigned>(chunks));
     ColumnSumCastPartialKernel<T><<<grid, kThreads, 0, s>>>(x, N, C, static_cast<T*>(x_t), partial);
-    FinishColumnSumKernel<T><<<Blocks(C), kThreads, 0, s>>>(partial, C, static_cast<T*>(db));
+    FinishColumnSumKernel<T>
+        <<<Blocks(C), kThreads, 0, s>>>(partial, C, chunks, static_cast<T*>(db));
     return cudaGetLastError();
   });
 }

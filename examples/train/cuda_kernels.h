@@ -16,10 +16,27 @@
 
 namespace strata::example::cuda {
 
-// Column sums run in two passes: kColumnChunks blocks of rows each write a
-// partial sum per column into `partial` (kColumnChunks × C floats), then one
-// pass adds the chunks in order. Fixed chunking: the same bits on any GPU.
-inline constexpr int kColumnChunks = 32;
+// Column sums run in two passes: chunks of rows (ColumnChunks) each write a
+// partial sum per column into `partial` (chunks × C floats, at most
+// `partial_floats`), then one pass adds the chunks in order. The chunking is
+// a function of the shape and the partial buffer's size only: the same bits
+// on any GPU.
+inline constexpr int kColumnChunks = 32;  // the fewest chunks (the buffer holds 32 × C)
+// (column tile, chunk) blocks a column sum aims for: an H100's 132 SMs × 8
+// resident 256-thread blocks, about one full wave. At hidden 2048 that is
+// 128 chunks of 8 column tiles (32 chunks gave 256 blocks: 2 per SM).
+inline constexpr int kColumnSumBlocks = 1024;
+// The chunks of a column sum of N rows × C columns: enough for
+// kColumnSumBlocks blocks, at least kColumnChunks, at most what
+// partial_floats holds (partial_floats / C) and at most N (and 65535).
+int ColumnChunks(int64_t N, int64_t C, int64_t partial_floats);
+
+// Loads every kernel of this file (cudaFuncGetAttributes), as the device
+// layer's cuda::LoadKernels does for src/gpu: with CUDA's lazy loading, a
+// kernel's first launch may synchronize the context, which hangs when a host
+// function on a stream waits for the launching thread. Call once before the
+// first launch (NewCudaBackend does).
+cudaError_t LoadKernels();
 
 // h0[n] = tok[x_n] + p1[x_{n-1}] + p2[x_{n-2}] (terms before a sequence's
 // start left out); tables in dtype.
@@ -45,11 +62,14 @@ cudaError_t BiasGelu(const float* a, const void* b, int64_t N, int64_t F, int dt
                      cudaStream_t s);
 // d_t: in, dg (dtype); out, da = dg ⊙ gelu'(a + b) (dtype, in place);
 // db[j] = Σ_n da[n, j] (fp32 sum of the unrounded da, stored in dtype).
+// partial: partial_floats floats (≥ F; see ColumnChunks).
 cudaError_t GeluBackwardBiasGrad(const float* a, const void* b, int64_t N, int64_t F, int dtype,
-                                 void* d_t, float* partial, void* db, cudaStream_t s);
+                                 void* d_t, float* partial, int64_t partial_floats, void* db,
+                                 cudaStream_t s);
 // db[j] = Σ_n x[n, j] stored in dtype; x_t = x in dtype unless x_t is null.
+// partial: partial_floats floats (≥ C; see ColumnChunks).
 cudaError_t ColumnSumCast(const float* x, int64_t N, int64_t C, int dtype, void* x_t,
-                          float* partial, void* db, cudaStream_t s);
+                          float* partial, int64_t partial_floats, void* db, cudaStream_t s);
 // out[n, j] = x[n, j] + b[j] (b in dtype).
 cudaError_t AddRowBias(const float* x, const void* b, int64_t N, int64_t C, int dtype, float* out,
                        cudaStream_t s);

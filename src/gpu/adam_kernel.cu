@@ -166,7 +166,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <int GD, int CD>
 cudaError_t LaunchGroup(const AdamTensor* tensors, size_t n, const host::AdamCoeffs& c,
-                        const int32_t* skip, cudaStream_t stream) {
+                        const int32_t* skip, cudaStream_t stream, size_t* vector_tensors) {
   for (size_t base = 0; base < n; base += kAdamTensorsPerLaunch) {
     AdamTable tab{};
     uint64_t chunks = 0;
@@ -180,25 +180,29 @@ cudaError_t LaunchGroup(const AdamTensor* tensors, size_t n, const host::AdamCoe
               Aligned16(t.exp_avg_sq) && (CD == 0 || Aligned16(t.copy_out));
       chunks += (t.count + kChunk - 1) / kChunk;
     }
+    size_t vec = 0;
+    for (int k = 0; k < tab.n; ++k) vec += tab.e[k].vec;
     if (tab.n == 0) continue;
     if (chunks > 0x7fffffffu) return cudaErrorInvalidValue;  // > 2^31 blocks: ~1.4e14 elements
     AdamKernel<GD, CD><<<static_cast<unsigned>(chunks), kAdamThreads, 0, stream>>>(tab, c, skip);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (vector_tensors != nullptr) *vector_tensors += vec;
   }
   return cudaSuccess;
 }
 
 template <int GD>
 cudaError_t LaunchForGrad(const AdamTensor* t, size_t n, bool copy, DType cd,
-                          const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s) {
-  if (!copy) return LaunchGroup<GD, 0>(t, n, c, skip, s);
+                          const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s,
+                          size_t* v) {
+  if (!copy) return LaunchGroup<GD, 0>(t, n, c, skip, s, v);
   switch (cd) {
     case DType::kFp32:
-      return LaunchGroup<GD, 1>(t, n, c, skip, s);
+      return LaunchGroup<GD, 1>(t, n, c, skip, s, v);
     case DType::kFp16:
-      return LaunchGroup<GD, 2>(t, n, c, skip, s);
+      return LaunchGroup<GD, 2>(t, n, c, skip, s, v);
     case DType::kBf16:
-      return LaunchGroup<GD, 3>(t, n, c, skip, s);
+      return LaunchGroup<GD, 3>(t, n, c, skip, s, v);
   }
   return cudaErrorInvalidValue;
 }
@@ -219,14 +223,17 @@ cudaError_t LoadForGrad() {
 
 cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bool copy,
                        DType copy_dtype, const host::AdamCoeffs& c, const int32_t* skip_if_set,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, size_t* vector_tensors) {
   switch (grad_dtype) {
     case DType::kFp32:
-      return LaunchForGrad<0>(tensors, n, copy, copy_dtype, c, skip_if_set, stream);
+      return LaunchForGrad<0>(tensors, n, copy, copy_dtype, c, skip_if_set, stream,
+                                vector_tensors);
     case DType::kFp16:
-      return LaunchForGrad<1>(tensors, n, copy, copy_dtype, c, skip_if_set, stream);
+      return LaunchForGrad<1>(tensors, n, copy, copy_dtype, c, skip_if_set, stream,
+                                vector_tensors);
     case DType::kBf16:
-      return LaunchForGrad<2>(tensors, n, copy, copy_dtype, c, skip_if_set, stream);
+      return LaunchForGrad<2>(tensors, n, copy, copy_dtype, c, skip_if_set, stream,
+                                vector_tensors);
   }
   return cudaErrorInvalidValue;
 }

@@ -6,6 +6,19 @@
 // directions and kernels can run at once on GPUs with two copy engines.
 // Events are created with cudaEventDisableTiming (cheapest to record/wait)
 // unless EventOptions::timing asks for timestamps (ElapsedSeconds).
+// Host waits block instead of spinning a core: every event is created with
+// cudaEventBlockingSync, and Stream::Synchronize records a per-stream
+// blocking event and waits on it. The gradient worker and the engine thread
+// wait on events and streams while CPU Adam wants every core; with CUDA's
+// default schedule (cudaDeviceScheduleAuto spins when there are fewer
+// contexts than cores) each of those waits would keep a core busy. The
+// process-wide alternative, cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync),
+// is not used: it applies to the primary context that the framework (PyTorch)
+// shares with Strata and usually creates first, so it would change how the
+// framework's own synchronizations wait too — a policy a library should not
+// set for its host. Device::Synchronize (cudaDeviceSynchronize, off the step
+// path: checkpoints, parameter writes) keeps the context's schedule.
+// cudaStreamWaitEvent and cudaEventQuery are unaffected by the flag.
 // Every kernel is loaded at creation (cuda::LoadKernels): with CUDA's default
 // lazy loading, the first launch of a kernel may synchronize the context, so
 // a first launch while a stream is held by a host function that waits for
@@ -40,19 +53,28 @@ namespace strata::gpu {
 namespace {
 
 // The one place cudaError_t becomes a Status. REQUIRES: err != cudaSuccess.
+// It also clears the calling thread's last-error state (cudaGetLastError):
+// the runtime keeps a failed call's error there until read, and every kernel
+// launcher returns cudaGetLastError() after its launch, so an error that was
+// converted here — a cudaHostRegister that failed and was tolerated (pinned
+// pool fallback, unpinned host arrays) — would otherwise come back as the
+// next launch's failure. Sticky errors (a corrupted context) are not cleared
+// by it and keep failing every call, as they must.
 Status CudaError(cudaError_t err, std::string_view call) {
   std::string msg =
       fmt::format("{}: {} ({})", call, cudaGetErrorString(err), cudaGetErrorName(err));
+  (void)cudaGetLastError();
   switch (err) {
     case cudaErrorMemoryAllocation:
       return ResourceExhaustedError(std::move(msg));
     case cudaErrorNoDevice:
+      return UnavailableError(std::move(msg));
     case cudaErrorInsufficientDriver:
     case cudaErrorInitializationError:
     case cudaErrorDevicesUnavailable:
     case cudaErrorSystemDriverMismatch:
     case cudaErrorCompatNotSupportedOnDevice:
-      return UnavailableError(std::move(msg));
+      return FailedPreconditionError(std::move(msg));
     case cudaErrorInvalidValue:
     case cudaErrorInvalidDevice:
     case cudaErrorInvalidDevicePointer:
@@ -120,10 +142,11 @@ void HostFuncTrampoline(void* arg) {
 
 class CudaStream final : public Stream {
  public:
-  CudaStream(int device, cudaStream_t s, std::string name)
-      : device_(device), stream_(s), name_(std::move(name)) {}
+  CudaStream(int device, cudaStream_t s, cudaEvent_t drained, std::string name)
+      : device_(device), stream_(s), drained_(drained), name_(std::move(name)) {}
   ~CudaStream() override {
     cudaSetDevice(device_);
+    cudaEventDestroy(drained_);
     cudaStreamDestroy(stream_);  // queued work still completes
   }
   cudaStream_t get() const { return stream_; }
@@ -154,9 +177,16 @@ class CudaStream final : public Stream {
     if (err != cudaSuccess) delete heap;  // never runs: free it here
     return CudaStatus(err, [&] { return "cudaLaunchHostFunc on stream " + name_; });
   }
+  // Blocks (does not spin) until the work enqueued before the call is done:
+  // records drained_ (cudaEventBlockingSync) and waits on it. Concurrent
+  // callers may re-record it; each then waits for a later record, which
+  // completes after its own work.
   Status Synchronize() override {
-    return CudaStatus(cudaStreamSynchronize(stream_),
-                      [&] { return "cudaStreamSynchronize(" + name_ + ")"; });
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    RETURN_IF_ERROR(CudaStatus(cudaEventRecord(drained_, stream_),
+                               [&] { return "cudaEventRecord(drain) on stream " + name_; }));
+    return CudaStatus(cudaEventSynchronize(drained_),
+                      [&] { return "Synchronize(" + name_ + "): cudaEventSynchronize"; });
   }
   StatusOr<bool> Query() override {
     const cudaError_t err = cudaStreamQuery(stream_);
@@ -168,14 +198,25 @@ class CudaStream final : public Stream {
  private:
   const int device_;
   cudaStream_t stream_;
+  cudaEvent_t drained_;  // blocking-sync event of Synchronize
   const std::string name_;
 };
 
+// Every event: host waits on it block (see the file comment).
+constexpr unsigned kEventFlags = cudaEventBlockingSync;
+
 StatusOr<std::unique_ptr<CudaStream>> NewStream(int device, const std::string& name) {
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaEvent_t e = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, kEventFlags | cudaEventDisableTiming));
   cudaStream_t s = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return std::make_unique<CudaStream>(device, s, name);
+  if (Status st = CudaStatus(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                             "cudaStreamCreateWithFlags");
+      !st.ok()) {
+    cudaEventDestroy(e);
+    return st;
+  }
+  return std::make_unique<CudaStream>(device, s, e, name);
 }
 
 class CudaDevice final : public Device {
@@ -207,8 +248,8 @@ class CudaDevice final : public Device {
   StatusOr<std::unique_ptr<Event>> CreateEvent(EventOptions options) override {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(id_));
     cudaEvent_t e = nullptr;
-    CUDA_RETURN_IF_ERROR(
-        cudaEventCreateWithFlags(&e, options.timing ? cudaEventDefault : cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
+        &e, kEventFlags | (options.timing ? cudaEventDefault : cudaEventDisableTiming)));
     return std::unique_ptr<Event>(std::make_unique<CudaEvent>(id_, e, options.timing));
   }
   StatusOr<double> ElapsedSeconds(Event& start, Event& end) override {
@@ -227,8 +268,10 @@ class CudaDevice final : public Device {
     }
     float ms = 0;
     const cudaError_t err = cudaEventElapsedTime(&ms, s->get(), e->get());
-    if (err == cudaErrorNotReady)
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not a failure: clear it (see CudaError)
       return UnavailableError("ElapsedSeconds: an event's latest record has not completed");
+    }
     RETURN_IF_ERROR(CudaStatus(err, "cudaEventElapsedTime"));
     return static_cast<double>(ms) * 1e-3;
   }
@@ -344,15 +387,19 @@ class CudaDevice final : public Device {
       if (g == groups.end()) g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, {}});
       g->tensors.push_back({sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
     }
-    for (const Group& g : groups)
+    size_t vec = 0, total = 0;
+    for (const Group& g : groups) {
+      total += g.tensors.size();
       RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad,
-                                                  g.copy, g.copy_dtype, c, skip_if_set, cs),
+                                                  g.copy, g.copy_dtype, c, skip_if_set, cs, &vec),
                                  [&] {
                                    return fmt::format(
                                        "AdamStep kernel launch ({} tensors, grad {}, copy {})",
                                        g.tensors.size(), DTypeName(g.grad),
                                        g.copy ? DTypeName(g.copy_dtype) : "none");
                                  }));
+    }
+    CountAdamPaths(vec, total - vec);
     return Status::Ok();
   }
 
@@ -417,17 +464,73 @@ namespace internal {
 Status CudaErrorToStatus(int err, std::string_view call) {
   return CudaStatus(static_cast<cudaError_t>(err), call);
 }
+
+CudaPresence ClassifyCudaPresence(int err, int count, int driver_version) {
+  if (err == cudaSuccess) return count > 0 ? CudaPresence::kPresent : CudaPresence::kNoDevice;
+  if (err == cudaErrorNoDevice) return CudaPresence::kNoDevice;
+  if (err == cudaErrorInsufficientDriver && driver_version == 0) return CudaPresence::kNoDevice;
+  return CudaPresence::kUnusable;
+}
 }  // namespace internal
+
+namespace {
+// "13.0" from 13000; "none" for 0 (no driver library).
+std::string CudaVersionString(int v) {
+  return v == 0 ? std::string("none") : fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+// The driver and runtime versions, for errors about a GPU that is there but
+// cannot be used.
+std::string CudaVersions() {
+  int driver = 0, runtime = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) runtime = 0;
+  (void)cudaGetLastError();
+  if (driver == 0)
+    return fmt::format("no NVIDIA driver is installed, the runtime is CUDA {}",
+                       CudaVersionString(runtime));
+  return fmt::format("the driver supports CUDA {}, the runtime is CUDA {}",
+                     CudaVersionString(driver), CudaVersionString(runtime));
+}
+
+StatusOr<std::unique_ptr<Device>> CreatePresentCudaDevice(const DeviceOptions& options, int count);
+}  // namespace
 
 StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
-  // Any error here means "no usable device" (no driver, no GPU, container
-  // without /dev/nvidia*): Unavailable, so that device=auto falls back.
-  if (err != cudaSuccess)
-    return UnavailableError(fmt::format("no CUDA device: cudaGetDeviceCount: {} ({})",
-                                        cudaGetErrorString(err), cudaGetErrorName(err)));
-  if (count == 0) return UnavailableError("no CUDA device: cudaGetDeviceCount returned 0");
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+  (void)cudaGetLastError();  // a failed probe must not fail a later launch
+  switch (internal::ClassifyCudaPresence(err, count, driver)) {
+    case internal::CudaPresence::kNoDevice:
+      // Unavailable: the one answer device=auto falls back on.
+      return UnavailableError(
+          err == cudaSuccess
+              ? std::string("no CUDA device: cudaGetDeviceCount returned 0")
+              : fmt::format("no CUDA device: cudaGetDeviceCount: {} ({}); {}",
+                            cudaGetErrorString(err), cudaGetErrorName(err), CudaVersions()));
+    case internal::CudaPresence::kUnusable:
+      return FailedPreconditionError(fmt::format(
+          "a CUDA GPU or driver is present but unusable: cudaGetDeviceCount: {} ({}); {}. "
+          "Install a driver that supports this runtime (or the CUDA forward-compatibility "
+          "package), or set strata.device to \"host\" to run on the CPU on purpose",
+          cudaGetErrorString(err), cudaGetErrorName(err), CudaVersions()));
+    case internal::CudaPresence::kPresent:
+      break;
+  }
+  auto d = CreatePresentCudaDevice(options, count);
+  // A device exists: no failure from here on may read as "no device" (which
+  // would let device=auto fall back to the host).
+  if (!d.ok() && d.status().code() == StatusCode::kUnavailable)
+    return FailedPreconditionError(
+        fmt::format("{}; {}", d.status().message(), CudaVersions()));
+  return d;
+}
+
+namespace {
+StatusOr<std::unique_ptr<Device>> CreatePresentCudaDevice(const DeviceOptions& options,
+                                                          int count) {
   if (options.device_id < 0 || options.device_id >= count)
     return InvalidArgumentError(
         fmt::format("strata.device_id: {} but this machine has {} CUDA "
@@ -472,13 +575,15 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options)
                   FormatBytes(free_b));
   return std::unique_ptr<Device>(std::move(device));
 }
+}  // namespace
 
 CudaDeviceList ListCudaDevices() {
   CudaDeviceList list;
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    list.reason = fmt::format("{} ({})", cudaGetErrorString(err), cudaGetErrorName(err));
+    list.reason = fmt::format("{} ({}); {}", cudaGetErrorString(err), cudaGetErrorName(err),
+                              CudaVersions());
     return list;
   }
   if (count == 0) list.reason = "no CUDA device";

@@ -55,10 +55,12 @@ struct AdamTensor {
 // Adam/AdamW over all `tensors` (all with the same grad dtype and copy
 // dtype/presence), in ceil(n / kAdamTensorsPerLaunch) launches on `stream`.
 // If skip_if_set is non-null and *skip_if_set != 0 when a launch runs, it
-// writes nothing.
+// writes nothing. A tensor whose arrays are all 16-byte aligned runs the
+// 16-byte vector path (AdamShardVectorizable's rule); `vector_tensors`, if
+// non-null, is increased by the number of tensors (count > 0) launched on it.
 inline constexpr int kAdamTensorsPerLaunch = 256;
 cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bool copy,
                        DType copy_dtype, const host::AdamCoeffs& c, const int32_t* skip_if_set,
-                       cudaStream_t stream);
+                       cudaStream_t stream, size_t* vector_tensors = nullptr);
 
 }  // namespace strata::gpu::cuda

@@ -38,6 +38,12 @@ size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype) {
   return 24 + DTypeSize(grad_dtype) + (copy_out ? DTypeSize(copy_dtype) : 0);
 }
 
+bool AdamShardVectorizable(const AdamShard& s) {
+  auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return a16(s.param) && a16(s.grad) && a16(s.exp_avg) && a16(s.exp_avg_sq) &&
+         (s.copy_out == nullptr || a16(s.copy_out));
+}
+
 // ---- Device ----
 
 Device::Device(bool is_host, std::unique_ptr<Arena> arena)
@@ -180,8 +186,11 @@ StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options) {
     case DeviceKind::kAuto: {
       auto cuda = CreateCudaDevice(options);
       if (cuda.ok()) return cuda;
-      // Only "no device here" falls back; a device that exists but fails
-      // (budget larger than its memory, driver error) is reported.
+      // Only "no GPU here" falls back: a CPU-only build (NotSupported) or no
+      // device at all (Unavailable, CreateCudaDevice's answer for nothing
+      // else). A GPU that exists but cannot be used (a driver older than the
+      // runtime, a budget larger than its memory) is reported: a run that
+      // meant to use it must not quietly measure the host instead.
       const StatusCode c = cuda.status().code();
       if (c != StatusCode::kNotSupported && c != StatusCode::kUnavailable) return cuda.status();
       STRATA_INFO_ONCE("gpu.auto_host",

@@ -32,7 +32,8 @@
 //                   - any Device/Stream/Event call from inside a host function
 //                     is FailedPrecondition (CUDA: cudaErrorNotPermitted);
 //                   - copies from/to pageable host memory (not registered with
-//                     PinHostMemory) are synchronous for the caller;
+//                     PinHostMemory) are synchronous for the caller (stricter
+//                     than CUDA for H2D, see Memory below);
 //                   - the arena has CUDA's budget rounding and alignment.
 // Choose with CreateDevice(DeviceOptions) — strata.device: auto|cuda|host.
 //
@@ -63,10 +64,18 @@
 //     release the buffers the work used).
 //   * Host memory is "pinned" when it lies inside a range registered with
 //     PinHostMemory (PinnedPool regions are). Copies to/from pinned memory are
-//     asynchronous. Copies to/from pageable memory are synchronous for the
-//     caller on both backends: the call waits for the stream's earlier work
-//     and returns when the copy is done — never make one while the stream (or
-//     the device's host-function thread) waits for the calling thread.
+//     asynchronous. Copies to/from pageable memory block the caller, with
+//     this much guaranteed on both backends (CUDA's rules):
+//       - D2H into pageable memory returns after the stream's earlier work
+//         and the copy are done: the host may read the data at once;
+//       - H2D from pageable memory returns once the source has been read
+//         (staged): the host may modify or free the source at once, but the
+//         device-side write may still be in flight. Work on the same stream
+//         is ordered after it as usual; work on another stream needs an
+//         event, as for any copy. (HostDevice finishes the copy before
+//         returning, which is allowed.)
+//     Never make one while the stream (or the device's host-function thread)
+//     waits for the calling thread.
 //
 // Host functions (Stream::EnqueueHostCallback): CUDA runs them on a driver
 // thread that may serialize the host functions of all streams of the device,
@@ -87,6 +96,7 @@
 // buffers, pinned pools and communicators.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -144,9 +154,12 @@ inline constexpr size_t kDeviceAlignment = 256;
 // are InvalidArgument naming the key.
 StatusOr<DeviceOptions> DeviceOptionsFromConfig(const Config& config);
 
-// Creates the device. kCuda without a usable CUDA device (no driver, no
-// device, a CPU-only build) is Unavailable/NotSupported with the reason; kAuto
-// then falls back to HostDevice and logs that once.
+// Creates the device. kCuda on a machine without a GPU (no NVIDIA driver, no
+// device) is Unavailable, in a CPU-only build NotSupported, with the reason;
+// kAuto then falls back to HostDevice and logs that once. A GPU that is
+// present but unusable (e.g. a driver older than the CUDA runtime) is
+// FailedPrecondition naming the driver's and the runtime's CUDA versions, for
+// kAuto too: it never falls back to the host then.
 StatusOr<std::unique_ptr<Device>> CreateDevice(const DeviceOptions& options);
 // Direct factories (CreateDevice calls these).
 StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options);
@@ -269,6 +282,19 @@ struct AdamShard {
   size_t count = 0;  // 0 is valid (nothing happens)
 };
 
+// The CUDA kernel's 16-byte vector path needs param, grad, exp_avg,
+// exp_avg_sq and copy_out (when present) all 16-byte aligned; any other
+// shard runs element by element (same results, a fraction of the bandwidth).
+bool AdamShardVectorizable(const AdamShard& s);
+
+// Shards (count > 0) AdamStep enqueued, by path: on CUDA the launcher's
+// decision, which its kernel follows; on the host device the same rule
+// (AdamShardVectorizable), so that layouts can be checked without a GPU.
+struct AdamPathCounts {
+  uint64_t vector_shards = 0;
+  uint64_t scalar_shards = 0;
+};
+
 // Bytes AdamStep moves per element (reads + writes): param, exp_avg,
 // exp_avg_sq read and written (24), the gradient read, the copy written.
 size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype);
@@ -357,8 +383,9 @@ class Device {
   virtual Status Synchronize() = 0;
 
   // ---- Copies (async, ordered on `stream`) ----
-  // `host` may be pinned or pageable (pageable is slower on CUDA and may
-  // block the caller until the source is staged). `dev` must be in the arena.
+  // `host` may be pinned or pageable (pageable is slower on CUDA and blocks
+  // the caller: an H2D until the source is staged, a D2H until the data is
+  // in `host`; see Memory above). `dev` must be in the arena.
   virtual Status CopyH2D(void* dev, const void* host, size_t bytes, Stream& stream) = 0;
   virtual Status CopyD2H(void* host, const void* dev, size_t bytes, Stream& stream) = 0;
   // dst == src is a no-op; partially overlapping ranges are InvalidArgument.
@@ -415,6 +442,11 @@ class Device {
   // algorithm) are returned before anything is enqueued.
   virtual Status AdamStep(std::span<const AdamShard> shards, const AdamHyperParams& hp,
                           const int32_t* skip_if_set, Stream& stream) = 0;
+  // The shards AdamStep enqueued since creation, by path. Thread-safe.
+  AdamPathCounts adam_path_counts() const {
+    return {adam_vector_.load(std::memory_order_relaxed),
+            adam_scalar_.load(std::memory_order_relaxed)};
+  }
 
   // ---- Host memory pinning (used by PinnedPool) ----
   // Page-locks [p, p+bytes) for fast DMA (cudaHostRegister on CUDA, mlock on
@@ -443,12 +475,18 @@ class Device {
                    const int32_t* skip_if_set) const;
   // Backends set these three in their factory.
   std::unique_ptr<Stream> compute_, h2d_, d2h_;
+  // AdamStep's backends report the paths of the shards they enqueued.
+  void CountAdamPaths(uint64_t vector_shards, uint64_t scalar_shards) {
+    adam_vector_.fetch_add(vector_shards, std::memory_order_relaxed);
+    adam_scalar_.fetch_add(scalar_shards, std::memory_order_relaxed);
+  }
 
  private:
   friend class DeviceBuffer;
   void Release(void* p);
   bool is_host_;
   std::unique_ptr<Arena> arena_;
+  std::atomic<uint64_t> adam_vector_{0}, adam_scalar_{0};
 };
 
 // ---- Pinned host-memory pool ----------------------------------------------------

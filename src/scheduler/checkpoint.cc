@@ -200,6 +200,37 @@ std::string ManifestCrc(const Json& m) {
   return Hex32(Crc32c(s.data(), s.size()));
 }
 
+// A version-2 manifest's states were laid out densely. They are where this
+// build reads them exactly when no tensor of the dense layout starts off a
+// kElemAlign boundary (then no padding is inserted and the layouts agree);
+// otherwise NotSupported naming the first such tensor. Throws on a malformed
+// layout (the caller reports it).
+Status CheckDenseLayoutMatches(const Json& layout, const std::string& manifest_path) {
+  struct Rec {
+    int module;
+    int64_t numel;
+    std::string name;
+  };
+  std::vector<Rec> recs;
+  for (const Json& p : layout.at("parameters"))
+    recs.push_back({p.at(3).get<int>(), p.at(1).get<int64_t>(), p.at(0).get<std::string>()});
+  std::stable_sort(recs.begin(), recs.end(),
+                   [](const Rec& a, const Rec& b) { return a.module < b.module; });
+  int64_t off = 0;
+  for (const Rec& r : recs) {
+    if (off % kElemAlign != 0)
+      return NotSupportedError(fmt::format(
+          "{}: format version {} stores the optimizer states densely; this build reads version "
+          "{}, which starts each tensor on a multiple of {} elements, and in this model tensor "
+          "{} would move (the tensors before it hold {} elements): continue that run with the "
+          "build that wrote it, or start afresh in another directory",
+          manifest_path, kDenseLayoutCheckpointVersion, kCheckpointFormatVersion, kElemAlign,
+          r.name, off));
+    off += r.numel;
+  }
+  return Status::Ok();
+}
+
 // The manifest of checkpoint directory `dir`, read and checked: JSON, this
 // format and version, and its own CRC-32C. Its fields are the caller's to read.
 StatusOr<Json> LoadManifest(const std::string& dir) {
@@ -222,7 +253,9 @@ StatusOr<Json> LoadManifest(const std::string& dir) {
       return DataLossError(
           fmt::format("{}: not a strata checkpoint manifest (format {}, expected {})",
                       manifest_path, m.at("format").dump(), kFormat));
-    if (m.at("version") != kCheckpointFormatVersion)
+    if (m.at("version") == kDenseLayoutCheckpointVersion)
+      RETURN_IF_ERROR(CheckDenseLayoutMatches(m.at("layout"), manifest_path));
+    else if (m.at("version") != kCheckpointFormatVersion)
       return NotSupportedError(fmt::format(
           "{}: format version {}, this build reads version {} only (version 1 recorded neither "
           "the run id nor the whole config): continue that run with the build that wrote it, or "
@@ -1071,11 +1104,13 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
           add_tensor(l.param(id), module_file_off + l.param(id).byte_off - me.byte_begin));
     module_file_off += me.bytes();
   }
-  if (fp32)  // each sub-group's section starts with its masters
+  if (fp32)  // each sub-group's section starts with its masters; padding (layout.h) left out
     for (const SubGroup& g : l.groups())
-      ranges.emplace_back(
-          kOptimizerStateBytesPerElem * g.elem_begin,
-          kOptimizerStateBytesPerElem * g.elem_begin + kMasterBytesPerElem * g.elems());
+      for (const Layout::Slice& sl : l.Slices(g.elem_begin, g.elem_end)) {
+        const int64_t at = kOptimizerStateBytesPerElem * g.elem_begin +
+                           kMasterBytesPerElem * (sl.elem_begin - g.elem_begin);
+        ranges.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
+      }
   Json header = Json::object();
   header["__metadata__"] = {{"format", "pt"},
                             {"strata_checkpoint", in.path},

@@ -70,7 +70,12 @@ namespace strata::scheduler {
 inline constexpr char kCheckpointManifest[] = "MANIFEST.json";
 // The lock file of a root (see CheckpointDirLock); it stays after the run.
 inline constexpr char kCheckpointLockFile[] = "LOCK";
-inline constexpr int kCheckpointFormatVersion = 2;
+// Version 3: each tensor's states start on a multiple of kElemAlign elements
+// (layout.h). Version 2 laid them out densely; a version-2 checkpoint loads
+// when no tensor needed padding (the two layouts are then the same) and is
+// refused, naming the version and the tensor, otherwise.
+inline constexpr int kCheckpointFormatVersion = 3;
+inline constexpr int kDenseLayoutCheckpointVersion = 2;
 // Checkpoints kept after a successful save (the new one included).
 inline constexpr int kCheckpointsKept = 2;
 

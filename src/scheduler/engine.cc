@@ -107,7 +107,7 @@ class EngineImpl final : public Engine {
   Status WriteParameter(int id, std::span<const float> values) override;
   StatusOr<int> FindParameter(std::string_view name) const override;
   int num_parameters() const override { return static_cast<int>(regs_.size()); }
-  int64_t num_elements() const override { return layout_.total_elems(); }
+  int64_t num_elements() const override { return layout_.param_elems(); }
   StepStats LastStepStats() const override { return last_; }
   std::string StatsJson() const override;
   Status WriteTimeline() override;

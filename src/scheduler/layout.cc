@@ -19,15 +19,21 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
   for (int i = 0; i < static_cast<int>(l.params_.size()); ++i)
     l.modules_[static_cast<size_t>(l.params_[static_cast<size_t>(i)].module)].params.push_back(i);
   int64_t elem = 0, byte = 0;
+  auto align_elem = [](int64_t e) {
+    return static_cast<int64_t>(AlignUp(static_cast<size_t>(e), static_cast<size_t>(kElemAlign)));
+  };
   for (ModuleExtent& m : l.modules_) {
+    elem = align_elem(elem);
     m.elem_begin = elem;
     byte = IoBytes(byte);  // modules start on a page: whole-module NVMe I/O is aligned
     m.byte_begin = byte;
     for (int id : m.params) {
       ParamRec& p = l.params_[static_cast<size_t>(id)];
+      elem = align_elem(elem);  // padding after a tensor whose size is not a multiple of 4
       p.elem_off = elem;
       p.byte_off = byte;
       elem += p.numel;
+      l.param_elems_ += p.numel;
       byte += p.numel * p.elem_size();
       byte = static_cast<int64_t>(AlignUp(static_cast<size_t>(byte), kTensorAlign));
     }

@@ -3,11 +3,19 @@
 // optimizer's sub-groups. Pure data and slicing helpers; no device, no I/O.
 //
 // Parameters are laid out in one flat element space ordered by (module,
-// registration order), so a module's parameters are contiguous and sub-groups
-// (sub_group_size elements) cut that space into shards. Every per-element
-// state (gradient accumulator, fp32 master, moments) is a flat array over that
-// space; the fp16/bf16/fp32 parameter copies are a flat byte space in which
-// each tensor starts on kTensorAlign and each module on kIoAlign.
+// registration order), each tensor starting on a multiple of kElemAlign
+// elements, so a module's parameters are contiguous but for that padding and
+// sub-groups (sub_group_size elements) cut that space into shards. Every
+// per-element state (gradient accumulator, fp32 master, moments) is a flat
+// array over that space; the fp16/bf16/fp32 parameter copies are a flat byte
+// space in which each tensor starts on kTensorAlign and each module on
+// kIoAlign.
+//
+// Padding elements (between a tensor's end and the next tensor's aligned
+// start) belong to no parameter: Slices and ByteSlices skip them, so no
+// gradient, optimizer step or copy-out touches them. The arrays' owners
+// zero them when they create the arrays, and so they stay zero: sums over a
+// whole array (norms, finiteness checks) are unchanged by them.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +44,14 @@ inline constexpr int64_t kIoAlign = 4096;
 // (the device's allocation alignment, so a module's tensors are aligned on
 // the device too).
 inline constexpr int64_t kTensorAlign = 256;
+// Each parameter tensor starts on a multiple of this many elements in the
+// flat element space: 16 bytes of fp32, so that every fp32 state array of a
+// tensor (master, moments, gradient accumulator) is 16-byte aligned wherever
+// the array itself is (the device's arrays are 256-byte aligned). The device
+// Adam's vector path needs all of a tensor's arrays 16-byte aligned; dense
+// offsets put every tensor after one whose size is not a multiple of 4 on
+// the scalar path.
+inline constexpr int64_t kElemAlign = 4;
 
 // n rounded up to kIoAlign.
 int64_t IoBytes(int64_t n);
@@ -91,7 +107,11 @@ class Layout {
   const SubGroup& group(size_t g) const { return groups_[g]; }
   size_t num_groups() const { return groups_.size(); }
 
+  // The element space's extent: the length of every per-element state array
+  // (parameters plus alignment padding).
   int64_t total_elems() const { return total_elems_; }
+  // The parameters' elements (Σ numel): total_elems() less the padding.
+  int64_t param_elems() const { return param_elems_; }
   int64_t total_param_bytes() const { return total_param_bytes_; }  // page-rounded
   int64_t max_module_bytes() const { return max_module_bytes_; }
   int64_t max_group_elems() const { return max_group_elems_; }
@@ -122,6 +142,7 @@ class Layout {
   std::vector<ModuleExtent> modules_;
   std::vector<SubGroup> groups_;
   int64_t total_elems_ = 0;
+  int64_t param_elems_ = 0;
   int64_t total_param_bytes_ = 0;
   int64_t max_module_bytes_ = 0;
   int64_t max_group_elems_ = 0;

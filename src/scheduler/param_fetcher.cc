@@ -392,7 +392,15 @@ Status ParamFetcher::FinishUse(int m) {
 }
 
 Status ParamFetcher::InvalidateAll() {
-  RETURN_IF_ERROR(dev_->Synchronize());
+  // Every slot is dropped below. What may still use one: a fetch's H2D copy
+  // writing it (its `ready` event, recorded on h2d after the copy) and the
+  // framework's work on the compute stream reading a resident copy. Wait for
+  // exactly those, not for the whole device (cudaDeviceSynchronize would
+  // also wait for the d2h gradient copies, the optimizer's uploads and other
+  // libraries' work, every step). Slots in `deferred_` keep their own events.
+  for (Slot& s : slots_)
+    if (s.residency == Residency::kCopying) RETURN_IF_ERROR(s.ready->Synchronize());
+  RETURN_IF_ERROR(dev_->compute().Synchronize());
   RETURN_IF_ERROR(ReclaimStaging(true));
   for (Slot& s : slots_) {
     if (s.residency == Residency::kReading) s.read.Wait().IgnoreError();

@@ -129,7 +129,8 @@ class ParamFetcher {
   // gradient buffer is reused once `read_by` has passed this point, and the
   // device copy is released as by Release.
   Status ReleaseGrad(int m, gpu::Stream& read_by);
-  // Drops every device copy (the parameters changed), after the device is idle.
+  // Drops every device copy (the parameters changed), after the work that
+  // uses one is done: fetch copies in flight and the compute stream.
   Status InvalidateAll();
   // The step ends: the fetch order it took is recorded or confirmed, and the
   // next step's begins. Returns how often a step's order differed so far.

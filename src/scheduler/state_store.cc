@@ -172,6 +172,9 @@ Status StateStore::Initialize(
   const bool staged = placement_.optimizer != OffloadDevice::kCpu;
   std::vector<float> all_master;
   if (staged) all_master.resize(static_cast<size_t>(n));
+  // The layout's alignment padding holds zeros (layout.h); the parameters'
+  // elements are written below.
+  if (!staged) std::memset(master_, 0, static_cast<size_t>(n) * sizeof(float));
   std::vector<float> scratch;
   for (int id = 0; id < static_cast<int>(layout_->params().size()); ++id) {
     const ParamRec& p = layout_->param(id);

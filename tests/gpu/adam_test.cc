@@ -55,8 +55,12 @@ struct Tensor {
   DeviceBuffer dp, dm, dv, dg, dc;
 };
 
+// A pageable H2D returns once the source is staged, not once the device
+// holds it (device.h, Memory): wait for the h2d stream before work on
+// another stream reads the data.
 void Put(Device& d, void* dev, const void* host, size_t bytes) {
-  ASSERT_OK(d.CopyH2D(dev, host, bytes, d.h2d()));  // pageable: synchronous
+  ASSERT_OK(d.CopyH2D(dev, host, bytes, d.h2d()));
+  ASSERT_OK(d.h2d().Synchronize());
 }
 template <typename T>
 std::vector<T> Get(Device& d, const void* dev, size_t n) {

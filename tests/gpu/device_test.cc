@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <span>
 #include <future>
 #include <limits>
 #include <thread>
@@ -238,21 +241,28 @@ TYPED_TEST(TypedDeviceTest, StreamsRunConcurrently) {
   ASSERT_OK(d.h2d().Synchronize());
 }
 
-// A copy to or from pageable memory is synchronous for the caller (CUDA:
-// "for transfers from device memory to pageable host memory, the function
-// will return only once the copy has completed"): the data is there when the
-// call returns, after the stream's earlier work.
+// Pageable copies block the caller with CUDA's guarantees (device.h,
+// Memory): an H2D returns once the source is staged — the source may be
+// overwritten at once, but the device-side write is ordered only on its own
+// stream, so the d2h stream waits for it through an event; a D2H into pageable
+// memory returns with the data there, after the stream's earlier work.
 TYPED_TEST(TypedDeviceTest, PageableCopiesAreSynchronous) {
   Device& d = this->dev();
   auto rng = strata::testing::MakeRng();
-  const std::vector<uint8_t> src = strata::testing::RandomBytes(rng, 100003);
+  std::vector<uint8_t> src = strata::testing::RandomBytes(rng, 100003);
+  const std::vector<uint8_t> expected = src;
   auto x = d.Allocate(src.size()).value();
   ASSERT_OK(d.CopyH2D(x.data(), src.data(), src.size(), d.h2d()));
+  // The source was staged: overwriting it now must not change what lands.
+  std::fill(src.begin(), src.end(), uint8_t{0xAB});
+  auto uploaded = d.CreateEvent().value();
+  ASSERT_OK(d.h2d().Record(*uploaded));
+  ASSERT_OK(d.d2h().Wait(*uploaded));
   ASSERT_OK(d.Fill(x.data(), DType::kFp32, 16, 3.f, d.d2h()));  // earlier work on d2h
   std::vector<uint8_t> dst(src.size());
   ASSERT_OK(d.CopyD2H(dst.data(), x.data(), dst.size(), d.d2h()));
-  // No Synchronize: the copy is complete, and after the Fill.
-  EXPECT_EQ(0, std::memcmp(dst.data() + 64, src.data() + 64, src.size() - 64));
+  // No Synchronize: the D2H is complete, and after the Fill.
+  EXPECT_EQ(0, std::memcmp(dst.data() + 64, expected.data() + 64, expected.size() - 64));
   float f;
   std::memcpy(&f, dst.data() + 60, 4);
   EXPECT_EQ(f, 3.f);
@@ -679,11 +689,83 @@ TEST(CudaErrorTest, CodesAndMessagesNameTheCall) {
   EXPECT_EQ(oom.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(oom.message()).find("cudaMalloc(1.00 GiB)"), std::string::npos) << oom;
   EXPECT_NE(std::string(oom.message()).find("cudaErrorMemoryAllocation"), std::string::npos) << oom;
-  EXPECT_EQ(gpu::internal::CudaErrorToStatus(35, "c").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(gpu::internal::CudaErrorToStatus(35, "c").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(gpu::internal::CudaErrorToStatus(100, "c").code(), StatusCode::kUnavailable);
   EXPECT_EQ(gpu::internal::CudaErrorToStatus(1, "c").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(gpu::internal::CudaErrorToStatus(712, "c").code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(gpu::internal::CudaErrorToStatus(999, "c").code(), StatusCode::kIOError);
+}
+
+// device=auto falls back only when there is no GPU: cudaGetDeviceCount's
+// answers (0 Success, 3 InitializationError, 35 InsufficientDriver,
+// 100 NoDevice, 803 SystemDriverMismatch) with the driver's version (0: no
+// driver library).
+TEST(CudaErrorTest, OnlyAMissingGpuCountsAsNoDevice) {
+  using gpu::internal::ClassifyCudaPresence;
+  using gpu::internal::CudaPresence;
+  EXPECT_EQ(ClassifyCudaPresence(0, 1, 13000), CudaPresence::kPresent);
+  EXPECT_EQ(ClassifyCudaPresence(0, 0, 13000), CudaPresence::kNoDevice);
+  EXPECT_EQ(ClassifyCudaPresence(100, 0, 13000), CudaPresence::kNoDevice);
+  // No NVIDIA driver installed (this is what a machine without one answers).
+  EXPECT_EQ(ClassifyCudaPresence(35, 0, 0), CudaPresence::kNoDevice);
+  // A driver older than the runtime: a GPU is there, it is an error.
+  EXPECT_EQ(ClassifyCudaPresence(35, 0, 12040), CudaPresence::kUnusable);
+  EXPECT_EQ(ClassifyCudaPresence(3, 0, 13000), CudaPresence::kUnusable);
+  EXPECT_EQ(ClassifyCudaPresence(803, 0, 12080), CudaPresence::kUnusable);
+  EXPECT_EQ(ClassifyCudaPresence(999, 0, 13000), CudaPresence::kUnusable);
+}
+
+// What this machine answers, through the factory: with a GPU, a device; with
+// none, Unavailable (the fallback's code) naming the probe and the versions;
+// never FailedPrecondition on a machine whose GPU works.
+TEST(CudaErrorTest, TheFactorySaysWhyThereIsNoDevice) {
+  DeviceOptions o;
+  o.kind = DeviceKind::kCuda;
+  o.hbm_budget_bytes = 16 << 20;
+  auto d = CreateDevice(o);
+  if (d.ok()) GTEST_SKIP() << "a usable GPU: " << (*d)->Describe();
+  const std::string msg(d.status().message());
+  ASSERT_EQ(d.status().code(), StatusCode::kUnavailable) << d.status();
+  EXPECT_NE(msg.find("cudaGetDeviceCount"), std::string::npos) << msg;
+  if (msg.find("returned 0") == std::string::npos) {
+    EXPECT_NE(msg.find("the runtime is CUDA"), std::string::npos) << msg;
+  }
+}
+#endif
+
+#if STRATA_HAVE_CUDA
+// A failed CUDA call that the caller tolerates (a second cudaHostRegister of
+// the same range: cudaErrorHostMemoryAlreadyRegistered; the pinned pool and
+// the host arrays fall back to pageable memory on such failures) must not
+// come back as the next kernel launch's error: the launchers return
+// cudaGetLastError(), so the conversion to Status clears it.
+TEST(CudaDeviceTest, ToleratedRegisterFailureDoesNotFailTheNextLaunch) {
+  auto d = CudaBackend::Make(16 << 20);
+  if (!d.ok()) GTEST_SKIP() << "no CUDA device: " << d.status();
+  Device& dev = **d;
+  // Page-aligned, as the pinned pool's regions are.
+  constexpr size_t kCount = 4096;
+  std::unique_ptr<float, decltype(&std::free)> mem(
+      static_cast<float*>(std::aligned_alloc(4096, kCount * sizeof(float))), &std::free);
+  ASSERT_NE(mem, nullptr);
+  std::span<float> host(mem.get(), kCount);
+  std::fill(host.begin(), host.end(), 1.f);
+  ASSERT_OK(dev.PinHostMemory(host.data(), host.size() * sizeof(float)));
+  const Status again = dev.PinHostMemory(host.data(), host.size() * sizeof(float));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again;
+  auto x = dev.Allocate(host.size() * sizeof(float)).value();
+  EXPECT_OK(dev.Fill(x.data(), DType::kFp32, host.size(), 2.5f, dev.compute()));
+  EXPECT_OK(dev.FillInt32(static_cast<int32_t*>(x.data()), 1, 7, dev.compute()));
+  EXPECT_OK(dev.CopyD2H(host.data(), x.data(), host.size() * sizeof(float), dev.compute()));
+  EXPECT_OK(dev.compute().Synchronize());
+  EXPECT_EQ(host[1], 2.5f);
+  EXPECT_EQ(host.back(), 2.5f);
+  EXPECT_OK(dev.UnpinHostMemory(host.data(), host.size() * sizeof(float)));
+  // Unregistering twice fails too, and is as harmless for the next launch.
+  EXPECT_FALSE(dev.UnpinHostMemory(host.data(), host.size() * sizeof(float)).ok());
+  EXPECT_OK(dev.Fill(x.data(), DType::kFp32, host.size(), 1.f, dev.compute()));
+  EXPECT_OK(dev.compute().Synchronize());
 }
 #endif
 

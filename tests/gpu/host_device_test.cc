@@ -215,7 +215,11 @@ TEST(HostDeviceTest, ElapsedSecondsCoversTheModelledLink) {
   ASSERT_OK(t1->Synchronize());
   auto s = d->ElapsedSeconds(*t0, *t1);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_GE(*s, bytes / 1e9);
+  // The copy's modelled time runs from when it was ready (enqueued), t0's
+  // stamp from when the stream thread reached it, which a loaded machine
+  // can delay by a fraction of a millisecond; a memcpy without the link
+  // model takes about a tenth of the modelled 8.4 ms.
+  EXPECT_GE(*s, 0.95 * bytes / 1e9);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include "src/scheduler/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "src/common/crc32c.h"
 #include "src/common/dtype.h"
 #include "src/common/half.h"
 #include "src/scheduler/scheduler.h"
@@ -451,7 +453,40 @@ TEST(CheckpointTest, AManifestOfFormatOneIsRefusedSayingWhy) {
       << R"({"format": "strata-checkpoint", "version": 1, "sequence": 1})";
   Status s = NewEngine(c, 9)->LoadCheckpoint(root, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
-  EXPECT_THAT(s.ToString(), HasSubstr("format version 1, this build reads version 2 only"));
+  EXPECT_THAT(s.ToString(), HasSubstr("format version 1, this build reads version 3 only"));
+}
+
+// Version 2 laid the optimizer states out densely; this build starts each
+// tensor on a multiple of 4 elements. The toy model has a 397-element tensor
+// (module 1) before others, so a version-2 checkpoint of it would be read
+// from the wrong offsets: refused, naming the version and the tensor that
+// moves, on restore and on inspection alike.
+TEST(CheckpointTest, ADenseVersionTwoCheckpointWhoseTensorsMoveIsRefused) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  SavedEngine(c, root);
+  const std::string manifest = root + "/ckpt-00000001/MANIFEST.json";
+  std::string text;
+  {
+    std::ifstream f(manifest);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  nlohmann::json m = nlohmann::json::parse(text);
+  EXPECT_EQ(m.at("version"), scheduler::kCheckpointFormatVersion);
+  m["version"] = scheduler::kDenseLayoutCheckpointVersion;
+  m.erase("manifest_crc32c");
+  const std::string content = m.dump();
+  m["manifest_crc32c"] = fmt::format("{:08x}", Crc32c(content.data(), content.size()));
+  std::ofstream(manifest) << m.dump();
+  Status s = NewEngine(c, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("format version 2 stores the optimizer states densely"));
+  EXPECT_THAT(s.ToString(), HasSubstr("this build reads version 3"));
+  // m0: 300 + 20, m1.weight: 397 elements; m1.bias would start at 720.
+  EXPECT_THAT(s.ToString(), HasSubstr("tensor m1.bias would move (the tensors before it hold 717"));
+  auto in = scheduler::InspectCheckpoint(root + "/ckpt-00000001", /*verify=*/false);
+  EXPECT_EQ(in.status().code(), StatusCode::kNotSupported) << in.status();
 }
 
 TEST(CheckpointTest, ResumeRemovesWhatAnInterruptedCleanupLeft) {

@@ -304,11 +304,38 @@ INSTANTIATE_TEST_SUITE_P(
         Case{DType::kFp32, 9, 5, 3}, Case{DType::kBf16, 9, 5, 3}, Case{DType::kFp16, 9, 5, 3},
         // multiples of 8: cuBLAS's tensor-core kernels for bf16/fp16
         Case{DType::kFp32, 64, 24, 3}, Case{DType::kBf16, 64, 24, 3},
-        Case{DType::kFp16, 64, 24, 3}),
+        Case{DType::kFp16, 64, 24, 3},
+        // hidden > 256: rows wider than one 256-thread block (rms norm,
+        // softmax) and column sums over several column tiles and many chunks
+        Case{DType::kFp32, 328, 9, 2}, Case{DType::kBf16, 328, 9, 2},
+        // more than 65,535 rows (tokens): row grids stride in y, one-block-
+        // per-row kernels use a grid x beyond 65,535, column chunks capped
+        Case{DType::kFp32, 8, 1031, 64}, Case{DType::kBf16, 8, 1031, 64}),
     [](const auto& info) {
       return std::string(DTypeName(info.param.dtype)) + "_h" + std::to_string(info.param.hidden) +
              "_n" + std::to_string(info.param.seq_len * info.param.batch);
     });
+
+// ---- the column sums' chunking (host code: runs without a GPU) ------------------------------
+TEST(CudaColumnChunks, FillsAnH100AndStaysInsideThePartialBuffer) {
+  const int64_t cap = int64_t{cuda::kColumnChunks} * 8192;  // the 270M shape: F = 8192
+  auto blocks = [](int64_t C, int chunks) { return (C + 255) / 256 * chunks; };
+  // hidden 2048: 8 column tiles; 128 chunks make 1024 blocks (132 SMs × ~8).
+  EXPECT_EQ(cuda::ColumnChunks(4096, 2048, cap), 128);
+  EXPECT_GE(blocks(2048, cuda::ColumnChunks(4096, 2048, cap)), cuda::kColumnSumBlocks);
+  // F = 8192 already has 32 tiles: the 32 chunks of before.
+  EXPECT_EQ(cuda::ColumnChunks(4096, 8192, cap), cuda::kColumnChunks);
+  for (int64_t C : {1, 24, 45, 256, 2048, 8192, 32000})
+    for (int64_t N : {1, 37, 4096, 70001}) {
+      const int k = cuda::ColumnChunks(N, C, cap);
+      EXPECT_GE(k, 1);
+      EXPECT_LE(k * C, std::max(cap, C)) << "N " << N << " C " << C;  // fits the buffer
+      EXPECT_LE(k, std::min<int64_t>(N, 65535));
+      EXPECT_EQ(k, cuda::ColumnChunks(N, C, cap));  // a function of the shape only
+    }
+  // A buffer of only 32 × C floats keeps the old chunking.
+  EXPECT_EQ(cuda::ColumnChunks(4096, 2048, int64_t{32} * 2048), 32);
+}
 
 // ---- each kernel against a CPU loop --------------------------------------------------------
 class CudaKernels : public ::testing::TestWithParam<DType> {
@@ -363,6 +390,7 @@ TEST_P(CudaKernels, BiasGeluAndItsBackward) {
   const std::vector<float> dg = Rounded(Random(kN * kF), t);
   auto a_d = Upload(a), b_d = Upload(Encode(b, t));
   DeviceMem g(kN * kF * 4), partial(cuda::kColumnChunks * kF * 4), db(kF * 4);
+  const int64_t partial_floats = cuda::kColumnChunks * kF;
   Finish(cuda::BiasGelu(a_d->as<float>(), b_d->get(), kN, kF, dtype(), g.get(), nullptr));
   std::vector<float> want(kN * kF), da(kN * kF), want_db(kF, 0.f);
   for (int64_t n = 0; n < kN; ++n)
@@ -376,7 +404,7 @@ TEST_P(CudaKernels, BiasGeluAndItsBackward) {
               2 * Eps(t), 2 * Eps(t), "gelu");
   auto d = Upload(Encode(dg, t));
   Finish(cuda::GeluBackwardBiasGrad(a_d->as<float>(), b_d->get(), kN, kF, dtype(), d->get(),
-                                    partial.as<float>(), db.get(), nullptr));
+                                    partial.as<float>(), partial_floats, db.get(), nullptr));
   ExpectClose(Decode(DownloadBytes(d->get(), kN * kF * DTypeSize(t)), t), Rounded(da, t),
               2 * Eps(t), 2 * Eps(t), "da");
   ExpectClose(Decode(DownloadBytes(db.get(), kF * DTypeSize(t)), t), Rounded(want_db, t),
@@ -393,7 +421,7 @@ TEST_P(CudaKernels, ColumnSumCastAndAddRowBias) {
   DeviceMem xt(kN * kH * 4), partial(cuda::kColumnChunks * kH * 4), db(kH * 4), out(kN * kH * 4);
   for (bool cast : {true, false}) {
     Finish(cuda::ColumnSumCast(x_d->as<float>(), kN, kH, dtype(), cast ? xt.get() : nullptr,
-                               partial.as<float>(), db.get(), nullptr));
+                               partial.as<float>(), cuda::kColumnChunks * kH, db.get(), nullptr));
     ExpectClose(Decode(DownloadBytes(db.get(), kH * DTypeSize(t)), t), Rounded(sum, t),
                 2 * Eps(t) + 1e-5, 2 * Eps(t) + 1e-5, "column sum");
   }
@@ -404,6 +432,40 @@ TEST_P(CudaKernels, ColumnSumCastAndAddRowBias) {
   for (int64_t n = 0; n < kN; ++n)
     for (int64_t j = 0; j < kH; ++j) want[n * kH + j] = x[n * kH + j] + b[j];
   ExpectClose(DownloadFloats(out.get(), kN * kH), want, 0, 0, "x + b");
+}
+
+// Wide and tall column sums: hidden 2048 (8 column tiles, so 128 row chunks
+// to fill a large GPU) and more than 65,535 rows (chunks capped at 65,535);
+// the sum matches the CPU loop and a second run gives the same bits.
+TEST_P(CudaKernels, ColumnSumsOverManyChunksAreDeterministic) {
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  const DType t = GetParam();
+  struct Shape {
+    int64_t N, C;
+  };
+  for (const Shape sh : {Shape{300, 2048}, Shape{70001, 24}}) {
+    SCOPED_TRACE("N " + std::to_string(sh.N) + " C " + std::to_string(sh.C));
+    const std::vector<float> x = Random(static_cast<size_t>(sh.N * sh.C));
+    std::vector<float> sum(static_cast<size_t>(sh.C));
+    ops::ColumnSum(x.data(), sh.N, sh.C, sum.data());
+    const int64_t partial_floats = int64_t{cuda::kColumnChunks} * 8192;
+    auto x_d = Upload(x);
+    DeviceMem partial(static_cast<size_t>(partial_floats) * 4), db(static_cast<size_t>(sh.C) * 4);
+    std::vector<uint8_t> first;
+    for (int run = 0; run < 2; ++run) {
+      Finish(cuda::ColumnSumCast(x_d->as<float>(), sh.N, sh.C, dtype(), nullptr,
+                                 partial.as<float>(), partial_floats, db.get(), nullptr));
+      std::vector<uint8_t> got = DownloadBytes(db.get(), static_cast<size_t>(sh.C) * DTypeSize(t));
+      if (run == 0) {
+        // fp32 sums of up to 70,001 values in a different order: ~1e-6 relative.
+        ExpectClose(Decode(got, t), Rounded(sum, t), 2 * Eps(t) + 1e-5, 2 * Eps(t) + 1e-5,
+                    "column sum");
+        first = std::move(got);
+      } else {
+        EXPECT_EQ(got, first) << "a second run gave other bits";
+      }
+    }
+  }
 }
 
 TEST_P(CudaKernels, SoftmaxCrossEntropyWithBias) {

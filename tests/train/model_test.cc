@@ -468,7 +468,13 @@ TEST(CudaBackend, FailsCleanlyWithoutAGpu) {
     EXPECT_EQ(be.status().code(), StatusCode::kNotSupported);
     return;
   }
-  ASSERT_TRUE(be.ok()) << be.status();
+  if (!be.ok()) {
+    // Creation loads the backend's kernels (before any launch: lazy loading
+    // may synchronize the context); without a GPU that is where it stops.
+    EXPECT_THAT(std::string(be.status().message()),
+                ::testing::HasSubstr("loading the example's CUDA kernels"));
+    return;
+  }
   Status st = (*be)->Prepare();
   if (st.ok())
     GTEST_SKIP() << "a GPU is present: the CUDA backend set up (not exercised further here)";
