@@ -72,18 +72,19 @@ struct Plan {
   std::string nvme_size;
   std::vector<std::string> nvme_blocks;
   std::vector<int> nvme_depths;
+  int nvme_runs;  // per point: engine and fio alternated, medians
   int train_steps;
   std::string gpu_adam_params;
 };
 
 Plan PlanFor(bool tiny, bool quick, bool cuda) {
   if (tiny)
-    return {"64K,1M", 2, "1M", 2, "16M", {"256K", "1M"}, {4}, 3, "4000000"};
+    return {"64K,1M", 2, "1M", 2, "16M", {"256K", "1M"}, {4}, 1, 3, "4000000"};
   if (quick)
     return {cuda ? "64K..256M" : "64K..16M", 3, cuda ? "50M" : "10M", 3, cuda ? "512M" : "64M",
-            {"128K", "1M", "4M"}, {4, 16}, cuda ? 4 : 5, "50000000"};
+            {"128K", "1M", "4M"}, {4, 16}, 2, cuda ? 4 : 5, "50000000"};
   return {cuda ? "64K..1G" : "64K..256M", 5, cuda ? "200M" : "50M", 5, cuda ? "2G" : "256M",
-          {"128K", "512K", "1M", "4M"}, {1, 4, 16, 32}, cuda ? 10 : 12, "200000000"};
+          {"128K", "512K", "1M", "4M"}, {1, 4, 16, 32}, 3, cuda ? 10 : 12, "200000000"};
 }
 
 double NowS() {
@@ -469,7 +470,7 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
   if (!fio) s.notes.push_back("fio is not installed (apt-get install fio): the engine alone");
   s.device = dir;
   std::map<std::string, report::Series> series;  // "engine read qd 4" ...
-  Table t{.caption = "GB/s (one run each)",
+  Table t{.caption = "GB/s (median of " + std::to_string(p.nvme_runs) + " run(s) each, engine and fio alternated)",
           .header = {"block", "queue depth", "engine write", "engine read", "fio write",
                      "fio read"}};
   double best_ew = 0, best_er = 0, best_fw = 0, best_fr = 0;
@@ -486,7 +487,8 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
       }
       std::vector<std::string> argv = {"strata", "bench", "nvme", "--json", "--path", dir,
                                        "--size", p.nvme_size, "--block-size", bs,
-                                       "--queue-depth", std::to_string(qd), "--runs", "1"};
+                                       "--queue-depth", std::to_string(qd), "--runs",
+                                       std::to_string(p.nvme_runs)};
       if (fio) argv.push_back("--vs-fio");
       const std::string cmd = Rerun(argv);
       s.commands.push_back(cmd);
@@ -786,6 +788,14 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
 
 // ---------------------------------------------------------------- GPU only
 
+// A bench binary built beside this strata (BUILD/bench/NAME), or "".
+std::string BenchBinary(const std::string& name) {
+  const std::string path =
+      std::filesystem::path(report::SelfExe()).parent_path().parent_path().parent_path() /
+      "bench" / name;
+  return access(path.c_str(), X_OK) == 0 ? path : std::string();
+}
+
 Section GpuAdam(Runner& run, const Plan& p, bool cuda) {
   Section s{.id = "gpu_adam", .title = "GPU optimizer: the device Adam against HBM bandwidth"};
   if (!cuda) {
@@ -793,13 +803,10 @@ Section GpuAdam(Runner& run, const Plan& p, bool cuda) {
     s.reason = "no GPU";
     return s;
   }
-  const std::string exe = report::SelfExe();
-  const std::string bench =
-      std::filesystem::path(exe).parent_path().parent_path().parent_path() / "bench" /
-      "bench_gpu_adam";
-  if (access(bench.c_str(), X_OK) != 0) {
+  const std::string bench = BenchBinary("bench_gpu_adam");
+  if (bench.empty()) {
     s.state = SectionState::kSkipped;
-    s.reason = bench + " not found (build the bench targets)";
+    s.reason = "bench/bench_gpu_adam not found beside this strata (build the bench targets)";
     return s;
   }
   json rows = json::array();
@@ -835,6 +842,81 @@ Section GpuAdam(Runner& run, const Plan& p, bool cuda) {
   Settle(s, done);
   s.raw = rows;
   if (done > 0) s.tables.push_back(t);
+  return s;
+}
+
+// The model's compute per micro-batch (the training run on the GPU: none/none
+// if it ran) against bench_gemm: its GEMMs of one micro-batch, raw cuBLAS.
+Section Gemm(Runner& run, const json& base, const Section& training, bool cuda) {
+  Section s{.id = "gemm", .title = "GPU compute: the model's GEMMs against raw cuBLAS"};
+  if (!cuda) {
+    s.state = SectionState::kSkipped;
+    s.reason = "no GPU";
+    return s;
+  }
+  const std::string bench = BenchBinary("bench_gemm");
+  if (bench.empty()) {
+    s.state = SectionState::kSkipped;
+    s.reason = "bench/bench_gemm not found beside this strata (build the bench targets)";
+    return s;
+  }
+  const json* train = nullptr;
+  std::string placement;
+  for (const char* want : {"none/none", "cpu/none", "cpu/cpu", "nvme/nvme"})
+    if (!train && training.raw.is_object() && training.raw.contains(want)) {
+      train = &training.raw[want];
+      placement = want;
+    }
+  if (train == nullptr) {
+    s.state = SectionState::kSkipped;
+    s.reason = "no training run to compare with";
+    return s;
+  }
+  const json& m = base["strata"]["model"];
+  const int64_t tokens = base.value("train_micro_batch_size_per_gpu", int64_t{1}) *
+                         m.value("seq_len", int64_t{64});
+  const int64_t gas = std::max<int64_t>(1, base.value("gradient_accumulation_steps", int64_t{1}));
+  const std::string dtype = base.contains("bf16") && base["bf16"].value("enabled", false) ? "bf16"
+                            : base.contains("fp16") && base["fp16"].value("enabled", false)
+                                ? "fp16"
+                                : "fp32";
+  const std::vector<std::string> argv = {
+      bench,    "--layers", std::to_string(m.value("layers", 4)),
+      "--hidden", std::to_string(m.value("hidden", 256)), "--tokens", std::to_string(tokens),
+      "--vocab", std::to_string(m.value("vocab", 256)), "--dtype", dtype, "--reps", "10",
+      "--json"};
+  const std::string cmd = Rerun(argv);
+  s.commands.push_back(cmd);
+  json j;
+  std::string why;
+  if (!Record(s, run.RunJson("gemm", argv, &j, &why), "bench_gemm", why)) {
+    Settle(s, 0);
+    return s;
+  }
+  s.raw = {{"bench_gemm", j}, {"placement", placement}};
+  s.device = Str(j, "device");
+  std::vector<double> compute;
+  if (train->contains("per_step"))
+    for (size_t k = (*train)["per_step"].size() > 1 ? 1 : 0; k < (*train)["per_step"].size(); ++k)
+      compute.push_back(Num((*train)["per_step"][k], "compute_s"));
+  const double model_s = MedianOf(compute) / static_cast<double>(gas);
+  const double gemm_s = Num(j, "gemm_s_per_micro_batch");
+  s.notes.push_back("The model's compute per micro-batch (" + placement +
+                    ", median step's compute / " + std::to_string(gas) +
+                    " micro-batches) against its GEMMs alone, timed raw: the rest is the model's "
+                    "own kernels and launch gaps.");
+  s.tables.push_back(
+      {.caption = "one micro-batch",
+       .header = {"GEMMs", "TFLOP/s raw", "raw GEMM ms", "model compute ms", "GEMM / compute"},
+       .rows = {{std::to_string(j.value("gemms_per_micro_batch", 0)),
+                 report::Fixed(Num(j, "tflops"), 1), report::Fixed(gemm_s * 1e3, 3),
+                 report::Fixed(model_s * 1e3, 3), report::Fixed(gemm_s / model_s, 3)}}});
+  s.figures.push_back({"raw cuBLAS GEMMs per micro-batch", gemm_s, "s", s.device, cmd});
+  s.figures.push_back({"raw cuBLAS GEMM throughput", Num(j, "tflops"), "TFLOP/s", s.device, cmd});
+  s.figures.push_back({"model compute per micro-batch (" + placement + ")", model_s, "s", s.device,
+                       "strata train ... (the training section's " + placement + " run)"});
+  s.figures.push_back({"raw GEMM time / model compute time", gemm_s / model_s, "ratio", s.device,
+                       cmd});
   return s;
 }
 
@@ -909,13 +991,7 @@ int RunReport(const ReportArgs& a) {
   r.sections.push_back(Nvme(run, plan, nvme_dir, &checks));
   const json base = a.config.empty() ? BaseTrainConfig(a.tiny, a.quick, cuda, info) : user_config;
   r.sections.push_back(Training(run, plan, base, dev, out, nvme_dir, cuda, &checks));
-  {
-    Section g{.id = "gemm", .title = "GPU compute: the model's GEMMs against raw cuBLAS"};
-    g.state = SectionState::kSkipped;
-    g.reason = cuda ? "not measured: this build of strata report has no raw cuBLAS GEMM timing"
-                    : "no GPU";
-    r.sections.push_back(g);
-  }
+  r.sections.push_back(Gemm(run, base, r.sections.back(), cuda));
   if (a.tiny) report::SkipRatioChecks(&checks, "--tiny: sizes too small to judge");
   checks.push_back(report::NoFailureCheck(r.sections));
   r.checks = checks;
