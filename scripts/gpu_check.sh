@@ -48,6 +48,7 @@ if [ ! -f "$BUILD/CTestTestfile.cmake" ]; then
 fi
 status=0
 problems=()
+notes=()
 
 # 1. The tests: CUDA ones (and the rest of the gpu label) in GPU mode, a few
 #    host ones in --host mode; at most half the budget.
@@ -76,6 +77,12 @@ elif [ "$rc" != 0 ] && [ ${#problems[@]} = 0 ]; then
   problems+=("FAIL: ctest exit $rc")
 fi
 if grep -q "No tests were found" "$LOG"; then problems+=("FAIL: no gpu-labelled tests in $BUILD"); fi
+# On a GPU a skipped CUDA case usually means the device was not usable: say
+# how many (not a failure: a multi-GPU case skips on one GPU).
+skipped=$(grep -c '(Skipped)$' "$LOG" || true)
+if [ "$HOST" = 0 ] && [ "$skipped" -gt 0 ]; then
+  notes+=("note: $skipped gpu-labelled tests skipped, first: $(grep -m1 '(Skipped)$' "$LOG" | sed 's/^[[:space:]]*//')")
+fi
 rm -f "$LOG"
 [ ${#problems[@]} = 0 ] || status=1
 
@@ -91,6 +98,7 @@ if [ "$LEFT" -lt 20 ]; then
   problems+=("SKIPPED: strata report (${LEFT} s left of ${BUDGET} s)")
   status=1
 else
+  rm -f "$REPORT_DIR/report.json" "$REPORT_DIR/index.html"  # never check an older run's page
   echo "== gpu_check: $STRATA report ${args[*]} --out $REPORT_DIR --time-limit $LEFT"
   timeout --signal=TERM --kill-after=20 "$((LEFT + 30))" \
     "$STRATA" report "${args[@]}" --out "$REPORT_DIR" --time-limit "$LEFT"
@@ -98,7 +106,10 @@ else
   if [ "$rc" != 0 ]; then problems+=("FAIL: strata report exit $rc"); status=1; fi
   # The page: report.json parses, every section that should have run did,
   # and index.html holds one <svg> per chart report.json counts.
-  if ! /usr/bin/env python3 - "$REPORT_DIR" "$HOST" <<'PY'
+  if [ ! -f "$REPORT_DIR/report.json" ]; then
+    problems+=("FAIL: strata report wrote no $REPORT_DIR/report.json")
+    status=1
+  elif ! /usr/bin/env python3 - "$REPORT_DIR" "$HOST" <<'PY'
 import json, sys
 out, host = sys.argv[1], sys.argv[2] == "1"
 j = json.load(open(out + "/report.json"))
@@ -134,6 +145,7 @@ PY
 fi
 
 echo "== gpu_check: ${SECONDS} s of ${BUDGET} s"
+[ ${#notes[@]} = 0 ] || printf 'gpu_check: %s\n' "${notes[@]}"
 if [ ${#problems[@]} = 0 ]; then
   echo "gpu_check: all passed (report: $REPORT_DIR/index.html)"
 else
