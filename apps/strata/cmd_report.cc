@@ -60,6 +60,7 @@ struct ReportArgs {
   std::string nvme_path;
   double time_limit = 0;  // 0: the default of the mode
   std::string device = "auto";
+  bool json = false;  // print report.json instead of the summary table
   std::vector<std::string> argv;  // the command line, for the page
 };
 
@@ -74,17 +75,18 @@ struct Plan {
   std::vector<int> nvme_depths;
   int nvme_runs;  // per point: engine and fio alternated, medians
   int train_steps;
+  int train_rounds;  // every placement in turn, this many times
   std::string gpu_adam_params;
 };
 
 Plan PlanFor(bool tiny, bool quick, bool cuda) {
   if (tiny)
-    return {"64K,1M", 2, "1M", 2, "16M", {"256K", "1M"}, {4}, 1, 3, "4000000"};
+    return {"64K,1M", 2, "1M", 2, "16M", {"256K", "1M"}, {4}, 1, 3, 1, "4000000"};
   if (quick)
     return {cuda ? "64K..256M" : "64K..16M", 3, cuda ? "50M" : "10M", 3, cuda ? "512M" : "64M",
-            {"128K", "1M", "4M"}, {4, 16}, 2, cuda ? 4 : 5, "50000000"};
+            {"128K", "1M", "4M"}, {4, 16}, 2, cuda ? 4 : 5, 1, "50000000"};
   return {cuda ? "64K..1G" : "64K..256M", 5, cuda ? "200M" : "50M", 5, cuda ? "2G" : "256M",
-          {"128K", "512K", "1M", "4M"}, {1, 4, 16, 32}, 3, cuda ? 10 : 12, "200000000"};
+          {"128K", "512K", "1M", "4M"}, {1, 4, 16, 32}, 3, cuda ? 10 : 12, cuda ? 2 : 3, "200000000"};
 }
 
 double NowS() {
@@ -661,13 +663,12 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
                     base["strata"].value("hbm_budget", std::string("?")));
   struct Run {
     std::string name, cmd;
-    json j;
+    json j;                   // the first round's run: losses, per-step phases
+    std::vector<json> all;    // every round's
   };
   std::vector<Run> runs;
-  size_t i = 0;
-  for (; i < std::size(kPlacements); ++i) {
-    const Placement pl = kPlacements[i];
-    const std::string name = std::string(pl.opt) + "/" + pl.param;
+  std::vector<std::vector<std::string>> argvs;
+  for (const Placement pl : kPlacements) {
     json c = base;
     json& z = c["zero_optimization"];
     z["offload_optimizer"] = {{"device", pl.opt}};
@@ -682,23 +683,43 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
     }
     const std::string path = out_dir + "/configs/" + pl.opt + "_" + pl.param + ".json";
     std::ofstream(path) << c.dump(2) << "\n";
-    const std::vector<std::string> argv = {"strata", "train",   "--config",
-                                           path,     "--steps", std::to_string(p.train_steps),
-                                           "--device", dev,     "--json"};
-    const std::string cmd = Rerun(argv);
-    s.commands.push_back(cmd);
-    json j;
-    std::string why;
-    if (!Record(s, run.RunJson("training", argv, &j, &why), name, why)) break;
-    runs.push_back({name, cmd, j});
+    argvs.push_back({"strata", "train", "--config", path, "--steps",
+                     std::to_string(p.train_steps), "--device", dev, "--json"});
+    runs.push_back({std::string(pl.opt) + "/" + pl.param, Rerun(argvs.back()), json(), {}});
   }
-  for (size_t k = i + 1; k < std::size(kPlacements); ++k)
-    s.skipped.push_back(std::string(kPlacements[k].opt) + "/" + kPlacements[k].param +
-                        " (not started)");
+  // Rounds of every placement in turn, so that all see the same machine
+  // noise; figures are medians over the rounds.
+  bool stop = false;
+  for (int round = 0; round < p.train_rounds; ++round) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const std::string part =
+          runs[i].name + (p.train_rounds > 1 ? ", round " + std::to_string(round + 1) : "");
+      if (stop) {
+        s.skipped.push_back(part + " (not started)");
+        continue;
+      }
+      if (round == 0) s.commands.push_back(runs[i].cmd);
+      json j;
+      std::string why;
+      if (!Record(s, run.RunJson("training", argvs[i], &j, &why), part, why)) {
+        stop = true;
+        continue;
+      }
+      if (round == 0) runs[i].j = j;
+      runs[i].all.push_back(j);
+    }
+  }
+  // A placement whose first round did not run is left out.
+  std::erase_if(runs, [](const Run& r) { return r.all.empty(); });
   Settle(s, runs.size());
   json raw = json::object();
-  for (const Run& r : runs) raw[r.name] = r.j;
+  for (const Run& r : runs) raw[r.name] = r.all;
   s.raw = raw;
+  auto median_of = [](const Run& r, const char* key) {
+    std::vector<double> v;
+    for (const json& j : r.all) v.push_back(Num(j, key));
+    return MedianOf(v);
+  };
   if (runs.empty()) {
     checks->push_back(report::SkippedCheck("placements' losses agree", "<= 1e-3 relative",
                                            "no placement ran"));
@@ -711,8 +732,9 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
       if (!ref && r.name == want) ref = &r;
   double base_tps = NAN;
   for (const Run& r : runs)
-    if (r.name == "none/none") base_tps = Num(r.j, "tokens_per_s");
-  Table t{.caption = "medians over the steps",
+    if (r.name == "none/none") base_tps = median_of(r, "tokens_per_s");
+  Table t{.caption = "medians over the steps (and over " + std::to_string(p.train_rounds) +
+                     " round(s) of the placements in turn)",
           .header = {"placement", "step time s", "tokens/s", "vs none/none", "bound efficiency",
                      "bound by", "final loss", "loss vs " + (ref ? ref->name : std::string("-"))}};
   report::StackedBarChart bars{
@@ -725,7 +747,8 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
   double worst_all = 0;
   for (const Run& r : runs) {
     const json& j = r.j;
-    const double tps = Num(j, "tokens_per_s");
+    const double tps = median_of(r, "tokens_per_s");
+    const double step_s = median_of(r, "step_time_s"), bound = median_of(r, "bound_efficiency");
     std::vector<double> losses = j.value("losses", std::vector<double>{});
     std::string vs_ref = "-";
     if (ref && &r != ref) {
@@ -741,15 +764,14 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
                     " at step " + std::to_string(step);
       }
     }
-    t.rows.push_back({r.name, report::Fixed(Num(j, "step_time_s"), 4), report::Fixed(tps, 0),
-                      report::Fixed(tps / base_tps, 3), report::Fixed(Num(j, "bound_efficiency"), 3),
+    t.rows.push_back({r.name, report::Fixed(step_s, 4), report::Fixed(tps, 0),
+                      report::Fixed(tps / base_tps, 3), report::Fixed(bound, 3),
                       Str(j, "bound_by"), report::Fixed(Num(j, "final_loss"), 5), vs_ref});
-    s.figures.push_back({r.name + " step time", Num(j, "step_time_s"), "s", Str(j, "device"), r.cmd});
+    s.figures.push_back({r.name + " step time", step_s, "s", Str(j, "device"), r.cmd});
     s.figures.push_back({r.name + " tokens/s", tps, "tokens/s", Str(j, "device"), r.cmd});
     s.figures.push_back(
         {r.name + " tokens/s vs none/none", tps / base_tps, "ratio", Str(j, "device"), r.cmd});
-    s.figures.push_back(
-        {r.name + " bound efficiency", Num(j, "bound_efficiency"), "ratio", Str(j, "device"), r.cmd});
+    s.figures.push_back({r.name + " bound efficiency", bound, "ratio", Str(j, "device"), r.cmd});
     // Per-phase medians over the steps after the first (which warms up).
     std::vector<double> comp, fetch, opt, other;
     const json& steps = j.contains("per_step") ? j["per_step"] : json::array();
@@ -864,7 +886,7 @@ Section Gemm(Runner& run, const json& base, const Section& training, bool cuda) 
   std::string placement;
   for (const char* want : {"none/none", "cpu/none", "cpu/cpu", "nvme/nvme"})
     if (!train && training.raw.is_object() && training.raw.contains(want)) {
-      train = &training.raw[want];
+      train = &training.raw[want][0];
       placement = want;
     }
   if (train == nullptr) {
@@ -1008,6 +1030,10 @@ int RunReport(const ReportArgs& a) {
     f << report::RenderPage(r);
     if (!f) return Fail(kCommand, IOError(html_path + ": write failed"));
   }
+  if (a.json) {
+    std::printf("%s\n", report::ToJson(r).dump(2).c_str());
+    return report::ExitCodeFor(r);
+  }
   std::printf("strata report: %s, %.0f s (limit %.0f s)\n", r.device.c_str(), r.elapsed_s, limit);
   std::printf("%s", report::SummaryTable(r).c_str());
   std::printf("wrote %s\n      %s\n", html_path.c_str(), json_path.c_str());
@@ -1036,11 +1062,13 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& result) {
   cmd->add_option("--device", a->device, "auto|cuda|host (host: the host backend, no GPU)")
       ->check(CLI::IsMember({"auto", "cuda", "host"}))
       ->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print report.json instead of the summary table");
   cmd->callback([a, &result] {
     // The command line as given, for the page and report.json.
     a->argv = {"strata", "report", "--out", a->out};
     if (a->quick) a->argv.push_back("--quick");
     if (a->tiny) a->argv.push_back("--tiny");
+    if (a->json) a->argv.push_back("--json");
     if (a->device != "auto") a->argv.insert(a->argv.end(), {"--device", a->device});
     if (!a->config.empty()) a->argv.insert(a->argv.end(), {"--config", a->config});
     if (!a->nvme_path.empty()) a->argv.insert(a->argv.end(), {"--nvme-path", a->nvme_path});
