@@ -99,18 +99,18 @@ int main(int argc, char** argv) {
   const int64_t F = 4 * H;
   std::vector<Gemm> list;
   for (int64_t l = 0; l < L; ++l) {
-    list.push_back({false, true, N, F, H, H, H, F, true, 0.f});   // a = u·W1ᵀ
-    list.push_back({false, true, N, H, F, F, F, H, true, 1.f});   // h += g·W2ᵀ
+    list.push_back({false, true, N, F, H, H, H, F, true, 0.f});  // a = u·W1ᵀ
+    list.push_back({false, true, N, H, F, F, F, H, true, 1.f});  // h += g·W2ᵀ
   }
-  list.push_back({false, true, N, V, H, H, H, V, true, 0.f});     // logits
-  list.push_back({true, false, V, H, N, V, H, H, false, 0.f});    // dWout
-  list.push_back({false, false, N, H, V, V, H, H, true, 0.f});    // du
+  list.push_back({false, true, N, V, H, H, H, V, true, 0.f});   // logits
+  list.push_back({true, false, V, H, N, V, H, H, false, 0.f});  // dWout
+  list.push_back({false, false, N, H, V, V, H, H, true, 0.f});  // du
   for (int64_t l = 0; l < L; ++l) {
-    list.push_back({false, true, N, F, H, H, H, F, true, 0.f});   // recompute a
-    list.push_back({true, false, H, F, N, H, F, F, false, 0.f});  // dW2
-    list.push_back({false, false, N, F, H, H, F, F, false, 0.f}); // dg
-    list.push_back({true, false, F, H, N, F, H, H, false, 0.f});  // dW1
-    list.push_back({false, false, N, H, F, F, H, H, true, 0.f});  // du
+    list.push_back({false, true, N, F, H, H, H, F, true, 0.f});    // recompute a
+    list.push_back({true, false, H, F, N, H, F, F, false, 0.f});   // dW2
+    list.push_back({false, false, N, F, H, H, F, F, false, 0.f});  // dg
+    list.push_back({true, false, F, H, N, F, H, H, false, 0.f});   // dW1
+    list.push_back({false, false, N, H, F, F, H, H, true, 0.f});   // du
   }
   const cudaDataType type =
       dtype == "bf16" ? CUDA_R_16BF : (dtype == "fp16" ? CUDA_R_16F : CUDA_R_32F);
@@ -140,19 +140,19 @@ int main(int argc, char** argv) {
   cublasHandle_t blas;
   Blas(cublasCreate(&blas), "cublasCreate");
   Blas(cublasSetStream(blas, stream), "cublasSetStream");
-  Blas(cublasSetMathMode(blas, static_cast<cublasMath_t>(
-                                   CUBLAS_DEFAULT_MATH |
-                                   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+  Blas(cublasSetMathMode(
+           blas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
        "cublasSetMathMode");
   auto micro_batch = [&] {
     for (const Gemm& g : list) {
       const float alpha = 1.f;
       // Row-major C = op(A)·op(B) as column-major Cᵀ = op(B)ᵀ·op(A)ᵀ (as the backend).
       Blas(cublasGemmEx(blas, g.tb ? CUBLAS_OP_T : CUBLAS_OP_N, g.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                        static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k),
-                        &alpha, b, type, static_cast<int>(g.ldb), a, type,
-                        static_cast<int>(g.lda), &g.beta, c, g.c_is_fp32 ? CUDA_R_32F : type,
-                        static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        static_cast<int>(g.n), static_cast<int>(g.m), static_cast<int>(g.k), &alpha,
+                        b, type, static_cast<int>(g.ldb), a, type, static_cast<int>(g.lda), &g.beta,
+                        c, g.c_is_fp32 ? CUDA_R_32F : type, static_cast<int>(g.ldc),
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
            "cublasGemmEx");
     }
   };
@@ -179,15 +179,15 @@ int main(int argc, char** argv) {
         "{\"device\": \"%s\", \"layers\": %lld, \"hidden\": %lld, \"tokens\": %lld, \"vocab\": "
         "%lld, \"dtype\": \"%s\", \"gemms_per_micro_batch\": %zu, \"flops_per_micro_batch\": "
         "%.6g, \"gemm_s_per_micro_batch\": %.6g, \"tflops\": %.6g, \"reps\": %d}\n",
-        prop.name, static_cast<long long>(L), static_cast<long long>(H),
-        static_cast<long long>(N), static_cast<long long>(V), dtype.c_str(), list.size(), flops,
-        med, flops / med / 1e12, reps);
+        prop.name, static_cast<long long>(L), static_cast<long long>(H), static_cast<long long>(N),
+        static_cast<long long>(V), dtype.c_str(), list.size(), flops, med, flops / med / 1e12,
+        reps);
   else
-    std::printf("%s: %zu GEMMs per micro-batch (%s, N=%lld H=%lld L=%lld V=%lld): %.3f ms "
-                "(median of %d), %.1f TFLOP/s\n",
-                prop.name, list.size(), dtype.c_str(), static_cast<long long>(N),
-                static_cast<long long>(H), static_cast<long long>(L), static_cast<long long>(V),
-                med * 1e3, reps, flops / med / 1e12);
+    std::printf(
+        "%s: %zu GEMMs per micro-batch (%s, N=%lld H=%lld L=%lld V=%lld): %.3f ms "
+        "(median of %d), %.1f TFLOP/s\n",
+        prop.name, list.size(), dtype.c_str(), static_cast<long long>(N), static_cast<long long>(H),
+        static_cast<long long>(L), static_cast<long long>(V), med * 1e3, reps, flops / med / 1e12);
   cublasDestroy(blas);
   cudaStreamDestroy(stream);
   cudaFree(a);

@@ -3,6 +3,8 @@
 // (legend right of the data, x axis from the first point), the page and
 // report.json, and the command itself at its smallest sizes (--tiny) and
 // under a time limit that leaves no room.
+#include "apps/strata/report/report.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -16,7 +18,6 @@
 #include <string>
 
 #include "apps/strata/exit_codes.h"
-#include "apps/strata/report/report.h"
 #include "apps/strata/report/report_html.h"
 #include "tests/test_util.h"
 
@@ -197,8 +198,8 @@ TEST(ReportPage, OneSvgPerChartAndNoScript) {
   LineChart c{.title = "t <x>", .x_label = "x", .y_label = "y"};
   c.series.push_back({.name = "s", .points = {{1, 2}, {2, 3}}});
   r.sections[0].charts = {RenderLineChart(c), RenderLineChart(c)};
-  Section skipped{.id = "gpu_adam", .title = "GPU", .state = SectionState::kSkipped,
-                  .reason = "no GPU"};
+  Section skipped{
+      .id = "gpu_adam", .title = "GPU", .state = SectionState::kSkipped, .reason = "no GPU"};
   r.sections.push_back(skipped);
   const std::string html = RenderPage(r);
   size_t svgs = 0;
@@ -298,8 +299,8 @@ TEST(ReportCommand, TimeLimitStopsAndListsWhatItSkipped) {
   EXPECT_EQ(j, json::parse(ReadAll(out + "/report.json"), nullptr, false));
   std::string skipped;
   for (const json& s : j["skipped"]) skipped += s.get<std::string>() + "\n";
-  for (const char* id : {"pcie (time limit", "cpu_adam (time limit", "nvme (time limit",
-                         "training (time limit"})
+  for (const char* id :
+       {"pcie (time limit", "cpu_adam (time limit", "nvme (time limit", "training (time limit"})
     EXPECT_NE(skipped.find(id), std::string::npos) << id << " in\n" << skipped;
   for (const json& c : j["checks"]) EXPECT_NE(c["state"], "FAIL") << c;
 }
@@ -307,9 +308,9 @@ TEST(ReportCommand, TimeLimitStopsAndListsWhatItSkipped) {
 TEST(ReportCommand, BadConfigIsAConfigError) {
   testing::ScratchDir dir;
   std::ofstream(dir.str() + "/bad.json") << "{ not json";
-  const RunResult r = RunCli("report --tiny --device host --out " + dir.str() + "/r --config " +
-                                 dir.str() + "/bad.json",
-                             dir.str());
+  const RunResult r = RunCli(
+      "report --tiny --device host --out " + dir.str() + "/r --config " + dir.str() + "/bad.json",
+      dir.str());
   EXPECT_EQ(r.exit_code, kExitConfig) << r.err;
   EXPECT_NE(r.err.find("bad.json"), std::string::npos) << r.err;
 }

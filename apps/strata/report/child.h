@@ -11,7 +11,7 @@
 namespace strata::cli::report {
 
 struct ChildResult {
-  int exit_code = -1;     // the child's exit status; 128 + N after signal N
+  int exit_code = -1;      // the child's exit status; 128 + N after signal N
   bool timed_out = false;  // stopped at the deadline (SIGTERM, then SIGKILL 5 s later)
   std::string out;         // all of stdout
   std::string err_tail;    // the last 4 KiB of stderr
@@ -19,7 +19,8 @@ struct ChildResult {
   std::string error;  // non-empty when it could not be started (fork/exec/pipe failed)
 };
 
-// Runs argv[0] (searched on PATH when it has no slash) with argv (no shell) for at most `timeout_s` seconds.
+// Runs argv[0] (searched on PATH when it has no slash) with argv (no shell) for at most `timeout_s`
+// seconds.
 ChildResult RunChild(const std::vector<std::string>& argv, double timeout_s);
 
 // The path of the running binary (/proc/self/exe), for running itself.

@@ -162,15 +162,9 @@ json ToJson(const Report& r) {
   j["quick"] = r.quick;
   json sections = json::array();
   for (const Section& s : r.sections) {
-    json js = {{"id", s.id},
-               {"title", s.title},
-               {"state", SectionStateName(s.state)},
-               {"reason", s.reason},
-               {"device", s.device},
-               {"commands", s.commands},
-               {"notes", s.notes},
-               {"skipped", s.skipped},
-               {"charts", s.charts.size()},
+    json js = {{"id", s.id},         {"title", s.title},     {"state", SectionStateName(s.state)},
+               {"reason", s.reason}, {"device", s.device},   {"commands", s.commands},
+               {"notes", s.notes},   {"skipped", s.skipped}, {"charts", s.charts.size()},
                {"raw", s.raw}};
     json figs = json::array();
     for (const Figure& f : s.figures) figs.push_back(FigureJson(f));

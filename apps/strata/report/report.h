@@ -35,13 +35,13 @@ struct Section {
   std::string id;     // "machine", "pcie", "nvme", "cpu_adam", "training", "gpu_adam", "gemm"
   std::string title;  // heading of the page
   SectionState state = SectionState::kOk;
-  std::string reason;  // why skipped or failed (empty when ok)
-  std::string device;  // what it measured
+  std::string reason;                 // why skipped or failed (empty when ok)
+  std::string device;                 // what it measured
   std::vector<std::string> commands;  // every command it ran, in order
   std::vector<Figure> figures;
   std::vector<Table> tables;
-  std::vector<std::string> charts;  // inline SVG (not written to report.json)
-  std::vector<std::string> notes;   // one-line remarks shown under the heading
+  std::vector<std::string> charts;   // inline SVG (not written to report.json)
+  std::vector<std::string> notes;    // one-line remarks shown under the heading
   std::vector<std::string> skipped;  // parts left out (time limit), each with its reason
   nlohmann::json raw = nlohmann::json::object();  // the measurements' own JSON
 };

@@ -192,7 +192,8 @@ std::string RenderLineChart(const LineChart& c) {
   // X ticks.
   std::vector<double> xt;
   if (c.log2_x) {
-    const int lo = static_cast<int>(std::ceil(a - 1e-9)), hi = static_cast<int>(std::floor(b + 1e-9));
+    const int lo = static_cast<int>(std::ceil(a - 1e-9)),
+              hi = static_cast<int>(std::floor(b + 1e-9));
     const int stride = std::max(1, (hi - lo + 1 + 7) / 8);
     for (int e = lo; e <= hi; e += stride) xt.push_back(std::pow(2.0, e));
   } else {
@@ -201,8 +202,7 @@ std::string RenderLineChart(const LineChart& c) {
     for (const Series& s : c.series)
       for (auto [x, y] : s.points) whole = whole && x == std::floor(x);
     for (double t : NiceTicks(x_lo, x_hi, 6))
-      if (t >= x_lo - 1e-9 && t <= x_hi + 1e-9 && (!whole || t == std::floor(t)))
-        xt.push_back(t);
+      if (t >= x_lo - 1e-9 && t <= x_hi + 1e-9 && (!whole || t == std::floor(t))) xt.push_back(t);
     if (whole && xt.size() < 2) {
       xt.clear();
       for (double v = x_lo; v <= x_hi; v += 1) xt.push_back(v);
@@ -232,7 +232,8 @@ std::string RenderLineChart(const LineChart& c) {
     for (auto [x, y] : pts)
       if (std::isfinite(y) && !(c.log2_x && !(x > 0)))
         o << "<circle cx=\"" << Num(px(x)) << "\" cy=\"" << Num(py(y)) << "\" r=\"2.5\" fill=\""
-          << colour << "\"><title>" << Escape(s.name) << ": " << TickLabel(y) << "</title></circle>\n";
+          << colour << "\"><title>" << Escape(s.name) << ": " << TickLabel(y)
+          << "</title></circle>\n";
     LegendEntry(o, static_cast<int>(i), s.name, colour, s.dashed, false);
   }
   o << "</svg>\n";
@@ -282,7 +283,7 @@ std::string RenderStackedBars(const StackedBarChart& c) {
 namespace {
 
 const char kStyle[] = R"(
-body { font-family: sans-serif; margin: 24px auto; max-width: 1100px; color: #222; }
+body { font-family: sans-serif; margin: 24px auto; padding: 0 16px; max-width: 1100px; color: #222; }
 h1 { font-size: 24px; margin-bottom: 4px; }
 h2 { font-size: 19px; border-bottom: 1px solid #ccc; padding-bottom: 4px; margin-top: 32px; }
 table { border-collapse: collapse; margin: 10px 0; font-size: 13px; }
@@ -329,18 +330,16 @@ std::string RenderPage(const Report& r) {
   o << "<h1>strata report</h1>\n<p class=\"meta\">" << Escape(r.device) << " &middot; strata "
     << Escape(r.version) << " &middot; started " << Escape(r.started_utc) << " UTC &middot; "
     << Fixed(r.elapsed_s, 0) << " s of a " << Fixed(r.time_limit_s, 0) << " s limit"
-    << (r.quick ? " &middot; --quick" : "") << "<br><code>" << Escape(r.command)
-    << "</code></p>\n";
+    << (r.quick ? " &middot; --quick" : "") << "<br><code>" << Escape(r.command) << "</code></p>\n";
   // Checks first: the page answers "is this machine healthy" at a glance.
   o << "<h2>Checks</h2>\n<table><tr><th>check</th><th>target</th><th>measured</th>"
     << "<th>result</th><th>what</th></tr>\n";
   for (const Check& c : r.checks) {
     const char* state = CheckStateName(c.state);
     o << "<tr><td>" << Escape(c.name) << "</td><td>" << Escape(c.target)
-      << "</td><td class=\"num\">" << Fixed(c.measured, 3) << "</td><td class=\"" << state
-      << "\">" << state
-      << (c.state == CheckState::kSkipped ? ": " + Escape(c.reason) : std::string()) << "</td><td>"
-      << Escape(c.detail) << "</td></tr>\n";
+      << "</td><td class=\"num\">" << Fixed(c.measured, 3) << "</td><td class=\"" << state << "\">"
+      << state << (c.state == CheckState::kSkipped ? ": " + Escape(c.reason) : std::string())
+      << "</td><td>" << Escape(c.detail) << "</td></tr>\n";
   }
   o << "</table>\n";
   const std::vector<std::string> skipped = SkippedParts(r);

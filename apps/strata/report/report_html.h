@@ -35,7 +35,7 @@ struct LineChart {
 struct StackedBarChart {
   std::string title;
   std::string y_label;
-  std::vector<std::string> parts;  // legend, bottom part first
+  std::vector<std::string> parts;                                 // legend, bottom part first
   std::vector<std::pair<std::string, std::vector<double>>> bars;  // label, one value per part
 };
 
