@@ -486,7 +486,9 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
   const bool fio = OnPath("fio");
   if (!fio) s.notes.push_back("fio is not installed (apt-get install fio): the engine alone");
   s.device = dir;
-  std::map<std::string, report::Series> series;  // "engine read qd 4" ...
+  // "write: engine qd 4", ... in the order first measured (depths ascending,
+  // engine before fio) so that the legend reads in that order.
+  std::vector<report::Series> series;
   Table t{
       .caption = "GB/s (median of " + std::to_string(p.nvme_runs) +
                  " run(s) each, engine and fio alternated)",
@@ -526,7 +528,10 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
       ParseByteSize(bs, &b);
       const std::string q = " qd " + std::to_string(qd);
       auto add = [&](const std::string& name, double v, bool dashed) {
-        report::Series& ser = series[name];
+        auto it = std::find_if(series.begin(), series.end(),
+                               [&](const report::Series& x) { return x.name == name; });
+        if (it == series.end()) it = series.insert(series.end(), report::Series{.name = name});
+        report::Series& ser = *it;
         ser.name = name;
         ser.dashed = dashed;
         ser.color = di;
@@ -569,8 +574,11 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
                           .y_label = "GB/s",
                           .log2_x = true,
                           .x_format = report::AxisFormat::kBytes};
-      for (auto& [name, ser] : series)
-        if (name.rfind(dir_name, 0) == 0) {
+      // Engine lines first, then fio's (dashed), each by depth.
+      for (bool dashed : {false, true})
+        for (const report::Series& ser : series) {
+          const std::string& name = ser.name;
+          if (ser.dashed != dashed || name.rfind(dir_name, 0) != 0) continue;
           report::Series copy = ser;
           copy.name = name.substr(name.find(':') + 2);
           c.series.push_back(copy);
