@@ -2,11 +2,14 @@
 # The one command for a lent GPU: builds nothing. Runs the CUDA tests
 # (`ctest -L gpu`, each with a timeout; a test that times out is reported as a
 # HANG by name), then `strata report --device cuda` with the time that is
-# left, all within ${STRATA_GPU_CHECK_BUDGET:-600} s. Exits non-zero on any
-# failure, hang or failed check. Works from a packed build through
+# left, all within ${STRATA_GPU_CHECK_BUDGET:-560} s (a 10-minute device call
+# less remote.sh's unpacking). Exits non-zero on any failure, hang or failed
+# check. Works from a packed build through
 # ../shared/gpu/remote.sh, which sets $BUILD and $STRATA:
 #   bash .gpu/pack/remote.sh 'scripts/gpu_check.sh'
-# Writes the report into $OUT/report when OUT is set, else BUILD/report.
+# Writes the report into $OUT/report when OUT is set, else BUILD/report; the
+# NVMe measurements and swap files go to STRATA_GPU_CHECK_NVME (BUILD/report-nvme),
+# never into $OUT.
 #
 #   scripts/gpu_check.sh [--host] [--quick] [BUILD_DIR]
 # --host: no GPU needed; what CI runs (scripts/test.sh) so this script cannot
@@ -15,8 +18,9 @@
 #   index.html holds one <svg> per chart).
 # --quick: `strata report --quick` (3 minutes) instead of the full report.
 # Environment: BUILD (build tree; default build/), STRATA (the CLI; default
-#   BUILD/apps/strata/strata), OUT, STRATA_GPU_CHECK_BUDGET (600 s),
-#   STRATA_GPU_CHECK_TEST_TIMEOUT (per test, 90 s), STRATA_GPU_CHECK_JOBS (8).
+#   BUILD/apps/strata/strata), OUT, STRATA_GPU_CHECK_BUDGET (560 s),
+#   STRATA_GPU_CHECK_TEST_TIMEOUT (per test, 90 s), STRATA_GPU_CHECK_JOBS (8),
+#   STRATA_GPU_CHECK_NVME.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=0
@@ -26,18 +30,19 @@ for arg in "$@"; do
   case "$arg" in
     --host) HOST=1 ;;
     --quick) QUICK=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg (--host, --quick, BUILD_DIR)" >&2; exit 2 ;;
     *) BUILD_ARG="$arg" ;;
   esac
 done
 BUILD="${BUILD_ARG:-${BUILD:-$ROOT/build}}"
 STRATA="${STRATA:-$BUILD/apps/strata/strata}"
-BUDGET="${STRATA_GPU_CHECK_BUDGET:-600}"
+BUDGET="${STRATA_GPU_CHECK_BUDGET:-560}"
 TEST_TIMEOUT="${STRATA_GPU_CHECK_TEST_TIMEOUT:-90}"
 JOBS="${STRATA_GPU_CHECK_JOBS:-8}"
 REPORT_DIR="${OUT:+$OUT/report}"
 REPORT_DIR="${REPORT_DIR:-$BUILD/report}"
+NVME_DIR="${STRATA_GPU_CHECK_NVME:-$BUILD/report-nvme}"
 if [ ! -x "$STRATA" ]; then
   echo "gpu_check.sh: $STRATA is not an executable: build first (or pass the build tree)" >&2
   exit 2
@@ -99,9 +104,9 @@ if [ "$LEFT" -lt 20 ]; then
   status=1
 else
   rm -f "$REPORT_DIR/report.json" "$REPORT_DIR/index.html"  # never check an older run's page
-  echo "== gpu_check: $STRATA report ${args[*]} --out $REPORT_DIR --time-limit $LEFT"
+  echo "== gpu_check: $STRATA report ${args[*]} --out $REPORT_DIR --nvme-path $NVME_DIR --time-limit $LEFT"
   timeout --signal=TERM --kill-after=20 "$((LEFT + 30))" \
-    "$STRATA" report "${args[@]}" --out "$REPORT_DIR" --time-limit "$LEFT"
+    "$STRATA" report "${args[@]}" --out "$REPORT_DIR" --nvme-path "$NVME_DIR" --time-limit "$LEFT"
   rc=$?
   if [ "$rc" != 0 ]; then problems+=("FAIL: strata report exit $rc"); status=1; fi
   # The page: report.json parses, every section that should have run did,
