@@ -6,6 +6,7 @@
 #include "apps/strata/report/report.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "apps/strata/exit_codes.h"
+#include "apps/strata/report/child.h"
 #include "apps/strata/report/report_html.h"
 #include "tests/test_util.h"
 
@@ -213,6 +215,39 @@ TEST(ReportPage, OneSvgPerChartAndNoScript) {
   const json j = ToJson(r);
   EXPECT_EQ(j["sections"][0]["charts"], 2);
   EXPECT_EQ(j["skipped"][0], "gpu_adam (no GPU)");
+}
+
+// ---------------------------------------------------------------- the child runner
+
+TEST(ReportChild, CapturesOutputErrorTailAndExitCode) {
+  const ChildResult r = RunChild({"/bin/sh", "-c", "echo out-line; echo err-line >&2; exit 7"}, 60);
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 7);
+  EXPECT_EQ(r.out, "out-line\n");
+  EXPECT_EQ(r.err_tail, "err-line\n");
+}
+
+TEST(ReportChild, DeadlineStopsTheChildAndWhatItStarted) {
+  // The shell's own child (sleep) holds the pipes too: the whole process
+  // group must go for the run to end.
+  const ChildResult r = RunChild({"/bin/sh", "-c", "echo started; sleep 300 & wait"}, 1);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.out, "started\n");
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_LT(r.seconds, 60);  // not the 300 s of the sleep
+}
+
+TEST(ReportChild, MissingProgramIsExit127) {
+  const ChildResult r = RunChild({"/nonexistent/strata-report-test"}, 10);
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_NE(r.err_tail.find("exec failed"), std::string::npos) << r.err_tail;
+}
+
+TEST(ReportChild, CommandLineQuotesWhatTheShellWouldSplit) {
+  EXPECT_EQ(CommandLine({"strata", "bench", "nvme", "--path", "/tmp/a b"}),
+            "strata bench nvme --path '/tmp/a b'");
+  EXPECT_EQ(CommandLine({"x", "it's"}), "x 'it'\\''s'");
 }
 
 // ---------------------------------------------------------------- the command
