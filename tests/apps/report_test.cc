@@ -238,6 +238,12 @@ TEST(ReportChild, DeadlineStopsTheChildAndWhatItStarted) {
   EXPECT_LT(r.seconds, 60);  // not the 300 s of the sleep
 }
 
+TEST(ReportChild, DeadlineAppliesAfterTheChildClosedItsOutput) {
+  const ChildResult r = RunChild({"/bin/sh", "-c", "exec >&- 2>&-; sleep 300"}, 1);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_LT(r.seconds, 60);
+}
+
 TEST(ReportChild, MissingProgramIsExit127) {
   const ChildResult r = RunChild({"/nonexistent/strata-report-test"}, 10);
   EXPECT_EQ(r.exit_code, 127);

@@ -121,8 +121,25 @@ ChildResult RunChild(const std::vector<std::string>& argv, double timeout_s) {
   }
   close(out_pipe[0]);
   close(err_pipe[0]);
+  // Both pipes closed; the child may still run (it closed them itself): the
+  // same deadline applies to its exit.
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    const pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) break;
+    const double now = Now();
+    if (now >= kill_at) {
+      if (!termed) {
+        r.timed_out = termed = true;
+        kill(-pid, SIGTERM);
+        kill_at = now + 5;
+      } else if (!killed) {
+        killed = true;
+        kill(-pid, SIGKILL);
+        kill_at = now + 3600;
+      }
+    }
+    usleep(10000);
   }
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   r.err_tail = err.size() > 4096 ? err.substr(err.size() - 4096) : err;
