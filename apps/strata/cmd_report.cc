@@ -143,7 +143,7 @@ class Runner {
                   std::string* why, double min_s = 2) {
     const double left = Left();
     if (left < min_s) {
-      *why = "time limit: " + report::Fixed(std::max(0.0, left), 0) + " s left";
+      *why = "time limit: " + report::Fixed(std::max(0.0, left), 1) + " s left";
       return kTimeLimit;
     }
     std::vector<std::string> run = argv;
