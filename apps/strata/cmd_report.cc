@@ -95,7 +95,7 @@ Plan PlanFor(bool tiny, bool quick, bool cuda) {
             "50000000"};
   return {cuda ? "64K..1G" : "64K..256M",
           5,
-          cuda ? "200M" : "50M",
+          cuda ? "100M" : "50M",
           5,
           cuda ? "1G" : "256M",
           {"128K", "512K", "1M", "4M"},
