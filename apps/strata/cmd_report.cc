@@ -80,30 +80,41 @@ struct Plan {
 };
 
 Plan PlanFor(bool tiny, bool quick, bool cuda) {
-  if (tiny) return {"64K,1M", 2, "1M", 2, "16M", {"256K", "1M"}, {4}, 1, 3, 1, "4000000"};
+  if (tiny)
+    return {.pcie_sizes = "64K,1M",
+            .pcie_reps = 2,
+            .adam_params = "1M",
+            .adam_reps = 2,
+            .nvme_size = "16M",
+            .nvme_blocks = {"256K", "1M"},
+            .nvme_depths = {4},
+            .nvme_runs = 1,
+            .train_steps = 3,
+            .train_rounds = 1,
+            .gpu_adam_params = "4000000"};
   if (quick)
-    return {cuda ? "64K..256M" : "64K..16M",
-            3,
-            cuda ? "50M" : "10M",
-            3,
-            cuda ? "512M" : "64M",
-            {"128K", "1M", "4M"},
-            {4, 16},
-            2,
-            cuda ? 4 : 5,
-            1,
-            "50000000"};
-  return {cuda ? "64K..1G" : "64K..256M",
-          5,
-          cuda ? "100M" : "50M",
-          5,
-          cuda ? "1G" : "256M",
-          {"128K", "512K", "1M", "4M"},
-          {1, 4, 16, 32},
-          cuda ? 2 : 3,
-          cuda ? 10 : 12,
-          cuda ? 2 : 3,
-          "200000000"};
+    return {.pcie_sizes = cuda ? "64K..256M" : "64K..16M",
+            .pcie_reps = 3,
+            .adam_params = cuda ? "50M" : "10M",
+            .adam_reps = 3,
+            .nvme_size = cuda ? "512M" : "64M",
+            .nvme_blocks = {"128K", "1M", "4M"},
+            .nvme_depths = {4, 16},
+            .nvme_runs = 2,
+            .train_steps = cuda ? 4 : 5,
+            .train_rounds = 1,
+            .gpu_adam_params = "50000000"};
+  return {.pcie_sizes = cuda ? "64K..1G" : "64K..256M",
+          .pcie_reps = 5,
+          .adam_params = cuda ? "100M" : "50M",
+          .adam_reps = 5,
+          .nvme_size = cuda ? "1G" : "256M",
+          .nvme_blocks = {"128K", "512K", "1M", "4M"},
+          .nvme_depths = {1, 4, 16, 32},
+          .nvme_runs = cuda ? 2 : 3,
+          .train_steps = cuda ? 10 : 12,
+          .train_rounds = cuda ? 2 : 3,
+          .gpu_adam_params = "200000000"};
 }
 
 double NowS() {
