@@ -324,7 +324,7 @@ Section Machine(Runner& run, const std::string& nvme_dir, bool cuda, json* info_
 // ---------------------------------------------------------------- pcie
 
 Section Pcie(Runner& run, const Plan& p, const std::string& dev, bool cuda,
-             std::vector<Check>* checks) {
+             const std::string& no_gpu, std::vector<Check>* checks) {
   Section s{.id = "pcie", .title = "PCIe: pinned, pageable, both ways, the engine path"};
   const std::vector<std::string> argv = {
       "strata", "bench",   "pcie",       "--json", "--device",
@@ -404,7 +404,7 @@ Section Pcie(Runner& run, const Plan& p, const std::string& dev, bool cuda,
   else
     checks->push_back(report::SkippedCheck(
         "PCIe engine path vs raw", ">= 0.90",
-        "no GPU (host backend's engine/raw " + report::Fixed(ratio, 3) + ", not PCIe)"));
+        no_gpu + " (host backend's engine/raw " + report::Fixed(ratio, 3) + ", not PCIe)"));
   return s;
 }
 
@@ -857,11 +857,11 @@ std::string BenchBinary(const std::string& name) {
   return access(path.c_str(), X_OK) == 0 ? path : std::string();
 }
 
-Section GpuAdam(Runner& run, const Plan& p, bool cuda) {
+Section GpuAdam(Runner& run, const Plan& p, bool cuda, const std::string& no_gpu_reason) {
   Section s{.id = "gpu_adam", .title = "GPU optimizer: the device Adam against HBM bandwidth"};
   if (!cuda) {
     s.state = SectionState::kSkipped;
-    s.reason = "no GPU";
+    s.reason = no_gpu_reason;
     return s;
   }
   const std::string bench = BenchBinary("bench_gpu_adam");
@@ -908,11 +908,12 @@ Section GpuAdam(Runner& run, const Plan& p, bool cuda) {
 
 // The model's compute per micro-batch (the training run on the GPU: none/none
 // if it ran) against bench_gemm: its GEMMs of one micro-batch, raw cuBLAS.
-Section Gemm(Runner& run, const json& base, const Section& training, bool cuda) {
+Section Gemm(Runner& run, const json& base, const Section& training, bool cuda,
+             const std::string& no_gpu_reason) {
   Section s{.id = "gemm", .title = "GPU compute: the model's GEMMs against raw cuBLAS"};
   if (!cuda) {
     s.state = SectionState::kSkipped;
-    s.reason = "no GPU";
+    s.reason = no_gpu_reason;
     return s;
   }
   const std::string bench = BenchBinary("bench_gemm");
@@ -1049,6 +1050,8 @@ int RunReport(const ReportArgs& a) {
                     (info.is_object() ? info["gpu"].value("reason", std::string()) : "") + ")"));
   const bool cuda = a.device == "cuda" || (a.device == "auto" && have_gpu);
   const std::string dev = cuda ? "cuda" : "host";
+  // Why the GPU-only sections do not run.
+  const std::string no_gpu = have_gpu ? "--device host" : "no GPU";
   if (cuda && a.device == "auto") machine = Machine(run, nvme_dir, true, &info);
   r.device = cuda ? "cuda: " + info["gpu"]["devices"][0].value("name", std::string("GPU"))
                   : "host backend (no GPU)";
@@ -1056,22 +1059,22 @@ int RunReport(const ReportArgs& a) {
   r.sections.push_back(machine);
   std::vector<Check> checks;
   const json base = a.config.empty() ? BaseTrainConfig(a.tiny, a.quick, cuda, info) : user_config;
-  r.sections.push_back(Pcie(run, plan, dev, cuda, &checks));
+  r.sections.push_back(Pcie(run, plan, dev, cuda, no_gpu, &checks));
   // On a GPU, what only a GPU can measure comes first (its time is lent
   // by the quarter hour): the device Adam, the placements' training with
   // its loss check, the GEMMs; the CPU and the disk after.
   if (cuda) {
-    r.sections.push_back(GpuAdam(run, plan, cuda));
+    r.sections.push_back(GpuAdam(run, plan, cuda, no_gpu));
     r.sections.push_back(Training(run, plan, base, dev, out, nvme_dir, cuda, &checks));
-    r.sections.push_back(Gemm(run, base, r.sections.back(), cuda));
+    r.sections.push_back(Gemm(run, base, r.sections.back(), cuda, no_gpu));
     r.sections.push_back(CpuAdam(run, plan, a.tiny, &checks));
     r.sections.push_back(Nvme(run, plan, nvme_dir, &checks));
   } else {
-    r.sections.push_back(GpuAdam(run, plan, cuda));
+    r.sections.push_back(GpuAdam(run, plan, cuda, no_gpu));
     r.sections.push_back(CpuAdam(run, plan, a.tiny, &checks));
     r.sections.push_back(Nvme(run, plan, nvme_dir, &checks));
     r.sections.push_back(Training(run, plan, base, dev, out, nvme_dir, cuda, &checks));
-    r.sections.push_back(Gemm(run, base, r.sections.back(), cuda));
+    r.sections.push_back(Gemm(run, base, r.sections.back(), cuda, no_gpu));
   }
   if (a.tiny) report::SkipRatioChecks(&checks, "--tiny: sizes too small to judge");
   checks.push_back(report::NoFailureCheck(r.sections));
