@@ -8,7 +8,8 @@ of a `strata report --tiny --device host` run and
   * a screenshot of the whole page is not blank (decoded here: many distinct
     colours, a share of non-white pixels, and the charts' colours present);
   * the two `strata train --plot` SVGs (gnuplot) render with a non-zero box
-    and a non-blank screenshot, when gnuplot is installed.
+    and a non-blank screenshot, no legend label covers a bar, and the x axis
+    starts at step 1 (no negative tick), when gnuplot is installed.
 
 Exit 77 (CTest's skip) when chromium is not installed, saying so.
   report_browser_test.py STRATA_BINARY [KEEP_DIR]
@@ -109,15 +110,27 @@ def svg_page(svg_path, work):
     return page
 
 
-def boxes(browser, profile, html_path, work):
-    """{'svg': [(w, h)], 'img': [(w, h)], 'height': page height} as rendered."""
+def boxes(browser, profile, html_path, work, legend=()):
+    """{'svg': [(w, h)], 'img': [(w, h)], 'height': page height} as rendered; with
+    `legend` (the legend's labels), also 'legend': the boxes of those labels and
+    'filled': the boxes of the filled shapes (bars, swatches; not the
+    background), each [left, top, right, bottom]."""
     probe = os.path.join(work, "probe_" + os.path.basename(html_path))
     src = open(html_path, encoding="utf-8").read()
     # Test-only: the page itself has no script.
     script = ("<script>window.addEventListener('load',function(){var o={svg:[],img:[],"
               "height:document.documentElement.scrollHeight};['svg','img'].forEach(function(t){"
               "document.querySelectorAll(t).forEach(function(e){var r=e.getBoundingClientRect();"
-              "o[t].push([r.width,r.height]);});});var p=document.createElement('pre');"
+              "o[t].push([r.width,r.height]);});});"
+              "var L=" + json.dumps(list(legend)) + ";o.legend=[];o.filled=[];"
+              "function b(e){var r=e.getBoundingClientRect();return [r.left,r.top,r.right,r.bottom];}"
+              "document.querySelectorAll('svg').forEach(function(svg){var s=svg.getBoundingClientRect();"
+              "svg.querySelectorAll('text').forEach(function(t){"
+              "if(L.indexOf(t.textContent.trim())>=0)o.legend.push(b(t));});"
+              "svg.querySelectorAll('polygon,rect,path').forEach(function(e){"
+              "var f=e.getAttribute('fill');if(!f||f=='none')return;var r=e.getBoundingClientRect();"
+              "var a=r.width*r.height;if(a>0&&a<0.25*s.width*s.height)o.filled.push(b(e));});});"
+              "var p=document.createElement('pre');"
               "p.id='strata-boxes';p.textContent=JSON.stringify(o);document.body.appendChild(p);"
               "});</script>")
     if "</body>" in src:
@@ -135,8 +148,17 @@ def boxes(browser, profile, html_path, work):
     return json.loads(m.group(1).replace("&quot;", '"'))
 
 
-def check_page(browser, profile, path, work, shot, min_svgs, palette=()):
-    b = boxes(browser, profile, path, work)
+def overlaps(a, b):
+    return a[0] < b[2] - 0.5 and b[0] < a[2] - 0.5 and a[1] < b[3] - 0.5 and b[1] < a[3] - 0.5
+
+
+def check_page(browser, profile, path, work, shot, min_svgs, palette=(), legend=()):
+    b = boxes(browser, profile, path, work, legend)
+    if legend:
+        assert len(b["legend"]) >= len(legend), f"{path}: legend labels found: {b['legend']}"
+        for t in b["legend"]:
+            for f in b["filled"]:
+                assert not overlaps(t, f), f"{path}: a legend label {t} covers a bar {f}"
     n = len(b["svg"]) + len(b["img"])
     assert len(b["svg"]) >= min_svgs, f"{path}: {len(b['svg'])} <svg> rendered, want {min_svgs}"
     for kind in ("svg", "img"):
@@ -188,9 +210,18 @@ def main():
                                 "--steps", "12", "--device", "host", "--plot", plots],
                                capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, f"strata train --plot exit {r.returncode}: {r.stderr}"
+            legend = {"loss": ("loss",),
+                      "step_time": ("compute", "fetch wait (PCIe/NVMe)",
+                                    "waiting for the optimizer", "other")}
             for name in ("loss", "step_time"):
-                check_page(browser, profile, os.path.join(plots, name + ".svg"), work,
-                           os.path.join(shots, name + ".png"), min_svgs=1)
+                svg = os.path.join(plots, name + ".svg")
+                check_page(browser, profile, svg, work, os.path.join(shots, name + ".png"),
+                           min_svgs=1, legend=legend[name])
+                # The x axis starts at step 1: no negative tick label, "1" among them.
+                labels = re.findall(r"<tspan[^>]*>\s*(-?[0-9.]+)\s*</tspan>",
+                                    open(svg, encoding="utf-8").read())
+                assert labels and "1" in labels, f"{svg}: no tick at step 1 in {labels}"
+                assert not any(float(v) < 0 for v in labels), f"{svg}: negative ticks {labels}"
         else:
             print("gnuplot not installed: the train --plot SVGs not checked")
         return 0
