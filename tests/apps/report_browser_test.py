@@ -2,7 +2,8 @@
 """`strata report`'s page in a real browser: headless Chromium loads index.html
 of a `strata report --tiny --device host` run and
 
-  * every <svg> and <img> of the page has a non-zero box (a copy of the page
+  * every <svg> and <img> of the page has a non-zero box, and no legend label
+    covers a data point or bar (a copy of the page
     with a test-only script appended writes each element's bounding box into
     the DOM, which --dump-dom prints; the page itself has no script);
   * a screenshot of the whole page is not blank (decoded here: many distinct
@@ -112,7 +113,8 @@ def svg_page(svg_path, work):
 
 def boxes(browser, profile, html_path, work, legend=()):
     """{'svg': [(w, h)], 'img': [(w, h)], 'height': page height} as rendered; with
-    `legend` (the legend's labels), also 'legend': the boxes of those labels and
+    `legend` (the legend's labels, or "<start>": every start-anchored text,
+    as the report's charts write their legends), also 'legend': their boxes and
     'filled': the boxes of the filled shapes (bars, swatches; not the
     background), each [left, top, right, bottom]."""
     probe = os.path.join(work, "probe_" + os.path.basename(html_path))
@@ -126,8 +128,9 @@ def boxes(browser, profile, html_path, work, legend=()):
               "function b(e){var r=e.getBoundingClientRect();return [r.left,r.top,r.right,r.bottom];}"
               "document.querySelectorAll('svg').forEach(function(svg){var s=svg.getBoundingClientRect();"
               "svg.querySelectorAll('text').forEach(function(t){"
-              "if(L.indexOf(t.textContent.trim())>=0)o.legend.push(b(t));});"
-              "svg.querySelectorAll('polygon,rect,path').forEach(function(e){"
+              "if(L.indexOf(t.textContent.trim())>=0||(L[0]=='<start>'&&"
+              "t.getAttribute('text-anchor')=='start'))o.legend.push(b(t));});"
+              "svg.querySelectorAll('polygon,rect,path,circle').forEach(function(e){"
               "var f=e.getAttribute('fill');if(!f||f=='none')return;var r=e.getBoundingClientRect();"
               "var a=r.width*r.height;if(a>0&&a<0.25*s.width*s.height)o.filled.push(b(e));});});"
               "var p=document.createElement('pre');"
@@ -155,7 +158,8 @@ def overlaps(a, b):
 def check_page(browser, profile, path, work, shot, min_svgs, palette=(), legend=()):
     b = boxes(browser, profile, path, work, legend)
     if legend:
-        assert len(b["legend"]) >= len(legend), f"{path}: legend labels found: {b['legend']}"
+        assert len(b["legend"]) >= (min_svgs if legend[0] == "<start>" else len(legend)), \
+            f"{path}: legend labels found: {b['legend']}"
         for t in b["legend"]:
             for f in b["filled"]:
                 assert not overlaps(t, f), f"{path}: a legend label {t} covers a bar {f}"
@@ -176,8 +180,8 @@ def check_page(browser, profile, path, work, shot, min_svgs, palette=(), legend=
     for hexcol in palette:
         rgb = bytes(int(hexcol[i:i + 2], 16) for i in (1, 3, 5))
         assert rgb in colours, f"{shot}: the charts' colour {hexcol} is not on the page"
-    print(f"{path}: {n} svg/img with non-zero boxes; screenshot {shot}: {ncol} colours, "
-          f"{ink:.1%} ink")
+    print(f"{path}: {n} svg/img with non-zero boxes; {len(b['legend'])} legend labels clear of "
+          f"{len(b['filled'])} filled marks; screenshot {shot}: {ncol} colours, {ink:.1%} ink")
 
 
 def main():
@@ -202,7 +206,8 @@ def main():
         os.makedirs(shots, exist_ok=True)
         # The charts' lines in the first two palette colours must be drawn.
         check_page(browser, profile, os.path.join(out, "index.html"), work,
-                   os.path.join(shots, "report.png"), min_svgs=6, palette=("#0072B2", "#E69F00"))
+                   os.path.join(shots, "report.png"), min_svgs=6, palette=("#0072B2", "#E69F00"),
+                   legend=("<start>",))  # the page's legend labels are its start-anchored texts
         if shutil.which("gnuplot"):
             plots = os.path.join(work, "plots")
             r = subprocess.run([strata, "train", "--config", os.path.join(out, "configs",
