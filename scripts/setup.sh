@@ -28,12 +28,13 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
   python3-dev pybind11-dev libdlpack-dev)  # the Python package (python/)
 # What only the tests use. Without them the build still configures: the
-# pytest case reports "Not Run" with the reason, and the thread-safety check
+# pytest case reports "Not Run" with the reason, the browser test skips, and the thread-safety check
 # and the fuzzer say they are skipped.
 TEST_PACKAGES=(
   clang libclang-rt-14-dev        # clang: thread-safety analysis (check_thread_safety.sh); its
                                   # libFuzzer runtime: scripts/fuzz.sh (config parser)
-  python3-torch python3-pytest)   # the Python package's tests (tests/python), CPU torch 1.13
+  python3-torch python3-pytest    # the Python package's tests (tests/python), CPU torch 1.13
+  chromium)                       # headless: renders `strata report`'s page (report_browser_test)
 if [ "$WITH_TESTS" = 1 ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()

@@ -6,7 +6,8 @@
 # skipped, saying why, without clang). Also: Clang's thread-safety analysis
 # of every .cc under src/ (scripts/check_thread_safety.sh), the docs check
 # (scripts/check_docs.sh) and the config and nvme tests under ASan + UBSan
-# (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0 skips it). Each stage prints
+# (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0 skips it), and the GPU check
+# in host mode (scripts/gpu_check.sh --host). Each stage prints
 # a line when it starts and one with its elapsed time when it ends.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,6 +31,9 @@ stage "setup and build (scripts/setup.sh --tests)"
 status=0
 stage "CTest"
 ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 900 || status=$?
+
+stage "GPU check in host mode (scripts/gpu_check.sh --host: strata report --tiny, its page checked)"
+"$ROOT/scripts/gpu_check.sh" --host "$BUILD_DIR" || status=1
 
 stage "thread-safety analysis (clang -Werror=thread-safety over every .cc under src/)"
 "$ROOT/scripts/check_thread_safety.sh" "$BUILD_DIR" || status=1

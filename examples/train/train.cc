@@ -688,19 +688,27 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
   }
   const std::string script = dir + "/plot.gp";
   {
+    // X from step 1 to the last step (ticks every `every` steps from 1); the
+    // step-time bars are boxes at x = step, stacked by drawing the running
+    // sums tallest first, and the legend sits outside the plot, right of it.
+    const size_t n = std::max<size_t>(1, std::max(r.losses.size(), r.steps.size()));
+    const size_t every = std::max<size_t>(1, (n + 9) / 10);
     std::ofstream f(script);
     f << "set terminal svg size 800,450 dynamic\n"
       << "set output '" << dir << "/loss.svg'\n"
       << "set title 'strata train: loss (" << r.device
       << ")'\nset xlabel 'step'\nset ylabel 'loss'\n"
+      << "set xrange [" << (n > 1 ? "1" : "0.5") << ":" << (n > 1 ? std::to_string(n) : "1.5")
+      << "]\nset xtics 1," << every << "\nset key outside right top vertical\n"
       << "plot '" << loss_dat << "' using 1:2 with linespoints title 'loss'\n"
       << "set output '" << dir << "/step_time.svg'\n"
       << "set title 'strata train: step time by phase'\nset xlabel 'step'\nset ylabel 'seconds'\n"
-      << "set style data histograms\nset style histogram rowstacked\nset style fill solid 0.8\nset "
-         "boxwidth 0.8\n"
-      << "plot '" << time_dat
-      << "' using 3 title 'compute', '' using 4 title 'fetch wait (PCIe/NVMe)', "
-      << "'' using 5 title 'waiting for the optimizer', '' using 6 title 'other'\n";
+      << "set xrange [0.5:" << n << ".5]\nset yrange [0:*]\n"
+      << "set style fill solid 0.8 noborder\nset boxwidth 0.8\n"
+      << "plot '" << time_dat << "' using 1:($3+$4+$5+$6) with boxes title 'other', "
+      << "'' using 1:($3+$4+$5) with boxes title 'waiting for the optimizer', "
+      << "'' using 1:($3+$4) with boxes title 'fetch wait (PCIe/NVMe)', "
+      << "'' using 1:3 with boxes title 'compute'\n";
   }
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
   if (std::system(cmd.c_str()) != 0) return IOError("gnuplot " + script + " failed");

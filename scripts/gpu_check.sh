@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The one command for a lent GPU: builds nothing. Runs the CUDA tests
+# (`ctest -L gpu`, each with a timeout; a test that times out is reported as a
+# HANG by name), then `strata report --device cuda` with the time that is
+# left, all within ${STRATA_GPU_CHECK_BUDGET:-560} s (a 10-minute device call
+# less remote.sh's unpacking). Exits non-zero on any failure, hang or failed
+# check. Works from a packed build through
+# ../shared/gpu/remote.sh, which sets $BUILD and $STRATA:
+#   bash .gpu/pack/remote.sh 'scripts/gpu_check.sh'
+# Writes the report into $OUT/report when OUT is set, else BUILD/report; the
+# NVMe measurements and swap files go to STRATA_GPU_CHECK_NVME (BUILD/report-nvme),
+# never into $OUT.
+#
+#   scripts/gpu_check.sh [--host] [--quick] [BUILD_DIR]
+# --host: no GPU needed; what CI runs (scripts/test.sh) so this script cannot
+#   rot: a few of the gpu-labelled tests, then `strata report --tiny --device
+#   host`, and checks the page (report.json parses, its sections ran, and
+#   index.html holds one <svg> per chart).
+# --quick: `strata report --quick` (3 minutes) instead of the full report.
+# Environment: BUILD (build tree; default build/), STRATA (the CLI; default
+#   BUILD/apps/strata/strata), OUT, STRATA_GPU_CHECK_BUDGET (560 s),
+#   STRATA_GPU_CHECK_TEST_TIMEOUT (per test, 90 s), STRATA_GPU_CHECK_JOBS (8),
+#   STRATA_GPU_CHECK_NVME.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HOST=0
+QUICK=0
+BUILD_ARG=""
+for arg in "$@"; do
+  case "$arg" in
+    --host) HOST=1 ;;
+    --quick) QUICK=1 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $arg (--host, --quick, BUILD_DIR)" >&2; exit 2 ;;
+    *) BUILD_ARG="$arg" ;;
+  esac
+done
+BUILD="${BUILD_ARG:-${BUILD:-$ROOT/build}}"
+STRATA="${STRATA:-$BUILD/apps/strata/strata}"
+BUDGET="${STRATA_GPU_CHECK_BUDGET:-560}"
+TEST_TIMEOUT="${STRATA_GPU_CHECK_TEST_TIMEOUT:-90}"
+JOBS="${STRATA_GPU_CHECK_JOBS:-8}"
+REPORT_DIR="${OUT:+$OUT/report}"
+REPORT_DIR="${REPORT_DIR:-$BUILD/report}"
+NVME_DIR="${STRATA_GPU_CHECK_NVME:-$BUILD/report-nvme}"
+if [ ! -x "$STRATA" ]; then
+  echo "gpu_check.sh: $STRATA is not an executable: build first (or pass the build tree)" >&2
+  exit 2
+fi
+if [ ! -f "$BUILD/CTestTestfile.cmake" ]; then
+  echo "gpu_check.sh: $BUILD has no CTestTestfile.cmake: not a build tree with tests" >&2
+  exit 2
+fi
+status=0
+problems=()
+notes=()
+
+# 1. The tests: CUDA ones (and the rest of the gpu label) in GPU mode, a few
+#    host ones in --host mode; at most half the budget.
+TEST_BUDGET=$((BUDGET / 2))
+filter=()
+if [ "$HOST" = 1 ]; then
+  filter=(-R 'ArenaTest\.')
+  TEST_BUDGET=$((TEST_BUDGET < 120 ? TEST_BUDGET : 120))
+fi
+echo "== gpu_check: tests (ctest -L gpu ${filter[*]}, ${TEST_TIMEOUT} s per test, ${TEST_BUDGET} s in all)"
+LOG=$(mktemp)
+timeout --signal=TERM --kill-after=10 "$TEST_BUDGET" \
+  ctest --test-dir "$BUILD" -L gpu "${filter[@]}" --timeout "$TEST_TIMEOUT" -j "$JOBS" \
+  --output-on-failure 2>&1 | tee "$LOG"
+rc=${PIPESTATUS[0]}
+# CTest's result lines: "  3/50 Test  #3: Name ....***Timeout  90.01 sec".
+while read -r name; do
+  problems+=("HANG: $name (no result within ${TEST_TIMEOUT} s)")
+done < <(sed -n 's/.*Test *#[0-9]*: \([^ ]*\) .*\*\*\*Timeout.*/\1/p' "$LOG")
+while read -r name; do
+  problems+=("FAIL: $name")
+done < <(sed -n 's/.*Test *#[0-9]*: \([^ ]*\) .*\*\*\*\(Failed\|Exception\).*/\1/p' "$LOG")
+if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+  problems+=("HANG: the tests as a whole did not finish within ${TEST_BUDGET} s")
+elif [ "$rc" != 0 ] && [ ${#problems[@]} = 0 ]; then
+  problems+=("FAIL: ctest exit $rc")
+fi
+if grep -q "No tests were found" "$LOG"; then problems+=("FAIL: no gpu-labelled tests in $BUILD"); fi
+# On a GPU a skipped CUDA case usually means the device was not usable: say
+# how many (not a failure: a multi-GPU case skips on one GPU).
+skipped=$(grep -c '(Skipped)$' "$LOG" || true)
+if [ "$HOST" = 0 ] && [ "$skipped" -gt 0 ]; then
+  notes+=("note: $skipped gpu-labelled tests skipped, first: $(grep -m1 '(Skipped)$' "$LOG" | sed 's/^[[:space:]]*//')")
+fi
+rm -f "$LOG"
+[ ${#problems[@]} = 0 ] || status=1
+
+# 2. The report, with the time that is left (a margin for writing it).
+LEFT=$((BUDGET - SECONDS - 15))
+if [ "$HOST" = 1 ]; then
+  args=(--tiny --device host)
+else
+  args=(--device cuda)
+  [ "$QUICK" = 1 ] && args+=(--quick)
+fi
+if [ "$LEFT" -lt 20 ]; then
+  problems+=("SKIPPED: strata report (${LEFT} s left of ${BUDGET} s)")
+  status=1
+else
+  rm -f "$REPORT_DIR/report.json" "$REPORT_DIR/index.html"  # never check an older run's page
+  echo "== gpu_check: $STRATA report ${args[*]} --out $REPORT_DIR --nvme-path $NVME_DIR --time-limit $LEFT"
+  timeout --signal=TERM --kill-after=20 "$((LEFT + 30))" \
+    "$STRATA" report "${args[@]}" --out "$REPORT_DIR" --nvme-path "$NVME_DIR" --time-limit "$LEFT"
+  rc=$?
+  if [ "$rc" != 0 ]; then problems+=("FAIL: strata report exit $rc"); status=1; fi
+  # The page: report.json parses, every section that should have run did,
+  # and index.html holds one <svg> per chart report.json counts.
+  if [ ! -f "$REPORT_DIR/report.json" ]; then
+    problems+=("FAIL: strata report wrote no $REPORT_DIR/report.json")
+    status=1
+  elif ! /usr/bin/env python3 - "$REPORT_DIR" "$HOST" <<'PY'
+import json, sys
+out, host = sys.argv[1], sys.argv[2] == "1"
+j = json.load(open(out + "/report.json"))
+html = open(out + "/index.html", encoding="utf-8").read()
+charts = sum(s["charts"] for s in j["sections"])
+svgs = html.count("<svg")
+states = {s["id"]: s["state"] for s in j["sections"]}
+bad = []
+if svgs != charts or charts == 0:
+    bad.append(f"index.html has {svgs} <svg>, report.json counts {charts} charts")
+if "</html>" not in html or "<script" in html:
+    bad.append("index.html is cut short or has a script")
+must = ["machine", "pcie", "cpu_adam", "nvme", "training"] + ([] if host else ["gpu_adam"])
+for sid in must:
+    if states.get(sid) == "failed":
+        bad.append(f"section {sid} failed")
+    elif host and states.get(sid) != "ok":
+        bad.append(f"section {sid}: {states.get(sid)}")
+for s in j["sections"]:
+    for f in s["figures"]:
+        if not f["unit"] or not f["command"]:
+            bad.append(f"figure {f['name']} has no unit or command")
+print(f"gpu_check: page {out}/index.html: {svgs} charts; sections " +
+      ", ".join(f"{k} {v}" for k, v in states.items()))
+for b in bad:
+    print("gpu_check: page:", b)
+sys.exit(1 if bad else 0)
+PY
+  then
+    problems+=("FAIL: the report's page ($REPORT_DIR)")
+    status=1
+  fi
+fi
+
+echo "== gpu_check: ${SECONDS} s of ${BUDGET} s"
+[ ${#notes[@]} = 0 ] || printf 'gpu_check: %s\n' "${notes[@]}"
+if [ ${#problems[@]} = 0 ]; then
+  echo "gpu_check: all passed (report: $REPORT_DIR/index.html)"
+else
+  printf 'gpu_check: %s\n' "${problems[@]}"
+fi
+exit "$status"
