@@ -20,7 +20,12 @@ side in turn (torch, cpu/none, cpu/nvme, torch, ...), timed from the first
 forward to the end of the last step (engine.synchronize(): the optimizer
 step in flight included). Prints each repetition, then per side the median
 tokens/s, the ratio to torch's median and the engine's median time per step
-in fetch wait, gradient offload and the optimizer. --profile SIDE runs that
+in fetch wait, gradient offload and the optimizer (torch: its clip and
+AdamW step, which are inside its step; Strata's optimizer runs on its own
+thread, overlapped with the next step's forward). The torch side's step
+less its optimizer (forward and backward alone) is the model's compute:
+Strata's step time over it is what the frontend and the engine add beyond
+it on the critical path. --profile SIDE runs that
 side once more under cProfile and prints where the Python time goes.
 """
 
@@ -75,10 +80,11 @@ class TorchSide:
     def step(self, idx, tgt):
         loss = self.model(idx, tgt)
         loss.backward()
+        t0 = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return {}
+        return {"optimizer_s": time.perf_counter() - t0}  # in the step, not overlapped
 
     def finish(self):
         pass
@@ -180,20 +186,30 @@ def main():
                     for k in ENGINE_TIMES}
         step_ms = 1e3 * statistics.median(times[side.name]) / args.steps
         summary[side.name] = {"tokens_per_s": tps, "ratio": tps / base, "step_ms": step_ms,
-                              **({k: v for k, v in per_step.items()}
-                                 if side.name != "torch" else {})}
-        cols = " ".join(f"{per_step[k]:16.1f}" if side.name != "torch" else f"{'-':>16s}"
-                        for k in ENGINE_TIMES)
+                              **per_step}
+        cols = " ".join(f"{per_step[k]:16.1f}" if side.name != "torch" or k == "optimizer_s"
+                        else f"{'-':>16s}" for k in ENGINE_TIMES)
         print(f"{side.name:10s} {tps:8.0f} {tps / base:6.2f} {step_ms:8.1f} {cols}")
-    if args.json:
-        print(json.dumps(summary))
+    # Against torch's forward and backward alone (its step less its optimizer):
+    # what Strata's step costs beyond the model's compute.
+    compute = statistics.median(
+        t - b["optimizer_s"] for t, b in zip(times["torch"], busy["torch"])) / args.steps
+    print(f"torch forward+backward alone: {1e3 * compute:.1f} ms/step; Strata's step over it: "
+          + ", ".join(f"{s.name} {summary[s.name]['step_ms'] / (1e3 * compute):.2f}x"
+                      for s in sides[1:]))
+    summary["torch"]["forward_backward_ms"] = 1e3 * compute
 
     if args.breakdown:
         for side in sides[1:]:
             print(f"where a {side.name} step goes ({args.steps} steps, ms per step):")
-            for what, seconds in breakdown(side, data, position, args).items():
+            parts = breakdown(side, data, position, args)
+            for what, seconds in parts.items():
                 print(f"  {what:58s} {1e3 * seconds / args.steps:8.2f}")
+            summary[side.name]["breakdown_ms_per_step"] = {
+                k: 1e3 * v / args.steps for k, v in parts.items()}
             position += args.steps
+    if args.json:
+        print(json.dumps(summary))
 
     if args.profile:
         side = next(s for s in sides if s.name == args.profile)
