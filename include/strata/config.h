@@ -374,6 +374,10 @@ struct ScheduledValues {
   double lr = 0.0;
   double beta1 = 0.0;
   double beta2 = 0.0;
+  // For a schedule that scales each parameter group's own lr (none: 1;
+  // WarmupCosineLR: its ratio, as DeepSpeed multiplies each group's initial
+  // lr), the factor; empty for one that sets every group to `lr`.
+  std::optional<double> lr_ratio;
 };
 ScheduledValues ScheduleAt(const Config& config, int64_t applied_steps);
 

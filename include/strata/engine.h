@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,6 +54,22 @@ struct ParamSpec {
   std::span<const float> init;
   // Called once with a buffer of numel floats to fill (used when init is empty).
   std::function<void(std::span<float>)> initializer;
+  // The optimizer parameter group (AddParamGroup): 0, the config's own
+  // hyperparameters, unless the framework added groups.
+  int group = 0;
+};
+
+// An optimizer parameter group, as torch.optim's param_groups and DeepSpeed's
+// model_parameters give them: hyperparameters that replace the config's
+// optimizer.params for the parameters registered into it (ParamSpec::group).
+// Unset fields are the config's. Group 0 is the config's own (no overrides);
+// AddParamGroup adds 1, 2, ... The groups are part of a checkpoint's identity.
+struct ParamGroupSpec {
+  std::string name;                   // for messages; "" becomes "group <id>"
+  std::optional<double> lr;           // not with a config `scheduler` section
+  std::optional<double> weight_decay;
+  std::optional<double> beta1, beta2;  // not with a schedule that cycles momentum
+  std::optional<double> eps;
 };
 
 // The device view of a module during forward or backward.
@@ -71,6 +88,8 @@ struct StepStats {
   // was applied (accumulating, or skipped on overflow), the one the next
   // step will use.
   double lr = 0.0;
+  // The same per parameter group (index: group id), when there are several.
+  std::vector<double> group_lrs;
   double loss_scale = 1.0;        // the scale for the next micro-batch
   double grad_norm = 0.0;         // global L2 norm of the (unscaled) gradients
   double clip_coef = 1.0;         // applied clip multiplier (1 = not clipped)
@@ -156,6 +175,15 @@ class Engine {
   // Registers a parameter; returns its id (0, 1, 2, ... in call order).
   // REQUIRES: before the first BeforeForward (or Plan()).
   virtual StatusOr<int> RegisterParameter(const ParamSpec& spec) = 0;
+  // Adds an optimizer parameter group; returns its id (1, 2, ... in call
+  // order; group 0 is the config's). REQUIRES: before Plan(). InvalidArgument
+  // for a negative or non-finite value, betas outside [0, 1), or a duplicate
+  // name; FailedPrecondition for an lr when the config has a `scheduler`
+  // section (it sets the lr of every group), or betas when that schedule
+  // cycles momentum. RegisterParameter refuses a group id not added.
+  virtual StatusOr<int> AddParamGroup(const ParamGroupSpec& spec) = 0;
+  virtual int num_param_groups() const = 0;
+  virtual const ParamGroupSpec& param_group(int group) const = 0;
 
   // Computes the placement and each tier's needs; fails with
   // ResourceExhausted and the needed-vs-available table when it cannot fit.
@@ -252,8 +280,14 @@ class Engine {
   // sets the lr at every step; remove the section to drive the lr from
   // outside).
   virtual Status SetLearningRate(double lr) = 0;
-  // The lr the next optimizer step will use.
+  // The same for one parameter group (InvalidArgument for a group that does
+  // not exist); SetLearningRate(lr) sets every group's.
+  virtual Status SetLearningRate(int group, double lr) = 0;
+  // The lr the next optimizer step will use (group 0's, or `group`'s): the
+  // last SetLearningRate, else the group's ParamGroupSpec::lr, else the
+  // config's (or its schedule's).
   virtual double learning_rate() const = 0;
+  virtual double learning_rate(int group) const = 0;
 
   // Multiply the loss by this before backward (1 unless fp16 is enabled).
   virtual double loss_scale() const = 0;

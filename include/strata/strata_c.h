@@ -100,6 +100,21 @@ int strata_register_parameter(strata_engine* engine, const char* name, int64_t n
                               strata_dtype dtype, int module, const float* init, int* out_id);
 int strata_plan(strata_engine* engine);
 
+/* Optimizer parameter groups (Engine::AddParamGroup, strata/engine.h): each
+ * `has_*` flag says whether the value replaces the config's. The new group's
+ * id (1, 2, ...; group 0 is the config's) goes to *out_id (may be NULL).
+ * strata_register_parameter_in_group registers into one (strata_register_parameter:
+ * group 0). Both before strata_plan. */
+typedef struct strata_param_group {
+  const char* name; /* may be NULL: "group <id>" */
+  int has_lr, has_weight_decay, has_betas, has_eps;
+  double lr, weight_decay, beta1, beta2, eps;
+} strata_param_group;
+int strata_add_param_group(strata_engine* engine, const strata_param_group* group, int* out_id);
+int strata_register_parameter_in_group(strata_engine* engine, const char* name, int64_t numel,
+                                       strata_dtype dtype, int module, int group,
+                                       const float* init, int* out_id);
+
 /* params/grads: arrays of `capacity` pointers; *count is set to the number of
  * the module's parameters (STRATA_OUT_OF_RANGE if capacity is too small). */
 int strata_before_forward(strata_engine* engine, int module, void** params, int capacity,
@@ -133,6 +148,10 @@ int strata_load_checkpoint(strata_engine* engine, const char* dir, int64_t* data
  * strata_learning_rate: the lr of the next optimizer step (0 for NULL). */
 int strata_set_learning_rate(strata_engine* engine, double lr);
 double strata_learning_rate(const strata_engine* engine);
+/* The same for one parameter group (STRATA_INVALID_ARGUMENT for a group that
+ * does not exist; strata_group_learning_rate gives 0 then). */
+int strata_set_group_learning_rate(strata_engine* engine, int group, double lr);
+double strata_group_learning_rate(const strata_engine* engine, int group);
 
 double strata_loss_scale(const strata_engine* engine);
 void* strata_compute_stream(const strata_engine* engine);

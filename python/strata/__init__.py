@@ -11,7 +11,8 @@ Python section for what is supported.
 
 from ._errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,
                       ResourceExhaustedError, StrataError)
-from .engine import Engine, export, initialize, parse_config, write_safetensors
+from .engine import (Engine, export, initialize, parse_config, register_external_parameter,
+                     set_leaf_modules, write_safetensors)
 
 __all__ = [
     "Engine",
@@ -23,5 +24,7 @@ __all__ = [
     "export",
     "initialize",
     "parse_config",
+    "register_external_parameter",
+    "set_leaf_modules",
     "write_safetensors",
 ]

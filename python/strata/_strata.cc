@@ -231,7 +231,8 @@ class PyEngine {
   std::string config_json() const { return ConfigToJson(config_); }
 
   int register_parameter(const std::string& name, const std::vector<int64_t>& shape,
-                         const std::string& dtype, int module, const py::capsule& init) {
+                         const std::string& dtype, int module, const py::capsule& init,
+                         int group) {
     e();  // closed: before the capsule is consumed
     int64_t numel = 1;
     for (int64_t d : shape) {
@@ -245,6 +246,7 @@ class PyEngine {
     spec.numel = numel;
     spec.dtype = ParseDType(dtype);
     spec.module = module;
+    spec.group = group;
     spec.init = values;
     int id = 0;
     {
@@ -372,8 +374,24 @@ class PyEngine {
   }
 
   double loss_scale() const { return e().loss_scale(); }
-  void set_learning_rate(double lr) { ThrowIfError(e().SetLearningRate(lr)); }
-  double learning_rate() const { return e().learning_rate(); }
+  // group -1: every group.
+  void set_learning_rate(double lr, int group) {
+    ThrowIfError(group < 0 ? e().SetLearningRate(lr) : e().SetLearningRate(group, lr));
+  }
+  double learning_rate(int group) const { return e().learning_rate(group); }
+  int add_param_group(const std::string& name, std::optional<double> lr,
+                      std::optional<double> weight_decay, std::optional<double> beta1,
+                      std::optional<double> beta2, std::optional<double> eps) {
+    ParamGroupSpec g;
+    g.name = name;
+    g.lr = lr;
+    g.weight_decay = weight_decay;
+    g.beta1 = beta1;
+    g.beta2 = beta2;
+    g.eps = eps;
+    return ValueOrThrow(e().AddParamGroup(g));
+  }
+  int num_param_groups() const { return e().num_param_groups(); }
   uintptr_t compute_stream() const { return reinterpret_cast<uintptr_t>(e().ComputeStream()); }
   std::string device_name() const { return e().DeviceName(); }
   bool device_is_host() const { return e().DeviceIsHost(); }
@@ -457,7 +475,10 @@ PYBIND11_MODULE(_strata, m) {
            py::arg("json_text"), py::arg("source"), py::arg("auto_values"), py::arg("host_only"))
       .def("config_json", &PyEngine::config_json)
       .def("register_parameter", &PyEngine::register_parameter, py::arg("name"), py::arg("shape"),
-           py::arg("dtype"), py::arg("module"), py::arg("init"))
+           py::arg("dtype"), py::arg("module"), py::arg("init"), py::arg("group") = 0)
+      .def("add_param_group", &PyEngine::add_param_group, py::arg("name"), py::arg("lr"),
+           py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"))
+      .def("num_param_groups", &PyEngine::num_param_groups)
       .def("plan", &PyEngine::plan)
       .def("budgets", &PyEngine::budgets)
       .def("before_forward", &PyEngine::before_forward)
@@ -474,8 +495,9 @@ PYBIND11_MODULE(_strata, m) {
            py::arg("data_position") = 0, py::arg("note") = "")
       .def("load_checkpoint", &PyEngine::load_checkpoint)
       .def("loss_scale", &PyEngine::loss_scale)
-      .def("set_learning_rate", &PyEngine::set_learning_rate)
-      .def("learning_rate", &PyEngine::learning_rate)
+      .def("set_learning_rate", &PyEngine::set_learning_rate, py::arg("lr"),
+           py::arg("group") = -1)
+      .def("learning_rate", &PyEngine::learning_rate, py::arg("group") = 0)
       .def("compute_stream", &PyEngine::compute_stream)
       .def("device_name", &PyEngine::device_name)
       .def("device_is_host", &PyEngine::device_is_host)

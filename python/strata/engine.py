@@ -10,7 +10,8 @@
 How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
 
 * Grouping. Every module that owns trainable parameters directly becomes an
-  engine module, in ``named_modules()`` order. Modules that share a parameter
+  engine module, in ``named_modules()`` order (a leaf module, below, with
+  its whole subtree's). Modules that share a parameter
   (tied embeddings) are merged into one engine module. Each parameter is
   registered with its fp32 value as the initial master; then its storage is
   released (``param.data`` becomes an empty placeholder) and the engine owns
@@ -37,22 +38,48 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
   ``weight.t()``) would point into engine memory that is reused before
   backward; a saved-tensor hook stores them as (parameter, offset, size,
   stride) and rebuilds them from the parameter's view at backward.
+* Parameters used outside their module's forward. A parameter is mapped
+  only while a module holding its engine module runs; elsewhere its ``data``
+  is an empty placeholder. Two ways to hold it where it is used (as
+  DeepSpeed ZeRO-3 does):
+  - Leaf modules: a leaf's whole subtree (its own and its descendants'
+    trainable parameters) is one engine module, hooked on the leaf only, so
+    a forward that reads its children's parameters directly finds them
+    mapped. torch's MultiheadAttention (it reads ``out_proj.weight``) and
+    TransformerEncoderLayer (its inference fast path reads every
+    sublayer's) are leaves by default; ``set_leaf_modules(model, [Class])``
+    or a module's ``_strata_leaf = True`` makes others leaves, before
+    initialize (``_strata_leaf = False`` turns a built-in one off).
+  - ``register_external_parameter(module, param)``: ``module``'s hooks
+    also hold the engine module of ``param`` (owned elsewhere) for its
+    forward and backward, next to its own. Recorded on the module before
+    initialize, or added to a running engine between micro-batches.
+  A forward that raises on an unmapped parameter (torch's "mat2 must be a
+  matrix, got 1-D tensor") is re-raised as FailedPreconditionError naming
+  the parameter and these fixes: the frames of the traceback are searched
+  for registered parameters that were not mapped, as locals or as attribute
+  paths (``self.embed.weight``) on the failing statement. An op that
+  accepts an empty tensor (``w.sum()``) cannot be caught this way.
+* ``model.load_state_dict()`` while the engine owns the parameters: a
+  pre-hook per module takes each owned key out of the state_dict and
+  writes it into the engine (WriteParameter), and a post-hook takes those
+  keys out of missing_keys again; shape errors are torch's messages.
 
-A parameter must be used inside the forward of a module that owns it (as in
-DeepSpeed ZeRO-3): outside, its ``data`` is an empty placeholder. One engine
-drives one model, from one thread.
+One engine drives one model, from one thread.
 """
 
 import contextlib
 import json
+import linecache
 import os
+import re
 import weakref
 
 import torch
 import torch.utils.dlpack as _dlpack
 
 from . import _strata
-from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._errors import FailedPreconditionError, InvalidArgumentError, StrataError
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -89,6 +116,121 @@ def parse_config(config, auto_values=None):
     InvalidArgumentError naming the key path on a bad one."""
     text, source = _config_text(config)
     return json.loads(_strata.parse_config(text, source, dict(auto_values or {})))
+
+
+# ---- parameters used outside their module's forward ---------------------------
+
+# torch.nn modules whose forward reads their children's parameters directly
+# (not through the children's forward): MultiheadAttention passes
+# out_proj.weight/bias to F.multi_head_attention_forward (and its inference
+# fast path); TransformerEncoderLayer's inference fast path passes every
+# sublayer's parameters to one fused op. They are leaves by default.
+_BUILTIN_LEAVES = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
+
+
+def _is_leaf(mod):
+    marked = mod.__dict__.get("_strata_leaf")
+    if marked is not None:
+        return bool(marked)
+    return isinstance(mod, _BUILTIN_LEAVES)
+
+
+# The Engines alive, for the calls that are given a module or a parameter
+# (register_external_parameter, set_leaf_modules after initialize). An open
+# engine keeps its parameters alive, so an id in its _param_id is one of them.
+_ENGINES = weakref.WeakSet()
+
+
+def _engine_of(params):
+    """The open Engine that owns any of `params`, or None."""
+    ids = {id(p) for p in params}
+    for engine in list(_ENGINES):
+        if not engine._state["closed"] and not ids.isdisjoint(engine._param_id):
+            return engine
+    return None
+
+
+def register_external_parameter(module, param):
+    """Declares that `module`'s forward uses `param`, a parameter owned by
+    another module (a tied head's ``F.linear(x, self.embed.weight)``): the
+    engine module holding `param` is fetched and held for `module`'s forward
+    and backward too, as DeepSpeed's
+    ``deepspeed.zero.register_external_parameter``. Call it before
+    :func:`initialize` (it is recorded on the module), or after it between
+    micro-batches. A frozen parameter needs none (torch keeps its data)."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, not {type(module).__name__}")
+    if not isinstance(param, torch.nn.Parameter):
+        raise TypeError(f"param must be a torch.nn.Parameter, not {type(param).__name__}")
+    registered = module.__dict__.setdefault("_strata_external_params", [])
+    if not any(q is param for q in registered):
+        registered.append(param)
+    engine = _engine_of([param])
+    if engine is not None:
+        engine._add_external(module, param)
+
+
+def set_leaf_modules(model, leaves):
+    """Makes modules of `model` leaves: a leaf's whole subtree (its own and
+    its descendants' trainable parameters) is one engine module, fetched for
+    the leaf's forward and backward; its descendants get no hooks of their
+    own. For modules whose forward uses their children's parameters directly
+    (DeepSpeed's ``set_z3_leaf_modules``). `leaves`: module classes (every
+    instance in `model`, subclasses included), class names, or module
+    instances. Returns the modules marked. Call before :func:`initialize`
+    (the grouping is fixed there). torch's MultiheadAttention and
+    TransformerEncoderLayer are leaves without it."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    if isinstance(leaves, (type, str, torch.nn.Module)):
+        leaves = [leaves]
+    if _engine_of(model.parameters()) is not None:
+        raise FailedPreconditionError(
+            "set_leaf_modules: the model is trained by a Strata engine, whose engine modules "
+            "were fixed at initialize; call it before initialize (or close() the engine, mark "
+            "the leaves and initialize again)", "FailedPrecondition")
+    marked = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.nn.Module):
+            found = [m for m in model.modules() if m is leaf]
+        elif isinstance(leaf, type) and issubclass(leaf, torch.nn.Module):
+            found = [m for m in model.modules() if isinstance(m, leaf)]
+        elif isinstance(leaf, str):
+            found = [m for m in model.modules() if type(m).__name__ == leaf]
+        else:
+            raise TypeError("set_leaf_modules: leaves must be module classes, class names or "
+                            f"module instances, not {type(leaf).__name__}")
+        if not found:
+            what = leaf if isinstance(leaf, str) else getattr(leaf, "__name__", type(leaf).__name__)
+            raise InvalidArgumentError(
+                f"set_leaf_modules: no module of the model matches {what}", "InvalidArgument")
+        for m in found:
+            m._strata_leaf = True
+            marked.append(m)
+    return marked
+
+
+def _all_named_parameters(module, prefix):
+    """(qualified name, parameter) of `module`'s subtree, shared ones under
+    every name (torch 1.13's named_parameters has no remove_duplicate)."""
+    for mname, mod in module.named_modules(prefix=prefix, remove_duplicate=False):
+        for n, p in mod._parameters.items():
+            if p is not None:
+                yield (f"{mname}.{n}" if mname else n), p
+
+
+def _statement_text(tb):
+    """The source of the statement a traceback entry failed in (its whole
+    extent where the interpreter records it), or ""."""
+    code, first = tb.tb_frame.f_code, tb.tb_lineno
+    last = first
+    if hasattr(code, "co_positions"):  # Python 3.11+
+        for i, pos in enumerate(code.co_positions()):
+            if i == tb.tb_lasti // 2:
+                if pos[0] is not None and pos[1] is not None:
+                    first, last = pos[0], pos[1]
+                break
+    return "".join(linecache.getline(code.co_filename, n) for n in range(first, last + 1))
 
 
 class _Group:
@@ -160,21 +302,22 @@ def _replace(output, mapping):
 
 
 class _LrGroup(dict):
-    """The optimizer's one param group. With a config `scheduler` section,
+    """One of the optimizer's param groups. With a config `scheduler` section,
     setting its lr (or the initial_lr a torch scheduler records) is an error:
     the config's schedule sets the lr, and two sources would silently race."""
 
-    def __init__(self, group, scheduled):
+    def __init__(self, group, scheduled, index):
         super().__init__(group)
         self._scheduled = scheduled  # the config's schedule type, or None
+        self._index = index
 
     def _refuse(self, key):
         if self._scheduled is not None and key in ("lr", "initial_lr"):
             raise FailedPreconditionError(
-                f"param_groups[0][{key!r}]: the config's scheduler section ({self._scheduled}) "
-                "sets the learning rate at every step; use either it or a torch lr_scheduler "
-                "(or your own lr), not both: remove the config's scheduler section to drive the "
-                "lr from Python", "FailedPrecondition")
+                f"param_groups[{self._index}][{key!r}]: the config's scheduler section "
+                f"({self._scheduled}) sets the learning rate at every step; use either it or a "
+                "torch lr_scheduler (or your own lr), not both: remove the config's scheduler "
+                "section to drive the lr from Python", "FailedPrecondition")
 
     def __setitem__(self, key, value):
         self._refuse(key)
@@ -192,25 +335,33 @@ class _LrGroup(dict):
 
 
 class _Optimizer(torch.optim.Optimizer):
-    """``engine.optimizer``: what torch's lr schedulers drive. One param group
-    (every parameter the engine owns) whose ``lr`` is read at each step and
-    becomes the engine's learning rate (Engine::SetLearningRate); ``betas``,
-    ``eps`` and ``weight_decay`` are the config's, for reading only. step()
-    is ``engine.step()``; zero_grad() is ``engine.zero_grad()``. The optimizer
-    states live in the engine: state_dict() holds the param group only."""
+    """``engine.optimizer``: what torch's lr schedulers drive. Its param groups
+    are the engine's (the ``model_parameters`` groups given to initialize, or
+    one group of every parameter the engine owns); each group's ``lr`` is read
+    at each step and becomes that group's learning rate in the engine
+    (Engine::SetLearningRate); ``betas``, ``eps`` and ``weight_decay`` are the
+    group's (or the config's), for reading only. step() is ``engine.step()``;
+    zero_grad() is ``engine.zero_grad()``. The optimizer states live in the
+    engine: state_dict() holds the param groups only."""
 
-    def __init__(self, engine, params):
+    def __init__(self, engine, groups):
         opt = engine.config["optimizer"]["params"]
-        defaults = {"lr": engine._engine.learning_rate(),
+        defaults = {"lr": engine._engine.learning_rate(0),
                     "weight_decay": opt.get("weight_decay", 0.0)}
         if "betas" in opt:
             defaults["betas"] = tuple(opt["betas"])
         if "eps" in opt:
             defaults["eps"] = opt["eps"]
-        super().__init__(params, defaults)
+        param_groups = []
+        for g in groups:
+            group = {k: v for k, v in g.options.items() if k != "name"}
+            group["params"] = g.params
+            group["lr"] = engine._engine.learning_rate(g.engine_id)
+            param_groups.append(group)
+        super().__init__(param_groups, defaults)
         self._strata = engine
         sched = engine.config.get("scheduler", {}).get("type")
-        self.param_groups[0] = _LrGroup(self.param_groups[0], sched)
+        self.param_groups = [_LrGroup(pg, sched, i) for i, pg in enumerate(self.param_groups)]
 
     def step(self, closure=None):
         if closure is not None:
@@ -223,10 +374,106 @@ class _Optimizer(torch.optim.Optimizer):
         self._strata.zero_grad()
 
 
+class _ParamGroup:
+    """One optimizer parameter group as given to initialize: its trainable
+    parameters, the hyperparameters it overrides, and its engine group id."""
+
+    def __init__(self, params, options, engine_id):
+        self.params = params
+        self.options = options  # lr, weight_decay, betas, eps, name (those given)
+        self.engine_id = engine_id
+
+
+_GROUP_KEYS = ("params", "lr", "weight_decay", "betas", "eps", "name")
+# torch.optim.AdamW's flags that do not change the arithmetic Strata computes
+# when left at their defaults.
+_GROUP_FLAGS = {"amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+                "differentiable": False, "fused": None}
+
+
+def _param_groups(model, model_parameters):
+    """[_ParamGroup] from initialize's model_parameters: None (every trainable
+    parameter, the config's hyperparameters), an iterable of parameters, or
+    of dicts {"params": ..., "lr": ..., "weight_decay": ..., "betas": ...,
+    "eps": ...} as torch.optim and DeepSpeed take them."""
+    trainable = [p for p in model.parameters() if p.requires_grad and p.numel() > 0]
+    if model_parameters is None:
+        return [_ParamGroup(trainable, {}, 0)]
+    if isinstance(model_parameters, (torch.Tensor, dict)):
+        model_parameters = [model_parameters]
+    items = list(model_parameters)
+    if not items:
+        raise InvalidArgumentError("model_parameters: empty (give the model's parameters, or "
+                                   "omit model_parameters)", "InvalidArgument")
+    names = {id(p): n for n, p in model.named_parameters()}
+    if all(isinstance(x, dict) for x in items):
+        raw = items
+        dicts = True
+    elif all(isinstance(x, torch.Tensor) for x in items):
+        raw = [{"params": items}]
+        dicts = False
+    else:
+        raise InvalidArgumentError(
+            "model_parameters: an iterable of parameters or of dicts {'params': [...], ...}, "
+            "not a mix", "InvalidArgument")
+    groups = []
+    where = {}  # id(param) -> group index
+    for i, d in enumerate(raw):
+        what = f"model_parameters[{i}]" if dicts else "model_parameters"
+        if "params" not in d:
+            raise InvalidArgumentError(f"{what}: no 'params' key", "InvalidArgument")
+        for key, value in d.items():
+            if key in _GROUP_KEYS:
+                continue
+            if key in _GROUP_FLAGS and value == _GROUP_FLAGS[key]:
+                continue
+            raise InvalidArgumentError(
+                f"{what}[{key!r}]: not supported (a group may set "
+                f"{', '.join(k for k in _GROUP_KEYS if k != 'params')}; torch's "
+                f"{', '.join(_GROUP_FLAGS)} only at their defaults)", "InvalidArgument")
+        params = d["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        mine = []
+        for p in params:
+            if not isinstance(p, torch.nn.Parameter) or id(p) not in names:
+                raise InvalidArgumentError(
+                    f"{what}: holds a {type(p).__name__} of shape {tuple(p.shape)} that is not "
+                    "a parameter of the model", "InvalidArgument")
+            if id(p) in where:
+                other = where[id(p)]
+                raise InvalidArgumentError(
+                    f"{what}: parameter {names[id(p)]} is also in model_parameters[{other}]; "
+                    "a parameter belongs to one group", "InvalidArgument")
+            where[id(p)] = i
+            if p.requires_grad and p.numel() > 0:
+                mine.append(p)  # frozen ones stay with torch, as torch.optim skips them
+        options = {}
+        for key in ("lr", "weight_decay", "eps"):
+            if key in d:
+                options[key] = float(d[key])
+        if "betas" in d:
+            b = tuple(float(x) for x in d["betas"])
+            if len(b) != 2:
+                raise InvalidArgumentError(f"{what}['betas']: two values, not {len(b)}",
+                                           "InvalidArgument")
+            options["betas"] = b
+        if "name" in d:
+            options["name"] = str(d["name"])
+        groups.append(_ParamGroup(mine, options, i + 1 if dicts else 0))
+    missing = [names[id(p)] for p in trainable if id(p) not in where]
+    if missing:
+        raise InvalidArgumentError(
+            f"model_parameters: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+            f"({len(missing)} parameter{'s' if len(missing) != 1 else ''}) require grad but are "
+            "in no group; add them to a group, or set requires_grad False to keep them frozen",
+            "InvalidArgument")
+    return groups
+
+
 class Engine:
     """A model trained through Strata. Create it with :func:`strata.initialize`."""
 
-    def __init__(self, model, config, auto_values=None):
+    def __init__(self, model, config, auto_values=None, model_parameters=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         owner = getattr(model, "_strata_engine_state", None)
@@ -258,7 +505,9 @@ class Engine:
                                                      device=self.device)
         self.last_stats = None
         self._groups = []
-        self._group_of_module = {}  # torch module -> _Group
+        self._groups_of_module = {}  # torch module -> [_Group]: its own, then external ones
+        self._name_of_param = {}  # id(param) -> its first qualified name
+        self._loaded = (None, set())  # model.load_state_dict: (its missing_keys, keys written)
         self._group_of_param = {}  # id(param) -> _Group
         self._param_id = {}  # id(param) -> engine parameter id
         self._shape_of_id = []  # engine parameter id -> shape
@@ -270,6 +519,8 @@ class Engine:
         self._origin = {}  # id(param) -> (dtype, device) before the engine took it
         self._call_depth = 0  # engine calls in progress (a model may call the engine)
         self._in_engine_state_dict = False
+        self._param_groups = _param_groups(model, model_parameters)
+        self._add_param_groups()
         self._build_groups()
         self._register()
         self._engine.plan()
@@ -279,21 +530,59 @@ class Engine:
         self._requires_grad = [(name, p, p.requires_grad)
                                for name, p in self.module.named_parameters()
                                if p.numel() > 0 or id(p) in self._param_id]
-        self._lr_pushed = self._engine.learning_rate()
-        self.optimizer = _Optimizer(self, [p for g in self._groups for p in g.params])
+        self.optimizer = _Optimizer(self, self._param_groups)
+        self._lr_pushed = [g["lr"] for g in self.optimizer.param_groups]
         model._strata_engine_state = self._state
 
     # ---- setup ---------------------------------------------------------------
 
+    def _add_param_groups(self):
+        """The model_parameters groups' hyperparameters into the engine."""
+        self._engine_group_of = {}  # id(param) -> engine group id
+        for i, g in enumerate(self._param_groups):
+            if g.engine_id == 0:
+                continue
+            o = g.options
+            betas = o.get("betas", (None, None))
+            gid = self._engine.add_param_group(o.get("name", f"model_parameters[{i}]"),
+                                               o.get("lr"), o.get("weight_decay"), betas[0],
+                                               betas[1], o.get("eps"))
+            if gid != g.engine_id:
+                raise RuntimeError(f"engine group {gid}, expected {g.engine_id}")
+        for g in self._param_groups:
+            for p in g.params:
+                self._engine_group_of[id(p)] = g.engine_id
+
     def _build_groups(self):
-        """Engine modules from the torch modules owning trainable parameters."""
-        owners = []  # (module, [(qualified name, param)])
-        for mname, mod in self.module.named_modules():
-            direct = [(f"{mname}.{n}" if mname else n, p)
-                      for n, p in mod._parameters.items()
-                      if p is not None and p.requires_grad and p.numel() > 0]
+        """Engine modules from the torch modules owning trainable parameters;
+        a leaf module (module docstring, "Leaf modules") owns its whole
+        subtree's; external parameters add their groups to their user's."""
+        trainable = {id(p) for p in self.module.parameters()
+                     if p.requires_grad and p.numel() > 0}
+        owners = []  # (module, [(qualified name, param)]), named_modules() order
+        seen = set()
+
+        def walk(mod, prefix):
+            if id(mod) in seen:
+                return
+            seen.add(id(mod))
+            if _is_leaf(mod):
+                direct = [(n, p) for n, p in _all_named_parameters(mod, prefix)
+                          if id(p) in trainable]
+                if direct:
+                    owners.append((mod, direct))
+                for sub in mod.modules():  # hooks on the leaf only
+                    seen.add(id(sub))
+                return
+            direct = [(f"{prefix}.{n}" if prefix else n, p) for n, p in mod._parameters.items()
+                      if p is not None and id(p) in trainable]
             if direct:
                 owners.append((mod, direct))
+            for n, child in mod._modules.items():
+                if child is not None:
+                    walk(child, f"{prefix}.{n}" if prefix else n)
+
+        walk(self.module, "")
         # Union-find over parameters: a module's parameters go together, and a
         # parameter shared by modules joins them.
         parent = {}
@@ -324,11 +613,39 @@ class Engine:
             g = by_root[root]
             g.params.append(p)
             g.names.append(name)
+            self._name_of_param[key] = name
         for mod, direct in owners:
-            self._group_of_module[mod] = by_root[find(id(direct[0][1]))]
+            self._groups_of_module[mod] = [by_root[find(id(direct[0][1]))]]
         for g in self._groups:
             for p in g.params:
                 self._group_of_param[id(p)] = g
+        # External parameters: registered on a module, or on a module inside a
+        # leaf (whose forward runs inside the leaf's).
+        leaf_of = {}
+        for mod in self.module.modules():
+            if _is_leaf(mod):
+                for sub in mod.modules():
+                    leaf_of.setdefault(id(sub), mod)
+        for mname, mod in self.module.named_modules():
+            for p in mod.__dict__.get("_strata_external_params", ()):
+                self._attach_external(leaf_of.get(id(mod), mod), p, mname)
+
+    def _attach_external(self, mod, p, mname):
+        """`mod`'s forward and backward also hold the group of `p`. A frozen
+        parameter needs nothing (torch keeps its data); one not in the model is
+        an error."""
+        g = self._group_of_param.get(id(p))
+        if g is None:
+            if any(q is p for q in self.module.parameters()):
+                return  # frozen: not the engine's
+            raise InvalidArgumentError(
+                f"register_external_parameter: the parameter of shape {tuple(p.shape)} "
+                f"registered on module {mname or '<root>'} ({type(mod).__name__}) is not a "
+                "parameter of the model given to initialize; register parameters the model "
+                "owns", "InvalidArgument")
+        groups = self._groups_of_module.setdefault(mod, [])
+        if g not in groups:
+            groups.append(g)
 
     def _register(self):
         dtype_name = _DTYPE_NAMES[self.dtype]
@@ -337,7 +654,8 @@ class Engine:
                 self._origin[id(p)] = (p.dtype, p.device)
                 init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
                 pid = self._engine.register_parameter(name, list(p.shape), dtype_name, g.index,
-                                                      _dlpack.to_dlpack(init))
+                                                      _dlpack.to_dlpack(init),
+                                                      self._engine_group_of.get(id(p), 0))
                 self._param_id[id(p)] = pid
                 self._shape_of_id.append(tuple(p.shape))
         # What the engine does not own follows the model to the device and dtype
@@ -371,15 +689,84 @@ class Engine:
         return self._empty
 
     def _install_hooks(self):
-        for mod, g in self._group_of_module.items():
-            self._handles.append(mod.register_forward_pre_hook(self._make_pre_forward(g)))
-            self._handles.append(mod.register_forward_hook(self._make_post_forward(g)))
+        for mod, groups in self._groups_of_module.items():
+            self._hook_module(mod, groups)
         for mod in self.module.modules():
             owned = [(n, p) for n, p in mod._parameters.items()
                      if p is not None and id(p) in self._param_id]
             if owned:
                 hook = self._make_state_dict_hook(owned)
                 self._handles.append(mod._register_state_dict_hook(hook))
+                self._handles.append(mod._register_load_state_dict_pre_hook(
+                    self._make_load_state_dict_hook(owned)))
+                self._handles.append(mod.register_load_state_dict_post_hook(
+                    self._drop_loaded_from_missing))
+        _ENGINES.add(self)
+
+    def _hook_module(self, mod, groups):
+        handle = mod.register_forward_pre_hook(self._make_pre_forward(groups))
+        # First: the module's own pre-hooks (weight_norm's, which computes the
+        # weight from weight_g and weight_v) run with the parameters mapped.
+        mod._forward_pre_hooks.move_to_end(handle.id, last=False)
+        self._handles.append(handle)
+        self._handles.append(mod.register_forward_hook(self._make_post_forward(groups)))
+
+    def _add_external(self, mod, p):
+        """register_external_parameter after initialize."""
+        self._check_open()
+        if self._call_depth or self._in_backward or any(g.fwd_depth for g in self._groups):
+            raise FailedPreconditionError(
+                "register_external_parameter: called during a forward or backward; call it "
+                "between micro-batches (or before initialize)", "FailedPrecondition")
+        mname = next((n for n, m in self.module.named_modules() if m is mod), None)
+        if mname is None:
+            raise InvalidArgumentError(
+                f"register_external_parameter: the module ({type(mod).__name__}) is not part of "
+                "the model this engine trains", "InvalidArgument")
+        leaf = next((m for m in self.module.modules()
+                     if _is_leaf(m) and any(s is mod for s in m.modules())), mod)
+        hooked = leaf in self._groups_of_module
+        self._attach_external(leaf, p, mname)
+        if not hooked and leaf in self._groups_of_module:
+            self._hook_module(leaf, self._groups_of_module[leaf])
+
+    def _make_load_state_dict_hook(self, owned):
+        """model.load_state_dict() (or a submodule's) while the engine owns the
+        parameters: each owned value goes into the engine (WriteParameter:
+        master and working copy, moments kept), as engine.load_state_dict
+        does, instead of into the empty placeholder. The key is taken out of
+        the state_dict so that torch does not copy it; the post-hook takes it
+        out of missing_keys again."""
+
+        def hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                 error_msgs):
+            if self._state["closed"]:
+                return
+            for name, p in owned:
+                key = prefix + name
+                if key not in state_dict:
+                    continue
+                value = state_dict.pop(key)
+                if self._loaded[0] is not missing_keys:  # a new load_state_dict call
+                    self._loaded = (missing_keys, set())
+                self._loaded[1].add(key)
+                pid = self._param_id[id(p)]
+                shape = self._shape_of_id[pid]
+                if not torch.is_tensor(value) or tuple(value.shape) != shape:
+                    got = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+                    error_msgs.append(
+                        f"size mismatch for {key}: copying a param with shape {got} from "
+                        f"checkpoint, the shape in current model is {shape}.")
+                    continue
+                v = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                self._engine.write_parameter(pid, _dlpack.to_dlpack(v))
+
+        return hook
+
+    def _drop_loaded_from_missing(self, module, incompatible_keys):
+        missing, loaded = self._loaded
+        if missing is incompatible_keys.missing_keys and loaded:
+            missing[:] = [k for k in missing if k not in loaded]
 
     def _make_state_dict_hook(self, owned):
         """model.state_dict() while the engine owns the parameters: each one's
@@ -549,43 +936,114 @@ class Engine:
     # the parameters (one module at a time; autograd keeps the saved ones
     # until their use in backward), and the views come back afterwards.
 
-    def _make_pre_forward(self, g):
+    def _make_pre_forward(self, groups):
+        """`groups`: the module's own group, then those of its external
+        parameters (the list grows when one is registered after initialize)."""
+
         def hook(module, inputs):
-            self._enter_forward(g)
+            gs = tuple(groups)
+            for g in gs:
+                self._enter_forward(g)
             if self._in_backward and torch.is_grad_enabled():
-                g.recompute.append([p.data for p in g.params])
                 with self._on_stream():
-                    for p in g.params:
-                        p.data = p.data.clone()
+                    for g in gs:
+                        g.recompute.append([p.data for p in g.params])
+                        for p in g.params:
+                            p.data = p.data.clone()
             if torch.is_grad_enabled():
-                return self._wrap(inputs, lambda: self._exit_backward(g))
+                return self._wrap(inputs, lambda: self._each(self._exit_backward, gs))
             return None
 
         return hook
 
-    def _make_post_forward(self, g):
+    def _make_post_forward(self, groups):
         def hook(module, inputs, output):
+            gs = tuple(groups)
             if torch.is_grad_enabled():
-                output = self._wrap(output, lambda: self._enter_backward(g))
-            if self._in_backward and torch.is_grad_enabled() and g.recompute:
-                for p, v in zip(g.params, g.recompute.pop()):
-                    p.data = v
-            self._exit_forward(g)
+                output = self._wrap(output, lambda: self._each(self._enter_backward, gs))
+            if self._in_backward and torch.is_grad_enabled():
+                for g in gs:
+                    if g.recompute:
+                        for p, v in zip(g.params, g.recompute.pop()):
+                            p.data = v
+            for g in gs:
+                self._exit_forward(g)
             return output
 
         return hook
+
+    @staticmethod
+    def _each(fn, groups):
+        for g in groups:
+            fn(g)
 
     def _make_grad_hook(self, g, i):
         def hook(grad_inputs, grad_outputs):
             p = g.params[i]
             if p.grad is None or self._state["closed"]:
                 return
-            g.pending[i] = p.grad
+            # The accumulator runs once per backward graph: twice for a
+            # parameter used both inside and outside a reentrant checkpoint.
+            g.pending[i] = p.grad if i not in g.pending else g.pending[i] + p.grad
             p.grad = None
             if len(g.pending) == len(g.params):
                 self._hand_over(g)
 
         return hook
+
+    # ---- a parameter used where it is not mapped ------------------------------
+
+    def _unmapped(self, p):
+        return id(p) in self._param_id and p.data.numel() == 0
+
+    def _unmapped_used(self, tb):
+        """[(name, frame description)] of the registered parameters that are
+        not mapped now and that the frames of traceback `tb` refer to: as
+        locals (F.multi_head_attention_forward's out_proj_weight), or as an
+        attribute path from a module local on the failing statement
+        (``self.embed.weight``). For the error of a forward that raised."""
+        found = {}
+        while tb is not None:
+            frame = tb.tb_frame
+            code = frame.f_code
+            owner = frame.f_locals.get("self")
+            func = (f"{type(owner).__name__}.{code.co_name}"
+                    if isinstance(owner, torch.nn.Module) else code.co_name)
+            where = f"{func} ({os.path.basename(code.co_filename)}:{tb.tb_lineno})"
+            text = _statement_text(tb)
+            for var, value in list(frame.f_locals.items()):
+                if isinstance(value, torch.nn.Parameter):
+                    if self._unmapped(value):
+                        found.setdefault(id(value), (self._name_of_param[id(value)], where))
+                elif isinstance(value, torch.nn.Module) and text and var in text:
+                    for q, p in _all_named_parameters(value, ""):
+                        if self._unmapped(p) and re.search(
+                                rf"\b{re.escape(var)}\.{re.escape(q)}\b", text):
+                            found.setdefault(id(p), (self._name_of_param[id(p)], where))
+            tb = tb.tb_next
+        return list(found.values())
+
+    def _unmapped_error(self, error):
+        """The error to raise for `error` from a forward: a
+        FailedPreconditionError naming the parameters used where they are not
+        mapped and the fix, when any is found; else None."""
+        if isinstance(error, StrataError) or not isinstance(error, RuntimeError):
+            return None
+        try:
+            used = self._unmapped_used(error.__traceback__)
+        except Exception:  # the diagnosis must never hide the error itself
+            return None
+        if not used:
+            return None
+        names = ", ".join(name for name, _ in used)
+        it = "it" if len(used) == 1 else "them"
+        return FailedPreconditionError(
+            f"{names}: used in {used[-1][1]} outside the forward of the module that owns {it}, "
+            f"where the engine has not fetched {it} (an empty placeholder there). Declare "
+            "the use before strata.initialize: strata.register_external_parameter(module, "
+            "param) for the module whose forward uses it, or strata.set_leaf_modules(model, "
+            f"[ModuleClass]) to fetch a module's whole subtree for its forward "
+            f"(torch's error: {type(error).__name__}: {error})", "FailedPrecondition")
 
     # ---- training ------------------------------------------------------------
 
@@ -628,9 +1086,12 @@ class Engine:
         try:
             with self._caller_ordered(), self._saved_tensor_hooks():
                 return self.module(*args, **kwargs)
-        except BaseException:
+        except BaseException as e:
             if outermost:
+                better = self._unmapped_error(e)  # before the release unmaps the others
                 self._end_failed_forward()
+                if better is not None:
+                    raise better from e
             raise
         finally:
             self._call_depth -= 1
@@ -670,13 +1131,13 @@ class Engine:
     def _step(self):
         self._check_open()
         self._check_requires_grad()
-        group = self.optimizer.param_groups[0]
-        lr = float(group["lr"])
-        if lr != self._lr_pushed:
-            # Set from outside (a torch lr_scheduler, or by hand); refused by
-            # the engine when the config has a scheduler section.
-            self._engine.set_learning_rate(lr)
-            self._lr_pushed = lr
+        for i, (group, pg) in enumerate(zip(self.optimizer.param_groups, self._param_groups)):
+            lr = float(group["lr"])
+            if lr != self._lr_pushed[i]:
+                # Set from outside (a torch lr_scheduler, or by hand); refused by
+                # the engine when the config has a scheduler section.
+                self._engine.set_learning_rate(lr, pg.engine_id)
+                self._lr_pushed[i] = lr
         self.last_stats = json.loads(self._engine.step())
         self._show_scheduled_lr()
         return self.last_stats
@@ -685,8 +1146,9 @@ class Engine:
         """With a config schedule: its lr of the next step, for get_lr() and
         param_groups (the step count moved)."""
         if self.config.get("scheduler") is not None:
-            self._lr_pushed = self._engine.learning_rate()
-            dict.__setitem__(self.optimizer.param_groups[0], "lr", self._lr_pushed)
+            for i, pg in enumerate(self._param_groups):
+                self._lr_pushed[i] = self._engine.learning_rate(pg.engine_id)
+                dict.__setitem__(self.optimizer.param_groups[i], "lr", self._lr_pushed[i])
 
     def get_lr(self):
         """The learning rate of the next optimizer step, one per param group (as
@@ -903,13 +1365,24 @@ def export(checkpoint_dir, path, dtype="fp32"):
     return _strata.export_checkpoint(os.fspath(checkpoint_dir), os.fspath(path), dtype)
 
 
-def initialize(model, config, *, auto_values=None):
+def initialize(model, config, *, model_parameters=None, auto_values=None):
     """Hands `model`'s trainable parameters to a Strata engine configured by
     `config` (a DeepSpeed JSON file's path, or a dict) and returns the Engine.
+
+    model_parameters: as deepspeed.initialize's, the optimizer's parameter
+    groups: an iterable of parameters, or of dicts {"params": [...], "lr":
+    ..., "weight_decay": ..., "betas": (b1, b2), "eps": ..., "name": ...} like
+    torch.optim's param groups; keys left out take the config's
+    optimizer.params. Every parameter that requires grad must be in exactly
+    one group (frozen ones listed are skipped, as torch.optim skips them).
+    A group's lr is refused with a config `scheduler` that sets every
+    group's lr (all but WarmupCosineLR, which scales each group's own). The
+    groups are part of a checkpoint's identity. None: one group, every
+    trainable parameter, the config's hyperparameters.
 
     auto_values: values for the config's "auto" keys (train_batch_size,
     train_micro_batch_size_per_gpu, gradient_accumulation_steps,
     gradient_clipping, lr, beta1, beta2, eps, weight_decay, fp16_enabled,
     bf16_enabled).
     """
-    return Engine(model, config, auto_values)
+    return Engine(model, config, auto_values, model_parameters)

@@ -127,13 +127,15 @@ ScheduledValues ScheduleAt(const Config& c, int64_t applied_steps) {
   const int64_t i = applied_steps - 1;  // DeepSpeed's last_batch_iteration
   switch (s.type) {
     case LrScheduleType::kNone:
+      v.lr_ratio = 1.0;
       break;
     case LrScheduleType::kWarmupLR:
     case LrScheduleType::kWarmupDecayLR:
       v.lr = WarmupLr(s, i);
       break;
     case LrScheduleType::kWarmupCosineLR:
-      v.lr = c.optimizer.lr * CosineRatio(s, i);
+      v.lr_ratio = CosineRatio(s, i);
+      v.lr = c.optimizer.lr * *v.lr_ratio;
       break;
     case LrScheduleType::kOneCycle:
       OneCycle(s, i, &v);

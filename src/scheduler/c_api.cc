@@ -135,6 +135,12 @@ void strata_engine_destroy(strata_engine* engine) {
 
 int strata_register_parameter(strata_engine* e, const char* name, int64_t numel, strata_dtype dtype,
                               int module, const float* init, int* out_id) {
+  return strata_register_parameter_in_group(e, name, numel, dtype, module, 0, init, out_id);
+}
+
+int strata_register_parameter_in_group(strata_engine* e, const char* name, int64_t numel,
+                                       strata_dtype dtype, int module, int group,
+                                       const float* init, int* out_id) {
   return Guard("strata_register_parameter", [&]() -> int {
     if (e == nullptr) return NullArg("engine");
     if (name == nullptr) return NullArg("name");
@@ -147,12 +153,33 @@ int strata_register_parameter(strata_engine* e, const char* name, int64_t numel,
     spec.numel = numel;
     spec.dtype = static_cast<strata::DType>(dtype);
     spec.module = module;
+    spec.group = group;
     if (init != nullptr && numel > 0) {
       spec.init = std::span<const float>(init, static_cast<size_t>(numel));
     } else {
       spec.initializer = [](std::span<float> v) { std::fill(v.begin(), v.end(), 0.f); };
     }
     strata::StatusOr<int> id = e->engine->RegisterParameter(spec);
+    if (!id.ok()) return Fail(id.status());
+    if (out_id) *out_id = *id;
+    return STRATA_OK;
+  });
+}
+
+int strata_add_param_group(strata_engine* e, const strata_param_group* g, int* out_id) {
+  return Guard("strata_add_param_group", [&]() -> int {
+    if (e == nullptr) return NullArg("engine");
+    if (g == nullptr) return NullArg("group");
+    strata::ParamGroupSpec spec;
+    if (g->name != nullptr) spec.name = g->name;
+    if (g->has_lr) spec.lr = g->lr;
+    if (g->has_weight_decay) spec.weight_decay = g->weight_decay;
+    if (g->has_betas) {
+      spec.beta1 = g->beta1;
+      spec.beta2 = g->beta2;
+    }
+    if (g->has_eps) spec.eps = g->eps;
+    strata::StatusOr<int> id = e->engine->AddParamGroup(spec);
     if (!id.ok()) return Fail(id.status());
     if (out_id) *out_id = *id;
     return STRATA_OK;
@@ -273,6 +300,16 @@ int strata_set_learning_rate(strata_engine* e, double lr) {
 }
 
 double strata_learning_rate(const strata_engine* e) { return e ? e->engine->learning_rate() : 0.0; }
+
+int strata_set_group_learning_rate(strata_engine* e, int group, double lr) {
+  return Guard("strata_set_group_learning_rate", [&]() -> int {
+    return e ? Check(e->engine->SetLearningRate(group, lr)) : NullArg("engine");
+  });
+}
+
+double strata_group_learning_rate(const strata_engine* e, int group) {
+  return e ? e->engine->learning_rate(group) : 0.0;
+}
 
 double strata_loss_scale(const strata_engine* e) { return e ? e->engine->loss_scale() : 1.0; }
 

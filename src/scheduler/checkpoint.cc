@@ -24,6 +24,7 @@
 #include "src/common/dtype.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/scheduler/hyperparams.h"
 
 namespace strata::scheduler {
 namespace {
@@ -136,14 +137,55 @@ void Flatten(const Json& j, const std::string& path,
 
 Json LayoutIdentity(const Layout& l) {
   Json params = Json::array();
-  for (const ParamRec& p : l.params())
-    params.push_back({p.name, p.numel, std::string(DTypeName(p.dtype)), p.module});
+  for (const ParamRec& p : l.params()) {
+    Json rec = {p.name, p.numel, std::string(DTypeName(p.dtype)), p.module};
+    if (p.group != 0) rec.push_back(p.group);  // the optimizer parameter group, when not 0
+    params.push_back(std::move(rec));
+  }
   Json j;
   j["elements"] = l.total_elems();
   j["modules"] = l.num_modules();
   j["sub_groups"] = l.num_groups();
   j["parameters"] = std::move(params);
   return j;
+}
+
+// The optimizer parameter groups as the manifest records them (absent: one
+// group without overrides).
+Json ParamGroupsIdentity(std::span<const ParamGroupSpec> groups) {
+  Json out = Json::array();
+  for (const ParamGroupSpec& g : groups) {
+    Json j;
+    j["name"] = g.name;
+    auto put = [&](const char* key, const std::optional<double>& v) {
+      if (v.has_value()) j[key] = *v;
+    };
+    put("lr", g.lr);
+    put("weight_decay", g.weight_decay);
+    put("beta1", g.beta1);
+    put("beta2", g.beta2);
+    put("eps", g.eps);
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// The first difference between two ParamGroupsIdentity values ("" if none);
+// names are for messages only.
+std::string ParamGroupsDifference(const Json& then, const Json& now) {
+  if (then.size() != now.size())
+    return fmt::format("{} optimizer parameter group{} in the checkpoint, {} now", then.size(),
+                       then.size() == 1 ? "" : "s", now.size());
+  for (size_t i = 0; i < now.size(); ++i)
+    for (const char* key : {"lr", "weight_decay", "beta1", "beta2", "eps"}) {
+      const Json a = then[i].value(key, Json());
+      const Json b = now[i].value(key, Json());
+      if (a != b)
+        return fmt::format("parameter group {} ({}): {} {} in the checkpoint, {} now", i,
+                           now[i].value("name", ""), key, a.is_null() ? "unset" : a.dump(),
+                           b.is_null() ? "unset" : b.dump());
+    }
+  return "";
 }
 
 std::string IdentityHash(const Json& j) {
@@ -252,6 +294,11 @@ std::string LayoutDifference(const Json& then, const Json& now) {
     if (a[i][3] != b[i][3])
       return fmt::format("parameter {}: module {} in the checkpoint, {} now", name, a[i][3].dump(),
                          b[i][3].dump());
+    const Json ga = a[i].size() > 4 ? a[i][4] : Json(0);
+    const Json gb = b[i].size() > 4 ? b[i][4] : Json(0);
+    if (ga != gb)
+      return fmt::format("parameter {}: optimizer parameter group {} in the checkpoint, {} now",
+                         name, ga.dump(), gb.dump());
   }
   if (a.size() != b.size())
     return fmt::format("{} parameters in the checkpoint, {} registered now", a.size(), b.size());
@@ -661,6 +708,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   m["config"] = config_id;
   m["layout_hash"] = IdentityHash(layout_id);
   m["layout"] = layout_id;
+  if (meta->param_groups.size() > 1) m["param_groups"] = ParamGroupsIdentity(meta->param_groups);
   m["files"] = std::move(files);
   std::string text;
   try {
@@ -691,7 +739,8 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
 }
 
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
-                                        const Layout& layout, StateStore* store) {
+                                        const Layout& layout, StateStore* store,
+                                        std::span<const ParamGroupSpec> groups) {
   if (LatestCheckpoint(root).empty())
     return NotFoundError(
         fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
@@ -742,6 +791,15 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
     if (!diff.empty())
       return FailedPreconditionError(
           fmt::format("checkpoint {} has a different model layout: {}", dir, diff));
+    const ParamGroupSpec default_group = DefaultParamGroup();
+    const std::span<const ParamGroupSpec> one_group(&default_group, 1);
+    const Json groups_now = ParamGroupsIdentity(groups.size() > 1 ? groups : one_group);
+    const Json groups_then =
+        m.contains("param_groups") ? m.at("param_groups") : ParamGroupsIdentity(one_group);
+    diff = ParamGroupsDifference(groups_then, groups_now);
+    if (!diff.empty())
+      return FailedPreconditionError(
+          fmt::format("checkpoint {} has different optimizer parameter groups: {}", dir, diff));
     meta.run_id = m.at("run_id").get<std::string>();
     meta.optimizer_step = m.at("optimizer_step").get<int64_t>();
     const Json& ls = m.at("loss_scaler");
@@ -870,7 +928,8 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
                         r.name, dt));
       r.dtype = *d;
       r.module = pj.at(3).get<int>();
-      if (r.numel < 0 || r.module < 0)
+      if (pj.size() > 4) r.group = pj.at(4).get<int>();
+      if (r.numel < 0 || r.module < 0 || r.group < 0)
         return DataLossError(fmt::format("{}: parameter {} has numel {} and module {}",
                                          manifest_path, r.name, r.numel, r.module));
       recs.push_back(std::move(r));

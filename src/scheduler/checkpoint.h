@@ -63,6 +63,7 @@
 #include "src/scheduler/loss_scaler.h"
 #include "src/scheduler/state_store.h"
 #include "strata/config.h"
+#include "strata/engine.h"
 
 namespace strata::scheduler {
 
@@ -86,6 +87,10 @@ struct CheckpointMeta {
   // The run (lineage) the checkpoint belongs to: written into the manifest;
   // set from it by Read. Write requires it non-empty.
   std::string run_id;
+  // The optimizer parameter groups (index: group id; group 0 the config's),
+  // part of the checkpoint's identity: written by Write; Read compares them
+  // with these (empty: one group without overrides).
+  std::vector<ParamGroupSpec> param_groups;
   // Set by Write, and by Read from a root: the lock on the root, taken for
   // the call. Keep it to hold the root beyond the call.
   std::shared_ptr<CheckpointDirLock> lock;
@@ -181,8 +186,10 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
 // NotFound: no checkpoint there. FailedPrecondition: a different config or
 // layout (the message names the first difference). DataLoss: a file missing,
 // truncated or failing its checksum (named, with both checksums).
+// `groups`: the engine's optimizer parameter groups (CheckpointMeta::param_groups).
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
-                                        const Layout& layout, StateStore* store);
+                                        const Layout& layout, StateStore* store,
+                                        std::span<const ParamGroupSpec> groups = {});
 
 // The newest checkpoint directory under root ("" when there is none), or
 // root itself when it holds a manifest.

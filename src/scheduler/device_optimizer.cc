@@ -1,5 +1,6 @@
 #include "src/scheduler/device_optimizer.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "src/common/status_util.h"
@@ -53,32 +54,40 @@ Status DeviceOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
 }
 
 Status DeviceOptimizer::Launch(const LaunchParams& p) {
-  gpu::AdamHyperParams hp;
-  hp.decoupled_weight_decay = p.hp.algorithm == cpu_adam::Algorithm::kAdamW;
-  hp.lr = p.hp.lr;
-  hp.beta1 = p.hp.beta1;
-  hp.beta2 = p.hp.beta2;
-  hp.eps = p.hp.eps;
-  hp.weight_decay = p.hp.weight_decay;
-  hp.bias_correction = p.hp.bias_correction;
-  hp.step = p.hp.step;
-  hp.grad_scale = p.hp.grad_scale;
-  std::vector<gpu::AdamShard> shards;
+  // One AdamStep per optimizer parameter group (its hyperparameters).
+  const size_t ngroups = std::max<size_t>(1, p.group_hp.size());
+  std::vector<gpu::AdamHyperParams> hps(ngroups);
+  for (size_t g = 0; g < ngroups; ++g) {
+    const cpu_adam::HyperParams& c = p.group_hp.empty() ? p.hp : p.group_hp[g];
+    gpu::AdamHyperParams& hp = hps[g];
+    hp.decoupled_weight_decay = c.algorithm == cpu_adam::Algorithm::kAdamW;
+    hp.lr = c.lr;
+    hp.beta1 = c.beta1;
+    hp.beta2 = c.beta2;
+    hp.eps = c.eps;
+    hp.weight_decay = c.weight_decay;
+    hp.bias_correction = c.bias_correction;
+    hp.step = c.step;
+    hp.grad_scale = c.grad_scale;
+  }
+  std::vector<std::vector<gpu::AdamShard>> shards(ngroups);
   uint8_t* params = store_->device_params();
-  for (const ParamRec& p : layout_->params()) {
+  for (const ParamRec& r : layout_->params()) {
     gpu::AdamShard sh;
-    sh.param = store_->master() + p.elem_off;
-    sh.grad = acc_.as<float>() + p.elem_off;
+    sh.param = store_->master() + r.elem_off;
+    sh.grad = acc_.as<float>() + r.elem_off;
     sh.grad_dtype = DType::kFp32;
-    sh.exp_avg = store_->exp_avg() + p.elem_off;
-    sh.exp_avg_sq = store_->exp_avg_sq() + p.elem_off;
-    sh.copy_out = params + p.byte_off;
-    sh.copy_dtype = p.dtype;
-    sh.count = static_cast<size_t>(p.numel);
-    shards.push_back(sh);
+    sh.exp_avg = store_->exp_avg() + r.elem_off;
+    sh.exp_avg_sq = store_->exp_avg_sq() + r.elem_off;
+    sh.copy_out = params + r.byte_off;
+    sh.copy_dtype = r.dtype;
+    sh.count = static_cast<size_t>(r.numel);
+    shards[p.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
   }
   const int64_t t0 = NowNanos();
-  Status s = dev_->AdamStep(shards, hp, nullptr, dev_->compute());
+  Status s;
+  for (size_t g = 0; g < ngroups && s.ok(); ++g)
+    if (!shards[g].empty()) s = dev_->AdamStep(shards[g], hps[g], nullptr, dev_->compute());
   if (s.ok()) s = Zero();
   // On the host device the framework computes on this thread, not on the
   // compute stream: it must see the step's parameters.

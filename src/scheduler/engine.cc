@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <unordered_map>
@@ -76,6 +77,11 @@ class EngineImpl final : public Engine {
   Status Init();
 
   StatusOr<int> RegisterParameter(const ParamSpec& spec) override;
+  StatusOr<int> AddParamGroup(const ParamGroupSpec& spec) override;
+  int num_param_groups() const override { return static_cast<int>(groups_.size()); }
+  const ParamGroupSpec& param_group(int group) const override {
+    return groups_.at(static_cast<size_t>(group));
+  }
   Status Plan() override;
   std::vector<TierBudget> Budgets() const override { return budgets_; }
   StatusOr<ModuleView> BeforeForward(int module) override;
@@ -88,7 +94,9 @@ class EngineImpl final : public Engine {
   Status SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) override;
   Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) override;
   Status SetLearningRate(double lr) override;
-  double learning_rate() const override;
+  Status SetLearningRate(int group, double lr) override;
+  double learning_rate() const override { return learning_rate(0); }
+  double learning_rate(int group) const override;
   double loss_scale() const override { return scaler_.scale(); }
   void* ComputeStream() const override { return dev_->compute().native_handle(); }
   StatusOr<void*> AllocateWorkspace(int64_t bytes) override;
@@ -125,7 +133,10 @@ class EngineImpl final : public Engine {
 
   // The window's end: drain, join the step in flight, global checks, launch.
   Status EndWindow(StepStats* st);
-  cpu_adam::HyperParams HyperParamsFor(double grad_scale) const;
+  // The hyperparameters of the next step, per parameter group.
+  std::vector<cpu_adam::HyperParams> HyperParamsFor(double grad_scale) const;
+  // InvalidArgument naming `call` for a group id that does not exist.
+  Status CheckGroup(int group, const char* call) const;
 
   Config cfg_;
   EngineTestHooks hooks_;
@@ -153,8 +164,11 @@ class EngineImpl final : public Engine {
   std::unique_ptr<ParamFetcher> fetcher_;
   std::map<void*, gpu::DeviceBuffer> workspaces_;
   StepStats last_;
-  // SetLearningRate's value (no scheduler section); unset: the config's.
-  std::optional<double> lr_override_;
+  // The optimizer parameter groups (group 0: the config's own) and each
+  // one's SetLearningRate value (no scheduler section; unset: the group's or
+  // the config's).
+  std::vector<ParamGroupSpec> groups_{scheduler::DefaultParamGroup()};
+  std::vector<std::optional<double>> lr_override_{std::nullopt};
 };
 
 // ---------------------------------------------------------------------------
@@ -235,17 +249,68 @@ StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
   if (spec.init.empty() && !spec.initializer)
     return InvalidArgumentError("RegisterParameter " + spec.name +
                                 ": give init values or an initializer");
+  if (spec.group < 0 || spec.group >= num_param_groups())
+    return InvalidArgumentError(fmt::format(
+        "RegisterParameter {}: parameter group {} does not exist (there {} {}: 0{}; add groups "
+        "with AddParamGroup first)",
+        spec.name, spec.group, num_param_groups() == 1 ? "is" : "are", num_param_groups(),
+        num_param_groups() > 1 ? fmt::format("..{}", num_param_groups() - 1) : ""));
   Registration r;
   r.rec.name = spec.name;
   r.rec.numel = spec.numel;
   r.rec.dtype = spec.dtype;
   r.rec.module = spec.module;
+  r.rec.group = spec.group;
   r.init.assign(spec.init.begin(), spec.init.end());
   r.initializer = spec.initializer;
   const int id = static_cast<int>(regs_.size());
   by_name_[r.rec.name] = id;
   regs_.push_back(std::move(r));
   return id;
+}
+
+StatusOr<int> EngineImpl::AddParamGroup(const ParamGroupSpec& spec) {
+  const int id = num_param_groups();
+  ParamGroupSpec g = spec;
+  if (g.name.empty()) g.name = fmt::format("group {}", id);
+  const std::string what = fmt::format("AddParamGroup {}", g.name);
+  if (planned_) return FailedPreconditionError(what + ": after Plan()");
+  for (const ParamGroupSpec& other : groups_)
+    if (other.name == g.name) return InvalidArgumentError(what + ": duplicate group name");
+  auto check = [&](const char* key, const std::optional<double>& v, double lo, double hi,
+                   const char* range) -> Status {
+    if (v.has_value() && (!std::isfinite(*v) || *v < lo || *v >= hi))
+      return InvalidArgumentError(fmt::format("{}: {} {} is not allowed; must be {}", what, key,
+                                              *v, range));
+    return Status();
+  };
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  RETURN_IF_ERROR(check("lr", g.lr, 0, kInf, ">= 0"));
+  RETURN_IF_ERROR(check("weight_decay", g.weight_decay, 0, kInf, ">= 0"));
+  RETURN_IF_ERROR(check("beta1", g.beta1, 0, 1, "in [0, 1)"));
+  RETURN_IF_ERROR(check("beta2", g.beta2, 0, 1, "in [0, 1)"));
+  RETURN_IF_ERROR(check("eps", g.eps, 0, kInf, ">= 0"));
+  if (g.lr.has_value() && !ScheduleAt(cfg_, 0).lr_ratio.has_value())
+    return FailedPreconditionError(fmt::format(
+        "{}: lr {} with the config's scheduler section ({}), which sets the lr of every group at "
+        "every step; leave the group's lr unset, or remove the section (WarmupCosineLR scales "
+        "each group's own lr)",
+        what, *g.lr, LrScheduleTypeName(cfg_.scheduler.type)));
+  if ((g.beta1.has_value() || g.beta2.has_value()) && scheduler::ScheduleCyclesMomentum(cfg_))
+    return FailedPreconditionError(fmt::format(
+        "{}: betas with the config's scheduler section ({}), which cycles the momentum of every "
+        "group; leave the group's betas unset, or set scheduler.params.cycle_momentum false",
+        what, LrScheduleTypeName(cfg_.scheduler.type)));
+  groups_.push_back(std::move(g));
+  lr_override_.emplace_back();
+  return id;
+}
+
+Status EngineImpl::CheckGroup(int group, const char* call) const {
+  if (group < 0 || group >= num_param_groups())
+    return InvalidArgumentError(fmt::format("{}: parameter group {} does not exist (groups 0..{})",
+                                            call, group, num_param_groups() - 1));
+  return Status();
 }
 
 StatusOr<int> EngineImpl::FindParameter(std::string_view name) const {
@@ -422,11 +487,22 @@ Status EngineImpl::AfterBackward(int module) {
 // The optimizer step
 // ---------------------------------------------------------------------------
 
-cpu_adam::HyperParams EngineImpl::HyperParamsFor(double grad_scale) const {
-  return scheduler::OptimizerHyperParams(cfg_, backend_->steps(), lr_override_, grad_scale);
+std::vector<cpu_adam::HyperParams> EngineImpl::HyperParamsFor(double grad_scale) const {
+  const cpu_adam::HyperParams base =
+      scheduler::OptimizerHyperParams(cfg_, backend_->steps(), std::nullopt, grad_scale);
+  std::vector<cpu_adam::HyperParams> out;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    out.push_back(scheduler::GroupHyperParams(cfg_, base, groups_[g], lr_override_[g]));
+  return out;
 }
 
 Status EngineImpl::SetLearningRate(double lr) {
+  for (int g = 0; g < num_param_groups(); ++g) RETURN_IF_ERROR(SetLearningRate(g, lr));
+  return Status();
+}
+
+Status EngineImpl::SetLearningRate(int group, double lr) {
+  RETURN_IF_ERROR(CheckGroup(group, "SetLearningRate"));
   if (!std::isfinite(lr) || lr < 0)
     return InvalidArgumentError(
         fmt::format("SetLearningRate: {} is not allowed; must be >= 0", lr));
@@ -435,13 +511,15 @@ Status EngineImpl::SetLearningRate(double lr) {
         "SetLearningRate: the config's scheduler section ({}) sets the learning rate at every "
         "step; remove the section to set the learning rate from outside",
         LrScheduleTypeName(cfg_.scheduler.type)));
-  lr_override_ = lr;
+  lr_override_[static_cast<size_t>(group)] = lr;
   return Status();
 }
 
-double EngineImpl::learning_rate() const {
-  if (lr_override_) return *lr_override_;
-  return ScheduleAt(cfg_, planned_ ? backend_->steps() : 0).lr;
+double EngineImpl::learning_rate(int group) const {
+  if (group < 0 || group >= num_param_groups()) return 0.0;
+  const auto g = static_cast<size_t>(group);
+  return scheduler::GroupLearningRate(cfg_, planned_ ? backend_->steps() : 0, groups_[g],
+                                      lr_override_[g]);
 }
 
 Status EngineImpl::ZeroGrad() {
@@ -480,6 +558,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& 
   meta.note = info.note;
   meta.at_point = hooks_.checkpoint_point;
   meta.run_id = info.run_id.empty() ? run_id_ : info.run_id;
+  meta.param_groups = groups_;
   Status s = scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta);
   HoldCheckpointLock(std::move(meta.lock));
   if (!s.ok()) return s.WithContext("SaveCheckpoint " + dir);
@@ -497,7 +576,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
   if (!fs.ok()) STRATA_LOG_WARN("LoadCheckpoint: the step in flight failed: {}", fs.ToString());
   RETURN_IF_ERROR(dev_->Synchronize());
   StatusOr<scheduler::CheckpointMeta> meta =
-      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get());
+      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_);
   // Device copies of parameters are stale once anything was restored.
   RETURN_IF_ERROR(fetcher_->InvalidateAll());
   if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);
@@ -531,6 +610,8 @@ StatusOr<StepStats> EngineImpl::Step() {
         gas_, gas_ == 1 ? "" : "es"));
   StepStats st;
   st.lr = learning_rate();
+  if (num_param_groups() > 1)
+    for (int g = 0; g < num_param_groups(); ++g) st.group_lrs.push_back(learning_rate(g));
   Status status;
   if (++window_.micro_batches >= gas_) {
     const int64_t opt0 = NowNanos();
@@ -581,7 +662,8 @@ Status EngineImpl::EndWindow(StepStats* st) {
   st->grad_norm = norm;
   st->clip_coef = clip_coef;
   scheduler::LaunchParams p;
-  p.hp = HyperParamsFor(clip_coef / scale);
+  p.group_hp = HyperParamsFor(clip_coef / scale);
+  p.hp = p.group_hp[0];
   p.delayed = cfg_.strata.delayed_param_update &&
               backend_->steps() >= cfg_.strata.delayed_param_update_warmup;
   p.background = p.delayed || cfg_.strata.overlap_optimizer;

@@ -112,6 +112,7 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
   if (!lp.delayed) RETURN_IF_ERROR(invalidate_());
   StepParams p;
   p.hp = lp.hp;
+  p.group_hp = lp.group_hp;
   p.step = lp.hp.step;
   p.delayed = lp.delayed;
   p.background = lp.background;

@@ -34,4 +34,34 @@ cpu_adam::HyperParams OptimizerHyperParams(const Config& config, int64_t steps_a
   return hp;
 }
 
+double GroupLearningRate(const Config& config, int64_t steps_applied, const ParamGroupSpec& group,
+                         std::optional<double> lr_override) {
+  if (lr_override.has_value()) return *lr_override;
+  const ScheduledValues sched = ScheduleAt(config, steps_applied);
+  if (group.lr.has_value() && sched.lr_ratio.has_value()) return *group.lr * *sched.lr_ratio;
+  return sched.lr;
+}
+
+cpu_adam::HyperParams GroupHyperParams(const Config& config, const cpu_adam::HyperParams& base,
+                                       const ParamGroupSpec& group,
+                                       std::optional<double> lr_override) {
+  cpu_adam::HyperParams hp = base;
+  hp.lr = GroupLearningRate(config, base.step - 1, group, lr_override);
+  if (group.weight_decay) hp.weight_decay = *group.weight_decay;
+  if (group.beta1) hp.beta1 = *group.beta1;
+  if (group.beta2) hp.beta2 = *group.beta2;
+  if (group.eps) hp.eps = *group.eps;
+  return hp;
+}
+
+ParamGroupSpec DefaultParamGroup() {
+  ParamGroupSpec g;
+  g.name = "default";
+  return g;
+}
+
+bool ScheduleCyclesMomentum(const Config& config) {
+  return config.scheduler.type == LrScheduleType::kOneCycle && config.scheduler.cycle_momentum;
+}
+
 }  // namespace strata::scheduler

@@ -9,6 +9,7 @@
 
 #include "src/cpu_adam/cpu_adam.h"
 #include "strata/config.h"
+#include "strata/engine.h"
 
 namespace strata::scheduler {
 
@@ -20,5 +21,24 @@ namespace strata::scheduler {
 // loss scale times the clip coefficient).
 cpu_adam::HyperParams OptimizerHyperParams(const Config& config, int64_t steps_applied,
                                            std::optional<double> lr_override, double grad_scale);
+
+// The learning rate of parameter group `group` at the step after
+// `steps_applied`: `lr_override` (SetLearningRate) if set; else the group's
+// lr, times the schedule's ratio for a schedule that scales each group's lr
+// (none, WarmupCosineLR); else the schedule's (or the config's) lr.
+double GroupLearningRate(const Config& config, int64_t steps_applied, const ParamGroupSpec& group,
+                         std::optional<double> lr_override);
+
+// `base` (OptimizerHyperParams's, for the same step) with parameter group
+// `group`'s overrides: its learning rate as above, weight_decay, betas, eps.
+cpu_adam::HyperParams GroupHyperParams(const Config& config, const cpu_adam::HyperParams& base,
+                                       const ParamGroupSpec& group,
+                                       std::optional<double> lr_override);
+
+// Group 0: the config's own hyperparameters, named "default".
+ParamGroupSpec DefaultParamGroup();
+
+// Whether the config's schedule sets beta1/beta2 (OneCycle with cycle_momentum).
+bool ScheduleCyclesMomentum(const Config& config);
 
 }  // namespace strata::scheduler

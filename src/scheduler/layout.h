@@ -45,6 +45,7 @@ struct ParamRec {
   int64_t numel = 0;
   DType dtype = DType::kBf16;
   int module = 0;
+  int group = 0;         // optimizer parameter group (ParamSpec::group)
   int64_t elem_off = 0;  // in the flat element space
   int64_t byte_off = 0;  // in the flat parameter-byte space
   int64_t elem_size() const { return static_cast<int64_t>(DTypeSize(dtype)); }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
@@ -45,7 +46,10 @@ struct GradientWindow {
 // How a step is launched (from the engine's hyperparameters and the loss
 // scale / clipping it derived).
 struct LaunchParams {
-  cpu_adam::HyperParams hp;  // hp.step: the step it computes (1-based)
+  cpu_adam::HyperParams hp;  // hp.step: the step it computes (1-based); group 0's
+  // Per optimizer parameter group (ParamRec::group): group_hp[0] == hp. Empty:
+  // `hp` for every parameter.
+  std::vector<cpu_adam::HyperParams> group_hp;
   // DPU: the step's parameters are used from the next Step() on.
   bool delayed = false;
   // The step runs on its own thread while the next window begins.

@@ -71,6 +71,8 @@ inline size_t StateLookahead(size_t buffers) { return buffers >= 3 ? buffers - 2
 
 struct StepParams {
   cpu_adam::HyperParams hp;
+  // Per optimizer parameter group (ParamRec::group); empty: `hp` for all.
+  std::vector<cpu_adam::HyperParams> group_hp;
   int64_t step = 0;         // the optimizer step it computes (1-based)
   bool delayed = false;     // DPU: its parameters are used from the next Step() on
   bool background = false;  // on its own thread (else run inside Launch)

@@ -225,6 +225,7 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
                       {"bound_efficiency", s.bound_efficiency},
                       {"bound_by", s.bound_by},
                       {"device", device}};
+  if (!s.group_lrs.empty()) j["group_lrs"] = s.group_lrs;
   return j.dump();
 }
 

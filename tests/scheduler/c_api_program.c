@@ -136,3 +136,76 @@ int strata_c_api_auto_values(char* err, size_t err_len) {
   strata_engine_destroy(bad);
   return 0;
 }
+
+/* Parameter groups from C: "a" in group 0 (lr 0.1), "b" in a group with lr
+ * 0.02, set to 0.03 before the step; AdamW's first step moves each by its lr. */
+int strata_c_api_param_groups(char* err, size_t err_len) {
+  const char* json =
+      "{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": {\"device\": \"cpu\"}},"
+      " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.1, \"weight_decay\": 0.5}},"
+      " \"strata\": {\"device\": \"host\", \"overlap_optimizer\": false}}";
+  strata_engine* e = NULL;
+  if (strata_engine_create_from_json(json, &e) != STRATA_OK) {
+    snprintf(err, err_len, "create: %s", strata_last_error());
+    return 1;
+  }
+  strata_param_group g;
+  memset(&g, 0, sizeof g);
+  g.name = "slow";
+  g.has_lr = 1;
+  g.lr = 0.02;
+  g.has_weight_decay = 1;
+  g.weight_decay = 0.0;
+  int gid = -1, a = -1, b = -1;
+  float init[8];
+  for (int i = 0; i < 8; ++i) init[i] = 1.0f;
+  int rc = strata_add_param_group(e, &g, &gid);
+  if (rc == STRATA_OK && gid != 1) {
+    snprintf(err, err_len, "group id %d, want 1", gid);
+    strata_engine_destroy(e);
+    return 1;
+  }
+  if (rc == STRATA_OK) rc = strata_register_parameter(e, "a", 8, STRATA_FP32, 0, init, &a);
+  if (rc == STRATA_OK)
+    rc = strata_register_parameter_in_group(e, "b", 8, STRATA_FP32, 0, gid, init, &b);
+  if (rc == STRATA_OK && strata_group_learning_rate(e, gid) != 0.02) {
+    snprintf(err, err_len, "group lr %f, want 0.02", strata_group_learning_rate(e, gid));
+    strata_engine_destroy(e);
+    return 1;
+  }
+  if (rc == STRATA_OK) rc = strata_set_group_learning_rate(e, gid, 0.03);
+  void* params[2];
+  void* grads[2];
+  int count = 0;
+  if (rc == STRATA_OK) rc = strata_before_forward(e, 0, params, 2, &count);
+  if (rc == STRATA_OK) rc = strata_after_forward(e, 0);
+  if (rc == STRATA_OK) rc = strata_before_backward(e, 0, params, grads, 2, &count);
+  if (rc == STRATA_OK) {
+    for (int k = 0; k < 2; ++k)
+      for (int i = 0; i < 8; ++i) ((float*)grads[k])[i] = 1.0f;
+    rc = strata_after_backward(e, 0);
+  }
+  strata_step_stats st;
+  float out_a[8], out_b[8];
+  if (rc == STRATA_OK) rc = strata_step(e, &st);
+  if (rc == STRATA_OK) rc = strata_read_parameter(e, a, out_a, 8);
+  if (rc == STRATA_OK) rc = strata_read_parameter(e, b, out_b, 8);
+  int bad_group = strata_set_group_learning_rate(e, 7, 0.1);
+  strata_engine_destroy(e);
+  if (rc != STRATA_OK) {
+    snprintf(err, err_len, "groups: %s", strata_last_error());
+    return 1;
+  }
+  /* a: 1 (1 - 0.1 × 0.5 decay) - 0.1; b: 1 - 0.03, no decay. */
+  const float want_a = 1.0f * (1.0f - 0.1f * 0.5f) - 0.1f, want_b = 0.97f;
+  if (out_a[3] < want_a - 1e-5f || out_a[3] > want_a + 1e-5f || out_b[3] < want_b - 1e-5f ||
+      out_b[3] > want_b + 1e-5f) {
+    snprintf(err, err_len, "a %f (want %f), b %f (want %f)", out_a[3], want_a, out_b[3], want_b);
+    return 1;
+  }
+  if (bad_group != STRATA_INVALID_ARGUMENT) {
+    snprintf(err, err_len, "group 7 gave %d", bad_group);
+    return 1;
+  }
+  return 0;
+}

@@ -14,3 +14,10 @@ TEST(CApiTest, AutoValuesFromTheFrontend) {
   char err[512] = {0};
   EXPECT_EQ(strata_c_api_auto_values(err, sizeof err), 0) << err;
 }
+
+extern "C" int strata_c_api_param_groups(char* err, size_t err_len);
+
+TEST(CApiTest, ParameterGroups) {
+  char err[512] = {0};
+  EXPECT_EQ(strata_c_api_param_groups(err, sizeof err), 0) << err;
+}
