@@ -91,7 +91,7 @@ def test_parameter_needed_after_its_gradients_are_handed_over(gas):
         opt.zero_grad(set_to_none=True)
     # The path under test was taken: module 0 (DetachedUse) fetched again
     # after its gradients were handed over in the same backward.
-    a = engine._group_of_module[model.a].index
+    a = engine._group_of_param[id(model.a.w)].index
     calls = [c for c in log if c[0] != "loss_scale" and len(c) > 1 and c[1] == a]
     handed = calls.index(("before_backward_grads", a))
     assert ("before_forward", a) in calls[handed:]
