@@ -9,8 +9,11 @@ no-decay parameter groups, clipping and schedule).
 """
 
 import importlib.util
+import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -131,3 +134,16 @@ def test_fp32_matches_torch_adamw_with_the_same_param_groups():
     for i, (a, b) in enumerate(zip(got, want)):
         assert a == pytest.approx(b, rel=1e-5), (i, got, want)
     assert max(abs(a - b) / b for a, b in zip(want, all_decay)) > 1e-4
+
+
+def test_command_line():
+    """As a program (the README's command lines): the last line is the JSON
+    summary; --resume without --save-dir is refused naming the flags."""
+    script = os.path.join(ROOT, "examples", "torch", "train_llama.py")
+    run = subprocess.run([sys.executable, script, *TINY, "--steps", "2"], capture_output=True,
+                         text=True, env=os.environ, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads(run.stdout.strip().splitlines()[-1])["losses"]) == 2
+    run = subprocess.run([sys.executable, script, "--resume"], capture_output=True, text=True,
+                         env=os.environ, timeout=120, check=False)
+    assert run.returncode == 2 and "--resume and --save-every need --save-dir" in run.stderr
