@@ -46,6 +46,7 @@ import train_llama  # noqa: E402  (the model and the token stream)
 
 import strata  # noqa: E402
 
+TORCH_DIR = os.path.dirname(torch.__file__)
 ENGINE_TIMES = ("fetch_wait_s", "grad_offload_s", "optimizer_s")
 
 
@@ -321,7 +322,7 @@ def profile_breakdown(stats):
             out[keys[0]] += tt
         elif frontend(func):
             out[keys[1]] += tt
-        elif func[0] == "~" or "torch" in func[0]:
+        elif func[0] == "~" or func[0].startswith(TORCH_DIR):
             from_frontend = sum(c[2] for caller, c in callers.items() if frontend(caller))
             out[keys[2]] += from_frontend
             out[keys[3]] += tt - from_frontend
