@@ -302,6 +302,16 @@ class PyEngine {
     }
     return py::make_tuple(Views(m, v.params), Views(m, v.grads));
   }
+  // The gradient views alone (BeforeBackward for a hand-over that writes
+  // gradients and reads no parameter: no parameter capsules built).
+  py::list before_backward_grads(int m) {
+    ModuleView v;
+    {
+      py::gil_scoped_release nogil;
+      v = ValueOrThrow(e().BeforeBackward(m));
+    }
+    return Views(m, v.grads);
+  }
   void after_backward(int m) {
     py::gil_scoped_release nogil;
     ThrowIfError(e().AfterBackward(m));
@@ -474,6 +484,7 @@ PYBIND11_MODULE(_strata, m) {
       .def("before_forward", &PyEngine::before_forward)
       .def("after_forward", &PyEngine::after_forward)
       .def("before_backward", &PyEngine::before_backward)
+      .def("before_backward_grads", &PyEngine::before_backward_grads)
       .def("after_backward", &PyEngine::after_backward)
       .def("step", &PyEngine::step)
       .def("zero_grad", &PyEngine::zero_grad)

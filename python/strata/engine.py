@@ -88,6 +88,11 @@ if hasattr(torch.Tensor, "untyped_storage"):
     def _storage_ptr(t):
         return t.untyped_storage().data_ptr()
 
+elif hasattr(torch.Tensor, "_storage"):  # torch 1.13: without building a TypedStorage
+
+    def _storage_ptr(t):
+        return t._storage().data_ptr()
+
 else:  # torch 1.x
 
     def _storage_ptr(t):
@@ -677,7 +682,11 @@ class Engine:
                     p.grad = None
 
     def _placeholder(self):
-        return torch.empty(0, dtype=self.dtype, device=self.device)
+        # One empty tensor for every released parameter (p.data = it shares
+        # nothing a parameter could write: it has no elements).
+        if getattr(self, "_empty", None) is None:
+            self._empty = torch.empty(0, dtype=self.dtype, device=self.device)
+        return self._empty
 
     def _install_hooks(self):
         for mod, groups in self._groups_of_module.items():
@@ -889,7 +898,7 @@ class Engine:
     def _hand_over(self, g):
         """Gives the group's finished gradients (zeros where none came) to the engine."""
         self._release(g)
-        _, grads = self._engine.before_backward(g.index)
+        grads = self._engine.before_backward_grads(g.index)
         with self._on_stream():
             for i, cap in enumerate(grads):
                 view = _dlpack.from_dlpack(cap)
@@ -901,8 +910,12 @@ class Engine:
         self._engine.after_backward(g.index)
         g.pending = {}
         g.in_backward = False
-        if g.fwd_depth > 0 or g.bwd_depth > 0:  # still in use
+        if g.fwd_depth > 0:  # a forward of the group in progress
             self._hold(g)
+        # Inside the group's backward (bwd_depth > 0) nothing needs the views
+        # again: every node that used a parameter with a gradient ran before
+        # its gradient was finished, and a saved view unpacked later (an op on
+        # a detached parameter) fetches the group anew (_unpack).
 
     @staticmethod
     def _wrap(structure, callback):
