@@ -918,9 +918,17 @@ void ExpectRoundTrip(const Config& c) {
 TEST(ConfigRoundTrip, Default) { ExpectRoundTrip(Config{}); }
 
 TEST(ConfigRoundTrip, EveryExampleFile) {
+  // What a frontend supplies for a config whose "auto" values have no
+  // default (configs/hf_zero3_llama.json: the run's step counts).
+  AutoValues autos;
+  autos.warmup_num_steps = 10;
+  autos.total_num_steps = 100;
   for (const std::string& file : ExampleConfigs()) {
     SCOPED_TRACE(file);
     StatusOr<Config> c = LoadConfigFile(file);
+    if (!c.ok() && c.status().message().find("needs a value from the frontend") !=
+                       std::string_view::npos)
+      c = LoadConfigFile(file, autos);
     ASSERT_TRUE(c.ok()) << c.status();
     ExpectRoundTrip(*c);
   }
