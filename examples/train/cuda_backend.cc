@@ -17,8 +17,10 @@
 //   * fp32 parameters: 32F×32F→32F, CUBLAS_DEFAULT_MATH (no TF32).
 // cuBLAS picks tensor-core kernels for the 16-bit types.
 //
-// Host synchronization: none inside a module but HeadForward's, which returns
-// the loss (one D2H copy of N floats and a stream synchronize). Nothing here
+// Host synchronization: none inside a module. HeadForwardAsync enqueues the
+// loss's D2H copy (N floats into pinned memory) and an event after it;
+// Loss() waits for that event only, once the caller has enqueued the
+// micro-batch's backward behind it. Nothing here
 // allocates after Prepare(): the workspace is one engine workspace, cuBLAS's
 // workspace pool comes with its handle.
 //
@@ -75,6 +77,8 @@ class CudaBackend final : public Backend {
         alloc_(std::move(alloc)) {}
   ~CudaBackend() override {
     if (blas_) cublasDestroy(blas_);
+    if (loss_ready_) cudaEventDestroy(loss_ready_);
+    if (host_loss_) cudaFreeHost(host_loss_);
   }
 
   Status Prepare() override {
@@ -104,7 +108,14 @@ class CudaBackend final : public Backend {
     partial_ = reinterpret_cast<float*>(b + l.partial);
     partial_floats_ = int64_t{kBackendColumnChunks} * std::max(s_.ffn(), s_.vocab);
     tokens_ = reinterpret_cast<int32_t*>(b + l.tokens);
-    host_loss_.resize(static_cast<size_t>(s_.tokens()));
+    // Pinned, so that the loss's copy is asynchronous; a blocking-sync event
+    // (Loss() waits without spinning a core the CPU optimizer wants).
+    CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&host_loss_),
+                               static_cast<size_t>(s_.tokens()) * sizeof(float)),
+                "pinned memory for the loss");
+    CUDA_RETURN(cudaEventCreateWithFlags(&loss_ready_,
+                                         cudaEventDisableTiming | cudaEventBlockingSync),
+                "loss event");
     return Status();
   }
 
@@ -160,8 +171,8 @@ class CudaBackend final : public Backend {
     return Gemm(false, true, N, H, F, gt_, F, w2, F, 1.f, h_out, CUDA_R_32F, H);
   }
 
-  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
-                               double loss_scale) override {
+  Status HeadForwardAsync(const std::vector<void*>& p, const float* h,
+                          double loss_scale) override {
     if (p.size() != 2) return InvalidArgumentError("head: expected 2 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
     STRATA_RETURN_IF_ERROR(
@@ -172,18 +183,20 @@ class CudaBackend final : public Backend {
         Check(cuda::SoftmaxXent(z_, p[1], dtype_, tokens_ + N, N, V,
                                 static_cast<float>(loss_scale / N), loss_, stream_),
               "SoftmaxXent"));
-    // The module's one synchronization, needed for correctness: the
-    // Backend interface returns the loss as a value (model.h), so the host
-    // must have it before returning. Without it the copy would still be in
-    // flight when the host sums host_loss_. Dropping it needs a deferred loss
-    // in the interface (read at the step's end); the cost here is one wait
-    // per micro-batch for the head's forward, after which the backward is
-    // enqueued at once.
-    CUDA_RETURN(cudaMemcpyAsync(host_loss_.data(), loss_, N * 4, cudaMemcpyDeviceToHost, stream_),
+    // The loss leaves on the stream; Loss() waits for this copy only.
+    CUDA_RETURN(cudaMemcpyAsync(host_loss_, loss_, N * 4, cudaMemcpyDeviceToHost, stream_),
                 "download loss");
-    CUDA_RETURN(cudaStreamSynchronize(stream_), "synchronize for the loss");
+    CUDA_RETURN(cudaEventRecord(loss_ready_, stream_), "record the loss event");
+    loss_pending_ = true;
+    return Status();
+  }
+
+  StatusOr<double> Loss() override {
+    if (!loss_pending_) return FailedPreconditionError("Loss: no HeadForwardAsync before it");
+    CUDA_RETURN(cudaEventSynchronize(loss_ready_), "wait for the loss");
+    const int64_t N = s_.tokens();
     double total = 0;
-    for (float l : host_loss_) total += l;
+    for (int64_t i = 0; i < N; ++i) total += host_loss_[i];
     return total / static_cast<double>(N);
   }
 
@@ -282,7 +295,9 @@ class CudaBackend final : public Backend {
   int64_t partial_floats_ = 0;  // the partial slot's floats (model.cc's layout)
   int32_t* tokens_ = nullptr;
   std::vector<int32_t> host_tokens_;
-  std::vector<float> host_loss_;
+  float* host_loss_ = nullptr;  // pinned, N floats
+  cudaEvent_t loss_ready_ = nullptr;
+  bool loss_pending_ = false;
 };
 
 }  // namespace

@@ -69,8 +69,10 @@ class HostBackend final : public Backend {
     return Status();
   }
 
-  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
-                               double loss_scale) override {
+  StatusOr<double> Loss() override { return loss_; }
+
+  Status HeadForwardAsync(const std::vector<void*>& p, const float* h,
+                          double loss_scale) override {
     STRATA_RETURN_IF_ERROR(Expect(p, 2, "head"));
     STRATA_RETURN_IF_ERROR(Prepare());
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
@@ -80,7 +82,8 @@ class HostBackend final : public Backend {
     for (int64_t n = 0; n < N; ++n) std::memcpy(z_ + n * V, b, static_cast<size_t>(V) * 4);
     Gemm(false, true, N, V, H, u_, H, w, H, 1.f, z_, V);
     // z becomes d(loss·scale)/dz in place.
-    return ops::SoftmaxCrossEntropy(z_, targets_.data(), N, V, static_cast<float>(loss_scale / N));
+    loss_ = ops::SoftmaxCrossEntropy(z_, targets_.data(), N, V, static_cast<float>(loss_scale / N));
+    return Status();
   }
 
   Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g, const float* h,
@@ -220,6 +223,7 @@ class HostBackend final : public Backend {
   DType dtype_;
   WorkspaceFn alloc_;
   std::vector<int32_t> inputs_, targets_;
+  double loss_ = 0;  // of the last HeadForwardAsync
   float *a_ = nullptr, *g_ = nullptr, *u_ = nullptr, *du_ = nullptr, *z_ = nullptr, *rms_ = nullptr;
   std::vector<float> params_[4], grads_[4];
 };

@@ -193,10 +193,10 @@ StatusOr<double> Model::MicroBatch(std::span<const int32_t> inputs,
     STRATA_RETURN_IF_ERROR(backend_->BlockForward(v.params, hs_[i - 1], hs_[i]));
     STRATA_RETURN_IF_ERROR(engine_->AfterForward(i));
   }
-  double loss = 0;
   {
     STRATA_ASSIGN_OR_RETURN(ModuleView v, engine_->BeforeForward(head));
-    STRATA_ASSIGN_OR_RETURN(loss, backend_->HeadForward(v.params, hs_[L], engine_->loss_scale()));
+    STRATA_RETURN_IF_ERROR(
+        backend_->HeadForwardAsync(v.params, hs_[L], engine_->loss_scale()));
     STRATA_RETURN_IF_ERROR(engine_->AfterForward(head));
   }
   // Backward, in reverse module order.
@@ -215,7 +215,8 @@ StatusOr<double> Model::MicroBatch(std::span<const int32_t> inputs,
     STRATA_RETURN_IF_ERROR(backend_->EmbedBackward(v.grads, dh_));
     STRATA_RETURN_IF_ERROR(engine_->AfterBackward(0));
   }
-  return loss;
+  // The loss, read once the whole micro-batch is enqueued.
+  return backend_->Loss();
 }
 
 }  // namespace strata::example

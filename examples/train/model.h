@@ -120,9 +120,19 @@ class Backend {
   virtual Status SetBatch(std::span<const int32_t> inputs, std::span<const int32_t> targets) = 0;
   virtual Status EmbedForward(const std::vector<void*>& p, float* h0) = 0;
   virtual Status BlockForward(const std::vector<void*>& p, const float* h_in, float* h_out) = 0;
-  // Loss (mean over tokens, unscaled) and stores d loss·scale / d logits.
-  virtual StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h,
-                                       double loss_scale) = 0;
+  // Enqueues the loss (mean over tokens, unscaled) and stores d loss·scale /
+  // d logits; Loss() gives the value. On CUDA nothing waits here: the
+  // backward can be enqueued at once, and Loss() waits for the loss's copy
+  // only (an event right after it), not for the work enqueued since.
+  virtual Status HeadForwardAsync(const std::vector<void*>& p, const float* h,
+                                  double loss_scale) = 0;
+  // The loss of the last HeadForwardAsync.
+  virtual StatusOr<double> Loss() = 0;
+  // HeadForwardAsync, then Loss().
+  StatusOr<double> HeadForward(const std::vector<void*>& p, const float* h, double loss_scale) {
+    STRATA_RETURN_IF_ERROR(HeadForwardAsync(p, h, loss_scale));
+    return Loss();
+  }
   // dh = d(loss·scale)/dh of the head's input; writes the head's gradients.
   virtual Status HeadBackward(const std::vector<void*>& p, const std::vector<void*>& g,
                               const float* h, float* dh) = 0;
