@@ -5,7 +5,8 @@
 // The framework's side (reading parameters, writing gradients) goes through
 // cudaMemcpyAsync on Engine::ComputeStream() on CUDA and plain memcpy on the
 // host device; the final masters agree to rounding (the global norm is
-// reduced in another order on a GPU). CUDA builds only; without a GPU the
+// reduced in another order on a GPU). On the GPU, the window's sum in HBM
+// gives the host sum's bits. CUDA builds only; without a GPU the
 // host half runs (it must train) and the CUDA half skips with the reason.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -126,6 +127,43 @@ TEST_P(EngineOnCudaTest, TrainsLikeTheHostDevice) {
   for (size_t i = 0; i < gpu.size(); ++i)
     for (size_t j = 0; j < gpu[i].size(); ++j)
       ASSERT_NEAR(gpu[i][j], host[i][j], 1e-6) << "parameter " << i << " element " << j;
+}
+
+// On the GPU, the window's gradients summed in HBM (strata.grad_accumulator
+// device) give the bits of the host sum (host), three micro-batches a window.
+TEST_P(EngineOnCudaTest, WindowSumInHbmGivesTheHostSumsBits) {
+  testing::ScratchDir dir;
+  const auto [opt, par] = GetParam();
+  if (opt == OffloadDevice::kNone) GTEST_SKIP() << "the device optimizer sums in HBM anyway";
+  auto train = [&](GradAccumulatorPlace place, std::string* skip) {
+    Config c = testing::ToyConfig(opt, par, dir.str());
+    c.strata.device = DeviceKind::kCuda;
+    c.strata.grad_accumulator = place;
+    c.gradient_accumulation_steps = c.train_batch_size = 3;
+    c.gradient_clipping = 0.5;
+    std::vector<std::vector<float>> out;
+    auto e = CreateEngine(c);
+    if (!e.ok()) {
+      *skip = e.status().ToString();
+      return out;
+    }
+    testing::RegisterToy(**e, 10, kModules);
+    int batch = 0;
+    for (int s = 0; s < 2; ++s)
+      for (int k = 0; k < 3; ++k) {
+        MicroBatch(**e, true, batch++);
+        auto st = (*e)->Step();
+        EXPECT_TRUE(st.ok()) << st.status();
+      }
+    EXPECT_TRUE((*e)->Synchronize().ok());
+    return testing::ReadAll(**e);
+  };
+  std::string why;
+  const auto host = train(GradAccumulatorPlace::kHost, &why);
+  if (host.empty()) GTEST_SKIP() << "no CUDA device: " << why;
+  const auto device = train(GradAccumulatorPlace::kDevice, &why);
+  ASSERT_FALSE(device.empty()) << why;
+  EXPECT_TRUE(testing::BitwiseEqual(host, device));
 }
 
 INSTANTIATE_TEST_SUITE_P(
