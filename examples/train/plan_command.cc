@@ -110,7 +110,7 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   placement.host_device = (*dev)->is_host();
   TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>((*dev)->Stats().budget_bytes), config.strata.pinned_budget_bytes,
-      scheduler::UsedNvmePaths(config));
+      scheduler::UsedNvmePaths(config), config.strata.dram_budget_bytes);
   scheduler::StepRates rates;
   const int64_t probe = std::min<int64_t>(
       int64_t{16} << 20, static_cast<int64_t>((*dev)->Stats().largest_free_bytes) / 2 / 4096 * 4096);

@@ -287,6 +287,11 @@ struct StrataConfig {
   int64_t device_id = 0;
   int64_t hbm_budget_bytes = 0;     // 0 = all free device memory
   int64_t pinned_budget_bytes = 0;  // 0 = sized from the placement
+  // Pageable host memory the plan may use (the gradient accumulator,
+  // host-resident states and parameters): a plan over it is refused before
+  // step 1 with the tier table. 0 = what the machine has available
+  // (MemAvailable) less a margin of 10 % of that, at most 4 GiB.
+  int64_t dram_budget_bytes = 0;
   std::string trace_path;           // Chrome-trace/Perfetto JSON; empty = off
   int64_t threads = 0;              // CPU optimizer threads; 0 = all cores of the NUMA node
   IoEngineKind io_engine = IoEngineKind::kAuto;

@@ -12,6 +12,7 @@ Status ReadStrata(Section& s, StrataConfig* st) {
   RETURN_IF_ERROR(s.Int("device_id", &st->device_id));
   RETURN_IF_ERROR(s.Bytes("hbm_budget", &st->hbm_budget_bytes));
   RETURN_IF_ERROR(s.Bytes("pinned_budget", &st->pinned_budget_bytes));
+  RETURN_IF_ERROR(s.Bytes("dram_budget", &st->dram_budget_bytes));
   RETURN_IF_ERROR(s.String("trace_path", &st->trace_path));
   RETURN_IF_ERROR(s.Int("threads", &st->threads));
   RETURN_IF_ERROR(s.Enum("io_engine", kIoEngines, &st->io_engine));

@@ -153,6 +153,7 @@ const KeySpec kSchema[] = {
     {"strata.device_id", kInt, kRead, "0", ">= 0"},
     {"strata.hbm_budget", kBytes, kRead, "0", ">= 0; 0 = all free device memory"},
     {"strata.pinned_budget", kBytes, kRead, "0", ">= 0; 0 = sized from the placement"},
+    {"strata.dram_budget", kBytes, kRead, "0", ">= 0; 0 = available memory less a margin"},
     {"strata.trace_path", kString, kRead, "\"\"", "empty = no trace"},
     {"strata.threads", kInt, kRead, "0", ">= 0; 0 = all cores of the NUMA node"},
     {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix"},

@@ -137,6 +137,7 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"device_id", s.device_id},
                       {"hbm_budget", s.hbm_budget_bytes},
                       {"pinned_budget", s.pinned_budget_bytes},
+                      {"dram_budget", s.dram_budget_bytes},
                       {"trace_path", s.trace_path},
                       {"threads", s.threads},
                       {"io_engine", IoEngineKindName(s.io_engine)},

@@ -186,6 +186,7 @@ Status ValidateConfig(const Config& c) {
   k.NonNegative("strata.device_id", s.device_id);
   k.NonNegative("strata.hbm_budget", s.hbm_budget_bytes);
   k.NonNegative("strata.pinned_budget", s.pinned_budget_bytes);
+  k.NonNegative("strata.dram_budget", s.dram_budget_bytes);
   k.NonNegative("strata.threads", s.threads);
   k.NonNegative("strata.delayed_param_update_warmup", s.delayed_param_update_warmup);
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);

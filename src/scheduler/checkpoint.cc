@@ -511,6 +511,7 @@ constexpr CheckpointFreeKey kFreeKeys[] = {
     {"strata.device_id", "which GPU of the machine runs the model"},
     {"strata.hbm_budget", "a memory budget: it changes the placement only"},
     {"strata.pinned_budget", "a memory budget: it changes the placement only"},
+    {"strata.dram_budget", "a memory budget: it changes the placement only"},
     {"strata.trace_path", "where the timeline is written"},
     {"strata.threads",
      "CPU optimizer threads: each element's update does not depend on how the work is split"},

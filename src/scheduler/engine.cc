@@ -342,7 +342,8 @@ Status EngineImpl::Plan() {
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   scheduler::TierFacts facts =
       scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
-                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_));
+                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_),
+                                  cfg_.strata.dram_budget_bytes);
   // The link rates the step bound and the gradient path use (pinned copies
   // of a few MiB each way, one pageable), and the accumulation rate.
   const int64_t probe = std::min<int64_t>(

@@ -8,6 +8,7 @@
 #include <climits>
 #include <map>
 
+#include "src/common/host_memory.h"
 #include "src/common/units.h"
 
 namespace strata::scheduler {
@@ -334,7 +335,7 @@ std::vector<std::string> UsedNvmePaths(const Config& config) {
 }
 
 TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
-                           std::vector<std::string> nvme_paths) {
+                           std::vector<std::string> nvme_paths, int64_t dram_budget) {
   TierFacts f;
   f.hbm_budget = hbm_budget;
   f.pinned_budget = pinned_budget;
@@ -344,9 +345,15 @@ TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
       f.nvme_available += static_cast<int64_t>(sv.f_bavail) * static_cast<int64_t>(sv.f_frsize);
   }
   f.nvme_paths = std::move(nvme_paths);
-  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  f.dram_available = (pages > 0 && page > 0) ? static_cast<int64_t>(pages) * page : 0;
+  f.dram_available = dram_budget > 0 ? dram_budget : DefaultDramBudget();
   return f;
+}
+
+int64_t DefaultDramBudget() {
+  const HostMemoryInfo mem = ReadHostMemory();
+  if (!mem.mem_known) return 0;
+  const auto available = static_cast<int64_t>(mem.mem_available);
+  return std::max<int64_t>(1, available - std::min<int64_t>(available / 10, int64_t{4} << 30));
 }
 
 LayoutOptions LayoutOptionsFromConfig(const Config& config) {

@@ -187,8 +187,12 @@ StepPrediction PredictStep(const Placement& placement, const LayoutSizes& sizes,
 // (empty when nothing is placed on NVMe).
 std::vector<std::string> UsedNvmePaths(const Config& config);
 
-// Free space of the directories (statvfs) and the machine's available pages.
+// Free space of the directories (statvfs), and the DRAM the plan may use:
+// `dram_budget` when > 0, else DefaultDramBudget().
 TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
-                           std::vector<std::string> nvme_paths);
+                           std::vector<std::string> nvme_paths, int64_t dram_budget = 0);
+// strata.dram_budget 0: MemAvailable less 10 % of it (at most 4 GiB);
+// 0 when /proc/meminfo cannot be read (no limit).
+int64_t DefaultDramBudget();
 
 }  // namespace strata::scheduler

@@ -216,7 +216,7 @@ TEST(ConfigValues, EveryKeyIsRead) {
     "strata": {"device": "host", "device_id": 2, "hbm_budget": "8G", "pinned_budget": 4096,
                "trace_path": "/tmp/t.json", "threads": 6, "io_engine": "posix", "io_sqpoll": true,
                "delayed_param_update": true, "delayed_param_update_warmup": 40,
-               "overlap_optimizer": false, "grad_accumulator": "device",
+               "overlap_optimizer": false, "grad_accumulator": "device", "dram_budget": "2G",
                "host_device": {"link_gbytes_per_s": 25.5, "link_latency_us": 3}}})");
   EXPECT_TRUE(c.warnings.empty());
   const ZeroConfig& z = c.zero_optimization;
@@ -281,6 +281,7 @@ TEST(ConfigValues, EveryKeyIsRead) {
   EXPECT_EQ(c.strata.delayed_param_update_warmup, 40);
   EXPECT_FALSE(c.strata.overlap_optimizer);
   EXPECT_EQ(c.strata.grad_accumulator, GradAccumulatorPlace::kDevice);
+  EXPECT_EQ(c.strata.dram_budget_bytes, int64_t{2} << 30);
   EXPECT_EQ(c.strata.host_device.link_gbytes_per_s, 25.5);
   EXPECT_EQ(c.strata.host_device.link_latency_us, 3.0);
 }
@@ -950,7 +951,7 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
   // Application-owned sections (strata.model) only when the config gives them.
-  EXPECT_EQ(j["strata"].size(), 13u);
+  EXPECT_EQ(j["strata"].size(), 14u);
   EXPECT_EQ(j["strata"]["grad_accumulator"], "auto");
 }
 
@@ -1045,6 +1046,7 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.delayed_param_update_warmup = pos(100) - 1;
     c.strata.overlap_optimizer = coin();
     c.strata.grad_accumulator = static_cast<GradAccumulatorPlace>(rng() % 3);
+    c.strata.dram_budget_bytes = pos(int64_t{1} << 50) - 1;
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;
     if (coin())

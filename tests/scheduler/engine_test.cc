@@ -453,6 +453,32 @@ TEST(EngineTest, PlanThatCannotFitFailsWithTable) {
   EXPECT_THAT(msg, ::testing::HasSubstr("<-- over"));
 }
 
+// strata.dram_budget bounds the pageable host memory of the plan: over it,
+// Plan() refuses with the table before any state is allocated; at the
+// plan's own figure it fits.
+TEST(EngineTest, PlanOverTheDramBudgetIsRefusedWithTheTable) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  c.strata.dram_budget_bytes = 4096;  // below the gradient accumulator alone
+  auto e = CreateEngine(c);
+  ASSERT_TRUE(e.ok()) << e.status();
+  Register(**e, 1);
+  const Status s = (*e)->Plan();
+  ASSERT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("dram"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("gradient accumulator"));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("<-- over"));
+  int64_t needed = 0;
+  for (const TierBudget& b : (*e)->Budgets())
+    if (b.tier == "dram") needed = b.needed_bytes;
+  ASSERT_GT(needed, 4096);
+  c.strata.dram_budget_bytes = needed;
+  auto fits = CreateEngine(c);
+  ASSERT_TRUE(fits.ok());
+  Register(**fits, 1);
+  EXPECT_TRUE((*fits)->Plan().ok());
+}
+
 TEST(EngineTest, BadNvmePathFailsAtCreate) {
   Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, "/nonexistent/strata-nvme");
   auto e = CreateEngine(c);
