@@ -497,6 +497,8 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
     j["h2d_gbytes_per_s"] = r.steps.back().h2d_gbytes_per_s;
     j["d2h_gbytes_per_s"] = r.steps.back().d2h_gbytes_per_s;
     j["nvme_gbytes_per_s"] = r.steps.back().nvme_gbytes_per_s;
+    j["nvme_read_gbytes_per_s"] = r.steps.back().nvme_read_gbytes_per_s;
+    j["nvme_write_gbytes_per_s"] = r.steps.back().nvme_write_gbytes_per_s;
   }
   j["skipped_steps"] = r.skipped_steps;
   j["hbm_high_water_bytes"] = r.hbm_high_water_bytes;
@@ -586,9 +588,9 @@ std::string ResultTable(const TrainResult& r) {
     std::snprintf(
         buf, sizeof(buf),
         "  bound             %.2f of the step (lower bound / step time; median), bound by "
-        "%s (h2d %.1f GB/s, d2h %.1f GB/s, nvme %.2f GB/s)\n",
+        "%s (h2d %.1f GB/s, d2h %.1f GB/s, nvme read %.2f write %.2f GB/s)\n",
         MedianBoundEfficiency(r), MostCommonBound(r).c_str(), l.h2d_gbytes_per_s,
-        l.d2h_gbytes_per_s, l.nvme_gbytes_per_s);
+        l.d2h_gbytes_per_s, l.nvme_read_gbytes_per_s, l.nvme_write_gbytes_per_s);
     o << buf;
   }
   if (r.skipped_steps) o << "  skipped steps     " << r.skipped_steps << " (fp16 overflow)\n";

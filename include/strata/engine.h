@@ -114,10 +114,16 @@ struct StepStats {
   // max(busy of compute, PCIe, CPU optimizer, NVMe) / step time.
   double overlap_efficiency = 0.0;
   // The rates the bound below uses: pinned host<->device copy rates measured
-  // by Plan(), and the best NVMe rate the engine has seen (bytes while
-  // requests were in flight / that time; 0 without an NVMe tier).
+  // by Plan(); the disk's sequential read and write rates measured by Plan()
+  // (the NVMe engine writing and reading up to 256 MiB on the first NVMe
+  // path, as `strata bench nvme` does); and the best rate of the engine's own
+  // NVMe traffic (bytes while requests were in flight / that time), which
+  // the bound uses only when the disk's were not measured. 0 without an
+  // NVMe tier.
   double h2d_gbytes_per_s = 0.0;
   double d2h_gbytes_per_s = 0.0;
+  double nvme_read_gbytes_per_s = 0.0;
+  double nvme_write_gbytes_per_s = 0.0;
   double nvme_gbytes_per_s = 0.0;
   // A lower bound for the step's time (StepBound): the busiest resource as if
   // it had worked flat out all step, and bound_s / step_time_s.
@@ -127,9 +133,10 @@ struct StepStats {
 };
 
 // The step's lower bound from its statistics: max(compute_s, pcie_h2d_bytes /
-// h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, (nvme_read_bytes +
-// nvme_written_bytes) / nvme rate), and which term it is. Terms whose rate is
-// 0 are left out. For a window of several Step() calls, sum the busy times
+// h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, nvme_read_bytes / read
+// rate + nvme_written_bytes / write rate (one disk: reads and writes add up;
+// with the disk's rates unmeasured, (read + written) / nvme_gbytes_per_s)),
+// and which term it is. Terms whose rate is 0 are left out. For a window of several Step() calls, sum the busy times
 // and bytes first.
 struct StepBound {
   double seconds = 0.0;

@@ -1,7 +1,8 @@
 // The measurements behind `strata bench nvme`, `strata tune nvme` and
 // bench/bench_nvme.cc: sequential write then read of the engine through the
 // swap store, fio with the same parameters, and the block × depth × threads
-// sweep. Implementation detail of the apps; not used by the library.
+// sweep. The engine's Plan() uses RunEngineBench (a short one) for the
+// disk's rates of the step bound.
 #pragma once
 
 #include <cstdint>

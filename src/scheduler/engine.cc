@@ -35,6 +35,7 @@
 #include "src/common/timer.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
+#include "src/nvme/nvme_bench.h"
 #include "src/scheduler/checkpoint.h"
 #include "src/scheduler/device_optimizer.h"
 #include "src/scheduler/host_optimizer.h"
@@ -131,6 +132,11 @@ class EngineImpl final : public Engine {
   // The window's last micro-batch is under way.
   bool last_micro_batch() const { return window_.micro_batches + 1 >= gas_; }
 
+  // The disk's sequential rates for the step bound (StepStats), when there
+  // is an NVMe tier: the NVMe engine writes and reads up to 256 MiB (no more
+  // than the tier holds) on the first NVMe path. A failure is a warning: the
+  // bound then uses the rate of the engine's own traffic.
+  void MeasureDiskRates(const scheduler::TierPlan& plan);
   // The window's end: drain, join the step in flight, global checks, launch.
   Status EndWindow(StepStats* st);
   // The hyperparameters of the next step, per parameter group.
@@ -383,6 +389,7 @@ Status EngineImpl::Plan() {
   if (store_->initial_nvme_bytes() > 0)
     counters_.NoteNvmeRate(static_cast<double>(store_->initial_nvme_bytes()) /
                            std::max<double>(static_cast<double>(NowNanos() - init0), 1.0));
+  MeasureDiskRates(plan);
   planned_ = true;
   // Parameters are no longer needed in registration form.
   for (Registration& r : regs_) {
@@ -391,6 +398,26 @@ Status EngineImpl::Plan() {
     r.initializer = nullptr;
   }
   return Status();
+}
+
+void EngineImpl::MeasureDiskRates(const scheduler::TierPlan& plan) {
+  const std::vector<std::string> paths = scheduler::UsedNvmePaths(cfg_);
+  if (paths.empty()) return;
+  nvme::NvmeBenchOptions nb;
+  nb.paths = {paths[0]};
+  nb.io = nvme::IoOptionsFromConfig(cfg_);
+  const uint64_t unit = std::max<uint64_t>(nb.io.block_size, uint64_t{1} << 20);
+  const auto held = static_cast<uint64_t>(std::max<int64_t>(0, plan.nvme_bytes() / 2));
+  nb.size = std::clamp<uint64_t>(held / unit * unit, unit, uint64_t{256} << 20);
+  nb.request_bytes = std::min<uint64_t>(nb.size, uint64_t{64} << 20);
+  StatusOr<nvme::NvmeBenchResult> r = nvme::RunEngineBench(nb);
+  if (!r.ok()) {
+    STRATA_LOG_WARN("measuring the disk's rates on {}: {}; the step bound uses the rate of the "
+                    "engine's own NVMe traffic",
+                    paths[0], r.status().ToString());
+    return;
+  }
+  counters_.SetNvmeDiskRates(r->read_gbytes_per_s, r->write_gbytes_per_s);
 }
 
 Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {

@@ -182,6 +182,8 @@ void StepCounters::EndWindow(int64_t now, StepStats* st) {
   st->h2d_gbytes_per_s = h2d_rate_;
   st->d2h_gbytes_per_s = d2h_rate_;
   st->nvme_gbytes_per_s = nvme_rate_;
+  st->nvme_read_gbytes_per_s = nvme_read_rate_;
+  st->nvme_write_gbytes_per_s = nvme_write_rate_;
   const StepBound bound = BoundOf(*st);
   st->bound_s = bound.seconds;
   st->bound_by = bound.by;
@@ -221,6 +223,8 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
                       {"h2d_gbytes_per_s", s.h2d_gbytes_per_s},
                       {"d2h_gbytes_per_s", s.d2h_gbytes_per_s},
                       {"nvme_gbytes_per_s", s.nvme_gbytes_per_s},
+                      {"nvme_read_gbytes_per_s", s.nvme_read_gbytes_per_s},
+                      {"nvme_write_gbytes_per_s", s.nvme_write_gbytes_per_s},
                       {"bound_s", s.bound_s},
                       {"bound_efficiency", s.bound_efficiency},
                       {"bound_by", s.bound_by},
@@ -243,7 +247,11 @@ StepBound BoundOf(const StepStats& s) {
   if (s.d2h_gbytes_per_s > 0)
     consider(static_cast<double>(s.pcie_d2h_bytes) / (s.d2h_gbytes_per_s * 1e9), "pcie_d2h");
   consider(s.optimizer_s, "cpu_optimizer");
-  if (s.nvme_gbytes_per_s > 0)
+  if (s.nvme_read_gbytes_per_s > 0 && s.nvme_write_gbytes_per_s > 0)
+    consider(static_cast<double>(s.nvme_read_bytes) / (s.nvme_read_gbytes_per_s * 1e9) +
+                 static_cast<double>(s.nvme_written_bytes) / (s.nvme_write_gbytes_per_s * 1e9),
+             "nvme");
+  else if (s.nvme_gbytes_per_s > 0)
     consider(
         static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) / (s.nvme_gbytes_per_s * 1e9),
         "nvme");

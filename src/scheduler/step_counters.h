@@ -88,6 +88,11 @@ class StepCounters {
     d2h_rate_ = d2h_gbytes_per_s;
   }
   void NoteNvmeRate(double gbytes_per_s) { nvme_rate_ = std::max(nvme_rate_, gbytes_per_s); }
+  // The disk's sequential rates, measured once (Plan).
+  void SetNvmeDiskRates(double read_gbytes_per_s, double write_gbytes_per_s) {
+    nvme_read_rate_ = read_gbytes_per_s;
+    nvme_write_rate_ = write_gbytes_per_s;
+  }
 
   // Fills the time, byte, fetch, rate and bound fields of *st for the window
   // ending at now_ns (after a Collect()), and starts the next window. overlap_efficiency is
@@ -129,6 +134,7 @@ class StepCounters {
   int64_t optimizer_wait_ns_ = 0;
   int64_t prefetch_hits_ = 0, fetch_misses_ = 0;
   double h2d_rate_ = 0, d2h_rate_ = 0, nvme_rate_ = 0;  // GB/s
+  double nvme_read_rate_ = 0, nvme_write_rate_ = 0;     // GB/s, the disk's
 };
 
 // The JSON object of Engine::StatsJson.

@@ -479,6 +479,23 @@ TEST(EngineTest, PlanOverTheDramBudgetIsRefusedWithTheTable) {
   EXPECT_TRUE((*fits)->Plan().ok());
 }
 
+// With an NVMe tier, Plan() measures the disk's read and write rates for
+// the step bound; without one there are none.
+TEST(EngineTest, DiskRatesAreMeasuredWithAnNvmeTier) {
+  testing::ScratchDir dir;
+  for (OffloadDevice place : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    StepStats last;
+    Train(BaseConfig(place, place, dir.str()), 2, 2, &last);
+    if (place == OffloadDevice::kNvme) {
+      EXPECT_GT(last.nvme_read_gbytes_per_s, 0);
+      EXPECT_GT(last.nvme_write_gbytes_per_s, 0);
+    } else {
+      EXPECT_EQ(last.nvme_read_gbytes_per_s, 0);
+      EXPECT_EQ(last.nvme_write_gbytes_per_s, 0);
+    }
+  }
+}
+
 TEST(EngineTest, BadNvmePathFailsAtCreate) {
   Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, "/nonexistent/strata-nvme");
   auto e = CreateEngine(c);

@@ -40,6 +40,25 @@ TEST(StepBoundTest, TakesTheBusiestResource) {
   EXPECT_STREQ(BoundOf(s).by, "compute");
 }
 
+// The disk's measured read and write rates, when known, replace the rate of
+// the engine's own traffic: one disk, so the read and write times add up.
+TEST(StepBoundTest, TheDisksReadAndWriteRatesAddUp) {
+  StepStats s;
+  s.compute_s = 0.1;
+  s.nvme_read_bytes = 300'000'000;     // 0.15 s at 2 GB/s
+  s.nvme_written_bytes = 200'000'000;  // 0.2 s at 1 GB/s
+  s.nvme_gbytes_per_s = 10;            // the engine's own best: 0.05 s, not used
+  s.nvme_read_gbytes_per_s = 2;
+  s.nvme_write_gbytes_per_s = 1;
+  StepBound b = BoundOf(s);
+  EXPECT_DOUBLE_EQ(b.seconds, 0.35);
+  EXPECT_STREQ(b.by, "nvme");
+  s.nvme_write_gbytes_per_s = 0;  // not measured: the engine's own rate
+  b = BoundOf(s);
+  EXPECT_DOUBLE_EQ(b.seconds, 0.1);
+  EXPECT_STREQ(b.by, "compute");
+}
+
 TEST(StepBoundTest, TermsWithoutARateAreLeftOut) {
   StepStats s;
   s.compute_s = 0.01;
