@@ -284,6 +284,7 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   r.parameters = engine->num_elements();
   r.state_bytes = r.parameters * (2 * static_cast<int64_t>(dtype == DType::kFp32 ? 4 : 2) + 12);
   r.budgets = engine->Budgets();
+  r.predicted = engine->PredictedStep();
   for (const TierBudget& t : r.budgets)
     if (t.tier == "hbm") r.hbm_budget_bytes = t.available_bytes;
   r.workspace_bytes = model->workspace_bytes();
@@ -449,6 +450,18 @@ double MedianStepTime(const TrainResult& r) {
   return Median(v);
 }
 
+double MeasuredAmount(const TrainResult& r, const std::string& resource) {
+  std::vector<double> v;
+  for (const StepStats* s : SteadySteps(r)) {
+    if (resource == "pcie_h2d") v.push_back(static_cast<double>(s->pcie_h2d_bytes));
+    else if (resource == "pcie_d2h") v.push_back(static_cast<double>(s->pcie_d2h_bytes));
+    else if (resource == "nvme_read") v.push_back(static_cast<double>(s->nvme_read_bytes));
+    else if (resource == "nvme_write") v.push_back(static_cast<double>(s->nvme_written_bytes));
+    else return -1;
+  }
+  return v.empty() ? -1 : Median(v);
+}
+
 double MedianOverlap(const TrainResult& r) {
   std::vector<double> v;
   for (const StepStats* s : SteadySteps(r)) v.push_back(s->overlap_efficiency);
@@ -537,6 +550,14 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
                        {"available_bytes", b.available_bytes},
                        {"detail", b.detail}});
   j["budgets"] = budgets;
+  json predicted = json::array();
+  for (const PredictedTerm& t : r.predicted)
+    predicted.push_back({{"resource", t.resource},
+                         {"amount", t.amount},
+                         {"seconds", t.seconds},
+                         {"what", t.what},
+                         {"measured_amount", MeasuredAmount(r, t.resource)}});
+  j["predicted_step"] = predicted;
   if (!r.trace_path.empty()) j["trace_path"] = r.trace_path;
   if (!r.checkpoint_dir.empty()) {
     // null unless a checkpoint was loaded and training went on from it.
@@ -605,6 +626,36 @@ std::string ResultTable(const TrainResult& r) {
   link("nvme write", r.nvme_written_bytes);
   link("pcie h2d", r.pcie_h2d_bytes);
   link("pcie d2h", r.pcie_d2h_bytes);
+  if (!r.predicted.empty()) {
+    // The plan's prediction (at the rates measured when it planned) against
+    // the steady steps' medians; busy seconds where the engine measures them.
+    o << "  per step          predicted     measured  predicted s  (plan vs run; fetches: upper "
+         "bound)\n";
+    for (const PredictedTerm& t : r.predicted) {
+      const double m = MeasuredAmount(r, t.resource);
+      const bool elems = t.resource == "cpu_optimizer";
+      auto amount = [&](double a) {
+        if (a < 0) return std::string("-");
+        return elems ? std::to_string(static_cast<int64_t>(a)) : Human(a);
+      };
+      char secs[32] = "-";
+      if (t.seconds > 0) std::snprintf(secs, sizeof(secs), "%.4f s", t.seconds);
+      std::snprintf(buf, sizeof(buf), "  %-16s  %9s  %11s  %11s\n", t.resource.c_str(),
+                    amount(t.amount).c_str(), amount(m).c_str(), secs);
+      o << buf;
+    }
+    std::vector<double> opt, nvme, h2d;
+    for (const StepStats* s : SteadySteps(r)) {
+      opt.push_back(s->optimizer_s);
+      nvme.push_back(s->nvme_busy_s);
+      h2d.push_back(s->pcie_busy_s);
+    }
+    std::snprintf(buf, sizeof(buf),
+                  "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s "
+                  "(medians)\n",
+                  Median(opt), Median(nvme), Median(h2d));
+    o << buf;
+  }
   o << "  tier              high water       budget / needed by the plan\n";
   std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s\n", "hbm",
                 Human(static_cast<double>(r.hbm_high_water_bytes)).c_str(),

@@ -29,6 +29,7 @@ struct TrainResult {
   std::vector<double> losses;    // one per optimizer step: mean over its micro-batches
   std::vector<StepStats> steps;  // the Step() that ended each optimizer step
   std::vector<TierBudget> budgets;
+  std::vector<PredictedTerm> predicted;  // Engine::PredictedStep
   // Sums over every Step() call (all micro-batches).
   int64_t nvme_read_bytes = 0, nvme_written_bytes = 0, pcie_h2d_bytes = 0, pcie_d2h_bytes = 0;
   int64_t hbm_high_water_bytes = 0, pinned_high_water_bytes = 0;
@@ -123,6 +124,12 @@ std::string MostCommonBound(const TrainResult& r);
 std::string ResultJson(const TrainResult& r, const Status& error = Status());
 // The human summary table.
 std::string ResultTable(const TrainResult& r);
+// What `strata train` measured per optimizer step for a PredictedStep
+// resource: the median over the steady steps of its bytes (pcie_h2d,
+// pcie_d2h, nvme_read, nvme_write); -1 for one whose amount the run does not
+// count separately (cpu_accumulate, cpu_optimizer: their busy times are in
+// the steps' statistics).
+double MeasuredAmount(const TrainResult& r, const std::string& resource);
 // Writes loss.dat, step_time.dat and, with gnuplot on PATH, loss.svg and
 // step_time.svg into dir. Returns the files written; a missing gnuplot is
 // not an error (`note` says so).

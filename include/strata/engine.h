@@ -144,6 +144,19 @@ struct StepBound {
 };
 StepBound BoundOf(const StepStats& stats);
 
+// One resource's share of an optimizer step as the plan predicts it
+// (Engine::PredictedStep): what it moves per window of
+// gradient_accumulation_steps micro-batches, and how long that takes at the
+// rates Plan() measured.
+struct PredictedTerm {
+  // "pcie_h2d", "pcie_d2h", "cpu_accumulate", "cpu_optimizer", "nvme_read",
+  // "nvme_write"
+  std::string resource;
+  double amount = 0;   // bytes (elements for cpu_optimizer)
+  double seconds = 0;  // 0 when the rate is unknown
+  std::string what;    // what the amount is made of
+};
+
 // Needed vs available bytes per tier, from the placement (Plan()).
 struct TierBudget {
   std::string tier;  // "hbm", "pinned", "nvme"
@@ -198,6 +211,12 @@ class Engine {
   // not called before. Idempotent.
   virtual Status Plan() = 0;
   virtual std::vector<TierBudget> Budgets() const = 0;
+  // The plan's prediction of one optimizer step per resource, at the rates
+  // Plan() measured (PCIe, the CPU's accumulation and Adam, the disk).
+  // Parameter fetches are counted for forward and backward of every
+  // micro-batch (an upper bound); compute is not predicted. Empty before
+  // Plan().
+  virtual std::vector<PredictedTerm> PredictedStep() const = 0;
 
   virtual StatusOr<ModuleView> BeforeForward(int module) = 0;
   virtual Status AfterForward(int module) = 0;

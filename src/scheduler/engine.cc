@@ -85,6 +85,7 @@ class EngineImpl final : public Engine {
   }
   Status Plan() override;
   std::vector<TierBudget> Budgets() const override { return budgets_; }
+  std::vector<PredictedTerm> PredictedStep() const override { return predicted_; }
   StatusOr<ModuleView> BeforeForward(int module) override;
   Status AfterForward(int module) override;
   StatusOr<ModuleView> BeforeBackward(int module) override;
@@ -137,6 +138,10 @@ class EngineImpl final : public Engine {
   // than the tier holds) on the first NVMe path. A failure is a warning: the
   // bound then uses the rate of the engine's own traffic.
   void MeasureDiskRates(const scheduler::TierPlan& plan);
+  // predicted_ (PredictedStep) from the plan and the rates measured,
+  // measuring the CPU optimizer's rate for it.
+  Status PredictStep(const scheduler::Placement& placement, const scheduler::LayoutSizes& sizes,
+                     const scheduler::TierPlan& plan, const scheduler::TierFacts& facts);
   // The window's end: drain, join the step in flight, global checks, launch.
   Status EndWindow(StepStats* st);
   // The hyperparameters of the next step, per parameter group.
@@ -160,6 +165,7 @@ class EngineImpl final : public Engine {
   Layout layout_;
   bool planned_ = false;
   std::vector<TierBudget> budgets_;
+  std::vector<PredictedTerm> predicted_;
   int64_t pinned_bytes_ = 0;  // the pinned pools
 
   bool device_optimizer_ = false;  // offload_optimizer none on a GPU (DeviceOptimizer)
@@ -390,6 +396,7 @@ Status EngineImpl::Plan() {
     counters_.NoteNvmeRate(static_cast<double>(store_->initial_nvme_bytes()) /
                            std::max<double>(static_cast<double>(NowNanos() - init0), 1.0));
   MeasureDiskRates(plan);
+  RETURN_IF_ERROR(PredictStep(placement, sizes, plan, facts));
   planned_ = true;
   // Parameters are no longer needed in registration form.
   for (Registration& r : regs_) {
@@ -418,6 +425,29 @@ void EngineImpl::MeasureDiskRates(const scheduler::TierPlan& plan) {
     return;
   }
   counters_.SetNvmeDiskRates(r->read_gbytes_per_s, r->write_gbytes_per_s);
+}
+
+Status EngineImpl::PredictStep(const scheduler::Placement& placement,
+                               const scheduler::LayoutSizes& sizes,
+                               const scheduler::TierPlan& plan,
+                               const scheduler::TierFacts& facts) {
+  StepStats now;
+  counters_.FillRates(&now);
+  scheduler::StepRates rates;
+  rates.h2d_gbps = now.h2d_gbytes_per_s;
+  rates.d2h_gbps = now.d2h_gbytes_per_s;
+  rates.nvme_read_gbps = now.nvme_read_gbytes_per_s;
+  rates.nvme_write_gbps = now.nvme_write_gbytes_per_s;
+  rates.accumulate_gbps = facts.accumulate_gbps;
+  if (!device_optimizer_) {
+    const int64_t elems =
+        std::clamp<int64_t>(layout_.total_elems(), int64_t{1} << 16, int64_t{1} << 22);
+    ASSIGN_OR_RETURN(rates.adam_elems_per_s, scheduler::MeasureAdamRate(adam_.get(), elems));
+  }
+  predicted_.clear();
+  for (const auto& t : scheduler::PredictStep(placement, sizes, plan, rates).terms)
+    predicted_.push_back({t.resource, t.amount, t.seconds, t.what});
+  return Status();
 }
 
 Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {

@@ -36,6 +36,7 @@ LayoutSizes LayoutSizes::Of(const Layout& layout) {
   LayoutSizes s;
   s.total_elems = layout.total_elems();
   s.total_param_bytes = layout.total_param_bytes();
+  for (int m = 0; m < layout.num_modules(); ++m) s.module_param_bytes += layout.module(m).bytes();
   s.persistent_param_bytes = layout.persistent_param_bytes();
   s.max_module_bytes = layout.max_module_bytes();
   s.max_group_elems = layout.max_group_elems();
@@ -379,7 +380,10 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     p.terms.push_back(std::move(t));
   };
   const auto elems = static_cast<double>(s.total_elems);
-  const auto param_bytes = static_cast<double>(s.total_param_bytes);
+  // Over PCIe a module moves its own extent; on NVMe its page-aligned one.
+  const auto param_bytes = static_cast<double>(
+      s.module_param_bytes > 0 ? s.module_param_bytes : s.total_param_bytes);
+  const auto nvme_param_bytes = static_cast<double>(s.total_param_bytes);
   const auto persistent = static_cast<double>(s.persistent_param_bytes);
   const auto gas = static_cast<double>(std::max<int64_t>(1, pl.gradient_accumulation_steps));
   const double grad_elem_bytes = elems > 0 ? param_bytes / elems : 0;
@@ -393,7 +397,7 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   } else if (!pl.device_optimizer) {
     add("pcie_d2h", gas * param_bytes, r.d2h_gbps * 1e9,
         fmt::format("gradients, {} micro-batch{} x {}", gas, gas == 1 ? "" : "es",
-                    FormatBytes(s.total_param_bytes)));
+                    FormatBytes(static_cast<int64_t>(param_bytes))));
     const double accumulated = gas - (plan.fold_last_micro_batch ? 1 : 0);
     // 8 + G bytes per element and pass: the fp32 sum read and written, the
     // gradient (G bytes) read.
@@ -410,9 +414,10 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
       pl.device_optimizer ? 0 : (pl.params == OffloadDevice::kNone ? param_bytes : persistent);
   add("pcie_h2d", fetched + uploaded, r.h2d_gbps * 1e9,
       fetched > 0 ? fmt::format("parameter fetches {} x {} + updated {}", 2 * gas,
-                                FormatBytes(s.total_param_bytes - s.persistent_param_bytes),
+                                FormatBytes(static_cast<int64_t>(param_bytes - persistent)),
                                 FormatBytes(static_cast<int64_t>(uploaded)))
-                  : fmt::format("updated parameters {}", FormatBytes(s.total_param_bytes)));
+                  : fmt::format("updated parameters {}",
+                                FormatBytes(static_cast<int64_t>(uploaded))));
   double nvme_read = 0, nvme_write = 0;
   std::string read_what, write_what;
   if (pl.optimizer == OffloadDevice::kNvme) {
@@ -423,10 +428,12 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     write_what = read_what;
   }
   if (pl.params == OffloadDevice::kNvme) {
-    nvme_read += fetched;
-    nvme_write += param_bytes;
+    // Modules are read and written page-aligned.
+    const double read = 2 * gas * (nvme_param_bytes - persistent);
+    nvme_read += read;
+    nvme_write += nvme_param_bytes;
     read_what += std::string(read_what.empty() ? "" : " + ") + "parameter fetches " +
-                 FormatBytes(static_cast<int64_t>(fetched));
+                 FormatBytes(static_cast<int64_t>(read));
     write_what += std::string(write_what.empty() ? "" : " + ") + "updated parameters " +
                   FormatBytes(s.total_param_bytes);
   }

@@ -48,7 +48,10 @@ struct Placement {
 // The layout's sizes the plan depends on (Layout::Sizes, or hand-made).
 struct LayoutSizes {
   int64_t total_elems = 0;
-  int64_t total_param_bytes = 0;
+  int64_t total_param_bytes = 0;  // with every module's page alignment
+  // The modules' own byte extents summed (what a module's copy over PCIe
+  // moves; 0: total_param_bytes).
+  int64_t module_param_bytes = 0;
   int64_t persistent_param_bytes = 0;
   int64_t max_module_bytes = 0;
   int64_t max_group_elems = 0;

@@ -450,6 +450,15 @@ TEST(PlanTest, PredictedStepCountsThePlacementsBytes) {
   // Folding the last micro-batch saves one accumulation pass.
   plan.fold_last_micro_batch = true;
   EXPECT_DOUBLE_EQ(amount(PredictStep(nn, s, plan, r), "cpu_accumulate"), 2 * (8 * 1001.0 + 8192));
+  // Over PCIe a module moves its own extent, on NVMe its page-aligned one.
+  LayoutSizes extents = s;
+  extents.module_param_bytes = 8000;
+  plan.fold_last_micro_batch = false;
+  p = PredictStep(nn, extents, plan, r);
+  EXPECT_EQ(amount(p, "pcie_d2h"), 3 * 8000.0);
+  EXPECT_EQ(amount(p, "pcie_h2d"), 2 * 3 * (8000.0 - 512) + 512);
+  EXPECT_EQ(amount(p, "nvme_write"), 12 * 1001.0 + 8192);
+  EXPECT_EQ(amount(p, "nvme_read"), 12 * 1001.0 + 2 * 3 * (8192.0 - 512));
   // cpu/none: no NVMe, the updated parameters uploaded once.
   const Placement cn = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
   p = PredictStep(cn, s, ComputeTierPlan(cn, s, f), r);

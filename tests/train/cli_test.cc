@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -535,6 +536,31 @@ TEST(PlanCli, JsonTableMatchesTheTrainedRun) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("largest that fits"));
   EXPECT_THAT(r.out, HasSubstr("predicted step"));
+}
+
+// strata train's summary sets the plan's prediction (Engine::PredictedStep)
+// beside what the steady steps moved: the NVMe writes and the gradients'
+// copies as predicted (within 5 %), the fetches no more than predicted.
+TEST(PlanCli, TrainSummaryHasThePredictionBesideTheMeasurement) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "nvme", "nvme");
+  RunResult t = Strata("train --config " + cfg + " --steps 4 --json", dir.str());
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  const json run = json::parse(t.out);
+  std::map<std::string, std::pair<double, double>> got;  // resource -> (predicted, measured)
+  for (const json& p : run["predicted_step"])
+    got[p["resource"].get<std::string>()] = {p["amount"].get<double>(),
+                                             p["measured_amount"].get<double>()};
+  ASSERT_TRUE(got.count("nvme_write") && got.count("pcie_d2h") && got.count("pcie_h2d"));
+  for (const char* r : {"nvme_write", "pcie_d2h"})
+    EXPECT_NEAR(got[r].second, got[r].first, 0.05 * got[r].first) << r;
+  EXPECT_LE(got["pcie_h2d"].second, got["pcie_h2d"].first);
+  EXPECT_GT(got["pcie_h2d"].second, 0);
+  EXPECT_EQ(got["cpu_optimizer"].second, -1);  // its busy time is in per_step
+  RunResult table = Strata("train --config " + cfg + " --steps 2", dir.str());
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("predicted s"));
+  EXPECT_THAT(table.out, HasSubstr("measured busy"));
 }
 
 TEST(PlanCli, PlanThatDoesNotFitExitsFourWithTheRowMarked) {
