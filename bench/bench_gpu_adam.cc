@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "src/gpu/device.h"
+#include "bench/bench_util.h"
 
 namespace {
 
@@ -45,22 +46,9 @@ bool ParseDType(const std::string& s, DType* t) {
   return true;
 }
 
-#define CHECK_OK(expr)                                                                           \
-  do {                                                                                           \
-    const ::strata::Status s_ = (expr);                                                          \
-    if (!s_.ok()) {                                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, s_.ToString().c_str()); \
-      std::abort();                                                                              \
-    }                                                                                            \
-  } while (0)
-
 template <typename T>
 T Value(StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "bench_gpu_adam: %s: %s\n", what, v.status().ToString().c_str());
-    std::exit(1);
-  }
-  return std::move(v).value();
+  return bench::ValueOrExit(std::move(v), "bench_gpu_adam", what);
 }
 
 // Median over `reps` of the seconds `work` takes on the compute stream.
@@ -70,10 +58,10 @@ double TimeMedian(gpu::Device& d, int reps, Work work) {
   auto t1 = Value(d.CreateEvent({.timing = true}), "CreateEvent");
   std::vector<double> s;
   for (int r = 0; r < reps; ++r) {
-    CHECK_OK(d.compute().Record(*t0));
+    BENCH_CHECK_OK(d.compute().Record(*t0));
     work();
-    CHECK_OK(d.compute().Record(*t1));
-    CHECK_OK(t1->Synchronize());
+    BENCH_CHECK_OK(d.compute().Record(*t1));
+    BENCH_CHECK_OK(t1->Synchronize());
     s.push_back(Value(d.ElapsedSeconds(*t0, *t1), "ElapsedSeconds"));
   }
   std::sort(s.begin(), s.end());
@@ -148,10 +136,10 @@ int main(int argc, char** argv) {
   auto g = Value(d.Allocate(n_alloc * gs), "grad");
   gpu::DeviceBuffer c;
   if (copy) c = Value(d.Allocate(n_alloc * cs), "copy");
-  CHECK_OK(d.Fill(p.data(), DType::kFp32, n_alloc, 0.5f, d.compute()));
-  CHECK_OK(d.Fill(m.data(), DType::kFp32, n_alloc, 0.01f, d.compute()));
-  CHECK_OK(d.Fill(v.data(), DType::kFp32, n_alloc, 1e-4f, d.compute()));
-  CHECK_OK(d.Fill(g.data(), grad, n_alloc, 0.02f, d.compute()));
+  BENCH_CHECK_OK(d.Fill(p.data(), DType::kFp32, n_alloc, 0.5f, d.compute()));
+  BENCH_CHECK_OK(d.Fill(m.data(), DType::kFp32, n_alloc, 0.01f, d.compute()));
+  BENCH_CHECK_OK(d.Fill(v.data(), DType::kFp32, n_alloc, 1e-4f, d.compute()));
+  BENCH_CHECK_OK(d.Fill(g.data(), grad, n_alloc, 0.02f, d.compute()));
 
   std::vector<gpu::AdamShard> shards;
   size_t left = params;
@@ -167,7 +155,7 @@ int main(int argc, char** argv) {
   int64_t step = 0;
   auto adam = [&] {
     hp.step = ++step;
-    CHECK_OK(d.AdamStep(shards, hp, nullptr, d.compute()));
+    BENCH_CHECK_OK(d.AdamStep(shards, hp, nullptr, d.compute()));
   };
   for (int w = 0; w < 2; ++w) adam();  // warm-up
   const double adam_s = TimeMedian(d, reps, adam);
@@ -177,7 +165,7 @@ int main(int argc, char** argv) {
   const size_t traffic = bpe * params;
   const size_t roof_bytes = std::min(traffic / 2, n_alloc * 4);  // param → exp_avg
   const double copy_s = TimeMedian(
-      d, reps, [&] { CHECK_OK(d.CopyD2D(m.data(), p.data(), roof_bytes, d.compute())); });
+      d, reps, [&] { BENCH_CHECK_OK(d.CopyD2D(m.data(), p.data(), roof_bytes, d.compute())); });
   const double adam_gbs = traffic / adam_s / 1e9;
   const double copy_gbs = 2.0 * roof_bytes / copy_s / 1e9;
   const std::string gstr(DTypeName(grad)),

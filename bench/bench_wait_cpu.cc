@@ -27,6 +27,7 @@
 
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
+#include "bench/bench_util.h"
 
 namespace {
 
@@ -40,28 +41,12 @@ using namespace strata;
   std::exit(2);
 }
 
-#define CHECK_OK(expr)                                                                           \
-  do {                                                                                           \
-    const ::strata::Status s_ = (expr);                                                          \
-    if (!s_.ok()) {                                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, s_.ToString().c_str()); \
-      std::abort();                                                                              \
-    }                                                                                            \
-  } while (0)
-
 template <typename T>
 T Value(StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "bench_wait_cpu: %s: %s\n", what, v.status().ToString().c_str());
-    std::exit(1);
-  }
-  return std::move(v).value();
+  return bench::ValueOrExit(std::move(v), "bench_wait_cpu", what);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 }  // namespace
 
@@ -144,21 +129,21 @@ int main(int argc, char** argv) {
     x.done = Value(d.CreateEvent(), "CreateEvent");
     x.a = Value(d.Allocate(kCopyBytes), "Allocate");
     x.b = Value(d.Allocate(kCopyBytes), "Allocate");
-    CHECK_OK(d.Fill(x.a.data(), DType::kFp32, kCopyBytes / 4, 1.f, *x.stream));
+    BENCH_CHECK_OK(d.Fill(x.a.data(), DType::kFp32, kCopyBytes / 4, 1.f, *x.stream));
   }
-  CHECK_OK(d.Synchronize());
+  BENCH_CHECK_OK(d.Synchronize());
   std::atomic<bool> stop{false};
   std::atomic<int64_t> waits{0};
   auto wait_loop = [&](Waiter& x) {
     for (int64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
       for (int c = 0; c < 8; ++c)
-        CHECK_OK(d.CopyD2D(c % 2 ? x.a.data() : x.b.data(), c % 2 ? x.b.data() : x.a.data(),
+        BENCH_CHECK_OK(d.CopyD2D(c % 2 ? x.a.data() : x.b.data(), c % 2 ? x.b.data() : x.a.data(),
                            kCopyBytes, *x.stream));
       if (k % 2 == 0) {
-        CHECK_OK(x.stream->Record(*x.done));
-        CHECK_OK(x.done->Synchronize());
+        BENCH_CHECK_OK(x.stream->Record(*x.done));
+        BENCH_CHECK_OK(x.done->Synchronize());
       } else {
-        CHECK_OK(x.stream->Synchronize());
+        BENCH_CHECK_OK(x.stream->Synchronize());
       }
       waits.fetch_add(1, std::memory_order_relaxed);
     }

@@ -933,6 +933,23 @@ FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, i
   return r;
 }
 
+// The config TrainOddOrders runs with: `gas` micro-batches a window; fp16
+// with a small initial scale that the poisoned step lowers, or bf16 with
+// clipping that clips (the norm is well above 0.3).
+Config OddOrdersConfig(OffloadDevice opt, OffloadDevice par, const std::string& dir, int gas,
+                       bool fp16) {
+  Config c = BaseConfig(opt, par, dir);
+  c.gradient_accumulation_steps = c.train_batch_size = gas;
+  if (fp16) {
+    c.fp16.enabled = true;
+    c.fp16.initial_scale_power = 6;
+    c.fp16.hysteresis = 1;
+  } else {
+    c.gradient_clipping = 0.3;
+  }
+  return c;
+}
+
 // (optimizer placement, parameter placement, gradient_accumulation_steps)
 class FoldTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, int>> {};
 
@@ -948,16 +965,8 @@ TEST_P(FoldTest, BitwiseIdenticalToAccumulating) {
   auto [opt, par, gas] = GetParam();
   for (bool fp16 : {false, true}) {
     SCOPED_TRACE(fp16 ? "fp16" : "bf16 + clipping");
-    Config c = BaseConfig(opt, par, dir.str());
-    c.gradient_accumulation_steps = c.train_batch_size = gas;
+    Config c = OddOrdersConfig(opt, par, dir.str(), gas, fp16);
     c.strata.grad_accumulator = GradAccumulatorPlace::kHost;  // folding is for the host sum
-    if (fp16) {
-      c.fp16.enabled = true;
-      c.fp16.initial_scale_power = 6;
-      c.fp16.hysteresis = 1;
-    } else {
-      c.gradient_clipping = 0.3;  // clips: the norm is well above
-    }
     const FoldRun plain = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/0);
     const FoldRun folded = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
     ASSERT_FALSE(plain.params.empty());
@@ -1008,15 +1017,7 @@ TEST_P(DeviceAccumulatorTest, BitwiseIdenticalToTheHostSum) {
   auto [opt, par, gas] = GetParam();
   for (bool fp16 : {false, true}) {
     SCOPED_TRACE(fp16 ? "fp16" : "bf16 + clipping");
-    Config c = BaseConfig(opt, par, dir.str());
-    c.gradient_accumulation_steps = c.train_batch_size = gas;
-    if (fp16) {
-      c.fp16.enabled = true;
-      c.fp16.initial_scale_power = 6;
-      c.fp16.hysteresis = 1;
-    } else {
-      c.gradient_clipping = 0.3;
-    }
+    Config c = OddOrdersConfig(opt, par, dir.str(), gas, fp16);
     c.strata.grad_accumulator = GradAccumulatorPlace::kHost;
     const FoldRun host = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/0);
     c.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
