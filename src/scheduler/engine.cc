@@ -374,6 +374,8 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
+  // Before the states' initial write, whose write-back would slow the probe.
+  MeasureDiskRates(plan);
   RETURN_IF_ERROR(OpenBackendAndStore(plan));
   scheduler::FetchOptions fo;
   fo.prefetch_bucket_elems = zo.stage3_prefetch_bucket_size;
@@ -395,7 +397,6 @@ Status EngineImpl::Plan() {
   if (store_->initial_nvme_bytes() > 0)
     counters_.NoteNvmeRate(static_cast<double>(store_->initial_nvme_bytes()) /
                            std::max<double>(static_cast<double>(NowNanos() - init0), 1.0));
-  MeasureDiskRates(plan);
   RETURN_IF_ERROR(PredictStep(placement, sizes, plan, facts));
   planned_ = true;
   // Parameters are no longer needed in registration form.
