@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "src/gpu/device.h"
 #include "bench/bench_util.h"
+#include "src/gpu/device.h"
 
 namespace {
 

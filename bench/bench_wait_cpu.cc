@@ -25,9 +25,9 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
-#include "bench/bench_util.h"
 
 namespace {
 
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
     for (int64_t k = 0; !stop.load(std::memory_order_relaxed); ++k) {
       for (int c = 0; c < 8; ++c)
         BENCH_CHECK_OK(d.CopyD2D(c % 2 ? x.a.data() : x.b.data(), c % 2 ? x.b.data() : x.a.data(),
-                           kCopyBytes, *x.stream));
+                                 kCopyBytes, *x.stream));
       if (k % 2 == 0) {
         BENCH_CHECK_OK(x.stream->Record(*x.done));
         BENCH_CHECK_OK(x.done->Synchronize());

@@ -113,9 +113,9 @@ class CudaBackend final : public Backend {
     CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&host_loss_),
                                static_cast<size_t>(s_.tokens()) * sizeof(float)),
                 "pinned memory for the loss");
-    CUDA_RETURN(cudaEventCreateWithFlags(&loss_ready_,
-                                         cudaEventDisableTiming | cudaEventBlockingSync),
-                "loss event");
+    CUDA_RETURN(
+        cudaEventCreateWithFlags(&loss_ready_, cudaEventDisableTiming | cudaEventBlockingSync),
+        "loss event");
     return Status();
   }
 
@@ -171,8 +171,7 @@ class CudaBackend final : public Backend {
     return Gemm(false, true, N, H, F, gt_, F, w2, F, 1.f, h_out, CUDA_R_32F, H);
   }
 
-  Status HeadForwardAsync(const std::vector<void*>& p, const float* h,
-                          double loss_scale) override {
+  Status HeadForwardAsync(const std::vector<void*>& p, const float* h, double loss_scale) override {
     if (p.size() != 2) return InvalidArgumentError("head: expected 2 tensors");
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;
     STRATA_RETURN_IF_ERROR(
@@ -208,9 +207,9 @@ class CudaBackend final : public Backend {
         Check(cuda::RmsForward(h, N, H, dtype_, ut_, rms_, stream_), "RmsForward"));
     // db = Σ dz, and dz in the operand type.
     const void* dz = narrow_ ? zt_ : z_;
-    STRATA_RETURN_IF_ERROR(Check(
-        cuda::ColumnSumCast(z_, N, V, dtype_, narrow_ ? zt_ : nullptr, partial_, partial_floats_, g[1], stream_),
-        "ColumnSumCast"));
+    STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSumCast(z_, N, V, dtype_, narrow_ ? zt_ : nullptr,
+                                                     partial_, partial_floats_, g[1], stream_),
+                                 "ColumnSumCast"));
     // dW = dzᵀ · y (parameter type, into the engine's buffer); dy = dz · W (fp32)
     STRATA_RETURN_IF_ERROR(Gemm(true, false, V, H, N, dz, V, ut_, H, 0.f, g[0], type_, H));
     STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, V, dz, V, p[0], H, 0.f, du_, CUDA_R_32F, H));
@@ -231,18 +230,16 @@ class CudaBackend final : public Backend {
     STRATA_RETURN_IF_ERROR(Check(cuda::BiasGelu(a_, b1, N, F, dtype_, gt_, stream_), "BiasGelu"));
     // db2 = Σ dh, and dh in the operand type.
     const void* dht = narrow_ ? dht_ : dh;
-    STRATA_RETURN_IF_ERROR(Check(
-        cuda::ColumnSumCast(dh, N, H, dtype_, narrow_ ? dht_ : nullptr, partial_, partial_floats_, gb2,
-                            stream_),
-        "ColumnSumCast"));
+    STRATA_RETURN_IF_ERROR(Check(cuda::ColumnSumCast(dh, N, H, dtype_, narrow_ ? dht_ : nullptr,
+                                                     partial_, partial_floats_, gb2, stream_),
+                                 "ColumnSumCast"));
     // dW2 = dhᵀ · g; then dg = dh · W2 overwrites g (stream order: after dW2 read it).
     STRATA_RETURN_IF_ERROR(Gemm(true, false, H, F, N, dht, H, gt_, F, 0.f, gw2, type_, F));
     STRATA_RETURN_IF_ERROR(Gemm(false, false, N, F, H, dht, H, w2, F, 0.f, gt_, type_, F));
     // da = dg ⊙ gelu'(a + b1) in place; db1 = Σ da.
-    STRATA_RETURN_IF_ERROR(
-        Check(cuda::GeluBackwardBiasGrad(a_, b1, N, F, dtype_, gt_, partial_, partial_floats_, gb1,
-                                         stream_),
-              "GeluBackwardBiasGrad"));
+    STRATA_RETURN_IF_ERROR(Check(cuda::GeluBackwardBiasGrad(a_, b1, N, F, dtype_, gt_, partial_,
+                                                            partial_floats_, gb1, stream_),
+                                 "GeluBackwardBiasGrad"));
     // dW1 = daᵀ · u; du = da · W1 (fp32); dh += rms backward (the residual).
     STRATA_RETURN_IF_ERROR(Gemm(true, false, F, H, N, gt_, F, ut_, H, 0.f, gw1, type_, H));
     STRATA_RETURN_IF_ERROR(Gemm(false, false, N, H, F, gt_, F, w1, H, 0.f, du_, CUDA_R_32F, H));

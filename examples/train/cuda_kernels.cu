@@ -298,10 +298,10 @@ cudaError_t LoadKernels() {
     const cudaError_t e = Dispatch(dtype, [](auto tag) {
       using T = decltype(tag);
       const cudaError_t errs[] = {
-          Load(EmbedForwardKernel<T>),         Load(EmbedBackwardKernel<T>),
-          Load(RmsForwardKernel<T>),           Load(BiasGeluKernel<T>),
-          Load(GeluBackwardPartialKernel<T>),  Load(ColumnSumCastPartialKernel<T>),
-          Load(FinishColumnSumKernel<T>),      Load(AddRowBiasKernel<T>),
+          Load(EmbedForwardKernel<T>),        Load(EmbedBackwardKernel<T>),
+          Load(RmsForwardKernel<T>),          Load(BiasGeluKernel<T>),
+          Load(GeluBackwardPartialKernel<T>), Load(ColumnSumCastPartialKernel<T>),
+          Load(FinishColumnSumKernel<T>),     Load(AddRowBiasKernel<T>),
           Load(SoftmaxXentKernel<T>)};
       for (cudaError_t x : errs)
         if (x != cudaSuccess) return x;

@@ -71,8 +71,7 @@ class HostBackend final : public Backend {
 
   StatusOr<double> Loss() override { return loss_; }
 
-  Status HeadForwardAsync(const std::vector<void*>& p, const float* h,
-                          double loss_scale) override {
+  Status HeadForwardAsync(const std::vector<void*>& p, const float* h, double loss_scale) override {
     STRATA_RETURN_IF_ERROR(Expect(p, 2, "head"));
     STRATA_RETURN_IF_ERROR(Prepare());
     const int64_t N = s_.tokens(), H = s_.hidden, V = s_.vocab;

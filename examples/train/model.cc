@@ -195,8 +195,7 @@ StatusOr<double> Model::MicroBatch(std::span<const int32_t> inputs,
   }
   {
     STRATA_ASSIGN_OR_RETURN(ModuleView v, engine_->BeforeForward(head));
-    STRATA_RETURN_IF_ERROR(
-        backend_->HeadForwardAsync(v.params, hs_[L], engine_->loss_scale()));
+    STRATA_RETURN_IF_ERROR(backend_->HeadForwardAsync(v.params, hs_[L], engine_->loss_scale()));
     STRATA_RETURN_IF_ERROR(engine_->AfterForward(head));
   }
   // Backward, in reverse module order.

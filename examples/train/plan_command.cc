@@ -91,8 +91,8 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   if (!loaded.ok()) return fail(code, loaded.status());
   const Config& config = *loaded;
   if (opt.params < 0)
-    return fail(kExitUsage, InvalidArgumentError(
-                                fmt::format("--params: {} must be at least 1", opt.params)));
+    return fail(kExitUsage,
+                InvalidArgumentError(fmt::format("--params: {} must be at least 1", opt.params)));
   StatusOr<ModelShape> given = ShapeFromConfig(config);
   if (!given.ok()) return fail(kExitConfig, given.status());
   const ModelShape shape = opt.params > 0 ? ShapeWithParams(*given, opt.params) : *given;
@@ -105,15 +105,15 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::CreateDevice(*dopts);
   if (!dev.ok()) return fail(ExitCodeOf(dev.status()), dev.status());
   Placement placement = Placement::FromConfig(config);
-  placement.device_optimizer =
-      placement.optimizer == OffloadDevice::kNone && !(*dev)->is_host();
+  placement.device_optimizer = placement.optimizer == OffloadDevice::kNone && !(*dev)->is_host();
   placement.host_device = (*dev)->is_host();
   TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>((*dev)->Stats().budget_bytes), config.strata.pinned_budget_bytes,
       scheduler::UsedNvmePaths(config), config.strata.dram_budget_bytes);
   scheduler::StepRates rates;
-  const int64_t probe = std::min<int64_t>(
-      int64_t{16} << 20, static_cast<int64_t>((*dev)->Stats().largest_free_bytes) / 2 / 4096 * 4096);
+  const int64_t probe =
+      std::min<int64_t>(int64_t{16} << 20,
+                        static_cast<int64_t>((*dev)->Stats().largest_free_bytes) / 2 / 4096 * 4096);
   if (probe >= (int64_t{64} << 10)) {
     StatusOr<scheduler::LinkRates> link = scheduler::MeasureLinkRates(dev->get(), probe);
     if (!link.ok()) return fail(ExitCodeOf(link.status()), link.status());
@@ -160,16 +160,17 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   {
     ModelShape next = largest;
     ++next.layers;
-    const TierPlan over = scheduler::ComputeTierPlan(placement, SizesOf(next, dtype, config), facts);
+    const TierPlan over =
+        scheduler::ComputeTierPlan(placement, SizesOf(next, dtype, config), facts);
     for (const TierBudget& t : over.budgets)
       if (t.available_bytes > 0 && t.needed_bytes > t.available_bytes)
         limited_by += (limited_by.empty() ? "" : ", ") + t.tier;
   }
 
-  const std::string place = fmt::format("offload_optimizer {}, offload_param {}{}",
-                                        OffloadDeviceName(placement.optimizer),
-                                        OffloadDeviceName(placement.params),
-                                        placement.device_optimizer ? " (optimizer on the GPU)" : "");
+  const std::string place =
+      fmt::format("offload_optimizer {}, offload_param {}{}",
+                  OffloadDeviceName(placement.optimizer), OffloadDeviceName(placement.params),
+                  placement.device_optimizer ? " (optimizer on the GPU)" : "");
   if (opt.json) {
     nlohmann::json j;
     j["config"] = opt.config_path;
@@ -213,13 +214,14 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
                        shape.hidden, shape.num_parameters(), DTypeName(dtype));
     out << fmt::format("{:<7} {:>11} {:>11}  {}\n", "tier", "needed", "available", "holds");
     for (const TierBudget& t : plan.budgets)
-      out << fmt::format("{:<7} {:>11} {:>11}  {}{}\n", t.tier, FormatBytes(t.needed_bytes),
-                         t.available_bytes > 0 ? FormatBytes(t.available_bytes) : "-", t.detail,
-                         t.available_bytes > 0 && t.needed_bytes > t.available_bytes ? "  <-- over"
-                                                                                     : "");
-    out << fmt::format("\npredicted step (one window of {} micro-batch{}), at the measured rates:\n",
-                       placement.gradient_accumulation_steps,
-                       placement.gradient_accumulation_steps == 1 ? "" : "es");
+      out << fmt::format(
+          "{:<7} {:>11} {:>11}  {}{}\n", t.tier, FormatBytes(t.needed_bytes),
+          t.available_bytes > 0 ? FormatBytes(t.available_bytes) : "-", t.detail,
+          t.available_bytes > 0 && t.needed_bytes > t.available_bytes ? "  <-- over" : "");
+    out << fmt::format(
+        "\npredicted step (one window of {} micro-batch{}), at the measured rates:\n",
+        placement.gradient_accumulation_steps,
+        placement.gradient_accumulation_steps == 1 ? "" : "es");
     for (const auto& t : pred.terms)
       out << fmt::format("  {:<15} {:>10}  {}\n", t.resource, Seconds(t.seconds), t.what);
     out << fmt::format("  bound: {} by {} (compute not included)\n", Seconds(pred.bound_s),

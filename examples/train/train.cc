@@ -453,11 +453,16 @@ double MedianStepTime(const TrainResult& r) {
 double MeasuredAmount(const TrainResult& r, const std::string& resource) {
   std::vector<double> v;
   for (const StepStats* s : SteadySteps(r)) {
-    if (resource == "pcie_h2d") v.push_back(static_cast<double>(s->pcie_h2d_bytes));
-    else if (resource == "pcie_d2h") v.push_back(static_cast<double>(s->pcie_d2h_bytes));
-    else if (resource == "nvme_read") v.push_back(static_cast<double>(s->nvme_read_bytes));
-    else if (resource == "nvme_write") v.push_back(static_cast<double>(s->nvme_written_bytes));
-    else return -1;
+    if (resource == "pcie_h2d")
+      v.push_back(static_cast<double>(s->pcie_h2d_bytes));
+    else if (resource == "pcie_d2h")
+      v.push_back(static_cast<double>(s->pcie_d2h_bytes));
+    else if (resource == "nvme_read")
+      v.push_back(static_cast<double>(s->nvme_read_bytes));
+    else if (resource == "nvme_write")
+      v.push_back(static_cast<double>(s->nvme_written_bytes));
+    else
+      return -1;
   }
   return v.empty() ? -1 : Median(v);
 }

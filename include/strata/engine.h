@@ -65,8 +65,8 @@ struct ParamSpec {
 // Unset fields are the config's. Group 0 is the config's own (no overrides);
 // AddParamGroup adds 1, 2, ... The groups are part of a checkpoint's identity.
 struct ParamGroupSpec {
-  std::string name;                   // for messages; "" becomes "group <id>"
-  std::optional<double> lr;           // not with a config `scheduler` section
+  std::string name;          // for messages; "" becomes "group <id>"
+  std::optional<double> lr;  // not with a config `scheduler` section
   std::optional<double> weight_decay;
   std::optional<double> beta1, beta2;  // not with a schedule that cycles momentum
   std::optional<double> eps;
@@ -136,8 +136,8 @@ struct StepStats {
 // h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, nvme_read_bytes / read
 // rate + nvme_written_bytes / write rate (one disk: reads and writes add up;
 // with the disk's rates unmeasured, (read + written) / nvme_gbytes_per_s)),
-// and which term it is. Terms whose rate is 0 are left out. For a window of several Step() calls, sum the busy times
-// and bytes first.
+// and which term it is. Terms whose rate is 0 are left out. For a window of several Step() calls,
+// sum the busy times and bytes first.
 struct StepBound {
   double seconds = 0.0;
   const char* by = "";

@@ -112,8 +112,8 @@ typedef struct strata_param_group {
 } strata_param_group;
 int strata_add_param_group(strata_engine* engine, const strata_param_group* group, int* out_id);
 int strata_register_parameter_in_group(strata_engine* engine, const char* name, int64_t numel,
-                                       strata_dtype dtype, int module, int group,
-                                       const float* init, int* out_id);
+                                       strata_dtype dtype, int module, int group, const float* init,
+                                       int* out_id);
 
 /* params/grads: arrays of `capacity` pointers; *count is set to the number of
  * the module's parameters (STRATA_OUT_OF_RANGE if capacity is too small). */

@@ -231,8 +231,7 @@ class PyEngine {
   std::string config_json() const { return ConfigToJson(config_); }
 
   int register_parameter(const std::string& name, const std::vector<int64_t>& shape,
-                         const std::string& dtype, int module, const py::capsule& init,
-                         int group) {
+                         const std::string& dtype, int module, const py::capsule& init, int group) {
     e();  // closed: before the capsule is consumed
     int64_t numel = 1;
     for (int64_t d : shape) {
@@ -495,8 +494,7 @@ PYBIND11_MODULE(_strata, m) {
            py::arg("data_position") = 0, py::arg("note") = "")
       .def("load_checkpoint", &PyEngine::load_checkpoint)
       .def("loss_scale", &PyEngine::loss_scale)
-      .def("set_learning_rate", &PyEngine::set_learning_rate, py::arg("lr"),
-           py::arg("group") = -1)
+      .def("set_learning_rate", &PyEngine::set_learning_rate, py::arg("lr"), py::arg("group") = -1)
       .def("learning_rate", &PyEngine::learning_rate, py::arg("group") = 0)
       .def("compute_stream", &PyEngine::compute_stream)
       .def("device_name", &PyEngine::device_name)

@@ -226,14 +226,11 @@ cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bo
                        cudaStream_t stream, size_t* vector_tensors) {
   switch (grad_dtype) {
     case DType::kFp32:
-      return LaunchForGrad<0>(tensors, n, copy, copy_dtype, c, skip_if_set, stream,
-                                vector_tensors);
+      return LaunchForGrad<0>(tensors, n, copy, copy_dtype, c, skip_if_set, stream, vector_tensors);
     case DType::kFp16:
-      return LaunchForGrad<1>(tensors, n, copy, copy_dtype, c, skip_if_set, stream,
-                                vector_tensors);
+      return LaunchForGrad<1>(tensors, n, copy, copy_dtype, c, skip_if_set, stream, vector_tensors);
     case DType::kBf16:
-      return LaunchForGrad<2>(tensors, n, copy, copy_dtype, c, skip_if_set, stream,
-                                vector_tensors);
+      return LaunchForGrad<2>(tensors, n, copy, copy_dtype, c, skip_if_set, stream, vector_tensors);
   }
   return cudaErrorInvalidValue;
 }

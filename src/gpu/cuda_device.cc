@@ -505,11 +505,11 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options)
   switch (internal::ClassifyCudaPresence(err, count, driver)) {
     case internal::CudaPresence::kNoDevice:
       // Unavailable: the one answer device=auto falls back on.
-      return UnavailableError(
-          err == cudaSuccess
-              ? std::string("no CUDA device: cudaGetDeviceCount returned 0")
-              : fmt::format("no CUDA device: cudaGetDeviceCount: {} ({}); {}",
-                            cudaGetErrorString(err), cudaGetErrorName(err), CudaVersions()));
+      return UnavailableError(err == cudaSuccess
+                                  ? std::string("no CUDA device: cudaGetDeviceCount returned 0")
+                                  : fmt::format("no CUDA device: cudaGetDeviceCount: {} ({}); {}",
+                                                cudaGetErrorString(err), cudaGetErrorName(err),
+                                                CudaVersions()));
     case internal::CudaPresence::kUnusable:
       return FailedPreconditionError(fmt::format(
           "a CUDA GPU or driver is present but unusable: cudaGetDeviceCount: {} ({}); {}. "
@@ -523,14 +523,12 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(const DeviceOptions& options)
   // A device exists: no failure from here on may read as "no device" (which
   // would let device=auto fall back to the host).
   if (!d.ok() && d.status().code() == StatusCode::kUnavailable)
-    return FailedPreconditionError(
-        fmt::format("{}; {}", d.status().message(), CudaVersions()));
+    return FailedPreconditionError(fmt::format("{}; {}", d.status().message(), CudaVersions()));
   return d;
 }
 
 namespace {
-StatusOr<std::unique_ptr<Device>> CreatePresentCudaDevice(const DeviceOptions& options,
-                                                          int count) {
+StatusOr<std::unique_ptr<Device>> CreatePresentCudaDevice(const DeviceOptions& options, int count) {
   if (options.device_id < 0 || options.device_id >= count)
     return InvalidArgumentError(
         fmt::format("strata.device_id: {} but this machine has {} CUDA "
@@ -582,8 +580,8 @@ CudaDeviceList ListCudaDevices() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    list.reason = fmt::format("{} ({}); {}", cudaGetErrorString(err), cudaGetErrorName(err),
-                              CudaVersions());
+    list.reason =
+        fmt::format("{} ({}); {}", cudaGetErrorString(err), cudaGetErrorName(err), CudaVersions());
     return list;
   }
   if (count == 0) list.reason = "no CUDA device";

@@ -567,10 +567,8 @@ class HostDevice final : public Device {
     for (const AdamShard& sh : shards)
       if (sh.count > 0) copy.push_back(sh);
     if (copy.empty()) return Status::Ok();
-    const auto vec = static_cast<uint64_t>(
-        std::count_if(copy.begin(), copy.end(), [](const AdamShard& sh) {
-          return AdamShardVectorizable(sh);
-        }));
+    const auto vec = static_cast<uint64_t>(std::count_if(
+        copy.begin(), copy.end(), [](const AdamShard& sh) { return AdamShardVectorizable(sh); }));
     CountAdamPaths(vec, copy.size() - vec);
     s->Enqueue([copy = std::move(copy), c = host::MakeAdamCoeffs(hp), skip_if_set] {
       if (skip_if_set != nullptr && *skip_if_set != 0) return;

@@ -139,8 +139,8 @@ int strata_register_parameter(strata_engine* e, const char* name, int64_t numel,
 }
 
 int strata_register_parameter_in_group(strata_engine* e, const char* name, int64_t numel,
-                                       strata_dtype dtype, int module, int group,
-                                       const float* init, int* out_id) {
+                                       strata_dtype dtype, int module, int group, const float* init,
+                                       int* out_id) {
   return Guard("strata_register_parameter", [&]() -> int {
     if (e == nullptr) return NullArg("engine");
     if (name == nullptr) return NullArg("name");

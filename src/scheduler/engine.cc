@@ -292,8 +292,8 @@ StatusOr<int> EngineImpl::AddParamGroup(const ParamGroupSpec& spec) {
   auto check = [&](const char* key, const std::optional<double>& v, double lo, double hi,
                    const char* range) -> Status {
     if (v.has_value() && (!std::isfinite(*v) || *v < lo || *v >= hi))
-      return InvalidArgumentError(fmt::format("{}: {} {} is not allowed; must be {}", what, key,
-                                              *v, range));
+      return InvalidArgumentError(
+          fmt::format("{}: {} {} is not allowed; must be {}", what, key, *v, range));
     return Status();
   };
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -352,10 +352,9 @@ Status EngineImpl::Plan() {
   placement.fold_override = hooks_.fold_override;
   placement.host_device = dev_->is_host();
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
-  scheduler::TierFacts facts =
-      scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
-                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_),
-                                  cfg_.strata.dram_budget_bytes);
+  scheduler::TierFacts facts = scheduler::MeasureTierFacts(
+      static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
+      scheduler::UsedNvmePaths(cfg_), cfg_.strata.dram_budget_bytes);
   // The link rates the step bound and the gradient path use (pinned copies
   // of a few MiB each way, one pageable), and the accumulation rate.
   const int64_t probe = std::min<int64_t>(
@@ -420,17 +419,17 @@ void EngineImpl::MeasureDiskRates(const scheduler::TierPlan& plan) {
   nb.request_bytes = std::min<uint64_t>(nb.size, uint64_t{64} << 20);
   StatusOr<nvme::NvmeBenchResult> r = nvme::RunEngineBench(nb);
   if (!r.ok()) {
-    STRATA_LOG_WARN("measuring the disk's rates on {}: {}; the step bound uses the rate of the "
-                    "engine's own NVMe traffic",
-                    paths[0], r.status().ToString());
+    STRATA_LOG_WARN(
+        "measuring the disk's rates on {}: {}; the step bound uses the rate of the "
+        "engine's own NVMe traffic",
+        paths[0], r.status().ToString());
     return;
   }
   counters_.SetNvmeDiskRates(r->read_gbytes_per_s, r->write_gbytes_per_s);
 }
 
 Status EngineImpl::PredictStep(const scheduler::Placement& placement,
-                               const scheduler::LayoutSizes& sizes,
-                               const scheduler::TierPlan& plan,
+                               const scheduler::LayoutSizes& sizes, const scheduler::TierPlan& plan,
                                const scheduler::TierFacts& facts) {
   StepStats now;
   counters_.FillRates(&now);

@@ -115,9 +115,8 @@ Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& comput
     job.module = m;
     job.byte_begin = b;
     job.byte_end = e;
-    RETURN_IF_ERROR(
-        Enqueue(std::move(job), static_cast<const uint8_t*>(device_grad) + (b - me.byte_begin),
-                e - b));
+    RETURN_IF_ERROR(Enqueue(std::move(job),
+                            static_cast<const uint8_t*>(device_grad) + (b - me.byte_begin), e - b));
   }
   return Status();
 }

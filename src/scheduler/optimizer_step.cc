@@ -272,8 +272,8 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
     st.count = static_cast<size_t>(s.elem_end - s.elem_begin);
     st.copy_out = next + s.byte_offset;
     st.copy_dtype = p.dtype;
-    st.hp = params_.group_hp.empty() ? params_.hp
-                                     : params_.group_hp.at(static_cast<size_t>(p.group));
+    st.hp =
+        params_.group_hp.empty() ? params_.hp : params_.group_hp.at(static_cast<size_t>(p.group));
     out.push_back(st);
   }
   return out;

@@ -82,8 +82,8 @@ void ChooseDeviceAccumulator(const Placement& pl, const LayoutSizes& s, const Ti
   auto choose = [&](std::string why) {
     plan->device_grad_accumulator = true;
     plan->device_accumulator_bytes = bytes;
-    plan->grad_path = "the window's gradients summed in HBM, copied to the host once per window (" +
-                      why + ")";
+    plan->grad_path =
+        "the window's gradients summed in HBM, copied to the host once per window (" + why + ")";
   };
   if (pl.grad_accumulator == GradAccumulatorPlace::kDevice) {
     choose("strata.grad_accumulator device");
@@ -99,12 +99,12 @@ void ChooseDeviceAccumulator(const Placement& pl, const LayoutSizes& s, const Ti
   const auto gas = static_cast<double>(pl.gradient_accumulation_steps);
   const double host_s =
       (gas * g * e / facts.d2h_pinned_gbps + gas * (8 + g) * e / facts.accumulate_gbps) * 1e-9;
-  const double device_s =
-      (4 * e / facts.d2h_pinned_gbps + 12 * e / facts.accumulate_gbps) * 1e-9;
+  const double device_s = (4 * e / facts.d2h_pinned_gbps + 12 * e / facts.accumulate_gbps) * 1e-9;
   if (device_s < host_s)
-    choose(fmt::format("{:.2f} ms of copies and accumulation per window instead of {:.2f} ms at "
-                       "the measured rates",
-                       device_s * 1e3, host_s * 1e3));
+    choose(
+        fmt::format("{:.2f} ms of copies and accumulation per window instead of {:.2f} ms at "
+                    "the measured rates",
+                    device_s * 1e3, host_s * 1e3));
 }
 
 void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
@@ -381,8 +381,8 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   };
   const auto elems = static_cast<double>(s.total_elems);
   // Over PCIe a module moves its own extent; on NVMe its page-aligned one.
-  const auto param_bytes = static_cast<double>(
-      s.module_param_bytes > 0 ? s.module_param_bytes : s.total_param_bytes);
+  const auto param_bytes =
+      static_cast<double>(s.module_param_bytes > 0 ? s.module_param_bytes : s.total_param_bytes);
   const auto nvme_param_bytes = static_cast<double>(s.total_param_bytes);
   const auto persistent = static_cast<double>(s.persistent_param_bytes);
   const auto gas = static_cast<double>(std::max<int64_t>(1, pl.gradient_accumulation_steps));
@@ -409,15 +409,16 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   // Parameters: fetched for forward and backward when offloaded; the
   // updated ones uploaded after the step (persistent ones and
   // offload_param none) unless the optimizer runs on the device.
-  const double fetched = pl.params == OffloadDevice::kNone ? 0 : 2 * gas * (param_bytes - persistent);
+  const double fetched =
+      pl.params == OffloadDevice::kNone ? 0 : 2 * gas * (param_bytes - persistent);
   const double uploaded =
       pl.device_optimizer ? 0 : (pl.params == OffloadDevice::kNone ? param_bytes : persistent);
   add("pcie_h2d", fetched + uploaded, r.h2d_gbps * 1e9,
-      fetched > 0 ? fmt::format("parameter fetches {} x {} + updated {}", 2 * gas,
-                                FormatBytes(static_cast<int64_t>(param_bytes - persistent)),
-                                FormatBytes(static_cast<int64_t>(uploaded)))
-                  : fmt::format("updated parameters {}",
-                                FormatBytes(static_cast<int64_t>(uploaded))));
+      fetched > 0
+          ? fmt::format("parameter fetches {} x {} + updated {}", 2 * gas,
+                        FormatBytes(static_cast<int64_t>(param_bytes - persistent)),
+                        FormatBytes(static_cast<int64_t>(uploaded)))
+          : fmt::format("updated parameters {}", FormatBytes(static_cast<int64_t>(uploaded))));
   double nvme_read = 0, nvme_write = 0;
   std::string read_what, write_what;
   if (pl.optimizer == OffloadDevice::kNvme) {

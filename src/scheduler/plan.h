@@ -150,11 +150,11 @@ LayoutOptions LayoutOptionsFromConfig(const Config& config);
 
 // The rates a step prediction uses (0: not measured; that term is left out).
 struct StepRates {
-  double h2d_gbps = 0;           // pinned host-to-device copies
-  double d2h_gbps = 0;           // device-to-host copies into pinned memory
-  double accumulate_gbps = 0;    // the CPU's gradient accumulation, bytes moved
-  double adam_elems_per_s = 0;   // the CPU optimizer's step, elements
-  double nvme_read_gbps = 0;     // the NVMe engine, sequential
+  double h2d_gbps = 0;          // pinned host-to-device copies
+  double d2h_gbps = 0;          // device-to-host copies into pinned memory
+  double accumulate_gbps = 0;   // the CPU's gradient accumulation, bytes moved
+  double adam_elems_per_s = 0;  // the CPU optimizer's step, elements
+  double nvme_read_gbps = 0;    // the NVMe engine, sequential
   double nvme_write_gbps = 0;
 };
 

@@ -927,8 +927,8 @@ TEST(ConfigRoundTrip, EveryExampleFile) {
   for (const std::string& file : ExampleConfigs()) {
     SCOPED_TRACE(file);
     StatusOr<Config> c = LoadConfigFile(file);
-    if (!c.ok() && c.status().message().find("needs a value from the frontend") !=
-                       std::string_view::npos)
+    if (!c.ok() &&
+        c.status().message().find("needs a value from the frontend") != std::string_view::npos)
       c = LoadConfigFile(file, autos);
     ASSERT_TRUE(c.ok()) << c.status();
     ExpectRoundTrip(*c);

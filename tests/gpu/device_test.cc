@@ -11,9 +11,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <span>
 #include <future>
 #include <limits>
+#include <span>
 #include <thread>
 #include <vector>
 

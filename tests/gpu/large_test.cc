@@ -29,7 +29,7 @@ namespace {
 
 constexpr size_t kTwo31 = size_t{1} << 31;
 constexpr size_t kN = kTwo31 + (1 << 20) + 4099;  // past 2^31, not a multiple of 8
-constexpr size_t kWin = 1 << 16;      // elements per random window
+constexpr size_t kWin = 1 << 16;                  // elements per random window
 
 // The windows' first elements: the start, across 2^31, the end.
 std::vector<size_t> Windows() { return {0, kTwo31 - kWin / 2, kN - kWin}; }
@@ -124,7 +124,8 @@ TEST(LargeTensorTest, AdamStepPastTwoToThe31Elements) {
     }
     for (size_t k = 0; k < wins.size(); ++k) {
       const auto gf = strata::testing::RandomFloats(rng, kWin, -3.f, 3.f);
-      for (size_t i = 0; i < kWin; ++i) host::StoreFromFloat(wins[k].g.data(), DType::kBf16, i, gf[i]);
+      for (size_t i = 0; i < kWin; ++i)
+        host::StoreFromFloat(wins[k].g.data(), DType::kBf16, i, gf[i]);
       const size_t at = Windows()[k];
       Put(d, dp + at, wins[k].p.data(), kWin * 4);
       Put(d, dm + at, wins[k].m.data(), kWin * 4);
@@ -176,9 +177,8 @@ TEST(LargeTensorTest, AdamStepPastTwoToThe31Elements) {
         if (UlpDistance(gp[i], w.p[i]) > 2 || UlpDistance(gm[i], w.m[i]) > 2 ||
             UlpDistance(gv[i], w.v[i]) > 2) {
           ++bad;
-          ADD_FAILURE() << "element " << at + i << ": param " << gp[i] << " vs " << w.p[i]
-                        << ", m " << gm[i] << " vs " << w.m[i] << ", v " << gv[i] << " vs "
-                        << w.v[i];
+          ADD_FAILURE() << "element " << at + i << ": param " << gp[i] << " vs " << w.p[i] << ", m "
+                        << gm[i] << " vs " << w.m[i] << ", v " << gv[i] << " vs " << w.v[i];
         }
         uint16_t want;
         host::StoreFromFloat(&want, DType::kBf16, 0, gp[i]);

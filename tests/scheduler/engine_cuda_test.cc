@@ -166,13 +166,12 @@ TEST_P(EngineOnCudaTest, WindowSumInHbmGivesTheHostSumsBits) {
   EXPECT_TRUE(testing::BitwiseEqual(host, device));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Placements, EngineOnCudaTest,
-    ::testing::Values(Placement{OffloadDevice::kNone, OffloadDevice::kNone},
-                      Placement{OffloadDevice::kCpu, OffloadDevice::kNone},
-                      Placement{OffloadDevice::kCpu, OffloadDevice::kCpu},
-                      Placement{OffloadDevice::kNvme, OffloadDevice::kNvme}),
-    testing::PlacementPairName);
+INSTANTIATE_TEST_SUITE_P(Placements, EngineOnCudaTest,
+                         ::testing::Values(Placement{OffloadDevice::kNone, OffloadDevice::kNone},
+                                           Placement{OffloadDevice::kCpu, OffloadDevice::kNone},
+                                           Placement{OffloadDevice::kCpu, OffloadDevice::kCpu},
+                                           Placement{OffloadDevice::kNvme, OffloadDevice::kNvme}),
+                         testing::PlacementPairName);
 
 }  // namespace
 }  // namespace strata

@@ -64,7 +64,7 @@ TEST(LayoutTest, OffsetsModulesOnPagesTensorsOn256) {
   EXPECT_EQ(l.param(1).name, "a");
   EXPECT_EQ(l.param(1).elem_off, 0);
   EXPECT_EQ(l.param(1).byte_off, 0);
-  EXPECT_EQ(l.param(3).elem_off, 12);  // a's 10 elements, padded to 4 (16 bytes of fp32)
+  EXPECT_EQ(l.param(3).elem_off, 12);   // a's 10 elements, padded to 4 (16 bytes of fp32)
   EXPECT_EQ(l.param(3).byte_off, 256);  // 40 bytes of a, rounded to 256
   EXPECT_EQ(l.param(0).elem_off, 312);
   EXPECT_EQ(l.param(0).byte_off, 4096);  // module 2 starts on a page
@@ -277,8 +277,8 @@ TEST(LayoutTest, OddSizedTensorsKeepTheDeviceAdamOnItsVectorPath) {
       std::vector<float>* outs[] = {&r.master, nullptr, &r.m, &r.v};
       for (int a : {0, 2, 3}) {
         std::vector<float> dense_or_not(n);
-        EXPECT_TRUE(d.CopyD2H(dense_or_not.data(), arr[static_cast<size_t>(a)], n * 4, d.compute())
-                        .ok());
+        EXPECT_TRUE(
+            d.CopyD2H(dense_or_not.data(), arr[static_cast<size_t>(a)], n * 4, d.compute()).ok());
         *outs[a] = std::move(dense_or_not);
       }
       r.copy.resize(static_cast<size_t>(l.total_param_bytes()));
@@ -307,7 +307,8 @@ TEST(LayoutTest, OddSizedTensorsKeepTheDeviceAdamOnItsVectorPath) {
     // The padding: zero before, zero after.
     std::vector<bool> is_param(n, false);
     for (const ParamRec& p : l.params())
-      for (int64_t e = p.elem_off; e < p.elem_off + p.numel; ++e) is_param[static_cast<size_t>(e)] = true;
+      for (int64_t e = p.elem_off; e < p.elem_off + p.numel; ++e)
+        is_param[static_cast<size_t>(e)] = true;
     for (size_t e = 0; e < n; ++e)
       if (!is_param[e]) {
         ASSERT_EQ(fast.master[e], 0.f) << e;

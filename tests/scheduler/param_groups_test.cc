@@ -91,11 +91,10 @@ struct Placement {
 
 TEST(ParamGroupsTest, EachGroupsHyperparametersReachTheOptimizerInEveryPlacement) {
   testing::ScratchDir dir;
-  for (const Placement& pl :
-       {Placement{OffloadDevice::kCpu, OffloadDevice::kNone, false},
-        Placement{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
-        Placement{OffloadDevice::kNvme, OffloadDevice::kNvme, false},
-        Placement{OffloadDevice::kNone, OffloadDevice::kNone, true}}) {
+  for (const Placement& pl : {Placement{OffloadDevice::kCpu, OffloadDevice::kNone, false},
+                              Placement{OffloadDevice::kCpu, OffloadDevice::kCpu, false},
+                              Placement{OffloadDevice::kNvme, OffloadDevice::kNvme, false},
+                              Placement{OffloadDevice::kNone, OffloadDevice::kNone, true}}) {
     SCOPED_TRACE(std::string(OffloadDeviceName(pl.opt)) + "/" +
                  std::string(OffloadDeviceName(pl.par)) +
                  (pl.device_optimizer ? " (device optimizer)" : ""));
@@ -260,8 +259,7 @@ TEST(ParamGroupsTest, BadGroupsAreRefused) {
   ASSERT_TRUE((*e)->RegisterParameter(s).ok());
   EXPECT_EQ((*e)->SetLearningRate(2, 1e-3).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE((*e)->Plan().ok());
-  EXPECT_EQ((*e)->AddParamGroup(ParamGroupSpec()).status().code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*e)->AddParamGroup(ParamGroupSpec()).status().code(), StatusCode::kFailedPrecondition);
 }
 
 TEST(ParamGroupsTest, GroupsArePartOfTheCheckpointsIdentity) {
@@ -300,7 +298,8 @@ TEST(ParamGroupsTest, GroupsArePartOfTheCheckpointsIdentity) {
     auto e = make(0, 0.0);
     Status s = e->LoadCheckpoint(ckpt.str(), nullptr);
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-    EXPECT_THAT(s.message(), HasSubstr("m0.bias: optimizer parameter group 1 in the checkpoint, 0"));
+    EXPECT_THAT(s.message(),
+                HasSubstr("m0.bias: optimizer parameter group 1 in the checkpoint, 0"));
   }
   // No groups at all.
   {

@@ -303,8 +303,7 @@ INSTANTIATE_TEST_SUITE_P(
         // odd sizes: no dimension a multiple of a vector width (cuBLAS's non-tensor-core paths)
         Case{DType::kFp32, 9, 5, 3}, Case{DType::kBf16, 9, 5, 3}, Case{DType::kFp16, 9, 5, 3},
         // multiples of 8: cuBLAS's tensor-core kernels for bf16/fp16
-        Case{DType::kFp32, 64, 24, 3}, Case{DType::kBf16, 64, 24, 3},
-        Case{DType::kFp16, 64, 24, 3},
+        Case{DType::kFp32, 64, 24, 3}, Case{DType::kBf16, 64, 24, 3}, Case{DType::kFp16, 64, 24, 3},
         // hidden > 256: rows wider than one 256-thread block (rms norm,
         // softmax) and column sums over several column tiles and many chunks
         Case{DType::kFp32, 328, 9, 2}, Case{DType::kBf16, 328, 9, 2},
