@@ -110,45 +110,31 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>((*dev)->Stats().budget_bytes), config.strata.pinned_budget_bytes,
       scheduler::UsedNvmePaths(config), config.strata.dram_budget_bytes);
-  scheduler::StepRates rates;
-  const int64_t probe =
-      std::min<int64_t>(int64_t{16} << 20,
-                        static_cast<int64_t>((*dev)->Stats().largest_free_bytes) / 2 / 4096 * 4096);
-  if (probe >= (int64_t{64} << 10)) {
-    StatusOr<scheduler::LinkRates> link = scheduler::MeasureLinkRates(dev->get(), probe);
-    if (!link.ok()) return fail(ExitCodeOf(link.status()), link.status());
-    rates.h2d_gbps = link->h2d_gbytes_per_s;
-    rates.d2h_gbps = link->d2h_gbytes_per_s;
-    facts.d2h_pinned_gbps = link->d2h_gbytes_per_s;
-    facts.d2h_pageable_gbps = link->d2h_pageable_gbytes_per_s;
-  }
   cpu_adam::Options aopts;
   aopts.threads = static_cast<int>(config.strata.threads);
   StatusOr<std::unique_ptr<cpu_adam::CpuOptimizer>> adam = cpu_adam::CpuOptimizer::Create(aopts);
   if (!adam.ok()) return fail(ExitCodeOf(adam.status()), adam.status());
   const LayoutSizes sizes = SizesOf(shape, dtype, config);
-  const int64_t probe_elems =
-      std::clamp<int64_t>(sizes.total_elems, int64_t{1} << 18, int64_t{1} << 23);
-  if (!placement.device_optimizer) {
-    StatusOr<double> acc = scheduler::MeasureAccumulateRate(adam->get(), probe_elems);
-    StatusOr<double> step = scheduler::MeasureAdamRate(adam->get(), probe_elems);
-    if (!acc.ok()) return fail(ExitCodeOf(acc.status()), acc.status());
-    if (!step.ok()) return fail(ExitCodeOf(step.status()), step.status());
-    facts.accumulate_gbps = rates.accumulate_gbps = *acc;
-    rates.adam_elems_per_s = *step;
-  }
+  StatusOr<scheduler::PlanRates> measured = scheduler::MeasurePlanRates(
+      dev->get(), adam->get(), sizes.total_elems, !placement.device_optimizer);
+  if (!measured.ok()) return fail(ExitCodeOf(measured.status()), measured.status());
+  facts.d2h_pinned_gbps = measured->link.d2h_gbytes_per_s;
+  facts.d2h_pageable_gbps = measured->link.d2h_pageable_gbytes_per_s;
+  facts.accumulate_gbps = measured->accumulate_gbps;
+  scheduler::StepRates rates;
+  rates.h2d_gbps = measured->link.h2d_gbytes_per_s;
+  rates.d2h_gbps = measured->link.d2h_gbytes_per_s;
+  rates.accumulate_gbps = measured->accumulate_gbps;
+  rates.adam_elems_per_s = measured->adam_elems_per_s;
   std::string nvme_rates = "no NVMe tier";
   if (!facts.nvme_paths.empty() && opt.measure_nvme) {
-    nvme::NvmeBenchOptions nb;
-    nb.paths = facts.nvme_paths;
-    nb.size = uint64_t{256} << 20;
-    nb.io = nvme::IoOptionsFromConfig(config);
-    nb.request_bytes = uint64_t{64} << 20;
-    StatusOr<nvme::NvmeBenchResult> r = nvme::RunEngineBench(nb);
+    StatusOr<nvme::NvmeBenchResult> r =
+        scheduler::MeasureDiskRates(config, facts.nvme_paths[0], uint64_t{256} << 20);
     if (!r.ok()) return fail(ExitCodeOf(r.status()), r.status());
     rates.nvme_read_gbps = r->read_gbytes_per_s;
     rates.nvme_write_gbps = r->write_gbytes_per_s;
-    nvme_rates = fmt::format("engine ({}), 256 MiB sequential on {}", r->engine, nb.paths[0]);
+    nvme_rates =
+        fmt::format("engine ({}), 256 MiB sequential on {}", r->engine, facts.nvme_paths[0]);
   } else if (!facts.nvme_paths.empty()) {
     nvme_rates = "not measured (--no-nvme-bench)";
   }

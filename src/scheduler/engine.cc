@@ -35,7 +35,6 @@
 #include "src/common/timer.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
-#include "src/nvme/nvme_bench.h"
 #include "src/scheduler/checkpoint.h"
 #include "src/scheduler/device_optimizer.h"
 #include "src/scheduler/host_optimizer.h"
@@ -138,10 +137,9 @@ class EngineImpl final : public Engine {
   // than the tier holds) on the first NVMe path. A failure is a warning: the
   // bound then uses the rate of the engine's own traffic.
   void MeasureDiskRates(const scheduler::TierPlan& plan);
-  // predicted_ (PredictedStep) from the plan and the rates measured,
-  // measuring the CPU optimizer's rate for it.
-  Status PredictStep(const scheduler::Placement& placement, const scheduler::LayoutSizes& sizes,
-                     const scheduler::TierPlan& plan, const scheduler::TierFacts& facts);
+  // predicted_ (PredictedStep) from the plan and the rates measured.
+  void PredictStep(const scheduler::Placement& placement, const scheduler::LayoutSizes& sizes,
+                   const scheduler::TierPlan& plan, const scheduler::PlanRates& measured);
   // The window's end: drain, join the step in flight, global checks, launch.
   Status EndWindow(StepStats* st);
   // The hyperparameters of the next step, per parameter group.
@@ -356,20 +354,14 @@ Status EngineImpl::Plan() {
       static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
       scheduler::UsedNvmePaths(cfg_), cfg_.strata.dram_budget_bytes);
   // The link rates the step bound and the gradient path use (pinned copies
-  // of a few MiB each way, one pageable), and the accumulation rate.
-  const int64_t probe = std::min<int64_t>(
-      int64_t{16} << 20, static_cast<int64_t>(dev_->Stats().largest_free_bytes) / 2 / 4096 * 4096);
-  if (probe >= (int64_t{64} << 10)) {
-    ASSIGN_OR_RETURN(scheduler::LinkRates rates, scheduler::MeasureLinkRates(dev_.get(), probe));
-    counters_.SetLinkRates(rates.h2d_gbytes_per_s, rates.d2h_gbytes_per_s);
-    facts.d2h_pinned_gbps = rates.d2h_gbytes_per_s;
-    facts.d2h_pageable_gbps = rates.d2h_pageable_gbytes_per_s;
-  }
-  if (!device_optimizer_ && !placement.delayed_param_update && placement.fold_override != 0) {
-    const int64_t elems =
-        std::clamp<int64_t>(layout_.total_elems(), int64_t{1} << 18, int64_t{1} << 24);
-    ASSIGN_OR_RETURN(facts.accumulate_gbps, scheduler::MeasureAccumulateRate(adam_.get(), elems));
-  }
+  // of a few MiB each way, one pageable), the accumulation and Adam rates.
+  ASSIGN_OR_RETURN(const scheduler::PlanRates rates,
+                   scheduler::MeasurePlanRates(dev_.get(), adam_.get(), layout_.total_elems(),
+                                               !device_optimizer_));
+  counters_.SetLinkRates(rates.link.h2d_gbytes_per_s, rates.link.d2h_gbytes_per_s);
+  facts.d2h_pinned_gbps = rates.link.d2h_gbytes_per_s;
+  facts.d2h_pageable_gbps = rates.link.d2h_pageable_gbytes_per_s;
+  facts.accumulate_gbps = rates.accumulate_gbps;
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
@@ -396,7 +388,7 @@ Status EngineImpl::Plan() {
   if (store_->initial_nvme_bytes() > 0)
     counters_.NoteNvmeRate(static_cast<double>(store_->initial_nvme_bytes()) /
                            std::max<double>(static_cast<double>(NowNanos() - init0), 1.0));
-  RETURN_IF_ERROR(PredictStep(placement, sizes, plan, facts));
+  PredictStep(placement, sizes, plan, rates);
   planned_ = true;
   // Parameters are no longer needed in registration form.
   for (Registration& r : regs_) {
@@ -410,14 +402,8 @@ Status EngineImpl::Plan() {
 void EngineImpl::MeasureDiskRates(const scheduler::TierPlan& plan) {
   const std::vector<std::string> paths = scheduler::UsedNvmePaths(cfg_);
   if (paths.empty()) return;
-  nvme::NvmeBenchOptions nb;
-  nb.paths = {paths[0]};
-  nb.io = nvme::IoOptionsFromConfig(cfg_);
-  const uint64_t unit = std::max<uint64_t>(nb.io.block_size, uint64_t{1} << 20);
-  const auto held = static_cast<uint64_t>(std::max<int64_t>(0, plan.nvme_bytes() / 2));
-  nb.size = std::clamp<uint64_t>(held / unit * unit, unit, uint64_t{256} << 20);
-  nb.request_bytes = std::min<uint64_t>(nb.size, uint64_t{64} << 20);
-  StatusOr<nvme::NvmeBenchResult> r = nvme::RunEngineBench(nb);
+  StatusOr<nvme::NvmeBenchResult> r = scheduler::MeasureDiskRates(
+      cfg_, paths[0], static_cast<uint64_t>(std::max<int64_t>(0, plan.nvme_bytes() / 2)));
   if (!r.ok()) {
     STRATA_LOG_WARN(
         "measuring the disk's rates on {}: {}; the step bound uses the rate of the "
@@ -428,26 +414,19 @@ void EngineImpl::MeasureDiskRates(const scheduler::TierPlan& plan) {
   counters_.SetNvmeDiskRates(r->read_gbytes_per_s, r->write_gbytes_per_s);
 }
 
-Status EngineImpl::PredictStep(const scheduler::Placement& placement,
-                               const scheduler::LayoutSizes& sizes, const scheduler::TierPlan& plan,
-                               const scheduler::TierFacts& facts) {
-  StepStats now;
-  counters_.FillRates(&now);
+void EngineImpl::PredictStep(const scheduler::Placement& placement,
+                             const scheduler::LayoutSizes& sizes, const scheduler::TierPlan& plan,
+                             const scheduler::PlanRates& measured) {
   scheduler::StepRates rates;
-  rates.h2d_gbps = now.h2d_gbytes_per_s;
-  rates.d2h_gbps = now.d2h_gbytes_per_s;
-  rates.nvme_read_gbps = now.nvme_read_gbytes_per_s;
-  rates.nvme_write_gbps = now.nvme_write_gbytes_per_s;
-  rates.accumulate_gbps = facts.accumulate_gbps;
-  if (!device_optimizer_) {
-    const int64_t elems =
-        std::clamp<int64_t>(layout_.total_elems(), int64_t{1} << 16, int64_t{1} << 22);
-    ASSIGN_OR_RETURN(rates.adam_elems_per_s, scheduler::MeasureAdamRate(adam_.get(), elems));
-  }
+  rates.h2d_gbps = measured.link.h2d_gbytes_per_s;
+  rates.d2h_gbps = measured.link.d2h_gbytes_per_s;
+  rates.accumulate_gbps = measured.accumulate_gbps;
+  rates.adam_elems_per_s = measured.adam_elems_per_s;
+  rates.nvme_read_gbps = counters_.nvme_read_rate();  // MeasureDiskRates
+  rates.nvme_write_gbps = counters_.nvme_write_rate();
   predicted_.clear();
   for (const auto& t : scheduler::PredictStep(placement, sizes, plan, rates).terms)
     predicted_.push_back({t.resource, t.amount, t.seconds, t.what});
-  return Status();
 }
 
 Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {

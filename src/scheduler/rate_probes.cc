@@ -93,4 +93,32 @@ StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
   return best;
 }
 
+StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer* adam,
+                                     int64_t elems, bool cpu) {
+  PlanRates r;
+  const int64_t probe =
+      std::min<int64_t>(int64_t{16} << 20,
+                        static_cast<int64_t>(device->Stats().largest_free_bytes) / 2 / 4096 * 4096);
+  if (probe >= (int64_t{64} << 10)) {
+    ASSIGN_OR_RETURN(r.link, MeasureLinkRates(device, probe));
+  }
+  if (cpu) {
+    const int64_t n = std::clamp<int64_t>(elems, int64_t{1} << 18, int64_t{1} << 23);
+    ASSIGN_OR_RETURN(r.accumulate_gbps, MeasureAccumulateRate(adam, n));
+    ASSIGN_OR_RETURN(r.adam_elems_per_s, MeasureAdamRate(adam, n));
+  }
+  return r;
+}
+
+StatusOr<nvme::NvmeBenchResult> MeasureDiskRates(const Config& config, const std::string& path,
+                                                 uint64_t bytes) {
+  nvme::NvmeBenchOptions nb;
+  nb.paths = {path};
+  nb.io = nvme::IoOptionsFromConfig(config);
+  const uint64_t unit = std::max<uint64_t>(nb.io.block_size, uint64_t{1} << 20);
+  nb.size = std::clamp<uint64_t>(bytes / unit * unit, unit, uint64_t{256} << 20);
+  nb.request_bytes = std::min<uint64_t>(nb.size, uint64_t{64} << 20);
+  return nvme::RunEngineBench(nb);
+}
+
 }  // namespace strata::scheduler

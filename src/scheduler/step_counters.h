@@ -88,15 +88,9 @@ class StepCounters {
     d2h_rate_ = d2h_gbytes_per_s;
   }
   void NoteNvmeRate(double gbytes_per_s) { nvme_rate_ = std::max(nvme_rate_, gbytes_per_s); }
-  // The rates as the next window's statistics will carry them.
-  void FillRates(StepStats* st) const {
-    st->h2d_gbytes_per_s = h2d_rate_;
-    st->d2h_gbytes_per_s = d2h_rate_;
-    st->nvme_gbytes_per_s = nvme_rate_;
-    st->nvme_read_gbytes_per_s = nvme_read_rate_;
-    st->nvme_write_gbytes_per_s = nvme_write_rate_;
-  }
-  // The disk's sequential rates, measured once (Plan).
+  // The disk's sequential rates, measured once (Plan); 0 when not measured.
+  double nvme_read_rate() const { return nvme_read_rate_; }
+  double nvme_write_rate() const { return nvme_write_rate_; }
   void SetNvmeDiskRates(double read_gbytes_per_s, double write_gbytes_per_s) {
     nvme_read_rate_ = read_gbytes_per_s;
     nvme_write_rate_ = write_gbytes_per_s;
