@@ -273,6 +273,15 @@ std::string_view IoEngineKindName(IoEngineKind k);  // "auto", "uring", "posix"
 enum class GradAccumulatorPlace { kAuto, kDevice, kHost };
 std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p);  // "auto", "device", "host"
 
+// Where the window's fp32 gradient sums are kept for the optimizer when its
+// states are on NVMe (strata.grad_tier): auto (in DRAM when the plan fits the
+// DRAM budget with them, else on NVMe), dram (one fp32 array over every
+// parameter), nvme (one shard per sub-group on the NVMe paths, a few
+// sub-groups cached in DRAM; the optimizer pipeline reads them with the
+// states). The same bits either way.
+enum class GradTier { kAuto, kDram, kNvme };
+std::string_view GradTierName(GradTier t);  // "auto", "dram", "nvme"
+
 // strata.host_device: the host backend's model of a PCIe link.
 struct HostDeviceConfig {
   double link_gbytes_per_s = 0.0;  // 0 = unlimited (copies at memcpy speed)
@@ -300,6 +309,9 @@ struct StrataConfig {
   // window's gradients are summed (GradAccumulatorPlace). The same bits
   // either way.
   GradAccumulatorPlace grad_accumulator = GradAccumulatorPlace::kAuto;
+  // With offload_optimizer nvme: where the window's gradient sums are kept
+  // (GradTier).
+  GradTier grad_tier = GradTier::kAuto;
   // The optimizer step runs in the background while the next forward pass
   // starts: a module's forward waits only for the sub-groups holding its
   // parameters. Arithmetic is unchanged (bitwise the same parameters); an

@@ -139,6 +139,8 @@ inline constexpr EnumName<OptimizerType> kOptimizerTypes[] = {{"Adam", Optimizer
                                                               {"Lion", OptimizerType::kLion}};
 inline constexpr EnumName<DeviceKind> kDeviceKinds[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};
+inline constexpr EnumName<GradTier> kGradTiers[] = {
+    {"auto", GradTier::kAuto}, {"dram", GradTier::kDram}, {"nvme", GradTier::kNvme}};
 inline constexpr EnumName<GradAccumulatorPlace> kGradAccumulatorPlaces[] = {
     {"auto", GradAccumulatorPlace::kAuto},
     {"device", GradAccumulatorPlace::kDevice},

@@ -18,6 +18,7 @@ Status ReadStrata(Section& s, StrataConfig* st) {
   RETURN_IF_ERROR(s.Enum("io_engine", kIoEngines, &st->io_engine));
   RETURN_IF_ERROR(s.Bool("io_sqpoll", &st->io_sqpoll));
   RETURN_IF_ERROR(s.Enum("grad_accumulator", kGradAccumulatorPlaces, &st->grad_accumulator));
+  RETURN_IF_ERROR(s.Enum("grad_tier", kGradTiers, &st->grad_tier));
   RETURN_IF_ERROR(s.Bool("overlap_optimizer", &st->overlap_optimizer));
   RETURN_IF_ERROR(s.Bool("delayed_param_update", &st->delayed_param_update));
   RETURN_IF_ERROR(s.Int("delayed_param_update_warmup", &st->delayed_param_update_warmup));

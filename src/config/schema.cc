@@ -159,6 +159,7 @@ const KeySpec kSchema[] = {
     {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix"},
     {"strata.io_sqpoll", kBool, kRead, "false"},
     {"strata.grad_accumulator", kEnum, kRead, "\"auto\"", "auto, device, host"},
+    {"strata.grad_tier", kEnum, kRead, "\"auto\"", "auto, dram, nvme"},
     {"strata.overlap_optimizer", kBool, kRead, "true"},
     {"strata.delayed_param_update", kBool, kRead, "false"},
     {"strata.delayed_param_update_warmup", kInt, kRead, "0", ">= 0"},
@@ -439,6 +440,9 @@ std::string_view OptimizerTypeName(OptimizerType t) {
 }
 std::string_view DeviceKindName(DeviceKind k) {
   return config_internal::NameOf(config_internal::kDeviceKinds, k);
+}
+std::string_view GradTierName(GradTier t) {
+  return config_internal::NameOf(config_internal::kGradTiers, t);
 }
 std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p) {
   return config_internal::NameOf(config_internal::kGradAccumulatorPlaces, p);

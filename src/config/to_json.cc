@@ -143,6 +143,7 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"io_engine", IoEngineKindName(s.io_engine)},
                       {"io_sqpoll", s.io_sqpoll},
                       {"grad_accumulator", GradAccumulatorPlaceName(s.grad_accumulator)},
+                      {"grad_tier", GradTierName(s.grad_tier)},
                       {"overlap_optimizer", s.overlap_optimizer},
                       {"delayed_param_update", s.delayed_param_update},
                       {"delayed_param_update_warmup", s.delayed_param_update_warmup},

@@ -189,6 +189,18 @@ Status ValidateConfig(const Config& c) {
   k.NonNegative("strata.dram_budget", s.dram_budget_bytes);
   k.NonNegative("strata.threads", s.threads);
   k.NonNegative("strata.delayed_param_update_warmup", s.delayed_param_update_warmup);
+  if (s.grad_tier == GradTier::kNvme) {
+    if (c.zero_optimization.offload_optimizer.device != OffloadDevice::kNvme)
+      k.Fail(fmt::format(
+          "strata.grad_tier: \"nvme\" keeps the gradients beside the optimizer states on NVMe "
+          "and needs zero_optimization.offload_optimizer.device \"nvme\" (it is \"{}\"); "
+          "allowed with other placements: \"auto\", \"dram\"",
+          OffloadDeviceName(c.zero_optimization.offload_optimizer.device)));
+    if (s.delayed_param_update)
+      k.Fail(
+          "strata.grad_tier: \"nvme\" cannot be combined with strata.delayed_param_update true "
+          "(the step would read one window's gradients while the next is written there)");
+  }
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);
   const std::vector<std::string_view> known = config_internal::ApplicationSections();

@@ -118,6 +118,7 @@ class EngineImpl final : public Engine {
   OffloadDevice param_place() const { return cfg_.zero_optimization.offload_param.device; }
 
   Status CheckModule(int module, const char* call) const;
+  Status FetchError(Status fetch);
   // FailedPrecondition naming `call` in the middle of an accumulation window
   // (gradients handed over and not yet applied), with `advice`.
   Status BetweenWindows(const std::string& call, std::string_view advice) const;
@@ -445,6 +446,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.landing_bytes = plan.grad_landing_bytes;
   ho.pin_landing = plan.pin_grad_landing;
   ho.device_accumulator = plan.device_grad_accumulator;
+  ho.grads_on_nvme = plan.grads_on_nvme;
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;
   auto host = std::make_unique<scheduler::HostOptimizer>(dev_.get(), &layout_, adam_.get(),
@@ -452,7 +454,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   // The gradient staging buffers are registered with the store's I/O engine.
   RETURN_IF_ERROR(host->Start(&pinned_bytes_));
   RETURN_IF_ERROR(store_->Open(plan, host->io_buffers(), hooks_.wrap_io_engine, &pinned_bytes_));
-  host->Bind(store_.get(), [this] { return fetcher_->InvalidateAll(); });
+  RETURN_IF_ERROR(host->Bind(store_.get(), [this] { return fetcher_->InvalidateAll(); }));
   backend_ = std::move(host);
   return Status();
 }
@@ -460,6 +462,15 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
 // ---------------------------------------------------------------------------
 // The hooks: parameters acquired before use, gradients handed over after backward
 // ---------------------------------------------------------------------------
+
+Status EngineImpl::FetchError(Status fetch) {
+  // A fetch that failed while a step is in flight (it reads what the step
+  // wrote): the step's own failure, if it failed, is what the caller must
+  // hear about (its rollback); else the fetch's.
+  if (fetch.ok() || !backend_->reading_next_params()) return fetch;
+  Status step = backend_->Join();
+  return step.ok() ? fetch : step;
+}
 
 Status EngineImpl::CheckModule(int module, const char* call) const {
   if (module < 0 || module >= layout_.num_modules() || !layout_.module(module).registered)
@@ -473,7 +484,8 @@ StatusOr<ModuleView> EngineImpl::BeforeForward(int module) {
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(CheckModule(module, "BeforeForward"));
   RETURN_IF_ERROR(backend_->Poll());
-  ASSIGN_OR_RETURN(ModuleView v, fetcher_->Acquire(module, Phase::kForward));
+  StatusOr<ModuleView> v = fetcher_->Acquire(module, Phase::kForward);
+  if (!v.ok()) return FetchError(v.status());
   counters_.HookExit();
   return v;
 }
@@ -498,7 +510,8 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
         fmt::format("BeforeBackward({}): the module's previous gradients were not handed over with "
                     "AfterBackward",
                     module));
-  ASSIGN_OR_RETURN(ModuleView v, fetcher_->Acquire(module, Phase::kBackward));
+  StatusOr<ModuleView> v = fetcher_->Acquire(module, Phase::kBackward);
+  if (!v.ok()) return FetchError(v.status());
   if (last_micro_batch()) backend_->PrepareStep();  // the step follows this backward pass
   counters_.HookExit();
   return v;

@@ -18,7 +18,6 @@
 namespace strata::scheduler {
 namespace {
 
-constexpr int64_t kNormBlock = 1 << 16;  // elements per partial sum (fixed: deterministic)
 
 void ZeroArray(float* a, int64_t n) {
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kNormBlock), [&](const auto& r) {
@@ -74,7 +73,57 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool
   return Status();
 }
 
+Status GradOffloader::AccumulateNvme(const Job& job) {
+  // The chunk's elements, sub-group by sub-group: per sub-group the adds
+  // (accumulator offsets from the sub-group's first element) and one Update.
+  struct Piece {
+    int64_t elem_begin, elem_end;
+    const uint8_t* grad;
+    DType dtype;
+  };
+  std::vector<Piece> pieces;
+  auto add_piece = [&](int64_t b, int64_t e, const uint8_t* grad, DType dtype) {
+    const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+    while (b < e) {
+      const SubGroup& sg = layout_->group(layout_->GroupOf(b));
+      const int64_t end = std::min(e, sg.elem_end);
+      pieces.push_back({b, end, grad, dtype});
+      grad += (end - b) * size;
+      b = end;
+    }
+  };
+  const auto* staged = static_cast<const uint8_t*>(job.staging.data());
+  if (job.fp32) {
+    add_piece(job.elem_begin, job.elem_end, staged, DType::kFp32);
+  } else {
+    for (const Layout::Slice& sl : layout_->ByteSlices(job.module, job.byte_begin, job.byte_end))
+      add_piece(sl.elem_begin, sl.elem_end, staged + (sl.byte_offset - job.byte_begin),
+                layout_->param(sl.param).dtype);
+  }
+  for (size_t i = 0; i < pieces.size();) {
+    const size_t g = layout_->GroupOf(pieces[i].elem_begin);
+    const int64_t base = layout_->group(g).elem_begin;
+    size_t j = i;
+    while (j < pieces.size() && layout_->GroupOf(pieces[j].elem_begin) == g) ++j;
+    RETURN_IF_ERROR(nvme_->Update(g, [&](float* sums) {
+      std::vector<cpu_adam::AccumulateShard> shards;
+      for (size_t k = i; k < j; ++k) {
+        cpu_adam::AccumulateShard sh;
+        sh.acc = sums + (pieces[k].elem_begin - base);
+        sh.grad = pieces[k].grad;
+        sh.grad_dtype = pieces[k].dtype;
+        sh.count = static_cast<size_t>(pieces[k].elem_end - pieces[k].elem_begin);
+        shards.push_back(sh);
+      }
+      return adam_->AccumulateMany(shards);
+    }));
+    i = j;
+  }
+  return Status();
+}
+
 Status GradOffloader::Accumulate(const Job& job) {
+  if (nvme_) return AccumulateNvme(job);
   if (job.fp32) {
     cpu_adam::AccumulateShard sh;
     sh.acc = acc_.as<float>() + job.elem_begin;
@@ -270,11 +319,13 @@ float* GradOffloader::SwapForStep() {
 }
 
 void GradOffloader::Zero() {
+  if (nvme_) nvme_->DropWindow();
   ZeroArray(acc_.as<float>(), acc_.bytes() / kGradAccBytesPerElem);
   ForgetWindow();
 }
 
 void GradOffloader::ZeroAll() {
+  if (nvme_) nvme_->DropWindow();
   ForgetWindow();
   for (HostArray* a : {&acc_, &alt_})
     if (a->data() != nullptr) ZeroArray(a->as<float>(), a->bytes() / kGradAccBytesPerElem);
@@ -334,53 +385,59 @@ double SumSliceOf(DType d, const float* acc, const uint8_t* land, int64_t b, int
 
 }  // namespace
 
-void GradOffloader::GlobalChecks(bool* overflow, double* sumsq) const {
+Status GradOffloader::GlobalChecks(bool* overflow, double* sumsq) const {
+  if (nvme_) return nvme_->GlobalChecks(overflow, sumsq);
   const float* acc = static_cast<const float*>(acc_.data());
-  const int64_t total = acc_.bytes() / kGradAccBytesPerElem;
-  const int64_t blocks = (total + kNormBlock - 1) / kNormBlock;
+  // The blocks of every sub-group (grad_store.h, kNormBlock), in order.
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (const SubGroup& sg : layout_->groups())
+    for (int64_t b = sg.elem_begin; b < sg.elem_end; b += kNormBlock)
+      blocks.emplace_back(b, std::min(sg.elem_end, b + kNormBlock));
+  const auto nblocks = static_cast<int64_t>(blocks.size());
   const std::vector<uint8_t> modes = FoldModes();
   const uint8_t* land = landing();
-  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
-  std::vector<uint8_t> bad(static_cast<size_t>(blocks), 0);
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, blocks), [&](const auto& r) {
+  std::vector<double> partial(blocks.size(), 0.0);
+  std::vector<uint8_t> bad(blocks.size(), 0);
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, nblocks), [&](const auto& r) {
     for (int64_t blk = r.begin(); blk < r.end(); ++blk) {
-      const int64_t b = blk * kNormBlock, e = std::min(total, b + kNormBlock);
+      const auto [b, e] = blocks[static_cast<size_t>(blk)];
       double s = 0;
       if (modes.empty()) {
-        s = SumSlice<kAccOnly, 0>(acc, nullptr, b, e, s);
-      } else {
-        for (const Layout::Slice& sl : layout_->Slices(b, e)) {
-          const ParamRec& p = layout_->param(sl.param);
-          const uint8_t* g = land + sl.byte_offset;
-          switch (modes[static_cast<size_t>(p.module)]) {
-            case kFoldAcc:
-              s = SumSliceOf<kFoldAcc>(p.dtype, acc, g, sl.elem_begin, sl.elem_end, s);
-              break;
-            case kFoldZero:
-              s = SumSliceOf<kFoldZero>(p.dtype, acc, g, sl.elem_begin, sl.elem_end, s);
-              break;
-            default:
-              s = SumSlice<kAccOnly, 0>(acc, nullptr, sl.elem_begin, sl.elem_end, s);
-          }
+        NormBlocks(acc + b, e - b, &partial[static_cast<size_t>(blk)],
+                   &bad[static_cast<size_t>(blk)]);
+        continue;
+      }
+      for (const Layout::Slice& sl : layout_->Slices(b, e)) {
+        const ParamRec& p = layout_->param(sl.param);
+        const uint8_t* g = land + sl.byte_offset;
+        switch (modes[static_cast<size_t>(p.module)]) {
+          case kFoldAcc:
+            s = SumSliceOf<kFoldAcc>(p.dtype, acc, g, sl.elem_begin, sl.elem_end, s);
+            break;
+          case kFoldZero:
+            s = SumSliceOf<kFoldZero>(p.dtype, acc, g, sl.elem_begin, sl.elem_end, s);
+            break;
+          default:
+            s = SumSlice<kAccOnly, 0>(acc, nullptr, sl.elem_begin, sl.elem_end, s);
         }
       }
       // An inf/nan element makes the block's sum inf/nan, and finite ones
       // cannot: a float squared is below 1.2e77 in double, 2^16 of them
       // below 1e82 (kNormBlock elements).
       static_assert(kNormBlock <= (1 << 20));
-      const bool nonfinite = !std::isfinite(s);
       partial[static_cast<size_t>(blk)] = s;
-      bad[static_cast<size_t>(blk)] = nonfinite;
+      bad[static_cast<size_t>(blk)] = !std::isfinite(s);
     }
   });
   double sum = 0;
   bool any_bad = false;
-  for (int64_t blk = 0; blk < blocks; ++blk) {  // fixed order: deterministic
-    sum += partial[static_cast<size_t>(blk)];
-    any_bad |= bad[static_cast<size_t>(blk)] != 0;
+  for (size_t blk = 0; blk < blocks.size(); ++blk) {  // fixed order: deterministic
+    sum += partial[blk];
+    any_bad |= bad[blk] != 0;
   }
   *overflow = any_bad;
   *sumsq = sum;
+  return Status();
 }
 
 }  // namespace strata::scheduler

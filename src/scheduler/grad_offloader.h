@@ -10,7 +10,8 @@
 // (CpuOptimizer::AccumulateMany: one add per element, so the same bits as a
 // plain loop for any thread count), chunks in the order they were enqueued,
 // so the sums are the same bits for every placement. Drain() waits for every chunk and returns the
-// first error. The accumulator is also where the global inf/nan check and
+// first error. With gradients on NVMe (SetNvmeStore) the adds go into the
+// GradStore's cached sub-groups instead of an all-parameter accumulator. The accumulator is also where the global inf/nan check and
 // the gradient norm read from (GlobalChecks).
 //
 // Fold (the plan's TierPlan::fold_last_micro_batch): the window's last
@@ -43,6 +44,7 @@
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/fold_mode.h"
+#include "src/scheduler/grad_store.h"
 #include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/step_counters.h"
@@ -89,7 +91,13 @@ class GradOffloader {
   // first error since the last Drain.
   Status Drain() EXCLUDES(mu_);
 
-  // The accumulator of the current window.
+  // Gradients on NVMe (TierPlan::grads_on_nvme): the window's sums go to
+  // `store` instead of the accumulator (Start with host_accumulator false).
+  // Before the first gradients.
+  void SetNvmeStore(std::unique_ptr<GradStore> store) { nvme_ = std::move(store); }
+  GradStore* nvme_store() { return nvme_.get(); }
+
+  // The accumulator of the current window (null with gradients on NVMe).
   float* accumulator() { return acc_.as<float>(); }
   // delayed_param_update: the current accumulator becomes the step's, and the
   // other one (zeroed by the previous step as it consumed it) the current.
@@ -102,7 +110,8 @@ class GradOffloader {
   // landed modules the element is acc + landed (or 0 + landed), computed as
   // the accumulation would, without writing it: the same bits as the plain
   // path's pass over the accumulator. REQUIRES: drained.
-  void GlobalChecks(bool* overflow, double* sumsq) const;
+  // With gradients on NVMe: GradStore::GlobalChecks (the same blocks).
+  Status GlobalChecks(bool* overflow, double* sumsq) const;
 
  private:
   // One D2H'd chunk of gradients waiting to be accumulated.
@@ -120,6 +129,8 @@ class GradOffloader {
   void Worker() EXCLUDES(mu_);
   // acc += the staged chunk (module m's bytes [byte_begin, byte_end)).
   Status Accumulate(const Job& job);
+  // The same into the GradStore, sub-group by sub-group.
+  Status AccumulateNvme(const Job& job);
   // acc += what module m has in `src` (laid out like the parameters, from
   // the module's first byte): a staged chunk or the landing buffer.
   Status AccumulateBytes(int m, const uint8_t* src, int64_t byte_begin, int64_t byte_end);
@@ -132,6 +143,7 @@ class GradOffloader {
   cpu_adam::CpuOptimizer* adam_;
   StepCounters* counters_;
   HostArray acc_, alt_;
+  std::unique_ptr<GradStore> nvme_;
   // Fold (main thread only): the landing buffer, the event after the last
   // landing copy, and per module whether it was landed / accumulated in
   // this window.

@@ -33,8 +33,9 @@ HostOptimizer::~HostOptimizer() {
 
 Status HostOptimizer::Start(int64_t* pinned_bytes) {
   grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
-  RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes, /*host_accumulator=*/true,
-                                opts_.landing_bytes, opts_.pin_landing));
+  RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes,
+                                /*host_accumulator=*/!opts_.grads_on_nvme, opts_.landing_bytes,
+                                opts_.pin_landing));
   ASSIGN_OR_RETURN(upload_ready_, dev_->CreateEvent());
   if (opts_.device_accumulator) {
     const auto n = static_cast<size_t>(layout_->total_elems());
@@ -52,9 +53,14 @@ std::vector<gpu::PinnedPool::Region> HostOptimizer::io_buffers() const {
   return grads_->staging_pool()->Regions();
 }
 
-void HostOptimizer::Bind(StateStore* store, std::function<Status()> invalidate_device_copies) {
+Status HostOptimizer::Bind(StateStore* store, std::function<Status()> invalidate_device_copies) {
   store_ = store;
   invalidate_ = std::move(invalidate_device_copies);
+  if (!opts_.grads_on_nvme) return Status();
+  auto nvme = std::make_unique<GradStore>(layout_, store, counters_, kGradCacheSlots);
+  RETURN_IF_ERROR(nvme->Open().WithContext("the gradient cache"));
+  grads_->SetNvmeStore(std::move(nvme));
+  return Status();
 }
 
 StepDeps HostOptimizer::Deps() const {
@@ -65,6 +71,7 @@ StepDeps HostOptimizer::Deps() const {
   d.counters = counters_;
   d.buffer_count = opts_.buffer_count;
   d.before_sub_group = opts_.before_sub_group;
+  d.grads = grads_->nvme_store();
   return d;
 }
 
@@ -136,8 +143,7 @@ void HostOptimizer::PrepareStep() {
 }
 
 Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
-  grads_->GlobalChecks(overflow, sumsq);
-  return Status();
+  return grads_->GlobalChecks(overflow, sumsq);
 }
 
 Status HostOptimizer::ZeroGrad() {

@@ -41,6 +41,9 @@ class HostOptimizer final : public OptimizerBackend {
     // in an fp32 array in HBM and each module's sum is offloaded once, at
     // its last micro-batch (the others at Drain).
     bool device_accumulator = false;
+    // TierPlan::grads_on_nvme: the window's sums in a GradStore on NVMe
+    // instead of an all-parameter accumulator in DRAM.
+    bool grads_on_nvme = false;
     int64_t buffer_count = 4;  // offload_optimizer.buffer_count
     // Called on the step's thread before it steps sub-group g (tests).
     std::function<void(size_t g)> before_sub_group;
@@ -56,8 +59,9 @@ class HostOptimizer final : public OptimizerBackend {
   Status Start(int64_t* pinned_bytes);
   std::vector<gpu::PinnedPool::Region> io_buffers() const;
   // The store the steps read and commit into, and how to drop the device's
-  // copies of parameters a step changes.
-  void Bind(StateStore* store, std::function<Status()> invalidate_device_copies);
+  // copies of parameters a step changes. With gradients on NVMe the
+  // GradStore opens here (its shards are the store's).
+  Status Bind(StateStore* store, std::function<Status()> invalidate_device_copies);
 
   // StepProgress.
   bool reading_next_params() const override {

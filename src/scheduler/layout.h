@@ -18,6 +18,7 @@
 // whole array (norms, finiteness checks) are unchanged by them.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -106,6 +107,10 @@ class Layout {
   const std::vector<SubGroup>& groups() const { return groups_; }
   const SubGroup& group(size_t g) const { return groups_[g]; }
   size_t num_groups() const { return groups_.size(); }
+  // The sub-group holding element `elem` (REQUIRES: 0 <= elem < total_elems()).
+  size_t GroupOf(int64_t elem) const {
+    return static_cast<size_t>(elem / std::max<int64_t>(1, groups_.front().elems()));
+  }
 
   // The element space's extent: the length of every per-element state array
   // (parameters plus alignment padding).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <system_error>
 
 #include "src/common/status_util.h"
@@ -20,7 +21,7 @@ void StateReadAhead::Start(const StepDeps& deps) {
       std::min(layout.num_groups(), StateLookahead(std::min(want, layout.num_groups())) + 1);
   for (size_t g = 0; g < n; ++g) {
     StatusOr<gpu::PinnedBuffer> b = deps.store->optimizer_pool()->Acquire(
-        static_cast<size_t>(kOptimizerStateBytesPerElem * layout.max_group_elems()));
+        static_cast<size_t>(deps.store->optimizer_buffer_bytes()));
     if (!b.ok()) break;  // the ring acquires what it can itself
     buffers_.push_back(std::move(*b));
     issue_ns_.push_back(NowNanos());
@@ -31,6 +32,124 @@ void StateReadAhead::Start(const StepDeps& deps) {
 void StateReadAhead::WaitAll() {
   for (auto& h : reads_) h.Wait().IgnoreError();
 }
+
+// ---- ParamWriter: updated parameters → NVMe, module by module ----------------
+
+// offload_param nvme. Module buffers come from the store's write-back pool;
+// a module's buffer is zeroed when opened (the alignment padding between its
+// tensors is written as zeros), filled by the copy-out of the shards that
+// cover it, and written to the module's inactive version once the shards up
+// to its last element have been stepped. Step's thread only.
+class ParamWriter {
+ public:
+  explicit ParamWriter(OptimizerStep* step)
+      : step_(step), layout_(*step->deps_.layout), store_(*step->deps_.store) {}
+  ~ParamWriter() { WaitAll(nullptr); }
+
+  // The copy-out base of module m (its first byte), or null when no buffer
+  // is free.
+  uint8_t* BufferOf(int m) {
+    for (Open& o : open_)
+      if (o.module == m) return o.buf.as<uint8_t>();
+    StatusOr<gpu::PinnedBuffer> b = store_.param_write_pool()->Acquire(
+        static_cast<size_t>(IoBytes(std::max<int64_t>(layout_.max_module_bytes(), 1))));
+    if (!b.ok()) return nullptr;
+    const ModuleExtent& me = layout_.module(m);
+    std::memset(b->data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
+    const ParamRec& last = layout_.param(me.params.back());
+    open_.push_back({m, last.elem_off + last.numel, std::move(*b)});
+    return open_.back().buf.as<uint8_t>();
+  }
+  // Every element before `stepped_end` has been stepped: the modules that
+  // end there are written.
+  void Complete(int64_t stepped_end) {
+    for (auto it = open_.begin(); it != open_.end();) {
+      if (it->last_elem > stepped_end) {
+        ++it;
+        continue;
+      }
+      Write w;
+      w.module = it->module;
+      w.issue_ns = NowNanos();
+      w.handle = store_.WriteModule(it->module, it->buf.data());
+      w.buf = std::move(it->buf);
+      writes_.push_back(std::move(w));
+      it = open_.erase(it);
+    }
+  }
+  // Notes the writes that have landed (their modules become ready); with
+  // `oldest`, waits for the oldest one first. False when there was nothing
+  // to wait for.
+  bool Reap(bool oldest) {
+    bool waited = false;
+    if (oldest && !writes_.empty()) {
+      writes_.front().handle.Wait().IgnoreError();
+      waited = true;
+    }
+    for (auto it = writes_.begin(); it != writes_.end();) {
+      if (!it->handle.Poll()) {
+        ++it;
+        continue;
+      }
+      Note(*it);
+      it = writes_.erase(it);
+    }
+    return waited;
+  }
+  // Waits for every write; the modules written and failed go to `outcome`.
+  void WaitAll(StepOutcome* outcome) {
+    for (Write& w : writes_) {
+      w.handle.Wait().IgnoreError();
+      Note(w);
+    }
+    writes_.clear();
+    if (outcome != nullptr) {
+      outcome->param_written.insert(outcome->param_written.end(), written_.begin(),
+                                    written_.end());
+      outcome->param_write_failed.insert(outcome->param_write_failed.end(), failed_.begin(),
+                                         failed_.end());
+    }
+    written_.clear();
+    failed_.clear();
+  }
+  const Status& first_error() const { return first_error_; }
+
+ private:
+  struct Open {
+    int module = 0;
+    int64_t last_elem = 0;  // one past the module's last element
+    gpu::PinnedBuffer buf;
+  };
+  struct Write {
+    int module = 0;
+    int64_t issue_ns = 0;
+    nvme::IoHandle handle;
+    gpu::PinnedBuffer buf;
+  };
+  void Note(Write& w) {
+    Status s = w.handle.status();
+    step_->deps_.counters->NoteNvme(w.issue_ns, NowNanos(), static_cast<int64_t>(w.handle.bytes()),
+                                    true, fmt::format("write params {}", w.module));
+    w.buf.Reset();
+    if (s.ok()) {
+      written_.push_back(w.module);
+      step_->ModuleWritten(w.module);
+      return;
+    }
+    failed_.push_back(w.module);
+    if (first_error_.ok())
+      first_error_ = s.WithContext(
+          fmt::format("writing the updated parameters of module {} to NVMe", w.module));
+  }
+
+  OptimizerStep* step_;
+  const Layout& layout_;
+  StateStore& store_;
+  std::vector<Open> open_;
+  std::deque<Write> writes_;
+  std::vector<int> written_, failed_;
+  Status first_error_;
+};
 
 // ---- StateRing: NVMe read → CPU Adam → NVMe write ---------------------------
 
@@ -46,6 +165,8 @@ class StateRing {
         counters_(*step->deps_.counters),
         G_(layout_.num_groups()),
         reads_(G_),
+        grad_reads_(G_),
+        grad_src_(G_, nullptr),
         writes_(G_),
         read_issue_(G_, 0),
         write_issue_(G_, 0),
@@ -56,6 +177,8 @@ class StateRing {
  private:
   Status AcquireBuffers();
   void IssueRead(size_t g);
+  // Gradients on NVMe: sub-group g's sums, from the GradStore.
+  void IssueGradRead(size_t g);
   void NoteWrite(size_t g);
   void NoteWrites(bool wait);
   bool BufferFree(size_t j, size_t g) const {
@@ -69,7 +192,8 @@ class StateRing {
   const size_t G_;
   size_t B_ = 0;
   std::vector<gpu::PinnedBuffer> buffers_;
-  std::vector<nvme::IoHandle> reads_, writes_;
+  std::vector<nvme::IoHandle> reads_, grad_reads_, writes_;
+  std::vector<const float*> grad_src_;
   std::vector<int64_t> read_issue_, write_issue_;
   std::vector<bool> write_noted_;
   Status error_;
@@ -89,8 +213,8 @@ Status StateRing::AcquireBuffers() {
   const int64_t want = std::max<int64_t>(1, step_->deps_.buffer_count);
   for (int64_t i = static_cast<int64_t>(buffers_.size()); i < want && i < static_cast<int64_t>(G_);
        ++i) {
-    StatusOr<gpu::PinnedBuffer> b = store_.optimizer_pool()->Acquire(
-        static_cast<size_t>(kOptimizerStateBytesPerElem * layout_.max_group_elems()));
+    StatusOr<gpu::PinnedBuffer> b =
+        store_.optimizer_pool()->Acquire(static_cast<size_t>(store_.optimizer_buffer_bytes()));
     if (!b.ok()) {
       if (buffers_.empty()) return b.status().WithContext("optimizer pipeline buffers");
       break;
@@ -98,7 +222,17 @@ Status StateRing::AcquireBuffers() {
     buffers_.push_back(std::move(*b));
   }
   B_ = buffers_.size();
+  // The sub-groups read ahead had no final gradients then; they do now.
+  for (size_t g = 0; g < G_; ++g)
+    if (reads_[g].valid()) IssueGradRead(g);
   return Status();
+}
+
+void StateRing::IssueGradRead(size_t g) {
+  GradStore* grads = step_->deps_.grads;
+  if (grads == nullptr) return;
+  auto* buf = reinterpret_cast<float*>(buffers_[g % B_].as<uint8_t>() + store_.grad_buffer_offset());
+  grad_reads_[g] = grads->Source(g, buf, &grad_src_[g]);
 }
 
 void StateRing::NoteWrite(size_t g) {
@@ -123,11 +257,11 @@ void StateRing::IssueRead(size_t g) {
   if (g >= B_ && writes_[g - B_].valid() && !write_noted_[g - B_]) NoteWrite(g - B_);
   read_issue_[g] = NowNanos();
   reads_[g] = store_.ReadStates(g, buffers_[g % B_].data());
+  IssueGradRead(g);
 }
 
 Status StateRing::Run(StepOutcome* outcome) {
   RETURN_IF_ERROR(AcquireBuffers());
-  std::vector<std::pair<int, nvme::IoHandle>> param_writes;
   const size_t lookahead = StateLookahead(B_);
   for (size_t g = 0; g < G_ && error_.ok(); ++g) {
     if (!reads_[g].valid()) IssueRead(g);
@@ -141,37 +275,42 @@ Status StateRing::Run(StepOutcome* outcome) {
       error_ = rs.WithContext(fmt::format("reading optimizer state of sub-group {}", g));
       break;
     }
+    if (grad_reads_[g].valid()) {
+      const int64_t t0 = NowNanos();
+      Status gs = grad_reads_[g].Wait();
+      if (grad_reads_[g].bytes() > 0)
+        counters_.NoteNvme(t0, NowNanos(), static_cast<int64_t>(grad_reads_[g].bytes()), false,
+                           fmt::format("read grads {}", g));
+      if (!gs.ok()) {
+        error_ = gs.WithContext(fmt::format("reading the gradients of sub-group {}", g));
+        break;
+      }
+    }
     if (!error_.ok()) break;  // a write behind it failed
     const SubGroup& sg = layout_.group(g);
     float* buf = buffers_[g % B_].as<float>();
     const int64_t e = sg.elems();
-    std::vector<cpu_adam::ShardStep> shards =
-        step_->Shards(g, sg.elem_begin, buf, buf + e, buf + 2 * e);
-    Status ss = step_->StepShards(g, shards);
+    Status ss = step_->StepGroup(g, sg.elem_begin, buf, buf + e, buf + 2 * e, grad_src_[g]);
     if (!ss.ok()) {
       error_ = ss;
       break;
     }
     write_issue_[g] = NowNanos();
     writes_[g] = store_.WriteStates(g, buf);
-    if (store_.param_place() == OffloadDevice::kNvme) step_->WriteModulesOf(g, &param_writes);
     step_->GroupDone(g);
     NoteWrites(false);
   }
   // Everything in flight lands before the buffers go back to the pool.
-  for (size_t g = 0; g < G_; ++g)
+  for (size_t g = 0; g < G_; ++g) {
     if (reads_[g].valid()) reads_[g].Wait().IgnoreError();
-  NoteWrites(true);
-  const int64_t pw0 = NowNanos();
-  for (auto& [module, h] : param_writes) {
-    Status s = h.Wait();
-    counters_.AddNvmeWritten(static_cast<int64_t>(h.bytes()));
-    if (s.ok()) outcome->param_written.push_back(module);
-    if (!s.ok() && error_.ok())
-      error_ =
-          s.WithContext(fmt::format("writing the updated parameters of module {} to NVMe", module));
+    if (grad_reads_[g].valid()) grad_reads_[g].Wait().IgnoreError();
   }
-  if (!param_writes.empty()) counters_.AddNvmeInterval(pw0, NowNanos());
+  NoteWrites(true);
+  if (step_->writer_) {
+    step_->writer_->WaitAll(outcome);
+    if (error_.ok() && !step_->writer_->first_error().ok())
+      error_ = step_->writer_->first_error();
+  }
   if (!error_.ok()) {
     return error_.WithContext(
         fmt::format("step {} failed; the previous parameters and optimizer states are intact (the "
@@ -189,6 +328,12 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Launch(const StepDeps& d
                                                                StateReadAhead* read_ahead) {
   std::unique_ptr<OptimizerStep> step(new OptimizerStep(deps, params));
   if (read_ahead != nullptr) step->read_ahead_ = std::move(*read_ahead);
+  if (deps.store->param_place() == OffloadDevice::kNvme) {
+    const auto n = static_cast<size_t>(deps.layout->num_modules());
+    step->written_ = std::make_unique<std::atomic<bool>[]>(n);
+    for (size_t m = 0; m < n; ++m) step->written_[m].store(false, std::memory_order_relaxed);
+    step->writer_ = std::make_unique<ParamWriter>(step.get());
+  }
   if (!params.background) {
     step->Run();
     return step;
@@ -203,13 +348,27 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Launch(const StepDeps& d
   return step;
 }
 
+OptimizerStep::OptimizerStep(const StepDeps& deps, const StepParams& params)
+    : deps_(deps), params_(params) {}
+
 OptimizerStep::~OptimizerStep() {
   if (thread_.joinable()) thread_.join();
+  writer_.reset();  // its writes land while the step's members still exist
 }
 
 bool OptimizerStep::ModuleReady(int m) const {
   const int g = deps_.layout->module(m).last_group;
-  return g < 0 || groups_done_.load(std::memory_order_acquire) > static_cast<size_t>(g);
+  if (g < 0) return true;
+  if (written_) return written_[static_cast<size_t>(m)].load(std::memory_order_acquire);
+  return groups_done_.load(std::memory_order_acquire) > static_cast<size_t>(g);
+}
+
+void OptimizerStep::ModuleWritten(int m) {
+  {
+    MutexLock lock(&mu_);
+    written_[static_cast<size_t>(m)].store(true, std::memory_order_release);
+  }
+  cv_.NotifyAll();
 }
 
 bool OptimizerStep::Finished(bool* ok) const {
@@ -248,16 +407,19 @@ void OptimizerStep::Run() {
 }
 
 std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, float* master,
-                                                       float* m, float* v) const {
+                                                       float* m, float* v, const float* grads,
+                                                       std::vector<Layout::Slice>* slices) const {
   const Layout& layout = *deps_.layout;
   const SubGroup& sg = layout.group(g);
   uint8_t* next = deps_.store->next_params();
   std::vector<cpu_adam::ShardStep> out;
   for (const Layout::Slice& s : layout.Slices(sg.elem_begin, sg.elem_end)) {
     const ParamRec& p = layout.param(s.param);
+    slices->push_back(s);
     cpu_adam::ShardStep st;
     st.param = master + (s.elem_begin - base);
-    st.grad = params_.grads + s.elem_begin;
+    st.grad = grads != nullptr ? grads + (s.elem_begin - sg.elem_begin)
+                               : params_.grads + s.elem_begin;
     st.grad_dtype = DType::kFp32;
     const uint8_t mode = FoldModeOf(s.param);
     if (mode != kAccOnly) {
@@ -270,13 +432,46 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
     st.exp_avg = m + (s.elem_begin - base);
     st.exp_avg_sq = v + (s.elem_begin - base);
     st.count = static_cast<size_t>(s.elem_end - s.elem_begin);
-    st.copy_out = next + s.byte_offset;
+    st.copy_out = next != nullptr ? next + s.byte_offset : nullptr;
     st.copy_dtype = p.dtype;
     st.hp =
         params_.group_hp.empty() ? params_.hp : params_.group_hp.at(static_cast<size_t>(p.group));
     out.push_back(st);
   }
   return out;
+}
+
+Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m, float* v,
+                                const float* grads) {
+  std::vector<Layout::Slice> slices;
+  std::vector<cpu_adam::ShardStep> shards = Shards(g, base, master, m, v, grads, &slices);
+  if (!writer_) return StepShards(g, shards);
+  // offload_param nvme: each shard copies out into its module's write-back
+  // buffer. When none is free, the shards gathered so far are stepped, the
+  // modules they complete are written, and the oldest write is waited for.
+  const Layout& layout = *deps_.layout;
+  size_t first = 0;  // the first shard not stepped yet
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ParamRec& p = layout.param(slices[i].param);
+    uint8_t* buf = writer_->BufferOf(p.module);
+    while (buf == nullptr) {
+      if (first < i) {
+        RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first, i - first)));
+        writer_->Complete(slices[i - 1].elem_end);
+        first = i;
+      }
+      if (!writer_->Reap(/*oldest=*/true))
+        return ResourceExhaustedError(fmt::format(
+            "sub-group {}: no parameter write-back buffer is free for module {}", g, p.module));
+      buf = writer_->BufferOf(p.module);
+    }
+    shards[i].copy_out = buf + (slices[i].byte_offset - layout.module(p.module).byte_begin);
+  }
+  if (first < shards.size())
+    RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
+  writer_->Complete(layout.group(g).elem_end);
+  writer_->Reap(/*oldest=*/false);
+  return Status();
 }
 
 Status OptimizerStep::StepShards(size_t g, std::span<const cpu_adam::ShardStep> shards) {
@@ -297,7 +492,9 @@ uint8_t OptimizerStep::FoldModeOf(int param) const {
 
 void OptimizerStep::GroupDone(size_t g) {
   const SubGroup& sg = deps_.layout->group(g);
-  if (params_.fold_modes.empty()) {
+  if (deps_.grads != nullptr) {
+    deps_.grads->Consumed(g);
+  } else if (params_.fold_modes.empty()) {
     std::memset(params_.grads + sg.elem_begin, 0,
                 static_cast<size_t>(sg.elems()) * kGradAccBytesPerElem);
   } else {
@@ -314,49 +511,22 @@ void OptimizerStep::GroupDone(size_t g) {
   cv_.NotifyAll();
 }
 
-void OptimizerStep::WriteModulesOf(size_t g, std::vector<std::pair<int, nvme::IoHandle>>* writes) {
-  // A module is written whole (page-aligned, see kIoAlign) once the sub-group
-  // holding its last element has been stepped: sub-groups run in order, so
-  // all of its elements have been copied out by then.
-  const SubGroup& sg = deps_.layout->group(g);
-  // The bytes count when the write is waited for.
-  for (int m : deps_.layout->ModulesEndingIn(sg.elem_begin, sg.elem_end))
-    writes->emplace_back(m, deps_.store->WriteModule(m));
-}
-
 Status OptimizerStep::StepInMemory() {
   StateStore& store = *deps_.store;
-  std::vector<std::pair<int, nvme::IoHandle>> writes;
-  std::vector<int64_t> write_issue;
   Status step_error;
   for (size_t g = 0; g < deps_.layout->num_groups(); ++g) {
     if (deps_.before_sub_group) deps_.before_sub_group(g);
-    std::vector<cpu_adam::ShardStep> shards =
-        Shards(g, 0, store.master(), store.exp_avg(), store.exp_avg_sq());
-    step_error = StepShards(g, shards);
+    step_error = StepGroup(g, 0, store.master(), store.exp_avg(), store.exp_avg_sq(), nullptr);
     if (!step_error.ok()) break;
-    const int64_t t1 = NowNanos();
     outcome_.advanced = true;
-    if (store.param_place() == OffloadDevice::kNvme) {
-      const size_t before = writes.size();
-      WriteModulesOf(g, &writes);
-      for (size_t i = before; i < writes.size(); ++i) write_issue.push_back(t1);
-    }
     GroupDone(g);
   }
   // Every write issued lands before this thread ends (io_uring may cancel
   // requests of a thread that has exited).
   Status first_error;
-  for (size_t i = 0; i < writes.size(); ++i) {
-    Status s = writes[i].second.Wait();
-    deps_.counters->NoteNvme(write_issue[i], NowNanos(),
-                             static_cast<int64_t>(writes[i].second.bytes()), true, "write params");
-    if (s.ok()) {
-      outcome_.param_written.push_back(writes[i].first);
-      continue;
-    }
-    outcome_.param_write_failed.push_back(writes[i].first);
-    if (first_error.ok()) first_error = s;
+  if (writer_) {
+    writer_->WaitAll(&outcome_);
+    first_error = writer_->first_error();
   }
   if (!step_error.ok()) return step_error;
   if (!first_error.ok()) {

@@ -4,12 +4,20 @@
 //
 // Sub-groups are stepped in order. For states in memory each sub-group is one
 // StepMany; for states on NVMe a StateRing streams them through the pinned
-// optimizer pool: read the active version → CPU Adam → write the inactive
-// version, reads running ahead into buffers that are free. After sub-group g
-// the step zeroes its gradients, writes (offload_param nvme) the modules whose
-// last element is in it, and publishes its progress, so that the main thread
-// may use those modules' new parameters (ModuleReady / WaitModule) before the
-// step has ended.
+// optimizer pool: read the active version (and, with gradients on NVMe, the
+// sub-group's gradient sums from the GradStore) → CPU Adam → write the
+// inactive version, reads running ahead into buffers that are free. After
+// sub-group g the step zeroes its gradients (or hands them back to the
+// GradStore) and publishes its progress, so that the main thread may use the
+// new parameters of the modules it completed (ModuleReady / WaitModule)
+// before the step has ended.
+//
+// offload_param nvme: the updated parameters are copied out into the store's
+// write-back buffers, one per module (a sub-group's shards are stepped in
+// batches when its modules need more buffers than are free), and each module
+// is written to its inactive NVMe version as soon as its last element has
+// been stepped; the module is ready once that write has landed (fetches then
+// read the new version from NVMe).
 //
 // A step never makes its results current: Join() returns a StepOutcome that
 // the StateStore commits or the engine rolls back. It reads the layout and
@@ -27,11 +35,14 @@
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/scheduler/fold_mode.h"
+#include "src/scheduler/grad_store.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/state_store.h"
 #include "src/scheduler/step_counters.h"
 
 namespace strata::scheduler {
+
+class ParamWriter;
 
 struct StepDeps {
   const Layout* layout = nullptr;
@@ -39,6 +50,9 @@ struct StepDeps {
   cpu_adam::CpuOptimizer* adam = nullptr;
   StepCounters* counters = nullptr;
   int64_t buffer_count = 4;  // offload_optimizer.buffer_count: the NVMe ring's buffers
+  // Gradients on NVMe (TierPlan::grads_on_nvme): where the ring reads each
+  // sub-group's sums; StepParams::grads is null then.
+  GradStore* grads = nullptr;
   // Called on the step's thread before it steps sub-group g (tests).
   std::function<void(size_t g)> before_sub_group;
 };
@@ -98,8 +112,9 @@ class OptimizerStep {
   OptimizerStep& operator=(const OptimizerStep&) = delete;
 
   const StepParams& params() const { return params_; }
-  // Any thread: the sub-group holding module m's last element has been
-  // stepped (its new parameters are in next_params()).
+  // Any thread: module m's new parameters can be read: the sub-group holding
+  // its last element has been stepped (they are in next_params()), or with
+  // offload_param nvme their NVMe write has landed (ReadModule(updated)).
   bool ModuleReady(int m) const;
   // Main thread: the step has ended (*ok: without error).
   bool Finished(bool* ok) const EXCLUDES(mu_);
@@ -109,22 +124,31 @@ class OptimizerStep {
   StepOutcome Join();
 
  private:
-  OptimizerStep(const StepDeps& deps, const StepParams& params) : deps_(deps), params_(params) {}
+  OptimizerStep(const StepDeps& deps, const StepParams& params);
   void Run() EXCLUDES(mu_);
   Status StepInMemory();
   // The fold mode of a parameter's module (fold_mode.h).
   uint8_t FoldModeOf(int param) const;
   // After sub-group g: zero its gradients, publish progress.
   void GroupDone(size_t g) EXCLUDES(mu_);
-  // offload_param nvme: writes the modules completed by sub-group g.
-  void WriteModulesOf(size_t g, std::vector<std::pair<int, nvme::IoHandle>>* writes);
+  // offload_param nvme: module m's write has landed.
+  void ModuleWritten(int m) EXCLUDES(mu_);
   // One ShardStep per parameter slice of sub-group g, with its states at
-  // master/m/v + (element - base).
+  // master/m/v + (element - base) and its gradients in the accumulator, or
+  // at `grads` + (element - the sub-group's first) when not null. The
+  // slice of each in *slices. Copy-out into next_params(), or none yet with
+  // offload_param nvme (StepGroup sets it).
   std::vector<cpu_adam::ShardStep> Shards(size_t g, int64_t base, float* master, float* m,
-                                          float* v) const;
+                                          float* v, const float* grads,
+                                          std::vector<Layout::Slice>* slices) const;
+  // Steps sub-group g (Shards, then StepShards; with offload_param nvme in
+  // batches through the write-back buffers).
+  Status StepGroup(size_t g, int64_t base, float* master, float* m, float* v,
+                   const float* grads);
   // Steps the shards (timed on the counters and the timeline).
   Status StepShards(size_t g, std::span<const cpu_adam::ShardStep> shards);
   friend class StateRing;
+  friend class ParamWriter;
 
   StepDeps deps_;
   StepParams params_;
@@ -132,6 +156,10 @@ class OptimizerStep {
   std::thread thread_;
   StepOutcome outcome_;                 // the step's thread until it has finished, then Join()
   std::atomic<size_t> groups_done_{0};  // sub-groups stepped, in order
+  // offload_param nvme: the write-back, and per module whether its new
+  // version has landed.
+  std::unique_ptr<ParamWriter> writer_;
+  std::unique_ptr<std::atomic<bool>[]> written_;
   mutable Mutex mu_;
   CondVar cv_;
   bool finished_ GUARDED_BY(mu_) = false;

@@ -312,8 +312,7 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
     s.data = s.slot.data();
   }
   s.prefetched = prefetch;
-  if (store_->param_place() == OffloadDevice::kCpu || progress_->reading_next_params())
-    return StartCopy(m);
+  if (store_->param_place() == OffloadDevice::kCpu) return StartCopy(m);
   // NVMe → pinned staging → HBM.
   gpu::PinnedPool* pool = store_->param_pool();
   StatusOr<gpu::PinnedBuffer> staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
@@ -344,7 +343,9 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   }
   s.staging = std::move(*staging);
   s.read_issued_ns = NowNanos();
-  s.read = store_->ReadModule(m, s.staging.data());
+  // A step in flight that has written the module (ModuleReady): its new
+  // version.
+  s.read = store_->ReadModule(m, s.staging.data(), progress_->reading_next_params());
   s.residency = Residency::kReading;
   return Status();
 }

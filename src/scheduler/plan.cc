@@ -27,6 +27,7 @@ Placement Placement::FromConfig(const Config& config) {
   p.delayed_param_update = config.strata.delayed_param_update;
   p.gradient_accumulation_steps = std::max<int64_t>(1, config.gradient_accumulation_steps);
   p.grad_accumulator = config.strata.grad_accumulator;
+  p.grad_tier = config.strata.grad_tier;
   p.stage = zo.stage;
   p.sub_group_size = zo.sub_group_size;
   return p;
@@ -169,8 +170,12 @@ void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& 
 
 }  // namespace
 
-TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFacts& facts) {
+namespace {
+
+TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
+                             bool grads_on_nvme) {
   TierPlan plan;
+  plan.grads_on_nvme = grads_on_nvme;
   const int64_t n = s.total_elems;
   const int64_t states = kOptimizerStateBytesPerElem * n;
   const int64_t accumulator = kGradAccBytesPerElem * n;
@@ -217,15 +222,22 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   pinned.Add(kGradStagingBuffers * s.grad_staging_bytes,
              "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const int64_t per = kOptimizerStateBytesPerElem * s.max_group_elems;
-    pinned.Add(
-        pl.optimizer_buffer_count * per,
-        fmt::format("optimizer pipeline {} x {}", pl.optimizer_buffer_count, FormatBytes(per)));
+    const int64_t per =
+        IoBytes((kOptimizerStateBytesPerElem + (grads_on_nvme ? kGradAccBytesPerElem : 0)) *
+                s.max_group_elems);
+    plan.optimizer_buffer_bytes = per;
+    pinned.Add(pl.optimizer_buffer_count * per,
+               fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
+                           FormatBytes(per), grads_on_nvme ? " (states and gradients)" : ""));
   }
   if (pl.params == OffloadDevice::kNvme) {
     pinned.Add(pl.param_buffer_count * s.max_module_bytes,
                fmt::format("parameter fetch {} x {}", pl.param_buffer_count,
                            FormatBytes(s.max_module_bytes)));
+    const int64_t per = IoBytes(std::max<int64_t>(s.max_module_bytes, kIoAlign));
+    plan.param_write_bytes = kParamWriteBuffers * per;
+    pinned.Add(plan.param_write_bytes,
+               fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
   }
   if (pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states)
     pinned.Add(states, "optimizer states " + FormatBytes(states));
@@ -233,23 +245,31 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   // uploads them, cpu fetches from them, nvme fetches from them while the
   // step overlaps the forward pass), with the array they swap with at
   // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
+  // offload_param nvme: none (the write-back buffers above).
   const bool swaps = pl.params == OffloadDevice::kCpu ||
                      (pl.params == OffloadDevice::kNone && pl.overlap_optimizer);
-  plan.param_copy_bytes = (swaps ? 2 : 1) * s.total_param_bytes;
+  const bool copies_all = pl.params != OffloadDevice::kNvme;
+  plan.param_copy_bytes = copies_all ? (swaps ? 2 : 1) * s.total_param_bytes : 0;
   const int64_t pinned_left =
       facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
   plan.pin_param_copies = pl.pin_param_copies || plan.param_copy_bytes <= pinned_left;
   const std::string copies =
       swaps ? fmt::format("parameter copies 2 x {}", FormatBytes(s.total_param_bytes))
             : fmt::format("updated parameters {}", FormatBytes(s.total_param_bytes));
-  if (plan.pin_param_copies) {
+  if (!copies_all) {
+    // Nothing to place.
+  } else if (plan.pin_param_copies) {
     pinned.Add(plan.param_copy_bytes, copies + " (cross PCIe every step)");
   } else {
     pinned.parts.push_back(fmt::format("not pinned: {} (budget left {})", copies,
                                        FormatBytes(std::max<int64_t>(0, pinned_left))));
   }
-  ChooseGradPath(pl, s, facts, pinned_left - (plan.pin_param_copies ? plan.param_copy_bytes : 0),
-                 &plan);
+  if (grads_on_nvme) {
+    plan.grad_path = "the window's gradient sums on NVMe, one shard per sub-group";
+  } else {
+    ChooseGradPath(pl, s, facts,
+                   pinned_left - (plan.pin_param_copies ? plan.param_copy_bytes : 0), &plan);
+  }
   if (plan.fold_last_micro_batch && plan.pin_grad_landing)
     pinned.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
                                             " (" + plan.grad_path + ")");
@@ -261,10 +281,16 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
     disk.Add(2 * states, "optimizer states 2 x " + FormatBytes(states));
   if (pl.params == OffloadDevice::kNvme)
     disk.Add(2 * s.total_param_bytes, "parameters 2 x " + FormatBytes(s.total_param_bytes));
+  if (grads_on_nvme) {
+    // One version: a failed step drops the window's gradients anyway.
+    plan.grad_nvme_bytes = kGradAccBytesPerElem * s.total_elems;
+    disk.Add(plan.grad_nvme_bytes, "gradients " + FormatBytes(plan.grad_nvme_bytes));
+  }
   if (!facts.nvme_paths.empty()) {
     // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
-    disk.bytes +=
-        (2 * (s.num_groups + s.num_modules) * static_cast<int64_t>(facts.nvme_paths.size())) << 20;
+    disk.bytes += ((2 * (s.num_groups + s.num_modules) + (grads_on_nvme ? s.num_groups : 0)) *
+                   static_cast<int64_t>(facts.nvme_paths.size()))
+                  << 20;
     TierBudget b = disk.Budget("nvme", facts.nvme_available);
     b.detail += fmt::format(" on {}", fmt::join(facts.nvme_paths, ", "));
     plan.budgets.push_back(b);
@@ -272,9 +298,15 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
 
   // DRAM (pageable): gradient accumulator, copy-out target, host states/params.
   TierSum dram;
-  if (!pl.device_optimizer)
+  if (grads_on_nvme) {
+    plan.grad_cache_bytes =
+        kGradCacheSlots * IoBytes(kGradAccBytesPerElem * std::max<int64_t>(1, s.max_group_elems));
+    dram.Add(plan.grad_cache_bytes, fmt::format("gradient cache {} sub-groups {}", kGradCacheSlots,
+                                                FormatBytes(plan.grad_cache_bytes)));
+  } else if (!pl.device_optimizer) {
     dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
-  if (!plan.pin_param_copies)
+  }
+  if (copies_all && !plan.pin_param_copies)
     dram.Add(s.total_param_bytes, "updated parameters " + FormatBytes(s.total_param_bytes));
   if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)
     dram.Add(states, "optimizer states " + FormatBytes(states));
@@ -298,13 +330,45 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
                                             " (" + plan.grad_path + ")");
     }
   }
-  if (!plan.fold_last_micro_batch && !pl.device_optimizer)
+  if (!plan.fold_last_micro_batch && !pl.device_optimizer && !grads_on_nvme)
     dram.parts.push_back("last micro-batch accumulated (" + plan.grad_path + ")");
   plan.budgets.push_back(dram.Budget("dram", facts.dram_available));
 
-  for (const TierBudget& t : plan.budgets)
+  for (const TierBudget& t : plan.budgets) {
     if (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) plan.fits = false;
+    if (t.tier == "pinned" || t.tier == "dram" || (t.tier == "hbm" && pl.host_device))
+      plan.host_bytes += t.needed_bytes;
+  }
   return plan;
+}
+
+}  // namespace
+
+TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFacts& facts) {
+  const bool possible = pl.optimizer == OffloadDevice::kNvme && !pl.delayed_param_update &&
+                        !pl.device_optimizer && s.total_elems > 0;
+  if (possible && pl.grad_tier == GradTier::kNvme) return ComputeTierPlanWith(pl, s, facts, true);
+  TierPlan plan = ComputeTierPlanWith(pl, s, facts, false);
+  if (!possible || pl.grad_tier != GradTier::kAuto || facts.dram_available <= 0) return plan;
+  // DRAM is the faster tier for the sums (no NVMe traffic for them): kept
+  // unless the DRAM budget cannot hold them.
+  const auto over = [&](const TierPlan& p) {
+    for (const TierBudget& t : p.budgets)
+      if (t.tier == "dram") return t.needed_bytes > t.available_bytes;
+    return false;
+  };
+  if (!over(plan)) return plan;
+  TierPlan nvme = ComputeTierPlanWith(pl, s, facts, true);
+  const auto dram_of = [](const TierPlan& p) {
+    for (const TierBudget& t : p.budgets)
+      if (t.tier == "dram") return t.needed_bytes;
+    return int64_t{0};
+  };
+  if (dram_of(nvme) >= dram_of(plan)) return plan;  // the cache would need as much
+  nvme.grad_path += fmt::format(" (the fp32 accumulator of {} does not fit the DRAM budget of {})",
+                                FormatBytes(kGradAccBytesPerElem * s.total_elems),
+                                FormatBytes(facts.dram_available));
+  return nvme;
 }
 
 std::string OverBudgetTable(const TierPlan& plan, const Placement& pl, const LayoutSizes& s) {
@@ -437,6 +501,20 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
                  FormatBytes(static_cast<int64_t>(read));
     write_what += std::string(write_what.empty() ? "" : " + ") + "updated parameters " +
                   FormatBytes(s.total_param_bytes);
+  }
+  if (plan.grads_on_nvme) {
+    // Each sub-group's sum written once per micro-batch and read back by the
+    // next one (host accumulation), or written once per window (the sum in
+    // HBM); the optimizer pipeline reads it once. An upper bound: the
+    // sub-groups still cached when a micro-batch ends are not written.
+    const double passes = plan.device_grad_accumulator ? 1 : gas;
+    const double bytes = static_cast<double>(kGradAccBytesPerElem) * elems;
+    nvme_read += passes * bytes;
+    nvme_write += passes * bytes;
+    const std::string what = fmt::format("gradients {} x {}", passes,
+                                         FormatBytes(static_cast<int64_t>(bytes)));
+    read_what += std::string(read_what.empty() ? "" : " + ") + what;
+    write_what += std::string(write_what.empty() ? "" : " + ") + what;
   }
   add("nvme_read", nvme_read, r.nvme_read_gbps * 1e9, read_what);
   add("nvme_write", nvme_write, r.nvme_write_gbps * 1e9, write_what);

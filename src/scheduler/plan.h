@@ -36,6 +36,9 @@ struct Placement {
   int fold_override = -1;
   // strata.grad_accumulator: where the window's gradients are summed.
   GradAccumulatorPlace grad_accumulator = GradAccumulatorPlace::kAuto;
+  // strata.grad_tier: where the window's gradient sums are kept when the
+  // optimizer states are on NVMe.
+  GradTier grad_tier = GradTier::kAuto;
   // The host device (set by the engine): device work runs on the
   // framework's thread.
   bool host_device = false;
@@ -80,6 +83,13 @@ struct TierFacts {
 
 // Gradient staging chunks in flight (one pool of this many chunk buffers).
 inline constexpr int64_t kGradStagingBuffers = 4;
+// Gradients on NVMe: sub-groups whose sums are held in DRAM at once (one
+// being added into, one being written out).
+inline constexpr int64_t kGradCacheSlots = 2;
+// offload_param nvme: module-sized buffers the optimizer copies the updated
+// parameters into and writes to NVMe from (one being filled, the others'
+// writes in flight).
+inline constexpr int64_t kParamWriteBuffers = 4;
 
 struct TierPlan {
   std::vector<TierBudget> budgets;  // hbm, pinned, [nvme], dram; detail says what each holds
@@ -121,6 +131,25 @@ struct TierPlan {
   bool pin_grad_landing = false;
   int64_t grad_landing_bytes = 0;  // 0 unless folding
   std::string grad_path;           // the choice and its reason, in words
+  // Gradients on NVMe (offload_optimizer nvme; strata.grad_tier nvme, or
+  // auto when the DRAM budget cannot hold the fp32 accumulator beside the
+  // rest of the plan): the window's sums live in one fp32 shard per
+  // sub-group on NVMe (grad_nvme_bytes), kGradCacheSlots sub-groups of them
+  // in DRAM (grad_cache_bytes), and the optimizer pipeline's buffers carry a
+  // sub-group's gradients after its states (16 bytes per element instead of
+  // 12). No fold and no all-parameter accumulator then.
+  bool grads_on_nvme = false;
+  int64_t grad_cache_bytes = 0;
+  int64_t grad_nvme_bytes = 0;
+  // Bytes of one optimizer pipeline buffer (offload_optimizer nvme).
+  int64_t optimizer_buffer_bytes = 0;
+  // offload_param nvme: the updated parameters are copied out into
+  // kParamWriteBuffers module-sized buffers and written to NVMe from there
+  // (no array over every parameter).
+  int64_t param_write_bytes = 0;
+  // Host memory the plan allocates: pinned + dram, and on the host device
+  // the hbm row too (its "device" memory is host memory).
+  int64_t host_bytes = 0;
   // Device slots (the largest module's bytes each) for parameter copies and
   // gradient buffers, allocated once (ParamFetcher).
   int64_t device_slots = 0;

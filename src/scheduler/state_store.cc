@@ -42,6 +42,25 @@ std::string StateStore::StateShard(size_t group, int version) {
   return fmt::format("state.g{}.v{}", group, version);
 }
 
+std::string StateStore::GradShard(size_t group) { return fmt::format("grad.g{}", group); }
+
+int64_t StateStore::grad_buffer_offset() const {
+  return IoBytes(kOptimizerStateBytesPerElem * layout_->max_group_elems());
+}
+
+int64_t StateStore::optimizer_buffer_bytes() const {
+  return grad_buffer_offset() +
+         (grads_on_nvme_ ? IoBytes(kGradAccBytesPerElem * layout_->max_group_elems()) : 0);
+}
+
+nvme::IoHandle StateStore::ReadGrads(size_t g, void* buf, int64_t bytes) {
+  return swap_->Read(GradShard(g), 0, buf, static_cast<size_t>(bytes));
+}
+
+nvme::IoHandle StateStore::WriteGrads(size_t g, const void* buf, int64_t bytes) {
+  return swap_->Write(GradShard(g), 0, buf, static_cast<size_t>(bytes));
+}
+
 int64_t StateStore::pinned_array_bytes() const {
   int64_t bytes = 0;
   for (const HostArray* a : {&master_h_, &exp_avg_h_, &exp_avg_sq_h_, &host_params_, &next_params_})
@@ -60,7 +79,10 @@ Status StateStore::Open(
   const int64_t param_bytes = layout_->total_param_bytes();
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
   Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
-  RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
+  grads_on_nvme_ = plan.grads_on_nvme;
+  // offload_param nvme: updated parameters go through write-back buffers.
+  if (placement_.params != OffloadDevice::kNvme)
+    RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
 
   switch (placement_.optimizer) {
     case OffloadDevice::kNone: {
@@ -123,11 +145,14 @@ Status StateStore::AllocatePools(int64_t* pinned_bytes) {
     return Status();
   };
   if (placement_.optimizer == OffloadDevice::kNvme)
-    RETURN_IF_ERROR(make_pool(&opt_pool_, kOptimizerStateBytesPerElem * layout_->max_group_elems(),
-                              placement_.optimizer_buffer_count));
-  if (placement_.params == OffloadDevice::kNvme)
+    RETURN_IF_ERROR(
+        make_pool(&opt_pool_, optimizer_buffer_bytes(), placement_.optimizer_buffer_count));
+  if (placement_.params == OffloadDevice::kNvme) {
     RETURN_IF_ERROR(
         make_pool(&param_pool_, layout_->max_module_bytes(), placement_.param_buffer_count));
+    RETURN_IF_ERROR(
+        make_pool(&param_write_pool_, layout_->max_module_bytes(), kParamWriteBuffers));
+  }
   return Status();
 }
 
@@ -136,7 +161,7 @@ Status StateStore::OpenNvme(
     const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap) {
   nvme::IoOptions io = nvme::IoOptionsFromConfig(*cfg_);
   for (const auto& r : extra) io.fixed_buffers.push_back({r.data, r.bytes});
-  for (PinnedPool* pool : {opt_pool_.get(), param_pool_.get()})
+  for (PinnedPool* pool : {opt_pool_.get(), param_pool_.get(), param_write_pool_.get()})
     if (pool != nullptr)
       for (const auto& r : pool->Regions()) io.fixed_buffers.push_back({r.data, r.bytes});
   ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoEngine> engine, nvme::NewIoEngine(io));
@@ -157,62 +182,118 @@ Status StateStore::OpenNvme(
         for (int v = 0; v < 2; ++v)
           RETURN_IF_ERROR(swap_->Allocate(
               ModuleShard(m, v), static_cast<uint64_t>(IoBytes(layout_->module(m).bytes()))));
+  if (grads_on_nvme_)
+    for (size_t g = 0; g < layout_->num_groups(); ++g)
+      RETURN_IF_ERROR(swap_->Allocate(
+          GradShard(g),
+          static_cast<uint64_t>(IoBytes(kGradAccBytesPerElem * layout_->group(g).elems()))));
   return Status();
 }
 
 Status StateStore::Initialize(
     const std::function<std::span<const float>(int id, std::vector<float>& scratch)>& master_of) {
-  // Master values per parameter; then fanned out to wherever states and
-  // parameters live.
-  uint8_t* next = next_params();
-  const int64_t n = layout_->total_elems();
-  std::memset(next, 0, static_cast<size_t>(layout_->total_param_bytes()));
+  // One pass over the parameters in element order (sub-group by sub-group):
+  // each parameter's master values go to the states (the DRAM array, a
+  // host copy for the device arena, or the sub-group's NVMe shard written
+  // when the sub-group is complete) and, converted, to the parameter copies
+  // (the all-parameter array, or with offload_param nvme the module's NVMe
+  // version written when the next module begins). Nothing over every
+  // parameter is held when both live on NVMe.
   const bool nvme_states = placement_.optimizer == OffloadDevice::kNvme;
-  // States on NVMe or in the device arena are written from a host copy.
-  const bool staged = placement_.optimizer != OffloadDevice::kCpu;
-  std::vector<float> all_master;
-  if (staged) all_master.resize(static_cast<size_t>(n));
-  // The layout's alignment padding holds zeros (layout.h); the parameters'
-  // elements are written below.
-  if (!staged) std::memset(master_, 0, static_cast<size_t>(n) * sizeof(float));
-  std::vector<float> scratch;
-  for (int id = 0; id < static_cast<int>(layout_->params().size()); ++id) {
-    const ParamRec& p = layout_->param(id);
-    std::span<const float> v = master_of(id, scratch);
-    float* dst = staged ? all_master.data() + p.elem_off : master_ + p.elem_off;
-    std::memcpy(dst, v.data(), static_cast<size_t>(p.numel) * sizeof(float));
-    for (int64_t i = 0; i < p.numel; ++i)
-      StoreFromFloat(next + p.byte_off, p.dtype, static_cast<size_t>(i), v[static_cast<size_t>(i)]);
+  const bool nvme_params = placement_.params == OffloadDevice::kNvme;
+  uint8_t* next = next_params();  // null with offload_param nvme
+  const int64_t n = layout_->total_elems();
+  if (next != nullptr) std::memset(next, 0, static_cast<size_t>(layout_->total_param_bytes()));
+  // The layout's alignment padding holds zeros (layout.h).
+  std::vector<float> all_master;  // offload_optimizer none: copied to the device arena
+  if (placement_.optimizer == OffloadDevice::kNone) all_master.assign(static_cast<size_t>(n), 0.f);
+  if (placement_.optimizer == OffloadDevice::kCpu)
+    std::memset(master_, 0, static_cast<size_t>(n) * sizeof(float));
+  gpu::PinnedBuffer group_buf, module_buf;
+  if (nvme_states) {
+    ASSIGN_OR_RETURN(group_buf,
+                     opt_pool_->Acquire(static_cast<size_t>(optimizer_buffer_bytes())));
   }
+  if (nvme_params) {
+    ASSIGN_OR_RETURN(module_buf, param_write_pool_->Acquire(static_cast<size_t>(
+                                     IoBytes(std::max<int64_t>(layout_->max_module_bytes(), 1)))));
+  }
+  int open_module = -1;
+  auto write_module = [&]() -> Status {
+    if (open_module < 0) return Status();
+    const int64_t bytes = IoBytes(layout_->module(open_module).bytes());
+    nvme::IoHandle h = swap_->Write(ModuleShard(open_module, 0), 0, module_buf.data(),
+                                    static_cast<size_t>(bytes));
+    RETURN_IF_ERROR(h.Wait().WithContext(
+        fmt::format("initializing the parameters of module {} on NVMe", open_module)));
+    counters_->AddNvmeWritten(bytes);
+    initial_nvme_bytes_ += bytes;
+    open_module = -1;
+    return Status();
+  };
+  std::vector<float> scratch;
+  std::span<const float> values;
+  int current = -1;
+  for (size_t g = 0; g < layout_->num_groups(); ++g) {
+    const SubGroup& sg = layout_->group(g);
+    float* group_master = nvme_states ? group_buf.as<float>() : nullptr;
+    // master | exp_avg = 0 | exp_avg_sq = 0
+    if (nvme_states) std::memset(group_master, 0, static_cast<size_t>(sg.state_io_bytes()));
+    for (const Layout::Slice& sl : layout_->Slices(sg.elem_begin, sg.elem_end)) {
+      const ParamRec& p = layout_->param(sl.param);
+      if (sl.param != current) {
+        values = master_of(sl.param, scratch);
+        current = sl.param;
+        if (static_cast<int64_t>(values.size()) < p.numel)
+          return InvalidArgumentError(fmt::format("initial values of parameter {}: {} of {}",
+                                                  p.name, values.size(), p.numel));
+      }
+      const int64_t first = sl.elem_begin - p.elem_off;
+      const int64_t count = sl.elem_end - sl.elem_begin;
+      float* dst = nvme_states ? group_master + (sl.elem_begin - sg.elem_begin)
+                   : placement_.optimizer == OffloadDevice::kCpu
+                       ? master_ + sl.elem_begin
+                       : all_master.data() + sl.elem_begin;
+      std::memcpy(dst, values.data() + first, static_cast<size_t>(count) * sizeof(float));
+      uint8_t* param_bytes = nullptr;
+      if (nvme_params) {
+        const ModuleExtent& me = layout_->module(p.module);
+        if (p.module != open_module) {
+          RETURN_IF_ERROR(write_module());
+          open_module = p.module;
+          std::memset(module_buf.data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
+        }
+        param_bytes = module_buf.as<uint8_t>() + (p.byte_off - me.byte_begin);
+      } else {
+        param_bytes = next + p.byte_off;
+      }
+      for (int64_t i = first; i < first + count; ++i)
+        StoreFromFloat(param_bytes, p.dtype, static_cast<size_t>(i),
+                       values[static_cast<size_t>(i)]);
+    }
+    if (nvme_states) {
+      const int64_t bytes = sg.state_io_bytes();
+      nvme::IoHandle h =
+          swap_->Write(StateShard(g, 0), 0, group_buf.data(), static_cast<size_t>(bytes));
+      RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
+      counters_->AddNvmeWritten(bytes);
+      initial_nvme_bytes_ += bytes;
+    }
+  }
+  RETURN_IF_ERROR(write_module());
   if (placement_.optimizer == OffloadDevice::kCpu) {
     std::memset(exp_avg_, 0, static_cast<size_t>(n) * sizeof(float));
     std::memset(exp_avg_sq_, 0, static_cast<size_t>(n) * sizeof(float));
-  } else if (!nvme_states) {
-    // In the device arena (offload_optimizer none): device copies and fills.
+  } else if (placement_.optimizer == OffloadDevice::kNone) {
+    // In the device arena: device copies and fills.
     gpu::Stream& s = dev_->compute();
     RETURN_IF_ERROR(
         dev_->CopyH2D(master_, all_master.data(), all_master.size() * sizeof(float), s));
     RETURN_IF_ERROR(dev_->Fill(exp_avg_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
     RETURN_IF_ERROR(dev_->Fill(exp_avg_sq_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
     RETURN_IF_ERROR(s.Synchronize());
-  } else {
-    for (size_t g = 0; g < layout_->num_groups(); ++g) {
-      const SubGroup& sg = layout_->group(g);
-      const int64_t bytes = sg.state_io_bytes();
-      ASSIGN_OR_RETURN(AlignedBuffer group_state,
-                       AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign));
-      // master | exp_avg = 0 | exp_avg_sq = 0
-      std::memset(group_state.data(), 0, static_cast<size_t>(bytes));
-      std::memcpy(group_state.data(), all_master.data() + sg.elem_begin,
-                  static_cast<size_t>(sg.elems()) * sizeof(float));
-      nvme::IoHandle h =
-          swap_->Write(StateShard(g, 0), 0, group_state.data(), static_cast<size_t>(bytes));
-      RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
-      counters_->AddNvmeWritten(bytes);
-      initial_nvme_bytes_ += bytes;
-    }
   }
-  // Publish the initial parameters.
+  // Publish the initial parameters (offload_param nvme: written above).
   const int64_t param_bytes = layout_->total_param_bytes();
   switch (placement_.params) {
     case OffloadDevice::kNone:
@@ -227,16 +308,6 @@ Status StateStore::Initialize(
       std::memcpy(host_params_.data(), next, static_cast<size_t>(param_bytes));
       break;
     case OffloadDevice::kNvme:
-      for (int m = 0; m < layout_->num_modules(); ++m) {
-        const ModuleExtent& me = layout_->module(m);
-        if (me.bytes() == 0) continue;
-        const int64_t bytes = IoBytes(me.bytes());
-        nvme::IoHandle h =
-            swap_->Write(ModuleShard(m, 0), 0, next + me.byte_begin, static_cast<size_t>(bytes));
-        RETURN_IF_ERROR(h.Wait().WithContext("initializing parameters on NVMe"));
-        counters_->AddNvmeWritten(bytes);
-        initial_nvme_bytes_ += bytes;
-      }
       break;
   }
   return Status();
@@ -252,19 +323,21 @@ nvme::IoHandle StateStore::WriteStates(size_t g, const void* buf) {
                       static_cast<size_t>(layout_->group(g).state_io_bytes()));
 }
 
-nvme::IoHandle StateStore::ReadModule(int m, void* buf) {
-  return swap_->Read(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0, buf,
+nvme::IoHandle StateStore::ReadModule(int m, void* buf, bool updated) {
+  const int v = module_version_[static_cast<size_t>(m)];
+  return swap_->Read(ModuleShard(m, updated ? 1 - v : v), 0, buf,
                      static_cast<size_t>(IoBytes(layout_->module(m).bytes())));
 }
 
-nvme::IoHandle StateStore::WriteModule(int m) {
+nvme::IoHandle StateStore::WriteModule(int m, const void* buf) {
   const ModuleExtent& me = layout_->module(m);
-  return swap_->Write(ModuleShard(m, 1 - module_version_[static_cast<size_t>(m)]), 0,
-                      next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())));
+  return swap_->Write(ModuleShard(m, 1 - module_version_[static_cast<size_t>(m)]), 0, buf,
+                      static_cast<size_t>(IoBytes(me.bytes())));
 }
 
 const uint8_t* StateStore::FetchSource(int m, bool updated) {
   const int64_t off = layout_->module(m).byte_begin;
+  if (placement_.params == OffloadDevice::kNvme) return nullptr;
   if (updated) return next_params() + off;
   if (placement_.params == OffloadDevice::kCpu) return host_params_.as<uint8_t>() + off;
   return nullptr;
@@ -424,7 +497,8 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
   const ModuleExtent& me = layout_->module(m);
   if (me.bytes() == 0) return Status();
   const size_t bytes = static_cast<size_t>(me.bytes());
-  std::memcpy(next_params() + me.byte_begin, buf, bytes);
+  if (placement_.params != OffloadDevice::kNvme)
+    std::memcpy(next_params() + me.byte_begin, buf, bytes);
   switch (placement_.params) {
     case OffloadDevice::kNone:
       RETURN_IF_ERROR(params_uploaded_->Synchronize());
@@ -438,8 +512,8 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
       return Status();
     case OffloadDevice::kNvme:
       return swap_
-          ->Write(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0,
-                  next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())))
+          ->Write(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0, buf,
+                  static_cast<size_t>(IoBytes(me.bytes())))
           .Wait()
           .WithContext(fmt::format("restoring the parameters of module {}", m));
   }

@@ -68,8 +68,11 @@ class StateStore {
                   wrap_io_engine,
               int64_t* pinned_bytes);
   // Sets every state from the initial values: master_of(id, scratch) returns
-  // parameter id's fp32 values (in `scratch` or elsewhere). Moments are zero;
-  // the parameters are published to where the device fetches them.
+  // parameter id's fp32 values (in `scratch` or elsewhere), called once per
+  // parameter in element order. Moments are zero; the parameters are
+  // published to where the device fetches them. States and parameters on
+  // NVMe are written sub-group by sub-group and module by module through
+  // one pipeline buffer and one write-back buffer.
   Status Initialize(
       const std::function<std::span<const float>(int id, std::vector<float>& scratch)>& master_of);
   // Bytes Initialize() wrote to NVMe (a first measure of the disk's rate).
@@ -92,6 +95,16 @@ class StateStore {
   nvme::IoHandle ReadStates(size_t g, void* buf);
   nvme::IoHandle WriteStates(size_t g, const void* buf);
   gpu::PinnedPool* optimizer_pool() { return opt_pool_.get(); }
+  // Bytes of one optimizer pipeline buffer: a sub-group's states
+  // (IoBytes(12 x max_group_elems)), then with gradients on NVMe its
+  // gradient sums (at grad_buffer_offset()).
+  int64_t optimizer_buffer_bytes() const;
+  int64_t grad_buffer_offset() const;
+  // Gradients on NVMe (TierPlan::grads_on_nvme): sub-group g's shard (one
+  // version; `bytes` = IoBytes(4 x elems)).
+  bool grads_on_nvme() const { return grads_on_nvme_; }
+  nvme::IoHandle ReadGrads(size_t g, void* buf, int64_t bytes);
+  nvme::IoHandle WriteGrads(size_t g, const void* buf, int64_t bytes);
   // The fp32 master values of parameter p (from the active NVMe versions
   // when the states are there).
   Status ReadMaster(const ParamRec& p, std::span<float> out);
@@ -102,16 +115,23 @@ class StateStore {
   Status WriteMaster(const ParamRec& p, std::span<const float> values);
 
   // ---- Parameters ----
+  // The optimizer's copy-out target over every parameter (offload_param
+  // none and cpu); null with offload_param nvme, where the step copies out
+  // into write-back buffers (param_write_pool) and writes modules from them.
   uint8_t* next_params() { return next_params_.as<uint8_t>(); }
   // The bytes a fetch of module m copies to the device: the step's new
   // values (`updated`: a step in flight has finished the module), the host
   // copy (cpu), or null (nvme: read into a staging buffer first).
   const uint8_t* FetchSource(int m, bool updated);
-  // NVMe: reads module m's active version into buf (IoBytes(bytes)), or
-  // writes its next_params() as the new (inactive) version.
-  nvme::IoHandle ReadModule(int m, void* buf);
-  nvme::IoHandle WriteModule(int m);
+  // NVMe: reads module m's active version into buf (IoBytes(bytes)), or with
+  // `updated` the version a step in flight has written (its write has
+  // landed), or writes `buf` (the module's bytes from its first, IoBytes of
+  // them) as the new (inactive) version.
+  nvme::IoHandle ReadModule(int m, void* buf, bool updated = false);
+  nvme::IoHandle WriteModule(int m, const void* buf);
   gpu::PinnedPool* param_pool() { return param_pool_.get(); }
+  // offload_param nvme: kParamWriteBuffers buffers of the largest module.
+  gpu::PinnedPool* param_write_pool() { return param_write_pool_.get(); }
   // offload_param none: the device block and the event of its last upload.
   uint8_t* device_params() { return device_params_.as<uint8_t>(); }
   gpu::Event* params_uploaded() { return params_uploaded_.get(); }
@@ -152,6 +172,7 @@ class StateStore {
   // NVMe shard names (stable: they name files' contents on disk).
   static std::string ModuleShard(int module, int version);
   static std::string StateShard(size_t group, int version);
+  static std::string GradShard(size_t group);
 
  private:
   Status AllocatePools(int64_t* pinned_bytes);
@@ -179,7 +200,9 @@ class StateStore {
   std::vector<int> module_version_;  // per module, nvme: active version
   int64_t initial_nvme_bytes_ = 0;
 
-  std::unique_ptr<gpu::PinnedPool> opt_pool_, param_pool_;
+  bool grads_on_nvme_ = false;
+  int64_t opt_buffer_bytes_ = 0;
+  std::unique_ptr<gpu::PinnedPool> opt_pool_, param_pool_, param_write_pool_;
   std::unique_ptr<nvme::IoService> io_;
   std::unique_ptr<nvme::SwapStore> swap_;
 };

@@ -221,18 +221,27 @@ TEST_P(FetcherTest, ViewHoldsTheModulesBytesInTheirDtypes) {
 }
 
 // While a step is producing new parameters, a module it has finished is
-// fetched from the step's copy-out target, not from the host/NVMe copy.
+// fetched from the step's copy-out target (offload_param cpu) or its new NVMe
+// version (nvme), not from the current host/NVMe copy.
 TEST_P(FetcherTest, UpdatedModulesComeFromTheNextParameters) {
   ASSERT_NO_FATAL_FAILURE(Build(Params(4, false), 1 << 20, Unlimited()));
   auto rng = ::strata::testing::MakeRng();
-  // New values of module 2 in next_params().
+  // New values of module 2 in next_params(), or written as its new version.
+  const ModuleExtent& me = layout_.module(2);
+  auto module_buf = AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(me.bytes())), kIoAlign);
+  ASSERT_TRUE(module_buf.ok());
+  std::memset(module_buf->data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
   std::vector<std::vector<uint8_t>> updated;
-  for (int id : layout_.module(2).params) {
+  for (int id : me.params) {
     const ParamRec& p = layout_.param(id);
     updated.push_back(
         ToBytes(::strata::testing::RandomFloats(rng, static_cast<size_t>(p.numel)), p.dtype));
-    std::memcpy(store_->next_params() + p.byte_off, updated.back().data(), updated.back().size());
+    uint8_t* dst = store_->next_params() != nullptr
+                       ? store_->next_params() + p.byte_off
+                       : module_buf->as<uint8_t>() + (p.byte_off - me.byte_begin);
+    std::memcpy(dst, updated.back().data(), updated.back().size());
   }
+  if (store_->next_params() == nullptr) ASSERT_OK(store_->WriteModule(2, module_buf->data()).Wait());
   gate_.reading = true;
   gate_.ready = {2};
   ASSERT_NO_FATAL_FAILURE(Use(2, false));

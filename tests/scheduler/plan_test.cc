@@ -169,28 +169,27 @@ TEST(PlanTest, OverBudgetTableExactText) {
   pl.max_live_parameters = 100;
   TierFacts f;
   f.hbm_budget = 8 << 20;
-  f.pinned_budget = 40000;  // 3136 B left after the pools: the parameter copy stays pageable
-  f.dram_available = 20000;
+  f.pinned_budget = 60000;
+  f.dram_available = 15000;
   f.nvme_paths = {"/nv0"};
   f.nvme_available = int64_t{1} << 30;
   const TierPlan plan = ComputeTierPlan(pl, s, f);
   EXPECT_FALSE(plan.fits);
   // By hand:
   //   hbm    512 + 2 slots for min(8192 - 512, max(100 x 8, 2 x 4096)) + 2 x 4096 = 16896
-  //   pinned 4 x 4096 staging + 5 x 4096 fetch = 36864
+  //   pinned 4 x 4096 staging + 5 x 4096 fetch + 4 x 4096 write-back = 53248
   //   nvme   2 x 8192 + (2 x (2 groups + 2 modules) x 1 path) MiB = 8404992 (8.015625 MiB)
-  //   dram   4 x 1001 + 8192 + 12 x 1001 = 24208 (23.640625 KiB) > 20000 (19.53125 KiB)
+  //   dram   4 x 1001 + 12 x 1001 = 16016 (15.640625 KiB) > 15000 (14.6484375 KiB)
   const std::string expected =
       "the placement does not fit:\n"
       "  tier          needed    available  made of\n"
       "  hbm        16.50 KiB     8.00 MiB  persistent parameters 512 B + parameter slots 2 x "
       "4.00 KiB + gradient slots 2 x 4.00 KiB\n"
-      "  pinned     36.00 KiB    39.06 KiB  gradient staging 16.00 KiB + parameter fetch 5 x "
-      "4.00 KiB + not pinned: updated parameters 8.00 KiB (budget left 3.06 KiB)\n"
+      "  pinned     52.00 KiB    58.59 KiB  gradient staging 16.00 KiB + parameter fetch 5 x "
+      "4.00 KiB + parameter write-back 4 x 4.00 KiB\n"
       "  nvme        8.02 MiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
-      "  dram       23.64 KiB    19.53 KiB  gradient accumulator 3.91 KiB + updated parameters "
-      "8.00 KiB + optimizer states 11.73 KiB + last micro-batch accumulated (rates not "
-      "measured)  <-- over\n"
+      "  dram       15.64 KiB    14.65 KiB  gradient accumulator 3.91 KiB + optimizer states "
+      "11.73 KiB + last micro-batch accumulated (rates not measured)  <-- over\n"
       "  (stage 3, offload_optimizer cpu, offload_param nvme, 1001 parameters in 2 modules, "
       "sub_group_size 1000)";
   EXPECT_EQ(OverBudgetTable(plan, pl, s), expected);
@@ -228,7 +227,8 @@ TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
   Placement ring = Place(OffloadDevice::kNvme, OffloadDevice::kCpu);
   ring.optimizer_buffer_count = 3;
   // (+ the parameter copies, pinned: no pinned budget given.)
-  EXPECT_EQ(Needed(ComputeTierPlan(ring, s, f), "pinned"), 4 * 4096 + 3 * 12 * 1000 + 2 * 8192);
+  EXPECT_EQ(Needed(ComputeTierPlan(ring, s, f), "pinned"),
+            4 * 4096 + 3 * IoBytes(12 * 1000) + 2 * 8192);
 }
 
 TEST(PlanTest, PinMemoryMovesOptimizerStatesFromDramToPinned) {
@@ -276,10 +276,85 @@ TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
   plan = ComputeTierPlan(cpu, s, f);
   EXPECT_TRUE(plan.pin_param_copies);
   EXPECT_FALSE(plan.fits);
-  // offload_param nvme: only the updated parameters (no host copy to swap with).
+  // offload_param nvme: no copy over every parameter, module-sized
+  // write-back buffers instead.
   const TierPlan nv = ComputeTierPlan(Place(OffloadDevice::kCpu, OffloadDevice::kNvme), s, {});
-  EXPECT_EQ(nv.param_copy_bytes, 8192);
-  EXPECT_THAT(Find(nv, "pinned")->detail, HasSubstr("updated parameters 8.00 KiB"));
+  EXPECT_EQ(nv.param_copy_bytes, 0);
+  EXPECT_EQ(nv.param_write_bytes, kParamWriteBuffers * 4096);
+  EXPECT_THAT(Find(nv, "pinned")->detail, HasSubstr("parameter write-back 4 x 4.00 KiB"));
+  EXPECT_THAT(Find(nv, "pinned")->detail, Not(HasSubstr("updated parameters")));
+  EXPECT_THAT(Find(nv, "dram")->detail, Not(HasSubstr("updated parameters")));
+}
+
+// Gradients on NVMe: chosen by strata.grad_tier nvme, or by auto when the
+// DRAM budget cannot hold the fp32 accumulator; never with the optimizer
+// elsewhere or delayed_param_update. The DRAM row then holds a cache of two
+// sub-groups instead of the accumulator, the NVMe row one gradient shard per
+// sub-group, and the pipeline buffers a sub-group's gradients too.
+TEST(PlanTest, GradientsOnNvmeByTierOrByTheDramBudget) {
+  const LayoutSizes s = TinySizes();
+  TierFacts f;
+  f.nvme_paths = {"/a"};
+  Placement pl = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  const TierPlan dram = ComputeTierPlan(pl, s, f);  // no DRAM limit: the faster tier
+  EXPECT_FALSE(dram.grads_on_nvme);
+  EXPECT_THAT(Find(dram, "dram")->detail, HasSubstr("gradient accumulator 3.91 KiB"));
+
+  pl.grad_tier = GradTier::kNvme;
+  const TierPlan nv = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(nv.grads_on_nvme);
+  EXPECT_FALSE(nv.fold_last_micro_batch);
+  EXPECT_EQ(nv.grad_cache_bytes, kGradCacheSlots * IoBytes(4 * 1000));
+  EXPECT_EQ(Needed(nv, "dram"), nv.grad_cache_bytes);
+  EXPECT_THAT(Find(nv, "dram")->detail, HasSubstr("gradient cache 2 sub-groups"));
+  EXPECT_THAT(Find(nv, "dram")->detail, Not(HasSubstr("accumulator")));
+  // One shard per sub-group (and its stripe headroom) on NVMe.
+  EXPECT_EQ(nv.nvme_bytes(), dram.nvme_bytes() + 4 * 1001 + 2 * (1 << 20));
+  EXPECT_THAT(Find(nv, "nvme")->detail, HasSubstr("gradients 3.91 KiB"));
+  EXPECT_EQ(nv.optimizer_buffer_bytes, IoBytes(12 * 1000) + IoBytes(4 * 1000));
+  EXPECT_EQ(Needed(nv, "pinned") - Needed(dram, "pinned"),
+            pl.optimizer_buffer_count * IoBytes(4 * 1000));
+  // What the process allocates on the host: pinned + dram (+ hbm on the
+  // host device).
+  EXPECT_EQ(nv.host_bytes, Needed(nv, "pinned") + Needed(nv, "dram"));
+  Placement host_dev = pl;
+  host_dev.host_device = true;
+  const TierPlan hd = ComputeTierPlan(host_dev, s, f);
+  EXPECT_EQ(hd.host_bytes, Needed(hd, "pinned") + Needed(hd, "dram") + Needed(hd, "hbm"));
+
+  // auto: NVMe once the accumulator does not fit the DRAM budget (and the
+  // cache needs less), and the plan says why. Eight sub-groups of 1000.
+  LayoutSizes big = s;
+  big.total_elems = 8001;
+  big.num_groups = 9;
+  pl.grad_tier = GradTier::kAuto;
+  f.dram_available = 0;
+  const int64_t big_dram = Needed(ComputeTierPlan(pl, big, f), "dram");
+  EXPECT_EQ(big_dram, 4 * 8001);
+  f.dram_available = big_dram - 1;
+  const TierPlan tight = ComputeTierPlan(pl, big, f);
+  EXPECT_TRUE(tight.grads_on_nvme);
+  EXPECT_TRUE(tight.fits) << OverBudgetTable(tight, pl, big);
+  EXPECT_THAT(tight.grad_path, HasSubstr("does not fit the DRAM budget"));
+  f.dram_available = big_dram;
+  EXPECT_FALSE(ComputeTierPlan(pl, big, f).grads_on_nvme);
+  // A cache no smaller than the accumulator: DRAM stays (the plan fails).
+  f.dram_available = Needed(dram, "dram") - 1;
+  EXPECT_FALSE(ComputeTierPlan(pl, s, f).grads_on_nvme);
+  // dram: kept in DRAM even over the budget (the plan fails instead).
+  pl.grad_tier = GradTier::kDram;
+  f.dram_available = big_dram - 1;
+  const TierPlan kept = ComputeTierPlan(pl, big, f);
+  EXPECT_FALSE(kept.grads_on_nvme);
+  EXPECT_FALSE(kept.fits);
+  // Never with the optimizer in DRAM or delayed_param_update.
+  Placement cpu = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
+  cpu.grad_tier = GradTier::kNvme;
+  EXPECT_FALSE(ComputeTierPlan(cpu, s, f).grads_on_nvme);
+  Placement dpu = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  dpu.grad_tier = GradTier::kAuto;
+  dpu.delayed_param_update = true;
+  EXPECT_FALSE(ComputeTierPlan(dpu, s, f).grads_on_nvme);
 }
 
 // offload_optimizer none on a GPU: the gradient accumulator moves from DRAM

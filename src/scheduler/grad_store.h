@@ -1,0 +1,142 @@
+// src/scheduler/grad_store.h — the window's fp32 gradient sums on NVMe
+// (TierPlan::grads_on_nvme): one shard per sub-group on the swap store, and a
+// cache of a few sub-groups in DRAM, so that host memory does not grow with
+// the parameter count.
+//
+// A sub-group's sums are in one of three places: nowhere (zero: no gradient
+// reached it in this window), in a cache slot (being added into, or kept
+// after being written out), or only in its NVMe shard. Update() brings a
+// sub-group into a slot (read back from NVMe when it holds part of the
+// window's sum — a later micro-batch of the window — else zero-filled) and
+// adds into it; when it moves on to another sub-group, the previous one is
+// written out behind it (write-behind), so that a slot is free again by the
+// time it is needed. Bytes on NVMe are the fp32 sums bit for bit: the sums
+// are those of an all-parameter accumulator whatever the cache does.
+//
+// The global checks (inf/nan, the sum of squares for clipping) need every
+// sub-group's final sums before the step: each write-behind computes the
+// sub-group's block sums (NormBlocks) from the slot, and an add after it
+// invalidates them; GlobalChecks() computes the rest (cached sub-groups, and
+// reads back any that were only written in an earlier micro-batch). The
+// blocks and their order are GradOffloader's (NormBlocks), so the sum of
+// squares has the same bits as with the accumulator in DRAM.
+//
+// The optimizer pipeline reads a sub-group's sums with its states (Source):
+// from its slot, or from NVMe into the pipeline buffer, or zeros; once the
+// step has used them (Consumed) the sub-group is zero for the next window.
+//
+// Threading: Update on the gradient worker's thread; Source and Consumed on
+// the step's thread (a step reads sub-groups the next window has not reached:
+// the engine's module readiness orders them); GlobalChecks and DropWindow on
+// the main thread while neither runs. Every method holds one mutex for its
+// whole run, I/O waits and adds included (the callers do not overlap in
+// practice); a slot the step reads (Source) stays its own until Consumed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/thread_annotations.h"
+#include "src/nvme/nvme.h"
+#include "src/scheduler/layout.h"
+#include "src/scheduler/step_counters.h"
+#include "strata/status.h"
+
+namespace strata::scheduler {
+
+class StateStore;
+
+// Elements per partial sum of the global checks. Blocks start at every
+// sub-group's first element and every kNormBlock elements after it; their
+// sums are added in element order (the same bits for any thread count and
+// wherever the sums are kept).
+inline constexpr int64_t kNormBlock = 1 << 16;
+
+// How many blocks sub-group sg has: ceil(elems / kNormBlock).
+int64_t NormBlockCount(const SubGroup& sg);
+
+// Block sums of squares of `n` fp32 sums (one sub-group, from its first
+// element), each x in double, added one element at a time in element order,
+// and whether each block holds an inf/nan. partial and bad have
+// NormBlockCount entries.
+void NormBlocks(const float* sums, int64_t n, double* partial, uint8_t* bad);
+
+class GradStore {
+ public:
+  // `slots` sub-groups cached in DRAM (at least 2).
+  GradStore(const Layout* layout, StateStore* store, StepCounters* counters, int64_t slots);
+  ~GradStore();  // waits for writes in flight
+
+  // Allocates the cache (4 KiB-aligned slots of the largest sub-group).
+  Status Open();
+  int64_t cache_bytes() const;
+
+  // ---- The window (the gradient worker's thread) ----
+  // add(sums) adds into sub-group g's sums (sums[i]: element elem_begin + i).
+  // Errors: reading back, or writing out the sub-group whose slot is reused.
+  Status Update(size_t g, const std::function<Status(float* sums)>& add) EXCLUDES(mu_);
+
+  // ---- The end of the window (main thread; the worker idle, no step) ----
+  // Inf/nan anywhere, and the sum of squares (the blocks of NormBlocks, in
+  // sub-group then block order).
+  Status GlobalChecks(bool* overflow, double* sumsq) EXCLUDES(mu_);
+
+  // ---- The step (its thread) ----
+  // Sub-group g's sums for the optimizer: its cached slot (no I/O), or read
+  // from NVMe into `buf` (IoBytes(4 x elems), 4 KiB-aligned; wait on the
+  // returned handle), or zeros written into buf. *sums is where they are.
+  nvme::IoHandle Source(size_t g, float* buf, const float** sums) EXCLUDES(mu_);
+  // The step has used g's sums: g is zero for the next window.
+  void Consumed(size_t g) EXCLUDES(mu_);
+
+  // ---- Main thread, nothing running ----
+  // The window's sums dropped (every sub-group zero); writes in flight land
+  // first. Returns nothing: a failed write only matters for sums now dropped.
+  void DropWindow() EXCLUDES(mu_);
+
+  // Tests: where sub-group g's sums are.
+  enum class Where { kZero, kCached, kNvme };
+  Where where(size_t g) const EXCLUDES(mu_);
+
+ private:
+  struct Slot {
+    AlignedBuffer buf;
+    int group = -1;  // the sub-group it holds, -1: free
+    bool busy = false;  // read by the step (Source .. Consumed)
+    nvme::IoHandle write;  // write-behind in flight (or landed, not waited)
+    int64_t write_issue_ns = 0;
+    uint64_t used = 0;  // LRU stamp
+  };
+  struct Record {
+    Where where = Where::kZero;
+    int slot = -1;
+    bool on_nvme = false;   // the shard holds the window's sums (maybe stale if cached and dirty)
+    bool dirty = false;     // the slot has adds the shard does not
+    bool norm_valid = false;
+    std::vector<double> partial;
+    std::vector<uint8_t> bad;
+  };
+  // A free slot for sub-group g: an unused one, else the least recently used
+  // one not read by the step, its sub-group written out first.
+  StatusOr<int> AcquireSlot(size_t g) REQUIRES(mu_);
+  // Starts writing slot s's sub-group out (its norm record computed first).
+  void WriteBehind(int s) REQUIRES(mu_);
+  // Waits for slot s's write; an error is the write's.
+  Status WaitWrite(int s) REQUIRES(mu_);
+  void ComputeNorm(size_t g, const float* sums) REQUIRES(mu_);
+  int64_t io_bytes(size_t g) const;
+
+  const Layout* layout_;
+  StateStore* store_;
+  StepCounters* counters_;
+  const int64_t num_slots_;
+  mutable Mutex mu_;
+  std::vector<Slot> slots_ GUARDED_BY(mu_);
+  std::vector<Record> records_ GUARDED_BY(mu_);
+  int last_group_ GUARDED_BY(mu_) = -1;  // the sub-group Update last added into
+  uint64_t clock_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace strata::scheduler
