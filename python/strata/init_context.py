@@ -123,9 +123,9 @@ class _Store:
                 "nvme_path", "Internal") from e
 
     def read(self, key, out, name):
-        """Fills `out` (contiguous, CPU, the spilled shape and dtype)."""
+        """Fills `out` (contiguous, CPU, the spilled dtype and numel)."""
         if self.ram is not None:
-            out.copy_(self.ram[key])
+            out.view(-1).copy_(self.ram[key].view(-1))
             return
         path = self.path(key)
         buf = memoryview(_as_bytes(out))

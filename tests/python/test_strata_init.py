@@ -218,6 +218,19 @@ def test_same_start_and_losses_as_plain_build(cls, place, tmp_path):
     assert not os.path.exists(ctx.spill_dir)  # the files went at initialize
 
 
+@pytest.mark.parametrize("cls", [HFModel, Encoder], ids=lambda c: c.__name__)
+def test_ram_spill_store(cls, tmp_path):
+    cfg = config("cpu", tmp_path)
+    want_start, want_losses = train(build(cls, False)[0], cfg)
+    torch.manual_seed(3)
+    with strata.init(cfg, spill="ram") as ctx:
+        model = cls()
+    assert ctx.spill_dir is None and all(init_context.is_spilled(p) for p in model.parameters())
+    got_start, got_losses = train(model, cfg)
+    assert all(torch.equal(got_start[k], want_start[k]) for k in want_start)
+    assert got_losses == want_losses
+
+
 def test_plain_and_init_builds_differ_under_another_seed(tmp_path):
     # The comparison above can fail: a different RNG stream gives other values.
     cfg = config("cpu", tmp_path)
