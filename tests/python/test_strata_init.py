@@ -216,6 +216,7 @@ def test_same_start_and_losses_as_plain_build(cls, place, tmp_path):
         assert torch.equal(got_start[k], want_start[k]), k
     assert got_losses == want_losses
     assert not os.path.exists(ctx.spill_dir)  # the files went at initialize
+    assert os.listdir(tmp_path) == []  # and the engines' swap files at close()
 
 
 @pytest.mark.parametrize("cls", [HFModel, Encoder], ids=lambda c: c.__name__)
