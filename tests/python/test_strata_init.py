@@ -247,27 +247,25 @@ def test_plain_and_init_builds_differ_under_another_seed(tmp_path):
 
 
 def test_apply_streams_one_module_at_a_time():
-    # Inside _init_weights(module), only that module's parameters are in RAM.
-    resident = []
+    # post_init's apply in HFModel.__init__: when _init_weights(module) starts,
+    # every parameter of the modules it got before is spilled again (only
+    # the one it works on is read back, while it runs).
+    seen, in_ram = {}, []
 
-    def seen(module):
-        resident.append(sum(not init_context.is_spilled(p) for p in model_params()))
+    def visit(module):
+        in_ram.append(sum(not init_context.is_spilled(p) for p in seen.values()))
+        for p in module.parameters(recurse=False):
+            seen[id(p)] = p
 
-    model_params = lambda: []  # noqa: E731  (no model yet while it is built)
-    building = []
-    HFModel.seen = lambda m: building.append(m)
+    HFModel.seen = visit
     torch.manual_seed(3)
     try:
         with strata.init():
             model = HFModel()
-        model_params = model.parameters
-        HFModel.seen = seen
-        with strata.init():
-            model.apply(model._init_weights)
     finally:
         HFModel.seen = None
-    assert len(building) == len(list(model.modules()))
-    assert resident and max(resident) == 0  # read back only when fn touches them
+    assert len(in_ram) == len(list(model.modules()))
+    assert len(seen) == len(list(model.parameters())) and max(in_ram) == 0
     assert all(init_context.is_spilled(p) for p in model.parameters())
 
 
