@@ -19,7 +19,9 @@ What it promises:
   (CUDA, meta, lazy or custom Parameter subclasses) stay as they are, and so
   do buffers. Host memory while building holds about one module's
   parameters at a time (the largest module's, plus those a parent's
-  ``__init__`` touches, below), not the model's.
+  ``__init__`` touches, below), not the model's. ``copy.deepcopy`` of a
+  spilled parameter is a spilled copy (the file copied), so
+  ``nn.TransformerEncoder``'s clones of its layer take no RAM either.
 * The spill store: files in a private directory (``strata-init-*``) under
   the config's ``zero_optimization.offload_param.nvme_path`` when
   ``offload_param.device`` is nvme, else ``offload_optimizer.nvme_path``
@@ -147,6 +149,17 @@ class _Store:
                 f"strata.init: spill file {path} of parameter {name} holds {got} bytes, "
                 f"{want} expected (the file was truncated or replaced)", "DataLoss")
 
+    def copy(self, src, dst, name):
+        if self.ram is not None:
+            self.ram[dst] = self.ram[src].clone()
+            return
+        try:
+            shutil.copyfile(self.path(src), self.path(dst))
+        except OSError as e:
+            raise StrataError(
+                f"strata.init: copying the spill file of parameter {name} ({self.path(src)}) "
+                f"to {self.path(dst)}: {e.strerror or e} (errno {e.errno})", "Internal") from e
+
     def discard(self, key):
         self.live -= 1
         if self.ram is not None:
@@ -232,14 +245,20 @@ class SpilledParameter(torch.nn.Parameter):
             return func(*args, **kwargs)
 
     def __deepcopy__(self, memo):
-        # An ordinary parameter with the values (copy.deepcopy of a spilled
-        # layer, as nn.TransformerEncoder clones its layer), read from the
-        # store without reading this one back.
+        # copy.deepcopy of a spilled layer (nn.TransformerEncoder clones the
+        # layer it is given): a spilled copy, its file copied in the store, so
+        # the clones take no RAM either; a read-back one is copied as torch does.
         if id(self) in memo:
             return memo[id(self)]
         rec = _record(self)
-        data = rec.read() if rec is not None and not rec.resident else _data(self).clone()
-        result = torch.nn.Parameter(data, self.requires_grad)
+        if rec is not None and not rec.resident:
+            result = torch.nn.Parameter(_placeholder(rec.shape, rec.dtype), self.requires_grad)
+            twin = _Spill(rec.store, rec.name, rec.shape, rec.dtype)
+            rec.store.copy(rec.key, twin.key, rec.name)
+            result.__dict__["_strata_spill"] = twin
+            result.__class__ = SpilledParameter
+        else:
+            result = torch.nn.Parameter(_data(self).clone(), self.requires_grad)
         memo[id(self)] = result
         return result
 

@@ -4,8 +4,8 @@ streams them into the engine. Against a plain build under the same seed:
 the engine's initial parameters and the losses of 3 training steps are
 bitwise equal, for several architectures and placements."""
 
+import copy
 import gc
-import math
 import os
 
 import pytest
@@ -300,6 +300,26 @@ def test_materialize_gives_the_plain_values():
     init_context.materialize(model)
     for (name, p), (_, q) in zip(model.named_parameters(), plain.named_parameters()):
         assert type(p) is torch.nn.Parameter and torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("spill", ["ram", "dir"])
+def test_deepcopy_of_a_spilled_module_is_spilled(spill, tmp_path):
+    torch.manual_seed(3)
+    plain = torch.nn.Linear(D, 2 * D)
+    torch.manual_seed(3)
+    with strata.init(spill="ram" if spill == "ram" else tmp_path) as ctx:
+        layer = torch.nn.Linear(D, 2 * D)
+    clone = copy.deepcopy(layer)
+    assert all(init_context.is_spilled(p) for p in (*layer.parameters(), *clone.parameters()))
+    if spill == "dir":
+        assert len(spill_files(ctx)) == 4
+    with torch.no_grad():
+        clone.weight.add_(1.0)  # read back for good; the original is untouched
+    init_context.materialize(layer)
+    assert torch.equal(layer.weight, plain.weight) and torch.equal(layer.bias, plain.bias)
+    assert torch.equal(clone.weight, plain.weight + 1.0)
+    assert torch.equal(init_context.materialize(clone).bias, plain.bias)
+    assert not os.path.exists(ctx.spill_dir or "")
 
 
 def test_frozen_and_resident_parameters_go_to_initialize(tmp_path):
