@@ -429,3 +429,20 @@ def test_lost_spill_file_is_a_clear_error_and_the_model_stays_spilled(tmp_path):
     want_start, want_losses = train(build(Stack, False)[0], cfg)
     assert all(torch.equal(got_start[k], want_start[k]) for k in want_start)
     assert got_losses == want_losses
+
+
+def test_initialize_that_does_not_fit_leaves_the_model_spilled(tmp_path):
+    # Plan() refuses before it reads any value: the engine drops its fill
+    # callables unused; the model keeps its spill files for the next try.
+    cfg = config("nvme", tmp_path)
+    small = {**cfg, "strata": {**cfg["strata"], "hbm_budget": "1K"}}
+    model, ctx = build(Stack, True, cfg)
+    with pytest.raises(strata.ResourceExhaustedError, match="does not fit"):
+        strata.initialize(model, small)
+    assert all(init_context.is_spilled(p) for p in model.parameters())
+    assert len(spill_files(ctx)) == len(list(model.parameters()))
+    got_start, got_losses = train(model, cfg)
+    want_start, want_losses = train(build(Stack, False)[0], cfg)
+    assert all(torch.equal(got_start[k], want_start[k]) for k in want_start)
+    assert got_losses == want_losses
+    assert os.listdir(tmp_path) == []
