@@ -13,7 +13,9 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
   engine module, in ``named_modules()`` order (a leaf module, below, with
   its whole subtree's). Modules that share a parameter
   (tied embeddings) are merged into one engine module. Each parameter is
-  registered with its fp32 value as the initial master; then its storage is
+  registered with its fp32 value as the initial master (one built under
+  strata.init with a callable that reads it from its spill store when the
+  engine initializes its states: strata.init_context); then its storage is
   released (``param.data`` becomes an empty placeholder) and the engine owns
   it: fp32 master and Adam moments where ``offload_optimizer`` says, the
   working copy (bf16/fp16/fp32 from the config) where ``offload_param`` says.
