@@ -5,6 +5,9 @@ offloaded to CPU memory and NVMe, configured with a DeepSpeed JSON.
     engine = strata.initialize(model, config="ds_config.json")
     loss = engine(batch); engine.backward(loss); engine.step()
 
+A model bigger than host memory is built inside ``with strata.init(config):``
+(strata.init_context): its parameters go to a spill store module by module.
+
 See strata.engine for how parameters and gradients move, and README's
 Python section for what is supported.
 """
@@ -13,6 +16,7 @@ from ._errors import (FailedPreconditionError, InvalidArgumentError, NotFoundErr
                       ResourceExhaustedError, StrataError)
 from .engine import (Engine, export, initialize, parse_config, register_external_parameter,
                      set_leaf_modules, write_safetensors)
+from .init_context import init
 
 __all__ = [
     "Engine",
@@ -22,6 +26,7 @@ __all__ = [
     "ResourceExhaustedError",
     "StrataError",
     "export",
+    "init",
     "initialize",
     "parse_config",
     "register_external_parameter",

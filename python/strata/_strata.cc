@@ -10,7 +10,9 @@
 //     valid from BeforeForward/BeforeBackward until the matching After call.
 //     They own nothing; the frontend replaces them before they go stale.
 //   * Initial values and parameter writes are consumed from fp32, contiguous,
-//     CPU capsules (torch.utils.dlpack.to_dlpack of a CPU tensor).
+//     CPU capsules (torch.utils.dlpack.to_dlpack of a CPU tensor), or
+//     written by a Python callable into a capsule over the engine's buffer
+//     when the engine initializes the states (register_parameter_fn).
 //   * ReadParameter returns a capsule that owns its fp32 host buffer.
 //
 // Every engine call releases the GIL (hooks may wait for fetches). A non-OK
@@ -51,6 +53,14 @@ template <typename T>
 T ValueOrThrow(StatusOr<T> v) {
   if (!v.ok()) throw StatusException{v.status()};
   return std::move(*v);
+}
+
+bool InterpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
 }
 
 // ---- DLPack ----------------------------------------------------------------
@@ -233,37 +243,63 @@ class PyEngine {
   int register_parameter(const std::string& name, const std::vector<int64_t>& shape,
                          const std::string& dtype, int module, const py::capsule& init, int group) {
     e();  // closed: before the capsule is consumed
-    int64_t numel = 1;
-    for (int64_t d : shape) {
-      if (d < 0)
-        throw StatusException{InvalidArgumentError("parameter " + name + ": negative dimension")};
-      numel *= d;
-    }
+    const int64_t numel = Numel(name, shape);
     std::vector<float> values = ConsumeFloats(init, numel, "initial values of " + name);
     ParamSpec spec;
-    spec.name = name;
-    spec.numel = numel;
-    spec.dtype = ParseDType(dtype);
-    spec.module = module;
-    spec.group = group;
     spec.init = values;
-    int id = 0;
-    {
-      py::gil_scoped_release nogil;
-      id = ValueOrThrow(e().RegisterParameter(spec));
-    }
-    if (id != static_cast<int>(params_.size()))
-      throw StatusException{InternalError("parameter ids out of order")};
-    params_.push_back({shape, spec.dtype, numel});
-    if (static_cast<size_t>(module) >= module_params_.size())
-      module_params_.resize(static_cast<size_t>(module) + 1);
-    module_params_[static_cast<size_t>(module)].push_back(id);
-    return id;
+    return Register(name, shape, dtype, module, group, spec);
+  }
+
+  // A parameter whose initial values come from `fill`, a Python callable the
+  // engine calls when it initializes the states (Plan, or ReadParameter
+  // before it): fill(capsule) gets a writable fp32 CPU capsule of numel
+  // elements over the engine's scratch buffer, valid only during the call,
+  // and writes the values into it. So no host copy of the values is held
+  // between registration and Plan. An exception in `fill` is raised by the
+  // call that ran it (plan, read_parameter); the parameters after it are
+  // left at zero there.
+  int register_parameter_fn(const std::string& name, const std::vector<int64_t>& shape,
+                            const std::string& dtype, int module, const py::function& fill,
+                            int group) {
+    e();
+    const int64_t numel = Numel(name, shape);
+    // The callable is released with the GIL held, wherever the engine drops
+    // its std::function (Plan runs without the GIL).
+    std::shared_ptr<py::object> fn(new py::object(fill), [](py::object* o) {
+      if (Py_IsInitialized() != 0 && !InterpreterFinalizing()) {
+        py::gil_scoped_acquire gil;
+        delete o;
+      } else {
+        o->release();  // the interpreter is gone: leak the reference
+        delete o;
+      }
+    });
+    ParamSpec spec;
+    spec.initializer = [this, fn, numel](std::span<float> out) {
+      py::gil_scoped_acquire gil;
+      if (fill_error_) return;  // the first error is reported; the rest stay zero
+      try {
+        auto m = std::make_unique<Managed>();
+        m->shape = {numel};
+        (*fn)(MakeCapsule(std::move(m), out.data(), DType::kFp32, DLDevice{kDLCPU, 0}));
+      } catch (py::error_already_set& err) {
+        fill_error_ = std::move(err);
+      } catch (const std::exception& err) {  // nothing may unwind into the engine
+        PyErr_SetString(PyExc_RuntimeError, err.what());
+        fill_error_ = py::error_already_set();
+      }
+    };
+    return Register(name, shape, dtype, module, group, spec);
   }
 
   void plan() {
-    py::gil_scoped_release nogil;
-    ThrowIfError(e().Plan());
+    Status st;
+    {
+      py::gil_scoped_release nogil;
+      st = e().Plan();
+    }
+    RethrowFillError();
+    ThrowIfError(st);
   }
 
   py::list budgets() const {
@@ -340,6 +376,7 @@ class PyEngine {
       py::gil_scoped_release nogil;
       ThrowIfError(e().ReadParameter(id, m->owned));
     }
+    RethrowFillError();
     float* data = m->owned.data();
     return MakeCapsule(std::move(m), data, DType::kFp32, DLDevice{kDLCPU, 0});
   }
@@ -420,6 +457,46 @@ class PyEngine {
     int64_t numel;
   };
 
+  static int64_t Numel(const std::string& name, const std::vector<int64_t>& shape) {
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0)
+        throw StatusException{InvalidArgumentError("parameter " + name + ": negative dimension")};
+      numel *= d;
+    }
+    return numel;
+  }
+
+  // `spec` with its init or initializer set; the rest from the arguments.
+  int Register(const std::string& name, const std::vector<int64_t>& shape, const std::string& dtype,
+               int module, int group, ParamSpec& spec) {
+    spec.name = name;
+    spec.numel = Numel(name, shape);
+    spec.dtype = ParseDType(dtype);
+    spec.module = module;
+    spec.group = group;
+    int id = 0;
+    {
+      py::gil_scoped_release nogil;
+      id = ValueOrThrow(e().RegisterParameter(spec));
+    }
+    if (id != static_cast<int>(params_.size()))
+      throw StatusException{InternalError("parameter ids out of order")};
+    params_.push_back({shape, spec.dtype, spec.numel});
+    if (static_cast<size_t>(module) >= module_params_.size())
+      module_params_.resize(static_cast<size_t>(module) + 1);
+    module_params_[static_cast<size_t>(module)].push_back(id);
+    return id;
+  }
+
+  // The Python error of a register_parameter_fn callable, raised once.
+  void RethrowFillError() {
+    if (!fill_error_) return;
+    py::error_already_set err = std::move(*fill_error_);
+    fill_error_.reset();
+    throw err;
+  }
+
   const Param& Get(int id) const {
     if (id < 0 || id >= static_cast<int>(params_.size()))
       throw StatusException{InvalidArgumentError("no parameter " + std::to_string(id))};
@@ -446,7 +523,8 @@ class PyEngine {
   std::unique_ptr<Engine> engine_;
   DLDevice device_{};
   std::vector<Param> params_;
-  std::vector<std::vector<int>> module_params_;  // module -> parameter ids
+  std::vector<std::vector<int>> module_params_;      // module -> parameter ids
+  std::optional<py::error_already_set> fill_error_;  // from a fill callable, until raised
 };
 
 }  // namespace
@@ -475,6 +553,9 @@ PYBIND11_MODULE(_strata, m) {
       .def("config_json", &PyEngine::config_json)
       .def("register_parameter", &PyEngine::register_parameter, py::arg("name"), py::arg("shape"),
            py::arg("dtype"), py::arg("module"), py::arg("init"), py::arg("group") = 0)
+      .def("register_parameter_fn", &PyEngine::register_parameter_fn, py::arg("name"),
+           py::arg("shape"), py::arg("dtype"), py::arg("module"), py::arg("fill"),
+           py::arg("group") = 0)
       .def("add_param_group", &PyEngine::add_param_group, py::arg("name"), py::arg("lr"),
            py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"))
       .def("num_param_groups", &PyEngine::num_param_groups)

@@ -13,7 +13,9 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
   engine module, in ``named_modules()`` order (a leaf module, below, with
   its whole subtree's). Modules that share a parameter
   (tied embeddings) are merged into one engine module. Each parameter is
-  registered with its fp32 value as the initial master; then its storage is
+  registered with its fp32 value as the initial master (one built under
+  strata.init with a callable that reads it from its spill store when the
+  engine initializes its states: strata.init_context); then its storage is
   released (``param.data`` becomes an empty placeholder) and the engine owns
   it: fp32 master and Adam moments where ``offload_optimizer`` says, the
   working copy (bf16/fp16/fp32 from the config) where ``offload_param`` says.
@@ -79,6 +81,7 @@ import torch
 import torch.utils.dlpack as _dlpack
 
 from . import _strata
+from . import init_context as _init_context
 from ._errors import FailedPreconditionError, InvalidArgumentError, StrataError
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -522,8 +525,24 @@ class Engine:
         self._param_groups = _param_groups(model, model_parameters)
         self._add_param_groups()
         self._build_groups()
-        self._register()
-        self._engine.plan()
+        # Parameters built under strata.init: (param, spill record), read by
+        # the engine from the spill store in plan(); their files go after it.
+        self._spilled = []
+        try:
+            self._register()
+            self._engine.plan()
+        except BaseException:
+            # This engine is dead: its gradient hooks stand aside (a retry
+            # registers new ones on the same accumulators), its files go.
+            self._state["closed"] = True
+            self._accumulators = []
+            self._finalizer()
+            for p, rec in self._spilled:  # the model keeps its spilled values
+                _init_context.put_back(p, rec)
+            raise
+        for _, rec in self._spilled:
+            rec.discard()
+        self._spilled = []
         self._install_hooks()
         # requires_grad of every parameter as at initialize: the engine owns the
         # trainable ones (weights and optimizer states), the set is fixed.
@@ -652,10 +671,18 @@ class Engine:
         for g in self._groups:
             for name, p in zip(g.names, g.params):
                 self._origin[id(p)] = (p.dtype, p.device)
-                init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
-                pid = self._engine.register_parameter(name, list(p.shape), dtype_name, g.index,
-                                                      _dlpack.to_dlpack(init),
-                                                      self._engine_group_of.get(id(p), 0))
+                group = self._engine_group_of.get(id(p), 0)
+                spilled = _init_context.take(p, name)
+                if spilled is not None:
+                    # Built under strata.init: the engine reads the values from
+                    # the spill store when it initializes the states (plan).
+                    self._spilled.append((p, spilled))
+                    pid = self._engine.register_parameter_fn(name, list(p.shape), dtype_name,
+                                                             g.index, spilled.fill, group)
+                else:
+                    init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
+                    pid = self._engine.register_parameter(name, list(p.shape), dtype_name,
+                                                          g.index, _dlpack.to_dlpack(init), group)
                 self._param_id[id(p)] = pid
                 self._shape_of_id.append(tuple(p.shape))
         # What the engine does not own follows the model to the device and dtype
@@ -667,6 +694,7 @@ class Engine:
                                            self.dtype if b.is_floating_point() else None)
             for p in mod._parameters.values():
                 if p is not None and id(p) not in self._param_id:
+                    _init_context.materialize_param(p)  # frozen, built under strata.init
                     p.data = p.data.to(self.device, self.dtype if p.is_floating_point() else None)
         # Each registered parameter: its gradient accumulator (made while the
         # parameter has its full shape, dtype and device: autograd checks
