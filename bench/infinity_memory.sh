@@ -4,43 +4,53 @@
 # size, `strata train` of the example model for a few steps on the host
 # device, then a line with the parameters, the model states' bytes, the
 # process's peak RSS (GNU time's maximum resident set size), RSS per
-# parameter, the plan's pinned and DRAM needs, the median step time, and
+# parameter, the plan's pinned and DRAM needs and the host memory it plans
+# (pinned + DRAM + the host device's "HBM", which is host memory too) with
+# the ratio of the peak RSS to it, the median step time, and
 # the NVMe bound ratio: step time / (bytes read / read rate + bytes written /
 # write rate), the rates those the engine measured on the directory when it
 # planned (StepStats::nvme_read_gbytes_per_s / nvme_write_gbytes_per_s).
 #
-#   bench/infinity_memory.sh [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [SIZE ...]
+#   bench/infinity_memory.sh [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER]
+#                            [-u SUB_GROUP] [SIZE ...]
 #
-# SIZE is LAYERSxHIDDEN of the example model (default: 8x1024 8x2048
-# 16x2048, about 67M, 268M and 537M parameters). Micro-batch 1, sequence 16,
-# hbm_budget 3G. NVME_DIR (default build/run/infinity) needs room for twice
-# the states of the largest size (16 bytes a parameter, twice).
+# SIZE is LAYERSxHIDDEN of the example model (default: 8x2048 16x2048
+# 32x2048, about 268M, 537M and 1.07B parameters: the same module size, so
+# that what grows is only the parameter count). Micro-batch 1, sequence 16,
+# hbm_budget 3G, strata.grad_tier GRAD_TIER (default nvme: the gradient sums
+# on NVMe too), sub_group_size SUB_GROUP (default 5e7). NVME_DIR (default
+# build/run/infinity) needs room for the largest size's states twice, its
+# parameters twice and its gradients (about 34 bytes a parameter).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STRATA="$ROOT/build/apps/strata/strata"
 DIR="$ROOT/build/run/infinity"
 STEPS=3
 PINNED=6G
-while getopts "s:d:n:p:" o; do
+GRAD_TIER=nvme
+SUB_GROUP=5e7
+while getopts "s:d:n:p:g:u:" o; do
   case "$o" in
     s) STRATA="$OPTARG" ;;
     d) DIR="$OPTARG" ;;
     n) STEPS="$OPTARG" ;;
     p) PINNED="$OPTARG" ;;
-    *) echo "usage: $0 [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [SIZE ...]" >&2; exit 2 ;;
+    g) GRAD_TIER="$OPTARG" ;;
+    u) SUB_GROUP="$OPTARG" ;;
+    *) echo "usage: $0 [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER] [-u SUB_GROUP] [SIZE ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
 SIZES=("$@")
-[ ${#SIZES[@]} -gt 0 ] || SIZES=(8x1024 8x2048 16x2048)
+[ ${#SIZES[@]} -gt 0 ] || SIZES=(8x2048 16x2048 32x2048)
 [ -x /usr/bin/time ] || { echo "infinity_memory: needs GNU time (/usr/bin/time; Debian's time package)" >&2; exit 2; }
 PY=/usr/bin/python3
 mkdir -p "$DIR"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-printf "%-9s %12s %9s %9s %8s %9s %9s %8s %9s %9s %11s %10s\n" size parameters states peak_rss \
-  "B/param" pinned dram step "read" written "r/w GB/s" "step/bound"
+printf "%-9s %12s %9s %9s %8s %9s %9s %9s %8s %8s %9s %9s %11s %10s\n" size parameters states \
+  peak_rss "B/param" pinned dram planned rss/plan step "read" written "r/w GB/s" "step/bound"
 for size in "${SIZES[@]}"; do
   layers="${size%x*}" hidden="${size#*x}"
   cfg="$WORK/c-$size.json"
@@ -51,8 +61,9 @@ for size in "${SIZES[@]}"; do
  "zero_optimization": {"stage": 3,
    "offload_optimizer": {"device": "nvme", "nvme_path": "$DIR"},
    "offload_param": {"device": "nvme", "nvme_path": "$DIR"},
-   "sub_group_size": 1e8, "stage3_max_live_parameters": 1e8},
+   "sub_group_size": $SUB_GROUP, "stage3_max_live_parameters": 1e8},
  "strata": {"device": "host", "hbm_budget": "3G", "pinned_budget": "$PINNED",
+   "grad_tier": "$GRAD_TIER",
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 16}}}
 JSON
   if ! /usr/bin/time -f "%M" -o "$WORK/rss" "$STRATA" train --config "$cfg" --steps "$STEPS" --json \
@@ -72,9 +83,12 @@ read, written = j["nvme_read_bytes"] / steps, j["nvme_written_bytes"] / steps
 rr, wr = j.get("nvme_read_gbytes_per_s", 0), j.get("nvme_write_gbytes_per_s", 0)
 bound = read / (rr * 1e9) + written / (wr * 1e9) if rr > 0 and wr > 0 else float("nan")
 need = {b["tier"]: b["needed_bytes"] for b in j["budgets"]}
+# On the host device its "HBM" is host memory as well.
+planned = need.get("pinned", 0) + need.get("dram", 0) + need.get("hbm", 0)
 g = lambda b: f"{b / 2**30:.2f}G"
 print(f"{size:<9} {j['parameters']:>12} {g(j['state_bytes']):>9} {g(rss):>9} "
       f"{rss / j['parameters']:>8.1f} {g(need.get('pinned', 0)):>9} {g(need.get('dram', 0)):>9} "
+      f"{g(planned):>9} {rss / planned:>8.2f} "
       f"{step:>7.2f}s {g(read):>9} {g(written):>9} {f'{rr:.2f}/{wr:.2f}':>11} {step / bound:>10.2f}")
 PY
 done

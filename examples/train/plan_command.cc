@@ -173,6 +173,7 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
                             {"needed_bytes", t.needed_bytes},
                             {"available_bytes", t.available_bytes},
                             {"detail", t.detail}});
+    j["host_bytes"] = plan.host_bytes;
     j["gradient_path"] = plan.grad_path;
     j["rates"] = {{"h2d_gbytes_per_s", rates.h2d_gbps},
                   {"d2h_gbytes_per_s", rates.d2h_gbps},
@@ -204,6 +205,11 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
           "{:<7} {:>11} {:>11}  {}{}\n", t.tier, FormatBytes(t.needed_bytes),
           t.available_bytes > 0 ? FormatBytes(t.available_bytes) : "-", t.detail,
           t.available_bytes > 0 && t.needed_bytes > t.available_bytes ? "  <-- over" : "");
+    out << fmt::format("{:<7} {:>11} {:>11}  {}\n", "host", FormatBytes(plan.host_bytes), "-",
+                       placement.host_device
+                           ? "what the process allocates in host memory: pinned + dram + hbm "
+                             "(the host device's)"
+                           : "what the process allocates in host memory: pinned + dram");
     out << fmt::format(
         "\npredicted step (one window of {} micro-batch{}), at the measured rates:\n",
         placement.gradient_accumulation_steps,

@@ -520,6 +520,7 @@ TEST(ConfigErrors, BadTypes) {
       {"strata.delayed_param_update", json::array(), "not a boolean"},
       {"strata.overlap_optimizer", "yes", "not a boolean"},
       {"strata.grad_accumulator", "gpu", "auto, device, host"},
+      {"strata.grad_tier", "disk", "auto, dram, nvme"},
       {"optimizer.params.lr", "1e-3", "not a number"},
       {"optimizer.params.eps", json::object(), "not a number"},
       {"gradient_clipping", true, "not a number"},
@@ -665,6 +666,18 @@ TEST(ConfigErrors, CrossFieldRules) {
   EXPECT_THAT(
       ErrorOf(R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})"),
       AllOf(HasSubstr("fp16.enabled"), HasSubstr("bf16.enabled"), HasSubstr("at most one")));
+  // Gradients on NVMe sit beside the states there, one window at a time.
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "strata": {"grad_tier": "nvme"}})"),
+      AllOf(HasSubstr("strata.grad_tier"), HasSubstr("offload_optimizer.device"),
+            HasSubstr("\"cpu\""), HasSubstr("auto")));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "strata": {"grad_tier": "nvme", "delayed_param_update": true}})"),
+      AllOf(HasSubstr("strata.grad_tier"), HasSubstr("delayed_param_update")));
+  Parse(
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "strata": {"grad_tier": "nvme"}})");
 }
 
 TEST(ConfigErrors, TopLevelMustBeAnObject) {
@@ -951,8 +964,9 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
   // Application-owned sections (strata.model) only when the config gives them.
-  EXPECT_EQ(j["strata"].size(), 14u);
+  EXPECT_EQ(j["strata"].size(), 15u);
   EXPECT_EQ(j["strata"]["grad_accumulator"], "auto");
+  EXPECT_EQ(j["strata"]["grad_tier"], "auto");
 }
 
 TEST(ConfigRoundTrip, InvalidUtf8DoesNotThrow) {
@@ -1046,6 +1060,7 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.delayed_param_update_warmup = pos(100) - 1;
     c.strata.overlap_optimizer = coin();
     c.strata.grad_accumulator = static_cast<GradAccumulatorPlace>(rng() % 3);
+    c.strata.grad_tier = static_cast<GradTier>(rng() % 2);  // nvme needs the states there
     c.strata.dram_budget_bytes = pos(int64_t{1} << 50) - 1;
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;
