@@ -8,8 +8,9 @@
 // A sample times `iters` collectives back to back on the compute stream
 // (enough to move --min-bytes, at most --max-iters)
 // until a Synchronize; its time is the slowest rank's (an all-reduce max of
-// the ranks' times). Repetitions interleave the sizes and collectives;
-// figures are medians.
+// the ranks' times). The baseline, interleaved with them: one device-to-device
+// copy of `size` bytes per iteration on the same stream. Repetitions
+// interleave the sizes, the collectives and the copy; figures are medians.
 //
 // Ranks: from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT), or
 // with --nproc N this process starts N local ranks itself (the same binary,
@@ -192,13 +193,16 @@ int LaunchRanks(const Args& a) {
   return result;
 }
 
-enum Coll { kAllGather = 0, kReduceScatter = 1, kAllReduce = 2 };
+// kCopy: the baseline, one device-to-device copy of `size` bytes on the
+// same stream (what moving the message costs within one rank).
+enum Coll { kAllGather = 0, kReduceScatter = 1, kAllReduce = 2, kCopy = 3 };
+constexpr int kKinds = 4;
 constexpr const char* kCollName[] = {"all_gather", "reduce_scatter", "all_reduce"};
 
 struct Point {
   size_t bytes = 0;
   size_t iters = 0;
-  double seconds[3] = {};  // median per collective
+  double seconds[kKinds] = {};  // median per collective and the copy
 };
 
 int RunRank(const Args& a) {
@@ -286,8 +290,10 @@ int RunRank(const Args& a) {
         st = c.AllGather(send->data(), recv->data(), total / n, type, s);
       else if (k == kReduceScatter)
         st = c.ReduceScatter(send->data(), recv->data(), total / n, type, gpu::ReduceOp::kSum, s);
-      else
+      else if (k == kAllReduce)
         st = c.AllReduce(send->data(), recv->data(), total, type, gpu::ReduceOp::kSum, s);
+      else
+        st = dev.CopyD2D(recv->data(), send->data(), bytes, s);
       RETURN_IF_ERROR(st);
     }
     RETURN_IF_ERROR(s.Synchronize());
@@ -303,26 +309,26 @@ int RunRank(const Args& a) {
   };
 
   std::vector<Point> points(sizes.size());
-  std::vector<std::vector<double>> times(sizes.size() * 3);
+  std::vector<std::vector<double>> times(sizes.size() * kKinds);
   for (size_t i = 0; i < sizes.size(); ++i) {
     points[i].bytes = sizes[i];
     points[i].iters = std::clamp<size_t>(min_bytes / sizes[i], 1, a.max_iters);
   }
   // A warm-up of each point (connections, first touches), not timed.
   for (auto& p : points)
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kKinds; ++k) {
       auto t = sample(static_cast<Coll>(k), p.bytes, 1);
       if (!t.ok()) return Fail(kCmd, t.status());
     }
   for (int rep = 0; rep < a.reps; ++rep)
     for (size_t i = 0; i < points.size(); ++i)
-      for (int k = 0; k < 3; ++k) {
+      for (int k = 0; k < kKinds; ++k) {
         auto t = sample(static_cast<Coll>(k), points[i].bytes, points[i].iters);
         if (!t.ok()) return Fail(kCmd, t.status());
-        times[i * 3 + k].push_back(*t / static_cast<double>(points[i].iters));
+        times[i * kKinds + k].push_back(*t / static_cast<double>(points[i].iters));
       }
   for (size_t i = 0; i < points.size(); ++i)
-    for (int k = 0; k < 3; ++k) points[i].seconds[k] = Median(times[i * 3 + k]);
+    for (int k = 0; k < kKinds; ++k) points[i].seconds[k] = Median(times[i * kKinds + k]);
   if (rank != 0) return 0;
 
   const double bus_ag = n > 1 ? static_cast<double>(n - 1) / n : 0.0;
@@ -342,6 +348,8 @@ int RunRank(const Args& a) {
                             {"algbw_gbytes_per_s", alg},
                             {"busbw_gbytes_per_s", alg * (k == kAllReduce ? bus_ar : bus_ag)}};
       }
+      pt["copy"] = {{"time_us", p.seconds[kCopy] * 1e6},
+                    {"gbytes_per_s", algbw(p.bytes, p.seconds[kCopy])}};
       pts.push_back(pt);
     }
     json j = {{"device", label},  {"backend", backend},    {"world_size", n},
@@ -352,8 +360,8 @@ int RunRank(const Args& a) {
   }
   std::printf("device: %s; %d ranks; %s; %d repetitions interleaved, medians; load %.2f\n",
               label.c_str(), n, a.dtype.c_str(), a.reps, load);
-  std::printf("%8s | %10s %8s %8s | %10s %8s %8s | %10s %8s %8s\n", "size", "ag us", "algbw",
-              "busbw", "rs us", "algbw", "busbw", "ar us", "algbw", "busbw");
+  std::printf("%8s | %10s %8s %8s | %10s %8s %8s | %10s %8s %8s | %8s\n", "size", "ag us", "algbw",
+              "busbw", "rs us", "algbw", "busbw", "ar us", "algbw", "busbw", "copy");
   for (const auto& p : points) {
     std::printf("%8s", SizeLabel(p.bytes).c_str());
     for (int k = 0; k < 3; ++k) {
@@ -361,11 +369,12 @@ int RunRank(const Args& a) {
       std::printf(" | %10.1f %8.3f %8.3f", p.seconds[k] * 1e6, alg,
                   alg * (k == kAllReduce ? bus_ar : bus_ag));
     }
-    std::printf("\n");
+    std::printf(" | %8.3f\n", algbw(p.bytes, p.seconds[kCopy]));
   }
   std::printf(
       "GB/s (1e9 B/s); busbw: all-gather, reduce-scatter algbw*(n-1)/n, all-reduce "
-      "algbw*2(n-1)/n (nccl-tests)\n");
+      "algbw*2(n-1)/n (nccl-tests); copy: one device-to-device copy of size bytes on the same "
+      "stream, interleaved (the baseline)\n");
   return 0;
 }
 

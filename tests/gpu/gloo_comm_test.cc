@@ -472,6 +472,7 @@ TEST(GlooCommBenchTest, StrataBenchCommTwoRanksJson) {
   EXPECT_EQ(j["sizes"][0].at("bytes"), 4096);
   EXPECT_EQ(j["sizes"][1].at("bytes"), 12344);
   for (const auto& pt : j["sizes"]) {
+    EXPECT_GT(pt.at("copy").at("gbytes_per_s").get<double>(), 0) << "the baseline copy";
     for (const char* c : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const auto& r = pt.at(c);
       const double t = r.at("time_us"), alg = r.at("algbw_gbytes_per_s"),
