@@ -35,6 +35,7 @@
 // its peers take part or CommOptions::timeout_s passes; a Synchronize waiting
 // that long behind it may then report the host device's "deadlock" error
 // (DeviceOptions::host_deadlock_timeout_s) if that is the shorter of the two.
+// Destroying the communicator waits for its collectives still queued.
 //
 // Failures: a failed collective (peer closed the connection, timeout) sets a
 // sticky error naming the collective, its size, this rank, the timeout and
@@ -134,6 +135,13 @@ class GlooCommunicator final : public Communicator {
         world_(o.world_size),
         timeout_s_(o.timeout_s),
         context_(std::move(context)) {}
+
+  // Waits for the collectives still queued on streams (each ends within the
+  // timeout once its stream reaches it): they refer to this object.
+  ~GlooCommunicator() override EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (pending_ > 0) done_cv_.Wait(&mu_);
+  }
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
@@ -278,16 +286,29 @@ class GlooCommunicator final : public Communicator {
   // Enqueues `body(tag)` on the stream. The tag is taken here, in issue
   // order, which every rank shares.
   template <typename Body>
-  Status Enqueue(Stream& stream, std::string what, Body body) {
-    const uint32_t tag = NextTag();
-    return stream.EnqueueHostCallback([this, tag, what = std::move(what), body]() {
-      if (!AsyncError().ok()) return;  // an earlier collective failed: skip
-      Status s = Run(what, [&] { body(tag); });
-      if (s.ok()) return;
-      STRATA_LOG_ERROR("{}", s.message());
+  Status Enqueue(Stream& stream, std::string what, Body body) EXCLUDES(mu_) {
+    uint32_t tag;
+    {
       MutexLock lock(&mu_);
-      if (error_.ok()) error_ = std::move(s);
+      tag = next_tag_++;
+      ++pending_;
+    }
+    Status enqueued = stream.EnqueueHostCallback([this, tag, what = std::move(what), body]() {
+      Status s;
+      if (AsyncError().ok()) {  // else an earlier collective failed: skip
+        s = Run(what, [&] { body(tag); });
+        if (!s.ok()) STRATA_LOG_ERROR("{}", s.message());
+      }
+      MutexLock lock(&mu_);
+      if (error_.ok() && !s.ok()) error_ = std::move(s);
+      --pending_;
+      done_cv_.NotifyAll();
     });
+    if (!enqueued.ok()) {  // the callback will never run
+      MutexLock lock(&mu_);
+      --pending_;
+    }
+    return enqueued;
   }
 
   // Runs a Gloo call, turning its exceptions into a Status.
@@ -310,7 +331,9 @@ class GlooCommunicator final : public Communicator {
   const double timeout_s_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   Mutex mu_;
-  uint32_t next_tag_ GUARDED_BY(mu_) = 1;
+  CondVar done_cv_;
+  uint32_t next_tag_ GUARDED_BY(mu_) = 1;  // tag 0: the rendezvous barrier
+  int pending_ GUARDED_BY(mu_) = 0;        // collectives enqueued, not yet run
   Status error_ GUARDED_BY(mu_);
 };
 
