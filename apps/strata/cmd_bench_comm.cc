@@ -123,6 +123,15 @@ StatusOr<int> FreePort() {
 // first failing rank's exit code (0 if all succeed). Rank 0's output is this
 // command's; the other ranks' stdout is discarded (their stderr is kept).
 int LaunchRanks(const Args& a) {
+  {  // the command line is checked once, here, rather than by every rank
+    std::vector<size_t> sizes;
+    std::string err;
+    uint64_t min_bytes = 0;
+    if (!ParseSizes(a.sizes, &sizes, &err)) return Fail(kCmd, err);
+    if (!ParseByteSize(a.min_bytes, &min_bytes))
+      return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
+    if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
+  }
   auto port = FreePort();
   if (!port.ok()) return Fail(kCmd, port.status());
   char dir_template[] = "/tmp/strata-bench-comm-XXXXXX";
