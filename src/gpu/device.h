@@ -612,7 +612,9 @@ struct CommOptions {
   std::string unique_id_file;
   // NCCL: how long non-zero ranks wait for the id. Gloo (host device, several
   // ranks): how long the rendezvous and each collective may wait for the
-  // peers before it fails (Unavailable) instead of hanging.
+  // peers before it fails (Unavailable) instead of hanging. Gloo collectives
+  // are host functions: a Synchronize that waits behind one for longer than
+  // DeviceOptions::host_deadlock_timeout_s reports a deadlock first.
   double timeout_s = 300;
   // Gloo: the directory through which the ranks exchange their addresses
   // (Gloo's FileStore; on a filesystem every rank sees). Empty:
