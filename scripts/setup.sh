@@ -26,7 +26,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
   liburing-dev libtbb-dev libxsimd-dev xtl-dev libhwloc-dev
   libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
   libfmt-dev libspdlog-dev libopenblas-dev fio gnuplot-nox
-  python3-dev pybind11-dev libdlpack-dev)  # the Python package (python/)
+  python3-dev pybind11-dev libdlpack-dev   # the Python package (python/)
+  libgloo-dev)  # the host device's collectives (several ranks without a GPU)
 # What only the tests use. Without them the build still configures: the
 # pytest case reports "Not Run" with the reason, the browser test skips, and the thread-safety check
 # and the fuzzer say they are skipped.

@@ -1,5 +1,6 @@
-// Communicator selection, torchrun-style environment parsing, the unique-id
-// exchange through a file, and the one-rank local communicator.
+// Communicator selection (NCCL on a CUDA device, Gloo on the host device with
+// several ranks, else the one-rank local communicator), torchrun-style
+// environment parsing, the unique-id exchange through a file.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -88,14 +89,30 @@ StatusOr<CommOptions> CommOptionsFromEnv() {
     return InvalidArgumentError(
         fmt::format("environment RANK={} is not below WORLD_SIZE={}", o.rank, o.world_size));
   o.unique_id_file = internal::UniqueIdPath(o);
+  if (const char* v = std::getenv("STRATA_GLOO_DIR"); v != nullptr) o.rendezvous_dir = v;
+  if (const char* v = std::getenv("STRATA_GLOO_HOST"); v != nullptr) o.listen_host = v;
+  if (const char* v = std::getenv("STRATA_COMM_TIMEOUT_S"); v != nullptr && *v != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const double t = std::strtod(v, &end);
+    if (errno != 0 || *end != '\0' || !(t > 0) || t > 1e6)
+      return InvalidArgumentError(fmt::format(
+          "environment STRATA_COMM_TIMEOUT_S=\"{}\" is not a positive number of seconds", v));
+    o.timeout_s = t;
+  }
   return o;
 }
 
 StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
                                                            const CommOptions& options) {
-  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size)
-    return InvalidArgumentError(fmt::format("communicator: rank {} / world size {} is invalid",
-                                            options.rank, options.world_size));
+  if (options.world_size < 1)
+    return InvalidArgumentError(
+        fmt::format("communicator: CommOptions.world_size (WORLD_SIZE) is {}, must be at least 1",
+                    options.world_size));
+  if (options.rank < 0 || options.rank >= options.world_size)
+    return InvalidArgumentError(
+        fmt::format("communicator: CommOptions.rank (RANK) is {}, must be in [0, world_size {})",
+                    options.rank, options.world_size));
   if (!device.is_host() && internal::HaveNccl())
     return internal::CreateNcclCommunicator(device, options);
   if (options.world_size == 1) {
@@ -104,8 +121,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
                        "communicator: built without NCCL; one rank, collectives are local copies");
     return std::unique_ptr<Communicator>(std::make_unique<LocalCommunicator>(device));
   }
+  if (device.is_host()) return internal::CreateGlooCommunicator(device, options);
   return NotSupportedError(fmt::format(
-      "communicator: world size {} needs NCCL and a CUDA device ({}; NCCL in this build: {})",
+      "communicator: world size {} on {} needs NCCL (NCCL in this build: {}), or the host device "
+      "(Gloo)",
       options.world_size, device.Describe(), internal::HaveNccl() ? "yes" : "no"));
 }
 

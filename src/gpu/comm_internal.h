@@ -1,5 +1,6 @@
 // Internal to src/gpu: the NCCL backend's factory (nccl_comm.cc, or
-// nccl_stub.cc in builds without NCCL) and the unique-id file helpers.
+// nccl_stub.cc in builds without NCCL), the unique-id file helpers, and the
+// Gloo backend's factory (gloo_comm.cc: the host device with several ranks).
 #pragma once
 
 #include <array>
@@ -28,5 +29,16 @@ StatusOr<UniqueId> ReadUniqueId(const std::string& path, double timeout_s);
 // STRATA_NCCL_UNIQUE_ID as 256 hex digits; nullopt if unset.
 StatusOr<std::optional<UniqueId>> UniqueIdFromEnv();
 std::string UniqueIdToHex(const UniqueId& id);
+
+// Connects options.world_size ranks through Gloo's FileStore in
+// GlooRendezvousDir and TCP; Unavailable (naming the directory, the address
+// and the timeout) when the peers do not all arrive within options.timeout_s.
+StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
+                                                               const CommOptions& options);
+// options.rendezvous_dir, or "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>".
+std::string GlooRendezvousDir(const CommOptions& options);
+// options.listen_host; else 127.0.0.1 when MASTER_ADDR is unset or a loopback
+// address, else this machine's host name.
+std::string GlooListenHost(const CommOptions& options);
 
 }  // namespace strata::gpu::internal

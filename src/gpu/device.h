@@ -9,7 +9,8 @@
 //     global gradient norm, fill,
 //   * a pinned host-memory pool handed out in fixed size classes whose regions
 //     the NVMe engine registers as io_uring fixed buffers,
-//   * a communicator (NCCL on CUDA; a one-rank local one on the host backend).
+//   * a communicator (NCCL on CUDA; on the host backend a one-rank local one,
+//     or Gloo over TCP for several ranks).
 //
 // Two backends behind the same interface (LevelDB Env style):
 //   CudaDevice  — the CUDA runtime: one cudaMalloc'd arena sub-allocated here,
@@ -609,17 +610,38 @@ struct CommOptions {
   // <MASTER_PORT>.id". Alternatively STRATA_NCCL_UNIQUE_ID (256 hex digits) in
   // every rank's environment.
   std::string unique_id_file;
-  double timeout_s = 300;  // how long non-zero ranks wait for the id
+  // NCCL: how long non-zero ranks wait for the id. Gloo (host device, several
+  // ranks): how long the rendezvous and each collective may wait for the
+  // peers before it fails (Unavailable) instead of hanging. Gloo collectives
+  // are host functions: a Synchronize that waits behind one for longer than
+  // DeviceOptions::host_deadlock_timeout_s reports a deadlock first.
+  double timeout_s = 300;
+  // Gloo: the directory through which the ranks exchange their addresses
+  // (Gloo's FileStore; on a filesystem every rank sees). Empty:
+  // "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>"; STRATA_GLOO_DIR overrides.
+  // Each rank removes its own entries once all ranks have connected.
+  std::string rendezvous_dir;
+  // Gloo: the host name or address this rank listens on for its peers.
+  // Empty: 127.0.0.1 when MASTER_ADDR is unset or a loopback address (one
+  // machine), else this machine's host name. STRATA_GLOO_HOST overrides.
+  std::string listen_host;
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK (as torchrun sets them), MASTER_ADDR and
-// MASTER_PORT (for the default id file). Unset → a single rank. Junk or an
-// inconsistent rank → InvalidArgument naming the variable.
+// MASTER_PORT (for the default id file and rendezvous directory),
+// STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_COMM_TIMEOUT_S (seconds, > 0).
+// Unset → a single rank. Junk or an inconsistent rank → InvalidArgument
+// naming the variable.
 StatusOr<CommOptions> CommOptionsFromEnv();
 
 // Collectives on a device stream, ordered with the stream's other work.
 // Buffers are device pointers (arena). NCCL's ordering rule applies: every
 // rank must issue the same collectives in the same order.
+//
+// Failures: argument errors are returned by the call. A failure of the
+// enqueued work (Gloo: a peer died, the timeout passed) is sticky: it is
+// returned by AsyncError() once the stream has reached the collective, and by
+// every later call on the communicator.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -635,11 +657,23 @@ class Communicator {
                            Stream& stream) = 0;
   virtual Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
                            Stream& stream) = 0;
+  // Blocks the calling thread until every rank has called Barrier (not a
+  // stream operation). One rank: returns at once. Backends without one
+  // (NCCL here) return NotSupported for several ranks.
+  virtual Status Barrier() {
+    if (world_size() == 1) return Status::Ok();
+    return NotSupportedError("Communicator::Barrier: not supported by this backend");
+  }
+  // The first failure of enqueued collective work so far (Ok if none). Only
+  // work the streams have already run is covered: synchronize the stream
+  // first. Backends whose failures are all synchronous return Ok.
+  virtual Status AsyncError() { return Status::Ok(); }
 };
 
 // CUDA device + NCCL build: an NCCL communicator (rank 0 creates the unique
-// id). Host device: a one-rank communicator (world_size must be 1) whose
-// collectives are copies on the stream. Otherwise NotSupported.
+// id). Host device: one rank → a local communicator whose collectives are
+// copies on the stream; several ranks → Gloo over TCP (gloo_comm.cc).
+// Otherwise NotSupported.
 StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
                                                            const CommOptions& options);
 

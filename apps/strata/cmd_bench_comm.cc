@@ -1,0 +1,426 @@
+// strata bench comm: all-gather, reduce-scatter and all-reduce bandwidth
+// against message size, as nccl-tests reports it. `size` is nccl-tests'
+// message size: the all-gather's output, the reduce-scatter's input, the
+// all-reduce's buffer (bytes, rounded down to a multiple of ranks × element).
+//   algbw = size / time
+//   busbw = algbw × (n-1)/n   all-gather, reduce-scatter
+//         = algbw × 2(n-1)/n  all-reduce
+// A sample times `iters` collectives back to back on the compute stream
+// (enough to move --min-bytes, at most --max-iters)
+// until a Synchronize; its time is the slowest rank's (an all-reduce max of
+// the ranks' times). The baseline, interleaved with them: one device-to-device
+// copy of `size` bytes per iteration on the same stream. Repetitions
+// interleave the sizes, the collectives and the copy; figures are medians.
+//
+// Ranks: from torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR/PORT), or
+// with --nproc N this process starts N local ranks itself (the same binary,
+// those variables set, a free port, a fresh rendezvous directory) and rank 0
+// prints. Device: a CUDA device with NCCL when there is one (--device auto or
+// cuda; rank r uses GPU LOCAL_RANK), else the host device with Gloo over TCP.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/strata/bench_stats.h"
+#include "apps/strata/commands.h"
+#include "apps/strata/exit_codes.h"
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+#include "src/gpu/device.h"
+
+namespace strata::cli {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kCmd = "bench comm";
+
+struct Args {
+  int nproc = 0;  // 0: the ranks come from the environment
+  std::string sizes = "4K..64M";
+  std::string device = "auto";
+  std::string dtype = "fp32";
+  int reps = 5;
+  std::string min_bytes = "16M";  // a sample repeats a collective until it moved this much
+  int max_iters = 100;            // ... or ran this many times
+  double timeout_s = 60;
+  bool json = false;
+};
+
+// "4K..64M" (×4 steps) or "1K,1M,16M".
+bool ParseSizes(const std::string& text, std::vector<size_t>* out, std::string* err) {
+  out->clear();
+  const size_t dots = text.find("..");
+  if (dots != std::string::npos) {
+    uint64_t lo = 0, hi = 0;
+    if (!ParseByteSize(text.substr(0, dots), &lo) || !ParseByteSize(text.substr(dots + 2), &hi) ||
+        lo == 0 || hi < lo) {
+      *err = "--sizes: \"" + text + "\" is not a range like 4K..64M";
+      return false;
+    }
+    for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
+    if (out->back() != hi) out->push_back(hi);
+    return true;
+  }
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    uint64_t v = 0;
+    if (!ParseByteSize(item, &v) || v == 0) {
+      *err = "--sizes: \"" + item + "\" is not a size (e.g. 4K, 1M, 64M)";
+      return false;
+    }
+    out->push_back(v);
+  }
+  if (out->empty()) {
+    *err = "--sizes: empty";
+    return false;
+  }
+  return true;
+}
+
+std::string SizeLabel(size_t b) {
+  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + "G";
+  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return std::to_string(b >> 20) + "M";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + "K";
+  return std::to_string(b);
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick).
+StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoError("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int e = errno;
+    close(fd);
+    return ErrnoError("binding a free port on 127.0.0.1", e);
+  }
+  close(fd);
+  return static_cast<int>(ntohs(a.sin_port));
+}
+
+// --nproc N: runs N copies of this command as ranks 0..N-1 and returns the
+// first failing rank's exit code (0 if all succeed). Rank 0's output is this
+// command's; the other ranks' stdout is discarded (their stderr is kept).
+int LaunchRanks(const Args& a) {
+  {  // the command line is checked once, here, rather than by every rank
+    std::vector<size_t> sizes;
+    std::string err;
+    uint64_t min_bytes = 0;
+    if (!ParseSizes(a.sizes, &sizes, &err)) return Fail(kCmd, err);
+    if (!ParseByteSize(a.min_bytes, &min_bytes))
+      return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
+    if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
+  }
+  auto port = FreePort();
+  if (!port.ok()) return Fail(kCmd, port.status());
+  char dir_template[] = "/tmp/strata-bench-comm-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr)
+    return Fail(kCmd, ErrnoError("creating the rendezvous directory under /tmp", errno));
+  const std::string dir = dir_template;
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return Fail(kCmd, "cannot find this program (/proc/self/exe): " + ec.message());
+  std::vector<std::string> argv = {exe,
+                                   "bench",
+                                   "comm",
+                                   "--sizes",
+                                   a.sizes,
+                                   "--device",
+                                   a.device,
+                                   "--dtype",
+                                   a.dtype,
+                                   "--reps",
+                                   std::to_string(a.reps),
+                                   "--min-bytes",
+                                   a.min_bytes,
+                                   "--timeout",
+                                   std::to_string(a.timeout_s)};
+  if (a.json) argv.push_back("--json");
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < a.nproc; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int e = errno;
+      for (pid_t p : pids) kill(p, SIGKILL);
+      for (pid_t p : pids) waitpid(p, nullptr, 0);
+      return Fail(kCmd, ErrnoError("fork", e));
+    }
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
+      setenv("STRATA_GLOO_DIR", dir.c_str(), 1);
+      if (r != 0) {
+        if (FILE* null = std::freopen("/dev/null", "w", stdout); null == nullptr) _exit(kExitIo);
+      }
+      std::vector<char*> cargv;
+      for (auto& s : argv) cargv.push_back(s.data());
+      cargv.push_back(nullptr);
+      execv(exe.c_str(), cargv.data());
+      std::fprintf(stderr, "strata %s: exec %s: %s\n", kCmd, exe.c_str(), std::strerror(errno));
+      _exit(kExitFailed);
+    }
+    pids.push_back(pid);
+  }
+  int result = 0;
+  for (int r = 0; r < a.nproc; ++r) {
+    int st = 0;
+    waitpid(pids[r], &st, 0);
+    const int code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitSignalBase + WTERMSIG(st);
+    if (code != 0) {
+      std::fprintf(stderr, "strata %s: rank %d exited with %d\n", kCmd, r, code);
+      if (result == 0) result = code;
+    }
+  }
+  std::filesystem::remove_all(dir, ec);
+  return result;
+}
+
+// kCopy: the baseline, one device-to-device copy of `size` bytes on the
+// same stream (what moving the message costs within one rank).
+enum Coll { kAllGather = 0, kReduceScatter = 1, kAllReduce = 2, kCopy = 3 };
+constexpr int kKinds = 4;
+constexpr const char* kCollName[] = {"all_gather", "reduce_scatter", "all_reduce"};
+
+struct Point {
+  size_t bytes = 0;
+  size_t iters = 0;
+  double seconds[kKinds] = {};  // median per collective and the copy
+};
+
+int RunRank(const Args& a) {
+  std::vector<size_t> sizes;
+  std::string err;
+  if (!ParseSizes(a.sizes, &sizes, &err)) return Fail(kCmd, err);
+  uint64_t min_bytes = 0;
+  if (!ParseByteSize(a.min_bytes, &min_bytes))
+    return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
+  if (a.reps < 1) return Fail(kCmd, "--reps must be at least 1");
+  if (a.max_iters < 1) return Fail(kCmd, "--max-iters must be at least 1");
+  if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
+  const DType type = a.dtype == "fp16"   ? DType::kFp16
+                     : a.dtype == "bf16" ? DType::kBf16
+                                         : DType::kFp32;
+  const size_t es = DTypeSize(type);
+
+  auto copts = gpu::CommOptionsFromEnv();
+  if (!copts.ok()) return Fail(kCmd, copts.status());
+  copts->timeout_s = a.timeout_s;
+  const int n = copts->world_size, rank = copts->rank;
+  const size_t unit = es * static_cast<size_t>(n);
+  for (size_t& s : sizes) s = std::max(unit, s / unit * unit);
+  size_t max_size = 0;
+  for (size_t s : sizes) max_size = std::max(max_size, s);
+
+  gpu::DeviceOptions o;
+  o.kind = a.device == "host"   ? DeviceKind::kHost
+           : a.device == "cuda" ? DeviceKind::kCuda
+                                : DeviceKind::kAuto;
+  o.device_id = copts->local_rank;
+  o.hbm_budget_bytes = 2 * max_size + (16 << 20);
+  auto device = gpu::CreateDevice(o);
+  if (!device.ok()) {
+    const StatusCode code = device.status().code();
+    if (a.device == "cuda" &&
+        (code == StatusCode::kUnavailable || code == StatusCode::kNotSupported)) {
+      // Not an error: this machine has no GPU to measure.
+      if (rank == 0) {
+        if (a.json)
+          std::cout
+              << json{{"device", "none"}, {"reason", std::string(device.status().message())}}.dump()
+              << "\n";
+        else
+          std::printf(
+              "strata bench comm: no CUDA device (%s); nothing measured. Use --device "
+              "host (Gloo) instead.\n",
+              std::string(device.status().message()).c_str());
+      }
+      return 0;
+    }
+    return Fail(kCmd, device.status());
+  }
+  gpu::Device& dev = **device;
+  auto comm = gpu::CreateCommunicator(dev, *copts);
+  if (!comm.ok()) return Fail(kCmd, comm.status());
+  gpu::Communicator& c = **comm;
+  gpu::Stream& s = dev.compute();
+  const std::string backend = !dev.is_host() ? "nccl" : n > 1 ? "gloo" : "local";
+
+  auto send = dev.Allocate(max_size);
+  auto recv = dev.Allocate(max_size);
+  auto tbuf = dev.Allocate(sizeof(float));
+  if (!send.ok()) return Fail(kCmd, send.status());
+  if (!recv.ok()) return Fail(kCmd, recv.status());
+  if (!tbuf.ok()) return Fail(kCmd, tbuf.status());
+  {
+    std::vector<float> v(max_size / sizeof(float));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = Hash01(i, 17 + rank);
+    std::vector<uint8_t> bytes(max_size);
+    // The values are fp32 in [0, 1]; as another dtype, their first bytes.
+    std::memcpy(bytes.data(), v.data(), v.size() * sizeof(float));
+    Status st = dev.CopyH2D(send->data(), bytes.data(), bytes.size(), s);
+    if (st.ok()) st = s.Synchronize();
+    if (!st.ok()) return Fail(kCmd, st);
+  }
+
+  // One sample: `iters` collectives, then the slowest rank's seconds.
+  auto sample = [&](Coll k, size_t bytes, size_t iters) -> StatusOr<double> {
+    const size_t total = bytes / es;  // nccl-tests' count for the message
+    Stopwatch sw;
+    for (size_t i = 0; i < iters; ++i) {
+      Status st;
+      if (k == kAllGather)
+        st = c.AllGather(send->data(), recv->data(), total / n, type, s);
+      else if (k == kReduceScatter)
+        st = c.ReduceScatter(send->data(), recv->data(), total / n, type, gpu::ReduceOp::kSum, s);
+      else if (k == kAllReduce)
+        st = c.AllReduce(send->data(), recv->data(), total, type, gpu::ReduceOp::kSum, s);
+      else
+        st = dev.CopyD2D(recv->data(), send->data(), bytes, s);
+      RETURN_IF_ERROR(st);
+    }
+    RETURN_IF_ERROR(s.Synchronize());
+    RETURN_IF_ERROR(c.AsyncError());
+    float t = static_cast<float>(sw.Seconds());
+    RETURN_IF_ERROR(dev.CopyH2D(tbuf->data(), &t, sizeof(t), s));
+    RETURN_IF_ERROR(
+        c.AllReduce(tbuf->data(), tbuf->data(), 1, DType::kFp32, gpu::ReduceOp::kMax, s));
+    RETURN_IF_ERROR(dev.CopyD2H(&t, tbuf->data(), sizeof(t), s));
+    RETURN_IF_ERROR(s.Synchronize());
+    RETURN_IF_ERROR(c.AsyncError());
+    return static_cast<double>(t);
+  };
+
+  std::vector<Point> points(sizes.size());
+  std::vector<std::vector<double>> times(sizes.size() * kKinds);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    points[i].bytes = sizes[i];
+    points[i].iters = std::clamp<size_t>(min_bytes / sizes[i], 1, a.max_iters);
+  }
+  // A warm-up of each point (connections, first touches), not timed.
+  for (auto& p : points)
+    for (int k = 0; k < kKinds; ++k) {
+      auto t = sample(static_cast<Coll>(k), p.bytes, 1);
+      if (!t.ok()) return Fail(kCmd, t.status());
+    }
+  for (int rep = 0; rep < a.reps; ++rep)
+    for (size_t i = 0; i < points.size(); ++i)
+      for (int k = 0; k < kKinds; ++k) {
+        auto t = sample(static_cast<Coll>(k), points[i].bytes, points[i].iters);
+        if (!t.ok()) return Fail(kCmd, t.status());
+        times[i * kKinds + k].push_back(*t / static_cast<double>(points[i].iters));
+      }
+  for (size_t i = 0; i < points.size(); ++i)
+    for (int k = 0; k < kKinds; ++k) points[i].seconds[k] = Median(times[i * kKinds + k]);
+  if (rank != 0) return 0;
+
+  const double bus_ag = n > 1 ? static_cast<double>(n - 1) / n : 0.0;
+  const double bus_ar = 2 * bus_ag;
+  auto algbw = [](size_t bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0.0; };
+  const std::string label = dev.Describe() + (backend == "gloo"   ? " (Gloo over TCP)"
+                                              : backend == "nccl" ? " (NCCL)"
+                                                                  : "");
+  const double load = LoadAverage();
+  if (a.json) {
+    json pts = json::array();
+    for (const auto& p : points) {
+      json pt = {{"bytes", p.bytes}, {"iterations", p.iters}};
+      for (int k = 0; k < 3; ++k) {
+        const double alg = algbw(p.bytes, p.seconds[k]);
+        pt[kCollName[k]] = {{"time_us", p.seconds[k] * 1e6},
+                            {"algbw_gbytes_per_s", alg},
+                            {"busbw_gbytes_per_s", alg * (k == kAllReduce ? bus_ar : bus_ag)}};
+      }
+      pt["copy"] = {{"time_us", p.seconds[kCopy] * 1e6},
+                    {"gbytes_per_s", algbw(p.bytes, p.seconds[kCopy])}};
+      pts.push_back(pt);
+    }
+    json j = {{"device", label},  {"backend", backend},    {"world_size", n},
+              {"dtype", a.dtype}, {"repetitions", a.reps}, {"load_average", load},
+              {"sizes", pts}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("device: %s; %d ranks; %s; %d repetitions interleaved, medians; load %.2f\n",
+              label.c_str(), n, a.dtype.c_str(), a.reps, load);
+  std::printf("%8s | %10s %8s %8s | %10s %8s %8s | %10s %8s %8s | %8s\n", "size", "ag us", "algbw",
+              "busbw", "rs us", "algbw", "busbw", "ar us", "algbw", "busbw", "copy");
+  for (const auto& p : points) {
+    std::printf("%8s", SizeLabel(p.bytes).c_str());
+    for (int k = 0; k < 3; ++k) {
+      const double alg = algbw(p.bytes, p.seconds[k]);
+      std::printf(" | %10.1f %8.3f %8.3f", p.seconds[k] * 1e6, alg,
+                  alg * (k == kAllReduce ? bus_ar : bus_ag));
+    }
+    std::printf(" | %8.3f\n", algbw(p.bytes, p.seconds[kCopy]));
+  }
+  std::printf(
+      "GB/s (1e9 B/s); busbw: all-gather, reduce-scatter algbw*(n-1)/n, all-reduce "
+      "algbw*2(n-1)/n (nccl-tests); copy: one device-to-device copy of size bytes on the same "
+      "stream, interleaved (the baseline)\n");
+  return 0;
+}
+
+CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& result) {
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = bench.add_subcommand(
+      "comm", "Collective bandwidth (all-gather, reduce-scatter, all-reduce) vs message size");
+  cmd->add_option("--nproc", args->nproc,
+                  "Start this many local ranks (0: the ranks come from torchrun's RANK, "
+                  "WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--sizes", args->sizes,
+                  "Message sizes (nccl-tests' size): a range 4K..64M (x4 steps) or a list")
+      ->capture_default_str();
+  cmd->add_option("--device", args->device, "auto (CUDA+NCCL if present, else host+Gloo)|cuda|host")
+      ->check(CLI::IsMember({"auto", "cuda", "host"}))
+      ->capture_default_str();
+  cmd->add_option("--dtype", args->dtype, "Element type")
+      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--reps", args->reps, "Repetitions per point (interleaved; medians)")
+      ->transform(CountSuffix(1))
+      ->capture_default_str();
+  cmd->add_option("--min-bytes", args->min_bytes,
+                  "A sample repeats a collective until it moved this many bytes")
+      ->capture_default_str();
+  cmd->add_option("--max-iters", args->max_iters, "... or at most this many times")
+      ->transform(CountSuffix(1))
+      ->capture_default_str();
+  cmd->add_option("--timeout", args->timeout_s, "Collective and rendezvous timeout, seconds")
+      ->capture_default_str();
+  cmd->add_flag("--json", args->json, "Machine-readable output (rank 0)");
+  cmd->callback([args, &result] {
+    result.exit_code = args->nproc > 0 ? LaunchRanks(*args) : RunRank(*args);
+  });
+});
+
+}  // namespace
+}  // namespace strata::cli

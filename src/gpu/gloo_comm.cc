@@ -1,0 +1,403 @@
+// The host device's communicator for several ranks: Gloo (Debian's
+// libgloo-dev) over TCP. Every multi-rank path of the engine runs with it on
+// machines without a GPU, one process per rank.
+//
+// What each collective is in Gloo (no algorithm is written here):
+//   AllGather     gloo::allgather (ring over unbound buffers)
+//   AllReduce     gloo::allreduce (ring)
+//   Broadcast     gloo::broadcast
+//   Barrier       gloo::barrier
+//   ReduceScatter gloo::ReduceScatterHalvingDoubling — Gloo's reduce-scatter,
+//                 an older-style Gloo algorithm built per call on a scratch
+//                 copy of the input (it reduces in place; this Gloo version
+//                 has no options-style reduce-scatter). Its counts are ints:
+//                 world_size*count*4 bytes must stay below 2 GiB.
+// Data types: gather and broadcast move bytes, so every DType. Reductions
+// (sum, max, min, avg) run in fp32: fp32 data directly; fp16 and bf16 data
+// are widened to fp32, reduced in fp32 and rounded back once (Gloo has no
+// bf16, and fp32 partial sums are at least as accurate as fp16 ones). Avg is
+// the sum times 1/world_size.
+//
+// Rendezvous: Gloo's FileStore in CommOptions::rendezvous_dir (every rank
+// writes its listening addresses there and reads the others'); this Gloo
+// version has no TCP store, so multi-node needs a shared filesystem. Once all
+// ranks are connected (a Gloo barrier) each removes the entries its store
+// touched, so the directory can serve the next run; entries left by a run
+// that crashed during the rendezvous would be read by the next one (use a
+// fresh directory or port then).
+//
+// Stream ordering: each collective is a host function on the stream
+// (Stream::EnqueueHostCallback): it runs after the stream's earlier work and
+// later work waits for it, and the caller does not block. Host functions run
+// on the host device's one callback thread, so the collectives of one rank run
+// one at a time in the order their streams reach them (every rank must issue
+// them in the same order, as with NCCL). A collective blocks that thread until
+// its peers take part or CommOptions::timeout_s passes; a Synchronize waiting
+// that long behind it may then report the host device's "deadlock" error
+// (DeviceOptions::host_deadlock_timeout_s) if that is the shorter of the two.
+// Destroying the communicator waits for its collectives still queued.
+//
+// Failures: a failed collective (peer closed the connection, timeout) sets a
+// sticky error naming the collective, its size, this rank, the timeout and
+// Gloo's message; AsyncError() and every later call return it, and the
+// collectives queued behind it do nothing.
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "src/common/log.h"
+#include "src/common/status_util.h"
+#include "src/common/thread_annotations.h"
+#include "src/gpu/comm_internal.h"
+#include "src/gpu/device.h"
+#include "src/gpu/host_kernels.h"
+
+namespace strata::gpu::internal {
+namespace {
+
+const char* DTypeLabel(DType t) {
+  switch (t) {
+    case DType::kFp32:
+      return "fp32";
+    case DType::kFp16:
+      return "fp16";
+    case DType::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+const char* OpLabel(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kAvg:
+      return "avg";
+  }
+  return "?";
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+ReduceFn Fp32Reduce(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax:
+      return &gloo::max<float>;
+    case ReduceOp::kMin:
+      return &gloo::min<float>;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return &gloo::sum<float>;
+  }
+  return &gloo::sum<float>;
+}
+
+const gloo::ReductionFunction<float>* Fp32ReductionFunction(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMax:
+      return gloo::ReductionFunction<float>::max;
+    case ReduceOp::kMin:
+      return gloo::ReductionFunction<float>::min;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return gloo::ReductionFunction<float>::sum;
+  }
+  return gloo::ReductionFunction<float>::sum;
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(Device& device, const CommOptions& o,
+                   std::shared_ptr<gloo::rendezvous::Context> context)
+      : device_(device),
+        rank_(o.rank),
+        world_(o.world_size),
+        timeout_s_(o.timeout_s),
+        context_(std::move(context)) {}
+
+  // Waits for the collectives still queued on streams (each ends within the
+  // timeout once its stream reaches it): they refer to this object.
+  ~GlooCommunicator() override EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (pending_ > 0) done_cv_.Wait(&mu_);
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+
+  Status AllGather(const void* send, void* recv, size_t count, DType type,
+                   Stream& stream) override {
+    const size_t bytes = count * DTypeSize(type);
+    RETURN_IF_ERROR(Check("AllGather", send, bytes, recv, bytes * world_));
+    if (count == 0) return Status::Ok();
+    return Enqueue(stream, Describe("AllGather", count, type), [=, this](uint32_t tag) {
+      auto* out = static_cast<char*>(recv);
+      gloo::AllgatherOptions opts(context_);
+      // In place when send is this rank's slot of recv.
+      if (send != out + rank_ * bytes)
+        opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
+      opts.setOutput(out, bytes * world_);
+      opts.setTag(tag);
+      gloo::allgather(opts);
+    });
+  }
+
+  Status ReduceScatter(const void* send, void* recv, size_t count, DType type, ReduceOp op,
+                       Stream& stream) override {
+    const size_t esize = DTypeSize(type);
+    RETURN_IF_ERROR(Check("ReduceScatter", send, count * esize * world_, recv, count * esize));
+    const size_t total = count * world_;
+    if (total > static_cast<size_t>(INT_MAX) / sizeof(float))
+      return InvalidArgumentError(fmt::format(
+          "ReduceScatter: {} elements per rank × {} ranks exceeds Gloo's reduce-scatter limit of "
+          "{} fp32 elements (its sizes are ints)",
+          count, world_, INT_MAX / sizeof(float)));
+    if (count == 0) return Status::Ok();
+    return Enqueue(stream, Describe("ReduceScatter", count, type, op), [=, this](uint32_t) {
+      std::vector<float> scratch(total);
+      host::Cast(send, type, scratch.data(), DType::kFp32, total);
+      gloo::ReduceScatterHalvingDoubling<float> algo(
+          context_, std::vector<float*>{scratch.data()}, static_cast<int>(total),
+          std::vector<int>(world_, static_cast<int>(count)), Fp32ReductionFunction(op));
+      algo.run();
+      Finish(scratch.data(), recv, count, type, op);
+    });
+  }
+
+  Status AllReduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
+                   Stream& stream) override {
+    const size_t bytes = count * DTypeSize(type);
+    RETURN_IF_ERROR(Check("AllReduce", send, bytes, recv, bytes));
+    if (count == 0) return Status::Ok();
+    return Enqueue(stream, Describe("AllReduce", count, type, op), [=, this](uint32_t tag) {
+      gloo::AllreduceOptions opts(context_);
+      opts.setReduceFunction(Fp32Reduce(op));
+      opts.setTag(tag);
+      if (type == DType::kFp32) {
+        if (send != recv) opts.setInput(const_cast<float*>(static_cast<const float*>(send)), count);
+        opts.setOutput(static_cast<float*>(recv), count);
+        gloo::allreduce(opts);
+        Finish(static_cast<float*>(recv), recv, count, type, op);
+        return;
+      }
+      std::vector<float> scratch(count);
+      host::Cast(send, type, scratch.data(), DType::kFp32, count);
+      opts.setOutput(scratch.data(), count);
+      gloo::allreduce(opts);
+      Finish(scratch.data(), recv, count, type, op);
+    });
+  }
+
+  Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
+                   Stream& stream) override {
+    if (root < 0 || root >= world_)
+      return InvalidArgumentError(
+          fmt::format("Broadcast: root {} is not a rank of world size {}", root, world_));
+    const size_t bytes = count * DTypeSize(type);
+    // Only the root's send buffer is read.
+    RETURN_IF_ERROR(Check("Broadcast", rank_ == root ? send : recv, bytes, recv, bytes));
+    if (count == 0) return Status::Ok();
+    return Enqueue(stream, Describe("Broadcast", count, type), [=, this](uint32_t tag) {
+      gloo::BroadcastOptions opts(context_);
+      if (rank_ == root && send != recv)
+        opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
+      opts.setOutput(static_cast<char*>(recv), bytes);
+      opts.setRoot(root);
+      opts.setTag(tag);
+      gloo::broadcast(opts);
+    });
+  }
+
+  Status Barrier() override {
+    RETURN_IF_ERROR(AsyncError());
+    const uint32_t tag = NextTag();
+    return Run("Barrier", [&] {
+      gloo::BarrierOptions opts(context_);
+      opts.setTag(tag);
+      gloo::barrier(opts);
+    });
+  }
+
+  Status AsyncError() override EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return error_;
+  }
+
+ private:
+  // Arguments are checked synchronously (nothing is enqueued on error).
+  Status Check(const char* what, const void* send, size_t send_bytes, const void* recv,
+               size_t recv_bytes) {
+    RETURN_IF_ERROR(AsyncError());
+    if (send_bytes == 0 && recv_bytes == 0) return Status::Ok();
+    if (send == nullptr || recv == nullptr)
+      return InvalidArgumentError(fmt::format("{}: null buffer", what));
+    if (!device_.Contains(send, send_bytes))
+      return InvalidArgumentError(
+          fmt::format("{}: send buffer ({} bytes) is not in the device arena", what, send_bytes));
+    if (!device_.Contains(recv, recv_bytes))
+      return InvalidArgumentError(fmt::format(
+          "{}: receive buffer ({} bytes) is not in the device arena", what, recv_bytes));
+    return Status::Ok();
+  }
+
+  std::string Describe(const char* what, size_t count, DType type) const {
+    return fmt::format("{} of {} {} elements", what, count, DTypeLabel(type));
+  }
+  std::string Describe(const char* what, size_t count, DType type, ReduceOp op) const {
+    return fmt::format("{} ({}) of {} {} elements", what, OpLabel(op), count, DTypeLabel(type));
+  }
+
+  // The reduced fp32 values `acc` (count of them) → recv in `type`, averaged
+  // for kAvg. acc may alias recv (fp32).
+  void Finish(float* acc, void* recv, size_t count, DType type, ReduceOp op) const {
+    if (op == ReduceOp::kAvg) {
+      const float inv = 1.0f / static_cast<float>(world_);
+      for (size_t i = 0; i < count; ++i) acc[i] *= inv;
+    }
+    if (static_cast<void*>(acc) != recv) host::Cast(acc, DType::kFp32, recv, type, count);
+  }
+
+  uint32_t NextTag() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return next_tag_++;
+  }
+
+  // Enqueues `body(tag)` on the stream. The tag is taken here, in issue
+  // order, which every rank shares.
+  template <typename Body>
+  Status Enqueue(Stream& stream, std::string what, Body body) EXCLUDES(mu_) {
+    uint32_t tag;
+    {
+      MutexLock lock(&mu_);
+      tag = next_tag_++;
+      ++pending_;
+    }
+    Status enqueued = stream.EnqueueHostCallback([this, tag, what = std::move(what), body]() {
+      Status s;
+      if (AsyncError().ok()) {  // else an earlier collective failed: skip
+        s = Run(what, [&] { body(tag); });
+        if (!s.ok()) STRATA_LOG_ERROR("{}", s.message());
+      }
+      MutexLock lock(&mu_);
+      if (error_.ok() && !s.ok()) error_ = std::move(s);
+      --pending_;
+      done_cv_.NotifyAll();
+    });
+    if (!enqueued.ok()) {  // the callback will never run
+      MutexLock lock(&mu_);
+      --pending_;
+    }
+    return enqueued;
+  }
+
+  // Runs a Gloo call, turning its exceptions into a Status.
+  template <typename Fn>
+  Status Run(const std::string& what, Fn fn) {
+    try {
+      fn();
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return UnavailableError(fmt::format(
+          "gloo communicator rank {} of {}: {} failed: a peer rank exited or did not take part "
+          "within the collective timeout ({:g} s); Gloo: {}",
+          rank_, world_, what, timeout_s_, e.what()));
+    }
+  }
+
+  Device& device_;
+  const int rank_;
+  const int world_;
+  const double timeout_s_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  Mutex mu_;
+  CondVar done_cv_;
+  uint32_t next_tag_ GUARDED_BY(mu_) = 1;  // tag 0: the rendezvous barrier
+  int pending_ GUARDED_BY(mu_) = 0;        // collectives enqueued, not yet run
+  Status error_ GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::string GlooRendezvousDir(const CommOptions& options) {
+  if (!options.rendezvous_dir.empty()) return options.rendezvous_dir;
+  const char* addr = std::getenv("MASTER_ADDR");
+  const char* port = std::getenv("MASTER_PORT");
+  std::string a = addr ? addr : "localhost";
+  for (char& c : a)
+    if (c == '/') c = '_';
+  return fmt::format("/tmp/strata-gloo-{}-{}", a, port ? port : "0");
+}
+
+std::string GlooListenHost(const CommOptions& options) {
+  if (!options.listen_host.empty()) return options.listen_host;
+  const char* addr = std::getenv("MASTER_ADDR");
+  const std::string a = addr ? addr : "";
+  if (a.empty() || a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1") return "127.0.0.1";
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  return name;
+}
+
+StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
+                                                               const CommOptions& options) {
+  if (!(options.timeout_s > 0))
+    return InvalidArgumentError(
+        fmt::format("communicator: timeout_s {} must be positive", options.timeout_s));
+  const std::string dir = GlooRendezvousDir(options);
+  const std::string host = GlooListenHost(options);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return IOError(
+        fmt::format("gloo rendezvous: cannot create the directory {}: {}", dir, ec.message()));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    auto dev = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(dir);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+    context->setTimeout(timeout);
+    context->connectFullMesh(store, dev);
+    // Everyone has read every entry once all are connected; then each rank
+    // removes the entries its store wrote or read (a peer may have removed
+    // one already).
+    gloo::BarrierOptions barrier(context);
+    barrier.setTag(0);
+    gloo::barrier(barrier);
+    for (const std::string& path : store.getAllKeyFilePaths()) std::filesystem::remove(path, ec);
+    STRATA_LOG_INFO("gloo communicator: rank {} of {} connected (listening on {}, rendezvous {})",
+                    options.rank, options.world_size, host, dir);
+    return std::unique_ptr<Communicator>(
+        std::make_unique<GlooCommunicator>(device, options, std::move(context)));
+  } catch (const std::exception& e) {
+    return UnavailableError(fmt::format(
+        "gloo rendezvous: rank {} of {} could not connect to its peers within {:g} s through {} "
+        "(listening on {}; are all ranks started with the same MASTER_ADDR/MASTER_PORT or "
+        "STRATA_GLOO_DIR?): {}",
+        options.rank, options.world_size, options.timeout_s, dir, host, e.what()));
+  }
+}
+
+}  // namespace strata::gpu::internal

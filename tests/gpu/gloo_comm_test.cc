@@ -1,0 +1,490 @@
+// The Gloo communicator of the host device with several ranks. Each rank is a
+// forked child process of the test (forked before any device or Gloo state
+// exists, so the child starts single-threaded) that runs one scenario and
+// exits with 0 or prints what went wrong and exits with 1. Every rank's input
+// comes from (seed, rank, case), so each rank recomputes the reference from
+// all ranks' inputs.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/gpu/comm_internal.h"
+#include "src/gpu/device.h"
+#include "src/gpu/host_kernels.h"
+#include "tests/test_util.h"
+
+namespace strata::gpu::testing {
+namespace {
+
+constexpr DType kTypes[] = {DType::kFp32, DType::kFp16, DType::kBf16};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg};
+
+const char* Name(DType t) {
+  return t == DType::kFp32 ? "fp32" : t == DType::kFp16 ? "fp16" : "bf16";
+}
+const char* Name(ReduceOp op) {
+  return op == ReduceOp::kSum   ? "sum"
+         : op == ReduceOp::kMax ? "max"
+         : op == ReduceOp::kMin ? "min"
+                                : "avg";
+}
+
+// A failed check in a rank: the message goes to stderr, the rank exits 1.
+struct RankFailure {
+  std::string what;
+};
+#define RANK_CHECK(cond, ...)                                                   \
+  do {                                                                          \
+    if (!(cond))                                                                \
+      throw RankFailure{fmt::format("{}:{}: {}: ", __FILE__, __LINE__, #cond) + \
+                        fmt::format(__VA_ARGS__)};                              \
+  } while (0)
+#define RANK_OK(expr)                         \
+  do {                                        \
+    const Status s_ = (expr);                 \
+    RANK_CHECK(s_.ok(), "{}", s_.ToString()); \
+  } while (0)
+
+// `n` values of `type` (as fp32, exactly representable in `type`) for one
+// rank and case: uniform in [-2, 2].
+std::vector<float> Values(uint64_t seed, int rank, int which, size_t n, DType type) {
+  std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(rank) * 7919u + which);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  if (type != DType::kFp32) {  // round to the type and back
+    std::vector<uint16_t> h(n);
+    host::Cast(v.data(), DType::kFp32, h.data(), type, n);
+    host::Cast(h.data(), type, v.data(), DType::kFp32, n);
+  }
+  return v;
+}
+
+// fp32 values → bytes of `type`.
+std::vector<uint8_t> Encode(const std::vector<float>& v, DType type) {
+  std::vector<uint8_t> b(v.size() * DTypeSize(type));
+  host::Cast(v.data(), DType::kFp32, b.data(), type, v.size());
+  return b;
+}
+std::vector<float> Decode(const std::vector<uint8_t>& b, DType type) {
+  std::vector<float> v(b.size() / DTypeSize(type));
+  host::Cast(b.data(), type, v.data(), DType::kFp32, v.size());
+  return v;
+}
+
+struct RankEnv {
+  int rank = 0;
+  int world = 1;
+  std::string dir;
+  double timeout_s = 20;
+};
+
+struct Ctx {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> comm;
+  int rank, world;
+
+  DeviceBuffer Upload(const std::vector<uint8_t>& bytes) {
+    auto b = device->Allocate(std::max<size_t>(bytes.size(), 1));
+    RANK_OK(b.status());
+    if (!bytes.empty())
+      RANK_OK(device->CopyH2D(b->data(), bytes.data(), bytes.size(), device->compute()));
+    return std::move(*b);
+  }
+  std::vector<uint8_t> Download(const DeviceBuffer& b, size_t bytes) {
+    std::vector<uint8_t> out(bytes);
+    RANK_OK(device->CopyD2H(out.data(), b.data(), bytes, device->compute()));
+    return out;
+  }
+};
+
+Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30) {
+  Ctx c;
+  DeviceOptions d;
+  d.kind = DeviceKind::kHost;
+  d.hbm_budget_bytes = 64 << 20;
+  d.host_deadlock_timeout_s = deadlock_timeout_s;
+  auto dev = CreateDevice(d);
+  RANK_OK(dev.status());
+  c.device = std::move(*dev);
+  CommOptions o;
+  o.rank = e.rank;
+  o.world_size = e.world;
+  o.rendezvous_dir = e.dir;
+  o.timeout_s = e.timeout_s;
+  auto comm = CreateCommunicator(*c.device, o);
+  RANK_OK(comm.status());
+  c.comm = std::move(*comm);
+  RANK_CHECK(c.comm->rank() == e.rank && c.comm->world_size() == e.world, "rank/world mismatch");
+  c.rank = e.rank;
+  c.world = e.world;
+  return c;
+}
+
+// Starts `world` ranks running `body`, waits for all (killing any left after
+// `limit_s`), and returns each rank's exit status.
+std::vector<int> RunRanks(int world, const std::function<void(const RankEnv&)>& body,
+                          double timeout_s = 20, double limit_s = 60) {
+  strata::testing::ScratchDir dir("strata-gloo-test");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      break;
+    }
+    if (pid == 0) {
+      int code = 0;
+      try {
+        body(RankEnv{r, world, dir.str(), timeout_s});
+      } catch (const RankFailure& f) {
+        std::fprintf(stderr, "rank %d: %s\n", r, f.what.c_str());
+        code = 1;
+      }
+      std::fflush(stderr);
+      _exit(code);  // no destructors or atexit handlers of the parent's state
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status(pids.size(), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  size_t left = pids.size();
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (status[i] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        status[i] = st;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (status[i] == -1) {
+          ADD_FAILURE() << "rank " << i << " still running after " << limit_s << " s: killed";
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], &status[i], 0);
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return status;
+}
+
+void ExpectAllExitedZero(const std::vector<int>& status) {
+  for (size_t r = 0; r < status.size(); ++r)
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
+        << "rank " << r << " wait status " << status[r] << " (see its stderr above)";
+}
+
+// |got - want| within what fp32 reassociation and one rounding to `type` allow.
+bool Close(float got, float want, float abs_sum, DType type) {
+  const float rel = type == DType::kFp32 ? 1e-6f : type == DType::kFp16 ? 1.0f / 1024 : 1.0f / 128;
+  return std::fabs(got - want) <= rel * abs_sum + 1e-6f;
+}
+
+// Every collective, every dtype, odd sizes, all issued back to back on the
+// compute stream and checked after one Synchronize.
+void CollectivesScenario(const RankEnv& e) {
+  Ctx c = Connect(e);
+  const uint64_t seed = 0x5eed;
+  const int W = c.world, R = c.rank;
+  const size_t sizes[] = {1, 3, 1001, 12347};
+  int which = 0;
+  for (size_t n : sizes) {
+    for (DType t : kTypes) {
+      const size_t es = DTypeSize(t);
+      std::vector<std::function<void()>> checks;
+      std::deque<DeviceBuffer> keep;  // stable addresses for the checks
+
+      // AllGather (out of place and in place).
+      for (int in_place = 0; in_place < 2; ++in_place) {
+        const int id = which++;
+        std::vector<float> mine = Values(seed, R, id, n, t);
+        DeviceBuffer recv = c.Upload(std::vector<uint8_t>(n * es * W, 0xAB));
+        const void* send;
+        if (in_place) {
+          RANK_OK(c.device->CopyH2D(static_cast<char*>(recv.data()) + R * n * es,
+                                    Encode(mine, t).data(), n * es, c.device->compute()));
+          send = static_cast<char*>(recv.data()) + R * n * es;
+        } else {
+          keep.push_back(c.Upload(Encode(mine, t)));
+          send = keep.back().data();
+        }
+        RANK_OK(c.comm->AllGather(send, recv.data(), n, t, c.device->compute()));
+        keep.push_back(std::move(recv));
+        DeviceBuffer* out = &keep.back();
+        checks.push_back([&c, out, n, t, es, W, id, seed, in_place] {
+          std::vector<uint8_t> want;
+          for (int r = 0; r < W; ++r) {
+            auto b = Encode(Values(seed, r, id, n, t), t);
+            want.insert(want.end(), b.begin(), b.end());
+          }
+          RANK_CHECK(c.Download(*out, n * es * W) == want, "AllGather n={} {} in_place={}", n,
+                     Name(t), in_place);
+        });
+      }
+
+      // Broadcast from a varying root.
+      {
+        const int id = which++;
+        const int root = id % W;
+        DeviceBuffer send = c.Upload(Encode(Values(seed, R, id, n, t), t));
+        DeviceBuffer recv = c.Upload(std::vector<uint8_t>(n * es, 0xCD));
+        RANK_OK(c.comm->Broadcast(send.data(), recv.data(), n, t, root, c.device->compute()));
+        keep.push_back(std::move(send));
+        keep.push_back(std::move(recv));
+        DeviceBuffer* out = &keep.back();
+        checks.push_back([&c, out, n, t, es, id, root, seed] {
+          RANK_CHECK(c.Download(*out, n * es) == Encode(Values(seed, root, id, n, t), t),
+                     "Broadcast n={} {} root={}", n, Name(t), root);
+        });
+      }
+
+      // AllReduce (every op; sum also in place) and ReduceScatter (every op).
+      for (ReduceOp op : kOps) {
+        for (int kind = 0; kind < 3;
+             ++kind) {  // 0 AllReduce, 1 AllReduce in place, 2 ReduceScatter
+          if (kind == 1 && op != ReduceOp::kSum) continue;
+          const int id = which++;
+          const size_t in_n = kind == 2 ? n * W : n;
+          DeviceBuffer send = c.Upload(Encode(Values(seed, R, id, in_n, t), t));
+          DeviceBuffer recv =
+              kind == 1 ? DeviceBuffer() : c.Upload(std::vector<uint8_t>(n * es, 0xEF));
+          void* out_ptr = kind == 1 ? send.data() : recv.data();
+          if (kind == 2)
+            RANK_OK(c.comm->ReduceScatter(send.data(), out_ptr, n, t, op, c.device->compute()));
+          else
+            RANK_OK(c.comm->AllReduce(send.data(), out_ptr, n, t, op, c.device->compute()));
+          keep.push_back(std::move(send));
+          DeviceBuffer* out = &keep.back();
+          if (kind != 1) {
+            keep.push_back(std::move(recv));
+            out = &keep.back();
+          }
+          checks.push_back([&c, out, n, in_n, t, es, W, R, id, seed, op, kind] {
+            const size_t off = kind == 2 ? R * n : 0;
+            std::vector<std::vector<float>> in(W);
+            for (int r = 0; r < W; ++r) in[r] = Values(seed, r, id, in_n, t);
+            const std::vector<float> got = Decode(c.Download(*out, n * es), t);
+            for (size_t i = 0; i < n; ++i) {
+              float acc = in[0][off + i], abs_sum = std::fabs(acc);
+              for (int r = 1; r < W; ++r) {
+                const float x = in[r][off + i];
+                abs_sum += std::fabs(x);
+                if (op == ReduceOp::kMax)
+                  acc = std::max(acc, x);
+                else if (op == ReduceOp::kMin)
+                  acc = std::min(acc, x);
+                else
+                  acc += x;
+              }
+              if (op == ReduceOp::kAvg) {
+                acc /= static_cast<float>(W);
+                abs_sum /= static_cast<float>(W);
+              }
+              const bool exact = op == ReduceOp::kMax || op == ReduceOp::kMin;
+              RANK_CHECK(exact ? got[i] == acc : Close(got[i], acc, abs_sum, t),
+                         "{} {} n={} {} element {}: got {} want {}",
+                         kind == 2   ? "ReduceScatter"
+                         : kind == 1 ? "AllReduce(in place)"
+                                     : "AllReduce",
+                         Name(op), n, Name(t), i, got[i], acc);
+            }
+          });
+        }
+      }
+      RANK_OK(c.device->compute().Synchronize());
+      RANK_OK(c.comm->AsyncError());
+      for (auto& check : checks) check();
+    }
+  }
+  RANK_OK(c.comm->Barrier());
+  // Every rank removed its rendezvous entry once all were connected.
+  for (const auto& f : std::filesystem::recursive_directory_iterator(e.dir))
+    RANK_CHECK(!f.is_regular_file(), "rendezvous entry left: {}", f.path().string());
+}
+
+TEST(GlooCommTest, EveryCollectiveAndDtypeTwoRanks) {
+  ExpectAllExitedZero(RunRanks(2, CollectivesScenario));
+}
+
+TEST(GlooCommTest, EveryCollectiveAndDtypeFourRanks) {
+  ExpectAllExitedZero(RunRanks(4, CollectivesScenario));
+}
+
+// Rank world-1 stops taking part after one good collective: it dies by
+// SIGKILL (`kill -9`), or it stalls (alive, connections open) past the
+// timeout. Every other rank's next collective fails within the timeout with
+// an error naming the collective, the rank and the timeout, and later calls
+// fail at once with the same error.
+void PeerLostScenario(const RankEnv& e, bool kill_it, double timeout_s) {
+  Ctx c = Connect(e);
+  const size_t n = 4097;
+  DeviceBuffer buf = c.Upload(Encode(Values(7, e.rank, 0, n, DType::kFp32), DType::kFp32));
+  RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kSum,
+                            c.device->compute()));
+  RANK_OK(c.device->compute().Synchronize());
+  RANK_OK(c.comm->Barrier());
+  if (e.rank == e.world - 1) {
+    if (kill_it) raise(SIGKILL);  // kill -9 of this rank
+    std::this_thread::sleep_for(std::chrono::duration<double>(timeout_s + 1.5));
+    return;  // exits without taking part
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kSum,
+                            c.device->compute()));
+  RANK_OK(c.device->compute().Synchronize());
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Status s = c.comm->AsyncError();
+  RANK_CHECK(!s.ok(), "the collective without its peer succeeded");
+  const std::string m(s.message());
+  RANK_CHECK(m.find("AllReduce (sum) of 4097 fp32 elements") != std::string::npos, "message: {}",
+             m);
+  RANK_CHECK(m.find(fmt::format("rank {} of {}", e.rank, e.world)) != std::string::npos,
+             "message: {}", m);
+  RANK_CHECK(m.find(fmt::format("timeout ({:g} s)", timeout_s)) != std::string::npos, "message: {}",
+             m);
+  // A bound on the failure, not a performance figure: the timeout plus
+  // slack for a loaded 2-core machine.
+  RANK_CHECK(waited < timeout_s + 5, "failed after {:.1f} s", waited);
+  // Sticky: later calls fail at once with the same error.
+  const Status again =
+      c.comm->AllGather(buf.data(), buf.data(), 1, DType::kFp32, c.device->compute());
+  RANK_CHECK(again == s, "later call: {}", again.ToString());
+  RANK_CHECK(c.comm->Barrier() == s, "Barrier after the failure");
+}
+
+constexpr double kShortTimeoutS = 3;
+
+TEST(GlooCommTest, KilledPeerFailsTheOthersWithinTheTimeout) {
+  constexpr int kWorld = 4;
+  auto status = RunRanks(
+      kWorld, [](const RankEnv& e) { PeerLostScenario(e, /*kill_it=*/true, kShortTimeoutS); },
+      kShortTimeoutS, 40);
+  for (int r = 0; r < kWorld - 1; ++r)
+    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0) << "rank " << r;
+  EXPECT_TRUE(WIFSIGNALED(status[kWorld - 1]) && WTERMSIG(status[kWorld - 1]) == SIGKILL);
+}
+
+TEST(GlooCommTest, StalledPeerFailsTheOthersWithinTheTimeout) {
+  ExpectAllExitedZero(RunRanks(
+      3, [](const RankEnv& e) { PeerLostScenario(e, /*kill_it=*/false, kShortTimeoutS); },
+      kShortTimeoutS, 40));
+}
+
+// A rank whose peers never come fails the rendezvous within its timeout,
+// naming the directory.
+TEST(GlooCommTest, MissingPeerFailsTheRendezvous) {
+  strata::testing::ScratchDir dir("strata-gloo-test");
+  DeviceOptions d;
+  d.kind = DeviceKind::kHost;
+  d.hbm_budget_bytes = 1 << 20;
+  auto dev = CreateDevice(d).value();
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.rendezvous_dir = dir.str();
+  o.timeout_s = 0.5;
+  auto comm = CreateCommunicator(*dev, o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(std::string(comm.status().message()).find(dir.str()), std::string::npos)
+      << comm.status();
+}
+
+TEST(GlooCommTest, BadOptionsAreRefusedNamingTheVariable) {
+  DeviceOptions d;
+  d.kind = DeviceKind::kHost;
+  d.hbm_budget_bytes = 1 << 20;
+  auto dev = CreateDevice(d).value();
+  CommOptions o;
+  o.world_size = 4;
+  o.rank = 4;
+  auto comm = CreateCommunicator(*dev, o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(comm.status().message()).find("CommOptions.rank (RANK) is 4"),
+            std::string::npos)
+      << comm.status();
+  o.rank = 0;
+  o.timeout_s = 0;
+  comm = CreateCommunicator(*dev, o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_NE(std::string(comm.status().message()).find("timeout_s"), std::string::npos)
+      << comm.status();
+
+  setenv("STRATA_COMM_TIMEOUT_S", "soon", 1);
+  auto env = CommOptionsFromEnv();
+  unsetenv("STRATA_COMM_TIMEOUT_S");
+  ASSERT_FALSE(env.ok());
+  EXPECT_NE(std::string(env.status().message()).find("STRATA_COMM_TIMEOUT_S"), std::string::npos)
+      << env.status();
+  setenv("STRATA_GLOO_DIR", "/some/dir", 1);
+  setenv("STRATA_COMM_TIMEOUT_S", "2.5", 1);
+  env = CommOptionsFromEnv();
+  unsetenv("STRATA_GLOO_DIR");
+  unsetenv("STRATA_COMM_TIMEOUT_S");
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->rendezvous_dir, "/some/dir");
+  EXPECT_EQ(env->timeout_s, 2.5);
+}
+
+// `strata bench comm --nproc 2` starts two ranks itself and rank 0 prints
+// JSON with every field, positive figures, and nccl-tests' bus bandwidth
+// factors (the test checks the fields and formulas, not the speeds).
+TEST(GlooCommBenchTest, StrataBenchCommTwoRanksJson) {
+  const std::string cmd = std::string(STRATA_CLI_PATH) +
+                          " bench comm --nproc 2 --device host --sizes 4K,12345 --reps 1 "
+                          "--min-bytes 0 --timeout 20 --json";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, got);
+  const int st = pclose(p);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << cmd << "\n" << out;
+  const auto j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << out;
+  EXPECT_EQ(j.at("world_size"), 2);
+  EXPECT_EQ(j.at("backend"), "gloo");
+  EXPECT_EQ(j.at("dtype"), "fp32");
+  ASSERT_EQ(j.at("sizes").size(), 2u) << out;
+  // 12345 rounds down to a multiple of 2 ranks x 4 bytes.
+  EXPECT_EQ(j["sizes"][0].at("bytes"), 4096);
+  EXPECT_EQ(j["sizes"][1].at("bytes"), 12344);
+  for (const auto& pt : j["sizes"]) {
+    EXPECT_GT(pt.at("copy").at("gbytes_per_s").get<double>(), 0) << "the baseline copy";
+    for (const char* c : {"all_gather", "reduce_scatter", "all_reduce"}) {
+      const auto& r = pt.at(c);
+      const double t = r.at("time_us"), alg = r.at("algbw_gbytes_per_s"),
+                   bus = r.at("busbw_gbytes_per_s");
+      EXPECT_GT(t, 0) << c;
+      EXPECT_GT(alg, 0) << c;
+      EXPECT_NEAR(alg, pt.at("bytes").get<double>() / (t * 1e-6) / 1e9, 1e-9 * alg + 1e-12) << c;
+      // n = 2: (n-1)/n = 0.5, 2(n-1)/n = 1.
+      EXPECT_NEAR(bus, alg * (std::string(c) == "all_reduce" ? 1.0 : 0.5), 1e-12 * alg) << c;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::gpu::testing
