@@ -1,16 +1,19 @@
 // Small helpers the `strata bench` commands share: the median of repeated
 // timings, the machine's load average to print beside them (the machines are
-// shared: a figure says how busy its machine was), the error exit, and the
-// deterministic values the benchmarks fill their arrays with.
+// shared: a figure says how busy its machine was), the error exit, the
+// deterministic values the benchmarks fill their arrays with, and the
+// message sizes of --sizes.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
 
 namespace strata::cli {
@@ -58,6 +61,48 @@ inline float Hash01(uint64_t i, uint64_t salt) {
   x *= 0xBF58476D1CE4E5B9ull;
   x ^= x >> 29;
   return static_cast<float>((x >> 40) + 1) * 0x1p-24f;
+}
+
+// --sizes: "LO..HI" (x4 steps, HI last) or "A,B,C". `range` and `list`
+// are examples for the error ("4K..64M", "4K, 1M, 64M").
+inline bool ParseSizes(const std::string& text, std::vector<size_t>* out, std::string* err,
+                       const char* range, const char* list) {
+  out->clear();
+  const size_t dots = text.find("..");
+  if (dots != std::string::npos) {
+    uint64_t lo = 0, hi = 0;
+    if (!ParseByteSize(text.substr(0, dots), &lo) || !ParseByteSize(text.substr(dots + 2), &hi) ||
+        lo == 0 || hi < lo) {
+      *err = "--sizes: \"" + text + "\" is not a range like " + range;
+      return false;
+    }
+    for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
+    if (out->back() != hi) out->push_back(hi);
+    return true;
+  }
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    uint64_t v = 0;
+    if (!ParseByteSize(item, &v) || v == 0) {
+      *err = "--sizes: \"" + item + "\" is not a size (e.g. " + list + ")";
+      return false;
+    }
+    out->push_back(v);
+  }
+  if (out->empty()) {
+    *err = "--sizes: empty";
+    return false;
+  }
+  return true;
+}
+
+// 64K, 1M, 2G, or the bytes.
+inline std::string SizeLabel(size_t b) {
+  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + "G";
+  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return std::to_string(b >> 20) + "M";
+  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + "K";
+  return std::to_string(b);
 }
 
 }  // namespace strata::cli

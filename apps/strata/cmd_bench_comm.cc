@@ -62,44 +62,6 @@ struct Args {
   bool json = false;
 };
 
-// "4K..64M" (×4 steps) or "1K,1M,16M".
-bool ParseSizes(const std::string& text, std::vector<size_t>* out, std::string* err) {
-  out->clear();
-  const size_t dots = text.find("..");
-  if (dots != std::string::npos) {
-    uint64_t lo = 0, hi = 0;
-    if (!ParseByteSize(text.substr(0, dots), &lo) || !ParseByteSize(text.substr(dots + 2), &hi) ||
-        lo == 0 || hi < lo) {
-      *err = "--sizes: \"" + text + "\" is not a range like 4K..64M";
-      return false;
-    }
-    for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
-    if (out->back() != hi) out->push_back(hi);
-    return true;
-  }
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    uint64_t v = 0;
-    if (!ParseByteSize(item, &v) || v == 0) {
-      *err = "--sizes: \"" + item + "\" is not a size (e.g. 4K, 1M, 64M)";
-      return false;
-    }
-    out->push_back(v);
-  }
-  if (out->empty()) {
-    *err = "--sizes: empty";
-    return false;
-  }
-  return true;
-}
-
-std::string SizeLabel(size_t b) {
-  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + "G";
-  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return std::to_string(b >> 20) + "M";
-  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + "K";
-  return std::to_string(b);
-}
 
 // A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick).
 StatusOr<int> FreePort() {
@@ -127,7 +89,7 @@ int LaunchRanks(const Args& a) {
     std::vector<size_t> sizes;
     std::string err;
     uint64_t min_bytes = 0;
-    if (!ParseSizes(a.sizes, &sizes, &err)) return Fail(kCmd, err);
+    if (!ParseSizes(a.sizes, &sizes, &err, "4K..64M", "4K, 1M, 64M")) return Fail(kCmd, err);
     if (!ParseByteSize(a.min_bytes, &min_bytes))
       return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
     if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
@@ -217,7 +179,7 @@ struct Point {
 int RunRank(const Args& a) {
   std::vector<size_t> sizes;
   std::string err;
-  if (!ParseSizes(a.sizes, &sizes, &err)) return Fail(kCmd, err);
+  if (!ParseSizes(a.sizes, &sizes, &err, "4K..64M", "4K, 1M, 64M")) return Fail(kCmd, err);
   uint64_t min_bytes = 0;
   if (!ParseByteSize(a.min_bytes, &min_bytes))
     return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
 #include "src/common/log.h"
@@ -18,44 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-// "64K..1G" (×4 steps) or "64K,1M,256M".
-bool ParseSizes(const std::string& text, std::vector<size_t>* out, std::string* err) {
-  out->clear();
-  const size_t dots = text.find("..");
-  if (dots != std::string::npos) {
-    uint64_t lo = 0, hi = 0;
-    if (!ParseByteSize(text.substr(0, dots), &lo) || !ParseByteSize(text.substr(dots + 2), &hi) ||
-        lo == 0 || hi < lo) {
-      *err = "--sizes: \"" + text + "\" is not a range like 64K..1G";
-      return false;
-    }
-    for (uint64_t s = lo; s <= hi; s *= 4) out->push_back(s);
-    if (out->back() != hi) out->push_back(hi);
-    return true;
-  }
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    uint64_t v = 0;
-    if (!ParseByteSize(item, &v) || v == 0) {
-      *err = "--sizes: \"" + item + "\" is not a size (e.g. 64K, 4M, 1G)";
-      return false;
-    }
-    out->push_back(v);
-  }
-  if (out->empty()) {
-    *err = "--sizes: empty";
-    return false;
-  }
-  return true;
-}
-
-std::string SizeLabel(size_t b) {
-  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return std::to_string(b >> 30) + "G";
-  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return std::to_string(b >> 20) + "M";
-  if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + "K";
-  return std::to_string(b);
-}
 
 struct Args {
   std::string sizes = "64K..1G";
@@ -69,7 +32,7 @@ struct Args {
 int RunBenchPcie(const Args& a) {
   std::vector<size_t> sizes;
   std::string err;
-  if (!ParseSizes(a.sizes, &sizes, &err)) {
+  if (!ParseSizes(a.sizes, &sizes, &err, "64K..1G", "64K, 4M, 1G")) {
     std::fprintf(stderr, "strata bench pcie: %s\n", err.c_str());
     return kExitUsage;
   }
