@@ -2,6 +2,7 @@
 #include "examples/train/train.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -284,6 +285,10 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   r.parameters = engine->num_elements();
   r.state_bytes = r.parameters * (2 * static_cast<int64_t>(dtype == DType::kFp32 ? 4 : 2) + 12);
   r.budgets = engine->Budgets();
+  for (const TierBudget& t : r.budgets)
+    if (t.tier == "pinned" || t.tier == "dram" ||
+        (t.tier == "hbm" && r.device.rfind("host", 0) == 0))
+      r.planned_host_bytes += t.needed_bytes;
   r.predicted = engine->PredictedStep();
   for (const TierBudget& t : r.budgets)
     if (t.tier == "hbm") r.hbm_budget_bytes = t.available_bytes;
@@ -437,6 +442,8 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   // The last optimizer step may still be running (strata.overlap_optimizer,
   // DPU): finish it, so that its error, if any, is reported here.
   STRATA_RETURN_IF_ERROR(engine->Synchronize().WithContext("the last optimizer step"));
+  struct rusage ru {};
+  if (getrusage(RUSAGE_SELF, &ru) == 0) r.peak_rss_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   if (!config.strata.trace_path.empty()) {
     STRATA_RETURN_IF_ERROR(engine->WriteTimeline());
     r.trace_path = config.strata.trace_path;
@@ -521,6 +528,8 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   j["skipped_steps"] = r.skipped_steps;
   j["hbm_high_water_bytes"] = r.hbm_high_water_bytes;
   j["pinned_high_water_bytes"] = r.pinned_high_water_bytes;
+  j["peak_rss_bytes"] = r.peak_rss_bytes;
+  j["planned_host_bytes"] = r.planned_host_bytes;
   j["nvme_read_bytes"] = r.nvme_read_bytes;
   j["nvme_written_bytes"] = r.nvme_written_bytes;
   j["pcie_h2d_bytes"] = r.pcie_h2d_bytes;
@@ -685,6 +694,20 @@ std::string ResultTable(const TrainResult& r) {
         << b.detail.substr(at, end == std::string::npos ? std::string::npos : end - at) << " ["
         << b.tier << "]\n";
     }
+  for (const TierBudget& b : r.budgets)
+    if (b.tier == "dram") {
+      std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s (%s)\n", "dram", "-",
+                    Human(static_cast<double>(b.needed_bytes)).c_str(), b.detail.c_str());
+      o << buf;
+    }
+  if (r.peak_rss_bytes > 0) {
+    // What the process holds against what the plan allocates on the host.
+    std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s (peak RSS; planned: pinned + dram%s)\n",
+                  "host", Human(static_cast<double>(r.peak_rss_bytes)).c_str(),
+                  Human(static_cast<double>(r.planned_host_bytes)).c_str(),
+                  r.device.rfind("host", 0) == 0 ? " + hbm of the host device" : "");
+    o << buf;
+  }
   for (const TierBudget& b : r.budgets)
     if (b.tier == "nvme") {
       std::snprintf(buf, sizeof(buf), "  %-16s  %12s  %12s needed (%s)\n", "nvme", "-",

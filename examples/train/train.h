@@ -33,6 +33,10 @@ struct TrainResult {
   // Sums over every Step() call (all micro-batches).
   int64_t nvme_read_bytes = 0, nvme_written_bytes = 0, pcie_h2d_bytes = 0, pcie_d2h_bytes = 0;
   int64_t hbm_high_water_bytes = 0, pinned_high_water_bytes = 0;
+  // The process's peak resident set (getrusage) at the end of the loop, and
+  // the host memory the plan allocates: pinned + dram (+ hbm on the host
+  // device, whose "device" memory is host memory).
+  int64_t peak_rss_bytes = 0, planned_host_bytes = 0;
   int64_t skipped_steps = 0;  // fp16 overflow
   double total_time_s = 0;    // wall time of the training loop
   std::string trace_path;     // written timeline, if any
