@@ -228,6 +228,50 @@ def test_accumulation_and_clipping_match_torch(tmp_path):
     assert engine.last_stats["clip_coef"] < 1.0  # clipping was exercised
 
 
+class Encoder(torch.nn.Module):
+    """torch's own nn.TransformerEncoder between an embedding and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, HIDDEN)
+        layer = torch.nn.TransformerEncoderLayer(HIDDEN, HEADS, 2 * HIDDEN, dropout=0.0,
+                                                 batch_first=True)
+        self.enc = torch.nn.TransformerEncoder(layer, 2)
+        self.head = torch.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.enc(self.emb(idx)))
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+
+@pytest.mark.parametrize("make", [GPT, Encoder], ids=["gpt", "torch_encoder"])
+def test_gradients_on_nvme_train_as_cpu(make, tmp_path):
+    """strata.grad_tier nvme (the window's gradient sums in NVMe shards, a few
+    sub-groups cached) with states and parameters on NVMe: the losses and the
+    parameters are bitwise those of cpu/cpu, with accumulation and clipping,
+    and close to torch's AdamW."""
+    data = batches(12)
+    runs = {}
+    for name, opt, par, tier in (("cpu", "cpu", "cpu", "auto"), ("nvme", "nvme", "nvme", "nvme")):
+        torch.manual_seed(4)
+        model = make()
+        if name == "cpu":
+            ref = copy.deepcopy(model)
+        cfg = config(opt, par, tmp_path / name, gas=2, clip=0.5)
+        cfg["zero_optimization"]["sub_group_size"] = 5000  # several sub-groups
+        cfg["strata"]["grad_tier"] = tier
+        (tmp_path / name).mkdir(exist_ok=True)
+        engine = strata.initialize(model, cfg)
+        losses = strata_losses(engine, data, 6)
+        runs[name] = (losses, {k: v.clone() for k, v in engine.state_dict().items()})
+        engine.close()
+    assert runs["nvme"][0] == runs["cpu"][0]
+    for k, v in runs["cpu"][1].items():
+        assert torch.equal(v, runs["nvme"][1][k]), k
+    want = reference_losses(ref, config("cpu", "cpu", gas=2, clip=0.5), data, 6)
+    assert_close(runs["nvme"][0], want, rel=1e-4)
+
+
 def test_modules_called_twice_and_shared_weights(tmp_path):
     torch.manual_seed(3)
     model = GPT(layers=1, repeat=2)  # the block runs twice per step; head tied to wte
