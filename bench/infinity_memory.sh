@@ -12,13 +12,15 @@
 # planned (StepStats::nvme_read_gbytes_per_s / nvme_write_gbytes_per_s).
 #
 #   bench/infinity_memory.sh [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER]
-#                            [-u SUB_GROUP] [SIZE ...]
+#                            [-u SUB_GROUP] [-a GAS] [-D DEVICE] [SIZE ...]
 #
 # SIZE is LAYERSxHIDDEN of the example model (default: 8x2048 16x2048
 # 32x2048, about 268M, 537M and 1.07B parameters: the same module size, so
 # that what grows is only the parameter count). Micro-batch 1, sequence 16,
 # hbm_budget 3G, strata.grad_tier GRAD_TIER (default nvme: the gradient sums
-# on NVMe too), sub_group_size SUB_GROUP (default 5e7). NVME_DIR (default
+# on NVMe too), sub_group_size SUB_GROUP (default 5e7), GAS micro-batches a
+# step (default 1), strata.device DEVICE (default host; cuda on a GPU box,
+# where the "planned" column leaves HBM out). NVME_DIR (default
 # build/run/infinity) needs room for the largest size's states twice, its
 # parameters twice and its gradients (about 34 bytes a parameter).
 set -euo pipefail
@@ -29,7 +31,9 @@ STEPS=3
 PINNED=6G
 GRAD_TIER=nvme
 SUB_GROUP=5e7
-while getopts "s:d:n:p:g:u:" o; do
+GAS=1
+DEVICE=host
+while getopts "s:d:n:p:g:u:a:D:" o; do
   case "$o" in
     s) STRATA="$OPTARG" ;;
     d) DIR="$OPTARG" ;;
@@ -37,7 +41,9 @@ while getopts "s:d:n:p:g:u:" o; do
     p) PINNED="$OPTARG" ;;
     g) GRAD_TIER="$OPTARG" ;;
     u) SUB_GROUP="$OPTARG" ;;
-    *) echo "usage: $0 [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER] [-u SUB_GROUP] [SIZE ...]" >&2; exit 2 ;;
+    a) GAS="$OPTARG" ;;
+    D) DEVICE="$OPTARG" ;;
+    *) echo "usage: $0 [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER] [-u SUB_GROUP] [-a GAS] [-D DEVICE] [SIZE ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -55,14 +61,14 @@ for size in "${SIZES[@]}"; do
   layers="${size%x*}" hidden="${size#*x}"
   cfg="$WORK/c-$size.json"
   cat >"$cfg" <<JSON
-{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": $GAS,
  "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
  "zero_optimization": {"stage": 3,
    "offload_optimizer": {"device": "nvme", "nvme_path": "$DIR"},
    "offload_param": {"device": "nvme", "nvme_path": "$DIR"},
    "sub_group_size": $SUB_GROUP, "stage3_max_live_parameters": 1e8},
- "strata": {"device": "host", "hbm_budget": "3G", "pinned_budget": "$PINNED",
+ "strata": {"device": "$DEVICE", "hbm_budget": "3G", "pinned_budget": "$PINNED",
    "grad_tier": "$GRAD_TIER",
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 16}}}
 JSON
@@ -71,9 +77,9 @@ JSON
     echo "infinity_memory: $size failed: $(tail -1 "$WORK/err")" >&2
     continue
   fi
-  "$PY" - "$size" "$WORK/out.json" "$WORK/rss" <<'PY'
+  "$PY" - "$size" "$WORK/out.json" "$WORK/rss" "$DEVICE" <<'PY'
 import json, statistics, sys
-size, out, rss_file = sys.argv[1:]
+size, out, rss_file, device = sys.argv[1:]
 j = json.load(open(out))
 rss = int(open(rss_file).read().split()[-1]) * 1024  # KiB
 per = j["per_step"][1:] or j["per_step"]
@@ -84,7 +90,7 @@ rr, wr = j.get("nvme_read_gbytes_per_s", 0), j.get("nvme_write_gbytes_per_s", 0)
 bound = read / (rr * 1e9) + written / (wr * 1e9) if rr > 0 and wr > 0 else float("nan")
 need = {b["tier"]: b["needed_bytes"] for b in j["budgets"]}
 # On the host device its "HBM" is host memory as well.
-planned = need.get("pinned", 0) + need.get("dram", 0) + need.get("hbm", 0)
+planned = need.get("pinned", 0) + need.get("dram", 0) + (need.get("hbm", 0) if device == "host" else 0)
 g = lambda b: f"{b / 2**30:.2f}G"
 print(f"{size:<9} {j['parameters']:>12} {g(j['state_bytes']):>9} {g(rss):>9} "
       f"{rss / j['parameters']:>8.1f} {g(need.get('pinned', 0)):>9} {g(need.get('dram', 0)):>9} "
