@@ -53,6 +53,8 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -359,6 +361,22 @@ std::string GlooListenHost(const CommOptions& options) {
   return name;
 }
 
+// A write to the socket of a peer that has died raises SIGPIPE, whose
+// default action ends this process silently; the collective must fail with
+// its error instead. The default disposition is replaced by SIG_IGN (once,
+// logged); a handler the program installed is left alone.
+static void IgnoreSigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  if (sigaction(SIGPIPE, &ign, nullptr) == 0)
+    STRATA_LOG_INFO(
+        "gloo communicator: SIGPIPE ignored (a dead peer's socket fails the collective instead of "
+        "ending this process)");
+}
+
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
                                                                const CommOptions& options) {
   if (!(options.timeout_s > 0))
@@ -372,6 +390,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
     return IOError(
         fmt::format("gloo rendezvous: cannot create the directory {}: {}", dir, ec.message()));
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
+  IgnoreSigpipe();
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;
