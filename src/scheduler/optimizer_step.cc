@@ -359,8 +359,12 @@ OptimizerStep::~OptimizerStep() {
 bool OptimizerStep::ModuleReady(int m) const {
   const int g = deps_.layout->module(m).last_group;
   if (g < 0) return true;
-  if (written_) return written_[static_cast<size_t>(m)].load(std::memory_order_acquire);
-  return groups_done_.load(std::memory_order_acquire) > static_cast<size_t>(g);
+  // The sub-group done first: its gradients are zeroed (or handed back to
+  // the GradStore) before anything may use the module, so the next window's
+  // backward never adds into sums the step still reads. With
+  // offload_param nvme, also the module's write landed.
+  if (groups_done_.load(std::memory_order_acquire) <= static_cast<size_t>(g)) return false;
+  return !written_ || written_[static_cast<size_t>(m)].load(std::memory_order_acquire);
 }
 
 void OptimizerStep::ModuleWritten(int m) {
