@@ -130,6 +130,10 @@ struct StepStats {
   double bound_s = 0.0;
   double bound_efficiency = 0.0;
   const char* bound_by = "";  // "compute", "pcie_h2d", "pcie_d2h", "cpu_optimizer", "nvme"
+  // offload_param nvme: fetches during an overlapped step that took the
+  // module's new bytes from the step's write-back buffer instead of reading
+  // them back from NVMe.
+  int64_t updated_from_memory = 0;
 };
 
 // The step's lower bound from its statistics: max(compute_s, pcie_h2d_bytes /

@@ -69,6 +69,9 @@ class HostOptimizer final : public OptimizerBackend {
   }
   bool module_ready(int m) const override { return inflight_->run->ModuleReady(m); }
   Status AwaitModule(int m) override;
+  gpu::PinnedBuffer TakeUpdatedModule(int m) override {
+    return reading_next_params() ? inflight_->run->TakeUpdated(m) : gpu::PinnedBuffer();
+  }
 
   // OptimizerBackend.
   Status AddGradients(int m, const void* device_grad, gpu::Event& computed, bool last) override;

@@ -39,7 +39,10 @@ void StateReadAhead::WaitAll() {
 // a module's buffer is zeroed when opened (the alignment padding between its
 // tensors is written as zeros), filled by the copy-out of the shards that
 // cover it, and written to the module's inactive version once the shards up
-// to its last element have been stepped. Step's thread only.
+// to its last element have been stepped. Once the write has landed the
+// buffer is kept (landed_) for a fetch of the module to take (TakeLanded,
+// the main thread), until the step needs it for another module. The step's
+// thread but for TakeLanded; landed_ is guarded by mu_.
 class ParamWriter {
  public:
   explicit ParamWriter(OptimizerStep* step)
@@ -51,8 +54,10 @@ class ParamWriter {
   uint8_t* BufferOf(int m) {
     for (Open& o : open_)
       if (o.module == m) return o.buf.as<uint8_t>();
-    StatusOr<gpu::PinnedBuffer> b = store_.param_write_pool()->Acquire(
-        static_cast<size_t>(IoBytes(std::max<int64_t>(layout_.max_module_bytes(), 1))));
+    const auto bytes =
+        static_cast<size_t>(IoBytes(std::max<int64_t>(layout_.max_module_bytes(), 1)));
+    StatusOr<gpu::PinnedBuffer> b = store_.param_write_pool()->Acquire(bytes);
+    if (!b.ok() && ReleaseLanded()) b = store_.param_write_pool()->Acquire(bytes);
     if (!b.ok()) return nullptr;
     const ModuleExtent& me = layout_.module(m);
     std::memset(b->data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
@@ -114,7 +119,31 @@ class ParamWriter {
   }
   const Status& first_error() const { return first_error_; }
 
+  // The main thread: module m's landed buffer, if still kept.
+  gpu::PinnedBuffer TakeLanded(int m) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    for (auto it = landed_.begin(); it != landed_.end(); ++it)
+      if (it->first == m) {
+        gpu::PinnedBuffer b = std::move(it->second);
+        landed_.erase(it);
+        return b;
+      }
+    return {};
+  }
+
  private:
+  // Returns the oldest kept buffer to the pool; false when none is kept.
+  bool ReleaseLanded() EXCLUDES(mu_) {
+    gpu::PinnedBuffer b;
+    {
+      MutexLock lock(&mu_);
+      if (landed_.empty()) return false;
+      b = std::move(landed_.front().second);
+      landed_.pop_front();
+    }
+    return true;  // b returns to the pool here
+  }
+
   struct Open {
     int module = 0;
     int64_t last_elem = 0;  // one past the module's last element
@@ -130,12 +159,16 @@ class ParamWriter {
     Status s = w.handle.status();
     step_->deps_.counters->NoteNvme(w.issue_ns, NowNanos(), static_cast<int64_t>(w.handle.bytes()),
                                     true, fmt::format("write params {}", w.module));
-    w.buf.Reset();
     if (s.ok()) {
+      {
+        MutexLock lock(&mu_);
+        landed_.emplace_back(w.module, std::move(w.buf));
+      }
       written_.push_back(w.module);
       step_->ModuleWritten(w.module);
       return;
     }
+    w.buf.Reset();
     failed_.push_back(w.module);
     if (first_error_.ok())
       first_error_ = s.WithContext(
@@ -149,6 +182,8 @@ class ParamWriter {
   std::deque<Write> writes_;
   std::vector<int> written_, failed_;
   Status first_error_;
+  Mutex mu_;
+  std::deque<std::pair<int, gpu::PinnedBuffer>> landed_ GUARDED_BY(mu_);
 };
 
 // ---- StateRing: NVMe read → CPU Adam → NVMe write ---------------------------
@@ -365,6 +400,11 @@ bool OptimizerStep::ModuleReady(int m) const {
   // offload_param nvme, also the module's write landed.
   if (groups_done_.load(std::memory_order_acquire) <= static_cast<size_t>(g)) return false;
   return !written_ || written_[static_cast<size_t>(m)].load(std::memory_order_acquire);
+}
+
+gpu::PinnedBuffer OptimizerStep::TakeUpdated(int m) {
+  if (!writer_ || !ModuleReady(m)) return {};
+  return writer_->TakeLanded(m);
 }
 
 void OptimizerStep::ModuleWritten(int m) {

@@ -16,8 +16,9 @@
 // write-back buffers, one per module (a sub-group's shards are stepped in
 // batches when its modules need more buffers than are free), and each module
 // is written to its inactive NVMe version as soon as its last element has
-// been stepped; the module is ready once that write has landed (fetches then
-// read the new version from NVMe).
+// been stepped; the module is ready once that write has landed. Fetches then
+// take the buffer it was written from while the step still holds it
+// (TakeUpdated), else read the new version from NVMe.
 //
 // A step never makes its results current: Join() returns a StepOutcome that
 // the StateStore commits or the engine rolls back. It reads the layout and
@@ -120,6 +121,10 @@ class OptimizerStep {
   bool Finished(bool* ok) const EXCLUDES(mu_);
   // Blocks until ModuleReady(m) or the step has ended; returns ModuleReady(m).
   bool WaitModule(int m) EXCLUDES(mu_);
+  // Main thread, offload_param nvme, REQUIRES ModuleReady(m): the write-back
+  // buffer module m was written from, if the step still holds it (it keeps
+  // written buffers until it needs them for other modules); empty otherwise.
+  gpu::PinnedBuffer TakeUpdated(int m);
   // Waits for the end of the step and returns what it did.
   StepOutcome Join();
 

@@ -313,6 +313,15 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   }
   s.prefetched = prefetch;
   if (store_->param_place() == OffloadDevice::kCpu) return StartCopy(m);
+  if (progress_->reading_next_params()) {
+    // The step's write-back buffer of the module, when it still holds it: no
+    // NVMe read (the buffer returns to its pool after the copy).
+    s.staging = progress_->TakeUpdatedModule(m);
+    if (s.staging) {
+      counters_->CountUpdatedHandover();
+      return StartCopy(m);
+    }
+  }
   // NVMe → pinned staging → HBM.
   gpu::PinnedPool* pool = store_->param_pool();
   StatusOr<gpu::PinnedBuffer> staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));

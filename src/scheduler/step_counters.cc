@@ -172,6 +172,7 @@ void StepCounters::EndWindow(int64_t now, StepStats* st) {
   st->pcie_h2d_bytes = h2d_bytes_.exchange(0);
   st->pcie_d2h_bytes = d2h_bytes_.exchange(0);
   st->prefetched_modules = prefetch_hits_;
+  st->updated_from_memory = updated_handovers_;
   st->fetch_misses = fetch_misses_;
   const double busiest = std::max(
       {st->compute_s, st->pcie_busy_s + st->grad_offload_s, st->optimizer_s, st->nvme_busy_s});
@@ -189,7 +190,7 @@ void StepCounters::EndWindow(int64_t now, StepStats* st) {
   st->bound_by = bound.by;
   st->bound_efficiency = st->step_time_s > 0 ? std::min(1.0, bound.seconds / st->step_time_s) : 0;
   compute_ns_ = fetch_wait_ns_ = optimizer_wait_ns_ = 0;
-  prefetch_hits_ = fetch_misses_ = 0;
+  prefetch_hits_ = fetch_misses_ = updated_handovers_ = 0;
   window_start_ns_ = now;
 }
 
@@ -217,6 +218,7 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
                       {"hbm_high_water_bytes", s.hbm_high_water_bytes},
                       {"pinned_high_water_bytes", s.pinned_high_water_bytes},
                       {"prefetched_modules", s.prefetched_modules},
+                      {"updated_from_memory", s.updated_from_memory},
                       {"fetch_misses", s.fetch_misses},
                       {"trace_rerecords", s.trace_rerecords},
                       {"overlap_efficiency", s.overlap_efficiency},

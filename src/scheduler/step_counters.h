@@ -78,6 +78,7 @@ class StepCounters {
   void AddOptimizerWait(int64_t ns) { optimizer_wait_ns_ += ns; }
   int64_t optimizer_wait_ns() const { return optimizer_wait_ns_; }
   void CountPrefetchHit() { ++prefetch_hits_; }
+  void CountUpdatedHandover() { ++updated_handovers_; }
   void CountFetchMiss() { ++fetch_misses_; }
   void StartWindow(int64_t now_ns) { window_start_ns_ = now_ns; }
   // The rates of the step bound (StepStats::*_gbytes_per_s): the pinned link
@@ -134,7 +135,7 @@ class StepCounters {
   int64_t compute_ns_ = 0;
   int64_t fetch_wait_ns_ = 0;
   int64_t optimizer_wait_ns_ = 0;
-  int64_t prefetch_hits_ = 0, fetch_misses_ = 0;
+  int64_t prefetch_hits_ = 0, fetch_misses_ = 0, updated_handovers_ = 0;
   double h2d_rate_ = 0, d2h_rate_ = 0, nvme_rate_ = 0;  // GB/s
   double nvme_read_rate_ = 0, nvme_write_rate_ = 0;     // GB/s, the disk's
 };

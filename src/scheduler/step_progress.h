@@ -5,6 +5,7 @@
 // Threading: the engine's (main) thread only.
 #pragma once
 
+#include "src/gpu/device.h"
 #include "strata/status.h"
 
 namespace strata::scheduler {
@@ -23,6 +24,13 @@ class StepProgress {
   // offload_param none uploads them into the module's part of the device
   // block. Time spent waiting for the step counts as optimizer wait.
   virtual Status AwaitModule(int m) = 0;
+  // offload_param nvme: module m's new bytes as the step wrote them to NVMe,
+  // in the write-back buffer they were written from (laid out like a read of
+  // the module), handed over to the caller, who returns it to its pool by
+  // dropping it once its copy has read it; empty when the step no longer
+  // holds them (the caller reads the new version from NVMe). REQUIRES:
+  // module_ready(m).
+  virtual gpu::PinnedBuffer TakeUpdatedModule(int m) { return {}; }
 };
 
 }  // namespace strata::scheduler

@@ -870,6 +870,45 @@ namespace {
 
 // A killed run's swap file (nobody holds its lock) is removed by Plan(), a
 // library user's too (Plan removes leftovers before it measures free space).
+// offload_param nvme with the step overlapping the next forward: a module
+// the step has written is fetched from the write-back buffer it was written
+// from (no NVMe read back), and the parameters are bitwise those of a run
+// without overlap. The step is slowed (50 ms before each sub-group after the
+// first) so that the forward reaches module 0 while it runs.
+TEST(EngineTest, OverlappedFetchTakesTheStepsWriteBackBuffer) {
+  for (OffloadDevice opt : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(std::string("offload_optimizer ") + std::string(OffloadDeviceName(opt)));
+    testing::ScratchDir dir;
+    auto run = [&](bool overlap, int64_t* from_memory) {
+      Config c = BaseConfig(opt, OffloadDevice::kNvme, dir.str());
+      c.strata.overlap_optimizer = overlap;
+      EngineTestHooks hooks;
+      hooks.before_sub_group = [](size_t g) {
+        if (g > 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      };
+      auto e = CreateEngine(c, hooks);
+      EXPECT_TRUE(e.ok()) << e.status();
+      if (!e.ok()) return std::vector<std::vector<float>>{};
+      Register(**e, 5);
+      for (int batch = 0; batch < 3; ++batch) {
+        MicroBatch(**e, batch, Forward());
+        auto st = (*e)->Step();
+        EXPECT_TRUE(st.ok()) << st.status();
+        if (st.ok()) *from_memory += st->updated_from_memory;
+      }
+      EXPECT_TRUE((*e)->Synchronize().ok());
+      return ReadAll(**e);
+    };
+    int64_t overlapped = 0, blocking = 0;
+    const auto a = run(true, &overlapped);
+    const auto b = run(false, &blocking);
+    ASSERT_FALSE(a.empty());
+    EXPECT_TRUE(BitwiseEqual(a, b));
+    EXPECT_GT(overlapped, 0);  // at least module 0 in each of the later windows
+    EXPECT_EQ(blocking, 0);    // no step in flight during a forward
+  }
+}
+
 TEST(EngineTest, PlanRemovesLeftoverSwapFilesFirst) {
   testing::ScratchDir dir;
   const std::string leftover = dir.str() + "/strata-swap-00000000000000aa-12345-0.bin";
