@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -103,6 +104,24 @@ inline std::string SizeLabel(size_t b) {
   if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return std::to_string(b >> 20) + "M";
   if (b >= 1024 && b % 1024 == 0) return std::to_string(b >> 10) + "K";
   return std::to_string(b);
+}
+
+// A bench asked for a device this machine does not have (Unavailable or
+// NotSupported): not an error, nothing measured. Prints it when `print`
+// (one JSON object with --json) and returns true; any other status returns
+// false.
+inline bool ReportNoDevice(const char* command, const Status& s, bool as_json, const char* hint,
+                           bool print = true) {
+  if (s.code() != StatusCode::kUnavailable && s.code() != StatusCode::kNotSupported) return false;
+  const std::string reason(s.message());
+  if (!print) return true;
+  if (as_json) {
+    std::printf("{\"device\":\"none\",\"reason\":%s}\n",
+                nlohmann::json(reason).dump().c_str());
+  } else {
+    std::printf("%s: no CUDA device (%s); nothing measured. %s\n", command, reason.c_str(), hint);
+  }
+  return true;
 }
 
 }  // namespace strata::cli

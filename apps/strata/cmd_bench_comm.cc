@@ -208,23 +208,10 @@ int RunRank(const Args& a) {
   o.hbm_budget_bytes = 2 * max_size + (16 << 20);
   auto device = gpu::CreateDevice(o);
   if (!device.ok()) {
-    const StatusCode code = device.status().code();
-    if (a.device == "cuda" &&
-        (code == StatusCode::kUnavailable || code == StatusCode::kNotSupported)) {
-      // Not an error: this machine has no GPU to measure.
-      if (rank == 0) {
-        if (a.json)
-          std::cout
-              << json{{"device", "none"}, {"reason", std::string(device.status().message())}}.dump()
-              << "\n";
-        else
-          std::printf(
-              "strata bench comm: no CUDA device (%s); nothing measured. Use --device "
-              "host (Gloo) instead.\n",
-              std::string(device.status().message()).c_str());
-      }
+    // Not an error: this machine has no GPU to measure (rank 0 says so).
+    if (a.device == "cuda" && ReportNoDevice("strata bench comm", device.status(), a.json,
+                                             "Use --device host (Gloo) instead.", rank == 0))
       return 0;
-    }
     return Fail(kCmd, device.status());
   }
   gpu::Device& dev = **device;

@@ -56,20 +56,11 @@ int RunBenchPcie(const Args& a) {
   o.link_latency_us = a.link_latency_us;
   auto device = gpu::CreateDevice(o);
   if (!device.ok()) {
-    const StatusCode c = device.status().code();
-    if (a.device != "host" && (c == StatusCode::kUnavailable || c == StatusCode::kNotSupported)) {
-      // Not an error: this machine has nothing to measure.
-      if (a.json)
-        std::cout
-            << json{{"device", "none"}, {"reason", std::string(device.status().message())}}.dump()
-            << "\n";
-      else
-        std::printf(
-            "strata bench pcie: no CUDA device (%s); nothing measured. Use --device host "
-            "to measure the host backend.\n",
-            std::string(device.status().message()).c_str());
+    // Not an error: this machine has nothing to measure.
+    if (a.device != "host" &&
+        ReportNoDevice("strata bench pcie", device.status(), a.json,
+                       "Use --device host to measure the host backend."))
       return 0;
-    }
     std::fprintf(stderr, "strata bench pcie: %s\n", device.status().ToString().c_str());
     return ExitCodeOf(device.status());
   }
