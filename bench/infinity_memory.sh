@@ -77,9 +77,9 @@ JSON
     echo "infinity_memory: $size failed: $(tail -1 "$WORK/err")" >&2
     continue
   fi
-  "$PY" - "$size" "$WORK/out.json" "$WORK/rss" "$DEVICE" <<'PY'
+  "$PY" - "$size" "$WORK/out.json" "$WORK/rss" <<'PY'
 import json, statistics, sys
-size, out, rss_file, device = sys.argv[1:]
+size, out, rss_file = sys.argv[1:]
 j = json.load(open(out))
 rss = int(open(rss_file).read().split()[-1]) * 1024  # KiB
 per = j["per_step"][1:] or j["per_step"]
@@ -89,8 +89,8 @@ read, written = j["nvme_read_bytes"] / steps, j["nvme_written_bytes"] / steps
 rr, wr = j.get("nvme_read_gbytes_per_s", 0), j.get("nvme_write_gbytes_per_s", 0)
 bound = read / (rr * 1e9) + written / (wr * 1e9) if rr > 0 and wr > 0 else float("nan")
 need = {b["tier"]: b["needed_bytes"] for b in j["budgets"]}
-# On the host device its "HBM" is host memory as well.
-planned = need.get("pinned", 0) + need.get("dram", 0) + (need.get("hbm", 0) if device == "host" else 0)
+# pinned + dram (+ the host device's "HBM", host memory as well): strata train's figure.
+planned = j.get("planned_host_bytes") or float("nan")
 g = lambda b: f"{b / 2**30:.2f}G"
 print(f"{size:<9} {j['parameters']:>12} {g(j['state_bytes']):>9} {g(rss):>9} "
       f"{rss / j['parameters']:>8.1f} {g(need.get('pinned', 0)):>9} {g(need.get('dram', 0)):>9} "

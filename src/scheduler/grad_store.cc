@@ -54,14 +54,9 @@ int64_t GradStore::io_bytes(size_t g) const {
   return IoBytes(kGradAccBytesPerElem * layout_->group(g).elems());
 }
 
-int64_t GradStore::cache_bytes() const {
-  return num_slots_ * IoBytes(kGradAccBytesPerElem * std::max<int64_t>(1, layout_->max_group_elems()));
-}
-
 Status GradStore::Open() {
   MutexLock lock(&mu_);
-  const auto bytes = static_cast<size_t>(
-      IoBytes(kGradAccBytesPerElem * std::max<int64_t>(1, layout_->max_group_elems())));
+  const auto bytes = static_cast<size_t>(GradSlotBytes(layout_->max_group_elems()));
   slots_.clear();
   for (int64_t i = 0; i < num_slots_; ++i) {
     Slot s;
@@ -89,7 +84,6 @@ void GradStore::WriteBehind(int s) {
   slot.write_issue_ns = NowNanos();
   slot.write = store_->WriteGrads(g, slot.buf.data(), io_bytes(g));
   r.dirty = false;
-  r.on_nvme = true;
 }
 
 Status GradStore::WaitWrite(int s) {
@@ -104,9 +98,7 @@ Status GradStore::WaitWrite(int s) {
   if (st.ok() || slot.group < 0) return Status();
   {
     // The shard does not hold the sums; the slot still does.
-    Record& r = records_[static_cast<size_t>(slot.group)];
-    r.on_nvme = false;
-    r.dirty = true;
+    records_[static_cast<size_t>(slot.group)].dirty = true;
   }
   return st.WithContext(
       fmt::format("writing the gradients of sub-group {} to NVMe; the window's gradients are "
@@ -140,12 +132,8 @@ StatusOr<int> GradStore::AcquireSlot(size_t g) {
   RETURN_IF_ERROR(WaitWrite(pick));
   Slot& slot = slots_[static_cast<size_t>(pick)];
   if (slot.group >= 0) {
+    // Its write landed (adds wait for a write-behind, so it is not dirty).
     Record& vr = records_[static_cast<size_t>(slot.group)];
-    if (vr.dirty) {
-      // Written behind before an add made it dirty again: written now.
-      WriteBehind(pick);
-      RETURN_IF_ERROR(WaitWrite(pick));
-    }
     vr.where = Where::kNvme;
     vr.slot = -1;
   }
@@ -211,8 +199,7 @@ Status GradStore::GlobalChecks(bool* overflow, double* sumsq) {
         // Only written in an earlier micro-batch of the window: read back.
         if (tmp.data() == nullptr) {
           ASSIGN_OR_RETURN(tmp, AlignedBuffer::Allocate(
-                                    static_cast<size_t>(IoBytes(
-                                        kGradAccBytesPerElem * layout_->max_group_elems())),
+                                    static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())),
                                     kIoAlign));
         }
         const int64_t t0 = NowNanos();
@@ -261,7 +248,6 @@ void GradStore::Consumed(size_t g) {
   }
   r.where = Where::kZero;
   r.slot = -1;
-  r.on_nvme = false;
   r.dirty = false;
   r.norm_valid = false;
 }
@@ -277,16 +263,10 @@ void GradStore::DropWindow() {
   for (Record& r : records_) {
     r.where = Where::kZero;
     r.slot = -1;
-    r.on_nvme = false;
     r.dirty = false;
     r.norm_valid = false;
   }
   last_group_ = -1;
-}
-
-GradStore::Where GradStore::where(size_t g) const {
-  MutexLock lock(&mu_);
-  return records_[g].where;
 }
 
 }  // namespace strata::scheduler

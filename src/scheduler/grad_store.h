@@ -71,7 +71,6 @@ class GradStore {
 
   // Allocates the cache (4 KiB-aligned slots of the largest sub-group).
   Status Open();
-  int64_t cache_bytes() const;
 
   // ---- The window (the gradient worker's thread) ----
   // add(sums) adds into sub-group g's sums (sums[i]: element elem_begin + i).
@@ -96,11 +95,9 @@ class GradStore {
   // first. Returns nothing: a failed write only matters for sums now dropped.
   void DropWindow() EXCLUDES(mu_);
 
-  // Tests: where sub-group g's sums are.
-  enum class Where { kZero, kCached, kNvme };
-  Where where(size_t g) const EXCLUDES(mu_);
-
  private:
+  // Where a sub-group's sums are.
+  enum class Where { kZero, kCached, kNvme };
   struct Slot {
     AlignedBuffer buf;
     int group = -1;  // the sub-group it holds, -1: free
@@ -112,7 +109,6 @@ class GradStore {
   struct Record {
     Where where = Where::kZero;
     int slot = -1;
-    bool on_nvme = false;   // the shard holds the window's sums (maybe stale if cached and dirty)
     bool dirty = false;     // the slot has adds the shard does not
     bool norm_valid = false;
     std::vector<double> partial;

@@ -57,6 +57,18 @@ inline constexpr int64_t kElemAlign = 4;
 // n rounded up to kIoAlign.
 int64_t IoBytes(int64_t n);
 
+// One optimizer pipeline buffer (offload_optimizer nvme): a sub-group's
+// states (master | m | v), then with gradients on NVMe its fp32 gradient
+// sums, each part page-rounded.
+inline int64_t OptimizerBufferBytes(int64_t max_group_elems, bool with_grads) {
+  return IoBytes(kOptimizerStateBytesPerElem * max_group_elems) +
+         (with_grads ? IoBytes(kGradAccBytesPerElem * max_group_elems) : 0);
+}
+// One sub-group's fp32 gradient sums, page-rounded (a gradient cache slot).
+inline int64_t GradSlotBytes(int64_t max_group_elems) {
+  return IoBytes(kGradAccBytesPerElem * std::max<int64_t>(1, max_group_elems));
+}
+
 struct ParamRec {
   std::string name;
   int64_t numel = 0;

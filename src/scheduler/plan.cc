@@ -222,9 +222,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   pinned.Add(kGradStagingBuffers * s.grad_staging_bytes,
              "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const int64_t per =
-        IoBytes((kOptimizerStateBytesPerElem + (grads_on_nvme ? kGradAccBytesPerElem : 0)) *
-                s.max_group_elems);
+    const int64_t per = OptimizerBufferBytes(s.max_group_elems, grads_on_nvme);
     plan.optimizer_buffer_bytes = per;
     pinned.Add(pl.optimizer_buffer_count * per,
                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
@@ -299,8 +297,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   // DRAM (pageable): gradient accumulator, copy-out target, host states/params.
   TierSum dram;
   if (grads_on_nvme) {
-    plan.grad_cache_bytes =
-        kGradCacheSlots * IoBytes(kGradAccBytesPerElem * std::max<int64_t>(1, s.max_group_elems));
+    plan.grad_cache_bytes = kGradCacheSlots * GradSlotBytes(s.max_group_elems);
     dram.Add(plan.grad_cache_bytes, fmt::format("gradient cache {} sub-groups {}", kGradCacheSlots,
                                                 FormatBytes(plan.grad_cache_bytes)));
   } else if (!pl.device_optimizer) {
@@ -352,18 +349,13 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
   if (!possible || pl.grad_tier != GradTier::kAuto || facts.dram_available <= 0) return plan;
   // DRAM is the faster tier for the sums (no NVMe traffic for them): kept
   // unless the DRAM budget cannot hold them.
-  const auto over = [&](const TierPlan& p) {
-    for (const TierBudget& t : p.budgets)
-      if (t.tier == "dram") return t.needed_bytes > t.available_bytes;
-    return false;
-  };
-  if (!over(plan)) return plan;
-  TierPlan nvme = ComputeTierPlanWith(pl, s, facts, true);
   const auto dram_of = [](const TierPlan& p) {
     for (const TierBudget& t : p.budgets)
       if (t.tier == "dram") return t.needed_bytes;
     return int64_t{0};
   };
+  if (dram_of(plan) <= facts.dram_available) return plan;
+  TierPlan nvme = ComputeTierPlanWith(pl, s, facts, true);
   if (dram_of(nvme) >= dram_of(plan)) return plan;  // the cache would need as much
   nvme.grad_path += fmt::format(" (the fp32 accumulator of {} does not fit the DRAM budget of {})",
                                 FormatBytes(kGradAccBytesPerElem * s.total_elems),

@@ -45,12 +45,11 @@ std::string StateStore::StateShard(size_t group, int version) {
 std::string StateStore::GradShard(size_t group) { return fmt::format("grad.g{}", group); }
 
 int64_t StateStore::grad_buffer_offset() const {
-  return IoBytes(kOptimizerStateBytesPerElem * layout_->max_group_elems());
+  return OptimizerBufferBytes(layout_->max_group_elems(), false);
 }
 
 int64_t StateStore::optimizer_buffer_bytes() const {
-  return grad_buffer_offset() +
-         (grads_on_nvme_ ? IoBytes(kGradAccBytesPerElem * layout_->max_group_elems()) : 0);
+  return OptimizerBufferBytes(layout_->max_group_elems(), grads_on_nvme_);
 }
 
 nvme::IoHandle StateStore::ReadGrads(size_t g, void* buf, int64_t bytes) {

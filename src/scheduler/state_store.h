@@ -102,7 +102,6 @@ class StateStore {
   int64_t grad_buffer_offset() const;
   // Gradients on NVMe (TierPlan::grads_on_nvme): sub-group g's shard (one
   // version; `bytes` = IoBytes(4 x elems)).
-  bool grads_on_nvme() const { return grads_on_nvme_; }
   nvme::IoHandle ReadGrads(size_t g, void* buf, int64_t bytes);
   nvme::IoHandle WriteGrads(size_t g, const void* buf, int64_t bytes);
   // The fp32 master values of parameter p (from the active NVMe versions
