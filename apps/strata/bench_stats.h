@@ -116,8 +116,7 @@ inline bool ReportNoDevice(const char* command, const Status& s, bool as_json, c
   const std::string reason(s.message());
   if (!print) return true;
   if (as_json) {
-    std::printf("{\"device\":\"none\",\"reason\":%s}\n",
-                nlohmann::json(reason).dump().c_str());
+    std::printf("{\"device\":\"none\",\"reason\":%s}\n", nlohmann::json(reason).dump().c_str());
   } else {
     std::printf("%s: no CUDA device (%s); nothing measured. %s\n", command, reason.c_str(), hint);
   }

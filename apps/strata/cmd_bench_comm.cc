@@ -62,7 +62,6 @@ struct Args {
   bool json = false;
 };
 
-
 // A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick).
 StatusOr<int> FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -19,7 +19,6 @@ namespace {
 
 using nlohmann::json;
 
-
 struct Args {
   std::string sizes = "64K..1G";
   std::string device = "auto";
@@ -57,9 +56,8 @@ int RunBenchPcie(const Args& a) {
   auto device = gpu::CreateDevice(o);
   if (!device.ok()) {
     // Not an error: this machine has nothing to measure.
-    if (a.device != "host" &&
-        ReportNoDevice("strata bench pcie", device.status(), a.json,
-                       "Use --device host to measure the host backend."))
+    if (a.device != "host" && ReportNoDevice("strata bench pcie", device.status(), a.json,
+                                             "Use --device host to measure the host backend."))
       return 0;
     std::fprintf(stderr, "strata bench pcie: %s\n", device.status().ToString().c_str());
     return ExitCodeOf(device.status());

@@ -443,7 +443,8 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   // DPU): finish it, so that its error, if any, is reported here.
   STRATA_RETURN_IF_ERROR(engine->Synchronize().WithContext("the last optimizer step"));
   struct rusage ru {};
-  if (getrusage(RUSAGE_SELF, &ru) == 0) r.peak_rss_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
+  if (getrusage(RUSAGE_SELF, &ru) == 0)
+    r.peak_rss_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
   if (!config.strata.trace_path.empty()) {
     STRATA_RETURN_IF_ERROR(engine->WriteTimeline());
     r.trace_path = config.strata.trace_path;

@@ -52,7 +52,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
-
 #include <signal.h>
 
 #include <chrono>

@@ -18,7 +18,6 @@
 namespace strata::scheduler {
 namespace {
 
-
 void ZeroArray(float* a, int64_t n) {
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kNormBlock), [&](const auto& r) {
     std::memset(a + r.begin(), 0, static_cast<size_t>(r.end() - r.begin()) * sizeof(float));

@@ -11,8 +11,8 @@
 // plain loop for any thread count), chunks in the order they were enqueued,
 // so the sums are the same bits for every placement. Drain() waits for every chunk and returns the
 // first error. With gradients on NVMe (SetNvmeStore) the adds go into the
-// GradStore's cached sub-groups instead of an all-parameter accumulator. The accumulator is also where the global inf/nan check and
-// the gradient norm read from (GlobalChecks).
+// GradStore's cached sub-groups instead of an all-parameter accumulator. The accumulator is also
+// where the global inf/nan check and the gradient norm read from (GlobalChecks).
 //
 // Fold (the plan's TierPlan::fold_last_micro_batch): the window's last
 // micro-batch is not accumulated. Land(m) copies module m's gradients whole

@@ -41,8 +41,7 @@ void NormBlocks(const float* sums, int64_t n, double* partial, uint8_t* bad) {
   });
 }
 
-GradStore::GradStore(const Layout* layout, StateStore* store, StepCounters* counters,
-                     int64_t slots)
+GradStore::GradStore(const Layout* layout, StateStore* store, StepCounters* counters, int64_t slots)
     : layout_(layout),
       store_(store),
       counters_(counters),
@@ -198,9 +197,9 @@ Status GradStore::GlobalChecks(bool* overflow, double* sumsq) {
       } else if (r.where == Where::kNvme) {
         // Only written in an earlier micro-batch of the window: read back.
         if (tmp.data() == nullptr) {
-          ASSIGN_OR_RETURN(tmp, AlignedBuffer::Allocate(
-                                    static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())),
-                                    kIoAlign));
+          ASSIGN_OR_RETURN(
+              tmp, AlignedBuffer::Allocate(
+                       static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())), kIoAlign));
         }
         const int64_t t0 = NowNanos();
         Status st = store_->ReadGrads(g, tmp.data(), io_bytes(g)).Wait();

@@ -100,8 +100,8 @@ class GradStore {
   enum class Where { kZero, kCached, kNvme };
   struct Slot {
     AlignedBuffer buf;
-    int group = -1;  // the sub-group it holds, -1: free
-    bool busy = false;  // read by the step (Source .. Consumed)
+    int group = -1;        // the sub-group it holds, -1: free
+    bool busy = false;     // read by the step (Source .. Consumed)
     nvme::IoHandle write;  // write-behind in flight (or landed, not waited)
     int64_t write_issue_ns = 0;
     uint64_t used = 0;  // LRU stamp
@@ -109,7 +109,7 @@ class GradStore {
   struct Record {
     Where where = Where::kZero;
     int slot = -1;
-    bool dirty = false;     // the slot has adds the shard does not
+    bool dirty = false;  // the slot has adds the shard does not
     bool norm_valid = false;
     std::vector<double> partial;
     std::vector<uint8_t> bad;

@@ -109,8 +109,7 @@ class ParamWriter {
     }
     writes_.clear();
     if (outcome != nullptr) {
-      outcome->param_written.insert(outcome->param_written.end(), written_.begin(),
-                                    written_.end());
+      outcome->param_written.insert(outcome->param_written.end(), written_.begin(), written_.end());
       outcome->param_write_failed.insert(outcome->param_write_failed.end(), failed_.begin(),
                                          failed_.end());
     }
@@ -266,7 +265,8 @@ Status StateRing::AcquireBuffers() {
 void StateRing::IssueGradRead(size_t g) {
   GradStore* grads = step_->deps_.grads;
   if (grads == nullptr) return;
-  auto* buf = reinterpret_cast<float*>(buffers_[g % B_].as<uint8_t>() + store_.grad_buffer_offset());
+  auto* buf =
+      reinterpret_cast<float*>(buffers_[g % B_].as<uint8_t>() + store_.grad_buffer_offset());
   grad_reads_[g] = grads->Source(g, buf, &grad_src_[g]);
 }
 
@@ -343,8 +343,7 @@ Status StateRing::Run(StepOutcome* outcome) {
   NoteWrites(true);
   if (step_->writer_) {
     step_->writer_->WaitAll(outcome);
-    if (error_.ok() && !step_->writer_->first_error().ok())
-      error_ = step_->writer_->first_error();
+    if (error_.ok() && !step_->writer_->first_error().ok()) error_ = step_->writer_->first_error();
   }
   if (!error_.ok()) {
     return error_.WithContext(
@@ -462,8 +461,8 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
     slices->push_back(s);
     cpu_adam::ShardStep st;
     st.param = master + (s.elem_begin - base);
-    st.grad = grads != nullptr ? grads + (s.elem_begin - sg.elem_begin)
-                               : params_.grads + s.elem_begin;
+    st.grad =
+        grads != nullptr ? grads + (s.elem_begin - sg.elem_begin) : params_.grads + s.elem_begin;
     st.grad_dtype = DType::kFp32;
     const uint8_t mode = FoldModeOf(s.param);
     if (mode != kAccOnly) {
@@ -511,8 +510,7 @@ Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m,
     }
     shards[i].copy_out = buf + (slices[i].byte_offset - layout.module(p.module).byte_begin);
   }
-  if (first < shards.size())
-    RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
+  if (first < shards.size()) RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
   writer_->Complete(layout.group(g).elem_end);
   writer_->Reap(/*oldest=*/false);
   return Status();

@@ -143,13 +143,12 @@ class OptimizerStep {
   // at `grads` + (element - the sub-group's first) when not null. The
   // slice of each in *slices. Copy-out into next_params(), or none yet with
   // offload_param nvme (StepGroup sets it).
-  std::vector<cpu_adam::ShardStep> Shards(size_t g, int64_t base, float* master, float* m,
-                                          float* v, const float* grads,
+  std::vector<cpu_adam::ShardStep> Shards(size_t g, int64_t base, float* master, float* m, float* v,
+                                          const float* grads,
                                           std::vector<Layout::Slice>* slices) const;
   // Steps sub-group g (Shards, then StepShards; with offload_param nvme in
   // batches through the write-back buffers).
-  Status StepGroup(size_t g, int64_t base, float* master, float* m, float* v,
-                   const float* grads);
+  Status StepGroup(size_t g, int64_t base, float* master, float* m, float* v, const float* grads);
   // Steps the shards (timed on the counters and the timeline).
   Status StepShards(size_t g, std::span<const cpu_adam::ShardStep> shards);
   friend class StateRing;

@@ -265,8 +265,8 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (grads_on_nvme) {
     plan.grad_path = "the window's gradient sums on NVMe, one shard per sub-group";
   } else {
-    ChooseGradPath(pl, s, facts,
-                   pinned_left - (plan.pin_param_copies ? plan.param_copy_bytes : 0), &plan);
+    ChooseGradPath(pl, s, facts, pinned_left - (plan.pin_param_copies ? plan.param_copy_bytes : 0),
+                   &plan);
   }
   if (plan.fold_last_micro_batch && plan.pin_grad_landing)
     pinned.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
@@ -503,8 +503,8 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     const double bytes = static_cast<double>(kGradAccBytesPerElem) * elems;
     nvme_read += passes * bytes;
     nvme_write += passes * bytes;
-    const std::string what = fmt::format("gradients {} x {}", passes,
-                                         FormatBytes(static_cast<int64_t>(bytes)));
+    const std::string what =
+        fmt::format("gradients {} x {}", passes, FormatBytes(static_cast<int64_t>(bytes)));
     read_what += std::string(read_what.empty() ? "" : " + ") + what;
     write_what += std::string(write_what.empty() ? "" : " + ") + what;
   }

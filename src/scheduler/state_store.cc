@@ -149,8 +149,7 @@ Status StateStore::AllocatePools(int64_t* pinned_bytes) {
   if (placement_.params == OffloadDevice::kNvme) {
     RETURN_IF_ERROR(
         make_pool(&param_pool_, layout_->max_module_bytes(), placement_.param_buffer_count));
-    RETURN_IF_ERROR(
-        make_pool(&param_write_pool_, layout_->max_module_bytes(), kParamWriteBuffers));
+    RETURN_IF_ERROR(make_pool(&param_write_pool_, layout_->max_module_bytes(), kParamWriteBuffers));
   }
   return Status();
 }
@@ -210,8 +209,7 @@ Status StateStore::Initialize(
     std::memset(master_, 0, static_cast<size_t>(n) * sizeof(float));
   gpu::PinnedBuffer group_buf, module_buf;
   if (nvme_states) {
-    ASSIGN_OR_RETURN(group_buf,
-                     opt_pool_->Acquire(static_cast<size_t>(optimizer_buffer_bytes())));
+    ASSIGN_OR_RETURN(group_buf, opt_pool_->Acquire(static_cast<size_t>(optimizer_buffer_bytes())));
   }
   if (nvme_params) {
     ASSIGN_OR_RETURN(module_buf, param_write_pool_->Acquire(static_cast<size_t>(
@@ -221,8 +219,8 @@ Status StateStore::Initialize(
   auto write_module = [&]() -> Status {
     if (open_module < 0) return Status();
     const int64_t bytes = IoBytes(layout_->module(open_module).bytes());
-    nvme::IoHandle h = swap_->Write(ModuleShard(open_module, 0), 0, module_buf.data(),
-                                    static_cast<size_t>(bytes));
+    nvme::IoHandle h =
+        swap_->Write(ModuleShard(open_module, 0), 0, module_buf.data(), static_cast<size_t>(bytes));
     RETURN_IF_ERROR(h.Wait().WithContext(
         fmt::format("initializing the parameters of module {} on NVMe", open_module)));
     counters_->AddNvmeWritten(bytes);

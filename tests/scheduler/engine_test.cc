@@ -1147,8 +1147,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, GradsOnNvmeTest,
                                             ::testing::Values(1, 2, 3)),
                          [](const auto& info) {
                            return "param_" +
-                                  std::string(OffloadDeviceName(std::get<0>(info.param))) +
-                                  "_gas" + std::to_string(std::get<1>(info.param));
+                                  std::string(OffloadDeviceName(std::get<0>(info.param))) + "_gas" +
+                                  std::to_string(std::get<1>(info.param));
                          });
 
 // I/O faults on the gradient shards fail the window like faults on the state

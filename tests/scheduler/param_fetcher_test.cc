@@ -241,7 +241,8 @@ TEST_P(FetcherTest, UpdatedModulesComeFromTheNextParameters) {
                        : module_buf->as<uint8_t>() + (p.byte_off - me.byte_begin);
     std::memcpy(dst, updated.back().data(), updated.back().size());
   }
-  if (store_->next_params() == nullptr) ASSERT_OK(store_->WriteModule(2, module_buf->data()).Wait());
+  if (store_->next_params() == nullptr)
+    ASSERT_OK(store_->WriteModule(2, module_buf->data()).Wait());
   gate_.reading = true;
   gate_.ready = {2};
   ASSERT_NO_FATAL_FAILURE(Use(2, false));

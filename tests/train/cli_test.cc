@@ -316,7 +316,8 @@ TEST(TrainCli, LowAddressLimitEndsWithAStatusNotAHang) {
   }
   ASSERT_GT(load_kb, 0) << "strata --help does not start under 4 GB of address space";
   // Just above it (the engine's allocations hit the limit) and 400 MB more.
-  for (const std::string& kb : {std::to_string(load_kb + 50000), std::to_string(load_kb + 400000)}) {
+  for (const std::string& kb :
+       {std::to_string(load_kb + 50000), std::to_string(load_kb + 400000)}) {
     SCOPED_TRACE(std::string("ulimit -v ") + kb);
     const std::string cmd = std::string("bash -c 'ulimit -v ") + kb + "; exec timeout 120 " +
                             STRATA_CLI_PATH + " train --config " + cfg + " --steps 2' >" +
