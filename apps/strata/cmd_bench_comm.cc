@@ -17,11 +17,6 @@
 // those variables set, a free port, a fresh rendezvous directory) and rank 0
 // prints. Device: a CUDA device with NCCL when there is one (--device auto or
 // cuda; rank r uses GPU LOCAL_RANK), else the host device with Gloo over TCP.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +34,7 @@
 #include "apps/strata/bench_stats.h"
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
+#include "apps/strata/launch_ranks.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
@@ -62,27 +58,7 @@ struct Args {
   bool json = false;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick).
-StatusOr<int> FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return ErrnoError("socket", errno);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    const int e = errno;
-    close(fd);
-    return ErrnoError("binding a free port on 127.0.0.1", e);
-  }
-  close(fd);
-  return static_cast<int>(ntohs(a.sin_port));
-}
-
-// --nproc N: runs N copies of this command as ranks 0..N-1 and returns the
-// first failing rank's exit code (0 if all succeed). Rank 0's output is this
-// command's; the other ranks' stdout is discarded (their stderr is kept).
+// --nproc N: runs N copies of this command as ranks 0..N-1 (launch_ranks.h).
 int LaunchRanks(const Args& a) {
   {  // the command line is checked once, here, rather than by every rank
     std::vector<size_t> sizes;
@@ -93,74 +69,12 @@ int LaunchRanks(const Args& a) {
       return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
     if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
   }
-  auto port = FreePort();
-  if (!port.ok()) return Fail(kCmd, port.status());
-  char dir_template[] = "/tmp/strata-bench-comm-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr)
-    return Fail(kCmd, ErrnoError("creating the rendezvous directory under /tmp", errno));
-  const std::string dir = dir_template;
-  std::error_code ec;
-  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (ec) return Fail(kCmd, "cannot find this program (/proc/self/exe): " + ec.message());
-  std::vector<std::string> argv = {exe,
-                                   "bench",
-                                   "comm",
-                                   "--sizes",
-                                   a.sizes,
-                                   "--device",
-                                   a.device,
-                                   "--dtype",
-                                   a.dtype,
-                                   "--reps",
-                                   std::to_string(a.reps),
-                                   "--min-bytes",
-                                   a.min_bytes,
-                                   "--timeout",
-                                   std::to_string(a.timeout_s)};
-  if (a.json) argv.push_back("--json");
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < a.nproc; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      const int e = errno;
-      for (pid_t p : pids) kill(p, SIGKILL);
-      for (pid_t p : pids) waitpid(p, nullptr, 0);
-      return Fail(kCmd, ErrnoError("fork", e));
-    }
-    if (pid == 0) {
-      setenv("RANK", std::to_string(r).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(a.nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
-      setenv("STRATA_GLOO_DIR", dir.c_str(), 1);
-      if (r != 0) {
-        if (FILE* null = std::freopen("/dev/null", "w", stdout); null == nullptr) _exit(kExitIo);
-      }
-      std::vector<char*> cargv;
-      for (auto& s : argv) cargv.push_back(s.data());
-      cargv.push_back(nullptr);
-      execv(exe.c_str(), cargv.data());
-      std::fprintf(stderr, "strata %s: exec %s: %s\n", kCmd, exe.c_str(), std::strerror(errno));
-      _exit(kExitFailed);
-    }
-    pids.push_back(pid);
-  }
-  int result = 0;
-  for (int r = 0; r < a.nproc; ++r) {
-    int st = 0;
-    waitpid(pids[r], &st, 0);
-    const int code = WIFEXITED(st) ? WEXITSTATUS(st) : kExitSignalBase + WTERMSIG(st);
-    if (code != 0) {
-      std::fprintf(stderr, "strata %s: rank %d exited with %d\n", kCmd, r, code);
-      if (result == 0) result = code;
-    }
-  }
-  std::filesystem::remove_all(dir, ec);
-  return result;
+  std::vector<std::string> args = {"bench",     "comm",    "--sizes",  a.sizes,
+                                   "--device",  a.device,  "--dtype",  a.dtype,
+                                   "--reps",    std::to_string(a.reps), "--min-bytes",
+                                   a.min_bytes, "--timeout", std::to_string(a.timeout_s)};
+  if (a.json) args.push_back("--json");
+  return LaunchLocalRanks(kCmd, a.nproc, args);
 }
 
 // kCopy: the baseline, one device-to-device copy of `size` bytes on the

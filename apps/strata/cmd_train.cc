@@ -2,8 +2,11 @@
 // with the placement from the config, and reports what happened.
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "apps/strata/commands.h"
+#include "apps/strata/launch_ranks.h"
 #include "examples/train/train.h"
 
 namespace strata::cli {
@@ -37,7 +40,32 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
                 "Without --resume: remove the checkpoints (of another run) already in "
                 "--checkpoint-dir instead of refusing to start");
   cmd->add_flag("--json", opt->json, "Print one JSON object with the summary instead of the table");
-  cmd->callback([&r, opt] { r.exit_code = example::RunTrainCommand(*opt, std::cout, std::cerr); });
+  auto nproc = std::make_shared<int>(0);
+  cmd->add_option("--nproc-per-node", *nproc,
+                  "Start this many local ranks (data parallelism, as torchrun does: RANK, "
+                  "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set for each); rank 0 prints")
+      ->check(CLI::Range(1, 1024));
+  cmd->callback([&r, opt, nproc] {
+    if (*nproc <= 0) {
+      r.exit_code = example::RunTrainCommand(*opt, std::cout, std::cerr);
+      return;
+    }
+    // The same command line, run by every rank.
+    std::vector<std::string> args = {"train", "--config", opt->config_path};
+    auto add = [&](const char* flag, const std::string& v) {
+      if (!v.empty()) args.insert(args.end(), {flag, v});
+    };
+    if (opt->steps > 0) add("--steps", std::to_string(opt->steps));
+    add("--nvme-path", opt->nvme_path);
+    add("--device", opt->device);
+    add("--plot", opt->plot_dir);
+    add("--checkpoint-dir", opt->checkpoint_dir);
+    if (opt->checkpoint_every > 0) add("--checkpoint-every", std::to_string(opt->checkpoint_every));
+    if (opt->resume) args.push_back("--resume");
+    if (opt->overwrite) args.push_back("--overwrite");
+    if (opt->json) args.push_back("--json");
+    r.exit_code = LaunchLocalRanks("train", *nproc, args);
+  });
 });
 
 }  // namespace

@@ -427,4 +427,10 @@ std::string ConfigToJson(const Config& config, int indent = 2);
 // calls it; call it again after editing a Config by hand.
 Status ValidateConfig(const Config& config);
 
+// The data-parallel ranks the batch sizes count (train_batch_size =
+// train_micro_batch_size_per_gpu × gradient_accumulation_steps × ranks, as
+// DeepSpeed's world size): WORLD_SIZE when it is a positive integer (as
+// torchrun sets it), else 1.
+int64_t DataParallelRanks();
+
 }  // namespace strata

@@ -134,6 +134,15 @@ struct StepStats {
   // module's new bytes from the step's write-back buffer instead of reading
   // them back from NVMe.
   int64_t updated_from_memory = 0;
+  // Data parallelism (several ranks): this rank, the ranks, and what the
+  // window's collectives moved: gradient bytes this rank sent into the
+  // reduction, parameter bytes it received by all-gather, and their wall
+  // time (staging copies included; not overlapped with compute).
+  int rank = 0;
+  int world_size = 1;
+  int64_t comm_reduced_bytes = 0;
+  int64_t comm_gathered_bytes = 0;
+  double comm_s = 0.0;
 };
 
 // The step's lower bound from its statistics: max(compute_s, pcie_h2d_bytes /
@@ -333,6 +342,9 @@ class Engine {
   virtual bool DeviceIsHost() const = 0;
 
   // Copies the fp32 master value of a parameter (numel floats) to `out`.
+  // With several ranks (data parallelism) each rank keeps the masters of its
+  // partition only: ReadParameter is then a collective, which every rank
+  // calls for the same parameters in the same order.
   virtual Status ReadParameter(int id, std::span<float> out) = 0;
   // Sets parameter `id` to `values` (numel floats): its fp32 master and its
   // working-precision copy (rounded to nearest even), wherever they live;
@@ -346,6 +358,17 @@ class Engine {
   virtual StatusOr<int> FindParameter(std::string_view name) const = 0;
   virtual int num_parameters() const = 0;
   virtual int64_t num_elements() const = 0;
+
+  // Data parallelism: one process per rank, the ranks from torchrun's
+  // variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; see
+  // docs/design.md, "Data parallelism"). 0 and 1 without them.
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // A collective for reports (losses, maxima): each values[i] becomes the
+  // mean, sum or maximum over the ranks (every rank calls it with as many
+  // values, in the same order as its other collectives). One rank: unchanged.
+  enum class OverRanks { kMean, kSum, kMax };
+  virtual Status ReduceOverRanks(std::span<double> values, OverRanks op) = 0;
 
   // Statistics of the last Step(), and as JSON.
   virtual StepStats LastStepStats() const = 0;

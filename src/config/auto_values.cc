@@ -37,10 +37,19 @@ Status ReadAutoKey(Section& s, std::string_view key, const std::optional<T>& sup
   return Status::Ok();
 }
 
-// Batch sizes on one rank: train = micro × accumulation. Any two derive the
-// third; one alone sets the missing ones as DeepSpeed does (accumulation 1).
+// Batch sizes: train = micro × accumulation × ranks (DataParallelRanks).
+// Any two derive the third; one alone sets the missing ones as DeepSpeed
+// does (accumulation 1).
 Status ResolveBatch(std::optional<int64_t> train, std::optional<int64_t> micro,
                     std::optional<int64_t> gas, Config* c) {
+  const int64_t ranks = DataParallelRanks();
+  if (train && *train > 0 && ranks > 1) {
+    if (*train % ranks != 0)
+      return InvalidArgumentError(fmt::format(
+          "train_batch_size: {} is not a multiple of the {} data-parallel ranks (WORLD_SIZE)",
+          *train, ranks));
+    train = *train / ranks;  // one rank's share, from here on
+  }
   const std::pair<const char*, const std::optional<int64_t>*> given[] = {
       {"train_batch_size", &train},
       {"train_micro_batch_size_per_gpu", &micro},
@@ -60,8 +69,9 @@ Status ResolveBatch(std::optional<int64_t> train, std::optional<int64_t> micro,
     if (p != *train)
       return InvalidArgumentError(fmt::format(
           "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
-          "gradient_accumulation_steps {} = {} (one rank: train = micro × accumulation)",
-          *train, *micro, *gas, p));
+          "gradient_accumulation_steps {} = {} on each of {} rank{} (train = micro × "
+          "accumulation × data-parallel ranks, WORLD_SIZE)",
+          *train * ranks, *micro, *gas, p, ranks, ranks == 1 ? "" : "s"));
   } else if (train && micro) {
     if (*train % *micro != 0)
       return InvalidArgumentError(
@@ -90,7 +100,7 @@ Status ResolveBatch(std::optional<int64_t> train, std::optional<int64_t> micro,
   } else {
     train = micro = gas = 1;
   }
-  c->train_batch_size = *train;
+  c->train_batch_size = *train * ranks;
   c->train_micro_batch_size_per_gpu = *micro;
   c->gradient_accumulation_steps = *gas;
   return Status::Ok();
@@ -147,10 +157,16 @@ Status ReadBatchSizes(Section& top, const AutoValues& autos, Config* c) {
                               c->gradient_accumulation_steps};
   for (size_t i = 0; i < std::size(batch); ++i) {
     if (!batch[i].is_auto) continue;
-    top.Notice(fmt::format("{}: \"auto\" resolved to {} ({})", batch[i].key, resolved[i],
-                           batch[i].supplied ? "given by the frontend"
-                                             : "no frontend value; derived on one rank as train = "
-                                               "micro x accumulation, 1 where nothing says more"));
+    const int64_t ranks = DataParallelRanks();
+    top.Notice(fmt::format(
+        "{}: \"auto\" resolved to {} ({})", batch[i].key, resolved[i],
+        batch[i].supplied
+            ? std::string("given by the frontend")
+            : ranks == 1 ? std::string("no frontend value; derived on one rank as train = micro x "
+                                       "accumulation, 1 where nothing says more")
+                         : fmt::format("no frontend value; derived on {} ranks as train = micro x "
+                                       "accumulation x ranks, 1 where nothing says more",
+                                       ranks)));
   }
   return Status::Ok();
 }

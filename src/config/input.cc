@@ -185,6 +185,8 @@ StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source
     s = config_internal::ReadConfig(root, auto_values, &config);
   } catch (const json::exception& e) {  // a reader bug, not the user's; keep it inside
     s = InternalError(fmt::format("reading config: {}", e.what()));
+  } catch (const std::bad_alloc&) {
+    s = ResourceExhaustedError("out of memory while reading the config");
   }
   if (s.ok()) s = ValidateConfig(config);
   if (!s.ok()) return with_source(std::move(s));

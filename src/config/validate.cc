@@ -3,6 +3,8 @@
 // broken rule is the error; its message names the key path, the value and
 // the rule.
 #include <fmt/format.h>
+
+#include <cstdlib>
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -113,6 +115,14 @@ void CheckBufferCount(Checker& k, std::string_view section, OffloadDevice device
 
 }  // namespace
 
+int64_t DataParallelRanks() {
+  const char* v = std::getenv("WORLD_SIZE");
+  if (v == nullptr || *v == '\0') return 1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  return (*end == '\0' && n > 0 && n <= 1'000'000) ? n : 1;
+}
+
 Status ValidateConfig(const Config& c) {
   Checker k;
   const ZeroConfig& z = c.zero_optimization;
@@ -172,15 +182,17 @@ Status ValidateConfig(const Config& c) {
   k.Positive("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
   k.Positive("gradient_accumulation_steps", c.gradient_accumulation_steps);
   int64_t product = 0;
+  const int64_t ranks = DataParallelRanks();
   if (c.train_micro_batch_size_per_gpu > 0 && c.gradient_accumulation_steps > 0 &&
       (__builtin_mul_overflow(c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
                               &product) ||
-       product != c.train_batch_size))
+       __builtin_mul_overflow(product, ranks, &product) || product != c.train_batch_size))
     k.Fail(fmt::format(
         "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
-        "gradient_accumulation_steps {} "
-        "(one rank: train = micro × accumulation)",
-        c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps));
+        "gradient_accumulation_steps {} × {} rank{} "
+        "(train = micro × accumulation × data-parallel ranks, WORLD_SIZE)",
+        c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
+        ranks, ranks == 1 ? "" : "s"));
 
   const StrataConfig& s = c.strata;
   k.NonNegative("strata.device_id", s.device_id);

@@ -21,10 +21,12 @@
 // the sub-group holding it. The next Step() (or an error, ReadParameter,
 // Synchronize) joins it and commits it into the StateStore, or rolls it back.
 #include <fmt/format.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -36,6 +38,7 @@
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/data_parallel.h"
 #include "src/scheduler/device_optimizer.h"
 #include "src/scheduler/host_optimizer.h"
 #include "src/scheduler/hyperparams.h"
@@ -109,6 +112,15 @@ class EngineImpl final : public Engine {
   StatusOr<int> FindParameter(std::string_view name) const override;
   int num_parameters() const override { return static_cast<int>(regs_.size()); }
   int64_t num_elements() const override { return layout_.param_elems(); }
+  int rank() const override { return dp_ ? dp_->rank() : 0; }
+  int world_size() const override { return dp_ ? dp_->world_size() : 1; }
+  Status ReduceOverRanks(std::span<double> values, OverRanks op) override {
+    if (!dp_) return Status();
+    using S = scheduler::DataParallel::Scalars;
+    return dp_->ReduceScalars(values, op == OverRanks::kMean  ? S::kMean
+                                      : op == OverRanks::kSum ? S::kSum
+                                                              : S::kMax);
+  }
   StepStats LastStepStats() const override { return last_; }
   std::string StatsJson() const override;
   Status WriteTimeline() override;
@@ -143,6 +155,12 @@ class EngineImpl final : public Engine {
                    const scheduler::TierPlan& plan, const scheduler::PlanRates& measured);
   // The window's end: drain, join the step in flight, global checks, launch.
   Status EndWindow(StepStats* st);
+  // Data parallelism (CommOptions from torchrun's variables, several ranks):
+  // refuses what it does not support yet, naming the key, and gives each rank
+  // its own directory under every nvme_path (rank-<k>). Before the device.
+  Status PrepareDataParallel(const gpu::CommOptions& comm);
+  // NotSupported for `call` with several ranks.
+  Status SingleRankOnly(const char* call) const;
   // The hyperparameters of the next step, per parameter group.
   std::vector<cpu_adam::HyperParams> HyperParamsFor(double grad_scale) const;
   // InvalidArgument naming `call` for a group id that does not exist.
@@ -150,6 +168,7 @@ class EngineImpl final : public Engine {
 
   Config cfg_;
   EngineTestHooks hooks_;
+
   // Checkpoints: the run id recorded by SaveCheckpoint (adopted from the
   // checkpoint LoadCheckpoint restores), and the roots locked.
   std::string run_id_ = scheduler::NewCheckpointRunId();
@@ -158,6 +177,12 @@ class EngineImpl final : public Engine {
   std::unique_ptr<gpu::Device> dev_;
   std::unique_ptr<cpu_adam::CpuOptimizer> adam_;
   LossScaler scaler_;
+  // Data parallelism: the ranks' collectives (null with one rank; its
+  // staging buffer goes before the device), and the config as this rank was
+  // given it (before its per-rank nvme paths), which every rank must share.
+  gpu::CommOptions comm_;
+  std::string config_text_;
+  std::unique_ptr<scheduler::DataParallel> dp_;
 
   std::vector<Registration> regs_;
   std::unordered_map<std::string, int> by_name_;
@@ -213,11 +238,33 @@ Status EngineImpl::Init() {
     if (access(p.c_str(), W_OK | X_OK) != 0)
       return ErrnoError(fmt::format("nvme_path {}: not writable", p), errno);
   }
+  // Several ranks when torchrun's variables say so (nothing is allocated
+  // for one rank: Create stays a Status under a tight address-space limit).
+  if (const char* ws = std::getenv("WORLD_SIZE"); ws != nullptr && *ws != '\0') {
+    try {
+      ASSIGN_OR_RETURN(comm_, gpu::CommOptionsFromEnv());
+      if (comm_.world_size > 1) {
+        config_text_ = ConfigToJson(cfg_);  // as given, before the per-rank paths
+        RETURN_IF_ERROR(PrepareDataParallel(comm_));
+      }
+    } catch (const std::bad_alloc&) {
+      return ResourceExhaustedError("data parallelism: out of memory reading the ranks' setup");
+    }
+  }
   ASSIGN_OR_RETURN(gpu::DeviceOptions dopts, gpu::DeviceOptionsFromConfig(cfg_));
   ASSIGN_OR_RETURN(dev_, gpu::CreateDevice(dopts));
   // offload_optimizer none on a GPU: the optimizer runs there (DeviceOptimizer).
   device_optimizer_ =
       opt_place() == OffloadDevice::kNone && (!dev_->is_host() || hooks_.device_optimizer);
+  if (comm_.world_size > 1) {
+    if (device_optimizer_)
+      return NotSupportedError(fmt::format(
+          "zero_optimization.offload_optimizer.device: none on {} with {} ranks: the device "
+          "optimizer does not partition its states yet; offload the optimizer (cpu or nvme)",
+          dev_->Describe(), comm_.world_size));
+    ASSIGN_OR_RETURN(dp_, scheduler::DataParallel::Create(dev_.get(), comm_,
+                                                          static_cast<int>(cfg_.zero_optimization.stage)));
+  }
   if (device_optimizer_ && param_place() != OffloadDevice::kNone)
     return NotSupportedError(fmt::format(
         "zero_optimization.offload_param.device: {} with offload_optimizer.device none on {}: the "
@@ -241,6 +288,58 @@ Status EngineImpl::Init() {
   if (!dev_->is_host()) counters_.set_compute_stream(&dev_->compute());
   counters_.StartWindow(NowNanos());
   return Status();
+}
+
+Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
+  const auto& zo = cfg_.zero_optimization;
+  const std::string ranks = fmt::format("with {} ranks (WORLD_SIZE)", comm.world_size);
+  if (zo.stage < 1 || zo.stage > 3)
+    return NotSupportedError(fmt::format(
+        "zero_optimization.stage: {} {}; data parallelism partitions the optimizer states with "
+        "stage 1, 2 or 3",
+        zo.stage, ranks));
+  if (zo.stage == 3)
+    STRATA_LOG_WARN(
+        "zero_optimization.stage 3 {}: the parameters are not partitioned yet: every rank keeps "
+        "all of them (offload_param {}); optimizer states and gradients are partitioned as with "
+        "stage 2",
+        ranks, OffloadDeviceName(param_place()));
+  if (param_place() == OffloadDevice::kNvme)
+    return NotSupportedError(fmt::format(
+        "zero_optimization.offload_param.device: nvme {}: not supported yet (none or cpu)",
+        ranks));
+  if (cfg_.strata.delayed_param_update)
+    return NotSupportedError(
+        fmt::format("strata.delayed_param_update: true {}: not supported yet", ranks));
+  if (cfg_.strata.grad_tier == GradTier::kNvme)
+    return NotSupportedError(
+        fmt::format("strata.grad_tier: nvme {}: not supported yet (auto or dram)", ranks));
+  if (cfg_.strata.overlap_optimizer)
+    STRATA_LOG_INFO(
+        "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
+        "rank): the ranks' parameters are gathered after it",
+        comm.rank, comm.world_size);
+  // Each rank's swap files in a directory of its own.
+  auto per_rank = [&](std::vector<std::string>& paths) -> Status {
+    for (std::string& p : paths) {
+      p = fmt::format("{}/rank-{}", p, comm.rank);
+      if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
+        return ErrnoError(fmt::format("nvme_path: creating this rank's directory {}", p), errno);
+    }
+    return Status();
+  };
+  if (opt_place() == OffloadDevice::kNvme)
+    RETURN_IF_ERROR(per_rank(cfg_.zero_optimization.offload_optimizer.nvme_path));
+  if (param_place() == OffloadDevice::kNvme)
+    RETURN_IF_ERROR(per_rank(cfg_.zero_optimization.offload_param.nvme_path));
+  return Status();
+}
+
+Status EngineImpl::SingleRankOnly(const char* call) const {
+  if (!dp_) return Status();
+  return NotSupportedError(fmt::format(
+      "{} with {} ranks: checkpoints of partitioned states are not supported yet", call,
+      dp_->world_size()));
 }
 
 StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
@@ -340,7 +439,20 @@ Status EngineImpl::Plan() {
   const auto& zo = cfg_.zero_optimization;
   std::vector<scheduler::ParamRec> recs;
   for (const Registration& r : regs_) recs.push_back(r.rec);
-  layout_ = Layout::Build(std::move(recs), scheduler::LayoutOptionsFromConfig(cfg_));
+  scheduler::LayoutOptions lo = scheduler::LayoutOptionsFromConfig(cfg_);
+  lo.world_size = dp_ ? dp_->world_size() : 1;
+  layout_ = Layout::Build(std::move(recs), lo);
+  int64_t dp_chunk = 0;
+  if (dp_) {
+    // Every rank must train the same model with the same config.
+    RETURN_IF_ERROR(dp_->CheckSame("config", config_text_));
+    std::string model;
+    for (const scheduler::ParamRec& p : layout_.params())
+      model += fmt::format("parameter {}: numel {}, {}, module {}, group {}\n", p.name, p.numel,
+                           DTypeName(p.dtype), p.module, p.group);
+    RETURN_IF_ERROR(dp_->CheckSame("model (its registered parameters)", model));
+    dp_chunk = scheduler::DataParallel::ChunkElems(layout_, zo.reduce_bucket_size);
+  }
 
   // Leftover swap files of killed runs go before the plan counts free space
   // (one notice each; files of live runs are left alone).
@@ -350,6 +462,13 @@ Status EngineImpl::Plan() {
   placement.device_optimizer = device_optimizer_;
   placement.fold_override = hooks_.fold_override;
   placement.host_device = dev_->is_host();
+  if (dp_) {
+    placement.world_size = dp_->world_size();
+    placement.collective_staging_bytes =
+        scheduler::DataParallel::StagingBytes(dp_->world_size(), dp_chunk);
+    placement.fold_override = 0;  // the reduction reads one accumulator
+    if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
+  }
   const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   scheduler::TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
@@ -366,6 +485,7 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
+  if (dp_) RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk));
   // Before the states' initial write, whose write-back would slow the probe.
   MeasureDiskRates(plan);
   RETURN_IF_ERROR(OpenBackendAndStore(plan));
@@ -432,6 +552,7 @@ void EngineImpl::PredictStep(const scheduler::Placement& placement,
 
 Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
+  if (dp_) store_->set_rank(dp_->rank());
   if (device_optimizer_) {
     RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));
     auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(dev_.get(), &layout_, store_.get(),
@@ -449,6 +570,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.grads_on_nvme = plan.grads_on_nvme;
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;
+  ho.dp = dp_.get();
   auto host = std::make_unique<scheduler::HostOptimizer>(dev_.get(), &layout_, adam_.get(),
                                                          &counters_, &scaler_, &window_, ho);
   // The gradient staging buffers are registered with the store's I/O engine.
@@ -594,6 +716,7 @@ Status EngineImpl::BetweenWindows(const std::string& call, std::string_view advi
 }
 
 Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) {
+  RETURN_IF_ERROR(SingleRankOnly("SaveCheckpoint"));
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(BetweenWindows("SaveCheckpoint", "save after the Step() that ends the window"));
   RETURN_IF_ERROR(backend_->Join());
@@ -614,6 +737,7 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& 
 }
 
 Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) {
+  RETURN_IF_ERROR(SingleRankOnly("LoadCheckpoint"));
   RETURN_IF_ERROR(Plan());
   if (fetcher_->any_grad())
     return FailedPreconditionError(
@@ -674,6 +798,14 @@ StatusOr<StepStats> EngineImpl::Step() {
   st.loss_scale = scaler_.scale();
   counters_.EndWindow(now, &st);
   st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);
+  if (dp_) {
+    const scheduler::CommCounters c = dp_->TakeCounters();
+    st.rank = dp_->rank();
+    st.world_size = dp_->world_size();
+    st.comm_reduced_bytes = c.reduced_bytes;
+    st.comm_gathered_bytes = c.gathered_bytes;
+    st.comm_s = c.busy_s;
+  }
   st.pinned_high_water_bytes = pinned_bytes_ + store_->pinned_array_bytes();
   last_ = st;
   counters_.HookExit();
@@ -713,7 +845,9 @@ Status EngineImpl::EndWindow(StepStats* st) {
   p.hp = p.group_hp[0];
   p.delayed = cfg_.strata.delayed_param_update &&
               backend_->steps() >= cfg_.strata.delayed_param_update_warmup;
-  p.background = p.delayed || cfg_.strata.overlap_optimizer;
+  // With several ranks the step runs inline: the ranks' parameters are
+  // gathered after it.
+  p.background = !dp_ && (p.delayed || cfg_.strata.overlap_optimizer);
   const int64_t before = backend_->steps();
   Status launched = backend_->Launch(p);
   st->applied = backend_->steps() > before;
@@ -761,7 +895,10 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
   }
   // A step in flight is finished (and committed) first: its states are read.
   RETURN_IF_ERROR(backend_->Join());
-  return store_->ReadMaster(layout_.param(id), out);
+  RETURN_IF_ERROR(store_->ReadMaster(layout_.param(id), out));
+  // Several ranks: the other partitions' values from their owners.
+  if (dp_) return dp_->ShareMaster(layout_.param(id), out);
+  return Status();
 }
 
 Status EngineImpl::WriteParameter(int id, std::span<const float> values) {

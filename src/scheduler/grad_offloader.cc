@@ -384,14 +384,17 @@ double SumSliceOf(DType d, const float* acc, const uint8_t* land, int64_t b, int
 
 }  // namespace
 
-Status GradOffloader::GlobalChecks(bool* overflow, double* sumsq) const {
+Status GradOffloader::GlobalChecks(bool* overflow, double* sumsq, size_t first_group,
+                                   size_t end_group) const {
   if (nvme_) return nvme_->GlobalChecks(overflow, sumsq);
   const float* acc = static_cast<const float*>(acc_.data());
   // The blocks of every sub-group (grad_store.h, kNormBlock), in order.
   std::vector<std::pair<int64_t, int64_t>> blocks;
-  for (const SubGroup& sg : layout_->groups())
-    for (int64_t b = sg.elem_begin; b < sg.elem_end; b += kNormBlock)
-      blocks.emplace_back(b, std::min(sg.elem_end, b + kNormBlock));
+  end_group = std::min(end_group, layout_->num_groups());
+  for (size_t g = first_group; g < end_group; ++g)
+    for (int64_t b = layout_->group(g).elem_begin, sge = layout_->group(g).elem_end; b < sge;
+         b += kNormBlock)
+      blocks.emplace_back(b, std::min(sge, b + kNormBlock));
   const auto nblocks = static_cast<int64_t>(blocks.size());
   const std::vector<uint8_t> modes = FoldModes();
   const uint8_t* land = landing();

@@ -111,7 +111,10 @@ class GradOffloader {
   // the accumulation would, without writing it: the same bits as the plain
   // path's pass over the accumulator. REQUIRES: drained.
   // With gradients on NVMe: GradStore::GlobalChecks (the same blocks).
-  Status GlobalChecks(bool* overflow, double* sumsq) const;
+  // Data parallelism: over the sub-groups [first_group, end_group) only (a
+  // rank's partition; the default: every sub-group).
+  Status GlobalChecks(bool* overflow, double* sumsq, size_t first_group = 0,
+                      size_t end_group = SIZE_MAX) const;
 
  private:
   // One D2H'd chunk of gradients waiting to be accumulated.

@@ -143,7 +143,14 @@ void HostOptimizer::PrepareStep() {
 }
 
 Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
-  return grads_->GlobalChecks(overflow, sumsq);
+  DataParallel* dp = opts_.dp;
+  if (dp == nullptr) return grads_->GlobalChecks(overflow, sumsq);
+  // Every rank's window, averaged into this rank's partition; the checks
+  // over the partition, then combined.
+  RETURN_IF_ERROR(dp->ReduceGradients(grads_->accumulator()));
+  const auto [g0, g1] = store_->owned_groups();
+  RETURN_IF_ERROR(grads_->GlobalChecks(overflow, sumsq, g0, g1));
+  return dp->CombineChecks(overflow, sumsq);
 }
 
 Status HostOptimizer::ZeroGrad() {
@@ -232,6 +239,15 @@ Status HostOptimizer::Join() {
   if (s.ok() || outcome.advanced) {
     // DPU: the device copies were used during the step; they go now.
     Status cs = p.delayed ? invalidate_() : Status();
+    // Data parallelism: every rank's partition of the new parameters.
+    if (cs.ok() && s.ok() && opts_.dp != nullptr) {
+      cs = opts_.dp->GatherParams(store_->next_params());
+      if (!cs.ok())
+        cs = cs.WithContext(fmt::format(
+            "step {}: this rank's optimizer states have moved to the new step but the other "
+            "ranks' parameters did not arrive; the ranks disagree and the run cannot continue",
+            p.step));
+    }
     if (cs.ok()) cs = store_->Commit(outcome, job->uploaded);
     if (!s.ok()) DiscardWindow();
     return s.ok() ? cs : s;

@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "src/scheduler/data_parallel.h"
 #include "src/scheduler/grad_offloader.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/optimizer_backend.h"
@@ -47,6 +48,11 @@ class HostOptimizer final : public OptimizerBackend {
     int64_t buffer_count = 4;  // offload_optimizer.buffer_count
     // Called on the step's thread before it steps sub-group g (tests).
     std::function<void(size_t g)> before_sub_group;
+    // Data parallelism (null: one rank): GlobalChecks reduces the ranks'
+    // gradients first and combines the checks; the step covers this rank's
+    // sub-groups; Join gathers every rank's updated parameters before the
+    // commit. Steps run inline (no background step).
+    DataParallel* dp = nullptr;
   };
   HostOptimizer(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
                 StepCounters* counters, LossScaler* scaler, GradientWindow* window,

@@ -43,15 +43,35 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
     m.persistent = !options.params_offloaded || m.elems() < options.persistence_threshold;
     l.max_module_bytes_ = std::max(l.max_module_bytes_, m.bytes());
   }
-  l.total_elems_ = elem;
   l.total_param_bytes_ = IoBytes(byte);
   const int64_t sg = std::max<int64_t>(1, options.sub_group_size);
-  for (int64_t b = 0; b < l.total_elems_; b += sg) {
-    l.groups_.push_back({b, std::min(l.total_elems_, b + sg)});
-    l.max_group_elems_ = std::max(l.max_group_elems_, l.groups_.back().elems());
+  l.world_size_ = std::max(1, options.world_size);
+  if (l.world_size_ == 1) {
+    l.total_elems_ = elem;
+    l.partition_elems_ = elem;
+    for (int64_t b = 0; b < l.total_elems_; b += sg) {
+      l.groups_.push_back({b, std::min(l.total_elems_, b + sg)});
+      l.max_group_elems_ = std::max(l.max_group_elems_, l.groups_.back().elems());
+    }
+    l.groups_per_rank_ = static_cast<int64_t>(l.groups_.size());
+  } else {
+    // Equal partitions (the tail padded with zeros, as DeepSpeed pads its
+    // flat buffers), each cut into sub-groups of at most sg elements; every
+    // partition has the same number of sub-groups, so equal-count
+    // collectives move one sub-group's worth from every rank.
+    const int64_t w = l.world_size_;
+    l.partition_elems_ = align_elem(std::max<int64_t>(1, (elem + w - 1) / w));
+    l.total_elems_ = l.partition_elems_ * w;
+    const int64_t per = std::min(sg, l.partition_elems_);
+    l.groups_per_rank_ = (l.partition_elems_ + per - 1) / per;
+    for (int64_t r = 0; r < w; ++r) {
+      const int64_t p0 = r * l.partition_elems_, p1 = p0 + l.partition_elems_;
+      for (int64_t b = p0; b < p1; b += per) l.groups_.push_back({b, std::min(p1, b + per)});
+    }
+    l.max_group_elems_ = per;
   }
   for (ModuleExtent& m : l.modules_)
-    m.last_group = m.elems() > 0 ? static_cast<int>((m.elem_end - 1) / sg) : -1;
+    m.last_group = m.elems() > 0 ? static_cast<int>(l.GroupOf(m.elem_end - 1)) : -1;
   // A chunk boundary must not split an element: the bucket's bytes are
   // rounded down to a whole number of the largest element (fp32).
   constexpr int64_t kMaxElemBytes = static_cast<int64_t>(DTypeSize(DType::kFp32));
@@ -64,6 +84,22 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
     return l.params_[static_cast<size_t>(a)].elem_off < l.params_[static_cast<size_t>(b)].elem_off;
   });
   return l;
+}
+
+int64_t Layout::ByteOfElem(int64_t e) const {
+  // The first parameter (in element order) that ends after e.
+  size_t lo = 0, hi = elem_order_.size();
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    const ParamRec& p = params_[static_cast<size_t>(elem_order_[mid])];
+    if (p.elem_off + p.numel <= e)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo == elem_order_.size()) return total_param_bytes_;
+  const ParamRec& p = params_[static_cast<size_t>(elem_order_[lo])];
+  return p.byte_off + std::max<int64_t>(0, e - p.elem_off) * p.elem_size();
 }
 
 int64_t Layout::persistent_param_bytes() const {

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/common/dtype.h"
@@ -103,6 +104,12 @@ struct LayoutOptions {
   bool params_offloaded = false;             // offload_param cpu or nvme
   int64_t persistence_threshold = 0;         // modules below this many elements stay resident
   int64_t reduce_bucket_size = 500'000'000;  // elements; sizes a gradient staging chunk
+  // Data-parallel ranks. With more than one, the element space is padded to
+  // world_size equal partitions (partition_elems() each, a multiple of
+  // kElemAlign) and sub-groups are cut inside each partition, so that rank r
+  // owns whole sub-groups (OwnedGroups): its optimizer states, its share of
+  // the reduced gradients and of the updated parameters.
+  int world_size = 1;
 };
 
 class Layout {
@@ -121,8 +128,34 @@ class Layout {
   size_t num_groups() const { return groups_.size(); }
   // The sub-group holding element `elem` (REQUIRES: 0 <= elem < total_elems()).
   size_t GroupOf(int64_t elem) const {
-    return static_cast<size_t>(elem / std::max<int64_t>(1, groups_.front().elems()));
+    if (world_size_ == 1)
+      return static_cast<size_t>(elem / std::max<int64_t>(1, groups_.front().elems()));
+    const int64_t r = elem / partition_elems_;
+    return static_cast<size_t>(r * groups_per_rank_ +
+                               (elem - r * partition_elems_) / groups_.front().elems());
   }
+
+  // Data parallelism (LayoutOptions::world_size). One rank: one partition,
+  // the whole element space and every sub-group.
+  int world_size() const { return world_size_; }
+  int64_t partition_elems() const { return partition_elems_; }
+  // Rank r's elements [r * partition_elems(), (r + 1) * partition_elems()),
+  // its sub-groups [first, second), and the parameter bytes of its elements
+  // [first, second): the byte ranges of the ranks tile the parameter-byte
+  // space (alignment padding goes with the element after it).
+  std::pair<int64_t, int64_t> OwnedElems(int rank) const {
+    return {rank * partition_elems_, (rank + 1) * partition_elems_};
+  }
+  std::pair<size_t, size_t> OwnedGroups(int rank) const {
+    return {static_cast<size_t>(rank * groups_per_rank_),
+            static_cast<size_t>((rank + 1) * groups_per_rank_)};
+  }
+  std::pair<int64_t, int64_t> OwnedBytes(int rank) const {
+    return {ByteOfElem(rank * partition_elems_), ByteOfElem((rank + 1) * partition_elems_)};
+  }
+  // The parameter-byte offset of element e: of e itself in a tensor, else of
+  // the next tensor's first byte (total_param_bytes() after the last).
+  int64_t ByteOfElem(int64_t e) const;
 
   // The element space's extent: the length of every per-element state array
   // (parameters plus alignment padding).
@@ -164,6 +197,9 @@ class Layout {
   int64_t max_module_bytes_ = 0;
   int64_t max_group_elems_ = 0;
   int64_t grad_staging_bytes_ = 0;
+  int world_size_ = 1;
+  int64_t partition_elems_ = 0;
+  int64_t groups_per_rank_ = 0;
 };
 
 }  // namespace strata::scheduler

@@ -15,11 +15,11 @@ namespace strata::scheduler {
 // ---- StateReadAhead ------------------------------------------------------------
 
 void StateReadAhead::Start(const StepDeps& deps) {
-  const Layout& layout = *deps.layout;
+  // This rank's sub-groups (all of them with one rank).
+  const auto [g0, g1] = deps.store->owned_groups();
   const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps.buffer_count));
-  const size_t n =
-      std::min(layout.num_groups(), StateLookahead(std::min(want, layout.num_groups())) + 1);
-  for (size_t g = 0; g < n; ++g) {
+  const size_t n = std::min(g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1);
+  for (size_t g = g0; g < g0 + n; ++g) {
     StatusOr<gpu::PinnedBuffer> b = deps.store->optimizer_pool()->Acquire(
         static_cast<size_t>(deps.store->optimizer_buffer_bytes()));
     if (!b.ok()) break;  // the ring acquires what it can itself
@@ -198,6 +198,8 @@ class StateRing {
         store_(*step->deps_.store),
         counters_(*step->deps_.counters),
         G_(layout_.num_groups()),
+        g0_(store_.owned_groups().first),
+        g1_(store_.owned_groups().second),
         reads_(G_),
         grad_reads_(G_),
         grad_src_(G_, nullptr),
@@ -216,14 +218,18 @@ class StateRing {
   void NoteWrite(size_t g);
   void NoteWrites(bool wait);
   bool BufferFree(size_t j, size_t g) const {
-    return j < B_ || write_noted_[j - B_] || !writes_[j - B_].valid() || j - B_ < g;
+    return j - g0_ < B_ || write_noted_[j - B_] || !writes_[j - B_].valid() || j - B_ < g;
   }
+  gpu::PinnedBuffer& BufferOf(size_t g) { return buffers_[(g - g0_) % B_]; }
 
   OptimizerStep* step_;
   const Layout& layout_;
   StateStore& store_;
   StepCounters& counters_;
   const size_t G_;
+  // The sub-groups this rank steps, [g0_, g1_) (every one with one rank);
+  // sub-group g uses buffer (g - g0_) % B_.
+  const size_t g0_, g1_;
   size_t B_ = 0;
   std::vector<gpu::PinnedBuffer> buffers_;
   std::vector<nvme::IoHandle> reads_, grad_reads_, writes_;
@@ -238,15 +244,15 @@ Status StateRing::AcquireBuffers() {
   // The sub-groups read ahead during backward come first.
   buffers_ = std::move(pre.buffers_);
   pre.buffers_.clear();
-  for (size_t g = 0; g < pre.reads_.size(); ++g) {
-    reads_[g] = std::move(pre.reads_[g]);
-    read_issue_[g] = pre.issue_ns_[g];
+  for (size_t k = 0; k < pre.reads_.size(); ++k) {
+    reads_[g0_ + k] = std::move(pre.reads_[k]);
+    read_issue_[g0_ + k] = pre.issue_ns_[k];
   }
   pre.reads_.clear();
   pre.issue_ns_.clear();
   const int64_t want = std::max<int64_t>(1, step_->deps_.buffer_count);
-  for (int64_t i = static_cast<int64_t>(buffers_.size()); i < want && i < static_cast<int64_t>(G_);
-       ++i) {
+  for (int64_t i = static_cast<int64_t>(buffers_.size());
+       i < want && i < static_cast<int64_t>(g1_ - g0_); ++i) {
     StatusOr<gpu::PinnedBuffer> b =
         store_.optimizer_pool()->Acquire(static_cast<size_t>(store_.optimizer_buffer_bytes()));
     if (!b.ok()) {
@@ -257,7 +263,7 @@ Status StateRing::AcquireBuffers() {
   }
   B_ = buffers_.size();
   // The sub-groups read ahead had no final gradients then; they do now.
-  for (size_t g = 0; g < G_; ++g)
+  for (size_t g = g0_; g < g1_; ++g)
     if (reads_[g].valid()) IssueGradRead(g);
   return Status();
 }
@@ -265,8 +271,7 @@ Status StateRing::AcquireBuffers() {
 void StateRing::IssueGradRead(size_t g) {
   GradStore* grads = step_->deps_.grads;
   if (grads == nullptr) return;
-  auto* buf =
-      reinterpret_cast<float*>(buffers_[g % B_].as<uint8_t>() + store_.grad_buffer_offset());
+  auto* buf = reinterpret_cast<float*>(BufferOf(g).as<uint8_t>() + store_.grad_buffer_offset());
   grad_reads_[g] = grads->Source(g, buf, &grad_src_[g]);
 }
 
@@ -289,18 +294,18 @@ void StateRing::NoteWrites(bool wait) {
 
 void StateRing::IssueRead(size_t g) {
   // The buffer may still be being written out for sub-group g - B.
-  if (g >= B_ && writes_[g - B_].valid() && !write_noted_[g - B_]) NoteWrite(g - B_);
+  if (g - g0_ >= B_ && writes_[g - B_].valid() && !write_noted_[g - B_]) NoteWrite(g - B_);
   read_issue_[g] = NowNanos();
-  reads_[g] = store_.ReadStates(g, buffers_[g % B_].data());
+  reads_[g] = store_.ReadStates(g, BufferOf(g).data());
   IssueGradRead(g);
 }
 
 Status StateRing::Run(StepOutcome* outcome) {
   RETURN_IF_ERROR(AcquireBuffers());
   const size_t lookahead = StateLookahead(B_);
-  for (size_t g = 0; g < G_ && error_.ok(); ++g) {
+  for (size_t g = g0_; g < g1_ && error_.ok(); ++g) {
     if (!reads_[g].valid()) IssueRead(g);
-    for (size_t j = g + 1; j < G_ && j <= g + lookahead; ++j)
+    for (size_t j = g + 1; j < g1_ && j <= g + lookahead; ++j)
       if (!reads_[j].valid() && BufferFree(j, g)) IssueRead(j);
     if (step_->deps_.before_sub_group) step_->deps_.before_sub_group(g);
     Status rs = reads_[g].Wait();
@@ -323,7 +328,7 @@ Status StateRing::Run(StepOutcome* outcome) {
     }
     if (!error_.ok()) break;  // a write behind it failed
     const SubGroup& sg = layout_.group(g);
-    float* buf = buffers_[g % B_].as<float>();
+    float* buf = BufferOf(g).as<float>();
     const int64_t e = sg.elems();
     Status ss = step_->StepGroup(g, sg.elem_begin, buf, buf + e, buf + 2 * e, grad_src_[g]);
     if (!ss.ok()) {
@@ -556,9 +561,11 @@ void OptimizerStep::GroupDone(size_t g) {
 Status OptimizerStep::StepInMemory() {
   StateStore& store = *deps_.store;
   Status step_error;
-  for (size_t g = 0; g < deps_.layout->num_groups(); ++g) {
+  const auto [g0, g1] = store.owned_groups();
+  for (size_t g = g0; g < g1; ++g) {
     if (deps_.before_sub_group) deps_.before_sub_group(g);
-    step_error = StepGroup(g, 0, store.master(), store.exp_avg(), store.exp_avg_sq(), nullptr);
+    step_error = StepGroup(g, store.state_base(), store.master(), store.exp_avg(),
+                           store.exp_avg_sq(), nullptr);
     if (!step_error.ok()) break;
     outcome_.advanced = true;
     GroupDone(g);

@@ -44,6 +44,9 @@ LayoutSizes LayoutSizes::Of(const Layout& layout) {
   s.grad_staging_bytes = layout.grad_staging_bytes();
   s.num_groups = static_cast<int64_t>(layout.num_groups());
   s.num_modules = layout.num_modules();
+  s.state_elems = layout.partition_elems();
+  const auto [g0, g1] = layout.OwnedGroups(0);
+  s.state_groups = static_cast<int64_t>(g1 - g0);
   return s;
 }
 
@@ -177,7 +180,10 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   TierPlan plan;
   plan.grads_on_nvme = grads_on_nvme;
   const int64_t n = s.total_elems;
-  const int64_t states = kOptimizerStateBytesPerElem * n;
+  // This rank's optimizer states (data parallelism: its partition).
+  const int64_t state_elems = s.state_elems > 0 ? s.state_elems : n;
+  const int64_t state_groups = s.state_groups > 0 ? s.state_groups : s.num_groups;
+  const int64_t states = kOptimizerStateBytesPerElem * state_elems;
   const int64_t accumulator = kGradAccBytesPerElem * n;
 
   // HBM, laid out by purpose (the device layer never has to find a large
@@ -211,6 +217,10 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (pl.optimizer == OffloadDevice::kNone)
     hbm.Add(states, "optimizer states " + FormatBytes(states));
   if (pl.device_optimizer) hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+  if (pl.collective_staging_bytes > 0)
+    hbm.Add(pl.collective_staging_bytes,
+            fmt::format("collective staging {} ({} ranks)", FormatBytes(pl.collective_staging_bytes),
+                        pl.world_size));
   ChooseDeviceAccumulator(pl, s, facts, hbm.bytes, &plan);
   if (plan.device_grad_accumulator)
     hbm.Add(plan.device_accumulator_bytes,
@@ -286,7 +296,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   }
   if (!facts.nvme_paths.empty()) {
     // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
-    disk.bytes += ((2 * (s.num_groups + s.num_modules) + (grads_on_nvme ? s.num_groups : 0)) *
+    disk.bytes += ((2 * (state_groups + s.num_modules) + (grads_on_nvme ? s.num_groups : 0)) *
                    static_cast<int64_t>(facts.nvme_paths.size()))
                   << 20;
     TierBudget b = disk.Budget("nvme", facts.nvme_available);
@@ -436,6 +446,9 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     p.terms.push_back(std::move(t));
   };
   const auto elems = static_cast<double>(s.total_elems);
+  // The elements this rank steps (data parallelism: its partition).
+  const int64_t stepped = s.state_elems > 0 ? s.state_elems : s.total_elems;
+  const auto state_elems = static_cast<double>(stepped);
   // Over PCIe a module moves its own extent; on NVMe its page-aligned one.
   const auto param_bytes =
       static_cast<double>(s.module_param_bytes > 0 ? s.module_param_bytes : s.total_param_bytes);
@@ -449,7 +462,7 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
         "the window's fp32 gradient sum " + FormatBytes(4 * s.total_elems));
     add("cpu_accumulate", 12 * elems, r.accumulate_gbps * 1e9,
         fmt::format("1 fp32 pass over {} elements", s.total_elems));
-    add("cpu_optimizer", elems, r.adam_elems_per_s, fmt::format("{} elements", s.total_elems));
+    add("cpu_optimizer", state_elems, r.adam_elems_per_s, fmt::format("{} elements", stepped));
   } else if (!pl.device_optimizer) {
     add("pcie_d2h", gas * param_bytes, r.d2h_gbps * 1e9,
         fmt::format("gradients, {} micro-batch{} x {}", gas, gas == 1 ? "" : "es",
@@ -460,7 +473,7 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     add("cpu_accumulate", accumulated * elems * (8 + grad_elem_bytes), r.accumulate_gbps * 1e9,
         fmt::format("{} accumulation pass{} over {} elements", accumulated,
                     accumulated == 1 ? "" : "es", s.total_elems));
-    add("cpu_optimizer", elems, r.adam_elems_per_s, fmt::format("{} elements", s.total_elems));
+    add("cpu_optimizer", state_elems, r.adam_elems_per_s, fmt::format("{} elements", stepped));
   }
   // Parameters: fetched for forward and backward when offloaded; the
   // updated ones uploaded after the step (persistent ones and
@@ -478,7 +491,7 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   double nvme_read = 0, nvme_write = 0;
   std::string read_what, write_what;
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const double states = static_cast<double>(kOptimizerStateBytesPerElem) * elems;
+    const double states = static_cast<double>(kOptimizerStateBytesPerElem) * state_elems;
     nvme_read += states;
     nvme_write += states;
     read_what = "optimizer states " + FormatBytes(static_cast<int64_t>(states));

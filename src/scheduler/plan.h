@@ -44,6 +44,10 @@ struct Placement {
   bool host_device = false;
   int stage = 0;
   int64_t sub_group_size = 0;
+  // Data parallelism (set by the engine): the ranks, and the device bytes of
+  // the collectives' staging buffer (DataParallel::StagingBytes).
+  int world_size = 1;
+  int64_t collective_staging_bytes = 0;
 
   static Placement FromConfig(const Config& config);
 };
@@ -61,6 +65,10 @@ struct LayoutSizes {
   int64_t grad_staging_bytes = 0;
   int64_t num_groups = 0;
   int64_t num_modules = 0;
+  // The elements and sub-groups whose optimizer states this rank keeps (data
+  // parallelism: its partition; one rank: all of them).
+  int64_t state_elems = 0;
+  int64_t state_groups = 0;
 
   static LayoutSizes Of(const Layout& layout);
 };

@@ -73,7 +73,7 @@ Status StateStore::Open(
         wrap_io_engine,
     int64_t* pinned_bytes) {
   const auto& zo = cfg_->zero_optimization;
-  const int64_t n = layout_->total_elems();
+  const int64_t n = layout_->partition_elems();          // the owned elements
   const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
   const int64_t param_bytes = layout_->total_param_bytes();
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
@@ -169,8 +169,9 @@ Status StateStore::OpenNvme(
   so.paths = UsedNvmePaths(*cfg_);
   so.capacity_bytes = static_cast<uint64_t>(capacity);
   ASSIGN_OR_RETURN(swap_, nvme::SwapStore::Open(so, io_.get()));
+  const auto [g0, g1] = layout_->OwnedGroups(rank_);
   if (placement_.optimizer == OffloadDevice::kNvme)
-    for (size_t g = 0; g < layout_->num_groups(); ++g)
+    for (size_t g = g0; g < g1; ++g)
       for (int v = 0; v < 2; ++v)
         RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v),
                                         static_cast<uint64_t>(layout_->group(g).state_io_bytes())));
@@ -200,7 +201,8 @@ Status StateStore::Initialize(
   const bool nvme_states = placement_.optimizer == OffloadDevice::kNvme;
   const bool nvme_params = placement_.params == OffloadDevice::kNvme;
   uint8_t* next = next_params();  // null with offload_param nvme
-  const int64_t n = layout_->total_elems();
+  const int64_t n = layout_->partition_elems();  // the owned elements
+  const int64_t base = state_base();
   if (next != nullptr) std::memset(next, 0, static_cast<size_t>(layout_->total_param_bytes()));
   // The layout's alignment padding holds zeros (layout.h).
   std::vector<float> all_master;  // offload_optimizer none: copied to the device arena
@@ -233,9 +235,12 @@ Status StateStore::Initialize(
   int current = -1;
   for (size_t g = 0; g < layout_->num_groups(); ++g) {
     const SubGroup& sg = layout_->group(g);
+    // Every rank publishes every parameter; only the owner keeps its states.
+    const bool owned = OwnsGroup(g);
     float* group_master = nvme_states ? group_buf.as<float>() : nullptr;
     // master | exp_avg = 0 | exp_avg_sq = 0
-    if (nvme_states) std::memset(group_master, 0, static_cast<size_t>(sg.state_io_bytes()));
+    if (nvme_states && owned)
+      std::memset(group_master, 0, static_cast<size_t>(sg.state_io_bytes()));
     for (const Layout::Slice& sl : layout_->Slices(sg.elem_begin, sg.elem_end)) {
       const ParamRec& p = layout_->param(sl.param);
       if (sl.param != current) {
@@ -249,9 +254,10 @@ Status StateStore::Initialize(
       const int64_t count = sl.elem_end - sl.elem_begin;
       float* dst = nvme_states ? group_master + (sl.elem_begin - sg.elem_begin)
                    : placement_.optimizer == OffloadDevice::kCpu
-                       ? master_ + sl.elem_begin
-                       : all_master.data() + sl.elem_begin;
-      std::memcpy(dst, values.data() + first, static_cast<size_t>(count) * sizeof(float));
+                       ? master_ + (sl.elem_begin - base)
+                       : all_master.data() + (sl.elem_begin - base);
+      if (owned)
+        std::memcpy(dst, values.data() + first, static_cast<size_t>(count) * sizeof(float));
       uint8_t* param_bytes = nullptr;
       if (nvme_params) {
         const ModuleExtent& me = layout_->module(p.module);
@@ -268,7 +274,7 @@ Status StateStore::Initialize(
         StoreFromFloat(param_bytes, p.dtype, static_cast<size_t>(i),
                        values[static_cast<size_t>(i)]);
     }
-    if (nvme_states) {
+    if (nvme_states && owned) {
       const int64_t bytes = sg.state_io_bytes();
       nvme::IoHandle h =
           swap_->Write(StateShard(g, 0), 0, group_buf.data(), static_cast<size_t>(bytes));
@@ -351,17 +357,23 @@ Status StateStore::UploadModule(int m, gpu::Event& ready) {
 }
 
 Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
+  // The owned part of the parameter: [ob, oe).
+  const auto [own0, own1] = layout_->OwnedElems(rank_);
+  const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
+  if (ob >= oe) return Status();
+  const auto owned_bytes = static_cast<size_t>(oe - ob) * sizeof(float);
   if (placement_.optimizer == OffloadDevice::kCpu) {
-    std::memcpy(out.data(), master_ + p.elem_off, static_cast<size_t>(p.numel) * sizeof(float));
+    std::memcpy(out.data() + (ob - p.elem_off), master_ + (ob - own0), owned_bytes);
     return Status();
   }
   if (placement_.optimizer == OffloadDevice::kNone) {  // in the device arena
-    RETURN_IF_ERROR(dev_->CopyD2H(out.data(), master_ + p.elem_off,
-                                  static_cast<size_t>(p.numel) * sizeof(float), dev_->compute()));
+    RETURN_IF_ERROR(dev_->CopyD2H(out.data() + (ob - p.elem_off), master_ + (ob - own0),
+                                  owned_bytes, dev_->compute()));
     return dev_->compute().Synchronize().WithContext("ReadParameter " + p.name);
   }
   // From the sub-groups' active NVMe versions: the master is the first third.
   for (size_t g = 0; g < layout_->num_groups(); ++g) {
+    if (!OwnsGroup(g)) continue;
     const SubGroup& sg = layout_->group(g);
     const int64_t b = std::max(sg.elem_begin, p.elem_off);
     const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
@@ -391,18 +403,23 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
   uint8_t* dst = mod.as<uint8_t>() + (p.byte_off - me.byte_begin);
   for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dst, p.dtype, i, values[i]);
   RETURN_IF_ERROR(WriteModuleParams(p.module, mod.data()));
-  const size_t bytes = static_cast<size_t>(p.numel) * sizeof(float);
+  const auto [own0, own1] = layout_->OwnedElems(rank_);
+  const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
+  if (ob >= oe) return Status();
+  const size_t bytes = static_cast<size_t>(oe - ob) * sizeof(float);
+  const float* src = values.data() + (ob - p.elem_off);
   if (placement_.optimizer == OffloadDevice::kCpu) {
-    std::memcpy(master_ + p.elem_off, values.data(), bytes);
+    std::memcpy(master_ + (ob - own0), src, bytes);
     return Status();
   }
   if (placement_.optimizer == OffloadDevice::kNone) {  // in the device arena
-    RETURN_IF_ERROR(dev_->CopyH2D(master_ + p.elem_off, values.data(), bytes, dev_->compute()));
+    RETURN_IF_ERROR(dev_->CopyH2D(master_ + (ob - own0), src, bytes, dev_->compute()));
     return dev_->compute().Synchronize().WithContext("WriteParameter " + p.name);
   }
   // Into the sub-groups' active NVMe versions (master | exp_avg | exp_avg_sq),
   // each group read and written whole.
   for (size_t g = 0; g < layout_->num_groups(); ++g) {
+    if (!OwnsGroup(g)) continue;
     const SubGroup& sg = layout_->group(g);
     const int64_t b = std::max(sg.elem_begin, p.elem_off);
     const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
@@ -419,6 +436,7 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
 
 Status StateStore::ReadGroupStates(size_t g, void* buf) {
   const SubGroup& sg = layout_->group(g);
+  const int64_t at = sg.elem_begin - state_base();  // in the in-memory arrays
   const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
   auto* out = static_cast<uint8_t*>(buf);
   switch (placement_.optimizer) {
@@ -426,13 +444,13 @@ Status StateStore::ReadGroupStates(size_t g, void* buf) {
       const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
         RETURN_IF_ERROR(
-            dev_->CopyD2H(out + a * bytes, arrays[a] + sg.elem_begin, bytes, dev_->d2h()));
+            dev_->CopyD2H(out + a * bytes, arrays[a] + at, bytes, dev_->d2h()));
       return dev_->d2h().Synchronize();
     }
     case OffloadDevice::kCpu: {
       const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
-        std::memcpy(out + a * bytes, arrays[a] + sg.elem_begin, bytes);
+        std::memcpy(out + a * bytes, arrays[a] + at, bytes);
       return Status();
     }
     case OffloadDevice::kNvme:
@@ -444,6 +462,7 @@ Status StateStore::ReadGroupStates(size_t g, void* buf) {
 
 Status StateStore::WriteGroupStates(size_t g, const void* buf) {
   const SubGroup& sg = layout_->group(g);
+  const int64_t at = sg.elem_begin - state_base();  // in the in-memory arrays
   const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
   const auto* in = static_cast<const uint8_t*>(buf);
   switch (placement_.optimizer) {
@@ -451,13 +470,13 @@ Status StateStore::WriteGroupStates(size_t g, const void* buf) {
       float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
         RETURN_IF_ERROR(
-            dev_->CopyH2D(arrays[a] + sg.elem_begin, in + a * bytes, bytes, dev_->h2d()));
+            dev_->CopyH2D(arrays[a] + at, in + a * bytes, bytes, dev_->h2d()));
       return dev_->h2d().Synchronize();
     }
     case OffloadDevice::kCpu: {
       float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
-        std::memcpy(arrays[a] + sg.elem_begin, in + a * bytes, bytes);
+        std::memcpy(arrays[a] + at, in + a * bytes, bytes);
       return Status();
     }
     case OffloadDevice::kNvme:

@@ -80,11 +80,24 @@ class StateStore {
   // Closes the swap store (removes its files).
   Status Close();
 
+  // Data parallelism: this rank owns the optimizer states of its partition
+  // (Layout::OwnedElems / OwnedGroups) and nothing else; the in-memory state
+  // arrays hold only those elements, from state_base(). REQUIRES: before
+  // Open. One rank (the default): every element, state_base() 0.
+  void set_rank(int rank) { rank_ = rank; }
+  int64_t state_base() const { return layout_->OwnedElems(rank_).first; }
+  std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
+  bool OwnsGroup(size_t g) const {
+    const auto [g0, g1] = layout_->OwnedGroups(rank_);
+    return g >= g0 && g < g1;
+  }
+
   OffloadDevice optimizer_place() const { return placement_.optimizer; }
   OffloadDevice param_place() const { return placement_.params; }
 
   // ---- Optimizer states ----
-  // In memory (offload_optimizer none/cpu): flat fp32 arrays; null for nvme.
+  // In memory (offload_optimizer none/cpu): flat fp32 arrays over the owned
+  // elements (element e at index e - state_base()); null for nvme.
   float* master() { return master_; }
   float* exp_avg() { return exp_avg_; }
   float* exp_avg_sq() { return exp_avg_sq_; }
@@ -105,11 +118,13 @@ class StateStore {
   nvme::IoHandle ReadGrads(size_t g, void* buf, int64_t bytes);
   nvme::IoHandle WriteGrads(size_t g, const void* buf, int64_t bytes);
   // The fp32 master values of parameter p (from the active NVMe versions
-  // when the states are there).
+  // when the states are there): the elements this rank owns, into the same
+  // positions of `out` (the rest of `out` is left as it is).
   Status ReadMaster(const ParamRec& p, std::span<float> out);
   // Its mirror: parameter p's fp32 master becomes `values` (p.numel of them)
-  // wherever it lives (NVMe: the active version, in place), and so does its
-  // working-precision copy wherever fetches read it; the moments are kept.
+  // wherever it lives (NVMe: the active version, in place; the elements this
+  // rank owns), and so does its working-precision copy wherever fetches read
+  // it; the moments are kept.
   // REQUIRES: no step in flight, the device idle.
   Status WriteMaster(const ParamRec& p, std::span<const float> values);
 
@@ -150,7 +165,7 @@ class StateStore {
   void Rollback(const std::vector<uint8_t>& uploaded, int64_t step);
 
   // ---- Checkpoints (main thread; no step in flight, the device idle) ----
-  // Sub-group g's current states as master | exp_avg | exp_avg_sq (12 x
+  // REQUIRES OwnsGroup(g). Sub-group g's current states as master | exp_avg | exp_avg_sq (12 x
   // elems bytes) into buf (IoBytes of that, kIoAlign-aligned), from wherever
   // they live (NVMe: the active version), and back. Writing NVMe states
   // overwrites the active version in place (the swap store is scratch space;
@@ -184,6 +199,7 @@ class StateStore {
   StepCounters* counters_;
   const Config* cfg_;
   Placement placement_;
+  int rank_ = 0;
 
   HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;          // offload_optimizer cpu
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none

@@ -231,6 +231,13 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
                       {"bound_efficiency", s.bound_efficiency},
                       {"bound_by", s.bound_by},
                       {"device", device}};
+  if (s.world_size > 1) {
+    j["rank"] = s.rank;
+    j["world_size"] = s.world_size;
+    j["comm_reduced_bytes"] = s.comm_reduced_bytes;
+    j["comm_gathered_bytes"] = s.comm_gathered_bytes;
+    j["comm_s"] = s.comm_s;
+  }
   if (!s.group_lrs.empty()) j["group_lrs"] = s.group_lrs;
   return j.dump();
 }

@@ -25,10 +25,16 @@
 #include "src/gpu/comm_internal.h"
 #include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
+#include "tests/multi_rank.h"
 #include "tests/test_util.h"
 
 namespace strata::gpu::testing {
 namespace {
+
+using strata::testing::ExpectAllExitedZero;
+using strata::testing::RankEnv;
+using strata::testing::RankFailure;
+using strata::testing::RunRanks;
 
 constexpr DType kTypes[] = {DType::kFp32, DType::kFp16, DType::kBf16};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg};
@@ -42,22 +48,6 @@ const char* Name(ReduceOp op) {
          : op == ReduceOp::kMin ? "min"
                                 : "avg";
 }
-
-// A failed check in a rank: the message goes to stderr, the rank exits 1.
-struct RankFailure {
-  std::string what;
-};
-#define RANK_CHECK(cond, ...)                                                   \
-  do {                                                                          \
-    if (!(cond))                                                                \
-      throw RankFailure{fmt::format("{}:{}: {}: ", __FILE__, __LINE__, #cond) + \
-                        fmt::format(__VA_ARGS__)};                              \
-  } while (0)
-#define RANK_OK(expr)                         \
-  do {                                        \
-    const Status s_ = (expr);                 \
-    RANK_CHECK(s_.ok(), "{}", s_.ToString()); \
-  } while (0)
 
 // `n` values of `type` (as fp32, exactly representable in `type`) for one
 // rank and case: uniform in [-2, 2].
@@ -85,13 +75,6 @@ std::vector<float> Decode(const std::vector<uint8_t>& b, DType type) {
   host::Cast(b.data(), type, v.data(), DType::kFp32, v.size());
   return v;
 }
-
-struct RankEnv {
-  int rank = 0;
-  int world = 1;
-  std::string dir;
-  double timeout_s = 20;
-};
 
 struct Ctx {
   std::unique_ptr<Device> device;
@@ -133,64 +116,6 @@ Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30) {
   c.rank = e.rank;
   c.world = e.world;
   return c;
-}
-
-// Starts `world` ranks running `body`, waits for all (killing any left after
-// `limit_s`), and returns each rank's exit status.
-std::vector<int> RunRanks(int world, const std::function<void(const RankEnv&)>& body,
-                          double timeout_s = 20, double limit_s = 60) {
-  strata::testing::ScratchDir dir("strata-gloo-test");
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = fork();
-    if (pid < 0) {
-      ADD_FAILURE() << "fork: " << std::strerror(errno);
-      break;
-    }
-    if (pid == 0) {
-      int code = 0;
-      try {
-        body(RankEnv{r, world, dir.str(), timeout_s});
-      } catch (const RankFailure& f) {
-        std::fprintf(stderr, "rank %d: %s\n", r, f.what.c_str());
-        code = 1;
-      }
-      std::fflush(stderr);
-      _exit(code);  // no destructors or atexit handlers of the parent's state
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> status(pids.size(), -1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
-  size_t left = pids.size();
-  while (left > 0) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (status[i] != -1) continue;
-      int st = 0;
-      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-        status[i] = st;
-        --left;
-      }
-    }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (size_t i = 0; i < pids.size(); ++i)
-        if (status[i] == -1) {
-          ADD_FAILURE() << "rank " << i << " still running after " << limit_s << " s: killed";
-          kill(pids[i], SIGKILL);
-          waitpid(pids[i], &status[i], 0);
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return status;
-}
-
-void ExpectAllExitedZero(const std::vector<int>& status) {
-  for (size_t r = 0; r < status.size(); ++r)
-    EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)
-        << "rank " << r << " wait status " << status[r] << " (see its stderr above)";
 }
 
 // |got - want| within what fp32 reassociation and one rounding to `type` allow.

@@ -1,0 +1,151 @@
+#include "apps/strata/launch_ranks.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "apps/strata/bench_stats.h"
+#include "apps/strata/exit_codes.h"
+#include "src/common/status_util.h"
+
+namespace strata::cli {
+namespace {
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick).
+StatusOr<int> FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return ErrnoError("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    const int e = errno;
+    close(fd);
+    return ErrnoError("binding a free port on 127.0.0.1", e);
+  }
+  close(fd);
+  return static_cast<int>(ntohs(a.sin_port));
+}
+
+// The signal to forward (set by the handler, read by the wait loop).
+std::atomic<int> g_forward{0};
+void OnSignal(int sig) { g_forward.store(sig); }
+
+int CodeOf(int wait_status) {
+  return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status)
+                                : kExitSignalBase + WTERMSIG(wait_status);
+}
+
+}  // namespace
+
+int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args) {
+  auto port = FreePort();
+  if (!port.ok()) return Fail(cmd, port.status());
+  char dir_template[] = "/tmp/strata-ranks-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr)
+    return Fail(cmd, ErrnoError("creating the rendezvous directory under /tmp", errno));
+  const std::string dir = dir_template;
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) return Fail(cmd, "cannot find this program (/proc/self/exe): " + ec.message());
+  std::vector<std::string> argv = {exe};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  // Signals arrive here from now on (and are forwarded); the ranks get the
+  // default handlers back before exec.
+  struct sigaction sa {}, old_int {}, old_term {}, old_hup {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  sigaction(SIGHUP, &sa, &old_hup);
+  auto restore = [&] {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGHUP, &old_hup, nullptr);
+  };
+  std::vector<pid_t> pids;
+  for (int r = 0; r < nproc; ++r) {
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int e = errno;
+      for (pid_t p : pids) kill(p, SIGKILL);
+      for (pid_t p : pids) waitpid(p, nullptr, 0);
+      restore();
+      return Fail(cmd, ErrnoError("fork", e));
+    }
+    if (pid == 0) {
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      signal(SIGHUP, SIG_DFL);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("MASTER_ADDR", "127.0.0.1", 1);
+      setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
+      setenv("STRATA_GLOO_DIR", dir.c_str(), 1);
+      if (r != 0) {
+        if (FILE* null = std::freopen("/dev/null", "w", stdout); null == nullptr) _exit(kExitIo);
+      }
+      std::vector<char*> cargv;
+      for (auto& s : argv) cargv.push_back(s.data());
+      cargv.push_back(nullptr);
+      execv(exe.c_str(), cargv.data());
+      std::fprintf(stderr, "strata %s: exec %s: %s\n", cmd, exe.c_str(), std::strerror(errno));
+      _exit(kExitFailed);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status(pids.size(), -1);
+  int result = 0;
+  size_t left = pids.size();
+  bool ended_others = false;
+  while (left > 0) {
+    if (const int sig = g_forward.exchange(0); sig != 0)
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (status[i] == -1) kill(pids[i], sig);
+    bool any = false;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (status[i] != -1) continue;
+      int st = 0;
+      const pid_t got = waitpid(pids[i], &st, WNOHANG);
+      if (got != pids[i]) continue;
+      any = true;
+      status[i] = st;
+      --left;
+      const int code = CodeOf(st);
+      if (code == 0) continue;
+      std::fprintf(stderr, "strata %s: rank %zu %s %d\n", cmd, i,
+                   WIFEXITED(st) ? "exited with" : "was ended by signal",
+                   WIFEXITED(st) ? code : WTERMSIG(st));
+      if (result == 0) result = code;
+      if (!ended_others) {
+        ended_others = true;
+        for (size_t j = 0; j < pids.size(); ++j)
+          if (status[j] == -1) kill(pids[j], SIGTERM);
+      }
+    }
+    if (!any && left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  restore();
+  std::filesystem::remove_all(dir, ec);
+  return result;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,24 @@
+// Starting local ranks the way torchrun does, for `strata train
+// --nproc-per-node N` and `strata bench comm --nproc N`: N copies of this
+// program (/proc/self/exe) with RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port) and
+// STRATA_GLOO_DIR (a fresh directory, removed afterwards) set.
+//
+// Rank 0's stdout is this command's; the other ranks' stdout is discarded
+// (their stderr is kept). SIGINT, SIGTERM and SIGHUP sent to the launcher
+// are forwarded to every rank. When a rank fails (non-zero exit or a
+// signal) the launcher says which and ends the others with SIGTERM, as
+// torchrun's agent does; they also fail by themselves within the
+// collectives' timeout. Returns the first failing rank's exit code (128 + N
+// for signal N), 0 when all succeed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace strata::cli {
+
+// `args`: the command line each rank runs, after the program name.
+int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args);
+
+}  // namespace strata::cli

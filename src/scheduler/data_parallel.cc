@@ -1,0 +1,307 @@
+#include "src/scheduler/data_parallel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "src/common/status_util.h"
+#include "src/common/timer.h"
+
+namespace strata::scheduler {
+namespace {
+
+// The first line where a and b differ, as "line N: A / B".
+std::string FirstDifference(const std::string& a, const std::string& b) {
+  size_t pa = 0, pb = 0;
+  for (int line = 1;; ++line) {
+    const size_t ea = std::min(a.find('\n', pa), a.size());
+    const size_t eb = std::min(b.find('\n', pb), b.size());
+    const std::string la = a.substr(pa, ea - pa), lb = b.substr(pb, eb - pb);
+    if (la != lb || ea == a.size() || eb == b.size()) {
+      if (la == lb && a.size() - ea != b.size() - eb)
+        return fmt::format("line {}: one ends there, the other goes on", line + 1);
+      return fmt::format("line {}: \"{}\" against \"{}\"", line, la, lb);
+    }
+    pa = ea + 1;
+    pb = eb + 1;
+  }
+}
+
+}  // namespace
+
+DataParallel::DataParallel(gpu::Device* device, std::unique_ptr<gpu::Communicator> comm,
+                           std::unique_ptr<gpu::Stream> stream, int stage)
+    : dev_(device), comm_(std::move(comm)), stream_(std::move(stream)), stage_(stage) {}
+
+DataParallel::~DataParallel() {
+  // Collectives still queued end (each within the timeout) before the
+  // staging buffer goes.
+  if (stream_) stream_->Synchronize().IgnoreError();
+}
+
+StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(gpu::Device* device,
+                                                             const gpu::CommOptions& options,
+                                                             int stage) {
+  if (stage < 1 || stage > 3)
+    return NotSupportedError(fmt::format(
+        "zero_optimization.stage: {} with {} ranks; data parallelism partitions the optimizer "
+        "states with stage 1, 2 or 3",
+        stage, options.world_size));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Communicator> comm,
+                   gpu::CreateCommunicator(*device, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Stream> stream, device->CreateStream("collectives"));
+  std::unique_ptr<DataParallel> dp(
+      new DataParallel(device, std::move(comm), std::move(stream), stage));
+  // A small staging buffer until Bind: the checks at Plan and ReduceScalars
+  // need one before the layout is known (the same on every rank).
+  dp->chunk_ = kStartChunkElems;
+  ASSIGN_OR_RETURN(dp->staging_, device->Allocate(static_cast<size_t>(
+                                     StagingBytes(dp->world_size(), dp->chunk_))));
+  return dp;
+}
+
+int64_t DataParallel::StagingBytes(int world_size, int64_t chunk_elems) {
+  return static_cast<int64_t>(world_size + 1) * chunk_elems * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t DataParallel::ChunkElems(const Layout& layout, int64_t reduce_bucket_size) {
+  return std::max<int64_t>(
+      1, std::min({reduce_bucket_size, layout.partition_elems(), kMaxChunkElems}));
+}
+
+Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems) {
+  layout_ = layout;
+  for (int r = 0; r <= world_size(); ++r) {
+    const int64_t b = layout->ByteOfElem(r * layout->partition_elems());
+    if (b % 4 != 0)
+      return InternalError(fmt::format(
+          "data parallelism: rank {}'s parameter bytes start at {}, not a multiple of 4", r, b));
+  }
+  staging_ = gpu::DeviceBuffer();  // the small one from Create
+  chunk_ = std::max<int64_t>(1, chunk_elems);
+  ASSIGN_OR_RETURN(staging_,
+                   dev_->Allocate(static_cast<size_t>(StagingBytes(world_size(), chunk_))));
+  return Status();
+}
+
+Status DataParallel::Sync(const char* what) {
+  Status s = stream_->Synchronize();
+  if (s.ok()) s = comm_->AsyncError();
+  if (!s.ok())
+    return s.WithContext(fmt::format("data parallelism (rank {} of {}): {}", rank(),
+                                     world_size(), what));
+  return Status();
+}
+
+Status DataParallel::ReduceGradients(float* acc) {
+  const int64_t t0 = NowNanos();
+  const int64_t n_ranks = world_size(), me = rank();
+  const int64_t part = layout_->partition_elems();
+  const int64_t total = layout_->total_elems();
+  float* send = staging_.as<float>();
+  constexpr size_t kF = sizeof(float);
+  if (stage_ == 1) {
+    // All-reduce (stage 1); stages 2 and 3 reduce-scatter.
+    // All-reduce: every element, (world + 1) chunks at a time.
+    const int64_t step = (n_ranks + 1) * chunk_;
+    for (int64_t k = 0; k < total; k += step) {
+      const int64_t n = std::min(step, total - k);
+      RETURN_IF_ERROR(dev_->CopyH2D(send, acc + k, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(comm_->AllReduce(send, send, static_cast<size_t>(n), DType::kFp32,
+                                       gpu::ReduceOp::kAvg, *stream_));
+      RETURN_IF_ERROR(dev_->CopyD2H(acc + k, send, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(Sync("all-reducing the gradients"));
+      counters_.reduced_bytes += n * static_cast<int64_t>(kF);
+    }
+  } else {
+    // Reduce-scatter: chunk k of every partition in, chunk k of ours out.
+    float* recv = send + n_ranks * chunk_;
+    for (int64_t k = 0; k < part; k += chunk_) {
+      const int64_t n = std::min(chunk_, part - k);
+      for (int64_t r = 0; r < n_ranks; ++r)
+        RETURN_IF_ERROR(dev_->CopyH2D(send + r * n, acc + r * part + k,
+                                      static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
+                                           gpu::ReduceOp::kAvg, *stream_));
+      RETURN_IF_ERROR(
+          dev_->CopyD2H(acc + me * part + k, recv, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(Sync("reduce-scattering the gradients"));
+      counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
+    }
+  }
+  // Only the partition's sums are read by this rank's step; the rest starts
+  // the next window at zero.
+  std::memset(acc, 0, static_cast<size_t>(me * part) * kF);
+  std::memset(acc + (me + 1) * part, 0, static_cast<size_t>(total - (me + 1) * part) * kF);
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+  return Status();
+}
+
+Status DataParallel::CombineChecks(bool* overflow, double* sumsq) {
+  const int64_t t0 = NowNanos();
+  std::string mine(2 * sizeof(double), '\0');
+  const double flag = *overflow ? 1.0 : 0.0;
+  std::memcpy(mine.data(), sumsq, sizeof(double));
+  std::memcpy(mine.data() + sizeof(double), &flag, sizeof(double));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(mine));
+  double sum = 0;
+  bool any = false;
+  for (const std::string& r : all) {  // rank order: the same bits everywhere
+    double s = 0, f = 0;
+    std::memcpy(&s, r.data(), sizeof(double));
+    std::memcpy(&f, r.data() + sizeof(double), sizeof(double));
+    sum += s;
+    any = any || f != 0.0;
+  }
+  *sumsq = sum;
+  *overflow = any;
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+  return Status();
+}
+
+Status DataParallel::GatherParams(uint8_t* params) {
+  const int64_t t0 = NowNanos();
+  const int n_ranks = world_size(), me = rank();
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  int64_t longest = 0;
+  for (int r = 0; r < n_ranks; ++r) {
+    ranges.push_back(layout_->OwnedBytes(r));
+    longest = std::max(longest, ranges.back().second - ranges.back().first);
+  }
+  const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
+  auto* send = staging_.as<uint8_t>();
+  uint8_t* recv = send + chunk_bytes;
+  for (int64_t off = 0; off < longest; off += chunk_bytes) {
+    const int64_t n = std::min(chunk_bytes, longest - off);  // a multiple of 4 (Bind)
+    const auto [b, e] = ranges[static_cast<size_t>(me)];
+    const int64_t mine = std::clamp<int64_t>(e - (b + off), 0, n);
+    if (mine > 0)
+      RETURN_IF_ERROR(dev_->CopyH2D(send, params + b + off, static_cast<size_t>(mine), *stream_));
+    RETURN_IF_ERROR(comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32,
+                                     *stream_));
+    for (int r = 0; r < n_ranks; ++r) {
+      if (r == me) continue;
+      const auto [rb, re] = ranges[static_cast<size_t>(r)];
+      const int64_t len = std::clamp<int64_t>(re - (rb + off), 0, n);
+      if (len > 0)
+        RETURN_IF_ERROR(dev_->CopyD2H(params + rb + off, recv + r * n, static_cast<size_t>(len),
+                                      *stream_));
+      counters_.gathered_bytes += len;
+    }
+    RETURN_IF_ERROR(Sync("gathering the updated parameters"));
+  }
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+  return Status();
+}
+
+Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
+  const int64_t part = layout_->partition_elems();
+  const int64_t step = (world_size() + 1) * chunk_;
+  float* buf = staging_.as<float>();
+  constexpr size_t kF = sizeof(float);
+  for (int r = 0; r < world_size(); ++r) {
+    const int64_t b = std::max(p.elem_off, r * part);
+    const int64_t e = std::min(p.elem_off + p.numel, (r + 1) * part);
+    for (int64_t k = b; k < e; k += step) {
+      const int64_t n = std::min(step, e - k);
+      float* host = out.data() + (k - p.elem_off);
+      if (r == rank())
+        RETURN_IF_ERROR(dev_->CopyH2D(buf, host, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(
+          comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_));
+      if (r != rank())
+        RETURN_IF_ERROR(dev_->CopyD2H(host, buf, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(Sync("sharing a parameter's fp32 values"));
+    }
+  }
+  return Status();
+}
+
+StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::string& mine) {
+  const int n_ranks = world_size();
+  const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
+  auto* send = staging_.as<uint8_t>();
+  uint8_t* recv = send + chunk_bytes;
+  // The lengths first (8 bytes each: chunk_bytes >= 4, so in pieces of 4).
+  std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
+  {
+    const auto len = static_cast<int64_t>(mine.size());
+    for (int half = 0; half < 2; ++half) {
+      uint32_t word = 0;
+      std::memcpy(&word, reinterpret_cast<const uint8_t*>(&len) + 4 * half, 4);
+      RETURN_IF_ERROR(dev_->CopyH2D(send, &word, 4, *stream_));
+      RETURN_IF_ERROR(comm_->AllGather(send, recv, 1, DType::kFp32, *stream_));
+      std::vector<uint32_t> words(static_cast<size_t>(n_ranks));
+      RETURN_IF_ERROR(dev_->CopyD2H(words.data(), recv, 4 * words.size(), *stream_));
+      RETURN_IF_ERROR(Sync("exchanging lengths"));
+      for (int r = 0; r < n_ranks; ++r)
+        std::memcpy(reinterpret_cast<uint8_t*>(&lengths[static_cast<size_t>(r)]) + 4 * half,
+                    &words[static_cast<size_t>(r)], 4);
+    }
+  }
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  std::vector<std::string> all(static_cast<size_t>(n_ranks));
+  for (int r = 0; r < n_ranks; ++r)
+    all[static_cast<size_t>(r)].resize(static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  for (int64_t off = 0; off < longest; off += chunk_bytes) {
+    const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;
+    const int64_t mine_len = std::clamp<int64_t>(static_cast<int64_t>(mine.size()) - off, 0, n);
+    if (mine_len > 0)
+      RETURN_IF_ERROR(
+          dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
+    RETURN_IF_ERROR(comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32,
+                                     *stream_));
+    for (int r = 0; r < n_ranks; ++r) {
+      const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
+      if (len > 0)
+        RETURN_IF_ERROR(dev_->CopyD2H(all[static_cast<size_t>(r)].data() + off, recv + r * n,
+                                      static_cast<size_t>(len), *stream_));
+    }
+    RETURN_IF_ERROR(Sync("exchanging bytes"));
+  }
+  return all;
+}
+
+Status DataParallel::CheckSame(const std::string& what, const std::string& text) {
+  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(text));
+  std::vector<int> differ;
+  for (int r = 1; r < world_size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) differ.push_back(r);
+  if (differ.empty()) return Status();
+  const int r = differ.front();
+  return FailedPreconditionError(fmt::format(
+      "data parallelism: rank {}'s {} differs from rank 0's ({} of {} ranks differ); first "
+      "difference, rank 0 against rank {}: {}. Start every rank with the same config and model",
+      r, what, differ.size(), world_size(), r,
+      FirstDifference(all[0], all[static_cast<size_t>(r)])));
+}
+
+Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
+  std::string mine(values.size() * sizeof(double), '\0');
+  if (!values.empty()) std::memcpy(mine.data(), values.data(), mine.size());
+  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(mine));
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].size() != mine.size())
+      return InvalidArgumentError(fmt::format(
+          "data parallelism: rank {} reduced {} values, rank {} {}", r,
+          all[r].size() / sizeof(double), rank(), values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    double acc = 0;
+    for (size_t r = 0; r < all.size(); ++r) {
+      double v = 0;
+      std::memcpy(&v, all[r].data() + i * sizeof(double), sizeof(double));
+      acc = op == Scalars::kMax ? (r == 0 ? v : std::max(acc, v)) : acc + v;
+    }
+    values[i] = op == Scalars::kMean ? acc / static_cast<double>(all.size()) : acc;
+  }
+  return Status();
+}
+
+CommCounters DataParallel::TakeCounters() {
+  CommCounters c = counters_;
+  counters_ = CommCounters();
+  return c;
+}
+
+}  // namespace strata::scheduler

@@ -1,0 +1,138 @@
+// src/scheduler/data_parallel.h — data-parallel ZeRO across ranks: one
+// process per rank, the collectives through gpu::Communicator (NCCL on CUDA,
+// Gloo on the host device). Stages 1 and 2 as DeepSpeed defines them; stage 3
+// partitions what stage 2 does (its parameters are not partitioned yet:
+// every rank keeps all of them where offload_param says).
+//
+// What is partitioned. The layout (LayoutOptions::world_size) pads the flat
+// element space to world_size equal partitions and cuts sub-groups inside
+// them; rank r owns partition r: the fp32 master, exp_avg and exp_avg_sq of
+// its elements (StateStore), the optimizer step over its sub-groups
+// (OptimizerStep), and after the step the updated parameters of its
+// elements, which every rank then gathers. Parameters are replicated (every
+// rank fetches every module as with one rank); each rank accumulates its own
+// micro-batches' gradients over the whole element space.
+//
+// A window's end, on every rank in the same order:
+//   ReduceGradients  the window's fp32 sums averaged over the ranks (the mean
+//                    of the global batch's gradients, as DistributedDataParallel
+//                    and DeepSpeed give them): stage 1 all-reduces every
+//                    element, stages 2 and 3 reduce-scatter so that each rank
+//                    gets its partition only. The rest of the accumulator is
+//                    zeroed for the next window.
+//   CombineChecks    each rank's inf/nan flag and sum of squares over its
+//                    partition, all-gathered and added in rank order (the
+//                    same bits on every rank), so clipping and the fp16
+//                    overflow skip are global.
+//   GatherParams     after the step: the updated parameter bytes of every
+//                    partition (Layout::OwnedBytes) into every rank's copy.
+// The accumulator and the parameter copies live in host memory; the
+// collectives move them through a staging buffer in device memory
+// (StagingBytes), a chunk of at most chunk_elems fp32 per rank at a time,
+// on a stream of their own.
+//
+// Determinism: the reductions' order is the backend's (Gloo's halving-doubling
+// reduce-scatter, its ring all-reduce; NCCL's), fixed for a world size, so a
+// run repeats bitwise. Against one rank accumulating the same micro-batches
+// the sums may differ in the last bit: with 2 ranks a + b is the one-rank sum
+// 0 + a + b exactly; with more the backend's pairing differs from the
+// one-rank order. The norm's partial sums follow the sub-groups, which the
+// partitions cut differently from one rank's.
+//
+// Failures: a collective that fails (a peer died, the timeout passed) is
+// Unavailable naming the collective; the engine cannot continue after a
+// failed GatherParams (ranks disagree on the parameters) and says so.
+//
+// Threading: the engine's (main) thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/gpu/device.h"
+#include "src/scheduler/layout.h"
+#include "strata/status.h"
+
+namespace strata::scheduler {
+
+// What the collectives moved and how long they took (per window).
+struct CommCounters {
+  int64_t reduced_bytes = 0;   // gradient bytes this rank sent into reductions
+  int64_t gathered_bytes = 0;  // parameter bytes this rank received by all-gather
+  double busy_s = 0;           // wall time in collectives (staging copies included)
+};
+
+class DataParallel {
+ public:
+  // Connects to the other ranks (options.world_size > 1); stage 1, 2 or 3.
+  static StatusOr<std::unique_ptr<DataParallel>> Create(gpu::Device* device,
+                                                        const gpu::CommOptions& options, int stage);
+  ~DataParallel();
+
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->world_size(); }
+  int stage() const { return stage_; }
+
+  // Device bytes of the staging buffer for chunks of `chunk_elems` fp32:
+  // world_size + 1 chunks.
+  static int64_t StagingBytes(int world_size, int64_t chunk_elems);
+  // The chunk a layout's partitions are moved in: min(reduce_bucket_size,
+  // the partition, kMaxChunkElems), at least one element.
+  static int64_t ChunkElems(const Layout& layout, int64_t reduce_bucket_size);
+  static constexpr int64_t kMaxChunkElems = int64_t{1} << 22;  // 16 MiB of fp32
+  // The chunk before Bind (Create allocates (world + 1) of them).
+  static constexpr int64_t kStartChunkElems = 4096;
+
+  // After Plan() laid the parameters out: allocates the staging buffer
+  // (CheckSame and ReduceScalars work before, with a small one).
+  Status Bind(const Layout* layout, int64_t chunk_elems);
+
+  // Every rank's `text` must equal rank 0's; else FailedPrecondition naming
+  // `what`, the ranks and the first line that differs (each rank reports
+  // the same).
+  Status CheckSame(const std::string& what, const std::string& text);
+
+  // acc: this rank's window sums over Layout::total_elems() elements. After:
+  // acc over this rank's partition holds the mean over the ranks, and every
+  // other element is 0.
+  Status ReduceGradients(float* acc);
+  // overflow / sumsq: this rank's over its partition; after: the global ones.
+  Status CombineChecks(bool* overflow, double* sumsq);
+  // params: the parameter-byte space (Layout::total_param_bytes()), current
+  // in this rank's OwnedBytes; after: current everywhere.
+  Status GatherParams(uint8_t* params);
+  // out: parameter p's fp32 values, current where this rank owns them;
+  // after: every element from its owner (a collective: every rank calls it
+  // for the same parameters in the same order).
+  Status ShareMaster(const ParamRec& p, std::span<float> out);
+
+  // values[i] becomes the sum, mean or maximum over the ranks of their
+  // values[i] (every rank passes as many), added in rank order: the same
+  // bits on every rank.
+  enum class Scalars { kSum, kMean, kMax };
+  Status ReduceScalars(std::span<double> values, Scalars op);
+
+  // The counters since the last call, then reset.
+  CommCounters TakeCounters();
+
+ private:
+  DataParallel(gpu::Device* device, std::unique_ptr<gpu::Communicator> comm,
+               std::unique_ptr<gpu::Stream> stream, int stage);
+  // Every rank's bytes (`mine` from this rank), chunked through staging.
+  StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine);
+  Status Sync(const char* what);
+
+  gpu::Device* dev_;
+  std::unique_ptr<gpu::Communicator> comm_;
+  std::unique_ptr<gpu::Stream> stream_;
+  int stage_ = 2;
+  const Layout* layout_ = nullptr;
+  int64_t chunk_ = 0;  // fp32 elements per rank per collective
+  gpu::DeviceBuffer staging_;
+  CommCounters counters_;
+};
+
+}  // namespace strata::scheduler

@@ -1,0 +1,371 @@
+// Data-parallel ZeRO on the host device: 2 and 4 ranks as processes (Gloo
+// over loopback) training the toy model, against one rank accumulating the
+// same micro-batches. Rank r of W trains batch s*W + r at step s; the
+// reference trains batches s*W .. s*W + W-1 as W micro-batches of step s,
+// each gradient scaled by 1/W (a framework's loss / gradient_accumulation_steps),
+// so both apply the mean gradient of the same global batch.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/multi_rank.h"
+#include "tests/scheduler/toy_engine_model.h"
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+using testing::RankEnv;
+using testing::RunRanks;
+using testing::ToyConfig;
+
+constexpr int kModules = 6;
+constexpr int kSteps = 3;
+
+// torchrun's variables for rank e.rank of e.world (or none: one rank).
+void SetRankEnv(const RankEnv& e, bool data_parallel) {
+  if (!data_parallel) {
+    for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+      unsetenv(v);
+    return;
+  }
+  setenv("RANK", std::to_string(e.rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(e.world).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(e.rank).c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("STRATA_GLOO_DIR", (e.dir + "/gloo").c_str(), 1);
+  setenv("STRATA_COMM_TIMEOUT_S", fmt::format("{}", e.timeout_s).c_str(), 1);
+}
+
+// One micro-batch of the toy model: g = scale (0.5 p + 0.1 sin(batch + 0.37 j + m)).
+void MicroBatch(Engine& e, int batch, float scale) {
+  for (int m = 0; m < kModules; ++m) {
+    auto v = e.BeforeForward(m);
+    RANK_OK(v.status());
+    RANK_OK(e.AfterForward(m));
+  }
+  for (int m = kModules - 1; m >= 0; --m) {
+    auto v = e.BeforeBackward(m);
+    RANK_OK(v.status());
+    for (int i = 0; i < 2; ++i) {
+      const DType t = testing::ToyDType(m, i);
+      for (int64_t j = 0; j < testing::ToyNumel(m, i); ++j) {
+        const float p = testing::Load(v->params[static_cast<size_t>(i)], t, j);
+        const float g =
+            scale * (0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m));
+        testing::Store(v->grads[static_cast<size_t>(i)], t, j, g);
+      }
+    }
+    RANK_OK(e.AfterBackward(m));
+  }
+}
+
+struct Shape {
+  OffloadDevice opt = OffloadDevice::kCpu;
+  OffloadDevice par = OffloadDevice::kNone;
+  int stage = 2;
+  double clipping = 0;
+};
+
+Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
+  Config c = ToyConfig(s.opt, s.par, dir);
+  c.zero_optimization.stage = s.stage;
+  c.gradient_accumulation_steps = gas;
+  c.train_batch_size = gas * DataParallelRanks();  // the global batch
+  c.gradient_clipping = s.clipping;
+  return c;
+}
+
+// What a run leaves for the parent: every parameter (rank order of
+// registration), the last step's gradient norm, and the needed bytes per tier.
+void WriteResult(const std::string& path, Engine& e, double grad_norm) {
+  std::ofstream f(path, std::ios::binary);
+  for (const auto& p : testing::ReadAll(e)) f.write(reinterpret_cast<const char*>(p.data()),
+                                                   static_cast<std::streamsize>(p.size() * 4));
+  f.write(reinterpret_cast<const char*>(&grad_norm), sizeof grad_norm);
+  for (const TierBudget& b : e.Budgets())
+    f << b.tier << ' ' << b.needed_bytes << '\n';
+  RANK_CHECK(f.good(), "writing {}", path);
+}
+
+struct Result {
+  std::vector<float> params;
+  double grad_norm = 0;
+  std::map<std::string, int64_t> needed;
+};
+
+Result ReadResult(const std::string& path) {
+  Result r;
+  std::ifstream f(path, std::ios::binary);
+  EXPECT_TRUE(f.good()) << path;
+  int64_t n = 0;
+  for (int m = 0; m < kModules; ++m)
+    for (int i = 0; i < 2; ++i) n += testing::ToyNumel(m, i);
+  r.params.resize(static_cast<size_t>(n));
+  f.read(reinterpret_cast<char*>(r.params.data()), n * 4);
+  f.read(reinterpret_cast<char*>(&r.grad_norm), sizeof r.grad_norm);
+  std::string tier;
+  int64_t bytes = 0;
+  while (f >> tier >> bytes) r.needed[tier] = bytes;
+  return r;
+}
+
+// Trains kSteps steps as rank e.rank of e.world (data_parallel) or as one rank
+// with e.world micro-batches a step; writes the result to `out`.
+void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::string& out) {
+  SetRankEnv(e, data_parallel);
+  const int W = e.world;
+  const std::string nvme = e.dir + "/nvme-" + (data_parallel ? "dp" : "ref");
+  std::filesystem::create_directories(nvme);
+  auto engine = Engine::Create(ShapeConfig(s, nvme, data_parallel ? 1 : W));
+  RANK_OK(engine.status());
+  Engine& eng = **engine;
+  testing::RegisterToy(eng, 17, kModules);
+  double norm = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    if (data_parallel) {
+      MicroBatch(eng, step * W + e.rank, 1.0f);
+    } else {
+      for (int k = 0; k < W; ++k) {
+        MicroBatch(eng, step * W + k, 1.0f / static_cast<float>(W));
+        if (k + 1 < W) RANK_OK(eng.Step().status());
+      }
+    }
+    auto st = eng.Step();
+    RANK_OK(st.status());
+    RANK_CHECK(st->applied, "step {} not applied", step);
+    RANK_CHECK(st->world_size == (data_parallel ? W : 1), "world_size {}", st->world_size);
+    if (data_parallel)
+      RANK_CHECK(st->comm_reduced_bytes > 0 && st->comm_gathered_bytes > 0,
+                 "collectives moved {} / {} bytes", st->comm_reduced_bytes,
+                 st->comm_gathered_bytes);
+    norm = st->grad_norm;
+  }
+  if (data_parallel) {
+    const Status cs = eng.SaveCheckpoint(e.dir + "/ckpt", {});
+    RANK_CHECK(cs.code() == StatusCode::kNotSupported, "SaveCheckpoint: {}", cs.ToString());
+  }
+  WriteResult(out, eng, norm);
+}
+
+struct Runs {
+  Result ref;
+  std::vector<Result> ranks;
+};
+
+// One rank with W micro-batches a step, then W ranks; every rank's
+// parameters must equal rank 0's bit for bit.
+Runs TrainBoth(const Shape& s, int world) {
+  Runs out;
+  std::string dir_ref, dir_dp;
+  {
+    testing::ScratchDir keep("strata-dp-results");
+    const std::string results = keep.str();
+    testing::ExpectAllExitedZero(RunRanks(1, [&](const RankEnv& e) {
+      RankEnv one = e;
+      one.world = world;
+      Train(one, s, false, results + "/ref");
+    }));
+    testing::ExpectAllExitedZero(RunRanks(world, [&](const RankEnv& e) {
+      Train(e, s, true, fmt::format("{}/rank-{}", results, e.rank));
+    }));
+    out.ref = ReadResult(results + "/ref");
+    for (int r = 0; r < world; ++r)
+      out.ranks.push_back(ReadResult(fmt::format("{}/rank-{}", results, r)));
+  }
+  for (int r = 1; r < world; ++r)
+    EXPECT_EQ(0, std::memcmp(out.ranks[static_cast<size_t>(r)].params.data(),
+                             out.ranks[0].params.data(), out.ranks[0].params.size() * 4))
+        << "rank " << r << "'s parameters differ from rank 0's";
+  return out;
+}
+
+int64_t ToyElements() {
+  int64_t n = 0;
+  for (int m = 0; m < kModules; ++m)
+    for (int i = 0; i < 2; ++i) n += testing::ToyNumel(m, i);
+  return n;
+}
+
+size_t Mismatches(const std::vector<float>& a, const std::vector<float>& b, double rel) {
+  size_t bad = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::fabs(a[i] - b[i]) > rel * std::max(1.0f, std::fabs(b[i]))) ++bad;
+  return bad;
+}
+
+// ---- Placements × stages, two ranks: the same bits -----------------------------
+// (offload_param needs stage 3, as in DeepSpeed.)
+
+using Case = std::tuple<OffloadDevice, OffloadDevice, int>;
+
+class DataParallelPlacementTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) {
+  Shape s;
+  std::tie(s.opt, s.par, s.stage) = GetParam();
+  const Runs runs = TrainBoth(s, 2);
+  // With two ranks the reduction is a + b, the one-rank sum 0 + a/2 + b/2
+  // scaled by the same power of two: no clipping, so the same bits.
+  EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
+                           runs.ref.params.size() * 4))
+      << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " of "
+      << runs.ref.params.size() << " elements differ";
+  // Each rank keeps half of the optimizer states (two versions on NVMe).
+  const char* tier = s.opt == OffloadDevice::kNvme  ? "nvme"
+                     : s.opt == OffloadDevice::kCpu ? "dram"
+                                                    : "hbm";
+  const int64_t halves = s.opt == OffloadDevice::kNvme ? 2 : 1;
+  // In HBM a rank also holds the collectives' staging: 3 chunks of
+  // reduce_bucket_size (500) fp32.
+  const int64_t staging = s.opt == OffloadDevice::kNone ? 3 * 500 * 4 : 0;
+  const int64_t saved = runs.ref.needed.at(tier) - runs.ranks[1].needed.at(tier) + staging;
+  EXPECT_GE(saved, halves * 12 * ToyElements() * 45 / 100)
+      << tier << ": one rank needs " << runs.ref.needed.at(tier) << " bytes, a rank of two "
+      << runs.ranks[1].needed.at(tier);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, DataParallelPlacementTest,
+    ::testing::Values(Case{OffloadDevice::kNone, OffloadDevice::kNone, 1},
+                      Case{OffloadDevice::kNone, OffloadDevice::kNone, 2},
+                      Case{OffloadDevice::kCpu, OffloadDevice::kNone, 1},
+                      Case{OffloadDevice::kCpu, OffloadDevice::kNone, 2},
+                      Case{OffloadDevice::kNvme, OffloadDevice::kNone, 2},
+                      Case{OffloadDevice::kCpu, OffloadDevice::kCpu, 3},
+                      Case{OffloadDevice::kNvme, OffloadDevice::kCpu, 3}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return testing::PlacementName(std::get<0>(info.param), std::get<1>(info.param)) +
+             "_stage" + std::to_string(std::get<2>(info.param));
+    });
+
+// ---- Four ranks, global clipping: within rounding, and repeatable ------------
+
+TEST(DataParallelTest, FourRanksWithClippingMatchOneRankWithinRounding) {
+  Shape s;
+  s.clipping = 0.5;  // below the toy's gradient norm: every step clips
+  const Runs a = TrainBoth(s, 4);
+  // The clip coefficient comes from the global norm: each rank's partial sum
+  // of squares over its partition, added in rank order; the sub-groups (and
+  // so the partial sums' grouping) differ from one rank's, and Gloo pairs
+  // the four gradients otherwise than 0 + a + b + c + d.
+  EXPECT_NEAR(a.ranks[0].grad_norm, a.ref.grad_norm, 1e-6 * a.ref.grad_norm);
+  EXPECT_EQ(Mismatches(a.ranks[0].params, a.ref.params, 1e-5), 0u);
+  // Run to run, the same bits.
+  const Runs b = TrainBoth(s, 4);
+  EXPECT_EQ(0, std::memcmp(a.ranks[0].params.data(), b.ranks[0].params.data(),
+                           a.ranks[0].params.size() * 4));
+  EXPECT_EQ(a.ranks[0].grad_norm, b.ranks[0].grad_norm);
+}
+
+// ---- Failures ------------------------------------------------------------------
+
+TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
+  constexpr double kTimeout = 5;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> status = RunRanks(
+      2,
+      [](const RankEnv& e) {
+        SetRankEnv(e, true);
+        const std::string nvme = e.dir + "/nvme";
+        std::filesystem::create_directories(nvme);
+        auto engine = Engine::Create(ShapeConfig(Shape{}, nvme, 1));
+        RANK_OK(engine.status());
+        testing::RegisterToy(**engine, 17, kModules);
+        MicroBatch(**engine, e.rank, 1.0f);
+        RANK_OK((*engine)->Step().status());
+        if (e.rank == 1) raise(SIGKILL);
+        Status s;
+        for (int step = 1; step < 50 && s.ok(); ++step) {
+          for (int m = 0; m < kModules && s.ok(); ++m) {
+            s = (*engine)->BeforeForward(m).status();
+            if (s.ok()) s = (*engine)->AfterForward(m);
+          }
+          for (int m = kModules - 1; m >= 0 && s.ok(); --m) {
+            s = (*engine)->BeforeBackward(m).status();
+            if (s.ok()) s = (*engine)->AfterBackward(m);
+          }
+          if (s.ok()) s = (*engine)->Step().status();
+        }
+        RANK_CHECK(!s.ok(), "rank 0 trained 50 steps without its peer");
+        RANK_CHECK(s.ToString().find("data parallelism (rank 0 of 2)") != std::string::npos,
+                   "the error does not say which collective failed: {}", s.ToString());
+        std::fprintf(stderr, "rank 0 failed as expected: %s\n", s.ToString().c_str());
+      },
+      kTimeout, /*limit_s=*/60);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(status.size(), 2u);
+  EXPECT_TRUE(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0) << status[0];
+  EXPECT_TRUE(WIFSIGNALED(status[1]) && WTERMSIG(status[1]) == SIGKILL) << status[1];
+  EXPECT_LT(took, 30 + kTimeout);  // start-up and the timeout, never a hang
+}
+
+// Ranks whose config or model differ are refused at Plan, naming the first
+// difference, on every rank.
+void MismatchScenario(const RankEnv& e, bool model) {
+  SetRankEnv(e, true);
+  const std::string nvme = e.dir + "/nvme";
+  std::filesystem::create_directories(nvme);
+  Config c = ShapeConfig(Shape{}, nvme, 1);
+  if (!model && e.rank == 1) c.optimizer.lr = 2e-2;
+  auto engine = Engine::Create(c);
+  RANK_OK(engine.status());
+  testing::RegisterToy(**engine, 17, kModules, model && e.rank == 1 ? 8 : 0);
+  const Status s = (*engine)->Plan();
+  RANK_CHECK(s.code() == StatusCode::kFailedPrecondition, "Plan: {}", s.ToString());
+  const std::string want = model ? "rank 1's model (its registered parameters) differs"
+                                 : "rank 1's config differs";
+  RANK_CHECK(s.ToString().find(want) != std::string::npos, "Plan: {}", s.ToString());
+  const std::string detail = model ? "m3.weight: numel 599" : "\"lr\"";
+  RANK_CHECK(s.ToString().find(detail) != std::string::npos, "no {} in: {}", detail,
+             s.ToString());
+}
+
+TEST(DataParallelTest, RanksWithDifferentConfigsOrModelsAreRefused) {
+  testing::ExpectAllExitedZero(RunRanks(2, [](const RankEnv& e) { MismatchScenario(e, false); }));
+  testing::ExpectAllExitedZero(RunRanks(2, [](const RankEnv& e) { MismatchScenario(e, true); }));
+}
+
+// What several ranks do not support yet is refused before any connection,
+// naming the key.
+TEST(DataParallelTest, UnsupportedCombinationsAreRefusedNamingTheKey) {
+  testing::ScratchDir dir("strata-dp-refused");
+  RankEnv e{0, 2, dir.str(), 5};
+  SetRankEnv(e, true);
+  struct Refusal {
+    const char* key;
+    std::function<void(Config&)> change;
+  };
+  const Refusal refusals[] = {
+      {"zero_optimization.offload_param.device: nvme",
+       [&](Config& c) {
+         c.zero_optimization.stage = 3;
+         c.zero_optimization.offload_param.device = OffloadDevice::kNvme;
+         c.zero_optimization.offload_param.nvme_path = {dir.str()};
+       }},
+      {"strata.delayed_param_update", [](Config& c) { c.strata.delayed_param_update = true; }},
+  };
+  for (const Refusal& r : refusals) {
+    Config c = ShapeConfig(Shape{}, dir.str(), 1);
+    r.change(c);
+    auto engine = Engine::Create(c);
+    ASSERT_FALSE(engine.ok()) << r.key;
+    EXPECT_EQ(engine.status().code(), StatusCode::kNotSupported) << engine.status();
+    EXPECT_NE(engine.status().ToString().find(r.key), std::string::npos) << engine.status();
+  }
+  SetRankEnv(e, false);
+}
+
+}  // namespace
+}  // namespace strata
