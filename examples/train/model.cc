@@ -195,7 +195,12 @@ StatusOr<double> Model::MicroBatch(std::span<const int32_t> inputs,
   }
   {
     STRATA_ASSIGN_OR_RETURN(ModuleView v, engine_->BeforeForward(head));
-    STRATA_RETURN_IF_ERROR(backend_->HeadForwardAsync(v.params, hs_[L], engine_->loss_scale()));
+    // Each micro-batch's gradients are summed over the window (no 1 /
+    // accumulation); under data parallelism the engine averages the ranks',
+    // so each rank scales its own by the ranks: the sum of the global batch,
+    // as one rank accumulating every micro-batch.
+    STRATA_RETURN_IF_ERROR(backend_->HeadForwardAsync(
+        v.params, hs_[L], engine_->loss_scale() * static_cast<double>(engine_->world_size())));
     STRATA_RETURN_IF_ERROR(engine_->AfterForward(head));
   }
   // Backward, in reverse module order.

@@ -293,7 +293,9 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   for (const TierBudget& t : r.budgets)
     if (t.tier == "hbm") r.hbm_budget_bytes = t.available_bytes;
   r.workspace_bytes = model->workspace_bytes();
-  r.tokens_per_step = shape.tokens() * config.gradient_accumulation_steps;
+  r.rank = engine->rank();
+  r.world_size = engine->world_size();
+  r.tokens_per_step = shape.tokens() * config.gradient_accumulation_steps * r.world_size;
   if (!ckpt.dir.empty()) {
     // Room for the checkpoints this run adds to the directory at its peak:
     // a save writes the new one before the oldest of the kept ones goes.
@@ -378,7 +380,7 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
       if (const int sig = stop ? stop->load() : 0; sig != 0)
         return CancelledError("interrupted by " + SignalName(sig) + " after " + std::to_string(s) +
                               " completed step(s); step " + std::to_string(s + 1) + " abandoned");
-      data.Batch(micro++, shape.batch, shape.seq_len, &inputs, &targets);
+      data.Batch(micro++ * r.world_size + r.rank, shape.batch, shape.seq_len, &inputs, &targets);
       STRATA_ASSIGN_OR_RETURN(double loss, model->MicroBatch(inputs, targets));
       loss_sum += loss;
       StatusOr<StepStats> st = engine->Step();
@@ -432,7 +434,12 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
     window.bound_efficiency =
         window.step_time_s > 0 ? std::min(1.0, bound.seconds / window.step_time_s) : 0.0;
     r.total_time_s += window.step_time_s;
-    r.losses.push_back(loss_sum / static_cast<double>(config.gradient_accumulation_steps));
+    double loss = loss_sum / static_cast<double>(config.gradient_accumulation_steps);
+    // The global batch's mean loss (a collective: every rank, every step).
+    STRATA_RETURN_IF_ERROR(engine->ReduceOverRanks(std::span<double>(&loss, 1),
+                                                   Engine::OverRanks::kMean)
+                               .WithContext("step " + std::to_string(s + 1)));
+    r.losses.push_back(loss);
     r.steps.push_back(window);
     if (progress) progress(s, steps, r.losses.back(), window, r);
     if (!ckpt.dir.empty() && (s + 1 == steps || (ckpt.every > 0 && (s + 1) % ckpt.every == 0))) {
@@ -445,6 +452,12 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   struct rusage ru {};
   if (getrusage(RUSAGE_SELF, &ru) == 0)
     r.peak_rss_bytes = static_cast<int64_t>(ru.ru_maxrss) * 1024;
+  {
+    double maxima[] = {static_cast<double>(r.peak_rss_bytes), r.total_time_s};
+    STRATA_RETURN_IF_ERROR(engine->ReduceOverRanks(maxima, Engine::OverRanks::kMax));
+    r.max_peak_rss_bytes = static_cast<int64_t>(maxima[0]);
+    r.max_total_time_s = maxima[1];
+  }
   if (!config.strata.trace_path.empty()) {
     STRATA_RETURN_IF_ERROR(engine->WriteTimeline());
     r.trace_path = config.strata.trace_path;
@@ -530,6 +543,12 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   j["hbm_high_water_bytes"] = r.hbm_high_water_bytes;
   j["pinned_high_water_bytes"] = r.pinned_high_water_bytes;
   j["peak_rss_bytes"] = r.peak_rss_bytes;
+  if (r.world_size > 1) {
+    j["rank"] = r.rank;
+    j["world_size"] = r.world_size;
+    j["max_peak_rss_bytes"] = r.max_peak_rss_bytes;
+    j["max_total_time_s"] = r.max_total_time_s;
+  }
   j["planned_host_bytes"] = r.planned_host_bytes;
   j["nvme_read_bytes"] = r.nvme_read_bytes;
   j["nvme_written_bytes"] = r.nvme_written_bytes;
@@ -715,6 +734,15 @@ std::string ResultTable(const TrainResult& r) {
                     Human(static_cast<double>(b.needed_bytes)).c_str(), b.detail.c_str());
       o << buf;
     }
+  if (r.world_size > 1) {
+    // Rank 0's table; the maxima over the ranks beside it.
+    std::snprintf(buf, sizeof(buf),
+                  "  ranks             %d (this is rank %d; loss: the mean over the ranks); "
+                  "over the ranks: peak RSS at most %s, loop %.2f s at most\n",
+                  r.world_size, r.rank, Human(static_cast<double>(r.max_peak_rss_bytes)).c_str(),
+                  r.max_total_time_s);
+    o << buf;
+  }
   if (!r.trace_path.empty())
     o << "  timeline          " << r.trace_path << " (open in ui.perfetto.dev)\n";
   if (!r.checkpoint_dir.empty()) {
@@ -918,6 +946,7 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
   std::ostream& prog = opt.json ? err : out;
   ProgressFn progress = [&prog](int64_t s, int64_t n, double loss, const StepStats& st,
                                 const TrainResult& r) {
+    if (r.rank != 0) return;  // rank 0 speaks for the ranks
     char buf[320];
     std::snprintf(
         buf, sizeof(buf),

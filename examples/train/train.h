@@ -51,6 +51,15 @@ struct TrainResult {
   std::string checkpoint_dir;
   std::string checkpoint_run_id;    // the run (lineage) its checkpoints belong to
   int checkpoints_overwritten = 0;  // another run's checkpoints removed (--overwrite)
+  // Data parallelism (Engine::world_size() > 1): this rank, the ranks, and
+  // the maxima over the ranks of the peak RSS and of the loop's wall time.
+  // `losses` are then the means over the ranks (each rank's micro-batches
+  // are its share of the global batch: micro-batch k of step s on rank r is
+  // the data's (s * accumulation + k) * ranks + r), and tokens_per_step the
+  // global batch's.
+  int rank = 0, world_size = 1;
+  int64_t max_peak_rss_bytes = 0;
+  double max_total_time_s = 0;
 };
 
 // Checkpoints of a training run (Engine::SaveCheckpoint / LoadCheckpoint).

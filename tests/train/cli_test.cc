@@ -593,5 +593,82 @@ TEST(PlanCli, PlanThatDoesNotFitExitsFourWithTheRowMarked) {
   EXPECT_THAT(r.out, HasSubstr("does not fit"));
 }
 
+// ---- Data parallelism through --nproc-per-node ----------------------------------
+
+// A config for `ranks` ranks of `gas` micro-batches each (train_batch_size
+// is the global batch).
+std::string DataParallelConfig(const std::string& dir, const std::string& name, int gas,
+                               int ranks, const std::string& zero) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )"
+                      << gas << R"(, "train_batch_size": )" << 2 * gas * ranks << R"(,
+    "bf16": {"enabled": true}, "gradient_clipping": 1.0, "optimizer": {"params": {"lr": 3e-3}},
+    "zero_optimization": )" << zero << R"(,
+    "strata": {"device": "host", "hbm_budget": "8M", "threads": 2,
+      "model": {"layers": 2, "hidden": 32, "seq_len": 16}}})";
+  return path;
+}
+
+// Two local ranks of one micro-batch train as one rank accumulating both:
+// the same losses, bit for bit (the example sums its micro-batches'
+// gradients; with two ranks the average of 2 g0 and 2 g1 is g0 + g1 exactly).
+TEST(TrainCli, TwoLocalRanksTrainAsOneRankAccumulatingTheirBatches) {
+  testing::ScratchDir dir;
+  std::filesystem::create_directories(dir.str() + "/nvme");
+  const std::string zeros[] = {
+      R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.str() +
+          R"(/nvme"}, "offload_param": {"device": "cpu"}, "sub_group_size": 20000})"};
+  for (const std::string& zero : zeros) {
+    SCOPED_TRACE(zero);
+    const RunResult one =
+        Strata("train --config " + DataParallelConfig(dir.str(), "one.json", 2, 1, zero) +
+                   " --steps 4 --json",
+               dir.str());
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    const RunResult two =
+        Strata("train --config " + DataParallelConfig(dir.str(), "two.json", 1, 2, zero) +
+                   " --steps 4 --json --nproc-per-node 2",
+               dir.str());
+    ASSERT_EQ(two.exit_code, 0) << two.err;
+    const json a = json::parse(one.out), b = json::parse(two.out);  // rank 0 alone prints
+    EXPECT_EQ(b["world_size"], 2);
+    EXPECT_EQ(b["rank"], 0);
+    EXPECT_EQ(a["tokens_per_step"], b["tokens_per_step"]);
+    ASSERT_EQ(a["losses"].size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(a["losses"][i].get<double>(), b["losses"][i].get<double>()) << "step " << i + 1;
+    EXPECT_GE(b["max_peak_rss_bytes"].get<int64_t>(), b["peak_rss_bytes"].get<int64_t>());
+    // Only rank 0 reports progress.
+    size_t progress = 0;
+    for (size_t at = 0; (at = two.err.find("step    1/4", at)) != std::string::npos; ++at)
+      ++progress;
+    EXPECT_EQ(progress, 1u) << two.err;
+  }
+}
+
+// SIGINT to the launcher reaches every rank: all stop, exit 130, and their
+// swap files (each under nvme_path/rank-<k>) are gone.
+TEST(TrainCli, SigintToTheLauncherStopsEveryRank) {
+  testing::ScratchDir dir;
+  std::filesystem::create_directories(dir.str() + "/nvme");
+  const std::string cfg = DataParallelConfig(
+      dir.str(), "c.json", 1, 2,
+      R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.str() +
+          R"(/nvme"}})");
+  const pid_t pid = Spawn("train --config " + cfg + " --steps 1000000 --nproc-per-node 2", dir.str());
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(WaitFor(dir.str() + "/stdout", "step    2/")) << ReadFile(dir.str() + "/stderr");
+  EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme/rank-0"), 1u);
+  EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme/rank-1"), 1u);
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 130) << ReadFile(dir.str() + "/stderr");
+  EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme/rank-0"), 0u);
+  EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme/rank-1"), 0u);
+}
+
 }  // namespace
 }  // namespace strata
