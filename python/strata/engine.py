@@ -74,6 +74,7 @@ import contextlib
 import json
 import linecache
 import os
+import tempfile
 import re
 import weakref
 
@@ -473,6 +474,23 @@ def _param_groups(model, model_parameters):
     return groups
 
 
+def _share_rendezvous_dir():
+    """Data parallelism under torchrun: the engine's ranks meet through a
+    directory (its Gloo store on the host device). When torch.distributed's
+    default process group is up and STRATA_GLOO_DIR is unset, rank 0 makes a
+    fresh one and the default group hands its name to every rank; the engine
+    then does its collectives itself. Without a process group the engine
+    uses /tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT> (one machine)."""
+    import torch.distributed as dist
+    if os.environ.get("STRATA_GLOO_DIR") or not dist.is_available() or not dist.is_initialized():
+        return
+    if dist.get_world_size() < 2:
+        return
+    name = [tempfile.mkdtemp(prefix="strata-gloo-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(name, src=0)
+    os.environ["STRATA_GLOO_DIR"] = name[0]
+
+
 class Engine:
     """A model trained through Strata. Create it with :func:`strata.initialize`."""
 
@@ -487,6 +505,7 @@ class Engine:
                 "back)", "FailedPrecondition")
         text, source = _config_text(config)
         host_only = not torch.cuda.is_available()
+        _share_rendezvous_dir()
         self._engine = _strata.Engine(text, source, dict(auto_values or {}), host_only)
         # A script that ends without close() still removes the swap files: the
         # engine is destroyed at interpreter exit at the latest.

@@ -1,0 +1,151 @@
+"""Data parallelism through the PyTorch frontend, launched as torchrun does.
+
+Two ranks (processes with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set)
+each bring up torch.distributed's default process group (gloo) and train the
+GPT of test_torch_frontend.py twice from the same weights on the same global
+batch (rank r takes micro-batch s * 2 + r of step s): once as torch's
+DistributedDataParallel + AdamW, once through strata.initialize, whose engine
+does its own collectives (the default group only hands it a rendezvous
+directory). The mean losses over the ranks and the final fp32 parameters
+must agree, and every rank's strata parameters must be the same bits. The
+model is the GPT, or torch's own nn.TransformerEncoder (test_torch_frontend's
+Encoder).
+"""
+
+import copy
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from test_torch_frontend import BATCH, GPT, Encoder, batches, config  # noqa: E402
+
+STEPS = 6
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world, args, tmp_path, timeout=300):
+    port = free_port()
+    procs = []
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.pop("STRATA_GLOO_DIR", None)
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *args,
+                                       str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{out}"
+    results = []
+    for r in range(world):
+        with open(tmp_path / f"rank{r}.json") as f:
+            results.append(json.load(f))
+    return results
+
+
+def worker(make, opt, par, stage, out_dir):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import strata
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1)
+    model = {"gpt": GPT, "encoder": Encoder}[make]()
+    ref = copy.deepcopy(model)
+    data = batches(STEPS * world)
+    cfg = config(opt, par, os.path.join(out_dir, "nvme"), clip=0.5)
+    cfg["zero_optimization"]["stage"] = stage
+    cfg["train_batch_size"] = BATCH * world  # the global batch
+    if rank == 0:
+        os.makedirs(os.path.join(out_dir, "nvme"), exist_ok=True)
+    dist.barrier()
+
+    def mean(x):
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item() / world
+
+    # torch's DistributedDataParallel + AdamW.
+    p = cfg["optimizer"]["params"]
+    ddp = DistributedDataParallel(ref)
+    adamw = torch.optim.AdamW(ddp.parameters(), lr=p["lr"], betas=tuple(p["betas"]),
+                              eps=p["eps"], weight_decay=p["weight_decay"])
+    want = []
+    for s in range(STEPS):
+        idx, tgt = data[s * world + rank]
+        loss = ddp(idx, tgt)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), cfg["gradient_clipping"])
+        adamw.step()
+        adamw.zero_grad(set_to_none=True)
+        want.append(mean(loss.item()))
+
+    engine = strata.initialize(model, cfg)
+    got = []
+    stats = None
+    for s in range(STEPS):
+        idx, tgt = data[s * world + rank]
+        loss = engine(idx, tgt)
+        engine.backward(loss)
+        stats = engine.step()
+        assert stats["applied"]
+        got.append(mean(loss.item()))
+    sd = engine.state_dict()  # a collective: every rank asks
+    ref_sd = ref.state_dict()
+    worst = max(((sd[k] - ref_sd[k]).abs().max().item() for k in sd), default=0.0)
+    digest = hashlib.sha256()
+    for k in sorted(sd):
+        digest.update(sd[k].numpy().tobytes())
+    engine.close()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump({"got": got, "want": want, "worst": worst, "digest": digest.hexdigest(),
+                   "world_size": stats.get("world_size"),
+                   "comm_reduced_bytes": stats.get("comm_reduced_bytes", 0)}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("make,opt,par,stage", [("gpt", "none", "none", 1),
+                                                ("gpt", "cpu", "none", 2),
+                                                ("encoder", "cpu", "none", 2),
+                                                ("gpt", "nvme", "cpu", 3)])
+def test_two_ranks_match_distributed_data_parallel(make, opt, par, stage, tmp_path):
+    r0, r1 = run_ranks(2, [make, opt, par, str(stage)], tmp_path)
+    assert r0["world_size"] == 2 and r0["comm_reduced_bytes"] > 0
+    assert r0["digest"] == r1["digest"], "the ranks' parameters differ"
+    for i, (a, b) in enumerate(zip(r0["got"], r0["want"])):
+        assert abs(a - b) <= 1e-5 * abs(b), f"step {i + 1}: strata {a!r}, DDP {b!r}"
+    if make == "gpt":
+        assert r0["want"][-1] < r0["want"][0] * 0.95  # it trained
+        # (nn.MultiheadAttention's key bias has a zero gradient in exact
+        # arithmetic; Adam turns its rounding noise into O(lr) steps that no
+        # two summation orders share, so the encoder's parameters are not
+        # compared.)
+        assert r0["worst"] < 1e-4, f"parameters differ from DDP's by up to {r0['worst']}"
+
+
+if __name__ == "__main__":
+    make_, opt_, par_, stage_, out_ = sys.argv[1:6]
+    worker(make_, opt_, par_, int(stage_), out_)
