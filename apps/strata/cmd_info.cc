@@ -37,7 +37,8 @@ json GpuInfo() {
          {"multiprocessors", d.multiprocessors},
          {"pci_bus_id", d.pci_bus_id},
          {"pcie_gen", d.pcie_gen},
-         {"pcie_width", d.pcie_width}});
+         {"pcie_width", d.pcie_width},
+         {"numa_node", d.numa_node}});
   }
   return {{"devices", devices}, {"reason", list.reason}};
 }
@@ -111,6 +112,34 @@ std::string HumanAge(double s) {
   return buf;
 }
 
+// Data parallelism on this machine: what each local rank's CPU optimizer
+// takes (the engine's own choice, cpu_adam::ShareOfLocalRank): for
+// LOCAL_WORLD_SIZE ranks when set, else one per GPU (one rank without GPUs).
+json LocalRanksInfo(const json& gpus) {
+  json ranks = json::array();
+  StatusOr<cpu_adam::CpuTopology> topo = cpu_adam::DescribeTopology();
+  if (!topo.ok()) return ranks;
+  int local_world = static_cast<int>(std::max<size_t>(1, gpus["devices"].size()));
+  if (const char* v = std::getenv("LOCAL_WORLD_SIZE"); v != nullptr && std::atoi(v) > 0)
+    local_world = std::atoi(v);
+  for (int k = 0; k < local_world; ++k) {
+    int gpu_node = -1;
+    json gpu = nullptr;
+    for (const auto& d : gpus["devices"])
+      if (d["ordinal"].get<int>() == k) {
+        gpu = k;
+        gpu_node = d.value("numa_node", -1);
+      }
+    const cpu_adam::RankCpuShare share = cpu_adam::ShareOfLocalRank(*topo, k, local_world, gpu_node);
+    ranks.push_back({{"local_rank", k},
+                     {"gpu", gpu},
+                     {"numa_node", share.numa_os_node >= 0 ? json(share.numa_os_node) : json()},
+                     {"threads", share.threads},
+                     {"why", share.why}});
+  }
+  return ranks;
+}
+
 json MemlockInfo() {
   gpu::MemlockLimit m = gpu::ReadMemlockLimit();
   auto val = [](bool unlimited, uint64_t v) -> json {
@@ -142,6 +171,7 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
   out["cpu"] = CpuInfo();
   out["io"] = IoInfo(dir);
   out["memlock"] = MemlockInfo();
+  out["local_ranks"] = LocalRanksInfo(out["gpu"]);
   if (as_json) {
     std::cout << out.dump(2) << "\n";
     return 0;
@@ -174,6 +204,13 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
                   HumanBytes(n["memory_bytes"].get<double>()).c_str());
   }
   std::printf("CPU optimizer:  %s SIMD\n", c["optimizer_isa"].get<std::string>().c_str());
+  for (const auto& k : out["local_ranks"])
+    std::printf("  local rank %d: %s%s, %d thread(s) (%s)\n", k["local_rank"].get<int>(),
+                k["gpu"].is_null() ? "" : ("GPU " + std::to_string(k["gpu"].get<int>()) + ", ").c_str(),
+                k["numa_node"].is_null()
+                    ? "every core"
+                    : ("NUMA node " + std::to_string(k["numa_node"].get<int>())).c_str(),
+                k["threads"].get<int>(), k["why"].get<std::string>().c_str());
   const json& io = out["io"];
   std::printf("io_uring:       %s\n",
               io["io_uring"]["available"].get<bool>()

@@ -678,16 +678,19 @@ std::string ResultTable(const TrainResult& r) {
                     amount(t.amount).c_str(), amount(m).c_str(), secs);
       o << buf;
     }
-    std::vector<double> opt, nvme, h2d;
+    std::vector<double> opt, nvme, h2d, comm;
     for (const StepStats* s : SteadySteps(r)) {
       opt.push_back(s->optimizer_s);
       nvme.push_back(s->nvme_busy_s);
       h2d.push_back(s->pcie_busy_s);
+      comm.push_back(s->comm_s);
     }
     std::snprintf(buf, sizeof(buf),
-                  "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s "
+                  "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
                   "(medians)\n",
-                  Median(opt), Median(nvme), Median(h2d));
+                  Median(opt), Median(nvme), Median(h2d),
+                  r.world_size > 1 ? fmt::format(", collectives {:.3f} s", Median(comm)).c_str()
+                                   : "");
     o << buf;
   }
   o << "  tier              high water       budget / needed by the plan\n";

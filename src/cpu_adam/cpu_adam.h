@@ -276,6 +276,22 @@ struct CpuTopology {
   std::vector<NumaNodeInfo> numa_nodes;  // at least one (a machine without NUMA has one)
 };
 StatusOr<CpuTopology> DescribeTopology();
+
+// Data parallelism, several ranks on one machine: the share of the CPU the
+// CPU optimizer of local rank `local_rank` of `local_world` takes. Its NUMA
+// node: `gpu_os_node` (the node nearest the rank's GPU, the kernel's
+// number) when >= 0, else local_rank modulo the nodes; no node (-1, no
+// pinning) on a machine with one. Its threads: the node's PUs (the
+// machine's without a node) divided among the local ranks that land on that
+// node, at least 1.
+struct RankCpuShare {
+  int numa_node = -1;     // logical index (Options::numa_node), -1: not pinned
+  int numa_os_node = -1;  // the kernel's number, -1: not pinned
+  int threads = 1;
+  std::string why;  // "the GPU's node", "local rank 1 of 2 on 2 nodes", "one NUMA node"
+};
+RankCpuShare ShareOfLocalRank(const CpuTopology& topology, int local_rank, int local_world,
+                              int gpu_os_node);
 // The NUMA node (logical index) holding most of [p, p + bytes), or -1 when
 // the OS cannot tell (pages not yet touched, no NUMA). NotSupported if hwloc
 // cannot query memory location here.

@@ -4,6 +4,7 @@
 
 #include <hwloc.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -107,6 +108,36 @@ StatusOr<CpuTopology> DescribeTopology() {
     out.numa_nodes.push_back(std::move(info));
   }
   return out;
+}
+
+RankCpuShare ShareOfLocalRank(const CpuTopology& topology, int local_rank, int local_world,
+                              int gpu_os_node) {
+  RankCpuShare share;
+  const int nodes = static_cast<int>(topology.numa_nodes.size());
+  local_world = std::max(1, local_world);
+  const NumaNodeInfo* node = nullptr;
+  if (nodes > 1) {
+    for (const NumaNodeInfo& n : topology.numa_nodes)
+      if (gpu_os_node >= 0 && n.os_index == gpu_os_node) node = &n;
+    if (node != nullptr) {
+      share.why = "the node nearest its GPU";
+    } else {
+      node = &topology.numa_nodes[static_cast<size_t>(std::max(0, local_rank) % nodes)];
+      share.why = "local rank " + std::to_string(local_rank) + " modulo " +
+                  std::to_string(nodes) + " nodes";
+    }
+  } else {
+    share.why = "one NUMA node: not pinned";
+  }
+  // The local ranks on the chosen node (or the machine), spread evenly.
+  const int sharing = nodes > 1 ? (local_world + nodes - 1) / nodes : local_world;
+  const int pus = node != nullptr ? static_cast<int>(node->pus.size()) : topology.pus;
+  share.threads = std::max(1, pus / std::max(1, sharing));
+  if (node != nullptr) {
+    share.numa_node = node->logical_index;
+    share.numa_os_node = node->os_index;
+  }
+  return share;
 }
 
 StatusOr<int> NumaNodeOf(const void* p, size_t bytes) {

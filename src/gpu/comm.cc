@@ -81,9 +81,15 @@ StatusOr<CommOptions> CommOptionsFromEnv() {
   ASSIGN_OR_RETURN(auto rank, EnvInteger("RANK"));
   ASSIGN_OR_RETURN(auto world, EnvInteger("WORLD_SIZE"));
   ASSIGN_OR_RETURN(auto local, EnvInteger("LOCAL_RANK"));
+  ASSIGN_OR_RETURN(auto local_world, EnvInteger("LOCAL_WORLD_SIZE"));
   o.rank = rank.value_or(0);
   o.world_size = world.value_or(1);
   o.local_rank = local.value_or(o.rank);
+  o.local_world_size = local_world.value_or(o.world_size);
+  if (o.local_world_size < 1 || o.local_rank >= o.local_world_size)
+    return InvalidArgumentError(fmt::format(
+        "environment LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", o.local_rank,
+        o.local_world_size));
   if (o.world_size < 1) return InvalidArgumentError("environment WORLD_SIZE=0: must be at least 1");
   if (o.rank >= o.world_size)
     return InvalidArgumentError(

@@ -602,6 +602,8 @@ CudaDeviceList ListCudaDevices() {
     const std::string sys = "/sys/bus/pci/devices/" + info.pci_bus_id + "/";
     info.pcie_gen = PcieGenFromSpeed(ReadSysfs(sys + "current_link_speed"));
     info.pcie_width = std::atoi(ReadSysfs(sys + "current_link_width").c_str());
+    if (const std::string n = ReadSysfs(sys + "numa_node"); !n.empty())
+      info.numa_node = std::atoi(n.c_str());
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
       info.free_bytes = free_b;

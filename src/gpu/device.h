@@ -180,6 +180,7 @@ struct CudaDeviceInfo {
   // 0 when unknown.
   int pcie_gen = 0;
   int pcie_width = 0;
+  int numa_node = -1;  // the kernel's NUMA node nearest it (sysfs), -1 when unknown
 };
 
 struct CudaDeviceList {
@@ -605,6 +606,7 @@ struct CommOptions {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  // ranks on this machine (LOCAL_WORLD_SIZE, else WORLD_SIZE)
   // Where rank 0 writes the NCCL unique id and the others read it (a shared
   // filesystem for multi-node). Empty: "/tmp/strata-nccl-<MASTER_ADDR>-
   // <MASTER_PORT>.id". Alternatively STRATA_NCCL_UNIQUE_ID (256 hex digits) in
@@ -627,7 +629,7 @@ struct CommOptions {
   std::string listen_host;
 };
 
-// RANK, WORLD_SIZE, LOCAL_RANK (as torchrun sets them), MASTER_ADDR and
+// RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (as torchrun sets them), MASTER_ADDR and
 // MASTER_PORT (for the default id file and rendezvous directory),
 // STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_COMM_TIMEOUT_S (seconds, > 0).
 // Unset → a single rank. Junk or an inconsistent rank → InvalidArgument

@@ -161,6 +161,9 @@ class EngineImpl final : public Engine {
   Status PrepareDataParallel(const gpu::CommOptions& comm);
   // NotSupported for `call` with several ranks.
   Status SingleRankOnly(const char* call) const;
+  // Several ranks: this rank's NUMA node and threads for the CPU optimizer
+  // (cpu_adam::ShareOfLocalRank), logged once.
+  void RankCpuShare(cpu_adam::Options* aopts) const;
   // The hyperparameters of the next step, per parameter group.
   std::vector<cpu_adam::HyperParams> HyperParamsFor(double grad_scale) const;
   // InvalidArgument naming `call` for a group id that does not exist.
@@ -252,6 +255,9 @@ Status EngineImpl::Init() {
     }
   }
   ASSIGN_OR_RETURN(gpu::DeviceOptions dopts, gpu::DeviceOptionsFromConfig(cfg_));
+  // Several ranks on a machine: local rank k uses GPU k (as torchrun's
+  // LOCAL_RANK means) unless the config names one.
+  if (comm_.world_size > 1 && cfg_.strata.device_id == 0) dopts.device_id = comm_.local_rank;
   ASSIGN_OR_RETURN(dev_, gpu::CreateDevice(dopts));
   // offload_optimizer none on a GPU: the optimizer runs there (DeviceOptimizer).
   device_optimizer_ =
@@ -279,6 +285,7 @@ Status EngineImpl::Init() {
         OptimizerTypeName(cfg_.optimizer.type), dev_->Describe()));
   cpu_adam::Options aopts;
   aopts.threads = static_cast<int>(cfg_.strata.threads);
+  if (comm_.world_size > 1) RankCpuShare(&aopts);
   ASSIGN_OR_RETURN(adam_, cpu_adam::CpuOptimizer::Create(aopts));
   scaler_ = cfg_.fp16.enabled ? LossScaler::FromConfig(cfg_.fp16) : LossScaler::Disabled();
   gas_ = std::max<int64_t>(1, cfg_.gradient_accumulation_steps);
@@ -333,6 +340,33 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   if (param_place() == OffloadDevice::kNvme)
     RETURN_IF_ERROR(per_rank(cfg_.zero_optimization.offload_param.nvme_path));
   return Status();
+}
+
+void EngineImpl::RankCpuShare(cpu_adam::Options* aopts) const {
+  // The local ranks share the machine's cores: each one's CPU optimizer on
+  // the NUMA node nearest its GPU (hwloc), with its part of the node's PUs.
+  StatusOr<cpu_adam::CpuTopology> topo = cpu_adam::DescribeTopology();
+  if (!topo.ok()) {
+    STRATA_LOG_WARN("rank {}: the CPU's topology is unknown ({}); the CPU optimizer is not pinned",
+                    comm_.rank, topo.status().ToString());
+    return;
+  }
+  int gpu_node = -1;
+  if (!dev_->is_host()) {
+    const gpu::CudaDeviceList gpus = gpu::ListCudaDevices();
+    for (const gpu::CudaDeviceInfo& g : gpus.devices)
+      if (g.ordinal == dev_->ordinal()) gpu_node = g.numa_node;
+  }
+  const cpu_adam::RankCpuShare share =
+      cpu_adam::ShareOfLocalRank(*topo, comm_.local_rank, comm_.local_world_size, gpu_node);
+  aopts->numa_node = share.numa_node;
+  if (cfg_.strata.threads == 0) aopts->threads = share.threads;
+  STRATA_LOG_INFO("rank {} of {} (local rank {}): CPU optimizer on {} ({}), {} thread(s){}",
+                  comm_.rank, comm_.world_size, comm_.local_rank,
+                  share.numa_os_node >= 0 ? fmt::format("NUMA node {}", share.numa_os_node)
+                                          : std::string("every core"),
+                  share.why, aopts->threads,
+                  cfg_.strata.threads == 0 ? "" : " (strata.threads)");
 }
 
 Status EngineImpl::SingleRankOnly(const char* call) const {
@@ -796,9 +830,7 @@ StatusOr<StepStats> EngineImpl::Step() {
   st.trace_rerecords = fetcher_->NextStep();
   st.step = backend_->steps();
   st.loss_scale = scaler_.scale();
-  counters_.EndWindow(now, &st);
-  st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);
-  if (dp_) {
+  if (dp_) {  // before EndWindow: the bound counts the network
     const scheduler::CommCounters c = dp_->TakeCounters();
     st.rank = dp_->rank();
     st.world_size = dp_->world_size();
@@ -806,6 +838,8 @@ StatusOr<StepStats> EngineImpl::Step() {
     st.comm_gathered_bytes = c.gathered_bytes;
     st.comm_s = c.busy_s;
   }
+  counters_.EndWindow(now, &st);
+  st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);
   st.pinned_high_water_bytes = pinned_bytes_ + store_->pinned_array_bytes();
   last_ = st;
   counters_.HookExit();

@@ -126,7 +126,10 @@ void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& 
     return;
   }
   if (pl.fold_override == 0 || s.total_elems == 0) {
-    plan->grad_path = s.total_elems == 0 ? "no parameters" : "fold off (developer override)";
+    plan->grad_path = s.total_elems == 0 ? "no parameters"
+                      : pl.world_size > 1
+                          ? "fold off (several ranks: the reduction reads one accumulator)"
+                          : "fold off (developer override)";
     return;
   }
   const int64_t landing = s.total_param_bytes;

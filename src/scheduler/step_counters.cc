@@ -264,6 +264,8 @@ StepBound BoundOf(const StepStats& s) {
     consider(
         static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) / (s.nvme_gbytes_per_s * 1e9),
         "nvme");
+  // Data parallelism: the collectives' busy time (the network, or loopback).
+  consider(s.comm_s, "network");
   return b;
 }
 

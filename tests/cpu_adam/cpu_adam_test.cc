@@ -518,3 +518,55 @@ TEST(StreamingStoresTest, SameBitsWithAndWithoutStreaming) {
 
 }  // namespace
 }  // namespace strata::cpu_adam
+
+namespace strata::cpu_adam {
+namespace {
+
+// ---- Local ranks' share of the CPU (data parallelism) ------------------------
+
+CpuTopology TwoNodes() {
+  CpuTopology t;
+  t.packages = 2;
+  t.cores = t.pus = 16;
+  for (int n = 0; n < 2; ++n) {
+    NumaNodeInfo node;
+    node.logical_index = n;
+    node.os_index = 10 + n;  // kernel numbers need not be the logical ones
+    node.cores = 8;
+    for (int p = 0; p < 8; ++p) node.pus.push_back(8 * n + p);
+    t.numa_nodes.push_back(node);
+  }
+  return t;
+}
+
+TEST(RankCpuShareTest, TheGpusNodeWithItsShareOfThePus) {
+  const CpuTopology t = TwoNodes();
+  // 4 ranks, 2 per node: half a node's PUs each, on the GPU's node.
+  RankCpuShare s = ShareOfLocalRank(t, 0, 4, /*gpu_os_node=*/11);
+  EXPECT_EQ(s.numa_node, 1);
+  EXPECT_EQ(s.numa_os_node, 11);
+  EXPECT_EQ(s.threads, 4);
+  EXPECT_NE(s.why.find("GPU"), std::string::npos) << s.why;
+  // No GPU node known: round robin over the nodes.
+  s = ShareOfLocalRank(t, 3, 4, -1);
+  EXPECT_EQ(s.numa_node, 1);
+  EXPECT_EQ(s.threads, 4);
+  s = ShareOfLocalRank(t, 2, 4, /*a node this machine lacks*/ 7);
+  EXPECT_EQ(s.numa_node, 0);
+  // One rank per node: the whole node.
+  EXPECT_EQ(ShareOfLocalRank(t, 1, 2, -1).threads, 8);
+}
+
+TEST(RankCpuShareTest, OneNodeIsNotPinnedAndSplitsTheMachine) {
+  CpuTopology t = TwoNodes();
+  t.numa_nodes.resize(1);
+  t.pus = 6;
+  RankCpuShare s = ShareOfLocalRank(t, 1, 4, 10);
+  EXPECT_EQ(s.numa_node, -1);
+  EXPECT_EQ(s.threads, 1);  // 6 PUs / 4 ranks
+  EXPECT_EQ(ShareOfLocalRank(t, 0, 1, -1).threads, 6);
+  EXPECT_EQ(ShareOfLocalRank(t, 0, 64, -1).threads, 1);  // at least one
+}
+
+}  // namespace
+}  // namespace strata::cpu_adam
