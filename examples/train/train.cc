@@ -576,6 +576,12 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
                         {"grad_norm", s.grad_norm},
                         {"lr", s.lr},
                         {"loss_scale", s.loss_scale}});
+  if (r.world_size > 1)
+    for (size_t i = 0; i < r.steps.size(); ++i) {
+      per_step[i]["comm_s"] = r.steps[i].comm_s;
+      per_step[i]["comm_reduced_bytes"] = r.steps[i].comm_reduced_bytes;
+      per_step[i]["comm_gathered_bytes"] = r.steps[i].comm_gathered_bytes;
+    }
   j["per_step"] = per_step;
   json budgets = json::array();
   for (const TierBudget& b : r.budgets)

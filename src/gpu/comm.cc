@@ -94,6 +94,7 @@ StatusOr<CommOptions> CommOptionsFromEnv() {
   if (o.rank >= o.world_size)
     return InvalidArgumentError(
         fmt::format("environment RANK={} is not below WORLD_SIZE={}", o.rank, o.world_size));
+  if (const char* v = std::getenv("STRATA_NCCL_ID_FILE"); v != nullptr) o.unique_id_file = v;
   o.unique_id_file = internal::UniqueIdPath(o);
   if (const char* v = std::getenv("STRATA_GLOO_DIR"); v != nullptr) o.rendezvous_dir = v;
   if (const char* v = std::getenv("STRATA_GLOO_HOST"); v != nullptr) o.listen_host = v;

@@ -609,8 +609,9 @@ struct CommOptions {
   int local_world_size = 1;  // ranks on this machine (LOCAL_WORLD_SIZE, else WORLD_SIZE)
   // Where rank 0 writes the NCCL unique id and the others read it (a shared
   // filesystem for multi-node). Empty: "/tmp/strata-nccl-<MASTER_ADDR>-
-  // <MASTER_PORT>.id". Alternatively STRATA_NCCL_UNIQUE_ID (256 hex digits) in
-  // every rank's environment.
+  // <MASTER_PORT>.id"; STRATA_NCCL_ID_FILE overrides (a shared filesystem
+  // for several machines). Alternatively STRATA_NCCL_UNIQUE_ID (256 hex
+  // digits) in every rank's environment.
   std::string unique_id_file;
   // NCCL: how long non-zero ranks wait for the id. Gloo (host device, several
   // ranks): how long the rendezvous and each collective may wait for the
@@ -631,7 +632,8 @@ struct CommOptions {
 
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (as torchrun sets them), MASTER_ADDR and
 // MASTER_PORT (for the default id file and rendezvous directory),
-// STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_COMM_TIMEOUT_S (seconds, > 0).
+// STRATA_NCCL_ID_FILE, STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_COMM_TIMEOUT_S
+// (seconds, > 0).
 // Unset → a single rank. Junk or an inconsistent rank → InvalidArgument
 // naming the variable.
 StatusOr<CommOptions> CommOptionsFromEnv();

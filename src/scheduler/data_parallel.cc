@@ -138,21 +138,28 @@ Status DataParallel::ReduceGradients(float* acc) {
   return Status();
 }
 
-Status DataParallel::CombineChecks(bool* overflow, double* sumsq) {
+Status DataParallel::CombineChecks(const std::vector<double>& partial,
+                                   const std::vector<uint8_t>& bad, bool* overflow,
+                                   double* sumsq) {
   const int64_t t0 = NowNanos();
-  std::string mine(2 * sizeof(double), '\0');
-  const double flag = *overflow ? 1.0 : 0.0;
-  std::memcpy(mine.data(), sumsq, sizeof(double));
-  std::memcpy(mine.data() + sizeof(double), &flag, sizeof(double));
+  // Per block: its sum, then 1.0 for an inf/nan.
+  std::string mine(partial.size() * 2 * sizeof(double), '\0');
+  for (size_t i = 0; i < partial.size(); ++i) {
+    const double flag = bad[i] ? 1.0 : 0.0;
+    std::memcpy(mine.data() + (2 * i) * sizeof(double), &partial[i], sizeof(double));
+    std::memcpy(mine.data() + (2 * i + 1) * sizeof(double), &flag, sizeof(double));
+  }
   ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(mine));
   double sum = 0;
   bool any = false;
-  for (const std::string& r : all) {  // rank order: the same bits everywhere
-    double s = 0, f = 0;
-    std::memcpy(&s, r.data(), sizeof(double));
-    std::memcpy(&f, r.data() + sizeof(double), sizeof(double));
-    sum += s;
-    any = any || f != 0.0;
+  for (const std::string& r : all) {  // rank order is element order
+    for (size_t at = 0; at + 2 * sizeof(double) <= r.size(); at += 2 * sizeof(double)) {
+      double v = 0, f = 0;
+      std::memcpy(&v, r.data() + at, sizeof(double));
+      std::memcpy(&f, r.data() + at + sizeof(double), sizeof(double));
+      sum += v;
+      any = any || f != 0.0;
+    }
   }
   *sumsq = sum;
   *overflow = any;

@@ -20,10 +20,10 @@
 //                    element, stages 2 and 3 reduce-scatter so that each rank
 //                    gets its partition only. The rest of the accumulator is
 //                    zeroed for the next window.
-//   CombineChecks    each rank's inf/nan flag and sum of squares over its
-//                    partition, all-gathered and added in rank order (the
-//                    same bits on every rank), so clipping and the fp16
-//                    overflow skip are global.
+//   CombineChecks    each rank's inf/nan flags and sums of squares of its
+//                    partition's blocks, all-gathered and added in element
+//                    order (the same bits on every rank), so clipping and
+//                    the fp16 overflow skip are global.
 //   GatherParams     after the step: the updated parameter bytes of every
 //                    partition (Layout::OwnedBytes) into every rank's copy.
 // The accumulator and the parameter copies live in host memory; the
@@ -99,8 +99,13 @@ class DataParallel {
   // acc over this rank's partition holds the mean over the ranks, and every
   // other element is 0.
   Status ReduceGradients(float* acc);
-  // overflow / sumsq: this rank's over its partition; after: the global ones.
-  Status CombineChecks(bool* overflow, double* sumsq);
+  // The global checks from this rank's blocks (GradOffloader::BlockChecks
+  // over its partition): every rank's block sums, gathered and added in the
+  // order of the element space, so the sum of squares has the same bits on
+  // every rank, and the bits of one rank's when the blocks are the same
+  // (Layout: partitions on the block grid).
+  Status CombineChecks(const std::vector<double>& partial, const std::vector<uint8_t>& bad,
+                       bool* overflow, double* sumsq);
   // params: the parameter-byte space (Layout::total_param_bytes()), current
   // in this rank's OwnedBytes; after: current everywhere.
   Status GatherParams(uint8_t* params);

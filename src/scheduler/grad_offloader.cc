@@ -384,9 +384,27 @@ double SumSliceOf(DType d, const float* acc, const uint8_t* land, int64_t b, int
 
 }  // namespace
 
-Status GradOffloader::GlobalChecks(bool* overflow, double* sumsq, size_t first_group,
-                                   size_t end_group) const {
+Status GradOffloader::GlobalChecks(bool* overflow, double* sumsq) const {
   if (nvme_) return nvme_->GlobalChecks(overflow, sumsq);
+  std::vector<double> partial;
+  std::vector<uint8_t> bad;
+  RETURN_IF_ERROR(BlockChecks(0, layout_->num_groups(), &partial, &bad));
+  double sum = 0;
+  bool any_bad = false;
+  for (size_t blk = 0; blk < partial.size(); ++blk) {  // fixed order: deterministic
+    sum += partial[blk];
+    any_bad |= bad[blk] != 0;
+  }
+  *overflow = any_bad;
+  *sumsq = sum;
+  return Status();
+}
+
+Status GradOffloader::BlockChecks(size_t first_group, size_t end_group,
+                                  std::vector<double>* partial_out,
+                                  std::vector<uint8_t>* bad_out) const {
+  if (nvme_)
+    return FailedPreconditionError("GradOffloader::BlockChecks: the gradients are on NVMe");
   const float* acc = static_cast<const float*>(acc_.data());
   // The blocks of every sub-group (grad_store.h, kNormBlock), in order.
   std::vector<std::pair<int64_t, int64_t>> blocks;
@@ -431,14 +449,8 @@ Status GradOffloader::GlobalChecks(bool* overflow, double* sumsq, size_t first_g
       bad[static_cast<size_t>(blk)] = !std::isfinite(s);
     }
   });
-  double sum = 0;
-  bool any_bad = false;
-  for (size_t blk = 0; blk < blocks.size(); ++blk) {  // fixed order: deterministic
-    sum += partial[blk];
-    any_bad |= bad[blk] != 0;
-  }
-  *overflow = any_bad;
-  *sumsq = sum;
+  *partial_out = std::move(partial);
+  *bad_out = std::move(bad);
   return Status();
 }
 

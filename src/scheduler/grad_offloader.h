@@ -111,10 +111,13 @@ class GradOffloader {
   // the accumulation would, without writing it: the same bits as the plain
   // path's pass over the accumulator. REQUIRES: drained.
   // With gradients on NVMe: GradStore::GlobalChecks (the same blocks).
-  // Data parallelism: over the sub-groups [first_group, end_group) only (a
-  // rank's partition; the default: every sub-group).
-  Status GlobalChecks(bool* overflow, double* sumsq, size_t first_group = 0,
-                      size_t end_group = SIZE_MAX) const;
+  Status GlobalChecks(bool* overflow, double* sumsq) const;
+  // The blocks GlobalChecks adds, over the sub-groups [first_group,
+  // end_group) (data parallelism: a rank's partition): each block's sum of
+  // squares and whether it holds an inf/nan, in order. Not with gradients on
+  // NVMe. REQUIRES: drained.
+  Status BlockChecks(size_t first_group, size_t end_group, std::vector<double>* partial,
+                     std::vector<uint8_t>* bad) const;
 
  private:
   // One D2H'd chunk of gradients waiting to be accumulated.

@@ -52,7 +52,7 @@ class StateStore;
 // sub-group's first element and every kNormBlock elements after it; their
 // sums are added in element order (the same bits for any thread count and
 // wherever the sums are kept).
-inline constexpr int64_t kNormBlock = 1 << 16;
+inline constexpr int64_t kNormBlock = kNormBlockElems;  // layout.h
 
 // How many blocks sub-group sg has: ceil(elems / kNormBlock).
 int64_t NormBlockCount(const SubGroup& sg);

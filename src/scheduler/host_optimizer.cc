@@ -149,8 +149,10 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   // over the partition, then combined.
   RETURN_IF_ERROR(dp->ReduceGradients(grads_->accumulator()));
   const auto [g0, g1] = store_->owned_groups();
-  RETURN_IF_ERROR(grads_->GlobalChecks(overflow, sumsq, g0, g1));
-  return dp->CombineChecks(overflow, sumsq);
+  std::vector<double> partial;
+  std::vector<uint8_t> bad;
+  RETURN_IF_ERROR(grads_->BlockChecks(g0, g1, &partial, &bad));
+  return dp->CombineChecks(partial, bad, overflow, sumsq);
 }
 
 Status HostOptimizer::ZeroGrad() {

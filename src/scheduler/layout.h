@@ -55,6 +55,16 @@ inline constexpr int64_t kTensorAlign = 256;
 // the scalar path.
 inline constexpr int64_t kElemAlign = 4;
 
+// Elements per partial sum of the global checks (grad_store.h, kNormBlock).
+inline constexpr int64_t kNormBlockElems = int64_t{1} << 16;
+// Data parallelism: a rank's partition of at least this many elements is a
+// multiple of kNormBlockElems, so that the global checks' blocks are those of
+// one rank (the sum of squares then has one rank's bits when the sub-groups
+// start on that grid too: sub_group_size a multiple of it, or above the
+// partition). Smaller partitions are multiples of kElemAlign (padding 64K
+// elements per rank would outweigh them).
+inline constexpr int64_t kBlockAlignedPartition = 16 * kNormBlockElems;
+
 // n rounded up to kIoAlign.
 int64_t IoBytes(int64_t n);
 

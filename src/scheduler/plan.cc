@@ -45,6 +45,7 @@ LayoutSizes LayoutSizes::Of(const Layout& layout) {
   s.num_groups = static_cast<int64_t>(layout.num_groups());
   s.num_modules = layout.num_modules();
   s.state_elems = layout.partition_elems();
+  s.param_elems = layout.param_elems();
   const auto [g0, g1] = layout.OwnedGroups(0);
   s.state_groups = static_cast<int64_t>(g1 - g0);
   return s;
@@ -386,9 +387,13 @@ std::string OverBudgetTable(const TierPlan& plan, const Placement& pl, const Lay
         (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) ? "  <-- over" : "");
   table += fmt::format(
       "  (stage {}, offload_optimizer {}, offload_param {}, {} parameters in {} modules, "
-      "sub_group_size {})",
-      pl.stage, OffloadDeviceName(pl.optimizer), OffloadDeviceName(pl.params), s.total_elems,
-      s.num_modules, pl.sub_group_size);
+      "sub_group_size {}{})",
+      pl.stage, OffloadDeviceName(pl.optimizer), OffloadDeviceName(pl.params),
+      s.param_elems > 0 ? s.param_elems : s.total_elems, s.num_modules, pl.sub_group_size,
+      pl.world_size > 1
+          ? fmt::format(", {} ranks: this rank's optimizer states cover {} elements",
+                        pl.world_size, s.state_elems)
+          : "");
   return table;
 }
 

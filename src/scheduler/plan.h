@@ -69,6 +69,7 @@ struct LayoutSizes {
   // parallelism: its partition; one rank: all of them).
   int64_t state_elems = 0;
   int64_t state_groups = 0;
+  int64_t param_elems = 0;  // the parameters' elements (0: total_elems)
 
   static LayoutSizes Of(const Layout& layout);
 };

@@ -47,8 +47,13 @@ void SetRankEnv(const RankEnv& e, bool data_parallel) {
   setenv("STRATA_COMM_TIMEOUT_S", fmt::format("{}", e.timeout_s).c_str(), 1);
 }
 
+// The toy's numel, module 3's weight `extra` elements longer.
+int64_t Numel(int m, int i, int64_t extra) {
+  return testing::ToyNumel(m, i) + (m == 3 && i == 0 ? extra : 0);
+}
+
 // One micro-batch of the toy model: g = scale (0.5 p + 0.1 sin(batch + 0.37 j + m)).
-void MicroBatch(Engine& e, int batch, float scale) {
+void MicroBatch(Engine& e, int batch, float scale, int64_t extra = 0) {
   for (int m = 0; m < kModules; ++m) {
     auto v = e.BeforeForward(m);
     RANK_OK(v.status());
@@ -59,10 +64,13 @@ void MicroBatch(Engine& e, int batch, float scale) {
     RANK_OK(v.status());
     for (int i = 0; i < 2; ++i) {
       const DType t = testing::ToyDType(m, i);
-      for (int64_t j = 0; j < testing::ToyNumel(m, i); ++j) {
+      for (int64_t j = 0; j < Numel(m, i, extra); ++j) {
         const float p = testing::Load(v->params[static_cast<size_t>(i)], t, j);
-        const float g =
-            scale * (0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m));
+        float g = scale * (0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m));
+        // Module 3's extra elements: magnitudes over 2^±20, so that the sum
+        // of squares rounds and its grouping shows.
+        if (extra > 0 && m == 3 && i == 0 && j >= testing::ToyNumel(3, 0))
+          g = std::ldexp(g, static_cast<int>(j % 41) - 20);
         testing::Store(v->grads[static_cast<size_t>(i)], t, j, g);
       }
     }
@@ -75,10 +83,14 @@ struct Shape {
   OffloadDevice par = OffloadDevice::kNone;
   int stage = 2;
   double clipping = 0;
+  int64_t extra = 0;  // more elements in module 3's weight
+  int64_t sub_group_size = 0;  // 0: the toy's (1000)
 };
 
 Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   Config c = ToyConfig(s.opt, s.par, dir);
+  if (s.sub_group_size > 0) c.zero_optimization.sub_group_size = s.sub_group_size;
+  if (s.extra > 0) c.strata.hbm_budget_bytes = 64 << 20;
   c.zero_optimization.stage = s.stage;
   c.gradient_accumulation_steps = gas;
   c.train_batch_size = gas * DataParallelRanks();  // the global batch
@@ -88,10 +100,13 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
 
 // What a run leaves for the parent: every parameter (rank order of
 // registration), the last step's gradient norm, and the needed bytes per tier.
-void WriteResult(const std::string& path, Engine& e, double grad_norm) {
+void WriteResult(const std::string& path, Engine& e, double grad_norm, int64_t extra) {
   std::ofstream f(path, std::ios::binary);
-  for (const auto& p : testing::ReadAll(e)) f.write(reinterpret_cast<const char*>(p.data()),
-                                                   static_cast<std::streamsize>(p.size() * 4));
+  for (int id = 0; id < e.num_parameters(); ++id) {
+    std::vector<float> v(static_cast<size_t>(Numel(id / 2, id % 2, extra)));
+    RANK_OK(e.ReadParameter(id, v));  // a collective with several ranks
+    f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  }
   f.write(reinterpret_cast<const char*>(&grad_norm), sizeof grad_norm);
   for (const TierBudget& b : e.Budgets())
     f << b.tier << ' ' << b.needed_bytes << '\n';
@@ -104,13 +119,13 @@ struct Result {
   std::map<std::string, int64_t> needed;
 };
 
-Result ReadResult(const std::string& path) {
+Result ReadResult(const std::string& path, int64_t extra) {
   Result r;
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << path;
   int64_t n = 0;
   for (int m = 0; m < kModules; ++m)
-    for (int i = 0; i < 2; ++i) n += testing::ToyNumel(m, i);
+    for (int i = 0; i < 2; ++i) n += Numel(m, i, extra);
   r.params.resize(static_cast<size_t>(n));
   f.read(reinterpret_cast<char*>(r.params.data()), n * 4);
   f.read(reinterpret_cast<char*>(&r.grad_norm), sizeof r.grad_norm);
@@ -130,14 +145,14 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
   auto engine = Engine::Create(ShapeConfig(s, nvme, data_parallel ? 1 : W));
   RANK_OK(engine.status());
   Engine& eng = **engine;
-  testing::RegisterToy(eng, 17, kModules);
+  testing::RegisterToy(eng, 17, kModules, s.extra);
   double norm = 0;
   for (int step = 0; step < kSteps; ++step) {
     if (data_parallel) {
-      MicroBatch(eng, step * W + e.rank, 1.0f);
+      MicroBatch(eng, step * W + e.rank, 1.0f, s.extra);
     } else {
       for (int k = 0; k < W; ++k) {
-        MicroBatch(eng, step * W + k, 1.0f / static_cast<float>(W));
+        MicroBatch(eng, step * W + k, 1.0f / static_cast<float>(W), s.extra);
         if (k + 1 < W) RANK_OK(eng.Step().status());
       }
     }
@@ -155,7 +170,7 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     const Status cs = eng.SaveCheckpoint(e.dir + "/ckpt", {});
     RANK_CHECK(cs.code() == StatusCode::kNotSupported, "SaveCheckpoint: {}", cs.ToString());
   }
-  WriteResult(out, eng, norm);
+  WriteResult(out, eng, norm, s.extra);
 }
 
 struct Runs {
@@ -179,9 +194,9 @@ Runs TrainBoth(const Shape& s, int world) {
     testing::ExpectAllExitedZero(RunRanks(world, [&](const RankEnv& e) {
       Train(e, s, true, fmt::format("{}/rank-{}", results, e.rank));
     }));
-    out.ref = ReadResult(results + "/ref");
+    out.ref = ReadResult(results + "/ref", s.extra);
     for (int r = 0; r < world; ++r)
-      out.ranks.push_back(ReadResult(fmt::format("{}/rank-{}", results, r)));
+      out.ranks.push_back(ReadResult(fmt::format("{}/rank-{}", results, r), s.extra));
   }
   for (int r = 1; r < world; ++r)
     EXPECT_EQ(0, std::memcmp(out.ranks[static_cast<size_t>(r)].params.data(),
@@ -266,6 +281,25 @@ TEST(DataParallelTest, FourRanksWithClippingMatchOneRankWithinRounding) {
   EXPECT_EQ(0, std::memcmp(a.ranks[0].params.data(), b.ranks[0].params.data(),
                            a.ranks[0].params.size() * 4));
   EXPECT_EQ(a.ranks[0].grad_norm, b.ranks[0].grad_norm);
+}
+
+// Partitions of at least kBlockAlignedPartition elements lie on the global
+// checks' block grid: with clipping too, the one-rank bits (the sub-groups,
+// 1e9 elements, start on that grid as well).
+TEST(DataParallelTest, LargePartitionsClipWithTheBitsOfOneRank) {
+  Shape s;
+  s.clipping = 0.5;
+  s.extra = 2'200'000;  // two partitions of over 16 x 64K elements
+  s.par = OffloadDevice::kNone;
+  const Runs runs = [&] {
+    Shape big = s;
+    big.sub_group_size = 1'000'000'000;
+    return TrainBoth(big, 2);
+  }();
+  EXPECT_EQ(runs.ranks[0].grad_norm, runs.ref.grad_norm);
+  EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
+                           runs.ref.params.size() * 4))
+      << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
 }
 
 // ---- Failures ------------------------------------------------------------------
