@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Data parallelism on one machine: the example model trained by one rank
+# accumulating 2 micro-batches a step against 2 ranks (strata train
+# --nproc-per-node 2) of one micro-batch each: the same global batch, so the
+# same losses. Runs are interleaved; per run the median over steps 2.. of the
+# step time, the collectives' busy time (comm_s) and the CPU optimizer's
+# blocking time, tokens/s, the plan's DRAM bytes of one rank (optimizer
+# states and accumulator), the final loss and whether every step's loss is
+# the same bits in both.
+#
+#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [LAYERSxHIDDEN]
+#
+# Default: 6x512 (13.1M parameters), micro-batch 4 x 64 tokens, bf16, stage 2,
+# offload_optimizer cpu, clipping 1.0, 3 runs of 8 steps, the host device.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STRATA="$ROOT/build/apps/strata/strata"
+RUNS=3
+STEPS=8
+DEVICE=host
+while getopts "s:n:t:D:" o; do
+  case "$o" in
+    s) STRATA="$OPTARG" ;;
+    n) RUNS="$OPTARG" ;;
+    t) STEPS="$OPTARG" ;;
+    D) DEVICE="$OPTARG" ;;
+    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [LAYERSxHIDDEN]" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+SIZE="${1:-6x512}"
+layers="${SIZE%x*}" hidden="${SIZE#*x}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+config() {  # NAME GAS RANKS
+  cat >"$WORK/$1.json" <<JSON
+{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": $2,
+ "train_batch_size": $((4 * $2 * $3)), "bf16": {"enabled": true}, "gradient_clipping": 1.0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+ "strata": {"device": "$DEVICE", "hbm_budget": "1G",
+   "model": {"layers": $layers, "hidden": $hidden, "seq_len": 64, "vocab": 256}}}
+JSON
+}
+config one 2 1
+config two 1 2
+for i in $(seq "$RUNS"); do
+  "$STRATA" train --config "$WORK/one.json" --steps "$STEPS" --json 2>/dev/null >"$WORK/one-$i.out"
+  "$STRATA" train --config "$WORK/two.json" --steps "$STEPS" --json --nproc-per-node 2 \
+    2>/dev/null >"$WORK/two-$i.out"
+done
+/usr/bin/python3 - "$WORK" "$RUNS" <<'PY'
+import json, statistics as st, sys
+work, runs = sys.argv[1], int(sys.argv[2])
+print(f"{'ranks':>5} {'run':>3} {'step s':>8} {'comm s':>8} {'opt s':>8} {'tok/s':>8} "
+      f"{'dram/rank':>10} {'final loss':>18} {'same losses':>11}")
+for i in range(1, runs + 1):
+    one = json.load(open(f"{work}/one-{i}.out"))
+    for name, ranks in (("one", 1), ("two", 2)):
+        j = json.load(open(f"{work}/{name}-{i}.out"))
+        per = j["per_step"][1:] or j["per_step"]
+        med = lambda k: st.median(p.get(k, 0) for p in per)
+        dram = sum(b["needed_bytes"] for b in j["budgets"] if b["tier"] == "dram")
+        same = j["losses"] == one["losses"]
+        print(f"{ranks:>5} {i:>3} {med('step_time_s'):>8.3f} {med('comm_s'):>8.3f} "
+              f"{med('optimizer_wall_s'):>8.3f} {j['tokens_per_s']:>8.0f} "
+              f"{dram / 2**20:>8.1f}Mi {j['losses'][-1]:>18.15f} {str(same):>11}")
+PY
