@@ -27,12 +27,11 @@ namespace strata::testing {
 struct RankFailure {
   std::string what;
 };
-#define RANK_CHECK(cond, ...)                                                   \
-  do {                                                                          \
-    if (!(cond))                                                                \
-      throw ::strata::testing::RankFailure{                                     \
-          fmt::format("{}:{}: {}: ", __FILE__, __LINE__, #cond) +               \
-          fmt::format(__VA_ARGS__)};                                            \
+#define RANK_CHECK(cond, ...)                                                                      \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
+      throw ::strata::testing::RankFailure{fmt::format("{}:{}: {}: ", __FILE__, __LINE__, #cond) + \
+                                           fmt::format(__VA_ARGS__)};                              \
   } while (0)
 #define RANK_OK(expr)                         \
   do {                                        \

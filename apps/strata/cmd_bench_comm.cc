@@ -69,10 +69,13 @@ int LaunchRanks(const Args& a) {
       return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
     if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
   }
-  std::vector<std::string> args = {"bench",     "comm",    "--sizes",  a.sizes,
-                                   "--device",  a.device,  "--dtype",  a.dtype,
-                                   "--reps",    std::to_string(a.reps), "--min-bytes",
-                                   a.min_bytes, "--timeout", std::to_string(a.timeout_s)};
+  std::vector<std::string> args = {"bench",       "comm",
+                                   "--sizes",     a.sizes,
+                                   "--device",    a.device,
+                                   "--dtype",     a.dtype,
+                                   "--reps",      std::to_string(a.reps),
+                                   "--min-bytes", a.min_bytes,
+                                   "--timeout",   std::to_string(a.timeout_s)};
   if (a.json) args.push_back("--json");
   return LaunchLocalRanks(kCmd, a.nproc, args);
 }

@@ -130,7 +130,8 @@ json LocalRanksInfo(const json& gpus) {
         gpu = k;
         gpu_node = d.value("numa_node", -1);
       }
-    const cpu_adam::RankCpuShare share = cpu_adam::ShareOfLocalRank(*topo, k, local_world, gpu_node);
+    const cpu_adam::RankCpuShare share =
+        cpu_adam::ShareOfLocalRank(*topo, k, local_world, gpu_node);
     ranks.push_back({{"local_rank", k},
                      {"gpu", gpu},
                      {"numa_node", share.numa_os_node >= 0 ? json(share.numa_os_node) : json()},
@@ -205,12 +206,13 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
   }
   std::printf("CPU optimizer:  %s SIMD\n", c["optimizer_isa"].get<std::string>().c_str());
   for (const auto& k : out["local_ranks"])
-    std::printf("  local rank %d: %s%s, %d thread(s) (%s)\n", k["local_rank"].get<int>(),
-                k["gpu"].is_null() ? "" : ("GPU " + std::to_string(k["gpu"].get<int>()) + ", ").c_str(),
-                k["numa_node"].is_null()
-                    ? "every core"
-                    : ("NUMA node " + std::to_string(k["numa_node"].get<int>())).c_str(),
-                k["threads"].get<int>(), k["why"].get<std::string>().c_str());
+    std::printf(
+        "  local rank %d: %s%s, %d thread(s) (%s)\n", k["local_rank"].get<int>(),
+        k["gpu"].is_null() ? "" : ("GPU " + std::to_string(k["gpu"].get<int>()) + ", ").c_str(),
+        k["numa_node"].is_null()
+            ? "every core"
+            : ("NUMA node " + std::to_string(k["numa_node"].get<int>())).c_str(),
+        k["threads"].get<int>(), k["why"].get<std::string>().c_str());
   const json& io = out["io"];
   std::printf("io_uring:       %s\n",
               io["io_uring"]["available"].get<bool>()

@@ -68,7 +68,8 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
   std::fflush(stderr);
   // Signals arrive here from now on (and are forwarded); the ranks get the
   // default handlers back before exec.
-  struct sigaction sa {}, old_int {}, old_term {}, old_hup {};
+  struct sigaction sa {
+  }, old_int{}, old_term{}, old_hup{};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);

@@ -436,9 +436,9 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
     r.total_time_s += window.step_time_s;
     double loss = loss_sum / static_cast<double>(config.gradient_accumulation_steps);
     // The global batch's mean loss (a collective: every rank, every step).
-    STRATA_RETURN_IF_ERROR(engine->ReduceOverRanks(std::span<double>(&loss, 1),
-                                                   Engine::OverRanks::kMean)
-                               .WithContext("step " + std::to_string(s + 1)));
+    STRATA_RETURN_IF_ERROR(
+        engine->ReduceOverRanks(std::span<double>(&loss, 1), Engine::OverRanks::kMean)
+            .WithContext("step " + std::to_string(s + 1)));
     r.losses.push_back(loss);
     r.steps.push_back(window);
     if (progress) progress(s, steps, r.losses.back(), window, r);
@@ -691,12 +691,12 @@ std::string ResultTable(const TrainResult& r) {
       h2d.push_back(s->pcie_busy_s);
       comm.push_back(s->comm_s);
     }
-    std::snprintf(buf, sizeof(buf),
-                  "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
-                  "(medians)\n",
-                  Median(opt), Median(nvme), Median(h2d),
-                  r.world_size > 1 ? fmt::format(", collectives {:.3f} s", Median(comm)).c_str()
-                                   : "");
+    std::snprintf(
+        buf, sizeof(buf),
+        "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
+        "(medians)\n",
+        Median(opt), Median(nvme), Median(h2d),
+        r.world_size > 1 ? fmt::format(", collectives {:.3f} s", Median(comm)).c_str() : "");
     o << buf;
   }
   o << "  tier              high water       budget / needed by the plan\n";

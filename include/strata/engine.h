@@ -129,7 +129,8 @@ struct StepStats {
   // it had worked flat out all step, and bound_s / step_time_s.
   double bound_s = 0.0;
   double bound_efficiency = 0.0;
-  const char* bound_by = "";  // "compute", "pcie_h2d", "pcie_d2h", "cpu_optimizer", "nvme", "network"
+  const char* bound_by =
+      "";  // "compute", "pcie_h2d", "pcie_d2h", "cpu_optimizer", "nvme", "network"
   // offload_param nvme: fetches during an overlapped step that took the
   // module's new bytes from the step's write-back buffer instead of reading
   // them back from NVMe.
@@ -149,8 +150,8 @@ struct StepStats {
 // h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, nvme_read_bytes / read
 // rate + nvme_written_bytes / write rate (one disk: reads and writes add up;
 // with the disk's rates unmeasured, (read + written) / nvme_gbytes_per_s),
-// comm_s (several ranks: the collectives' busy time)), and which term it is. Terms whose rate is 0 are left out. For a window of several Step() calls,
-// sum the busy times and bytes first.
+// comm_s (several ranks: the collectives' busy time)), and which term it is. Terms whose rate is 0
+// are left out. For a window of several Step() calls, sum the busy times and bytes first.
 struct StepBound {
   double seconds = 0.0;
   const char* by = "";

@@ -67,11 +67,11 @@ Status ResolveBatch(std::optional<int64_t> train, std::optional<int64_t> micro,
     int64_t p = 0;
     RETURN_IF_ERROR(product(*micro, *gas, &p));
     if (p != *train)
-      return InvalidArgumentError(fmt::format(
-          "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
-          "gradient_accumulation_steps {} = {} on each of {} rank{} (train = micro × "
-          "accumulation × data-parallel ranks, WORLD_SIZE)",
-          *train * ranks, *micro, *gas, p, ranks, ranks == 1 ? "" : "s"));
+      return InvalidArgumentError(
+          fmt::format("train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
+                      "gradient_accumulation_steps {} = {} on each of {} rank{} (train = micro × "
+                      "accumulation × data-parallel ranks, WORLD_SIZE)",
+                      *train * ranks, *micro, *gas, p, ranks, ranks == 1 ? "" : "s"));
   } else if (train && micro) {
     if (*train % *micro != 0)
       return InvalidArgumentError(
@@ -160,13 +160,12 @@ Status ReadBatchSizes(Section& top, const AutoValues& autos, Config* c) {
     const int64_t ranks = DataParallelRanks();
     top.Notice(fmt::format(
         "{}: \"auto\" resolved to {} ({})", batch[i].key, resolved[i],
-        batch[i].supplied
-            ? std::string("given by the frontend")
-            : ranks == 1 ? std::string("no frontend value; derived on one rank as train = micro x "
-                                       "accumulation, 1 where nothing says more")
-                         : fmt::format("no frontend value; derived on {} ranks as train = micro x "
-                                       "accumulation x ranks, 1 where nothing says more",
-                                       ranks)));
+        batch[i].supplied ? std::string("given by the frontend")
+        : ranks == 1      ? std::string("no frontend value; derived on one rank as train = micro x "
+                                             "accumulation, 1 where nothing says more")
+                          : fmt::format("no frontend value; derived on {} ranks as train = micro x "
+                                             "accumulation x ranks, 1 where nothing says more",
+                                        ranks)));
   }
   return Status::Ok();
 }

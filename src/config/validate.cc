@@ -3,11 +3,10 @@
 // broken rule is the error; its message names the key path, the value and
 // the rule.
 #include <fmt/format.h>
-
-#include <cstdlib>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -187,12 +186,12 @@ Status ValidateConfig(const Config& c) {
       (__builtin_mul_overflow(c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
                               &product) ||
        __builtin_mul_overflow(product, ranks, &product) || product != c.train_batch_size))
-    k.Fail(fmt::format(
-        "train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
-        "gradient_accumulation_steps {} × {} rank{} "
-        "(train = micro × accumulation × data-parallel ranks, WORLD_SIZE)",
-        c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps,
-        ranks, ranks == 1 ? "" : "s"));
+    k.Fail(
+        fmt::format("train_batch_size: {} is not train_micro_batch_size_per_gpu {} × "
+                    "gradient_accumulation_steps {} × {} rank{} "
+                    "(train = micro × accumulation × data-parallel ranks, WORLD_SIZE)",
+                    c.train_batch_size, c.train_micro_batch_size_per_gpu,
+                    c.gradient_accumulation_steps, ranks, ranks == 1 ? "" : "s"));
 
   const StrataConfig& s = c.strata;
   k.NonNegative("strata.device_id", s.device_id);

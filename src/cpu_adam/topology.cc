@@ -123,8 +123,8 @@ RankCpuShare ShareOfLocalRank(const CpuTopology& topology, int local_rank, int l
       share.why = "the node nearest its GPU";
     } else {
       node = &topology.numa_nodes[static_cast<size_t>(std::max(0, local_rank) % nodes)];
-      share.why = "local rank " + std::to_string(local_rank) + " modulo " +
-                  std::to_string(nodes) + " nodes";
+      share.why = "local rank " + std::to_string(local_rank) + " modulo " + std::to_string(nodes) +
+                  " nodes";
     }
   } else {
     share.why = "one NUMA node: not pinned";

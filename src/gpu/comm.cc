@@ -87,9 +87,9 @@ StatusOr<CommOptions> CommOptionsFromEnv() {
   o.local_rank = local.value_or(o.rank);
   o.local_world_size = local_world.value_or(o.world_size);
   if (o.local_world_size < 1 || o.local_rank >= o.local_world_size)
-    return InvalidArgumentError(fmt::format(
-        "environment LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", o.local_rank,
-        o.local_world_size));
+    return InvalidArgumentError(
+        fmt::format("environment LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", o.local_rank,
+                    o.local_world_size));
   if (o.world_size < 1) return InvalidArgumentError("environment WORLD_SIZE=0: must be at least 1");
   if (o.rank >= o.world_size)
     return InvalidArgumentError(

@@ -56,8 +56,9 @@ StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(gpu::Device* device
   // A small staging buffer until Bind: the checks at Plan and ReduceScalars
   // need one before the layout is known (the same on every rank).
   dp->chunk_ = kStartChunkElems;
-  ASSIGN_OR_RETURN(dp->staging_, device->Allocate(static_cast<size_t>(
-                                     StagingBytes(dp->world_size(), dp->chunk_))));
+  ASSIGN_OR_RETURN(
+      dp->staging_,
+      device->Allocate(static_cast<size_t>(StagingBytes(dp->world_size(), dp->chunk_))));
   return dp;
 }
 
@@ -89,8 +90,8 @@ Status DataParallel::Sync(const char* what) {
   Status s = stream_->Synchronize();
   if (s.ok()) s = comm_->AsyncError();
   if (!s.ok())
-    return s.WithContext(fmt::format("data parallelism (rank {} of {}): {}", rank(),
-                                     world_size(), what));
+    return s.WithContext(
+        fmt::format("data parallelism (rank {} of {}): {}", rank(), world_size(), what));
   return Status();
 }
 
@@ -120,8 +121,8 @@ Status DataParallel::ReduceGradients(float* acc) {
     for (int64_t k = 0; k < part; k += chunk_) {
       const int64_t n = std::min(chunk_, part - k);
       for (int64_t r = 0; r < n_ranks; ++r)
-        RETURN_IF_ERROR(dev_->CopyH2D(send + r * n, acc + r * part + k,
-                                      static_cast<size_t>(n) * kF, *stream_));
+        RETURN_IF_ERROR(
+            dev_->CopyH2D(send + r * n, acc + r * part + k, static_cast<size_t>(n) * kF, *stream_));
       RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
                                            gpu::ReduceOp::kAvg, *stream_));
       RETURN_IF_ERROR(
@@ -139,8 +140,7 @@ Status DataParallel::ReduceGradients(float* acc) {
 }
 
 Status DataParallel::CombineChecks(const std::vector<double>& partial,
-                                   const std::vector<uint8_t>& bad, bool* overflow,
-                                   double* sumsq) {
+                                   const std::vector<uint8_t>& bad, bool* overflow, double* sumsq) {
   const int64_t t0 = NowNanos();
   // Per block: its sum, then 1.0 for an inf/nan.
   std::string mine(partial.size() * 2 * sizeof(double), '\0');
@@ -185,15 +185,15 @@ Status DataParallel::GatherParams(uint8_t* params) {
     const int64_t mine = std::clamp<int64_t>(e - (b + off), 0, n);
     if (mine > 0)
       RETURN_IF_ERROR(dev_->CopyH2D(send, params + b + off, static_cast<size_t>(mine), *stream_));
-    RETURN_IF_ERROR(comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32,
-                                     *stream_));
+    RETURN_IF_ERROR(
+        comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
     for (int r = 0; r < n_ranks; ++r) {
       if (r == me) continue;
       const auto [rb, re] = ranges[static_cast<size_t>(r)];
       const int64_t len = std::clamp<int64_t>(re - (rb + off), 0, n);
       if (len > 0)
-        RETURN_IF_ERROR(dev_->CopyD2H(params + rb + off, recv + r * n, static_cast<size_t>(len),
-                                      *stream_));
+        RETURN_IF_ERROR(
+            dev_->CopyD2H(params + rb + off, recv + r * n, static_cast<size_t>(len), *stream_));
       counters_.gathered_bytes += len;
     }
     RETURN_IF_ERROR(Sync("gathering the updated parameters"));
@@ -257,8 +257,8 @@ StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::strin
     if (mine_len > 0)
       RETURN_IF_ERROR(
           dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
-    RETURN_IF_ERROR(comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32,
-                                     *stream_));
+    RETURN_IF_ERROR(
+        comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
     for (int r = 0; r < n_ranks; ++r) {
       const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
       if (len > 0)
@@ -290,9 +290,9 @@ Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
   ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(mine));
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r].size() != mine.size())
-      return InvalidArgumentError(fmt::format(
-          "data parallelism: rank {} reduced {} values, rank {} {}", r,
-          all[r].size() / sizeof(double), rank(), values.size()));
+      return InvalidArgumentError(
+          fmt::format("data parallelism: rank {} reduced {} values, rank {} {}", r,
+                      all[r].size() / sizeof(double), rank(), values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
     double acc = 0;
     for (size_t r = 0; r < all.size(); ++r) {

@@ -268,8 +268,8 @@ Status EngineImpl::Init() {
           "zero_optimization.offload_optimizer.device: none on {} with {} ranks: the device "
           "optimizer does not partition its states yet; offload the optimizer (cpu or nvme)",
           dev_->Describe(), comm_.world_size));
-    ASSIGN_OR_RETURN(dp_, scheduler::DataParallel::Create(dev_.get(), comm_,
-                                                          static_cast<int>(cfg_.zero_optimization.stage)));
+    ASSIGN_OR_RETURN(dp_, scheduler::DataParallel::Create(
+                              dev_.get(), comm_, static_cast<int>(cfg_.zero_optimization.stage)));
   }
   if (device_optimizer_ && param_place() != OffloadDevice::kNone)
     return NotSupportedError(fmt::format(
@@ -313,8 +313,7 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
         ranks, OffloadDeviceName(param_place()));
   if (param_place() == OffloadDevice::kNvme)
     return NotSupportedError(fmt::format(
-        "zero_optimization.offload_param.device: nvme {}: not supported yet (none or cpu)",
-        ranks));
+        "zero_optimization.offload_param.device: nvme {}: not supported yet (none or cpu)", ranks));
   if (cfg_.strata.delayed_param_update)
     return NotSupportedError(
         fmt::format("strata.delayed_param_update: true {}: not supported yet", ranks));
@@ -365,15 +364,14 @@ void EngineImpl::RankCpuShare(cpu_adam::Options* aopts) const {
                   comm_.rank, comm_.world_size, comm_.local_rank,
                   share.numa_os_node >= 0 ? fmt::format("NUMA node {}", share.numa_os_node)
                                           : std::string("every core"),
-                  share.why, aopts->threads,
-                  cfg_.strata.threads == 0 ? "" : " (strata.threads)");
+                  share.why, aopts->threads, cfg_.strata.threads == 0 ? "" : " (strata.threads)");
 }
 
 Status EngineImpl::SingleRankOnly(const char* call) const {
   if (!dp_) return Status();
-  return NotSupportedError(fmt::format(
-      "{} with {} ranks: checkpoints of partitioned states are not supported yet", call,
-      dp_->world_size()));
+  return NotSupportedError(
+      fmt::format("{} with {} ranks: checkpoints of partitioned states are not supported yet", call,
+                  dp_->world_size()));
 }
 
 StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {

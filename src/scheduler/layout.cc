@@ -61,11 +61,10 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
     // collectives move one sub-group's worth from every rank.
     const int64_t w = l.world_size_;
     const int64_t share = std::max<int64_t>(1, (elem + w - 1) / w);
-    l.partition_elems_ =
-        share >= kBlockAlignedPartition
-            ? static_cast<int64_t>(AlignUp(static_cast<size_t>(share),
-                                           static_cast<size_t>(kNormBlockElems)))
-            : align_elem(share);
+    l.partition_elems_ = share >= kBlockAlignedPartition
+                             ? static_cast<int64_t>(AlignUp(static_cast<size_t>(share),
+                                                            static_cast<size_t>(kNormBlockElems)))
+                             : align_elem(share);
     l.total_elems_ = l.partition_elems_ * w;
     const int64_t per = std::min(sg, l.partition_elems_);
     l.groups_per_rank_ = (l.partition_elems_ + per - 1) / per;

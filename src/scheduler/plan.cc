@@ -223,8 +223,8 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (pl.device_optimizer) hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
   if (pl.collective_staging_bytes > 0)
     hbm.Add(pl.collective_staging_bytes,
-            fmt::format("collective staging {} ({} ranks)", FormatBytes(pl.collective_staging_bytes),
-                        pl.world_size));
+            fmt::format("collective staging {} ({} ranks)",
+                        FormatBytes(pl.collective_staging_bytes), pl.world_size));
   ChooseDeviceAccumulator(pl, s, facts, hbm.bytes, &plan);
   if (plan.device_grad_accumulator)
     hbm.Add(plan.device_accumulator_bytes,
@@ -390,10 +390,9 @@ std::string OverBudgetTable(const TierPlan& plan, const Placement& pl, const Lay
       "sub_group_size {}{})",
       pl.stage, OffloadDeviceName(pl.optimizer), OffloadDeviceName(pl.params),
       s.param_elems > 0 ? s.param_elems : s.total_elems, s.num_modules, pl.sub_group_size,
-      pl.world_size > 1
-          ? fmt::format(", {} ranks: this rank's optimizer states cover {} elements",
-                        pl.world_size, s.state_elems)
-          : "");
+      pl.world_size > 1 ? fmt::format(", {} ranks: this rank's optimizer states cover {} elements",
+                                      pl.world_size, s.state_elems)
+                        : "");
   return table;
 }
 

@@ -73,7 +73,7 @@ Status StateStore::Open(
         wrap_io_engine,
     int64_t* pinned_bytes) {
   const auto& zo = cfg_->zero_optimization;
-  const int64_t n = layout_->partition_elems();          // the owned elements
+  const int64_t n = layout_->partition_elems();         // the owned elements
   const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
   const int64_t param_bytes = layout_->total_param_bytes();
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
@@ -443,8 +443,7 @@ Status StateStore::ReadGroupStates(size_t g, void* buf) {
     case OffloadDevice::kNone: {
       const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
-        RETURN_IF_ERROR(
-            dev_->CopyD2H(out + a * bytes, arrays[a] + at, bytes, dev_->d2h()));
+        RETURN_IF_ERROR(dev_->CopyD2H(out + a * bytes, arrays[a] + at, bytes, dev_->d2h()));
       return dev_->d2h().Synchronize();
     }
     case OffloadDevice::kCpu: {
@@ -469,8 +468,7 @@ Status StateStore::WriteGroupStates(size_t g, const void* buf) {
     case OffloadDevice::kNone: {
       float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
       for (int a = 0; a < kOptimizerStateArrays; ++a)
-        RETURN_IF_ERROR(
-            dev_->CopyH2D(arrays[a] + at, in + a * bytes, bytes, dev_->h2d()));
+        RETURN_IF_ERROR(dev_->CopyH2D(arrays[a] + at, in + a * bytes, bytes, dev_->h2d()));
       return dev_->h2d().Synchronize();
     }
     case OffloadDevice::kCpu: {

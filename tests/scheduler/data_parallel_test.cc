@@ -83,7 +83,7 @@ struct Shape {
   OffloadDevice par = OffloadDevice::kNone;
   int stage = 2;
   double clipping = 0;
-  int64_t extra = 0;  // more elements in module 3's weight
+  int64_t extra = 0;           // more elements in module 3's weight
   int64_t sub_group_size = 0;  // 0: the toy's (1000)
 };
 
@@ -108,8 +108,7 @@ void WriteResult(const std::string& path, Engine& e, double grad_norm, int64_t e
     f.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
   }
   f.write(reinterpret_cast<const char*>(&grad_norm), sizeof grad_norm);
-  for (const TierBudget& b : e.Budgets())
-    f << b.tier << ' ' << b.needed_bytes << '\n';
+  for (const TierBudget& b : e.Budgets()) f << b.tier << ' ' << b.needed_bytes << '\n';
   RANK_CHECK(f.good(), "writing {}", path);
 }
 
@@ -234,8 +233,8 @@ TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) 
   // scaled by the same power of two: no clipping, so the same bits.
   EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
                            runs.ref.params.size() * 4))
-      << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " of "
-      << runs.ref.params.size() << " elements differ";
+      << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " of " << runs.ref.params.size()
+      << " elements differ";
   // Each rank keeps half of the optimizer states (two versions on NVMe).
   const char* tier = s.opt == OffloadDevice::kNvme  ? "nvme"
                      : s.opt == OffloadDevice::kCpu ? "dram"
@@ -250,19 +249,19 @@ TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) 
       << runs.ranks[1].needed.at(tier);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Placements, DataParallelPlacementTest,
-    ::testing::Values(Case{OffloadDevice::kNone, OffloadDevice::kNone, 1},
-                      Case{OffloadDevice::kNone, OffloadDevice::kNone, 2},
-                      Case{OffloadDevice::kCpu, OffloadDevice::kNone, 1},
-                      Case{OffloadDevice::kCpu, OffloadDevice::kNone, 2},
-                      Case{OffloadDevice::kNvme, OffloadDevice::kNone, 2},
-                      Case{OffloadDevice::kCpu, OffloadDevice::kCpu, 3},
-                      Case{OffloadDevice::kNvme, OffloadDevice::kCpu, 3}),
-    [](const ::testing::TestParamInfo<Case>& info) {
-      return testing::PlacementName(std::get<0>(info.param), std::get<1>(info.param)) +
-             "_stage" + std::to_string(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(Placements, DataParallelPlacementTest,
+                         ::testing::Values(Case{OffloadDevice::kNone, OffloadDevice::kNone, 1},
+                                           Case{OffloadDevice::kNone, OffloadDevice::kNone, 2},
+                                           Case{OffloadDevice::kCpu, OffloadDevice::kNone, 1},
+                                           Case{OffloadDevice::kCpu, OffloadDevice::kNone, 2},
+                                           Case{OffloadDevice::kNvme, OffloadDevice::kNone, 2},
+                                           Case{OffloadDevice::kCpu, OffloadDevice::kCpu, 3},
+                                           Case{OffloadDevice::kNvme, OffloadDevice::kCpu, 3}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return testing::PlacementName(std::get<0>(info.param),
+                                                         std::get<1>(info.param)) +
+                                  "_stage" + std::to_string(std::get<2>(info.param));
+                         });
 
 // ---- Four ranks, global clipping: within rounding, and repeatable ------------
 
@@ -337,8 +336,7 @@ TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
         std::fprintf(stderr, "rank 0 failed as expected: %s\n", s.ToString().c_str());
       },
       kTimeout, /*limit_s=*/60);
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(status.size(), 2u);
   EXPECT_TRUE(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0) << status[0];
   EXPECT_TRUE(WIFSIGNALED(status[1]) && WTERMSIG(status[1]) == SIGKILL) << status[1];
@@ -358,12 +356,11 @@ void MismatchScenario(const RankEnv& e, bool model) {
   testing::RegisterToy(**engine, 17, kModules, model && e.rank == 1 ? 8 : 0);
   const Status s = (*engine)->Plan();
   RANK_CHECK(s.code() == StatusCode::kFailedPrecondition, "Plan: {}", s.ToString());
-  const std::string want = model ? "rank 1's model (its registered parameters) differs"
-                                 : "rank 1's config differs";
+  const std::string want =
+      model ? "rank 1's model (its registered parameters) differs" : "rank 1's config differs";
   RANK_CHECK(s.ToString().find(want) != std::string::npos, "Plan: {}", s.ToString());
   const std::string detail = model ? "m3.weight: numel 599" : "\"lr\"";
-  RANK_CHECK(s.ToString().find(detail) != std::string::npos, "no {} in: {}", detail,
-             s.ToString());
+  RANK_CHECK(s.ToString().find(detail) != std::string::npos, "no {} in: {}", detail, s.ToString());
 }
 
 TEST(DataParallelTest, RanksWithDifferentConfigsOrModelsAreRefused) {

@@ -597,13 +597,14 @@ TEST(PlanCli, PlanThatDoesNotFitExitsFourWithTheRowMarked) {
 
 // A config for `ranks` ranks of `gas` micro-batches each (train_batch_size
 // is the global batch).
-std::string DataParallelConfig(const std::string& dir, const std::string& name, int gas,
-                               int ranks, const std::string& zero) {
+std::string DataParallelConfig(const std::string& dir, const std::string& name, int gas, int ranks,
+                               const std::string& zero) {
   const std::string path = dir + "/" + name;
   std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": )"
                       << gas << R"(, "train_batch_size": )" << 2 * gas * ranks << R"(,
     "bf16": {"enabled": true}, "gradient_clipping": 1.0, "optimizer": {"params": {"lr": 3e-3}},
-    "zero_optimization": )" << zero << R"(,
+    "zero_optimization": )"
+                      << zero << R"(,
     "strata": {"device": "host", "hbm_budget": "8M", "threads": 2,
       "model": {"layers": 2, "hidden": 32, "seq_len": 16}}})";
   return path;
@@ -652,11 +653,12 @@ TEST(TrainCli, TwoLocalRanksTrainAsOneRankAccumulatingTheirBatches) {
 TEST(TrainCli, SigintToTheLauncherStopsEveryRank) {
   testing::ScratchDir dir;
   std::filesystem::create_directories(dir.str() + "/nvme");
-  const std::string cfg = DataParallelConfig(
-      dir.str(), "c.json", 1, 2,
-      R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.str() +
-          R"(/nvme"}})");
-  const pid_t pid = Spawn("train --config " + cfg + " --steps 1000000 --nproc-per-node 2", dir.str());
+  const std::string cfg =
+      DataParallelConfig(dir.str(), "c.json", 1, 2,
+                         R"({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                             dir.str() + R"(/nvme"}})");
+  const pid_t pid =
+      Spawn("train --config " + cfg + " --steps 1000000 --nproc-per-node 2", dir.str());
   ASSERT_GT(pid, 0);
   ASSERT_TRUE(WaitFor(dir.str() + "/stdout", "step    2/")) << ReadFile(dir.str() + "/stderr");
   EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme/rank-0"), 1u);
