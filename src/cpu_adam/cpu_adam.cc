@@ -752,6 +752,32 @@ Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
   return Status::Ok();
 }
 
+Status CpuOptimizer::Zero(float* p, size_t n) {
+  if (n == 0) return Status::Ok();
+  if (p == nullptr) return InvalidArgumentError("cpu_adam: Zero of a null pointer");
+  const size_t block = impl_->opt.block_elems;
+  const size_t blocks = (n + block - 1) / block;
+  if (blocks == 1 || n < impl_->opt.accumulate_inline_elems) {
+    std::memset(p, 0, n * sizeof(float));
+    return Status::Ok();
+  }
+  auto body = [&](const tbb::blocked_range<size_t>& r) {
+    for (size_t b = r.begin(); b < r.end(); ++b)
+      std::memset(p + b * block, 0, std::min(block, n - b * block) * sizeof(float));
+  };
+  try {
+    impl_->arena->execute([&] {
+      tbb::this_task_arena::isolate([&] {
+        tbb::parallel_for(tbb::blocked_range<size_t>(0, blocks, 1), body,
+                          tbb::simple_partitioner());
+      });
+    });
+  } catch (const std::exception& e) {
+    return InternalError(std::string("cpu_adam: zero failed: ") + e.what());
+  }
+  return Status::Ok();
+}
+
 std::string_view CpuOptimizer::isa() const { return impl_->table->isa; }
 int CpuOptimizer::threads() const { return impl_->threads; }
 int CpuOptimizer::numa_node() const { return impl_->node; }

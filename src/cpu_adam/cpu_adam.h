@@ -231,6 +231,9 @@ class CpuOptimizer {
   // pass over all their blocks; every shard validated before anything is
   // written. Same threading as Accumulate.
   Status AccumulateMany(std::span<const AccumulateShard> shards);
+  // p[0..n) = 0 on the worker threads, in blocks of block_elems (small
+  // ranges on the caller's thread). InvalidArgument for null with n > 0.
+  Status Zero(float* p, size_t n);
 
   std::string_view isa() const;  // the ISA actually used
   int threads() const;

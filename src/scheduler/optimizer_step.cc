@@ -542,8 +542,12 @@ void OptimizerStep::GroupDone(size_t g) {
   if (deps_.grads != nullptr) {
     deps_.grads->Consumed(g);
   } else if (params_.fold_modes.empty()) {
-    std::memset(params_.grads + sg.elem_begin, 0,
-                static_cast<size_t>(sg.elems()) * kGradAccBytesPerElem);
+    // On the optimizer's threads: one thread's memset of a large sub-group
+    // takes as long as the Adam pass over it on all of them.
+    Status z = deps_.adam->Zero(params_.grads + sg.elem_begin, static_cast<size_t>(sg.elems()));
+    if (!z.ok())  // (only for a null pointer, which the step never hands over)
+      std::memset(params_.grads + sg.elem_begin, 0,
+                  static_cast<size_t>(sg.elems()) * kGradAccBytesPerElem);
   } else {
     // Modules only landed left their accumulator part at zero.
     for (const Layout::Slice& s : deps_.layout->Slices(sg.elem_begin, sg.elem_end))

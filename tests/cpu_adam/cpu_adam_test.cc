@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "src/common/aligned_buffer.h"
@@ -316,6 +317,33 @@ TEST(AsyncTest, HandleDestructorWaitsAndManyHandlesRun) {
   ShardStep bad = steps[0];
   bad.grad = nullptr;
   EXPECT_EQ(opt->StepAsync({&bad, 1}).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Zero: exactly the range, on fresh random data, for sizes around the
+// block and the inline threshold, with 1 and 3 threads.
+TEST(ZeroTest, ZeroesExactlyTheRange) {
+  for (int threads : {1, 3}) {
+    Options o;
+    o.threads = threads;
+    o.block_elems = 1024;
+    o.accumulate_inline_elems = 2048;
+    auto opt = Make(o);
+    std::mt19937 rng(threads);
+    std::uniform_real_distribution<float> u(0.5f, 2.f);
+    for (size_t n : {size_t{1}, size_t{1023}, size_t{2047}, size_t{2049}, size_t{3 * 1024 + 5},
+                     size_t{200001}}) {
+      std::vector<float> v(n + 16);
+      for (float& x : v) x = u(rng);
+      const std::vector<float> before = v;
+      ASSERT_TRUE(opt->Zero(v.data() + 8, n).ok());
+      for (size_t i = 0; i < v.size(); ++i) {
+        const bool inside = i >= 8 && i < 8 + n;
+        ASSERT_EQ(v[i], inside ? 0.f : before[i]) << "n " << n << " index " << i;
+      }
+    }
+    EXPECT_TRUE(opt->Zero(nullptr, 0).ok());
+    EXPECT_EQ(opt->Zero(nullptr, 5).code(), StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(PinningTest, WorkersArePinnedAndCallerAffinityIsRestored) {
