@@ -460,7 +460,9 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   }
   if (!config.strata.trace_path.empty()) {
     STRATA_RETURN_IF_ERROR(engine->WriteTimeline());
-    r.trace_path = config.strata.trace_path;
+    r.trace_path = r.world_size > 1  // the engine's file for this rank
+                       ? config.strata.trace_path + ".rank-" + std::to_string(r.rank)
+                       : config.strata.trace_path;
   }
   return Status();
 }

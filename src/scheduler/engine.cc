@@ -334,6 +334,9 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
     }
     return Status();
   };
+  // Each rank's timeline in a file of its own: <trace_path>.rank-<k>.
+  if (!cfg_.strata.trace_path.empty())
+    cfg_.strata.trace_path = fmt::format("{}.rank-{}", cfg_.strata.trace_path, comm.rank);
   if (opt_place() == OffloadDevice::kNvme)
     RETURN_IF_ERROR(per_rank(cfg_.zero_optimization.offload_optimizer.nvme_path));
   if (param_place() == OffloadDevice::kNvme)
