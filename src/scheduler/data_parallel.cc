@@ -68,7 +68,7 @@ int64_t DataParallel::StagingBytes(int world_size, int64_t chunk_elems) {
 
 int64_t DataParallel::ChunkElems(const Layout& layout, int64_t reduce_bucket_size) {
   return std::max<int64_t>(
-      1, std::min({reduce_bucket_size, layout.partition_elems(), kMaxChunkElems}));
+      kMinChunkElems, std::min({reduce_bucket_size, layout.partition_elems(), kMaxChunkElems}));
 }
 
 Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems) {
@@ -80,7 +80,7 @@ Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems) {
           "data parallelism: rank {}'s parameter bytes start at {}, not a multiple of 4", r, b));
   }
   staging_ = gpu::DeviceBuffer();  // the small one from Create
-  chunk_ = std::max<int64_t>(1, chunk_elems);
+  chunk_ = std::max<int64_t>(kMinChunkElems, chunk_elems);
   ASSIGN_OR_RETURN(staging_,
                    dev_->Allocate(static_cast<size_t>(StagingBytes(world_size(), chunk_))));
   return Status();
@@ -103,7 +103,6 @@ Status DataParallel::ReduceGradients(float* acc) {
   float* send = staging_.as<float>();
   constexpr size_t kF = sizeof(float);
   if (stage_ == 1) {
-    // All-reduce (stage 1); stages 2 and 3 reduce-scatter.
     // All-reduce: every element, (world + 1) chunks at a time.
     const int64_t step = (n_ranks + 1) * chunk_;
     for (int64_t k = 0; k < total; k += step) {
@@ -143,24 +142,17 @@ Status DataParallel::CombineChecks(const std::vector<double>& partial,
                                    const std::vector<uint8_t>& bad, bool* overflow, double* sumsq) {
   const int64_t t0 = NowNanos();
   // Per block: its sum, then 1.0 for an inf/nan.
-  std::string mine(partial.size() * 2 * sizeof(double), '\0');
-  for (size_t i = 0; i < partial.size(); ++i) {
-    const double flag = bad[i] ? 1.0 : 0.0;
-    std::memcpy(mine.data() + (2 * i) * sizeof(double), &partial[i], sizeof(double));
-    std::memcpy(mine.data() + (2 * i + 1) * sizeof(double), &flag, sizeof(double));
-  }
-  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(mine));
+  std::vector<double> mine;
+  for (size_t i = 0; i < partial.size(); ++i)
+    mine.insert(mine.end(), {partial[i], bad[i] ? 1.0 : 0.0});
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(mine));
   double sum = 0;
   bool any = false;
-  for (const std::string& r : all) {  // rank order is element order
-    for (size_t at = 0; at + 2 * sizeof(double) <= r.size(); at += 2 * sizeof(double)) {
-      double v = 0, f = 0;
-      std::memcpy(&v, r.data() + at, sizeof(double));
-      std::memcpy(&f, r.data() + at + sizeof(double), sizeof(double));
-      sum += v;
-      any = any || f != 0.0;
+  for (const std::vector<double>& r : all)  // rank order is element order
+    for (size_t i = 0; i + 1 < r.size(); i += 2) {
+      sum += r[i];
+      any = any || r[i + 1] != 0.0;
     }
-  }
   *sumsq = sum;
   *overflow = any;
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
@@ -230,23 +222,13 @@ StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::strin
   const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
   auto* send = staging_.as<uint8_t>();
   uint8_t* recv = send + chunk_bytes;
-  // The lengths first (8 bytes each: chunk_bytes >= 4, so in pieces of 4).
+  // The lengths first: 8 bytes from each rank (chunk_ >= kMinChunkElems).
   std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
-  {
-    const auto len = static_cast<int64_t>(mine.size());
-    for (int half = 0; half < 2; ++half) {
-      uint32_t word = 0;
-      std::memcpy(&word, reinterpret_cast<const uint8_t*>(&len) + 4 * half, 4);
-      RETURN_IF_ERROR(dev_->CopyH2D(send, &word, 4, *stream_));
-      RETURN_IF_ERROR(comm_->AllGather(send, recv, 1, DType::kFp32, *stream_));
-      std::vector<uint32_t> words(static_cast<size_t>(n_ranks));
-      RETURN_IF_ERROR(dev_->CopyD2H(words.data(), recv, 4 * words.size(), *stream_));
-      RETURN_IF_ERROR(Sync("exchanging lengths"));
-      for (int r = 0; r < n_ranks; ++r)
-        std::memcpy(reinterpret_cast<uint8_t*>(&lengths[static_cast<size_t>(r)]) + 4 * half,
-                    &words[static_cast<size_t>(r)], 4);
-    }
-  }
+  const auto len = static_cast<int64_t>(mine.size());
+  RETURN_IF_ERROR(dev_->CopyH2D(send, &len, sizeof(len), *stream_));
+  RETURN_IF_ERROR(comm_->AllGather(send, recv, 2, DType::kFp32, *stream_));
+  RETURN_IF_ERROR(dev_->CopyD2H(lengths.data(), recv, sizeof(int64_t) * lengths.size(), *stream_));
+  RETURN_IF_ERROR(Sync("exchanging lengths"));
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
   std::vector<std::string> all(static_cast<size_t>(n_ranks));
   for (int r = 0; r < n_ranks; ++r)
@@ -284,22 +266,30 @@ Status DataParallel::CheckSame(const std::string& what, const std::string& text)
       FirstDifference(all[0], all[static_cast<size_t>(r)])));
 }
 
+StatusOr<std::vector<std::vector<double>>> DataParallel::AllGatherDoubles(
+    std::span<const double> mine) {
+  std::string bytes(mine.size() * sizeof(double), '\0');
+  if (!mine.empty()) std::memcpy(bytes.data(), mine.data(), bytes.size());
+  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(bytes));
+  std::vector<std::vector<double>> out(all.size());
+  for (size_t r = 0; r < all.size(); ++r) {
+    out[r].resize(all[r].size() / sizeof(double));
+    if (!out[r].empty()) std::memcpy(out[r].data(), all[r].data(), out[r].size() * sizeof(double));
+  }
+  return out;
+}
+
 Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
-  std::string mine(values.size() * sizeof(double), '\0');
-  if (!values.empty()) std::memcpy(mine.data(), values.data(), mine.size());
-  ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherBytes(mine));
+  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(values));
   for (size_t r = 0; r < all.size(); ++r)
-    if (all[r].size() != mine.size())
+    if (all[r].size() != values.size())
       return InvalidArgumentError(
-          fmt::format("data parallelism: rank {} reduced {} values, rank {} {}", r,
-                      all[r].size() / sizeof(double), rank(), values.size()));
+          fmt::format("data parallelism: rank {} reduced {} values, rank {} {}", r, all[r].size(),
+                      rank(), values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
-    double acc = 0;
-    for (size_t r = 0; r < all.size(); ++r) {
-      double v = 0;
-      std::memcpy(&v, all[r].data() + i * sizeof(double), sizeof(double));
-      acc = op == Scalars::kMax ? (r == 0 ? v : std::max(acc, v)) : acc + v;
-    }
+    double acc = all[0][i];
+    for (size_t r = 1; r < all.size(); ++r)
+      acc = op == Scalars::kMax ? std::max(acc, all[r][i]) : acc + all[r][i];
     values[i] = op == Scalars::kMean ? acc / static_cast<double>(all.size()) : acc;
   }
   return Status();

@@ -80,11 +80,13 @@ class DataParallel {
   // world_size + 1 chunks.
   static int64_t StagingBytes(int world_size, int64_t chunk_elems);
   // The chunk a layout's partitions are moved in: min(reduce_bucket_size,
-  // the partition, kMaxChunkElems), at least one element.
+  // the partition, kMaxChunkElems), at least kMinChunkElems.
   static int64_t ChunkElems(const Layout& layout, int64_t reduce_bucket_size);
   static constexpr int64_t kMaxChunkElems = int64_t{1} << 22;  // 16 MiB of fp32
-  // The chunk before Bind (Create allocates (world + 1) of them).
+  // The chunk before Bind (Create allocates (world + 1) of them), and the
+  // least one (a rank's 8-byte length fits in its slot).
   static constexpr int64_t kStartChunkElems = 4096;
+  static constexpr int64_t kMinChunkElems = 2;
 
   // After Plan() laid the parameters out: allocates the staging buffer
   // (CheckSame and ReduceScalars work before, with a small one).
@@ -128,6 +130,8 @@ class DataParallel {
                std::unique_ptr<gpu::Stream> stream, int stage);
   // Every rank's bytes (`mine` from this rank), chunked through staging.
   StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine);
+  // The same for doubles.
+  StatusOr<std::vector<std::vector<double>>> AllGatherDoubles(std::span<const double> mine);
   Status Sync(const char* what);
 
   gpu::Device* dev_;

@@ -171,7 +171,6 @@ class EngineImpl final : public Engine {
 
   Config cfg_;
   EngineTestHooks hooks_;
-
   // Checkpoints: the run id recorded by SaveCheckpoint (adopted from the
   // checkpoint LoadCheckpoint restores), and the roots locked.
   std::string run_id_ = scheduler::NewCheckpointRunId();
@@ -300,11 +299,7 @@ Status EngineImpl::Init() {
 Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   const auto& zo = cfg_.zero_optimization;
   const std::string ranks = fmt::format("with {} ranks (WORLD_SIZE)", comm.world_size);
-  if (zo.stage < 1 || zo.stage > 3)
-    return NotSupportedError(fmt::format(
-        "zero_optimization.stage: {} {}; data parallelism partitions the optimizer states with "
-        "stage 1, 2 or 3",
-        zo.stage, ranks));
+  // (DataParallel::Create refuses the stages it does not partition.)
   if (zo.stage == 3)
     STRATA_LOG_WARN(
         "zero_optimization.stage 3 {}: the parameters are not partitioned yet: every rank keeps "
