@@ -254,10 +254,14 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
   STRATA_RETURN_IF_ERROR(PrepareNvmePaths(config));
   TrainResult& r = *result;
   r = TrainResult();
-  // The checkpoint directory is this run's for its whole life.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                          CreateEngine(config, DeveloperHooksFromEnv()));
+  // The checkpoint directory is this run's for its whole life: rank 0 locks
+  // it (every rank saves into it together, Engine::SaveCheckpoint).
   std::shared_ptr<scheduler::CheckpointDirLock> ckpt_lock;
   std::string run_id;
-  if (!ckpt.dir.empty()) {
+  const Status dir_ok = [&]() -> Status {
+    if (ckpt.dir.empty() || engine->rank() != 0) return Status();
     STRATA_ASSIGN_OR_RETURN(ckpt_lock, scheduler::LockCheckpointDir(ckpt.dir, ""));
     const std::vector<scheduler::CheckpointEntry> entries = scheduler::ListCheckpoints(ckpt.dir);
     if (ckpt.resume)
@@ -273,9 +277,18 @@ Status TrainInto(const Config& given, int64_t steps, TrainResult* result,
       STRATA_LOG_WARN("--overwrite: removed {} from {}", held, ckpt.dir);
     }
     ckpt_lock->SetRunId(run_id);
+    return Status();
+  }();
+  if (!ckpt.dir.empty() && engine->world_size() > 1) {
+    double refused = dir_ok.ok() ? 0 : 1;
+    STRATA_RETURN_IF_ERROR(
+        engine->ReduceOverRanks(std::span<double>(&refused, 1), Engine::OverRanks::kMax));
+    if (dir_ok.ok() && refused != 0)
+      return FailedPreconditionError("--checkpoint-dir " + ckpt.dir +
+                                     ": refused by rank 0 (its error says why)");
   }
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                          CreateEngine(config, DeveloperHooksFromEnv()));
+  STRATA_RETURN_IF_ERROR(dir_ok);
+
   const uint64_t seed = static_cast<uint64_t>(model_config.seed);
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                           Model::Create(engine.get(), shape, dtype, seed));

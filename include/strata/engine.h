@@ -288,6 +288,10 @@ class Engine {
   // state once from where it lives and writing about 12 + 2 bytes per parameter (bf16/fp16; 16 for
   // fp32), then fsync. With strata.delayed_param_update the step in flight becomes current at the
   // save (as at Synchronize()), so the run continues as after an ordinary step.
+  // With several ranks it is a collective: every rank calls it with the same
+  // `dir`, on a filesystem every rank sees; rank 0 locks it and writes the
+  // parameters and the manifest, each rank its partition of the states, and
+  // every rank returns the same status. The run id is rank 0's.
   virtual Status SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) = 0;
   // Restores the newest checkpoint under `dir` (or `dir` itself when it is a
   // checkpoint's directory): after RegisterParameter of every parameter (it
@@ -304,6 +308,11 @@ class Engine {
   // receives what was saved. Training
   // then continues bitwise as the run that saved it. Cost: every file is read
   // twice (verify, restore) and the states are written to where they live.
+  // With several ranks it is a collective, as SaveCheckpoint; the checkpoint
+  // may have been saved by any number of ranks (train_batch_size, the global
+  // batch, must match; the micro-batch and accumulation may differ), and
+  // each rank reads the parameters and the states files overlapping its
+  // partition.
   virtual Status LoadCheckpoint(const std::string& dir, CheckpointInfo* info) = 0;
 
   // The learning rate. Without a `scheduler` section it is

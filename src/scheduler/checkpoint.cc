@@ -143,9 +143,10 @@ Json LayoutIdentity(const Layout& l) {
     params.push_back(std::move(rec));
   }
   Json j;
-  j["elements"] = l.total_elems();
+  // The one-rank counts: the same whatever the number of ranks.
+  j["elements"] = l.unpartitioned_elems();
   j["modules"] = l.num_modules();
-  j["sub_groups"] = l.num_groups();
+  j["sub_groups"] = l.unpartitioned_groups();
   j["parameters"] = std::move(params);
   return j;
 }
@@ -255,12 +256,14 @@ StatusOr<Json> LoadManifest(const std::string& dir) {
                       manifest_path, m.at("format").dump(), kFormat));
     if (m.at("version") == kDenseLayoutCheckpointVersion)
       RETURN_IF_ERROR(CheckDenseLayoutMatches(m.at("layout"), manifest_path));
-    else if (m.at("version") != kCheckpointFormatVersion)
+    else if (m.at("version") != kCheckpointFormatVersion &&
+             m.at("version") != kSingleStatesFileVersion)
       return NotSupportedError(fmt::format(
-          "{}: format version {}, this build reads version {} only (version 1 recorded neither "
+          "{}: format version {}, this build reads versions {} to {} (version 1 recorded neither "
           "the run id nor the whole config): continue that run with the build that wrote it, or "
           "start afresh in another directory",
-          manifest_path, m.at("version").dump(), kCheckpointFormatVersion));
+          manifest_path, m.at("version").dump(), kDenseLayoutCheckpointVersion,
+          kCheckpointFormatVersion));
     Json content = m;
     content.erase("manifest_crc32c");
     const std::string want = m.at("manifest_crc32c").get<std::string>();
@@ -462,14 +465,148 @@ int64_t ParamFileBytes(const Layout& l) {
   return b;
 }
 
-int64_t StateFileBytes(const Layout& l) { return kOptimizerStateBytesPerElem * l.total_elems(); }
-
 // One buffer big enough for any module's parameters or sub-group's states.
 StatusOr<AlignedBuffer> SectionBuffer(const Layout& l) {
   const int64_t bytes = std::max({IoBytes(l.max_module_bytes()),
                                   IoBytes(kOptimizerStateBytesPerElem * l.max_group_elems()),
                                   static_cast<int64_t>(kVerifyChunk)});
   return AlignedBuffer::Allocate(static_cast<size_t>(bytes), kIoAlign);
+}
+
+// The states file rank `rank` of `world` writes.
+std::string StateFileName(int rank, int world) {
+  return world == 1 ? std::string(kStatesFile) : fmt::format("states-rank-{:05d}.bin", rank);
+}
+
+// The manifest's states files (a version 2 or 3 manifest: states.bin over the
+// one-rank element space), checked: in element order, contiguous from 0,
+// covering the layout's `elements`, each as big as the manifest's files list
+// says (`file_bytes`: name -> bytes). Throws on a malformed entry (the caller
+// reports it).
+StatusOr<std::vector<CheckpointStateFile>> StateFilesOf(
+    const Json& m, int64_t elements, int64_t sub_group_size,
+    const std::function<std::optional<int64_t>(const std::string&)>& file_bytes,
+    const std::string& manifest_path) {
+  std::vector<CheckpointStateFile> out;
+  if (!m.contains("states")) {
+    out.push_back({kStatesFile, 0, elements, std::max<int64_t>(1, sub_group_size)});
+  } else {
+    for (const Json& f : m.at("states"))
+      out.push_back({f.at("file").get<std::string>(), f.at("elem_begin").get<int64_t>(),
+                     f.at("elem_end").get<int64_t>(), f.at("sub_group_elems").get<int64_t>()});
+  }
+  int64_t next = 0;
+  for (const CheckpointStateFile& f : out) {
+    if (f.elem_begin != next || f.elem_end < f.elem_begin || f.sub_group_elems < 1)
+      return DataLossError(fmt::format(
+          "{}: states file {} covers elements [{}, {}) in sub-groups of {}; expected it to start "
+          "at element {} with sub-groups of at least 1",
+          manifest_path, f.name, f.elem_begin, f.elem_end, f.sub_group_elems, next));
+    const std::optional<int64_t> bytes = file_bytes(f.name);
+    const int64_t want = kOptimizerStateBytesPerElem * (f.elem_end - f.elem_begin);
+    if (!bytes.has_value())
+      return DataLossError(fmt::format("{}: lists no {}", manifest_path, f.name));
+    if (*bytes != want)
+      return DataLossError(
+          fmt::format("{}: {} of {} bytes; its elements [{}, {}) take {} bytes", manifest_path,
+                      f.name, *bytes, f.elem_begin, f.elem_end, want));
+    next = f.elem_end;
+  }
+  if (next < elements)
+    return DataLossError(fmt::format("{}: the states files cover {} elements, the layout has {}",
+                                     manifest_path, next, elements));
+  return out;
+}
+
+// Several ranks: every rank's `mine` (status and payload) gathered. OK with
+// every payload in rank order when every rank's status is OK; else the
+// first failing rank's error, the same on every rank ("rank k: ..."). One
+// rank (null): `mine` alone.
+StatusOr<std::vector<std::string>> Exchange(const CheckpointRanks* ranks, const Status& mine,
+                                            const std::string& payload) {
+  if (ranks == nullptr || ranks->world <= 1) {
+    if (!mine.ok()) return mine;
+    return std::vector<std::string>{payload};
+  }
+  // One byte of status code, then the message or the payload.
+  const std::string text = mine.ok() ? std::string(1, '\0') + payload
+                                     : std::string(1, static_cast<char>(mine.code())) +
+                                           std::string(mine.message());
+  ASSIGN_OR_RETURN(std::vector<std::string> all, ranks->all_gather(text));
+  std::vector<std::string> payloads;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty())
+      return InternalError(fmt::format("checkpoint: rank {} sent nothing", r));
+    if (all[r][0] != 0) {
+      if (static_cast<int>(r) == ranks->rank) return mine;
+      return Status(static_cast<StatusCode>(all[r][0]),
+                    fmt::format("rank {}: {}", r, all[r].substr(1)));
+    }
+    payloads.push_back(all[r].substr(1));
+  }
+  return payloads;
+}
+
+// Restores this rank's sub-groups of `layout` (the store's) from the states
+// files, each overlapping file read whole, in order, and checksummed again;
+// elements no file covers (the partitions' tail padding) get zeros. `dst`:
+// SectionBuffer(layout).
+Status RestoreStates(const std::string& dir, const std::vector<CheckpointStateFile>& files,
+                     const std::function<uint32_t(const std::string&)>& crc_of,
+                     const Layout& layout, StateStore* store, AlignedBuffer& dst) {
+  const auto [g0, g1] = store->owned_groups();
+  if (g0 >= g1) return Status();
+  const int64_t own0 = layout.group(g0).elem_begin, own1 = layout.group(g1 - 1).elem_end;
+  int64_t src_elems = 0;
+  for (const CheckpointStateFile& f : files)
+    if (f.elem_end > own0 && f.elem_begin < own1)
+      src_elems = std::max(src_elems, std::min(f.sub_group_elems, f.elem_end - f.elem_begin));
+  ASSIGN_OR_RETURN(
+      AlignedBuffer src,
+      AlignedBuffer::Allocate(
+          static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * std::max<int64_t>(1, src_elems))),
+          kIoAlign));
+  size_t g = g0;
+  auto clear = [&] {
+    if (g < g1)
+      std::memset(dst.data(), 0,
+                  static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * layout.group(g).elems())));
+  };
+  clear();
+  auto* d = dst.as<uint8_t>();
+  const auto* sp = src.as<uint8_t>();
+  for (const CheckpointStateFile& f : files) {
+    if (f.elem_end <= own0 || f.elem_begin >= own1) continue;
+    const std::string path = dir + "/" + f.name;
+    ASSIGN_OR_RETURN(File in, File::Open(path, O_RDONLY));
+    uint32_t crc = 0;
+    for (int64_t s0 = f.elem_begin; s0 < f.elem_end; s0 += f.sub_group_elems) {
+      const int64_t s1 = std::min(f.elem_end, s0 + f.sub_group_elems), n = s1 - s0;
+      const size_t bytes = static_cast<size_t>(kOptimizerStateBytesPerElem * n);
+      RETURN_IF_ERROR(in.ReadNext(src.data(), bytes));
+      crc = Crc32cExtend(crc, src.data(), bytes);
+      // Copy what falls in this rank's sub-groups; hand each over once
+      // its last element has been read.
+      while (g < g1) {
+        const SubGroup& to = layout.group(g);
+        const int64_t lo = std::max(s0, to.elem_begin), hi = std::min(s1, to.elem_end);
+        for (int64_t k = 0; k < kOptimizerStateArrays && lo < hi; ++k)
+          std::memcpy(d + kMasterBytesPerElem * (k * to.elems() + lo - to.elem_begin),
+                      sp + kMasterBytesPerElem * (k * n + lo - s0),
+                      static_cast<size_t>(kMasterBytesPerElem * (hi - lo)));
+        if (to.elem_end > s1) break;
+        RETURN_IF_ERROR(store->WriteGroupStates(g, dst.data()));
+        ++g;
+        clear();
+      }
+    }
+    if (crc != crc_of(f.name))
+      return DataLossError(fmt::format(
+          "checkpoint file {}: changed while loading (crc32c {}, the manifest's {})", path,
+          Hex32(crc), Hex32(crc_of(f.name))));
+  }
+  for (; g < g1; ++g, clear()) RETURN_IF_ERROR(store->WriteGroupStates(g, dst.data()));
+  return Status();
 }
 
 // Removes a checkpoint directory whose save failed (it has no manifest).
@@ -493,6 +630,12 @@ class PartialDir {
 
 namespace {
 constexpr CheckpointFreeKey kFreeKeys[] = {
+    {"train_micro_batch_size_per_gpu",
+     "how the global batch (train_batch_size, compared) is split over ranks, micro-batches and "
+     "accumulation: a checkpoint loads at another number of ranks"},
+    {"gradient_accumulation_steps", "how the global batch is split (as above)"},
+    {"zero_optimization.stage",
+     "how states are partitioned over the ranks: the format does not depend on it"},
     {"zero_optimization.offload_optimizer",
      "where the optimizer states live: the same arithmetic runs on every placement, and the "
      "format does not depend on it"},
@@ -668,147 +811,209 @@ std::string LatestCheckpoint(const std::string& root) {
 }
 
 Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
-                       StateStore* store, CheckpointMeta* meta) {
+                       StateStore* store, CheckpointMeta* meta, const CheckpointRanks* ranks) {
+  const int rank = ranks != nullptr ? ranks->rank : 0;
+  const int world = ranks != nullptr ? std::max(1, ranks->world) : 1;
   if (meta->run_id.empty())
     return InvalidArgumentError("WriteCheckpoint: no run id (CheckpointMeta::run_id)");
-  std::error_code ec;
-  const bool existed = fs::exists(root, ec);
-  ASSIGN_OR_RETURN(meta->lock, LockCheckpointDir(root, ""));
-  if (!existed) {
-    const fs::path parent = fs::absolute(root, ec).parent_path();
-    RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
-  }
-  const std::vector<CheckpointEntry> entries = Scan(root);
-  if (const std::string others = OtherRunsCheckpoints(entries, meta->run_id); !others.empty())
-    return FailedPreconditionError(fmt::format(
-        "checkpoint directory {} holds {}, not of this run ({}): load its newest checkpoint "
-        "first to continue that run, save into another directory, or remove them",
-        root, others, meta->run_id));
-  const int64_t seq = (entries.empty() ? 0 : entries.back().sequence) + 1;
-  const std::string dir = fmt::format("{}/ckpt-{:08d}", root, seq);
-  if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoError(fmt::format("mkdir {}", dir), errno);
-  PartialDir partial(dir);
-  RETURN_IF_ERROR(SyncDir(root));
-
-  ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
-  Json files = Json::array();
-  // Data files: written in full, fsync'd, closed.
-  auto write_file = [&](const char* name, size_t sections,
-                        const std::function<StatusOr<int64_t>(size_t, void*)>& fill) -> Status {
-    const std::string path = dir + "/" + name;
-    ASSIGN_OR_RETURN(File f, File::Open(path, O_WRONLY | O_CREAT | O_EXCL));
-    uint32_t crc = 0;
-    int64_t bytes = 0;
-    for (size_t i = 0; i < sections; ++i) {
-      ASSIGN_OR_RETURN(int64_t n, fill(i, buf.data()));
-      crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
-      RETURN_IF_ERROR(f.Append(buf.data(), static_cast<size_t>(n)));
-      bytes += n;
+  // Rank 0 locks the root, checks it and makes the directory; every rank
+  // learns the directory and rank 0's run id.
+  std::string dir;
+  int64_t seq = 0;
+  std::optional<PartialDir> partial;
+  const Status made = [&]() -> Status {
+    if (rank != 0) return Status();
+    std::error_code ec;
+    const bool existed = fs::exists(root, ec);
+    ASSIGN_OR_RETURN(meta->lock, LockCheckpointDir(root, ""));
+    if (!existed) {
+      const fs::path parent = fs::absolute(root, ec).parent_path();
+      RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
     }
-    RETURN_IF_ERROR(f.Sync());
-    RETURN_IF_ERROR(f.Close());
-    files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", Hex32(crc)}});
-    meta->bytes += bytes;
-    return Status();
-  };
-  meta->bytes = 0;
-  RETURN_IF_ERROR(write_file(kParamsFile, static_cast<size_t>(layout.num_modules()),
-                             [&](size_t m, void* b) -> StatusOr<int64_t> {
-                               RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
-                               return layout.module(static_cast<int>(m)).bytes();
-                             }));
-  RETURN_IF_ERROR(
-      write_file(kStatesFile, layout.num_groups(), [&](size_t g, void* b) -> StatusOr<int64_t> {
-        RETURN_IF_ERROR(store->ReadGroupStates(g, b));
-        return kOptimizerStateBytesPerElem * layout.group(g).elems();
-      }));
-  RETURN_IF_ERROR(SyncDir(dir));
-  if (meta->at_point) meta->at_point("data");
-
-  const Json config_id = ConfigIdentity(config);
-  const Json layout_id = LayoutIdentity(layout);
-  Json m;
-  m["format"] = kFormat;
-  m["version"] = kCheckpointFormatVersion;
-  m["sequence"] = seq;
-  m["run_id"] = meta->run_id;
-  m["optimizer_step"] = meta->optimizer_step;
-  m["loss_scaler"] = {{"scale", meta->scaler.scale},
-                      {"hysteresis_left", meta->scaler.hysteresis_left},
-                      {"iteration", meta->scaler.iteration},
-                      {"last_overflow_iteration", meta->scaler.last_overflow_iteration}};
-  m["data_position"] = meta->data_position;
-  m["note"] = meta->note;
-  m["config_hash"] = IdentityHash(config_id);
-  m["config"] = config_id;
-  m["layout_hash"] = IdentityHash(layout_id);
-  m["layout"] = layout_id;
-  if (meta->param_groups.size() > 1) m["param_groups"] = ParamGroupsIdentity(meta->param_groups);
-  m["files"] = std::move(files);
-  std::string text;
-  try {
-    m["manifest_crc32c"] = ManifestCrc(m);
-    text = m.dump(1) + "\n";
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(
-        fmt::format("SaveCheckpoint: the note is not valid UTF-8 ({})", e.what()));
-  }
-  const std::string final_path = dir + "/" + kCheckpointManifest;
-  const std::string tmp = final_path + ".tmp";
+    const std::vector<CheckpointEntry> entries = Scan(root);
+    if (const std::string others = OtherRunsCheckpoints(entries, meta->run_id); !others.empty())
+      return FailedPreconditionError(fmt::format(
+          "checkpoint directory {} holds {}, not of this run ({}): load its newest checkpoint "
+          "first to continue that run, save into another directory, or remove them",
+          root, others, meta->run_id));
+    seq = (entries.empty() ? 0 : entries.back().sequence) + 1;
+    dir = fmt::format("{}/ckpt-{:08d}", root, seq);
+    if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoError(fmt::format("mkdir {}", dir), errno);
+    partial.emplace(dir);
+    return SyncDir(root);
+  }();
   {
-    ASSIGN_OR_RETURN(File f, File::Open(tmp, O_WRONLY | O_CREAT | O_EXCL));
-    RETURN_IF_ERROR(f.Append(text.data(), text.size()));
-    RETURN_IF_ERROR(f.Sync());
-    RETURN_IF_ERROR(f.Close());
+    ASSIGN_OR_RETURN(std::vector<std::string> got,
+                     Exchange(ranks, made, rank == 0 ? dir + "\n" + meta->run_id : ""));
+    const size_t nl = got[0].find('\n');
+    dir = got[0].substr(0, nl);
+    meta->run_id = got[0].substr(nl + 1);
   }
-  if (meta->at_point) meta->at_point("manifest_tmp");
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0)
-    return ErrnoError(fmt::format("rename {} to {}", tmp, final_path), errno);
-  partial.Keep();
-  if (meta->at_point) meta->at_point("rename");
-  RETURN_IF_ERROR(SyncDir(dir));
-  RETURN_IF_ERROR(SyncDir(root));
+
+  // Data files: written in full, fsync'd, closed. Rank 0 writes the
+  // parameters; every rank its partition's states.
+  Json files = Json::array();
+  meta->bytes = 0;
+  const auto [g0, g1] = store->owned_groups();
+  const CheckpointStateFile mine{StateFileName(rank, world), layout.group(g0).elem_begin,
+                                 layout.group(g1 - 1).elem_end, layout.group(g0).elems()};
+  const Status wrote = [&]() -> Status {
+    if (rank != 0 && !fs::is_directory(dir))
+      return FailedPreconditionError(fmt::format(
+          "checkpoint directory {} (made by rank 0) is not there: the ranks of a run must save "
+          "into a directory on a filesystem every rank sees",
+          dir));
+    ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
+    auto write_file = [&](const std::string& name, size_t first, size_t end,
+                          const std::function<StatusOr<int64_t>(size_t, void*)>& fill) -> Status {
+      const std::string path = dir + "/" + name;
+      ASSIGN_OR_RETURN(File f, File::Open(path, O_WRONLY | O_CREAT | O_EXCL));
+      uint32_t crc = 0;
+      int64_t bytes = 0;
+      for (size_t i = first; i < end; ++i) {
+        ASSIGN_OR_RETURN(int64_t n, fill(i, buf.data()));
+        crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+        RETURN_IF_ERROR(f.Append(buf.data(), static_cast<size_t>(n)));
+        bytes += n;
+      }
+      RETURN_IF_ERROR(f.Sync());
+      RETURN_IF_ERROR(f.Close());
+      files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", Hex32(crc)}});
+      meta->bytes += bytes;
+      return Status();
+    };
+    if (rank == 0)
+      RETURN_IF_ERROR(write_file(kParamsFile, 0, static_cast<size_t>(layout.num_modules()),
+                                 [&](size_t m, void* b) -> StatusOr<int64_t> {
+                                   RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
+                                   return layout.module(static_cast<int>(m)).bytes();
+                                 }));
+    return write_file(mine.name, g0, g1, [&](size_t g, void* b) -> StatusOr<int64_t> {
+      RETURN_IF_ERROR(store->ReadGroupStates(g, b));
+      return kOptimizerStateBytesPerElem * layout.group(g).elems();
+    });
+  }();
+  const Json report = {{"files", files},
+                       {"states",
+                        {{"file", mine.name},
+                         {"elem_begin", mine.elem_begin},
+                         {"elem_end", mine.elem_end},
+                         {"sub_group_elems", mine.sub_group_elems}}}};
+  ASSIGN_OR_RETURN(const std::vector<std::string> reports,
+                   Exchange(ranks, wrote, report.dump()));
+
+  // Rank 0: the manifest, once every rank's file is durable.
+  const Status done = [&]() -> Status {
+    if (rank != 0) return Status();
+    Json all_files = Json::array(), states = Json::array();
+    for (const std::string& text : reports) {
+      const Json r = Json::parse(text);
+      for (const Json& f : r.at("files")) all_files.push_back(f);
+      states.push_back(r.at("states"));
+    }
+    RETURN_IF_ERROR(SyncDir(dir));
+    if (meta->at_point) meta->at_point("data");
+
+    const Json config_id = ConfigIdentity(config);
+    const Json layout_id = LayoutIdentity(layout);
+    Json m;
+    m["format"] = kFormat;
+    m["version"] = kCheckpointFormatVersion;
+    m["sequence"] = seq;
+    m["run_id"] = meta->run_id;
+    m["optimizer_step"] = meta->optimizer_step;
+    m["loss_scaler"] = {{"scale", meta->scaler.scale},
+                        {"hysteresis_left", meta->scaler.hysteresis_left},
+                        {"iteration", meta->scaler.iteration},
+                        {"last_overflow_iteration", meta->scaler.last_overflow_iteration}};
+    m["data_position"] = meta->data_position;
+    m["note"] = meta->note;
+    m["config_hash"] = IdentityHash(config_id);
+    m["config"] = config_id;
+    m["layout_hash"] = IdentityHash(layout_id);
+    m["layout"] = layout_id;
+    if (meta->param_groups.size() > 1) m["param_groups"] = ParamGroupsIdentity(meta->param_groups);
+    m["ranks"] = world;
+    m["states"] = std::move(states);
+    m["files"] = std::move(all_files);
+    std::string text;
+    try {
+      m["manifest_crc32c"] = ManifestCrc(m);
+      text = m.dump(1) + "\n";
+    } catch (const nlohmann::json::exception& e) {
+      return InvalidArgumentError(
+          fmt::format("SaveCheckpoint: the note is not valid UTF-8 ({})", e.what()));
+    }
+    const std::string final_path = dir + "/" + kCheckpointManifest;
+    const std::string tmp = final_path + ".tmp";
+    {
+      ASSIGN_OR_RETURN(File f, File::Open(tmp, O_WRONLY | O_CREAT | O_EXCL));
+      RETURN_IF_ERROR(f.Append(text.data(), text.size()));
+      RETURN_IF_ERROR(f.Sync());
+      RETURN_IF_ERROR(f.Close());
+    }
+    if (meta->at_point) meta->at_point("manifest_tmp");
+    if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+      return ErrnoError(fmt::format("rename {} to {}", tmp, final_path), errno);
+    partial->Keep();
+    if (meta->at_point) meta->at_point("rename");
+    RETURN_IF_ERROR(SyncDir(dir));
+    RETURN_IF_ERROR(SyncDir(root));
+    RemoveOld(root, seq, meta->run_id, meta->at_point);
+    return Status();
+  }();
+  RETURN_IF_ERROR(Exchange(ranks, done, "").status());
   meta->path = dir;
-  RemoveOld(root, seq, meta->run_id, meta->at_point);
   return Status();
 }
 
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
                                         const Layout& layout, StateStore* store,
-                                        std::span<const ParamGroupSpec> groups) {
-  if (LatestCheckpoint(root).empty())
-    return NotFoundError(
-        fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
-  // A root is locked: a save of another process must not be judged
-  // interrupted, nor a checkpoint removed under it.
+                                        std::span<const ParamGroupSpec> groups,
+                                        const CheckpointRanks* ranks) {
+  const int rank = ranks != nullptr ? ranks->rank : 0;
+  // Rank 0 picks the checkpoint. A root is locked: a save of another process
+  // must not be judged interrupted, nor a checkpoint removed under it.
   std::shared_ptr<CheckpointDirLock> lock;
-  if (LatestCheckpoint(root) != root) {
-    StatusOr<std::shared_ptr<CheckpointDirLock>> l = LockCheckpointDir(root, "");
-    if (l.ok()) {
-      lock = *l;
-    } else if (l.status().code() == StatusCode::kUnavailable || ::access(root.c_str(), W_OK) == 0) {
-      return l.status();
-    }  // else read-only: read without the lock, tidy nothing
-  }
-  const std::string dir = LatestCheckpoint(root);
-  if (dir.empty())
-    return NotFoundError(
-        fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
-  if (dir != root) {
-    std::string skipped;
-    bool newer = false;
-    for (const CheckpointEntry& e : Scan(root, /*summaries=*/false)) {
-      if (e.path == dir)
-        newer = true;
-      else if (newer && !e.complete)
-        skipped += (skipped.empty() ? "" : ", ") + e.path;
+  std::string dir;
+  const Status picked = [&]() -> Status {
+    if (rank != 0) return Status();
+    if (LatestCheckpoint(root).empty())
+      return NotFoundError(
+          fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+    if (LatestCheckpoint(root) != root) {
+      StatusOr<std::shared_ptr<CheckpointDirLock>> l = LockCheckpointDir(root, "");
+      if (l.ok()) {
+        lock = *l;
+      } else if (l.status().code() == StatusCode::kUnavailable ||
+                 ::access(root.c_str(), W_OK) == 0) {
+        return l.status();
+      }  // else read-only: read without the lock, tidy nothing
     }
-    if (!skipped.empty())
-      STRATA_LOG_WARN("checkpoint: loading {}; skipped the newer {} (no {}: an interrupted save)",
-                      dir, skipped, kCheckpointManifest);
+    dir = LatestCheckpoint(root);
+    if (dir.empty())
+      return NotFoundError(
+          fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+    if (dir != root) {
+      std::string skipped;
+      bool newer = false;
+      for (const CheckpointEntry& e : Scan(root, /*summaries=*/false)) {
+        if (e.path == dir)
+          newer = true;
+        else if (newer && !e.complete)
+          skipped += (skipped.empty() ? "" : ", ") + e.path;
+      }
+      if (!skipped.empty())
+        STRATA_LOG_WARN("checkpoint: loading {}; skipped the newer {} (no {}: an interrupted save)",
+                        dir, skipped, kCheckpointManifest);
+    }
+    return Status();
+  }();
+  {
+    ASSIGN_OR_RETURN(std::vector<std::string> got, Exchange(ranks, picked, dir));
+    dir = got[0];
   }
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
-  ASSIGN_OR_RETURN(const Json m, LoadManifest(dir));
 
   CheckpointMeta meta;
   meta.path = dir;
@@ -816,97 +1021,110 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
     int64_t bytes = 0;
     uint32_t crc = 0;
   };
-  FileEntry params_file, states_file;
-  try {
-    std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
-    if (!diff.empty())
-      return FailedPreconditionError(
-          fmt::format("checkpoint {} was saved with a different config: {}", dir, diff));
-    diff = LayoutDifference(m.at("layout"), LayoutIdentity(layout));
-    if (!diff.empty())
-      return FailedPreconditionError(
-          fmt::format("checkpoint {} has a different model layout: {}", dir, diff));
-    const ParamGroupSpec default_group = DefaultParamGroup();
-    const std::span<const ParamGroupSpec> one_group(&default_group, 1);
-    const Json groups_now = ParamGroupsIdentity(groups.size() > 1 ? groups : one_group);
-    const Json groups_then =
-        m.contains("param_groups") ? m.at("param_groups") : ParamGroupsIdentity(one_group);
-    diff = ParamGroupsDifference(groups_then, groups_now);
-    if (!diff.empty())
-      return FailedPreconditionError(
-          fmt::format("checkpoint {} has different optimizer parameter groups: {}", dir, diff));
-    meta.run_id = m.at("run_id").get<std::string>();
-    meta.optimizer_step = m.at("optimizer_step").get<int64_t>();
-    const Json& ls = m.at("loss_scaler");
-    meta.scaler.scale = ls.at("scale").get<double>();
-    meta.scaler.hysteresis_left = ls.at("hysteresis_left").get<int>();
-    meta.scaler.iteration = ls.at("iteration").get<int64_t>();
-    meta.scaler.last_overflow_iteration = ls.at("last_overflow_iteration").get<int64_t>();
-    meta.data_position = m.at("data_position").get<int64_t>();
-    meta.note = m.at("note").get<std::string>();
-    bool have_params = false, have_states = false;
-    for (const Json& f : m.at("files")) {
-      const std::string name = f.at("name").get<std::string>();
-      FileEntry e;
-      e.bytes = f.at("bytes").get<int64_t>();
-      e.crc = static_cast<uint32_t>(std::stoul(f.at("crc32c").get<std::string>(), nullptr, 16));
-      if (name == kParamsFile) params_file = e, have_params = true;
-      if (name == kStatesFile) states_file = e, have_states = true;
-    }
-    if (!have_params || !have_states)
-      return DataLossError(
-          fmt::format("{}: lists no {} or no {}", manifest_path, kParamsFile, kStatesFile));
-  } catch (const std::exception& e) {
-    return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
-  }
-  if (params_file.bytes != ParamFileBytes(layout) || states_file.bytes != StateFileBytes(layout))
-    return DataLossError(fmt::format("{}: file sizes {} and {} do not match the layout's {} and {}",
-                                     manifest_path, params_file.bytes, states_file.bytes,
-                                     ParamFileBytes(layout), StateFileBytes(layout)));
-
-  // Everything is verified before anything is restored.
+  std::map<std::string, FileEntry> listed;
+  std::vector<CheckpointStateFile> state_files;
   ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
-  const std::string params_path = dir + "/" + kParamsFile;
-  const std::string states_path = dir + "/" + kStatesFile;
-  RETURN_IF_ERROR(VerifyFile(params_path, params_file.bytes, params_file.crc, buf));
-  RETURN_IF_ERROR(VerifyFile(states_path, states_file.bytes, states_file.crc, buf));
+  const auto [g0, g1] = store->owned_groups();
+  const int64_t own0 = layout.group(g0).elem_begin, own1 = layout.group(g1 - 1).elem_end;
+  auto mine = [&](const CheckpointStateFile& f) {
+    return f.elem_end > own0 && f.elem_begin < own1;
+  };
+  // Every rank checks the manifest and verifies what it will read.
+  const Status checked = [&]() -> Status {
+    ASSIGN_OR_RETURN(const Json m, LoadManifest(dir));
+    try {
+      std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
+      if (!diff.empty())
+        return FailedPreconditionError(
+            fmt::format("checkpoint {} was saved with a different config: {}", dir, diff));
+      diff = LayoutDifference(m.at("layout"), LayoutIdentity(layout));
+      if (!diff.empty())
+        return FailedPreconditionError(
+            fmt::format("checkpoint {} has a different model layout: {}", dir, diff));
+      const ParamGroupSpec default_group = DefaultParamGroup();
+      const std::span<const ParamGroupSpec> one_group(&default_group, 1);
+      const Json groups_now = ParamGroupsIdentity(groups.size() > 1 ? groups : one_group);
+      const Json groups_then =
+          m.contains("param_groups") ? m.at("param_groups") : ParamGroupsIdentity(one_group);
+      diff = ParamGroupsDifference(groups_then, groups_now);
+      if (!diff.empty())
+        return FailedPreconditionError(
+            fmt::format("checkpoint {} has different optimizer parameter groups: {}", dir, diff));
+      meta.run_id = m.at("run_id").get<std::string>();
+      meta.optimizer_step = m.at("optimizer_step").get<int64_t>();
+      const Json& ls = m.at("loss_scaler");
+      meta.scaler.scale = ls.at("scale").get<double>();
+      meta.scaler.hysteresis_left = ls.at("hysteresis_left").get<int>();
+      meta.scaler.iteration = ls.at("iteration").get<int64_t>();
+      meta.scaler.last_overflow_iteration = ls.at("last_overflow_iteration").get<int64_t>();
+      meta.data_position = m.at("data_position").get<int64_t>();
+      meta.note = m.at("note").get<std::string>();
+      for (const Json& f : m.at("files")) {
+        FileEntry e;
+        e.bytes = f.at("bytes").get<int64_t>();
+        e.crc = static_cast<uint32_t>(std::stoul(f.at("crc32c").get<std::string>(), nullptr, 16));
+        listed[f.at("name").get<std::string>()] = e;
+      }
+      ASSIGN_OR_RETURN(state_files, StateFilesOf(
+                                        m, layout.unpartitioned_elems(), layout.sub_group_size(),
+                                        [&](const std::string& name) -> std::optional<int64_t> {
+                                          auto it = listed.find(name);
+                                          if (it == listed.end()) return std::nullopt;
+                                          return it->second.bytes;
+                                        },
+                                        manifest_path));
+    } catch (const std::exception& e) {
+      return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
+    }
+    auto params = listed.find(kParamsFile);
+    if (params == listed.end())
+      return DataLossError(fmt::format("{}: lists no {}", manifest_path, kParamsFile));
+    if (params->second.bytes != ParamFileBytes(layout))
+      return DataLossError(fmt::format("{}: {} of {} bytes, the layout's is {} bytes",
+                                       manifest_path, kParamsFile, params->second.bytes,
+                                       ParamFileBytes(layout)));
+    // Everything is verified before anything is restored.
+    RETURN_IF_ERROR(
+        VerifyFile(dir + "/" + kParamsFile, params->second.bytes, params->second.crc, buf));
+    for (const CheckpointStateFile& f : state_files)
+      if (mine(f))
+        RETURN_IF_ERROR(
+            VerifyFile(dir + "/" + f.name, listed[f.name].bytes, listed[f.name].crc, buf));
+    return Status();
+  }();
+  RETURN_IF_ERROR(Exchange(ranks, checked, "").status());
 
-  auto restore = [&](const std::string& path, uint32_t want, size_t sections,
-                     const std::function<int64_t(size_t)>& size_of,
-                     const std::function<Status(size_t, const void*)>& put) -> Status {
-    ASSIGN_OR_RETURN(File f, File::Open(path, O_RDONLY));
+  // Every rank restores the parameters and its partition's states.
+  const Status restored = [&]() -> Status {
+    const std::string params_path = dir + "/" + kParamsFile;
+    ASSIGN_OR_RETURN(File f, File::Open(params_path, O_RDONLY));
     uint32_t crc = 0;
-    for (size_t i = 0; i < sections; ++i) {
-      const int64_t n = size_of(i);
+    for (int mi = 0; mi < layout.num_modules(); ++mi) {
+      const int64_t n = layout.module(mi).bytes();
       if (n == 0) continue;
       RETURN_IF_ERROR(f.ReadNext(buf.data(), static_cast<size_t>(n)));
       crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
       // Page padding of the section buffer: zeros (NVMe writes whole pages).
       std::memset(buf.as<uint8_t>() + n, 0, static_cast<size_t>(IoBytes(n) - n));
-      RETURN_IF_ERROR(put(i, buf.data()));
+      RETURN_IF_ERROR(store->WriteModuleParams(mi, buf.data()));
     }
-    if (crc != want)
+    if (crc != listed[kParamsFile].crc)
       return DataLossError(
-          fmt::format("checkpoint file {}: changed while loading (crc32c {}, "
-                      "the manifest's {})",
-                      path, Hex32(crc), Hex32(want)));
-    return Status();
-  };
-  Status s = restore(
-      params_path, params_file.crc, static_cast<size_t>(layout.num_modules()),
-      [&](size_t m) { return layout.module(static_cast<int>(m)).bytes(); },
-      [&](size_t m, const void* b) { return store->WriteModuleParams(static_cast<int>(m), b); });
-  if (s.ok())
-    s = restore(
-        states_path, states_file.crc, layout.num_groups(),
-        [&](size_t g) { return kOptimizerStateBytesPerElem * layout.group(g).elems(); },
-        [&](size_t g, const void* b) { return store->WriteGroupStates(g, b); });
-  if (!s.ok())
+          fmt::format("checkpoint file {}: changed while loading (crc32c {}, the manifest's {})",
+                      params_path, Hex32(crc), Hex32(listed[kParamsFile].crc)));
+    return RestoreStates(
+        dir, state_files, [&](const std::string& name) { return listed[name].crc; }, layout, store,
+        buf);
+  }();
+  const Status all_restored = Exchange(ranks, restored, "").status();
+  if (!all_restored.ok())
     return DataLossError(
         fmt::format("restoring checkpoint {}: {}; the engine's states are partly "
                     "restored: load again or recreate the engine",
-                    dir, s.ToString()));
-  meta.bytes = params_file.bytes + states_file.bytes;
+                    dir, all_restored.ToString()));
+  for (const CheckpointStateFile& f : state_files)
+    if (mine(f)) meta.bytes += listed[f.name].bytes;
+  meta.bytes += listed[kParamsFile].bytes;
   // A resume tidies what a crash left under the root, as the save it
   // interrupted would have: directories without a manifest and checkpoints
   // beyond the newest kCheckpointsKept, none newer than the one loaded.
@@ -990,21 +1208,25 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
       c.crc32c = f.at("crc32c").get<std::string>();
       in.files.push_back(std::move(c));
     }
+    ASSIGN_OR_RETURN(in.state_files,
+                     StateFilesOf(
+                         m, in.layout.unpartitioned_elems(), in.sub_group_size,
+                         [&](const std::string& name) -> std::optional<int64_t> {
+                           for (const CheckpointFileCheck& c : in.files)
+                             if (c.name == name) return c.bytes;
+                           return std::nullopt;
+                         },
+                         manifest_path));
   } catch (const std::exception& e) {
     return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
   }
-  for (const auto& [file, bytes] :
-       {std::pair{std::string(kParamsFile), ParamFileBytes(in.layout)},
-        std::pair{std::string(kStatesFile), StateFileBytes(in.layout)}}) {
-    const std::string& name = file;  // Clang 14 (the thread-safety check) cannot capture a binding
-    auto it = std::find_if(in.files.begin(), in.files.end(),
-                           [&](const CheckpointFileCheck& c) { return c.name == name; });
-    if (it == in.files.end())
-      return DataLossError(fmt::format("{}: lists no {}", manifest_path, name));
-    if (it->bytes != bytes)
-      return DataLossError(fmt::format("{}: {} of {} bytes, the layout's is {} bytes",
-                                       manifest_path, name, it->bytes, bytes));
-  }
+  auto it = std::find_if(in.files.begin(), in.files.end(),
+                         [&](const CheckpointFileCheck& c) { return c.name == kParamsFile; });
+  if (it == in.files.end())
+    return DataLossError(fmt::format("{}: lists no {}", manifest_path, kParamsFile));
+  if (it->bytes != ParamFileBytes(in.layout))
+    return DataLossError(fmt::format("{}: {} of {} bytes, the layout's is {} bytes", manifest_path,
+                                     kParamsFile, it->bytes, ParamFileBytes(in.layout)));
   return in;
 }
 
@@ -1079,10 +1301,12 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
         fmt::format("refusing to export checkpoint {}: {}", in.path, in.validity.message()));
   const Layout& l = in.layout;
   const bool fp32 = precision == ExportPrecision::kFp32;
-  const char* source = fp32 ? kStatesFile : kParamsFile;
-  // The bytes to copy, as [begin, end) ranges of the source file in the
-  // flat element order (which is the order of the tensors in the output).
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+  // The bytes to copy, as [begin, end) ranges of each source file, the
+  // files and the ranges in the flat element order (which is the order of
+  // the tensors in the output): params.bin, or the states files.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<std::pair<std::string, Ranges>> sources;
+  Ranges param_ranges;
   Json tensors = Json::object();
   int64_t data = 0;
   auto add_tensor = [&](const ParamRec& p, int64_t file_off) -> Status {
@@ -1094,7 +1318,7 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
     tensors[p.name] = {{"dtype", t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16")},
                        {"shape", Json::array({p.numel})},
                        {"data_offsets", Json::array({data, data + p.numel * es})}};
-    if (p.numel > 0 && !fp32) ranges.emplace_back(file_off, file_off + p.numel * es);
+    if (p.numel > 0 && !fp32) param_ranges.emplace_back(file_off, file_off + p.numel * es);
     data += p.numel * es;
     return Status();
   };
@@ -1105,13 +1329,18 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
           add_tensor(l.param(id), module_file_off + l.param(id).byte_off - me.byte_begin));
     module_file_off += me.bytes();
   }
+  if (!fp32) sources.emplace_back(kParamsFile, std::move(param_ranges));
   if (fp32)  // each sub-group's section starts with its masters; padding (layout.h) left out
-    for (const SubGroup& g : l.groups())
-      for (const Layout::Slice& sl : l.Slices(g.elem_begin, g.elem_end)) {
-        const int64_t at = kOptimizerStateBytesPerElem * g.elem_begin +
-                           kMasterBytesPerElem * (sl.elem_begin - g.elem_begin);
-        ranges.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
-      }
+    for (const CheckpointStateFile& f : in.state_files) {
+      Ranges& r = sources.emplace_back(f.name, Ranges{}).second;
+      for (int64_t s0 = f.elem_begin; s0 < f.elem_end; s0 += f.sub_group_elems)
+        for (const Layout::Slice& sl :
+             l.Slices(s0, std::min(f.elem_end, s0 + f.sub_group_elems))) {
+          const int64_t at = kOptimizerStateBytesPerElem * (s0 - f.elem_begin) +
+                             kMasterBytesPerElem * (sl.elem_begin - s0);
+          r.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
+        }
+    }
   Json header = Json::object();
   header["__metadata__"] = {{"format", "pt"},
                             {"strata_checkpoint", in.path},
@@ -1144,31 +1373,34 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
   RETURN_IF_ERROR(f.Append(len, sizeof(len)));
   RETURN_IF_ERROR(f.Append(h.data(), h.size()));
 
-  // The source file, read once in chunks: checksummed whole, the ranges copied.
-  const std::string src_path = in.path + "/" + source;
-  const auto entry = std::find_if(in.files.begin(), in.files.end(),
-                                  [&](const CheckpointFileCheck& c) { return c.name == source; });
+  // Each source file, read once in chunks: checksummed whole, the ranges copied.
   ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
-  ASSIGN_OR_RETURN(File src, File::Open(src_path, O_RDONLY));
-  uint32_t crc = 0;
-  size_t r = 0;
-  for (int64_t pos = 0; pos < entry->bytes;) {
-    const int64_t n = std::min<int64_t>(entry->bytes - pos, kVerifyChunk);
-    RETURN_IF_ERROR(src.ReadNext(buf.data(), static_cast<size_t>(n)));
-    crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
-    for (; r < ranges.size() && ranges[r].first < pos + n; ++r) {
-      const int64_t b = std::max(ranges[r].first, pos), e = std::min(ranges[r].second, pos + n);
-      if (e > b)
-        RETURN_IF_ERROR(f.Append(buf.as<uint8_t>() + (b - pos), static_cast<size_t>(e - b)));
-      if (ranges[r].second > pos + n) break;  // continues in the next chunk
+  for (const auto& [source, ranges] : sources) {
+    const std::string src_path = in.path + "/" + source;
+    const std::string& name = source;  // Clang 14 (the thread-safety check) cannot capture a binding
+    const auto entry = std::find_if(in.files.begin(), in.files.end(),
+                                    [&](const CheckpointFileCheck& c) { return c.name == name; });
+    ASSIGN_OR_RETURN(File src, File::Open(src_path, O_RDONLY));
+    uint32_t crc = 0;
+    size_t r = 0;
+    for (int64_t pos = 0; pos < entry->bytes;) {
+      const int64_t n = std::min<int64_t>(entry->bytes - pos, kVerifyChunk);
+      RETURN_IF_ERROR(src.ReadNext(buf.data(), static_cast<size_t>(n)));
+      crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+      for (; r < ranges.size() && ranges[r].first < pos + n; ++r) {
+        const int64_t b = std::max(ranges[r].first, pos), e = std::min(ranges[r].second, pos + n);
+        if (e > b)
+          RETURN_IF_ERROR(f.Append(buf.as<uint8_t>() + (b - pos), static_cast<size_t>(e - b)));
+        if (ranges[r].second > pos + n) break;  // continues in the next chunk
+      }
+      pos += n;
     }
-    pos += n;
+    if (Hex32(crc) != entry->crc32c)
+      return DataLossError(
+          fmt::format("checkpoint file {}: changed while exporting (crc32c {}, the "
+                      "manifest's {})",
+                      src_path, Hex32(crc), entry->crc32c));
   }
-  if (Hex32(crc) != entry->crc32c)
-    return DataLossError(
-        fmt::format("checkpoint file {}: changed while exporting (crc32c {}, the "
-                    "manifest's {})",
-                    src_path, Hex32(crc), entry->crc32c));
   RETURN_IF_ERROR(f.Sync());
   RETURN_IF_ERROR(f.Close());
   if (::rename(tmp.c_str(), out.c_str()) != 0)

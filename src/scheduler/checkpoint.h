@@ -5,19 +5,30 @@
 //
 //   <root>/ckpt-00000007/params.bin     every module's parameter bytes, in
 //                                       module order (module(m).bytes() each)
-//   <root>/ckpt-00000007/states.bin     every sub-group's fp32 states, in
-//                                       order: master | exp_avg | exp_avg_sq
-//                                       (12 x elems bytes each)
+//   <root>/ckpt-00000007/states.bin     the fp32 states of the element space,
+//                                       sub-group by sub-group: master |
+//                                       exp_avg | exp_avg_sq (12 x elems
+//                                       bytes each)
 //   <root>/ckpt-00000007/MANIFEST.json  what makes the directory a checkpoint
+//
+// Saved by several data-parallel ranks, the states are one file per rank
+// instead of states.bin: states-rank-<k>.bin, rank k's partition of the
+// element space (Layout::OwnedElems) cut into its sub-groups. The manifest's
+// "states" list names each states file with the elements it covers and the
+// size of its sub-groups (the last of a file may be shorter), so a reader
+// finds any element's states whatever the number of ranks that wrote them:
+// a checkpoint saved by N ranks loads at M ranks, each rank reading the
+// files that overlap its own partition.
 //
 // The manifest holds the format version, the sequence number, the optimizer
 // step, the loss scaler's state, the caller's data position and note, the
 // run id (CheckpointMeta::run_id), the whole effective config (ConfigToJson;
 // compared key by key on load but CheckpointFreeKeys()), the layout's
-// (parameter names, numels, dtypes, modules, sub-group count, and its hash),
-// per data file its size and CRC-32C, and last
-// manifest_crc32c: the CRC-32C of the manifest's own content (its compact
-// JSON without that key), so that an edited manifest is refused.
+// (parameter names, numels, dtypes, modules, the one-rank element and
+// sub-group counts, and its hash), the states files, per data file its size
+// and CRC-32C, and last manifest_crc32c: the CRC-32C of the manifest's own
+// content (its compact JSON without that key), so that an edited manifest is
+// refused.
 //
 // Writing (WriteCheckpoint): a new directory ckpt-<N> (N = 1 + the highest
 // present); the data files are written, fsync'd, and the directory fsync'd;
@@ -26,7 +37,12 @@
 // with a MANIFEST.json is a checkpoint, so a crash at any point leaves the
 // previous one as the newest. Then the run's checkpoints older than its last
 // two, and directories left by interrupted saves, are removed (manifest
-// first); another run's checkpoints are never removed.
+// first); another run's checkpoints are never removed. With several ranks
+// (CheckpointRanks), rank 0 locks the root, makes the directory and writes
+// params.bin (the parameters are replicated); every rank writes and fsyncs
+// its states file; rank 0 writes the manifest after every rank reported its
+// file durable, and every rank returns the same status. The root must be on
+// a filesystem every rank sees.
 //
 // The format does not depend on the placement: states and parameters are
 // copied out of wherever they live (HBM, DRAM, or the active NVMe versions,
@@ -41,7 +57,9 @@
 // files are read a second time, checksummed again). A refusal leaves the
 // engine's states untouched. Loaded from a root, it then removes what an
 // interrupted save left there (a directory without a manifest, a third
-// checkpoint), as that save would have.
+// checkpoint), as that save would have. With several ranks, rank 0 picks the
+// checkpoint (and holds the lock); each rank verifies params.bin and the
+// states files it reads, and restores only after every rank verified.
 //
 // The points of a save (CheckpointMeta::at_point, for crash tests): "data"
 // after the data files are durable, "manifest_tmp" after the temporary
@@ -70,11 +88,15 @@ namespace strata::scheduler {
 inline constexpr char kCheckpointManifest[] = "MANIFEST.json";
 // The lock file of a root (see CheckpointDirLock); it stays after the run.
 inline constexpr char kCheckpointLockFile[] = "LOCK";
-// Version 3: each tensor's states start on a multiple of kElemAlign elements
-// (layout.h). Version 2 laid them out densely; a version-2 checkpoint loads
-// when no tensor needed padding (the two layouts are then the same) and is
-// refused, naming the version and the tensor, otherwise.
-inline constexpr int kCheckpointFormatVersion = 3;
+// Version 4: the manifest lists the states files and the elements each
+// covers (one per rank that saved). Version 3 had one states.bin over the
+// one-rank element space, which is how version 4 reads it. Version 3 starts
+// each tensor's states on a multiple of kElemAlign elements (layout.h);
+// version 2 laid them out densely, and loads when no tensor needed padding
+// (the two layouts are then the same) and is refused, naming the version and
+// the tensor, otherwise.
+inline constexpr int kCheckpointFormatVersion = 4;
+inline constexpr int kSingleStatesFileVersion = 3;
 inline constexpr int kDenseLayoutCheckpointVersion = 2;
 // Checkpoints kept after a successful save (the new one included).
 inline constexpr int kCheckpointsKept = 2;
@@ -101,6 +123,25 @@ struct CheckpointMeta {
   std::shared_ptr<CheckpointDirLock> lock;
   // Writing: called at each point of the save named in the file comment.
   std::function<void(std::string_view point)> at_point;
+};
+
+// The data-parallel ranks saving or loading a checkpoint together. Every
+// rank calls WriteCheckpoint / ReadCheckpoint with the same root; their
+// collective is an all-gather of bytes.
+struct CheckpointRanks {
+  int rank = 0;
+  int world = 1;
+  // Every rank's bytes in rank order (`mine` from this rank).
+  std::function<StatusOr<std::vector<std::string>>(const std::string& mine)> all_gather;
+};
+
+// One states file: the fp32 states of elements [elem_begin, elem_end) as
+// sub-groups of sub_group_elems elements cut from elem_begin (the last may
+// be shorter), each master | exp_avg | exp_avg_sq.
+struct CheckpointStateFile {
+  std::string name;
+  int64_t elem_begin = 0, elem_end = 0;
+  int64_t sub_group_elems = 1;
 };
 
 // The config keys (ConfigToJson paths; an entry covers the keys below it)
@@ -182,8 +223,12 @@ StatusOr<int> RemoveAllCheckpoints(const std::string& root);
 // another run, naming them: it never removes another run's checkpoints.
 // IOError etc. name the file, offset and errno; an error leaves the previous
 // checkpoints as they were.
+// `ranks`: null for one rank; else this rank's place among the ranks
+// saving together (the store holds this rank's partition), and every rank
+// returns the same status (an error names the rank it happened on).
 Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
-                       StateStore* store, CheckpointMeta* meta);
+                       StateStore* store, CheckpointMeta* meta,
+                       const CheckpointRanks* ranks = nullptr);
 
 // Verifies and restores the newest checkpoint under `root` into `store`.
 // Loading from a root locks it (as Write; a root where the lock file cannot
@@ -192,9 +237,12 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
 // layout (the message names the first difference). DataLoss: a file missing,
 // truncated or failing its checksum (named, with both checksums).
 // `groups`: the engine's optimizer parameter groups (CheckpointMeta::param_groups).
+// `ranks`: as for WriteCheckpoint; the checkpoint may have been saved by any
+// number of ranks.
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
                                         const Layout& layout, StateStore* store,
-                                        std::span<const ParamGroupSpec> groups = {});
+                                        std::span<const ParamGroupSpec> groups = {},
+                                        const CheckpointRanks* ranks = nullptr);
 
 // The newest checkpoint directory under root ("" when there is none), or
 // root itself when it holds a manifest.
@@ -230,6 +278,8 @@ struct CheckpointInspection {
   // and offsets rebuilt from the manifest's parameter list and sub_group_size).
   Layout layout;
   std::vector<CheckpointFileCheck> files;
+  // The states files, in element order (covering the layout's elements).
+  std::vector<CheckpointStateFile> state_files;
   // OK, or DataLoss naming the file and what is wrong (size or CRC-32C).
   Status validity;
   // Newer complete checkpoints under the root that failed verification:
@@ -246,8 +296,8 @@ struct CheckpointInspection {
 // version. A file that fails its check is not an error here: see validity.
 StatusOr<CheckpointInspection> InspectCheckpoint(const std::string& dir, bool verify = true);
 
-// What ExportCheckpoint writes per parameter: the fp32 masters (from
-// states.bin) or the working-precision bytes (from params.bin).
+// What ExportCheckpoint writes per parameter: the fp32 masters (from the
+// states files, every rank's) or the working-precision bytes (from params.bin).
 enum class ExportPrecision { kFp32, kTrain };
 
 struct CheckpointExportResult {

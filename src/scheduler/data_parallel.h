@@ -122,15 +122,17 @@ class DataParallel {
   enum class Scalars { kSum, kMean, kMax };
   Status ReduceScalars(std::span<double> values, Scalars op);
 
+  // Every rank's bytes in rank order (`mine` from this rank; any lengths),
+  // chunked through staging. A collective.
+  StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine);
+
   // The counters since the last call, then reset.
   CommCounters TakeCounters();
 
  private:
   DataParallel(gpu::Device* device, std::unique_ptr<gpu::Communicator> comm,
                std::unique_ptr<gpu::Stream> stream, int stage);
-  // Every rank's bytes (`mine` from this rank), chunked through staging.
-  StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine);
-  // The same for doubles.
+  // Every rank's doubles, as AllGatherBytes.
   StatusOr<std::vector<std::vector<double>>> AllGatherDoubles(std::span<const double> mine);
   Status Sync(const char* what);
 

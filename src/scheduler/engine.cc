@@ -159,8 +159,9 @@ class EngineImpl final : public Engine {
   // refuses what it does not support yet, naming the key, and gives each rank
   // its own directory under every nvme_path (rank-<k>). Before the device.
   Status PrepareDataParallel(const gpu::CommOptions& comm);
-  // NotSupported for `call` with several ranks.
-  Status SingleRankOnly(const char* call) const;
+  // Several ranks: this rank's place and the ranks' all-gather, for
+  // checkpoints (null with one rank).
+  std::unique_ptr<scheduler::CheckpointRanks> CheckpointRanks() const;
   // Several ranks: this rank's NUMA node and threads for the CPU optimizer
   // (cpu_adam::ShareOfLocalRank), logged once.
   void RankCpuShare(cpu_adam::Options* aopts) const;
@@ -365,11 +366,14 @@ void EngineImpl::RankCpuShare(cpu_adam::Options* aopts) const {
                   share.why, aopts->threads, cfg_.strata.threads == 0 ? "" : " (strata.threads)");
 }
 
-Status EngineImpl::SingleRankOnly(const char* call) const {
-  if (!dp_) return Status();
-  return NotSupportedError(
-      fmt::format("{} with {} ranks: checkpoints of partitioned states are not supported yet", call,
-                  dp_->world_size()));
+std::unique_ptr<scheduler::CheckpointRanks> EngineImpl::CheckpointRanks() const {
+  if (!dp_) return nullptr;
+  auto r = std::make_unique<scheduler::CheckpointRanks>();
+  r->rank = dp_->rank();
+  r->world = dp_->world_size();
+  scheduler::DataParallel* dp = dp_.get();
+  r->all_gather = [dp](const std::string& mine) { return dp->AllGatherBytes(mine); };
+  return r;
 }
 
 StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
@@ -746,7 +750,6 @@ Status EngineImpl::BetweenWindows(const std::string& call, std::string_view advi
 }
 
 Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& info) {
-  RETURN_IF_ERROR(SingleRankOnly("SaveCheckpoint"));
   RETURN_IF_ERROR(Plan());
   RETURN_IF_ERROR(BetweenWindows("SaveCheckpoint", "save after the Step() that ends the window"));
   RETURN_IF_ERROR(backend_->Join());
@@ -759,7 +762,8 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& 
   meta.at_point = hooks_.checkpoint_point;
   meta.run_id = info.run_id.empty() ? run_id_ : info.run_id;
   meta.param_groups = groups_;
-  Status s = scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta);
+  const auto ranks = CheckpointRanks();
+  Status s = scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta, ranks.get());
   HoldCheckpointLock(std::move(meta.lock));
   if (!s.ok()) return s.WithContext("SaveCheckpoint " + dir);
   run_id_ = meta.run_id;
@@ -767,7 +771,6 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& 
 }
 
 Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) {
-  RETURN_IF_ERROR(SingleRankOnly("LoadCheckpoint"));
   RETURN_IF_ERROR(Plan());
   if (fetcher_->any_grad())
     return FailedPreconditionError(
@@ -777,7 +780,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
   if (!fs.ok()) STRATA_LOG_WARN("LoadCheckpoint: the step in flight failed: {}", fs.ToString());
   RETURN_IF_ERROR(dev_->Synchronize());
   StatusOr<scheduler::CheckpointMeta> meta =
-      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_);
+      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_, CheckpointRanks().get());
   // Device copies of parameters are stale once anything was restored.
   RETURN_IF_ERROR(fetcher_->InvalidateAll());
   if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);

@@ -45,6 +45,7 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
   }
   l.total_param_bytes_ = IoBytes(byte);
   const int64_t sg = std::max<int64_t>(1, options.sub_group_size);
+  l.sub_group_size_ = sg;
   l.world_size_ = std::max(1, options.world_size);
   if (l.world_size_ == 1) {
     l.total_elems_ = elem;

@@ -167,6 +167,18 @@ class Layout {
   // the next tensor's first byte (total_param_bytes() after the last).
   int64_t ByteOfElem(int64_t e) const;
 
+  // The element space of the same parameters on one rank, and its sub-group
+  // count: what a checkpoint records, whatever the number of ranks that
+  // wrote it (the parameters' offsets do not depend on it; only the tail
+  // padding and the cuts of the sub-groups do).
+  int64_t unpartitioned_elems() const {
+    return modules_.empty() ? 0 : modules_.back().elem_end;
+  }
+  int64_t unpartitioned_groups() const {
+    return (unpartitioned_elems() + sub_group_size_ - 1) / sub_group_size_;
+  }
+  int64_t sub_group_size() const { return sub_group_size_; }
+
   // The element space's extent: the length of every per-element state array
   // (parameters plus alignment padding).
   int64_t total_elems() const { return total_elems_; }
@@ -208,6 +220,7 @@ class Layout {
   int64_t max_group_elems_ = 0;
   int64_t grad_staging_bytes_ = 0;
   int world_size_ = 1;
+  int64_t sub_group_size_ = 1;
   int64_t partition_elems_ = 0;
   int64_t groups_per_rank_ = 0;
 };

@@ -9,7 +9,8 @@ does its own collectives (the default group only hands it a rendezvous
 directory). The mean losses over the ranks and the final fp32 parameters
 must agree, and every rank's strata parameters must be the same bits. The
 model is the GPT, or torch's own nn.TransformerEncoder (test_torch_frontend's
-Encoder).
+Encoder). The ranks' checkpoint then loads on one rank with the parameters
+they saved.
 """
 
 import copy
@@ -64,6 +65,13 @@ def run_ranks(world, args, tmp_path, timeout=300):
     return results
 
 
+def digest_of(sd):
+    digest = hashlib.sha256()
+    for k in sorted(sd):
+        digest.update(sd[k].numpy().tobytes())
+    return digest.hexdigest()
+
+
 def worker(make, opt, par, stage, out_dir):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -116,12 +124,12 @@ def worker(make, opt, par, stage, out_dir):
     sd = engine.state_dict()  # a collective: every rank asks
     ref_sd = ref.state_dict()
     worst = max(((sd[k] - ref_sd[k]).abs().max().item() for k in sd), default=0.0)
-    digest = hashlib.sha256()
-    for k in sorted(sd):
-        digest.update(sd[k].numpy().tobytes())
+    # A collective too: rank 0 writes the parameters and the manifest, each
+    # rank its partition of the states.
+    engine.save_checkpoint(os.path.join(out_dir, "ckpt"), data_position=STEPS)
     engine.close()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump({"got": got, "want": want, "worst": worst, "digest": digest.hexdigest(),
+        json.dump({"got": got, "want": want, "worst": worst, "digest": digest_of(sd),
                    "world_size": stats.get("world_size"),
                    "comm_reduced_bytes": stats.get("comm_reduced_bytes", 0)}, f)
     dist.destroy_process_group()
@@ -144,6 +152,18 @@ def test_two_ranks_match_distributed_data_parallel(make, opt, par, stage, tmp_pa
         # two summation orders share, so the encoder's parameters are not
         # compared.)
         assert r0["worst"] < 1e-4, f"parameters differ from DDP's by up to {r0['worst']}"
+    # The two ranks' checkpoint loads on one rank accumulating both
+    # micro-batches (the same global batch): the parameters they saved.
+    import strata
+    model = {"gpt": GPT, "encoder": Encoder}[make]()
+    cfg = config(opt, par, tmp_path / "nvme", gas=2, clip=0.5)
+    cfg["zero_optimization"]["stage"] = stage
+    cfg["train_batch_size"] = BATCH * 2
+    engine = strata.initialize(model, cfg)
+    info = engine.load_checkpoint(tmp_path / "ckpt")
+    assert info["optimizer_step"] == STEPS and info["data_position"] == STEPS
+    assert digest_of(engine.state_dict()) == r0["digest"], "not the parameters two ranks saved"
+    engine.close()
 
 
 if __name__ == "__main__":

@@ -311,7 +311,10 @@ TEST(CheckpointTest, EveryConfigKeyIsComparedButTheFreeOnes) {
   // The arithmetic the issue named: seed, seq_len, micro-batch.
   EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seed"));
   EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seq_len"));
-  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("train_micro_batch_size_per_gpu"));
+  // The global batch is compared; its split over ranks, micro-batches and
+  // accumulation may change (a checkpoint loads at another number of ranks).
+  EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("train_batch_size"));
+  EXPECT_TRUE(scheduler::CheckpointKeyMayDiffer("train_micro_batch_size_per_gpu"));
   EXPECT_TRUE(scheduler::CheckpointKeyMayDiffer("zero_optimization.offload_param.nvme_path[0]"));
   EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("zero_optimization.offload_parameters"));
 }
@@ -332,7 +335,7 @@ TEST(CheckpointTest, ConfigDifferencesThroughTheEngine) {
   mb.train_micro_batch_size_per_gpu = 2;
   mb.train_batch_size = 4;
   s = NewEngine(mb, 9)->LoadCheckpoint(root, nullptr);
-  EXPECT_THAT(s.ToString(), HasSubstr("train_micro_batch_size_per_gpu"));
+  EXPECT_THAT(s.ToString(), HasSubstr("train_batch_size: 2 in the checkpoint, 4 now"));
   Config free = c;
   free.strata.threads = 1;
   free.strata.hbm_budget_bytes *= 2;
@@ -453,7 +456,43 @@ TEST(CheckpointTest, AManifestOfFormatOneIsRefusedSayingWhy) {
       << R"({"format": "strata-checkpoint", "version": 1, "sequence": 1})";
   Status s = NewEngine(c, 9)->LoadCheckpoint(root, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
-  EXPECT_THAT(s.ToString(), HasSubstr("format version 1, this build reads version 3 only"));
+  EXPECT_THAT(s.ToString(), HasSubstr("format version 1, this build reads versions 2 to 4"));
+}
+
+// Version 3 had one states.bin and no list of states files: such a
+// manifest loads the same values as the version-4 one.
+TEST(CheckpointTest, AVersionThreeCheckpointLoads) {
+  testing::ScratchDir dir;
+  const Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+  const std::string root = dir.str() + "/ckpt";
+  SavedEngine(c, root);
+  auto a = NewEngine(c, 9);
+  ASSERT_TRUE(a->LoadCheckpoint(root, nullptr).ok());  // as saved (version 4)
+  const auto loaded = testing::ReadAll(*a);
+  a.reset();  // drops the root's lock
+  const std::string manifest = root + "/ckpt-00000001/MANIFEST.json";
+  std::string text;
+  {
+    std::ifstream f(manifest);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  nlohmann::ordered_json m = nlohmann::ordered_json::parse(text);
+  ASSERT_EQ(m.at("states").size(), 1u);
+  EXPECT_EQ(m.at("states")[0].at("file"), "states.bin");
+  m["version"] = scheduler::kSingleStatesFileVersion;
+  m.erase("states");
+  m.erase("ranks");
+  m.erase("manifest_crc32c");
+  const std::string content = m.dump();
+  m["manifest_crc32c"] = fmt::format("{:08x}", Crc32c(content.data(), content.size()));
+  std::ofstream(manifest) << m.dump();
+  auto b = NewEngine(c, 9);
+  ASSERT_TRUE(b->LoadCheckpoint(root, nullptr).ok());
+  EXPECT_TRUE(testing::BitwiseEqual(loaded, testing::ReadAll(*b)));
+  auto in = scheduler::InspectCheckpoint(root, /*verify=*/true);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_TRUE(in->validity.ok()) << in->validity;
+  EXPECT_EQ(in->version, scheduler::kSingleStatesFileVersion);
 }
 
 // Version 2 laid the optimizer states out densely; this build starts each
@@ -482,7 +521,7 @@ TEST(CheckpointTest, ADenseVersionTwoCheckpointWhoseTensorsMoveIsRefused) {
   Status s = NewEngine(c, 9)->LoadCheckpoint(root, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
   EXPECT_THAT(s.ToString(), HasSubstr("format version 2 stores the optimizer states densely"));
-  EXPECT_THAT(s.ToString(), HasSubstr("this build reads version 3"));
+  EXPECT_THAT(s.ToString(), HasSubstr("this build reads version 4"));
   // m0: 300 + 20, m1.weight: 397 elements; m1.bias would start at 720.
   EXPECT_THAT(s.ToString(), HasSubstr("tensor m1.bias would move (the tensors before it hold 717"));
   auto in = scheduler::InspectCheckpoint(root + "/ckpt-00000001", /*verify=*/false);

@@ -12,11 +12,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "src/scheduler/checkpoint.h"
 #include "tests/multi_rank.h"
 #include "tests/scheduler/toy_engine_model.h"
 #include "tests/test_util.h"
@@ -165,10 +168,6 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
                  st->comm_gathered_bytes);
     norm = st->grad_norm;
   }
-  if (data_parallel) {
-    const Status cs = eng.SaveCheckpoint(e.dir + "/ckpt", {});
-    RANK_CHECK(cs.code() == StatusCode::kNotSupported, "SaveCheckpoint: {}", cs.ToString());
-  }
   WriteResult(out, eng, norm, s.extra);
 }
 
@@ -262,6 +261,133 @@ INSTANTIATE_TEST_SUITE_P(Placements, DataParallelPlacementTest,
                                                          std::get<1>(info.param)) +
                                   "_stage" + std::to_string(std::get<2>(info.param));
                          });
+
+// ---- Checkpoints across world sizes -------------------------------------------
+
+// A run with a global batch of `global` micro-batches a step: rank r of W
+// trains micro-batches step * global + r * (global / W) + k, k < global / W,
+// each gradient scaled by W / global, so that every world size applies the
+// mean gradient of the same global batch.
+struct GlobalRun {
+  Shape shape;
+  int global = 2;
+  int from = 0, to = 3;  // steps
+  std::string load;      // a checkpoint to load first
+  std::string save;      // where to save after step save_after
+  int save_after = -1;
+};
+
+// Trains `run` as rank e.rank of e.world; writes the parameters after the
+// load (<out>.loaded), at the save (<out>.saved) and at the end (<out>).
+void TrainGlobal(const RankEnv& e, const GlobalRun& run, const std::string& out) {
+  SetRankEnv(e, e.world > 1);
+  const int W = e.world, gas = run.global / W;
+  const std::string nvme = fmt::format("{}/nvme-{}", e.dir, W);
+  std::filesystem::create_directories(nvme);
+  auto engine = Engine::Create(ShapeConfig(run.shape, nvme, gas));
+  RANK_OK(engine.status());
+  Engine& eng = **engine;
+  testing::RegisterToy(eng, 17, kModules);
+  if (!run.load.empty()) {
+    CheckpointInfo info;
+    RANK_OK(eng.LoadCheckpoint(run.load, &info));
+    RANK_CHECK(info.optimizer_step == run.from && info.data_position == run.from,
+               "loaded step {}, data position {}", info.optimizer_step, info.data_position);
+    WriteResult(out + ".loaded", eng, 0, 0);
+  }
+  for (int step = run.from; step < run.to; ++step) {
+    for (int k = 0; k < gas; ++k) {
+      MicroBatch(eng, step * run.global + e.rank * gas + k,
+                 static_cast<float>(W) / static_cast<float>(run.global));
+      if (k + 1 < gas) RANK_OK(eng.Step().status());
+    }
+    auto st = eng.Step();
+    RANK_OK(st.status());
+    RANK_CHECK(st->applied, "step {} not applied", step);
+    if (step + 1 == run.save_after) {
+      CheckpointInfo info;
+      info.data_position = step + 1;
+      RANK_OK(eng.SaveCheckpoint(run.save, info));
+      WriteResult(out + ".saved", eng, 0, 0);
+    }
+  }
+  WriteResult(out, eng, 0, 0);
+}
+
+// Saves at `before` ranks after step 2 of 3, loads at `after` ranks and
+// trains step 3: the loaded parameters are the saved ones bit for bit, and
+// the last step's are the uninterrupted run's within `rel` (0: bitwise).
+void ExpectResumedAtAnotherWorldSize(const Shape& s, int global, int before, int after,
+                                     double rel) {
+  testing::ScratchDir keep("strata-dp-reshard");
+  const std::string results = keep.str(), ckpt = results + "/ckpt";
+  GlobalRun first;
+  first.shape = s;
+  first.global = global;
+  first.save = ckpt;
+  first.save_after = 2;
+  testing::ExpectAllExitedZero(RunRanks(before, [&](const RankEnv& e) {
+    TrainGlobal(e, first, fmt::format("{}/first-{}", results, e.rank));
+  }));
+  GlobalRun second = first;
+  second.save.clear();
+  second.load = ckpt;
+  second.from = 2;
+  testing::ExpectAllExitedZero(RunRanks(after, [&](const RankEnv& e) {
+    TrainGlobal(e, second, fmt::format("{}/second-{}", results, e.rank));
+  }));
+  // One states file per rank that saved, named in the manifest.
+  const std::string dir = scheduler::LatestCheckpoint(ckpt);
+  for (int r = 0; r < before; ++r)
+    EXPECT_TRUE(std::filesystem::exists(
+        before == 1 ? dir + "/states.bin" : fmt::format("{}/states-rank-{:05d}.bin", dir, r)))
+        << dir << ": rank " << r << "'s states";
+  const Result saved = ReadResult(results + "/first-0.saved", 0);
+  const Result uninterrupted = ReadResult(results + "/first-0", 0);
+  for (int r = 0; r < after; ++r) {
+    const Result loaded = ReadResult(fmt::format("{}/second-{}.loaded", results, r), 0);
+    EXPECT_EQ(0, std::memcmp(loaded.params.data(), saved.params.data(), saved.params.size() * 4))
+        << "rank " << r << " of " << after << ": " << Mismatches(loaded.params, saved.params, 0)
+        << " parameters differ from those saved by " << before << " rank(s)";
+    const Result resumed = ReadResult(fmt::format("{}/second-{}", results, r), 0);
+    EXPECT_EQ(0u, Mismatches(resumed.params, uninterrupted.params, rel))
+        << "rank " << r << " of " << after << " resumed from " << before << " rank(s)";
+  }
+  // The consolidated export (strata checkpoint export) holds the saved
+  // masters, in element order after its header.
+  const std::string out = results + "/export.safetensors";
+  auto exported = scheduler::ExportCheckpoint(ckpt, out, scheduler::ExportPrecision::kFp32);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  std::ifstream f(out, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t n = saved.params.size() * 4;
+  ASSERT_GE(bytes.size(), n);
+  EXPECT_EQ(0, std::memcmp(bytes.data() + bytes.size() - n, saved.params.data(), n))
+      << "the export of a checkpoint saved by " << before << " rank(s)";
+}
+
+// Two ranks × one micro-batch and one rank × two micro-batches apply the
+// same bits (see TwoRanksGiveTheBitsOfOneRankAccumulatingBoth).
+TEST(DataParallelCheckpointTest, SavedByTwoRanksResumesOnOneBitwise) {
+  Shape s;  // cpu/none, stage 2
+  ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
+}
+
+TEST(DataParallelCheckpointTest, SavedByOneRankResumesOnTwoBitwise) {
+  Shape s;
+  s.par = OffloadDevice::kCpu;
+  s.stage = 3;
+  ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
+}
+
+// Four ranks add four gradients in the collective's order, two ranks two
+// sums of two: the last step agrees within rounding.
+TEST(DataParallelCheckpointTest, SavedByTwoRanksResumesOnFourWithStatesOnNvme) {
+  Shape s;
+  s.opt = OffloadDevice::kNvme;
+  s.stage = 1;
+  ExpectResumedAtAnotherWorldSize(s, 4, 2, 4, 1e-6);
+}
 
 // ---- Four ranks, global clipping: within rounding, and repeatable ------------
 

@@ -337,7 +337,7 @@ TEST(CheckpointCli, InfoAndExportReadACheckpointWithoutAnEngine) {
   EXPECT_EQ(info["valid"], true);
   EXPECT_EQ(info["optimizer_step"], 2);
   EXPECT_EQ(info["run_id"], run_id);
-  EXPECT_EQ(info["format_version"], 3);  // tensors on 4-element boundaries (layout.h)
+  EXPECT_EQ(info["format_version"], 4);  // a list of states files (one per saving rank)
   EXPECT_EQ(info["model_dtype"], "bf16");
   EXPECT_EQ(info["optimizer"]["lr"], 3e-3);
   EXPECT_GT(info["parameters"].get<int>(), 0);

@@ -648,6 +648,38 @@ TEST(TrainCli, TwoLocalRanksTrainAsOneRankAccumulatingTheirBatches) {
   }
 }
 
+// A checkpoint saved by two ranks resumes on one rank accumulating both
+// micro-batches (the same global batch), and one saved by one rank resumes
+// on two: the losses are those of the run that was not interrupted.
+TEST(TrainCli, CheckpointsResumeAtAnotherNumberOfRanks) {
+  testing::ScratchDir dir;
+  const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const std::string one = DataParallelConfig(dir.str(), "one.json", 2, 1, zero);
+  const std::string two = DataParallelConfig(dir.str(), "two.json", 1, 2, zero);
+  const RunResult whole = Strata("train --config " + one + " --steps 4 --json", dir.str());
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  const json ref = json::parse(whole.out);
+  struct Case {
+    std::string first, second;
+  } cases[] = {{two + " --nproc-per-node 2", one}, {one, two + " --nproc-per-node 2"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.first + " then " + c.second);
+    const std::string ckpt = dir.str() + "/ckpt-" + std::to_string(&c - cases);
+    const RunResult a = Strata(
+        "train --config " + c.first + " --steps 2 --json --checkpoint-dir " + ckpt, dir.str());
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    const RunResult b = Strata(
+        "train --config " + c.second + " --steps 4 --json --resume --checkpoint-dir " + ckpt,
+        dir.str());
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    const json r = json::parse(b.out);
+    EXPECT_EQ(r["resumed_from_step"], 2);
+    ASSERT_EQ(r["losses"].size(), 4u);
+    for (size_t i = 0; i < 4; ++i)
+      EXPECT_EQ(r["losses"][i].get<double>(), ref["losses"][i].get<double>()) << "step " << i + 1;
+  }
+}
+
 // SIGINT to the launcher reaches every rank: all stop, exit 130, and their
 // swap files (each under nvme_path/rank-<k>) are gone.
 TEST(TrainCli, SigintToTheLauncherStopsEveryRank) {
