@@ -307,9 +307,6 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
         "all of them (offload_param {}); optimizer states and gradients are partitioned as with "
         "stage 2",
         ranks, OffloadDeviceName(param_place()));
-  if (param_place() == OffloadDevice::kNvme)
-    return NotSupportedError(fmt::format(
-        "zero_optimization.offload_param.device: nvme {}: not supported yet (none or cpu)", ranks));
   if (cfg_.strata.delayed_param_update)
     return NotSupportedError(
         fmt::format("strata.delayed_param_update: true {}: not supported yet", ranks));

@@ -235,7 +235,7 @@ Status HostOptimizer::Poll() {
 Status HostOptimizer::Join() {
   if (!inflight_) return Status();
   std::unique_ptr<InFlight> job = std::move(inflight_);
-  const StepOutcome outcome = job->run->Join();
+  StepOutcome outcome = job->run->Join();
   const StepParams& p = job->run->params();
   const Status& s = outcome.status;
   if (s.ok() || outcome.advanced) {
@@ -249,6 +249,14 @@ Status HostOptimizer::Join() {
             "step {}: this rank's optimizer states have moved to the new step but the other "
             "ranks' parameters did not arrive; the ranks disagree and the run cannot continue",
             p.step));
+      // offload_param nvme: each rank writes every gathered module to its NVMe.
+      if (cs.ok() && store_->param_place() == OffloadDevice::kNvme)
+        cs = store_->WriteAllModules(&outcome)
+                 .WithContext(fmt::format(
+                     "step {}: the optimizer states have moved to the new step, but this rank's "
+                     "parameters on NVMe stay those of step {} in the modules named; the ranks "
+                     "disagree and the run cannot continue",
+                     p.step, p.step - 1));
     }
     if (cs.ok()) cs = store_->Commit(outcome, job->uploaded);
     if (!s.ok()) DiscardWindow();

@@ -367,7 +367,7 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Launch(const StepDeps& d
                                                                StateReadAhead* read_ahead) {
   std::unique_ptr<OptimizerStep> step(new OptimizerStep(deps, params));
   if (read_ahead != nullptr) step->read_ahead_ = std::move(*read_ahead);
-  if (deps.store->param_place() == OffloadDevice::kNvme) {
+  if (deps.store->param_place() == OffloadDevice::kNvme && deps.store->next_params() == nullptr) {
     const auto n = static_cast<size_t>(deps.layout->num_modules());
     step->written_ = std::make_unique<std::atomic<bool>[]>(n);
     for (size_t m = 0; m < n; ++m) step->written_[m].store(false, std::memory_order_relaxed);

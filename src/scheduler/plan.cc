@@ -257,10 +257,12 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   // uploads them, cpu fetches from them, nvme fetches from them while the
   // step overlaps the forward pass), with the array they swap with at
   // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
-  // offload_param nvme: none (the write-back buffers above).
+  // offload_param nvme: none (the write-back buffers above), but with
+  // several ranks: the ranks gather the updated parameters into one array,
+  // then each writes every module to its NVMe.
   const bool swaps = pl.params == OffloadDevice::kCpu ||
                      (pl.params == OffloadDevice::kNone && pl.overlap_optimizer);
-  const bool copies_all = pl.params != OffloadDevice::kNvme;
+  const bool copies_all = pl.params != OffloadDevice::kNvme || pl.world_size > 1;
   plan.param_copy_bytes = copies_all ? (swaps ? 2 : 1) * s.total_param_bytes : 0;
   const int64_t pinned_left =
       facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;

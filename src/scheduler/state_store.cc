@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "src/common/dtype.h"
 #include "src/common/log.h"
@@ -79,8 +80,9 @@ Status StateStore::Open(
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
   Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
   grads_on_nvme_ = plan.grads_on_nvme;
-  // offload_param nvme: updated parameters go through write-back buffers.
-  if (placement_.params != OffloadDevice::kNvme)
+  // offload_param nvme: updated parameters go through write-back buffers;
+  // with several ranks they are gathered first (WriteAllModules).
+  if (placement_.params != OffloadDevice::kNvme || layout_->world_size() > 1)
     RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
 
   switch (placement_.optimizer) {
@@ -336,6 +338,44 @@ nvme::IoHandle StateStore::WriteModule(int m, const void* buf) {
   const ModuleExtent& me = layout_->module(m);
   return swap_->Write(ModuleShard(m, 1 - module_version_[static_cast<size_t>(m)]), 0, buf,
                       static_cast<size_t>(IoBytes(me.bytes())));
+}
+
+Status StateStore::WriteAllModules(StepOutcome* outcome) {
+  struct Pending {
+    int module;
+    gpu::PinnedBuffer buf;
+    nvme::IoHandle write;
+  };
+  std::deque<Pending> pending;
+  Status first;
+  auto land = [&] {
+    Pending& p = pending.front();
+    Status s = p.write.Wait();
+    if (s.ok()) {
+      outcome->param_written.push_back(p.module);
+    } else {
+      outcome->param_write_failed.push_back(p.module);
+      if (first.ok()) first = s.WithContext(fmt::format("writing module {}", p.module));
+    }
+    pending.pop_front();
+  };
+  const auto bytes = static_cast<size_t>(IoBytes(std::max<int64_t>(layout_->max_module_bytes(), 1)));
+  for (int m = 0; m < layout_->num_modules(); ++m) {
+    const ModuleExtent& me = layout_->module(m);
+    if (me.bytes() == 0) continue;
+    StatusOr<gpu::PinnedBuffer> b = param_write_pool_->Acquire(bytes);
+    while (!b.ok() && !pending.empty()) {
+      land();
+      b = param_write_pool_->Acquire(bytes);
+    }
+    if (!b.ok()) return b.status().WithContext(fmt::format("writing module {}", m));
+    // Modules start on a page of the (page-rounded) parameter-byte space.
+    std::memcpy(b->data(), next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())));
+    nvme::IoHandle w = WriteModule(m, b->data());
+    pending.push_back({m, std::move(*b), std::move(w)});
+  }
+  while (!pending.empty()) land();
+  return first;
 }
 
 const uint8_t* StateStore::FetchSource(int m, bool updated) {

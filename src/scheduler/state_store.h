@@ -149,6 +149,12 @@ class StateStore {
   // offload_param none: the device block and the event of its last upload.
   uint8_t* device_params() { return device_params_.as<uint8_t>(); }
   gpu::Event* params_uploaded() { return params_uploaded_.get(); }
+  // offload_param nvme with several ranks, once the ranks' updated
+  // parameters are gathered into next_params(): writes every module's new
+  // (inactive) NVMe version from there through the write-back pool, and
+  // notes the modules written and failed in *outcome (Commit flips the
+  // written ones). The first failure is returned, naming the module.
+  Status WriteAllModules(StepOutcome* outcome);
   // offload_param none: uploads module m's new parameters (next_params())
   // into its part of the device block; ready is recorded after the copy.
   Status UploadModule(int m, gpu::Event& ready);

@@ -255,7 +255,8 @@ INSTANTIATE_TEST_SUITE_P(Placements, DataParallelPlacementTest,
                                            Case{OffloadDevice::kCpu, OffloadDevice::kNone, 2},
                                            Case{OffloadDevice::kNvme, OffloadDevice::kNone, 2},
                                            Case{OffloadDevice::kCpu, OffloadDevice::kCpu, 3},
-                                           Case{OffloadDevice::kNvme, OffloadDevice::kCpu, 3}),
+                                           Case{OffloadDevice::kNvme, OffloadDevice::kCpu, 3},
+                                           Case{OffloadDevice::kNvme, OffloadDevice::kNvme, 3}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return testing::PlacementName(std::get<0>(info.param),
                                                          std::get<1>(info.param)) +
@@ -505,11 +506,11 @@ TEST(DataParallelTest, UnsupportedCombinationsAreRefusedNamingTheKey) {
     std::function<void(Config&)> change;
   };
   const Refusal refusals[] = {
-      {"zero_optimization.offload_param.device: nvme",
+      {"strata.grad_tier: nvme",
        [&](Config& c) {
-         c.zero_optimization.stage = 3;
-         c.zero_optimization.offload_param.device = OffloadDevice::kNvme;
-         c.zero_optimization.offload_param.nvme_path = {dir.str()};
+         c.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+         c.zero_optimization.offload_optimizer.nvme_path = {dir.str()};
+         c.strata.grad_tier = GradTier::kNvme;
        }},
       {"strata.delayed_param_update", [](Config& c) { c.strata.delayed_param_update = true; }},
   };

@@ -284,6 +284,14 @@ TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
   EXPECT_THAT(Find(nv, "pinned")->detail, HasSubstr("parameter write-back 4 x 4.00 KiB"));
   EXPECT_THAT(Find(nv, "pinned")->detail, Not(HasSubstr("updated parameters")));
   EXPECT_THAT(Find(nv, "dram")->detail, Not(HasSubstr("updated parameters")));
+  // With several ranks the updated parameters are gathered into one array
+  // before every module is written: the plan holds it too.
+  Placement ranks = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
+  ranks.world_size = 2;
+  const TierPlan nv2 = ComputeTierPlan(ranks, s, {});
+  EXPECT_EQ(nv2.param_copy_bytes, 8192);
+  EXPECT_EQ(nv2.param_write_bytes, kParamWriteBuffers * 4096);
+  EXPECT_THAT(Find(nv2, "pinned")->detail, HasSubstr("updated parameters 8.00 KiB"));
 }
 
 // Gradients on NVMe: chosen by strata.grad_tier nvme, or by auto when the

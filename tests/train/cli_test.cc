@@ -619,7 +619,10 @@ TEST(TrainCli, TwoLocalRanksTrainAsOneRankAccumulatingTheirBatches) {
   const std::string zeros[] = {
       R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})",
       R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.str() +
-          R"(/nvme"}, "offload_param": {"device": "cpu"}, "sub_group_size": 20000})"};
+          R"(/nvme"}, "offload_param": {"device": "cpu"}, "sub_group_size": 20000})",
+      R"({"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.str() +
+          R"(/nvme"}, "offload_param": {"device": "nvme", "nvme_path": ")" + dir.str() +
+          R"(/nvme"}})"};
   for (const std::string& zero : zeros) {
     SCOPED_TRACE(zero);
     const RunResult one =
