@@ -95,7 +95,17 @@ Status DataParallel::Sync(const char* what) {
   return Status();
 }
 
-Status DataParallel::ReduceGradients(float* acc) {
+Status DataParallel::ToStaging(void* staging, const void* src, size_t bytes, Memory where) {
+  return where == Memory::kDevice ? dev_->CopyD2D(staging, src, bytes, *stream_)
+                                  : dev_->CopyH2D(staging, src, bytes, *stream_);
+}
+
+Status DataParallel::FromStaging(void* dst, const void* staging, size_t bytes, Memory where) {
+  return where == Memory::kDevice ? dev_->CopyD2D(dst, staging, bytes, *stream_)
+                                  : dev_->CopyD2H(dst, staging, bytes, *stream_);
+}
+
+Status DataParallel::ReduceGradients(float* acc, Memory where) {
   const int64_t t0 = NowNanos();
   const int64_t n_ranks = world_size(), me = rank();
   const int64_t part = layout_->partition_elems();
@@ -107,10 +117,10 @@ Status DataParallel::ReduceGradients(float* acc) {
     const int64_t step = (n_ranks + 1) * chunk_;
     for (int64_t k = 0; k < total; k += step) {
       const int64_t n = std::min(step, total - k);
-      RETURN_IF_ERROR(dev_->CopyH2D(send, acc + k, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(ToStaging(send, acc + k, static_cast<size_t>(n) * kF, where));
       RETURN_IF_ERROR(comm_->AllReduce(send, send, static_cast<size_t>(n), DType::kFp32,
                                        gpu::ReduceOp::kAvg, *stream_));
-      RETURN_IF_ERROR(dev_->CopyD2H(acc + k, send, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(FromStaging(acc + k, send, static_cast<size_t>(n) * kF, where));
       RETURN_IF_ERROR(Sync("all-reducing the gradients"));
       counters_.reduced_bytes += n * static_cast<int64_t>(kF);
     }
@@ -121,19 +131,25 @@ Status DataParallel::ReduceGradients(float* acc) {
       const int64_t n = std::min(chunk_, part - k);
       for (int64_t r = 0; r < n_ranks; ++r)
         RETURN_IF_ERROR(
-            dev_->CopyH2D(send + r * n, acc + r * part + k, static_cast<size_t>(n) * kF, *stream_));
+            ToStaging(send + r * n, acc + r * part + k, static_cast<size_t>(n) * kF, where));
       RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
                                            gpu::ReduceOp::kAvg, *stream_));
-      RETURN_IF_ERROR(
-          dev_->CopyD2H(acc + me * part + k, recv, static_cast<size_t>(n) * kF, *stream_));
+      RETURN_IF_ERROR(FromStaging(acc + me * part + k, recv, static_cast<size_t>(n) * kF, where));
       RETURN_IF_ERROR(Sync("reduce-scattering the gradients"));
       counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
     }
   }
   // Only the partition's sums are read by this rank's step; the rest starts
   // the next window at zero.
-  std::memset(acc, 0, static_cast<size_t>(me * part) * kF);
-  std::memset(acc + (me + 1) * part, 0, static_cast<size_t>(total - (me + 1) * part) * kF);
+  if (where == Memory::kDevice) {
+    RETURN_IF_ERROR(dev_->Fill(acc, DType::kFp32, static_cast<size_t>(me * part), 0.f, *stream_));
+    RETURN_IF_ERROR(dev_->Fill(acc + (me + 1) * part, DType::kFp32,
+                               static_cast<size_t>(total - (me + 1) * part), 0.f, *stream_));
+    RETURN_IF_ERROR(Sync("zeroing the other ranks' gradients"));
+  } else {
+    std::memset(acc, 0, static_cast<size_t>(me * part) * kF);
+    std::memset(acc + (me + 1) * part, 0, static_cast<size_t>(total - (me + 1) * part) * kF);
+  }
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   return Status();
 }
@@ -159,7 +175,7 @@ Status DataParallel::CombineChecks(const std::vector<double>& partial,
   return Status();
 }
 
-Status DataParallel::GatherParams(uint8_t* params) {
+Status DataParallel::GatherParams(uint8_t* params, Memory where) {
   const int64_t t0 = NowNanos();
   const int n_ranks = world_size(), me = rank();
   std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -176,7 +192,7 @@ Status DataParallel::GatherParams(uint8_t* params) {
     const auto [b, e] = ranges[static_cast<size_t>(me)];
     const int64_t mine = std::clamp<int64_t>(e - (b + off), 0, n);
     if (mine > 0)
-      RETURN_IF_ERROR(dev_->CopyH2D(send, params + b + off, static_cast<size_t>(mine), *stream_));
+      RETURN_IF_ERROR(ToStaging(send, params + b + off, static_cast<size_t>(mine), where));
     RETURN_IF_ERROR(
         comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
     for (int r = 0; r < n_ranks; ++r) {
@@ -184,8 +200,7 @@ Status DataParallel::GatherParams(uint8_t* params) {
       const auto [rb, re] = ranges[static_cast<size_t>(r)];
       const int64_t len = std::clamp<int64_t>(re - (rb + off), 0, n);
       if (len > 0)
-        RETURN_IF_ERROR(
-            dev_->CopyD2H(params + rb + off, recv + r * n, static_cast<size_t>(len), *stream_));
+        RETURN_IF_ERROR(FromStaging(params + rb + off, recv + r * n, static_cast<size_t>(len), where));
       counters_.gathered_bytes += len;
     }
     RETURN_IF_ERROR(Sync("gathering the updated parameters"));

@@ -97,10 +97,14 @@ class DataParallel {
   // the same).
   Status CheckSame(const std::string& what, const std::string& text);
 
+  // Where the arrays handed to ReduceGradients and GatherParams live: host
+  // memory (staged through the device buffer), or device memory (the device
+  // optimizer's accumulator and parameter block: copied within the device).
+  enum class Memory { kHost, kDevice };
   // acc: this rank's window sums over Layout::total_elems() elements. After:
   // acc over this rank's partition holds the mean over the ranks, and every
   // other element is 0.
-  Status ReduceGradients(float* acc);
+  Status ReduceGradients(float* acc, Memory where = Memory::kHost);
   // The global checks from this rank's blocks (GradOffloader::BlockChecks
   // over its partition): every rank's block sums, gathered and added in the
   // order of the element space, so the sum of squares has the same bits on
@@ -110,7 +114,7 @@ class DataParallel {
                        bool* overflow, double* sumsq);
   // params: the parameter-byte space (Layout::total_param_bytes()), current
   // in this rank's OwnedBytes; after: current everywhere.
-  Status GatherParams(uint8_t* params);
+  Status GatherParams(uint8_t* params, Memory where = Memory::kHost);
   // out: parameter p's fp32 values, current where this rank owns them;
   // after: every element from its owner (a collective: every rank calls it
   // for the same parameters in the same order).
@@ -135,6 +139,9 @@ class DataParallel {
   // Every rank's doubles, as AllGatherBytes.
   StatusOr<std::vector<std::vector<double>>> AllGatherDoubles(std::span<const double> mine);
   Status Sync(const char* what);
+  // Copies between an array of `where` and the staging buffer.
+  Status ToStaging(void* staging, const void* src, size_t bytes, Memory where);
+  Status FromStaging(void* dst, const void* staging, size_t bytes, Memory where);
 
   gpu::Device* dev_;
   std::unique_ptr<gpu::Communicator> comm_;

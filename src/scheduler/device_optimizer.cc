@@ -1,5 +1,7 @@
 #include "src/scheduler/device_optimizer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -41,14 +43,27 @@ Status DeviceOptimizer::AddGradients(int m, const void* device_grad, gpu::Event&
 // negative, so no inf - inf). So the non-finite flag needs no second pass and
 // the accumulator is never written here.
 Status DeviceOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
-  const auto n = static_cast<size_t>(layout_->total_elems());
-  double* sum = reinterpret_cast<double*>(flags_.as<uint8_t>() + kSumOffset);
   gpu::Stream& s = dev_->compute();
+  // Several ranks: the window's sums averaged into this rank's partition
+  // first, and only the partition checked here.
+  float* first = acc_.as<float>();
+  auto n = static_cast<size_t>(layout_->total_elems());
+  if (dp_ != nullptr) {
+    RETURN_IF_ERROR(s.Synchronize());
+    RETURN_IF_ERROR(dp_->ReduceGradients(first, DataParallel::Memory::kDevice));
+    const auto [e0, e1] = layout_->OwnedElems(dp_->rank());
+    first += e0;
+    n = static_cast<size_t>(e1 - e0);
+  }
+  double* sum = reinterpret_cast<double*>(flags_.as<uint8_t>() + kSumOffset);
   RETURN_IF_ERROR(dev_->FillDouble(sum, 1, 0.0, s));
-  RETURN_IF_ERROR(dev_->SumSquares(acc_.data(), DType::kFp32, n, sum, s));
+  RETURN_IF_ERROR(dev_->SumSquares(first, DType::kFp32, n, sum, s));
   double host_sum = 0;
   RETURN_IF_ERROR(dev_->CopyD2H(&host_sum, sum, sizeof(host_sum), s));
   RETURN_IF_ERROR(s.Synchronize());
+  if (dp_ != nullptr)
+    return dp_->CombineChecks({host_sum}, {static_cast<uint8_t>(!std::isfinite(host_sum))},
+                              overflow, sumsq);
   *overflow = !std::isfinite(host_sum);
   *sumsq = host_sum;
   return Status();
@@ -71,18 +86,23 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
     hp.step = c.step;
     hp.grad_scale = c.grad_scale;
   }
+  // The parameters' pieces this rank owns (every element with one rank);
+  // the states hold those elements only, from state_base().
   std::vector<std::vector<gpu::AdamShard>> shards(ngroups);
   uint8_t* params = store_->device_params();
-  for (const ParamRec& r : layout_->params()) {
+  const auto [e0, e1] = layout_->OwnedElems(dp_ != nullptr ? dp_->rank() : 0);
+  const int64_t base = store_->state_base();
+  for (const Layout::Slice& piece : layout_->Slices(e0, std::max(e0, e1))) {
+    const ParamRec& r = layout_->param(piece.param);
     gpu::AdamShard sh;
-    sh.param = store_->master() + r.elem_off;
-    sh.grad = acc_.as<float>() + r.elem_off;
+    sh.param = store_->master() + (piece.elem_begin - base);
+    sh.grad = acc_.as<float>() + piece.elem_begin;
     sh.grad_dtype = DType::kFp32;
-    sh.exp_avg = store_->exp_avg() + r.elem_off;
-    sh.exp_avg_sq = store_->exp_avg_sq() + r.elem_off;
-    sh.copy_out = params + r.byte_off;
+    sh.exp_avg = store_->exp_avg() + (piece.elem_begin - base);
+    sh.exp_avg_sq = store_->exp_avg_sq() + (piece.elem_begin - base);
+    sh.copy_out = params + piece.byte_offset;
     sh.copy_dtype = r.dtype;
-    sh.count = static_cast<size_t>(r.numel);
+    sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);
     shards[p.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
   }
   const int64_t t0 = NowNanos();
@@ -90,6 +110,17 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   for (size_t g = 0; g < ngroups && s.ok(); ++g)
     if (!shards[g].empty()) s = dev_->AdamStep(shards[g], hps[g], nullptr, dev_->compute());
   if (s.ok()) s = Zero();
+  // Several ranks: every rank's partition of the new parameters.
+  if (s.ok() && dp_ != nullptr) {
+    s = dev_->compute().Synchronize();
+    if (s.ok())
+      s = dp_->GatherParams(params, DataParallel::Memory::kDevice)
+              .WithContext(fmt::format(
+                  "step {}: this rank's optimizer states have moved to the new step but the "
+                  "other ranks' parameters did not arrive; the ranks disagree and the run cannot "
+                  "continue",
+                  steps_ + 1));
+  }
   // On the host device the framework computes on this thread, not on the
   // compute stream: it must see the step's parameters.
   if (s.ok() && dev_->is_host()) s = dev_->compute().Synchronize();

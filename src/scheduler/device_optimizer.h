@@ -14,12 +14,22 @@
 // squares is reduced in another order than the CPU path's, so results agree
 // with the CPU placements to rounding, not bit for bit.
 //
+// Data parallelism (`dp`): each rank keeps the states of its partition only
+// (StateStore::set_rank). At the window's end the ranks' accumulators are
+// averaged into each rank's partition (DataParallel::ReduceGradients on
+// device memory: NCCL on a GPU), the checks are this partition's sum of
+// squares added over the ranks in rank order, the step updates the
+// partition's parameters in the device block, and the ranks all-gather the
+// block (DataParallel::GatherParams). These collectives block the host until
+// they have finished.
+//
 // Threading: the engine's (main) thread only.
 #pragma once
 
 #include <cstdint>
 
 #include "src/gpu/device.h"
+#include "src/scheduler/data_parallel.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/optimizer_backend.h"
 #include "src/scheduler/state_store.h"
@@ -30,13 +40,15 @@ namespace strata::scheduler {
 class DeviceOptimizer final : public OptimizerBackend {
  public:
   DeviceOptimizer(gpu::Device* device, const Layout* layout, StateStore* store,
-                  StepCounters* counters, LossScaler* scaler, GradientWindow* window)
+                  StepCounters* counters, LossScaler* scaler, GradientWindow* window,
+                  DataParallel* dp = nullptr)
       : dev_(device),
         layout_(layout),
         store_(store),
         counters_(counters),
         scaler_(scaler),
-        window_(window) {}
+        window_(window),
+        dp_(dp) {}
 
   // The accumulator (zeroed) and the two flags, from the arena.
   Status Init();
@@ -77,6 +89,7 @@ class DeviceOptimizer final : public OptimizerBackend {
   StepCounters* counters_;
   LossScaler* scaler_;
   GradientWindow* window_;
+  DataParallel* dp_;
   gpu::DeviceBuffer acc_;
   gpu::DeviceBuffer flags_;  // int32 found_inf, then (8-aligned) double sum of squares
   int64_t steps_ = 0;

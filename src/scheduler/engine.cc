@@ -263,11 +263,6 @@ Status EngineImpl::Init() {
   device_optimizer_ =
       opt_place() == OffloadDevice::kNone && (!dev_->is_host() || hooks_.device_optimizer);
   if (comm_.world_size > 1) {
-    if (device_optimizer_)
-      return NotSupportedError(fmt::format(
-          "zero_optimization.offload_optimizer.device: none on {} with {} ranks: the device "
-          "optimizer does not partition its states yet; offload the optimizer (cpu or nvme)",
-          dev_->Describe(), comm_.world_size));
     ASSIGN_OR_RETURN(dp_, scheduler::DataParallel::Create(
                               dev_.get(), comm_, static_cast<int>(cfg_.zero_optimization.stage)));
   }
@@ -586,8 +581,8 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   if (dp_) store_->set_rank(dp_->rank());
   if (device_optimizer_) {
     RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));
-    auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(dev_.get(), &layout_, store_.get(),
-                                                                &counters_, &scaler_, &window_);
+    auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(
+        dev_.get(), &layout_, store_.get(), &counters_, &scaler_, &window_, dp_.get());
     RETURN_IF_ERROR(dev_opt->Init());
     backend_ = std::move(dev_opt);
     return Status();

@@ -89,7 +89,15 @@ struct Shape {
   double clipping = 0;
   int64_t extra = 0;           // more elements in module 3's weight
   int64_t sub_group_size = 0;  // 0: the toy's (1000)
+  // offload_optimizer none through the device optimizer (as on a GPU).
+  bool device_optimizer = false;
 };
+
+StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
+  EngineTestHooks hooks;
+  hooks.device_optimizer = s.device_optimizer;
+  return CreateEngine(c, hooks);
+}
 
 Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   Config c = ToyConfig(s.opt, s.par, dir);
@@ -145,7 +153,7 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
   const int W = e.world;
   const std::string nvme = e.dir + "/nvme-" + (data_parallel ? "dp" : "ref");
   std::filesystem::create_directories(nvme);
-  auto engine = Engine::Create(ShapeConfig(s, nvme, data_parallel ? 1 : W));
+  auto engine = CreateFor(s, ShapeConfig(s, nvme, data_parallel ? 1 : W));
   RANK_OK(engine.status());
   Engine& eng = **engine;
   testing::RegisterToy(eng, 17, kModules, s.extra);
@@ -291,7 +299,7 @@ void TrainGlobal(const RankEnv& e, const GlobalRun& run, const std::string& out)
   const int W = e.world, gas = run.global / W;
   const std::string nvme = fmt::format("{}/nvme-{}", e.dir, W);
   std::filesystem::create_directories(nvme);
-  auto engine = Engine::Create(ShapeConfig(run.shape, nvme, gas));
+  auto engine = CreateFor(run.shape, ShapeConfig(run.shape, nvme, gas));
   RANK_OK(engine.status());
   Engine& eng = **engine;
   testing::RegisterToy(eng, 17, kModules);
@@ -488,6 +496,43 @@ TEST(DataParallelCheckpointTest, ARankDyingMidSaveLeavesThePreviousCheckpoint) {
     EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4))
         << "rank " << r << ": a refused load changed the parameters";
   }
+}
+
+// ---- The device optimizer (offload_optimizer none on a GPU) ----------------------
+
+// Its accumulator, states and parameters are in device memory: the ranks
+// reduce and gather there. Two ranks give one rank's bits (the same
+// arithmetic as above; no clipping), at stage 1 and 2.
+TEST(DataParallelDeviceOptimizerTest, TwoRanksGiveTheBitsOfOneRank) {
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(stage);
+    Shape s;
+    s.opt = OffloadDevice::kNone;
+    s.device_optimizer = true;
+    s.stage = stage;
+    const Runs runs = TrainBoth(s, 2);
+    EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
+                             runs.ref.params.size() * 4))
+        << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+    // Each rank keeps half of the states in HBM.
+    EXPECT_GE(runs.ref.needed.at("hbm") - runs.ranks[1].needed.at("hbm") + 3 * 500 * 4,
+              12 * ToyElements() * 45 / 100);
+  }
+}
+
+// Four ranks with clipping: the global norm is the partitions' sums of
+// squares added over the ranks (the device's order within each), so within
+// rounding of one rank; a checkpoint they save resumes on two.
+TEST(DataParallelDeviceOptimizerTest, FourRanksClipAndResumeOnTwo) {
+  Shape s;
+  s.opt = OffloadDevice::kNone;
+  s.device_optimizer = true;
+  s.clipping = 0.5;
+  const Runs runs = TrainBoth(s, 4);
+  EXPECT_EQ(0u, Mismatches(runs.ranks[0].params, runs.ref.params, 1e-6));
+  EXPECT_NEAR(runs.ranks[0].grad_norm, runs.ref.grad_norm, 1e-9 * runs.ref.grad_norm);
+  s.clipping = 0;
+  ExpectResumedAtAnotherWorldSize(s, 4, 4, 2, 1e-6);
 }
 
 // ---- Four ranks, global clipping: within rounding, and repeatable ------------
