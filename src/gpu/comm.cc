@@ -52,6 +52,12 @@ class LocalCommunicator final : public Communicator {
                    Stream& stream) override {
     return Copy(send, recv, count, type, stream, "AllReduce");
   }
+  Status Reduce(const void* send, void* recv, size_t count, DType type, ReduceOp, int root,
+                Stream& stream) override {
+    if (root != 0)
+      return InvalidArgumentError(fmt::format("Reduce: root {} but world size is 1", root));
+    return Copy(send, recv, count, type, stream, "Reduce");
+  }
   Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
                    Stream& stream) override {
     if (root != 0)

@@ -659,6 +659,10 @@ class Communicator {
                                Stream& stream) = 0;
   virtual Status AllReduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
                            Stream& stream) = 0;
+  // recv[0..count) on `root` = reduce over ranks of send[0..count); recv is
+  // not read or written on the other ranks (they may pass send).
+  virtual Status Reduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
+                        int root, Stream& stream) = 0;
   virtual Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
                            Stream& stream) = 0;
   // Blocks the calling thread until every rank has called Barrier (not a

@@ -6,6 +6,7 @@
 //   AllGather     gloo::allgather (ring over unbound buffers)
 //   AllReduce     gloo::allreduce (ring)
 //   Broadcast     gloo::broadcast
+//   Reduce        gloo::reduce
 //   Barrier       gloo::barrier
 //   ReduceScatter gloo::ReduceScatterHalvingDoubling — Gloo's reduce-scatter,
 //                 an older-style Gloo algorithm built per call on a scratch
@@ -46,6 +47,7 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
+#include <gloo/reduce.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/reduce_scatter.h>
@@ -207,6 +209,30 @@ class GlooCommunicator final : public Communicator {
       opts.setOutput(scratch.data(), count);
       gloo::allreduce(opts);
       Finish(scratch.data(), recv, count, type, op);
+    });
+  }
+
+  Status Reduce(const void* send, void* recv, size_t count, DType type, ReduceOp op, int root,
+                Stream& stream) override {
+    if (root < 0 || root >= world_)
+      return InvalidArgumentError(
+          fmt::format("Reduce: root {} is not a rank of world size {}", root, world_));
+    const size_t bytes = count * DTypeSize(type);
+    RETURN_IF_ERROR(Check("Reduce", send, bytes, rank_ == root ? recv : send, bytes));
+    if (count == 0) return Status::Ok();
+    return Enqueue(stream, Describe("Reduce", count, type, op), [=, this](uint32_t tag) {
+      // In fp32 on a scratch copy (gloo::reduce uses its output as a work
+      // buffer on every rank); the root's result goes to recv.
+      std::vector<float> in(count), out(count);
+      host::Cast(send, type, in.data(), DType::kFp32, count);
+      gloo::ReduceOptions opts(context_);
+      opts.setInput(in.data(), count);
+      opts.setOutput(out.data(), count);
+      opts.setRoot(root);
+      opts.setReduceFunction(Fp32Reduce(op));
+      opts.setTag(tag);
+      gloo::reduce(opts);
+      if (rank_ == root) Finish(out.data(), recv, count, type, op);
     });
   }
 

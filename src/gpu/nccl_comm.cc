@@ -93,6 +93,16 @@ class NcclCommunicator final : public Communicator {
     return NcclStatus(ncclAllReduce(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
                       "ncclAllReduce");
   }
+  Status Reduce(const void* send, void* recv, size_t count, DType type, ReduceOp op, int root,
+                Stream& stream) override {
+    if (root < 0 || root >= world_)
+      return InvalidArgumentError(fmt::format("Reduce: root {} not in [0, {})", root, world_));
+    RETURN_IF_ERROR(Check(send, count * DTypeSize(type), "Reduce send"));
+    if (rank_ == root) RETURN_IF_ERROR(Check(recv, count * DTypeSize(type), "Reduce recv"));
+    ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
+    return NcclStatus(ncclReduce(send, recv, count, t, NcclOp(op), root, comm_, Native(stream)),
+                      "ncclReduce");
+  }
   Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
                    Stream& stream) override {
     if (root < 0 || root >= world_)

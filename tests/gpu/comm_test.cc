@@ -139,6 +139,13 @@ TYPED_TEST(CommTest, OneRankCollectivesOnAStream) {
   ASSERT_OK(c.ReduceScatter(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kAvg,
                             d.compute()));
   check("ReduceScatter");
+  ASSERT_OK(
+      c.Reduce(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kSum, 0, d.compute()));
+  check("Reduce");
+  EXPECT_EQ(
+      c.Reduce(send.data(), recv.data(), f.size(), DType::kFp32, ReduceOp::kSum, 1, d.compute())
+          .code(),
+      StatusCode::kInvalidArgument);
   ASSERT_OK(c.Broadcast(send.data(), recv.data(), f.size(), DType::kFp32, 0, d.compute()));
   check("Broadcast");
   EXPECT_EQ(c.Broadcast(send.data(), recv.data(), f.size(), DType::kFp32, 1, d.compute()).code(),

@@ -182,10 +182,11 @@ void CollectivesScenario(const RankEnv& e) {
         });
       }
 
-      // AllReduce (every op; sum also in place) and ReduceScatter (every op).
+      // AllReduce (every op; sum also in place), ReduceScatter and Reduce
+      // (every op; to a varying root, the others' recv untouched).
       for (ReduceOp op : kOps) {
-        for (int kind = 0; kind < 3;
-             ++kind) {  // 0 AllReduce, 1 AllReduce in place, 2 ReduceScatter
+        for (int kind = 0; kind < 4;
+             ++kind) {  // 0 AllReduce, 1 AllReduce in place, 2 ReduceScatter, 3 Reduce
           if (kind == 1 && op != ReduceOp::kSum) continue;
           const int id = which++;
           const size_t in_n = kind == 2 ? n * W : n;
@@ -193,7 +194,10 @@ void CollectivesScenario(const RankEnv& e) {
           DeviceBuffer recv =
               kind == 1 ? DeviceBuffer() : c.Upload(std::vector<uint8_t>(n * es, 0xEF));
           void* out_ptr = kind == 1 ? send.data() : recv.data();
-          if (kind == 2)
+          const int root = id % W;
+          if (kind == 3)
+            RANK_OK(c.comm->Reduce(send.data(), out_ptr, n, t, op, root, c.device->compute()));
+          else if (kind == 2)
             RANK_OK(c.comm->ReduceScatter(send.data(), out_ptr, n, t, op, c.device->compute()));
           else
             RANK_OK(c.comm->AllReduce(send.data(), out_ptr, n, t, op, c.device->compute()));
@@ -203,7 +207,13 @@ void CollectivesScenario(const RankEnv& e) {
             keep.push_back(std::move(recv));
             out = &keep.back();
           }
-          checks.push_back([&c, out, n, in_n, t, es, W, R, id, seed, op, kind] {
+          checks.push_back([&c, out, n, in_n, t, es, W, R, id, seed, op, kind, root] {
+            if (kind == 3 && R != root) {
+              RANK_CHECK(c.Download(*out, n * es) == std::vector<uint8_t>(n * es, 0xEF),
+                         "Reduce {} n={} {}: rank {} (not the root {}) had its recv written",
+                         Name(op), n, Name(t), R, root);
+              return;
+            }
             const size_t off = kind == 2 ? R * n : 0;
             std::vector<std::vector<float>> in(W);
             for (int r = 0; r < W; ++r) in[r] = Values(seed, r, id, in_n, t);
@@ -227,7 +237,8 @@ void CollectivesScenario(const RankEnv& e) {
               const bool exact = op == ReduceOp::kMax || op == ReduceOp::kMin;
               RANK_CHECK(exact ? got[i] == acc : Close(got[i], acc, abs_sum, t),
                          "{} {} n={} {} element {}: got {} want {}",
-                         kind == 2   ? "ReduceScatter"
+                         kind == 3   ? "Reduce"
+                         : kind == 2 ? "ReduceScatter"
                          : kind == 1 ? "AllReduce(in place)"
                                      : "AllReduce",
                          Name(op), n, Name(t), i, got[i], acc);
