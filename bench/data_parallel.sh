@@ -2,11 +2,14 @@
 # Data parallelism on one machine: the example model trained by one rank
 # accumulating 2 micro-batches a step against 2 ranks (strata train
 # --nproc-per-node 2) of one micro-batch each: the same global batch, so the
-# same losses. Runs are interleaved; per run the median over steps 2.. of the
-# step time, the collectives' busy time (comm_s) and the CPU optimizer's
+# same losses; the 2 ranks once with zero_optimization.overlap_comm false
+# (the reduction after backward) and once true (during the last
+# micro-batch's backward). Runs are interleaved; per run the median over
+# steps 2.. of the step time, the time waited for collectives (comm_s), the
+# share of the reduced bytes issued during backward, the CPU optimizer's
 # blocking time, tokens/s, the plan's DRAM bytes of one rank (optimizer
 # states and accumulator), the final loss and whether every step's loss is
-# the same bits in both.
+# the same bits as one rank's.
 #
 #   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [LAYERSxHIDDEN]
 #
@@ -32,37 +35,44 @@ SIZE="${1:-6x512}"
 layers="${SIZE%x*}" hidden="${SIZE#*x}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-config() {  # NAME GAS RANKS
+config() {  # NAME GAS RANKS OVERLAP_COMM
   cat >"$WORK/$1.json" <<JSON
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": $2,
  "train_batch_size": $((4 * $2 * $3)), "bf16": {"enabled": true}, "gradient_clipping": 1.0,
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
- "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": $4,
+   "reduce_bucket_size": 262144},
  "strata": {"device": "$DEVICE", "hbm_budget": "1G",
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 64, "vocab": 256}}}
 JSON
 }
-config one 2 1
-config two 1 2
+config one 2 1 false
+config two 1 2 false
+config ovl 1 2 true
 for i in $(seq "$RUNS"); do
   "$STRATA" train --config "$WORK/one.json" --steps "$STEPS" --json 2>/dev/null >"$WORK/one-$i.out"
-  "$STRATA" train --config "$WORK/two.json" --steps "$STEPS" --json --nproc-per-node 2 \
-    2>/dev/null >"$WORK/two-$i.out"
+  for name in two ovl; do
+    "$STRATA" train --config "$WORK/$name.json" --steps "$STEPS" --json --nproc-per-node 2 \
+      2>/dev/null >"$WORK/$name-$i.out"
+  done
 done
 /usr/bin/python3 - "$WORK" "$RUNS" <<'PY'
 import json, statistics as st, sys
 work, runs = sys.argv[1], int(sys.argv[2])
-print(f"{'ranks':>5} {'run':>3} {'step s':>8} {'comm s':>8} {'opt s':>8} {'tok/s':>8} "
-      f"{'dram/rank':>10} {'final loss':>18} {'same losses':>11}")
+print(f"{'ranks':>5} {'overlap':>7} {'run':>3} {'step s':>8} {'comm s':>8} {'ovl %':>6} "
+      f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'final loss':>18} {'same losses':>11}")
 for i in range(1, runs + 1):
     one = json.load(open(f"{work}/one-{i}.out"))
-    for name, ranks in (("one", 1), ("two", 2)):
+    for name, ranks in (("one", 1), ("two", 2), ("ovl", 2)):
         j = json.load(open(f"{work}/{name}-{i}.out"))
         per = j["per_step"][1:] or j["per_step"]
         med = lambda k: st.median(p.get(k, 0) for p in per)
+        red = sum(p.get("comm_reduced_bytes", 0) for p in per)
+        ovl = 100 * sum(p.get("comm_overlapped_bytes", 0) for p in per) / red if red else 0
         dram = sum(b["needed_bytes"] for b in j["budgets"] if b["tier"] == "dram")
         same = j["losses"] == one["losses"]
-        print(f"{ranks:>5} {i:>3} {med('step_time_s'):>8.3f} {med('comm_s'):>8.3f} "
-              f"{med('optimizer_wall_s'):>8.3f} {j['tokens_per_s']:>8.0f} "
-              f"{dram / 2**20:>8.1f}Mi {j['losses'][-1]:>18.15f} {str(same):>11}")
+        print(f"{ranks:>5} {str(name == 'ovl'):>7} {i:>3} {med('step_time_s'):>8.3f} "
+              f"{med('comm_s'):>8.3f} {ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
+              f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi {j['losses'][-1]:>18.15f} "
+              f"{str(same):>11}")
 PY

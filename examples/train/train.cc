@@ -595,6 +595,7 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
     for (size_t i = 0; i < r.steps.size(); ++i) {
       per_step[i]["comm_s"] = r.steps[i].comm_s;
       per_step[i]["comm_reduced_bytes"] = r.steps[i].comm_reduced_bytes;
+      per_step[i]["comm_overlapped_bytes"] = r.steps[i].comm_overlapped_bytes;
       per_step[i]["comm_gathered_bytes"] = r.steps[i].comm_gathered_bytes;
     }
   j["per_step"] = per_step;

@@ -137,11 +137,15 @@ struct StepStats {
   int64_t updated_from_memory = 0;
   // Data parallelism (several ranks): this rank, the ranks, and what the
   // window's collectives moved: gradient bytes this rank sent into the
-  // reduction, parameter bytes it received by all-gather, and their wall
-  // time (staging copies included; not overlapped with compute).
+  // reduction, of those the bytes issued while backward went on
+  // (zero_optimization.overlap_comm), parameter bytes it received by
+  // all-gather, and the wall time the engine waited for collectives
+  // (staging copies included; an overlapped reduction counts only its wait
+  // at the window's end).
   int rank = 0;
   int world_size = 1;
   int64_t comm_reduced_bytes = 0;
+  int64_t comm_overlapped_bytes = 0;
   int64_t comm_gathered_bytes = 0;
   double comm_s = 0.0;
 };

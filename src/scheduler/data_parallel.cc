@@ -106,6 +106,7 @@ Status DataParallel::FromStaging(void* dst, const void* staging, size_t bytes, M
 }
 
 Status DataParallel::ReduceGradients(float* acc, Memory where) {
+  RETURN_IF_ERROR(Flush());
   const int64_t t0 = NowNanos();
   const int64_t n_ranks = world_size(), me = rank();
   const int64_t part = layout_->partition_elems();
@@ -154,6 +155,72 @@ Status DataParallel::ReduceGradients(float* acc, Memory where) {
   return Status();
 }
 
+void DataParallel::BeginOverlap(float* acc, Memory where) {
+  overlap_acc_ = acc;
+  overlap_where_ = where;
+  overlap_next_ = layout_->total_elems();
+  overlap_start_ns_ = NowNanos();
+}
+
+Status DataParallel::ReduceFrom(int64_t lo) {
+  if (overlap_acc_ == nullptr) return FailedPreconditionError("ReduceFrom: no overlapped reduction");
+  const int64_t part = layout_->partition_elems();
+  float* buf = staging_.as<float>();
+  constexpr size_t kF = sizeof(float);
+  while (overlap_next_ > 0) {
+    const int64_t r = (overlap_next_ - 1) / part, p0 = r * part;
+    const int64_t a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_, b = overlap_next_;
+    if (a < lo) break;
+    const auto n = static_cast<size_t>(b - a);
+    float* sums = overlap_acc_ + a;
+    RETURN_IF_ERROR(ToStaging(buf, sums, n * kF, overlap_where_));
+    if (stage_ == 1) {
+      RETURN_IF_ERROR(comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_));
+      RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, overlap_where_));
+    } else {
+      RETURN_IF_ERROR(comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg,
+                                    static_cast<int>(r), *stream_));
+      if (r == rank()) RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, overlap_where_));
+    }
+    counters_.reduced_bytes += static_cast<int64_t>(n * kF);
+    counters_.overlapped_bytes += static_cast<int64_t>(n * kF);
+    overlap_next_ = a;
+  }
+  return Status();
+}
+
+Status DataParallel::FinishOverlap() {
+  const int64_t t0 = NowNanos();
+  const int64_t before = counters_.overlapped_bytes;
+  Status s = ReduceFrom(0);
+  counters_.overlapped_bytes = before;  // issued at the window's end: not overlapped
+  if (s.ok()) s = Sync("reducing the gradients (overlapped with backward)");
+  float* acc = overlap_acc_;
+  const Memory where = overlap_where_;
+  overlap_acc_ = nullptr;
+  RETURN_IF_ERROR(s);
+  const int64_t part = layout_->partition_elems(), total = layout_->total_elems();
+  const int64_t me = rank();
+  if (where == Memory::kDevice) {
+    RETURN_IF_ERROR(dev_->Fill(acc, DType::kFp32, static_cast<size_t>(me * part), 0.f, *stream_));
+    RETURN_IF_ERROR(dev_->Fill(acc + (me + 1) * part, DType::kFp32,
+                               static_cast<size_t>(total - (me + 1) * part), 0.f, *stream_));
+    RETURN_IF_ERROR(Sync("zeroing the other ranks' gradients"));
+  } else {
+    std::memset(acc, 0, static_cast<size_t>(me * part) * sizeof(float));
+    std::memset(acc + (me + 1) * part, 0,
+                static_cast<size_t>(total - (me + 1) * part) * sizeof(float));
+  }
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+  return Status();
+}
+
+void DataParallel::AbandonOverlap() {
+  if (overlap_acc_ == nullptr) return;
+  stream_->Synchronize().IgnoreError();
+  overlap_acc_ = nullptr;
+}
+
 Status DataParallel::CombineChecks(const std::vector<double>& partial,
                                    const std::vector<uint8_t>& bad, bool* overflow, double* sumsq) {
   const int64_t t0 = NowNanos();
@@ -176,6 +243,7 @@ Status DataParallel::CombineChecks(const std::vector<double>& partial,
 }
 
 Status DataParallel::GatherParams(uint8_t* params, Memory where) {
+  RETURN_IF_ERROR(Flush());
   const int64_t t0 = NowNanos();
   const int n_ranks = world_size(), me = rank();
   std::vector<std::pair<int64_t, int64_t>> ranges;
@@ -210,6 +278,7 @@ Status DataParallel::GatherParams(uint8_t* params, Memory where) {
 }
 
 Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
+  RETURN_IF_ERROR(Flush());
   const int64_t part = layout_->partition_elems();
   const int64_t step = (world_size() + 1) * chunk_;
   float* buf = staging_.as<float>();
@@ -233,6 +302,7 @@ Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
 }
 
 StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::string& mine) {
+  RETURN_IF_ERROR(Flush());
   const int n_ranks = world_size();
   const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
   auto* send = staging_.as<uint8_t>();

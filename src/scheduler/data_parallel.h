@@ -47,6 +47,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -62,7 +63,12 @@ namespace strata::scheduler {
 struct CommCounters {
   int64_t reduced_bytes = 0;   // gradient bytes this rank sent into reductions
   int64_t gathered_bytes = 0;  // parameter bytes this rank received by all-gather
-  double busy_s = 0;           // wall time in collectives (staging copies included)
+  // Of reduced_bytes, those issued before the window's end (overlap_comm:
+  // while backward went on).
+  int64_t overlapped_bytes = 0;
+  // Wall time the caller waited for collectives (staging copies included);
+  // an overlapped reduction counts only the wait at the window's end.
+  double busy_s = 0;
 };
 
 class DataParallel {
@@ -105,6 +111,30 @@ class DataParallel {
   // acc over this rank's partition holds the mean over the ranks, and every
   // other element is 0.
   Status ReduceGradients(float* acc, Memory where = Memory::kHost);
+  // ---- The reduction overlapped with backward (overlap_comm) ----
+  // The same result as ReduceGradients, piece by piece while the last
+  // micro-batch's backward goes on. The pieces are each partition's chunks,
+  // from the top of the element space down (the order backward completes
+  // them); a piece is reduced to its owner (stage 2 and 3: Reduce; stage 1:
+  // AllReduce to every rank) through the staging buffer, asynchronously on
+  // the collectives' stream. Every rank issues the same pieces in the same
+  // order; only when it issues them differs.
+  // A window's overlapped reduction of `acc` (as ReduceGradients) starts.
+  void BeginOverlap(float* acc, Memory where = Memory::kHost);
+  bool overlapping() const { return overlap_acc_ != nullptr; }
+  // Issues every piece not issued yet that lies in [lo, total_elems()):
+  // REQUIRES those elements hold the window's final sums.
+  Status ReduceFrom(int64_t lo);
+  // Issues the rest (every sum final), waits for all, and zeroes the
+  // elements other ranks own; the window's overlapped reduction ends.
+  Status FinishOverlap();
+  // Drops the window's overlapped reduction (waits for what was issued).
+  void AbandonOverlap();
+  // Called before any other collective while a reduction is overlapped: it
+  // must issue the pieces the program has made final so far, so that every
+  // rank has issued the same ones before that collective.
+  void set_flush(std::function<Status()> flush) { flush_ = std::move(flush); }
+
   // The global checks from this rank's blocks (GradOffloader::BlockChecks
   // over its partition): every rank's block sums, gathered and added in the
   // order of the element space, so the sum of squares has the same bits on
@@ -149,6 +179,14 @@ class DataParallel {
   int stage_ = 2;
   const Layout* layout_ = nullptr;
   int64_t chunk_ = 0;  // fp32 elements per rank per collective
+  // The overlapped reduction: its array, and the top of what is not issued.
+  float* overlap_acc_ = nullptr;
+  Memory overlap_where_ = Memory::kHost;
+  int64_t overlap_next_ = 0;
+  int64_t overlap_start_ns_ = 0;
+  std::function<Status()> flush_;
+  // flush_ when a reduction is overlapped.
+  Status Flush() { return overlap_acc_ != nullptr && flush_ ? flush_() : Status(); }
   gpu::DeviceBuffer staging_;
   CommCounters counters_;
 };

@@ -597,6 +597,9 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;
   ho.dp = dp_.get();
+  // (With the sums in HBM, each module's reaches the host once, at its last
+  // micro-batch or at the drain: no overlap.)
+  ho.overlap_comm = dp_ && cfg_.zero_optimization.overlap_comm && !plan.device_grad_accumulator;
   auto host = std::make_unique<scheduler::HostOptimizer>(dev_.get(), &layout_, adam_.get(),
                                                          &counters_, &scaler_, &window_, ho);
   // The gradient staging buffers are registered with the store's I/O engine.
@@ -826,6 +829,7 @@ StatusOr<StepStats> EngineImpl::Step() {
     st.rank = dp_->rank();
     st.world_size = dp_->world_size();
     st.comm_reduced_bytes = c.reduced_bytes;
+    st.comm_overlapped_bytes = c.overlapped_bytes;
     st.comm_gathered_bytes = c.gathered_bytes;
     st.comm_s = c.busy_s;
   }

@@ -216,6 +216,7 @@ Status GradOffloader::Enqueue(Job job, const void* src, int64_t bytes) {
     queue_.push_back(std::move(job));
     ++pending_;
   }
+  ++queued_;
   cv_.NotifyAll();
   return Status();
 }
@@ -294,9 +295,21 @@ void GradOffloader::Worker() {
       MutexLock lock(&mu_);
       if (!s.ok() && error_.ok()) error_ = s;
       --pending_;
+      ++chunks_done_;
     }
     cv_.NotifyAll();
   }
+}
+
+bool GradOffloader::Accumulated(int64_t ticket) {
+  MutexLock lock(&mu_);
+  return chunks_done_ >= ticket;
+}
+
+Status GradOffloader::WaitAccumulated(int64_t ticket) {
+  MutexLock lock(&mu_);
+  while (chunks_done_ < ticket) cv_.Wait(&mu_);
+  return error_;
 }
 
 Status GradOffloader::Drain() {

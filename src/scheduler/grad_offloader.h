@@ -90,6 +90,14 @@ class GradOffloader {
   // Waits until every chunk has been accumulated; returns (and forgets) the
   // first error since the last Drain.
   Status Drain() EXCLUDES(mu_);
+  // Tickets: how many chunks have been queued so far (main thread), and
+  // whether the first `ticket` of them have been accumulated (the worker
+  // takes them in queue order; a failed one counts, its error is Drain's).
+  int64_t queued() const { return queued_; }
+  bool Accumulated(int64_t ticket) EXCLUDES(mu_);
+  // Blocks until Accumulated(ticket); returns the first error so far (kept
+  // for Drain too).
+  Status WaitAccumulated(int64_t ticket) EXCLUDES(mu_);
 
   // Gradients on NVMe (TierPlan::grads_on_nvme): the window's sums go to
   // `store` instead of the accumulator (Start with host_accumulator false).
@@ -164,6 +172,8 @@ class GradOffloader {
   CondVar cv_;
   std::deque<Job> queue_ GUARDED_BY(mu_);
   int64_t pending_ GUARDED_BY(mu_) = 0;  // queued + running
+  int64_t queued_ = 0;                    // main thread
+  int64_t chunks_done_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
   Status error_ GUARDED_BY(mu_);
 };

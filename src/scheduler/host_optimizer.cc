@@ -32,6 +32,8 @@ HostOptimizer::~HostOptimizer() {
 }
 
 Status HostOptimizer::Start(int64_t* pinned_bytes) {
+  if (opts_.dp != nullptr && opts_.overlap_comm)
+    opts_.dp->set_flush([this] { return PumpOverlap(/*wait=*/true); });
   grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
   RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes,
                                 /*host_accumulator=*/!opts_.grads_on_nvme, opts_.landing_bytes,
@@ -102,7 +104,60 @@ Status HostOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& c
   }
   // Fold: the window's last micro-batch lands for the optimizer to read.
   if (opts_.fold && last) return grads_->Land(m, device_grad, computed);
-  return grads_->Offload(m, device_grad, computed);
+  RETURN_IF_ERROR(grads_->Offload(m, device_grad, computed));
+  if (last && opts_.overlap_comm && opts_.dp != nullptr) return OverlapAfter(m);
+  return Status();
+}
+
+Status HostOptimizer::OverlapAfter(int m) {
+  const size_t i = ov_.order.size();
+  ov_.order.push_back(m);
+  if (i == 0) {  // the last micro-batch's first backward
+    ov_.on = !ov_.previous.empty();
+    ov_.final_from = layout_->total_elems();
+    if (ov_.on) opts_.dp->BeginOverlap(grads_->accumulator());
+  }
+  const ModuleExtent& me = layout_->module(m);
+  if (me.elems() > 0 && me.elem_end > ov_.final_from)
+    return FailedPreconditionError(fmt::format(
+        "zero_optimization.overlap_comm: module {}'s backward ran again after its gradients were "
+        "reduced with the other ranks (this window's backward order left the previous one's at "
+        "call {}); set overlap_comm false for a model whose backward order changes",
+        m, i + 1));
+  if (!ov_.on) return Status();
+  if (i >= ov_.previous.size() || ov_.previous[i] != m) {
+    ov_.on = false;  // not the previous order: the rest at the window's end
+    return Status();
+  }
+  ov_.final_from = std::min(ov_.final_from, me.elems() > 0 ? me.elem_begin : ov_.final_from);
+  ov_.pending.emplace_back(ov_.final_from, grads_->queued());
+  return PumpOverlap(false);
+}
+
+Status HostOptimizer::PumpOverlap(bool wait) {
+  while (!ov_.pending.empty()) {
+    const auto [from, ticket] = ov_.pending.front();
+    if (wait) {
+      RETURN_IF_ERROR(grads_->WaitAccumulated(ticket));
+    } else if (!grads_->Accumulated(ticket)) {
+      break;
+    }
+    RETURN_IF_ERROR(opts_.dp->ReduceFrom(from));
+    ov_.pending.pop_front();
+  }
+  return Status();
+}
+
+void HostOptimizer::EndOverlapWindow(bool keep_order) {
+  ov_.previous.clear();
+  if (keep_order && std::is_sorted(ov_.order.rbegin(), ov_.order.rend()) &&
+      std::adjacent_find(ov_.order.begin(), ov_.order.end()) == ov_.order.end())
+    ov_.previous = ov_.order;
+  ov_.order.clear();
+  ov_.pending.clear();
+  ov_.on = false;
+  ov_.final_from = layout_->total_elems();
+  if (opts_.dp != nullptr) opts_.dp->AbandonOverlap();
 }
 
 Status HostOptimizer::OffloadDeviceSum(int m) {
@@ -145,9 +200,18 @@ void HostOptimizer::PrepareStep() {
 Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   DataParallel* dp = opts_.dp;
   if (dp == nullptr) return grads_->GlobalChecks(overflow, sumsq);
-  // Every rank's window, averaged into this rank's partition; the checks
-  // over the partition, then combined.
-  RETURN_IF_ERROR(dp->ReduceGradients(grads_->accumulator()));
+  // Every rank's window, averaged into this rank's partition (the part
+  // overlap_comm has not reduced yet, or all); the checks over the
+  // partition, then combined.
+  Status reduced;
+  if (dp->overlapping()) {
+    ov_.pending.clear();  // the gradients are drained: FinishOverlap issues the rest
+    reduced = dp->FinishOverlap();
+  } else {
+    reduced = dp->ReduceGradients(grads_->accumulator());
+  }
+  EndOverlapWindow(reduced.ok());
+  RETURN_IF_ERROR(reduced);
   const auto [g0, g1] = store_->owned_groups();
   std::vector<double> partial;
   std::vector<uint8_t> bad;
@@ -176,6 +240,7 @@ Status HostOptimizer::ZeroGrad() {
 
 void HostOptimizer::DiscardWindow() {
   grads_->Drain().IgnoreError();
+  EndOverlapWindow(false);
   grads_->ZeroAll();
   ZeroDeviceSum().IgnoreError();
   window_->Reset();

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -53,6 +54,15 @@ class HostOptimizer final : public OptimizerBackend {
     // sub-groups; Join gathers every rank's updated parameters before the
     // commit. Steps run inline (no background step).
     DataParallel* dp = nullptr;
+    // zero_optimization.overlap_comm with several ranks (and the host
+    // accumulator): the window's sums are reduced while the last
+    // micro-batch's backward goes on (DataParallel::ReduceFrom). A module's
+    // elements count as final once the backward order so far is the previous
+    // window's, and that order was strictly descending: every module above
+    // has had its last backward. The first window, and a window after one
+    // whose order was not descending, reduce at the end. A module whose
+    // backward comes again after its sums were reduced fails the step.
+    bool overlap_comm = false;
   };
   HostOptimizer(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
                 StepCounters* counters, LossScaler* scaler, GradientWindow* window,
@@ -112,6 +122,14 @@ class HostOptimizer final : public OptimizerBackend {
   // The window is dropped: the whole device accumulator zeroed.
   Status ZeroDeviceSum();
   void Rollback(InFlight& job);
+  // overlap_comm: module m's gradients of the last micro-batch were queued.
+  Status OverlapAfter(int m);
+  // Issues the pieces whose sums have been accumulated; with `wait`, waits
+  // for every queued module's sums first (deterministic: down to the
+  // watermark the hooks so far have set).
+  Status PumpOverlap(bool wait);
+  // The window ends (or is dropped): its order becomes the previous one.
+  void EndOverlapWindow(bool keep_order);
 
   gpu::Device* dev_;
   const Layout* layout_;
@@ -134,6 +152,16 @@ class HostOptimizer final : public OptimizerBackend {
   std::unique_ptr<gpu::Event> summed_, zeroed_;
   bool zero_in_flight_ = false;
   int64_t steps_ = 0;
+  // overlap_comm: this window's last-micro-batch backward order, the
+  // previous window's (when strictly descending), whether this window
+  // overlaps, the elements known final, and the watermarks waiting for the
+  // gradient worker (watermark, GradOffloader ticket).
+  struct Overlap {
+    std::vector<int> order, previous;
+    bool on = false;
+    int64_t final_from = 0;
+    std::deque<std::pair<int64_t, int64_t>> pending;
+  } ov_;
 };
 
 }  // namespace strata::scheduler

@@ -235,6 +235,7 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
     j["rank"] = s.rank;
     j["world_size"] = s.world_size;
     j["comm_reduced_bytes"] = s.comm_reduced_bytes;
+    j["comm_overlapped_bytes"] = s.comm_overlapped_bytes;
     j["comm_gathered_bytes"] = s.comm_gathered_bytes;
     j["comm_s"] = s.comm_s;
   }

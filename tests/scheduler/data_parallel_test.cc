@@ -91,6 +91,7 @@ struct Shape {
   int64_t sub_group_size = 0;  // 0: the toy's (1000)
   // offload_optimizer none through the device optimizer (as on a GPU).
   bool device_optimizer = false;
+  bool overlap_comm = false;  // zero_optimization.overlap_comm
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
@@ -104,6 +105,7 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   if (s.sub_group_size > 0) c.zero_optimization.sub_group_size = s.sub_group_size;
   if (s.extra > 0) c.strata.hbm_budget_bytes = 64 << 20;
   c.zero_optimization.stage = s.stage;
+  c.zero_optimization.overlap_comm = s.overlap_comm;
   c.gradient_accumulation_steps = gas;
   c.train_batch_size = gas * DataParallelRanks();  // the global batch
   c.gradient_clipping = s.clipping;
@@ -533,6 +535,151 @@ TEST(DataParallelDeviceOptimizerTest, FourRanksClipAndResumeOnTwo) {
   EXPECT_NEAR(runs.ranks[0].grad_norm, runs.ref.grad_norm, 1e-9 * runs.ref.grad_norm);
   s.clipping = 0;
   ExpectResumedAtAnotherWorldSize(s, 4, 4, 2, 1e-6);
+}
+
+// ---- The reduction overlapped with backward (overlap_comm) -----------------------
+
+// One micro-batch of the toy with the backward pass in `order` (module ids),
+// calling `after(m)` after each module's AfterBackward.
+void MicroBatchInOrder(Engine& e, int batch, float scale, const std::vector<int>& order,
+                       const std::function<void(int)>& after = {}) {
+  for (int m = 0; m < kModules; ++m) {
+    RANK_OK(e.BeforeForward(m).status());
+    RANK_OK(e.AfterForward(m));
+  }
+  for (int m : order) {
+    auto v = e.BeforeBackward(m);
+    RANK_OK(v.status());
+    for (int i = 0; i < 2; ++i) {
+      const DType t = testing::ToyDType(m, i);
+      for (int64_t j = 0; j < testing::ToyNumel(m, i); ++j) {
+        const float p = testing::Load(v->params[static_cast<size_t>(i)], t, j);
+        const float g =
+            scale * (0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m));
+        testing::Store(v->grads[static_cast<size_t>(i)], t, j, g);
+      }
+    }
+    RANK_OK(e.AfterBackward(m));
+    if (after) after(m);
+  }
+}
+
+// Two ranks with overlap_comm give the bits of one rank (2 ranks: a + b in
+// any order), at every stage and with two micro-batches a window; from the
+// second window on, the gradients are reduced while backward goes on.
+TEST(DataParallelOverlapTest, TwoRanksGiveTheBitsOfOneRankWhileBackwardGoesOn) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(stage);
+    Shape s;
+    s.stage = stage;
+    s.overlap_comm = true;
+    const Runs runs = TrainBoth(s, 2);
+    EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
+                             runs.ref.params.size() * 4))
+        << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+  }
+  testing::ScratchDir keep("strata-dp-overlap");
+  const std::string out = keep.str();
+  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+    SetRankEnv(e, true);
+    Shape s;
+    s.overlap_comm = true;
+    auto engine = CreateFor(s, ShapeConfig(s, e.dir, 2));
+    RANK_OK(engine.status());
+    Engine& eng = **engine;
+    testing::RegisterToy(eng, 17, kModules);
+    const std::vector<int> down = {5, 4, 3, 2, 1, 0};
+    for (int step = 0; step < 3; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        MicroBatchInOrder(eng, (step * 2 + k) * 2 + e.rank, 0.5f, down);
+        auto st = eng.Step();
+        RANK_OK(st.status());
+        if (k == 0) continue;
+        RANK_CHECK(st->comm_reduced_bytes > 0, "step {}: nothing reduced", step);
+        // The first window has no previous order: reduced at its end.
+        RANK_CHECK((step == 0) == (st->comm_overlapped_bytes == 0),
+                   "step {}: {} of {} bytes reduced while backward went on", step,
+                   st->comm_overlapped_bytes, st->comm_reduced_bytes);
+      }
+    }
+    WriteResult(fmt::format("{}/overlap-{}", out, e.rank), eng, 0, 0);
+  }));
+  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+    SetRankEnv(e, true);
+    Shape s;
+    auto engine = CreateFor(s, ShapeConfig(s, e.dir, 2));
+    RANK_OK(engine.status());
+    Engine& eng = **engine;
+    testing::RegisterToy(eng, 17, kModules);
+    for (int step = 0; step < 3; ++step)
+      for (int k = 0; k < 2; ++k) {
+        MicroBatchInOrder(eng, (step * 2 + k) * 2 + e.rank, 0.5f, {5, 4, 3, 2, 1, 0});
+        RANK_OK(eng.Step().status());
+      }
+    WriteResult(fmt::format("{}/plain-{}", out, e.rank), eng, 0, 0);
+  }));
+  const Result a = ReadResult(out + "/overlap-0", 0), b = ReadResult(out + "/plain-0", 0);
+  EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4))
+      << "overlap_comm changed the result with two micro-batches a window";
+}
+
+// A collective of the framework's in the middle of backward (the engine's
+// ReduceOverRanks) comes after the same pieces on every rank: no hang, and
+// the same bits. A backward order that is not descending never overlaps; one
+// that runs a reduced module again fails the step, naming overlap_comm.
+TEST(DataParallelOverlapTest, MidBackwardCollectivesAndOrderChanges) {
+  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+    SetRankEnv(e, true);
+    Shape s;
+    s.overlap_comm = true;
+    auto engine = CreateFor(s, ShapeConfig(s, e.dir, 1));
+    RANK_OK(engine.status());
+    Engine& eng = **engine;
+    testing::RegisterToy(eng, 17, kModules);
+    const std::vector<int> down = {5, 4, 3, 2, 1, 0};
+    for (int step = 0; step < 3; ++step) {
+      MicroBatchInOrder(eng, step * 2 + e.rank, 1.0f, down, [&](int m) {
+        if (m != 3) return;
+        double x = e.rank + 1;
+        RANK_OK(eng.ReduceOverRanks(std::span<double>(&x, 1), Engine::OverRanks::kSum));
+        RANK_CHECK(x == 3, "the sum over the ranks is {}", x);
+      });
+      RANK_OK(eng.Step().status());
+    }
+    // Not descending (module 5 last): the next window reduces at its end.
+    const std::vector<int> other = {4, 3, 2, 1, 0, 5};
+    for (int step = 0; step < 2; ++step) {
+      MicroBatchInOrder(eng, 100 + step * 2 + e.rank, 1.0f, other);
+      auto st = eng.Step();
+      RANK_OK(st.status());
+      if (step == 1)
+        RANK_CHECK(st->comm_overlapped_bytes == 0, "{} bytes overlapped",
+                   st->comm_overlapped_bytes);
+    }
+    // Descending again, twice: the second window overlaps; then module 5's
+    // backward again after module 4's, whose sums were final.
+    for (int step = 0; step < 2; ++step) {
+      MicroBatchInOrder(eng, 200 + step * 2 + e.rank, 1.0f, down);
+      RANK_OK(eng.Step().status());
+    }
+    Status failed;
+    for (int m = 0; m < kModules; ++m) {
+      RANK_OK(eng.BeforeForward(m).status());
+      RANK_OK(eng.AfterForward(m));
+    }
+    for (int m : {5, 4, 5}) {
+      auto v = eng.BeforeBackward(m);
+      if (!v.ok()) {
+        failed = v.status();
+        break;
+      }
+      failed = eng.AfterBackward(m);
+      if (!failed.ok()) break;
+    }
+    RANK_CHECK(failed.code() == StatusCode::kFailedPrecondition &&
+                   failed.ToString().find("overlap_comm") != std::string::npos,
+               "{}", failed.ToString());
+  }));
 }
 
 // ---- Four ranks, global clipping: within rounding, and repeatable ------------
