@@ -23,6 +23,14 @@ HostOptimizer::HostOptimizer(gpu::Device* device, const Layout* layout,
       opts_(std::move(options)) {}
 
 HostOptimizer::~HostOptimizer() {
+  if (issuer_.joinable()) {
+    {
+      MutexLock lock(&issue_mu_);
+      issue_stop_ = true;
+    }
+    issue_cv_.NotifyAll();
+    issuer_.join();
+  }
   // A step still running in the background ends first; it is not committed
   // (nothing reads the engine's state any more).
   inflight_.reset();
@@ -32,8 +40,15 @@ HostOptimizer::~HostOptimizer() {
 }
 
 Status HostOptimizer::Start(int64_t* pinned_bytes) {
-  if (opts_.dp != nullptr && opts_.overlap_comm)
-    opts_.dp->set_flush([this] { return PumpOverlap(/*wait=*/true); });
+  if (opts_.dp != nullptr && opts_.overlap_comm) {
+    opts_.dp->set_flush([this] { return DrainIssuer(); });
+    try {
+      issuer_ = std::thread([this] { Issuer(); });
+    } catch (const std::system_error& e) {
+      return ResourceExhaustedError(
+          fmt::format("overlap_comm: cannot start the reduction's thread: {}", e.what()));
+    }
+  }
   grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
   RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes,
                                 /*host_accumulator=*/!opts_.grads_on_nvme, opts_.landing_bytes,
@@ -130,22 +145,46 @@ Status HostOptimizer::OverlapAfter(int m) {
     return Status();
   }
   ov_.final_from = std::min(ov_.final_from, me.elems() > 0 ? me.elem_begin : ov_.final_from);
-  ov_.pending.emplace_back(ov_.final_from, grads_->queued());
-  return PumpOverlap(false);
+  {
+    MutexLock lock(&issue_mu_);
+    issue_queue_.emplace_back(ov_.final_from, grads_->queued());
+  }
+  issue_cv_.NotifyAll();
+  return Status();
 }
 
-Status HostOptimizer::PumpOverlap(bool wait) {
-  while (!ov_.pending.empty()) {
-    const auto [from, ticket] = ov_.pending.front();
-    if (wait) {
-      RETURN_IF_ERROR(grads_->WaitAccumulated(ticket));
-    } else if (!grads_->Accumulated(ticket)) {
-      break;
+void HostOptimizer::Issuer() {
+  for (;;) {
+    std::pair<int64_t, int64_t> next;
+    {
+      MutexLock lock(&issue_mu_);
+      while (!issue_stop_ && issue_queue_.empty()) issue_cv_.Wait(&issue_mu_);
+      if (issue_queue_.empty()) return;
+      next = issue_queue_.front();
+      issuing_ = true;
     }
-    RETURN_IF_ERROR(opts_.dp->ReduceFrom(from));
-    ov_.pending.pop_front();
+    // A failed gradient add fails this rank's step: it issues nothing more
+    // (the other ranks' collectives then fail within the timeout).
+    Status s = grads_->WaitAccumulated(next.second);
+    {
+      MutexLock lock(&issue_mu_);
+      if (!issue_error_.ok()) s = issue_error_;
+    }
+    if (s.ok()) s = opts_.dp->ReduceFrom(next.first);
+    {
+      MutexLock lock(&issue_mu_);
+      issue_queue_.pop_front();
+      issuing_ = false;
+      if (!s.ok() && issue_error_.ok()) issue_error_ = s;
+    }
+    issue_cv_.NotifyAll();
   }
-  return Status();
+}
+
+Status HostOptimizer::DrainIssuer() {
+  MutexLock lock(&issue_mu_);
+  while (!issue_queue_.empty() || issuing_) issue_cv_.Wait(&issue_mu_);
+  return issue_error_;
 }
 
 void HostOptimizer::EndOverlapWindow(bool keep_order) {
@@ -154,8 +193,12 @@ void HostOptimizer::EndOverlapWindow(bool keep_order) {
       std::adjacent_find(ov_.order.begin(), ov_.order.end()) == ov_.order.end())
     ov_.previous = ov_.order;
   ov_.order.clear();
-  ov_.pending.clear();
   ov_.on = false;
+  if (issuer_.joinable()) {
+    DrainIssuer().IgnoreError();
+    MutexLock lock(&issue_mu_);
+    issue_error_ = Status();
+  }
   ov_.final_from = layout_->total_elems();
   if (opts_.dp != nullptr) opts_.dp->AbandonOverlap();
 }
@@ -205,8 +248,8 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   // partition, then combined.
   Status reduced;
   if (dp->overlapping()) {
-    ov_.pending.clear();  // the gradients are drained: FinishOverlap issues the rest
-    reduced = dp->FinishOverlap();
+    reduced = DrainIssuer();  // then FinishOverlap issues the rest
+    if (reduced.ok()) reduced = dp->FinishOverlap();
   } else {
     reduced = dp->ReduceGradients(grads_->accumulator());
   }

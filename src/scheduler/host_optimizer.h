@@ -20,6 +20,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "src/scheduler/data_parallel.h"
@@ -124,10 +125,14 @@ class HostOptimizer final : public OptimizerBackend {
   void Rollback(InFlight& job);
   // overlap_comm: module m's gradients of the last micro-batch were queued.
   Status OverlapAfter(int m);
-  // Issues the pieces whose sums have been accumulated; with `wait`, waits
-  // for every queued module's sums first (deterministic: down to the
-  // watermark the hooks so far have set).
-  Status PumpOverlap(bool wait);
+  // Waits until the issuer has issued every watermark handed to it, and
+  // returns its first error (every rank has then issued the same pieces).
+  Status DrainIssuer() EXCLUDES(issue_mu_);
+  // The issuer thread: waits for each watermark's gradients to be
+  // accumulated, then issues the pieces above it (DataParallel::ReduceFrom).
+  // Its own thread, because copying pageable sums into the staging buffer
+  // blocks until the collectives' stream reaches the copy.
+  void Issuer() EXCLUDES(issue_mu_);
   // The window ends (or is dropped): its order becomes the previous one.
   void EndOverlapWindow(bool keep_order);
 
@@ -152,16 +157,23 @@ class HostOptimizer final : public OptimizerBackend {
   std::unique_ptr<gpu::Event> summed_, zeroed_;
   bool zero_in_flight_ = false;
   int64_t steps_ = 0;
-  // overlap_comm: this window's last-micro-batch backward order, the
-  // previous window's (when strictly descending), whether this window
-  // overlaps, the elements known final, and the watermarks waiting for the
-  // gradient worker (watermark, GradOffloader ticket).
+  // overlap_comm (main thread): this window's last-micro-batch backward
+  // order, the previous window's (when strictly descending), whether this
+  // window overlaps, and the elements known final.
   struct Overlap {
     std::vector<int> order, previous;
     bool on = false;
     int64_t final_from = 0;
-    std::deque<std::pair<int64_t, int64_t>> pending;
   } ov_;
+  // The issuer's queue of (watermark, GradOffloader ticket), whether it is
+  // issuing one, its first error, and its thread.
+  Mutex issue_mu_;
+  CondVar issue_cv_;
+  std::deque<std::pair<int64_t, int64_t>> issue_queue_ GUARDED_BY(issue_mu_);
+  bool issuing_ GUARDED_BY(issue_mu_) = false;
+  bool issue_stop_ GUARDED_BY(issue_mu_) = false;
+  Status issue_error_ GUARDED_BY(issue_mu_);
+  std::thread issuer_;
 };
 
 }  // namespace strata::scheduler
