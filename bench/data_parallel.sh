@@ -8,8 +8,9 @@
 # steps 2.. of the step time, the time waited for collectives (comm_s), the
 # share of the reduced bytes issued during backward, the CPU optimizer's
 # blocking time, tokens/s, the plan's DRAM bytes of one rank (optimizer
-# states and accumulator), the final loss and whether every step's loss is
-# the same bits as one rank's.
+# states and accumulator), the time of the checkpoint saved after the last
+# step (one rank: states.bin; two: a states file per rank), the final loss
+# and whether every step's loss is the same bits as one rank's.
 #
 #   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [LAYERSxHIDDEN]
 #
@@ -50,17 +51,20 @@ config one 2 1 false
 config two 1 2 false
 config ovl 1 2 true
 for i in $(seq "$RUNS"); do
-  "$STRATA" train --config "$WORK/one.json" --steps "$STEPS" --json 2>/dev/null >"$WORK/one-$i.out"
+  "$STRATA" train --config "$WORK/one.json" --steps "$STEPS" --json \
+    --checkpoint-dir "$WORK/ckpt-one-$i" 2>/dev/null >"$WORK/one-$i.out"
   for name in two ovl; do
     "$STRATA" train --config "$WORK/$name.json" --steps "$STEPS" --json --nproc-per-node 2 \
-      2>/dev/null >"$WORK/$name-$i.out"
+      --checkpoint-dir "$WORK/ckpt-$name-$i" 2>/dev/null >"$WORK/$name-$i.out"
   done
+  rm -rf "$WORK"/ckpt-*
 done
 /usr/bin/python3 - "$WORK" "$RUNS" <<'PY'
 import json, statistics as st, sys
 work, runs = sys.argv[1], int(sys.argv[2])
 print(f"{'ranks':>5} {'overlap':>7} {'run':>3} {'step s':>8} {'comm s':>8} {'ovl %':>6} "
-      f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'final loss':>18} {'same losses':>11}")
+      f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'save s':>7} {'final loss':>18} "
+      f"{'same losses':>11}")
 for i in range(1, runs + 1):
     one = json.load(open(f"{work}/one-{i}.out"))
     for name, ranks in (("one", 1), ("two", 2), ("ovl", 2)):
@@ -73,6 +77,6 @@ for i in range(1, runs + 1):
         same = j["losses"] == one["losses"]
         print(f"{ranks:>5} {str(name == 'ovl'):>7} {i:>3} {med('step_time_s'):>8.3f} "
               f"{med('comm_s'):>8.3f} {ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
-              f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi {j['losses'][-1]:>18.15f} "
-              f"{str(same):>11}")
+              f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi "
+              f"{j['checkpoint']['save_s'][-1]:>7.3f} {j['losses'][-1]:>18.15f} {str(same):>11}")
 PY
