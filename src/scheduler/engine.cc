@@ -302,9 +302,6 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
         "all of them (offload_param {}); optimizer states and gradients are partitioned as with "
         "stage 2",
         ranks, OffloadDeviceName(param_place()));
-  if (cfg_.strata.delayed_param_update)
-    return NotSupportedError(
-        fmt::format("strata.delayed_param_update: true {}: not supported yet", ranks));
   if (cfg_.strata.grad_tier == GradTier::kNvme)
     return NotSupportedError(
         fmt::format("strata.grad_tier: nvme {}: not supported yet (auto or dram)", ranks));
@@ -874,9 +871,10 @@ Status EngineImpl::EndWindow(StepStats* st) {
   p.hp = p.group_hp[0];
   p.delayed = cfg_.strata.delayed_param_update &&
               backend_->steps() >= cfg_.strata.delayed_param_update_warmup;
-  // With several ranks the step runs inline: the ranks' parameters are
-  // gathered after it.
-  p.background = !dp_ && (p.delayed || cfg_.strata.overlap_optimizer);
+  // With several ranks the step runs inline (the ranks' parameters are
+  // gathered after it) but with delayed_param_update, whose step the next
+  // Step() joins on every rank: the gather happens there.
+  p.background = p.delayed || (!dp_ && cfg_.strata.overlap_optimizer);
   const int64_t before = backend_->steps();
   Status launched = backend_->Launch(p);
   st->applied = backend_->steps() > before;

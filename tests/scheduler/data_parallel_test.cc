@@ -92,6 +92,7 @@ struct Shape {
   // offload_optimizer none through the device optimizer (as on a GPU).
   bool device_optimizer = false;
   bool overlap_comm = false;  // zero_optimization.overlap_comm
+  bool delayed = false;       // strata.delayed_param_update
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
@@ -106,6 +107,7 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   if (s.extra > 0) c.strata.hbm_budget_bytes = 64 << 20;
   c.zero_optimization.stage = s.stage;
   c.zero_optimization.overlap_comm = s.overlap_comm;
+  c.strata.delayed_param_update = s.delayed;
   c.gradient_accumulation_steps = gas;
   c.train_batch_size = gas * DataParallelRanks();  // the global batch
   c.gradient_clipping = s.clipping;
@@ -173,8 +175,10 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     RANK_OK(st.status());
     RANK_CHECK(st->applied, "step {} not applied", step);
     RANK_CHECK(st->world_size == (data_parallel ? W : 1), "world_size {}", st->world_size);
+    // (delayed_param_update: the first Step() has no step to join, so
+    // nothing to gather.)
     if (data_parallel)
-      RANK_CHECK(st->comm_reduced_bytes > 0 && st->comm_gathered_bytes > 0,
+      RANK_CHECK(st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)),
                  "collectives moved {} / {} bytes", st->comm_reduced_bytes,
                  st->comm_gathered_bytes);
     norm = st->grad_norm;
@@ -537,6 +541,24 @@ TEST(DataParallelDeviceOptimizerTest, FourRanksClipAndResumeOnTwo) {
   ExpectResumedAtAnotherWorldSize(s, 4, 4, 2, 1e-6);
 }
 
+// ---- delayed_param_update: the step overlaps the next window -------------------
+
+// The step of window w runs in the background during window w + 1 (whose
+// forward uses the parameters before it) and the next Step() joins it: the
+// ranks gather there. Two ranks give one rank's bits, with overlap_comm too.
+TEST(DataParallelTest, DelayedParamUpdateGivesTheBitsOfOneRank) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap);
+    Shape s;
+    s.delayed = true;
+    s.overlap_comm = overlap;
+    const Runs runs = TrainBoth(s, 2);
+    EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
+                             runs.ref.params.size() * 4))
+        << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+  }
+}
+
 // ---- The reduction overlapped with backward (overlap_comm) -----------------------
 
 // One micro-batch of the toy with the backward pass in `order` (module ids),
@@ -804,7 +826,6 @@ TEST(DataParallelTest, UnsupportedCombinationsAreRefusedNamingTheKey) {
          c.zero_optimization.offload_optimizer.nvme_path = {dir.str()};
          c.strata.grad_tier = GradTier::kNvme;
        }},
-      {"strata.delayed_param_update", [](Config& c) { c.strata.delayed_param_update = true; }},
   };
   for (const Refusal& r : refusals) {
     Config c = ShapeConfig(Shape{}, dir.str(), 1);
