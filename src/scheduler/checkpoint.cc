@@ -882,12 +882,42 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
       meta->bytes += bytes;
       return Status();
     };
-    if (rank == 0)
+    if (store->params_partitioned()) {
+      // Every rank gathers each module (a collective) and rank 0 writes
+      // them; rank 0 goes on gathering after a write error, so that the
+      // others are not left waiting.
+      std::optional<File> out;
+      Status write_error;
+      uint32_t crc = 0;
+      int64_t bytes = 0;
+      const std::string path = dir + "/" + kParamsFile;
+      if (rank == 0) {
+        StatusOr<File> f = File::Open(path, O_WRONLY | O_CREAT | O_EXCL);
+        if (f.ok()) out.emplace(std::move(*f));
+        write_error = f.status();
+      }
+      for (int m = 0; m < layout.num_modules(); ++m) {
+        RETURN_IF_ERROR(store->ReadModuleParams(m, buf.data()));
+        const auto n = static_cast<size_t>(layout.module(m).bytes());
+        if (rank != 0 || !write_error.ok()) continue;
+        crc = Crc32cExtend(crc, buf.data(), n);
+        write_error = out->Append(buf.data(), n);
+        bytes += static_cast<int64_t>(n);
+      }
+      if (rank == 0) {
+        if (write_error.ok()) write_error = out->Sync();
+        if (write_error.ok()) write_error = out->Close();
+        RETURN_IF_ERROR(write_error);
+        files.push_back({{"name", kParamsFile}, {"bytes", bytes}, {"crc32c", Hex32(crc)}});
+        meta->bytes += bytes;
+      }
+    } else if (rank == 0) {
       RETURN_IF_ERROR(write_file(kParamsFile, 0, static_cast<size_t>(layout.num_modules()),
                                  [&](size_t m, void* b) -> StatusOr<int64_t> {
                                    RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
                                    return layout.module(static_cast<int>(m)).bytes();
                                  }));
+    }
     return write_file(mine.name, g0, g1, [&](size_t g, void* b) -> StatusOr<int64_t> {
       RETURN_IF_ERROR(store->ReadGroupStates(g, b));
       return kOptimizerStateBytesPerElem * layout.group(g).elems();

@@ -277,6 +277,47 @@ Status DataParallel::GatherParams(uint8_t* params, Memory where) {
   return Status();
 }
 
+Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
+                                 uint8_t* dst) {
+  RETURN_IF_ERROR(Flush());
+  const int64_t t0 = NowNanos();
+  const int n_ranks = world_size(), me = rank();
+  // Each rank's piece of the range, and the longest.
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  int64_t longest = 0;
+  for (int r = 0; r < n_ranks; ++r) {
+    const auto [b0, b1] = layout_->OwnedBytes(r);
+    const int64_t lo = std::max(b0, byte_begin), hi = std::max(lo, std::min(b1, byte_end));
+    pieces.emplace_back(lo, hi);
+    longest = std::max(longest, hi - lo);
+  }
+  const int64_t mine_at = pieces[static_cast<size_t>(me)].first - layout_->OwnedBytes(me).first;
+  const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
+  auto* send = staging_.as<uint8_t>();
+  uint8_t* recv = send + chunk_bytes;
+  for (int64_t off = 0; off < longest; off += chunk_bytes) {
+    const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;  // whole fp32 slots
+    auto len = [&](int r) {
+      const auto [lo, hi] = pieces[static_cast<size_t>(r)];
+      return std::clamp<int64_t>(hi - lo - off, 0, n);
+    };
+    if (len(me) > 0)
+      RETURN_IF_ERROR(dev_->CopyH2D(send, mine + mine_at + off, static_cast<size_t>(len(me)),
+                                    *stream_));
+    RETURN_IF_ERROR(
+        comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
+    for (int r = 0; r < n_ranks; ++r) {
+      if (len(r) == 0) continue;
+      RETURN_IF_ERROR(dev_->CopyD2H(dst + (pieces[static_cast<size_t>(r)].first - byte_begin) + off,
+                                    recv + r * n, static_cast<size_t>(len(r)), *stream_));
+      if (r != me) counters_.gathered_bytes += len(r);
+    }
+    RETURN_IF_ERROR(Sync("gathering a module's parameters"));
+  }
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+  return Status();
+}
+
 Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
   RETURN_IF_ERROR(Flush());
   const int64_t part = layout_->partition_elems();

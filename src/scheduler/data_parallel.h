@@ -145,6 +145,12 @@ class DataParallel {
   // params: the parameter-byte space (Layout::total_param_bytes()), current
   // in this rank's OwnedBytes; after: current everywhere.
   Status GatherParams(uint8_t* params, Memory where = Memory::kHost);
+  // Stage 3's partitioned parameters: bytes [byte_begin, byte_end) of the
+  // parameter-byte space (a module) into dst[0, byte_end - byte_begin),
+  // each rank sending its part of them (Layout::OwnedBytes) from `mine`,
+  // its own part's array (byte OwnedBytes(rank).first at mine[0]). A
+  // collective: every rank asks for the same ranges in the same order.
+  Status GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, uint8_t* dst);
   // out: parameter p's fp32 values, current where this rank owns them;
   // after: every element from its owner (a collective: every rank calls it
   // for the same parameters in the same order).

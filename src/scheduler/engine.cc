@@ -159,6 +159,11 @@ class EngineImpl final : public Engine {
   // refuses what it does not support yet, naming the key, and gives each rank
   // its own directory under every nvme_path (rank-<k>). Before the device.
   Status PrepareDataParallel(const gpu::CommOptions& comm);
+  // Stage 3 with several ranks and offload_param cpu: each rank's host
+  // copies hold its part of the parameters, and fetches gather modules.
+  bool PartitionsParams() const {
+    return dp_ && cfg_.zero_optimization.stage == 3 && param_place() == OffloadDevice::kCpu;
+  }
   // Several ranks: this rank's place and the ranks' all-gather, for
   // checkpoints (null with one rank).
   std::unique_ptr<scheduler::CheckpointRanks> CheckpointRanks() const;
@@ -296,11 +301,11 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   const auto& zo = cfg_.zero_optimization;
   const std::string ranks = fmt::format("with {} ranks (WORLD_SIZE)", comm.world_size);
   // (DataParallel::Create refuses the stages it does not partition.)
-  if (zo.stage == 3)
+  if (zo.stage == 3 && param_place() != OffloadDevice::kCpu)
     STRATA_LOG_WARN(
-        "zero_optimization.stage 3 {}: the parameters are not partitioned yet: every rank keeps "
-        "all of them (offload_param {}); optimizer states and gradients are partitioned as with "
-        "stage 2",
+        "zero_optimization.stage 3 {}: the parameters are partitioned with offload_param cpu "
+        "only: with offload_param {} every rank keeps all of them; optimizer states and "
+        "gradients are partitioned as with stage 2",
         ranks, OffloadDeviceName(param_place()));
   if (cfg_.strata.grad_tier == GradTier::kNvme)
     return NotSupportedError(
@@ -492,7 +497,15 @@ Status EngineImpl::Plan() {
     placement.fold_override = 0;  // the reduction reads one accumulator
     if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
   }
-  const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
+  scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
+  if (PartitionsParams()) {
+    int64_t largest = 0;  // every rank plans for the largest part
+    for (int r = 0; r < dp_->world_size(); ++r) {
+      const auto [b0, b1] = layout_.OwnedBytes(r);
+      largest = std::max(largest, scheduler::IoBytes(std::max<int64_t>(1, b1 - b0)));
+    }
+    sizes.partitioned_param_bytes = largest;
+  }
   scheduler::TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
       scheduler::UsedNvmePaths(cfg_), cfg_.strata.dram_budget_bytes);
@@ -576,6 +589,14 @@ void EngineImpl::PredictStep(const scheduler::Placement& placement,
 Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
   if (dp_) store_->set_rank(dp_->rank());
+  if (PartitionsParams()) {
+    scheduler::DataParallel* dp = dp_.get();
+    const scheduler::Layout* layout = &layout_;
+    store_->PartitionParams([dp, layout](int m, const uint8_t* mine, uint8_t* dst) {
+      const scheduler::ModuleExtent& me = layout->module(m);
+      return dp->GatherRange(me.byte_begin, me.byte_end, mine, dst);
+    });
+  }
   if (device_optimizer_) {
     RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));
     auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(

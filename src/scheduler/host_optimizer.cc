@@ -350,7 +350,8 @@ Status HostOptimizer::Join() {
     // DPU: the device copies were used during the step; they go now.
     Status cs = p.delayed ? invalidate_() : Status();
     // Data parallelism: every rank's partition of the new parameters.
-    if (cs.ok() && s.ok() && opts_.dp != nullptr) {
+    // (Stage 3 partitioned parameters stay partitioned: fetches gather them.)
+    if (cs.ok() && s.ok() && opts_.dp != nullptr && !store_->params_partitioned()) {
       cs = opts_.dp->GatherParams(store_->next_params());
       if (!cs.ok())
         cs = cs.WithContext(fmt::format(

@@ -460,6 +460,7 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
   const Layout& layout = *deps_.layout;
   const SubGroup& sg = layout.group(g);
   uint8_t* next = deps_.store->next_params();
+  const int64_t next_base = deps_.store->param_byte_base();  // partitioned: this rank's first byte
   std::vector<cpu_adam::ShardStep> out;
   for (const Layout::Slice& s : layout.Slices(sg.elem_begin, sg.elem_end)) {
     const ParamRec& p = layout.param(s.param);
@@ -480,7 +481,7 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
     st.exp_avg = m + (s.elem_begin - base);
     st.exp_avg_sq = v + (s.elem_begin - base);
     st.count = static_cast<size_t>(s.elem_end - s.elem_begin);
-    st.copy_out = next != nullptr ? next + s.byte_offset : nullptr;
+    st.copy_out = next != nullptr ? next + (s.byte_offset - next_base) : nullptr;
     st.copy_dtype = p.dtype;
     st.hp =
         params_.group_hp.empty() ? params_.hp : params_.group_hp.at(static_cast<size_t>(p.group));

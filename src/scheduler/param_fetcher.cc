@@ -312,6 +312,28 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
     s.data = s.slot.data();
   }
   s.prefetched = prefetch;
+  if (store_->params_partitioned()) {
+    // Every rank's part of the module, gathered now (a collective: fetches
+    // are on demand only, in the program's order), then copied as a read.
+    gpu::PinnedPool* pool = store_->param_pool();
+    StatusOr<gpu::PinnedBuffer> staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
+    if (!staging.ok()) {
+      RETURN_IF_ERROR(ReclaimStaging(true));  // staging returns after its H2D
+      staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
+    }
+    Status gathered = staging.status();
+    if (gathered.ok()) {
+      s.staging = std::move(*staging);
+      gathered = store_->GatherModule(m, s.staging.as<uint8_t>());
+    }
+    if (!gathered.ok()) {
+      s.staging.Reset();
+      s.slot.Reset();
+      s.data = nullptr;
+      return gathered.WithContext(fmt::format("fetching module {} from the ranks", m));
+    }
+    return StartCopy(m);
+  }
   if (store_->param_place() == OffloadDevice::kCpu) return StartCopy(m);
   if (progress_->reading_next_params()) {
     // The step's write-back buffer of the module, when it still holds it: no
@@ -376,7 +398,10 @@ Status ParamFetcher::WaitResident(int m) {
 }
 
 Status ParamFetcher::Prefetch() {
-  if (!params_offloaded() || !trace_->following()) return Status();
+  // (Partitioned parameters are gathered on demand: a prefetch depends on
+  // free slots, which differ between ranks, and a gather needs every rank.)
+  if (!params_offloaded() || !trace_->following() || store_->params_partitioned())
+    return Status();
   int64_t live = live_elems();
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);

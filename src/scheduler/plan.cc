@@ -242,6 +242,10 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
                            FormatBytes(per), grads_on_nvme ? " (states and gradients)" : ""));
   }
+  if (s.partitioned_param_bytes > 0)
+    pinned.Add(pl.param_buffer_count * s.max_module_bytes,
+               fmt::format("parameter gather {} x {}", pl.param_buffer_count,
+                           FormatBytes(s.max_module_bytes)));
   if (pl.params == OffloadDevice::kNvme) {
     pinned.Add(pl.param_buffer_count * s.max_module_bytes,
                fmt::format("parameter fetch {} x {}", pl.param_buffer_count,
@@ -263,13 +267,16 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   const bool swaps = pl.params == OffloadDevice::kCpu ||
                      (pl.params == OffloadDevice::kNone && pl.overlap_optimizer);
   const bool copies_all = pl.params != OffloadDevice::kNvme || pl.world_size > 1;
-  plan.param_copy_bytes = copies_all ? (swaps ? 2 : 1) * s.total_param_bytes : 0;
+  // The host arrays: every parameter's bytes, or this rank's part of them.
+  const int64_t host_param_bytes =
+      s.partitioned_param_bytes > 0 ? s.partitioned_param_bytes : s.total_param_bytes;
+  plan.param_copy_bytes = copies_all ? (swaps ? 2 : 1) * host_param_bytes : 0;
   const int64_t pinned_left =
       facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
   plan.pin_param_copies = pl.pin_param_copies || plan.param_copy_bytes <= pinned_left;
   const std::string copies =
-      swaps ? fmt::format("parameter copies 2 x {}", FormatBytes(s.total_param_bytes))
-            : fmt::format("updated parameters {}", FormatBytes(s.total_param_bytes));
+      swaps ? fmt::format("parameter copies 2 x {}", FormatBytes(host_param_bytes))
+            : fmt::format("updated parameters {}", FormatBytes(host_param_bytes));
   if (!copies_all) {
     // Nothing to place.
   } else if (plan.pin_param_copies) {
@@ -320,11 +327,11 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
     dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
   }
   if (copies_all && !plan.pin_param_copies)
-    dram.Add(s.total_param_bytes, "updated parameters " + FormatBytes(s.total_param_bytes));
+    dram.Add(host_param_bytes, "updated parameters " + FormatBytes(host_param_bytes));
   if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)
     dram.Add(states, "optimizer states " + FormatBytes(states));
   if (pl.params == OffloadDevice::kCpu && !plan.pin_param_copies)
-    dram.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
+    dram.Add(host_param_bytes, "parameters " + FormatBytes(host_param_bytes));
   if (pl.params == OffloadDevice::kNone && pl.overlap_optimizer && !plan.pin_param_copies)
     dram.Add(s.total_param_bytes,
              "parameter mirror (overlap_optimizer) " + FormatBytes(s.total_param_bytes));

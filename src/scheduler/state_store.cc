@@ -76,7 +76,7 @@ Status StateStore::Open(
   const auto& zo = cfg_->zero_optimization;
   const int64_t n = layout_->partition_elems();         // the owned elements
   const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
-  const int64_t param_bytes = layout_->total_param_bytes();
+  const int64_t param_bytes = param_array_bytes();
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
   Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
   grads_on_nvme_ = plan.grads_on_nvme;
@@ -148,9 +148,11 @@ Status StateStore::AllocatePools(int64_t* pinned_bytes) {
   if (placement_.optimizer == OffloadDevice::kNvme)
     RETURN_IF_ERROR(
         make_pool(&opt_pool_, optimizer_buffer_bytes(), placement_.optimizer_buffer_count));
-  if (placement_.params == OffloadDevice::kNvme) {
+  // (Partitioned parameters: the modules are gathered into the same buffers.)
+  if (placement_.params == OffloadDevice::kNvme || params_partitioned())
     RETURN_IF_ERROR(
         make_pool(&param_pool_, layout_->max_module_bytes(), placement_.param_buffer_count));
+  if (placement_.params == OffloadDevice::kNvme) {
     RETURN_IF_ERROR(make_pool(&param_write_pool_, layout_->max_module_bytes(), kParamWriteBuffers));
   }
   return Status();
@@ -205,7 +207,10 @@ Status StateStore::Initialize(
   uint8_t* next = next_params();  // null with offload_param nvme
   const int64_t n = layout_->partition_elems();  // the owned elements
   const int64_t base = state_base();
-  if (next != nullptr) std::memset(next, 0, static_cast<size_t>(layout_->total_param_bytes()));
+  if (next != nullptr) std::memset(next, 0, static_cast<size_t>(param_array_bytes()));
+  // Partitioned parameters: only this rank's elements are published.
+  const auto [own0, own1] = layout_->OwnedElems(rank_);
+  const int64_t pbase = param_byte_base();
   // The layout's alignment padding holds zeros (layout.h).
   std::vector<float> all_master;  // offload_optimizer none: copied to the device arena
   if (placement_.optimizer == OffloadDevice::kNone) all_master.assign(static_cast<size_t>(n), 0.f);
@@ -269,6 +274,14 @@ Status StateStore::Initialize(
           std::memset(module_buf.data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
         }
         param_bytes = module_buf.as<uint8_t>() + (p.byte_off - me.byte_begin);
+      } else if (params_partitioned()) {
+        // Element i of p at byte p.byte_off + i * size, this rank's from pbase.
+        const int64_t lo = std::max(sl.elem_begin, own0) - p.elem_off;
+        const int64_t hi = std::min(sl.elem_end, own1) - p.elem_off;
+        for (int64_t i = lo; i < hi; ++i)
+          StoreFromFloat(next + (p.byte_off - pbase), p.dtype, static_cast<size_t>(i),
+                         values[static_cast<size_t>(i)]);
+        continue;
       } else {
         param_bytes = next + p.byte_off;
       }
@@ -299,7 +312,7 @@ Status StateStore::Initialize(
     RETURN_IF_ERROR(s.Synchronize());
   }
   // Publish the initial parameters (offload_param nvme: written above).
-  const int64_t param_bytes = layout_->total_param_bytes();
+  const int64_t param_bytes = param_array_bytes();
   switch (placement_.params) {
     case OffloadDevice::kNone:
       RETURN_IF_ERROR(dev_->CopyH2D(device_params_.data(), next, static_cast<size_t>(param_bytes),
@@ -378,9 +391,14 @@ Status StateStore::WriteAllModules(StepOutcome* outcome) {
   return first;
 }
 
+Status StateStore::GatherModule(int m, uint8_t* buf) {
+  if (!params_partitioned()) return FailedPreconditionError("GatherModule: parameters not partitioned");
+  return gather_(m, host_params_.as<uint8_t>(), buf);
+}
+
 const uint8_t* StateStore::FetchSource(int m, bool updated) {
   const int64_t off = layout_->module(m).byte_begin;
-  if (placement_.params == OffloadDevice::kNvme) return nullptr;
+  if (placement_.params == OffloadDevice::kNvme || params_partitioned()) return nullptr;
   if (updated) return next_params() + off;
   if (placement_.params == OffloadDevice::kCpu) return host_params_.as<uint8_t>() + off;
   return nullptr;
@@ -435,15 +453,23 @@ Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
 }
 
 Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values) {
-  // The working-precision copy: the module's bytes, read, patched, written back.
-  const ModuleExtent& me = layout_->module(p.module);
-  ASSIGN_OR_RETURN(AlignedBuffer mod,
-                   AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(me.bytes())), kIoAlign));
-  RETURN_IF_ERROR(ReadModuleParams(p.module, mod.data()));
-  uint8_t* dst = mod.as<uint8_t>() + (p.byte_off - me.byte_begin);
-  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dst, p.dtype, i, values[i]);
-  RETURN_IF_ERROR(WriteModuleParams(p.module, mod.data()));
   const auto [own0, own1] = layout_->OwnedElems(rank_);
+  if (params_partitioned()) {
+    // The working-precision copy: this rank's elements, in both arrays.
+    const int64_t pbase = param_byte_base();
+    const int64_t lo = std::max(own0, p.elem_off) - p.elem_off;
+    const int64_t hi = std::min(own1, p.elem_off + p.numel) - p.elem_off;
+    for (int64_t i = lo; i < hi; ++i)
+      for (HostArray* a : {&host_params_, &next_params_})
+        StoreFromFloat(a->as<uint8_t>() + (p.byte_off - pbase), p.dtype, static_cast<size_t>(i),
+                       values[static_cast<size_t>(i)]);
+  }
+  return WriteOwnedMaster(p, values, own0, own1);
+}
+
+Status StateStore::WriteOwnedMaster(const ParamRec& p, std::span<const float> values,
+                                    int64_t own0, int64_t own1) {
+  if (!params_partitioned()) RETURN_IF_ERROR(WriteWorkingCopy(p, values));
   const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
   if (ob >= oe) return Status();
   const size_t bytes = static_cast<size_t>(oe - ob) * sizeof(float);
@@ -472,6 +498,17 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
     RETURN_IF_ERROR(WriteGroupStates(g, states.data()));
   }
   return Status();
+}
+
+Status StateStore::WriteWorkingCopy(const ParamRec& p, std::span<const float> values) {
+  // The working-precision copy: the module's bytes, read, patched, written back.
+  const ModuleExtent& me = layout_->module(p.module);
+  ASSIGN_OR_RETURN(AlignedBuffer mod,
+                   AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(me.bytes())), kIoAlign));
+  RETURN_IF_ERROR(ReadModuleParams(p.module, mod.data()));
+  uint8_t* dst = mod.as<uint8_t>() + (p.byte_off - me.byte_begin);
+  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dst, p.dtype, i, values[i]);
+  return WriteModuleParams(p.module, mod.data());
 }
 
 Status StateStore::ReadGroupStates(size_t g, void* buf) {
@@ -538,6 +575,7 @@ Status StateStore::ReadModuleParams(int m, void* buf) {
                                     static_cast<size_t>(me.bytes()), dev_->d2h()));
       return dev_->d2h().Synchronize();
     case OffloadDevice::kCpu:
+      if (params_partitioned()) return GatherModule(m, static_cast<uint8_t*>(buf));
       std::memcpy(buf, host_params_.as<uint8_t>() + me.byte_begin, static_cast<size_t>(me.bytes()));
       return Status();
     case OffloadDevice::kNvme:
@@ -551,6 +589,17 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
   const ModuleExtent& me = layout_->module(m);
   if (me.bytes() == 0) return Status();
   const size_t bytes = static_cast<size_t>(me.bytes());
+  if (params_partitioned()) {
+    // This rank's part of the module only.
+    const auto [b0, b1] = layout_->OwnedBytes(rank_);
+    const int64_t lo = std::max(b0, me.byte_begin), hi = std::min(b1, me.byte_end);
+    if (lo < hi) {
+      const auto* src = static_cast<const uint8_t*>(buf) + (lo - me.byte_begin);
+      std::memcpy(next_params() + (lo - b0), src, static_cast<size_t>(hi - lo));
+      std::memcpy(host_params_.as<uint8_t>() + (lo - b0), src, static_cast<size_t>(hi - lo));
+    }
+    return Status();
+  }
   if (placement_.params != OffloadDevice::kNvme)
     std::memcpy(next_params() + me.byte_begin, buf, bytes);
   switch (placement_.params) {

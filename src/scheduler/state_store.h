@@ -85,6 +85,28 @@ class StateStore {
   // arrays hold only those elements, from state_base(). REQUIRES: before
   // Open. One rank (the default): every element, state_base() 0.
   void set_rank(int rank) { rank_ = rank; }
+  // Stage 3 with offload_param cpu and several ranks: the host copies of the
+  // parameters (and the copy-out target) hold only this rank's bytes
+  // (Layout::OwnedBytes), from param_byte_base(); a fetch or a checkpoint
+  // gets a module's bytes through `gather` (a collective: every rank calls
+  // it for the same modules in the same order). REQUIRES: before Open.
+  void PartitionParams(std::function<Status(int m, const uint8_t* mine, uint8_t* dst)> gather) {
+    gather_ = std::move(gather);
+  }
+  bool params_partitioned() const { return static_cast<bool>(gather_); }
+  int64_t param_byte_base() const {
+    return params_partitioned() ? layout_->OwnedBytes(rank_).first : 0;
+  }
+  // Bytes of the host parameter arrays: the parameter-byte space, or this
+  // rank's part of it (page-rounded).
+  int64_t param_array_bytes() const {
+    if (!params_partitioned()) return layout_->total_param_bytes();
+    const auto [b0, b1] = layout_->OwnedBytes(rank_);
+    return IoBytes(std::max<int64_t>(1, b1 - b0));
+  }
+  // Partitioned parameters: module m's bytes gathered from every rank into
+  // `buf` (a collective).
+  Status GatherModule(int m, uint8_t* buf);
   int64_t state_base() const { return layout_->OwnedElems(rank_).first; }
   std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
   bool OwnsGroup(size_t g) const {
@@ -196,6 +218,12 @@ class StateStore {
 
  private:
   Status AllocatePools(int64_t* pinned_bytes);
+  // WriteMaster's parts: the masters of the owned elements [own0, own1)
+  // (and, unpartitioned, the working copy), and the working copy of a
+  // whole module read, patched and written back.
+  Status WriteOwnedMaster(const ParamRec& p, std::span<const float> values, int64_t own0,
+                          int64_t own1);
+  Status WriteWorkingCopy(const ParamRec& p, std::span<const float> values);
   Status OpenNvme(
       int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
       const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap);
@@ -206,6 +234,7 @@ class StateStore {
   const Config* cfg_;
   Placement placement_;
   int rank_ = 0;
+  std::function<Status(int m, const uint8_t* mine, uint8_t* dst)> gather_;
 
   HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;          // offload_optimizer cpu
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none

@@ -401,6 +401,15 @@ TEST(DataParallelCheckpointTest, SavedByOneRankResumesOnTwoBitwise) {
   ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
 }
 
+// Stage 3 with offload_param cpu partitions the parameters: every rank
+// gathers each module into the save, rank 0 writes them.
+TEST(DataParallelCheckpointTest, PartitionedParametersSavedByTwoRanksResumeOnOneBitwise) {
+  Shape s;
+  s.par = OffloadDevice::kCpu;
+  s.stage = 3;
+  ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
+}
+
 // Four ranks add four gradients in the collective's order, two ranks two
 // sums of two: the last step agrees within rounding.
 TEST(DataParallelCheckpointTest, SavedByTwoRanksResumesOnFourWithStatesOnNvme) {

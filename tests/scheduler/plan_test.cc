@@ -292,6 +292,16 @@ TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
   EXPECT_EQ(nv2.param_copy_bytes, 8192);
   EXPECT_EQ(nv2.param_write_bytes, kParamWriteBuffers * 4096);
   EXPECT_THAT(Find(nv2, "pinned")->detail, HasSubstr("updated parameters 8.00 KiB"));
+  // Stage 3 partitioned parameters: the host copies hold this rank's part,
+  // and module-sized buffers receive the gathered modules.
+  LayoutSizes half = s;
+  half.partitioned_param_bytes = 4096;
+  Placement cpu3 = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  cpu3.world_size = 2;
+  const TierPlan part = ComputeTierPlan(cpu3, half, {});
+  EXPECT_EQ(part.param_copy_bytes, 2 * 4096);
+  EXPECT_THAT(Find(part, "pinned")->detail, HasSubstr("parameter gather"));
+  EXPECT_THAT(Find(part, "pinned")->detail, HasSubstr("parameter copies 2 x 4.00 KiB"));
 }
 
 // Gradients on NVMe: chosen by strata.grad_tier nvme, or by auto when the

@@ -643,6 +643,13 @@ TEST(TrainCli, TwoLocalRanksTrainAsOneRankAccumulatingTheirBatches) {
     for (size_t i = 0; i < 4; ++i)
       EXPECT_EQ(a["losses"][i].get<double>(), b["losses"][i].get<double>()) << "step " << i + 1;
     EXPECT_GE(b["max_peak_rss_bytes"].get<int64_t>(), b["peak_rss_bytes"].get<int64_t>());
+    // Stage 3 with offload_param cpu: each rank's host copies hold its part
+    // of the parameters, and fetches gather the modules.
+    if (zero.find(R"("offload_param": {"device": "cpu"})") != std::string::npos) {
+      std::string host_rows;
+      for (const json& t : b["budgets"]) host_rows += t["detail"].get<std::string>() + "; ";
+      EXPECT_NE(host_rows.find("parameter gather"), std::string::npos) << host_rows;
+    }
     // Only rank 0 reports progress.
     size_t progress = 0;
     for (size_t at = 0; (at = two.err.find("step    1/4", at)) != std::string::npos; ++at)
