@@ -47,9 +47,9 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/reduce.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
+#include <gloo/reduce.h>
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>

@@ -507,9 +507,9 @@ StatusOr<std::vector<CheckpointStateFile>> StateFilesOf(
     if (!bytes.has_value())
       return DataLossError(fmt::format("{}: lists no {}", manifest_path, f.name));
     if (*bytes != want)
-      return DataLossError(
-          fmt::format("{}: {} of {} bytes; its elements [{}, {}) take {} bytes", manifest_path,
-                      f.name, *bytes, f.elem_begin, f.elem_end, want));
+      return DataLossError(fmt::format("{}: {} of {} bytes; its elements [{}, {}) take {} bytes",
+                                       manifest_path, f.name, *bytes, f.elem_begin, f.elem_end,
+                                       want));
     next = f.elem_end;
   }
   if (next < elements)
@@ -529,14 +529,13 @@ StatusOr<std::vector<std::string>> Exchange(const CheckpointRanks* ranks, const 
     return std::vector<std::string>{payload};
   }
   // One byte of status code, then the message or the payload.
-  const std::string text = mine.ok() ? std::string(1, '\0') + payload
-                                     : std::string(1, static_cast<char>(mine.code())) +
-                                           std::string(mine.message());
+  const std::string text =
+      mine.ok() ? std::string(1, '\0') + payload
+                : std::string(1, static_cast<char>(mine.code())) + std::string(mine.message());
   ASSIGN_OR_RETURN(std::vector<std::string> all, ranks->all_gather(text));
   std::vector<std::string> payloads;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (all[r].empty())
-      return InternalError(fmt::format("checkpoint: rank {} sent nothing", r));
+    if (all[r].empty()) return InternalError(fmt::format("checkpoint: rank {} sent nothing", r));
     if (all[r][0] != 0) {
       if (static_cast<int>(r) == ranks->rank) return mine;
       return Status(static_cast<StatusCode>(all[r][0]),
@@ -563,14 +562,15 @@ Status RestoreStates(const std::string& dir, const std::vector<CheckpointStateFi
       src_elems = std::max(src_elems, std::min(f.sub_group_elems, f.elem_end - f.elem_begin));
   ASSIGN_OR_RETURN(
       AlignedBuffer src,
-      AlignedBuffer::Allocate(
-          static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * std::max<int64_t>(1, src_elems))),
-          kIoAlign));
+      AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem *
+                                                          std::max<int64_t>(1, src_elems))),
+                              kIoAlign));
   size_t g = g0;
   auto clear = [&] {
     if (g < g1)
-      std::memset(dst.data(), 0,
-                  static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * layout.group(g).elems())));
+      std::memset(
+          dst.data(), 0,
+          static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * layout.group(g).elems())));
   };
   clear();
   auto* d = dst.as<uint8_t>();
@@ -601,9 +601,9 @@ Status RestoreStates(const std::string& dir, const std::vector<CheckpointStateFi
       }
     }
     if (crc != crc_of(f.name))
-      return DataLossError(fmt::format(
-          "checkpoint file {}: changed while loading (crc32c {}, the manifest's {})", path,
-          Hex32(crc), Hex32(crc_of(f.name))));
+      return DataLossError(
+          fmt::format("checkpoint file {}: changed while loading (crc32c {}, the manifest's {})",
+                      path, Hex32(crc), Hex32(crc_of(f.name))));
   }
   for (; g < g1; ++g, clear()) RETURN_IF_ERROR(store->WriteGroupStates(g, dst.data()));
   return Status();
@@ -929,8 +929,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
                          {"elem_begin", mine.elem_begin},
                          {"elem_end", mine.elem_end},
                          {"sub_group_elems", mine.sub_group_elems}}}};
-  ASSIGN_OR_RETURN(const std::vector<std::string> reports,
-                   Exchange(ranks, wrote, report.dump()));
+  ASSIGN_OR_RETURN(const std::vector<std::string> reports, Exchange(ranks, wrote, report.dump()));
 
   // Rank 0: the manifest, once every rank's file is durable.
   const Status done = [&]() -> Status {
@@ -1238,15 +1237,14 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
       c.crc32c = f.at("crc32c").get<std::string>();
       in.files.push_back(std::move(c));
     }
-    ASSIGN_OR_RETURN(in.state_files,
-                     StateFilesOf(
-                         m, in.layout.unpartitioned_elems(), in.sub_group_size,
-                         [&](const std::string& name) -> std::optional<int64_t> {
-                           for (const CheckpointFileCheck& c : in.files)
-                             if (c.name == name) return c.bytes;
-                           return std::nullopt;
-                         },
-                         manifest_path));
+    ASSIGN_OR_RETURN(in.state_files, StateFilesOf(
+                                         m, in.layout.unpartitioned_elems(), in.sub_group_size,
+                                         [&](const std::string& name) -> std::optional<int64_t> {
+                                           for (const CheckpointFileCheck& c : in.files)
+                                             if (c.name == name) return c.bytes;
+                                           return std::nullopt;
+                                         },
+                                         manifest_path));
   } catch (const std::exception& e) {
     return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
   }
@@ -1364,8 +1362,7 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
     for (const CheckpointStateFile& f : in.state_files) {
       Ranges& r = sources.emplace_back(f.name, Ranges{}).second;
       for (int64_t s0 = f.elem_begin; s0 < f.elem_end; s0 += f.sub_group_elems)
-        for (const Layout::Slice& sl :
-             l.Slices(s0, std::min(f.elem_end, s0 + f.sub_group_elems))) {
+        for (const Layout::Slice& sl : l.Slices(s0, std::min(f.elem_end, s0 + f.sub_group_elems))) {
           const int64_t at = kOptimizerStateBytesPerElem * (s0 - f.elem_begin) +
                              kMasterBytesPerElem * (sl.elem_begin - s0);
           r.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
@@ -1407,7 +1404,8 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
   ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
   for (const auto& [source, ranges] : sources) {
     const std::string src_path = in.path + "/" + source;
-    const std::string& name = source;  // Clang 14 (the thread-safety check) cannot capture a binding
+    const std::string& name =
+        source;  // Clang 14 (the thread-safety check) cannot capture a binding
     const auto entry = std::find_if(in.files.begin(), in.files.end(),
                                     [&](const CheckpointFileCheck& c) { return c.name == name; });
     ASSIGN_OR_RETURN(File src, File::Open(src_path, O_RDONLY));

@@ -163,7 +163,8 @@ void DataParallel::BeginOverlap(float* acc, Memory where) {
 }
 
 Status DataParallel::ReduceFrom(int64_t lo) {
-  if (overlap_acc_ == nullptr) return FailedPreconditionError("ReduceFrom: no overlapped reduction");
+  if (overlap_acc_ == nullptr)
+    return FailedPreconditionError("ReduceFrom: no overlapped reduction");
   const int64_t part = layout_->partition_elems();
   float* buf = staging_.as<float>();
   constexpr size_t kF = sizeof(float);
@@ -268,7 +269,8 @@ Status DataParallel::GatherParams(uint8_t* params, Memory where) {
       const auto [rb, re] = ranges[static_cast<size_t>(r)];
       const int64_t len = std::clamp<int64_t>(re - (rb + off), 0, n);
       if (len > 0)
-        RETURN_IF_ERROR(FromStaging(params + rb + off, recv + r * n, static_cast<size_t>(len), where));
+        RETURN_IF_ERROR(
+            FromStaging(params + rb + off, recv + r * n, static_cast<size_t>(len), where));
       counters_.gathered_bytes += len;
     }
     RETURN_IF_ERROR(Sync("gathering the updated parameters"));
@@ -302,8 +304,8 @@ Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uin
       return std::clamp<int64_t>(hi - lo - off, 0, n);
     };
     if (len(me) > 0)
-      RETURN_IF_ERROR(dev_->CopyH2D(send, mine + mine_at + off, static_cast<size_t>(len(me)),
-                                    *stream_));
+      RETURN_IF_ERROR(
+          dev_->CopyH2D(send, mine + mine_at + off, static_cast<size_t>(len(me)), *stream_));
     RETURN_IF_ERROR(
         comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
     for (int r = 0; r < n_ranks; ++r) {

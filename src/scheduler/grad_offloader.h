@@ -172,7 +172,7 @@ class GradOffloader {
   CondVar cv_;
   std::deque<Job> queue_ GUARDED_BY(mu_);
   int64_t pending_ GUARDED_BY(mu_) = 0;  // queued + running
-  int64_t queued_ = 0;                    // main thread
+  int64_t queued_ = 0;                   // main thread
   int64_t chunks_done_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
   Status error_ GUARDED_BY(mu_);

@@ -360,12 +360,11 @@ Status HostOptimizer::Join() {
             p.step));
       // offload_param nvme: each rank writes every gathered module to its NVMe.
       if (cs.ok() && store_->param_place() == OffloadDevice::kNvme)
-        cs = store_->WriteAllModules(&outcome)
-                 .WithContext(fmt::format(
-                     "step {}: the optimizer states have moved to the new step, but this rank's "
-                     "parameters on NVMe stay those of step {} in the modules named; the ranks "
-                     "disagree and the run cannot continue",
-                     p.step, p.step - 1));
+        cs = store_->WriteAllModules(&outcome).WithContext(
+            fmt::format("step {}: the optimizer states have moved to the new step, but this rank's "
+                        "parameters on NVMe stay those of step {} in the modules named; the ranks "
+                        "disagree and the run cannot continue",
+                        p.step, p.step - 1));
     }
     if (cs.ok()) cs = store_->Commit(outcome, job->uploaded);
     if (!s.ok()) DiscardWindow();

@@ -171,9 +171,7 @@ class Layout {
   // count: what a checkpoint records, whatever the number of ranks that
   // wrote it (the parameters' offsets do not depend on it; only the tail
   // padding and the cuts of the sub-groups do).
-  int64_t unpartitioned_elems() const {
-    return modules_.empty() ? 0 : modules_.back().elem_end;
-  }
+  int64_t unpartitioned_elems() const { return modules_.empty() ? 0 : modules_.back().elem_end; }
   int64_t unpartitioned_groups() const {
     return (unpartitioned_elems() + sub_group_size_ - 1) / sub_group_size_;
   }

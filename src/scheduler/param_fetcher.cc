@@ -400,8 +400,7 @@ Status ParamFetcher::WaitResident(int m) {
 Status ParamFetcher::Prefetch() {
   // (Partitioned parameters are gathered on demand: a prefetch depends on
   // free slots, which differ between ranks, and a gather needs every rank.)
-  if (!params_offloaded() || !trace_->following() || store_->params_partitioned())
-    return Status();
+  if (!params_offloaded() || !trace_->following() || store_->params_partitioned()) return Status();
   int64_t live = live_elems();
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);

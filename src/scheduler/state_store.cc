@@ -372,7 +372,8 @@ Status StateStore::WriteAllModules(StepOutcome* outcome) {
     }
     pending.pop_front();
   };
-  const auto bytes = static_cast<size_t>(IoBytes(std::max<int64_t>(layout_->max_module_bytes(), 1)));
+  const auto bytes =
+      static_cast<size_t>(IoBytes(std::max<int64_t>(layout_->max_module_bytes(), 1)));
   for (int m = 0; m < layout_->num_modules(); ++m) {
     const ModuleExtent& me = layout_->module(m);
     if (me.bytes() == 0) continue;
@@ -392,7 +393,8 @@ Status StateStore::WriteAllModules(StepOutcome* outcome) {
 }
 
 Status StateStore::GatherModule(int m, uint8_t* buf) {
-  if (!params_partitioned()) return FailedPreconditionError("GatherModule: parameters not partitioned");
+  if (!params_partitioned())
+    return FailedPreconditionError("GatherModule: parameters not partitioned");
   return gather_(m, host_params_.as<uint8_t>(), buf);
 }
 
@@ -467,8 +469,8 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
   return WriteOwnedMaster(p, values, own0, own1);
 }
 
-Status StateStore::WriteOwnedMaster(const ParamRec& p, std::span<const float> values,
-                                    int64_t own0, int64_t own1) {
+Status StateStore::WriteOwnedMaster(const ParamRec& p, std::span<const float> values, int64_t own0,
+                                    int64_t own1) {
   if (!params_partitioned()) RETURN_IF_ERROR(WriteWorkingCopy(p, values));
   const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
   if (ob >= oe) return Status();

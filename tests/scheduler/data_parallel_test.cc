@@ -178,9 +178,9 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     // (delayed_param_update: the first Step() has no step to join, so
     // nothing to gather.)
     if (data_parallel)
-      RANK_CHECK(st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)),
-                 "collectives moved {} / {} bytes", st->comm_reduced_bytes,
-                 st->comm_gathered_bytes);
+      RANK_CHECK(
+          st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)),
+          "collectives moved {} / {} bytes", st->comm_reduced_bytes, st->comm_gathered_bytes);
     norm = st->grad_norm;
   }
   WriteResult(out, eng, norm, s.extra);

@@ -678,9 +678,9 @@ TEST(TrainCli, CheckpointsResumeAtAnotherNumberOfRanks) {
     const RunResult a = Strata(
         "train --config " + c.first + " --steps 2 --json --checkpoint-dir " + ckpt, dir.str());
     ASSERT_EQ(a.exit_code, 0) << a.err;
-    const RunResult b = Strata(
-        "train --config " + c.second + " --steps 4 --json --resume --checkpoint-dir " + ckpt,
-        dir.str());
+    const RunResult b =
+        Strata("train --config " + c.second + " --steps 4 --json --resume --checkpoint-dir " + ckpt,
+               dir.str());
     ASSERT_EQ(b.exit_code, 0) << b.err;
     const json r = json::parse(b.out);
     EXPECT_EQ(r["resumed_from_step"], 2);
