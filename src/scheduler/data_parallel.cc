@@ -105,6 +105,23 @@ Status DataParallel::FromStaging(void* dst, const void* staging, size_t bytes, M
                                   : dev_->CopyD2H(dst, staging, bytes, *stream_);
 }
 
+Status DataParallel::ZeroOthers(float* acc, Memory where) {
+  // Only the partition's sums are read by this rank's step; the rest starts
+  // the next window at zero.
+  const int64_t part = layout_->partition_elems(), total = layout_->total_elems();
+  const int64_t me = rank();
+  const auto before = static_cast<size_t>(me * part);
+  const auto after = static_cast<size_t>(total - (me + 1) * part);
+  if (where == Memory::kHost) {
+    std::memset(acc, 0, before * sizeof(float));
+    std::memset(acc + (me + 1) * part, 0, after * sizeof(float));
+    return Status();
+  }
+  RETURN_IF_ERROR(dev_->Fill(acc, DType::kFp32, before, 0.f, *stream_));
+  RETURN_IF_ERROR(dev_->Fill(acc + (me + 1) * part, DType::kFp32, after, 0.f, *stream_));
+  return Sync("zeroing the other ranks' gradients");
+}
+
 Status DataParallel::ReduceGradients(float* acc, Memory where) {
   RETURN_IF_ERROR(Flush());
   const int64_t t0 = NowNanos();
@@ -140,17 +157,7 @@ Status DataParallel::ReduceGradients(float* acc, Memory where) {
       counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
     }
   }
-  // Only the partition's sums are read by this rank's step; the rest starts
-  // the next window at zero.
-  if (where == Memory::kDevice) {
-    RETURN_IF_ERROR(dev_->Fill(acc, DType::kFp32, static_cast<size_t>(me * part), 0.f, *stream_));
-    RETURN_IF_ERROR(dev_->Fill(acc + (me + 1) * part, DType::kFp32,
-                               static_cast<size_t>(total - (me + 1) * part), 0.f, *stream_));
-    RETURN_IF_ERROR(Sync("zeroing the other ranks' gradients"));
-  } else {
-    std::memset(acc, 0, static_cast<size_t>(me * part) * kF);
-    std::memset(acc + (me + 1) * part, 0, static_cast<size_t>(total - (me + 1) * part) * kF);
-  }
+  RETURN_IF_ERROR(ZeroOthers(acc, where));
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   return Status();
 }
@@ -200,18 +207,7 @@ Status DataParallel::FinishOverlap() {
   const Memory where = overlap_where_;
   overlap_acc_ = nullptr;
   RETURN_IF_ERROR(s);
-  const int64_t part = layout_->partition_elems(), total = layout_->total_elems();
-  const int64_t me = rank();
-  if (where == Memory::kDevice) {
-    RETURN_IF_ERROR(dev_->Fill(acc, DType::kFp32, static_cast<size_t>(me * part), 0.f, *stream_));
-    RETURN_IF_ERROR(dev_->Fill(acc + (me + 1) * part, DType::kFp32,
-                               static_cast<size_t>(total - (me + 1) * part), 0.f, *stream_));
-    RETURN_IF_ERROR(Sync("zeroing the other ranks' gradients"));
-  } else {
-    std::memset(acc, 0, static_cast<size_t>(me * part) * sizeof(float));
-    std::memset(acc + (me + 1) * part, 0,
-                static_cast<size_t>(total - (me + 1) * part) * sizeof(float));
-  }
+  RETURN_IF_ERROR(ZeroOthers(acc, where));
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   return Status();
 }
@@ -243,57 +239,14 @@ Status DataParallel::CombineChecks(const std::vector<double>& partial,
   return Status();
 }
 
-Status DataParallel::GatherParams(uint8_t* params, Memory where) {
+Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces,
+                                  const uint8_t* src, int64_t src_base, uint8_t* dst,
+                                  int64_t dst_base, bool copy_own, Memory where, const char* what) {
   RETURN_IF_ERROR(Flush());
   const int64_t t0 = NowNanos();
   const int n_ranks = world_size(), me = rank();
-  std::vector<std::pair<int64_t, int64_t>> ranges;
   int64_t longest = 0;
-  for (int r = 0; r < n_ranks; ++r) {
-    ranges.push_back(layout_->OwnedBytes(r));
-    longest = std::max(longest, ranges.back().second - ranges.back().first);
-  }
-  const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
-  auto* send = staging_.as<uint8_t>();
-  uint8_t* recv = send + chunk_bytes;
-  for (int64_t off = 0; off < longest; off += chunk_bytes) {
-    const int64_t n = std::min(chunk_bytes, longest - off);  // a multiple of 4 (Bind)
-    const auto [b, e] = ranges[static_cast<size_t>(me)];
-    const int64_t mine = std::clamp<int64_t>(e - (b + off), 0, n);
-    if (mine > 0)
-      RETURN_IF_ERROR(ToStaging(send, params + b + off, static_cast<size_t>(mine), where));
-    RETURN_IF_ERROR(
-        comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
-    for (int r = 0; r < n_ranks; ++r) {
-      if (r == me) continue;
-      const auto [rb, re] = ranges[static_cast<size_t>(r)];
-      const int64_t len = std::clamp<int64_t>(re - (rb + off), 0, n);
-      if (len > 0)
-        RETURN_IF_ERROR(
-            FromStaging(params + rb + off, recv + r * n, static_cast<size_t>(len), where));
-      counters_.gathered_bytes += len;
-    }
-    RETURN_IF_ERROR(Sync("gathering the updated parameters"));
-  }
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  return Status();
-}
-
-Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                                 uint8_t* dst) {
-  RETURN_IF_ERROR(Flush());
-  const int64_t t0 = NowNanos();
-  const int n_ranks = world_size(), me = rank();
-  // Each rank's piece of the range, and the longest.
-  std::vector<std::pair<int64_t, int64_t>> pieces;
-  int64_t longest = 0;
-  for (int r = 0; r < n_ranks; ++r) {
-    const auto [b0, b1] = layout_->OwnedBytes(r);
-    const int64_t lo = std::max(b0, byte_begin), hi = std::max(lo, std::min(b1, byte_end));
-    pieces.emplace_back(lo, hi);
-    longest = std::max(longest, hi - lo);
-  }
-  const int64_t mine_at = pieces[static_cast<size_t>(me)].first - layout_->OwnedBytes(me).first;
+  for (const auto& [lo, hi] : pieces) longest = std::max(longest, hi - lo);
   const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
   auto* send = staging_.as<uint8_t>();
   uint8_t* recv = send + chunk_bytes;
@@ -303,21 +256,42 @@ Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uin
       const auto [lo, hi] = pieces[static_cast<size_t>(r)];
       return std::clamp<int64_t>(hi - lo - off, 0, n);
     };
+    const int64_t my_lo = pieces[static_cast<size_t>(me)].first;
     if (len(me) > 0)
       RETURN_IF_ERROR(
-          dev_->CopyH2D(send, mine + mine_at + off, static_cast<size_t>(len(me)), *stream_));
+          ToStaging(send, src + (my_lo - src_base) + off, static_cast<size_t>(len(me)), where));
     RETURN_IF_ERROR(
         comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
     for (int r = 0; r < n_ranks; ++r) {
-      if (len(r) == 0) continue;
-      RETURN_IF_ERROR(dev_->CopyD2H(dst + (pieces[static_cast<size_t>(r)].first - byte_begin) + off,
-                                    recv + r * n, static_cast<size_t>(len(r)), *stream_));
+      if (len(r) == 0 || (r == me && !copy_own)) continue;
+      RETURN_IF_ERROR(FromStaging(dst + (pieces[static_cast<size_t>(r)].first - dst_base) + off,
+                                  recv + r * n, static_cast<size_t>(len(r)), where));
       if (r != me) counters_.gathered_bytes += len(r);
     }
-    RETURN_IF_ERROR(Sync("gathering a module's parameters"));
+    RETURN_IF_ERROR(Sync(what));
   }
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   return Status();
+}
+
+Status DataParallel::GatherParams(uint8_t* params, Memory where) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (int r = 0; r < world_size(); ++r) ranges.push_back(layout_->OwnedBytes(r));
+  return GatherPieces(ranges, params, 0, params, 0, /*copy_own=*/false, where,
+                      "gathering the updated parameters");
+}
+
+Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
+                                 uint8_t* dst) {
+  // Each rank's piece of the range.
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  for (int r = 0; r < world_size(); ++r) {
+    const auto [b0, b1] = layout_->OwnedBytes(r);
+    const int64_t lo = std::max(b0, byte_begin), hi = std::max(lo, std::min(b1, byte_end));
+    pieces.emplace_back(lo, hi);
+  }
+  return GatherPieces(pieces, mine, layout_->OwnedBytes(rank()).first, dst, byte_begin,
+                      /*copy_own=*/true, Memory::kHost, "gathering a module's parameters");
 }
 
 Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {

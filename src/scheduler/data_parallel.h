@@ -175,6 +175,15 @@ class DataParallel {
   // Every rank's doubles, as AllGatherBytes.
   StatusOr<std::vector<std::vector<double>>> AllGatherDoubles(std::span<const double> mine);
   Status Sync(const char* what);
+  // Every rank's piece (pieces[r], a byte range) to every rank, chunked
+  // through staging: this rank's read from src + (its first byte -
+  // src_base), rank r's written to dst + (its first byte - dst_base), this
+  // rank's own too with copy_own.
+  Status GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces, const uint8_t* src,
+                      int64_t src_base, uint8_t* dst, int64_t dst_base, bool copy_own,
+                      Memory where, const char* what);
+  // Zeroes the elements of `acc` other ranks own.
+  Status ZeroOthers(float* acc, Memory where);
   // Copies between an array of `where` and the staging buffer.
   Status ToStaging(void* staging, const void* src, size_t bytes, Memory where);
   Status FromStaging(void* dst, const void* staging, size_t bytes, Memory where);

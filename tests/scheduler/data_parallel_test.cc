@@ -232,6 +232,13 @@ size_t Mismatches(const std::vector<float>& a, const std::vector<float>& b, doub
   return bad;
 }
 
+// Rank 0's parameters are one rank's bit for bit.
+void ExpectBitsOfOneRank(const Runs& runs) {
+  EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
+                           runs.ref.params.size() * 4))
+      << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+}
+
 // ---- Placements × stages, two ranks: the same bits -----------------------------
 // (offload_param needs stage 3, as in DeepSpeed.)
 
@@ -526,9 +533,7 @@ TEST(DataParallelDeviceOptimizerTest, TwoRanksGiveTheBitsOfOneRank) {
     s.device_optimizer = true;
     s.stage = stage;
     const Runs runs = TrainBoth(s, 2);
-    EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
-                             runs.ref.params.size() * 4))
-        << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+    ExpectBitsOfOneRank(runs);
     // Each rank keeps half of the states in HBM.
     EXPECT_GE(runs.ref.needed.at("hbm") - runs.ranks[1].needed.at("hbm") + 3 * 500 * 4,
               12 * ToyElements() * 45 / 100);
@@ -561,10 +566,7 @@ TEST(DataParallelTest, DelayedParamUpdateGivesTheBitsOfOneRank) {
     Shape s;
     s.delayed = true;
     s.overlap_comm = overlap;
-    const Runs runs = TrainBoth(s, 2);
-    EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
-                             runs.ref.params.size() * 4))
-        << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+    ExpectBitsOfOneRank(TrainBoth(s, 2));
   }
 }
 
@@ -595,6 +597,18 @@ void MicroBatchInOrder(Engine& e, int batch, float scale, const std::vector<int>
   }
 }
 
+// Rank e's engine (stage 2, cpu/none; `gas` micro-batches a window) with the
+// toy registered.
+std::unique_ptr<Engine> OverlapRank(const RankEnv& e, bool overlap_comm, int gas) {
+  SetRankEnv(e, true);
+  Shape s;
+  s.overlap_comm = overlap_comm;
+  auto engine = CreateFor(s, ShapeConfig(s, e.dir, gas));
+  RANK_OK(engine.status());
+  testing::RegisterToy(**engine, 17, kModules);
+  return std::move(*engine);
+}
+
 // Two ranks with overlap_comm give the bits of one rank (2 ranks: a + b in
 // any order), at every stage and with two micro-batches a window; from the
 // second window on, the gradients are reduced while backward goes on.
@@ -604,51 +618,29 @@ TEST(DataParallelOverlapTest, TwoRanksGiveTheBitsOfOneRankWhileBackwardGoesOn) {
     Shape s;
     s.stage = stage;
     s.overlap_comm = true;
-    const Runs runs = TrainBoth(s, 2);
-    EXPECT_EQ(0, std::memcmp(runs.ranks[0].params.data(), runs.ref.params.data(),
-                             runs.ref.params.size() * 4))
-        << Mismatches(runs.ranks[0].params, runs.ref.params, 0) << " elements differ";
+    ExpectBitsOfOneRank(TrainBoth(s, 2));
   }
   testing::ScratchDir keep("strata-dp-overlap");
   const std::string out = keep.str();
-  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
-    SetRankEnv(e, true);
-    Shape s;
-    s.overlap_comm = true;
-    auto engine = CreateFor(s, ShapeConfig(s, e.dir, 2));
-    RANK_OK(engine.status());
-    Engine& eng = **engine;
-    testing::RegisterToy(eng, 17, kModules);
-    const std::vector<int> down = {5, 4, 3, 2, 1, 0};
-    for (int step = 0; step < 3; ++step) {
-      for (int k = 0; k < 2; ++k) {
-        MicroBatchInOrder(eng, (step * 2 + k) * 2 + e.rank, 0.5f, down);
-        auto st = eng.Step();
-        RANK_OK(st.status());
-        if (k == 0) continue;
-        RANK_CHECK(st->comm_reduced_bytes > 0, "step {}: nothing reduced", step);
-        // The first window has no previous order: reduced at its end.
-        RANK_CHECK((step == 0) == (st->comm_overlapped_bytes == 0),
-                   "step {}: {} of {} bytes reduced while backward went on", step,
-                   st->comm_overlapped_bytes, st->comm_reduced_bytes);
+  for (const bool overlap : {true, false})
+    testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+      std::unique_ptr<Engine> engine = OverlapRank(e, overlap, 2);
+      Engine& eng = *engine;
+      for (int step = 0; step < 3; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          MicroBatchInOrder(eng, (step * 2 + k) * 2 + e.rank, 0.5f, {5, 4, 3, 2, 1, 0});
+          auto st = eng.Step();
+          RANK_OK(st.status());
+          if (k == 0) continue;
+          RANK_CHECK(st->comm_reduced_bytes > 0, "step {}: nothing reduced", step);
+          // The first window has no previous order: reduced at its end.
+          RANK_CHECK((overlap && step > 0) == (st->comm_overlapped_bytes > 0),
+                     "step {}: {} of {} bytes reduced while backward went on", step,
+                     st->comm_overlapped_bytes, st->comm_reduced_bytes);
+        }
       }
-    }
-    WriteResult(fmt::format("{}/overlap-{}", out, e.rank), eng, 0, 0);
-  }));
-  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
-    SetRankEnv(e, true);
-    Shape s;
-    auto engine = CreateFor(s, ShapeConfig(s, e.dir, 2));
-    RANK_OK(engine.status());
-    Engine& eng = **engine;
-    testing::RegisterToy(eng, 17, kModules);
-    for (int step = 0; step < 3; ++step)
-      for (int k = 0; k < 2; ++k) {
-        MicroBatchInOrder(eng, (step * 2 + k) * 2 + e.rank, 0.5f, {5, 4, 3, 2, 1, 0});
-        RANK_OK(eng.Step().status());
-      }
-    WriteResult(fmt::format("{}/plain-{}", out, e.rank), eng, 0, 0);
-  }));
+      WriteResult(fmt::format("{}/{}-{}", out, overlap ? "overlap" : "plain", e.rank), eng, 0, 0);
+    }));
   const Result a = ReadResult(out + "/overlap-0", 0), b = ReadResult(out + "/plain-0", 0);
   EXPECT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4))
       << "overlap_comm changed the result with two micro-batches a window";
@@ -660,13 +652,8 @@ TEST(DataParallelOverlapTest, TwoRanksGiveTheBitsOfOneRankWhileBackwardGoesOn) {
 // that runs a reduced module again fails the step, naming overlap_comm.
 TEST(DataParallelOverlapTest, MidBackwardCollectivesAndOrderChanges) {
   testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
-    SetRankEnv(e, true);
-    Shape s;
-    s.overlap_comm = true;
-    auto engine = CreateFor(s, ShapeConfig(s, e.dir, 1));
-    RANK_OK(engine.status());
-    Engine& eng = **engine;
-    testing::RegisterToy(eng, 17, kModules);
+    std::unique_ptr<Engine> engine = OverlapRank(e, true, 1);
+    Engine& eng = *engine;
     const std::vector<int> down = {5, 4, 3, 2, 1, 0};
     for (int step = 0; step < 3; ++step) {
       MicroBatchInOrder(eng, step * 2 + e.rank, 1.0f, down, [&](int m) {
