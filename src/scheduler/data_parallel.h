@@ -180,8 +180,8 @@ class DataParallel {
   // src_base), rank r's written to dst + (its first byte - dst_base), this
   // rank's own too with copy_own.
   Status GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces, const uint8_t* src,
-                      int64_t src_base, uint8_t* dst, int64_t dst_base, bool copy_own,
-                      Memory where, const char* what);
+                      int64_t src_base, uint8_t* dst, int64_t dst_base, bool copy_own, Memory where,
+                      const char* what);
   // Zeroes the elements of `acc` other ranks own.
   Status ZeroOthers(float* acc, Memory where);
   // Copies between an array of `where` and the staging buffer.
