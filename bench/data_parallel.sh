@@ -12,23 +12,28 @@
 # step (one rank: states.bin; two: a states file per rank), the final loss
 # and whether every step's loss is the same bits as one rank's.
 #
-#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [LAYERSxHIDDEN]
+#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3] [LAYERSxHIDDEN]
 #
 # Default: 6x512 (13.1M parameters), micro-batch 4 x 64 tokens, bf16, stage 2,
 # offload_optimizer cpu, clipping 1.0, 3 runs of 8 steps, the host device.
+# -3: stage 3 with offload_param cpu (two ranks partition the parameters);
+# the table then also gives each rank's host parameter copies (plan) and the
+# parameter bytes it received by all-gather per step.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STRATA="$ROOT/build/apps/strata/strata"
 RUNS=3
 STEPS=8
 DEVICE=host
-while getopts "s:n:t:D:" o; do
+ZERO='"stage": 2, "offload_optimizer": {"device": "cpu"}'
+while getopts "s:n:t:D:3" o; do
   case "$o" in
     s) STRATA="$OPTARG" ;;
     n) RUNS="$OPTARG" ;;
     t) STEPS="$OPTARG" ;;
     D) DEVICE="$OPTARG" ;;
-    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [LAYERSxHIDDEN]" >&2; exit 2 ;;
+    3) ZERO='"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}' ;;
+    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3] [LAYERSxHIDDEN]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -41,7 +46,7 @@ config() {  # NAME GAS RANKS OVERLAP_COMM
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": $2,
  "train_batch_size": $((4 * $2 * $3)), "bf16": {"enabled": true}, "gradient_clipping": 1.0,
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
- "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "overlap_comm": $4,
+ "zero_optimization": {$ZERO, "overlap_comm": $4,
    "reduce_bucket_size": 262144},
  "strata": {"device": "$DEVICE", "hbm_budget": "1G",
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 64, "vocab": 256}}}
@@ -60,11 +65,11 @@ for i in $(seq "$RUNS"); do
   rm -rf "$WORK"/ckpt-*
 done
 /usr/bin/python3 - "$WORK" "$RUNS" <<'PY'
-import json, statistics as st, sys
+import json, re, statistics as st, sys
 work, runs = sys.argv[1], int(sys.argv[2])
 print(f"{'ranks':>5} {'overlap':>7} {'run':>3} {'step s':>8} {'comm s':>8} {'ovl %':>6} "
-      f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'save s':>7} {'final loss':>18} "
-      f"{'same losses':>11}")
+      f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'params/rank':>11} {'gathered':>9} "
+      f"{'save s':>7} {'final loss':>18} {'same losses':>11}")
 for i in range(1, runs + 1):
     one = json.load(open(f"{work}/one-{i}.out"))
     for name, ranks in (("one", 1), ("two", 2), ("ovl", 2)):
@@ -74,9 +79,19 @@ for i in range(1, runs + 1):
         red = sum(p.get("comm_reduced_bytes", 0) for p in per)
         ovl = 100 * sum(p.get("comm_overlapped_bytes", 0) for p in per) / red if red else 0
         dram = sum(b["needed_bytes"] for b in j["budgets"] if b["tier"] == "dram")
+        # The host parameter copies as the plan names them ("... copies 2 x
+        # 12.63 MiB", "updated parameters 25.05 MiB", "parameters ...").
+        copies = "-"
+        for b in j["budgets"]:
+            m = re.search(r"(parameter copies 2 x|updated parameters|parameters) ([0-9.]+ [KMG]iB)",
+                          b["detail"])
+            if m and b["tier"] in ("pinned", "dram"):
+                copies = ("2x" if "2 x" in m.group(1) else "") + m.group(2).replace(" ", "")
+                break
+        gathered = med("comm_gathered_bytes") / 1e6
         same = j["losses"] == one["losses"]
         print(f"{ranks:>5} {str(name == 'ovl'):>7} {i:>3} {med('step_time_s'):>8.3f} "
               f"{med('comm_s'):>8.3f} {ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
-              f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi "
+              f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi {copies:>11} {gathered:>7.1f}MB "
               f"{j['checkpoint']['save_s'][-1]:>7.3f} {j['losses'][-1]:>18.15f} {str(same):>11}")
 PY

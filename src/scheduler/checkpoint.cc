@@ -553,7 +553,8 @@ StatusOr<std::vector<std::string>> Exchange(const CheckpointRanks* ranks, const 
 Status RestoreStates(const std::string& dir, const std::vector<CheckpointStateFile>& files,
                      const std::function<uint32_t(const std::string&)>& crc_of,
                      const Layout& layout, StateStore* store, AlignedBuffer& dst) {
-  const auto [g0, g1] = store->owned_groups();
+  // (Named variables: Clang 14 cannot capture a structured binding.)
+  const size_t g0 = store->owned_groups().first, g1 = store->owned_groups().second;
   if (g0 >= g1) return Status();
   const int64_t own0 = layout.group(g0).elem_begin, own1 = layout.group(g1 - 1).elem_end;
   int64_t src_elems = 0;
@@ -854,7 +855,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   // parameters; every rank its partition's states.
   Json files = Json::array();
   meta->bytes = 0;
-  const auto [g0, g1] = store->owned_groups();
+  const size_t g0 = store->owned_groups().first, g1 = store->owned_groups().second;
   const CheckpointStateFile mine{StateFileName(rank, world), layout.group(g0).elem_begin,
                                  layout.group(g1 - 1).elem_end, layout.group(g0).elems()};
   const Status wrote = [&]() -> Status {
