@@ -173,27 +173,45 @@ Status DataParallel::ReduceFrom(int64_t lo) {
   if (overlap_acc_ == nullptr)
     return FailedPreconditionError("ReduceFrom: no overlapped reduction");
   const int64_t part = layout_->partition_elems();
-  float* buf = staging_.as<float>();
-  constexpr size_t kF = sizeof(float);
   while (overlap_next_ > 0) {
     const int64_t r = (overlap_next_ - 1) / part, p0 = r * part;
     const int64_t a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_, b = overlap_next_;
     if (a < lo) break;
     const auto n = static_cast<size_t>(b - a);
-    float* sums = overlap_acc_ + a;
-    RETURN_IF_ERROR(ToStaging(buf, sums, n * kF, overlap_where_));
-    if (stage_ == 1) {
-      RETURN_IF_ERROR(comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_));
-      RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, overlap_where_));
-    } else {
-      RETURN_IF_ERROR(comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg,
-                                    static_cast<int>(r), *stream_));
-      if (r == rank()) RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, overlap_where_));
-    }
-    counters_.reduced_bytes += static_cast<int64_t>(n * kF);
-    counters_.overlapped_bytes += static_cast<int64_t>(n * kF);
+    RETURN_IF_ERROR(IssueReduce(overlap_acc_ + a, n, static_cast<int>(r), stage_ == 1,
+                                overlap_where_));
+    counters_.overlapped_bytes += static_cast<int64_t>(n * sizeof(float));
     overlap_next_ = a;
   }
+  return Status();
+}
+
+Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where) {
+  float* buf = staging_.as<float>();
+  constexpr size_t kF = sizeof(float);
+  RETURN_IF_ERROR(ToStaging(buf, sums, n * kF, where));
+  if (everyone) {
+    RETURN_IF_ERROR(comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_));
+  } else {
+    RETURN_IF_ERROR(
+        comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, owner, *stream_));
+  }
+  if (everyone || owner == rank()) RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, where));
+  counters_.reduced_bytes += static_cast<int64_t>(n * kF);
+  return Status();
+}
+
+Status DataParallel::ReduceGroup(size_t g, float* sums) {
+  RETURN_IF_ERROR(Flush());
+  const int64_t t0 = NowNanos();
+  const SubGroup& sg = layout_->group(g);
+  const auto owner = static_cast<int>(sg.elem_begin / layout_->partition_elems());
+  const int64_t step = (world_size() + 1) * chunk_;  // the staging buffer's fp32
+  for (int64_t k = 0; k < sg.elems(); k += step)
+    RETURN_IF_ERROR(IssueReduce(sums + k, static_cast<size_t>(std::min(step, sg.elems() - k)),
+                                owner, /*everyone=*/false, Memory::kHost));
+  RETURN_IF_ERROR(Sync("reducing a sub-group's gradients"));
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   return Status();
 }
 

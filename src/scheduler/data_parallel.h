@@ -145,6 +145,11 @@ class DataParallel {
   // params: the parameter-byte space (Layout::total_param_bytes()), current
   // in this rank's OwnedBytes; after: current everywhere.
   Status GatherParams(uint8_t* params, Memory where = Memory::kHost);
+  // Gradients on NVMe (GradStore): sub-group g's window sums `sums` (its
+  // elements, host memory) averaged over the ranks into its owner's
+  // `sums` (the others' are left as they were). A collective: every rank
+  // reduces every sub-group, in order.
+  Status ReduceGroup(size_t g, float* sums);
   // Stage 3's partitioned parameters: bytes [byte_begin, byte_end) of the
   // parameter-byte space (a module) into dst[0, byte_end - byte_begin),
   // each rank sending its part of them (Layout::OwnedBytes) from `mine`,
@@ -182,6 +187,9 @@ class DataParallel {
   Status GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces, const uint8_t* src,
                       int64_t src_base, uint8_t* dst, int64_t dst_base, bool copy_own, Memory where,
                       const char* what);
+  // n fp32 sums through the staging buffer: averaged into `owner`'s sums
+  // (Reduce), or into everyone's (AllReduce); on the stream, not waited for.
+  Status IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where);
   // Zeroes the elements of `acc` other ranks own.
   Status ZeroOthers(float* acc, Memory where);
   // Copies between an array of `where` and the staging buffer.

@@ -307,9 +307,6 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
         "only: with offload_param {} every rank keeps all of them; optimizer states and "
         "gradients are partitioned as with stage 2",
         ranks, OffloadDeviceName(param_place()));
-  if (cfg_.strata.grad_tier == GradTier::kNvme)
-    return NotSupportedError(
-        fmt::format("strata.grad_tier: nvme {}: not supported yet (auto or dram)", ranks));
   if (cfg_.strata.overlap_optimizer)
     STRATA_LOG_INFO(
         "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
@@ -616,8 +613,10 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.before_sub_group = hooks_.before_sub_group;
   ho.dp = dp_.get();
   // (With the sums in HBM, each module's reaches the host once, at its last
-  // micro-batch or at the drain: no overlap.)
-  ho.overlap_comm = dp_ && cfg_.zero_optimization.overlap_comm && !plan.device_grad_accumulator;
+  // micro-batch or at the drain; on NVMe they are reduced sub-group by
+  // sub-group at the window's end: no overlap.)
+  ho.overlap_comm = dp_ && cfg_.zero_optimization.overlap_comm && !plan.device_grad_accumulator &&
+                    !plan.grads_on_nvme;
   auto host = std::make_unique<scheduler::HostOptimizer>(dev_.get(), &layout_, adam_.get(),
                                                          &counters_, &scaler_, &window_, ho);
   // The gradient staging buffers are registered with the store's I/O engine.

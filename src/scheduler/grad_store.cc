@@ -184,41 +184,60 @@ Status GradStore::Update(size_t g, const std::function<Status(float* sums)>& add
   return add(slot.buf.as<float>());
 }
 
+Status GradStore::EnsureNorm(size_t g, AlignedBuffer* tmp) {
+  Record& r = records_[g];
+  if (r.norm_valid || r.where == Where::kZero) return Status();  // zero: every block +0
+  if (r.where == Where::kCached) {
+    ComputeNorm(g, slots_[static_cast<size_t>(r.slot)].buf.as<float>());
+    return Status();
+  }
+  // Only written in an earlier micro-batch of the window: read back.
+  if (tmp->data() == nullptr) {
+    ASSIGN_OR_RETURN(*tmp, AlignedBuffer::Allocate(
+                               static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())),
+                               kIoAlign));
+  }
+  const int64_t t0 = NowNanos();
+  Status st = store_->ReadGrads(g, tmp->data(), io_bytes(g)).Wait();
+  counters_->NoteNvme(t0, NowNanos(), io_bytes(g), false, fmt::format("read grads {}", g));
+  if (!st.ok())
+    return st.WithContext(
+        fmt::format("reading the gradients of sub-group {} for the global checks", g));
+  ComputeNorm(g, tmp->as<float>());
+  return Status();
+}
+
 Status GradStore::GlobalChecks(bool* overflow, double* sumsq) {
-  MutexLock lock(&mu_);
-  AlignedBuffer tmp;
+  std::vector<double> partial;
+  std::vector<uint8_t> bad;
+  RETURN_IF_ERROR(BlockChecks(0, layout_->num_groups(), &partial, &bad));
   double sum = 0;
   bool any_bad = false;
-  for (size_t g = 0; g < layout_->num_groups(); ++g) {
-    Record& r = records_[g];
-    if (!r.norm_valid) {
-      if (r.where == Where::kCached) {
-        ComputeNorm(g, slots_[static_cast<size_t>(r.slot)].buf.as<float>());
-      } else if (r.where == Where::kNvme) {
-        // Only written in an earlier micro-batch of the window: read back.
-        if (tmp.data() == nullptr) {
-          ASSIGN_OR_RETURN(
-              tmp, AlignedBuffer::Allocate(
-                       static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())), kIoAlign));
-        }
-        const int64_t t0 = NowNanos();
-        Status st = store_->ReadGrads(g, tmp.data(), io_bytes(g)).Wait();
-        counters_->NoteNvme(t0, NowNanos(), io_bytes(g), false, fmt::format("read grads {}", g));
-        if (!st.ok())
-          return st.WithContext(
-              fmt::format("reading the gradients of sub-group {} for the global checks", g));
-        ComputeNorm(g, tmp.as<float>());
-      } else {
-        continue;  // zero: every block's sum is +0, which adds nothing
-      }
-    }
-    for (size_t b = 0; b < r.partial.size(); ++b) {
-      sum += r.partial[b];
-      any_bad |= r.bad[b] != 0;
-    }
+  for (size_t b = 0; b < partial.size(); ++b) {
+    sum += partial[b];
+    any_bad |= bad[b] != 0;
   }
   *overflow = any_bad;
   *sumsq = sum;
+  return Status();
+}
+
+Status GradStore::BlockChecks(size_t first_group, size_t end_group, std::vector<double>* partial,
+                              std::vector<uint8_t>* bad) {
+  MutexLock lock(&mu_);
+  AlignedBuffer tmp;
+  for (size_t g = first_group; g < end_group; ++g) {
+    RETURN_IF_ERROR(EnsureNorm(g, &tmp));
+    const Record& r = records_[g];
+    if (!r.norm_valid) {  // zero: NormBlockCount blocks of +0
+      const auto blocks = static_cast<size_t>(NormBlockCount(layout_->group(g)));
+      partial->insert(partial->end(), blocks, 0.0);
+      bad->insert(bad->end(), blocks, 0);
+      continue;
+    }
+    partial->insert(partial->end(), r.partial.begin(), r.partial.end());
+    bad->insert(bad->end(), r.bad.begin(), r.bad.end());
+  }
   return Status();
 }
 

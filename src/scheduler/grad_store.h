@@ -81,6 +81,11 @@ class GradStore {
   // Inf/nan anywhere, and the sum of squares (the blocks of NormBlocks, in
   // sub-group then block order).
   Status GlobalChecks(bool* overflow, double* sumsq) EXCLUDES(mu_);
+  // The blocks GlobalChecks adds over the sub-groups [first_group,
+  // end_group) (data parallelism: a rank's partition): each block's sum of
+  // squares and whether it holds an inf/nan, in order.
+  Status BlockChecks(size_t first_group, size_t end_group, std::vector<double>* partial,
+                     std::vector<uint8_t>* bad) EXCLUDES(mu_);
 
   // ---- The step (its thread) ----
   // Sub-group g's sums for the optimizer: its cached slot (no I/O), or read
@@ -122,6 +127,8 @@ class GradStore {
   // Waits for slot s's write; an error is the write's.
   Status WaitWrite(int s) REQUIRES(mu_);
   void ComputeNorm(size_t g, const float* sums) REQUIRES(mu_);
+  // Sub-group g's norm record made valid (from its slot, or read back).
+  Status EnsureNorm(size_t g, AlignedBuffer* tmp) REQUIRES(mu_);
   int64_t io_bytes(size_t g) const;
 
   const Layout* layout_;

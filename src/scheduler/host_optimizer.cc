@@ -246,6 +246,19 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   // Every rank's window, averaged into this rank's partition (the part
   // overlap_comm has not reduced yet, or all); the checks over the
   // partition, then combined.
+  const auto [g0, g1] = store_->owned_groups();
+  if (GradStore* nvme = grads_->nvme_store()) {
+    // Gradients on NVMe: sub-group by sub-group through the cache, every
+    // rank in order; a sub-group another rank owns is dropped once reduced.
+    for (size_t g = 0; g < layout_->num_groups(); ++g) {
+      RETURN_IF_ERROR(nvme->Update(g, [&](float* sums) { return dp->ReduceGroup(g, sums); }));
+      if (g < g0 || g >= g1) nvme->Consumed(g);
+    }
+    std::vector<double> partial;
+    std::vector<uint8_t> bad;
+    RETURN_IF_ERROR(nvme->BlockChecks(g0, g1, &partial, &bad));
+    return dp->CombineChecks(partial, bad, overflow, sumsq);
+  }
   Status reduced;
   if (dp->overlapping()) {
     reduced = DrainIssuer();  // then FinishOverlap issues the rest
@@ -255,7 +268,6 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   }
   EndOverlapWindow(reduced.ok());
   RETURN_IF_ERROR(reduced);
-  const auto [g0, g1] = store_->owned_groups();
   std::vector<double> partial;
   std::vector<uint8_t> bad;
   RETURN_IF_ERROR(grads_->BlockChecks(g0, g1, &partial, &bad));
