@@ -178,8 +178,8 @@ Status DataParallel::ReduceFrom(int64_t lo) {
     const int64_t a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_, b = overlap_next_;
     if (a < lo) break;
     const auto n = static_cast<size_t>(b - a);
-    RETURN_IF_ERROR(IssueReduce(overlap_acc_ + a, n, static_cast<int>(r), stage_ == 1,
-                                overlap_where_));
+    RETURN_IF_ERROR(
+        IssueReduce(overlap_acc_ + a, n, static_cast<int>(r), stage_ == 1, overlap_where_));
     counters_.overlapped_bytes += static_cast<int64_t>(n * sizeof(float));
     overlap_next_ = a;
   }
@@ -193,8 +193,7 @@ Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone
   if (everyone) {
     RETURN_IF_ERROR(comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_));
   } else {
-    RETURN_IF_ERROR(
-        comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, owner, *stream_));
+    RETURN_IF_ERROR(comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, owner, *stream_));
   }
   if (everyone || owner == rank()) RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, where));
   counters_.reduced_bytes += static_cast<int64_t>(n * kF);

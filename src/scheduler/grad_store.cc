@@ -193,9 +193,9 @@ Status GradStore::EnsureNorm(size_t g, AlignedBuffer* tmp) {
   }
   // Only written in an earlier micro-batch of the window: read back.
   if (tmp->data() == nullptr) {
-    ASSIGN_OR_RETURN(*tmp, AlignedBuffer::Allocate(
-                               static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())),
-                               kIoAlign));
+    ASSIGN_OR_RETURN(*tmp,
+                     AlignedBuffer::Allocate(
+                         static_cast<size_t>(GradSlotBytes(layout_->max_group_elems())), kIoAlign));
   }
   const int64_t t0 = NowNanos();
   Status st = store_->ReadGrads(g, tmp->data(), io_bytes(g)).Wait();
