@@ -865,61 +865,45 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
           "into a directory on a filesystem every rank sees",
           dir));
     ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
-    auto write_file = [&](const std::string& name, size_t first, size_t end,
+    // A data file: every section filled (`fill`) and, with `to_disk`,
+    // appended, the file fsync'd and listed. After a write error the
+    // sections are still filled (a fill may be a collective the other ranks
+    // wait for) and the error is returned at the end.
+    auto write_file = [&](const std::string& name, size_t first, size_t end, bool to_disk,
                           const std::function<StatusOr<int64_t>(size_t, void*)>& fill) -> Status {
-      const std::string path = dir + "/" + name;
-      ASSIGN_OR_RETURN(File f, File::Open(path, O_WRONLY | O_CREAT | O_EXCL));
+      std::optional<File> f;
+      Status write_error;
+      if (to_disk) {
+        StatusOr<File> opened = File::Open(dir + "/" + name, O_WRONLY | O_CREAT | O_EXCL);
+        if (opened.ok()) f.emplace(std::move(*opened));
+        write_error = opened.status();
+      }
       uint32_t crc = 0;
       int64_t bytes = 0;
       for (size_t i = first; i < end; ++i) {
         ASSIGN_OR_RETURN(int64_t n, fill(i, buf.data()));
+        if (!to_disk || !write_error.ok()) continue;
         crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
-        RETURN_IF_ERROR(f.Append(buf.data(), static_cast<size_t>(n)));
+        write_error = f->Append(buf.data(), static_cast<size_t>(n));
         bytes += n;
       }
-      RETURN_IF_ERROR(f.Sync());
-      RETURN_IF_ERROR(f.Close());
+      if (!to_disk) return Status();
+      if (write_error.ok()) write_error = f->Sync();
+      if (write_error.ok()) write_error = f->Close();
+      RETURN_IF_ERROR(write_error);
       files.push_back({{"name", name}, {"bytes", bytes}, {"crc32c", Hex32(crc)}});
       meta->bytes += bytes;
       return Status();
     };
-    if (store->params_partitioned()) {
-      // Every rank gathers each module (a collective) and rank 0 writes
-      // them; rank 0 goes on gathering after a write error, so that the
-      // others are not left waiting.
-      std::optional<File> out;
-      Status write_error;
-      uint32_t crc = 0;
-      int64_t bytes = 0;
-      const std::string path = dir + "/" + kParamsFile;
-      if (rank == 0) {
-        StatusOr<File> f = File::Open(path, O_WRONLY | O_CREAT | O_EXCL);
-        if (f.ok()) out.emplace(std::move(*f));
-        write_error = f.status();
-      }
-      for (int m = 0; m < layout.num_modules(); ++m) {
-        RETURN_IF_ERROR(store->ReadModuleParams(m, buf.data()));
-        const auto n = static_cast<size_t>(layout.module(m).bytes());
-        if (rank != 0 || !write_error.ok()) continue;
-        crc = Crc32cExtend(crc, buf.data(), n);
-        write_error = out->Append(buf.data(), n);
-        bytes += static_cast<int64_t>(n);
-      }
-      if (rank == 0) {
-        if (write_error.ok()) write_error = out->Sync();
-        if (write_error.ok()) write_error = out->Close();
-        RETURN_IF_ERROR(write_error);
-        files.push_back({{"name", kParamsFile}, {"bytes", bytes}, {"crc32c", Hex32(crc)}});
-        meta->bytes += bytes;
-      }
-    } else if (rank == 0) {
+    // The parameters, written by rank 0; with partitioned parameters every
+    // rank gathers each module for it (a collective).
+    if (rank == 0 || store->params_partitioned())
       RETURN_IF_ERROR(write_file(kParamsFile, 0, static_cast<size_t>(layout.num_modules()),
-                                 [&](size_t m, void* b) -> StatusOr<int64_t> {
+                                 rank == 0, [&](size_t m, void* b) -> StatusOr<int64_t> {
                                    RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
                                    return layout.module(static_cast<int>(m)).bytes();
                                  }));
-    }
-    return write_file(mine.name, g0, g1, [&](size_t g, void* b) -> StatusOr<int64_t> {
+    return write_file(mine.name, g0, g1, true, [&](size_t g, void* b) -> StatusOr<int64_t> {
       RETURN_IF_ERROR(store->ReadGroupStates(g, b));
       return kOptimizerStateBytesPerElem * layout.group(g).elems();
     });

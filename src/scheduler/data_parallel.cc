@@ -134,13 +134,9 @@ Status DataParallel::ReduceGradients(float* acc, Memory where) {
     // All-reduce: every element, (world + 1) chunks at a time.
     const int64_t step = (n_ranks + 1) * chunk_;
     for (int64_t k = 0; k < total; k += step) {
-      const int64_t n = std::min(step, total - k);
-      RETURN_IF_ERROR(ToStaging(send, acc + k, static_cast<size_t>(n) * kF, where));
-      RETURN_IF_ERROR(comm_->AllReduce(send, send, static_cast<size_t>(n), DType::kFp32,
-                                       gpu::ReduceOp::kAvg, *stream_));
-      RETURN_IF_ERROR(FromStaging(acc + k, send, static_cast<size_t>(n) * kF, where));
+      RETURN_IF_ERROR(IssueReduce(acc + k, static_cast<size_t>(std::min(step, total - k)), 0,
+                                  /*everyone=*/true, where));
       RETURN_IF_ERROR(Sync("all-reducing the gradients"));
-      counters_.reduced_bytes += n * static_cast<int64_t>(kF);
     }
   } else {
     // Reduce-scatter: chunk k of every partition in, chunk k of ours out.
@@ -166,7 +162,6 @@ void DataParallel::BeginOverlap(float* acc, Memory where) {
   overlap_acc_ = acc;
   overlap_where_ = where;
   overlap_next_ = layout_->total_elems();
-  overlap_start_ns_ = NowNanos();
 }
 
 Status DataParallel::ReduceFrom(int64_t lo) {

@@ -206,7 +206,6 @@ class DataParallel {
   float* overlap_acc_ = nullptr;
   Memory overlap_where_ = Memory::kHost;
   int64_t overlap_next_ = 0;
-  int64_t overlap_start_ns_ = 0;
   std::function<Status()> flush_;
   // flush_ when a reduction is overlapped.
   Status Flush() { return overlap_acc_ != nullptr && flush_ ? flush_() : Status(); }

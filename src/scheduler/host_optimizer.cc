@@ -144,7 +144,7 @@ Status HostOptimizer::OverlapAfter(int m) {
     ov_.on = false;  // not the previous order: the rest at the window's end
     return Status();
   }
-  ov_.final_from = std::min(ov_.final_from, me.elems() > 0 ? me.elem_begin : ov_.final_from);
+  if (me.elems() > 0) ov_.final_from = std::min(ov_.final_from, me.elem_begin);
   {
     MutexLock lock(&issue_mu_);
     issue_queue_.emplace_back(ov_.final_from, grads_->queued());
@@ -160,8 +160,7 @@ void HostOptimizer::Issuer() {
       MutexLock lock(&issue_mu_);
       while (!issue_stop_ && issue_queue_.empty()) issue_cv_.Wait(&issue_mu_);
       if (issue_queue_.empty()) return;
-      next = issue_queue_.front();
-      issuing_ = true;
+      next = issue_queue_.front();  // popped once issued: DrainIssuer waits for it
     }
     // A failed gradient add fails this rank's step: it issues nothing more
     // (the other ranks' collectives then fail within the timeout).
@@ -174,7 +173,6 @@ void HostOptimizer::Issuer() {
     {
       MutexLock lock(&issue_mu_);
       issue_queue_.pop_front();
-      issuing_ = false;
       if (!s.ok() && issue_error_.ok()) issue_error_ = s;
     }
     issue_cv_.NotifyAll();
@@ -183,7 +181,7 @@ void HostOptimizer::Issuer() {
 
 Status HostOptimizer::DrainIssuer() {
   MutexLock lock(&issue_mu_);
-  while (!issue_queue_.empty() || issuing_) issue_cv_.Wait(&issue_mu_);
+  while (!issue_queue_.empty()) issue_cv_.Wait(&issue_mu_);
   return issue_error_;
 }
 

@@ -165,12 +165,11 @@ class HostOptimizer final : public OptimizerBackend {
     bool on = false;
     int64_t final_from = 0;
   } ov_;
-  // The issuer's queue of (watermark, GradOffloader ticket), whether it is
-  // issuing one, its first error, and its thread.
+  // The issuer's queue of (watermark, GradOffloader ticket; the front one
+  // stays until issued), its first error, and its thread.
   Mutex issue_mu_;
   CondVar issue_cv_;
   std::deque<std::pair<int64_t, int64_t>> issue_queue_ GUARDED_BY(issue_mu_);
-  bool issuing_ GUARDED_BY(issue_mu_) = false;
   bool issue_stop_ GUARDED_BY(issue_mu_) = false;
   Status issue_error_ GUARDED_BY(issue_mu_);
   std::thread issuer_;

@@ -91,8 +91,8 @@ struct Shape {
   int64_t sub_group_size = 0;  // 0: the toy's (1000)
   // offload_optimizer none through the device optimizer (as on a GPU).
   bool device_optimizer = false;
-  bool overlap_comm = false;  // zero_optimization.overlap_comm
-  bool delayed = false;       // strata.delayed_param_update
+  bool overlap_comm = false;   // zero_optimization.overlap_comm
+  bool delayed = false;        // strata.delayed_param_update
   bool grads_on_nvme = false;  // strata.grad_tier nvme
 };
 
