@@ -68,6 +68,8 @@ int LaunchRanks(const Args& a) {
     if (!ParseByteSize(a.min_bytes, &min_bytes))
       return Fail(kCmd, "--min-bytes: \"" + a.min_bytes + "\" is not a size");
     if (!(a.timeout_s > 0)) return Fail(kCmd, "--timeout must be positive (seconds)");
+    if (Status s = CheckGpusForLocalRanks(a.nproc, a.device, "--nproc"); !s.ok())
+      return Fail(kCmd, s);
   }
   std::vector<std::string> args = {"bench",       "comm",
                                    "--sizes",     a.sizes,

@@ -6,8 +6,10 @@
 #include <vector>
 
 #include "apps/strata/commands.h"
+#include "apps/strata/exit_codes.h"
 #include "apps/strata/launch_ranks.h"
 #include "examples/train/train.h"
+#include "strata/config.h"
 
 namespace strata::cli {
 namespace {
@@ -64,6 +66,18 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
     if (opt->resume) args.push_back("--resume");
     if (opt->overwrite) args.push_back("--overwrite");
     if (opt->json) args.push_back("--json");
+    // One GPU per local rank: refused here rather than by rank k failing to
+    // open device k while the others wait for it.
+    std::string device = opt->device;
+    if (device.empty()) {
+      StatusOr<Config> config = LoadConfigFile(opt->config_path);
+      device = config.ok() ? std::string(DeviceKindName(config->strata.device)) : "host";
+    }
+    if (Status s = CheckGpusForLocalRanks(*nproc, device, "--nproc-per-node"); !s.ok()) {
+      std::cerr << "strata train: " << s.ToString() << "\n";
+      r.exit_code = kExitUsage;
+      return;
+    }
     r.exit_code = LaunchLocalRanks("train", *nproc, args);
   });
 });

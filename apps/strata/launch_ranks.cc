@@ -19,6 +19,7 @@
 #include "apps/strata/bench_stats.h"
 #include "apps/strata/exit_codes.h"
 #include "src/common/status_util.h"
+#include "src/gpu/device.h"
 
 namespace strata::cli {
 namespace {
@@ -51,6 +52,12 @@ int CodeOf(int wait_status) {
 }
 
 }  // namespace
+
+Status CheckGpusForLocalRanks(int nproc, const std::string& device, const char* flag) {
+  if (device == "host") return Status();  // no CUDA driver call
+  return GpusForLocalRanks(nproc, device,
+                           static_cast<int>(gpu::ListCudaDevices().devices.size()), flag);
+}
 
 int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args) {
   auto port = FreePort();

@@ -16,7 +16,28 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "strata/status.h"
+
 namespace strata::cli {
+
+// Local rank k runs on CUDA device k (torchrun's LOCAL_RANK), and NCCL needs
+// a GPU of its own per rank: FailedPrecondition when `device` (auto, cuda or
+// host) would use CUDA and the machine has `gpus` GPUs, but fewer than
+// `nproc` (`flag` names the option in the message). OK for host, or no GPU
+// at all (the ranks then fall back to the host device or fail themselves).
+inline Status GpusForLocalRanks(int nproc, const std::string& device, int gpus,
+                                const char* flag) {
+  if (device == "host" || gpus == 0 || nproc <= gpus) return Status();
+  return FailedPreconditionError(fmt::format(
+      "{} {} with device {}: local rank k runs on CUDA device k, and this machine has {} CUDA "
+      "device(s); NCCL needs a GPU of its own for each rank: start at most {} rank(s) here, or "
+      "use --device host (Gloo)",
+      flag, nproc, device, gpus, gpus));
+}
+// The same for this machine's GPUs (gpu::ListCudaDevices).
+Status CheckGpusForLocalRanks(int nproc, const std::string& device, const char* flag);
 
 // `args`: the command line each rank runs, after the program name.
 int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args);

@@ -262,8 +262,19 @@ Status EngineImpl::Init() {
   ASSIGN_OR_RETURN(gpu::DeviceOptions dopts, gpu::DeviceOptionsFromConfig(cfg_));
   // Several ranks on a machine: local rank k uses GPU k (as torchrun's
   // LOCAL_RANK means) unless the config names one.
-  if (comm_.world_size > 1 && cfg_.strata.device_id == 0) dopts.device_id = comm_.local_rank;
-  ASSIGN_OR_RETURN(dev_, gpu::CreateDevice(dopts));
+  const bool by_local_rank = comm_.world_size > 1 && cfg_.strata.device_id == 0;
+  if (by_local_rank) dopts.device_id = comm_.local_rank;
+  {
+    StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::CreateDevice(dopts);
+    if (!dev.ok() && by_local_rank && dev.status().code() == StatusCode::kInvalidArgument)
+      return Status(dev.status())
+          .WithContext(fmt::format(
+              "rank {}: LOCAL_RANK {} runs on CUDA device {} (one GPU per local rank; NCCL needs "
+              "a GPU of its own for each rank)",
+              comm_.rank, comm_.local_rank, comm_.local_rank));
+    if (!dev.ok()) return dev.status();
+    dev_ = std::move(*dev);
+  }
   // offload_optimizer none on a GPU: the optimizer runs there (DeviceOptimizer).
   device_optimizer_ =
       opt_place() == OffloadDevice::kNone && (!dev_->is_host() || hooks_.device_optimizer);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "apps/strata/launch_ranks.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -221,3 +222,19 @@ TEST_F(CliTest, BenchNvmeFlagErrorsNameTheFlags) {
 
 }  // namespace
 }  // namespace strata
+
+// The launcher's one-GPU-per-local-rank rule (the GPU count given, so it runs
+// without a GPU): more ranks than GPUs is refused naming both counts and the
+// way out; host, no GPU, or enough GPUs pass.
+TEST(LaunchRanksTest, MoreLocalRanksThanGpusIsRefusedBeforeStarting) {
+  using strata::cli::GpusForLocalRanks;
+  const strata::Status s = GpusForLocalRanks(2, "cuda", 1, "--nproc-per-node");
+  EXPECT_EQ(s.code(), strata::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("--nproc-per-node 2"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("has 1 CUDA device(s)"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("--device host"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(GpusForLocalRanks(3, "auto", 2, "--nproc").ok());
+  EXPECT_TRUE(GpusForLocalRanks(2, "host", 1, "--nproc").ok());
+  EXPECT_TRUE(GpusForLocalRanks(2, "auto", 0, "--nproc").ok());
+  EXPECT_TRUE(GpusForLocalRanks(2, "cuda", 2, "--nproc").ok());
+}
