@@ -18,7 +18,10 @@
 # offload_optimizer cpu, clipping 1.0, 3 runs of 8 steps, the host device.
 # -3: stage 3 with offload_param cpu (two ranks partition the parameters);
 # the table then also gives each rank's host parameter copies (plan) and the
-# parameter bytes it received by all-gather per step.
+# parameter bytes it received by all-gather per step, and a fourth run of
+# two ranks gathers each module only when it is fetched
+# (stage3_prefetch_bucket_size 0: nothing gathered ahead). The column "fetch
+# wait s" is the time the hooks waited for parameters (fetch_wait_s).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STRATA="$ROOT/build/apps/strata/strata"
@@ -41,13 +44,15 @@ SIZE="${1:-6x512}"
 layers="${SIZE%x*}" hidden="${SIZE#*x}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-config() {  # NAME GAS RANKS OVERLAP_COMM
+STAGE3=0
+[[ "$ZERO" == *'"stage": 3'* ]] && STAGE3=1
+config() {  # NAME GAS RANKS OVERLAP_COMM [MORE zero_optimization KEYS]
   cat >"$WORK/$1.json" <<JSON
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": $2,
  "train_batch_size": $((4 * $2 * $3)), "bf16": {"enabled": true}, "gradient_clipping": 1.0,
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
  "zero_optimization": {$ZERO, "overlap_comm": $4,
-   "reduce_bucket_size": 262144},
+   "reduce_bucket_size": 262144${5:+, $5}},
  "strata": {"device": "$DEVICE", "hbm_budget": "1G",
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 64, "vocab": 256}}}
 JSON
@@ -55,24 +60,31 @@ JSON
 config one 2 1 false
 config two 1 2 false
 config ovl 1 2 true
+NAMES="two ovl"
+if [ "$STAGE3" = 1 ]; then
+  config dem 1 2 false '"stage3_prefetch_bucket_size": 0'
+  NAMES="two ovl dem"
+fi
 for i in $(seq "$RUNS"); do
   "$STRATA" train --config "$WORK/one.json" --steps "$STEPS" --json \
     --checkpoint-dir "$WORK/ckpt-one-$i" 2>/dev/null >"$WORK/one-$i.out"
-  for name in two ovl; do
+  for name in $NAMES; do
     "$STRATA" train --config "$WORK/$name.json" --steps "$STEPS" --json --nproc-per-node 2 \
       --checkpoint-dir "$WORK/ckpt-$name-$i" 2>/dev/null >"$WORK/$name-$i.out"
   done
   rm -rf "$WORK"/ckpt-*
 done
-/usr/bin/python3 - "$WORK" "$RUNS" <<'PY'
+/usr/bin/python3 - "$WORK" "$RUNS" $NAMES <<'PY'
 import json, re, statistics as st, sys
-work, runs = sys.argv[1], int(sys.argv[2])
-print(f"{'ranks':>5} {'overlap':>7} {'run':>3} {'step s':>8} {'comm s':>8} {'ovl %':>6} "
+work, runs, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+print(f"{'ranks':>5} {'overlap':>7} {'ahead':>5} {'run':>3} {'step s':>8} {'comm s':>8} "
+      f"{'fetch wait s':>12} {'ovl %':>6} "
       f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'params/rank':>11} {'gathered':>9} "
       f"{'save s':>7} {'final loss':>18} {'same losses':>11}")
 for i in range(1, runs + 1):
     one = json.load(open(f"{work}/one-{i}.out"))
-    for name, ranks in (("one", 1), ("two", 2), ("ovl", 2)):
+    for name in ["one"] + names:
+        ranks = 1 if name == "one" else 2
         j = json.load(open(f"{work}/{name}-{i}.out"))
         per = j["per_step"][1:] or j["per_step"]
         med = lambda k: st.median(p.get(k, 0) for p in per)
@@ -90,8 +102,9 @@ for i in range(1, runs + 1):
                 break
         gathered = med("comm_gathered_bytes") / 1e6
         same = j["losses"] == one["losses"]
-        print(f"{ranks:>5} {str(name == 'ovl'):>7} {i:>3} {med('step_time_s'):>8.3f} "
-              f"{med('comm_s'):>8.3f} {ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
+        print(f"{ranks:>5} {str(name == 'ovl'):>7} {str(name != 'dem'):>5} {i:>3} "
+              f"{med('step_time_s'):>8.3f} {med('comm_s'):>8.3f} {med('fetch_wait_s'):>12.3f} "
+              f"{ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
               f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi {copies:>11} {gathered:>7.1f}MB "
               f"{j['checkpoint']['save_s'][-1]:>7.3f} {j['losses'][-1]:>18.15f} {str(same):>11}")
 PY

@@ -253,7 +253,8 @@ Status DataParallel::CombineChecks(const std::vector<double>& partial,
 
 Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces,
                                   const uint8_t* src, int64_t src_base, uint8_t* dst,
-                                  int64_t dst_base, bool copy_own, Memory where, const char* what) {
+                                  int64_t dst_base, bool copy_own, Memory where, const char* what,
+                                  gpu::Event* done) {
   RETURN_IF_ERROR(Flush());
   const int64_t t0 = NowNanos();
   const int n_ranks = world_size(), me = rank();
@@ -280,8 +281,11 @@ Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>
                                   recv + r * n, static_cast<size_t>(len(r)), where));
       if (r != me) counters_.gathered_bytes += len(r);
     }
-    RETURN_IF_ERROR(Sync(what));
+    // (One stream: the next chunk's copy into staging follows this one's
+    // copies out of it.)
+    if (done == nullptr) RETURN_IF_ERROR(Sync(what));
   }
+  if (done != nullptr) return stream_->Record(*done);
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   return Status();
 }
@@ -293,17 +297,42 @@ Status DataParallel::GatherParams(uint8_t* params, Memory where) {
                       "gathering the updated parameters");
 }
 
-Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                                 uint8_t* dst) {
-  // Each rank's piece of the range.
+std::vector<std::pair<int64_t, int64_t>> DataParallel::PiecesOf(int64_t byte_begin,
+                                                                int64_t byte_end) const {
   std::vector<std::pair<int64_t, int64_t>> pieces;
   for (int r = 0; r < world_size(); ++r) {
     const auto [b0, b1] = layout_->OwnedBytes(r);
     const int64_t lo = std::max(b0, byte_begin), hi = std::max(lo, std::min(b1, byte_end));
     pieces.emplace_back(lo, hi);
   }
-  return GatherPieces(pieces, mine, layout_->OwnedBytes(rank()).first, dst, byte_begin,
-                      /*copy_own=*/true, Memory::kHost, "gathering a module's parameters");
+  return pieces;
+}
+
+Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
+                                 uint8_t* dst) {
+  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, layout_->OwnedBytes(rank()).first, dst,
+                      byte_begin, /*copy_own=*/true, Memory::kHost,
+                      "gathering a module's parameters");
+}
+
+Status DataParallel::IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
+                                      uint8_t* dst, gpu::Event* done) {
+  if (done == nullptr) return InvalidArgumentError("IssueGatherRange: no event to record");
+  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, layout_->OwnedBytes(rank()).first, dst,
+                      byte_begin, /*copy_own=*/true, Memory::kHost,
+                      "gathering a module's parameters (prefetched)", done);
+}
+
+Status DataParallel::WaitGathered(gpu::Event& done) {
+  const int64_t t0 = NowNanos();
+  Status s = done.Synchronize();
+  if (s.ok()) s = comm_->AsyncError();
+  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+  if (!s.ok())
+    return s.WithContext(fmt::format("data parallelism (rank {} of {}): gathering a module's "
+                                     "parameters (prefetched)",
+                                     rank(), world_size()));
+  return Status();
 }
 
 Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {

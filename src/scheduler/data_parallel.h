@@ -1,17 +1,19 @@
 // src/scheduler/data_parallel.h — data-parallel ZeRO across ranks: one
 // process per rank, the collectives through gpu::Communicator (NCCL on CUDA,
 // Gloo on the host device). Stages 1 and 2 as DeepSpeed defines them; stage 3
-// partitions what stage 2 does (its parameters are not partitioned yet:
-// every rank keeps all of them where offload_param says).
+// partitions what stage 2 does, and with offload_param cpu the parameters
+// too (StateStore::PartitionParams: a module is gathered from the ranks when
+// it is fetched, GatherRange / IssueGatherRange).
 //
 // What is partitioned. The layout (LayoutOptions::world_size) pads the flat
 // element space to world_size equal partitions and cuts sub-groups inside
 // them; rank r owns partition r: the fp32 master, exp_avg and exp_avg_sq of
 // its elements (StateStore), the optimizer step over its sub-groups
 // (OptimizerStep), and after the step the updated parameters of its
-// elements, which every rank then gathers. Parameters are replicated (every
-// rank fetches every module as with one rank); each rank accumulates its own
-// micro-batches' gradients over the whole element space.
+// elements, which every rank then gathers (partitioned parameters: at the
+// next fetch). Parameters are otherwise replicated (every rank fetches every
+// module as with one rank); each rank accumulates its own micro-batches'
+// gradients over the whole element space.
 //
 // A window's end, on every rank in the same order:
 //   ReduceGradients  the window's fp32 sums averaged over the ranks (the mean
@@ -156,6 +158,15 @@ class DataParallel {
   // its own part's array (byte OwnedBytes(rank).first at mine[0]). A
   // collective: every rank asks for the same ranges in the same order.
   Status GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, uint8_t* dst);
+  // The same gather issued on the collectives' stream without waiting for
+  // it (stage 3's prefetch): `done` is recorded after it, and WaitGathered
+  // waits for that and reports a failed collective. `mine` and `dst` stay
+  // valid and `dst` unread until then. It is ordered with every other
+  // collective as issued, so the same rule holds: every rank issues the
+  // same ranges in the same order.
+  Status IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, uint8_t* dst,
+                          gpu::Event* done);
+  Status WaitGathered(gpu::Event& done);
   // out: parameter p's fp32 values, current where this rank owns them;
   // after: every element from its owner (a collective: every rank calls it
   // for the same parameters in the same order).
@@ -184,9 +195,13 @@ class DataParallel {
   // through staging: this rank's read from src + (its first byte -
   // src_base), rank r's written to dst + (its first byte - dst_base), this
   // rank's own too with copy_own.
+  // With `done`, nothing is waited for: `done` is recorded after the last
+  // chunk instead.
   Status GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces, const uint8_t* src,
                       int64_t src_base, uint8_t* dst, int64_t dst_base, bool copy_own, Memory where,
-                      const char* what);
+                      const char* what, gpu::Event* done = nullptr);
+  // Each rank's piece of [byte_begin, byte_end).
+  std::vector<std::pair<int64_t, int64_t>> PiecesOf(int64_t byte_begin, int64_t byte_end) const;
   // n fp32 sums through the staging buffer: averaged into `owner`'s sums
   // (Reduce), or into everyone's (AllReduce); on the stream, not waited for.
   Status IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where);

@@ -600,10 +600,17 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   if (PartitionsParams()) {
     scheduler::DataParallel* dp = dp_.get();
     const scheduler::Layout* layout = &layout_;
-    store_->PartitionParams([dp, layout](int m, const uint8_t* mine, uint8_t* dst) {
+    StateStore::ParamGather gather;
+    gather.now = [dp, layout](int m, const uint8_t* mine, uint8_t* dst) {
       const scheduler::ModuleExtent& me = layout->module(m);
       return dp->GatherRange(me.byte_begin, me.byte_end, mine, dst);
-    });
+    };
+    gather.issue = [dp, layout](int m, const uint8_t* mine, uint8_t* dst, gpu::Event* done) {
+      const scheduler::ModuleExtent& me = layout->module(m);
+      return dp->IssueGatherRange(me.byte_begin, me.byte_end, mine, dst, done);
+    };
+    gather.wait = [dp](gpu::Event& done) { return dp->WaitGathered(done); };
+    store_->PartitionParams(std::move(gather));
   }
   if (device_optimizer_) {
     RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));

@@ -71,6 +71,7 @@ ParamFetcher::ParamFetcher(gpu::Device* device, const Layout* layout, StateStore
 ParamFetcher::~ParamFetcher() {
   for (Slot& s : slots_)
     if (s.read.valid()) s.read.Wait().IgnoreError();
+  DropGathers();
 }
 
 Status ParamFetcher::Init() {
@@ -313,18 +314,20 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   }
   s.prefetched = prefetch;
   if (store_->params_partitioned()) {
-    // Every rank's part of the module, gathered now (a collective: fetches
-    // are on demand only, in the program's order), then copied as a read.
-    gpu::PinnedPool* pool = store_->param_pool();
-    StatusOr<gpu::PinnedBuffer> staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
-    if (!staging.ok()) {
-      RETURN_IF_ERROR(ReclaimStaging(true));  // staging returns after its H2D
-      staging = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
-    }
-    Status gathered = staging.status();
-    if (gathered.ok()) {
-      s.staging = std::move(*staging);
-      gathered = store_->GatherModule(m, s.staging.as<uint8_t>());
+    // Every rank's part of the module: gathered ahead (PrefetchGathers), or
+    // now (a collective, in the program's order); then copied as a read.
+    Status gathered;
+    if (auto ahead = gathered_.find(m); ahead != gathered_.end()) {
+      s.staging = std::move(ahead->second.buf);
+      gathered = store_->WaitGathered(*ahead->second.done);
+      gathered_.erase(ahead);
+    } else {
+      StatusOr<gpu::PinnedBuffer> staging = AcquireParamBuffer(bytes);
+      gathered = staging.status();
+      if (gathered.ok()) {
+        s.staging = std::move(*staging);
+        gathered = store_->GatherModule(m, s.staging.as<uint8_t>());
+      }
     }
     if (!gathered.ok()) {
       s.staging.Reset();
@@ -389,7 +392,11 @@ Status ParamFetcher::WaitResident(int m) {
   }
   Slot& s = slots_[static_cast<size_t>(m)];
   if (s.residency == Residency::kAbsent) {
-    counters_->CountFetchMiss();
+    if (gathered_.count(m) != 0) {
+      counters_->CountPrefetchHit();  // gathered ahead
+    } else {
+      counters_->CountFetchMiss();
+    }
     RETURN_IF_ERROR(Fetch(m, false));
   } else if (s.prefetched) {
     counters_->CountPrefetchHit();
@@ -397,10 +404,52 @@ Status ParamFetcher::WaitResident(int m) {
   return CompleteFetch(m, /*host_waits=*/false);
 }
 
+StatusOr<gpu::PinnedBuffer> ParamFetcher::AcquireParamBuffer(int64_t bytes) {
+  gpu::PinnedPool* pool = store_->param_pool();
+  StatusOr<gpu::PinnedBuffer> buf = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
+  if (!buf.ok()) {
+    RETURN_IF_ERROR(ReclaimStaging(true));  // staging returns after its H2D
+    buf = pool->Acquire(static_cast<size_t>(IoBytes(bytes)));
+  }
+  return buf;
+}
+
+Status ParamFetcher::PrefetchGathers() {
+  // At most buffer_count - 1 ahead: a fetch on demand always finds a buffer
+  // once the H2D copies in flight have read theirs. (A prefetch into a
+  // device slot would depend on which slots are free, which is timing.)
+  const int64_t ahead = store_->param_buffers() - 1;
+  int64_t live = live_elems();
+  for (const auto& [m, g] : gathered_)
+    if (!layout_->module(m).persistent) live += layout_->module(m).elems();
+  for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
+    const ModuleExtent& me = layout_->module(next);
+    if (slots_[static_cast<size_t>(next)].residency != Residency::kAbsent ||
+        gathered_.count(next) != 0)
+      continue;
+    if (!me.persistent && live + me.elems() > max_live_elems_) break;
+    if (static_cast<int64_t>(gathered_.size()) >= ahead) break;
+    Gathered g;
+    ASSIGN_OR_RETURN(g.done, dev_->CreateEvent());
+    ASSIGN_OR_RETURN(g.buf, AcquireParamBuffer(me.bytes()));
+    RETURN_IF_ERROR(store_->IssueGatherModule(next, g.buf.as<uint8_t>(), g.done.get())
+                        .WithContext(fmt::format("gathering module {} ahead", next)));
+    gathered_.emplace(next, std::move(g));
+    live += me.persistent ? 0 : me.elems();
+  }
+  return Status();
+}
+
+void ParamFetcher::DropGathers() {
+  // (Their buffers are written until the gathers end; a failure shows at
+  // the next collective.)
+  for (auto& [m, g] : gathered_) g.done->Synchronize().IgnoreError();
+  gathered_.clear();
+}
+
 Status ParamFetcher::Prefetch() {
-  // (Partitioned parameters are gathered on demand: a prefetch depends on
-  // free slots, which differ between ranks, and a gather needs every rank.)
-  if (!params_offloaded() || !trace_->following() || store_->params_partitioned()) return Status();
+  if (!params_offloaded() || !trace_->following()) return Status();
+  if (store_->params_partitioned()) return PrefetchGathers();
   int64_t live = live_elems();
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);
@@ -432,6 +481,7 @@ Status ParamFetcher::InvalidateAll() {
   // exactly those, not for the whole device (cudaDeviceSynchronize would
   // also wait for the d2h gradient copies, the optimizer's uploads and other
   // libraries' work, every step). Slots in `deferred_` keep their own events.
+  DropGathers();  // gathered before the parameters changed
   for (Slot& s : slots_)
     if (s.residency == Residency::kCopying) RETURN_IF_ERROR(s.ready->Synchronize());
   RETURN_IF_ERROR(dev_->compute().Synchronize());
@@ -495,6 +545,7 @@ Status ParamFetcher::ReleaseGrad(int m, gpu::Stream& read_by) {
 }
 
 int64_t ParamFetcher::NextStep() {
+  DropGathers();  // expected by a trace this step did not follow
   trace_->EndStep();
   const int64_t rerecords = trace_->rerecords();
   trace_->BeginStep();

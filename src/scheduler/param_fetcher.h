@@ -20,6 +20,12 @@
 // later because the arena is fragmented: a fetch waits for or evicts a slot
 // instead. (Workspaces of the framework come from the rest of the arena.)
 //
+// Stage 3 with partitioned parameters (several ranks): a fetch gathers the
+// module from the ranks first. The modules the trace expects next are
+// gathered ahead on the collectives' stream, up to offload_param.buffer_count
+// - 1 of them and within the same two budgets; the gathered bytes are copied
+// to the device at the module's fetch.
+//
 // While an optimizer step runs (not delayed), a module it has finished is
 // copied from the step's copy-out target (its new values) instead of its
 // host/NVMe copy, and a prefetch stops at the first module the step has not
@@ -198,6 +204,15 @@ class ParamFetcher {
   // copy, or with `host_waits` the caller waits for it (the slot is reused).
   Status CompleteFetch(int m, bool host_waits);
   Status StartCopy(int m);
+  // Stage 3's partitioned parameters: the modules the trace expects next
+  // gathered from the ranks ahead of their use, into pinned buffers (their
+  // H2D copy starts at the fetch).
+  Status PrefetchGathers();
+  // A pinned buffer of the parameter pool for `bytes` (waiting for staging
+  // buffers whose copies are in flight when none is free).
+  StatusOr<gpu::PinnedBuffer> AcquireParamBuffer(int64_t bytes);
+  // Waits for the gathers issued ahead and drops them.
+  void DropGathers();
   Status MakeRoom(int keep_module);
   void DropCopy(int m);  // the device copy goes once the compute stream is past it
   int64_t live_elems() const;
@@ -217,6 +232,17 @@ class ParamFetcher {
   std::unique_ptr<FetchTrace> trace_;
   std::vector<DeferredFree> deferred_;
   std::vector<StagingInFlight> staging_in_flight_;
+  // Modules gathered ahead (PrefetchGathers), by module: the buffer the
+  // gather writes and the event recorded after it on the collectives'
+  // stream. What is gathered ahead depends only on the trace, the budgets
+  // and the modules' residency, which follow the program's calls, never on
+  // timing (as free slots do): so every rank issues the same gathers in the
+  // same order, as collectives need.
+  struct Gathered {
+    gpu::PinnedBuffer buf;
+    std::unique_ptr<gpu::Event> done;
+  };
+  std::map<int, Gathered> gathered_;
 };
 
 }  // namespace strata::scheduler

@@ -395,7 +395,18 @@ Status StateStore::WriteAllModules(StepOutcome* outcome) {
 Status StateStore::GatherModule(int m, uint8_t* buf) {
   if (!params_partitioned())
     return FailedPreconditionError("GatherModule: parameters not partitioned");
-  return gather_(m, host_params_.as<uint8_t>(), buf);
+  return gather_.now(m, host_params_.as<uint8_t>(), buf);
+}
+
+Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done) {
+  if (!params_partitioned() || !gather_.issue)
+    return FailedPreconditionError("IssueGatherModule: parameters not partitioned");
+  return gather_.issue(m, host_params_.as<uint8_t>(), buf, done);
+}
+
+Status StateStore::WaitGathered(gpu::Event& done) {
+  if (!gather_.wait) return FailedPreconditionError("WaitGathered: parameters not partitioned");
+  return gather_.wait(done);
 }
 
 const uint8_t* StateStore::FetchSource(int m, bool updated) {

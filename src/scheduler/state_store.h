@@ -90,10 +90,18 @@ class StateStore {
   // (Layout::OwnedBytes), from param_byte_base(); a fetch or a checkpoint
   // gets a module's bytes through `gather` (a collective: every rank calls
   // it for the same modules in the same order). REQUIRES: before Open.
-  void PartitionParams(std::function<Status(int m, const uint8_t* mine, uint8_t* dst)> gather) {
-    gather_ = std::move(gather);
-  }
-  bool params_partitioned() const { return static_cast<bool>(gather_); }
+  struct ParamGather {
+    // Module m's bytes into dst, every rank sending its part from `mine`.
+    std::function<Status(int m, const uint8_t* mine, uint8_t* dst)> now;
+    // The same, issued without waiting; `done` is recorded after it (a
+    // prefetch), and `wait(done)` waits for it and reports its failure.
+    std::function<Status(int m, const uint8_t* mine, uint8_t* dst, gpu::Event* done)> issue;
+    std::function<Status(gpu::Event& done)> wait;
+  };
+  void PartitionParams(ParamGather gather) { gather_ = std::move(gather); }
+  bool params_partitioned() const { return static_cast<bool>(gather_.now); }
+  // The pinned buffers modules are gathered into (offload_param.buffer_count).
+  int64_t param_buffers() const { return std::max<int64_t>(1, placement_.param_buffer_count); }
   int64_t param_byte_base() const {
     return params_partitioned() ? layout_->OwnedBytes(rank_).first : 0;
   }
@@ -105,8 +113,11 @@ class StateStore {
     return IoBytes(std::max<int64_t>(1, b1 - b0));
   }
   // Partitioned parameters: module m's bytes gathered from every rank into
-  // `buf` (a collective).
+  // `buf` (a collective); or issued, `done` recorded after it, and waited
+  // for with WaitGathered.
   Status GatherModule(int m, uint8_t* buf);
+  Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done);
+  Status WaitGathered(gpu::Event& done);
   int64_t state_base() const { return layout_->OwnedElems(rank_).first; }
   std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
   bool OwnsGroup(size_t g) const {
@@ -234,7 +245,7 @@ class StateStore {
   const Config* cfg_;
   Placement placement_;
   int rank_ = 0;
-  std::function<Status(int m, const uint8_t* mine, uint8_t* dst)> gather_;
+  ParamGather gather_;
 
   HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;          // offload_optimizer cpu
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none

@@ -57,13 +57,16 @@ int64_t Numel(int m, int i, int64_t extra) {
 }
 
 // One micro-batch of the toy model: g = scale (0.5 p + 0.1 sin(batch + 0.37 j + m)).
-void MicroBatch(Engine& e, int batch, float scale, int64_t extra = 0) {
+// Module `skip` (if any) takes no part.
+void MicroBatch(Engine& e, int batch, float scale, int64_t extra = 0, int skip = -1) {
   for (int m = 0; m < kModules; ++m) {
+    if (m == skip) continue;
     auto v = e.BeforeForward(m);
     RANK_OK(v.status());
     RANK_OK(e.AfterForward(m));
   }
   for (int m = kModules - 1; m >= 0; --m) {
+    if (m == skip) continue;
     auto v = e.BeforeBackward(m);
     RANK_OK(v.status());
     for (int i = 0; i < 2; ++i) {
@@ -94,6 +97,9 @@ struct Shape {
   bool overlap_comm = false;   // zero_optimization.overlap_comm
   bool delayed = false;        // strata.delayed_param_update
   bool grads_on_nvme = false;  // strata.grad_tier nvme
+  bool refetch = false;        // stage3_max_reuse_distance 0: backward fetches again
+  int skip_step = -1;          // the step whose micro-batches leave module 2 out
+  int steps = kSteps;
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
@@ -110,6 +116,7 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   c.zero_optimization.overlap_comm = s.overlap_comm;
   c.strata.delayed_param_update = s.delayed;
   if (s.grads_on_nvme) c.strata.grad_tier = GradTier::kNvme;
+  if (s.refetch) c.zero_optimization.stage3_max_reuse_distance = 0;
   c.gradient_accumulation_steps = gas;
   c.train_batch_size = gas * DataParallelRanks();  // the global batch
   c.gradient_clipping = s.clipping;
@@ -164,12 +171,13 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
   Engine& eng = **engine;
   testing::RegisterToy(eng, 17, kModules, s.extra);
   double norm = 0;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < s.steps; ++step) {
+    const int skip = step == s.skip_step ? 2 : -1;
     if (data_parallel) {
-      MicroBatch(eng, step * W + e.rank, 1.0f, s.extra);
+      MicroBatch(eng, step * W + e.rank, 1.0f, s.extra, skip);
     } else {
       for (int k = 0; k < W; ++k) {
-        MicroBatch(eng, step * W + k, 1.0f / static_cast<float>(W), s.extra);
+        MicroBatch(eng, step * W + k, 1.0f / static_cast<float>(W), s.extra, skip);
         if (k + 1 < W) RANK_OK(eng.Step().status());
       }
     }
@@ -183,6 +191,13 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
       RANK_CHECK(
           st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)),
           "collectives moved {} / {} bytes", st->comm_reduced_bytes, st->comm_gathered_bytes);
+    // Partitioned parameters (stage 3, offload_param cpu): once the fetch
+    // order is recorded, modules are gathered ahead of their fetch.
+    if (data_parallel && s.stage == 3 && s.par == OffloadDevice::kCpu && step > 0 &&
+        step != s.skip_step)
+      RANK_CHECK(st->prefetched_modules > 0 && st->comm_gathered_bytes > 0,
+                 "step {}: {} modules gathered ahead, {} bytes gathered", step,
+                 st->prefetched_modules, st->comm_gathered_bytes);
     norm = st->grad_norm;
   }
   WriteResult(out, eng, norm, s.extra);
@@ -725,6 +740,28 @@ TEST(DataParallelOverlapTest, MidBackwardCollectivesAndOrderChanges) {
   }));
 }
 
+// ---- Stage 3's partitioned parameters gathered ahead ---------------------------
+
+// The gathers ahead follow the recorded order on every rank, whatever the
+// program does: backward fetching each module again (gathers between the
+// overlapped reductions), a step that leaves a module out (the order
+// differs: what was gathered for it is dropped on every rank), and the
+// recorded order again afterwards. The same bits as one rank, no hang.
+TEST(DataParallelTest, PartitionedModulesGatheredAheadWhateverTheOrder) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap);
+    Shape s;
+    s.par = OffloadDevice::kCpu;
+    s.stage = 3;
+    s.refetch = true;
+    s.overlap_comm = overlap;
+    s.skip_step = 2;
+    s.steps = 5;
+    s.clipping = 1.0;
+    ExpectBitsOfOneRank(TrainBoth(s, 2));
+  }
+}
+
 // ---- Four ranks, global clipping: within rounding, and repeatable ------------
 
 TEST(DataParallelTest, FourRanksWithClippingMatchOneRankWithinRounding) {
@@ -765,24 +802,28 @@ TEST(DataParallelTest, LargePartitionsClipWithTheBitsOfOneRank) {
 
 // ---- Failures ------------------------------------------------------------------
 
-TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
+// Rank 1 killed after `steps` steps and `modules` forwards of the next
+// (with partitioned parameters, while gathers ahead are in flight).
+void KilledRankScenario(const Shape& shape, int steps, int modules) {
   constexpr double kTimeout = 5;
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int> status = RunRanks(
       2,
-      [](const RankEnv& e) {
+      [&](const RankEnv& e) {
         SetRankEnv(e, true);
         const std::string nvme = e.dir + "/nvme";
         std::filesystem::create_directories(nvme);
-        auto engine = Engine::Create(ShapeConfig(Shape{}, nvme, 1));
+        auto engine = Engine::Create(ShapeConfig(shape, nvme, 1));
         RANK_OK(engine.status());
         testing::RegisterToy(**engine, 17, kModules);
-        MicroBatch(**engine, e.rank, 1.0f);
-        RANK_OK((*engine)->Step().status());
-        if (e.rank == 1) raise(SIGKILL);
+        for (int step = 0; step < steps; ++step) {
+          MicroBatch(**engine, step * 2 + e.rank, 1.0f);
+          RANK_OK((*engine)->Step().status());
+        }
         Status s;
-        for (int step = 1; step < 50 && s.ok(); ++step) {
+        for (int step = steps; step < 50 && s.ok(); ++step) {
           for (int m = 0; m < kModules && s.ok(); ++m) {
+            if (e.rank == 1 && m == modules) raise(SIGKILL);
             s = (*engine)->BeforeForward(m).status();
             if (s.ok()) s = (*engine)->AfterForward(m);
           }
@@ -803,6 +844,14 @@ TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
   EXPECT_TRUE(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0) << status[0];
   EXPECT_TRUE(WIFSIGNALED(status[1]) && WTERMSIG(status[1]) == SIGKILL) << status[1];
   EXPECT_LT(took, 30 + kTimeout);  // start-up and the timeout, never a hang
+}
+
+TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
+  KilledRankScenario(Shape{}, 1, 0);
+  Shape partitioned;
+  partitioned.par = OffloadDevice::kCpu;
+  partitioned.stage = 3;
+  KilledRankScenario(partitioned, 2, 2);
 }
 
 // Ranks whose config or model differ are refused at Plan, naming the first
