@@ -126,7 +126,10 @@ struct ZeroConfig {
   // Elements per gradient bucket (sizes Strata's gradient staging), >= 1
   // (0 in JSON: kZeroMeansOneTensorElems).
   int64_t reduce_bucket_size = 500'000'000;
-  int64_t allgather_bucket_size = 500'000'000;  // elements; one rank: not used, >= 0
+  // Elements one all-gather of parameters moves over all ranks (several
+  // ranks; sizes the collectives' staging with reduce_bucket_size), >= 0
+  // (0: kZeroMeansOneTensorElems).
+  int64_t allgather_bucket_size = 500'000'000;
 
   bool operator==(const ZeroConfig&) const = default;
 };

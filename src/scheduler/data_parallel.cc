@@ -71,7 +71,29 @@ int64_t DataParallel::ChunkElems(const Layout& layout, int64_t reduce_bucket_siz
       kMinChunkElems, std::min({reduce_bucket_size, layout.partition_elems(), kMaxChunkElems}));
 }
 
-Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems) {
+int64_t DataParallel::GatherChunkBytes(const Layout& layout, int64_t allgather_bucket_size) {
+  int64_t largest = 4;
+  for (int r = 0; r < layout.world_size(); ++r) {
+    const auto [b0, b1] = layout.OwnedBytes(r);
+    largest = std::max(largest, b1 - b0);
+  }
+  // The parameters' mean bytes per element (not counting the page padding
+  // between modules).
+  double bytes = 0, elems = 0;
+  for (const ParamRec& p : layout.params()) {
+    bytes += static_cast<double>(p.numel) * static_cast<double>(DTypeSize(p.dtype));
+    elems += static_cast<double>(p.numel);
+  }
+  const double per_elem = elems > 0 ? bytes / elems : 2.0;
+  if (allgather_bucket_size <= 0) allgather_bucket_size = kZeroMeansOneTensorElems;
+  const double want = static_cast<double>(allgather_bucket_size) * per_elem /
+                      static_cast<double>(std::max(1, layout.world_size()));
+  const int64_t cap = std::min(largest, kMaxChunkElems * static_cast<int64_t>(sizeof(float)));
+  const auto chunk = static_cast<int64_t>(std::min(want, static_cast<double>(cap)));
+  return std::max<int64_t>(4, chunk / 4 * 4);
+}
+
+Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems, int64_t gather_chunk_bytes) {
   layout_ = layout;
   for (int r = 0; r <= world_size(); ++r) {
     const int64_t b = layout->ByteOfElem(r * layout->partition_elems());
@@ -81,8 +103,9 @@ Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems) {
   }
   staging_ = gpu::DeviceBuffer();  // the small one from Create
   chunk_ = std::max<int64_t>(kMinChunkElems, chunk_elems);
-  ASSIGN_OR_RETURN(staging_,
-                   dev_->Allocate(static_cast<size_t>(StagingBytes(world_size(), chunk_))));
+  gather_bytes_ = std::max<int64_t>(4, gather_chunk_bytes / 4 * 4);
+  ASSIGN_OR_RETURN(staging_, dev_->Allocate(static_cast<size_t>(StagingBytes(
+                                 world_size(), StagingChunkElems(chunk_, gather_bytes_)))));
   return Status();
 }
 
@@ -260,7 +283,9 @@ Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>
   const int n_ranks = world_size(), me = rank();
   int64_t longest = 0;
   for (const auto& [lo, hi] : pieces) longest = std::max(longest, hi - lo);
-  const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
+  // allgather_bucket_size (Bind), or before Bind the staging's chunk.
+  const int64_t chunk_bytes =
+      gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
   auto* send = staging_.as<uint8_t>();
   uint8_t* recv = send + chunk_bytes;
   for (int64_t off = 0; off < longest; off += chunk_bytes) {
@@ -362,7 +387,9 @@ Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
 StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::string& mine) {
   RETURN_IF_ERROR(Flush());
   const int n_ranks = world_size();
-  const int64_t chunk_bytes = chunk_ * static_cast<int64_t>(sizeof(float));
+  // allgather_bucket_size (Bind), or before Bind the staging's chunk.
+  const int64_t chunk_bytes =
+      gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
   auto* send = staging_.as<uint8_t>();
   uint8_t* recv = send + chunk_bytes;
   // The lengths first: 8 bytes from each rank (chunk_ >= kMinChunkElems).

@@ -48,6 +48,7 @@
 // Threading: the engine's (main) thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,9 +88,19 @@ class DataParallel {
   // Device bytes of the staging buffer for chunks of `chunk_elems` fp32:
   // world_size + 1 chunks.
   static int64_t StagingBytes(int world_size, int64_t chunk_elems);
-  // The chunk a layout's partitions are moved in: min(reduce_bucket_size,
+  // The chunk a layout's partitions are reduced in: min(reduce_bucket_size,
   // the partition, kMaxChunkElems), at least kMinChunkElems.
   static int64_t ChunkElems(const Layout& layout, int64_t reduce_bucket_size);
+  // The bytes each rank sends into one all-gather of parameters, so that one
+  // all-gather moves about allgather_bucket_size elements over all ranks
+  // (DeepSpeed's meaning; at the parameters' mean bytes per element; 0 as
+  // kZeroMeansOneTensorElems): at most the largest rank's part and
+  // kMaxChunkElems fp32, a multiple of 4.
+  static int64_t GatherChunkBytes(const Layout& layout, int64_t allgather_bucket_size);
+  // The staging chunk (fp32) that holds both.
+  static int64_t StagingChunkElems(int64_t chunk_elems, int64_t gather_chunk_bytes) {
+    return std::max(chunk_elems, (gather_chunk_bytes + 3) / 4);
+  }
   static constexpr int64_t kMaxChunkElems = int64_t{1} << 22;  // 16 MiB of fp32
   // The chunk before Bind (Create allocates (world + 1) of them), and the
   // least one (a rank's 8-byte length fits in its slot).
@@ -97,8 +108,10 @@ class DataParallel {
   static constexpr int64_t kMinChunkElems = 2;
 
   // After Plan() laid the parameters out: allocates the staging buffer
-  // (CheckSame and ReduceScalars work before, with a small one).
-  Status Bind(const Layout* layout, int64_t chunk_elems);
+  // (CheckSame and ReduceScalars work before, with a small one) for
+  // reductions in chunks of `chunk_elems` and parameter gathers of
+  // `gather_chunk_bytes` per rank.
+  Status Bind(const Layout* layout, int64_t chunk_elems, int64_t gather_chunk_bytes);
 
   // Every rank's `text` must equal rank 0's; else FailedPrecondition naming
   // `what`, the ranks and the first line that differs (each rank reports
@@ -216,7 +229,8 @@ class DataParallel {
   std::unique_ptr<gpu::Stream> stream_;
   int stage_ = 2;
   const Layout* layout_ = nullptr;
-  int64_t chunk_ = 0;  // fp32 elements per rank per collective
+  int64_t chunk_ = 0;         // fp32 elements per rank per reduction
+  int64_t gather_bytes_ = 0;  // bytes per rank per parameter all-gather
   // The overlapped reduction: its array, and the top of what is not issued.
   float* overlap_acc_ = nullptr;
   Memory overlap_where_ = Memory::kHost;

@@ -478,7 +478,7 @@ Status EngineImpl::Plan() {
   scheduler::LayoutOptions lo = scheduler::LayoutOptionsFromConfig(cfg_);
   lo.world_size = dp_ ? dp_->world_size() : 1;
   layout_ = Layout::Build(std::move(recs), lo);
-  int64_t dp_chunk = 0;
+  int64_t dp_chunk = 0, dp_gather_bytes = 0;
   if (dp_) {
     // Every rank must train the same model with the same config.
     RETURN_IF_ERROR(dp_->CheckSame("config", config_text_));
@@ -488,6 +488,7 @@ Status EngineImpl::Plan() {
                            DTypeName(p.dtype), p.module, p.group);
     RETURN_IF_ERROR(dp_->CheckSame("model (its registered parameters)", model));
     dp_chunk = scheduler::DataParallel::ChunkElems(layout_, zo.reduce_bucket_size);
+    dp_gather_bytes = scheduler::DataParallel::GatherChunkBytes(layout_, zo.allgather_bucket_size);
   }
 
   // Leftover swap files of killed runs go before the plan counts free space
@@ -501,7 +502,9 @@ Status EngineImpl::Plan() {
   if (dp_) {
     placement.world_size = dp_->world_size();
     placement.collective_staging_bytes =
-        scheduler::DataParallel::StagingBytes(dp_->world_size(), dp_chunk);
+        scheduler::DataParallel::StagingBytes(
+            dp_->world_size(),
+            scheduler::DataParallel::StagingChunkElems(dp_chunk, dp_gather_bytes));
     placement.fold_override = 0;  // the reduction reads one accumulator
     if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
   }
@@ -529,7 +532,7 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
-  if (dp_) RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk));
+  if (dp_) RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk, dp_gather_bytes));
   // Before the states' initial write, whose write-back would slow the probe.
   MeasureDiskRates(plan);
   RETURN_IF_ERROR(OpenBackendAndStore(plan));

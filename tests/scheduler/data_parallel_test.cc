@@ -98,6 +98,7 @@ struct Shape {
   bool delayed = false;        // strata.delayed_param_update
   bool grads_on_nvme = false;  // strata.grad_tier nvme
   bool refetch = false;        // stage3_max_reuse_distance 0: backward fetches again
+  int64_t allgather_bucket_size = 0;  // 0: DeepSpeed's default
   int skip_step = -1;          // the step whose micro-batches leave module 2 out
   int steps = kSteps;
 };
@@ -117,6 +118,10 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   c.strata.delayed_param_update = s.delayed;
   if (s.grads_on_nvme) c.strata.grad_tier = GradTier::kNvme;
   if (s.refetch) c.zero_optimization.stage3_max_reuse_distance = 0;
+  // (Gathers of at most 2000 bytes per rank, within the staging chunk of
+  // the toy's reduce_bucket_size, 500 fp32.)
+  c.zero_optimization.allgather_bucket_size =
+      s.allgather_bucket_size > 0 ? s.allgather_bucket_size : 1000;
   c.gradient_accumulation_steps = gas;
   c.train_batch_size = gas * DataParallelRanks();  // the global batch
   c.gradient_clipping = s.clipping;
@@ -758,6 +763,20 @@ TEST(DataParallelTest, PartitionedModulesGatheredAheadWhateverTheOrder) {
     s.skip_step = 2;
     s.steps = 5;
     s.clipping = 1.0;
+    ExpectBitsOfOneRank(TrainBoth(s, 2));
+  }
+}
+
+// allgather_bucket_size: the parameters gathered a few elements at a time
+// (every all-gather's tail shorter on some ranks), at stage 2 after the step
+// and at stage 3 per module: the same bits.
+TEST(DataParallelTest, SmallAllgatherBucketsGiveTheSameBits) {
+  for (const int stage : {2, 3}) {
+    SCOPED_TRACE(stage);
+    Shape s;
+    s.stage = stage;
+    s.par = stage == 3 ? OffloadDevice::kCpu : OffloadDevice::kNone;
+    s.allgather_bucket_size = 7;
     ExpectBitsOfOneRank(TrainBoth(s, 2));
   }
 }
