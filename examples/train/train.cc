@@ -594,6 +594,7 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
   if (r.world_size > 1)
     for (size_t i = 0; i < r.steps.size(); ++i) {
       per_step[i]["comm_s"] = r.steps[i].comm_s;
+      per_step[i]["comm_busy_s"] = r.steps[i].comm_busy_s;
       per_step[i]["comm_reduced_bytes"] = r.steps[i].comm_reduced_bytes;
       per_step[i]["comm_overlapped_bytes"] = r.steps[i].comm_overlapped_bytes;
       per_step[i]["comm_gathered_bytes"] = r.steps[i].comm_gathered_bytes;
@@ -700,19 +701,23 @@ std::string ResultTable(const TrainResult& r) {
                     amount(t.amount).c_str(), amount(m).c_str(), secs);
       o << buf;
     }
-    std::vector<double> opt, nvme, h2d, comm;
+    std::vector<double> opt, nvme, h2d, comm, comm_busy;
     for (const StepStats* s : SteadySteps(r)) {
       opt.push_back(s->optimizer_s);
       nvme.push_back(s->nvme_busy_s);
       h2d.push_back(s->pcie_busy_s);
       comm.push_back(s->comm_s);
+      comm_busy.push_back(s->comm_busy_s);
     }
     std::snprintf(
         buf, sizeof(buf),
         "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
         "(medians)\n",
         Median(opt), Median(nvme), Median(h2d),
-        r.world_size > 1 ? fmt::format(", collectives {:.3f} s", Median(comm)).c_str() : "");
+        r.world_size > 1 ? fmt::format(", collectives {:.3f} s (waited for {:.3f} s)",
+                                       Median(comm_busy), Median(comm))
+                                 .c_str()
+                           : "");
     o << buf;
   }
   o << "  tier              high water       budget / needed by the plan\n";

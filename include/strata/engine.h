@@ -141,20 +141,24 @@ struct StepStats {
   // (zero_optimization.overlap_comm), parameter bytes it received by
   // all-gather, and the wall time the engine waited for collectives
   // (staging copies included; an overlapped reduction counts only its wait
-  // at the window's end).
+  // at the window's end), and the collectives' busy time on their stream
+  // from device events around each (NCCL's kernels on CUDA, Gloo's calls on
+  // the host device; waits for the peers included): comm_busy_s - comm_s is
+  // the communication that overlapped other work.
   int rank = 0;
   int world_size = 1;
   int64_t comm_reduced_bytes = 0;
   int64_t comm_overlapped_bytes = 0;
   int64_t comm_gathered_bytes = 0;
   double comm_s = 0.0;
+  double comm_busy_s = 0.0;
 };
 
 // The step's lower bound from its statistics: max(compute_s, pcie_h2d_bytes /
 // h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, nvme_read_bytes / read
 // rate + nvme_written_bytes / write rate (one disk: reads and writes add up;
 // with the disk's rates unmeasured, (read + written) / nvme_gbytes_per_s),
-// comm_s (several ranks: the collectives' busy time)), and which term it is. Terms whose rate is 0
+// comm_s (several ranks: the time waited for collectives)), and which term it is. Terms whose rate is 0
 // are left out. For a window of several Step() calls, sum the busy times and bytes first.
 struct StepBound {
   double seconds = 0.0;

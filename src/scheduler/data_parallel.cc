@@ -169,8 +169,10 @@ Status DataParallel::ReduceGradients(float* acc, Memory where) {
       for (int64_t r = 0; r < n_ranks; ++r)
         RETURN_IF_ERROR(
             ToStaging(send + r * n, acc + r * part + k, static_cast<size_t>(n) * kF, where));
-      RETURN_IF_ERROR(comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
-                                           gpu::ReduceOp::kAvg, *stream_));
+      RETURN_IF_ERROR(Timed([&] {
+        return comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
+                                    gpu::ReduceOp::kAvg, *stream_);
+      }));
       RETURN_IF_ERROR(FromStaging(acc + me * part + k, recv, static_cast<size_t>(n) * kF, where));
       RETURN_IF_ERROR(Sync("reduce-scattering the gradients"));
       counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
@@ -209,9 +211,12 @@ Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone
   constexpr size_t kF = sizeof(float);
   RETURN_IF_ERROR(ToStaging(buf, sums, n * kF, where));
   if (everyone) {
-    RETURN_IF_ERROR(comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_));
+    RETURN_IF_ERROR(Timed(
+        [&] { return comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_); }));
   } else {
-    RETURN_IF_ERROR(comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, owner, *stream_));
+    RETURN_IF_ERROR(Timed([&] {
+      return comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, owner, *stream_);
+    }));
   }
   if (everyone || owner == rank()) RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, where));
   counters_.reduced_bytes += static_cast<int64_t>(n * kF);
@@ -299,7 +304,7 @@ Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>
       RETURN_IF_ERROR(
           ToStaging(send, src + (my_lo - src_base) + off, static_cast<size_t>(len(me)), where));
     RETURN_IF_ERROR(
-        comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
+        Timed([&] { return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_); }));
     for (int r = 0; r < n_ranks; ++r) {
       if (len(r) == 0 || (r == me && !copy_own)) continue;
       RETURN_IF_ERROR(FromStaging(dst + (pieces[static_cast<size_t>(r)].first - dst_base) + off,
@@ -375,7 +380,7 @@ Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
       if (r == rank())
         RETURN_IF_ERROR(dev_->CopyH2D(buf, host, static_cast<size_t>(n) * kF, *stream_));
       RETURN_IF_ERROR(
-          comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_));
+          Timed([&] { return comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_); }));
       if (r != rank())
         RETURN_IF_ERROR(dev_->CopyD2H(host, buf, static_cast<size_t>(n) * kF, *stream_));
       RETURN_IF_ERROR(Sync("sharing a parameter's fp32 values"));
@@ -396,7 +401,7 @@ StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::strin
   std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
   const auto len = static_cast<int64_t>(mine.size());
   RETURN_IF_ERROR(dev_->CopyH2D(send, &len, sizeof(len), *stream_));
-  RETURN_IF_ERROR(comm_->AllGather(send, recv, 2, DType::kFp32, *stream_));
+  RETURN_IF_ERROR(Timed([&] { return comm_->AllGather(send, recv, 2, DType::kFp32, *stream_); }));
   RETURN_IF_ERROR(dev_->CopyD2H(lengths.data(), recv, sizeof(int64_t) * lengths.size(), *stream_));
   RETURN_IF_ERROR(Sync("exchanging lengths"));
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
@@ -410,7 +415,7 @@ StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::strin
       RETURN_IF_ERROR(
           dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
     RETURN_IF_ERROR(
-        comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_));
+        Timed([&] { return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_); }));
     for (int r = 0; r < n_ranks; ++r) {
       const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
       if (len > 0)
@@ -465,9 +470,53 @@ Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
   return Status();
 }
 
+Status DataParallel::Timed(const std::function<Status()>& collective) {
+  Span span;
+  {
+    MutexLock lock(&spans_mu_);
+    for (std::unique_ptr<gpu::Event>* e : {&span.start, &span.end}) {
+      if (!free_events_.empty()) {
+        *e = std::move(free_events_.back());
+        free_events_.pop_back();
+      }
+    }
+  }
+  for (std::unique_ptr<gpu::Event>* e : {&span.start, &span.end}) {
+    if (*e) continue;
+    gpu::EventOptions o;
+    o.timing = true;
+    StatusOr<std::unique_ptr<gpu::Event>> created = dev_->CreateEvent(o);
+    if (!created.ok()) return collective();  // untimed (counted as 0)
+    *e = std::move(*created);
+  }
+  RETURN_IF_ERROR(stream_->Record(*span.start));
+  RETURN_IF_ERROR(collective());
+  RETURN_IF_ERROR(stream_->Record(*span.end));
+  MutexLock lock(&spans_mu_);
+  spans_.push_back(std::move(span));
+  return Status();
+}
+
 CommCounters DataParallel::TakeCounters() {
   CommCounters c = counters_;
   counters_ = CommCounters();
+  MutexLock lock(&spans_mu_);
+  size_t kept = 0;
+  for (size_t i = 0; i < spans_.size(); ++i) {
+    Span& sp = spans_[i];
+    StatusOr<bool> done = sp.end->Query();
+    StatusOr<double> secs = done.ok() && *done ? dev_->ElapsedSeconds(*sp.start, *sp.end)
+                                               : StatusOr<double>(0.0);
+    if (done.ok() && !*done) {  // (in flight: a gather ahead) taken next time
+      if (kept != i) spans_[kept] = std::move(sp);
+      ++kept;
+      continue;
+    }
+    if (secs.ok()) c.device_s += std::max(0.0, *secs);
+    free_events_.push_back(std::move(sp.start));
+    free_events_.push_back(std::move(sp.end));
+  }
+  spans_.resize(kept);
   return c;
 }
 

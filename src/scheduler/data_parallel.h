@@ -56,6 +56,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/thread_annotations.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/layout.h"
 #include "strata/status.h"
@@ -72,6 +73,11 @@ struct CommCounters {
   // Wall time the caller waited for collectives (staging copies included);
   // an overlapped reduction counts only the wait at the window's end.
   double busy_s = 0;
+  // The collectives' busy time on their stream, from device events around
+  // each (NCCL's kernels on CUDA, Gloo's calls on the host device; waiting
+  // for the peers included, staging copies not): the collectives that
+  // completed since the last TakeCounters.
+  double device_s = 0;
 };
 
 class DataParallel {
@@ -240,6 +246,15 @@ class DataParallel {
   Status Flush() { return overlap_acc_ != nullptr && flush_ ? flush_() : Status(); }
   gpu::DeviceBuffer staging_;
   CommCounters counters_;
+  // Runs `collective` (an enqueue on stream_) between two timing events,
+  // kept until TakeCounters finds them complete.
+  Status Timed(const std::function<Status()>& collective);
+  struct Span {
+    std::unique_ptr<gpu::Event> start, end;
+  };
+  Mutex spans_mu_;  // the issuer thread's reductions and the main thread's
+  std::vector<Span> spans_ GUARDED_BY(spans_mu_);
+  std::vector<std::unique_ptr<gpu::Event>> free_events_ GUARDED_BY(spans_mu_);
 };
 
 }  // namespace strata::scheduler

@@ -870,6 +870,7 @@ StatusOr<StepStats> EngineImpl::Step() {
     st.comm_overlapped_bytes = c.overlapped_bytes;
     st.comm_gathered_bytes = c.gathered_bytes;
     st.comm_s = c.busy_s;
+    st.comm_busy_s = c.device_s;
   }
   counters_.EndWindow(now, &st);
   st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);

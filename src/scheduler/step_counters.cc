@@ -238,6 +238,7 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
     j["comm_overlapped_bytes"] = s.comm_overlapped_bytes;
     j["comm_gathered_bytes"] = s.comm_gathered_bytes;
     j["comm_s"] = s.comm_s;
+    j["comm_busy_s"] = s.comm_busy_s;
   }
   if (!s.group_lrs.empty()) j["group_lrs"] = s.group_lrs;
   return j.dump();
@@ -265,7 +266,9 @@ StepBound BoundOf(const StepStats& s) {
     consider(
         static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) / (s.nvme_gbytes_per_s * 1e9),
         "nvme");
-  // Data parallelism: the collectives' busy time (the network, or loopback).
+  // Data parallelism: the time the step waited for collectives (the
+  // network, or loopback). Their device busy time (comm_busy_s) would count
+  // what overlapped compute, and the waits for a late peer, too.
   consider(s.comm_s, "network");
   return b;
 }

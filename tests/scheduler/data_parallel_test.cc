@@ -192,10 +192,14 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     RANK_CHECK(st->world_size == (data_parallel ? W : 1), "world_size {}", st->world_size);
     // (delayed_param_update: the first Step() has no step to join, so
     // nothing to gather.)
+    // The collectives' busy time from device events: positive whenever
+    // something was reduced (the host device times Gloo's calls).
     if (data_parallel)
       RANK_CHECK(
-          st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)),
-          "collectives moved {} / {} bytes", st->comm_reduced_bytes, st->comm_gathered_bytes);
+          st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)) &&
+              st->comm_busy_s > 0,
+          "collectives moved {} / {} bytes, busy {} s", st->comm_reduced_bytes,
+          st->comm_gathered_bytes, st->comm_busy_s);
     // Partitioned parameters (stage 3, offload_param cpu): once the fetch
     // order is recorded, modules are gathered ahead of their fetch.
     if (data_parallel && s.stage == 3 && s.par == OffloadDevice::kCpu && step > 0 &&
