@@ -5,7 +5,8 @@
 # same losses; the 2 ranks once with zero_optimization.overlap_comm false
 # (the reduction after backward) and once true (during the last
 # micro-batch's backward). Runs are interleaved; per run the median over
-# steps 2.. of the step time, the time waited for collectives (comm_s), the
+# steps 2.. of the step time, the time waited for collectives (comm_s), their
+# busy time on the collectives' stream (comm_busy_s, device events), the
 # share of the reduced bytes issued during backward, the CPU optimizer's
 # blocking time, tokens/s, the plan's DRAM bytes of one rank (optimizer
 # states and accumulator), the time of the checkpoint saved after the last
@@ -77,7 +78,7 @@ done
 /usr/bin/python3 - "$WORK" "$RUNS" $NAMES <<'PY'
 import json, re, statistics as st, sys
 work, runs, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print(f"{'ranks':>5} {'overlap':>7} {'ahead':>5} {'run':>3} {'step s':>8} {'comm s':>8} "
+print(f"{'ranks':>5} {'overlap':>7} {'ahead':>5} {'run':>3} {'step s':>8} {'comm s':>8} {'busy s':>7} "
       f"{'fetch wait s':>12} {'ovl %':>6} "
       f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'params/rank':>11} {'gathered':>9} "
       f"{'save s':>7} {'final loss':>18} {'same losses':>11}")
@@ -103,7 +104,8 @@ for i in range(1, runs + 1):
         gathered = med("comm_gathered_bytes") / 1e6
         same = j["losses"] == one["losses"]
         print(f"{ranks:>5} {str(name == 'ovl'):>7} {str(name != 'dem'):>5} {i:>3} "
-              f"{med('step_time_s'):>8.3f} {med('comm_s'):>8.3f} {med('fetch_wait_s'):>12.3f} "
+              f"{med('step_time_s'):>8.3f} {med('comm_s'):>8.3f} {med('comm_busy_s'):>7.3f} "
+              f"{med('fetch_wait_s'):>12.3f} "
               f"{ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
               f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi {copies:>11} {gathered:>7.1f}MB "
               f"{j['checkpoint']['save_s'][-1]:>7.3f} {j['losses'][-1]:>18.15f} {str(same):>11}")

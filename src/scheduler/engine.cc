@@ -321,8 +321,11 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   if (cfg_.strata.overlap_optimizer)
     STRATA_LOG_INFO(
         "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
-        "rank): the ranks' parameters are gathered after it",
-        comm.rank, comm.world_size);
+        "rank): {}",
+        comm.rank, comm.world_size,
+        zo.stage == 3 && param_place() == OffloadDevice::kCpu
+            ? "each module's parameters are gathered from the ranks when it is fetched"
+            : "the ranks' parameters are gathered after it");
   // Each rank's swap files in a directory of its own.
   auto per_rank = [&](std::vector<std::string>& paths) -> Status {
     for (std::string& p : paths) {
