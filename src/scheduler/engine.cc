@@ -632,6 +632,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.landing_bytes = plan.grad_landing_bytes;
   ho.pin_landing = plan.pin_grad_landing;
   ho.device_accumulator = plan.device_grad_accumulator;
+  ho.pin_accumulator = plan.pin_grad_accumulator;
   ho.grads_on_nvme = plan.grads_on_nvme;
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "src/common/half.h"
+#include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/scheduler/plan.h"
@@ -40,10 +41,20 @@ GradOffloader::~GradOffloader() {
 }
 
 Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator,
-                            int64_t landing_bytes, bool pin_landing) {
+                            int64_t landing_bytes, bool pin_landing, bool pin_accumulator) {
   const int64_t bytes = host_accumulator ? kGradAccBytesPerElem * layout_->total_elems() : 0;
-  RETURN_IF_ERROR(acc_.Allocate(bytes, nullptr, "gradient accumulator"));
+  const bool pin_acc = pin_accumulator && host_accumulator && !second_accumulator && bytes > 0;
+  RETURN_IF_ERROR(acc_.Allocate(bytes, pin_acc ? dev_ : nullptr, "gradient accumulator"));
   std::memset(acc_.data(), 0, static_cast<size_t>(bytes));
+  if (pin_acc && acc_.pinned()) {
+    direct_ = true;
+    *pinned_bytes += IoBytes(bytes);
+    ASSIGN_OR_RETURN(direct_event_, dev_->CreateEvent());
+  } else if (pin_acc) {
+    STRATA_LOG_INFO(
+        "the gradient accumulator could not be page-locked: the window's sums go through the "
+        "staging buffers");
+  }
   if (second_accumulator) {
     RETURN_IF_ERROR(alt_.Allocate(bytes, nullptr, "second gradient accumulator"));
     std::memset(alt_.data(), 0, static_cast<size_t>(bytes));
@@ -172,8 +183,21 @@ Status GradOffloader::Offload(int m, const void* device_grad, gpu::Event& comput
 Status GradOffloader::OffloadFp32(int m, const float* device_sum, gpu::Event& computed) {
   const ModuleExtent& me = layout_->module(m);
   const int64_t chunk = std::max<int64_t>(1, layout_->grad_staging_bytes() / 4);
+  const bool first = accumulated_[static_cast<size_t>(m)] == 0;
   accumulated_[static_cast<size_t>(m)] = 1;
   RETURN_IF_ERROR(dev_->d2h().Wait(computed));
+  if (direct_ && first && me.elems() > 0) {
+    // Straight into the accumulator: the module's elements take the sums'
+    // bits (what adding them to zeros gives).
+    float* dst = acc_.as<float>() + me.elem_begin;
+    const int64_t bytes = 4 * me.elems();
+    RETURN_IF_ERROR(counters_->TimedCopy(
+        dev_->d2h(), Link::kD2H, fmt::format("grads module {} (into the accumulator)", m), bytes,
+        [&] { return dev_->CopyD2H(dst, device_sum, static_cast<size_t>(bytes), dev_->d2h()); }));
+    RETURN_IF_ERROR(dev_->d2h().Record(*direct_event_));
+    direct_in_flight_ = true;
+    return Status();
+  }
   for (int64_t b = me.elem_begin; b < me.elem_end; b += chunk) {
     const int64_t e = std::min(me.elem_end, b + chunk);
     Job job;
@@ -318,11 +342,29 @@ Status GradOffloader::Drain() {
     landed = landed_event_->Synchronize().WithContext("gradient copy (landing)");
     landing_in_flight_ = false;
   }
+  if (direct_in_flight_) {
+    Status d = direct_event_->Synchronize().WithContext("gradient copy (into the accumulator)");
+    if (landed.ok()) landed = d;
+    direct_in_flight_ = false;
+  }
+
   MutexLock lock(&mu_);
   while (pending_ != 0) cv_.Wait(&mu_);
   Status s = error_.ok() ? landed : error_;
   error_ = Status();
   return s;
+}
+
+void GradOffloader::ZeroUnsent() {
+  if (!direct_) return;
+  // The step left the previous window's sums in place: the modules that got
+  // none this window are zeroed.
+  for (int m = 0; m < layout_->num_modules(); ++m) {
+    const ModuleExtent& me = layout_->module(m);
+    if (accumulated_[static_cast<size_t>(m)] == 0 && me.elems() > 0)
+      std::memset(acc_.as<float>() + me.elem_begin, 0,
+                  static_cast<size_t>(me.elems()) * kGradAccBytesPerElem);
+  }
 }
 
 float* GradOffloader::SwapForStep() {

@@ -25,6 +25,15 @@
 // before the second land, so the float additions are those of the plain
 // path, in its order.
 //
+// Direct (Start's pin_accumulator, with the window's sums in HBM): the
+// accumulator is page-locked and a module's first OffloadFp32 of a window
+// copies its sums straight into it, replacing what it held (no staging and
+// no adds); a second one in the same window (a module whose backward ran
+// again) goes through the staging path and adds. The step does not zero the
+// accumulator after reading it (direct()); instead ZeroUnsent, once the
+// previous step has ended, zeroes the modules no sums were copied into this
+// window.
+//
 // With delayed_param_update there are two accumulators: the step started at
 // the end of a window consumes one (SwapForStep) while the next window
 // accumulates into the other.
@@ -63,8 +72,13 @@ class GradOffloader {
   // pool's bytes to *pinned_bytes.
   // landing_bytes > 0: the fold's landing buffer (the parameters' bytes),
   // page-locked with the device when pin_landing.
+  // pin_accumulator: page-lock the accumulator for the direct copies (not
+  // with a second accumulator); when pinning fails, the staging path.
   Status Start(bool second_accumulator, int64_t* pinned_bytes, bool host_accumulator = true,
-               int64_t landing_bytes = 0, bool pin_landing = false);
+               int64_t landing_bytes = 0, bool pin_landing = false, bool pin_accumulator = false);
+  // The window's fp32 sums are copied straight into the accumulator, which
+  // the step then need not zero (see above).
+  bool direct() const { return direct_; }
   gpu::PinnedPool* staging_pool() { return pool_.get(); }
 
   // Enqueues the D2H copies of module m's gradients (device_grad: the
@@ -74,7 +88,8 @@ class GradOffloader {
   Status Offload(int m, const void* device_grad, gpu::Event& computed) EXCLUDES(mu_);
   // The same for module m's fp32 sums (the device accumulator's part for
   // the module, m's elements from its first): added into the accumulator in
-  // fp32 (a zeroed accumulator takes their bits).
+  // fp32 (a zeroed accumulator takes their bits); direct(): the first of the
+  // window copied into it.
   Status OffloadFp32(int m, const float* device_sum, gpu::Event& computed) EXCLUDES(mu_);
   // Fold: copies module m's gradients into its part of the landing buffer
   // (D2H stream, after `computed`), not accumulated. REQUIRES: a landing
@@ -87,9 +102,14 @@ class GradOffloader {
   const uint8_t* landing() const { return static_cast<const uint8_t*>(landing_.data()); }
   // A step has taken the window (its FoldModes): the next window starts.
   void ForgetWindow();
-  // Waits until every chunk has been accumulated; returns (and forgets) the
-  // first error since the last Drain.
+  // Waits until every chunk has been accumulated (and every direct copy has
+  // landed); returns (and forgets) the first error since the last Drain.
   Status Drain() EXCLUDES(mu_);
+  // direct(): zeroes the accumulator of every module that got no sums this
+  // window (the previous window's are still there). REQUIRES: drained, and
+  // no step still reading the accumulator; before anything reads the
+  // window's sums.
+  void ZeroUnsent();
   // Tickets: how many chunks have been queued so far (main thread), and
   // whether the first `ticket` of them have been accumulated (the worker
   // takes them in queue order; a failed one counts, its error is Drain's).
@@ -165,6 +185,11 @@ class GradOffloader {
   std::unique_ptr<gpu::Event> landed_event_;
   bool landing_in_flight_ = false;
   std::vector<uint8_t> landed_, accumulated_;
+  // Direct (main thread only): the event after the latest direct copy, and
+  // whether one is in flight.
+  bool direct_ = false;
+  std::unique_ptr<gpu::Event> direct_event_;
+  bool direct_in_flight_ = false;
   std::unique_ptr<gpu::PinnedPool> pool_;
   std::thread worker_;
 

@@ -52,7 +52,8 @@ Status HostOptimizer::Start(int64_t* pinned_bytes) {
   grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
   RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes,
                                 /*host_accumulator=*/!opts_.grads_on_nvme, opts_.landing_bytes,
-                                opts_.pin_landing));
+                                opts_.pin_landing,
+                                opts_.device_accumulator && opts_.pin_accumulator));
   ASSIGN_OR_RETURN(upload_ready_, dev_->CreateEvent());
   if (opts_.device_accumulator) {
     const auto n = static_cast<size_t>(layout_->total_elems());
@@ -239,6 +240,8 @@ void HostOptimizer::PrepareStep() {
 }
 
 Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
+  // (The step in flight has ended: the engine joins it first.)
+  grads_->ZeroUnsent();
   DataParallel* dp = opts_.dp;
   if (dp == nullptr) return grads_->GlobalChecks(overflow, sumsq);
   // Every rank's window, averaged into this rank's partition (the part
@@ -325,6 +328,7 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
   p.grads = lp.delayed ? grads_->SwapForStep() : grads_->accumulator();
   p.fold_modes = grads_->FoldModes();
   p.landing = grads_->landing();
+  p.keep_grads = grads_->direct();  // the next window's sums replace them
   StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, &read_ahead_);
   if (!run.ok()) {
     if (lp.delayed) grads_->SwapForStep();  // back as it was

@@ -44,6 +44,9 @@ class HostOptimizer final : public OptimizerBackend {
     // in an fp32 array in HBM and each module's sum is offloaded once, at
     // its last micro-batch (the others at Drain).
     bool device_accumulator = false;
+    // TierPlan::pin_grad_accumulator: the host accumulator pinned, each
+    // module's sum copied straight into it.
+    bool pin_accumulator = false;
     // TierPlan::grads_on_nvme: the window's sums in a GradStore on NVMe
     // instead of an all-parameter accumulator in DRAM.
     bool grads_on_nvme = false;

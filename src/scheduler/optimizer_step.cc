@@ -542,6 +542,8 @@ void OptimizerStep::GroupDone(size_t g) {
   const SubGroup& sg = deps_.layout->group(g);
   if (deps_.grads != nullptr) {
     deps_.grads->Consumed(g);
+  } else if (params_.keep_grads) {
+    // Replaced by the next window's sums (GradOffloader::direct()).
   } else if (params_.fold_modes.empty()) {
     // On the optimizer's threads: one thread's memset of a large sub-group
     // takes as long as the Adam pass over it on all of them.

@@ -91,12 +91,15 @@ struct StepParams {
   int64_t step = 0;         // the optimizer step it computes (1-based)
   bool delayed = false;     // DPU: its parameters are used from the next Step() on
   bool background = false;  // on its own thread (else run inside Launch)
-  float* grads = nullptr;   // the accumulator it consumes (zeroed as it goes)
+  float* grads = nullptr;   // the accumulator it consumes (zeroed as it goes, unless keep_grads)
   // Fold (GradOffloader::FoldModes): per module how its gradients are read —
   // accumulator only, accumulator + landed, or landed only (its accumulator
   // part is zero and is not rewritten). Empty: the accumulator only.
   std::vector<uint8_t> fold_modes;
   const uint8_t* landing = nullptr;  // the landed gradients, laid out like the parameters
+  // The accumulator is not zeroed as it is consumed (GradOffloader::direct():
+  // the next window's sums are copied over it).
+  bool keep_grads = false;
 };
 
 class OptimizerStep {

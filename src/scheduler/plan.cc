@@ -294,6 +294,17 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (plan.fold_last_micro_batch && plan.pin_grad_landing)
     pinned.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
                                             " (" + plan.grad_path + ")");
+  // The window's sums in HBM land in a pinned accumulator when it fits.
+  plan.pin_grad_accumulator = false;
+  if (plan.device_grad_accumulator && !grads_on_nvme && !pl.device_optimizer &&
+      !pl.delayed_param_update) {
+    const int64_t left = facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
+    if (accumulator <= left) {
+      plan.pin_grad_accumulator = true;
+      pinned.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator) +
+                                  " (the window's sums copied in)");
+    }
+  }
   plan.budgets.push_back(pinned.Budget("pinned", facts.pinned_budget));
 
   // NVMe: two versions of everything placed there (atomic steps).
@@ -323,7 +334,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
     plan.grad_cache_bytes = kGradCacheSlots * GradSlotBytes(s.max_group_elems);
     dram.Add(plan.grad_cache_bytes, fmt::format("gradient cache {} sub-groups {}", kGradCacheSlots,
                                                 FormatBytes(plan.grad_cache_bytes)));
-  } else if (!pl.device_optimizer) {
+  } else if (!pl.device_optimizer && !plan.pin_grad_accumulator) {
     dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
   }
   if (copies_all && !plan.pin_param_copies)

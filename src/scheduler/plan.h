@@ -141,6 +141,12 @@ struct TierPlan {
   // replaces the fold (the window's last micro-batch is summed in HBM too).
   bool device_grad_accumulator = false;
   int64_t device_accumulator_bytes = 0;
+  // With device_grad_accumulator: the host's fp32 accumulator page-locked,
+  // when the pinned budget left holds it, so that each module's window sum
+  // is copied straight into it (no staging, no adds, and the step need not
+  // zero it after reading it). Else the sums go through the staging
+  // buffers and are added into a pageable accumulator.
+  bool pin_grad_accumulator = false;
   bool pin_grad_landing = false;
   int64_t grad_landing_bytes = 0;  // 0 unless folding
   std::string grad_path;           // the choice and its reason, in words

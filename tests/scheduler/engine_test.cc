@@ -938,7 +938,16 @@ bool PlanFolds(Engine& e) {
   return false;
 }
 
+// The plan copies the window's HBM sums straight into a pinned accumulator.
+bool PlanSumsCopiedIn(Engine& e) {
+  for (const TierBudget& b : e.Budgets())
+    if (b.detail.find("the window's sums copied in") != std::string::npos) return true;
+  return false;
+}
+
 struct FoldRun {
+  bool copied_in = false;     // PlanSumsCopiedIn
+  int64_t pinned_needed = 0;  // the plan's pinned bytes
   std::vector<std::vector<float>> params;
   std::vector<double> norms;
   std::vector<int> applied;
@@ -950,7 +959,9 @@ struct FoldRun {
 // (forward and backward: two gradient hand-overs in one micro-batch), and
 // in window 1 (fp16) module 1's gradients overflow in the last micro-batch.
 // fold_override: EngineTestHooks::fold_override.
-FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, int fold_override) {
+// skip_window: the third step's window leaves module 4 out altogether.
+FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, int fold_override,
+                       bool skip_window = false) {
   FoldRun r;
   EngineTestHooks hooks;
   hooks.fold_override = fold_override;
@@ -965,6 +976,7 @@ FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, i
       const bool last = k + 1 == c.gradient_accumulation_steps;
       std::vector<int> order = Forward();
       if (last) order = {0, 1, 2, 2, 3, 5};
+      if (skip_window && s == 2) std::erase(order, 4);
       MicroBatch(**e, batch++, order, scale, (poison && last && s == 1) ? 1 : -1);
       auto st = (*e)->Step();
       EXPECT_TRUE(st.ok()) << st.status();
@@ -976,6 +988,9 @@ FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, i
     }
   }
   r.folded = PlanFolds(**e);
+  r.copied_in = PlanSumsCopiedIn(**e);
+  for (const TierBudget& b : (*e)->Budgets())
+    if (b.tier == "pinned") r.pinned_needed = b.needed_bytes;
   r.params = ReadAll(**e);
   return r;
 }
@@ -1055,7 +1070,10 @@ class DeviceAccumulatorTest
 // The window's gradients summed in HBM (strata.grad_accumulator device) give
 // the bits of the host sum: parameters, norms and overflow skips, with a
 // module missing from the last micro-batch (offloaded at the window's end)
-// and one used twice in it, clipping and fp16 overflow.
+// and one used twice in it, a window without one module at all, clipping
+// and fp16 overflow; the sums copied straight into a pinned accumulator
+// (which the step does not zero) and, with a pinned budget too small for
+// it, through the staging buffers.
 TEST_P(DeviceAccumulatorTest, BitwiseIdenticalToTheHostSum) {
   testing::ScratchDir dir;
   uint64_t seed = 0;
@@ -1066,15 +1084,25 @@ TEST_P(DeviceAccumulatorTest, BitwiseIdenticalToTheHostSum) {
     SCOPED_TRACE(fp16 ? "fp16" : "bf16 + clipping");
     Config c = OddOrdersConfig(opt, par, dir.str(), gas, fp16);
     c.strata.grad_accumulator = GradAccumulatorPlace::kHost;
-    const FoldRun host = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/0);
-    c.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
-    const FoldRun device = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
+    const FoldRun host = TrainOddOrders(c, seed, 4, fp16, /*fold_override=*/0, true);
     ASSERT_FALSE(host.params.empty());
-    EXPECT_FALSE(device.folded);
-    EXPECT_TRUE(BitwiseEqual(host.params, device.params));
-    EXPECT_EQ(host.norms, device.norms);
-    EXPECT_EQ(host.applied, device.applied);
-    if (fp16) EXPECT_EQ(device.applied, (std::vector<int>{1, 0, 1}));
+    c.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
+    int64_t without_accumulator = 0;
+    for (const bool pin : {true, false}) {
+      SCOPED_TRACE(pin ? "copied into the accumulator" : "through the staging buffers");
+      Config d = c;
+      // One byte less than the first run's pinned bytes: the rest fits, the
+      // accumulator (placed last) does not.
+      if (!pin) d.strata.pinned_budget_bytes = without_accumulator;
+      const FoldRun device = TrainOddOrders(d, seed, 4, fp16, /*fold_override=*/-1, true);
+      without_accumulator = device.pinned_needed - 1;
+      EXPECT_EQ(device.copied_in, pin);
+      EXPECT_FALSE(device.folded);
+      EXPECT_TRUE(BitwiseEqual(host.params, device.params));
+      EXPECT_EQ(host.norms, device.norms);
+      EXPECT_EQ(host.applied, device.applied);
+      if (fp16) EXPECT_EQ(device.applied, (std::vector<int>{1, 0, 1, 1}));
+    }
   }
 }
 
