@@ -50,6 +50,14 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool
     direct_ = true;
     *pinned_bytes += IoBytes(bytes);
     ASSIGN_OR_RETURN(direct_event_, dev_->CreateEvent());
+    for (size_t g = 0; g < layout_->num_groups(); ++g)
+      for (int64_t b = layout_->group(g).elem_begin, e = layout_->group(g).elem_end; b < e;
+           b += kNormBlock)
+        blocks_.emplace_back(b, std::min(e, b + kNormBlock));
+    pre_partial_.assign(blocks_.size(), 0.0);
+    pre_bad_.assign(blocks_.size(), 0);
+    pre_done_.assign(blocks_.size(), 0);
+    copied_.assign(static_cast<size_t>(layout_->num_modules()), 0);
   } else if (pin_acc) {
     STRATA_LOG_INFO(
         "the gradient accumulator could not be page-locked: the window's sums go through the "
@@ -196,6 +204,20 @@ Status GradOffloader::OffloadFp32(int m, const float* device_sum, gpu::Event& co
         [&] { return dev_->CopyD2H(dst, device_sum, static_cast<size_t>(bytes), dev_->d2h()); }));
     RETURN_IF_ERROR(dev_->d2h().Record(*direct_event_));
     direct_in_flight_ = true;
+    if (!precompute_) return Status();
+    // The worker computes the blocks this copy completes once it landed.
+    Job job;
+    job.module = m;
+    job.copied_in = true;
+    ASSIGN_OR_RETURN(job.done, dev_->CreateEvent());
+    RETURN_IF_ERROR(dev_->d2h().Record(*job.done));
+    {
+      MutexLock lock(&mu_);
+      queue_.push_back(std::move(job));
+      ++pending_;
+    }
+    ++queued_;
+    cv_.NotifyAll();
     return Status();
   }
   for (int64_t b = me.elem_begin; b < me.elem_end; b += chunk) {
@@ -290,6 +312,8 @@ std::vector<uint8_t> GradOffloader::FoldModes() const {
 void GradOffloader::ForgetWindow() {
   std::fill(landed_.begin(), landed_.end(), 0);
   std::fill(accumulated_.begin(), accumulated_.end(), 0);
+  std::fill(pre_done_.begin(), pre_done_.end(), 0);
+  std::fill(copied_.begin(), copied_.end(), 0);
 }
 
 void GradOffloader::WaitIdle() {
@@ -309,11 +333,20 @@ void GradOffloader::Worker() {
     }
     Status s = job.done->Synchronize().WithContext("gradient copy");
     const int64_t t0 = NowNanos();
-    if (s.ok()) s = Accumulate(job).WithContext(fmt::format("accumulating module {}", job.module));
-    const int64_t t1 = NowNanos();
-    counters_->AddGradBusy(t1 - t0);
-    counters_->timeline().Add("grad accumulate", fmt::format("module {}", job.module), "cpu", t0,
-                              t1 - t0, job.byte_end - job.byte_begin);
+    if (job.copied_in) {
+      if (s.ok()) ChecksAfterCopy(job.module);
+      const int64_t t1 = NowNanos();
+      counters_->timeline().Add("grad accumulate", fmt::format("checks after module {}", job.module),
+                                "cpu", t0, t1 - t0, 0);
+    } else {
+      if (s.ok())
+        s = Accumulate(job).WithContext(fmt::format("accumulating module {}", job.module));
+      if (precompute_) DropChecksOf(job.module);
+      const int64_t t1 = NowNanos();
+      counters_->AddGradBusy(t1 - t0);
+      counters_->timeline().Add("grad accumulate", fmt::format("module {}", job.module), "cpu",
+                                t0, t1 - t0, job.byte_end - job.byte_begin);
+    }
     job.staging.Reset();
     {
       MutexLock lock(&mu_);
@@ -353,6 +386,56 @@ Status GradOffloader::Drain() {
   Status s = error_.ok() ? landed : error_;
   error_ = Status();
   return s;
+}
+
+std::pair<size_t, size_t> GradOffloader::BlocksOf(int m) const {
+  const ModuleExtent& me = layout_->module(m);
+  // blocks_ is sorted and tiles the element space.
+  auto first = std::upper_bound(blocks_.begin(), blocks_.end(), me.elem_begin,
+                                [](int64_t e, const auto& b) { return e < b.second; });
+  auto last = std::lower_bound(first, blocks_.end(), me.elem_end,
+                               [](const auto& b, int64_t e) { return b.first < e; });
+  return {static_cast<size_t>(first - blocks_.begin()), static_cast<size_t>(last - blocks_.begin())};
+}
+
+void GradOffloader::ChecksAfterCopy(int m) {
+  copied_[static_cast<size_t>(m)] = 1;
+  const auto [b0, b1] = BlocksOf(m);
+  if (b0 >= b1) return;
+  // A block is complete when every module overlapping it has been copied
+  // in: the modules before m reach into its first block, those after into
+  // its last one.
+  auto complete = [&](size_t blk) {
+    const auto [lo, hi] = blocks_[blk];
+    for (int k = 0; k < layout_->num_modules(); ++k) {
+      const ModuleExtent& mk = layout_->module(k);
+      if (mk.elem_begin < hi && mk.elem_end > lo && mk.elems() > 0 &&
+          copied_[static_cast<size_t>(k)] == 0)
+        return false;
+    }
+    return true;
+  };
+  std::vector<size_t> ready;
+  for (size_t blk = b0; blk < b1; ++blk) {
+    if (pre_done_[blk] != 0) continue;
+    // Blocks inside the module need no search.
+    if ((blk == b0 || blk + 1 == b1) && !complete(blk)) continue;
+    ready.push_back(blk);
+  }
+  const float* acc = acc_.as<float>();
+  tbb::parallel_for(tbb::blocked_range<size_t>(0, ready.size()), [&](const auto& r) {
+    for (size_t i = r.begin(); i < r.end(); ++i) {
+      const size_t blk = ready[i];
+      const auto [lo, hi] = blocks_[blk];
+      NormBlocks(acc + lo, hi - lo, &pre_partial_[blk], &pre_bad_[blk]);
+      pre_done_[blk] = 1;
+    }
+  });
+}
+
+void GradOffloader::DropChecksOf(int m) {
+  const auto [b0, b1] = BlocksOf(m);
+  for (size_t blk = b0; blk < b1; ++blk) pre_done_[blk] = 0;
 }
 
 void GradOffloader::ZeroUnsent() {
@@ -473,10 +556,19 @@ Status GradOffloader::BlockChecks(size_t first_group, size_t end_group,
   const uint8_t* land = landing();
   std::vector<double> partial(blocks.size(), 0.0);
   std::vector<uint8_t> bad(blocks.size(), 0);
+  // Checks ahead: the blocks the worker computed (the same blocks, from the
+  // first sub-group).
+  const bool ahead = precompute_ && first_group == 0 && modes.empty() &&
+                     pre_done_.size() >= blocks.size();
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, nblocks), [&](const auto& r) {
     for (int64_t blk = r.begin(); blk < r.end(); ++blk) {
       const auto [b, e] = blocks[static_cast<size_t>(blk)];
       double s = 0;
+      if (ahead && pre_done_[static_cast<size_t>(blk)] != 0) {
+        partial[static_cast<size_t>(blk)] = pre_partial_[static_cast<size_t>(blk)];
+        bad[static_cast<size_t>(blk)] = pre_bad_[static_cast<size_t>(blk)];
+        continue;
+      }
       if (modes.empty()) {
         NormBlocks(acc + b, e - b, &partial[static_cast<size_t>(blk)],
                    &bad[static_cast<size_t>(blk)]);

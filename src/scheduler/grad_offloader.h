@@ -34,6 +34,13 @@
 // previous step has ended, zeroes the modules no sums were copied into this
 // window.
 //
+// Checks ahead (set_precompute_checks, one rank, direct): once every module
+// overlapping a block of the global checks has been copied in, the worker
+// computes that block's sum of squares (NormBlocks: the same bits) while
+// the copies of the other modules are still in flight, so that
+// GlobalChecks at the window's end only computes what is left; an add into
+// a module afterwards (its second sum) drops its blocks' results.
+//
 // With delayed_param_update there are two accumulators: the step started at
 // the end of a window consumes one (SwapForStep) while the next window
 // accumulates into the other.
@@ -79,6 +86,9 @@ class GradOffloader {
   // The window's fp32 sums are copied straight into the accumulator, which
   // the step then need not zero (see above).
   bool direct() const { return direct_; }
+  // Checks ahead (see above); only where the accumulator holds the window's
+  // final sums when GlobalChecks runs (one rank). REQUIRES: drained.
+  void set_precompute_checks(bool on) { precompute_ = on; }
   gpu::PinnedPool* staging_pool() { return pool_.get(); }
 
   // Enqueues the D2H copies of module m's gradients (device_grad: the
@@ -156,7 +166,14 @@ class GradOffloader {
     int64_t byte_begin = 0, byte_end = 0;  // in the flat parameter-byte space
     bool fp32 = false;                     // OffloadFp32: elements, not bytes
     int64_t elem_begin = 0, elem_end = 0;  // fp32: in the flat element space
+    bool copied_in = false;  // direct: module's sums copied in (`done`); checks ahead
   };
+  // Checks ahead: the worker's part after module m's copy landed / an add
+  // into module m.
+  void ChecksAfterCopy(int m);
+  void DropChecksOf(int m);
+  // The blocks (in BlockChecks' order) overlapping module m.
+  std::pair<size_t, size_t> BlocksOf(int m) const;
   // Stages `bytes` of `src` (device) into a staging buffer on the D2H stream
   // and queues `job` for the worker; waits for a buffer when all are taken.
   Status Enqueue(Job job, const void* src, int64_t bytes) EXCLUDES(mu_);
@@ -190,6 +207,14 @@ class GradOffloader {
   bool direct_ = false;
   std::unique_ptr<gpu::Event> direct_event_;
   bool direct_in_flight_ = false;
+  // Checks ahead: every sub-group's blocks in order, and per block its
+  // result and whether it holds one (the worker writes them while jobs run;
+  // the main thread reads and resets them when drained); per module
+  // whether its sums were copied in this window (the worker's).
+  bool precompute_ = false;
+  std::vector<std::pair<int64_t, int64_t>> blocks_;
+  std::vector<double> pre_partial_;
+  std::vector<uint8_t> pre_bad_, pre_done_, copied_;
   std::unique_ptr<gpu::PinnedPool> pool_;
   std::thread worker_;
 

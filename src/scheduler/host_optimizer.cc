@@ -50,6 +50,8 @@ Status HostOptimizer::Start(int64_t* pinned_bytes) {
     }
   }
   grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
+  // (Several ranks: the reduction rewrites the sums after the window.)
+  grads_->set_precompute_checks(opts_.dp == nullptr);
   RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes,
                                 /*host_accumulator=*/!opts_.grads_on_nvme, opts_.landing_bytes,
                                 opts_.pin_landing,
