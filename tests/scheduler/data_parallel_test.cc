@@ -101,6 +101,8 @@ struct Shape {
   int64_t allgather_bucket_size = 0;  // 0: DeepSpeed's default
   int skip_step = -1;          // the step whose micro-batches leave module 2 out
   int steps = kSteps;
+  int gas = 1;                 // micro-batches per rank a step (the reference: W x gas)
+  bool device_sums = false;    // strata.grad_accumulator device (copied into a pinned accumulator)
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
@@ -117,6 +119,7 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   c.zero_optimization.overlap_comm = s.overlap_comm;
   c.strata.delayed_param_update = s.delayed;
   if (s.grads_on_nvme) c.strata.grad_tier = GradTier::kNvme;
+  if (s.device_sums) c.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
   if (s.refetch) c.zero_optimization.stage3_max_reuse_distance = 0;
   // (Gathers of at most 2000 bytes per rank, within the staging chunk of
   // the toy's reduce_bucket_size, 500 fp32.)
@@ -171,21 +174,22 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
   const int W = e.world;
   const std::string nvme = e.dir + "/nvme-" + (data_parallel ? "dp" : "ref");
   std::filesystem::create_directories(nvme);
-  auto engine = CreateFor(s, ShapeConfig(s, nvme, data_parallel ? 1 : W));
+  const int G = s.gas;
+  auto engine = CreateFor(s, ShapeConfig(s, nvme, data_parallel ? G : W * G));
   RANK_OK(engine.status());
   Engine& eng = **engine;
   testing::RegisterToy(eng, 17, kModules, s.extra);
   double norm = 0;
   for (int step = 0; step < s.steps; ++step) {
     const int skip = step == s.skip_step ? 2 : -1;
-    if (data_parallel) {
-      MicroBatch(eng, step * W + e.rank, 1.0f, s.extra, skip);
-    } else {
-      for (int k = 0; k < W; ++k) {
-        MicroBatch(eng, step * W + k, 1.0f / static_cast<float>(W), s.extra, skip);
-        if (k + 1 < W) RANK_OK(eng.Step().status());
+    // Rank r's micro-batch k of the step is batch (step W + r) G + k.
+    const int r0 = data_parallel ? e.rank : 0, r1 = data_parallel ? e.rank + 1 : W;
+    const float scale = 1.0f / static_cast<float>((data_parallel ? 1 : W) * G);
+    for (int r = r0; r < r1; ++r)
+      for (int k = 0; k < G; ++k) {
+        MicroBatch(eng, (step * W + r) * G + k, scale, s.extra, skip);
+        if (r + 1 < r1 || k + 1 < G) RANK_OK(eng.Step().status());
       }
-    }
     auto st = eng.Step();
     RANK_OK(st.status());
     RANK_CHECK(st->applied, "step {} not applied", step);
@@ -208,6 +212,12 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
                  "step {}: {} modules gathered ahead, {} bytes gathered", step,
                  st->prefetched_modules, st->comm_gathered_bytes);
     norm = st->grad_norm;
+  }
+  if (s.device_sums) {  // the window's sums copied into a pinned accumulator
+    bool copied_in = false;
+    for (const TierBudget& b : eng.Budgets())
+      copied_in |= b.detail.find("the window's sums copied in") != std::string::npos;
+    RANK_CHECK(copied_in, "the plan does not copy the window's sums into the accumulator");
   }
   WriteResult(out, eng, norm, s.extra);
 }
@@ -783,6 +793,20 @@ TEST(DataParallelTest, SmallAllgatherBucketsGiveTheSameBits) {
     s.allgather_bucket_size = 7;
     ExpectBitsOfOneRank(TrainBoth(s, 2));
   }
+}
+
+// The window's sums in HBM copied into a pinned accumulator on every rank
+// (two micro-batches a rank, the step leaving the sums in place, a window
+// without module 2, clipping): one rank accumulating all four micro-batches
+// within rounding (the ranks add two by two, one rank four in a row).
+TEST(DataParallelTest, SumsCopiedIntoPinnedAccumulatorsMatchOneRank) {
+  Shape s;
+  s.gas = 2;
+  s.device_sums = true;
+  s.skip_step = 1;
+  s.clipping = 0.5;
+  const Runs runs = TrainBoth(s, 2);
+  EXPECT_EQ(0u, Mismatches(runs.ranks[0].params, runs.ref.params, 1e-6));
 }
 
 // ---- Four ranks, global clipping: within rounding, and repeatable ------------
