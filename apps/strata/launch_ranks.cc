@@ -55,8 +55,8 @@ int CodeOf(int wait_status) {
 
 Status CheckGpusForLocalRanks(int nproc, const std::string& device, const char* flag) {
   if (device == "host") return Status();  // no CUDA driver call
-  return GpusForLocalRanks(nproc, device,
-                           static_cast<int>(gpu::ListCudaDevices().devices.size()), flag);
+  return GpusForLocalRanks(nproc, device, static_cast<int>(gpu::ListCudaDevices().devices.size()),
+                           flag);
 }
 
 int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args) {

@@ -13,10 +13,10 @@
 // for signal N), 0 when all succeed.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "strata/status.h"
 
@@ -27,8 +27,7 @@ namespace strata::cli {
 // host) would use CUDA and the machine has `gpus` GPUs, but fewer than
 // `nproc` (`flag` names the option in the message). OK for host, or no GPU
 // at all (the ranks then fall back to the host device or fail themselves).
-inline Status GpusForLocalRanks(int nproc, const std::string& device, int gpus,
-                                const char* flag) {
+inline Status GpusForLocalRanks(int nproc, const std::string& device, int gpus, const char* flag) {
   if (device == "host" || gpus == 0 || nproc <= gpus) return Status();
   return FailedPreconditionError(fmt::format(
       "{} {} with device {}: local rank k runs on CUDA device k, and this machine has {} CUDA "

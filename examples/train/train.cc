@@ -709,15 +709,14 @@ std::string ResultTable(const TrainResult& r) {
       comm.push_back(s->comm_s);
       comm_busy.push_back(s->comm_busy_s);
     }
-    std::snprintf(
-        buf, sizeof(buf),
-        "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
-        "(medians)\n",
-        Median(opt), Median(nvme), Median(h2d),
-        r.world_size > 1 ? fmt::format(", collectives {:.3f} s (waited for {:.3f} s)",
-                                       Median(comm_busy), Median(comm))
-                                 .c_str()
-                           : "");
+    std::snprintf(buf, sizeof(buf),
+                  "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
+                  "(medians)\n",
+                  Median(opt), Median(nvme), Median(h2d),
+                  r.world_size > 1 ? fmt::format(", collectives {:.3f} s (waited for {:.3f} s)",
+                                                 Median(comm_busy), Median(comm))
+                                         .c_str()
+                                   : "");
     o << buf;
   }
   o << "  tier              high water       budget / needed by the plan\n";

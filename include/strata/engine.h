@@ -158,8 +158,8 @@ struct StepStats {
 // h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, nvme_read_bytes / read
 // rate + nvme_written_bytes / write rate (one disk: reads and writes add up;
 // with the disk's rates unmeasured, (read + written) / nvme_gbytes_per_s),
-// comm_s (several ranks: the time waited for collectives)), and which term it is. Terms whose rate is 0
-// are left out. For a window of several Step() calls, sum the busy times and bytes first.
+// comm_s (several ranks: the time waited for collectives)), and which term it is. Terms whose rate
+// is 0 are left out. For a window of several Step() calls, sum the busy times and bytes first.
 struct StepBound {
   double seconds = 0.0;
   const char* by = "";

@@ -211,8 +211,9 @@ Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone
   constexpr size_t kF = sizeof(float);
   RETURN_IF_ERROR(ToStaging(buf, sums, n * kF, where));
   if (everyone) {
-    RETURN_IF_ERROR(Timed(
-        [&] { return comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_); }));
+    RETURN_IF_ERROR(Timed([&] {
+      return comm_->AllReduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, *stream_);
+    }));
   } else {
     RETURN_IF_ERROR(Timed([&] {
       return comm_->Reduce(buf, buf, n, DType::kFp32, gpu::ReduceOp::kAvg, owner, *stream_);
@@ -303,8 +304,9 @@ Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>
     if (len(me) > 0)
       RETURN_IF_ERROR(
           ToStaging(send, src + (my_lo - src_base) + off, static_cast<size_t>(len(me)), where));
-    RETURN_IF_ERROR(
-        Timed([&] { return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_); }));
+    RETURN_IF_ERROR(Timed([&] {
+      return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
+    }));
     for (int r = 0; r < n_ranks; ++r) {
       if (len(r) == 0 || (r == me && !copy_own)) continue;
       RETURN_IF_ERROR(FromStaging(dst + (pieces[static_cast<size_t>(r)].first - dst_base) + off,
@@ -359,9 +361,10 @@ Status DataParallel::WaitGathered(gpu::Event& done) {
   if (s.ok()) s = comm_->AsyncError();
   counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
   if (!s.ok())
-    return s.WithContext(fmt::format("data parallelism (rank {} of {}): gathering a module's "
-                                     "parameters (prefetched)",
-                                     rank(), world_size()));
+    return s.WithContext(
+        fmt::format("data parallelism (rank {} of {}): gathering a module's "
+                    "parameters (prefetched)",
+                    rank(), world_size()));
   return Status();
 }
 
@@ -379,8 +382,9 @@ Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
       float* host = out.data() + (k - p.elem_off);
       if (r == rank())
         RETURN_IF_ERROR(dev_->CopyH2D(buf, host, static_cast<size_t>(n) * kF, *stream_));
-      RETURN_IF_ERROR(
-          Timed([&] { return comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_); }));
+      RETURN_IF_ERROR(Timed([&] {
+        return comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_);
+      }));
       if (r != rank())
         RETURN_IF_ERROR(dev_->CopyD2H(host, buf, static_cast<size_t>(n) * kF, *stream_));
       RETURN_IF_ERROR(Sync("sharing a parameter's fp32 values"));
@@ -414,8 +418,9 @@ StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::strin
     if (mine_len > 0)
       RETURN_IF_ERROR(
           dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
-    RETURN_IF_ERROR(
-        Timed([&] { return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_); }));
+    RETURN_IF_ERROR(Timed([&] {
+      return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
+    }));
     for (int r = 0; r < n_ranks; ++r) {
       const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
       if (len > 0)
@@ -505,8 +510,8 @@ CommCounters DataParallel::TakeCounters() {
   for (size_t i = 0; i < spans_.size(); ++i) {
     Span& sp = spans_[i];
     StatusOr<bool> done = sp.end->Query();
-    StatusOr<double> secs = done.ok() && *done ? dev_->ElapsedSeconds(*sp.start, *sp.end)
-                                               : StatusOr<double>(0.0);
+    StatusOr<double> secs =
+        done.ok() && *done ? dev_->ElapsedSeconds(*sp.start, *sp.end) : StatusOr<double>(0.0);
     if (done.ok() && !*done) {  // (in flight: a gather ahead) taken next time
       if (kept != i) spans_[kept] = std::move(sp);
       ++kept;

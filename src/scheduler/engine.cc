@@ -504,10 +504,8 @@ Status EngineImpl::Plan() {
   placement.host_device = dev_->is_host();
   if (dp_) {
     placement.world_size = dp_->world_size();
-    placement.collective_staging_bytes =
-        scheduler::DataParallel::StagingBytes(
-            dp_->world_size(),
-            scheduler::DataParallel::StagingChunkElems(dp_chunk, dp_gather_bytes));
+    placement.collective_staging_bytes = scheduler::DataParallel::StagingBytes(
+        dp_->world_size(), scheduler::DataParallel::StagingChunkElems(dp_chunk, dp_gather_bytes));
     placement.fold_override = 0;  // the reduction reads one accumulator
     if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
   }

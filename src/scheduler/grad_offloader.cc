@@ -336,16 +336,17 @@ void GradOffloader::Worker() {
     if (job.copied_in) {
       if (s.ok()) ChecksAfterCopy(job.module);
       const int64_t t1 = NowNanos();
-      counters_->timeline().Add("grad accumulate", fmt::format("checks after module {}", job.module),
-                                "cpu", t0, t1 - t0, 0);
+      counters_->timeline().Add("grad accumulate",
+                                fmt::format("checks after module {}", job.module), "cpu", t0,
+                                t1 - t0, 0);
     } else {
       if (s.ok())
         s = Accumulate(job).WithContext(fmt::format("accumulating module {}", job.module));
       if (precompute_) DropChecksOf(job.module);
       const int64_t t1 = NowNanos();
       counters_->AddGradBusy(t1 - t0);
-      counters_->timeline().Add("grad accumulate", fmt::format("module {}", job.module), "cpu",
-                                t0, t1 - t0, job.byte_end - job.byte_begin);
+      counters_->timeline().Add("grad accumulate", fmt::format("module {}", job.module), "cpu", t0,
+                                t1 - t0, job.byte_end - job.byte_begin);
     }
     job.staging.Reset();
     {
@@ -395,7 +396,8 @@ std::pair<size_t, size_t> GradOffloader::BlocksOf(int m) const {
                                 [](int64_t e, const auto& b) { return e < b.second; });
   auto last = std::lower_bound(first, blocks_.end(), me.elem_end,
                                [](const auto& b, int64_t e) { return b.first < e; });
-  return {static_cast<size_t>(first - blocks_.begin()), static_cast<size_t>(last - blocks_.begin())};
+  return {static_cast<size_t>(first - blocks_.begin()),
+          static_cast<size_t>(last - blocks_.begin())};
 }
 
 void GradOffloader::ChecksAfterCopy(int m) {
@@ -558,8 +560,8 @@ Status GradOffloader::BlockChecks(size_t first_group, size_t end_group,
   std::vector<uint8_t> bad(blocks.size(), 0);
   // Checks ahead: the blocks the worker computed (the same blocks, from the
   // first sub-group).
-  const bool ahead = precompute_ && first_group == 0 && modes.empty() &&
-                     pre_done_.size() >= blocks.size();
+  const bool ahead =
+      precompute_ && first_group == 0 && modes.empty() && pre_done_.size() >= blocks.size();
   tbb::parallel_for(tbb::blocked_range<int64_t>(0, nblocks), [&](const auto& r) {
     for (int64_t blk = r.begin(); blk < r.end(); ++blk) {
       const auto [b, e] = blocks[static_cast<size_t>(blk)];

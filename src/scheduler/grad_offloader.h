@@ -166,7 +166,7 @@ class GradOffloader {
     int64_t byte_begin = 0, byte_end = 0;  // in the flat parameter-byte space
     bool fp32 = false;                     // OffloadFp32: elements, not bytes
     int64_t elem_begin = 0, elem_end = 0;  // fp32: in the flat element space
-    bool copied_in = false;  // direct: module's sums copied in (`done`); checks ahead
+    bool copied_in = false;                // direct: module's sums copied in (`done`); checks ahead
   };
   // Checks ahead: the worker's part after module m's copy landed / an add
   // into module m.

@@ -99,10 +99,10 @@ struct Shape {
   bool grads_on_nvme = false;  // strata.grad_tier nvme
   bool refetch = false;        // stage3_max_reuse_distance 0: backward fetches again
   int64_t allgather_bucket_size = 0;  // 0: DeepSpeed's default
-  int skip_step = -1;          // the step whose micro-batches leave module 2 out
+  int skip_step = -1;                 // the step whose micro-batches leave module 2 out
   int steps = kSteps;
-  int gas = 1;                 // micro-batches per rank a step (the reference: W x gas)
-  bool device_sums = false;    // strata.grad_accumulator device (copied into a pinned accumulator)
+  int gas = 1;               // micro-batches per rank a step (the reference: W x gas)
+  bool device_sums = false;  // strata.grad_accumulator device (copied into a pinned accumulator)
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
@@ -199,11 +199,11 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     // The collectives' busy time from device events: positive whenever
     // something was reduced (the host device times Gloo's calls).
     if (data_parallel)
-      RANK_CHECK(
-          st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)) &&
-              st->comm_busy_s > 0,
-          "collectives moved {} / {} bytes, busy {} s", st->comm_reduced_bytes,
-          st->comm_gathered_bytes, st->comm_busy_s);
+      RANK_CHECK(st->comm_reduced_bytes > 0 &&
+                     (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)) &&
+                     st->comm_busy_s > 0,
+                 "collectives moved {} / {} bytes, busy {} s", st->comm_reduced_bytes,
+                 st->comm_gathered_bytes, st->comm_busy_s);
     // Partitioned parameters (stage 3, offload_param cpu): once the fetch
     // order is recorded, modules are gathered ahead of their fetch.
     if (data_parallel && s.stage == 3 && s.par == OffloadDevice::kCpu && step > 0 &&

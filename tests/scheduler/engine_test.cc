@@ -1082,8 +1082,8 @@ TEST_P(DeviceAccumulatorTest, BitwiseIdenticalToTheHostSum) {
   auto [opt, par, gas] = GetParam();
   // Sub-groups of 100 elements: blocks of the checks inside the module used
   // twice (its checks computed ahead, then dropped by the second sum).
-  for (const auto& [fp16, sub_group] :
-       {std::pair{false, int64_t{0}}, std::pair{true, int64_t{0}}, std::pair{false, int64_t{100}}}) {
+  for (const auto& [fp16, sub_group] : {std::pair{false, int64_t{0}}, std::pair{true, int64_t{0}},
+                                        std::pair{false, int64_t{100}}}) {
     SCOPED_TRACE(fp16 ? "fp16" : "bf16 + clipping");
     SCOPED_TRACE("sub_group_size " + std::to_string(sub_group));
     Config c = OddOrdersConfig(opt, par, dir.str(), gas, fp16);
