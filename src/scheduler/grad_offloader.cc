@@ -211,13 +211,7 @@ Status GradOffloader::OffloadFp32(int m, const float* device_sum, gpu::Event& co
     job.copied_in = true;
     ASSIGN_OR_RETURN(job.done, dev_->CreateEvent());
     RETURN_IF_ERROR(dev_->d2h().Record(*job.done));
-    {
-      MutexLock lock(&mu_);
-      queue_.push_back(std::move(job));
-      ++pending_;
-    }
-    ++queued_;
-    cv_.NotifyAll();
+    Push(std::move(job));
     return Status();
   }
   for (int64_t b = me.elem_begin; b < me.elem_end; b += chunk) {
@@ -257,6 +251,11 @@ Status GradOffloader::Enqueue(Job job, const void* src, int64_t bytes) {
       dev_->d2h(), Link::kD2H, fmt::format("grads module {}", job.module), bytes,
       [&] { return dev_->CopyD2H(dst, src, static_cast<size_t>(bytes), dev_->d2h()); }));
   RETURN_IF_ERROR(dev_->d2h().Record(*job.done));
+  Push(std::move(job));
+  return Status();
+}
+
+void GradOffloader::Push(Job job) {
   {
     MutexLock lock(&mu_);
     queue_.push_back(std::move(job));
@@ -264,7 +263,6 @@ Status GradOffloader::Enqueue(Job job, const void* src, int64_t bytes) {
   }
   ++queued_;
   cv_.NotifyAll();
-  return Status();
 }
 
 Status GradOffloader::Land(int m, const void* device_grad, gpu::Event& computed) {

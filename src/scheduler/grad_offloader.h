@@ -177,6 +177,8 @@ class GradOffloader {
   // Stages `bytes` of `src` (device) into a staging buffer on the D2H stream
   // and queues `job` for the worker; waits for a buffer when all are taken.
   Status Enqueue(Job job, const void* src, int64_t bytes) EXCLUDES(mu_);
+  // Hands `job` (its `done` recorded) to the worker.
+  void Push(Job job) EXCLUDES(mu_);
   void Worker() EXCLUDES(mu_);
   // acc += the staged chunk (module m's bytes [byte_begin, byte_end)).
   Status Accumulate(const Job& job);
