@@ -595,6 +595,8 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
     for (size_t i = 0; i < r.steps.size(); ++i) {
       per_step[i]["comm_s"] = r.steps[i].comm_s;
       per_step[i]["comm_busy_s"] = r.steps[i].comm_busy_s;
+      per_step[i]["comm_ring_bytes"] = r.steps[i].comm_ring_bytes;
+      per_step[i]["comm_gbytes_per_s"] = r.steps[i].comm_gbytes_per_s;
       per_step[i]["comm_reduced_bytes"] = r.steps[i].comm_reduced_bytes;
       per_step[i]["comm_overlapped_bytes"] = r.steps[i].comm_overlapped_bytes;
       per_step[i]["comm_gathered_bytes"] = r.steps[i].comm_gathered_bytes;
@@ -713,10 +715,13 @@ std::string ResultTable(const TrainResult& r) {
                   "  measured busy     CPU optimizer %.3f s, NVMe %.3f s, PCIe h2d %.3f s%s "
                   "(medians)\n",
                   Median(opt), Median(nvme), Median(h2d),
-                  r.world_size > 1 ? fmt::format(", collectives {:.3f} s (waited for {:.3f} s)",
-                                                 Median(comm_busy), Median(comm))
-                                         .c_str()
-                                   : "");
+                  r.world_size > 1
+                      ? fmt::format(", collectives {:.3f} s (waited for {:.3f} s; bus bandwidth "
+                                    "{:.2f} GB/s)",
+                                    Median(comm_busy), Median(comm),
+                                    r.steps.empty() ? 0.0 : r.steps.back().comm_gbytes_per_s)
+                            .c_str()
+                      : "");
     o << buf;
   }
   o << "  tier              high water       budget / needed by the plan\n";

@@ -152,13 +152,20 @@ struct StepStats {
   int64_t comm_gathered_bytes = 0;
   double comm_s = 0.0;
   double comm_busy_s = 0.0;
+  // The bytes a ring algorithm moves through this rank for the window's
+  // collectives, and the collectives' bus bandwidth measured at Plan
+  // (nccl-tests' busbw of an all-gather; 0: not measured): their quotient
+  // is the step bound's network term.
+  double comm_ring_bytes = 0.0;
+  double comm_gbytes_per_s = 0.0;
 };
 
 // The step's lower bound from its statistics: max(compute_s, pcie_h2d_bytes /
 // h2d rate, pcie_d2h_bytes / d2h rate, optimizer_s, nvme_read_bytes / read
 // rate + nvme_written_bytes / write rate (one disk: reads and writes add up;
 // with the disk's rates unmeasured, (read + written) / nvme_gbytes_per_s),
-// comm_s (several ranks: the time waited for collectives)), and which term it is. Terms whose rate
+// comm_ring_bytes / comm_gbytes_per_s (several ranks; comm_s when the
+// bandwidth is not measured)), and which term it is. Terms whose rate
 // is 0 are left out. For a window of several Step() calls, sum the busy times and bytes first.
 struct StepBound {
   double seconds = 0.0;

@@ -197,6 +197,16 @@ class DataParallel {
   enum class Scalars { kSum, kMean, kMax };
   Status ReduceScalars(std::span<double> values, Scalars op);
 
+  // The collectives' bus bandwidth (nccl-tests' busbw: size x (n-1)/n over
+  // the time) from `reps` all-gathers of the staging buffer's chunk, timed
+  // with device events; the median, GB/s (1e9 B/s). A collective (every
+  // rank, after Bind).
+  StatusOr<double> ProbeBusBandwidth(int reps = 5);
+  // The bytes a ring algorithm moves through one rank for the window's
+  // collectives in `c` (reductions (n-1)/n of the bytes sent in, twice for
+  // stage 1's all-reduce; all-gathers the bytes received).
+  double RingBytes(const CommCounters& c) const;
+
   // Every rank's bytes in rank order (`mine` from this rank; any lengths),
   // chunked through staging. A collective.
   StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine);

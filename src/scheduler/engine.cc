@@ -191,6 +191,7 @@ class EngineImpl final : public Engine {
   gpu::CommOptions comm_;
   std::string config_text_;
   std::unique_ptr<scheduler::DataParallel> dp_;
+  double comm_gbps_ = 0;  // the collectives' bus bandwidth measured at Plan
 
   std::vector<Registration> regs_;
   std::unordered_map<std::string, int> by_name_;
@@ -533,7 +534,14 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
-  if (dp_) RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk, dp_gather_bytes));
+  if (dp_) {
+    RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk, dp_gather_bytes));
+    // The network's rate for the step bound (every rank, here).
+    ASSIGN_OR_RETURN(comm_gbps_, dp_->ProbeBusBandwidth());
+    STRATA_LOG_INFO("rank {} of {}: the collectives' bus bandwidth {:.2f} GB/s (all-gathers of the "
+                    "staging chunk)",
+                    dp_->rank(), dp_->world_size(), comm_gbps_);
+  }
   // Before the states' initial write, whose write-back would slow the probe.
   MeasureDiskRates(plan);
   RETURN_IF_ERROR(OpenBackendAndStore(plan));
@@ -873,6 +881,8 @@ StatusOr<StepStats> EngineImpl::Step() {
     st.comm_gathered_bytes = c.gathered_bytes;
     st.comm_s = c.busy_s;
     st.comm_busy_s = c.device_s;
+    st.comm_ring_bytes = dp_->RingBytes(c);
+    st.comm_gbytes_per_s = comm_gbps_;
   }
   counters_.EndWindow(now, &st);
   st.hbm_high_water_bytes = static_cast<int64_t>(dev_->Stats().high_water_bytes);

@@ -239,6 +239,8 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
     j["comm_gathered_bytes"] = s.comm_gathered_bytes;
     j["comm_s"] = s.comm_s;
     j["comm_busy_s"] = s.comm_busy_s;
+    j["comm_ring_bytes"] = s.comm_ring_bytes;
+    j["comm_gbytes_per_s"] = s.comm_gbytes_per_s;
   }
   if (!s.group_lrs.empty()) j["group_lrs"] = s.group_lrs;
   return j.dump();
@@ -266,10 +268,14 @@ StepBound BoundOf(const StepStats& s) {
     consider(
         static_cast<double>(s.nvme_read_bytes + s.nvme_written_bytes) / (s.nvme_gbytes_per_s * 1e9),
         "nvme");
-  // Data parallelism: the time the step waited for collectives (the
-  // network, or loopback). Their device busy time (comm_busy_s) would count
-  // what overlapped compute, and the waits for a late peer, too.
-  consider(s.comm_s, "network");
+  // Data parallelism: the ring algorithm's bytes at the bus bandwidth
+  // measured at Plan (the network, or loopback); unmeasured, the time the
+  // step waited for collectives. (Their device busy time, comm_busy_s, also
+  // counts the waits for a late peer.)
+  if (s.comm_gbytes_per_s > 0)
+    consider(s.comm_ring_bytes / (s.comm_gbytes_per_s * 1e9), "network");
+  else
+    consider(s.comm_s, "network");
   return b;
 }
 

@@ -198,12 +198,17 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     // nothing to gather.)
     // The collectives' busy time from device events: positive whenever
     // something was reduced (the host device times Gloo's calls).
+    // The bound's network term: the ring's bytes at the bus bandwidth
+    // measured at Plan.
     if (data_parallel)
-      RANK_CHECK(st->comm_reduced_bytes > 0 &&
-                     (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)) &&
-                     st->comm_busy_s > 0,
-                 "collectives moved {} / {} bytes, busy {} s", st->comm_reduced_bytes,
-                 st->comm_gathered_bytes, st->comm_busy_s);
+      RANK_CHECK(
+          st->comm_reduced_bytes > 0 && (st->comm_gathered_bytes > 0 || (s.delayed && step == 0)) &&
+              st->comm_busy_s > 0 && st->comm_gbytes_per_s > 0 &&
+              st->comm_ring_bytes >= static_cast<double>(st->comm_gathered_bytes) &&
+              st->bound_s >= st->comm_ring_bytes / (st->comm_gbytes_per_s * 1e9),
+          "collectives moved {} / {} bytes (ring {}), busy {} s, bus bandwidth {} GB/s, bound {} s",
+          st->comm_reduced_bytes, st->comm_gathered_bytes, st->comm_ring_bytes, st->comm_busy_s,
+          st->comm_gbytes_per_s, st->bound_s);
     // Partitioned parameters (stage 3, offload_param cpu): once the fetch
     // order is recorded, modules are gathered ahead of their fetch.
     if (data_parallel && s.stage == 3 && s.par == OffloadDevice::kCpu && step > 0 &&
