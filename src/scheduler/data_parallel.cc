@@ -478,7 +478,8 @@ Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
 StatusOr<double> DataParallel::ProbeBusBandwidth(int reps) {
   RETURN_IF_ERROR(Flush());
   const int64_t n = world_size();
-  const int64_t bytes = StagingChunkElems(chunk_, gather_bytes_) * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes =
+      StagingChunkElems(chunk_, gather_bytes_) * static_cast<int64_t>(sizeof(float));
   auto* send = staging_.as<uint8_t>();
   uint8_t* recv = send + bytes;
   gpu::EventOptions o;
@@ -488,19 +489,20 @@ StatusOr<double> DataParallel::ProbeBusBandwidth(int reps) {
   std::vector<double> secs;
   for (int i = 0; i <= reps; ++i) {  // the first one warms up
     RETURN_IF_ERROR(stream_->Record(*start));
-    RETURN_IF_ERROR(comm_->AllGather(send, recv, static_cast<size_t>(bytes / 4), DType::kFp32,
-                                     *stream_));
+    RETURN_IF_ERROR(
+        comm_->AllGather(send, recv, static_cast<size_t>(bytes / 4), DType::kFp32, *stream_));
     RETURN_IF_ERROR(stream_->Record(*end));
     RETURN_IF_ERROR(Sync("measuring the collectives' bandwidth"));
     ASSIGN_OR_RETURN(double t, dev_->ElapsedSeconds(*start, *end));
     if (i > 0) secs.push_back(t);
   }
+  if (secs.empty()) return 0.0;
   std::sort(secs.begin(), secs.end());
   const double t = secs[secs.size() / 2];
   if (!(t > 0)) return 0.0;
   // The all-gather's size is n chunks; a ring moves (n-1)/n of it.
-  return static_cast<double>(n * bytes) * static_cast<double>(n - 1) / static_cast<double>(n) /
-         t * 1e-9;
+  return static_cast<double>(n * bytes) * static_cast<double>(n - 1) / static_cast<double>(n) / t *
+         1e-9;
 }
 
 double DataParallel::RingBytes(const CommCounters& c) const {

@@ -538,9 +538,10 @@ Status EngineImpl::Plan() {
     RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk, dp_gather_bytes));
     // The network's rate for the step bound (every rank, here).
     ASSIGN_OR_RETURN(comm_gbps_, dp_->ProbeBusBandwidth());
-    STRATA_LOG_INFO("rank {} of {}: the collectives' bus bandwidth {:.2f} GB/s (all-gathers of the "
-                    "staging chunk)",
-                    dp_->rank(), dp_->world_size(), comm_gbps_);
+    STRATA_LOG_INFO(
+        "rank {} of {}: the collectives' bus bandwidth {:.2f} GB/s (all-gathers of the "
+        "staging chunk)",
+        dp_->rank(), dp_->world_size(), comm_gbps_);
   }
   // Before the states' initial write, whose write-back would slow the probe.
   MeasureDiskRates(plan);
