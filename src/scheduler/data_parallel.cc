@@ -72,11 +72,6 @@ int64_t DataParallel::ChunkElems(const Layout& layout, int64_t reduce_bucket_siz
 }
 
 int64_t DataParallel::GatherChunkBytes(const Layout& layout, int64_t allgather_bucket_size) {
-  int64_t largest = 4;
-  for (int r = 0; r < layout.world_size(); ++r) {
-    const auto [b0, b1] = layout.OwnedBytes(r);
-    largest = std::max(largest, b1 - b0);
-  }
   // The parameters' mean bytes per element (not counting the page padding
   // between modules).
   double bytes = 0, elems = 0;
@@ -88,7 +83,8 @@ int64_t DataParallel::GatherChunkBytes(const Layout& layout, int64_t allgather_b
   if (allgather_bucket_size <= 0) allgather_bucket_size = kZeroMeansOneTensorElems;
   const double want = static_cast<double>(allgather_bucket_size) * per_elem /
                       static_cast<double>(std::max(1, layout.world_size()));
-  const int64_t cap = std::min(largest, kMaxChunkElems * static_cast<int64_t>(sizeof(float)));
+  const int64_t cap =
+      std::min(layout.MaxOwnedBytes(), kMaxChunkElems * static_cast<int64_t>(sizeof(float)));
   const auto chunk = static_cast<int64_t>(std::min(want, static_cast<double>(cap)));
   return std::max<int64_t>(4, chunk / 4 * 4);
 }
@@ -545,15 +541,15 @@ CommCounters DataParallel::TakeCounters() {
   size_t kept = 0;
   for (size_t i = 0; i < spans_.size(); ++i) {
     Span& sp = spans_[i];
-    StatusOr<bool> done = sp.end->Query();
-    StatusOr<double> secs =
-        done.ok() && *done ? dev_->ElapsedSeconds(*sp.start, *sp.end) : StatusOr<double>(0.0);
+    const StatusOr<bool> done = sp.end->Query();
     if (done.ok() && !*done) {  // (in flight: a gather ahead) taken next time
       if (kept != i) spans_[kept] = std::move(sp);
       ++kept;
       continue;
     }
-    if (secs.ok()) c.device_s += std::max(0.0, *secs);
+    if (done.ok())
+      if (StatusOr<double> secs = dev_->ElapsedSeconds(*sp.start, *sp.end); secs.ok())
+        c.device_s += std::max(0.0, *secs);
     free_events_.push_back(std::move(sp.start));
     free_events_.push_back(std::move(sp.end));
   }

@@ -511,14 +511,9 @@ Status EngineImpl::Plan() {
     if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
   }
   scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
-  if (PartitionsParams()) {
-    int64_t largest = 0;  // every rank plans for the largest part
-    for (int r = 0; r < dp_->world_size(); ++r) {
-      const auto [b0, b1] = layout_.OwnedBytes(r);
-      largest = std::max(largest, scheduler::IoBytes(std::max<int64_t>(1, b1 - b0)));
-    }
-    sizes.partitioned_param_bytes = largest;
-  }
+  // (Every rank plans for the largest part.)
+  if (PartitionsParams())
+    sizes.partitioned_param_bytes = scheduler::IoBytes(layout_.MaxOwnedBytes());
   scheduler::TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
       scheduler::UsedNvmePaths(cfg_), cfg_.strata.dram_budget_bytes);

@@ -379,7 +379,6 @@ Status GradOffloader::Drain() {
     if (landed.ok()) landed = d;
     direct_in_flight_ = false;
   }
-
   MutexLock lock(&mu_);
   while (pending_ != 0) cv_.Wait(&mu_);
   Status s = error_.ok() ? landed : error_;

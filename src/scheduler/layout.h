@@ -163,6 +163,15 @@ class Layout {
   std::pair<int64_t, int64_t> OwnedBytes(int rank) const {
     return {ByteOfElem(rank * partition_elems_), ByteOfElem((rank + 1) * partition_elems_)};
   }
+  // The largest rank's parameter bytes (OwnedBytes), at least 1.
+  int64_t MaxOwnedBytes() const {
+    int64_t largest = 1;
+    for (int r = 0; r < world_size_; ++r) {
+      const auto [b0, b1] = OwnedBytes(r);
+      largest = std::max(largest, b1 - b0);
+    }
+    return largest;
+  }
   // The parameter-byte offset of element e: of e itself in a tensor, else of
   // the next tensor's first byte (total_param_bytes() after the last).
   int64_t ByteOfElem(int64_t e) const;

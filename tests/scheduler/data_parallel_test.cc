@@ -94,10 +94,10 @@ struct Shape {
   int64_t sub_group_size = 0;  // 0: the toy's (1000)
   // offload_optimizer none through the device optimizer (as on a GPU).
   bool device_optimizer = false;
-  bool overlap_comm = false;   // zero_optimization.overlap_comm
-  bool delayed = false;        // strata.delayed_param_update
-  bool grads_on_nvme = false;  // strata.grad_tier nvme
-  bool refetch = false;        // stage3_max_reuse_distance 0: backward fetches again
+  bool overlap_comm = false;          // zero_optimization.overlap_comm
+  bool delayed = false;               // strata.delayed_param_update
+  bool grads_on_nvme = false;         // strata.grad_tier nvme
+  bool refetch = false;               // stage3_max_reuse_distance 0: backward fetches again
   int64_t allgather_bucket_size = 0;  // 0: DeepSpeed's default
   int skip_step = -1;                 // the step whose micro-batches leave module 2 out
   int steps = kSteps;
