@@ -13,7 +13,7 @@
 # step (one rank: states.bin; two: a states file per rank), the final loss
 # and whether every step's loss is the same bits as one rank's.
 #
-#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3] [LAYERSxHIDDEN]
+#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3 | -H] [LAYERSxHIDDEN]
 #
 # Default: 6x512 (13.1M parameters), micro-batch 4 x 64 tokens, bf16, stage 2,
 # offload_optimizer cpu, clipping 1.0, 3 runs of 8 steps, the host device.
@@ -23,6 +23,9 @@
 # two ranks gathers each module only when it is fetched
 # (stage3_prefetch_bucket_size 0: nothing gathered ahead). The column "fetch
 # wait s" is the time the hooks waited for parameters (fetch_wait_s).
+# -H: as -3 with offload_param none: each rank's part of the parameters in
+# HBM (the column params/rank is the plan's HBM row for them), the modules
+# gathered within device memory.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STRATA="$ROOT/build/apps/strata/strata"
@@ -30,14 +33,15 @@ RUNS=3
 STEPS=8
 DEVICE=host
 ZERO='"stage": 2, "offload_optimizer": {"device": "cpu"}'
-while getopts "s:n:t:D:3" o; do
+while getopts "s:n:t:D:3H" o; do
   case "$o" in
     s) STRATA="$OPTARG" ;;
     n) RUNS="$OPTARG" ;;
     t) STEPS="$OPTARG" ;;
     D) DEVICE="$OPTARG" ;;
     3) ZERO='"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}' ;;
-    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3] [LAYERSxHIDDEN]" >&2; exit 2 ;;
+    H) ZERO='"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}' ;;
+    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3 | -H] [LAYERSxHIDDEN]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -94,11 +98,14 @@ for i in range(1, runs + 1):
         dram = sum(b["needed_bytes"] for b in j["budgets"] if b["tier"] == "dram")
         # The host parameter copies as the plan names them ("... copies 2 x
         # 12.63 MiB", "updated parameters 25.05 MiB", "parameters ...").
+        # With offload_param none: the HBM row's "parameters [(this rank's
+        # part of N)] 12.63 MiB".
         copies = "-"
+        hbm = '"offload_param": {"device": "none"}' in open(f"{work}/{name}.json").read()
         for b in j["budgets"]:
-            m = re.search(r"(parameter copies 2 x|updated parameters|parameters) ([0-9.]+ [KMG]iB)",
-                          b["detail"])
-            if m and b["tier"] in ("pinned", "dram"):
+            m = re.search(r"(parameter copies 2 x|updated parameters|parameters"
+                          r"(?: \(this rank's part of \d+\))?) ([0-9.]+ [KMG]iB)", b["detail"])
+            if m and b["tier"] in (("hbm",) if hbm else ("pinned", "dram")):
                 copies = ("2x" if "2 x" in m.group(1) else "") + m.group(2).replace(" ", "")
                 break
         gathered = med("comm_gathered_bytes") / 1e6

@@ -337,18 +337,18 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::PiecesOf(int64_t byte_beg
 }
 
 Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                                 uint8_t* dst) {
-  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, layout_->OwnedBytes(rank()).first, dst,
-                      byte_begin, /*copy_own=*/true, Memory::kHost,
-                      "gathering a module's parameters");
+                                 int64_t mine_base, uint8_t* dst, Memory where) {
+  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, mine_base, dst, byte_begin,
+                      /*copy_own=*/true, where, "gathering a module's parameters");
 }
 
 Status DataParallel::IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                                      uint8_t* dst, gpu::Event* done) {
+                                      int64_t mine_base, uint8_t* dst, Memory where,
+                                      gpu::Event* done) {
   if (done == nullptr) return InvalidArgumentError("IssueGatherRange: no event to record");
-  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, layout_->OwnedBytes(rank()).first, dst,
-                      byte_begin, /*copy_own=*/true, Memory::kHost,
-                      "gathering a module's parameters (prefetched)", done);
+  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, mine_base, dst, byte_begin,
+                      /*copy_own=*/true, where, "gathering a module's parameters (prefetched)",
+                      done);
 }
 
 Status DataParallel::WaitGathered(gpu::Event& done) {

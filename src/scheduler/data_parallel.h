@@ -1,9 +1,10 @@
 // src/scheduler/data_parallel.h — data-parallel ZeRO across ranks: one
 // process per rank, the collectives through gpu::Communicator (NCCL on CUDA,
 // Gloo on the host device). Stages 1 and 2 as DeepSpeed defines them; stage 3
-// partitions what stage 2 does, and with offload_param cpu the parameters
-// too (StateStore::PartitionParams: a module is gathered from the ranks when
-// it is fetched, GatherRange / IssueGatherRange).
+// partitions what stage 2 does, and with offload_param cpu or none the
+// parameters too (StateStore::PartitionParams: a module is gathered from the
+// ranks when it is fetched, GatherRange / IssueGatherRange, in host or
+// device memory).
 //
 // What is partitioned. The layout (LayoutOptions::world_size) pads the flat
 // element space to world_size equal partitions and cuts sub-groups inside
@@ -174,17 +175,20 @@ class DataParallel {
   // Stage 3's partitioned parameters: bytes [byte_begin, byte_end) of the
   // parameter-byte space (a module) into dst[0, byte_end - byte_begin),
   // each rank sending its part of them (Layout::OwnedBytes) from `mine`,
-  // its own part's array (byte OwnedBytes(rank).first at mine[0]). A
+  // which holds parameter bytes from `mine_base` on (its own part's array:
+  // OwnedBytes(rank).first; or a copy of just the module's part). `mine`
+  // and `dst` are both in host or both in device memory (`where`). A
   // collective: every rank asks for the same ranges in the same order.
-  Status GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, uint8_t* dst);
+  Status GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, int64_t mine_base,
+                     uint8_t* dst, Memory where);
   // The same gather issued on the collectives' stream without waiting for
   // it (stage 3's prefetch): `done` is recorded after it, and WaitGathered
   // waits for that and reports a failed collective. `mine` and `dst` stay
   // valid and `dst` unread until then. It is ordered with every other
   // collective as issued, so the same rule holds: every rank issues the
   // same ranges in the same order.
-  Status IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, uint8_t* dst,
-                          gpu::Event* done);
+  Status IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
+                          int64_t mine_base, uint8_t* dst, Memory where, gpu::Event* done);
   Status WaitGathered(gpu::Event& done);
   // out: parameter p's fp32 values, current where this rank owns them;
   // after: every element from its owner (a collective: every rank calls it

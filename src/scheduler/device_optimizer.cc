@@ -15,7 +15,8 @@ namespace {
 constexpr size_t kSumOffset = 8;  // the double sum of squares (the int32 before it is spare)
 }  // namespace
 
-Status DeviceOptimizer::Init() {
+Status DeviceOptimizer::Init(std::function<Status()> invalidate_device_copies) {
+  invalidate_ = std::move(invalidate_device_copies);
   const int64_t n = layout_->total_elems();
   ASSIGN_OR_RETURN(acc_, dev_->Allocate(static_cast<size_t>(kGradAccBytesPerElem * n)));
   ASSIGN_OR_RETURN(flags_, dev_->Allocate(kSumOffset + sizeof(double)));
@@ -89,7 +90,9 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   // The parameters' pieces this rank owns (every element with one rank);
   // the states hold those elements only, from state_base().
   std::vector<std::vector<gpu::AdamShard>> shards(ngroups);
+  // (Partitioned: the block holds this rank's bytes, from param_byte_base().)
   uint8_t* params = store_->device_params();
+  const int64_t byte_base = store_->param_byte_base();
   const auto [e0, e1] = layout_->OwnedElems(dp_ != nullptr ? dp_->rank() : 0);
   const int64_t base = store_->state_base();
   for (const Layout::Slice& piece : layout_->Slices(e0, std::max(e0, e1))) {
@@ -100,11 +103,14 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
     sh.grad_dtype = DType::kFp32;
     sh.exp_avg = store_->exp_avg() + (piece.elem_begin - base);
     sh.exp_avg_sq = store_->exp_avg_sq() + (piece.elem_begin - base);
-    sh.copy_out = params + piece.byte_offset;
+    sh.copy_out = params + (piece.byte_offset - byte_base);
     sh.copy_dtype = r.dtype;
     sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);
     shards[p.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
   }
+  // Device copies fetched from the partitioned parameters are stale once
+  // the step has run.
+  if (invalidate_) RETURN_IF_ERROR(invalidate_());
   const int64_t t0 = NowNanos();
   Status s;
   for (size_t g = 0; g < ngroups && s.ok(); ++g)
@@ -112,8 +118,10 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   if (s.ok()) s = Zero();
   // Several ranks: every rank's partition of the new parameters.
   if (s.ok() && dp_ != nullptr) {
+    // (Partitioned: the next gathers on the collectives' stream read the
+    // block after this.)
     s = dev_->compute().Synchronize();
-    if (s.ok())
+    if (s.ok() && !store_->params_partitioned())
       s = dp_->GatherParams(params, DataParallel::Memory::kDevice)
               .WithContext(fmt::format(
                   "step {}: this rank's optimizer states have moved to the new step but the "

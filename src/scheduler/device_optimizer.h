@@ -21,12 +21,17 @@
 // squares added over the ranks in rank order, the step updates the
 // partition's parameters in the device block, and the ranks all-gather the
 // block (DataParallel::GatherParams). These collectives block the host until
-// they have finished.
+// they have finished. Stage 3 with partitioned parameters
+// (StateStore::gathers_on_device): the block is this rank's part, the step
+// writes it and nothing is gathered after the step; the fetcher's device
+// copies are dropped (`invalidate`) and the modules gathered at their next
+// fetch.
 //
 // Threading: the engine's (main) thread only.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "src/gpu/device.h"
 #include "src/scheduler/data_parallel.h"
@@ -51,7 +56,9 @@ class DeviceOptimizer final : public OptimizerBackend {
         dp_(dp) {}
 
   // The accumulator (zeroed) and the two flags, from the arena.
-  Status Init();
+  // `invalidate_device_copies` drops the fetcher's copies of the parameters
+  // (partitioned parameters: called before each step).
+  Status Init(std::function<Status()> invalidate_device_copies = nullptr);
 
   // StepProgress: a step is never in flight.
   bool reading_next_params() const override { return false; }
@@ -90,6 +97,7 @@ class DeviceOptimizer final : public OptimizerBackend {
   LossScaler* scaler_;
   GradientWindow* window_;
   DataParallel* dp_;
+  std::function<Status()> invalidate_;
   gpu::DeviceBuffer acc_;
   gpu::DeviceBuffer flags_;  // int32 found_inf, then (8-aligned) double sum of squares
   int64_t steps_ = 0;

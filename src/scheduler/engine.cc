@@ -162,7 +162,7 @@ class EngineImpl final : public Engine {
   // Stage 3 with several ranks and offload_param cpu: each rank's host
   // copies hold its part of the parameters, and fetches gather modules.
   bool PartitionsParams() const {
-    return dp_ && cfg_.zero_optimization.stage == 3 && param_place() == OffloadDevice::kCpu;
+    return dp_ && cfg_.zero_optimization.stage == 3 && param_place() != OffloadDevice::kNvme;
   }
   // Several ranks: this rank's place and the ranks' all-gather, for
   // checkpoints (null with one rank).
@@ -313,18 +313,18 @@ Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   const auto& zo = cfg_.zero_optimization;
   const std::string ranks = fmt::format("with {} ranks (WORLD_SIZE)", comm.world_size);
   // (DataParallel::Create refuses the stages it does not partition.)
-  if (zo.stage == 3 && param_place() != OffloadDevice::kCpu)
+  if (zo.stage == 3 && param_place() == OffloadDevice::kNvme)
     STRATA_LOG_WARN(
         "zero_optimization.stage 3 {}: the parameters are partitioned with offload_param cpu "
-        "only: with offload_param {} every rank keeps all of them; optimizer states and "
-        "gradients are partitioned as with stage 2",
-        ranks, OffloadDeviceName(param_place()));
+        "or none only: with offload_param nvme every rank keeps all of them on its NVMe; "
+        "optimizer states and gradients are partitioned as with stage 2",
+        ranks);
   if (cfg_.strata.overlap_optimizer)
     STRATA_LOG_INFO(
         "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
         "rank): {}",
         comm.rank, comm.world_size,
-        zo.stage == 3 && param_place() == OffloadDevice::kCpu
+        zo.stage == 3 && param_place() != OffloadDevice::kNvme
             ? "each module's parameters are gathered from the ranks when it is fetched"
             : "the ranks' parameters are gathered after it");
   // Each rank's swap files in a directory of its own.
@@ -481,6 +481,8 @@ Status EngineImpl::Plan() {
   for (const Registration& r : regs_) recs.push_back(r.rec);
   scheduler::LayoutOptions lo = scheduler::LayoutOptionsFromConfig(cfg_);
   lo.world_size = dp_ ? dp_->world_size() : 1;
+  // Partitioned parameters come into device slots as offloaded ones do.
+  if (PartitionsParams()) lo.params_offloaded = true;
   layout_ = Layout::Build(std::move(recs), lo);
   int64_t dp_chunk = 0, dp_gather_bytes = 0;
   if (dp_) {
@@ -609,13 +611,18 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
     scheduler::DataParallel* dp = dp_.get();
     const scheduler::Layout* layout = &layout_;
     StateStore::ParamGather gather;
-    gather.now = [dp, layout](int m, const uint8_t* mine, uint8_t* dst) {
+    using Memory = scheduler::DataParallel::Memory;
+    gather.now = [dp, layout](int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst,
+                              bool device) {
       const scheduler::ModuleExtent& me = layout->module(m);
-      return dp->GatherRange(me.byte_begin, me.byte_end, mine, dst);
+      return dp->GatherRange(me.byte_begin, me.byte_end, mine, mine_base, dst,
+                             device ? Memory::kDevice : Memory::kHost);
     };
-    gather.issue = [dp, layout](int m, const uint8_t* mine, uint8_t* dst, gpu::Event* done) {
+    gather.issue = [dp, layout](int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst,
+                                bool device, gpu::Event* done) {
       const scheduler::ModuleExtent& me = layout->module(m);
-      return dp->IssueGatherRange(me.byte_begin, me.byte_end, mine, dst, done);
+      return dp->IssueGatherRange(me.byte_begin, me.byte_end, mine, mine_base, dst,
+                                  device ? Memory::kDevice : Memory::kHost, done);
     };
     gather.wait = [dp](gpu::Event& done) { return dp->WaitGathered(done); };
     store_->PartitionParams(std::move(gather));
@@ -624,7 +631,9 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
     RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));
     auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(
         dev_.get(), &layout_, store_.get(), &counters_, &scaler_, &window_, dp_.get());
-    RETURN_IF_ERROR(dev_opt->Init());
+    RETURN_IF_ERROR(dev_opt->Init(
+        PartitionsParams() ? std::function<Status()>([this] { return fetcher_->InvalidateAll(); })
+                           : nullptr));
     backend_ = std::move(dev_opt);
     return Status();
   }

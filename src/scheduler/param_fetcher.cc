@@ -113,6 +113,24 @@ Status ParamFetcher::Init() {
   if (persistent > 0) {
     ASSIGN_OR_RETURN(persistent_, dev_->Allocate(static_cast<size_t>(persistent)));
   }
+  // Partitioned in device memory: the buffers of the gathers ahead (before
+  // the slots, which may take the rest of the arena).
+  if (store_->gathers_on_device()) {
+    const int64_t buffers = store_->param_buffers() - 1;
+    for (int64_t b = 0; b < buffers; ++b) {
+      DeviceGatherBuffer d;
+      StatusOr<gpu::DeviceBuffer> buf = dev_->Allocate(
+          static_cast<size_t>(std::max<int64_t>(layout_->max_module_bytes(), align)));
+      if (!buf.ok())
+        return buf.status().WithContext(fmt::format(
+            "device buffers for gathering modules ahead (offload_param.buffer_count - 1 = {})",
+            buffers));
+      d.buf = std::move(*buf);
+      ASSIGN_OR_RETURN(d.read, dev_->CreateEvent());
+      device_gather_.push_back(std::move(d));
+      device_gather_free_.push_back(static_cast<int>(b));
+    }
+  }
   // The slots: what the plan says, or what the arena holds.
   const int64_t slot_bytes = std::max<int64_t>(layout_->max_module_bytes(), align);
   int64_t count = opts_.device_slots;
@@ -314,28 +332,15 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   }
   s.prefetched = prefetch;
   if (store_->params_partitioned()) {
-    // Every rank's part of the module: gathered ahead (PrefetchGathers), or
-    // now (a collective, in the program's order); then copied as a read.
-    Status gathered;
-    if (auto ahead = gathered_.find(m); ahead != gathered_.end()) {
-      s.staging = std::move(ahead->second.buf);
-      gathered = store_->WaitGathered(*ahead->second.done);
-      gathered_.erase(ahead);
-    } else {
-      StatusOr<gpu::PinnedBuffer> staging = AcquireParamBuffer(bytes);
-      gathered = staging.status();
-      if (gathered.ok()) {
-        s.staging = std::move(*staging);
-        gathered = store_->GatherModule(m, s.staging.as<uint8_t>());
-      }
-    }
+    Status gathered = FetchGathered(m);
     if (!gathered.ok()) {
       s.staging.Reset();
       s.slot.Reset();
       s.data = nullptr;
+      s.residency = Residency::kAbsent;
       return gathered.WithContext(fmt::format("fetching module {} from the ranks", m));
     }
-    return StartCopy(m);
+    return Status();
   }
   if (store_->param_place() == OffloadDevice::kCpu) return StartCopy(m);
   if (progress_->reading_next_params()) {
@@ -384,6 +389,70 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
   return Status();
 }
 
+Status ParamFetcher::FetchGathered(int m) {
+  Slot& s = slots_[static_cast<size_t>(m)];
+  const int64_t bytes = layout_->module(m).bytes();
+  auto ahead = gathered_.find(m);
+  if (store_->gathers_on_device()) {
+    if (ahead == gathered_.end()) {
+      // Straight into the module's device copy (the gather waits).
+      RETURN_IF_ERROR(store_->GatherModule(m, s.data));
+      s.residency = Residency::kResident;
+      return Status();
+    }
+    // Gathered ahead into a device buffer: copied into the module's copy on
+    // the copy stream, which the compute stream then waits for.
+    const int b = ahead->second.device_buf;
+    Status waited = store_->WaitGathered(*ahead->second.done);
+    gathered_.erase(ahead);
+    if (waited.ok())
+      waited = dev_->CopyD2D(s.data, device_gather_[static_cast<size_t>(b)].buf.data(),
+                             static_cast<size_t>(bytes), dev_->h2d());
+    if (waited.ok()) waited = dev_->h2d().Record(*s.ready);
+    if (waited.ok()) waited = ReleaseDeviceBuffer(b, /*after_copy=*/true);
+    RETURN_IF_ERROR(waited);
+    s.residency = Residency::kCopying;
+    return Status();
+  }
+  // In host memory: gathered ahead into a pinned buffer (PrefetchGathers)
+  // or now (a collective, in the program's order); then copied as a read.
+  if (ahead != gathered_.end()) {
+    s.staging = std::move(ahead->second.buf);
+    Status waited = store_->WaitGathered(*ahead->second.done);
+    gathered_.erase(ahead);
+    RETURN_IF_ERROR(waited);
+  } else {
+    ASSIGN_OR_RETURN(s.staging, AcquireParamBuffer(bytes));
+    RETURN_IF_ERROR(store_->GatherModule(m, s.staging.as<uint8_t>()));
+  }
+  return StartCopy(m);
+}
+
+StatusOr<int> ParamFetcher::AcquireDeviceBuffer() {
+  if (device_gather_free_.empty())
+    return FailedPreconditionError("no device buffer free for a gather ahead");
+  const int b = device_gather_free_.front();
+  device_gather_free_.pop_front();
+  DeviceGatherBuffer& d = device_gather_[static_cast<size_t>(b)];
+  if (d.read_pending) {
+    Status s = d.read->Synchronize();  // the copy out of it has ended
+    if (!s.ok()) {
+      device_gather_free_.push_front(b);
+      return s;
+    }
+    d.read_pending = false;
+  }
+  return b;
+}
+
+Status ParamFetcher::ReleaseDeviceBuffer(int b, bool after_copy) {
+  DeviceGatherBuffer& d = device_gather_[static_cast<size_t>(b)];
+  if (after_copy) RETURN_IF_ERROR(dev_->h2d().Record(*d.read));
+  d.read_pending = after_copy;
+  device_gather_free_.push_back(b);  // the one read longest ago is reused first
+  return Status();
+}
+
 Status ParamFetcher::WaitResident(int m) {
   if (!params_offloaded()) {
     if (gpu::Event* uploaded = store_->params_uploaded())
@@ -418,7 +487,8 @@ Status ParamFetcher::PrefetchGathers() {
   // At most buffer_count - 1 ahead: a fetch on demand always finds a buffer
   // once the H2D copies in flight have read theirs. (A prefetch into a
   // device slot would depend on which slots are free, which is timing.)
-  const int64_t ahead = store_->param_buffers() - 1;
+  const int64_t ahead = store_->gathers_on_device() ? static_cast<int64_t>(device_gather_.size())
+                                                    : store_->param_buffers() - 1;
   int64_t live = live_elems();
   for (const auto& [m, g] : gathered_)
     if (!layout_->module(m).persistent) live += layout_->module(m).elems();
@@ -431,9 +501,19 @@ Status ParamFetcher::PrefetchGathers() {
     if (static_cast<int64_t>(gathered_.size()) >= ahead) break;
     Gathered g;
     ASSIGN_OR_RETURN(g.done, dev_->CreateEvent());
-    ASSIGN_OR_RETURN(g.buf, AcquireParamBuffer(me.bytes()));
-    RETURN_IF_ERROR(store_->IssueGatherModule(next, g.buf.as<uint8_t>(), g.done.get())
-                        .WithContext(fmt::format("gathering module {} ahead", next)));
+    uint8_t* dst = nullptr;
+    if (store_->gathers_on_device()) {
+      ASSIGN_OR_RETURN(g.device_buf, AcquireDeviceBuffer());
+      dst = device_gather_[static_cast<size_t>(g.device_buf)].buf.as<uint8_t>();
+    } else {
+      ASSIGN_OR_RETURN(g.buf, AcquireParamBuffer(me.bytes()));
+      dst = g.buf.as<uint8_t>();
+    }
+    Status issued = store_->IssueGatherModule(next, dst, g.done.get());
+    if (!issued.ok()) {
+      if (g.device_buf >= 0) ReleaseDeviceBuffer(g.device_buf, false).IgnoreError();
+      return issued.WithContext(fmt::format("gathering module {} ahead", next));
+    }
     gathered_.emplace(next, std::move(g));
     live += me.persistent ? 0 : me.elems();
   }
@@ -443,7 +523,10 @@ Status ParamFetcher::PrefetchGathers() {
 void ParamFetcher::DropGathers() {
   // (Their buffers are written until the gathers end; a failure shows at
   // the next collective.)
-  for (auto& [m, g] : gathered_) g.done->Synchronize().IgnoreError();
+  for (auto& [m, g] : gathered_) {
+    g.done->Synchronize().IgnoreError();
+    if (g.device_buf >= 0) ReleaseDeviceBuffer(g.device_buf, false).IgnoreError();
+  }
   gathered_.clear();
 }
 

@@ -20,11 +20,14 @@
 // later because the arena is fragmented: a fetch waits for or evicts a slot
 // instead. (Workspaces of the framework come from the rest of the arena.)
 //
-// Stage 3 with partitioned parameters (several ranks): a fetch gathers the
-// module from the ranks first. The modules the trace expects next are
+// Stage 3 with partitioned parameters (several ranks; offload_param cpu or
+// none): modules come into slots as offloaded ones do, and a fetch gathers
+// the module from the ranks first. The modules the trace expects next are
 // gathered ahead on the collectives' stream, up to offload_param.buffer_count
-// - 1 of them and within the same two budgets; the gathered bytes are copied
-// to the device at the module's fetch.
+// - 1 of them and within the same two budgets, into pinned buffers (cpu) or
+// device buffers (none); the gathered bytes are copied into the module's
+// slot at its fetch. A fetch on demand with none gathers straight into the
+// slot.
 //
 // While an optimizer step runs (not delayed), a module it has finished is
 // copied from the step's copy-out target (its new values) instead of its
@@ -46,6 +49,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -185,7 +189,11 @@ class ParamFetcher {
   };
   Status ReclaimStaging(bool wait_all);
 
-  bool params_offloaded() const { return store_->param_place() != OffloadDevice::kNone; }
+  // Modules come into slots (offload_param cpu or nvme, or partitioned),
+  // or live in the store's device block (offload_param none).
+  bool params_offloaded() const {
+    return store_->param_place() != OffloadDevice::kNone || store_->params_partitioned();
+  }
   // Advances NVMe reads that have completed into their H2D copies.
   Status Pump();
   // Module m resident for work on the compute stream, fetched on demand.
@@ -204,6 +212,9 @@ class ParamFetcher {
   // copy, or with `host_waits` the caller waits for it (the slot is reused).
   Status CompleteFetch(int m, bool host_waits);
   Status StartCopy(int m);
+  // Partitioned parameters: module m's fetch (its slot or persistent place
+  // set) from what was gathered ahead for it, or gathered now.
+  Status FetchGathered(int m);
   // Stage 3's partitioned parameters: the modules the trace expects next
   // gathered from the ranks ahead of their use, into pinned buffers (their
   // H2D copy starts at the fetch).
@@ -211,6 +222,11 @@ class ParamFetcher {
   // A pinned buffer of the parameter pool for `bytes` (waiting for staging
   // buffers whose copies are in flight when none is free).
   StatusOr<gpu::PinnedBuffer> AcquireParamBuffer(int64_t bytes);
+  // Partitioned in device memory: a device gather buffer (waiting for the
+  // copy that last read it), and its return (`after_copy`: once the copy
+  // just issued on the copy stream has read it).
+  StatusOr<int> AcquireDeviceBuffer();
+  Status ReleaseDeviceBuffer(int b, bool after_copy);
   // Waits for the gathers issued ahead and drops them.
   void DropGathers();
   Status MakeRoom(int keep_module);
@@ -239,10 +255,22 @@ class ParamFetcher {
   // timing (as free slots do): so every rank issues the same gathers in the
   // same order, as collectives need.
   struct Gathered {
-    gpu::PinnedBuffer buf;
+    gpu::PinnedBuffer buf;  // in host memory
+    int device_buf = -1;    // or device_gather_[device_buf]
     std::unique_ptr<gpu::Event> done;
   };
   std::map<int, Gathered> gathered_;
+  // Partitioned in device memory (offload_param none): the buffers modules
+  // are gathered ahead into, offload_param.buffer_count - 1 of the largest
+  // module's bytes, allocated at Init; a module's fetch copies its buffer
+  // into its slot.
+  struct DeviceGatherBuffer {
+    gpu::DeviceBuffer buf;
+    std::unique_ptr<gpu::Event> read;  // recorded after the copy out of it
+    bool read_pending = false;
+  };
+  std::vector<DeviceGatherBuffer> device_gather_;
+  std::deque<int> device_gather_free_;
 };
 
 }  // namespace strata::scheduler

@@ -197,9 +197,22 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   TierSum hbm;
   plan.slot_bytes = std::max<int64_t>(kTensorAlign, s.max_module_bytes);
   int64_t param_slots = 0;
-  if (pl.params == OffloadDevice::kNone) {
+  // Stage 3 with several ranks: the parameters are partitioned (offload_param
+  // cpu: the host copy holds this rank's part; none: the device block).
+  const bool partitioned = s.partitioned_param_bytes > 0;
+  if (pl.params == OffloadDevice::kNone && !partitioned) {
     hbm.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
   } else {
+    if (pl.params == OffloadDevice::kNone) {
+      // This rank's part, and the buffers modules are gathered ahead into
+      // (the others are gathered straight into their slots).
+      const int64_t ahead = std::max<int64_t>(0, pl.param_buffer_count - 1);
+      hbm.Add(s.partitioned_param_bytes,
+              fmt::format("parameters (this rank's part of {}) {}", pl.world_size,
+                          FormatBytes(s.partitioned_param_bytes)));
+      hbm.Add(ahead * s.max_module_bytes,
+              fmt::format("parameter gather {} x {}", ahead, FormatBytes(s.max_module_bytes)));
+    }
     // Working set: the live-parameter limit, but at least two modules (the
     // one in use and one prefetched), in whole slots.
     const int64_t elem_size = n ? s.total_param_bytes / n : 2;
@@ -242,7 +255,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
                            FormatBytes(per), grads_on_nvme ? " (states and gradients)" : ""));
   }
-  if (s.partitioned_param_bytes > 0)
+  if (partitioned && pl.params == OffloadDevice::kCpu)
     pinned.Add(pl.param_buffer_count * s.max_module_bytes,
                fmt::format("parameter gather {} x {}", pl.param_buffer_count,
                            FormatBytes(s.max_module_bytes)));
@@ -344,8 +357,8 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (pl.params == OffloadDevice::kCpu && !plan.pin_param_copies)
     dram.Add(host_param_bytes, "parameters " + FormatBytes(host_param_bytes));
   if (pl.params == OffloadDevice::kNone && pl.overlap_optimizer && !plan.pin_param_copies)
-    dram.Add(s.total_param_bytes,
-             "parameter mirror (overlap_optimizer) " + FormatBytes(s.total_param_bytes));
+    dram.Add(host_param_bytes,
+             "parameter mirror (overlap_optimizer) " + FormatBytes(host_param_bytes));
   if (pl.delayed_param_update)
     dram.Add(accumulator,
              "second gradient accumulator (delayed_param_update) " + FormatBytes(accumulator));
@@ -507,8 +520,12 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   // offload_param none) unless the optimizer runs on the device.
   const double fetched =
       pl.params == OffloadDevice::kNone ? 0 : 2 * gas * (param_bytes - persistent);
+  // (Partitioned in HBM: this rank's part is uploaded; modules are
+  // gathered within the device.)
+  const double none_uploaded =
+      s.partitioned_param_bytes > 0 ? static_cast<double>(s.partitioned_param_bytes) : param_bytes;
   const double uploaded =
-      pl.device_optimizer ? 0 : (pl.params == OffloadDevice::kNone ? param_bytes : persistent);
+      pl.device_optimizer ? 0 : (pl.params == OffloadDevice::kNone ? none_uploaded : persistent);
   add("pcie_h2d", fetched + uploaded, r.h2d_gbps * 1e9,
       fetched > 0
           ? fmt::format("parameter fetches {} x {} + updated {}", 2 * gas,

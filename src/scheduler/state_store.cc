@@ -148,8 +148,9 @@ Status StateStore::AllocatePools(int64_t* pinned_bytes) {
   if (placement_.optimizer == OffloadDevice::kNvme)
     RETURN_IF_ERROR(
         make_pool(&opt_pool_, optimizer_buffer_bytes(), placement_.optimizer_buffer_count));
-  // (Partitioned parameters: the modules are gathered into the same buffers.)
-  if (placement_.params == OffloadDevice::kNvme || params_partitioned())
+  // (Partitioned parameters in host memory: the modules are gathered into
+  // the same buffers; in device memory, into device buffers.)
+  if (placement_.params == OffloadDevice::kNvme || (params_partitioned() && !gathers_on_device()))
     RETURN_IF_ERROR(
         make_pool(&param_pool_, layout_->max_module_bytes(), placement_.param_buffer_count));
   if (placement_.params == OffloadDevice::kNvme) {
@@ -395,13 +396,17 @@ Status StateStore::WriteAllModules(StepOutcome* outcome) {
 Status StateStore::GatherModule(int m, uint8_t* buf) {
   if (!params_partitioned())
     return FailedPreconditionError("GatherModule: parameters not partitioned");
-  return gather_.now(m, host_params_.as<uint8_t>(), buf);
+  const bool device = gathers_on_device();
+  return gather_.now(m, device ? device_params() : host_params_.as<uint8_t>(), param_byte_base(),
+                     buf, device);
 }
 
 Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done) {
   if (!params_partitioned() || !gather_.issue)
     return FailedPreconditionError("IssueGatherModule: parameters not partitioned");
-  return gather_.issue(m, host_params_.as<uint8_t>(), buf, done);
+  const bool device = gathers_on_device();
+  return gather_.issue(m, device ? device_params() : host_params_.as<uint8_t>(), param_byte_base(),
+                       buf, device, done);
 }
 
 Status StateStore::WaitGathered(gpu::Event& done) {
@@ -425,6 +430,14 @@ Status StateStore::UploadModule(int m, gpu::Event& ready) {
                              static_cast<size_t>(me.bytes()), dev_->h2d());
       }));
   return dev_->h2d().Record(ready);
+}
+
+Status StateStore::UploadPart(int64_t offset, size_t bytes) {
+  RETURN_IF_ERROR(params_uploaded_->Synchronize());
+  RETURN_IF_ERROR(
+      dev_->CopyH2D(device_params() + offset, next_params() + offset, bytes, dev_->h2d()));
+  RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
+  return dev_->h2d().Synchronize();
 }
 
 Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
@@ -472,10 +485,15 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
     const int64_t pbase = param_byte_base();
     const int64_t lo = std::max(own0, p.elem_off) - p.elem_off;
     const int64_t hi = std::min(own1, p.elem_off + p.numel) - p.elem_off;
-    for (int64_t i = lo; i < hi; ++i)
-      for (HostArray* a : {&host_params_, &next_params_})
+    for (HostArray* a : {&host_params_, &next_params_}) {
+      if (a->data() == nullptr) continue;  // (offload_param none: no mirror)
+      for (int64_t i = lo; i < hi; ++i)
         StoreFromFloat(a->as<uint8_t>() + (p.byte_off - pbase), p.dtype, static_cast<size_t>(i),
                        values[static_cast<size_t>(i)]);
+    }
+    if (placement_.params == OffloadDevice::kNone && lo < hi)
+      RETURN_IF_ERROR(UploadPart(p.byte_off - pbase + lo * p.elem_size(),
+                                 static_cast<size_t>((hi - lo) * p.elem_size())));
   }
   return WriteOwnedMaster(p, values, own0, own1);
 }
@@ -584,6 +602,20 @@ Status StateStore::ReadModuleParams(int m, void* buf) {
     case OffloadDevice::kNone:
       // The device block is current once its last upload has landed.
       RETURN_IF_ERROR(params_uploaded_->Synchronize());
+      if (params_partitioned()) {
+        // This rank's bytes of the module copied to the host, then the
+        // module gathered there.
+        const auto [b0, b1] = layout_->OwnedBytes(rank_);
+        const int64_t lo = std::max(b0, me.byte_begin);
+        const int64_t hi = std::max(lo, std::min(b1, me.byte_end));
+        std::vector<uint8_t> mine(static_cast<size_t>(std::max<int64_t>(1, hi - lo)));
+        if (hi > lo) {
+          RETURN_IF_ERROR(dev_->CopyD2H(mine.data(), device_params() + (lo - b0),
+                                        static_cast<size_t>(hi - lo), dev_->d2h()));
+          RETURN_IF_ERROR(dev_->d2h().Synchronize());
+        }
+        return gather_.now(m, mine.data(), lo, static_cast<uint8_t*>(buf), /*device=*/false);
+      }
       RETURN_IF_ERROR(dev_->CopyD2H(buf, device_params() + me.byte_begin,
                                     static_cast<size_t>(me.bytes()), dev_->d2h()));
       return dev_->d2h().Synchronize();
@@ -608,8 +640,12 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
     const int64_t lo = std::max(b0, me.byte_begin), hi = std::min(b1, me.byte_end);
     if (lo < hi) {
       const auto* src = static_cast<const uint8_t*>(buf) + (lo - me.byte_begin);
-      std::memcpy(next_params() + (lo - b0), src, static_cast<size_t>(hi - lo));
-      std::memcpy(host_params_.as<uint8_t>() + (lo - b0), src, static_cast<size_t>(hi - lo));
+      const auto n = static_cast<size_t>(hi - lo);
+      std::memcpy(next_params() + (lo - b0), src, n);
+      // (offload_param none: the mirror, if any, and the device block.)
+      if (host_params_.data() != nullptr)
+        std::memcpy(host_params_.as<uint8_t>() + (lo - b0), src, n);
+      if (placement_.params == OffloadDevice::kNone) RETURN_IF_ERROR(UploadPart(lo - b0, n));
     }
     return Status();
   }
@@ -654,7 +690,7 @@ Status StateStore::Commit(const StepOutcome& outcome, const std::vector<uint8_t>
         });
       };
       if (!any) {
-        RETURN_IF_ERROR(upload(0, layout_->total_param_bytes(), "updated parameters"));
+        RETURN_IF_ERROR(upload(0, param_array_bytes(), "updated parameters"));
       } else if (!all) {
         for (int i = 0; i < layout_->num_modules(); ++i) {
           const ModuleExtent& me = layout_->module(i);
@@ -665,6 +701,9 @@ Status StateStore::Commit(const StepOutcome& outcome, const std::vector<uint8_t>
       // The next step's copy-out must not overwrite what these copies read:
       // the engine waits for this event before launching it.
       RETURN_IF_ERROR(dev_->h2d().Record(*params_uploaded_));
+      // Partitioned: the next gathers read the block on the collectives'
+      // stream, which is not ordered after this one.
+      if (params_partitioned()) RETURN_IF_ERROR(dev_->h2d().Synchronize());
       if (mirror_params_) host_params_.swap(next_params_);
       break;
     }
@@ -685,7 +724,7 @@ void StateStore::Rollback(const std::vector<uint8_t>& uploaded, int64_t step) {
   bool any = false;
   for (uint8_t u : uploaded) any |= u != 0;
   if (!any || !mirror_params_) return;
-  const int64_t bytes = layout_->total_param_bytes();
+  const int64_t bytes = param_array_bytes();
   Status s = dev_->CopyH2D(device_params_.data(), host_params_.data(), static_cast<size_t>(bytes),
                            dev_->h2d());
   if (s.ok()) s = dev_->h2d().Record(*params_uploaded_);

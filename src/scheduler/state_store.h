@@ -85,36 +85,49 @@ class StateStore {
   // arrays hold only those elements, from state_base(). REQUIRES: before
   // Open. One rank (the default): every element, state_base() 0.
   void set_rank(int rank) { rank_ = rank; }
-  // Stage 3 with offload_param cpu and several ranks: the host copies of the
-  // parameters (and the copy-out target) hold only this rank's bytes
-  // (Layout::OwnedBytes), from param_byte_base(); a fetch or a checkpoint
-  // gets a module's bytes through `gather` (a collective: every rank calls
-  // it for the same modules in the same order). REQUIRES: before Open.
+  // Stage 3 with several ranks and offload_param cpu or none: the parameter
+  // arrays hold only this rank's bytes (Layout::OwnedBytes), from
+  // param_byte_base(): the host copy (cpu) or the device block (none), the
+  // copy-out target and the mirror; a fetch or a checkpoint gets a module's
+  // bytes through `gather` (a collective: every rank calls it for the same
+  // modules in the same order). REQUIRES: before Open.
   struct ParamGather {
-    // Module m's bytes into dst, every rank sending its part from `mine`.
-    std::function<Status(int m, const uint8_t* mine, uint8_t* dst)> now;
+    // Module m's bytes into dst, every rank sending its part of them from
+    // `mine`, which holds parameter bytes from `mine_base` on; `device`:
+    // both arrays in device memory, else both in host memory.
+    std::function<Status(int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst, bool device)>
+        now;
     // The same, issued without waiting; `done` is recorded after it (a
     // prefetch), and `wait(done)` waits for it and reports its failure.
-    std::function<Status(int m, const uint8_t* mine, uint8_t* dst, gpu::Event* done)> issue;
+    std::function<Status(int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst, bool device,
+                         gpu::Event* done)>
+        issue;
     std::function<Status(gpu::Event& done)> wait;
   };
   void PartitionParams(ParamGather gather) { gather_ = std::move(gather); }
   bool params_partitioned() const { return static_cast<bool>(gather_.now); }
+  // Partitioned with offload_param none: this rank's part lives in the
+  // device block and modules are gathered within device memory (into a
+  // device slot or buffer); with cpu into pinned host buffers.
+  bool gathers_on_device() const {
+    return params_partitioned() && placement_.params == OffloadDevice::kNone;
+  }
   // The pinned buffers modules are gathered into (offload_param.buffer_count).
   int64_t param_buffers() const { return std::max<int64_t>(1, placement_.param_buffer_count); }
   int64_t param_byte_base() const {
     return params_partitioned() ? layout_->OwnedBytes(rank_).first : 0;
   }
-  // Bytes of the host parameter arrays: the parameter-byte space, or this
-  // rank's part of it (page-rounded).
+  // Bytes of the parameter arrays: the parameter-byte space, or this rank's
+  // part of it (page-rounded).
   int64_t param_array_bytes() const {
     if (!params_partitioned()) return layout_->total_param_bytes();
     const auto [b0, b1] = layout_->OwnedBytes(rank_);
     return IoBytes(std::max<int64_t>(1, b1 - b0));
   }
   // Partitioned parameters: module m's bytes gathered from every rank into
-  // `buf` (a collective); or issued, `done` recorded after it, and waited
-  // for with WaitGathered.
+  // `buf` (a collective; device memory when gathers_on_device(), else
+  // host memory); or issued, `done` recorded after it, and waited for with
+  // WaitGathered.
   Status GatherModule(int m, uint8_t* buf);
   Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done);
   Status WaitGathered(gpu::Event& done);
@@ -179,7 +192,8 @@ class StateStore {
   gpu::PinnedPool* param_pool() { return param_pool_.get(); }
   // offload_param nvme: kParamWriteBuffers buffers of the largest module.
   gpu::PinnedPool* param_write_pool() { return param_write_pool_.get(); }
-  // offload_param none: the device block and the event of its last upload.
+  // offload_param none: the device block (partitioned: this rank's part)
+  // and the event of its last upload.
   uint8_t* device_params() { return device_params_.as<uint8_t>(); }
   gpu::Event* params_uploaded() { return params_uploaded_.get(); }
   // offload_param nvme with several ranks, once the ranks' updated
@@ -235,6 +249,9 @@ class StateStore {
   Status WriteOwnedMaster(const ParamRec& p, std::span<const float> values, int64_t own0,
                           int64_t own1);
   Status WriteWorkingCopy(const ParamRec& p, std::span<const float> values);
+  // offload_param none: bytes [offset, offset + bytes) of next_params()
+  // copied into the device block at the same offset, waited for.
+  Status UploadPart(int64_t offset, size_t bytes);
   Status OpenNvme(
       int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
       const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap);

@@ -139,6 +139,8 @@ def worker(make, opt, par, stage, out_dir):
                                                 ("gpt", "cpu", "none", 2),
                                                 ("encoder", "cpu", "none", 2),
                                                 ("encoder", "cpu", "cpu", 3),
+                                                ("encoder", "none", "none", 3),
+                                                ("gpt", "cpu", "none", 3),
                                                 ("gpt", "nvme", "cpu", 3)])
 def test_two_ranks_match_distributed_data_parallel(make, opt, par, stage, tmp_path):
     r0, r1 = run_ranks(2, [make, opt, par, str(stage)], tmp_path)

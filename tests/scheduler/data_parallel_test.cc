@@ -103,6 +103,9 @@ struct Shape {
   int steps = kSteps;
   int gas = 1;               // micro-batches per rank a step (the reference: W x gas)
   bool device_sums = false;  // strata.grad_accumulator device (copied into a pinned accumulator)
+  // stage3_param_persistence_threshold (0: the toy's, 100): modules below it
+  // stay on the device once fetched (partitioned: gathered once a step).
+  int64_t persistence_threshold = 0;
 };
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
@@ -121,6 +124,8 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   if (s.grads_on_nvme) c.strata.grad_tier = GradTier::kNvme;
   if (s.device_sums) c.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
   if (s.refetch) c.zero_optimization.stage3_max_reuse_distance = 0;
+  if (s.persistence_threshold > 0)
+    c.zero_optimization.stage3_param_persistence_threshold = s.persistence_threshold;
   // (Gathers of at most 2000 bytes per rank, within the staging chunk of
   // the toy's reduce_bucket_size, 500 fp32.)
   c.zero_optimization.allgather_bucket_size =
@@ -142,6 +147,8 @@ void WriteResult(const std::string& path, Engine& e, double grad_norm, int64_t e
   }
   f.write(reinterpret_cast<const char*>(&grad_norm), sizeof grad_norm);
   for (const TierBudget& b : e.Budgets()) f << b.tier << ' ' << b.needed_bytes << '\n';
+  for (const TierBudget& b : e.Budgets())
+    if (b.tier == "hbm") f << "hbm_detail " << b.detail << '\n';
   RANK_CHECK(f.good(), "writing {}", path);
 }
 
@@ -149,6 +156,7 @@ struct Result {
   std::vector<float> params;
   double grad_norm = 0;
   std::map<std::string, int64_t> needed;
+  std::string hbm_detail;  // what the HBM row is made of
 };
 
 Result ReadResult(const std::string& path, int64_t extra) {
@@ -163,7 +171,14 @@ Result ReadResult(const std::string& path, int64_t extra) {
   f.read(reinterpret_cast<char*>(&r.grad_norm), sizeof r.grad_norm);
   std::string tier;
   int64_t bytes = 0;
-  while (f >> tier >> bytes) r.needed[tier] = bytes;
+  while (f >> tier) {
+    if (tier == "hbm_detail") {
+      std::getline(f, r.hbm_detail);
+      continue;
+    }
+    f >> bytes;
+    r.needed[tier] = bytes;
+  }
   return r;
 }
 
@@ -209,9 +224,9 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
           "collectives moved {} / {} bytes (ring {}), busy {} s, bus bandwidth {} GB/s, bound {} s",
           st->comm_reduced_bytes, st->comm_gathered_bytes, st->comm_ring_bytes, st->comm_busy_s,
           st->comm_gbytes_per_s, st->bound_s);
-    // Partitioned parameters (stage 3, offload_param cpu): once the fetch
-    // order is recorded, modules are gathered ahead of their fetch.
-    if (data_parallel && s.stage == 3 && s.par == OffloadDevice::kCpu && step > 0 &&
+    // Partitioned parameters (stage 3, offload_param cpu or none): once the
+    // fetch order is recorded, modules are gathered ahead of their fetch.
+    if (data_parallel && s.stage == 3 && s.par != OffloadDevice::kNvme && step > 0 &&
         step != s.skip_step)
       RANK_CHECK(st->prefetched_modules > 0 && st->comm_gathered_bytes > 0,
                  "step {}: {} modules gathered ahead, {} bytes gathered", step,
@@ -305,6 +320,17 @@ TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) 
   // In HBM a rank also holds the collectives' staging: 3 chunks of
   // reduce_bucket_size (500) fp32.
   const int64_t staging = s.opt == OffloadDevice::kNone ? 3 * 500 * 4 : 0;
+  // Stage 3 partitions the parameters in HBM (offload_param none) too: each
+  // rank holds its part, the toy's modules are then fetched into slots and
+  // gathered ahead into buffers, which outweigh the halved states of so
+  // small a model (plan_test checks the rows).
+  if (s.stage == 3 && s.par == OffloadDevice::kNone) {
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NE(runs.ranks[r].hbm_detail.find("parameters (this rank's part of 2)"),
+                std::string::npos)
+          << runs.ranks[r].hbm_detail;
+    if (s.opt == OffloadDevice::kNone) return;
+  }
   for (int r = 0; r < 2; ++r) {
     const int64_t saved = runs.ref.needed.at(tier) - runs.ranks[r].needed.at(tier) + staging;
     EXPECT_GE(saved, halves * 12 * ToyElements() * 45 / 100)
@@ -449,13 +475,20 @@ TEST(DataParallelCheckpointTest, SavedByOneRankResumesOnTwoBitwise) {
   ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
 }
 
-// Stage 3 with offload_param cpu partitions the parameters: every rank
-// gathers each module into the save, rank 0 writes them.
+// Stage 3 with offload_param cpu or none partitions the parameters: every
+// rank gathers each module into the save (none: from its part in device
+// memory), rank 0 writes them; loading at 2 ranks writes each rank's part.
 TEST(DataParallelCheckpointTest, PartitionedParametersSavedByTwoRanksResumeOnOneBitwise) {
+  for (const OffloadDevice par : {OffloadDevice::kCpu, OffloadDevice::kNone}) {
+    SCOPED_TRACE(OffloadDeviceName(par));
+    Shape s;
+    s.par = par;
+    s.stage = 3;
+    ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
+  }
   Shape s;
-  s.par = OffloadDevice::kCpu;
   s.stage = 3;
-  ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
+  ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
 }
 
 // Four ranks add four gradients in the collective's order, two ranks two
@@ -565,16 +598,24 @@ TEST(DataParallelCheckpointTest, ARankDyingMidSaveLeavesThePreviousCheckpoint) {
 
 // Its accumulator, states and parameters are in device memory: the ranks
 // reduce and gather there. Two ranks give one rank's bits (the same
-// arithmetic as above; no clipping), at stage 1 and 2.
+// arithmetic as above; no clipping), at stages 1, 2 and 3 (the parameters
+// partitioned in device memory: each module gathered within it).
 TEST(DataParallelDeviceOptimizerTest, TwoRanksGiveTheBitsOfOneRank) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     SCOPED_TRACE(stage);
     Shape s;
     s.opt = OffloadDevice::kNone;
     s.device_optimizer = true;
     s.stage = stage;
+    s.persistence_threshold = 400;  // module 0 (320 elements) persistent
     const Runs runs = TrainBoth(s, 2);
     ExpectBitsOfOneRank(runs);
+    if (stage == 3) {  // (the toy's slots outweigh the halved states: see above)
+      EXPECT_NE(runs.ranks[1].hbm_detail.find("parameters (this rank's part of 2)"),
+                std::string::npos)
+          << runs.ranks[1].hbm_detail;
+      continue;
+    }
     // Each rank keeps half of the states in HBM.
     EXPECT_GE(runs.ref.needed.at("hbm") - runs.ranks[1].needed.at("hbm") + 3 * 500 * 4,
               12 * ToyElements() * 45 / 100);
@@ -583,11 +624,13 @@ TEST(DataParallelDeviceOptimizerTest, TwoRanksGiveTheBitsOfOneRank) {
 
 // Four ranks with clipping: the global norm is the partitions' sums of
 // squares added over the ranks (the device's order within each), so within
-// rounding of one rank; a checkpoint they save resumes on two.
+// rounding of one rank; a checkpoint they save resumes on two. Stage 3: the
+// parameters partitioned in device memory.
 TEST(DataParallelDeviceOptimizerTest, FourRanksClipAndResumeOnTwo) {
   Shape s;
   s.opt = OffloadDevice::kNone;
   s.device_optimizer = true;
+  s.stage = 3;
   s.clipping = 0.5;
   const Runs runs = TrainBoth(s, 4);
   EXPECT_EQ(0u, Mismatches(runs.ranks[0].params, runs.ref.params, 1e-6));
@@ -775,7 +818,8 @@ TEST(DataParallelTest, PartitionedModulesGatheredAheadWhateverTheOrder) {
   for (const bool overlap : {false, true}) {
     SCOPED_TRACE(overlap);
     Shape s;
-    s.par = OffloadDevice::kCpu;
+    // (offload_param none: gathered within device memory)
+    s.par = overlap ? OffloadDevice::kNone : OffloadDevice::kCpu;
     s.stage = 3;
     s.refetch = true;
     s.overlap_comm = overlap;

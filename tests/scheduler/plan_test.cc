@@ -252,6 +252,38 @@ TEST(PlanTest, PinMemoryMovesOptimizerStatesFromDramToPinned) {
 
 // Pinned placement: what crosses PCIe every step is pinned within the
 // budget, never beyond it unless pin_memory asks; nothing else is pinned.
+// Stage 3 with several ranks and offload_param none: HBM holds this rank's
+// part of the parameters instead of all of them, the modules come into
+// slots as offloaded ones do (the live working set), and buffer_count - 1
+// device buffers receive the modules gathered ahead; nothing is gathered
+// into pinned memory, and the host arrays (the updated parameters and the
+// mirror) hold the part.
+TEST(PlanTest, PartitionedParametersInHbmHoldThePartAndTheSlots) {
+  LayoutSizes s = TinySizes();
+  s.partitioned_param_bytes = 4096;
+  Placement pl = Place(OffloadDevice::kNone, OffloadDevice::kNone);
+  pl.world_size = 2;
+  pl.max_live_parameters = 100;  // the working set: 2 modules
+  pl.param_buffer_count = 3;     // 2 gathered ahead
+  pl.overlap_optimizer = true;   // (with several ranks: the mirror is kept)
+  const TierPlan plan = ComputeTierPlan(pl, s, {});
+  // part + 2 gather buffers + persistent + 2 parameter slots + 2 gradient
+  // slots + 12 B/element of states.
+  EXPECT_EQ(Needed(plan, "hbm"), 4096 + 2 * 4096 + 512 + 2 * 4096 + 2 * 4096 + 12 * 1001);
+  EXPECT_EQ(plan.device_slots, 4);
+  const std::string& hbm = Find(plan, "hbm")->detail;
+  EXPECT_THAT(hbm, HasSubstr("parameters (this rank's part of 2) 4.00 KiB"));
+  EXPECT_THAT(hbm, HasSubstr("parameter gather 2 x 4.00 KiB"));
+  EXPECT_THAT(Find(plan, "pinned")->detail, Not(HasSubstr("parameter gather")));
+  EXPECT_THAT(Find(plan, "pinned")->detail, HasSubstr("parameter copies 2 x 4.00 KiB"));
+  EXPECT_EQ(plan.param_copy_bytes, 2 * 4096);
+  // Not partitioned: every parameter in HBM, no slots for them.
+  s.partitioned_param_bytes = 0;
+  const TierPlan whole = ComputeTierPlan(pl, s, {});
+  EXPECT_EQ(Needed(whole, "hbm"), 8192 + 2 * 4096 + 12 * 1001);
+  EXPECT_EQ(whole.device_slots, 2);
+}
+
 TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
   const LayoutSizes s = TinySizes();
   TierFacts f;
