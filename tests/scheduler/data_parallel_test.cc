@@ -944,10 +944,15 @@ void KilledRankScenario(const Shape& shape, int steps, int modules) {
 
 TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
   KilledRankScenario(Shape{}, 1, 0);
-  Shape partitioned;
-  partitioned.par = OffloadDevice::kCpu;
-  partitioned.stage = 3;
-  KilledRankScenario(partitioned, 2, 2);
+  // Partitioned parameters, gathers ahead in flight: in host memory (cpu)
+  // and in device memory (none).
+  for (const OffloadDevice par : {OffloadDevice::kCpu, OffloadDevice::kNone}) {
+    SCOPED_TRACE(OffloadDeviceName(par));
+    Shape partitioned;
+    partitioned.par = par;
+    partitioned.stage = 3;
+    KilledRankScenario(partitioned, 2, 2);
+  }
 }
 
 // Ranks whose config or model differ are refused at Plan, naming the first
