@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <thread>
 
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
+#include "examples/train/model.h"
 #include "src/common/log.h"
 #include "src/common/units.h"
 #include "strata/strata.h"
@@ -90,10 +92,35 @@ void SingleThreadedBlasUnderAddressLimit(char** argv) {
   execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
 }
 
+// OpenBLAS also picks its kernels when it loads, by the CPU's model number;
+// on a CPU newer than the library it falls back to its generic SSE3 kernels
+// (strata::example::BlasKernelsFor). Unless OPENBLAS_CORETYPE is set, strata
+// then runs itself again with OPENBLAS_CORETYPE naming the kernels the CPU's
+// instructions allow, and says so once (the ranks it launches inherit it).
+constexpr const char* kBlasKernelsNote = "STRATA_BLAS_KERNELS_NOTE";
+void RecognizedBlasKernels(char** argv) {
+  if (const char* note = std::getenv(kBlasKernelsNote)) {
+    STRATA_LOG_INFO("{}", note);
+    unsetenv(kBlasKernelsNote);
+    return;
+  }
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;
+  std::string why;
+  const std::string kernels = strata::example::BetterBlasKernelsHere(&why);
+  if (kernels.empty()) return;
+  if (setenv("OPENBLAS_CORETYPE", kernels.c_str(), 1) != 0 ||
+      setenv(kBlasKernelsNote, why.c_str(), 1) != 0)
+    return;
+  execv("/proc/self/exe", argv);  // returns only on failure: carry on as we are
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv(kBlasKernelsNote);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace strata::cli;
+  RecognizedBlasKernels(argv);
   SingleThreadedBlasUnderAddressLimit(argv);
   CLI::App app{
       "strata: offload engine for training models larger than GPU memory.\n"

@@ -4,6 +4,10 @@
 // the host device (strata.device = host, or no GPU). Activations live in
 // engine workspaces (fp32); parameter/gradient fp32 copies in host vectors.
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -249,6 +253,46 @@ std::string HostBlasArithmetic() {
   const char* core = openblas_get_corename();
   return std::string(config ? config : "OpenBLAS (no config string)") + "; kernels " +
          (core ? core : "unknown") + "; " + std::to_string(kBlasThreads) + " thread";
+}
+
+std::string BlasKernelsFor(std::string_view picked, bool avx512, bool avx2_fma) {
+  if (picked != "Prescott") return "";
+  if (avx512) return "SkylakeX";
+  if (avx2_fma) return "Haswell";
+  return "";
+}
+
+std::string BetterBlasKernelsHere(std::string* why) {
+  const char* core = openblas_get_corename();
+  const std::string picked = core != nullptr ? core : "";
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                      __builtin_cpu_supports("avx512vl");
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  const bool avx512 = false, avx2_fma = false;
+#endif
+  const std::string kernels = BlasKernelsFor(picked, avx512, avx2_fma);
+  if (kernels.empty() || why == nullptr) return kernels;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  unsigned family = 0, model = 0;
+#if defined(__x86_64__)
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0) {
+    family = (eax >> 8) & 0xf;
+    model = (eax >> 4) & 0xf;
+    if (family == 6 || family == 15) model |= ((eax >> 16) & 0xf) << 4;
+    if (family == 15) family += (eax >> 20) & 0xff;
+  }
+#endif
+  *why = fmt::format(
+      "OpenBLAS ({}) does not know this CPU (x86 family {} model {}) and picked its generic {} "
+      "kernels; running with OPENBLAS_CORETYPE={} (the CPU has {}). Set OPENBLAS_CORETYPE to "
+      "choose other kernels.",
+      openblas_get_config() != nullptr ? openblas_get_config() : "?", family, model, picked,
+      kernels, kernels == "SkylakeX" ? "AVX-512" : "AVX2 and FMA");
+  return kernels;
 }
 
 std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, WorkspaceFn alloc) {

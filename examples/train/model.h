@@ -33,6 +33,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/config.h"
@@ -181,6 +182,17 @@ std::unique_ptr<Backend> NewHostBackend(const ModelShape& shape, DType dtype, Wo
 // NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64; kernels
 // SkylakeX; 1 thread".
 std::string HostBlasArithmetic();
+// OpenBLAS picks its kernels by the CPU's model number when it loads; a build
+// older than the CPU (Debian 12's 0.3.21 on Intel family 6 model 207, say)
+// falls back to its generic "Prescott" kernels (SSE3), which ran the example
+// model's GEMMs at half the speed of its AVX-512 kernels on such a CPU. The
+// kernels to ask for instead (OPENBLAS_CORETYPE): "SkylakeX" when the CPU has
+// AVX-512 F, CD, BW, DQ and VL, "Haswell" with AVX2 and FMA; "" to keep what
+// OpenBLAS picked (any other choice than Prescott, or neither instruction set).
+std::string BlasKernelsFor(std::string_view picked, bool avx512, bool avx2_fma);
+// BlasKernelsFor this process's OpenBLAS and CPU, and a sentence saying why
+// (the CPU's family and model, what OpenBLAS picked); "" when none is needed.
+std::string BetterBlasKernelsHere(std::string* why);
 // Before the host backend's first GEMM: its fp32 copies of one module's
 // parameters and gradients must fit in MemAvailable, and those plus
 // OpenBLAS's GEMM buffer (about 128 MiB of address space, mapped on the first

@@ -260,6 +260,25 @@ INSTANTIATE_TEST_SUITE_P(EveryDType, BackendVsReference,
                          ::testing::Values(DType::kFp32, DType::kBf16, DType::kFp16),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
+// OpenBLAS's generic fallback on a CPU it does not know is replaced by the
+// kernels the CPU's instructions allow; any kernels it recognized are kept.
+TEST(HostBlas, KernelsForACpuOpenBlasDoesNotKnow) {
+  EXPECT_EQ(BlasKernelsFor("Prescott", true, true), "SkylakeX");
+  EXPECT_EQ(BlasKernelsFor("Prescott", false, true), "Haswell");
+  EXPECT_EQ(BlasKernelsFor("Prescott", false, false), "");
+  EXPECT_EQ(BlasKernelsFor("SkylakeX", true, true), "");
+  EXPECT_EQ(BlasKernelsFor("Haswell", true, true), "");
+  EXPECT_EQ(BlasKernelsFor("Zen", false, true), "");
+  EXPECT_EQ(BlasKernelsFor("", true, true), "");
+  // This process: OpenBLAS either recognized the CPU or is told to use
+  // what the CPU allows.
+  std::string why;
+  const std::string here = BetterBlasKernelsHere(&why);
+  if (!here.empty()) {
+    EXPECT_THAT(why, ::testing::HasSubstr("OPENBLAS_CORETYPE=" + here));
+  }
+}
+
 TEST(TextData, DeterministicAndShifted) {
   TextData a(7, 4096), b(7, 4096), c(8, 4096);
   EXPECT_EQ(a.text(), b.text());
