@@ -13,7 +13,7 @@
 # step (one rank: states.bin; two: a states file per rank), the final loss
 # and whether every step's loss is the same bits as one rank's.
 #
-#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3 | -H] [LAYERSxHIDDEN]
+#   bench/data_parallel.sh [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3 | -H | -V] [LAYERSxHIDDEN]
 #
 # Default: 6x512 (13.1M parameters), micro-batch 4 x 64 tokens, bf16, stage 2,
 # offload_optimizer cpu, clipping 1.0, 3 runs of 8 steps, the host device.
@@ -26,6 +26,9 @@
 # -H: as -3 with offload_param none: each rank's part of the parameters in
 # HBM (the column params/rank is the plan's HBM row for them), the modules
 # gathered within device memory.
+# -V: as -3 with offload_optimizer and offload_param nvme (a directory under
+# the run's temporary one): each rank's NVMe holds its pieces of the modules
+# (params/rank: the plan's NVMe row, two versions).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STRATA="$ROOT/build/apps/strata/strata"
@@ -33,7 +36,7 @@ RUNS=3
 STEPS=8
 DEVICE=host
 ZERO='"stage": 2, "offload_optimizer": {"device": "cpu"}'
-while getopts "s:n:t:D:3H" o; do
+while getopts "s:n:t:D:3HV" o; do
   case "$o" in
     s) STRATA="$OPTARG" ;;
     n) RUNS="$OPTARG" ;;
@@ -41,7 +44,8 @@ while getopts "s:n:t:D:3H" o; do
     D) DEVICE="$OPTARG" ;;
     3) ZERO='"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}' ;;
     H) ZERO='"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "none"}' ;;
-    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3 | -H] [LAYERSxHIDDEN]" >&2; exit 2 ;;
+    V) ZERO='"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "@NVME@"}, "offload_param": {"device": "nvme", "nvme_path": "@NVME@"}' ;;
+    *) echo "usage: $0 [-s STRATA] [-n RUNS] [-t STEPS] [-D DEVICE] [-3 | -H | -V] [LAYERSxHIDDEN]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -49,6 +53,8 @@ SIZE="${1:-6x512}"
 layers="${SIZE%x*}" hidden="${SIZE#*x}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/nvme"
+ZERO="${ZERO//@NVME@/$WORK/nvme}"
 STAGE3=0
 [[ "$ZERO" == *'"stage": 3'* ]] && STAGE3=1
 config() {  # NAME GAS RANKS OVERLAP_COMM [MORE zero_optimization KEYS]
@@ -101,11 +107,14 @@ for i in range(1, runs + 1):
         # With offload_param none: the HBM row's "parameters [(this rank's
         # part of N)] 12.63 MiB".
         copies = "-"
-        hbm = '"offload_param": {"device": "none"}' in open(f"{work}/{name}.json").read()
+        text = open(f"{work}/{name}.json").read()
+        tiers = (("hbm",) if '"offload_param": {"device": "none"}' in text
+                 else ("nvme",) if '"offload_param": {"device": "nvme"' in text
+                 else ("pinned", "dram"))
         for b in j["budgets"]:
-            m = re.search(r"(parameter copies 2 x|updated parameters|parameters"
+            m = re.search(r"(parameter copies 2 x|updated parameters|parameters 2 x|parameters"
                           r"(?: \(this rank's part of \d+\))?) ([0-9.]+ [KMG]iB)", b["detail"])
-            if m and b["tier"] in (("hbm",) if hbm else ("pinned", "dram")):
+            if m and b["tier"] in tiers:
                 copies = ("2x" if "2 x" in m.group(1) else "") + m.group(2).replace(" ", "")
                 break
         gathered = med("comm_gathered_bytes") / 1e6

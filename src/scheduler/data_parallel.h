@@ -1,10 +1,9 @@
 // src/scheduler/data_parallel.h — data-parallel ZeRO across ranks: one
 // process per rank, the collectives through gpu::Communicator (NCCL on CUDA,
 // Gloo on the host device). Stages 1 and 2 as DeepSpeed defines them; stage 3
-// partitions what stage 2 does, and with offload_param cpu or none the
-// parameters too (StateStore::PartitionParams: a module is gathered from the
-// ranks when it is fetched, GatherRange / IssueGatherRange, in host or
-// device memory).
+// partitions what stage 2 does and the parameters too
+// (StateStore::PartitionParams: a module is gathered from the ranks when it
+// is fetched, GatherRange / IssueGatherRange, in host or device memory).
 //
 // What is partitioned. The layout (LayoutOptions::world_size) pads the flat
 // element space to world_size equal partitions and cuts sub-groups inside

@@ -161,9 +161,7 @@ class EngineImpl final : public Engine {
   Status PrepareDataParallel(const gpu::CommOptions& comm);
   // Stage 3 with several ranks and offload_param cpu: each rank's host
   // copies hold its part of the parameters, and fetches gather modules.
-  bool PartitionsParams() const {
-    return dp_ && cfg_.zero_optimization.stage == 3 && param_place() != OffloadDevice::kNvme;
-  }
+  bool PartitionsParams() const { return dp_ && cfg_.zero_optimization.stage == 3; }
   // Several ranks: this rank's place and the ranks' all-gather, for
   // checkpoints (null with one rank).
   std::unique_ptr<scheduler::CheckpointRanks> CheckpointRanks() const;
@@ -311,22 +309,14 @@ Status EngineImpl::Init() {
 
 Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   const auto& zo = cfg_.zero_optimization;
-  const std::string ranks = fmt::format("with {} ranks (WORLD_SIZE)", comm.world_size);
   // (DataParallel::Create refuses the stages it does not partition.)
-  if (zo.stage == 3 && param_place() == OffloadDevice::kNvme)
-    STRATA_LOG_WARN(
-        "zero_optimization.stage 3 {}: the parameters are partitioned with offload_param cpu "
-        "or none only: with offload_param nvme every rank keeps all of them on its NVMe; "
-        "optimizer states and gradients are partitioned as with stage 2",
-        ranks);
   if (cfg_.strata.overlap_optimizer)
     STRATA_LOG_INFO(
         "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
         "rank): {}",
         comm.rank, comm.world_size,
-        zo.stage == 3 && param_place() != OffloadDevice::kNvme
-            ? "each module's parameters are gathered from the ranks when it is fetched"
-            : "the ranks' parameters are gathered after it");
+        zo.stage == 3 ? "each module's parameters are gathered from the ranks when it is fetched"
+                      : "the ranks' parameters are gathered after it");
   // Each rank's swap files in a directory of its own.
   auto per_rank = [&](std::vector<std::string>& paths) -> Status {
     for (std::string& p : paths) {

@@ -374,16 +374,16 @@ Status HostOptimizer::Join() {
             "step {}: this rank's optimizer states have moved to the new step but the other "
             "ranks' parameters did not arrive; the ranks disagree and the run cannot continue",
             p.step));
-      // offload_param nvme: each rank writes every gathered module to its NVMe.
-      if (cs.ok() && store_->param_place() == OffloadDevice::kNvme)
-        cs = store_->WriteAllModules(&outcome).WithContext(
-            fmt::format("step {}: the optimizer states have moved to the new step, but this rank's "
-                        "parameters on NVMe stay those of step {} in the modules named; the ranks "
-                        "disagree and the run cannot continue",
-                        p.step, p.step - 1));
     }
     if (cs.ok()) cs = store_->Commit(outcome, job->uploaded);
     if (!s.ok()) DiscardWindow();
+    // (Several ranks: a step that failed after this rank's states moved,
+    // a failed write of its parameters' pieces, leaves the ranks apart.)
+    if (!s.ok() && opts_.dp != nullptr)
+      return s.WithContext(fmt::format(
+          "step {}: this rank's optimizer states have moved to the new step but not all of its "
+          "parameters did; the ranks disagree and the run cannot continue",
+          p.step));
     return s.ok() ? cs : s;
   }
   Rollback(*job);

@@ -39,10 +39,11 @@ void StateReadAhead::WaitAll() {
 // a module's buffer is zeroed when opened (the alignment padding between its
 // tensors is written as zeros), filled by the copy-out of the shards that
 // cover it, and written to the module's inactive version once the shards up
-// to its last element have been stepped. Once the write has landed the
-// buffer is kept (landed_) for a fetch of the module to take (TakeLanded,
-// the main thread), until the step needs it for another module. The step's
-// thread but for TakeLanded; landed_ is guarded by mu_.
+// to its last element have been stepped. With partitioned parameters a
+// buffer holds this rank's piece of the module (StateStore::ModulePiece). Once the write has landed
+// the buffer is kept (landed_) for a fetch of the module to take (TakeLanded, the main thread),
+// until the step needs it for another module. The step's thread but for TakeLanded; landed_ is
+// guarded by mu_.
 class ParamWriter {
  public:
   explicit ParamWriter(OptimizerStep* step)
@@ -59,10 +60,14 @@ class ParamWriter {
     StatusOr<gpu::PinnedBuffer> b = store_.param_write_pool()->Acquire(bytes);
     if (!b.ok() && ReleaseLanded()) b = store_.param_write_pool()->Acquire(bytes);
     if (!b.ok()) return nullptr;
+    // (Partitioned: this rank's piece of the module, from the buffer's
+    // start; it ends with the module or with the rank's elements.)
     const ModuleExtent& me = layout_.module(m);
-    std::memset(b->data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
+    const auto [lo, hi] = store_.ModulePiece(m);
+    std::memset(b->data(), 0, static_cast<size_t>(IoBytes(hi - lo)));
     const ParamRec& last = layout_.param(me.params.back());
-    open_.push_back({m, last.elem_off + last.numel, std::move(*b)});
+    const int64_t owned_end = store_.state_base() + layout_.partition_elems();
+    open_.push_back({m, std::min(last.elem_off + last.numel, owned_end), std::move(*b)});
     return open_.back().buf.as<uint8_t>();
   }
   // Every element before `stepped_end` has been stepped: the modules that
@@ -514,7 +519,7 @@ Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m,
             "sub-group {}: no parameter write-back buffer is free for module {}", g, p.module));
       buf = writer_->BufferOf(p.module);
     }
-    shards[i].copy_out = buf + (slices[i].byte_offset - layout.module(p.module).byte_begin);
+    shards[i].copy_out = buf + (slices[i].byte_offset - deps_.store->ModulePiece(p.module).first);
   }
   if (first < shards.size()) RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
   writer_->Complete(layout.group(g).elem_end);

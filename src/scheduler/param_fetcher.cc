@@ -509,7 +509,7 @@ Status ParamFetcher::PrefetchGathers() {
       ASSIGN_OR_RETURN(g.buf, AcquireParamBuffer(me.bytes()));
       dst = g.buf.as<uint8_t>();
     }
-    Status issued = store_->IssueGatherModule(next, dst, g.done.get());
+    Status issued = store_->IssueGatherModule(next, dst, g.done.get(), &g.piece);
     if (!issued.ok()) {
       if (g.device_buf >= 0) ReleaseDeviceBuffer(g.device_buf, false).IgnoreError();
       return issued.WithContext(fmt::format("gathering module {} ahead", next));

@@ -20,14 +20,13 @@
 // later because the arena is fragmented: a fetch waits for or evicts a slot
 // instead. (Workspaces of the framework come from the rest of the arena.)
 //
-// Stage 3 with partitioned parameters (several ranks; offload_param cpu or
-// none): modules come into slots as offloaded ones do, and a fetch gathers
-// the module from the ranks first. The modules the trace expects next are
+// Stage 3 with partitioned parameters (several ranks): modules come into slots as offloaded ones
+// do, and a fetch gathers the module from the ranks first. The modules the trace expects next are
 // gathered ahead on the collectives' stream, up to offload_param.buffer_count
-// - 1 of them and within the same two budgets, into pinned buffers (cpu) or
-// device buffers (none); the gathered bytes are copied into the module's
-// slot at its fetch. A fetch on demand with none gathers straight into the
-// slot.
+// - 1 of them and within the same two budgets, into pinned buffers (cpu,
+// nvme: this rank's piece read from NVMe first) or device buffers (none);
+// the gathered bytes are copied into the module's slot at its fetch. A
+// fetch on demand with none gathers straight into the slot.
 //
 // While an optimizer step runs (not delayed), a module it has finished is
 // copied from the step's copy-out target (its new values) instead of its
@@ -258,6 +257,7 @@ class ParamFetcher {
     gpu::PinnedBuffer buf;  // in host memory
     int device_buf = -1;    // or device_gather_[device_buf]
     std::unique_ptr<gpu::Event> done;
+    AlignedBuffer piece;  // offload_param nvme: this rank's piece, sent from here
   };
   std::map<int, Gathered> gathered_;
   // Partitioned in device memory (offload_param none): the buffers modules

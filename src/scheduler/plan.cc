@@ -255,6 +255,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
                            FormatBytes(per), grads_on_nvme ? " (states and gradients)" : ""));
   }
+  // (offload_param nvme: the fetch pool below receives the gathers.)
   if (partitioned && pl.params == OffloadDevice::kCpu)
     pinned.Add(pl.param_buffer_count * s.max_module_bytes,
                fmt::format("parameter gather {} x {}", pl.param_buffer_count,
@@ -274,12 +275,11 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   // uploads them, cpu fetches from them, nvme fetches from them while the
   // step overlaps the forward pass), with the array they swap with at
   // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
-  // offload_param nvme: none (the write-back buffers above), but with
-  // several ranks: the ranks gather the updated parameters into one array,
-  // then each writes every module to its NVMe.
+  // offload_param nvme: none (the write-back buffers above; with several
+  // ranks each writes its pieces of the modules the same way).
   const bool swaps = pl.params == OffloadDevice::kCpu ||
                      (pl.params == OffloadDevice::kNone && pl.overlap_optimizer);
-  const bool copies_all = pl.params != OffloadDevice::kNvme || pl.world_size > 1;
+  const bool copies_all = pl.params != OffloadDevice::kNvme;
   // The host arrays: every parameter's bytes, or this rank's part of them.
   const int64_t host_param_bytes =
       s.partitioned_param_bytes > 0 ? s.partitioned_param_bytes : s.total_param_bytes;
@@ -324,8 +324,14 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   TierSum disk;
   if (pl.optimizer == OffloadDevice::kNvme)
     disk.Add(2 * states, "optimizer states 2 x " + FormatBytes(states));
-  if (pl.params == OffloadDevice::kNvme)
+  if (pl.params == OffloadDevice::kNvme && partitioned) {
+    // Each module's piece of this rank's part, page-rounded.
+    const int64_t part = s.partitioned_param_bytes + s.num_modules * kIoAlign;
+    disk.Add(2 * part, fmt::format("parameters 2 x {} (this rank's part of {})", FormatBytes(part),
+                                   pl.world_size));
+  } else if (pl.params == OffloadDevice::kNvme) {
     disk.Add(2 * s.total_param_bytes, "parameters 2 x " + FormatBytes(s.total_param_bytes));
+  }
   if (grads_on_nvme) {
     // One version: a failed step drops the window's gradients anyway.
     plan.grad_nvme_bytes = kGradAccBytesPerElem * s.total_elems;

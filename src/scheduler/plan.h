@@ -70,10 +70,11 @@ struct LayoutSizes {
   int64_t state_elems = 0;
   int64_t state_groups = 0;
   int64_t param_elems = 0;  // the parameters' elements (0: total_elems)
-  // Stage 3 with several ranks and offload_param cpu or none: the bytes of
-  // this rank's part of the parameters, which the host copies (cpu) or the
-  // device block (none) hold; the modules are gathered into pinned buffers
-  // (cpu) or device slots and buffers (none). 0: not partitioned.
+  // Stage 3 with several ranks: the bytes of this rank's part of the
+  // parameters, which the host copies (cpu), the device block (none) or
+  // its NVMe pieces (nvme, two versions) hold; the modules are gathered into
+  // pinned buffers (cpu, nvme) or device slots and buffers (none). 0: not
+  // partitioned.
   int64_t partitioned_param_bytes = 0;
 
   static LayoutSizes Of(const Layout& layout);

@@ -9,6 +9,7 @@
 #include "src/common/dtype.h"
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/timer.h"
 #include "src/common/units.h"
 
 namespace strata::scheduler {
@@ -80,9 +81,10 @@ Status StateStore::Open(
   Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
   Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
   grads_on_nvme_ = plan.grads_on_nvme;
-  // offload_param nvme: updated parameters go through write-back buffers;
-  // with several ranks they are gathered first (WriteAllModules).
-  if (placement_.params != OffloadDevice::kNvme || layout_->world_size() > 1)
+  // offload_param nvme: updated parameters go through write-back buffers
+  // (with several ranks too: the parameters are partitioned, offload_param
+  // being stage 3's).
+  if (placement_.params != OffloadDevice::kNvme)
     RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
 
   switch (placement_.optimizer) {
@@ -181,11 +183,13 @@ Status StateStore::OpenNvme(
         RETURN_IF_ERROR(swap_->Allocate(StateShard(g, v),
                                         static_cast<uint64_t>(layout_->group(g).state_io_bytes())));
   if (placement_.params == OffloadDevice::kNvme)
-    for (int m = 0; m < layout_->num_modules(); ++m)
-      if (layout_->module(m).bytes() > 0)
+    for (int m = 0; m < layout_->num_modules(); ++m) {
+      const auto [lo, hi] = ModulePiece(m);
+      if (hi > lo)
         for (int v = 0; v < 2; ++v)
-          RETURN_IF_ERROR(swap_->Allocate(
-              ModuleShard(m, v), static_cast<uint64_t>(IoBytes(layout_->module(m).bytes()))));
+          RETURN_IF_ERROR(
+              swap_->Allocate(ModuleShard(m, v), static_cast<uint64_t>(IoBytes(hi - lo))));
+    }
   if (grads_on_nvme_)
     for (size_t g = 0; g < layout_->num_groups(); ++g)
       RETURN_IF_ERROR(swap_->Allocate(
@@ -228,7 +232,17 @@ Status StateStore::Initialize(
   int open_module = -1;
   auto write_module = [&]() -> Status {
     if (open_module < 0) return Status();
-    const int64_t bytes = IoBytes(layout_->module(open_module).bytes());
+    // Partitioned: this rank's piece, moved to the buffer's start.
+    const auto [lo, hi] = ModulePiece(open_module);
+    if (hi <= lo) {
+      open_module = -1;
+      return Status();
+    }
+    const int64_t begin = layout_->module(open_module).byte_begin;
+    if (lo > begin)
+      std::memmove(module_buf.data(), module_buf.as<uint8_t>() + (lo - begin),
+                   static_cast<size_t>(hi - lo));
+    const int64_t bytes = IoBytes(hi - lo);
     nvme::IoHandle h =
         swap_->Write(ModuleShard(open_module, 0), 0, module_buf.data(), static_cast<size_t>(bytes));
     RETURN_IF_ERROR(h.Wait().WithContext(
@@ -342,68 +356,73 @@ nvme::IoHandle StateStore::WriteStates(size_t g, const void* buf) {
                       static_cast<size_t>(layout_->group(g).state_io_bytes()));
 }
 
+std::pair<int64_t, int64_t> StateStore::ModulePiece(int m) const {
+  const ModuleExtent& me = layout_->module(m);
+  if (!params_partitioned()) return {me.byte_begin, me.byte_end};
+  const auto [b0, b1] = layout_->OwnedBytes(rank_);
+  const int64_t lo = std::max(b0, me.byte_begin);
+  return {lo, std::max(lo, std::min(b1, me.byte_end))};
+}
+
 nvme::IoHandle StateStore::ReadModule(int m, void* buf, bool updated) {
   const int v = module_version_[static_cast<size_t>(m)];
+  const auto [lo, hi] = ModulePiece(m);
   return swap_->Read(ModuleShard(m, updated ? 1 - v : v), 0, buf,
-                     static_cast<size_t>(IoBytes(layout_->module(m).bytes())));
+                     static_cast<size_t>(IoBytes(hi - lo)));
 }
 
 nvme::IoHandle StateStore::WriteModule(int m, const void* buf) {
-  const ModuleExtent& me = layout_->module(m);
+  const auto [lo, hi] = ModulePiece(m);
   return swap_->Write(ModuleShard(m, 1 - module_version_[static_cast<size_t>(m)]), 0, buf,
-                      static_cast<size_t>(IoBytes(me.bytes())));
+                      static_cast<size_t>(IoBytes(hi - lo)));
 }
 
-Status StateStore::WriteAllModules(StepOutcome* outcome) {
-  struct Pending {
-    int module;
-    gpu::PinnedBuffer buf;
-    nvme::IoHandle write;
-  };
-  std::deque<Pending> pending;
-  Status first;
-  auto land = [&] {
-    Pending& p = pending.front();
-    Status s = p.write.Wait();
-    if (s.ok()) {
-      outcome->param_written.push_back(p.module);
-    } else {
-      outcome->param_write_failed.push_back(p.module);
-      if (first.ok()) first = s.WithContext(fmt::format("writing module {}", p.module));
-    }
-    pending.pop_front();
-  };
-  const auto bytes =
-      static_cast<size_t>(IoBytes(std::max<int64_t>(layout_->max_module_bytes(), 1)));
-  for (int m = 0; m < layout_->num_modules(); ++m) {
-    const ModuleExtent& me = layout_->module(m);
-    if (me.bytes() == 0) continue;
-    StatusOr<gpu::PinnedBuffer> b = param_write_pool_->Acquire(bytes);
-    while (!b.ok() && !pending.empty()) {
-      land();
-      b = param_write_pool_->Acquire(bytes);
-    }
-    if (!b.ok()) return b.status().WithContext(fmt::format("writing module {}", m));
-    // Modules start on a page of the (page-rounded) parameter-byte space.
-    std::memcpy(b->data(), next_params() + me.byte_begin, static_cast<size_t>(IoBytes(me.bytes())));
-    nvme::IoHandle w = WriteModule(m, b->data());
-    pending.push_back({m, std::move(*b), std::move(w)});
-  }
-  while (!pending.empty()) land();
-  return first;
+Status StateStore::ReadPiece(int m, AlignedBuffer* piece) {
+  const auto [lo, hi] = ModulePiece(m);
+  ASSIGN_OR_RETURN(
+      *piece, AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(std::max<int64_t>(1, hi - lo))),
+                                      kIoAlign));
+  if (hi <= lo) return Status();
+  const int64_t t0 = NowNanos();
+  RETURN_IF_ERROR(
+      ReadModule(m, piece->data())
+          .Wait()
+          .WithContext(fmt::format("reading this rank's part of module {} from NVMe", m)));
+  counters_->NoteNvme(t0, NowNanos(), IoBytes(hi - lo), false, fmt::format("read module {}", m));
+  return Status();
+}
+
+Status StateStore::WritePiece(int m, const AlignedBuffer& piece) {
+  const auto [lo, hi] = ModulePiece(m);
+  if (hi <= lo) return Status();
+  return swap_
+      ->Write(ModuleShard(m, module_version_[static_cast<size_t>(m)]), 0, piece.data(),
+              static_cast<size_t>(IoBytes(hi - lo)))
+      .Wait()
+      .WithContext(fmt::format("writing this rank's part of module {} to NVMe", m));
 }
 
 Status StateStore::GatherModule(int m, uint8_t* buf) {
   if (!params_partitioned())
     return FailedPreconditionError("GatherModule: parameters not partitioned");
+  if (placement_.params == OffloadDevice::kNvme) {
+    AlignedBuffer piece;
+    RETURN_IF_ERROR(ReadPiece(m, &piece));
+    return gather_.now(m, piece.as<uint8_t>(), ModulePiece(m).first, buf, /*device=*/false);
+  }
   const bool device = gathers_on_device();
   return gather_.now(m, device ? device_params() : host_params_.as<uint8_t>(), param_byte_base(),
                      buf, device);
 }
 
-Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done) {
+Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece) {
   if (!params_partitioned() || !gather_.issue)
     return FailedPreconditionError("IssueGatherModule: parameters not partitioned");
+  if (placement_.params == OffloadDevice::kNvme) {
+    RETURN_IF_ERROR(ReadPiece(m, piece));
+    return gather_.issue(m, piece->as<uint8_t>(), ModulePiece(m).first, buf, /*device=*/false,
+                         done);
+  }
   const bool device = gathers_on_device();
   return gather_.issue(m, device ? device_params() : host_params_.as<uint8_t>(), param_byte_base(),
                        buf, device, done);
@@ -494,6 +513,16 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
     if (placement_.params == OffloadDevice::kNone && lo < hi)
       RETURN_IF_ERROR(UploadPart(p.byte_off - pbase + lo * p.elem_size(),
                                  static_cast<size_t>((hi - lo) * p.elem_size())));
+    if (placement_.params == OffloadDevice::kNvme && lo < hi) {
+      // This rank's piece of the module on NVMe: read, patched, written back.
+      AlignedBuffer piece;
+      RETURN_IF_ERROR(ReadPiece(p.module, &piece));
+      const int64_t first = ModulePiece(p.module).first;
+      for (int64_t i = lo; i < hi; ++i)
+        StoreFromFloat(piece.as<uint8_t>() + (p.byte_off - first), p.dtype, static_cast<size_t>(i),
+                       values[static_cast<size_t>(i)]);
+      RETURN_IF_ERROR(WritePiece(p.module, piece));
+    }
   }
   return WriteOwnedMaster(p, values, own0, own1);
 }
@@ -624,6 +653,7 @@ Status StateStore::ReadModuleParams(int m, void* buf) {
       std::memcpy(buf, host_params_.as<uint8_t>() + me.byte_begin, static_cast<size_t>(me.bytes()));
       return Status();
     case OffloadDevice::kNvme:
+      if (params_partitioned()) return GatherModule(m, static_cast<uint8_t*>(buf));
       return ReadModule(m, buf).Wait().WithContext(
           fmt::format("reading the parameters of module {} for a checkpoint", m));
   }
@@ -638,6 +668,14 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
     // This rank's part of the module only.
     const auto [b0, b1] = layout_->OwnedBytes(rank_);
     const int64_t lo = std::max(b0, me.byte_begin), hi = std::min(b1, me.byte_end);
+    if (lo < hi && placement_.params == OffloadDevice::kNvme) {
+      // (The active version of this rank's piece, in place.)
+      ASSIGN_OR_RETURN(AlignedBuffer piece,
+                       AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(hi - lo)), kIoAlign));
+      std::memcpy(piece.data(), static_cast<const uint8_t*>(buf) + (lo - me.byte_begin),
+                  static_cast<size_t>(hi - lo));
+      return WritePiece(m, piece);
+    }
     if (lo < hi) {
       const auto* src = static_cast<const uint8_t*>(buf) + (lo - me.byte_begin);
       const auto n = static_cast<size_t>(hi - lo);

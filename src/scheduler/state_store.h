@@ -85,12 +85,14 @@ class StateStore {
   // arrays hold only those elements, from state_base(). REQUIRES: before
   // Open. One rank (the default): every element, state_base() 0.
   void set_rank(int rank) { rank_ = rank; }
-  // Stage 3 with several ranks and offload_param cpu or none: the parameter
-  // arrays hold only this rank's bytes (Layout::OwnedBytes), from
-  // param_byte_base(): the host copy (cpu) or the device block (none), the
-  // copy-out target and the mirror; a fetch or a checkpoint gets a module's
-  // bytes through `gather` (a collective: every rank calls it for the same
-  // modules in the same order). REQUIRES: before Open.
+  // Stage 3 with several ranks: the parameters hold only this rank's bytes
+  // (Layout::OwnedBytes), from param_byte_base(): the host copy (cpu), the
+  // device block (none), or on NVMe (nvme) each module's piece
+  // (ModulePiece) in two versions; the copy-out target and the mirror too
+  // (nvme has none: the step writes the pieces through write-back buffers).
+  // A fetch or a checkpoint gets a module's bytes through `gather` (a
+  // collective: every rank calls it for the same modules in the same
+  // order). REQUIRES: before Open.
   struct ParamGather {
     // Module m's bytes into dst, every rank sending its part of them from
     // `mine`, which holds parameter bytes from `mine_base` on; `device`:
@@ -124,12 +126,18 @@ class StateStore {
     const auto [b0, b1] = layout_->OwnedBytes(rank_);
     return IoBytes(std::max<int64_t>(1, b1 - b0));
   }
+  // The bytes of module m this rank keeps: [first, second) of the
+  // parameter-byte space (partitioned: its part of the module, possibly
+  // empty; else the whole module).
+  std::pair<int64_t, int64_t> ModulePiece(int m) const;
   // Partitioned parameters: module m's bytes gathered from every rank into
   // `buf` (a collective; device memory when gathers_on_device(), else
   // host memory); or issued, `done` recorded after it, and waited for with
-  // WaitGathered.
+  // WaitGathered. With offload_param nvme this rank's piece is read from
+  // NVMe first (waited for), into `*piece` when issued, which must stay
+  // until `done`.
   Status GatherModule(int m, uint8_t* buf);
-  Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done);
+  Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece);
   Status WaitGathered(gpu::Event& done);
   int64_t state_base() const { return layout_->OwnedElems(rank_).first; }
   std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
@@ -186,7 +194,8 @@ class StateStore {
   // NVMe: reads module m's active version into buf (IoBytes(bytes)), or with
   // `updated` the version a step in flight has written (its write has
   // landed), or writes `buf` (the module's bytes from its first, IoBytes of
-  // them) as the new (inactive) version.
+  // them) as the new (inactive) version. Partitioned: this rank's piece
+  // (ModulePiece) from its first byte, IoBytes of it.
   nvme::IoHandle ReadModule(int m, void* buf, bool updated = false);
   nvme::IoHandle WriteModule(int m, const void* buf);
   gpu::PinnedPool* param_pool() { return param_pool_.get(); }
@@ -196,12 +205,6 @@ class StateStore {
   // and the event of its last upload.
   uint8_t* device_params() { return device_params_.as<uint8_t>(); }
   gpu::Event* params_uploaded() { return params_uploaded_.get(); }
-  // offload_param nvme with several ranks, once the ranks' updated
-  // parameters are gathered into next_params(): writes every module's new
-  // (inactive) NVMe version from there through the write-back pool, and
-  // notes the modules written and failed in *outcome (Commit flips the
-  // written ones). The first failure is returned, naming the module.
-  Status WriteAllModules(StepOutcome* outcome);
   // offload_param none: uploads module m's new parameters (next_params())
   // into its part of the device block; ready is recorded after the copy.
   Status UploadModule(int m, gpu::Event& ready);
@@ -252,6 +255,10 @@ class StateStore {
   // offload_param none: bytes [offset, offset + bytes) of next_params()
   // copied into the device block at the same offset, waited for.
   Status UploadPart(int64_t offset, size_t bytes);
+  // Partitioned, offload_param nvme: this rank's piece of module m (active
+  // version) read into *piece (allocated), and written back from it.
+  Status ReadPiece(int m, AlignedBuffer* piece);
+  Status WritePiece(int m, const AlignedBuffer& piece);
   Status OpenNvme(
       int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
       const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap);

@@ -141,6 +141,7 @@ def worker(make, opt, par, stage, out_dir):
                                                 ("encoder", "cpu", "cpu", 3),
                                                 ("encoder", "none", "none", 3),
                                                 ("gpt", "cpu", "none", 3),
+                                                ("encoder", "nvme", "nvme", 3),
                                                 ("gpt", "nvme", "cpu", 3)])
 def test_two_ranks_match_distributed_data_parallel(make, opt, par, stage, tmp_path):
     r0, r1 = run_ranks(2, [make, opt, par, str(stage)], tmp_path)

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "src/nvme/nvme.h"
 #include "src/scheduler/checkpoint.h"
 #include "src/scheduler/scheduler.h"
 #include "tests/multi_rank.h"
@@ -147,8 +148,7 @@ void WriteResult(const std::string& path, Engine& e, double grad_norm, int64_t e
   }
   f.write(reinterpret_cast<const char*>(&grad_norm), sizeof grad_norm);
   for (const TierBudget& b : e.Budgets()) f << b.tier << ' ' << b.needed_bytes << '\n';
-  for (const TierBudget& b : e.Budgets())
-    if (b.tier == "hbm") f << "hbm_detail " << b.detail << '\n';
+  for (const TierBudget& b : e.Budgets()) f << "detail " << b.tier << ' ' << b.detail << '\n';
   RANK_CHECK(f.good(), "writing {}", path);
 }
 
@@ -156,7 +156,7 @@ struct Result {
   std::vector<float> params;
   double grad_norm = 0;
   std::map<std::string, int64_t> needed;
-  std::string hbm_detail;  // what the HBM row is made of
+  std::map<std::string, std::string> detail;  // what each tier's row is made of
 };
 
 Result ReadResult(const std::string& path, int64_t extra) {
@@ -172,8 +172,9 @@ Result ReadResult(const std::string& path, int64_t extra) {
   std::string tier;
   int64_t bytes = 0;
   while (f >> tier) {
-    if (tier == "hbm_detail") {
-      std::getline(f, r.hbm_detail);
+    if (tier == "detail") {
+      f >> tier;
+      std::getline(f, r.detail[tier]);
       continue;
     }
     f >> bytes;
@@ -224,10 +225,9 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
           "collectives moved {} / {} bytes (ring {}), busy {} s, bus bandwidth {} GB/s, bound {} s",
           st->comm_reduced_bytes, st->comm_gathered_bytes, st->comm_ring_bytes, st->comm_busy_s,
           st->comm_gbytes_per_s, st->bound_s);
-    // Partitioned parameters (stage 3, offload_param cpu or none): once the
-    // fetch order is recorded, modules are gathered ahead of their fetch.
-    if (data_parallel && s.stage == 3 && s.par != OffloadDevice::kNvme && step > 0 &&
-        step != s.skip_step)
+    // Partitioned parameters (stage 3): once the fetch order is recorded,
+    // modules are gathered ahead of their fetch.
+    if (data_parallel && s.stage == 3 && step > 0 && step != s.skip_step)
       RANK_CHECK(st->prefetched_modules > 0 && st->comm_gathered_bytes > 0,
                  "step {}: {} modules gathered ahead, {} bytes gathered", step,
                  st->prefetched_modules, st->comm_gathered_bytes);
@@ -324,11 +324,16 @@ TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) 
   // rank holds its part, the toy's modules are then fetched into slots and
   // gathered ahead into buffers, which outweigh the halved states of so
   // small a model (plan_test checks the rows).
+  // With offload_param nvme each rank's NVMe holds its part of them.
+  if (s.stage == 3 && s.par == OffloadDevice::kNvme)
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NE(runs.ranks[r].detail.at("nvme").find("(this rank's part of 2)"), std::string::npos)
+          << runs.ranks[r].detail.at("nvme");
   if (s.stage == 3 && s.par == OffloadDevice::kNone) {
     for (int r = 0; r < 2; ++r)
-      EXPECT_NE(runs.ranks[r].hbm_detail.find("parameters (this rank's part of 2)"),
+      EXPECT_NE(runs.ranks[r].detail.at("hbm").find("parameters (this rank's part of 2)"),
                 std::string::npos)
-          << runs.ranks[r].hbm_detail;
+          << runs.ranks[r].detail.at("hbm");
     if (s.opt == OffloadDevice::kNone) return;
   }
   for (int r = 0; r < 2; ++r) {
@@ -475,20 +480,26 @@ TEST(DataParallelCheckpointTest, SavedByOneRankResumesOnTwoBitwise) {
   ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
 }
 
-// Stage 3 with offload_param cpu or none partitions the parameters: every
-// rank gathers each module into the save (none: from its part in device
-// memory), rank 0 writes them; loading at 2 ranks writes each rank's part.
+// Stage 3 partitions the parameters: every rank gathers each module into the
+// save (none: from its part in device memory; nvme: its piece read from
+// NVMe), rank 0 writes them; loading at 2 ranks writes each rank's part.
 TEST(DataParallelCheckpointTest, PartitionedParametersSavedByTwoRanksResumeOnOneBitwise) {
-  for (const OffloadDevice par : {OffloadDevice::kCpu, OffloadDevice::kNone}) {
+  for (const OffloadDevice par :
+       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
     SCOPED_TRACE(OffloadDeviceName(par));
     Shape s;
     s.par = par;
     s.stage = 3;
     ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
   }
-  Shape s;
-  s.stage = 3;
-  ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
+  for (const OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(OffloadDeviceName(par));
+    Shape s;
+    s.par = par;
+    s.opt = par;
+    s.stage = 3;
+    ExpectResumedAtAnotherWorldSize(s, 2, 1, 2, 0);
+  }
 }
 
 // Four ranks add four gradients in the collective's order, two ranks two
@@ -611,9 +622,9 @@ TEST(DataParallelDeviceOptimizerTest, TwoRanksGiveTheBitsOfOneRank) {
     const Runs runs = TrainBoth(s, 2);
     ExpectBitsOfOneRank(runs);
     if (stage == 3) {  // (the toy's slots outweigh the halved states: see above)
-      EXPECT_NE(runs.ranks[1].hbm_detail.find("parameters (this rank's part of 2)"),
+      EXPECT_NE(runs.ranks[1].detail.at("hbm").find("parameters (this rank's part of 2)"),
                 std::string::npos)
-          << runs.ranks[1].hbm_detail;
+          << runs.ranks[1].detail.at("hbm");
       continue;
     }
     // Each rank keeps half of the states in HBM.
@@ -833,6 +844,109 @@ TEST(DataParallelTest, PartitionedModulesGatheredAheadWhateverTheOrder) {
 // allgather_bucket_size: the parameters gathered a few elements at a time
 // (every all-gather's tail shorter on some ranks), at stage 2 after the step
 // and at stage 3 per module: the same bits.
+// WriteParameter with partitioned parameters: each rank patches its part
+// (the host copy, the device block, or its piece on NVMe) and the next
+// fetch gathers the new values on every rank; ReadParameter gives them back.
+TEST(DataParallelTest, WrittenPartitionedParametersReachTheNextFetch) {
+  for (const OffloadDevice par :
+       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(OffloadDeviceName(par));
+    testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+      SetRankEnv(e, true);
+      const std::string nvme = e.dir + "/nvme";
+      std::filesystem::create_directories(nvme);
+      Shape s;
+      s.par = par;
+      s.stage = 3;
+      auto engine = Engine::Create(ShapeConfig(s, nvme, 1));
+      RANK_OK(engine.status());
+      Engine& eng = **engine;
+      testing::RegisterToy(eng, 17, kModules);
+      MicroBatch(eng, e.rank, 1.0f);
+      RANK_OK(eng.Step().status());
+      // Module 2's weight (id 4, fp16): values no step produced, the same on
+      // both ranks.
+      constexpr int kId = 4;
+      const int64_t n = testing::ToyNumel(2, 0);
+      std::vector<float> values(static_cast<size_t>(n));
+      for (int64_t j = 0; j < n; ++j) values[static_cast<size_t>(j)] = 0.25f + 0.001f * j;
+      RANK_OK(eng.WriteParameter(kId, values));
+      std::vector<float> back(values.size());
+      RANK_OK(eng.ReadParameter(kId, back));
+      RANK_CHECK(back == values, "ReadParameter after WriteParameter differs");
+      const DType t = testing::ToyDType(2, 0);
+      auto rounded = [t](float x) {
+        uint8_t b[4];
+        testing::Store(b, t, 0, x);
+        return testing::Load(b, t, 0);
+      };
+      for (int m = 0; m < kModules; ++m) {
+        auto v = eng.BeforeForward(m);
+        RANK_OK(v.status());
+        if (m == 2)
+          for (int64_t j = 0; j < n; ++j) {
+            const float got = testing::Load(v->params[0], t, j);
+            RANK_CHECK(got == rounded(values[static_cast<size_t>(j)]),
+                       "element {} of the fetched module: {} for {}", j, got,
+                       values[static_cast<size_t>(j)]);
+          }
+        RANK_OK(eng.AfterForward(m));
+      }
+      for (int m = kModules - 1; m >= 0; --m) {
+        RANK_OK(eng.BeforeBackward(m).status());
+        RANK_OK(eng.AfterBackward(m));
+      }
+      RANK_OK(eng.Step().status());
+    }));
+  }
+}
+
+// offload_param nvme: a rank whose write of its piece fails during the step
+// says that the ranks now disagree (its states moved, that piece did not);
+// its peer's step completes.
+TEST(DataParallelTest, FailedPieceWriteSaysTheRanksDisagree) {
+  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+    SetRankEnv(e, true);
+    const std::string nvme = e.dir + "/nvme";
+    std::filesystem::create_directories(nvme);
+    Shape s;
+    s.par = OffloadDevice::kNvme;
+    s.stage = 3;
+    nvme::FaultInjectionEngine* faults = nullptr;
+    EngineTestHooks hooks;
+    hooks.wrap_io_engine =
+        [&faults](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
+      auto f = std::make_unique<nvme::FaultInjectionEngine>(std::move(inner));
+      faults = f.get();
+      return f;
+    };
+    auto engine = CreateEngine(ShapeConfig(s, nvme, 1), hooks);
+    RANK_OK(engine.status());
+    Engine& eng = **engine;
+    testing::RegisterToy(eng, 17, kModules);
+    MicroBatch(eng, e.rank, 1.0f);
+    RANK_OK(eng.Step().status());
+    MicroBatch(eng, 2 + e.rank, 1.0f);
+    if (e.rank == 1) {
+      RANK_CHECK(faults != nullptr, "no NVMe tier");
+      nvme::FaultInjectionEngine::Rule rule;
+      rule.kind = nvme::IoOpKind::kWrite;  // the step's first piece written
+      faults->AddRule(rule);
+    }
+    auto st = eng.Step();
+    if (e.rank == 0) {
+      RANK_OK(st.status());
+      return;
+    }
+    RANK_CHECK(!st.ok(), "rank 1's step succeeded with a failed write");
+    RANK_CHECK(st.status().ToString().find("the ranks disagree and the run cannot continue") !=
+                       std::string::npos &&
+                   st.status().ToString().find("NVMe") != std::string::npos,
+               "{}", st.status().ToString());
+    std::fprintf(stderr, "rank 1 failed as expected: %s\n", st.status().ToString().c_str());
+  }));
+}
+
 TEST(DataParallelTest, SmallAllgatherBucketsGiveTheSameBits) {
   for (const int stage : {2, 3}) {
     SCOPED_TRACE(stage);
@@ -946,7 +1060,8 @@ TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
   KilledRankScenario(Shape{}, 1, 0);
   // Partitioned parameters, gathers ahead in flight: in host memory (cpu)
   // and in device memory (none).
-  for (const OffloadDevice par : {OffloadDevice::kCpu, OffloadDevice::kNone}) {
+  for (const OffloadDevice par :
+       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
     SCOPED_TRACE(OffloadDeviceName(par));
     Shape partitioned;
     partitioned.par = par;

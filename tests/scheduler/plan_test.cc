@@ -316,14 +316,22 @@ TEST(PlanTest, PinsTheParameterCopiesWithinTheBudget) {
   EXPECT_THAT(Find(nv, "pinned")->detail, HasSubstr("parameter write-back 4 x 4.00 KiB"));
   EXPECT_THAT(Find(nv, "pinned")->detail, Not(HasSubstr("updated parameters")));
   EXPECT_THAT(Find(nv, "dram")->detail, Not(HasSubstr("updated parameters")));
-  // With several ranks the updated parameters are gathered into one array
-  // before every module is written: the plan holds it too.
+  // With several ranks (partitioned: offload_param is stage 3's) each
+  // rank's NVMe holds two versions of its part, a page per module more, and
+  // still no array over the parameters.
   Placement ranks = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
   ranks.world_size = 2;
-  const TierPlan nv2 = ComputeTierPlan(ranks, s, {});
-  EXPECT_EQ(nv2.param_copy_bytes, 8192);
+  LayoutSizes nvme_part = s;
+  nvme_part.partitioned_param_bytes = 4096;
+  TierFacts disk;
+  disk.nvme_paths = {"/nvme"};
+  const TierPlan nv2 = ComputeTierPlan(ranks, nvme_part, disk);
+  EXPECT_EQ(nv2.param_copy_bytes, 0);
   EXPECT_EQ(nv2.param_write_bytes, kParamWriteBuffers * 4096);
-  EXPECT_THAT(Find(nv2, "pinned")->detail, HasSubstr("updated parameters 8.00 KiB"));
+  EXPECT_THAT(Find(nv2, "nvme")->detail,
+              HasSubstr("parameters 2 x 12.00 KiB (this rank's part of 2)"));
+  EXPECT_THAT(Find(nv2, "pinned")->detail, Not(HasSubstr("updated parameters")));
+  EXPECT_THAT(Find(nv2, "pinned")->detail, HasSubstr("parameter fetch 5 x 4.00 KiB"));
   // Stage 3 partitioned parameters: the host copies hold this rank's part,
   // and module-sized buffers receive the gathered modules.
   LayoutSizes half = s;
