@@ -69,7 +69,7 @@ const KeySpec kSchema[] = {
     {"zero_optimization.stage3_max_reuse_distance", kInt, kRead, "1000000000", ">= 0"},
     {"zero_optimization.max_reuse_distance", kInt, kRead, "", "alias of stage3_max_reuse_distance"},
     {"zero_optimization.overlap_comm", kBool, kRead, "false", "default true for stage 3"},
-    {"zero_optimization.contiguous_gradients", kBool, kRead, "true"},
+    {"zero_optimization.contiguous_gradients", kBool, kRead, "true", "always in effect (one flat accumulator)"},
     {"zero_optimization.reduce_bucket_size", kInt, kRead, "500000000", ">= 0; 0 = kZeroMeansOneTensorElems"},
     {"zero_optimization.allgather_bucket_size", kInt, kRead, "500000000", ">= 0"},
     {"zero_optimization.aio", kObject, kRead, "", "misplaced: ignored with a warning (aio is top-level)"},
