@@ -159,9 +159,15 @@ class EngineImpl final : public Engine {
   // refuses what it does not support yet, naming the key, and gives each rank
   // its own directory under every nvme_path (rank-<k>). Before the device.
   Status PrepareDataParallel(const gpu::CommOptions& comm);
-  // Stage 3 with several ranks and offload_param cpu: each rank's host
-  // copies hold its part of the parameters, and fetches gather modules.
+  // Stage 3 with several ranks: each rank keeps its part of the parameters,
+  // and fetches gather modules.
   bool PartitionsParams() const { return dp_ && cfg_.zero_optimization.stage == 3; }
+  // Several ranks and strata.overlap_optimizer: the step overlaps the next
+  // forward pass at stage 3 with offload_param cpu (each module gathered
+  // from the ranks' copy-out targets as their steps finish it).
+  bool OverlapsWithRanks() const {
+    return PartitionsParams() && param_place() == OffloadDevice::kCpu;
+  }
   // Several ranks: this rank's place and the ranks' all-gather, for
   // checkpoints (null with one rank).
   std::unique_ptr<scheduler::CheckpointRanks> CheckpointRanks() const;
@@ -310,10 +316,10 @@ Status EngineImpl::Init() {
 Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   const auto& zo = cfg_.zero_optimization;
   // (DataParallel::Create refuses the stages it does not partition.)
-  if (cfg_.strata.overlap_optimizer)
+  if (cfg_.strata.overlap_optimizer && !(zo.stage == 3 && param_place() == OffloadDevice::kCpu))
     STRATA_LOG_INFO(
         "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
-        "rank): {}",
+        "rank, or to stage 3 with offload_param cpu): {}",
         comm.rank, comm.world_size,
         zo.stage == 3 ? "each module's parameters are gathered from the ranks when it is fetched"
                       : "the ranks' parameters are gathered after it");
@@ -922,8 +928,10 @@ Status EngineImpl::EndWindow(StepStats* st) {
               backend_->steps() >= cfg_.strata.delayed_param_update_warmup;
   // With several ranks the step runs inline (the ranks' parameters are
   // gathered after it) but with delayed_param_update, whose step the next
-  // Step() joins on every rank: the gather happens there.
-  p.background = p.delayed || (!dp_ && cfg_.strata.overlap_optimizer);
+  // Step() joins on every rank: the gather happens there; and at stage 3
+  // with offload_param cpu, where each module is gathered at its fetch once
+  // every rank's step has finished its piece (StepProgress).
+  p.background = p.delayed || (cfg_.strata.overlap_optimizer && (!dp_ || OverlapsWithRanks()));
   const int64_t before = backend_->steps();
   Status launched = backend_->Launch(p);
   st->applied = backend_->steps() > before;

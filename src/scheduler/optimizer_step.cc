@@ -401,7 +401,17 @@ OptimizerStep::~OptimizerStep() {
 }
 
 bool OptimizerStep::ModuleReady(int m) const {
-  const int g = deps_.layout->module(m).last_group;
+  const Layout& layout = *deps_.layout;
+  int g = layout.module(m).last_group;
+  if (g >= 0 && layout.world_size() > 1) {
+    // Several ranks: the last of this rank's sub-groups holding the module's
+    // elements; none when the module lies in other ranks' partitions (their
+    // sums were zeroed at the reduction, and nothing of it is stepped here).
+    const ModuleExtent& me = layout.module(m);
+    const int64_t own0 = deps_.store->state_base(), own1 = own0 + layout.partition_elems();
+    const int64_t lo = std::max(me.elem_begin, own0), hi = std::min(me.elem_end, own1);
+    g = hi > lo ? static_cast<int>(layout.GroupOf(hi - 1)) : -1;
+  }
   if (g < 0) return true;
   // The sub-group done first: its gradients are zeroed (or handed back to
   // the GradStore) before anything may use the module, so the next window's

@@ -423,7 +423,9 @@ Status ParamFetcher::FetchGathered(int m) {
     RETURN_IF_ERROR(waited);
   } else {
     ASSIGN_OR_RETURN(s.staging, AcquireParamBuffer(bytes));
-    RETURN_IF_ERROR(store_->GatherModule(m, s.staging.as<uint8_t>()));
+    // (Acquire waited for the step in flight to finish this rank's piece.)
+    RETURN_IF_ERROR(
+        store_->GatherModule(m, s.staging.as<uint8_t>(), progress_->reading_next_params()));
   }
   return StartCopy(m);
 }
@@ -499,6 +501,10 @@ Status ParamFetcher::PrefetchGathers() {
       continue;
     if (!me.persistent && live + me.elems() > max_live_elems_) break;
     if (static_cast<int64_t>(gathered_.size()) >= ahead) break;
+    // A step in flight (overlap_optimizer) must have finished this rank's
+    // piece of the module: waited for, never skipped, so that every rank
+    // issues the same gathers whatever its step's progress.
+    RETURN_IF_ERROR(progress_->AwaitModule(next));
     Gathered g;
     ASSIGN_OR_RETURN(g.done, dev_->CreateEvent());
     uint8_t* dst = nullptr;
@@ -509,7 +515,8 @@ Status ParamFetcher::PrefetchGathers() {
       ASSIGN_OR_RETURN(g.buf, AcquireParamBuffer(me.bytes()));
       dst = g.buf.as<uint8_t>();
     }
-    Status issued = store_->IssueGatherModule(next, dst, g.done.get(), &g.piece);
+    Status issued = store_->IssueGatherModule(next, dst, g.done.get(), &g.piece,
+                                              progress_->reading_next_params());
     if (!issued.ok()) {
       if (g.device_buf >= 0) ReleaseDeviceBuffer(g.device_buf, false).IgnoreError();
       return issued.WithContext(fmt::format("gathering module {} ahead", next));

@@ -402,7 +402,12 @@ Status StateStore::WritePiece(int m, const AlignedBuffer& piece) {
       .WithContext(fmt::format("writing this rank's part of module {} to NVMe", m));
 }
 
-Status StateStore::GatherModule(int m, uint8_t* buf) {
+const uint8_t* StateStore::PartSource(bool updated) {
+  if (gathers_on_device()) return device_params();
+  return updated ? next_params() : host_params_.as<uint8_t>();
+}
+
+Status StateStore::GatherModule(int m, uint8_t* buf, bool updated) {
   if (!params_partitioned())
     return FailedPreconditionError("GatherModule: parameters not partitioned");
   if (placement_.params == OffloadDevice::kNvme) {
@@ -410,12 +415,11 @@ Status StateStore::GatherModule(int m, uint8_t* buf) {
     RETURN_IF_ERROR(ReadPiece(m, &piece));
     return gather_.now(m, piece.as<uint8_t>(), ModulePiece(m).first, buf, /*device=*/false);
   }
-  const bool device = gathers_on_device();
-  return gather_.now(m, device ? device_params() : host_params_.as<uint8_t>(), param_byte_base(),
-                     buf, device);
+  return gather_.now(m, PartSource(updated), param_byte_base(), buf, gathers_on_device());
 }
 
-Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece) {
+Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece,
+                                     bool updated) {
   if (!params_partitioned() || !gather_.issue)
     return FailedPreconditionError("IssueGatherModule: parameters not partitioned");
   if (placement_.params == OffloadDevice::kNvme) {
@@ -423,9 +427,7 @@ Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, Alig
     return gather_.issue(m, piece->as<uint8_t>(), ModulePiece(m).first, buf, /*device=*/false,
                          done);
   }
-  const bool device = gathers_on_device();
-  return gather_.issue(m, device ? device_params() : host_params_.as<uint8_t>(), param_byte_base(),
-                       buf, device, done);
+  return gather_.issue(m, PartSource(updated), param_byte_base(), buf, gathers_on_device(), done);
 }
 
 Status StateStore::WaitGathered(gpu::Event& done) {

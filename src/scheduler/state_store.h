@@ -135,9 +135,12 @@ class StateStore {
   // host memory); or issued, `done` recorded after it, and waited for with
   // WaitGathered. With offload_param nvme this rank's piece is read from
   // NVMe first (waited for), into `*piece` when issued, which must stay
-  // until `done`.
-  Status GatherModule(int m, uint8_t* buf);
-  Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece);
+  // until `done`. `updated` (offload_param cpu, a step in flight that has
+  // finished this rank's piece of the module): its part is sent from the
+  // step's copy-out target.
+  Status GatherModule(int m, uint8_t* buf, bool updated = false);
+  Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece,
+                           bool updated = false);
   Status WaitGathered(gpu::Event& done);
   int64_t state_base() const { return layout_->OwnedElems(rank_).first; }
   std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
@@ -255,6 +258,9 @@ class StateStore {
   // offload_param none: bytes [offset, offset + bytes) of next_params()
   // copied into the device block at the same offset, waited for.
   Status UploadPart(int64_t offset, size_t bytes);
+  // Partitioned in host or device memory: the array this rank's part is
+  // gathered from (cpu with `updated`: the copy-out target).
+  const uint8_t* PartSource(bool updated);
   // Partitioned, offload_param nvme: this rank's piece of module m (active
   // version) read into *piece (allocated), and written back from it.
   Status ReadPiece(int m, AlignedBuffer* piece);

@@ -11,11 +11,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -899,6 +901,76 @@ TEST(DataParallelTest, WrittenPartitionedParametersReachTheNextFetch) {
       RANK_OK(eng.Step().status());
     }));
   }
+}
+
+// strata.overlap_optimizer at stage 3 with offload_param cpu: the step runs
+// beside the next forward pass on every rank. Each rank's step is held before
+// its last sub-group (the toy's partitions have two of 1000 elements); modules
+// 0 and 1 lie in rank 0's first sub-group, so module 0 is gathered (and
+// module 1 ahead, within a prefetch bucket of 500 elements) while both steps
+// are held. A step run inline would hold Step() itself: the hold times out
+// and the check fails. (The bits against one rank: the placement tests.)
+TEST(DataParallelTest, OverlappedStepLetsTheNextForwardGatherFinishedModules) {
+  testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
+    SetRankEnv(e, true);
+    const std::string nvme = e.dir + "/nvme";
+    std::filesystem::create_directories(nvme);
+    Shape s;
+    s.par = OffloadDevice::kCpu;
+    s.stage = 3;
+    Config c = ShapeConfig(s, nvme, 1);
+    c.strata.overlap_optimizer = true;
+    c.zero_optimization.stage3_prefetch_bucket_size = 500;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool armed = false, held = false, release = false, timed_out = false;
+    EngineTestHooks hooks;
+    hooks.before_sub_group = [&](size_t g) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!armed || g % 2 != 1) return;
+      held = true;
+      cv.notify_all();
+      if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return release; })) timed_out = true;
+    };
+    auto engine = CreateEngine(c, hooks);
+    RANK_OK(engine.status());
+    Engine& eng = **engine;
+    testing::RegisterToy(eng, 17, kModules);
+    MicroBatch(eng, e.rank, 1.0f);
+    RANK_OK(eng.Step().status());
+    MicroBatch(eng, 2 + e.rank, 1.0f);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      armed = true;
+    }
+    RANK_OK(eng.Step().status());  // returns with the step running
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      RANK_CHECK(cv.wait_for(lock, std::chrono::seconds(20), [&] { return held; }),
+                 "the step never reached its last sub-group");
+    }
+    auto v = eng.BeforeForward(0);  // gathered from both ranks' finished pieces
+    RANK_OK(v.status());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      RANK_CHECK(!release && !timed_out, "module 0 was not fetched while the step was held");
+      release = true;
+      armed = false;
+    }
+    cv.notify_all();
+    RANK_OK(eng.AfterForward(0));
+    for (int m = 1; m < kModules; ++m) {
+      RANK_OK(eng.BeforeForward(m).status());
+      RANK_OK(eng.AfterForward(m));
+    }
+    for (int m = kModules - 1; m >= 0; --m) {
+      RANK_OK(eng.BeforeBackward(m).status());
+      RANK_OK(eng.AfterBackward(m));
+    }
+    RANK_OK(eng.Step().status());
+    std::lock_guard<std::mutex> lock(mu);
+    RANK_CHECK(!timed_out, "a held step timed out");
+  }));
 }
 
 // offload_param nvme: a rank whose write of its piece fails during the step
