@@ -21,8 +21,11 @@
 # the table then also gives each rank's host parameter copies (plan) and the
 # parameter bytes it received by all-gather per step, and a fourth run of
 # two ranks gathers each module only when it is fetched
-# (stage3_prefetch_bucket_size 0: nothing gathered ahead). The column "fetch
-# wait s" is the time the hooks waited for parameters (fetch_wait_s).
+# (stage3_prefetch_bucket_size 0: nothing gathered ahead), and a fifth, with
+# -3 only, runs the step inline (strata.overlap_optimizer false; the others
+# run it beside the next forward pass). The column "fetch wait s" is the time
+# the hooks waited for parameters (fetch_wait_s), "opt wait s" the time they
+# waited for the step in flight to reach a module (optimizer_wait_s).
 # -H: as -3 with offload_param none: each rank's part of the parameters in
 # HBM (the column params/rank is the plan's HBM row for them), the modules
 # gathered within device memory.
@@ -57,14 +60,14 @@ mkdir -p "$WORK/nvme"
 ZERO="${ZERO//@NVME@/$WORK/nvme}"
 STAGE3=0
 [[ "$ZERO" == *'"stage": 3'* ]] && STAGE3=1
-config() {  # NAME GAS RANKS OVERLAP_COMM [MORE zero_optimization KEYS]
+config() {  # NAME GAS RANKS OVERLAP_COMM [MORE zero_optimization KEYS] [MORE strata KEYS]
   cat >"$WORK/$1.json" <<JSON
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": $2,
  "train_batch_size": $((4 * $2 * $3)), "bf16": {"enabled": true}, "gradient_clipping": 1.0,
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
  "zero_optimization": {$ZERO, "overlap_comm": $4,
    "reduce_bucket_size": 262144${5:+, $5}},
- "strata": {"device": "$DEVICE", "hbm_budget": "1G",
+ "strata": {"device": "$DEVICE", "hbm_budget": "1G",${6:+ $6,}
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 64, "vocab": 256}}}
 JSON
 }
@@ -75,6 +78,10 @@ NAMES="two ovl"
 if [ "$STAGE3" = 1 ]; then
   config dem 1 2 false '"stage3_prefetch_bucket_size": 0'
   NAMES="two ovl dem"
+  if [[ "$ZERO" == *'"offload_param": {"device": "cpu"}'* ]]; then
+    config inl 1 2 false "" '"overlap_optimizer": false'
+    NAMES="two ovl dem inl"
+  fi
 fi
 for i in $(seq "$RUNS"); do
   "$STRATA" train --config "$WORK/one.json" --steps "$STEPS" --json \
@@ -88,10 +95,14 @@ done
 /usr/bin/python3 - "$WORK" "$RUNS" $NAMES <<'PY'
 import json, re, statistics as st, sys
 work, runs, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print(f"{'ranks':>5} {'overlap':>7} {'ahead':>5} {'run':>3} {'step s':>8} {'comm s':>8} {'busy s':>7} "
-      f"{'fetch wait s':>12} {'ovl %':>6} "
+print(f"{'ranks':>5} {'overlap':>7} {'ahead':>5} {'step':>6} {'run':>3} {'step s':>8} {'comm s':>8} "
+      f"{'busy s':>7} {'fetch wait s':>12} {'opt wait s':>10} {'ovl %':>6} "
       f"{'opt s':>8} {'tok/s':>8} {'dram/rank':>10} {'params/rank':>11} {'gathered':>9} "
       f"{'save s':>7} {'final loss':>18} {'same losses':>11}")
+# The step runs beside the next forward pass with one rank, and with two at
+# stage 3 with offload_param cpu (strata.overlap_optimizer, the default).
+one_cfg = open(f"{work}/one.json").read()
+stage3_cpu = '"stage": 3' in one_cfg and '"offload_param": {"device": "cpu"}' in one_cfg
 for i in range(1, runs + 1):
     one = json.load(open(f"{work}/one-{i}.out"))
     for name in ["one"] + names:
@@ -119,9 +130,10 @@ for i in range(1, runs + 1):
                 break
         gathered = med("comm_gathered_bytes") / 1e6
         same = j["losses"] == one["losses"]
-        print(f"{ranks:>5} {str(name == 'ovl'):>7} {str(name != 'dem'):>5} {i:>3} "
+        step = "inline" if name == "inl" or (ranks == 2 and not stage3_cpu) else "beside"
+        print(f"{ranks:>5} {str(name == 'ovl'):>7} {str(name != 'dem'):>5} {step:>6} {i:>3} "
               f"{med('step_time_s'):>8.3f} {med('comm_s'):>8.3f} {med('comm_busy_s'):>7.3f} "
-              f"{med('fetch_wait_s'):>12.3f} "
+              f"{med('fetch_wait_s'):>12.3f} {med('optimizer_wait_s'):>10.3f} "
               f"{ovl:>5.0f}% {med('optimizer_wall_s'):>8.3f} "
               f"{j['tokens_per_s']:>8.0f} {dram / 2**20:>8.1f}Mi {copies:>11} {gathered:>7.1f}MB "
               f"{j['checkpoint']['save_s'][-1]:>7.3f} {j['losses'][-1]:>18.15f} {str(same):>11}")
