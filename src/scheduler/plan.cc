@@ -498,7 +498,9 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   // Over PCIe a module moves its own extent; on NVMe its page-aligned one.
   const auto param_bytes =
       static_cast<double>(s.module_param_bytes > 0 ? s.module_param_bytes : s.total_param_bytes);
-  const auto nvme_param_bytes = static_cast<double>(s.total_param_bytes);
+  // (Partitioned: this rank's pieces.)
+  const auto nvme_param_bytes = static_cast<double>(
+      s.partitioned_param_bytes > 0 ? s.partitioned_param_bytes : s.total_param_bytes);
   const auto persistent = static_cast<double>(s.persistent_param_bytes);
   const auto gas = static_cast<double>(std::max<int64_t>(1, pl.gradient_accumulation_steps));
   const double grad_elem_bytes = elems > 0 ? param_bytes / elems : 0;
@@ -549,13 +551,13 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   }
   if (pl.params == OffloadDevice::kNvme) {
     // Modules are read and written page-aligned.
-    const double read = 2 * gas * (nvme_param_bytes - persistent);
+    const double read = 2 * gas * std::max(0.0, nvme_param_bytes - persistent);
     nvme_read += read;
     nvme_write += nvme_param_bytes;
     read_what += std::string(read_what.empty() ? "" : " + ") + "parameter fetches " +
                  FormatBytes(static_cast<int64_t>(read));
     write_what += std::string(write_what.empty() ? "" : " + ") + "updated parameters " +
-                  FormatBytes(s.total_param_bytes);
+                  FormatBytes(static_cast<int64_t>(nvme_param_bytes));
   }
   if (plan.grads_on_nvme) {
     // Each sub-group's sum written once per micro-batch and read back by the
