@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -57,6 +58,14 @@ void SetRankEnv(const RankEnv& e, bool data_parallel) {
 // The toy's numel, module 3's weight `extra` elements longer.
 int64_t Numel(int m, int i, int64_t extra) {
   return testing::ToyNumel(m, i) + (m == 3 && i == 0 ? extra : 0);
+}
+
+// A data-parallel rank's environment and its NVMe directory (made).
+std::string DataParallelRank(const RankEnv& e) {
+  SetRankEnv(e, true);
+  const std::string nvme = e.dir + "/nvme";
+  std::filesystem::create_directories(nvme);
+  return nvme;
 }
 
 // One micro-batch of the toy model: g = scale (0.5 p + 0.1 sin(batch + 0.37 j + m)).
@@ -110,6 +119,24 @@ struct Shape {
   // stay on the device once fetched (partitioned: gathered once a step).
   int64_t persistence_threshold = 0;
 };
+
+// Stage 3 with offload_param `par`: the parameters partitioned too.
+Shape Partitioned(OffloadDevice par) {
+  Shape s;
+  s.par = par;
+  s.stage = 3;
+  return s;
+}
+
+// Each offload_param device at stage 3: the parameters partitioned in host
+// memory (cpu), device memory (none) and on NVMe (nvme).
+void ForEachPartitionedPlace(const std::function<void(const Shape&)>& run) {
+  for (const OffloadDevice par :
+       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(OffloadDeviceName(par));
+    run(Partitioned(par));
+  }
+}
 
 StatusOr<std::unique_ptr<Engine>> CreateFor(const Shape& s, const Config& c) {
   EngineTestHooks hooks;
@@ -486,14 +513,7 @@ TEST(DataParallelCheckpointTest, SavedByOneRankResumesOnTwoBitwise) {
 // save (none: from its part in device memory; nvme: its piece read from
 // NVMe), rank 0 writes them; loading at 2 ranks writes each rank's part.
 TEST(DataParallelCheckpointTest, PartitionedParametersSavedByTwoRanksResumeOnOneBitwise) {
-  for (const OffloadDevice par :
-       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
-    SCOPED_TRACE(OffloadDeviceName(par));
-    Shape s;
-    s.par = par;
-    s.stage = 3;
-    ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
-  }
+  ForEachPartitionedPlace([](const Shape& s) { ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0); });
   for (const OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kNvme}) {
     SCOPED_TRACE(OffloadDeviceName(par));
     Shape s;
@@ -850,16 +870,9 @@ TEST(DataParallelTest, PartitionedModulesGatheredAheadWhateverTheOrder) {
 // (the host copy, the device block, or its piece on NVMe) and the next
 // fetch gathers the new values on every rank; ReadParameter gives them back.
 TEST(DataParallelTest, WrittenPartitionedParametersReachTheNextFetch) {
-  for (const OffloadDevice par :
-       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
-    SCOPED_TRACE(OffloadDeviceName(par));
+  ForEachPartitionedPlace([](const Shape& s) {
     testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
-      SetRankEnv(e, true);
-      const std::string nvme = e.dir + "/nvme";
-      std::filesystem::create_directories(nvme);
-      Shape s;
-      s.par = par;
-      s.stage = 3;
+      const std::string nvme = DataParallelRank(e);
       auto engine = Engine::Create(ShapeConfig(s, nvme, 1));
       RANK_OK(engine.status());
       Engine& eng = **engine;
@@ -900,7 +913,7 @@ TEST(DataParallelTest, WrittenPartitionedParametersReachTheNextFetch) {
       }
       RANK_OK(eng.Step().status());
     }));
-  }
+  });
 }
 
 // strata.overlap_optimizer at stage 3 with offload_param cpu: the step runs
@@ -912,13 +925,8 @@ TEST(DataParallelTest, WrittenPartitionedParametersReachTheNextFetch) {
 // and the check fails. (The bits against one rank: the placement tests.)
 TEST(DataParallelTest, OverlappedStepLetsTheNextForwardGatherFinishedModules) {
   testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
-    SetRankEnv(e, true);
-    const std::string nvme = e.dir + "/nvme";
-    std::filesystem::create_directories(nvme);
-    Shape s;
-    s.par = OffloadDevice::kCpu;
-    s.stage = 3;
-    Config c = ShapeConfig(s, nvme, 1);
+    const std::string nvme = DataParallelRank(e);
+    Config c = ShapeConfig(Partitioned(OffloadDevice::kCpu), nvme, 1);
     c.strata.overlap_optimizer = true;
     c.zero_optimization.stage3_prefetch_bucket_size = 500;
     std::mutex mu;
@@ -978,12 +986,7 @@ TEST(DataParallelTest, OverlappedStepLetsTheNextForwardGatherFinishedModules) {
 // its peer's step completes.
 TEST(DataParallelTest, FailedPieceWriteSaysTheRanksDisagree) {
   testing::ExpectAllExitedZero(RunRanks(2, [&](const RankEnv& e) {
-    SetRankEnv(e, true);
-    const std::string nvme = e.dir + "/nvme";
-    std::filesystem::create_directories(nvme);
-    Shape s;
-    s.par = OffloadDevice::kNvme;
-    s.stage = 3;
+    const std::string nvme = DataParallelRank(e);
     nvme::FaultInjectionEngine* faults = nullptr;
     EngineTestHooks hooks;
     hooks.wrap_io_engine =
@@ -992,7 +995,7 @@ TEST(DataParallelTest, FailedPieceWriteSaysTheRanksDisagree) {
       faults = f.get();
       return f;
     };
-    auto engine = CreateEngine(ShapeConfig(s, nvme, 1), hooks);
+    auto engine = CreateEngine(ShapeConfig(Partitioned(OffloadDevice::kNvme), nvme, 1), hooks);
     RANK_OK(engine.status());
     Engine& eng = **engine;
     testing::RegisterToy(eng, 17, kModules);
@@ -1130,16 +1133,8 @@ void KilledRankScenario(const Shape& shape, int steps, int modules) {
 
 TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
   KilledRankScenario(Shape{}, 1, 0);
-  // Partitioned parameters, gathers ahead in flight: in host memory (cpu)
-  // and in device memory (none).
-  for (const OffloadDevice par :
-       {OffloadDevice::kCpu, OffloadDevice::kNone, OffloadDevice::kNvme}) {
-    SCOPED_TRACE(OffloadDeviceName(par));
-    Shape partitioned;
-    partitioned.par = par;
-    partitioned.stage = 3;
-    KilledRankScenario(partitioned, 2, 2);
-  }
+  // Partitioned parameters, gathers ahead in flight.
+  ForEachPartitionedPlace([](const Shape& s) { KilledRankScenario(s, 2, 2); });
 }
 
 // Ranks whose config or model differ are refused at Plan, naming the first
