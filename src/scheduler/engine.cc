@@ -162,11 +162,11 @@ class EngineImpl final : public Engine {
   // Stage 3 with several ranks: each rank keeps its part of the parameters,
   // and fetches gather modules.
   bool PartitionsParams() const { return dp_ && cfg_.zero_optimization.stage == 3; }
-  // Several ranks and strata.overlap_optimizer: the step overlaps the next
-  // forward pass at stage 3 with offload_param cpu (each module gathered
-  // from the ranks' copy-out targets as their steps finish it).
+  // With several ranks, strata.overlap_optimizer applies at stage 3 with
+  // offload_param cpu (each module gathered from the ranks' copy-out
+  // targets as their steps finish it); elsewhere the step runs inline.
   bool OverlapsWithRanks() const {
-    return PartitionsParams() && param_place() == OffloadDevice::kCpu;
+    return cfg_.zero_optimization.stage == 3 && param_place() == OffloadDevice::kCpu;
   }
   // Several ranks: this rank's place and the ranks' all-gather, for
   // checkpoints (null with one rank).
@@ -316,7 +316,7 @@ Status EngineImpl::Init() {
 Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   const auto& zo = cfg_.zero_optimization;
   // (DataParallel::Create refuses the stages it does not partition.)
-  if (cfg_.strata.overlap_optimizer && !(zo.stage == 3 && param_place() == OffloadDevice::kCpu))
+  if (cfg_.strata.overlap_optimizer && !OverlapsWithRanks())
     STRATA_LOG_INFO(
         "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
         "rank, or to stage 3 with offload_param cpu): {}",

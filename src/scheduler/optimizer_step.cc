@@ -40,10 +40,11 @@ void StateReadAhead::WaitAll() {
 // tensors is written as zeros), filled by the copy-out of the shards that
 // cover it, and written to the module's inactive version once the shards up
 // to its last element have been stepped. With partitioned parameters a
-// buffer holds this rank's piece of the module (StateStore::ModulePiece). Once the write has landed
-// the buffer is kept (landed_) for a fetch of the module to take (TakeLanded, the main thread),
-// until the step needs it for another module. The step's thread but for TakeLanded; landed_ is
-// guarded by mu_.
+// buffer holds this rank's piece of the module (StateStore::ModulePiece).
+// Once the write has landed the buffer is kept (landed_) for a fetch of the
+// module to take (TakeLanded, the main thread), until the step needs it for
+// another module. The step's thread but for TakeLanded; landed_ is guarded
+// by mu_.
 class ParamWriter {
  public:
   explicit ParamWriter(OptimizerStep* step)
@@ -66,8 +67,8 @@ class ParamWriter {
     const auto [lo, hi] = store_.ModulePiece(m);
     std::memset(b->data(), 0, static_cast<size_t>(IoBytes(hi - lo)));
     const ParamRec& last = layout_.param(me.params.back());
-    const int64_t owned_end = store_.state_base() + layout_.partition_elems();
-    open_.push_back({m, std::min(last.elem_off + last.numel, owned_end), std::move(*b)});
+    open_.push_back(
+        {m, std::min(last.elem_off + last.numel, store_.owned_elems().second), std::move(*b)});
     return open_.back().buf.as<uint8_t>();
   }
   // Every element before `stepped_end` has been stepped: the modules that
@@ -408,7 +409,7 @@ bool OptimizerStep::ModuleReady(int m) const {
     // elements; none when the module lies in other ranks' partitions (their
     // sums were zeroed at the reduction, and nothing of it is stepped here).
     const ModuleExtent& me = layout.module(m);
-    const int64_t own0 = deps_.store->state_base(), own1 = own0 + layout.partition_elems();
+    const auto [own0, own1] = deps_.store->owned_elems();
     const int64_t lo = std::max(me.elem_begin, own0), hi = std::min(me.elem_end, own1);
     g = hi > lo ? static_cast<int>(layout.GroupOf(hi - 1)) : -1;
   }

@@ -20,9 +20,10 @@
 // later because the arena is fragmented: a fetch waits for or evicts a slot
 // instead. (Workspaces of the framework come from the rest of the arena.)
 //
-// Stage 3 with partitioned parameters (several ranks): modules come into slots as offloaded ones
-// do, and a fetch gathers the module from the ranks first. The modules the trace expects next are
-// gathered ahead on the collectives' stream, up to offload_param.buffer_count
+// Stage 3 with partitioned parameters (several ranks): modules come into
+// slots as offloaded ones do, and a fetch gathers the module from the ranks
+// first. The modules the trace expects next are gathered ahead on the collectives' stream, up to
+// offload_param.buffer_count
 // - 1 of them and within the same two budgets, into pinned buffers (cpu,
 // nvme: this rank's piece read from NVMe first) or device buffers (none);
 // the gathered bytes are copied into the module's slot at its fetch. A
@@ -215,8 +216,8 @@ class ParamFetcher {
   // set) from what was gathered ahead for it, or gathered now.
   Status FetchGathered(int m);
   // Stage 3's partitioned parameters: the modules the trace expects next
-  // gathered from the ranks ahead of their use, into pinned buffers (their
-  // H2D copy starts at the fetch).
+  // gathered from the ranks ahead of their use, into pinned or device
+  // buffers (copied into the module's slot at the fetch).
   Status PrefetchGathers();
   // A pinned buffer of the parameter pool for `bytes` (waiting for staging
   // buffers whose copies are in flight when none is free).

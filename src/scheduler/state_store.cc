@@ -209,7 +209,7 @@ Status StateStore::Initialize(
   // parameter is held when both live on NVMe.
   const bool nvme_states = placement_.optimizer == OffloadDevice::kNvme;
   const bool nvme_params = placement_.params == OffloadDevice::kNvme;
-  uint8_t* next = next_params();  // null with offload_param nvme
+  uint8_t* next = next_params();                 // null with offload_param nvme
   const int64_t n = layout_->partition_elems();  // the owned elements
   const int64_t base = state_base();
   if (next != nullptr) std::memset(next, 0, static_cast<size_t>(param_array_bytes()));
@@ -402,32 +402,43 @@ Status StateStore::WritePiece(int m, const AlignedBuffer& piece) {
       .WithContext(fmt::format("writing this rank's part of module {} to NVMe", m));
 }
 
-const uint8_t* StateStore::PartSource(bool updated) {
-  if (gathers_on_device()) return device_params();
-  return updated ? next_params() : host_params_.as<uint8_t>();
+StatusOr<StateStore::Part> StateStore::PartOf(int m, bool updated, bool to_host,
+                                              AlignedBuffer* piece) {
+  if (placement_.params == OffloadDevice::kNvme) {
+    RETURN_IF_ERROR(ReadPiece(m, piece));
+    return Part{piece->as<uint8_t>(), ModulePiece(m).first};
+  }
+  if (gathers_on_device() && to_host) {
+    const auto [lo, hi] = ModulePiece(m);
+    ASSIGN_OR_RETURN(*piece, AlignedBuffer::Allocate(
+                                 static_cast<size_t>(std::max<int64_t>(1, hi - lo)), kIoAlign));
+    if (hi > lo) {
+      // The device block is current once its last upload has landed.
+      RETURN_IF_ERROR(params_uploaded_->Synchronize());
+      RETURN_IF_ERROR(dev_->CopyD2H(piece->data(), device_params() + (lo - param_byte_base()),
+                                    static_cast<size_t>(hi - lo), dev_->d2h()));
+      RETURN_IF_ERROR(dev_->d2h().Synchronize());
+    }
+    return Part{piece->as<uint8_t>(), lo};
+  }
+  if (gathers_on_device()) return Part{device_params(), param_byte_base()};
+  return Part{updated ? next_params() : host_params_.as<uint8_t>(), param_byte_base()};
 }
 
 Status StateStore::GatherModule(int m, uint8_t* buf, bool updated) {
   if (!params_partitioned())
     return FailedPreconditionError("GatherModule: parameters not partitioned");
-  if (placement_.params == OffloadDevice::kNvme) {
-    AlignedBuffer piece;
-    RETURN_IF_ERROR(ReadPiece(m, &piece));
-    return gather_.now(m, piece.as<uint8_t>(), ModulePiece(m).first, buf, /*device=*/false);
-  }
-  return gather_.now(m, PartSource(updated), param_byte_base(), buf, gathers_on_device());
+  AlignedBuffer piece;
+  ASSIGN_OR_RETURN(const Part part, PartOf(m, updated, /*to_host=*/false, &piece));
+  return gather_.now(m, part.data, part.first_byte, buf, gathers_on_device());
 }
 
 Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece,
                                      bool updated) {
   if (!params_partitioned() || !gather_.issue)
     return FailedPreconditionError("IssueGatherModule: parameters not partitioned");
-  if (placement_.params == OffloadDevice::kNvme) {
-    RETURN_IF_ERROR(ReadPiece(m, piece));
-    return gather_.issue(m, piece->as<uint8_t>(), ModulePiece(m).first, buf, /*device=*/false,
-                         done);
-  }
-  return gather_.issue(m, PartSource(updated), param_byte_base(), buf, gathers_on_device(), done);
+  ASSIGN_OR_RETURN(const Part part, PartOf(m, updated, /*to_host=*/false, piece));
+  return gather_.issue(m, part.data, part.first_byte, buf, gathers_on_device(), done);
 }
 
 Status StateStore::WaitGathered(gpu::Event& done) {
@@ -629,33 +640,23 @@ Status StateStore::WriteGroupStates(size_t g, const void* buf) {
 Status StateStore::ReadModuleParams(int m, void* buf) {
   const ModuleExtent& me = layout_->module(m);
   if (me.bytes() == 0) return Status();
+  if (params_partitioned()) {
+    // Every rank's part of the module, gathered into `buf` (host memory).
+    AlignedBuffer piece;
+    ASSIGN_OR_RETURN(const Part part, PartOf(m, /*updated=*/false, /*to_host=*/true, &piece));
+    return gather_.now(m, part.data, part.first_byte, static_cast<uint8_t*>(buf), false);
+  }
   switch (placement_.params) {
     case OffloadDevice::kNone:
       // The device block is current once its last upload has landed.
       RETURN_IF_ERROR(params_uploaded_->Synchronize());
-      if (params_partitioned()) {
-        // This rank's bytes of the module copied to the host, then the
-        // module gathered there.
-        const auto [b0, b1] = layout_->OwnedBytes(rank_);
-        const int64_t lo = std::max(b0, me.byte_begin);
-        const int64_t hi = std::max(lo, std::min(b1, me.byte_end));
-        std::vector<uint8_t> mine(static_cast<size_t>(std::max<int64_t>(1, hi - lo)));
-        if (hi > lo) {
-          RETURN_IF_ERROR(dev_->CopyD2H(mine.data(), device_params() + (lo - b0),
-                                        static_cast<size_t>(hi - lo), dev_->d2h()));
-          RETURN_IF_ERROR(dev_->d2h().Synchronize());
-        }
-        return gather_.now(m, mine.data(), lo, static_cast<uint8_t*>(buf), /*device=*/false);
-      }
       RETURN_IF_ERROR(dev_->CopyD2H(buf, device_params() + me.byte_begin,
                                     static_cast<size_t>(me.bytes()), dev_->d2h()));
       return dev_->d2h().Synchronize();
     case OffloadDevice::kCpu:
-      if (params_partitioned()) return GatherModule(m, static_cast<uint8_t*>(buf));
       std::memcpy(buf, host_params_.as<uint8_t>() + me.byte_begin, static_cast<size_t>(me.bytes()));
       return Status();
     case OffloadDevice::kNvme:
-      if (params_partitioned()) return GatherModule(m, static_cast<uint8_t*>(buf));
       return ReadModule(m, buf).Wait().WithContext(
           fmt::format("reading the parameters of module {} for a checkpoint", m));
   }
@@ -668,8 +669,8 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
   const size_t bytes = static_cast<size_t>(me.bytes());
   if (params_partitioned()) {
     // This rank's part of the module only.
-    const auto [b0, b1] = layout_->OwnedBytes(rank_);
-    const int64_t lo = std::max(b0, me.byte_begin), hi = std::min(b1, me.byte_end);
+    const auto [lo, hi] = ModulePiece(m);
+    const int64_t b0 = param_byte_base();
     if (lo < hi && placement_.params == OffloadDevice::kNvme) {
       // (The active version of this rank's piece, in place.)
       ASSIGN_OR_RETURN(AlignedBuffer piece,

@@ -142,7 +142,8 @@ class StateStore {
   Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece,
                            bool updated = false);
   Status WaitGathered(gpu::Event& done);
-  int64_t state_base() const { return layout_->OwnedElems(rank_).first; }
+  std::pair<int64_t, int64_t> owned_elems() const { return layout_->OwnedElems(rank_); }
+  int64_t state_base() const { return owned_elems().first; }
   std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
   bool OwnsGroup(size_t g) const {
     const auto [g0, g1] = layout_->OwnedGroups(rank_);
@@ -258,9 +259,17 @@ class StateStore {
   // offload_param none: bytes [offset, offset + bytes) of next_params()
   // copied into the device block at the same offset, waited for.
   Status UploadPart(int64_t offset, size_t bytes);
-  // Partitioned in host or device memory: the array this rank's part is
-  // gathered from (cpu with `updated`: the copy-out target).
-  const uint8_t* PartSource(bool updated);
+  // Partitioned: what this rank sends of module m in a gather, as an array
+  // and the parameter byte at its start: the host copy (cpu; with `updated`
+  // the copy-out target) or the device block (none) from param_byte_base();
+  // or its piece of the module in *piece from ModulePiece(m).first: read
+  // from NVMe (nvme), or copied from the device block for a gather into
+  // host memory (none with `to_host`). Waited for.
+  struct Part {
+    const uint8_t* data = nullptr;
+    int64_t first_byte = 0;
+  };
+  StatusOr<Part> PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece);
   // Partitioned, offload_param nvme: this rank's piece of module m (active
   // version) read into *piece (allocated), and written back from it.
   Status ReadPiece(int m, AlignedBuffer* piece);
