@@ -90,28 +90,40 @@ int64_t DataParallel::GatherChunkBytes(const Layout& layout, int64_t allgather_b
 }
 
 Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems, int64_t gather_chunk_bytes) {
-  layout_ = layout;
-  for (int r = 0; r <= world_size(); ++r) {
-    const int64_t b = layout->ByteOfElem(r * layout->partition_elems());
-    if (b % 4 != 0)
-      return InternalError(fmt::format(
-          "data parallelism: rank {}'s parameter bytes start at {}, not a multiple of 4", r, b));
-  }
-  staging_ = gpu::DeviceBuffer();  // the small one from Create
-  chunk_ = std::max<int64_t>(kMinChunkElems, chunk_elems);
-  gather_bytes_ = std::max<int64_t>(4, gather_chunk_bytes / 4 * 4);
-  ASSIGN_OR_RETURN(staging_, dev_->Allocate(static_cast<size_t>(StagingBytes(
-                                 world_size(), StagingChunkElems(chunk_, gather_bytes_)))));
-  return Status();
+  return InContext("allocating the staging buffer", [&]() -> Status {
+    layout_ = layout;
+    for (int r = 0; r <= world_size(); ++r) {
+      const int64_t b = layout->ByteOfElem(r * layout->partition_elems());
+      if (b % 4 != 0)
+        return InternalError(fmt::format(
+            "rank {}'s parameter bytes start at {}, not a multiple of 4", r, b));
+    }
+    staging_ = gpu::DeviceBuffer();  // the small one from Create
+    chunk_ = std::max<int64_t>(kMinChunkElems, chunk_elems);
+    gather_bytes_ = std::max<int64_t>(4, gather_chunk_bytes / 4 * 4);
+    ASSIGN_OR_RETURN(staging_, dev_->Allocate(static_cast<size_t>(StagingBytes(
+                                   world_size(), StagingChunkElems(chunk_, gather_bytes_)))));
+    return Status();
+  });
 }
 
 Status DataParallel::Sync(const char* what) {
   Status s = stream_->Synchronize();
   if (s.ok()) s = comm_->AsyncError();
-  if (!s.ok())
-    return s.WithContext(
-        fmt::format("data parallelism (rank {} of {}): {}", rank(), world_size(), what));
-  return Status();
+  return InContext(what, [&] { return s; });
+}
+
+std::string DataParallel::ContextPrefix() const {
+  return fmt::format("data parallelism (rank {} of {})", rank(), world_size());
+}
+
+Status DataParallel::AddContext(const Status& s, std::string_view what) const {
+  if (s.ok()) return s;
+  const std::string prefix = ContextPrefix();
+  // A collective inside another (a flush before a gather, the exchange
+  // inside a check) already said where it failed.
+  if (s.message().find(prefix) != std::string::npos) return s;
+  return s.WithContext(fmt::format("{}: {}", prefix, what));
 }
 
 Status DataParallel::ToStaging(void* staging, const void* src, size_t bytes, Memory where) {
@@ -142,41 +154,43 @@ Status DataParallel::ZeroOthers(float* acc, Memory where) {
 }
 
 Status DataParallel::ReduceGradients(float* acc, Memory where) {
-  RETURN_IF_ERROR(Flush());
-  const int64_t t0 = NowNanos();
-  const int64_t n_ranks = world_size(), me = rank();
-  const int64_t part = layout_->partition_elems();
-  const int64_t total = layout_->total_elems();
-  float* send = staging_.as<float>();
-  constexpr size_t kF = sizeof(float);
-  if (stage_ == 1) {
-    // All-reduce: every element, (world + 1) chunks at a time.
-    const int64_t step = (n_ranks + 1) * chunk_;
-    for (int64_t k = 0; k < total; k += step) {
-      RETURN_IF_ERROR(IssueReduce(acc + k, static_cast<size_t>(std::min(step, total - k)), 0,
-                                  /*everyone=*/true, where));
-      RETURN_IF_ERROR(Sync("all-reducing the gradients"));
+  return InContext("reducing the gradients", [&]() -> Status {
+    RETURN_IF_ERROR(Flush());
+    const int64_t t0 = NowNanos();
+    const int64_t n_ranks = world_size(), me = rank();
+    const int64_t part = layout_->partition_elems();
+    const int64_t total = layout_->total_elems();
+    float* send = staging_.as<float>();
+    constexpr size_t kF = sizeof(float);
+    if (stage_ == 1) {
+      // All-reduce: every element, (world + 1) chunks at a time.
+      const int64_t step = (n_ranks + 1) * chunk_;
+      for (int64_t k = 0; k < total; k += step) {
+        RETURN_IF_ERROR(IssueReduce(acc + k, static_cast<size_t>(std::min(step, total - k)), 0,
+                                    /*everyone=*/true, where));
+        RETURN_IF_ERROR(Sync("all-reducing the gradients"));
+      }
+    } else {
+      // Reduce-scatter: chunk k of every partition in, chunk k of ours out.
+      float* recv = send + n_ranks * chunk_;
+      for (int64_t k = 0; k < part; k += chunk_) {
+        const int64_t n = std::min(chunk_, part - k);
+        for (int64_t r = 0; r < n_ranks; ++r)
+          RETURN_IF_ERROR(
+              ToStaging(send + r * n, acc + r * part + k, static_cast<size_t>(n) * kF, where));
+        RETURN_IF_ERROR(Timed([&] {
+          return comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
+                                      gpu::ReduceOp::kAvg, *stream_);
+        }));
+        RETURN_IF_ERROR(FromStaging(acc + me * part + k, recv, static_cast<size_t>(n) * kF, where));
+        RETURN_IF_ERROR(Sync("reduce-scattering the gradients"));
+        counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
+      }
     }
-  } else {
-    // Reduce-scatter: chunk k of every partition in, chunk k of ours out.
-    float* recv = send + n_ranks * chunk_;
-    for (int64_t k = 0; k < part; k += chunk_) {
-      const int64_t n = std::min(chunk_, part - k);
-      for (int64_t r = 0; r < n_ranks; ++r)
-        RETURN_IF_ERROR(
-            ToStaging(send + r * n, acc + r * part + k, static_cast<size_t>(n) * kF, where));
-      RETURN_IF_ERROR(Timed([&] {
-        return comm_->ReduceScatter(send, recv, static_cast<size_t>(n), DType::kFp32,
-                                    gpu::ReduceOp::kAvg, *stream_);
-      }));
-      RETURN_IF_ERROR(FromStaging(acc + me * part + k, recv, static_cast<size_t>(n) * kF, where));
-      RETURN_IF_ERROR(Sync("reduce-scattering the gradients"));
-      counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
-    }
-  }
-  RETURN_IF_ERROR(ZeroOthers(acc, where));
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  return Status();
+    RETURN_IF_ERROR(ZeroOthers(acc, where));
+    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    return Status();
+  });
 }
 
 void DataParallel::BeginOverlap(float* acc, Memory where) {
@@ -186,20 +200,22 @@ void DataParallel::BeginOverlap(float* acc, Memory where) {
 }
 
 Status DataParallel::ReduceFrom(int64_t lo) {
-  if (overlap_acc_ == nullptr)
-    return FailedPreconditionError("ReduceFrom: no overlapped reduction");
-  const int64_t part = layout_->partition_elems();
-  while (overlap_next_ > 0) {
-    const int64_t r = (overlap_next_ - 1) / part, p0 = r * part;
-    const int64_t a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_, b = overlap_next_;
-    if (a < lo) break;
-    const auto n = static_cast<size_t>(b - a);
-    RETURN_IF_ERROR(
-        IssueReduce(overlap_acc_ + a, n, static_cast<int>(r), stage_ == 1, overlap_where_));
-    counters_.overlapped_bytes += static_cast<int64_t>(n * sizeof(float));
-    overlap_next_ = a;
-  }
-  return Status();
+  return InContext("reducing the gradients (overlapped with backward)", [&]() -> Status {
+    if (overlap_acc_ == nullptr)
+      return FailedPreconditionError("ReduceFrom: no overlapped reduction");
+    const int64_t part = layout_->partition_elems();
+    while (overlap_next_ > 0) {
+      const int64_t r = (overlap_next_ - 1) / part, p0 = r * part;
+      const int64_t a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_, b = overlap_next_;
+      if (a < lo) break;
+      const auto n = static_cast<size_t>(b - a);
+      RETURN_IF_ERROR(
+          IssueReduce(overlap_acc_ + a, n, static_cast<int>(r), stage_ == 1, overlap_where_));
+      counters_.overlapped_bytes += static_cast<int64_t>(n * sizeof(float));
+      overlap_next_ = a;
+    }
+    return Status();
+  });
 }
 
 Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where) {
@@ -221,32 +237,36 @@ Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone
 }
 
 Status DataParallel::ReduceGroup(size_t g, float* sums) {
-  RETURN_IF_ERROR(Flush());
-  const int64_t t0 = NowNanos();
-  const SubGroup& sg = layout_->group(g);
-  const auto owner = static_cast<int>(sg.elem_begin / layout_->partition_elems());
-  const int64_t step = (world_size() + 1) * chunk_;  // the staging buffer's fp32
-  for (int64_t k = 0; k < sg.elems(); k += step)
-    RETURN_IF_ERROR(IssueReduce(sums + k, static_cast<size_t>(std::min(step, sg.elems() - k)),
-                                owner, /*everyone=*/false, Memory::kHost));
-  RETURN_IF_ERROR(Sync("reducing a sub-group's gradients"));
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  return Status();
+  return InContext("reducing a sub-group's gradients", [&]() -> Status {
+    RETURN_IF_ERROR(Flush());
+    const int64_t t0 = NowNanos();
+    const SubGroup& sg = layout_->group(g);
+    const auto owner = static_cast<int>(sg.elem_begin / layout_->partition_elems());
+    const int64_t step = (world_size() + 1) * chunk_;  // the staging buffer's fp32
+    for (int64_t k = 0; k < sg.elems(); k += step)
+      RETURN_IF_ERROR(IssueReduce(sums + k, static_cast<size_t>(std::min(step, sg.elems() - k)),
+                                  owner, /*everyone=*/false, Memory::kHost));
+    RETURN_IF_ERROR(Sync("reducing a sub-group's gradients"));
+    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    return Status();
+  });
 }
 
 Status DataParallel::FinishOverlap() {
-  const int64_t t0 = NowNanos();
-  const int64_t before = counters_.overlapped_bytes;
-  Status s = ReduceFrom(0);
-  counters_.overlapped_bytes = before;  // issued at the window's end: not overlapped
-  if (s.ok()) s = Sync("reducing the gradients (overlapped with backward)");
-  float* acc = overlap_acc_;
-  const Memory where = overlap_where_;
-  overlap_acc_ = nullptr;
-  RETURN_IF_ERROR(s);
-  RETURN_IF_ERROR(ZeroOthers(acc, where));
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  return Status();
+  return InContext("reducing the gradients (overlapped with backward)", [&]() -> Status {
+    const int64_t t0 = NowNanos();
+    const int64_t before = counters_.overlapped_bytes;
+    Status s = ReduceFrom(0);
+    counters_.overlapped_bytes = before;  // issued at the window's end: not overlapped
+    if (s.ok()) s = Sync("reducing the gradients (overlapped with backward)");
+    float* acc = overlap_acc_;
+    const Memory where = overlap_where_;
+    overlap_acc_ = nullptr;
+    RETURN_IF_ERROR(s);
+    RETURN_IF_ERROR(ZeroOthers(acc, where));
+    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    return Status();
+  });
 }
 
 void DataParallel::AbandonOverlap() {
@@ -257,65 +277,69 @@ void DataParallel::AbandonOverlap() {
 
 Status DataParallel::CombineChecks(const std::vector<double>& partial,
                                    const std::vector<uint8_t>& bad, bool* overflow, double* sumsq) {
-  const int64_t t0 = NowNanos();
-  // Per block: its sum, then 1.0 for an inf/nan.
-  std::vector<double> mine;
-  for (size_t i = 0; i < partial.size(); ++i)
-    mine.insert(mine.end(), {partial[i], bad[i] ? 1.0 : 0.0});
-  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(mine));
-  double sum = 0;
-  bool any = false;
-  for (const std::vector<double>& r : all)  // rank order is element order
-    for (size_t i = 0; i + 1 < r.size(); i += 2) {
-      sum += r[i];
-      any = any || r[i + 1] != 0.0;
-    }
-  *sumsq = sum;
-  *overflow = any;
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  return Status();
+  return InContext("combining the gradient checks", [&]() -> Status {
+    const int64_t t0 = NowNanos();
+    // Per block: its sum, then 1.0 for an inf/nan.
+    std::vector<double> mine;
+    for (size_t i = 0; i < partial.size(); ++i)
+      mine.insert(mine.end(), {partial[i], bad[i] ? 1.0 : 0.0});
+    ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(mine));
+    double sum = 0;
+    bool any = false;
+    for (const std::vector<double>& r : all)  // rank order is element order
+      for (size_t i = 0; i + 1 < r.size(); i += 2) {
+        sum += r[i];
+        any = any || r[i + 1] != 0.0;
+      }
+    *sumsq = sum;
+    *overflow = any;
+    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    return Status();
+  });
 }
 
 Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>& pieces,
                                   const uint8_t* src, int64_t src_base, uint8_t* dst,
                                   int64_t dst_base, bool copy_own, Memory where, const char* what,
                                   gpu::Event* done) {
-  RETURN_IF_ERROR(Flush());
-  const int64_t t0 = NowNanos();
-  const int n_ranks = world_size(), me = rank();
-  int64_t longest = 0;
-  for (const auto& [lo, hi] : pieces) longest = std::max(longest, hi - lo);
-  // allgather_bucket_size (Bind), or before Bind the staging's chunk.
-  const int64_t chunk_bytes =
-      gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
-  auto* send = staging_.as<uint8_t>();
-  uint8_t* recv = send + chunk_bytes;
-  for (int64_t off = 0; off < longest; off += chunk_bytes) {
-    const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;  // whole fp32 slots
-    auto len = [&](int r) {
-      const auto [lo, hi] = pieces[static_cast<size_t>(r)];
-      return std::clamp<int64_t>(hi - lo - off, 0, n);
-    };
-    const int64_t my_lo = pieces[static_cast<size_t>(me)].first;
-    if (len(me) > 0)
-      RETURN_IF_ERROR(
-          ToStaging(send, src + (my_lo - src_base) + off, static_cast<size_t>(len(me)), where));
-    RETURN_IF_ERROR(Timed([&] {
-      return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
-    }));
-    for (int r = 0; r < n_ranks; ++r) {
-      if (len(r) == 0 || (r == me && !copy_own)) continue;
-      RETURN_IF_ERROR(FromStaging(dst + (pieces[static_cast<size_t>(r)].first - dst_base) + off,
-                                  recv + r * n, static_cast<size_t>(len(r)), where));
-      if (r != me) counters_.gathered_bytes += len(r);
+  return InContext(what, [&]() -> Status {
+    RETURN_IF_ERROR(Flush());
+    const int64_t t0 = NowNanos();
+    const int n_ranks = world_size(), me = rank();
+    int64_t longest = 0;
+    for (const auto& [lo, hi] : pieces) longest = std::max(longest, hi - lo);
+    // allgather_bucket_size (Bind), or before Bind the staging's chunk.
+    const int64_t chunk_bytes =
+        gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
+    auto* send = staging_.as<uint8_t>();
+    uint8_t* recv = send + chunk_bytes;
+    for (int64_t off = 0; off < longest; off += chunk_bytes) {
+      const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;  // whole fp32 slots
+      auto len = [&](int r) {
+        const auto [lo, hi] = pieces[static_cast<size_t>(r)];
+        return std::clamp<int64_t>(hi - lo - off, 0, n);
+      };
+      const int64_t my_lo = pieces[static_cast<size_t>(me)].first;
+      if (len(me) > 0)
+        RETURN_IF_ERROR(
+            ToStaging(send, src + (my_lo - src_base) + off, static_cast<size_t>(len(me)), where));
+      RETURN_IF_ERROR(Timed([&] {
+        return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
+      }));
+      for (int r = 0; r < n_ranks; ++r) {
+        if (len(r) == 0 || (r == me && !copy_own)) continue;
+        RETURN_IF_ERROR(FromStaging(dst + (pieces[static_cast<size_t>(r)].first - dst_base) + off,
+                                    recv + r * n, static_cast<size_t>(len(r)), where));
+        if (r != me) counters_.gathered_bytes += len(r);
+      }
+      // (One stream: the next chunk's copy into staging follows this one's
+      // copies out of it.)
+      if (done == nullptr) RETURN_IF_ERROR(Sync(what));
     }
-    // (One stream: the next chunk's copy into staging follows this one's
-    // copies out of it.)
-    if (done == nullptr) RETURN_IF_ERROR(Sync(what));
-  }
-  if (done != nullptr) return stream_->Record(*done);
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  return Status();
+    if (done != nullptr) return stream_->Record(*done);
+    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    return Status();
+  });
 }
 
 Status DataParallel::GatherParams(uint8_t* params, Memory where) {
@@ -352,80 +376,81 @@ Status DataParallel::IssueGatherRange(int64_t byte_begin, int64_t byte_end, cons
 }
 
 Status DataParallel::WaitGathered(gpu::Event& done) {
-  const int64_t t0 = NowNanos();
-  Status s = done.Synchronize();
-  if (s.ok()) s = comm_->AsyncError();
-  counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
-  if (!s.ok())
-    return s.WithContext(
-        fmt::format("data parallelism (rank {} of {}): gathering a module's "
-                    "parameters (prefetched)",
-                    rank(), world_size()));
-  return Status();
+  return InContext("gathering a module's parameters (prefetched)", [&]() -> Status {
+    const int64_t t0 = NowNanos();
+    Status s = done.Synchronize();
+    if (s.ok()) s = comm_->AsyncError();
+    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    return s;
+  });
 }
 
 Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
-  RETURN_IF_ERROR(Flush());
-  const int64_t part = layout_->partition_elems();
-  const int64_t step = (world_size() + 1) * chunk_;
-  float* buf = staging_.as<float>();
-  constexpr size_t kF = sizeof(float);
-  for (int r = 0; r < world_size(); ++r) {
-    const int64_t b = std::max(p.elem_off, r * part);
-    const int64_t e = std::min(p.elem_off + p.numel, (r + 1) * part);
-    for (int64_t k = b; k < e; k += step) {
-      const int64_t n = std::min(step, e - k);
-      float* host = out.data() + (k - p.elem_off);
-      if (r == rank())
-        RETURN_IF_ERROR(dev_->CopyH2D(buf, host, static_cast<size_t>(n) * kF, *stream_));
-      RETURN_IF_ERROR(Timed([&] {
-        return comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_);
-      }));
-      if (r != rank())
-        RETURN_IF_ERROR(dev_->CopyD2H(host, buf, static_cast<size_t>(n) * kF, *stream_));
-      RETURN_IF_ERROR(Sync("sharing a parameter's fp32 values"));
+  return InContext("sharing a parameter's fp32 values", [&]() -> Status {
+    RETURN_IF_ERROR(Flush());
+    const int64_t part = layout_->partition_elems();
+    const int64_t step = (world_size() + 1) * chunk_;
+    float* buf = staging_.as<float>();
+    constexpr size_t kF = sizeof(float);
+    for (int r = 0; r < world_size(); ++r) {
+      const int64_t b = std::max(p.elem_off, r * part);
+      const int64_t e = std::min(p.elem_off + p.numel, (r + 1) * part);
+      for (int64_t k = b; k < e; k += step) {
+        const int64_t n = std::min(step, e - k);
+        float* host = out.data() + (k - p.elem_off);
+        if (r == rank())
+          RETURN_IF_ERROR(dev_->CopyH2D(buf, host, static_cast<size_t>(n) * kF, *stream_));
+        RETURN_IF_ERROR(Timed([&] {
+          return comm_->Broadcast(buf, buf, static_cast<size_t>(n), DType::kFp32, r, *stream_);
+        }));
+        if (r != rank())
+          RETURN_IF_ERROR(dev_->CopyD2H(host, buf, static_cast<size_t>(n) * kF, *stream_));
+        RETURN_IF_ERROR(Sync("sharing a parameter's fp32 values"));
+      }
     }
-  }
-  return Status();
+    return Status();
+  });
 }
 
 StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::string& mine) {
-  RETURN_IF_ERROR(Flush());
-  const int n_ranks = world_size();
-  // allgather_bucket_size (Bind), or before Bind the staging's chunk.
-  const int64_t chunk_bytes =
-      gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
-  auto* send = staging_.as<uint8_t>();
-  uint8_t* recv = send + chunk_bytes;
-  // The lengths first: 8 bytes from each rank (chunk_ >= kMinChunkElems).
-  std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
-  const auto len = static_cast<int64_t>(mine.size());
-  RETURN_IF_ERROR(dev_->CopyH2D(send, &len, sizeof(len), *stream_));
-  RETURN_IF_ERROR(Timed([&] { return comm_->AllGather(send, recv, 2, DType::kFp32, *stream_); }));
-  RETURN_IF_ERROR(dev_->CopyD2H(lengths.data(), recv, sizeof(int64_t) * lengths.size(), *stream_));
-  RETURN_IF_ERROR(Sync("exchanging lengths"));
-  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
-  std::vector<std::string> all(static_cast<size_t>(n_ranks));
-  for (int r = 0; r < n_ranks; ++r)
-    all[static_cast<size_t>(r)].resize(static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-  for (int64_t off = 0; off < longest; off += chunk_bytes) {
-    const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;
-    const int64_t mine_len = std::clamp<int64_t>(static_cast<int64_t>(mine.size()) - off, 0, n);
-    if (mine_len > 0)
-      RETURN_IF_ERROR(
-          dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
-    RETURN_IF_ERROR(Timed([&] {
-      return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
-    }));
-    for (int r = 0; r < n_ranks; ++r) {
-      const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
-      if (len > 0)
-        RETURN_IF_ERROR(dev_->CopyD2H(all[static_cast<size_t>(r)].data() + off, recv + r * n,
-                                      static_cast<size_t>(len), *stream_));
+  return InContext<std::vector<std::string>>("exchanging bytes", [&]() -> StatusOr<std::vector<std::string>> {
+    RETURN_IF_ERROR(Flush());
+    const int n_ranks = world_size();
+    // allgather_bucket_size (Bind), or before Bind the staging's chunk.
+    const int64_t chunk_bytes =
+        gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
+    auto* send = staging_.as<uint8_t>();
+    uint8_t* recv = send + chunk_bytes;
+    // The lengths first: 8 bytes from each rank (chunk_ >= kMinChunkElems).
+    std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
+    const auto len = static_cast<int64_t>(mine.size());
+    RETURN_IF_ERROR(dev_->CopyH2D(send, &len, sizeof(len), *stream_));
+    RETURN_IF_ERROR(Timed([&] { return comm_->AllGather(send, recv, 2, DType::kFp32, *stream_); }));
+    RETURN_IF_ERROR(dev_->CopyD2H(lengths.data(), recv, sizeof(int64_t) * lengths.size(), *stream_));
+    RETURN_IF_ERROR(Sync("exchanging lengths"));
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    std::vector<std::string> all(static_cast<size_t>(n_ranks));
+    for (int r = 0; r < n_ranks; ++r)
+      all[static_cast<size_t>(r)].resize(static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+    for (int64_t off = 0; off < longest; off += chunk_bytes) {
+      const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;
+      const int64_t mine_len = std::clamp<int64_t>(static_cast<int64_t>(mine.size()) - off, 0, n);
+      if (mine_len > 0)
+        RETURN_IF_ERROR(
+            dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
+      RETURN_IF_ERROR(Timed([&] {
+        return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
+      }));
+      for (int r = 0; r < n_ranks; ++r) {
+        const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
+        if (len > 0)
+          RETURN_IF_ERROR(dev_->CopyD2H(all[static_cast<size_t>(r)].data() + off, recv + r * n,
+                                        static_cast<size_t>(len), *stream_));
+      }
+      RETURN_IF_ERROR(Sync("exchanging bytes"));
     }
-    RETURN_IF_ERROR(Sync("exchanging bytes"));
-  }
-  return all;
+    return all;
+  });
 }
 
 Status DataParallel::CheckSame(const std::string& what, const std::string& text) {
@@ -456,49 +481,53 @@ StatusOr<std::vector<std::vector<double>>> DataParallel::AllGatherDoubles(
 }
 
 Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
-  ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(values));
-  for (size_t r = 0; r < all.size(); ++r)
-    if (all[r].size() != values.size())
-      return InvalidArgumentError(
-          fmt::format("data parallelism: rank {} reduced {} values, rank {} {}", r, all[r].size(),
-                      rank(), values.size()));
-  for (size_t i = 0; i < values.size(); ++i) {
-    double acc = all[0][i];
-    for (size_t r = 1; r < all.size(); ++r)
-      acc = op == Scalars::kMax ? std::max(acc, all[r][i]) : acc + all[r][i];
-    values[i] = op == Scalars::kMean ? acc / static_cast<double>(all.size()) : acc;
-  }
-  return Status();
+  return InContext("reducing scalars", [&]() -> Status {
+    ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(values));
+    for (size_t r = 0; r < all.size(); ++r)
+      if (all[r].size() != values.size())
+        return InvalidArgumentError(
+            fmt::format("rank {} reduced {} values, rank {} {}", r, all[r].size(),
+                        rank(), values.size()));
+    for (size_t i = 0; i < values.size(); ++i) {
+      double acc = all[0][i];
+      for (size_t r = 1; r < all.size(); ++r)
+        acc = op == Scalars::kMax ? std::max(acc, all[r][i]) : acc + all[r][i];
+      values[i] = op == Scalars::kMean ? acc / static_cast<double>(all.size()) : acc;
+    }
+    return Status();
+  });
 }
 
 StatusOr<double> DataParallel::ProbeBusBandwidth(int reps) {
-  RETURN_IF_ERROR(Flush());
-  const int64_t n = world_size();
-  const int64_t bytes =
-      StagingChunkElems(chunk_, gather_bytes_) * static_cast<int64_t>(sizeof(float));
-  auto* send = staging_.as<uint8_t>();
-  uint8_t* recv = send + bytes;
-  gpu::EventOptions o;
-  o.timing = true;
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> start, dev_->CreateEvent(o));
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> end, dev_->CreateEvent(o));
-  std::vector<double> secs;
-  for (int i = 0; i <= reps; ++i) {  // the first one warms up
-    RETURN_IF_ERROR(stream_->Record(*start));
-    RETURN_IF_ERROR(
-        comm_->AllGather(send, recv, static_cast<size_t>(bytes / 4), DType::kFp32, *stream_));
-    RETURN_IF_ERROR(stream_->Record(*end));
-    RETURN_IF_ERROR(Sync("measuring the collectives' bandwidth"));
-    ASSIGN_OR_RETURN(double t, dev_->ElapsedSeconds(*start, *end));
-    if (i > 0) secs.push_back(t);
-  }
-  if (secs.empty()) return 0.0;
-  std::sort(secs.begin(), secs.end());
-  const double t = secs[secs.size() / 2];
-  if (!(t > 0)) return 0.0;
-  // The all-gather's size is n chunks; a ring moves (n-1)/n of it.
-  return static_cast<double>(n * bytes) * static_cast<double>(n - 1) / static_cast<double>(n) / t *
-         1e-9;
+  return InContext<double>("measuring the collectives' bandwidth", [&]() -> StatusOr<double> {
+    RETURN_IF_ERROR(Flush());
+    const int64_t n = world_size();
+    const int64_t bytes =
+        StagingChunkElems(chunk_, gather_bytes_) * static_cast<int64_t>(sizeof(float));
+    auto* send = staging_.as<uint8_t>();
+    uint8_t* recv = send + bytes;
+    gpu::EventOptions o;
+    o.timing = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> start, dev_->CreateEvent(o));
+    ASSIGN_OR_RETURN(std::unique_ptr<gpu::Event> end, dev_->CreateEvent(o));
+    std::vector<double> secs;
+    for (int i = 0; i <= reps; ++i) {  // the first one warms up
+      RETURN_IF_ERROR(stream_->Record(*start));
+      RETURN_IF_ERROR(
+          comm_->AllGather(send, recv, static_cast<size_t>(bytes / 4), DType::kFp32, *stream_));
+      RETURN_IF_ERROR(stream_->Record(*end));
+      RETURN_IF_ERROR(Sync("measuring the collectives' bandwidth"));
+      ASSIGN_OR_RETURN(double t, dev_->ElapsedSeconds(*start, *end));
+      if (i > 0) secs.push_back(t);
+    }
+    if (secs.empty()) return 0.0;
+    std::sort(secs.begin(), secs.end());
+    const double t = secs[secs.size() / 2];
+    if (!(t > 0)) return 0.0;
+    // The all-gather's size is n chunks; a ring moves (n-1)/n of it.
+    return static_cast<double>(n * bytes) * static_cast<double>(n - 1) / static_cast<double>(n) / t *
+           1e-9;
+  });
 }
 
 double DataParallel::RingBytes(const CommCounters& c) const {

@@ -42,8 +42,12 @@
 // partitions cut differently from one rank's.
 //
 // Failures: a collective that fails (a peer died, the timeout passed) is
-// Unavailable naming the collective; the engine cannot continue after a
-// failed GatherParams (ranks disagree on the parameters) and says so.
+// Unavailable naming the collective. Every error a public method returns
+// starts "data parallelism (rank R of N): <what it was doing>", whichever path
+// it took: a failed enqueue (the communicator's sticky error, returned at
+// once), a failed wait on the stream, or a wait on a gather ahead. The engine
+// cannot continue after a failed GatherParams (ranks disagree on the
+// parameters) and says so.
 //
 // Threading: the engine's (main) thread.
 #pragma once
@@ -54,6 +58,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/common/thread_annotations.h"
@@ -222,7 +227,23 @@ class DataParallel {
                std::unique_ptr<gpu::Stream> stream, int stage);
   // Every rank's doubles, as AllGatherBytes.
   StatusOr<std::vector<std::vector<double>>> AllGatherDoubles(std::span<const double> mine);
+  // Waits for the stream and reports a failed collective, in context.
   Status Sync(const char* what);
+  // "data parallelism (rank R of N)".
+  std::string ContextPrefix() const;
+  // `s` with ContextPrefix() and `what` in front, unless it has them already.
+  Status AddContext(const Status& s, std::string_view what) const;
+  // Runs `body` and returns its result in context (AddContext).
+  template <typename F>
+  Status InContext(std::string_view what, F&& body) {
+    return AddContext(body(), what);
+  }
+  template <typename T, typename F>
+  StatusOr<T> InContext(std::string_view what, F&& body) {
+    StatusOr<T> r = body();
+    if (!r.ok()) return AddContext(r.status(), what);
+    return r;
+  }
   // Every rank's piece (pieces[r], a byte range) to every rank, chunked
   // through staging: this rank's read from src + (its first byte -
   // src_base), rank r's written to dst + (its first byte - dst_base), this

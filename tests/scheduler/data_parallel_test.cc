@@ -22,7 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
+#include "src/scheduler/data_parallel.h"
+#include "src/scheduler/layout.h"
 #include "src/scheduler/checkpoint.h"
 #include "src/scheduler/scheduler.h"
 #include "tests/multi_rank.h"
@@ -354,10 +357,12 @@ TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) 
   // gathered ahead into buffers, which outweigh the halved states of so
   // small a model (plan_test checks the rows).
   // With offload_param nvme each rank's NVMe holds its part of them.
-  if (s.stage == 3 && s.par == OffloadDevice::kNvme)
-    for (int r = 0; r < 2; ++r)
+  if (s.stage == 3 && s.par == OffloadDevice::kNvme) {
+    for (int r = 0; r < 2; ++r) {
       EXPECT_NE(runs.ranks[r].detail.at("nvme").find("(this rank's part of 2)"), std::string::npos)
           << runs.ranks[r].detail.at("nvme");
+    }
+  }
   if (s.stage == 3 && s.par == OffloadDevice::kNone) {
     for (int r = 0; r < 2; ++r)
       EXPECT_NE(runs.ranks[r].detail.at("hbm").find("parameters (this rank's part of 2)"),
@@ -1129,6 +1134,72 @@ void KilledRankScenario(const Shape& shape, int steps, int modules) {
   EXPECT_TRUE(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0) << status[0];
   EXPECT_TRUE(WIFSIGNALED(status[1]) && WTERMSIG(status[1]) == SIGKILL) << status[1];
   EXPECT_LT(took, 30 + kTimeout);  // start-up and the timeout, never a hang
+}
+
+// Each path by which a failed collective leaves DataParallel, taken on
+// purpose (no timing decides which): the wait on a gather ahead whose peer
+// died, then, with the communicator's error sticky, a gather ahead refused at
+// its enqueue, a blocking gather, a reduction and a byte exchange. Each error
+// names this rank and what it was doing.
+void DeadPeerScenario(const RankEnv& e) {
+  gpu::DeviceOptions d;
+  d.kind = DeviceKind::kHost;
+  d.hbm_budget_bytes = 64 << 20;
+  auto dev = gpu::CreateDevice(d);
+  RANK_OK(dev.status());
+  gpu::CommOptions o;
+  o.rank = e.rank;
+  o.world_size = e.world;
+  o.rendezvous_dir = e.dir + "/gloo";
+  o.timeout_s = e.timeout_s;
+  auto dp = scheduler::DataParallel::Create(dev->get(), o, 3);
+  RANK_OK(dp.status());
+  std::vector<scheduler::ParamRec> params;
+  for (int m = 0; m < 3; ++m)
+    params.push_back(scheduler::ParamRec{fmt::format("m{}.w", m), 3001 + 17 * m, DType::kBf16, m});
+  scheduler::LayoutOptions lo;
+  lo.world_size = e.world;
+  lo.params_offloaded = true;
+  const scheduler::Layout layout = scheduler::Layout::Build(params, lo);
+  // One chunk a gather (a module at most 6 KiB): issuing one is one enqueue.
+  RANK_OK((*dp)->Bind(&layout, 1024, 1 << 16));
+  std::vector<uint8_t> all(static_cast<size_t>(layout.total_param_bytes()));
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i * 7 + e.rank);
+  const scheduler::ModuleExtent& m0 = layout.module(0);
+  std::vector<uint8_t> dst(static_cast<size_t>(m0.bytes()));
+  using Memory = scheduler::DataParallel::Memory;
+  // Both ranks connected and gathered once; then rank 1 dies.
+  RANK_OK((*dp)->GatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(), Memory::kHost));
+  if (e.rank == 1) raise(SIGKILL);
+  auto event = (*dev)->CreateEvent();
+  RANK_OK(event.status());
+  const std::string who = "data parallelism (rank 0 of 2)";
+  auto expect_named = [&](const Status& s, const char* path, const char* what) {
+    RANK_CHECK(!s.ok(), "{} succeeded without its peer", path);
+    RANK_CHECK(s.ToString().find(who) != std::string::npos &&
+                   s.ToString().find(what) != std::string::npos,
+               "{}: the error does not name the rank and '{}': {}", path, what, s.ToString());
+  };
+  // The gather ahead is enqueued (no collective has failed yet), then fails.
+  RANK_OK((*dp)->IssueGatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(),
+                                  Memory::kHost, event->get()));
+  expect_named((*dp)->WaitGathered(**event), "the wait on a gather ahead", "(prefetched)");
+  expect_named((*dp)->IssueGatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(),
+                                       Memory::kHost, event->get()),
+               "a gather ahead's enqueue", "(prefetched)");
+  expect_named((*dp)->GatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(),
+                                  Memory::kHost),
+               "a gather", "gathering a module's parameters");
+  std::vector<float> acc(static_cast<size_t>(layout.total_elems()), 1.0f);
+  expect_named((*dp)->ReduceGradients(acc.data()), "a reduction", "gradients");
+  expect_named((*dp)->AllGatherBytes("x").status(), "a byte exchange", "exchanging");
+}
+
+TEST(DataParallelTest, EveryFailedCollectiveNamesTheRankWhicheverPathItTakes) {
+  const std::vector<int> status = RunRanks(2, DeadPeerScenario, /*timeout_s=*/5, /*limit_s=*/60);
+  ASSERT_EQ(status.size(), 2u);
+  EXPECT_TRUE(WIFEXITED(status[0]) && WEXITSTATUS(status[0]) == 0) << status[0];
+  EXPECT_TRUE(WIFSIGNALED(status[1]) && WTERMSIG(status[1]) == SIGKILL) << status[1];
 }
 
 TEST(DataParallelTest, KilledRankMakesTheOthersFailWithinTheTimeout) {
