@@ -62,6 +62,10 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_
 PYTHON_ARGS=()
 if [ -x /usr/bin/python3 ]; then PYTHON_ARGS=(-DPython_EXECUTABLE=/usr/bin/python3); fi
 
+# The tests' build fails on any compiler warning, so that warnings stay gone.
+WERROR_ARGS=()
+if [ "$WITH_TESTS" = 1 ]; then WERROR_ARGS=(-DSTRATA_WERROR=ON); fi
+
 cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${PYTHON_ARGS[@]}" \
-  ${STRATA_CMAKE_ARGS:-}
+  "${WERROR_ARGS[@]}" ${STRATA_CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$JOBS"

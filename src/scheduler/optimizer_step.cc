@@ -208,8 +208,8 @@ class StateRing {
         g1_(store_.owned_groups().second),
         reads_(G_),
         grad_reads_(G_),
-        grad_src_(G_, nullptr),
         writes_(G_),
+        grad_src_(G_, nullptr),
         read_issue_(G_, 0),
         write_issue_(G_, 0),
         write_noted_(G_, false) {}

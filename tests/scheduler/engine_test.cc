@@ -1106,7 +1106,9 @@ TEST_P(DeviceAccumulatorTest, BitwiseIdenticalToTheHostSum) {
       EXPECT_TRUE(BitwiseEqual(host.params, device.params));
       EXPECT_EQ(host.norms, device.norms);
       EXPECT_EQ(host.applied, device.applied);
-      if (fp16) EXPECT_EQ(device.applied, (std::vector<int>{1, 0, 1, 1}));
+      if (fp16) {
+        EXPECT_EQ(device.applied, (std::vector<int>{1, 0, 1, 1}));
+      }
     }
   }
 }

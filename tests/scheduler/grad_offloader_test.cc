@@ -327,13 +327,13 @@ TEST_F(GradOffloaderTest, GlobalChecksSumOfSquaresAndNonFinite) {
   for (float x : ref_) want += static_cast<double>(x) * x;
   bool overflow = true;
   double sumsq = 0;
-  off_->GlobalChecks(&overflow, &sumsq);
+  ASSERT_OK(off_->GlobalChecks(&overflow, &sumsq));
   EXPECT_FALSE(overflow);
   EXPECT_NEAR(sumsq, want, want * 1e-12);
   // Deterministic: the same bits again.
   bool overflow2 = true;
   double sumsq2 = 0;
-  off_->GlobalChecks(&overflow2, &sumsq2);
+  ASSERT_OK(off_->GlobalChecks(&overflow2, &sumsq2));
   EXPECT_EQ(std::memcmp(&sumsq, &sumsq2, sizeof(double)), 0);
 
   float* acc = off_->accumulator();
@@ -344,12 +344,12 @@ TEST_F(GradOffloaderTest, GlobalChecksSumOfSquaresAndNonFinite) {
           std::numeric_limits<float>::quiet_NaN()}) {
       const float keep = acc[at];
       acc[at] = bad;
-      off_->GlobalChecks(&overflow, &sumsq);
+      ASSERT_OK(off_->GlobalChecks(&overflow, &sumsq));
       EXPECT_TRUE(overflow) << at << " " << bad;
       acc[at] = keep;
     }
   }
-  off_->GlobalChecks(&overflow, &sumsq);
+  ASSERT_OK(off_->GlobalChecks(&overflow, &sumsq));
   EXPECT_FALSE(overflow);
 
   // An fp16 gradient past its range arrives as inf.
@@ -363,7 +363,7 @@ TEST_F(GradOffloaderTest, GlobalChecksSumOfSquaresAndNonFinite) {
                  static_cast<size_t>(half->numel - 1), 1e6f);
   ASSERT_OK(Offload(m, g));
   ASSERT_OK(off_->Drain());
-  off_->GlobalChecks(&overflow, &sumsq);
+  ASSERT_OK(off_->GlobalChecks(&overflow, &sumsq));
   EXPECT_TRUE(overflow);
   EXPECT_TRUE(std::isinf(acc[half->elem_off + half->numel - 1]));
 }
@@ -446,7 +446,7 @@ TEST_F(GradOffloaderTest, SwapForStepZeroAndZeroAll) {
   step[0] = std::numeric_limits<float>::quiet_NaN();
   bool overflow = true;
   double sumsq = 0;
-  off_->GlobalChecks(&overflow, &sumsq);
+  ASSERT_OK(off_->GlobalChecks(&overflow, &sumsq));
   EXPECT_FALSE(overflow);
   step[0] = a[0];
   // Zero: the current one only.

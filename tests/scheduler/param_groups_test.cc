@@ -4,6 +4,7 @@
 // moves one group only, the schedule scales a group's own lr where DeepSpeed
 // does (WarmupCosineLR) and refuses it where it sets every group's, bad
 // groups are refused, and the groups are part of a checkpoint's identity.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -36,7 +37,7 @@ void RegisterGrouped(Engine& e, uint64_t seed, int bias_group) {
       const int64_t n = ToyNumel(m, i);
       std::vector<float> init = testing::RandomFloats(rng, static_cast<size_t>(n), -0.5f, 0.5f);
       ParamSpec s;
-      s.name = "m" + std::to_string(m) + (i == 0 ? ".weight" : ".bias");
+      s.name = fmt::format("m{}.{}", m, i == 0 ? "weight" : "bias");
       s.numel = n;
       s.dtype = ToyDType(m, i);
       s.module = m;

@@ -225,7 +225,10 @@ std::string RenderLineChart(const LineChart& c) {
     std::string path;
     for (auto [x, y] : pts) {
       if (!std::isfinite(y) || (c.log2_x && !(x > 0))) continue;
-      path += (path.empty() ? "" : " ") + Num(px(x)) + "," + Num(py(y));
+      if (!path.empty()) path += ' ';
+      path += Num(px(x));
+      path += ',';
+      path += Num(py(y));
     }
     o << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\""
       << (s.dashed ? " stroke-dasharray=\"6 4\"" : "") << " points=\"" << path << "\"/>\n";
