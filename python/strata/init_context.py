@@ -64,7 +64,6 @@ What it promises:
 
 import functools
 import os
-import shutil
 import tempfile
 import types
 import weakref
@@ -73,107 +72,11 @@ import torch
 import torch.utils.dlpack as _dlpack
 from torch.utils._pytree import tree_flatten
 
-from ._errors import FailedPreconditionError, InvalidArgumentError, StrataError
+from ._config import parse_config
+from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._spill_store import _Store
 
 _ACTIVE = None  # the init context in effect
-
-
-def _remove_tree(path):
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _as_bytes(t):
-    """A writable byte view (numpy, for readinto/write) of a contiguous CPU tensor."""
-    return t.view(-1).view(torch.uint8).numpy()
-
-
-class _Store:
-    """Where spilled values live: one file per parameter in a private
-    directory, or a dict in RAM (directory None)."""
-
-    def __init__(self, directory):
-        self.directory = directory
-        self.ram = {} if directory is None else None
-        self.next_key = 0
-        self.live = 0  # records not discarded
-        self.context_open = True
-        self._finalizer = (weakref.finalize(self, _remove_tree, directory)
-                           if directory is not None else None)
-
-    def new_key(self):
-        self.next_key += 1
-        self.live += 1
-        return self.next_key
-
-    def path(self, key):
-        return os.path.join(self.directory, f"p{key}.bin")
-
-    def write(self, key, t, name):
-        t = t.detach().contiguous()
-        if self.ram is not None:
-            self.ram[key] = t.clone()
-            return
-        path = self.path(key)
-        try:
-            with open(path, "wb") as f:
-                f.write(memoryview(_as_bytes(t)))
-        except OSError as e:
-            raise StrataError(
-                f"strata.init: writing parameter {name} ({t.numel() * t.element_size()} bytes) "
-                f"to the spill file {path}: {e.strerror or e} (errno {e.errno}); give the "
-                "context a spill directory with room: strata.init(spill=...) or the config's "
-                "nvme_path", "Internal") from e
-
-    def read(self, key, out, name):
-        """Fills `out` (contiguous, CPU, the spilled dtype and numel)."""
-        if self.ram is not None:
-            out.view(-1).copy_(self.ram[key].view(-1))
-            return
-        path = self.path(key)
-        buf = memoryview(_as_bytes(out))
-        want = len(buf)
-        got = 0
-        try:
-            with open(path, "rb", buffering=0) as f:
-                while got < want:
-                    n = f.readinto(buf[got:])
-                    if not n:
-                        break
-                    got += n
-        except OSError as e:
-            raise StrataError(
-                f"strata.init: reading spilled parameter {name} from {path}: "
-                f"{e.strerror or e} (errno {e.errno})", "Internal") from e
-        if got != want:
-            raise StrataError(
-                f"strata.init: spill file {path} of parameter {name} holds {got} bytes, "
-                f"{want} expected (the file was truncated or replaced)", "DataLoss")
-
-    def copy(self, src, dst, name):
-        if self.ram is not None:
-            self.ram[dst] = self.ram[src].clone()
-            return
-        try:
-            shutil.copyfile(self.path(src), self.path(dst))
-        except OSError as e:
-            raise StrataError(
-                f"strata.init: copying the spill file of parameter {name} ({self.path(src)}) "
-                f"to {self.path(dst)}: {e.strerror or e} (errno {e.errno})", "Internal") from e
-
-    def discard(self, key):
-        self.live -= 1
-        if self.ram is not None:
-            self.ram.pop(key, None)
-        else:
-            try:
-                os.unlink(self.path(key))
-            except OSError:
-                pass
-        self.maybe_remove()
-
-    def maybe_remove(self):
-        if self.live == 0 and not self.context_open and self._finalizer is not None:
-            self._finalizer()
 
 
 class _Spill:
@@ -423,7 +326,6 @@ def _spill_dir(config, auto_values, spill):
     else:
         base, what = None, None
         if config is not None:
-            from .engine import parse_config
             zero = parse_config(config, auto_values)["zero_optimization"]
             for key in ("offload_param", "offload_optimizer"):
                 section = zero.get(key, {})

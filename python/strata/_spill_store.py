@@ -1,0 +1,116 @@
+"""The spill store of strata.init: where spilled parameter values live.
+
+Promises: ``_Store(directory)`` keeps one file per key in `directory` (a
+private directory it owns: removed when its last record is discarded after
+the context closed, or at exit), or a dict in RAM when `directory` is None.
+write/read/copy/discard by key; a failed write, read or copy is a
+StrataError naming the parameter, the file and the errno, and a short read
+names the bytes expected. Knows nothing of parameters or modules
+(strata.init_context does).
+"""
+
+import os
+import shutil
+import weakref
+
+import torch
+
+from ._errors import StrataError
+
+
+def _remove_tree(path):
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _as_bytes(t):
+    """A writable byte view (numpy, for readinto/write) of a contiguous CPU tensor."""
+    return t.view(-1).view(torch.uint8).numpy()
+
+
+class _Store:
+    """Where spilled values live: one file per parameter in a private
+    directory, or a dict in RAM (directory None)."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.ram = {} if directory is None else None
+        self.next_key = 0
+        self.live = 0  # records not discarded
+        self.context_open = True
+        self._finalizer = (weakref.finalize(self, _remove_tree, directory)
+                           if directory is not None else None)
+
+    def new_key(self):
+        self.next_key += 1
+        self.live += 1
+        return self.next_key
+
+    def path(self, key):
+        return os.path.join(self.directory, f"p{key}.bin")
+
+    def write(self, key, t, name):
+        t = t.detach().contiguous()
+        if self.ram is not None:
+            self.ram[key] = t.clone()
+            return
+        path = self.path(key)
+        try:
+            with open(path, "wb") as f:
+                f.write(memoryview(_as_bytes(t)))
+        except OSError as e:
+            raise StrataError(
+                f"strata.init: writing parameter {name} ({t.numel() * t.element_size()} bytes) "
+                f"to the spill file {path}: {e.strerror or e} (errno {e.errno}); give the "
+                "context a spill directory with room: strata.init(spill=...) or the config's "
+                "nvme_path", "Internal") from e
+
+    def read(self, key, out, name):
+        """Fills `out` (contiguous, CPU, the spilled dtype and numel)."""
+        if self.ram is not None:
+            out.view(-1).copy_(self.ram[key].view(-1))
+            return
+        path = self.path(key)
+        buf = memoryview(_as_bytes(out))
+        want = len(buf)
+        got = 0
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while got < want:
+                    n = f.readinto(buf[got:])
+                    if not n:
+                        break
+                    got += n
+        except OSError as e:
+            raise StrataError(
+                f"strata.init: reading spilled parameter {name} from {path}: "
+                f"{e.strerror or e} (errno {e.errno})", "Internal") from e
+        if got != want:
+            raise StrataError(
+                f"strata.init: spill file {path} of parameter {name} holds {got} bytes, "
+                f"{want} expected (the file was truncated or replaced)", "DataLoss")
+
+    def copy(self, src, dst, name):
+        if self.ram is not None:
+            self.ram[dst] = self.ram[src].clone()
+            return
+        try:
+            shutil.copyfile(self.path(src), self.path(dst))
+        except OSError as e:
+            raise StrataError(
+                f"strata.init: copying the spill file of parameter {name} ({self.path(src)}) "
+                f"to {self.path(dst)}: {e.strerror or e} (errno {e.errno})", "Internal") from e
+
+    def discard(self, key):
+        self.live -= 1
+        if self.ram is not None:
+            self.ram.pop(key, None)
+        else:
+            try:
+                os.unlink(self.path(key))
+            except OSError:
+                pass
+        self.maybe_remove()
+
+    def maybe_remove(self):
+        if self.live == 0 and not self.context_open and self._finalizer is not None:
+            self._finalizer()
