@@ -522,9 +522,9 @@ StatusOr<std::vector<CheckpointStateFile>> StateFilesOf(
 // every payload in rank order when every rank's status is OK; else the
 // first failing rank's error, the same on every rank ("rank k: ..."). One
 // rank (null): `mine` alone.
-StatusOr<std::vector<std::string>> Exchange(const CheckpointRanks* ranks, const Status& mine,
-                                            const std::string& payload) {
-  if (ranks == nullptr || ranks->world <= 1) {
+StatusOr<std::vector<std::string>> Exchange(const CheckpointRanks* ranks, int rank,
+                                            const Status& mine, const std::string& payload) {
+  if (ranks == nullptr || ranks->exchange == nullptr) {
     if (!mine.ok()) return mine;
     return std::vector<std::string>{payload};
   }
@@ -532,18 +532,29 @@ StatusOr<std::vector<std::string>> Exchange(const CheckpointRanks* ranks, const 
   const std::string text =
       mine.ok() ? std::string(1, '\0') + payload
                 : std::string(1, static_cast<char>(mine.code())) + std::string(mine.message());
-  ASSIGN_OR_RETURN(std::vector<std::string> all, ranks->all_gather(text));
+  ASSIGN_OR_RETURN(std::vector<std::string> all, ranks->exchange->AllGatherBytes(text));
   std::vector<std::string> payloads;
   for (size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) return InternalError(fmt::format("checkpoint: rank {} sent nothing", r));
     if (all[r][0] != 0) {
-      if (static_cast<int>(r) == ranks->rank) return mine;
+      if (static_cast<int>(r) == rank) return mine;
       return Status(static_cast<StatusCode>(all[r][0]),
                     fmt::format("rank {}: {}", r, all[r].substr(1)));
     }
     payloads.push_back(all[r].substr(1));
   }
   return payloads;
+}
+
+// Module m's current parameter bytes into buf (host memory): from the store,
+// or with partitioned parameters gathered from every rank's part (a
+// collective).
+Status ReadModuleBytes(StateStore* store, const CheckpointRanks* ranks, int m, uint8_t* buf) {
+  if (!store->partition().params_partitioned()) return store->ReadModuleParams(m, buf);
+  AlignedBuffer piece;
+  ASSIGN_OR_RETURN(const PartBytes mine,
+                   store->PartOf(m, /*updated=*/false, /*to_host=*/true, &piece));
+  return ranks->gatherer->GatherModule(m, mine, buf, Memory::kHost);
 }
 
 // Restores this rank's sub-groups of `layout` (the store's) from the states
@@ -554,7 +565,7 @@ Status RestoreStates(const std::string& dir, const std::vector<CheckpointStateFi
                      const std::function<uint32_t(const std::string&)>& crc_of,
                      const Layout& layout, StateStore* store, AlignedBuffer& dst) {
   // (Named variables: Clang 14 cannot capture a structured binding.)
-  const size_t g0 = store->owned_groups().first, g1 = store->owned_groups().second;
+  const size_t g0 = store->partition().groups().first, g1 = store->partition().groups().second;
   if (g0 >= g1) return Status();
   const int64_t own0 = layout.group(g0).elem_begin, own1 = layout.group(g1 - 1).elem_end;
   int64_t src_elems = 0;
@@ -813,8 +824,11 @@ std::string LatestCheckpoint(const std::string& root) {
 
 Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
                        StateStore* store, CheckpointMeta* meta, const CheckpointRanks* ranks) {
-  const int rank = ranks != nullptr ? ranks->rank : 0;
-  const int world = ranks != nullptr ? std::max(1, ranks->world) : 1;
+  const Partition& part = store->partition();
+  const int rank = part.rank();
+  const int world = part.world_size();
+  if (part.params_partitioned() && (ranks == nullptr || ranks->gatherer == nullptr))
+    return FailedPreconditionError("WriteCheckpoint: partitioned parameters without a gatherer");
   if (meta->run_id.empty())
     return InvalidArgumentError("WriteCheckpoint: no run id (CheckpointMeta::run_id)");
   // Rank 0 locks the root, checks it and makes the directory; every rank
@@ -845,7 +859,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   }();
   {
     ASSIGN_OR_RETURN(std::vector<std::string> got,
-                     Exchange(ranks, made, rank == 0 ? dir + "\n" + meta->run_id : ""));
+                     Exchange(ranks, rank, made, rank == 0 ? dir + "\n" + meta->run_id : ""));
     const size_t nl = got[0].find('\n');
     dir = got[0].substr(0, nl);
     meta->run_id = got[0].substr(nl + 1);
@@ -855,7 +869,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
   // parameters; every rank its partition's states.
   Json files = Json::array();
   meta->bytes = 0;
-  const size_t g0 = store->owned_groups().first, g1 = store->owned_groups().second;
+  const size_t g0 = store->partition().groups().first, g1 = store->partition().groups().second;
   const CheckpointStateFile mine{StateFileName(rank, world), layout.group(g0).elem_begin,
                                  layout.group(g1 - 1).elem_end, layout.group(g0).elems()};
   const Status wrote = [&]() -> Status {
@@ -897,10 +911,12 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
     };
     // The parameters, written by rank 0; with partitioned parameters every
     // rank gathers each module for it (a collective).
-    if (rank == 0 || store->params_partitioned())
+    if (rank == 0 || part.params_partitioned())
       RETURN_IF_ERROR(write_file(kParamsFile, 0, static_cast<size_t>(layout.num_modules()),
                                  rank == 0, [&](size_t m, void* b) -> StatusOr<int64_t> {
-                                   RETURN_IF_ERROR(store->ReadModuleParams(static_cast<int>(m), b));
+                                   RETURN_IF_ERROR(ReadModuleBytes(store, ranks,
+                                                                   static_cast<int>(m),
+                                                                   static_cast<uint8_t*>(b)));
                                    return layout.module(static_cast<int>(m)).bytes();
                                  }));
     return write_file(mine.name, g0, g1, true, [&](size_t g, void* b) -> StatusOr<int64_t> {
@@ -914,7 +930,8 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
                          {"elem_begin", mine.elem_begin},
                          {"elem_end", mine.elem_end},
                          {"sub_group_elems", mine.sub_group_elems}}}};
-  ASSIGN_OR_RETURN(const std::vector<std::string> reports, Exchange(ranks, wrote, report.dump()));
+  ASSIGN_OR_RETURN(const std::vector<std::string> reports,
+                   Exchange(ranks, rank, wrote, report.dump()));
 
   // Rank 0: the manifest, once every rank's file is durable.
   const Status done = [&]() -> Status {
@@ -976,7 +993,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
     RemoveOld(root, seq, meta->run_id, meta->at_point);
     return Status();
   }();
-  RETURN_IF_ERROR(Exchange(ranks, done, "").status());
+  RETURN_IF_ERROR(Exchange(ranks, rank, done, "").status());
   meta->path = dir;
   return Status();
 }
@@ -985,7 +1002,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
                                         const Layout& layout, StateStore* store,
                                         std::span<const ParamGroupSpec> groups,
                                         const CheckpointRanks* ranks) {
-  const int rank = ranks != nullptr ? ranks->rank : 0;
+  const int rank = store->partition().rank();
   // Rank 0 picks the checkpoint. A root is locked: a save of another process
   // must not be judged interrupted, nor a checkpoint removed under it.
   std::shared_ptr<CheckpointDirLock> lock;
@@ -1024,7 +1041,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
     return Status();
   }();
   {
-    ASSIGN_OR_RETURN(std::vector<std::string> got, Exchange(ranks, picked, dir));
+    ASSIGN_OR_RETURN(std::vector<std::string> got, Exchange(ranks, rank, picked, dir));
     dir = got[0];
   }
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
@@ -1038,7 +1055,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
   std::map<std::string, FileEntry> listed;
   std::vector<CheckpointStateFile> state_files;
   ASSIGN_OR_RETURN(AlignedBuffer buf, SectionBuffer(layout));
-  const auto [g0, g1] = store->owned_groups();
+  const auto [g0, g1] = store->partition().groups();
   const int64_t own0 = layout.group(g0).elem_begin, own1 = layout.group(g1 - 1).elem_end;
   auto mine = [&](const CheckpointStateFile& f) {
     return f.elem_end > own0 && f.elem_begin < own1;
@@ -1106,7 +1123,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
             VerifyFile(dir + "/" + f.name, listed[f.name].bytes, listed[f.name].crc, buf));
     return Status();
   }();
-  RETURN_IF_ERROR(Exchange(ranks, checked, "").status());
+  RETURN_IF_ERROR(Exchange(ranks, rank, checked, "").status());
 
   // Every rank restores the parameters and its partition's states.
   const Status restored = [&]() -> Status {
@@ -1130,7 +1147,7 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
         dir, state_files, [&](const std::string& name) { return listed[name].crc; }, layout, store,
         buf);
   }();
-  const Status all_restored = Exchange(ranks, restored, "").status();
+  const Status all_restored = Exchange(ranks, rank, restored, "").status();
   if (!all_restored.ok())
     return DataLossError(
         fmt::format("restoring checkpoint {}: {}; the engine's states are partly "

@@ -79,6 +79,7 @@
 
 #include "src/scheduler/layout.h"
 #include "src/scheduler/loss_scaler.h"
+#include "src/scheduler/partition.h"
 #include "src/scheduler/state_store.h"
 #include "strata/config.h"
 #include "strata/engine.h"
@@ -126,13 +127,13 @@ struct CheckpointMeta {
 };
 
 // The data-parallel ranks saving or loading a checkpoint together. Every
-// rank calls WriteCheckpoint / ReadCheckpoint with the same root; their
-// collective is an all-gather of bytes.
+// rank calls WriteCheckpoint / ReadCheckpoint with the same root; who this
+// rank is and what it owns is the store's Partition; the ranks exchange
+// their outcomes through `exchange`, and with partitioned parameters rank 0
+// writes each module gathered from every rank's part through `gatherer`.
 struct CheckpointRanks {
-  int rank = 0;
-  int world = 1;
-  // Every rank's bytes in rank order (`mine` from this rank).
-  std::function<StatusOr<std::vector<std::string>>(const std::string& mine)> all_gather;
+  RankExchange* exchange = nullptr;
+  ParamGatherer* gatherer = nullptr;  // null unless the parameters are partitioned
 };
 
 // One states file: the fp32 states of elements [elem_begin, elem_end) as
@@ -223,9 +224,10 @@ StatusOr<int> RemoveAllCheckpoints(const std::string& root);
 // another run, naming them: it never removes another run's checkpoints.
 // IOError etc. name the file, offset and errno; an error leaves the previous
 // checkpoints as they were.
-// `ranks`: null for one rank; else this rank's place among the ranks
-// saving together (the store holds this rank's partition), and every rank
-// returns the same status (an error names the rank it happened on).
+// `ranks`: null for one rank; else how the ranks saving together exchange
+// (the store's Partition says which rank this is and what it holds), and
+// every rank returns the same status (an error names the rank it happened
+// on).
 Status WriteCheckpoint(const std::string& root, const Config& config, const Layout& layout,
                        StateStore* store, CheckpointMeta* meta,
                        const CheckpointRanks* ranks = nullptr);

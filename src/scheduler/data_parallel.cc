@@ -35,8 +35,10 @@ DataParallel::DataParallel(gpu::Device* device, std::unique_ptr<gpu::Communicato
     : dev_(device), comm_(std::move(comm)), stream_(std::move(stream)), stage_(stage) {}
 
 DataParallel::~DataParallel() {
-  // Collectives still queued end (each within the timeout) before the
+  // The issuer's thread ends first (what it was handed is issued), then the
+  // collectives still queued end (each within the timeout) before the
   // staging buffer goes.
+  issuer_.reset();
   if (stream_) stream_->Synchronize().IgnoreError();
 }
 
@@ -95,8 +97,8 @@ Status DataParallel::Bind(const Layout* layout, int64_t chunk_elems, int64_t gat
     for (int r = 0; r <= world_size(); ++r) {
       const int64_t b = layout->ByteOfElem(r * layout->partition_elems());
       if (b % 4 != 0)
-        return InternalError(fmt::format(
-            "rank {}'s parameter bytes start at {}, not a multiple of 4", r, b));
+        return InternalError(
+            fmt::format("rank {}'s parameter bytes start at {}, not a multiple of 4", r, b));
     }
     staging_ = gpu::DeviceBuffer();  // the small one from Create
     chunk_ = std::max<int64_t>(kMinChunkElems, chunk_elems);
@@ -184,38 +186,72 @@ Status DataParallel::ReduceGradients(float* acc, Memory where) {
         }));
         RETURN_IF_ERROR(FromStaging(acc + me * part + k, recv, static_cast<size_t>(n) * kF, where));
         RETURN_IF_ERROR(Sync("reduce-scattering the gradients"));
+        MutexLock lock(&mu_);
         counters_.reduced_bytes += n_ranks * n * static_cast<int64_t>(kF);
       }
     }
     RETURN_IF_ERROR(ZeroOthers(acc, where));
-    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    AddBusy(t0);
     return Status();
   });
 }
 
+Status DataParallel::StartOverlapIssuer() {
+  if (issuer_) return Status();
+  auto issuer = std::make_unique<OverlapIssuer>([this](int64_t lo) { return ReduceFrom(lo); });
+  RETURN_IF_ERROR(issuer->Start());
+  issuer_ = std::move(issuer);
+  return Status();
+}
+
 void DataParallel::BeginOverlap(float* acc, Memory where) {
+  MutexLock lock(&mu_);
   overlap_acc_ = acc;
   overlap_where_ = where;
   overlap_next_ = layout_->total_elems();
 }
 
+bool DataParallel::overlapping() const {
+  MutexLock lock(&mu_);
+  return overlap_acc_ != nullptr;
+}
+
+void DataParallel::ReduceFromWhenReady(int64_t lo, std::function<Status()> ready) {
+  issuer_->Submit(lo, std::move(ready));
+}
+
 Status DataParallel::ReduceFrom(int64_t lo) {
-  return InContext("reducing the gradients (overlapped with backward)", [&]() -> Status {
-    if (overlap_acc_ == nullptr)
-      return FailedPreconditionError("ReduceFrom: no overlapped reduction");
-    const int64_t part = layout_->partition_elems();
-    while (overlap_next_ > 0) {
-      const int64_t r = (overlap_next_ - 1) / part, p0 = r * part;
-      const int64_t a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_, b = overlap_next_;
-      if (a < lo) break;
-      const auto n = static_cast<size_t>(b - a);
-      RETURN_IF_ERROR(
-          IssueReduce(overlap_acc_ + a, n, static_cast<int>(r), stage_ == 1, overlap_where_));
-      counters_.overlapped_bytes += static_cast<int64_t>(n * sizeof(float));
-      overlap_next_ = a;
+  return InContext("reducing the gradients (overlapped with backward)",
+                   [&]() -> Status { return IssueFrom(lo, /*overlapped=*/true); });
+}
+
+Status DataParallel::IssueFrom(int64_t lo, bool overlapped) {
+  const int64_t part = layout_->partition_elems();
+  for (;;) {
+    // The next piece down, read under the lock; issued without it (the copy
+    // into staging may block until the stream reaches it).
+    float* acc = nullptr;
+    Memory where = Memory::kHost;
+    int64_t a = 0, b = 0, r = 0;
+    {
+      MutexLock lock(&mu_);
+      if (overlap_acc_ == nullptr)
+        return FailedPreconditionError("ReduceFrom: no overlapped reduction");
+      if (overlap_next_ <= 0) return Status();
+      r = (overlap_next_ - 1) / part;
+      const int64_t p0 = r * part;
+      a = p0 + (overlap_next_ - 1 - p0) / chunk_ * chunk_;
+      b = overlap_next_;
+      if (a < lo) return Status();
+      acc = overlap_acc_;
+      where = overlap_where_;
     }
-    return Status();
-  });
+    const auto n = static_cast<size_t>(b - a);
+    RETURN_IF_ERROR(IssueReduce(acc + a, n, static_cast<int>(r), stage_ == 1, where));
+    MutexLock lock(&mu_);
+    if (overlapped) counters_.overlapped_bytes += static_cast<int64_t>(n * sizeof(float));
+    overlap_next_ = a;
+  }
 }
 
 Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where) {
@@ -232,8 +268,15 @@ Status DataParallel::IssueReduce(float* sums, size_t n, int owner, bool everyone
     }));
   }
   if (everyone || owner == rank()) RETURN_IF_ERROR(FromStaging(sums, buf, n * kF, where));
+  MutexLock lock(&mu_);
   counters_.reduced_bytes += static_cast<int64_t>(n * kF);
   return Status();
+}
+
+void DataParallel::AddBusy(int64_t since_ns) {
+  const double s = static_cast<double>(NowNanos() - since_ns) * 1e-9;
+  MutexLock lock(&mu_);
+  counters_.busy_s += s;
 }
 
 Status DataParallel::ReduceGroup(size_t g, float* sums) {
@@ -247,7 +290,7 @@ Status DataParallel::ReduceGroup(size_t g, float* sums) {
       RETURN_IF_ERROR(IssueReduce(sums + k, static_cast<size_t>(std::min(step, sg.elems() - k)),
                                   owner, /*everyone=*/false, Memory::kHost));
     RETURN_IF_ERROR(Sync("reducing a sub-group's gradients"));
-    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    AddBusy(t0);
     return Status();
   });
 }
@@ -255,21 +298,29 @@ Status DataParallel::ReduceGroup(size_t g, float* sums) {
 Status DataParallel::FinishOverlap() {
   return InContext("reducing the gradients (overlapped with backward)", [&]() -> Status {
     const int64_t t0 = NowNanos();
-    const int64_t before = counters_.overlapped_bytes;
-    Status s = ReduceFrom(0);
-    counters_.overlapped_bytes = before;  // issued at the window's end: not overlapped
+    // What the issuer was handed, then the rest (issued at the window's
+    // end: not counted as overlapped).
+    Status s = Flush();
+    if (s.ok()) s = IssueFrom(0, /*overlapped=*/false);
     if (s.ok()) s = Sync("reducing the gradients (overlapped with backward)");
-    float* acc = overlap_acc_;
-    const Memory where = overlap_where_;
-    overlap_acc_ = nullptr;
+    float* acc = nullptr;
+    Memory where = Memory::kHost;
+    {
+      MutexLock lock(&mu_);
+      acc = overlap_acc_;
+      where = overlap_where_;
+      overlap_acc_ = nullptr;
+    }
     RETURN_IF_ERROR(s);
     RETURN_IF_ERROR(ZeroOthers(acc, where));
-    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    AddBusy(t0);
     return Status();
   });
 }
 
 void DataParallel::AbandonOverlap() {
+  if (issuer_) issuer_->Reset();
+  MutexLock lock(&mu_);
   if (overlap_acc_ == nullptr) return;
   stream_->Synchronize().IgnoreError();
   overlap_acc_ = nullptr;
@@ -293,7 +344,7 @@ Status DataParallel::CombineChecks(const std::vector<double>& partial,
       }
     *sumsq = sum;
     *overflow = any;
-    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    AddBusy(t0);
     return Status();
   });
 }
@@ -330,14 +381,17 @@ Status DataParallel::GatherPieces(const std::vector<std::pair<int64_t, int64_t>>
         if (len(r) == 0 || (r == me && !copy_own)) continue;
         RETURN_IF_ERROR(FromStaging(dst + (pieces[static_cast<size_t>(r)].first - dst_base) + off,
                                     recv + r * n, static_cast<size_t>(len(r)), where));
-        if (r != me) counters_.gathered_bytes += len(r);
+        if (r != me) {
+          MutexLock lock(&mu_);
+          counters_.gathered_bytes += len(r);
+        }
       }
       // (One stream: the next chunk's copy into staging follows this one's
       // copies out of it.)
       if (done == nullptr) RETURN_IF_ERROR(Sync(what));
     }
     if (done != nullptr) return stream_->Record(*done);
-    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    AddBusy(t0);
     return Status();
   });
 }
@@ -360,19 +414,19 @@ std::vector<std::pair<int64_t, int64_t>> DataParallel::PiecesOf(int64_t byte_beg
   return pieces;
 }
 
-Status DataParallel::GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                                 int64_t mine_base, uint8_t* dst, Memory where) {
-  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, mine_base, dst, byte_begin,
-                      /*copy_own=*/true, where, "gathering a module's parameters");
+Status DataParallel::GatherModule(int m, PartBytes mine, uint8_t* dst, Memory where) {
+  const ModuleExtent& me = layout_->module(m);
+  return GatherPieces(PiecesOf(me.byte_begin, me.byte_end), mine.data, mine.first_byte, dst,
+                      me.byte_begin, /*copy_own=*/true, where, "gathering a module's parameters");
 }
 
-Status DataParallel::IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                                      int64_t mine_base, uint8_t* dst, Memory where,
-                                      gpu::Event* done) {
-  if (done == nullptr) return InvalidArgumentError("IssueGatherRange: no event to record");
-  return GatherPieces(PiecesOf(byte_begin, byte_end), mine, mine_base, dst, byte_begin,
-                      /*copy_own=*/true, where, "gathering a module's parameters (prefetched)",
-                      done);
+Status DataParallel::IssueGatherModule(int m, PartBytes mine, uint8_t* dst, Memory where,
+                                       gpu::Event* done) {
+  if (done == nullptr) return InvalidArgumentError("IssueGatherModule: no event to record");
+  const ModuleExtent& me = layout_->module(m);
+  return GatherPieces(PiecesOf(me.byte_begin, me.byte_end), mine.data, mine.first_byte, dst,
+                      me.byte_begin, /*copy_own=*/true, where,
+                      "gathering a module's parameters (prefetched)", done);
 }
 
 Status DataParallel::WaitGathered(gpu::Event& done) {
@@ -380,7 +434,7 @@ Status DataParallel::WaitGathered(gpu::Event& done) {
     const int64_t t0 = NowNanos();
     Status s = done.Synchronize();
     if (s.ok()) s = comm_->AsyncError();
-    counters_.busy_s += static_cast<double>(NowNanos() - t0) * 1e-9;
+    AddBusy(t0);
     return s;
   });
 }
@@ -413,44 +467,48 @@ Status DataParallel::ShareMaster(const ParamRec& p, std::span<float> out) {
 }
 
 StatusOr<std::vector<std::string>> DataParallel::AllGatherBytes(const std::string& mine) {
-  return InContext<std::vector<std::string>>("exchanging bytes", [&]() -> StatusOr<std::vector<std::string>> {
-    RETURN_IF_ERROR(Flush());
-    const int n_ranks = world_size();
-    // allgather_bucket_size (Bind), or before Bind the staging's chunk.
-    const int64_t chunk_bytes =
-        gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
-    auto* send = staging_.as<uint8_t>();
-    uint8_t* recv = send + chunk_bytes;
-    // The lengths first: 8 bytes from each rank (chunk_ >= kMinChunkElems).
-    std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
-    const auto len = static_cast<int64_t>(mine.size());
-    RETURN_IF_ERROR(dev_->CopyH2D(send, &len, sizeof(len), *stream_));
-    RETURN_IF_ERROR(Timed([&] { return comm_->AllGather(send, recv, 2, DType::kFp32, *stream_); }));
-    RETURN_IF_ERROR(dev_->CopyD2H(lengths.data(), recv, sizeof(int64_t) * lengths.size(), *stream_));
-    RETURN_IF_ERROR(Sync("exchanging lengths"));
-    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
-    std::vector<std::string> all(static_cast<size_t>(n_ranks));
-    for (int r = 0; r < n_ranks; ++r)
-      all[static_cast<size_t>(r)].resize(static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-    for (int64_t off = 0; off < longest; off += chunk_bytes) {
-      const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;
-      const int64_t mine_len = std::clamp<int64_t>(static_cast<int64_t>(mine.size()) - off, 0, n);
-      if (mine_len > 0)
+  return InContext<std::vector<std::string>>(
+      "exchanging bytes", [&]() -> StatusOr<std::vector<std::string>> {
+        RETURN_IF_ERROR(Flush());
+        const int n_ranks = world_size();
+        // allgather_bucket_size (Bind), or before Bind the staging's chunk.
+        const int64_t chunk_bytes =
+            gather_bytes_ > 0 ? gather_bytes_ : chunk_ * static_cast<int64_t>(sizeof(float));
+        auto* send = staging_.as<uint8_t>();
+        uint8_t* recv = send + chunk_bytes;
+        // The lengths first: 8 bytes from each rank (chunk_ >= kMinChunkElems).
+        std::vector<int64_t> lengths(static_cast<size_t>(n_ranks));
+        const auto len = static_cast<int64_t>(mine.size());
+        RETURN_IF_ERROR(dev_->CopyH2D(send, &len, sizeof(len), *stream_));
         RETURN_IF_ERROR(
-            dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
-      RETURN_IF_ERROR(Timed([&] {
-        return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
-      }));
-      for (int r = 0; r < n_ranks; ++r) {
-        const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
-        if (len > 0)
-          RETURN_IF_ERROR(dev_->CopyD2H(all[static_cast<size_t>(r)].data() + off, recv + r * n,
-                                        static_cast<size_t>(len), *stream_));
-      }
-      RETURN_IF_ERROR(Sync("exchanging bytes"));
-    }
-    return all;
-  });
+            Timed([&] { return comm_->AllGather(send, recv, 2, DType::kFp32, *stream_); }));
+        RETURN_IF_ERROR(
+            dev_->CopyD2H(lengths.data(), recv, sizeof(int64_t) * lengths.size(), *stream_));
+        RETURN_IF_ERROR(Sync("exchanging lengths"));
+        const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+        std::vector<std::string> all(static_cast<size_t>(n_ranks));
+        for (int r = 0; r < n_ranks; ++r)
+          all[static_cast<size_t>(r)].resize(static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+        for (int64_t off = 0; off < longest; off += chunk_bytes) {
+          const int64_t n = (std::min(chunk_bytes, longest - off) + 3) / 4 * 4;
+          const int64_t mine_len =
+              std::clamp<int64_t>(static_cast<int64_t>(mine.size()) - off, 0, n);
+          if (mine_len > 0)
+            RETURN_IF_ERROR(
+                dev_->CopyH2D(send, mine.data() + off, static_cast<size_t>(mine_len), *stream_));
+          RETURN_IF_ERROR(Timed([&] {
+            return comm_->AllGather(send, recv, static_cast<size_t>(n / 4), DType::kFp32, *stream_);
+          }));
+          for (int r = 0; r < n_ranks; ++r) {
+            const int64_t len = std::clamp<int64_t>(lengths[static_cast<size_t>(r)] - off, 0, n);
+            if (len > 0)
+              RETURN_IF_ERROR(dev_->CopyD2H(all[static_cast<size_t>(r)].data() + off, recv + r * n,
+                                            static_cast<size_t>(len), *stream_));
+          }
+          RETURN_IF_ERROR(Sync("exchanging bytes"));
+        }
+        return all;
+      });
 }
 
 Status DataParallel::CheckSame(const std::string& what, const std::string& text) {
@@ -485,9 +543,8 @@ Status DataParallel::ReduceScalars(std::span<double> values, Scalars op) {
     ASSIGN_OR_RETURN(std::vector<std::vector<double>> all, AllGatherDoubles(values));
     for (size_t r = 0; r < all.size(); ++r)
       if (all[r].size() != values.size())
-        return InvalidArgumentError(
-            fmt::format("rank {} reduced {} values, rank {} {}", r, all[r].size(),
-                        rank(), values.size()));
+        return InvalidArgumentError(fmt::format("rank {} reduced {} values, rank {} {}", r,
+                                                all[r].size(), rank(), values.size()));
     for (size_t i = 0; i < values.size(); ++i) {
       double acc = all[0][i];
       for (size_t r = 1; r < all.size(); ++r)
@@ -525,8 +582,8 @@ StatusOr<double> DataParallel::ProbeBusBandwidth(int reps) {
     const double t = secs[secs.size() / 2];
     if (!(t > 0)) return 0.0;
     // The all-gather's size is n chunks; a ring moves (n-1)/n of it.
-    return static_cast<double>(n * bytes) * static_cast<double>(n - 1) / static_cast<double>(n) / t *
-           1e-9;
+    return static_cast<double>(n * bytes) * static_cast<double>(n - 1) / static_cast<double>(n) /
+           t * 1e-9;
   });
 }
 
@@ -564,8 +621,12 @@ Status DataParallel::Timed(const std::function<Status()>& collective) {
 }
 
 CommCounters DataParallel::TakeCounters() {
-  CommCounters c = counters_;
-  counters_ = CommCounters();
+  CommCounters c;
+  {
+    MutexLock lock(&mu_);
+    c = counters_;
+    counters_ = CommCounters();
+  }
   MutexLock lock(&spans_mu_);
   size_t kept = 0;
   for (size_t i = 0; i < spans_.size(); ++i) {
@@ -584,6 +645,72 @@ CommCounters DataParallel::TakeCounters() {
   }
   spans_.resize(kept);
   return c;
+}
+
+// ---- OverlapIssuer ----------------------------------------------------------
+
+OverlapIssuer::~OverlapIssuer() {
+  if (!thread_.joinable()) return;
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.NotifyAll();
+  thread_.join();
+}
+
+Status OverlapIssuer::Start() {
+  try {
+    thread_ = std::thread([this] { Run(); });
+  } catch (const std::system_error& e) {
+    return ResourceExhaustedError(
+        fmt::format("overlap_comm: cannot start the reduction's thread: {}", e.what()));
+  }
+  return Status();
+}
+
+void OverlapIssuer::Submit(int64_t lo, std::function<Status()> ready) {
+  {
+    MutexLock lock(&mu_);
+    queue_.push_back(Job{lo, std::move(ready)});
+  }
+  cv_.NotifyAll();
+}
+
+Status OverlapIssuer::Drain() {
+  MutexLock lock(&mu_);
+  while (!queue_.empty()) cv_.Wait(&mu_);
+  return error_;
+}
+
+void OverlapIssuer::Reset() {
+  MutexLock lock(&mu_);
+  while (!queue_.empty()) cv_.Wait(&mu_);
+  error_ = Status();
+}
+
+void OverlapIssuer::Run() {
+  for (;;) {
+    Job job;
+    {
+      MutexLock lock(&mu_);
+      while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
+      if (queue_.empty()) return;
+      job = queue_.front();  // popped once issued: Drain waits for it
+    }
+    Status s = job.ready();
+    {
+      MutexLock lock(&mu_);
+      if (!error_.ok()) s = error_;  // after a failure nothing more is issued
+    }
+    if (s.ok()) s = issue_(job.lo);
+    {
+      MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!s.ok() && error_.ok()) error_ = s;
+    }
+    cv_.NotifyAll();
+  }
 }
 
 }  // namespace strata::scheduler

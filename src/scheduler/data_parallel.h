@@ -2,8 +2,9 @@
 // process per rank, the collectives through gpu::Communicator (NCCL on CUDA,
 // Gloo on the host device). Stages 1 and 2 as DeepSpeed defines them; stage 3
 // partitions what stage 2 does and the parameters too
-// (StateStore::PartitionParams: a module is gathered from the ranks when it
-// is fetched, GatherRange / IssueGatherRange, in host or device memory).
+// (Partition::params_partitioned: a module is gathered from the ranks when it
+// is fetched: DataParallel is the fetcher's ParamGatherer, in host or device
+// memory).
 //
 // What is partitioned. The layout (LayoutOptions::world_size) pads the flat
 // element space to world_size equal partitions and cuts sub-groups inside
@@ -49,21 +50,30 @@
 // cannot continue after a failed GatherParams (ranks disagree on the
 // parameters) and says so.
 //
-// Threading: the engine's (main) thread.
+// Threading: the engine's (main) thread calls every method, except that
+// with overlap_comm the OverlapIssuer's thread runs ReduceFrom. What the two
+// share (the overlapped reduction's position, the counters) is guarded by
+// one mutex, checked by Clang's thread-safety analysis. That the two never
+// enqueue collectives at once is the flush rule: every collective of the
+// main thread first drains the issuer (Flush), so every rank has issued the
+// same pieces before it.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "src/common/thread_annotations.h"
 #include "src/gpu/device.h"
 #include "src/scheduler/layout.h"
+#include "src/scheduler/partition.h"
 #include "strata/status.h"
 
 namespace strata::scheduler {
@@ -85,12 +95,48 @@ struct CommCounters {
   double device_s = 0;
 };
 
-class DataParallel {
+// overlap_comm's issuer: a thread of its own that, for each watermark handed
+// over, waits until its gradients are ready and then issues the reduction's
+// pieces above it. Its own thread, because copying pageable sums into the
+// staging buffer blocks until the collectives' stream reaches the copy.
+class OverlapIssuer {
+ public:
+  // `issue(lo)` issues the pieces in [lo, end) (DataParallel::ReduceFrom).
+  explicit OverlapIssuer(std::function<Status(int64_t lo)> issue) : issue_(std::move(issue)) {}
+  ~OverlapIssuer();  // stops the thread (what was handed over is issued first)
+  Status Start();
+  // Hands over a watermark: once `ready()` returns OK (the gradients of
+  // [lo, end) are final), the pieces there are issued. After a failure
+  // nothing more is issued (the other ranks' collectives then fail within
+  // the timeout).
+  void Submit(int64_t lo, std::function<Status()> ready) EXCLUDES(mu_);
+  // Waits until every watermark handed over is issued; the first error.
+  Status Drain() EXCLUDES(mu_);
+  // Drains, and forgets the error: the next window starts clean.
+  void Reset() EXCLUDES(mu_);
+
+ private:
+  void Run() EXCLUDES(mu_);
+
+  struct Job {
+    int64_t lo = 0;
+    std::function<Status()> ready;
+  };
+  std::function<Status(int64_t)> issue_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> queue_ GUARDED_BY(mu_);  // the front one stays until issued
+  bool stop_ GUARDED_BY(mu_) = false;
+  Status error_ GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+class DataParallel final : public ParamGatherer, public RankExchange {
  public:
   // Connects to the other ranks (options.world_size > 1); stage 1, 2 or 3.
   static StatusOr<std::unique_ptr<DataParallel>> Create(gpu::Device* device,
                                                         const gpu::CommOptions& options, int stage);
-  ~DataParallel();
+  ~DataParallel() override;
 
   int rank() const { return comm_->rank(); }
   int world_size() const { return comm_->world_size(); }
@@ -129,10 +175,10 @@ class DataParallel {
   // the same).
   Status CheckSame(const std::string& what, const std::string& text);
 
-  // Where the arrays handed to ReduceGradients and GatherParams live: host
-  // memory (staged through the device buffer), or device memory (the device
-  // optimizer's accumulator and parameter block: copied within the device).
-  enum class Memory { kHost, kDevice };
+  // The arrays handed to ReduceGradients and GatherParams live in host
+  // memory (staged through the device buffer), or in device memory (the
+  // device optimizer's accumulator and parameter block: copied within the
+  // device).
   // acc: this rank's window sums over Layout::total_elems() elements. After:
   // acc over this rank's partition holds the mean over the ranks, and every
   // other element is 0.
@@ -145,21 +191,24 @@ class DataParallel {
   // AllReduce to every rank) through the staging buffer, asynchronously on
   // the collectives' stream. Every rank issues the same pieces in the same
   // order; only when it issues them differs.
+  // Starts the issuer thread (overlap_comm); once, before the first window.
+  Status StartOverlapIssuer();
   // A window's overlapped reduction of `acc` (as ReduceGradients) starts.
-  void BeginOverlap(float* acc, Memory where = Memory::kHost);
-  bool overlapping() const { return overlap_acc_ != nullptr; }
+  void BeginOverlap(float* acc, Memory where = Memory::kHost) EXCLUDES(mu_);
+  bool overlapping() const EXCLUDES(mu_);
+  // The elements [lo, total_elems()) hold the window's final sums once
+  // `ready()` returns OK: the issuer issues every piece not issued yet
+  // there, on its thread (REQUIRES StartOverlapIssuer).
+  void ReduceFromWhenReady(int64_t lo, std::function<Status()> ready);
   // Issues every piece not issued yet that lies in [lo, total_elems()):
   // REQUIRES those elements hold the window's final sums.
-  Status ReduceFrom(int64_t lo);
+  Status ReduceFrom(int64_t lo) EXCLUDES(mu_);
   // Issues the rest (every sum final), waits for all, and zeroes the
   // elements other ranks own; the window's overlapped reduction ends.
-  Status FinishOverlap();
-  // Drops the window's overlapped reduction (waits for what was issued).
-  void AbandonOverlap();
-  // Called before any other collective while a reduction is overlapped: it
-  // must issue the pieces the program has made final so far, so that every
-  // rank has issued the same ones before that collective.
-  void set_flush(std::function<Status()> flush) { flush_ = std::move(flush); }
+  Status FinishOverlap() EXCLUDES(mu_);
+  // Drops the window's overlapped reduction (waits for what was issued,
+  // and forgets the issuer's error).
+  void AbandonOverlap() EXCLUDES(mu_);
 
   // The global checks from this rank's blocks (GradOffloader::BlockChecks
   // over its partition): every rank's block sums, gathered and added in the
@@ -176,24 +225,14 @@ class DataParallel {
   // `sums` (the others' are left as they were). A collective: every rank
   // reduces every sub-group, in order.
   Status ReduceGroup(size_t g, float* sums);
-  // Stage 3's partitioned parameters: bytes [byte_begin, byte_end) of the
-  // parameter-byte space (a module) into dst[0, byte_end - byte_begin),
-  // each rank sending its part of them (Layout::OwnedBytes) from `mine`,
-  // which holds parameter bytes from `mine_base` on (its own part's array:
-  // OwnedBytes(rank).first; or a copy of just the module's part). `mine`
-  // and `dst` are both in host or both in device memory (`where`). A
-  // collective: every rank asks for the same ranges in the same order.
-  Status GatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine, int64_t mine_base,
-                     uint8_t* dst, Memory where);
-  // The same gather issued on the collectives' stream without waiting for
-  // it (stage 3's prefetch): `done` is recorded after it, and WaitGathered
-  // waits for that and reports a failed collective. `mine` and `dst` stay
-  // valid and `dst` unread until then. It is ordered with every other
-  // collective as issued, so the same rule holds: every rank issues the
-  // same ranges in the same order.
-  Status IssueGatherRange(int64_t byte_begin, int64_t byte_end, const uint8_t* mine,
-                          int64_t mine_base, uint8_t* dst, Memory where, gpu::Event* done);
-  Status WaitGathered(gpu::Event& done);
+  // Stage 3's partitioned parameters (ParamGatherer): module m's bytes,
+  // each rank sending its part of them (Layout::OwnedBytes) from `mine`.
+  // Every rank asks for the same modules in the same order; a gather
+  // issued ahead is ordered with every other collective as issued.
+  Status GatherModule(int m, PartBytes mine, uint8_t* dst, Memory where) override;
+  Status IssueGatherModule(int m, PartBytes mine, uint8_t* dst, Memory where,
+                           gpu::Event* done) override;
+  Status WaitGathered(gpu::Event& done) override;
   // out: parameter p's fp32 values, current where this rank owns them;
   // after: every element from its owner (a collective: every rank calls it
   // for the same parameters in the same order).
@@ -216,11 +255,11 @@ class DataParallel {
   double RingBytes(const CommCounters& c) const;
 
   // Every rank's bytes in rank order (`mine` from this rank; any lengths),
-  // chunked through staging. A collective.
-  StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine);
+  // chunked through staging. A collective (RankExchange).
+  StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& mine) override;
 
   // The counters since the last call, then reset.
-  CommCounters TakeCounters();
+  CommCounters TakeCounters() EXCLUDES(mu_);
 
  private:
   DataParallel(gpu::Device* device, std::unique_ptr<gpu::Communicator> comm,
@@ -257,7 +296,12 @@ class DataParallel {
   std::vector<std::pair<int64_t, int64_t>> PiecesOf(int64_t byte_begin, int64_t byte_end) const;
   // n fp32 sums through the staging buffer: averaged into `owner`'s sums
   // (Reduce), or into everyone's (AllReduce); on the stream, not waited for.
-  Status IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where);
+  Status IssueReduce(float* sums, size_t n, int owner, bool everyone, Memory where) EXCLUDES(mu_);
+  // Issues the overlapped reduction's pieces not issued yet in [lo, end),
+  // counted as overlapped or not.
+  Status IssueFrom(int64_t lo, bool overlapped) EXCLUDES(mu_);
+  // Adds the time since `since_ns` to the counters' busy time.
+  void AddBusy(int64_t since_ns) EXCLUDES(mu_);
   // Zeroes the elements of `acc` other ranks own.
   Status ZeroOthers(float* acc, Memory where);
   // Copies between an array of `where` and the staging buffer.
@@ -271,15 +315,19 @@ class DataParallel {
   const Layout* layout_ = nullptr;
   int64_t chunk_ = 0;         // fp32 elements per rank per reduction
   int64_t gather_bytes_ = 0;  // bytes per rank per parameter all-gather
-  // The overlapped reduction: its array, and the top of what is not issued.
-  float* overlap_acc_ = nullptr;
-  Memory overlap_where_ = Memory::kHost;
-  int64_t overlap_next_ = 0;
-  std::function<Status()> flush_;
-  // flush_ when a reduction is overlapped.
-  Status Flush() { return overlap_acc_ != nullptr && flush_ ? flush_() : Status(); }
+  // What the issuer thread and the main thread share: the overlapped
+  // reduction (its array, and the top of what is not issued) and the
+  // counters.
+  mutable Mutex mu_;
+  float* overlap_acc_ GUARDED_BY(mu_) = nullptr;
+  Memory overlap_where_ GUARDED_BY(mu_) = Memory::kHost;
+  int64_t overlap_next_ GUARDED_BY(mu_) = 0;
+  CommCounters counters_ GUARDED_BY(mu_);
+  std::unique_ptr<OverlapIssuer> issuer_;  // overlap_comm (StartOverlapIssuer)
+  // Before any other collective: the issuer has issued every piece handed
+  // to it, so that every rank has issued the same ones; its first error.
+  Status Flush() { return issuer_ ? issuer_->Drain() : Status(); }
   gpu::DeviceBuffer staging_;
-  CommCounters counters_;
   // Runs `collective` (an enqueue on stream_) between two timing events,
   // kept until TakeCounters finds them complete.
   Status Timed(const std::function<Status()>& collective);

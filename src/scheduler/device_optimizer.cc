@@ -15,8 +15,7 @@ namespace {
 constexpr size_t kSumOffset = 8;  // the double sum of squares (the int32 before it is spare)
 }  // namespace
 
-Status DeviceOptimizer::Init(std::function<Status()> invalidate_device_copies) {
-  invalidate_ = std::move(invalidate_device_copies);
+Status DeviceOptimizer::Init() {
   const int64_t n = layout_->total_elems();
   ASSIGN_OR_RETURN(acc_, dev_->Allocate(static_cast<size_t>(kGradAccBytesPerElem * n)));
   ASSIGN_OR_RETURN(flags_, dev_->Allocate(kSumOffset + sizeof(double)));
@@ -51,8 +50,8 @@ Status DeviceOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   auto n = static_cast<size_t>(layout_->total_elems());
   if (dp_ != nullptr) {
     RETURN_IF_ERROR(s.Synchronize());
-    RETURN_IF_ERROR(dp_->ReduceGradients(first, DataParallel::Memory::kDevice));
-    const auto [e0, e1] = layout_->OwnedElems(dp_->rank());
+    RETURN_IF_ERROR(dp_->ReduceGradients(first, Memory::kDevice));
+    const auto [e0, e1] = store_->partition().elems();
     first += e0;
     n = static_cast<size_t>(e1 - e0);
   }
@@ -92,9 +91,10 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   std::vector<std::vector<gpu::AdamShard>> shards(ngroups);
   // (Partitioned: the block holds this rank's bytes, from param_byte_base().)
   uint8_t* params = store_->device_params();
-  const int64_t byte_base = store_->param_byte_base();
-  const auto [e0, e1] = layout_->OwnedElems(dp_ != nullptr ? dp_->rank() : 0);
-  const int64_t base = store_->state_base();
+  const Partition& part = store_->partition();
+  const int64_t byte_base = part.param_byte_base();
+  const auto [e0, e1] = part.elems();
+  const int64_t base = part.state_base();
   for (const Layout::Slice& piece : layout_->Slices(e0, std::max(e0, e1))) {
     const ParamRec& r = layout_->param(piece.param);
     gpu::AdamShard sh;
@@ -110,7 +110,7 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   }
   // Device copies fetched from the partitioned parameters are stale once
   // the step has run.
-  if (invalidate_) RETURN_IF_ERROR(invalidate_());
+  if (copies_ != nullptr && part.params_partitioned()) RETURN_IF_ERROR(copies_->InvalidateAll());
   const int64_t t0 = NowNanos();
   Status s;
   for (size_t g = 0; g < ngroups && s.ok(); ++g)
@@ -121,8 +121,8 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
     // (Partitioned: the next gathers on the collectives' stream read the
     // block after this.)
     s = dev_->compute().Synchronize();
-    if (s.ok() && !store_->params_partitioned())
-      s = dp_->GatherParams(params, DataParallel::Memory::kDevice)
+    if (s.ok() && !part.params_partitioned())
+      s = dp_->GatherParams(params, Memory::kDevice)
               .WithContext(fmt::format(
                   "step {}: this rank's optimizer states have moved to the new step but the "
                   "other ranks' parameters did not arrive; the ranks disagree and the run cannot "

@@ -15,7 +15,7 @@
 // with the CPU placements to rounding, not bit for bit.
 //
 // Data parallelism (`dp`): each rank keeps the states of its partition only
-// (StateStore::set_rank). At the window's end the ranks' accumulators are
+// (the store's Partition). At the window's end the ranks' accumulators are
 // averaged into each rank's partition (DataParallel::ReduceGradients on
 // device memory: NCCL on a GPU), the checks are this partition's sum of
 // squares added over the ranks in rank order, the step updates the
@@ -24,14 +24,13 @@
 // they have finished. Stage 3 with partitioned parameters
 // (StateStore::gathers_on_device): the block is this rank's part, the step
 // writes it and nothing is gathered after the step; the fetcher's device
-// copies are dropped (`invalidate`) and the modules gathered at their next
+// copies are dropped (DeviceCopies) and the modules gathered at their next
 // fetch.
 //
 // Threading: the engine's (main) thread only.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
 #include "src/gpu/device.h"
 #include "src/scheduler/data_parallel.h"
@@ -56,9 +55,10 @@ class DeviceOptimizer final : public OptimizerBackend {
         dp_(dp) {}
 
   // The accumulator (zeroed) and the two flags, from the arena.
-  // `invalidate_device_copies` drops the fetcher's copies of the parameters
-  // (partitioned parameters: called before each step).
-  Status Init(std::function<Status()> invalidate_device_copies = nullptr);
+  Status Init();
+  // Partitioned parameters: the fetcher's copies, dropped before each step
+  // (the step rewrites this rank's part of them in place).
+  void set_device_copies(DeviceCopies* copies) override { copies_ = copies; }
 
   // StepProgress: a step is never in flight.
   bool reading_next_params() const override { return false; }
@@ -97,7 +97,7 @@ class DeviceOptimizer final : public OptimizerBackend {
   LossScaler* scaler_;
   GradientWindow* window_;
   DataParallel* dp_;
-  std::function<Status()> invalidate_;
+  DeviceCopies* copies_ = nullptr;
   gpu::DeviceBuffer acc_;
   gpu::DeviceBuffer flags_;  // int32 found_inf, then (8-aligned) double sum of squares
   int64_t steps_ = 0;

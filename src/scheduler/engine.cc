@@ -160,7 +160,7 @@ class EngineImpl final : public Engine {
   // its own directory under every nvme_path (rank-<k>). Before the device.
   Status PrepareDataParallel(const gpu::CommOptions& comm);
   // Stage 3 with several ranks: each rank keeps its part of the parameters,
-  // and fetches gather modules.
+  // and fetches gather modules (decided before Plan() builds the Partition).
   bool PartitionsParams() const { return dp_ && cfg_.zero_optimization.stage == 3; }
   // With several ranks, strata.overlap_optimizer applies at stage 3 with
   // offload_param cpu (each module gathered from the ranks' copy-out
@@ -168,9 +168,10 @@ class EngineImpl final : public Engine {
   bool OverlapsWithRanks() const {
     return cfg_.zero_optimization.stage == 3 && param_place() == OffloadDevice::kCpu;
   }
-  // Several ranks: this rank's place and the ranks' all-gather, for
-  // checkpoints (null with one rank).
-  std::unique_ptr<scheduler::CheckpointRanks> CheckpointRanks() const;
+  // How the ranks exchange for a checkpoint (null with one rank).
+  const scheduler::CheckpointRanks* CheckpointRanks() const {
+    return dp_ ? &checkpoint_ranks_ : nullptr;
+  }
   // Several ranks: this rank's NUMA node and threads for the CPU optimizer
   // (cpu_adam::ShareOfLocalRank), logged once.
   void RankCpuShare(cpu_adam::Options* aopts) const;
@@ -200,6 +201,9 @@ class EngineImpl final : public Engine {
   std::vector<Registration> regs_;
   std::unordered_map<std::string, int> by_name_;
   Layout layout_;
+  // Who this rank is and what it owns: built once by Plan(), immutable after.
+  std::unique_ptr<const scheduler::Partition> part_;
+  scheduler::CheckpointRanks checkpoint_ranks_;
   bool planned_ = false;
   std::vector<TierBudget> budgets_;
   std::vector<PredictedTerm> predicted_;
@@ -368,16 +372,6 @@ void EngineImpl::RankCpuShare(cpu_adam::Options* aopts) const {
                   share.why, aopts->threads, cfg_.strata.threads == 0 ? "" : " (strata.threads)");
 }
 
-std::unique_ptr<scheduler::CheckpointRanks> EngineImpl::CheckpointRanks() const {
-  if (!dp_) return nullptr;
-  auto r = std::make_unique<scheduler::CheckpointRanks>();
-  r->rank = dp_->rank();
-  r->world = dp_->world_size();
-  scheduler::DataParallel* dp = dp_.get();
-  r->all_gather = [dp](const std::string& mine) { return dp->AllGatherBytes(mine); };
-  return r;
-}
-
 StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
   if (planned_) return FailedPreconditionError("RegisterParameter " + spec.name + ": after Plan()");
   if (spec.name.empty()) return InvalidArgumentError("RegisterParameter: empty name");
@@ -480,6 +474,8 @@ Status EngineImpl::Plan() {
   // Partitioned parameters come into device slots as offloaded ones do.
   if (PartitionsParams()) lo.params_offloaded = true;
   layout_ = Layout::Build(std::move(recs), lo);
+  part_ = std::make_unique<const scheduler::Partition>(&layout_, rank(), world_size(),
+                                                       PartitionsParams());
   int64_t dp_chunk = 0, dp_gather_bytes = 0;
   if (dp_) {
     // Every rank must train the same model with the same config.
@@ -510,7 +506,7 @@ Status EngineImpl::Plan() {
   }
   scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   // (Every rank plans for the largest part.)
-  if (PartitionsParams())
+  if (part_->params_partitioned())
     sizes.partitioned_param_bytes = scheduler::IoBytes(layout_.MaxOwnedBytes());
   scheduler::TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
@@ -544,9 +540,11 @@ Status EngineImpl::Plan() {
   fo.max_live_elems = zo.stage3_max_live_parameters;
   fo.max_reuse_distance = zo.stage3_max_reuse_distance;
   fo.device_slots = plan.device_slots;
-  fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_,
-                                            backend_.get(), fo);
+  fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(),
+                                            part_->params_partitioned() ? dp_.get() : nullptr,
+                                            &counters_, backend_.get(), fo);
   RETURN_IF_ERROR(fetcher_->Init());
+  backend_->set_device_copies(fetcher_.get());
   const int64_t init0 = NowNanos();
   RETURN_IF_ERROR(
       store_->Initialize([&](int id, std::vector<float>& scratch) -> std::span<const float> {
@@ -601,35 +599,16 @@ void EngineImpl::PredictStep(const scheduler::Placement& placement,
 }
 
 Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
-  store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
-  if (dp_) store_->set_rank(dp_->rank());
-  if (PartitionsParams()) {
-    scheduler::DataParallel* dp = dp_.get();
-    const scheduler::Layout* layout = &layout_;
-    StateStore::ParamGather gather;
-    using Memory = scheduler::DataParallel::Memory;
-    gather.now = [dp, layout](int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst,
-                              bool device) {
-      const scheduler::ModuleExtent& me = layout->module(m);
-      return dp->GatherRange(me.byte_begin, me.byte_end, mine, mine_base, dst,
-                             device ? Memory::kDevice : Memory::kHost);
-    };
-    gather.issue = [dp, layout](int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst,
-                                bool device, gpu::Event* done) {
-      const scheduler::ModuleExtent& me = layout->module(m);
-      return dp->IssueGatherRange(me.byte_begin, me.byte_end, mine, mine_base, dst,
-                                  device ? Memory::kDevice : Memory::kHost, done);
-    };
-    gather.wait = [dp](gpu::Event& done) { return dp->WaitGathered(done); };
-    store_->PartitionParams(std::move(gather));
+  store_ = std::make_unique<StateStore>(dev_.get(), &layout_, *part_, &counters_, &cfg_);
+  if (dp_) {
+    checkpoint_ranks_.exchange = dp_.get();
+    if (part_->params_partitioned()) checkpoint_ranks_.gatherer = dp_.get();
   }
   if (device_optimizer_) {
     RETURN_IF_ERROR(store_->Open(plan, {}, hooks_.wrap_io_engine, &pinned_bytes_));
     auto dev_opt = std::make_unique<scheduler::DeviceOptimizer>(
         dev_.get(), &layout_, store_.get(), &counters_, &scaler_, &window_, dp_.get());
-    RETURN_IF_ERROR(dev_opt->Init(
-        PartitionsParams() ? std::function<Status()>([this] { return fetcher_->InvalidateAll(); })
-                           : nullptr));
+    RETURN_IF_ERROR(dev_opt->Init());
     backend_ = std::move(dev_opt);
     return Status();
   }
@@ -654,7 +633,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   // The gradient staging buffers are registered with the store's I/O engine.
   RETURN_IF_ERROR(host->Start(&pinned_bytes_));
   RETURN_IF_ERROR(store_->Open(plan, host->io_buffers(), hooks_.wrap_io_engine, &pinned_bytes_));
-  RETURN_IF_ERROR(host->Bind(store_.get(), [this] { return fetcher_->InvalidateAll(); }));
+  RETURN_IF_ERROR(host->Bind(store_.get()));
   backend_ = std::move(host);
   return Status();
 }
@@ -806,8 +785,8 @@ Status EngineImpl::SaveCheckpoint(const std::string& dir, const CheckpointInfo& 
   meta.at_point = hooks_.checkpoint_point;
   meta.run_id = info.run_id.empty() ? run_id_ : info.run_id;
   meta.param_groups = groups_;
-  const auto ranks = CheckpointRanks();
-  Status s = scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta, ranks.get());
+  const scheduler::CheckpointRanks* ranks = CheckpointRanks();
+  Status s = scheduler::WriteCheckpoint(dir, cfg_, layout_, store_.get(), &meta, ranks);
   HoldCheckpointLock(std::move(meta.lock));
   if (!s.ok()) return s.WithContext("SaveCheckpoint " + dir);
   run_id_ = meta.run_id;
@@ -824,7 +803,7 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
   if (!fs.ok()) STRATA_LOG_WARN("LoadCheckpoint: the step in flight failed: {}", fs.ToString());
   RETURN_IF_ERROR(dev_->Synchronize());
   StatusOr<scheduler::CheckpointMeta> meta =
-      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_, CheckpointRanks().get());
+      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_, CheckpointRanks());
   // Device copies of parameters are stale once anything was restored.
   RETURN_IF_ERROR(fetcher_->InvalidateAll());
   if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);

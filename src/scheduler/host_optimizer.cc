@@ -23,14 +23,9 @@ HostOptimizer::HostOptimizer(gpu::Device* device, const Layout* layout,
       opts_(std::move(options)) {}
 
 HostOptimizer::~HostOptimizer() {
-  if (issuer_.joinable()) {
-    {
-      MutexLock lock(&issue_mu_);
-      issue_stop_ = true;
-    }
-    issue_cv_.NotifyAll();
-    issuer_.join();
-  }
+  // The issuer waits for this optimizer's gradients: what it was handed is
+  // issued before they go.
+  if (opts_.dp != nullptr) opts_.dp->AbandonOverlap();
   // A step still running in the background ends first; it is not committed
   // (nothing reads the engine's state any more).
   inflight_.reset();
@@ -40,15 +35,7 @@ HostOptimizer::~HostOptimizer() {
 }
 
 Status HostOptimizer::Start(int64_t* pinned_bytes) {
-  if (opts_.dp != nullptr && opts_.overlap_comm) {
-    opts_.dp->set_flush([this] { return DrainIssuer(); });
-    try {
-      issuer_ = std::thread([this] { Issuer(); });
-    } catch (const std::system_error& e) {
-      return ResourceExhaustedError(
-          fmt::format("overlap_comm: cannot start the reduction's thread: {}", e.what()));
-    }
-  }
+  if (opts_.dp != nullptr && opts_.overlap_comm) RETURN_IF_ERROR(opts_.dp->StartOverlapIssuer());
   grads_ = std::make_unique<GradOffloader>(dev_, layout_, adam_, counters_);
   // (Several ranks: the reduction rewrites the sums after the window.)
   grads_->set_precompute_checks(opts_.dp == nullptr);
@@ -73,9 +60,8 @@ std::vector<gpu::PinnedPool::Region> HostOptimizer::io_buffers() const {
   return grads_->staging_pool()->Regions();
 }
 
-Status HostOptimizer::Bind(StateStore* store, std::function<Status()> invalidate_device_copies) {
+Status HostOptimizer::Bind(StateStore* store) {
   store_ = store;
-  invalidate_ = std::move(invalidate_device_copies);
   if (!opts_.grads_on_nvme) return Status();
   auto nvme = std::make_unique<GradStore>(layout_, store, counters_, kGradCacheSlots);
   RETURN_IF_ERROR(nvme->Open().WithContext("the gradient cache"));
@@ -148,44 +134,13 @@ Status HostOptimizer::OverlapAfter(int m) {
     return Status();
   }
   if (me.elems() > 0) ov_.final_from = std::min(ov_.final_from, me.elem_begin);
-  {
-    MutexLock lock(&issue_mu_);
-    issue_queue_.emplace_back(ov_.final_from, grads_->queued());
-  }
-  issue_cv_.NotifyAll();
+  // The sums above final_from are final once the gradients queued so far
+  // are accumulated (a failed add fails this rank's step).
+  GradOffloader* grads = grads_.get();
+  const int64_t ticket = grads->queued();
+  opts_.dp->ReduceFromWhenReady(ov_.final_from,
+                                [grads, ticket] { return grads->WaitAccumulated(ticket); });
   return Status();
-}
-
-void HostOptimizer::Issuer() {
-  for (;;) {
-    std::pair<int64_t, int64_t> next;
-    {
-      MutexLock lock(&issue_mu_);
-      while (!issue_stop_ && issue_queue_.empty()) issue_cv_.Wait(&issue_mu_);
-      if (issue_queue_.empty()) return;
-      next = issue_queue_.front();  // popped once issued: DrainIssuer waits for it
-    }
-    // A failed gradient add fails this rank's step: it issues nothing more
-    // (the other ranks' collectives then fail within the timeout).
-    Status s = grads_->WaitAccumulated(next.second);
-    {
-      MutexLock lock(&issue_mu_);
-      if (!issue_error_.ok()) s = issue_error_;
-    }
-    if (s.ok()) s = opts_.dp->ReduceFrom(next.first);
-    {
-      MutexLock lock(&issue_mu_);
-      issue_queue_.pop_front();
-      if (!s.ok() && issue_error_.ok()) issue_error_ = s;
-    }
-    issue_cv_.NotifyAll();
-  }
-}
-
-Status HostOptimizer::DrainIssuer() {
-  MutexLock lock(&issue_mu_);
-  while (!issue_queue_.empty()) issue_cv_.Wait(&issue_mu_);
-  return issue_error_;
 }
 
 void HostOptimizer::EndOverlapWindow(bool keep_order) {
@@ -195,11 +150,6 @@ void HostOptimizer::EndOverlapWindow(bool keep_order) {
     ov_.previous = ov_.order;
   ov_.order.clear();
   ov_.on = false;
-  if (issuer_.joinable()) {
-    DrainIssuer().IgnoreError();
-    MutexLock lock(&issue_mu_);
-    issue_error_ = Status();
-  }
   ov_.final_from = layout_->total_elems();
   if (opts_.dp != nullptr) opts_.dp->AbandonOverlap();
 }
@@ -249,7 +199,7 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   // Every rank's window, averaged into this rank's partition (the part
   // overlap_comm has not reduced yet, or all); the checks over the
   // partition, then combined.
-  const auto [g0, g1] = store_->owned_groups();
+  const auto [g0, g1] = store_->partition().groups();
   if (GradStore* nvme = grads_->nvme_store()) {
     // Gradients on NVMe: sub-group by sub-group through the cache, every
     // rank in order; a sub-group another rank owns is dropped once reduced.
@@ -264,8 +214,7 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   }
   Status reduced;
   if (dp->overlapping()) {
-    reduced = DrainIssuer();  // then FinishOverlap issues the rest
-    if (reduced.ok()) reduced = dp->FinishOverlap();
+    reduced = dp->FinishOverlap();  // what the issuer was handed, then the rest
   } else {
     reduced = dp->ReduceGradients(grads_->accumulator());
   }
@@ -319,7 +268,7 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
   if (gpu::Event* uploaded = store_->params_uploaded()) RETURN_IF_ERROR(uploaded->Synchronize());
   // Device copies of parameters are stale once the step runs (with DPU: once
   // it is committed, by the next Step()).
-  if (!lp.delayed) RETURN_IF_ERROR(invalidate_());
+  if (!lp.delayed) RETURN_IF_ERROR(copies_->InvalidateAll());
   StepParams p;
   p.hp = lp.hp;
   p.group_hp = lp.group_hp;
@@ -364,10 +313,10 @@ Status HostOptimizer::Join() {
   const Status& s = outcome.status;
   if (s.ok() || outcome.advanced) {
     // DPU: the device copies were used during the step; they go now.
-    Status cs = p.delayed ? invalidate_() : Status();
+    Status cs = p.delayed ? copies_->InvalidateAll() : Status();
     // Data parallelism: every rank's partition of the new parameters.
     // (Stage 3 partitioned parameters stay partitioned: fetches gather them.)
-    if (cs.ok() && s.ok() && opts_.dp != nullptr && !store_->params_partitioned()) {
+    if (cs.ok() && s.ok() && opts_.dp != nullptr && !store_->partition().params_partitioned()) {
       cs = opts_.dp->GatherParams(store_->next_params());
       if (!cs.ok())
         cs = cs.WithContext(fmt::format(
@@ -400,7 +349,7 @@ void HostOptimizer::Rollback(InFlight& job) {
   *scaler_ = job.scaler_before;
   if (!p.delayed) {
     // Device copies may hold the new parameters of modules the step reached.
-    invalidate_().IgnoreError();
+    copies_->InvalidateAll().IgnoreError();
     store_->Rollback(job.uploaded, p.step);
   }
   DiscardWindow();

@@ -17,10 +17,8 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "src/scheduler/data_parallel.h"
@@ -53,10 +51,11 @@ class HostOptimizer final : public OptimizerBackend {
     int64_t buffer_count = 4;  // offload_optimizer.buffer_count
     // Called on the step's thread before it steps sub-group g (tests).
     std::function<void(size_t g)> before_sub_group;
-    // Data parallelism (null: one rank): GlobalChecks reduces the ranks'
-    // gradients first and combines the checks; the step covers this rank's
-    // sub-groups; Join gathers every rank's updated parameters before the
-    // commit. Steps run inline (no background step).
+    // Data parallelism: the ranks' collectives (null: one rank).
+    // GlobalChecks reduces the ranks' gradients first and combines the
+    // checks; the step covers this rank's sub-groups (the store's
+    // Partition); unless the parameters are partitioned, Join gathers every
+    // rank's updated parameters before the commit.
     DataParallel* dp = nullptr;
     // zero_optimization.overlap_comm with several ranks (and the host
     // accumulator): the window's sums are reduced while the last
@@ -78,10 +77,10 @@ class HostOptimizer final : public OptimizerBackend {
   // buffers are registered with its I/O engine (io_buffers).
   Status Start(int64_t* pinned_bytes);
   std::vector<gpu::PinnedPool::Region> io_buffers() const;
-  // The store the steps read and commit into, and how to drop the device's
-  // copies of parameters a step changes. With gradients on NVMe the
+  // The store the steps read and commit into. With gradients on NVMe the
   // GradStore opens here (its shards are the store's).
-  Status Bind(StateStore* store, std::function<Status()> invalidate_device_copies);
+  Status Bind(StateStore* store);
+  void set_device_copies(DeviceCopies* copies) override { copies_ = copies; }
 
   // StepProgress.
   bool reading_next_params() const override {
@@ -128,14 +127,6 @@ class HostOptimizer final : public OptimizerBackend {
   void Rollback(InFlight& job);
   // overlap_comm: module m's gradients of the last micro-batch were queued.
   Status OverlapAfter(int m);
-  // Waits until the issuer has issued every watermark handed to it, and
-  // returns its first error (every rank has then issued the same pieces).
-  Status DrainIssuer() EXCLUDES(issue_mu_);
-  // The issuer thread: waits for each watermark's gradients to be
-  // accumulated, then issues the pieces above it (DataParallel::ReduceFrom).
-  // Its own thread, because copying pageable sums into the staging buffer
-  // blocks until the collectives' stream reaches the copy.
-  void Issuer() EXCLUDES(issue_mu_);
   // The window ends (or is dropped): its order becomes the previous one.
   void EndOverlapWindow(bool keep_order);
 
@@ -147,7 +138,7 @@ class HostOptimizer final : public OptimizerBackend {
   GradientWindow* window_;
   Options opts_;
   StateStore* store_ = nullptr;
-  std::function<Status()> invalidate_;
+  DeviceCopies* copies_ = nullptr;
   std::unique_ptr<GradOffloader> grads_;
   StateReadAhead read_ahead_;
   std::unique_ptr<InFlight> inflight_;
@@ -168,14 +159,6 @@ class HostOptimizer final : public OptimizerBackend {
     bool on = false;
     int64_t final_from = 0;
   } ov_;
-  // The issuer's queue of (watermark, GradOffloader ticket; the front one
-  // stays until issued), its first error, and its thread.
-  Mutex issue_mu_;
-  CondVar issue_cv_;
-  std::deque<std::pair<int64_t, int64_t>> issue_queue_ GUARDED_BY(issue_mu_);
-  bool issue_stop_ GUARDED_BY(issue_mu_) = false;
-  Status issue_error_ GUARDED_BY(issue_mu_);
-  std::thread issuer_;
 };
 
 }  // namespace strata::scheduler

@@ -99,6 +99,9 @@ class OptimizerBackend : public StepProgress {
   // about to be replaced): reads ahead are dropped. Returns the step's error
   // for the caller to report.
   virtual Status Abandon() = 0;
+  // The fetcher's device copies of the parameters, which a step that
+  // changes them drops (set once, before the first step).
+  virtual void set_device_copies(DeviceCopies* copies) = 0;
   // Optimizer steps applied (committed or in flight).
   virtual int64_t steps() const = 0;
   virtual void set_steps(int64_t steps) = 0;

@@ -16,7 +16,7 @@ namespace strata::scheduler {
 
 void StateReadAhead::Start(const StepDeps& deps) {
   // This rank's sub-groups (all of them with one rank).
-  const auto [g0, g1] = deps.store->owned_groups();
+  const auto [g0, g1] = deps.store->partition().groups();
   const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps.buffer_count));
   const size_t n = std::min(g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1);
   for (size_t g = g0; g < g0 + n; ++g) {
@@ -64,11 +64,11 @@ class ParamWriter {
     // (Partitioned: this rank's piece of the module, from the buffer's
     // start; it ends with the module or with the rank's elements.)
     const ModuleExtent& me = layout_.module(m);
-    const auto [lo, hi] = store_.ModulePiece(m);
+    const auto [lo, hi] = store_.partition().ModulePiece(m);
     std::memset(b->data(), 0, static_cast<size_t>(IoBytes(hi - lo)));
     const ParamRec& last = layout_.param(me.params.back());
-    open_.push_back(
-        {m, std::min(last.elem_off + last.numel, store_.owned_elems().second), std::move(*b)});
+    open_.push_back({m, std::min(last.elem_off + last.numel, store_.partition().elems().second),
+                     std::move(*b)});
     return open_.back().buf.as<uint8_t>();
   }
   // Every element before `stepped_end` has been stepped: the modules that
@@ -204,8 +204,8 @@ class StateRing {
         store_(*step->deps_.store),
         counters_(*step->deps_.counters),
         G_(layout_.num_groups()),
-        g0_(store_.owned_groups().first),
-        g1_(store_.owned_groups().second),
+        g0_(store_.partition().groups().first),
+        g1_(store_.partition().groups().second),
         reads_(G_),
         grad_reads_(G_),
         writes_(G_),
@@ -409,7 +409,7 @@ bool OptimizerStep::ModuleReady(int m) const {
     // elements; none when the module lies in other ranks' partitions (their
     // sums were zeroed at the reduction, and nothing of it is stepped here).
     const ModuleExtent& me = layout.module(m);
-    const auto [own0, own1] = deps_.store->owned_elems();
+    const auto [own0, own1] = deps_.store->partition().elems();
     const int64_t lo = std::max(me.elem_begin, own0), hi = std::min(me.elem_end, own1);
     g = hi > lo ? static_cast<int>(layout.GroupOf(hi - 1)) : -1;
   }
@@ -476,7 +476,8 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, f
   const Layout& layout = *deps_.layout;
   const SubGroup& sg = layout.group(g);
   uint8_t* next = deps_.store->next_params();
-  const int64_t next_base = deps_.store->param_byte_base();  // partitioned: this rank's first byte
+  const int64_t next_base =
+      deps_.store->partition().param_byte_base();  // partitioned: this rank's first byte
   std::vector<cpu_adam::ShardStep> out;
   for (const Layout::Slice& s : layout.Slices(sg.elem_begin, sg.elem_end)) {
     const ParamRec& p = layout.param(s.param);
@@ -530,7 +531,8 @@ Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m,
             "sub-group {}: no parameter write-back buffer is free for module {}", g, p.module));
       buf = writer_->BufferOf(p.module);
     }
-    shards[i].copy_out = buf + (slices[i].byte_offset - deps_.store->ModulePiece(p.module).first);
+    shards[i].copy_out =
+        buf + (slices[i].byte_offset - deps_.store->partition().ModulePiece(p.module).first);
   }
   if (first < shards.size()) RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
   writer_->Complete(layout.group(g).elem_end);
@@ -584,10 +586,10 @@ void OptimizerStep::GroupDone(size_t g) {
 Status OptimizerStep::StepInMemory() {
   StateStore& store = *deps_.store;
   Status step_error;
-  const auto [g0, g1] = store.owned_groups();
+  const auto [g0, g1] = store.partition().groups();
   for (size_t g = g0; g < g1; ++g) {
     if (deps_.before_sub_group) deps_.before_sub_group(g);
-    step_error = StepGroup(g, store.state_base(), store.master(), store.exp_avg(),
+    step_error = StepGroup(g, store.partition().state_base(), store.master(), store.exp_avg(),
                            store.exp_avg_sq(), nullptr);
     if (!step_error.ok()) break;
     outcome_.advanced = true;

@@ -59,10 +59,12 @@ StatusOr<SlotPool::Handle> SlotPool::Acquire() {
 // ---- ParamFetcher --------------------------------------------------------------
 
 ParamFetcher::ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store,
-                           StepCounters* counters, StepProgress* progress, FetchOptions options)
+                           ParamGatherer* gatherer, StepCounters* counters, StepProgress* progress,
+                           FetchOptions options)
     : dev_(device),
       layout_(layout),
       store_(store),
+      gatherer_(gatherer),
       counters_(counters),
       progress_(progress),
       opts_(options),
@@ -75,6 +77,8 @@ ParamFetcher::~ParamFetcher() {
 }
 
 Status ParamFetcher::Init() {
+  if (partitioned() && gatherer_ == nullptr)
+    return FailedPreconditionError("ParamFetcher: partitioned parameters without a gatherer");
   std::vector<int64_t> module_elems;
   for (Slot& s : slots_) {
     ASSIGN_OR_RETURN(s.ready, dev_->CreateEvent());
@@ -331,7 +335,7 @@ Status ParamFetcher::Fetch(int m, bool prefetch) {
     s.data = s.slot.data();
   }
   s.prefetched = prefetch;
-  if (store_->params_partitioned()) {
+  if (partitioned()) {
     Status gathered = FetchGathered(m);
     if (!gathered.ok()) {
       s.staging.Reset();
@@ -396,14 +400,14 @@ Status ParamFetcher::FetchGathered(int m) {
   if (store_->gathers_on_device()) {
     if (ahead == gathered_.end()) {
       // Straight into the module's device copy (the gather waits).
-      RETURN_IF_ERROR(store_->GatherModule(m, s.data));
+      RETURN_IF_ERROR(GatherNow(m, s.data, /*updated=*/false));
       s.residency = Residency::kResident;
       return Status();
     }
     // Gathered ahead into a device buffer: copied into the module's copy on
     // the copy stream, which the compute stream then waits for.
     const int b = ahead->second.device_buf;
-    Status waited = store_->WaitGathered(*ahead->second.done);
+    Status waited = gatherer_->WaitGathered(*ahead->second.done);
     gathered_.erase(ahead);
     if (waited.ok())
       waited = dev_->CopyD2D(s.data, device_gather_[static_cast<size_t>(b)].buf.data(),
@@ -418,16 +422,29 @@ Status ParamFetcher::FetchGathered(int m) {
   // or now (a collective, in the program's order); then copied as a read.
   if (ahead != gathered_.end()) {
     s.staging = std::move(ahead->second.buf);
-    Status waited = store_->WaitGathered(*ahead->second.done);
+    Status waited = gatherer_->WaitGathered(*ahead->second.done);
     gathered_.erase(ahead);
     RETURN_IF_ERROR(waited);
   } else {
     ASSIGN_OR_RETURN(s.staging, AcquireParamBuffer(bytes));
     // (Acquire waited for the step in flight to finish this rank's piece.)
-    RETURN_IF_ERROR(
-        store_->GatherModule(m, s.staging.as<uint8_t>(), progress_->reading_next_params()));
+    RETURN_IF_ERROR(GatherNow(m, s.staging.as<uint8_t>(), progress_->reading_next_params()));
   }
   return StartCopy(m);
+}
+
+Status ParamFetcher::GatherNow(int m, uint8_t* dst, bool updated) {
+  AlignedBuffer piece;
+  ASSIGN_OR_RETURN(const PartBytes mine, store_->PartOf(m, updated, /*to_host=*/false, &piece));
+  return gatherer_->GatherModule(m, mine, dst,
+                                 store_->gathers_on_device() ? Memory::kDevice : Memory::kHost);
+}
+
+Status ParamFetcher::IssueGather(int m, uint8_t* dst, bool updated, gpu::Event* done,
+                                 AlignedBuffer* piece) {
+  ASSIGN_OR_RETURN(const PartBytes mine, store_->PartOf(m, updated, /*to_host=*/false, piece));
+  return gatherer_->IssueGatherModule(
+      m, mine, dst, store_->gathers_on_device() ? Memory::kDevice : Memory::kHost, done);
 }
 
 StatusOr<int> ParamFetcher::AcquireDeviceBuffer() {
@@ -515,8 +532,8 @@ Status ParamFetcher::PrefetchGathers() {
       ASSIGN_OR_RETURN(g.buf, AcquireParamBuffer(me.bytes()));
       dst = g.buf.as<uint8_t>();
     }
-    Status issued = store_->IssueGatherModule(next, dst, g.done.get(), &g.piece,
-                                              progress_->reading_next_params());
+    Status issued =
+        IssueGather(next, dst, progress_->reading_next_params(), g.done.get(), &g.piece);
     if (!issued.ok()) {
       if (g.device_buf >= 0) ReleaseDeviceBuffer(g.device_buf, false).IgnoreError();
       return issued.WithContext(fmt::format("gathering module {} ahead", next));
@@ -539,7 +556,7 @@ void ParamFetcher::DropGathers() {
 
 Status ParamFetcher::Prefetch() {
   if (!params_offloaded() || !trace_->following()) return Status();
-  if (store_->params_partitioned()) return PrefetchGathers();
+  if (partitioned()) return PrefetchGathers();
   int64_t live = live_elems();
   for (int next : trace_->Lookahead(opts_.prefetch_bucket_elems)) {
     const ModuleExtent& me = layout_->module(next);

@@ -115,11 +115,14 @@ enum class Residency { kAbsent, kReading, kCopying, kResident };
 
 enum class Phase { kForward, kBackward };
 
-class ParamFetcher {
+class ParamFetcher final : public DeviceCopies {
  public:
-  ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store, StepCounters* counters,
-               StepProgress* progress, FetchOptions options);
-  ~ParamFetcher();  // waits for NVMe reads in flight
+  // `gatherer`: the ranks' gathers of partitioned parameters (required when
+  // store->partition().params_partitioned(), else unused).
+  ParamFetcher(gpu::Device* device, const Layout* layout, StateStore* store,
+               ParamGatherer* gatherer, StepCounters* counters, StepProgress* progress,
+               FetchOptions options);
+  ~ParamFetcher() override;  // waits for NVMe reads in flight
 
   // Creates the modules' events, the fetch trace, the persistent block and
   // the slot pool.
@@ -141,7 +144,7 @@ class ParamFetcher {
   Status ReleaseGrad(int m, gpu::Stream& read_by);
   // Drops every device copy (the parameters changed), after the work that
   // uses one is done: fetch copies in flight and the compute stream.
-  Status InvalidateAll();
+  Status InvalidateAll() override;
   // The step ends: the fetch order it took is recorded or confirmed, and the
   // next step's begins. Returns how often a step's order differed so far.
   int64_t NextStep();
@@ -192,8 +195,15 @@ class ParamFetcher {
   // Modules come into slots (offload_param cpu or nvme, or partitioned),
   // or live in the store's device block (offload_param none).
   bool params_offloaded() const {
-    return store_->param_place() != OffloadDevice::kNone || store_->params_partitioned();
+    return store_->param_place() != OffloadDevice::kNone || partitioned();
   }
+  bool partitioned() const { return store_->partition().params_partitioned(); }
+  // Partitioned: module m gathered from the ranks into dst (device memory
+  // when the store gathers_on_device(), else pinned host memory), now; or
+  // issued, `done` recorded after it, this rank's part kept in *piece
+  // until then.
+  Status GatherNow(int m, uint8_t* dst, bool updated);
+  Status IssueGather(int m, uint8_t* dst, bool updated, gpu::Event* done, AlignedBuffer* piece);
   // Advances NVMe reads that have completed into their H2D copies.
   Status Pump();
   // Module m resident for work on the compute stream, fetched on demand.
@@ -236,6 +246,7 @@ class ParamFetcher {
   gpu::Device* dev_;
   const Layout* layout_;
   StateStore* store_;
+  ParamGatherer* gatherer_;
   StepCounters* counters_;
   StepProgress* progress_;
   FetchOptions opts_;

@@ -19,12 +19,13 @@ using gpu::PinnedPool;
 
 // ---- StateStore --------------------------------------------------------------
 
-StateStore::StateStore(Device* device, const Layout* layout, StepCounters* counters,
-                       const Config* config)
+StateStore::StateStore(Device* device, const Layout* layout, const Partition& partition,
+                       StepCounters* counters, const Config* config)
     : dev_(device),
       layout_(layout),
       counters_(counters),
       cfg_(config),
+      part_(partition),
       placement_(Placement::FromConfig(*config)) {}
 
 StateStore::~StateStore() { Close().IgnoreError(); }
@@ -176,7 +177,7 @@ Status StateStore::OpenNvme(
   so.paths = UsedNvmePaths(*cfg_);
   so.capacity_bytes = static_cast<uint64_t>(capacity);
   ASSIGN_OR_RETURN(swap_, nvme::SwapStore::Open(so, io_.get()));
-  const auto [g0, g1] = layout_->OwnedGroups(rank_);
+  const auto [g0, g1] = part_.groups();
   if (placement_.optimizer == OffloadDevice::kNvme)
     for (size_t g = g0; g < g1; ++g)
       for (int v = 0; v < 2; ++v)
@@ -211,10 +212,10 @@ Status StateStore::Initialize(
   const bool nvme_params = placement_.params == OffloadDevice::kNvme;
   uint8_t* next = next_params();                 // null with offload_param nvme
   const int64_t n = layout_->partition_elems();  // the owned elements
-  const int64_t base = state_base();
+  const int64_t base = part_.state_base();
   if (next != nullptr) std::memset(next, 0, static_cast<size_t>(param_array_bytes()));
   // Partitioned parameters: only this rank's elements are published.
-  const auto [own0, own1] = layout_->OwnedElems(rank_);
+  const auto [own0, own1] = part_.elems();
   const int64_t pbase = param_byte_base();
   // The layout's alignment padding holds zeros (layout.h).
   std::vector<float> all_master;  // offload_optimizer none: copied to the device arena
@@ -258,7 +259,7 @@ Status StateStore::Initialize(
   for (size_t g = 0; g < layout_->num_groups(); ++g) {
     const SubGroup& sg = layout_->group(g);
     // Every rank publishes every parameter; only the owner keeps its states.
-    const bool owned = OwnsGroup(g);
+    const bool owned = part_.OwnsGroup(g);
     float* group_master = nvme_states ? group_buf.as<float>() : nullptr;
     // master | exp_avg = 0 | exp_avg_sq = 0
     if (nvme_states && owned)
@@ -356,14 +357,6 @@ nvme::IoHandle StateStore::WriteStates(size_t g, const void* buf) {
                       static_cast<size_t>(layout_->group(g).state_io_bytes()));
 }
 
-std::pair<int64_t, int64_t> StateStore::ModulePiece(int m) const {
-  const ModuleExtent& me = layout_->module(m);
-  if (!params_partitioned()) return {me.byte_begin, me.byte_end};
-  const auto [b0, b1] = layout_->OwnedBytes(rank_);
-  const int64_t lo = std::max(b0, me.byte_begin);
-  return {lo, std::max(lo, std::min(b1, me.byte_end))};
-}
-
 nvme::IoHandle StateStore::ReadModule(int m, void* buf, bool updated) {
   const int v = module_version_[static_cast<size_t>(m)];
   const auto [lo, hi] = ModulePiece(m);
@@ -402,11 +395,13 @@ Status StateStore::WritePiece(int m, const AlignedBuffer& piece) {
       .WithContext(fmt::format("writing this rank's part of module {} to NVMe", m));
 }
 
-StatusOr<StateStore::Part> StateStore::PartOf(int m, bool updated, bool to_host,
-                                              AlignedBuffer* piece) {
+StatusOr<PartBytes> StateStore::PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece) {
+  if (!params_partitioned())
+    return FailedPreconditionError(
+        fmt::format("PartOf({}): the parameters are not partitioned", m));
   if (placement_.params == OffloadDevice::kNvme) {
     RETURN_IF_ERROR(ReadPiece(m, piece));
-    return Part{piece->as<uint8_t>(), ModulePiece(m).first};
+    return PartBytes{piece->as<uint8_t>(), ModulePiece(m).first};
   }
   if (gathers_on_device() && to_host) {
     const auto [lo, hi] = ModulePiece(m);
@@ -419,31 +414,10 @@ StatusOr<StateStore::Part> StateStore::PartOf(int m, bool updated, bool to_host,
                                     static_cast<size_t>(hi - lo), dev_->d2h()));
       RETURN_IF_ERROR(dev_->d2h().Synchronize());
     }
-    return Part{piece->as<uint8_t>(), lo};
+    return PartBytes{piece->as<uint8_t>(), lo};
   }
-  if (gathers_on_device()) return Part{device_params(), param_byte_base()};
-  return Part{updated ? next_params() : host_params_.as<uint8_t>(), param_byte_base()};
-}
-
-Status StateStore::GatherModule(int m, uint8_t* buf, bool updated) {
-  if (!params_partitioned())
-    return FailedPreconditionError("GatherModule: parameters not partitioned");
-  AlignedBuffer piece;
-  ASSIGN_OR_RETURN(const Part part, PartOf(m, updated, /*to_host=*/false, &piece));
-  return gather_.now(m, part.data, part.first_byte, buf, gathers_on_device());
-}
-
-Status StateStore::IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece,
-                                     bool updated) {
-  if (!params_partitioned() || !gather_.issue)
-    return FailedPreconditionError("IssueGatherModule: parameters not partitioned");
-  ASSIGN_OR_RETURN(const Part part, PartOf(m, updated, /*to_host=*/false, piece));
-  return gather_.issue(m, part.data, part.first_byte, buf, gathers_on_device(), done);
-}
-
-Status StateStore::WaitGathered(gpu::Event& done) {
-  if (!gather_.wait) return FailedPreconditionError("WaitGathered: parameters not partitioned");
-  return gather_.wait(done);
+  if (gathers_on_device()) return PartBytes{device_params(), param_byte_base()};
+  return PartBytes{updated ? next_params() : host_params_.as<uint8_t>(), param_byte_base()};
 }
 
 const uint8_t* StateStore::FetchSource(int m, bool updated) {
@@ -474,7 +448,7 @@ Status StateStore::UploadPart(int64_t offset, size_t bytes) {
 
 Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
   // The owned part of the parameter: [ob, oe).
-  const auto [own0, own1] = layout_->OwnedElems(rank_);
+  const auto [own0, own1] = part_.elems();
   const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
   if (ob >= oe) return Status();
   const auto owned_bytes = static_cast<size_t>(oe - ob) * sizeof(float);
@@ -489,7 +463,7 @@ Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
   }
   // From the sub-groups' active NVMe versions: the master is the first third.
   for (size_t g = 0; g < layout_->num_groups(); ++g) {
-    if (!OwnsGroup(g)) continue;
+    if (!part_.OwnsGroup(g)) continue;
     const SubGroup& sg = layout_->group(g);
     const int64_t b = std::max(sg.elem_begin, p.elem_off);
     const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
@@ -511,7 +485,7 @@ Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
 }
 
 Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values) {
-  const auto [own0, own1] = layout_->OwnedElems(rank_);
+  const auto [own0, own1] = part_.elems();
   if (params_partitioned()) {
     // The working-precision copy: this rank's elements, in both arrays.
     const int64_t pbase = param_byte_base();
@@ -558,7 +532,7 @@ Status StateStore::WriteOwnedMaster(const ParamRec& p, std::span<const float> va
   // Into the sub-groups' active NVMe versions (master | exp_avg | exp_avg_sq),
   // each group read and written whole.
   for (size_t g = 0; g < layout_->num_groups(); ++g) {
-    if (!OwnsGroup(g)) continue;
+    if (!part_.OwnsGroup(g)) continue;
     const SubGroup& sg = layout_->group(g);
     const int64_t b = std::max(sg.elem_begin, p.elem_off);
     const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
@@ -586,7 +560,7 @@ Status StateStore::WriteWorkingCopy(const ParamRec& p, std::span<const float> va
 
 Status StateStore::ReadGroupStates(size_t g, void* buf) {
   const SubGroup& sg = layout_->group(g);
-  const int64_t at = sg.elem_begin - state_base();  // in the in-memory arrays
+  const int64_t at = sg.elem_begin - part_.state_base();  // in the in-memory arrays
   const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
   auto* out = static_cast<uint8_t*>(buf);
   switch (placement_.optimizer) {
@@ -611,7 +585,7 @@ Status StateStore::ReadGroupStates(size_t g, void* buf) {
 
 Status StateStore::WriteGroupStates(size_t g, const void* buf) {
   const SubGroup& sg = layout_->group(g);
-  const int64_t at = sg.elem_begin - state_base();  // in the in-memory arrays
+  const int64_t at = sg.elem_begin - part_.state_base();  // in the in-memory arrays
   const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
   const auto* in = static_cast<const uint8_t*>(buf);
   switch (placement_.optimizer) {
@@ -640,12 +614,10 @@ Status StateStore::WriteGroupStates(size_t g, const void* buf) {
 Status StateStore::ReadModuleParams(int m, void* buf) {
   const ModuleExtent& me = layout_->module(m);
   if (me.bytes() == 0) return Status();
-  if (params_partitioned()) {
-    // Every rank's part of the module, gathered into `buf` (host memory).
-    AlignedBuffer piece;
-    ASSIGN_OR_RETURN(const Part part, PartOf(m, /*updated=*/false, /*to_host=*/true, &piece));
-    return gather_.now(m, part.data, part.first_byte, static_cast<uint8_t*>(buf), false);
-  }
+  if (params_partitioned())
+    return FailedPreconditionError(fmt::format(
+        "ReadModuleParams({}): the parameters are partitioned; the module comes from the ranks",
+        m));
   switch (placement_.params) {
     case OffloadDevice::kNone:
       // The device block is current once its last upload has landed.

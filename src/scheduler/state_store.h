@@ -38,6 +38,7 @@
 #include "src/nvme/nvme.h"
 #include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
+#include "src/scheduler/partition.h"
 #include "src/scheduler/plan.h"
 #include "src/scheduler/step_counters.h"
 #include "strata/config.h"
@@ -55,8 +56,9 @@ struct StepOutcome {
 
 class StateStore {
  public:
-  StateStore(gpu::Device* device, const Layout* layout, StepCounters* counters,
-             const Config* config);
+  // `partition` (what this rank keeps) must outlive the store.
+  StateStore(gpu::Device* device, const Layout* layout, const Partition& partition,
+             StepCounters* counters, const Config* config);
   ~StateStore();
 
   // Allocates every state by the placement and the plan (what is pinned) and
@@ -80,75 +82,34 @@ class StateStore {
   // Closes the swap store (removes its files).
   Status Close();
 
-  // Data parallelism: this rank owns the optimizer states of its partition
-  // (Layout::OwnedElems / OwnedGroups) and nothing else; the in-memory state
-  // arrays hold only those elements, from state_base(). REQUIRES: before
-  // Open. One rank (the default): every element, state_base() 0.
-  void set_rank(int rank) { rank_ = rank; }
-  // Stage 3 with several ranks: the parameters hold only this rank's bytes
-  // (Layout::OwnedBytes), from param_byte_base(): the host copy (cpu), the
-  // device block (none), or on NVMe (nvme) each module's piece
-  // (ModulePiece) in two versions; the copy-out target and the mirror too
-  // (nvme has none: the step writes the pieces through write-back buffers).
-  // A fetch or a checkpoint gets a module's bytes through `gather` (a
-  // collective: every rank calls it for the same modules in the same
-  // order). REQUIRES: before Open.
-  struct ParamGather {
-    // Module m's bytes into dst, every rank sending its part of them from
-    // `mine`, which holds parameter bytes from `mine_base` on; `device`:
-    // both arrays in device memory, else both in host memory.
-    std::function<Status(int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst, bool device)>
-        now;
-    // The same, issued without waiting; `done` is recorded after it (a
-    // prefetch), and `wait(done)` waits for it and reports its failure.
-    std::function<Status(int m, const uint8_t* mine, int64_t mine_base, uint8_t* dst, bool device,
-                         gpu::Event* done)>
-        issue;
-    std::function<Status(gpu::Event& done)> wait;
-  };
-  void PartitionParams(ParamGather gather) { gather_ = std::move(gather); }
-  bool params_partitioned() const { return static_cast<bool>(gather_.now); }
+  // What this rank keeps (the Partition given at construction): with
+  // several ranks the optimizer states of its elements only (the in-memory
+  // state arrays from Partition::state_base()); at stage 3 also only its
+  // bytes of the parameters (Partition::params_partitioned(), the arrays
+  // from param_byte_base()): the host copy (cpu), the device block (none),
+  // or on NVMe (nvme) each module's piece (Partition::ModulePiece) in two
+  // versions; the copy-out target and the mirror too (nvme has none: the
+  // step writes the pieces through write-back buffers). The store keeps
+  // where those bytes live (PartOf); the ranks exchange them elsewhere
+  // (ParamGatherer).
+  const Partition& partition() const { return part_; }
   // Partitioned with offload_param none: this rank's part lives in the
   // device block and modules are gathered within device memory (into a
-  // device slot or buffer); with cpu into pinned host buffers.
+  // device slot or buffer); with cpu or nvme into pinned host buffers.
   bool gathers_on_device() const {
-    return params_partitioned() && placement_.params == OffloadDevice::kNone;
+    return part_.params_partitioned() && placement_.params == OffloadDevice::kNone;
   }
   // The pinned buffers modules are gathered into (offload_param.buffer_count).
   int64_t param_buffers() const { return std::max<int64_t>(1, placement_.param_buffer_count); }
-  int64_t param_byte_base() const {
-    return params_partitioned() ? layout_->OwnedBytes(rank_).first : 0;
-  }
-  // Bytes of the parameter arrays: the parameter-byte space, or this rank's
-  // part of it (page-rounded).
-  int64_t param_array_bytes() const {
-    if (!params_partitioned()) return layout_->total_param_bytes();
-    const auto [b0, b1] = layout_->OwnedBytes(rank_);
-    return IoBytes(std::max<int64_t>(1, b1 - b0));
-  }
-  // The bytes of module m this rank keeps: [first, second) of the
-  // parameter-byte space (partitioned: its part of the module, possibly
-  // empty; else the whole module).
-  std::pair<int64_t, int64_t> ModulePiece(int m) const;
-  // Partitioned parameters: module m's bytes gathered from every rank into
-  // `buf` (a collective; device memory when gathers_on_device(), else
-  // host memory); or issued, `done` recorded after it, and waited for with
-  // WaitGathered. With offload_param nvme this rank's piece is read from
-  // NVMe first (waited for), into `*piece` when issued, which must stay
-  // until `done`. `updated` (offload_param cpu, a step in flight that has
-  // finished this rank's piece of the module): its part is sent from the
-  // step's copy-out target.
-  Status GatherModule(int m, uint8_t* buf, bool updated = false);
-  Status IssueGatherModule(int m, uint8_t* buf, gpu::Event* done, AlignedBuffer* piece,
-                           bool updated = false);
-  Status WaitGathered(gpu::Event& done);
-  std::pair<int64_t, int64_t> owned_elems() const { return layout_->OwnedElems(rank_); }
-  int64_t state_base() const { return owned_elems().first; }
-  std::pair<size_t, size_t> owned_groups() const { return layout_->OwnedGroups(rank_); }
-  bool OwnsGroup(size_t g) const {
-    const auto [g0, g1] = layout_->OwnedGroups(rank_);
-    return g >= g0 && g < g1;
-  }
+  // Partitioned: what this rank sends of module m in a gather, in device
+  // memory when gathers_on_device() and not `to_host`, else in host memory:
+  // the host copy (cpu; with `updated`, a step in flight that has finished
+  // this rank's piece of the module, the step's copy-out target) or the
+  // device block (none), from param_byte_base(); or its piece of the module
+  // in *piece, from ModulePiece(m).first: read from NVMe (nvme), or copied
+  // from the device block (none with `to_host`). Waited for; *piece must
+  // stay until the gather has read it.
+  StatusOr<PartBytes> PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece);
 
   OffloadDevice optimizer_place() const { return placement_.optimizer; }
   OffloadDevice param_place() const { return placement_.params; }
@@ -235,7 +196,9 @@ class StateStore {
   // Module m's current parameter bytes (module(m).bytes(), tensors at their
   // layout offsets) into buf (IoBytes of that, aligned), and back: written to
   // where fetches read them (device block and mirror, host copy, or the
-  // active NVMe version) and to next_params().
+  // active NVMe version) and to next_params(). Partitioned parameters:
+  // Read is refused (a module comes from the ranks: PartOf and a
+  // ParamGatherer); Write keeps this rank's piece of `buf` (ModulePiece).
   Status ReadModuleParams(int m, void* buf);
   Status WriteModuleParams(int m, const void* buf);
 
@@ -259,21 +222,14 @@ class StateStore {
   // offload_param none: bytes [offset, offset + bytes) of next_params()
   // copied into the device block at the same offset, waited for.
   Status UploadPart(int64_t offset, size_t bytes);
-  // Partitioned: what this rank sends of module m in a gather, as an array
-  // and the parameter byte at its start: the host copy (cpu; with `updated`
-  // the copy-out target) or the device block (none) from param_byte_base();
-  // or its piece of the module in *piece from ModulePiece(m).first: read
-  // from NVMe (nvme), or copied from the device block for a gather into
-  // host memory (none with `to_host`). Waited for.
-  struct Part {
-    const uint8_t* data = nullptr;
-    int64_t first_byte = 0;
-  };
-  StatusOr<Part> PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece);
   // Partitioned, offload_param nvme: this rank's piece of module m (active
   // version) read into *piece (allocated), and written back from it.
   Status ReadPiece(int m, AlignedBuffer* piece);
   Status WritePiece(int m, const AlignedBuffer& piece);
+  bool params_partitioned() const { return part_.params_partitioned(); }
+  int64_t param_byte_base() const { return part_.param_byte_base(); }
+  int64_t param_array_bytes() const { return part_.param_array_bytes(); }
+  std::pair<int64_t, int64_t> ModulePiece(int m) const { return part_.ModulePiece(m); }
   Status OpenNvme(
       int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
       const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>& wrap);
@@ -282,9 +238,8 @@ class StateStore {
   const Layout* layout_;
   StepCounters* counters_;
   const Config* cfg_;
+  const Partition& part_;
   Placement placement_;
-  int rank_ = 0;
-  ParamGather gather_;
 
   HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;          // offload_optimizer cpu
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none

@@ -1,6 +1,9 @@
-// src/scheduler/step_progress.h — what the parameter fetcher needs to know
-// of an optimizer step in flight, told by the optimizer back-end
-// (optimizer_backend.h) without the fetcher knowing which one runs.
+// src/scheduler/step_progress.h — what the parameter fetcher and the
+// optimizer back-end need of each other, without either knowing the other's
+// class: the fetcher asks about an optimizer step in flight (StepProgress,
+// told by the back-end, optimizer_backend.h); a back-end whose step rewrites
+// the parameters in place drops the fetcher's device copies (DeviceCopies,
+// implemented by ParamFetcher).
 //
 // Threading: the engine's (main) thread only.
 #pragma once
@@ -31,6 +34,15 @@ class StepProgress {
   // holds them (the caller reads the new version from NVMe). REQUIRES:
   // module_ready(m).
   virtual gpu::PinnedBuffer TakeUpdatedModule(int m) { return {}; }
+};
+
+// The device copies of the parameters the fetcher holds.
+class DeviceCopies {
+ public:
+  virtual ~DeviceCopies() = default;
+  // The parameters changed: every device copy is dropped once the work that
+  // uses it is done.
+  virtual Status InvalidateAll() = 0;
 };
 
 }  // namespace strata::scheduler

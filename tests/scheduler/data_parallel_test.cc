@@ -4,6 +4,8 @@
 // reference trains batches s*W .. s*W + W-1 as W micro-batches of step s,
 // each gradient scaled by 1/W (a framework's loss / gradient_accumulation_steps),
 // so both apply the mean gradient of the same global batch.
+#include "src/scheduler/data_parallel.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -24,9 +26,8 @@
 
 #include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
-#include "src/scheduler/data_parallel.h"
-#include "src/scheduler/layout.h"
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/layout.h"
 #include "src/scheduler/scheduler.h"
 #include "tests/multi_rank.h"
 #include "tests/scheduler/toy_engine_model.h"
@@ -1167,29 +1168,27 @@ void DeadPeerScenario(const RankEnv& e) {
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i * 7 + e.rank);
   const scheduler::ModuleExtent& m0 = layout.module(0);
   std::vector<uint8_t> dst(static_cast<size_t>(m0.bytes()));
-  using Memory = scheduler::DataParallel::Memory;
+  using scheduler::Memory;
+  const scheduler::PartBytes mine{all.data(), 0};
   // Both ranks connected and gathered once; then rank 1 dies.
-  RANK_OK((*dp)->GatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(), Memory::kHost));
+  RANK_OK((*dp)->GatherModule(0, mine, dst.data(), Memory::kHost));
   if (e.rank == 1) raise(SIGKILL);
   auto event = (*dev)->CreateEvent();
   RANK_OK(event.status());
   const std::string who = "data parallelism (rank 0 of 2)";
   auto expect_named = [&](const Status& s, const char* path, const char* what) {
     RANK_CHECK(!s.ok(), "{} succeeded without its peer", path);
-    RANK_CHECK(s.ToString().find(who) != std::string::npos &&
-                   s.ToString().find(what) != std::string::npos,
-               "{}: the error does not name the rank and '{}': {}", path, what, s.ToString());
+    RANK_CHECK(
+        s.ToString().find(who) != std::string::npos && s.ToString().find(what) != std::string::npos,
+        "{}: the error does not name the rank and '{}': {}", path, what, s.ToString());
   };
   // The gather ahead is enqueued (no collective has failed yet), then fails.
-  RANK_OK((*dp)->IssueGatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(),
-                                  Memory::kHost, event->get()));
+  RANK_OK((*dp)->IssueGatherModule(0, mine, dst.data(), Memory::kHost, event->get()));
   expect_named((*dp)->WaitGathered(**event), "the wait on a gather ahead", "(prefetched)");
-  expect_named((*dp)->IssueGatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(),
-                                       Memory::kHost, event->get()),
+  expect_named((*dp)->IssueGatherModule(0, mine, dst.data(), Memory::kHost, event->get()),
                "a gather ahead's enqueue", "(prefetched)");
-  expect_named((*dp)->GatherRange(m0.byte_begin, m0.byte_end, all.data(), 0, dst.data(),
-                                  Memory::kHost),
-               "a gather", "gathering a module's parameters");
+  expect_named((*dp)->GatherModule(0, mine, dst.data(), Memory::kHost), "a gather",
+               "gathering a module's parameters");
   std::vector<float> acc(static_cast<size_t>(layout.total_elems()), 1.0f);
   expect_named((*dp)->ReduceGradients(acc.data()), "a reduction", "gradients");
   expect_named((*dp)->AllGatherBytes("x").status(), "a byte exchange", "exchanging");

@@ -63,11 +63,11 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
 struct Rig {
   Rig(const Layout& layout, const std::vector<std::vector<float>>& init, OffloadDevice opt,
       int64_t buffer_count)
-      : layout(layout) {
+      : layout(layout), part(&layout) {
     dev = testing::MakeHostDevice(1 << 20);
     if (dev == nullptr) return;
     cfg = testing::StoreConfig(opt, OffloadDevice::kCpu, dir.str(), buffer_count);
-    store = std::make_unique<StateStore>(dev.get(), &layout, &counters, &cfg);
+    store = std::make_unique<StateStore>(dev.get(), &layout, part, &counters, &cfg);
     open = testing::OpenStore(
         *store, cfg, layout, init,
         [this](std::unique_ptr<nvme::IoEngine> inner) -> std::unique_ptr<nvme::IoEngine> {
@@ -152,6 +152,7 @@ struct Rig {
   }
 
   const Layout& layout;
+  Partition part;  // one rank
   ::strata::testing::ScratchDir dir;
   StepCounters counters{false};
   std::unique_ptr<gpu::Device> dev;

@@ -100,16 +100,16 @@ class FetcherTest : public ::testing::TestWithParam<OffloadDevice> {
     cfg_ = testing::StoreConfig(OffloadDevice::kCpu, GetParam(), dir_.str());
     auto rng = ::strata::testing::MakeRng(&seed_);
     init_ = testing::RandomInit(layout_, rng);
-    store_ = std::make_unique<StateStore>(dev_.get(), &layout_, &counters_, &cfg_);
+    store_ = std::make_unique<StateStore>(dev_.get(), &layout_, part_, &counters_, &cfg_);
     ASSERT_OK(testing::OpenStore(*store_, cfg_, layout_, init_));
-    fetcher_ =
-        std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, &gate_, fo);
+    fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), nullptr,
+                                              &counters_, &gate_, fo);
     ASSERT_OK(fetcher_->Init());
   }
   // A new fetcher (and trace) with other options.
   void Refetcher(FetchOptions fo) {
-    fetcher_ =
-        std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), &counters_, &gate_, fo);
+    fetcher_ = std::make_unique<ParamFetcher>(dev_.get(), &layout_, store_.get(), nullptr,
+                                              &counters_, &gate_, fo);
     ASSERT_OK(fetcher_->Init());
   }
   void TearDown() override {
@@ -165,6 +165,7 @@ class FetcherTest : public ::testing::TestWithParam<OffloadDevice> {
   ::strata::testing::ScratchDir dir_;
   uint64_t seed_ = 0;
   Layout layout_;
+  Partition part_{&layout_};  // one rank
   StepCounters counters_{false};
   std::unique_ptr<gpu::Device> dev_;
   Config cfg_;
