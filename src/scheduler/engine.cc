@@ -162,12 +162,6 @@ class EngineImpl final : public Engine {
   // Stage 3 with several ranks: each rank keeps its part of the parameters,
   // and fetches gather modules (decided before Plan() builds the Partition).
   bool PartitionsParams() const { return dp_ && cfg_.zero_optimization.stage == 3; }
-  // With several ranks, strata.overlap_optimizer applies at stage 3 with
-  // offload_param cpu (each module gathered from the ranks' copy-out
-  // targets as their steps finish it); elsewhere the step runs inline.
-  bool OverlapsWithRanks() const {
-    return cfg_.zero_optimization.stage == 3 && param_place() == OffloadDevice::kCpu;
-  }
   // How the ranks exchange for a checkpoint (null with one rank).
   const scheduler::CheckpointRanks* CheckpointRanks() const {
     return dp_ ? &checkpoint_ranks_ : nullptr;
@@ -201,6 +195,9 @@ class EngineImpl final : public Engine {
   std::vector<Registration> regs_;
   std::unordered_map<std::string, int> by_name_;
   Layout layout_;
+  // Where everything goes, with its decided policies, as the plan was
+  // computed for it.
+  scheduler::Placement placement_;
   // Who this rank is and what it owns: built once by Plan(), immutable after.
   std::unique_ptr<const scheduler::Partition> part_;
   scheduler::CheckpointRanks checkpoint_ranks_;
@@ -318,15 +315,7 @@ Status EngineImpl::Init() {
 }
 
 Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
-  const auto& zo = cfg_.zero_optimization;
   // (DataParallel::Create refuses the stages it does not partition.)
-  if (cfg_.strata.overlap_optimizer && !OverlapsWithRanks())
-    STRATA_LOG_INFO(
-        "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
-        "rank, or to stage 3 with offload_param cpu): {}",
-        comm.rank, comm.world_size,
-        zo.stage == 3 ? "each module's parameters are gathered from the ranks when it is fetched"
-                      : "the ranks' parameters are gathered after it");
   // Each rank's swap files in a directory of its own.
   auto per_rank = [&](std::vector<std::string>& paths) -> Status {
     for (std::string& p : paths) {
@@ -504,6 +493,15 @@ Status EngineImpl::Plan() {
     placement.fold_override = 0;  // the reduction reads one accumulator
     if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
   }
+  if (dp_ && cfg_.strata.overlap_optimizer && !placement.overlap_step()) {
+    STRATA_LOG_INFO(
+        "rank {} of {}: the optimizer step runs inline (strata.overlap_optimizer applies to one "
+        "rank, or to stage 3 with offload_param cpu): {}",
+        dp_->rank(), dp_->world_size(),
+        zo.stage == 3 ? "each module's parameters are gathered from the ranks when it is fetched"
+                      : "the ranks' parameters are gathered after it");
+  }
+  placement_ = placement;
   scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   // (Every rank plans for the largest part.)
   if (part_->params_partitioned())
@@ -905,12 +903,10 @@ Status EngineImpl::EndWindow(StepStats* st) {
   p.hp = p.group_hp[0];
   p.delayed = cfg_.strata.delayed_param_update &&
               backend_->steps() >= cfg_.strata.delayed_param_update_warmup;
-  // With several ranks the step runs inline (the ranks' parameters are
-  // gathered after it) but with delayed_param_update, whose step the next
-  // Step() joins on every rank: the gather happens there; and at stage 3
-  // with offload_param cpu, where each module is gathered at its fetch once
-  // every rank's step has finished its piece (StepProgress).
-  p.background = p.delayed || (cfg_.strata.overlap_optimizer && (!dp_ || OverlapsWithRanks()));
+  // Beside the next window where the plan decided so (Placement::
+  // overlap_step), and with delayed_param_update, whose step the next
+  // Step() joins on every rank (with several ranks the gather happens there).
+  p.background = p.delayed || placement_.overlap_step();
   const int64_t before = backend_->steps();
   Status launched = backend_->Launch(p);
   st->applied = backend_->steps() > before;

@@ -59,7 +59,8 @@ Status GradStore::Open() {
   slots_.clear();
   for (int64_t i = 0; i < num_slots_; ++i) {
     Slot s;
-    ASSIGN_OR_RETURN(s.buf, AlignedBuffer::Allocate(bytes, kIoAlign));
+    s.buf = std::make_unique<HostArray>();
+    RETURN_IF_ERROR(s.buf->Allocate(static_cast<int64_t>(bytes), nullptr, "gradient cache"));
     slots_.push_back(std::move(s));
   }
   records_.assign(layout_->num_groups(), Record{});
@@ -79,9 +80,9 @@ void GradStore::WriteBehind(int s) {
   Slot& slot = slots_[static_cast<size_t>(s)];
   const auto g = static_cast<size_t>(slot.group);
   Record& r = records_[g];
-  ComputeNorm(g, slot.buf.as<float>());
+  ComputeNorm(g, slot.buf->as<float>());
   slot.write_issue_ns = NowNanos();
-  slot.write = store_->WriteGrads(g, slot.buf.data(), io_bytes(g));
+  slot.write = store_->WriteGrads(g, slot.buf->data(), io_bytes(g));
   r.dirty = false;
 }
 
@@ -157,7 +158,7 @@ Status GradStore::Update(size_t g, const std::function<Status(float* sums)>& add
     RETURN_IF_ERROR(WaitWrite(s));  // the write reads the slot
   } else {
     ASSIGN_OR_RETURN(s, AcquireSlot(g));
-    float* sums = slots_[static_cast<size_t>(s)].buf.as<float>();
+    float* sums = slots_[static_cast<size_t>(s)].buf->as<float>();
     if (r.where == Where::kNvme) {
       // Part of this window's sum (an earlier micro-batch): read back.
       const int64_t t0 = NowNanos();
@@ -181,14 +182,14 @@ Status GradStore::Update(size_t g, const std::function<Status(float* sums)>& add
   slot.used = ++clock_;
   r.dirty = true;
   r.norm_valid = false;
-  return add(slot.buf.as<float>());
+  return add(slot.buf->as<float>());
 }
 
 Status GradStore::EnsureNorm(size_t g, AlignedBuffer* tmp) {
   Record& r = records_[g];
   if (r.norm_valid || r.where == Where::kZero) return Status();  // zero: every block +0
   if (r.where == Where::kCached) {
-    ComputeNorm(g, slots_[static_cast<size_t>(r.slot)].buf.as<float>());
+    ComputeNorm(g, slots_[static_cast<size_t>(r.slot)].buf->as<float>());
     return Status();
   }
   // Only written in an earlier micro-batch of the window: read back.
@@ -247,7 +248,7 @@ nvme::IoHandle GradStore::Source(size_t g, float* buf, const float** sums) {
   if (r.where == Where::kCached) {
     Slot& slot = slots_[static_cast<size_t>(r.slot)];
     slot.busy = true;
-    *sums = slot.buf.as<float>();
+    *sums = slot.buf->as<float>();
     return nvme::IoHandle::Completed(Status());
   }
   *sums = buf;

@@ -40,6 +40,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/thread_annotations.h"
 #include "src/nvme/nvme.h"
+#include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/step_counters.h"
 #include "strata/status.h"
@@ -104,10 +105,10 @@ class GradStore {
   // Where a sub-group's sums are.
   enum class Where { kZero, kCached, kNvme };
   struct Slot {
-    AlignedBuffer buf;
-    int group = -1;        // the sub-group it holds, -1: free
-    bool busy = false;     // read by the step (Source .. Consumed)
-    nvme::IoHandle write;  // write-behind in flight (or landed, not waited)
+    std::unique_ptr<HostArray> buf;  // (a HostArray: counted with the plan's DRAM row)
+    int group = -1;                  // the sub-group it holds, -1: free
+    bool busy = false;               // read by the step (Source .. Consumed)
+    nvme::IoHandle write;            // write-behind in flight (or landed, not waited)
     int64_t write_issue_ns = 0;
     uint64_t used = 0;  // LRU stamp
   };

@@ -4,6 +4,7 @@
 // Threading: not synchronized; its owner's.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -32,7 +33,16 @@ class HostArray {
   bool pinned() const { return pinned_by_ != nullptr; }
   void swap(HostArray& o);
 
+  // The bytes every HostArray of the process holds now, page-locked and
+  // pageable (what the tier plan's pinned and dram rows account for).
+  struct Live {
+    int64_t pinned = 0;
+    int64_t pageable = 0;
+  };
+  static Live LiveBytes();
+
  private:
+  void Release();
   AlignedBuffer buf_;
   int64_t bytes_ = 0;
   gpu::Device* pinned_by_ = nullptr;

@@ -62,7 +62,8 @@ class Partition {
   // The parameter bytes this rank keeps: its part of the parameter-byte
   // space when the parameters are partitioned (Layout::OwnedBytes), else
   // the whole space. The parameter arrays start at param_byte_base() and
-  // are param_array_bytes() long (page-rounded).
+  // are param_array_bytes() long (page-rounded): with partitioned
+  // parameters the largest rank's part, on every rank, as the plan counts.
   std::pair<int64_t, int64_t> param_bytes() const {
     return params_partitioned_ ? layout_->OwnedBytes(rank_)
                                : std::pair<int64_t, int64_t>{0, layout_->total_param_bytes()};
@@ -70,8 +71,7 @@ class Partition {
   int64_t param_byte_base() const { return param_bytes().first; }
   int64_t param_array_bytes() const {
     if (!params_partitioned_) return layout_->total_param_bytes();
-    const auto [b0, b1] = param_bytes();
-    return IoBytes(std::max<int64_t>(1, b1 - b0));
+    return IoBytes(layout_->MaxOwnedBytes());
   }
   // The bytes of module m this rank keeps, [first, second) of the
   // parameter-byte space: its part of the module (possibly empty) when the

@@ -182,6 +182,7 @@ namespace {
 TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
                              bool grads_on_nvme) {
   TierPlan plan;
+  plan.placement = pl;
   plan.grads_on_nvme = grads_on_nvme;
   const int64_t n = s.total_elems;
   // This rank's optimizer states (data parallelism: its partition).
@@ -245,9 +246,11 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));
 
   // Pinned: staging pools (+ the optimizer states when pin_memory).
+  // (The device optimizer keeps the gradients in HBM: no staging.)
   TierSum pinned;
-  pinned.Add(kGradStagingBuffers * s.grad_staging_bytes,
-             "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
+  if (!pl.device_optimizer)
+    pinned.Add(kGradStagingBuffers * s.grad_staging_bytes,
+               "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
   if (pl.optimizer == OffloadDevice::kNvme) {
     const int64_t per = OptimizerBufferBytes(s.max_group_elems, grads_on_nvme);
     plan.optimizer_buffer_bytes = per;
@@ -255,16 +258,19 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
                            FormatBytes(per), grads_on_nvme ? " (states and gradients)" : ""));
   }
-  // (offload_param nvme: the fetch pool below receives the gathers.)
+  // The parameter pools' buffers: the largest module, page-rounded (the
+  // NVMe reads' unit). (offload_param nvme: the fetch pool below receives
+  // the gathers.)
+  const int64_t module_buffer = IoBytes(std::max<int64_t>(s.max_module_bytes, kIoAlign));
   if (partitioned && pl.params == OffloadDevice::kCpu)
-    pinned.Add(pl.param_buffer_count * s.max_module_bytes,
-               fmt::format("parameter gather {} x {}", pl.param_buffer_count,
-                           FormatBytes(s.max_module_bytes)));
+    pinned.Add(
+        pl.param_buffer_count * module_buffer,
+        fmt::format("parameter gather {} x {}", pl.param_buffer_count, FormatBytes(module_buffer)));
   if (pl.params == OffloadDevice::kNvme) {
-    pinned.Add(pl.param_buffer_count * s.max_module_bytes,
-               fmt::format("parameter fetch {} x {}", pl.param_buffer_count,
-                           FormatBytes(s.max_module_bytes)));
-    const int64_t per = IoBytes(std::max<int64_t>(s.max_module_bytes, kIoAlign));
+    pinned.Add(
+        pl.param_buffer_count * module_buffer,
+        fmt::format("parameter fetch {} x {}", pl.param_buffer_count, FormatBytes(module_buffer)));
+    const int64_t per = module_buffer;
     plan.param_write_bytes = kParamWriteBuffers * per;
     pinned.Add(plan.param_write_bytes,
                fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
@@ -277,8 +283,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
   // offload_param nvme: none (the write-back buffers above; with several
   // ranks each writes its pieces of the modules the same way).
-  const bool swaps = pl.params == OffloadDevice::kCpu ||
-                     (pl.params == OffloadDevice::kNone && pl.overlap_optimizer);
+  const bool swaps = pl.params == OffloadDevice::kCpu || pl.param_mirror();
   const bool copies_all = pl.params != OffloadDevice::kNvme;
   // The host arrays: every parameter's bytes, or this rank's part of them.
   const int64_t host_param_bytes =
@@ -293,7 +298,11 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (!copies_all) {
     // Nothing to place.
   } else if (plan.pin_param_copies) {
-    pinned.Add(plan.param_copy_bytes, copies + " (cross PCIe every step)");
+    // (The device optimizer updates the parameters in HBM: the host copy
+    // only carries initial values and loaded checkpoints there.)
+    pinned.Add(plan.param_copy_bytes,
+               copies + (pl.device_optimizer ? " (uploaded at start and at loads)"
+                                             : " (cross PCIe every step)"));
   } else {
     pinned.parts.push_back(fmt::format("not pinned: {} (budget left {})", copies,
                                        FormatBytes(std::max<int64_t>(0, pinned_left))));
@@ -312,10 +321,12 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   if (plan.device_grad_accumulator && !grads_on_nvme && !pl.device_optimizer &&
       !pl.delayed_param_update) {
     const int64_t left = facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
-    if (accumulator <= left) {
+    // (Page-locked in whole pages.)
+    const int64_t locked = IoBytes(accumulator);
+    if (locked <= left) {
       plan.pin_grad_accumulator = true;
-      pinned.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator) +
-                                  " (the window's sums copied in)");
+      pinned.Add(locked,
+                 "gradient accumulator " + FormatBytes(locked) + " (the window's sums copied in)");
     }
   }
   plan.budgets.push_back(pinned.Budget("pinned", facts.pinned_budget));
@@ -362,7 +373,7 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
     dram.Add(states, "optimizer states " + FormatBytes(states));
   if (pl.params == OffloadDevice::kCpu && !plan.pin_param_copies)
     dram.Add(host_param_bytes, "parameters " + FormatBytes(host_param_bytes));
-  if (pl.params == OffloadDevice::kNone && pl.overlap_optimizer && !plan.pin_param_copies)
+  if (pl.param_mirror() && !plan.pin_param_copies)
     dram.Add(host_param_bytes,
              "parameter mirror (overlap_optimizer) " + FormatBytes(host_param_bytes));
   if (pl.delayed_param_update)

@@ -49,6 +49,22 @@ struct Placement {
   int world_size = 1;
   int64_t collective_staging_bytes = 0;
 
+  // ---- Policies decided from the fields above (one place for each) ----
+  // The optimizer step runs beside the next forward pass, and the next
+  // fetches read its new parameters (StepProgress): strata.overlap_optimizer
+  // where it applies, with one rank or at stage 3 with offload_param cpu
+  // (each module gathered from the ranks as their steps finish it); never
+  // with the device optimizer. Elsewhere the step runs inline (a
+  // delayed_param_update step runs beside the next window either way).
+  bool overlap_step() const {
+    return overlap_optimizer && !device_optimizer &&
+           (world_size <= 1 || (stage == 3 && params == OffloadDevice::kCpu));
+  }
+  // offload_param none with overlap_step(): modules are uploaded into the
+  // device block as the step finishes them, and a host mirror of the block
+  // undoes a step that fails half-way.
+  bool param_mirror() const { return params == OffloadDevice::kNone && overlap_step(); }
+
   static Placement FromConfig(const Config& config);
 };
 
@@ -107,6 +123,9 @@ inline constexpr int64_t kGradCacheSlots = 2;
 inline constexpr int64_t kParamWriteBuffers = 4;
 
 struct TierPlan {
+  // The placement the plan was computed for, with its decided policies:
+  // what the store allocates and the back-ends do.
+  Placement placement;
   std::vector<TierBudget> budgets;  // hbm, pinned, [nvme], dram; detail says what each holds
   bool fits = true;
   // The host parameter copies the device copies from every step (the

@@ -21,12 +21,7 @@ using gpu::PinnedPool;
 
 StateStore::StateStore(Device* device, const Layout* layout, const Partition& partition,
                        StepCounters* counters, const Config* config)
-    : dev_(device),
-      layout_(layout),
-      counters_(counters),
-      cfg_(config),
-      part_(partition),
-      placement_(Placement::FromConfig(*config)) {}
+    : dev_(device), layout_(layout), counters_(counters), cfg_(config), part_(partition) {}
 
 StateStore::~StateStore() { Close().IgnoreError(); }
 
@@ -75,11 +70,11 @@ Status StateStore::Open(
     const std::function<std::unique_ptr<nvme::IoEngine>(std::unique_ptr<nvme::IoEngine>)>&
         wrap_io_engine,
     int64_t* pinned_bytes) {
-  const auto& zo = cfg_->zero_optimization;
+  placement_ = plan.placement;
   const int64_t n = layout_->partition_elems();         // the owned elements
   const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
   const int64_t param_bytes = param_array_bytes();
-  Device* pin_opt = zo.offload_optimizer.pin_memory ? dev_ : nullptr;
+  Device* pin_opt = placement_.pin_optimizer_states ? dev_ : nullptr;
   Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
   grads_on_nvme_ = plan.grads_on_nvme;
   // offload_param nvme: updated parameters go through write-back buffers
@@ -114,10 +109,10 @@ Status StateStore::Open(
     case OffloadDevice::kNone: {
       ASSIGN_OR_RETURN(device_params_, dev_->Allocate(static_cast<size_t>(param_bytes)));
       ASSIGN_OR_RETURN(params_uploaded_, dev_->CreateEvent());
-      // With the optimizer overlapping the next forward, modules are uploaded
+      // With the step overlapping the next forward, modules are uploaded
       // one by one as the step finishes them; the mirror holds the previous
       // parameters so that a step failing half-way can be undone.
-      mirror_params_ = placement_.overlap_optimizer;
+      mirror_params_ = placement_.param_mirror();
       if (mirror_params_)
         RETURN_IF_ERROR(host_params_.Allocate(param_bytes, pin_par, "parameter mirror"));
       break;

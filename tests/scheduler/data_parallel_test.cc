@@ -27,6 +27,7 @@
 #include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/scheduler.h"
 #include "tests/multi_rank.h"
@@ -224,6 +225,7 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
   const std::string nvme = e.dir + "/nvme-" + (data_parallel ? "dp" : "ref");
   std::filesystem::create_directories(nvme);
   const int G = s.gas;
+  const scheduler::HostArray::Live before = scheduler::HostArray::LiveBytes();
   auto engine = CreateFor(s, ShapeConfig(s, nvme, data_parallel ? G : W * G));
   RANK_OK(engine.status());
   Engine& eng = **engine;
@@ -243,6 +245,19 @@ void Train(const RankEnv& e, const Shape& s, bool data_parallel, const std::stri
     RANK_OK(st.status());
     RANK_CHECK(st->applied, "step {} not applied", step);
     RANK_CHECK(st->world_size == (data_parallel ? W : 1), "world_size {}", st->world_size);
+    // The plan's pinned and DRAM rows are what this rank allocated
+    // (PlanBytesTest for one rank's placements).
+    const scheduler::HostArray::Live live = scheduler::HostArray::LiveBytes();
+    for (const TierBudget& b : eng.Budgets()) {
+      if (b.tier == "dram")
+        RANK_CHECK(b.needed_bytes == live.pageable - before.pageable,
+                   "the plan's dram row {} bytes ({}), allocated {}", b.needed_bytes, b.detail,
+                   live.pageable - before.pageable);
+      if (b.tier == "pinned")
+        RANK_CHECK(b.needed_bytes == st->pinned_high_water_bytes,
+                   "the plan's pinned row {} bytes ({}), allocated {}", b.needed_bytes, b.detail,
+                   st->pinned_high_water_bytes);
+    }
     // (delayed_param_update: the first Step() has no step to join, so
     // nothing to gather.)
     // The collectives' busy time from device events: positive whenever

@@ -4,6 +4,7 @@
 // that cannot fit.
 #include "strata/engine.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,6 +20,7 @@
 
 #include "src/common/dtype.h"
 #include "src/common/half.h"
+#include "src/scheduler/host_array.h"
 #include "src/scheduler/scheduler.h"
 #include "tests/scheduler/toy_engine_model.h"
 #include "tests/test_util.h"
@@ -1299,6 +1301,51 @@ TEST(FoldPlanTest, DelayedParamUpdateDoesNotFold) {
     said |=
         b.detail.find("last micro-batch accumulated (delayed_param_update") != std::string::npos;
   EXPECT_TRUE(said);
+}
+
+// The plan's pinned and DRAM rows are the bytes the engine allocates, in
+// every placement, with the step overlapping the forward pass or inline,
+// and with the device optimizer: nothing the plan counts goes unallocated,
+// and nothing is allocated that it does not count (a host mirror of the
+// device parameters only where an overlapped step uploads modules as it
+// goes). (Two ranks: DataParallelPlacementTest.)
+TEST(PlanBytesTest, PlanRowsAreTheBytesAllocated) {
+  struct Case {
+    OffloadDevice opt, par;
+    bool overlap, device_optimizer;
+  };
+  std::vector<Case> cases;
+  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
+    for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
+      for (bool overlap : {false, true}) cases.push_back({opt, par, overlap, false});
+  cases.push_back({OffloadDevice::kNone, OffloadDevice::kNone, true, true});
+  for (const Case& k : cases) {
+    SCOPED_TRACE(fmt::format("{} overlap {} device optimizer {}",
+                             testing::PlacementName(k.opt, k.par), k.overlap, k.device_optimizer));
+    testing::ScratchDir dir;
+    const scheduler::HostArray::Live before = scheduler::HostArray::LiveBytes();
+    Config c = BaseConfig(k.opt, k.par, dir.str());
+    c.strata.overlap_optimizer = k.overlap;
+    EngineTestHooks hooks;
+    hooks.device_optimizer = k.device_optimizer;
+    auto e = CreateEngine(c, hooks);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Register(**e, 5);
+    ASSERT_NO_FATAL_FAILURE(MicroBatch(**e, 0, Forward()));
+    auto st = (*e)->Step();
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_TRUE((*e)->Synchronize().ok());
+    const scheduler::HostArray::Live after = scheduler::HostArray::LiveBytes();
+    int64_t pinned = 0, dram = 0;
+    std::string detail;
+    for (const TierBudget& b : (*e)->Budgets()) {
+      if (b.tier == "pinned") pinned = b.needed_bytes;
+      if (b.tier == "dram") dram = b.needed_bytes;
+      detail += b.tier + ": " + b.detail + "\n";
+    }
+    EXPECT_EQ(dram, after.pageable - before.pageable) << detail;
+    EXPECT_EQ(pinned, st->pinned_high_water_bytes) << detail;
+  }
 }
 
 }  // namespace

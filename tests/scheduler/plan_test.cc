@@ -84,6 +84,7 @@ TEST(PlanTest, EverythingInHbmFitsAndAddsUp) {
 
   // The overlapping optimizer keeps a DRAM mirror of the device parameters.
   pl.overlap_optimizer = true;
+  EXPECT_TRUE(pl.param_mirror());
   const TierPlan mirrored = ComputeTierPlan(pl, s, f);
   // it swaps with the updated parameters, so both are pinned.
   EXPECT_EQ(Needed(mirrored, "pinned"), 4 * 4096 + 2 * 8192);
@@ -265,7 +266,7 @@ TEST(PlanTest, PartitionedParametersInHbmHoldThePartAndTheSlots) {
   pl.world_size = 2;
   pl.max_live_parameters = 100;  // the working set: 2 modules
   pl.param_buffer_count = 3;     // 2 gathered ahead
-  pl.overlap_optimizer = true;   // (with several ranks: the mirror is kept)
+  pl.overlap_optimizer = true;   // (with several ranks the step runs inline: no mirror)
   const TierPlan plan = ComputeTierPlan(pl, s, {});
   // part + 2 gather buffers + persistent + 2 parameter slots + 2 gradient
   // slots + 12 B/element of states.
@@ -275,8 +276,10 @@ TEST(PlanTest, PartitionedParametersInHbmHoldThePartAndTheSlots) {
   EXPECT_THAT(hbm, HasSubstr("parameters (this rank's part of 2) 4.00 KiB"));
   EXPECT_THAT(hbm, HasSubstr("parameter gather 2 x 4.00 KiB"));
   EXPECT_THAT(Find(plan, "pinned")->detail, Not(HasSubstr("parameter gather")));
-  EXPECT_THAT(Find(plan, "pinned")->detail, HasSubstr("parameter copies 2 x 4.00 KiB"));
-  EXPECT_EQ(plan.param_copy_bytes, 2 * 4096);
+  EXPECT_THAT(Find(plan, "pinned")->detail, HasSubstr("updated parameters 4.00 KiB"));
+  EXPECT_EQ(plan.param_copy_bytes, 4096);
+  EXPECT_FALSE(pl.overlap_step());
+  EXPECT_FALSE(pl.param_mirror());
   // Not partitioned: every parameter in HBM, no slots for them.
   s.partitioned_param_bytes = 0;
   const TierPlan whole = ComputeTierPlan(pl, s, {});
