@@ -7,18 +7,28 @@
 // NVMe write. Its parts, each owning its state and tested on its own:
 //
 //   layout.h          Layout: parameters, module extents, sub-groups, alignment
-//   plan.h            ComputeTierPlan: needed vs available per tier, the table
+//   partition.h       Partition: who this rank is and what it owns, built once
+//                     by Plan(); ParamGatherer, RankExchange: how the other
+//                     parts reach the other ranks
+//   plan.h            Placement (with its decided policies) and ComputeTierPlan:
+//                     needed vs available per tier, the table
 //   state_store.h     StateStore: states and parameter copies, NVMe versions,
 //                     Commit / Rollback (the only place versions flip)
-//   param_fetcher.h   ParamFetcher: residency per module, prefetch, eviction
+//   param_fetcher.h   ParamFetcher: residency per module, prefetch, eviction,
+//                     gathers of partitioned modules
 //   grad_offloader.h  GradOffloader: gradient D2H chunks -> fp32 accumulator
+//   grad_store.h      GradStore: the window's gradient sums on NVMe
 //   optimizer_step.h  OptimizerStep: the step over every sub-group, its thread,
 //                     the NVMe state ring, the state read-ahead
 //   optimizer_backend.h  OptimizerBackend: where gradients go and the optimizer
-//                     runs, chosen once by the plan; StepProgress for the fetcher
+//                     runs, chosen once by the plan
+//   step_progress.h   StepProgress (the back-end tells the fetcher about a step
+//                     in flight) and DeviceCopies (the fetcher's copies a step drops)
 //   host_optimizer.h  HostOptimizer: GradOffloader + OptimizerStep, the step
 //                     in flight, commit / rollback
 //   device_optimizer.h  DeviceOptimizer: offload_optimizer none on a GPU (all in HBM)
+//   data_parallel.h   DataParallel: the ranks' collectives (reductions, gathers,
+//                     checks) and overlap_comm's OverlapIssuer
 //   step_counters.h   StepCounters: busy times, bytes, NVMe busy union, timeline
 //   rate_probes.h     the PCIe and accumulation rates the plan measures
 //   hyperparams.h     the optimizer hyperparameters of a step (config + schedule)
@@ -27,12 +37,14 @@
 //   timeline.h        Timeline: the Chrome-trace/Perfetto timeline
 //   checkpoint.h      WriteCheckpoint / ReadCheckpoint: crash-consistent
 //                     checkpoints through the StateStore's accessors
-//   engine.cc         EngineImpl: API checks and the wiring; a training step
+//   engine_impl.h     EngineImpl: engine.cc the step, engine_setup.cc the
+//                     creation and Plan(), engine_state.cc the calls between
+//                     windows
 //
 // Locking: shared fields carry Clang thread-safety annotations
 // (src/common/thread_annotations.h), checked by scripts/check_thread_safety.sh.
 //
-// Engine::Create in engine.cc uses CreateEngine below; tests use it to pass
+// Engine::Create in engine_setup.cc uses CreateEngine below; tests use it to pass
 // a fault-injecting NVMe engine.
 #pragma once
 
