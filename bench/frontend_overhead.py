@@ -45,8 +45,10 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "torch"))
 import train_llama  # noqa: E402  (the model and the token stream)
 
 import strata  # noqa: E402
+from strata import _group, _hooks  # noqa: E402  (the functions --breakdown times)
 
 TORCH_DIR = os.path.dirname(torch.__file__)
+STRATA_DIR = os.path.dirname(os.path.abspath(strata.__file__))
 ENGINE_TIMES = ("fetch_wait_s", "grad_offload_s", "optimizer_s")
 
 
@@ -250,15 +252,22 @@ class _TimedEngine:
         return timed
 
 
-# The frontend's own work around the model: fetching and mapping views,
-# handing gradients over, the saved-tensor hooks, the backward wrappers.
-FRONTEND_METHODS = ("_hold", "_release", "_hand_over", "_pack", "_unpack", "_wrap")
+# The frontend's own work around the model: fetching and mapping views
+# (_Group.hold, release), handing gradients over (_Group.hand_over), the
+# backward wrappers (_hooks._wrap), the saved-tensor hooks (the Engine's
+# _pack, _unpack). As (where, attribute): a class, a module or "engine" (the
+# Engine instance whose side runs).
+FRONTEND_FUNCTIONS = ((_group._Group, "hold"), (_group._Group, "release"),
+                      (_group._Group, "hand_over"), (_hooks, "_wrap"),
+                      ("engine", "_pack"), ("engine", "_unpack"))
 
 
 def breakdown(side, data, first, args):
     """Seconds over args.steps steps: wall, each engine call, and the
-    frontend's methods less the engine calls inside them. Timers wrap the
-    instance (one perf_counter pair per call: ~1 us each)."""
+    frontend's functions less the engine calls inside them. Timers replace
+    the class's, the module's and the instance's attributes for the run and
+    the originals go back after it (one perf_counter pair per call: ~1 us
+    each)."""
     engine = side.engine
     calls = {}
     counts = {}
@@ -267,9 +276,9 @@ def breakdown(side, data, first, args):
     real = engine._engine
     engine._engine = _TimedEngine(real, calls, counts)
 
-    def wrap(name):
-        f = getattr(engine, name)
-
+    def timed_version(f):
+        # A plain function: as a class attribute it binds like the original
+        # (self comes first), as a module or instance attribute it does not.
         def timed(*a, **k):
             if depth[0]:
                 return f(*a, **k)
@@ -285,13 +294,19 @@ def breakdown(side, data, first, args):
 
         return timed
 
-    for name in FRONTEND_METHODS:
-        setattr(engine, name, wrap(name))
+    # The attributes as stored (vars(): the plain function of a class, the
+    # bound method an Engine keeps in its __dict__), put back as they were.
+    originals = []
     try:
+        for where, name in FRONTEND_FUNCTIONS:
+            owner = engine if where == "engine" else where
+            original = vars(owner)[name]
+            originals.append((owner, name, original))
+            setattr(owner, name, timed_version(original))
         wall, _ = run(side, data, first, args.steps, args.micro_batch, args.seq)
     finally:
-        for name in FRONTEND_METHODS:
-            delattr(engine, name)
+        for owner, name, original in reversed(originals):
+            setattr(owner, name, original)
         engine._engine = real
     out = {"wall": wall}
     for name in sorted(calls):
@@ -304,18 +319,19 @@ def breakdown(side, data, first, args):
 
 
 def profile_breakdown(stats):
-    """Exclusive time by where it is spent: the frontend's Python
-    (strata/engine.py), the engine calls it makes (the _strata extension),
-    torch calls made directly by the frontend (views, copies, placeholders),
-    the rest (the model's forward, autograd, the data)."""
+    """Exclusive time by where it is spent: the frontend's Python (every .py
+    file of the strata package), the engine calls it makes (the _strata
+    extension), torch calls made directly by the frontend (views, copies,
+    placeholders), the rest (the model's forward, autograd, the data)."""
     out = {"engine calls (_strata: fetch, hand-over, step)": 0.0,
-           "frontend Python (strata/engine.py)": 0.0,
+           "frontend Python (strata/*.py)": 0.0,
            "torch ops called by the frontend (copy_, from_dlpack, ...)": 0.0,
            "the rest (model forward and backward, data)": 0.0}
     keys = list(out)
 
     def frontend(func):
-        return func[0].endswith(os.path.join("strata", "engine.py"))
+        path = os.path.abspath(func[0])
+        return path.endswith(".py") and path.startswith(STRATA_DIR + os.sep)
 
     for func, (_, _, tt, _, callers) in stats.stats.items():
         if "_strata." in func[2]:
