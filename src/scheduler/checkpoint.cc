@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/scheduler/hyperparams.h"
+#include "src/scheduler/safetensors.h"
 
 namespace strata::scheduler {
 namespace {
@@ -1337,19 +1339,17 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
   using Ranges = std::vector<std::pair<int64_t, int64_t>>;
   std::vector<std::pair<std::string, Ranges>> sources;
   Ranges param_ranges;
-  Json tensors = Json::object();
-  int64_t data = 0;
+  std::vector<SafetensorsTensor> tensors;
+  std::set<std::string> names;
   auto add_tensor = [&](const ParamRec& p, int64_t file_off) -> Status {
     const int64_t es = fp32 ? 4 : p.elem_size();
     const DType t = fp32 ? DType::kFp32 : p.dtype;
-    if (tensors.contains(p.name))
+    if (!names.insert(p.name).second)
       return FailedPreconditionError(
           fmt::format("checkpoint {}: parameter name {} appears twice", in.path, p.name));
-    tensors[p.name] = {{"dtype", t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16")},
-                       {"shape", Json::array({p.numel})},
-                       {"data_offsets", Json::array({data, data + p.numel * es})}};
+    tensors.push_back(
+        {p.name, t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16"), {p.numel}});
     if (p.numel > 0 && !fp32) param_ranges.emplace_back(file_off, file_off + p.numel * es);
-    data += p.numel * es;
     return Status();
   };
   int64_t module_file_off = 0;
@@ -1370,37 +1370,19 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
           r.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
         }
     }
-  Json header = Json::object();
-  header["__metadata__"] = {{"format", "pt"},
-                            {"strata_checkpoint", in.path},
-                            {"run_id", in.run_id},
-                            {"optimizer_step", std::to_string(in.optimizer_step)},
-                            {"precision", fp32 ? "fp32 masters" : "training dtype"}};
-  for (const auto& [k, v] : tensors.items()) header[k] = v;
-  std::string h;
-  try {
-    h = header.dump();
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(
-        fmt::format("checkpoint {}: a parameter name or the run id is not valid "
-                    "UTF-8 ({})",
-                    in.path, e.what()));
-  }
-  h.append((8 - h.size() % 8) % 8, ' ');
-
-  const std::string tmp = out + ".tmp";
-  struct RemoveOnError {
-    std::string path;
-    ~RemoveOnError() {
-      if (!path.empty()) ::unlink(path.c_str());
-    }
-  } guard{tmp};
-  ASSIGN_OR_RETURN(File f, File::Open(tmp, O_WRONLY | O_CREAT | O_TRUNC));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i)
-    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
-  RETURN_IF_ERROR(f.Append(len, sizeof(len)));
-  RETURN_IF_ERROR(f.Append(h.data(), h.size()));
+  // The header and the file's creation: src/scheduler/safetensors.h. A name
+  // the header cannot hold (not UTF-8, "__metadata__") is the checkpoint's.
+  StatusOr<SafetensorsWriter> created =
+      SafetensorsWriter::Create(out,
+                                {{"format", "pt"},
+                                 {"strata_checkpoint", in.path},
+                                 {"run_id", in.run_id},
+                                 {"optimizer_step", std::to_string(in.optimizer_step)},
+                                 {"precision", fp32 ? "fp32 masters" : "training dtype"}},
+                                tensors);
+  if (created.status().code() == StatusCode::kInvalidArgument)
+    return DataLossError(fmt::format("checkpoint {}: {}", in.path, created.status().message()));
+  ASSIGN_OR_RETURN(SafetensorsWriter f, std::move(created));
 
   // Each source file, read once in chunks: checksummed whole, the ranges copied.
   ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
@@ -1431,19 +1413,12 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
                       "manifest's {})",
                       src_path, Hex32(crc), entry->crc32c));
   }
-  RETURN_IF_ERROR(f.Sync());
-  RETURN_IF_ERROR(f.Close());
-  if (::rename(tmp.c_str(), out.c_str()) != 0)
-    return ErrnoError(fmt::format("rename {} to {}", tmp, out), errno);
-  guard.path.clear();
-  std::error_code ec;
-  const fs::path parent = fs::absolute(out, ec).parent_path();
-  RETURN_IF_ERROR(SyncDir(parent.empty() ? "." : parent.string()));
+  RETURN_IF_ERROR(f.Commit());
   CheckpointExportResult res;
   res.checkpoint = in.path;
   res.optimizer_step = in.optimizer_step;
   res.tensors = static_cast<int64_t>(l.params().size());
-  res.bytes = static_cast<int64_t>(8 + h.size()) + data;
+  res.bytes = f.file_bytes();
   return res;
 }
 

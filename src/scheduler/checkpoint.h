@@ -316,8 +316,9 @@ struct CheckpointExportResult {
 // {...}} padded with spaces to a multiple of 8 bytes, then the tensors' bytes
 // in the flat element order. The checkpoint's files are verified first: an
 // invalid checkpoint is refused (DataLoss naming the file). The file is
-// written to <out>.tmp, fsync'd and renamed; nothing is left at `out` on
-// error.
+// written by SafetensorsWriter (src/scheduler/safetensors.h: a new file of
+// mode 0600 beside `out`, fsync'd and renamed over it; a symlink or anything
+// but a regular file at `out` is refused); nothing is left at `out` on error.
 StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
                                                   ExportPrecision precision);
 

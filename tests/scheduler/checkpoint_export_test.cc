@@ -2,9 +2,12 @@
 // checkpoint written by a small engine holds and whether it verifies;
 // ExportCheckpoint writes safetensors whose fp32 tensors equal ReadParameter
 // bitwise and whose training-dtype tensors equal the engine's working copies
-// byte for byte; a corrupt states.bin is refused naming it.
+// byte for byte; a corrupt states.bin is refused naming it; the file is mode
+// 0600 and a symlink at <out>.tmp or <out> is not followed.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -215,6 +218,39 @@ TEST_F(CheckpointExportTest, CorruptStatesAreRefusedNamingTheFile) {
     EXPECT_FALSE(fs::exists(out));
     EXPECT_FALSE(fs::exists(out + ".tmp"));
   }
+}
+
+// The writer is SafetensorsWriter (tests/scheduler/safetensors_test.cc has
+// the rest): mode 0600, a symlink at <out>.tmp skipped, one at <out> refused.
+TEST_F(CheckpointExportTest, ExportIsMode0600AndFollowsNoSymlink) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  const std::string out = dir_.str() + "/m.safetensors", victim = dir_.str() + "/victim";
+  std::ofstream(victim) << "keep";
+  auto victim_text = [&] {
+    std::ifstream f(victim);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  ASSERT_EQ(::symlink(victim.c_str(), (out + ".tmp").c_str()), 0);
+  const mode_t old_umask = ::umask(022);
+  auto r = ExportCheckpoint(t.root, out, ExportPrecision::kFp32);
+  ::umask(old_umask);
+  ASSERT_TRUE(r.ok()) << r.status();
+  struct stat st;
+  ASSERT_EQ(::lstat(out.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(r->bytes, static_cast<int64_t>(st.st_size));
+  EXPECT_TRUE(fs::is_symlink(out + ".tmp"));
+  EXPECT_EQ(victim_text(), "keep");
+
+  const std::string linked = dir_.str() + "/l.safetensors";
+  ASSERT_EQ(::symlink(victim.c_str(), linked.c_str()), 0);
+  auto refused = ExportCheckpoint(t.root, linked, ExportPrecision::kTrain);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("symbolic link"));
+  EXPECT_TRUE(fs::is_symlink(linked));
+  EXPECT_EQ(victim_text(), "keep");
 }
 
 TEST_F(CheckpointExportTest, NoCheckpointIsNotFound) {
