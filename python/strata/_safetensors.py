@@ -1,18 +1,25 @@
-"""The safetensors writer: write_safetensors(tensors, path) is the whole
-module (engine.save_16bit_model's ".safetensors" files).
+"""The safetensors writer of the frontend: write_safetensors(tensors, path)
+(engine.save_16bit_model's ".safetensors" files).
 
-Promises: a file in the safetensors format (8-byte little-endian header
-length, a JSON header padded with spaces to a multiple of 8, the tensors'
-bytes in order), written to ``path + ".tmp"``, fsynced and renamed over
-``path``; a dtype the format has no name for is an InvalidArgumentError.
-Kept apart so that the C++ writer can replace it in one place.
+Promises: the tensors' bytes and the header's parts go to the C++ writer
+(src/scheduler/safetensors.h, the one checkpoint export uses, through
+_strata.write_safetensors), so both write the same format: an 8-byte
+little-endian header length, a compact JSON header ("__metadata__", then the
+tensors in the order given; names as UTF-8) padded with spaces to a multiple
+of 8, the tensors' bytes in order. The file is created beside ``path`` with
+mode 0600 (O_EXCL | O_NOFOLLOW: a symlink there is never followed), fsynced
+and renamed over ``path``; a symlink or anything but a regular file at
+``path`` is refused (FailedPreconditionError). A dtype the format has no name
+for, or a name or metadata entry that is not a str, is an
+InvalidArgumentError.
 """
 
-import json
 import os
 
 import torch
+import torch.utils.dlpack as _dlpack
 
+from . import _strata
 from ._errors import InvalidArgumentError
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
@@ -22,30 +29,23 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
 
 
 def write_safetensors(tensors, path, metadata=None):
-    """Writes {name: tensor} (CPU copies, contiguous) in the safetensors format:
-    8-byte little-endian header length, a JSON header padded with spaces to a
-    multiple of 8, the tensors' bytes in order."""
-    header = {"__metadata__": dict(metadata or {"format": "pt"})}
-    blobs = []
-    offset = 0
+    """Writes {name: tensor} (CPU copies, contiguous) in the safetensors format,
+    with `metadata` ({str: str}; default {"format": "pt"}) as "__metadata__"."""
+    meta = list(dict(metadata or {"format": "pt"}).items())
+    for k, v in meta:
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise InvalidArgumentError(f"write_safetensors: metadata {k!r}: {v!r}: keys and "
+                                       "values must be str", "InvalidArgument")
+    entries = []
     for name, t in tensors.items():
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"write_safetensors: tensor name {name!r} is not a str",
+                                       "InvalidArgument")
         t = t.detach().to("cpu").contiguous()
         if t.dtype not in _SAFETENSORS_DTYPES:
             raise InvalidArgumentError(f"write_safetensors: {name} has dtype {t.dtype}",
                                        "InvalidArgument")
-        data = t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    tmp = os.fspath(path) + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for data in blobs:
-            f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.fspath(path))
+        data = t.reshape(-1).view(torch.uint8)  # the bytes, without a copy
+        entries.append((name, _SAFETENSORS_DTYPES[t.dtype], list(t.shape),
+                        _dlpack.to_dlpack(data)))
+    _strata.write_safetensors(os.fspath(path), meta, entries)

@@ -14,6 +14,8 @@
 //     written by a Python callable into a capsule over the engine's buffer
 //     when the engine initializes the states (register_parameter_fn).
 //   * ReadParameter returns a capsule that owns its fp32 host buffer.
+//   * write_safetensors consumes uint8 CPU capsules of tensors' bytes and
+//     writes them with the C++ writer (src/scheduler/safetensors.h).
 //
 // Every engine call releases the GIL (hooks may wait for fetches). A non-OK
 // Status becomes a Python exception: strata.StrataError or its subclass for
@@ -26,11 +28,14 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/safetensors.h"
 #include "strata/config.h"
 #include "strata/engine.h"
 #include "strata/status.h"
@@ -159,6 +164,46 @@ std::vector<float> ConsumeFloats(const py::capsule& cap, int64_t numel, const st
   if (m->deleter != nullptr) m->deleter(m);
   return out;
 }
+
+// The bytes of a CPU capsule of uint8 (consumed, as a DLPack consumer does:
+// the producer's deleter runs when this is destroyed); `what` names the
+// tensor in errors.
+class ConsumedBytes {
+ public:
+  ConsumedBytes(const py::capsule& cap, const std::string& what) {
+    PyObject* obj = cap.ptr();
+    if (!PyCapsule_IsValid(obj, kCapsuleName))
+      throw StatusException{InvalidArgumentError(
+          what + ": expected an unconsumed DLPack capsule (torch.utils.dlpack.to_dlpack)")};
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(obj, kCapsuleName));
+    const DLTensor& t = m->dl_tensor;
+    std::string problem;
+    if (t.device.device_type != kDLCPU)
+      problem = "it is not in CPU memory";
+    else if (t.dtype.code != kDLUInt || t.dtype.bits != 8 || t.dtype.lanes != 1)
+      problem = "it is not uint8";
+    else if (t.ndim != 1)
+      problem = "it is not 1-D";
+    else if (t.strides != nullptr && t.shape[0] > 1 && t.strides[0] != 1)
+      problem = "it is not contiguous";
+    if (!problem.empty()) throw StatusException{InvalidArgumentError(what + ": " + problem)};
+    PyCapsule_SetName(obj, kUsedCapsuleName);
+    managed_ = m;
+    if (t.shape[0] > 0)
+      bytes_ = {static_cast<const uint8_t*>(t.data) + t.byte_offset,
+                static_cast<size_t>(t.shape[0])};
+  }
+  ConsumedBytes(const ConsumedBytes&) = delete;
+  ConsumedBytes& operator=(const ConsumedBytes&) = delete;
+  ~ConsumedBytes() {
+    if (managed_->deleter != nullptr) managed_->deleter(managed_);
+  }
+  std::span<const uint8_t> bytes() const { return bytes_; }
+
+ private:
+  DLManagedTensor* managed_ = nullptr;
+  std::span<const uint8_t> bytes_;
+};
 
 // ---- Engine ----------------------------------------------------------------
 
@@ -617,4 +662,27 @@ PYBIND11_MODULE(_strata, m) {
       py::arg("checkpoint_dir"), py::arg("out"), py::arg("dtype") = "fp32",
       "Writes a checkpoint's parameters (fp32 masters or training-dtype copies) as a "
       "safetensors file keyed by the registered names; verifies the checkpoint first.");
+  m.def(
+      "write_safetensors",
+      [](const std::string& path, const std::vector<std::pair<std::string, std::string>>& metadata,
+         const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, py::capsule>>&
+             tensors) {
+        std::vector<std::unique_ptr<strata::python::ConsumedBytes>> held;
+        std::vector<strata::scheduler::SafetensorsTensorData> data;
+        for (const auto& [name, dtype, shape, cap] : tensors) {
+          held.push_back(
+              std::make_unique<strata::python::ConsumedBytes>(cap, "write_safetensors: " + name));
+          data.push_back({{name, dtype, shape}, held.back()->bytes()});
+        }
+        auto r = [&] {
+          py::gil_scoped_release nogil;
+          return strata::scheduler::WriteSafetensors(path, metadata, data);
+        }();
+        if (!r.ok()) throw StatusException{r.status()};
+        return *r;
+      },
+      py::arg("path"), py::arg("metadata"), py::arg("tensors"),
+      "Writes a safetensors file (src/scheduler/safetensors.h): `metadata` as (key, value) "
+      "strings, `tensors` as (name, dtype name such as \"BF16\", shape, DLPack capsule of the "
+      "tensor's bytes as a 1-D uint8 CPU tensor). Returns the file's size.");
 }
