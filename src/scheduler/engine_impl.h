@@ -132,8 +132,9 @@ class EngineImpl final : public Engine {
   // The window's end: drain, join the step in flight, global checks, launch.
   Status EndWindow(StepStats* st);
   // Data parallelism (CommOptions from torchrun's variables, several ranks):
-  // refuses what it does not support yet, naming the key, and gives each rank
-  // its own directory under every nvme_path (rank-<k>). Before the device.
+  // gives each rank its own directory under every nvme_path (rank-<k>) and
+  // its own timeline file. Before the device. (DataParallel::Create refuses
+  // the stages it does not partition, naming the key.)
   Status PrepareDataParallel(const gpu::CommOptions& comm);
   // Stage 3 with several ranks: each rank keeps its part of the parameters,
   // and fetches gather modules (decided before Plan() builds the Partition).
