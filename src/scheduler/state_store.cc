@@ -21,7 +21,12 @@ using gpu::PinnedPool;
 
 StateStore::StateStore(Device* device, const Layout* layout, const Partition& partition,
                        StepCounters* counters, const Config* config)
-    : dev_(device), layout_(layout), counters_(counters), cfg_(config), part_(partition) {}
+    : dev_(device), layout_(layout), counters_(counters), cfg_(config), part_(partition) {
+  ctx_.dev = device;
+  ctx_.layout = layout;
+  ctx_.part = &partition;
+  ctx_.counters = counters;
+}
 
 StateStore::~StateStore() { Close().IgnoreError(); }
 
@@ -33,11 +38,11 @@ Status StateStore::Close() {
 }
 
 std::string StateStore::ModuleShard(int module, int version) {
-  return fmt::format("param.m{}.v{}", module, version);
+  return ModuleShardName(module, version);
 }
 
 std::string StateStore::StateShard(size_t group, int version) {
-  return fmt::format("state.g{}.v{}", group, version);
+  return StateShardName(group, version);
 }
 
 std::string StateStore::GradShard(size_t group) { return fmt::format("grad.g{}", group); }
@@ -60,9 +65,8 @@ nvme::IoHandle StateStore::WriteGrads(size_t g, const void* buf, int64_t bytes) 
 
 int64_t StateStore::pinned_array_bytes() const {
   int64_t bytes = 0;
-  for (const HostArray* a : {&master_h_, &exp_avg_h_, &exp_avg_sq_h_, &host_params_, &next_params_})
-    bytes += a->pinned() ? a->bytes() : 0;
-  return bytes;
+  for (const HostArray* a : {&host_params_, &next_params_}) bytes += a->pinned() ? a->bytes() : 0;
+  return bytes + (states_ ? states_->pinned_bytes() : 0);
 }
 
 Status StateStore::Open(
@@ -71,10 +75,7 @@ Status StateStore::Open(
         wrap_io_engine,
     int64_t* pinned_bytes) {
   placement_ = plan.placement;
-  const int64_t n = layout_->partition_elems();         // the owned elements
-  const int64_t state_array = kMasterBytesPerElem * n;  // one of master, m, v
   const int64_t param_bytes = param_array_bytes();
-  Device* pin_opt = placement_.pin_optimizer_states ? dev_ : nullptr;
   Device* pin_par = plan.pin_param_copies ? dev_ : nullptr;
   grads_on_nvme_ = plan.grads_on_nvme;
   // offload_param nvme: updated parameters go through write-back buffers
@@ -83,28 +84,10 @@ Status StateStore::Open(
   if (placement_.params != OffloadDevice::kNvme)
     RETURN_IF_ERROR(next_params_.Allocate(param_bytes, pin_par, "updated parameters"));
 
-  switch (placement_.optimizer) {
-    case OffloadDevice::kNone: {
-      ASSIGN_OR_RETURN(master_d_, dev_->Allocate(static_cast<size_t>(state_array)));
-      ASSIGN_OR_RETURN(exp_avg_d_, dev_->Allocate(static_cast<size_t>(state_array)));
-      ASSIGN_OR_RETURN(exp_avg_sq_d_, dev_->Allocate(static_cast<size_t>(state_array)));
-      master_ = master_d_.as<float>();
-      exp_avg_ = exp_avg_d_.as<float>();
-      exp_avg_sq_ = exp_avg_sq_d_.as<float>();
-      break;
-    }
-    case OffloadDevice::kCpu:
-      RETURN_IF_ERROR(master_h_.Allocate(state_array, pin_opt, "optimizer states"));
-      RETURN_IF_ERROR(exp_avg_h_.Allocate(state_array, pin_opt, "optimizer states"));
-      RETURN_IF_ERROR(exp_avg_sq_h_.Allocate(state_array, pin_opt, "optimizer states"));
-      master_ = master_h_.as<float>();
-      exp_avg_ = exp_avg_h_.as<float>();
-      exp_avg_sq_ = exp_avg_sq_h_.as<float>();
-      break;
-    case OffloadDevice::kNvme:
-      state_version_.assign(layout_->num_groups(), 0);
-      break;
-  }
+  states_ = StateHome::For(placement_.optimizer, &ctx_);
+  if (placement_.optimizer == OffloadDevice::kNvme)
+    nvme_states_ = static_cast<NvmeStates*>(states_.get());
+  RETURN_IF_ERROR(states_->Allocate(placement_.pin_optimizer_states));
   switch (placement_.params) {
     case OffloadDevice::kNone: {
       ASSIGN_OR_RETURN(device_params_, dev_->Allocate(static_cast<size_t>(param_bytes)));
@@ -172,6 +155,7 @@ Status StateStore::OpenNvme(
   so.paths = UsedNvmePaths(*cfg_);
   so.capacity_bytes = static_cast<uint64_t>(capacity);
   ASSIGN_OR_RETURN(swap_, nvme::SwapStore::Open(so, io_.get()));
+  ctx_.swap = swap_.get();
   const auto [g0, g1] = part_.groups();
   if (placement_.optimizer == OffloadDevice::kNvme)
     for (size_t g = g0; g < g1; ++g)
@@ -203,24 +187,19 @@ Status StateStore::Initialize(
   // (the all-parameter array, or with offload_param nvme the module's NVMe
   // version written when the next module begins). Nothing over every
   // parameter is held when both live on NVMe.
-  const bool nvme_states = placement_.optimizer == OffloadDevice::kNvme;
   const bool nvme_params = placement_.params == OffloadDevice::kNvme;
-  uint8_t* next = next_params();                 // null with offload_param nvme
-  const int64_t n = layout_->partition_elems();  // the owned elements
-  const int64_t base = part_.state_base();
+  uint8_t* next = next_params();  // null with offload_param nvme
   if (next != nullptr) std::memset(next, 0, static_cast<size_t>(param_array_bytes()));
   // Partitioned parameters: only this rank's elements are published.
   const auto [own0, own1] = part_.elems();
   const int64_t pbase = param_byte_base();
-  // The layout's alignment padding holds zeros (layout.h).
-  std::vector<float> all_master;  // offload_optimizer none: copied to the device arena
-  if (placement_.optimizer == OffloadDevice::kNone) all_master.assign(static_cast<size_t>(n), 0.f);
-  if (placement_.optimizer == OffloadDevice::kCpu)
-    std::memset(master_, 0, static_cast<size_t>(n) * sizeof(float));
-  gpu::PinnedBuffer group_buf, module_buf;
-  if (nvme_states) {
-    ASSIGN_OR_RETURN(group_buf, opt_pool_->Acquire(static_cast<size_t>(optimizer_buffer_bytes())));
+  // (The layout's alignment padding holds zeros: layout.h.)
+  if (nvme_states_ != nullptr) {
+    ASSIGN_OR_RETURN(gpu::PinnedBuffer group_buf,
+                     opt_pool_->Acquire(static_cast<size_t>(optimizer_buffer_bytes())));
+    nvme_states_->set_init_buffer(std::move(group_buf));
   }
+  gpu::PinnedBuffer module_buf;
   if (nvme_params) {
     ASSIGN_OR_RETURN(module_buf, param_write_pool_->Acquire(static_cast<size_t>(
                                      IoBytes(std::max<int64_t>(layout_->max_module_bytes(), 1)))));
@@ -255,10 +234,10 @@ Status StateStore::Initialize(
     const SubGroup& sg = layout_->group(g);
     // Every rank publishes every parameter; only the owner keeps its states.
     const bool owned = part_.OwnsGroup(g);
-    float* group_master = nvme_states ? group_buf.as<float>() : nullptr;
-    // master | exp_avg = 0 | exp_avg_sq = 0
-    if (nvme_states && owned)
-      std::memset(group_master, 0, static_cast<size_t>(sg.state_io_bytes()));
+    float* group_master = nullptr;
+    if (owned) {
+      ASSIGN_OR_RETURN(group_master, states_->InitTarget(g));
+    }
     for (const Layout::Slice& sl : layout_->Slices(sg.elem_begin, sg.elem_end)) {
       const ParamRec& p = layout_->param(sl.param);
       if (sl.param != current) {
@@ -270,12 +249,9 @@ Status StateStore::Initialize(
       }
       const int64_t first = sl.elem_begin - p.elem_off;
       const int64_t count = sl.elem_end - sl.elem_begin;
-      float* dst = nvme_states ? group_master + (sl.elem_begin - sg.elem_begin)
-                   : placement_.optimizer == OffloadDevice::kCpu
-                       ? master_ + (sl.elem_begin - base)
-                       : all_master.data() + (sl.elem_begin - base);
       if (owned)
-        std::memcpy(dst, values.data() + first, static_cast<size_t>(count) * sizeof(float));
+        std::memcpy(group_master + (sl.elem_begin - sg.elem_begin), values.data() + first,
+                    static_cast<size_t>(count) * sizeof(float));
       uint8_t* param_bytes = nullptr;
       if (nvme_params) {
         const ModuleExtent& me = layout_->module(p.module);
@@ -300,28 +276,10 @@ Status StateStore::Initialize(
         StoreFromFloat(param_bytes, p.dtype, static_cast<size_t>(i),
                        values[static_cast<size_t>(i)]);
     }
-    if (nvme_states && owned) {
-      const int64_t bytes = sg.state_io_bytes();
-      nvme::IoHandle h =
-          swap_->Write(StateShard(g, 0), 0, group_buf.data(), static_cast<size_t>(bytes));
-      RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
-      counters_->AddNvmeWritten(bytes);
-      initial_nvme_bytes_ += bytes;
-    }
+    if (owned) RETURN_IF_ERROR(states_->InitGroup(g, &initial_nvme_bytes_));
   }
   RETURN_IF_ERROR(write_module());
-  if (placement_.optimizer == OffloadDevice::kCpu) {
-    std::memset(exp_avg_, 0, static_cast<size_t>(n) * sizeof(float));
-    std::memset(exp_avg_sq_, 0, static_cast<size_t>(n) * sizeof(float));
-  } else if (placement_.optimizer == OffloadDevice::kNone) {
-    // In the device arena: device copies and fills.
-    gpu::Stream& s = dev_->compute();
-    RETURN_IF_ERROR(
-        dev_->CopyH2D(master_, all_master.data(), all_master.size() * sizeof(float), s));
-    RETURN_IF_ERROR(dev_->Fill(exp_avg_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
-    RETURN_IF_ERROR(dev_->Fill(exp_avg_sq_, DType::kFp32, static_cast<size_t>(n), 0.f, s));
-    RETURN_IF_ERROR(s.Synchronize());
-  }
+  RETURN_IF_ERROR(states_->FinishInit());
   // Publish the initial parameters (offload_param nvme: written above).
   const int64_t param_bytes = param_array_bytes();
   switch (placement_.params) {
@@ -342,14 +300,10 @@ Status StateStore::Initialize(
   return Status();
 }
 
-nvme::IoHandle StateStore::ReadStates(size_t g, void* buf) {
-  return swap_->Read(StateShard(g, state_version_[g]), 0, buf,
-                     static_cast<size_t>(layout_->group(g).state_io_bytes()));
-}
+nvme::IoHandle StateStore::ReadStates(size_t g, void* buf) { return nvme_states_->Read(g, buf); }
 
 nvme::IoHandle StateStore::WriteStates(size_t g, const void* buf) {
-  return swap_->Write(StateShard(g, 1 - state_version_[g]), 0, buf,
-                      static_cast<size_t>(layout_->group(g).state_io_bytes()));
+  return nvme_states_->Write(g, buf);
 }
 
 nvme::IoHandle StateStore::ReadModule(int m, void* buf, bool updated) {
@@ -442,41 +396,7 @@ Status StateStore::UploadPart(int64_t offset, size_t bytes) {
 }
 
 Status StateStore::ReadMaster(const ParamRec& p, std::span<float> out) {
-  // The owned part of the parameter: [ob, oe).
-  const auto [own0, own1] = part_.elems();
-  const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
-  if (ob >= oe) return Status();
-  const auto owned_bytes = static_cast<size_t>(oe - ob) * sizeof(float);
-  if (placement_.optimizer == OffloadDevice::kCpu) {
-    std::memcpy(out.data() + (ob - p.elem_off), master_ + (ob - own0), owned_bytes);
-    return Status();
-  }
-  if (placement_.optimizer == OffloadDevice::kNone) {  // in the device arena
-    RETURN_IF_ERROR(dev_->CopyD2H(out.data() + (ob - p.elem_off), master_ + (ob - own0),
-                                  owned_bytes, dev_->compute()));
-    return dev_->compute().Synchronize().WithContext("ReadParameter " + p.name);
-  }
-  // From the sub-groups' active NVMe versions: the master is the first third.
-  for (size_t g = 0; g < layout_->num_groups(); ++g) {
-    if (!part_.OwnsGroup(g)) continue;
-    const SubGroup& sg = layout_->group(g);
-    const int64_t b = std::max(sg.elem_begin, p.elem_off);
-    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
-    if (b >= e) continue;
-    // The master's pages of this group, read whole (page-aligned, see kIoAlign).
-    const int64_t first = kMasterBytesPerElem * (b - sg.elem_begin);
-    const int64_t last = kMasterBytesPerElem * (e - sg.elem_begin);
-    const int64_t page0 = first / kIoAlign * kIoAlign;
-    const int64_t len = IoBytes(last) - page0;
-    ASSIGN_OR_RETURN(AlignedBuffer tmp,
-                     AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
-    nvme::IoHandle h = swap_->Read(StateShard(g, state_version_[g]), static_cast<uint64_t>(page0),
-                                   tmp.data(), static_cast<size_t>(len));
-    RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
-    std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0),
-                static_cast<size_t>(last - first));
-  }
-  return Status();
+  return states_->ReadMaster(p, out);
 }
 
 Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values) {
@@ -506,40 +426,8 @@ Status StateStore::WriteMaster(const ParamRec& p, std::span<const float> values)
       RETURN_IF_ERROR(WritePiece(p.module, piece));
     }
   }
-  return WriteOwnedMaster(p, values, own0, own1);
-}
-
-Status StateStore::WriteOwnedMaster(const ParamRec& p, std::span<const float> values, int64_t own0,
-                                    int64_t own1) {
   if (!params_partitioned()) RETURN_IF_ERROR(WriteWorkingCopy(p, values));
-  const int64_t ob = std::max(own0, p.elem_off), oe = std::min(own1, p.elem_off + p.numel);
-  if (ob >= oe) return Status();
-  const size_t bytes = static_cast<size_t>(oe - ob) * sizeof(float);
-  const float* src = values.data() + (ob - p.elem_off);
-  if (placement_.optimizer == OffloadDevice::kCpu) {
-    std::memcpy(master_ + (ob - own0), src, bytes);
-    return Status();
-  }
-  if (placement_.optimizer == OffloadDevice::kNone) {  // in the device arena
-    RETURN_IF_ERROR(dev_->CopyH2D(master_ + (ob - own0), src, bytes, dev_->compute()));
-    return dev_->compute().Synchronize().WithContext("WriteParameter " + p.name);
-  }
-  // Into the sub-groups' active NVMe versions (master | exp_avg | exp_avg_sq),
-  // each group read and written whole.
-  for (size_t g = 0; g < layout_->num_groups(); ++g) {
-    if (!part_.OwnsGroup(g)) continue;
-    const SubGroup& sg = layout_->group(g);
-    const int64_t b = std::max(sg.elem_begin, p.elem_off);
-    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
-    if (b >= e) continue;
-    ASSIGN_OR_RETURN(AlignedBuffer states,
-                     AlignedBuffer::Allocate(static_cast<size_t>(sg.state_io_bytes()), kIoAlign));
-    RETURN_IF_ERROR(ReadGroupStates(g, states.data()));
-    std::memcpy(states.as<float>() + (b - sg.elem_begin), values.data() + (b - p.elem_off),
-                static_cast<size_t>(e - b) * sizeof(float));
-    RETURN_IF_ERROR(WriteGroupStates(g, states.data()));
-  }
-  return Status();
+  return states_->WriteMaster(p, values);
 }
 
 Status StateStore::WriteWorkingCopy(const ParamRec& p, std::span<const float> values) {
@@ -553,57 +441,10 @@ Status StateStore::WriteWorkingCopy(const ParamRec& p, std::span<const float> va
   return WriteModuleParams(p.module, mod.data());
 }
 
-Status StateStore::ReadGroupStates(size_t g, void* buf) {
-  const SubGroup& sg = layout_->group(g);
-  const int64_t at = sg.elem_begin - part_.state_base();  // in the in-memory arrays
-  const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
-  auto* out = static_cast<uint8_t*>(buf);
-  switch (placement_.optimizer) {
-    case OffloadDevice::kNone: {
-      const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
-      for (int a = 0; a < kOptimizerStateArrays; ++a)
-        RETURN_IF_ERROR(dev_->CopyD2H(out + a * bytes, arrays[a] + at, bytes, dev_->d2h()));
-      return dev_->d2h().Synchronize();
-    }
-    case OffloadDevice::kCpu: {
-      const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
-      for (int a = 0; a < kOptimizerStateArrays; ++a)
-        std::memcpy(out + a * bytes, arrays[a] + at, bytes);
-      return Status();
-    }
-    case OffloadDevice::kNvme:
-      return ReadStates(g, buf).Wait().WithContext(
-          fmt::format("reading the optimizer states of sub-group {} for a checkpoint", g));
-  }
-  return Status();
-}
+Status StateStore::ReadGroupStates(size_t g, void* buf) { return states_->ReadGroup(g, buf); }
 
 Status StateStore::WriteGroupStates(size_t g, const void* buf) {
-  const SubGroup& sg = layout_->group(g);
-  const int64_t at = sg.elem_begin - part_.state_base();  // in the in-memory arrays
-  const size_t bytes = static_cast<size_t>(sg.elems()) * sizeof(float);
-  const auto* in = static_cast<const uint8_t*>(buf);
-  switch (placement_.optimizer) {
-    case OffloadDevice::kNone: {
-      float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
-      for (int a = 0; a < kOptimizerStateArrays; ++a)
-        RETURN_IF_ERROR(dev_->CopyH2D(arrays[a] + at, in + a * bytes, bytes, dev_->h2d()));
-      return dev_->h2d().Synchronize();
-    }
-    case OffloadDevice::kCpu: {
-      float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
-      for (int a = 0; a < kOptimizerStateArrays; ++a)
-        std::memcpy(arrays[a] + at, in + a * bytes, bytes);
-      return Status();
-    }
-    case OffloadDevice::kNvme:
-      return swap_
-          ->Write(StateShard(g, state_version_[g]), 0, buf,
-                  static_cast<size_t>(sg.state_io_bytes()))
-          .Wait()
-          .WithContext(fmt::format("restoring the optimizer states of sub-group {}", g));
-  }
-  return Status();
+  return states_->WriteGroup(g, buf);
 }
 
 Status StateStore::ReadModuleParams(int m, void* buf) {
@@ -681,8 +522,7 @@ Status StateStore::WriteModuleParams(int m, const void* buf) {
 }
 
 Status StateStore::Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded) {
-  if (placement_.optimizer == OffloadDevice::kNvme && outcome.states_written)
-    for (int& v : state_version_) v = 1 - v;
+  states_->Commit(outcome);
   switch (placement_.params) {
     case OffloadDevice::kNone: {
       bool any = false, all = true;

@@ -40,6 +40,7 @@
 #include "src/scheduler/layout.h"
 #include "src/scheduler/partition.h"
 #include "src/scheduler/plan.h"
+#include "src/scheduler/state_homes.h"
 #include "src/scheduler/step_counters.h"
 #include "strata/config.h"
 
@@ -117,9 +118,9 @@ class StateStore {
   // ---- Optimizer states ----
   // In memory (offload_optimizer none/cpu): flat fp32 arrays over the owned
   // elements (element e at index e - state_base()); null for nvme.
-  float* master() { return master_; }
-  float* exp_avg() { return exp_avg_; }
-  float* exp_avg_sq() { return exp_avg_sq_; }
+  float* master() { return states_->master(); }
+  float* exp_avg() { return states_->exp_avg(); }
+  float* exp_avg_sq() { return states_->exp_avg_sq(); }
   // Bytes of page-locked states and parameter copies (not the pools).
   int64_t pinned_array_bytes() const;
   // NVMe: reads sub-group g's active states into buf (state_io_bytes), or
@@ -203,7 +204,7 @@ class StateStore {
   Status WriteModuleParams(int m, const void* buf);
 
   // For tests and ReadParameter: the active versions.
-  int state_version(size_t g) const { return state_version_[g]; }
+  int state_version(size_t g) const { return nvme_states_->version(g); }
   int module_version(int m) const { return module_version_[static_cast<size_t>(m)]; }
 
   // NVMe shard names (stable: they name files' contents on disk).
@@ -213,11 +214,8 @@ class StateStore {
 
  private:
   Status AllocatePools(int64_t* pinned_bytes);
-  // WriteMaster's parts: the masters of the owned elements [own0, own1)
-  // (and, unpartitioned, the working copy), and the working copy of a
-  // whole module read, patched and written back.
-  Status WriteOwnedMaster(const ParamRec& p, std::span<const float> values, int64_t own0,
-                          int64_t own1);
+  // WriteMaster's part: the working copy of a whole module read, patched
+  // and written back.
   Status WriteWorkingCopy(const ParamRec& p, std::span<const float> values);
   // offload_param none: bytes [offset, offset + bytes) of next_params()
   // copied into the device block at the same offset, waited for.
@@ -241,12 +239,11 @@ class StateStore {
   const Partition& part_;
   Placement placement_;
 
-  HostArray master_h_, exp_avg_h_, exp_avg_sq_h_;          // offload_optimizer cpu
-  gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;  // offload_optimizer none
-  float* master_ = nullptr;
-  float* exp_avg_ = nullptr;
-  float* exp_avg_sq_ = nullptr;
-  std::vector<int> state_version_;   // per sub-group, nvme: active version
+  StoreContext ctx_;  // what the homes share (state_homes.h)
+  // The optimizer states' home (offload_optimizer), and it as NvmeStates
+  // when they are on NVMe (else null).
+  std::unique_ptr<StateHome> states_;
+  NvmeStates* nvme_states_ = nullptr;
   HostArray host_params_;            // offload_param cpu; mirror for none
   HostArray next_params_;            // copy-out target
   gpu::DeviceBuffer device_params_;  // offload_param none
