@@ -1,0 +1,132 @@
+// strata::Planner (include/strata/plan.h): the tier plan and the predicted
+// step of Engine::Plan(), from the same pieces (plan.h, rate_probes.h), for
+// parameters that are only described.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/common/status_util.h"
+#include "src/cpu_adam/cpu_adam.h"
+#include "src/gpu/device.h"
+#include "src/scheduler/layout.h"
+#include "src/scheduler/plan.h"
+#include "src/scheduler/rate_probes.h"
+#include "strata/plan.h"
+
+namespace strata {
+namespace {
+
+class PlannerImpl final : public Planner {
+ public:
+  PlannerImpl(Config config, std::unique_ptr<gpu::Device> dev)
+      : config_(std::move(config)), dev_(std::move(dev)) {}
+
+  Status Init(const PlanOptions& options) {
+    placement_ = scheduler::Placement::FromConfig(config_);
+    placement_.device_optimizer =
+        placement_.optimizer == OffloadDevice::kNone && !dev_->is_host();  // as the engine
+    placement_.host_device = dev_->is_host();
+    facts_ = scheduler::MeasureTierFacts(
+        static_cast<int64_t>(dev_->Stats().budget_bytes), config_.strata.pinned_budget_bytes,
+        scheduler::UsedNvmePaths(config_), config_.strata.dram_budget_bytes);
+    cpu_adam::Options aopts;
+    aopts.threads = static_cast<int>(config_.strata.threads);
+    ASSIGN_OR_RETURN(std::unique_ptr<cpu_adam::CpuOptimizer> adam,
+                     cpu_adam::CpuOptimizer::Create(aopts));
+    const int64_t elems =
+        options.cpu_probe_elements > 0 ? options.cpu_probe_elements : int64_t{1} << 23;
+    ASSIGN_OR_RETURN(
+        const scheduler::PlanRates measured,
+        scheduler::MeasurePlanRates(dev_.get(), adam.get(), elems, !placement_.device_optimizer));
+    facts_.d2h_pinned_gbps = measured.link.d2h_gbytes_per_s;
+    facts_.d2h_pageable_gbps = measured.link.d2h_pageable_gbytes_per_s;
+    facts_.accumulate_gbps = measured.accumulate_gbps;
+    rates_.h2d_gbytes_per_s = measured.link.h2d_gbytes_per_s;
+    rates_.d2h_gbytes_per_s = measured.link.d2h_gbytes_per_s;
+    rates_.d2h_pageable_gbytes_per_s = measured.link.d2h_pageable_gbytes_per_s;
+    rates_.accumulate_gbytes_per_s = measured.accumulate_gbps;
+    rates_.cpu_adam_elements_per_s = measured.adam_elems_per_s;
+    if (!facts_.nvme_paths.empty()) {
+      rates_.nvme_path = facts_.nvme_paths[0];
+      if (options.nvme_probe_bytes > 0) {
+        ASSIGN_OR_RETURN(
+            const nvme::NvmeBenchResult disk,
+            scheduler::MeasureDiskRates(config_, rates_.nvme_path,
+                                        static_cast<uint64_t>(options.nvme_probe_bytes)));
+        rates_.nvme_read_gbytes_per_s = disk.read_gbytes_per_s;
+        rates_.nvme_write_gbytes_per_s = disk.write_gbytes_per_s;
+        rates_.nvme_engine = disk.engine;
+      }
+    }
+    return Status();
+  }
+
+  StatusOr<PlanResult> Plan(std::span<const PlanParam> params) const override {
+    if (params.empty()) return InvalidArgumentError("Planner::Plan: no parameters");
+    std::vector<scheduler::ParamRec> recs;
+    recs.reserve(params.size());
+    for (const PlanParam& p : params) {
+      if (p.numel < 1 || p.module < 0)
+        return InvalidArgumentError(
+            fmt::format("Planner::Plan: parameter {}: numel {} and module {} (numel must be at "
+                        "least 1, module at least 0)",
+                        p.name, p.numel, p.module));
+      scheduler::ParamRec r;
+      r.name = p.name;
+      r.numel = p.numel;
+      r.dtype = p.dtype;
+      r.module = p.module;
+      recs.push_back(std::move(r));
+    }
+    const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(
+        scheduler::Layout::Build(std::move(recs), scheduler::LayoutOptionsFromConfig(config_)));
+    const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement_, sizes, facts_);
+    scheduler::StepRates rates;
+    rates.h2d_gbps = rates_.h2d_gbytes_per_s;
+    rates.d2h_gbps = rates_.d2h_gbytes_per_s;
+    rates.accumulate_gbps = rates_.accumulate_gbytes_per_s;
+    rates.adam_elems_per_s = rates_.cpu_adam_elements_per_s;
+    rates.nvme_read_gbps = rates_.nvme_read_gbytes_per_s;
+    rates.nvme_write_gbps = rates_.nvme_write_gbytes_per_s;
+    const scheduler::StepPrediction pred = scheduler::PredictStep(placement_, sizes, plan, rates);
+    PlanResult out;
+    out.fits = plan.fits;
+    out.budgets = plan.budgets;
+    out.host_bytes = plan.host_bytes;
+    out.gradient_path = plan.grad_path;
+    for (const auto& t : pred.terms) out.step.push_back({t.resource, t.amount, t.seconds, t.what});
+    out.bound_s = pred.bound_s;
+    out.bound_by = pred.bound_by;
+    return out;
+  }
+
+  std::string DeviceName() const override { return dev_->Describe(); }
+  bool DeviceIsHost() const override { return dev_->is_host(); }
+  bool OptimizerOnDevice() const override { return placement_.device_optimizer; }
+  const PlanRates& Rates() const override { return rates_; }
+
+ private:
+  const Config config_;
+  std::unique_ptr<gpu::Device> dev_;  // its arena is the HBM budget
+  scheduler::Placement placement_;
+  scheduler::TierFacts facts_;
+  PlanRates rates_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Planner>> Planner::Create(const Config& config,
+                                                   const PlanOptions& options) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  ASSIGN_OR_RETURN(const gpu::DeviceOptions dopts, gpu::DeviceOptionsFromConfig(config));
+  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Device> dev, gpu::CreateDevice(dopts));
+  auto planner = std::make_unique<PlannerImpl>(config, std::move(dev));
+  RETURN_IF_ERROR(planner->Init(options));
+  return std::unique_ptr<Planner>(std::move(planner));
+}
+
+}  // namespace strata
