@@ -401,6 +401,9 @@ class Engine {
   // Writes the Chrome-trace timeline (strata.trace_path) now; also done at
   // destruction when a path is configured.
   virtual Status WriteTimeline() = 0;
+  // The file WriteTimeline writes: strata.trace_path, or with several ranks
+  // this rank's own, <trace_path>.rank-<k>; "" when no path is configured.
+  virtual std::string TimelinePath() const = 0;
 };
 
 }  // namespace strata

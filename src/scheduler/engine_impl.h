@@ -100,6 +100,7 @@ class EngineImpl final : public Engine {
   StepStats LastStepStats() const override { return last_; }
   std::string StatsJson() const override;
   Status WriteTimeline() override;
+  std::string TimelinePath() const override { return cfg_.strata.trace_path; }
 
  private:
   OffloadDevice opt_place() const { return cfg_.zero_optimization.offload_optimizer.device; }
