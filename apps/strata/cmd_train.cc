@@ -1,24 +1,292 @@
 // strata train: trains the example model (examples/train) through the engine
-// with the placement from the config, and reports what happened.
+// with the placement from the config, and reports what happened. The loop
+// and the reports are apps/strata/train/; `--nproc-per-node N` starts N
+// ranks of this same command (launch_ranks.h).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
 #include "apps/strata/launch_ranks.h"
-#include "examples/train/train.h"
+#include "apps/strata/train/train.h"
+#include "examples/train/model.h"
 #include "strata/config.h"
 
 namespace strata::cli {
 namespace {
 
+struct TrainCommandOptions {
+  std::string config_path;
+  int64_t steps = 0;  // 0: strata.model.steps, else 40 (the CLI refuses --steps 0)
+  bool json = false;
+  std::string plot_dir;
+  std::string nvme_path;  // overrides both offload sections' nvme_path when set
+  std::string device;     // overrides strata.device when set: auto, cuda, host
+  // After SIGINT/SIGTERM, how long the run may take to stop at the next
+  // micro-batch before the process exits anyway (a wait that blocks).
+  double stop_grace_s = 30;
+  std::string checkpoint_dir;    // --checkpoint-dir
+  int64_t checkpoint_every = 0;  // --checkpoint-every
+  bool resume = false;           // --resume
+  bool overwrite = false;        // --overwrite
+};
+
+// SIGINT/SIGTERM/SIGHUP (a closed terminal) while `strata train` runs. The handler only stores the
+// signal number (a lock-free atomic: async-signal-safe); the training loop
+// polls it before every micro-batch. A second signal exits at once
+// (write + _exit only). A watchdog thread exits the process when the loop has
+// not returned within the grace period after the first signal, so a wait
+// that blocks cannot hang the exit forever; swap files left that way are
+// unlocked leftovers, removed by the next run on their directory.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void OnStopSignal(int sig) {
+  int expected = 0;
+  if (g_stop_signal.compare_exchange_strong(expected, sig)) return;
+  static const char kMsg[] = "strata train: second signal: exiting now, without cleanup\n";
+  ssize_t ignored = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  (void)ignored;
+  _exit(128 + sig);
+}
+
+class StopSignals {
+ public:
+  explicit StopSignals(double grace_s) : grace_s_(grace_s) {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = OnStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGHUP, &sa, &old_hup_);
+    try {
+      watchdog_ = std::thread([this] { Watch(); });
+    } catch (const std::system_error& e) {
+      // No watchdog: signals still stop the loop at the next micro-batch.
+      std::fprintf(stderr, "strata train: no signal watchdog (%s)\n", e.what());
+    }
+  }
+  ~StopSignals() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGHUP, &old_hup_, nullptr);
+  }
+  const std::atomic<int>* flag() const { return &g_stop_signal; }
+  int signal() const { return g_stop_signal.load(); }
+
+ private:
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto stop_or_done = [&] { return done_ || signal() != 0; };
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(50), stop_or_done)) {
+    }
+    if (done_) return;
+    const int sig = signal();
+    if (cv_.wait_for(lock, std::chrono::duration<double>(grace_s_), [&] { return done_; })) return;
+    std::fprintf(stderr,
+                 "strata train: did not stop within %.0f s of %s (blocked in a wait); exiting "
+                 "without cleanup: the next run on the nvme path removes the swap files\n",
+                 grace_s_, SignalName(sig).c_str());
+    std::fflush(stderr);
+    _exit(128 + sig);
+  }
+
+  const double grace_s_;
+  struct sigaction old_int_ {
+  }, old_term_{}, old_hup_{};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // GUARDED_BY(mu_)
+  std::thread watchdog_;
+};
+
+// SIGPIPE ignored while the command runs: a closed stdout (`| head`) makes
+// writes fail with EPIPE, which the command reports, instead of killing the
+// process with the engine's swap files in place.
+class IgnoreSigpipe {
+ public:
+  IgnoreSigpipe() {
+    struct sigaction sa {};
+    sa.sa_handler = SIG_IGN;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGPIPE, &sa, &old_);
+  }
+  ~IgnoreSigpipe() { sigaction(SIGPIPE, &old_, nullptr); }
+
+ private:
+  struct sigaction old_ {};
+};
+
+// The command, its output written to `out` and `err`.
+int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
+  // One line on stderr; with --json also one object on stdout (no steps).
+  auto fail = [&](int code, const Status& s) {
+    err << "strata train: " << OneLine(s.ToString()) << std::endl;
+    if (opt.json) out << ResultJson(TrainResult(), s) << std::endl;
+    return code;
+  };
+  int code = 0;
+  StatusOr<Config> loaded = LoadCommandConfig(opt.config_path, opt.nvme_path, opt.device, &code);
+  if (!loaded.ok()) return fail(code, loaded.status());
+  Config config = *loaded;
+  StatusOr<example::ModelConfig> model = example::ModelConfigFromConfig(config);
+  if (!model.ok()) return fail(kExitConfig, model.status().WithContext(opt.config_path));
+  int64_t steps = opt.steps > 0 ? opt.steps : model->steps > 0 ? model->steps : 40;
+  if (opt.steps < 0)
+    return fail(kExitUsage, InvalidArgumentError("--steps: " + std::to_string(opt.steps) +
+                                                 " must be at least 1"));
+  if (StatusOr<example::ModelShape> s = example::ShapeFromConfig(config); !s.ok())
+    return fail(kExitConfig, s.status());
+  if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(ExitCodeOf(s), s);
+  // --resume continues a directory that exists; a mistyped one is not
+  // created and started afresh.
+  if (opt.resume && !opt.checkpoint_dir.empty() && !std::filesystem::exists(opt.checkpoint_dir))
+    return fail(kExitUsage, NotFoundError("--resume: --checkpoint-dir " + opt.checkpoint_dir +
+                                          " does not exist (without --resume it is created)"));
+  // Output directories are usable before the first step, not found unusable
+  // after the last.
+  if (!opt.checkpoint_dir.empty())
+    if (Status s = PrepareOutputDir("--checkpoint-dir", opt.checkpoint_dir); !s.ok())
+      return fail(ExitCodeOf(s), s);
+  if (!opt.plot_dir.empty())
+    if (Status s = PrepareOutputDir("--plot", opt.plot_dir); !s.ok()) return fail(ExitCodeOf(s), s);
+
+  // Progress: stdout for people; stderr when stdout carries the JSON object.
+  std::ostream& prog = opt.json ? err : out;
+  ProgressFn progress = [&prog](int64_t s, int64_t n, double loss, const StepStats& st,
+                                const TrainResult& r) {
+    if (r.rank != 0) return;  // rank 0 speaks for the ranks
+    char buf[320];
+    std::snprintf(
+        buf, sizeof(buf),
+        "step %4lld/%lld  loss %.4f  lr %.3e  %7.0f tok/s  %.3f s  overlap %.2f  nvme r %s w %s  "
+        "pcie h2d %s d2h %s%s",
+        static_cast<long long>(s + 1), static_cast<long long>(n), loss, st.lr,
+        st.step_time_s > 0 ? static_cast<double>(r.tokens_per_step) / st.step_time_s : 0.0,
+        st.step_time_s, st.overlap_efficiency,
+        Human(static_cast<double>(st.nvme_read_bytes)).c_str(),
+        Human(static_cast<double>(st.nvme_written_bytes)).c_str(),
+        Human(static_cast<double>(st.pcie_h2d_bytes)).c_str(),
+        Human(static_cast<double>(st.pcie_d2h_bytes)).c_str(),
+        st.overflow ? "  (overflow: skipped)" : "");
+    prog << buf << std::endl;
+  };
+  if (opt.checkpoint_every < 0)
+    return fail(kExitUsage,
+                InvalidArgumentError("--checkpoint-every: " + std::to_string(opt.checkpoint_every) +
+                                     " must be >= 0"));
+  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0 || opt.overwrite))
+    return fail(
+        kExitUsage,
+        InvalidArgumentError("--resume, --overwrite and --checkpoint-every need --checkpoint-dir"));
+  if (opt.resume && opt.overwrite)
+    return fail(
+        kExitUsage,
+        InvalidArgumentError("--resume and --overwrite exclude each other: --resume continues the "
+                             "checkpoints in --checkpoint-dir, --overwrite removes them"));
+  TrainCheckpoints ckpt;
+  ckpt.dir = opt.checkpoint_dir;
+  ckpt.every = opt.checkpoint_every;
+  ckpt.resume = opt.resume;
+  ckpt.overwrite = opt.overwrite;
+  TrainResult result;
+  Status status;
+  int signal = 0;
+  {
+    StopSignals signals(opt.stop_grace_s);
+    status =
+        TrainInto(config, steps, &result, progress, signals.flag(), ckpt, DeveloperHooksFromEnv());
+    signal = signals.signal();
+  }
+  // A run that ends with a NaN loss failed, whatever it printed on the way.
+  if (status.ok() && signal == 0 && !result.losses.empty() &&
+      !std::isfinite(result.losses.back())) {
+    size_t from = result.losses.size();
+    while (from > 0 && !std::isfinite(result.losses[from - 1])) --from;
+    status = FailedPreconditionError(
+        std::string("the loss is ") + (std::isnan(result.losses.back()) ? "NaN" : "infinite") +
+        " from step " + std::to_string(from + 1) + " to the last, step " +
+        std::to_string(result.losses.size()) +
+        ": the run diverged (a lower learning rate, gradient_clipping, or fp32 may help)");
+  }
+  // The Engine is gone (its swap files removed): report.
+  if (!status.ok() || signal != 0) {
+    if (status.ok())
+      status = CancelledError("interrupted by " + SignalName(signal) + " after the last step");
+    err << "strata train: " << OneLine(status.ToString()) << std::endl;
+    if (opt.json) out << ResultJson(result, status) << std::endl;
+    if (signal != 0) return kExitSignalBase + signal;
+    // --steps below the checkpoint's step (TrainInto) is the command line's.
+    return status.code() == StatusCode::kOutOfRange ? kExitUsage : ExitCodeOf(status);
+  }
+  const TrainResult* r = &result;
+  if (opt.json) {
+    out << ResultJson(*r) << std::endl;
+  } else {
+    out << ResultTable(*r);
+  }
+  if (!opt.plot_dir.empty()) {
+    std::string note;
+    StatusOr<std::vector<std::string>> files = WritePlots(*r, opt.plot_dir, &note);
+    if (!files.ok()) return fail(ExitCodeOf(files.status()), files.status());
+    if (!note.empty()) err << "strata train: " << note << std::endl;
+    if (!opt.json)
+      for (const std::string& f : *files) out << "  plot              " << f << "\n";
+  }
+  return 0;
+}
+
+// The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
+// 129/130/143 after SIGHUP/SIGINT/SIGTERM). The checkpoint and plot
+// directories are created and checked before the first step, and the
+// checkpoint directory's free space (CheckCheckpointRoom). While it runs,
+// SIGINT, SIGTERM and SIGHUP stop the run at the next micro-batch (the swap
+// files are removed as the Engine closes); a second signal, or a run that
+// has not stopped within stop_grace_s, exits at once with 128 + the signal
+// (the swap files are then leftovers, removed by the next run on their
+// directory). With --json, a failed run still prints one object: the steps
+// completed and "error". SIGPIPE is ignored while it runs: a closed stdout
+// does not end the run; it is reported on stderr at the end, with exit code
+// 5 (I/O) after a run that completed.
+int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err) {
+  IgnoreSigpipe ignore_sigpipe;
+  const int code = RunTrain(opt, out, err);
+  if (out.flush(); !out.good()) {
+    err << "strata train: stdout: write failed (closed: EPIPE or similar); the run "
+        << (code == 0 ? "completed" : "ended with exit code " + std::to_string(code))
+        << " but its output was not all written" << std::endl;
+    return code == 0 ? kExitIo : code;
+  }
+  return code;
+}
+
 CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   auto* cmd = app.add_subcommand(
       "train",
       "Train the example byte-level language model with its states placed as the config says");
-  auto opt = std::make_shared<example::TrainCommandOptions>();
+  auto opt = std::make_shared<TrainCommandOptions>();
   cmd->add_option("--config", opt->config_path,
                   "DeepSpeed/Strata JSON config (strata.model sets the size)")
       ->required();
@@ -49,7 +317,7 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
       ->check(CLI::Range(1, 1024));
   cmd->callback([&r, opt, nproc] {
     if (*nproc <= 0) {
-      r.exit_code = example::RunTrainCommand(*opt, std::cout, std::cerr);
+      r.exit_code = RunTrainCommand(*opt, std::cout, std::cerr);
       return;
     }
     // The same command line, run by every rank.

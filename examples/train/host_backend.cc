@@ -8,22 +8,50 @@
 #include <cpuid.h>
 #endif
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "examples/train/model.h"
 #include "examples/train/ops.h"
-#include "src/common/half.h"
-#include "src/common/host_memory.h"
-#include "src/common/units.h"
 
 namespace strata::example {
 namespace {
 
 // See HostBlasArithmetic in model.h.
 constexpr int kBlasThreads = 1;
+
+// "1.50 MiB"; "512 B" below a KiB.
+std::string Bytes(uint64_t b) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 5) v /= 1024, ++u;
+  return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, kUnits[u]);
+}
+std::string BytesBoth(uint64_t b) { return fmt::format("{} bytes ({})", b, Bytes(b)); }
+
+// The value of a "Key:   N kB" line of a /proc file, in bytes.
+bool ReadProcKb(const char* file, std::string_view key, uint64_t* bytes) {
+  std::ifstream f(file);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.compare(0, key.size(), key) != 0 || line.size() <= key.size() ||
+        line[key.size()] != ':')
+      continue;
+    try {
+      *bytes = std::stoull(line.substr(key.size() + 1)) * 1024;
+    } catch (...) {
+      return false;
+    }
+    return true;
+  }
+  return false;
+}
 
 class HostBackend final : public Backend {
  public:
@@ -190,9 +218,9 @@ class HostBackend final : public Backend {
     buf.resize(static_cast<size_t>(n));
     const uint16_t* src = static_cast<const uint16_t*>(p);
     if (dtype_ == DType::kBf16) {
-      for (int64_t i = 0; i < n; ++i) buf[i] = Bf16BitsToFloat(src[i]);
+      for (int64_t i = 0; i < n; ++i) buf[i] = ops::Bf16ToFloat(src[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) buf[i] = HalfBitsToFloat(src[i]);
+      for (int64_t i = 0; i < n; ++i) buf[i] = ops::HalfToFloat(src[i]);
     }
     return buf.data();
   }
@@ -208,9 +236,9 @@ class HostBackend final : public Backend {
     }
     uint16_t* d = static_cast<uint16_t*>(dst);
     if (dtype_ == DType::kBf16) {
-      for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16Bits(src[i]);
+      for (int64_t i = 0; i < n; ++i) d[i] = ops::FloatToBf16(src[i]);
     } else {
-      for (int64_t i = 0; i < n; ++i) d[i] = FloatToHalfBits(src[i]);
+      for (int64_t i = 0; i < n; ++i) d[i] = ops::FloatToHalf(src[i]);
     }
   }
 
@@ -240,12 +268,28 @@ Status CheckHostBackendMemory(const ModelShape& shape) {
   int64_t largest = 0;
   for (const ParamInfo& p : ParameterList(shape)) largest = std::max(largest, p.numel);
   const uint64_t copies = 8 * static_cast<uint64_t>(largest) * 4;  // 4 parameter + 4 gradient slots
-  return CheckHostMemory(
-      "the example model's host backend (fp32 copies of a module's parameters "
-      "and gradients, " +
-          FormatBytes(static_cast<int64_t>(copies)) + ", and OpenBLAS's GEMM buffer, " +
-          FormatBytes(static_cast<int64_t>(kOpenBlasBuffer)) + ")",
-      copies, kOpenBlasBuffer);
+  const std::string what = fmt::format(
+      "the example model's host backend (fp32 copies of a module's parameters and gradients, {}, "
+      "and OpenBLAS's GEMM buffer, {})",
+      Bytes(copies), Bytes(kOpenBlasBuffer));
+  // What cannot be read is not checked.
+  uint64_t available = 0;
+  if (ReadProcKb("/proc/meminfo", "MemAvailable", &available) && copies > available)
+    return ResourceExhaustedError(fmt::format(
+        "{} needs {} of memory but only {} are available (MemAvailable in /proc/meminfo)", what,
+        BytesBoth(copies), BytesBoth(available)));
+  rlimit as{};
+  if (getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) return Status();
+  const uint64_t limit = static_cast<uint64_t>(as.rlim_cur);
+  uint64_t mapped = 0;
+  ReadProcKb("/proc/self/status", "VmSize", &mapped);
+  const uint64_t headroom = limit > mapped ? limit - mapped : 0;
+  const uint64_t need = copies + kOpenBlasBuffer;
+  if (need <= headroom) return Status();
+  return ResourceExhaustedError(fmt::format(
+      "{} needs {} of address space but only {} are available (RLIMIT_AS, `ulimit -v`, is {} "
+      "with {} already mapped)",
+      what, BytesBoth(need), BytesBoth(headroom), BytesBoth(limit), BytesBoth(mapped)));
 }
 
 std::string HostBlasArithmetic() {

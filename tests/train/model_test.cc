@@ -6,16 +6,22 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <random>
 
-#include "examples/train/train.h"
+#include "apps/strata/train/train.h"
+#include "examples/train/ops.h"
 #include "src/common/dtype.h"
 #include "src/common/half.h"
 #include "tests/test_util.h"
 
 namespace strata::example {
 namespace {
+
+using cli::Train;
+using cli::TrainResult;
 
 // ---- reference: the whole model in double, naive loops --------------------------------
 struct RefModel {
@@ -279,6 +285,33 @@ TEST(HostBlas, KernelsForACpuOpenBlasDoesNotKnow) {
   }
 }
 
+// The example's own bf16/fp16 conversions (ops.h; it uses the public API
+// only) round exactly as the engine's (src/common/half.h): every 16-bit
+// pattern to fp32, and fp32 to 16 bits over a stride through all 2^32
+// patterns (every exponent, NaNs and infinities) and random ones.
+TEST(Ops, HalfAndBf16ConversionsAreTheEnginesBitForBit) {
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const uint16_t b = static_cast<uint16_t>(h);
+    ASSERT_EQ(std::bit_cast<uint32_t>(ops::Bf16ToFloat(b)),
+              std::bit_cast<uint32_t>(Bf16BitsToFloat(b)))
+        << h;
+    ASSERT_EQ(std::bit_cast<uint32_t>(ops::HalfToFloat(b)),
+              std::bit_cast<uint32_t>(HalfBitsToFloat(b)))
+        << h;
+  }
+  std::mt19937 rng(11);
+  auto check = [](uint32_t u) {
+    const float f = std::bit_cast<float>(u);
+    ASSERT_EQ(ops::FloatToBf16(f), FloatToBf16Bits(f)) << std::hex << u;
+    ASSERT_EQ(ops::FloatToHalf(f), FloatToHalfBits(f)) << std::hex << u;
+  };
+  for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) check(static_cast<uint32_t>(u));
+  for (int i = 0; i < 1'000'000; ++i) check(static_cast<uint32_t>(rng()));
+  for (uint32_t u : {0u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x477ff000u,
+                     0x477fefffu, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u, 0x32ffffffu})
+    check(u);
+}
+
 TEST(TextData, DeterministicAndShifted) {
   TextData a(7, 4096), b(7, 4096), c(8, 4096);
   EXPECT_EQ(a.text(), b.text());
@@ -434,6 +467,9 @@ TEST(Train, UnusableNvmePathFailsBeforeTraining) {
 
 namespace strata::example {
 namespace {
+
+using cli::Train;
+using cli::TrainResult;
 
 // Regression test for an engine bug the demo found: with the optimizer states
 // on NVMe at demo size (5.1M parameters, sub_group_size 1e6, buffer_count 4)

@@ -14,7 +14,7 @@
 #include <sstream>
 #include <string>
 
-#include "examples/train/train.h"
+#include "apps/strata/train/train.h"
 #include "tests/test_util.h"
 #include "tests/train/cli_process.h"
 
@@ -63,14 +63,14 @@ int Wait(pid_t pid, bool* signaled = nullptr) {
 
 TEST(TrainChecks, CheckpointRoomNamesBytesNeededAndAvailable) {
   testing::ScratchDir dir;
-  Status s = example::CheckCheckpointRoom(dir.str(), 600, 2, /*available_override=*/1000);
+  Status s = cli::CheckCheckpointRoom(dir.str(), 600, 2, /*available_override=*/1000);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
   EXPECT_THAT(s.ToString(), HasSubstr("--checkpoint-dir " + dir.str() + ": 1200 bytes needed"));
   EXPECT_THAT(s.ToString(), HasSubstr("1000 available"));
-  EXPECT_TRUE(example::CheckCheckpointRoom(dir.str(), 600, 1, 1000).ok());
-  EXPECT_TRUE(example::CheckCheckpointRoom(dir.str(), 600, 0, 0).ok());
-  EXPECT_TRUE(example::CheckCheckpointRoom(dir.str(), 4096, 1).ok());  // measured
-  s = example::CheckCheckpointRoom(dir.str(), int64_t{1} << 62, 1);
+  EXPECT_TRUE(cli::CheckCheckpointRoom(dir.str(), 600, 1, 1000).ok());
+  EXPECT_TRUE(cli::CheckCheckpointRoom(dir.str(), 600, 0, 0).ok());
+  EXPECT_TRUE(cli::CheckCheckpointRoom(dir.str(), 4096, 1).ok());  // measured
+  s = cli::CheckCheckpointRoom(dir.str(), int64_t{1} << 62, 1);
   EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
 }
 

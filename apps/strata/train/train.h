@@ -1,6 +1,8 @@
-// examples/train/train.h — the training loop behind `strata train`: builds
-// the Engine and the example model from a config, trains, and reports
-// (progress lines, a summary table or one JSON object, a timeline, plots).
+// apps/strata/train/train.h — the training loop behind `strata train`:
+// builds the Engine and the example model (examples/train, public API only)
+// from a config, trains, and reports (progress lines, a summary table or one
+// JSON object, a timeline, plots). `strata plan` (cmd_plan.cc) shares the
+// config loading. The command itself is apps/strata/cmd_train.cc.
 //
 // Threading: call from one thread. Errors are Status; nothing throws.
 #pragma once
@@ -12,11 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "src/scheduler/scheduler.h"
 #include "strata/config.h"
 #include "strata/engine.h"
 #include "strata/status.h"
 
-namespace strata::example {
+namespace strata::cli {
 
 struct TrainResult {
   std::string device;       // Engine::DeviceName()
@@ -114,11 +117,22 @@ StatusOr<TrainResult> Train(const Config& config, int64_t steps,
 // completed (their losses and stats). `stop` (optional) is polled before
 // every micro-batch: once it is non-zero (a signal number, set by a signal
 // handler), the step in progress is abandoned and Cancelled is returned
-// naming the signal and the steps completed. The Engine is destroyed before
-// this returns, which removes its swap files.
+// naming the signal and the steps completed. The Engine (created with
+// `hooks`) is destroyed before this returns, which removes its swap files.
 Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
                  const ProgressFn& progress = nullptr, const std::atomic<int>* stop = nullptr,
-                 const TrainCheckpoints& checkpoints = {});
+                 const TrainCheckpoints& checkpoints = {}, const EngineTestHooks& hooks = {});
+
+// The engine hooks `strata train` runs with, from developer switches in the
+// environment (not config keys: they exist for A/B runs and crash tests):
+//   STRATA_FOLD_GRADS=auto|on|off   fold the window's last micro-batch into
+//                                   the optimizer as the plan decides, wherever
+//                                   possible, or never (bench/train_fold_ab.sh)
+//   STRATA_CHECKPOINT_CRASH_AT=data|manifest_tmp|rename|cleanup
+//                                   SIGKILL at that point of a checkpoint save
+//                                   (tests/train/checkpoint_cli_test.cc)
+// Defined in developer_hooks.cc, which the executable compiles itself.
+EngineTestHooks DeveloperHooksFromEnv();
 
 // Medians and summary figures of a result.
 double MedianStepTime(const TrainResult& r);
@@ -149,34 +163,6 @@ double MeasuredAmount(const TrainResult& r, const std::string& resource);
 StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir,
                                               std::string* note);
 
-struct TrainCommandOptions {
-  std::string config_path;
-  int64_t steps = 0;  // 0: strata.model.steps, else 40 (the CLI refuses --steps 0)
-  bool json = false;
-  std::string plot_dir;
-  std::string nvme_path;  // overrides both offload sections' nvme_path when set
-  std::string device;     // overrides strata.device when set: auto, cuda, host
-  // After SIGINT/SIGTERM, how long the run may take to stop at the next
-  // micro-batch before the process exits anyway (a wait that blocks).
-  double stop_grace_s = 30;
-  std::string checkpoint_dir;    // --checkpoint-dir
-  int64_t checkpoint_every = 0;  // --checkpoint-every
-  bool resume = false;           // --resume
-  bool overwrite = false;        // --overwrite
-};
-// The whole command: returns the exit code (0 ok, 2 bad input, 1 failure,
-// 129/130/143 after SIGHUP/SIGINT/SIGTERM). The checkpoint and plot
-// directories are created and checked before the first step, and the
-// checkpoint directory's free space (CheckCheckpointRoom). While it runs,
-// SIGINT, SIGTERM and SIGHUP stop the run at the next micro-batch (the swap files are removed as
-// the Engine closes); a second signal, or a run that has not stopped within stop_grace_s, exits at
-// once with 128 + the signal (the swap files are then leftovers, removed by the next run on their
-// directory). With --json, a failed run still prints one object: the steps completed and "error".
-// SIGPIPE is ignored while it runs: a closed stdout does not end the run;
-// it is reported on stderr at the end, with exit code 1 after a run that
-// completed.
-int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostream& err);
-
 // The config a command (train, plan) runs with: read from `path` (strata.model
 // checked, its unknown keys warned about), nvme_path and device ("auto",
 // "cuda", "host"; "" keeps the config's) overriding, validated with the NVMe
@@ -185,21 +171,11 @@ int RunTrainCommand(const TrainCommandOptions& opt, std::ostream& out, std::ostr
 StatusOr<Config> LoadCommandConfig(const std::string& path, const std::string& nvme_path,
                                    const std::string& device, int* exit_code);
 
-// `strata plan` (apps/strata/cmd_plan.cc): a dry run of `strata train` with the
-// config. It lays out the example model (or one of `params` elements, the
-// config's width with as many blocks as that takes), measures the rates the
-// engine would (PCIe, CPU optimizer and accumulation, NVMe on the config's
-// directory), and prints the tier table, the predicted step per resource and
-// the largest model of that width that fits the machine. No state is
-// allocated: only the device (its arena) and the probes' buffers.
-struct PlanCommandOptions {
-  std::string config_path;
-  std::string nvme_path;
-  std::string device;
-  int64_t params = 0;        // 0: the config's strata.model
-  bool measure_nvme = true;  // write and read 256 MiB on the NVMe directory
-  bool json = false;
-};
-int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostream& err);
+// One line of a multi-line message (newlines and tabs become "; ").
+std::string OneLine(std::string s);
+// "SIGINT", "SIGTERM", "SIGHUP" or "signal N".
+std::string SignalName(int sig);
+// FormatBytes of a byte count held in a double.
+std::string Human(double bytes);
 
-}  // namespace strata::example
+}  // namespace strata::cli
