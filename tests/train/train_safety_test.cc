@@ -128,5 +128,22 @@ TEST(TrainChecks, ClosedStdoutDoesNotKillTheRun) {
   EXPECT_EQ(SwapFilesIn(dir.str() + "/nvme"), 0u);
 }
 
+// The crash points of the checkpoint tests (STRATA_CHECKPOINT_CRASH_AT,
+// apps/strata/train/train.h) are compiled into the tests' build of the
+// command only: the installed `strata` saves its checkpoint whatever the
+// environment says.
+TEST(TrainChecks, InstalledCommandHasNoCrashPoints) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str());
+  ASSERT_EQ(setenv("STRATA_CHECKPOINT_CRASH_AT", "data", 1), 0);
+  const pid_t pid = Spawn(
+      "train --config " + cfg + " --steps 1 --checkpoint-dir " + dir.str() + "/ckpt", dir.str());
+  unsetenv("STRATA_CHECKPOINT_CRASH_AT");
+  bool signaled = false;
+  EXPECT_EQ(Wait(pid, &signaled), 0) << ReadFile(dir.str() + "/stderr");
+  EXPECT_FALSE(signaled);
+  EXPECT_TRUE(std::filesystem::exists(dir.str() + "/ckpt/ckpt-00000001/MANIFEST.json"));
+}
+
 }  // namespace
 }  // namespace strata

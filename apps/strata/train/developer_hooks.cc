@@ -1,4 +1,7 @@
 // DeveloperHooksFromEnv (train.h): the engine hooks `strata train` runs with.
+// Each executable compiles this file itself: the `strata` command without
+// STRATA_TEST_HOOKS, so no environment makes the shipped binary kill itself;
+// the tests' `strata-test-hooks` with it (apps/strata/CMakeLists.txt).
 #include <signal.h>
 
 #include <string>
@@ -13,6 +16,7 @@ EngineTestHooks DeveloperHooksFromEnv() {
   EngineTestHooks hooks;
   const std::string fold = EnvString("STRATA_FOLD_GRADS", "auto");
   hooks.fold_override = fold == "on" ? 1 : (fold == "off" ? 0 : -1);
+#if defined(STRATA_TEST_HOOKS)
   // Crash tests (tests/train/checkpoint_cli_test.cc): SIGKILL at the named
   // point of a checkpoint save.
   const std::string crash_at = EnvString("STRATA_CHECKPOINT_CRASH_AT", "");
@@ -20,6 +24,7 @@ EngineTestHooks DeveloperHooksFromEnv() {
     hooks.checkpoint_point = [crash_at](std::string_view point) {
       if (point == crash_at) ::raise(SIGKILL);
     };
+#endif
   return hooks;
 }
 

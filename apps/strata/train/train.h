@@ -124,14 +124,16 @@ Status TrainInto(const Config& config, int64_t steps, TrainResult* result,
                  const TrainCheckpoints& checkpoints = {}, const EngineTestHooks& hooks = {});
 
 // The engine hooks `strata train` runs with, from developer switches in the
-// environment (not config keys: they exist for A/B runs and crash tests):
+// environment (not config keys; they exist for A/B runs):
 //   STRATA_FOLD_GRADS=auto|on|off   fold the window's last micro-batch into
 //                                   the optimizer as the plan decides, wherever
 //                                   possible, or never (bench/train_fold_ab.sh)
+// In the test build of the command (`strata-test-hooks`, compiled with
+// STRATA_TEST_HOOKS; never installed) also the crash points of the tests:
 //   STRATA_CHECKPOINT_CRASH_AT=data|manifest_tmp|rename|cleanup
 //                                   SIGKILL at that point of a checkpoint save
 //                                   (tests/train/checkpoint_cli_test.cc)
-// Defined in developer_hooks.cc, which the executable compiles itself.
+// Defined in developer_hooks.cc, which each executable compiles itself.
 EngineTestHooks DeveloperHooksFromEnv();
 
 // Medians and summary figures of a result.
