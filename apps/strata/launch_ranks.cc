@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,6 +47,13 @@ StatusOr<int> FreePort() {
 std::atomic<int> g_forward{0};
 void OnSignal(int sig) { g_forward.store(sig); }
 
+// Sends `sig` to a rank, and SIGCONT after it: a stopped rank (SIGSTOP, a
+// debugger detached) handles nothing else until it runs again.
+void SignalRank(pid_t pid, int sig) {
+  kill(pid, sig);
+  kill(pid, SIGCONT);
+}
+
 int CodeOf(int wait_status) {
   return WIFEXITED(wait_status) ? WEXITSTATUS(wait_status)
                                 : kExitSignalBase + WTERMSIG(wait_status);
@@ -87,6 +95,7 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
     sigaction(SIGTERM, &old_term, nullptr);
     sigaction(SIGHUP, &old_hup, nullptr);
   };
+  const pid_t launcher = getpid();
   std::vector<pid_t> pids;
   for (int r = 0; r < nproc; ++r) {
     const pid_t pid = fork();
@@ -98,6 +107,10 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
       return Fail(cmd, ErrnoError("fork", e));
     }
     if (pid == 0) {
+      // The rank dies with the launcher, which cannot end it once it is
+      // killed itself (SIGKILL); a launcher gone before prctl took effect is
+      // seen as a new parent.
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher) _exit(kExitFailed);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
       signal(SIGHUP, SIG_DFL);
@@ -120,14 +133,24 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
     }
     pids.push_back(pid);
   }
+  using Clock = std::chrono::steady_clock;
   std::vector<int> status(pids.size(), -1);
   int result = 0;
   size_t left = pids.size();
-  bool ended_others = false;
+  // Once the ranks are told to stop (a signal forwarded, or a rank failed),
+  // those still running at `kill_at` are killed.
+  bool ending = false, killed = false;
+  Clock::time_point kill_at;
+  auto end_ranks = [&](int sig) {
+    for (size_t i = 0; i < pids.size(); ++i)
+      if (status[i] == -1) SignalRank(pids[i], sig);
+    if (!ending)
+      kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(kRankStopGraceS));
+    ending = true;
+  };
   while (left > 0) {
-    if (const int sig = g_forward.exchange(0); sig != 0)
-      for (size_t i = 0; i < pids.size(); ++i)
-        if (status[i] == -1) kill(pids[i], sig);
+    if (const int sig = g_forward.exchange(0); sig != 0) end_ranks(sig);
     bool any = false;
     for (size_t i = 0; i < pids.size(); ++i) {
       if (status[i] != -1) continue;
@@ -143,11 +166,16 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
                    WIFEXITED(st) ? "exited with" : "was ended by signal",
                    WIFEXITED(st) ? code : WTERMSIG(st));
       if (result == 0) result = code;
-      if (!ended_others) {
-        ended_others = true;
-        for (size_t j = 0; j < pids.size(); ++j)
-          if (status[j] == -1) kill(pids[j], SIGTERM);
-      }
+      if (!ending) end_ranks(SIGTERM);  // (ranks already stopping are not signalled twice)
+    }
+    if (ending && !killed && left > 0 && Clock::now() >= kill_at) {
+      killed = true;
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (status[i] == -1) {
+          std::fprintf(stderr, "strata %s: rank %zu did not exit within %.0f s: killing it\n", cmd,
+                       i, kRankStopGraceS);
+          kill(pids[i], SIGKILL);
+        }
     }
     if (!any && left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

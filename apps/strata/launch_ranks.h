@@ -9,8 +9,13 @@
 // are forwarded to every rank. When a rank fails (non-zero exit or a
 // signal) the launcher says which and ends the others with SIGTERM, as
 // torchrun's agent does; they also fail by themselves within the
-// collectives' timeout. Returns the first failing rank's exit code (128 + N
-// for signal N), 0 when all succeed.
+// collectives' timeout. Either way each signal is followed by SIGCONT (a
+// stopped rank runs again to handle it), and a rank still running
+// kRankStopGraceS after the first is killed (SIGKILL): the launcher always
+// returns. Each rank is killed (SIGKILL, PR_SET_PDEATHSIG) when the
+// launcher dies, so that `kill -9` of the launcher leaves no rank behind.
+// Returns the first failing rank's exit code (128 + N for signal N), 0 when
+// all succeed.
 #pragma once
 
 #include <fmt/format.h>
@@ -21,6 +26,10 @@
 #include "strata/status.h"
 
 namespace strata::cli {
+
+// Seconds the ranks have to exit once told to stop (a signal forwarded, or
+// another rank failed) before the launcher kills them.
+inline constexpr double kRankStopGraceS = 10;
 
 // Local rank k runs on CUDA device k (torchrun's LOCAL_RANK), and NCCL needs
 // a GPU of its own per rank: FailedPrecondition when `device` (auto, cuda or
