@@ -36,7 +36,10 @@
 //   fetch_trace.h     FetchTrace: the recorded module order for prefetch
 //   timeline.h        Timeline: the Chrome-trace/Perfetto timeline
 //   checkpoint.h      WriteCheckpoint / ReadCheckpoint: crash-consistent
-//                     checkpoints through the StateStore's accessors
+//                     checkpoints through the StateStore's accessors; the
+//                     format (checkpoint_format.h), the root's lock and
+//                     listing (checkpoint_dir.h), inspection and export
+//                     (checkpoint_export.h)
 //   engine_impl.h     EngineImpl: engine.cc the step, engine_setup.cc the
 //                     creation and Plan(), engine_state.cc the calls between
 //                     windows

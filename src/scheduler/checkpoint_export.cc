@@ -1,0 +1,285 @@
+#include "src/scheduler/checkpoint_export.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "src/common/aligned_buffer.h"
+#include "src/common/crc32c.h"
+#include "src/common/dtype.h"
+#include "src/common/status_util.h"
+#include "src/scheduler/checkpoint_dir.h"
+#include "src/scheduler/safetensors.h"
+
+namespace strata::scheduler {
+
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint_internal::File;
+using checkpoint_internal::Hex32;
+using checkpoint_internal::Json;
+using checkpoint_internal::kParamsFile;
+using checkpoint_internal::kVerifyChunk;
+using checkpoint_internal::LoadManifest;
+using checkpoint_internal::ParamFileBytes;
+using checkpoint_internal::StateFilesOf;
+using checkpoint_internal::SyncDir;
+using checkpoint_internal::VerifyFile;
+
+// The manifest of `dir` as an inspection: identity, rebuilt layout and the
+// files it lists (not checked).
+StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
+  const std::string manifest_path = dir + "/" + kCheckpointManifest;
+  ASSIGN_OR_RETURN(const Json m, LoadManifest(dir));
+  CheckpointInspection in;
+  in.path = dir;
+  try {
+    in.version = m.at("version").get<int>();
+    in.sequence = m.at("sequence").get<int64_t>();
+    in.run_id = m.at("run_id").get<std::string>();
+    in.optimizer_step = m.at("optimizer_step").get<int64_t>();
+    in.data_position = m.at("data_position").get<int64_t>();
+    in.note = m.at("note").get<std::string>();
+    in.config_hash = m.at("config_hash").get<std::string>();
+    in.layout_hash = m.at("layout_hash").get<std::string>();
+    const Json& cfg = m.at("config");
+    in.config_json = cfg.dump();
+    const Json& opt = cfg.at("optimizer");
+    in.optimizer_type = opt.at("type").get<std::string>();
+    if (opt.contains("params") && opt["params"].contains("lr"))
+      in.lr = opt["params"]["lr"].get<double>();
+    in.model_dtype = cfg.at("fp16").at("enabled").get<bool>()   ? "fp16"
+                     : cfg.at("bf16").at("enabled").get<bool>() ? "bf16"
+                                                                : "fp32";
+    in.sub_group_size = cfg.at("zero_optimization").at("sub_group_size").get<int64_t>();
+    const Json& lj = m.at("layout");
+    std::vector<ParamRec> recs;
+    for (const Json& pj : lj.at("parameters")) {
+      ParamRec r;
+      r.name = pj.at(0).get<std::string>();
+      r.numel = pj.at(1).get<int64_t>();
+      const std::string dt = pj.at(2).get<std::string>();
+      const std::optional<DType> d = ParseDType(dt);
+      if (!d.has_value())
+        return DataLossError(
+            fmt::format("{}: parameter {} has dtype {}, expected fp32, fp16 or bf16", manifest_path,
+                        r.name, dt));
+      r.dtype = *d;
+      r.module = pj.at(3).get<int>();
+      if (pj.size() > 4) r.group = pj.at(4).get<int>();
+      if (r.numel < 0 || r.module < 0 || r.group < 0)
+        return DataLossError(fmt::format("{}: parameter {} has numel {} and module {}",
+                                         manifest_path, r.name, r.numel, r.module));
+      recs.push_back(std::move(r));
+    }
+    if (recs.empty())
+      return DataLossError(fmt::format("{}: the layout lists no parameters", manifest_path));
+    LayoutOptions lo;
+    lo.sub_group_size = in.sub_group_size;
+    in.layout = Layout::Build(std::move(recs), lo);
+    if (in.layout.total_elems() != lj.at("elements").get<int64_t>() ||
+        in.layout.num_modules() != lj.at("modules").get<int>() ||
+        in.layout.num_groups() != lj.at("sub_groups").get<size_t>())
+      return DataLossError(fmt::format(
+          "{}: the layout records {} elements, {} modules and {} sub-groups; its parameters and "
+          "sub_group_size {} give {}, {} and {}",
+          manifest_path, lj.at("elements").dump(), lj.at("modules").dump(),
+          lj.at("sub_groups").dump(), in.sub_group_size, in.layout.total_elems(),
+          in.layout.num_modules(), in.layout.num_groups()));
+    for (const Json& f : m.at("files")) {
+      CheckpointFileCheck c;
+      c.name = f.at("name").get<std::string>();
+      c.bytes = f.at("bytes").get<int64_t>();
+      c.crc32c = f.at("crc32c").get<std::string>();
+      in.files.push_back(std::move(c));
+    }
+    ASSIGN_OR_RETURN(in.state_files, StateFilesOf(
+                                         m, in.layout.unpartitioned_elems(), in.sub_group_size,
+                                         [&](const std::string& name) -> std::optional<int64_t> {
+                                           for (const CheckpointFileCheck& c : in.files)
+                                             if (c.name == name) return c.bytes;
+                                           return std::nullopt;
+                                         },
+                                         manifest_path));
+  } catch (const std::exception& e) {
+    return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
+  }
+  auto it = std::find_if(in.files.begin(), in.files.end(),
+                         [&](const CheckpointFileCheck& c) { return c.name == kParamsFile; });
+  if (it == in.files.end())
+    return DataLossError(fmt::format("{}: lists no {}", manifest_path, kParamsFile));
+  if (it->bytes != ParamFileBytes(in.layout))
+    return DataLossError(fmt::format("{}: {} of {} bytes, the layout's is {} bytes", manifest_path,
+                                     kParamsFile, it->bytes, ParamFileBytes(in.layout)));
+  return in;
+}
+
+// Sizes (and with `verify` CRC-32C) of the listed files; sets validity.
+Status CheckFiles(CheckpointInspection* in, bool verify) {
+  ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
+  for (CheckpointFileCheck& c : in->files) {
+    const std::string path = in->path + "/" + c.name;
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    c.actual_bytes = ec ? -1 : static_cast<int64_t>(size);
+    Status s;
+    if (verify) {
+      s = VerifyFile(path, c.bytes, static_cast<uint32_t>(std::stoul(c.crc32c, nullptr, 16)), buf);
+    } else if (c.actual_bytes != c.bytes) {
+      s = DataLossError(fmt::format("checkpoint file {}: {} bytes, the manifest says {}", path,
+                                    c.actual_bytes, c.bytes));
+    }
+    c.ok = s.ok() && verify;
+    if (!s.ok() && in->validity.ok()) in->validity = s;
+  }
+  return Status();
+}
+
+}  // namespace
+
+StatusOr<CheckpointInspection> InspectCheckpoint(const std::string& dir, bool verify) {
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kCheckpointManifest, ec)) {
+    ASSIGN_OR_RETURN(CheckpointInspection in, ParseManifest(dir));
+    RETURN_IF_ERROR(CheckFiles(&in, verify));
+    return in;
+  }
+  if (!fs::is_directory(dir, ec))
+    return NotFoundError(fmt::format("checkpoint directory {}: not a directory", dir));
+  std::vector<CheckpointEntry> entries = ListCheckpoints(dir, /*summaries=*/false);
+  std::optional<CheckpointInspection> newest;
+  Status newest_error;
+  std::vector<std::string> skipped;
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    if (!it->complete) continue;
+    StatusOr<CheckpointInspection> in = ParseManifest(it->path);
+    if (in.ok()) RETURN_IF_ERROR(CheckFiles(&*in, verify));
+    const Status problem = in.ok() ? in->validity : in.status();
+    if (problem.ok()) {
+      in->skipped = std::move(skipped);
+      return std::move(*in);
+    }
+    if (!newest.has_value() && newest_error.ok()) {
+      if (in.ok())
+        newest = std::move(*in);
+      else
+        newest_error = problem;
+    }
+    skipped.push_back(fmt::format("{}: {}", it->path, problem.message()));
+  }
+  if (newest.has_value()) {
+    skipped.erase(skipped.begin());
+    newest->skipped = std::move(skipped);
+    return std::move(*newest);
+  }
+  if (!newest_error.ok()) return newest_error;
+  return NotFoundError(fmt::format("no checkpoint in {} (no {} there and no ckpt-*/{})", dir,
+                                   kCheckpointManifest, kCheckpointManifest));
+}
+
+StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
+                                                  ExportPrecision precision) {
+  ASSIGN_OR_RETURN(CheckpointInspection in, InspectCheckpoint(dir, /*verify=*/true));
+  if (!in.validity.ok())
+    return DataLossError(
+        fmt::format("refusing to export checkpoint {}: {}", in.path, in.validity.message()));
+  const Layout& l = in.layout;
+  const bool fp32 = precision == ExportPrecision::kFp32;
+  // The bytes to copy, as [begin, end) ranges of each source file, the
+  // files and the ranges in the flat element order (which is the order of
+  // the tensors in the output): params.bin, or the states files.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  std::vector<std::pair<std::string, Ranges>> sources;
+  Ranges param_ranges;
+  std::vector<SafetensorsTensor> tensors;
+  std::set<std::string> names;
+  auto add_tensor = [&](const ParamRec& p, int64_t file_off) -> Status {
+    const int64_t es = fp32 ? 4 : p.elem_size();
+    const DType t = fp32 ? DType::kFp32 : p.dtype;
+    if (!names.insert(p.name).second)
+      return FailedPreconditionError(
+          fmt::format("checkpoint {}: parameter name {} appears twice", in.path, p.name));
+    tensors.push_back(
+        {p.name, t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16"), {p.numel}});
+    if (p.numel > 0 && !fp32) param_ranges.emplace_back(file_off, file_off + p.numel * es);
+    return Status();
+  };
+  int64_t module_file_off = 0;
+  for (const ModuleExtent& me : l.modules()) {
+    for (int id : me.params)
+      RETURN_IF_ERROR(
+          add_tensor(l.param(id), module_file_off + l.param(id).byte_off - me.byte_begin));
+    module_file_off += me.bytes();
+  }
+  if (!fp32) sources.emplace_back(kParamsFile, std::move(param_ranges));
+  if (fp32)  // each sub-group's section starts with its masters; padding (layout.h) left out
+    for (const CheckpointStateFile& f : in.state_files) {
+      Ranges& r = sources.emplace_back(f.name, Ranges{}).second;
+      for (int64_t s0 = f.elem_begin; s0 < f.elem_end; s0 += f.sub_group_elems)
+        for (const Layout::Slice& sl : l.Slices(s0, std::min(f.elem_end, s0 + f.sub_group_elems))) {
+          const int64_t at = kOptimizerStateBytesPerElem * (s0 - f.elem_begin) +
+                             kMasterBytesPerElem * (sl.elem_begin - s0);
+          r.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
+        }
+    }
+  // The header and the file's creation: src/scheduler/safetensors.h. A name
+  // the header cannot hold (not UTF-8, "__metadata__") is the checkpoint's.
+  StatusOr<SafetensorsWriter> created =
+      SafetensorsWriter::Create(out,
+                                {{"format", "pt"},
+                                 {"strata_checkpoint", in.path},
+                                 {"run_id", in.run_id},
+                                 {"optimizer_step", std::to_string(in.optimizer_step)},
+                                 {"precision", fp32 ? "fp32 masters" : "training dtype"}},
+                                tensors);
+  if (created.status().code() == StatusCode::kInvalidArgument)
+    return DataLossError(fmt::format("checkpoint {}: {}", in.path, created.status().message()));
+  ASSIGN_OR_RETURN(SafetensorsWriter f, std::move(created));
+
+  // Each source file, read once in chunks: checksummed whole, the ranges copied.
+  ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
+  for (const auto& [source, ranges] : sources) {
+    const std::string src_path = in.path + "/" + source;
+    const std::string& name =
+        source;  // Clang 14 (the thread-safety check) cannot capture a binding
+    const auto entry = std::find_if(in.files.begin(), in.files.end(),
+                                    [&](const CheckpointFileCheck& c) { return c.name == name; });
+    ASSIGN_OR_RETURN(File src, File::Open(src_path, O_RDONLY));
+    uint32_t crc = 0;
+    size_t r = 0;
+    for (int64_t pos = 0; pos < entry->bytes;) {
+      const int64_t n = std::min<int64_t>(entry->bytes - pos, kVerifyChunk);
+      RETURN_IF_ERROR(src.ReadNext(buf.data(), static_cast<size_t>(n)));
+      crc = Crc32cExtend(crc, buf.data(), static_cast<size_t>(n));
+      for (; r < ranges.size() && ranges[r].first < pos + n; ++r) {
+        const int64_t b = std::max(ranges[r].first, pos), e = std::min(ranges[r].second, pos + n);
+        if (e > b)
+          RETURN_IF_ERROR(f.Append(buf.as<uint8_t>() + (b - pos), static_cast<size_t>(e - b)));
+        if (ranges[r].second > pos + n) break;  // continues in the next chunk
+      }
+      pos += n;
+    }
+    if (Hex32(crc) != entry->crc32c)
+      return DataLossError(
+          fmt::format("checkpoint file {}: changed while exporting (crc32c {}, the "
+                      "manifest's {})",
+                      src_path, Hex32(crc), entry->crc32c));
+  }
+  RETURN_IF_ERROR(f.Commit());
+  CheckpointExportResult res;
+  res.checkpoint = in.path;
+  res.optimizer_step = in.optimizer_step;
+  res.tensors = static_cast<int64_t>(l.params().size());
+  res.bytes = f.file_bytes();
+  return res;
+}
+
+}  // namespace strata::scheduler
