@@ -253,7 +253,6 @@ class StateStore {
   int64_t initial_nvme_bytes_ = 0;
 
   bool grads_on_nvme_ = false;
-  int64_t opt_buffer_bytes_ = 0;
   std::unique_ptr<gpu::PinnedPool> opt_pool_, param_pool_, param_write_pool_;
   std::unique_ptr<nvme::IoService> io_;
   std::unique_ptr<nvme::SwapStore> swap_;
