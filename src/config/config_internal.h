@@ -5,9 +5,11 @@
 //   input.cc          JSON text in: size and nesting limits, duplicate keys,
 //                     malformed JSON, files; ParseConfig and LoadConfigFile.
 //   schema.cc         THE table of every key Strata knows (path, type,
-//                     default, allowed values or why it is not used), enum
-//                     names, and the unknown/unused/unsupported verdict for a
-//                     key nobody read. A new key is declared there first.
+//                     default, allowed values or why it is not used, whether
+//                     it may differ on resume), enum names, and the
+//                     unknown/unused/unsupported verdict for a key nobody
+//                     read. A new key is declared there first. What other
+//                     modules read of it: schema.h.
 //   section.cc        Section: typed reads of one JSON object's keys, with
 //                     their key paths in error messages.
 //   read_deepspeed.cc The DeepSpeed sections (zero_optimization, aio,
@@ -80,7 +82,8 @@ enum class KeyUse {
   kUnsupported,  // a DeepSpeed setting Strata does not implement: an error
                  // unless written at its neutral value
   kApplication,  // a `strata` section the application owns: kept as JSON text
-                 // (StrataConfig::application_sections), its keys unread
+                 // (StrataConfig::application_sections), its keys unread; or a
+                 // key of one that the library must know of (free_on_resume)
 };
 
 // One known key. `path` is dot-separated from the top level.
@@ -96,6 +99,11 @@ struct KeySpec {
   // Strata ignores the key ("" when only "not used"); kUnsupported: why it
   // would change the training.
   std::string_view note = "";
+  // Why the key (and every key below it) may differ between a checkpoint
+  // and the engine that loads it, for `strata checkpoint info` and the
+  // design notes; "" (most keys): compared, and a difference refuses the
+  // checkpoint (ResumeFreeKeys, src/config/schema.h).
+  std::string_view free_on_resume = "";
   // kUnsupported only: true for the value that changes nothing, and that
   // value as text.
   bool (*neutral)(const json&) = nullptr;
@@ -104,7 +112,8 @@ struct KeySpec {
 
 // Every known key, in the order of the documentation.
 const std::vector<KeySpec>& Schema();
-// The name of each application-owned section of `strata` (KeyUse::kApplication).
+// The name of each application-owned section of `strata` (the
+// KeyUse::kApplication entries directly below `strata`).
 std::vector<std::string_view> ApplicationSections();
 // The entry of `path`, or nullptr for a key Strata does not know.
 const KeySpec* FindKey(std::string_view path);

@@ -10,11 +10,17 @@
 //
 // Columns: path, JSON type, use (read / a DeepSpeed key Strata does not use /
 // a DeepSpeed setting Strata does not implement / a `strata` section the
-// application owns), default as JSON text, note (allowed values; or why the
-// key is not used).
+// application owns, or a key of one), default as JSON text, note (allowed
+// values; or why the key is not used), and on resume: why the key (and the
+// keys below it) may differ between a checkpoint and the engine loading it,
+// or nothing: compared, a difference refuses the checkpoint (the checkpoint
+// code takes this column as it is, ResumeFreeKeys).
+#include "src/config/schema.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -31,6 +37,10 @@ constexpr KeyType kInt = KeyType::kInt, kDouble = KeyType::kDouble, kBool = KeyT
 constexpr KeyUse kRead = KeyUse::kRead, kUnused = KeyUse::kUnused,
                  kUnsupported = KeyUse::kUnsupported, kApplication = KeyUse::kApplication;
 
+// The resume column: compared (most keys), or the reason a key may differ.
+constexpr std::string_view kCompared = "";
+constexpr std::string_view kBudget = "a memory budget: it changes the placement only";
+
 bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
 bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
 bool IsMinusOne(const json& v) { return v.is_number() && v.get<double>() == -1.0; }
@@ -39,11 +49,14 @@ bool IsMinusOne(const json& v) { return v.is_number() && v.get<double>() == -1.0
 const KeySpec kSchema[] = {
     // ---- Top level ----------------------------------------------------------
     {"train_batch_size", kInt, kRead, "1", "> 0; train = micro x accumulation on one rank"},
-    {"train_micro_batch_size_per_gpu", kInt, kRead, "1", "> 0"},
-    {"gradient_accumulation_steps", kInt, kRead, "1", "> 0"},
+    {"train_micro_batch_size_per_gpu", kInt, kRead, "1", "> 0",
+     "how the global batch (train_batch_size, compared) is split over ranks, micro-batches and "
+     "accumulation: a checkpoint loads at another number of ranks"},
+    {"gradient_accumulation_steps", kInt, kRead, "1", "> 0",
+     "how the global batch is split (as above)"},
     {"gradient_clipping", kDouble, kRead, "0.0", ">= 0; 0 = no clipping"},
     {"zero_optimization", kObject, kRead, "", "an object, or the legacy true (stage 1) / false"},
-    {"aio", kObject},
+    {"aio", kObject, kRead, "", "", "NVMe I/O tuning"},
     {"optimizer", kObject},
     {"fp16", kObject},
     {"bf16", kObject},
@@ -52,26 +65,38 @@ const KeySpec kSchema[] = {
     {"scheduler", kObject},
 
     // ---- zero_optimization ----------------------------------------------------
-    {"zero_optimization.stage", kInt, kRead, "0", "0, 1, 2, 3"},
-    {"zero_optimization.offload_optimizer", kObject},
-    {"zero_optimization.offload_param", kObject, kRead, "", "stage 3 only"},
+    {"zero_optimization.stage", kInt, kRead, "0", "0, 1, 2, 3",
+     "how states are partitioned over the ranks: the format does not depend on it"},
+    {"zero_optimization.offload_optimizer", kObject, kRead, "", "",
+     "where the optimizer states live: the same arithmetic runs on every placement, and the "
+     "format does not depend on it"},
+    {"zero_optimization.offload_param", kObject, kRead, "", "stage 3 only",
+     "where the parameters live (as above)"},
     {"zero_optimization.cpu_offload", kBool, kRead, "", "old spelling of offload_optimizer.device \"cpu\""},
     {"zero_optimization.cpu_offload_param", kBool, kRead, "", "old spelling of offload_param.device \"cpu\""},
     {"zero_optimization.cpu_offload_params", kBool, kRead, "", "old spelling of offload_param.device \"cpu\""},
     {"zero_optimization.cpu_offload_use_pin_memory", kBool, kRead, "", "old spelling of both sections' pin_memory"},
     {"zero_optimization.sub_group_size", kInt, kRead, "1000000000", ">= 0; 0 = kZeroMeansOneTensorElems"},
-    {"zero_optimization.stage3_prefetch_bucket_size", kInt, kRead, "50000000", ">= 0"},
+    {"zero_optimization.stage3_prefetch_bucket_size", kInt, kRead, "50000000", ">= 0",
+     "how far ahead parameters are fetched"},
     {"zero_optimization.prefetch_bucket_size", kInt, kRead, "", "alias of stage3_prefetch_bucket_size"},
-    {"zero_optimization.stage3_param_persistence_threshold", kInt, kRead, "100000", ">= 0"},
+    {"zero_optimization.stage3_param_persistence_threshold", kInt, kRead, "100000", ">= 0",
+     "which parameters stay resident in HBM"},
     {"zero_optimization.param_persistence_threshold", kInt, kRead, "", "alias of stage3_param_persistence_threshold"},
-    {"zero_optimization.stage3_max_live_parameters", kInt, kRead, "1000000000", ">= 0"},
+    {"zero_optimization.stage3_max_live_parameters", kInt, kRead, "1000000000", ">= 0",
+     "how many parameters are resident at once"},
     {"zero_optimization.max_live_parameters", kInt, kRead, "", "alias of stage3_max_live_parameters"},
-    {"zero_optimization.stage3_max_reuse_distance", kInt, kRead, "1000000000", ">= 0"},
+    {"zero_optimization.stage3_max_reuse_distance", kInt, kRead, "1000000000", ">= 0",
+     "when a fetched parameter is kept"},
     {"zero_optimization.max_reuse_distance", kInt, kRead, "", "alias of stage3_max_reuse_distance"},
-    {"zero_optimization.overlap_comm", kBool, kRead, "false", "default true for stage 3"},
-    {"zero_optimization.contiguous_gradients", kBool, kRead, "true", "always in effect (one flat accumulator)"},
-    {"zero_optimization.reduce_bucket_size", kInt, kRead, "500000000", ">= 0; 0 = kZeroMeansOneTensorElems"},
-    {"zero_optimization.allgather_bucket_size", kInt, kRead, "500000000", ">= 0"},
+    {"zero_optimization.overlap_comm", kBool, kRead, "false", "default true for stage 3",
+     "whether transfers overlap compute"},
+    {"zero_optimization.contiguous_gradients", kBool, kRead, "true", "always in effect (one flat accumulator)",
+     "the staging of gradient copies"},
+    {"zero_optimization.reduce_bucket_size", kInt, kRead, "500000000", ">= 0; 0 = kZeroMeansOneTensorElems",
+     "the size of gradient transfers"},
+    {"zero_optimization.allgather_bucket_size", kInt, kRead, "500000000", ">= 0",
+     "the size of parameter transfers"},
     {"zero_optimization.aio", kObject, kRead, "", "misplaced: ignored with a warning (aio is top-level)"},
 
     {"zero_optimization.offload_optimizer.device", kEnum, kRead, "\"none\"", "none, cpu, nvme"},
@@ -149,26 +174,36 @@ const KeySpec kSchema[] = {
     {"bfloat16.enabled", kBool, kRead, "", "old name of bf16.enabled"},
 
     // ---- strata -------------------------------------------------------------------
-    {"strata.device", kEnum, kRead, "\"auto\"", "auto, cuda, host"},
-    {"strata.device_id", kInt, kRead, "0", ">= 0"},
-    {"strata.hbm_budget", kBytes, kRead, "0", ">= 0; 0 = all free device memory"},
-    {"strata.pinned_budget", kBytes, kRead, "0", ">= 0; 0 = sized from the placement"},
-    {"strata.dram_budget", kBytes, kRead, "0", ">= 0; 0 = available memory less a margin"},
-    {"strata.trace_path", kString, kRead, "\"\"", "empty = no trace"},
-    {"strata.threads", kInt, kRead, "0", ">= 0; 0 = all cores of the NUMA node"},
-    {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix"},
-    {"strata.io_sqpoll", kBool, kRead, "false"},
-    {"strata.grad_accumulator", kEnum, kRead, "\"auto\"", "auto, device, host"},
+    {"strata.device", kEnum, kRead, "\"auto\"", "auto, cuda, host",
+     "the device that runs the model (resuming on another device is allowed)"},
+    {"strata.device_id", kInt, kRead, "0", ">= 0", "which GPU of the machine runs the model"},
+    {"strata.hbm_budget", kBytes, kRead, "0", ">= 0; 0 = all free device memory", kBudget},
+    {"strata.pinned_budget", kBytes, kRead, "0", ">= 0; 0 = sized from the placement", kBudget},
+    {"strata.dram_budget", kBytes, kRead, "0", ">= 0; 0 = available memory less a margin", kBudget},
+    {"strata.trace_path", kString, kRead, "\"\"", "empty = no trace",
+     "where the timeline is written"},
+    {"strata.threads", kInt, kRead, "0", ">= 0; 0 = all cores of the NUMA node",
+     "CPU optimizer threads: each element's update does not depend on how the work is split"},
+    {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix", "the NVMe I/O engine"},
+    {"strata.io_sqpoll", kBool, kRead, "false", "", "NVMe I/O submission polling"},
+    {"strata.grad_accumulator", kEnum, kRead, "\"auto\"", "auto, device, host",
+     "the window's sum has the same bits in HBM or in DRAM"},
     {"strata.grad_tier", kEnum, kRead, "\"auto\"", "auto, dram, nvme"},
-    {"strata.overlap_optimizer", kBool, kRead, "true"},
+    {"strata.overlap_optimizer", kBool, kRead, "true", "",
+     "the overlapped step computes exactly what the blocking one does"},
     {"strata.delayed_param_update", kBool, kRead, "false"},
     {"strata.delayed_param_update_warmup", kInt, kRead, "0", ">= 0"},
-    {"strata.host_device", kObject},
+    {"strata.host_device", kObject, kRead, "", "",
+     "the simulated link of the host device (timing only)"},
     {"strata.host_device.link_gbytes_per_s", kDouble, kRead, "0.0", ">= 0; 0 = unlimited"},
     {"strata.host_device.link_latency_us", kDouble, kRead, "0.0", ">= 0"},
     // Application-owned: the example model of `strata train`
     // (examples/train/model_config.cc reads and validates it).
     {"strata.model", kObject, kApplication, "", "the example model of `strata train`"},
+    // Its keys the library must know of: none but the one that may differ on
+    // resume (every other one is compared).
+    {"strata.model.steps", kInt, kApplication, "", "the run's length",
+     "the run's length (strata train: --steps counts from step 0)"},
 
     // ---- DeepSpeed keys Strata reads nothing from ----------------------------------
     // They change nothing here (one rank, no communication; monitoring;
@@ -274,16 +309,16 @@ const KeySpec kSchema[] = {
     // way Strata does not implement: an error.
     {"optimizer.params.amsgrad", kBool, kUnsupported, "",
      "AMSGrad (the maximum of past second moments) is not implemented by Strata's CPU optimizer",
-     IsFalse, "false"},
-    {"optimizer.params.maximize", kBool, kUnsupported, "", "Strata's optimizers minimize", IsFalse,
-     "false"},
+     kCompared, IsFalse, "false"},
+    {"optimizer.params.maximize", kBool, kUnsupported, "", "Strata's optimizers minimize",
+     kCompared, IsFalse, "false"},
     {"scheduler.params.last_batch_iteration", kInt, kUnsupported, "",
      "Strata's schedule follows the engine's optimizer step count (restored by LoadCheckpoint)",
-     IsMinusOne, "-1"},
+     kCompared, IsMinusOne, "-1"},
     {"optimizer.params.lr_decay", kDouble, kUnsupported, "",
-     "Strata's Adagrad has no learning-rate decay", IsZero, "0"},
+     "Strata's Adagrad has no learning-rate decay", kCompared, IsZero, "0"},
     {"optimizer.params.initial_accumulator_value", kDouble, kUnsupported, "",
-     "Strata's Adagrad starts its sum at 0", IsZero, "0"},
+     "Strata's Adagrad starts its sum at 0", kCompared, IsZero, "0"},
 };
 // clang-format on
 
@@ -304,8 +339,12 @@ const std::vector<KeySpec>& Schema() {
 std::vector<std::string_view> ApplicationSections() {
   constexpr std::string_view kPrefix = "strata.";
   std::vector<std::string_view> names;
-  for (const KeySpec& k : kSchema)
-    if (k.use == KeyUse::kApplication) names.push_back(k.path.substr(kPrefix.size()));
+  for (const KeySpec& k : kSchema) {
+    if (k.use != KeyUse::kApplication) continue;
+    const std::string_view name = k.path.substr(kPrefix.size());
+    // A section, not a key of one (strata.model.steps).
+    if (name.find('.') == std::string_view::npos) names.push_back(name);
+  }
   return names;
 }
 
@@ -431,6 +470,16 @@ OptimizerParams ParamsOf(OptimizerType t) {
 }  // namespace strata::config_internal
 
 namespace strata {
+
+std::span<const ResumeFreeKey> ResumeFreeKeys() {
+  static const std::vector<ResumeFreeKey> keys = [] {
+    std::vector<ResumeFreeKey> free;
+    for (const config_internal::KeySpec& k : config_internal::Schema())
+      if (!k.free_on_resume.empty()) free.push_back({k.path, k.free_on_resume});
+    return free;
+  }();
+  return keys;
+}
 
 std::string_view OffloadDeviceName(OffloadDevice d) {
   return config_internal::NameOf(config_internal::kOffloadDevices, d);

@@ -488,49 +488,10 @@ Status RestoreStates(const std::string& dir, const std::vector<CheckpointStateFi
 
 // ---- What may differ on load ---------------------------------------------------
 
-namespace {
-constexpr CheckpointFreeKey kFreeKeys[] = {
-    {"train_micro_batch_size_per_gpu",
-     "how the global batch (train_batch_size, compared) is split over ranks, micro-batches and "
-     "accumulation: a checkpoint loads at another number of ranks"},
-    {"gradient_accumulation_steps", "how the global batch is split (as above)"},
-    {"zero_optimization.stage",
-     "how states are partitioned over the ranks: the format does not depend on it"},
-    {"zero_optimization.offload_optimizer",
-     "where the optimizer states live: the same arithmetic runs on every placement, and the "
-     "format does not depend on it"},
-    {"zero_optimization.offload_param", "where the parameters live (as above)"},
-    {"zero_optimization.stage3_prefetch_bucket_size", "how far ahead parameters are fetched"},
-    {"zero_optimization.stage3_param_persistence_threshold",
-     "which parameters stay resident in HBM"},
-    {"zero_optimization.stage3_max_live_parameters", "how many parameters are resident at once"},
-    {"zero_optimization.stage3_max_reuse_distance", "when a fetched parameter is kept"},
-    {"zero_optimization.overlap_comm", "whether transfers overlap compute"},
-    {"zero_optimization.contiguous_gradients", "the staging of gradient copies"},
-    {"zero_optimization.reduce_bucket_size", "the size of gradient transfers"},
-    {"zero_optimization.allgather_bucket_size", "the size of parameter transfers"},
-    {"aio", "NVMe I/O tuning"},
-    {"strata.device", "the device that runs the model (resuming on another device is allowed)"},
-    {"strata.device_id", "which GPU of the machine runs the model"},
-    {"strata.hbm_budget", "a memory budget: it changes the placement only"},
-    {"strata.pinned_budget", "a memory budget: it changes the placement only"},
-    {"strata.dram_budget", "a memory budget: it changes the placement only"},
-    {"strata.trace_path", "where the timeline is written"},
-    {"strata.threads",
-     "CPU optimizer threads: each element's update does not depend on how the work is split"},
-    {"strata.io_engine", "the NVMe I/O engine"},
-    {"strata.io_sqpoll", "NVMe I/O submission polling"},
-    {"strata.overlap_optimizer", "the overlapped step computes exactly what the blocking one does"},
-    {"strata.grad_accumulator", "the window's sum has the same bits in HBM or in DRAM"},
-    {"strata.host_device", "the simulated link of the host device (timing only)"},
-    {"strata.model.steps", "the run's length (strata train: --steps counts from step 0)"},
-};
-}  // namespace
-
-std::span<const CheckpointFreeKey> CheckpointFreeKeys() { return kFreeKeys; }
+std::span<const CheckpointFreeKey> CheckpointFreeKeys() { return ResumeFreeKeys(); }
 
 bool CheckpointKeyMayDiffer(std::string_view key) {
-  for (const CheckpointFreeKey& f : kFreeKeys) {
+  for (const CheckpointFreeKey& f : CheckpointFreeKeys()) {
     const std::string_view k = f.key;
     if (key.substr(0, k.size()) != k) continue;
     if (key.size() == k.size() || key[k.size()] == '.' || key[k.size()] == '[') return true;

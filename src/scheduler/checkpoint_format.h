@@ -8,8 +8,9 @@
 //   - A data file is used only once its size and CRC-32C match the
 //     manifest's (VerifyFile), and is checksummed again while it is restored
 //     (RestoreStates): a file that changed in between is DataLoss.
-//   - Every config key is compared on resume except the free ones
-//     (CheckpointFreeKeys); the layout is compared parameter by parameter.
+//   - Every config key is compared on resume except those the config schema
+//     marks as free to differ (CheckpointFreeKeys); the layout is compared
+//     parameter by parameter.
 //   - Every error names the file (and the offset and errno for I/O).
 // It takes no lock and knows nothing of the other directories under a root
 // (checkpoint_dir.h) nor of which checkpoint to load (checkpoint.h).
@@ -59,6 +60,7 @@
 #include <vector>
 
 #include "src/common/aligned_buffer.h"
+#include "src/config/schema.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/state_store.h"
 #include "strata/config.h"
@@ -90,11 +92,10 @@ struct CheckpointStateFile {
 
 // The config keys (ConfigToJson paths; an entry covers the keys below it)
 // that may differ between a checkpoint and the engine loading it, each with
-// the reason. Every other key is compared: a difference is refused.
-struct CheckpointFreeKey {
-  const char* key;
-  const char* reason;
-};
+// the reason: the keys the config schema marks so (its free_on_resume
+// column, src/config/schema.cc), in its order. Every other key is compared:
+// a difference is refused.
+using CheckpointFreeKey = ResumeFreeKey;
 std::span<const CheckpointFreeKey> CheckpointFreeKeys();
 // Whether `key` (e.g. "zero_optimization.offload_param.nvme_path[0]") is
 // covered by CheckpointFreeKeys().

@@ -127,6 +127,8 @@ TEST(ConfigSchema, EveryMisspeltKeyIsRefusedWithItsName) {
     const std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
     const std::string name = path.substr(dot == std::string::npos ? 0 : dot + 1);
     if (section.empty() && k.use != KeyUse::kRead) continue;
+    // A key of an application's section: the application reads and checks it.
+    if (k.use == KeyUse::kApplication && section != "strata") continue;
     SCOPED_TRACE(path);
     const std::string typo = name.substr(0, 1) + name;
     const std::string typo_path = (section.empty() ? "" : section + ".") + typo;
@@ -135,6 +137,27 @@ TEST(ConfigSchema, EveryMisspeltKeyIsRefusedWithItsName) {
     EXPECT_THAT(c.status().message(),
                 HasSubstr(typo_path + ": unknown key; did you mean " + name + "?"));
   }
+}
+
+// The resume column: a free key is one the config has (ConfigToJson writes
+// it, or it lies in an application's section) and says why it may differ.
+TEST(ConfigSchema, KeysFreeOnResumeAreConfigKeysWithAReason) {
+  StatusOr<Config> c = ParseConfig("{}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<std::pair<std::string, json>> written;
+  Walk(json::parse(ConfigToJson(*c)), "", &written);
+  std::set<std::string> paths;
+  for (const auto& [path, value] : written) paths.insert(path);
+  int free = 0;
+  for (const KeySpec& k : Schema()) {
+    if (k.free_on_resume.empty()) continue;
+    SCOPED_TRACE(k.path);
+    ++free;
+    EXPECT_TRUE(paths.count(std::string(k.path)) || k.use == KeyUse::kApplication);
+    EXPECT_GT(k.free_on_resume.size(), 10u);
+  }
+  EXPECT_GT(free, 0);
+  EXPECT_THAT(config_internal::ApplicationSections(), ::testing::ElementsAre("model"));
 }
 
 TEST(ConfigSchema, EditDistanceCountsSwapsAsOneEdit) {

@@ -22,6 +22,7 @@
 #include "src/common/crc32c.h"
 #include "src/common/dtype.h"
 #include "src/common/half.h"
+#include "src/config/config_internal.h"
 #include "src/scheduler/scheduler.h"
 #include "strata/engine.h"
 #include "strata/strata_c.h"
@@ -268,8 +269,22 @@ nlohmann::json::json_pointer Pointer(const std::string& path) {
   return nlohmann::json::json_pointer("/" + p);
 }
 
-// Every key of the effective config, changed one at a time: the free ones
-// (CheckpointFreeKeys) load, every other one is refused naming it.
+// Whether the config schema marks `key` (a ConfigToJson path) or a key above
+// it as free to differ on resume (its free_on_resume column).
+bool SchemaMarksFree(const std::string& key) {
+  std::string path = key.substr(0, key.find('['));
+  for (;;) {
+    const config_internal::KeySpec* k = config_internal::FindKey(path);
+    if (k != nullptr && !k->free_on_resume.empty()) return true;
+    const size_t dot = path.rfind('.');
+    if (dot == std::string::npos) return false;
+    path.resize(dot);
+  }
+}
+
+// Every key of the effective config, changed one at a time: the ones the
+// schema marks free (CheckpointFreeKeys) load, every other one is refused
+// naming it.
 TEST(CheckpointTest, EveryConfigKeyIsComparedButTheFreeOnes) {
   testing::ScratchDir dir;
   Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, dir.str());
@@ -295,18 +310,28 @@ TEST(CheckpointTest, EveryConfigKeyIsComparedButTheFreeOnes) {
     else
       v = 1;
     const std::string diff = scheduler::CheckpointConfigDifference(base, changed.dump());
-    if (scheduler::CheckpointKeyMayDiffer(key)) {
+    if (SchemaMarksFree(key)) {
+      EXPECT_TRUE(scheduler::CheckpointKeyMayDiffer(key));
       EXPECT_EQ(diff, "");
       for (const scheduler::CheckpointFreeKey& f : scheduler::CheckpointFreeKeys())
-        if (key.rfind(f.key, 0) == 0) free_seen.insert(f.key);
+        if (key.rfind(f.key, 0) == 0) free_seen.insert(std::string(f.key));
     } else {
+      EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer(key));
       EXPECT_THAT(diff, ::testing::StartsWith(key + ": "));
     }
   }
-  // Every free key exists, and has a reason.
-  for (const scheduler::CheckpointFreeKey& f : scheduler::CheckpointFreeKeys()) {
-    EXPECT_TRUE(free_seen.count(f.key)) << f.key << " is no key of the config";
-    EXPECT_GT(std::strlen(f.reason), 10u) << f.key;
+  // The free keys are exactly the schema's marked ones, in its order, with
+  // its reasons; each is a key of the config and says why.
+  std::vector<std::pair<std::string_view, std::string_view>> marked;
+  for (const config_internal::KeySpec& k : config_internal::Schema())
+    if (!k.free_on_resume.empty()) marked.emplace_back(k.path, k.free_on_resume);
+  ASSERT_EQ(scheduler::CheckpointFreeKeys().size(), marked.size());
+  for (size_t i = 0; i < marked.size(); ++i) {
+    const scheduler::CheckpointFreeKey& f = scheduler::CheckpointFreeKeys()[i];
+    EXPECT_EQ(f.key, marked[i].first);
+    EXPECT_EQ(f.reason, marked[i].second);
+    EXPECT_TRUE(free_seen.count(std::string(f.key))) << f.key << " is no key of the config";
+    EXPECT_GT(f.reason.size(), 10u) << f.key;
   }
   // The arithmetic the issue named: seed, seq_len, micro-batch.
   EXPECT_FALSE(scheduler::CheckpointKeyMayDiffer("strata.model.seed"));
@@ -340,7 +365,15 @@ TEST(CheckpointTest, ConfigDifferencesThroughTheEngine) {
   free.strata.threads = 1;
   free.strata.hbm_budget_bytes *= 2;
   free.aio.queue_depth = 3;
+  // strata.model.steps: an application's key, marked free in the schema.
+  free.strata.application_sections["model"] = R"({"seed": 1234, "seq_len": 64, "steps": 7})";
   EXPECT_TRUE(NewEngine(free, 9)->LoadCheckpoint(root, nullptr).ok());
+  // An unmarked key of the engine's own: refused.
+  Config tier = c;
+  tier.strata.grad_tier = GradTier::kDram;
+  s = NewEngine(tier, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("strata.grad_tier: auto in the checkpoint, dram now"));
 }
 
 void FlipByte(const std::string& path, int64_t at) {
