@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 
 #include "src/common/host_memory.h"
 #include "src/common/units.h"
@@ -72,8 +73,6 @@ struct TierSum {
   }
 };
 
-// The gradient path (plan.h, TierPlan::fold_last_micro_batch). `pinned_left`:
-// the pinned budget left once the pools and parameter copies are placed.
 // Whether the window's gradients are summed in HBM (TierPlan::
 // device_grad_accumulator), with `hbm_needed` bytes of HBM planned already.
 void ChooseDeviceAccumulator(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
@@ -112,6 +111,8 @@ void ChooseDeviceAccumulator(const Placement& pl, const LayoutSizes& s, const Ti
                     device_s * 1e3, host_s * 1e3));
 }
 
+// The gradient path (plan.h, TierPlan::fold_last_micro_batch). `pinned_left`:
+// the pinned budget left once the pools and parameter copies are placed.
 void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
                     int64_t pinned_left, TierPlan* plan) {
   plan->fold_last_micro_batch = false;
@@ -175,167 +176,236 @@ void ChooseGradPath(const Placement& pl, const LayoutSizes& s, const TierFacts& 
                 pin ? "" : fmt::format(", pageable copy +{:.2f} ms", penalty_s * 1e3));
 }
 
-}  // namespace
-
-namespace {
-
-TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
-                             bool grads_on_nvme) {
-  TierPlan plan;
-  plan.placement = pl;
-  plan.grads_on_nvme = grads_on_nvme;
-  const int64_t n = s.total_elems;
-  // This rank's optimizer states (data parallelism: its partition).
-  const int64_t state_elems = s.state_elems > 0 ? s.state_elems : n;
-  const int64_t state_groups = s.state_groups > 0 ? s.state_groups : s.num_groups;
-  const int64_t states = kOptimizerStateBytesPerElem * state_elems;
-  const int64_t accumulator = kGradAccBytesPerElem * n;
-
-  // HBM, laid out by purpose (the device layer never has to find a large
-  // free block later): the parameters' block (offload_param none) or the
-  // persistent modules' block, and slots of the largest module's size for
-  // the other modules' copies and for gradient buffers.
-  TierSum hbm;
-  plan.slot_bytes = std::max<int64_t>(kTensorAlign, s.max_module_bytes);
-  int64_t param_slots = 0;
+// What each tier's placement reads: the inputs, and what is derived from them
+// once.
+struct TierInputs {
+  const Placement& pl;
+  const LayoutSizes& s;
+  const TierFacts& facts;
+  bool grads_on_nvme;
+  // This rank's optimizer states (data parallelism: its partition) and their
+  // bytes; the fp32 gradient accumulator's bytes.
+  int64_t state_groups;
+  int64_t states;
+  int64_t accumulator;
   // Stage 3 with several ranks: the parameters are partitioned (offload_param
   // cpu: the host copy holds this rank's part; none: the device block).
-  const bool partitioned = s.partitioned_param_bytes > 0;
-  if (pl.params == OffloadDevice::kNone && !partitioned) {
-    hbm.Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
-  } else {
-    if (pl.params == OffloadDevice::kNone) {
-      // This rank's part, and the buffers modules are gathered ahead into
-      // (the others are gathered straight into their slots).
-      const int64_t ahead = std::max<int64_t>(0, pl.param_buffer_count - 1);
-      hbm.Add(s.partitioned_param_bytes,
-              fmt::format("parameters (this rank's part of {}) {}", pl.world_size,
-                          FormatBytes(s.partitioned_param_bytes)));
-      hbm.Add(ahead * s.max_module_bytes,
-              fmt::format("parameter gather {} x {}", ahead, FormatBytes(s.max_module_bytes)));
-    }
-    // Working set: the live-parameter limit, but at least two modules (the
-    // one in use and one prefetched), in whole slots.
-    const int64_t elem_size = n ? s.total_param_bytes / n : 2;
-    const int64_t offloaded = s.total_param_bytes - s.persistent_param_bytes;
-    const int64_t live =
-        std::min(offloaded, std::max(pl.max_live_parameters * elem_size, 2 * s.max_module_bytes));
-    param_slots =
-        offloaded > 0 ? std::max<int64_t>(1, (live + plan.slot_bytes - 1) / plan.slot_bytes) : 0;
-    hbm.Add(s.persistent_param_bytes,
-            "persistent parameters " + FormatBytes(s.persistent_param_bytes));
-    hbm.Add(param_slots * plan.slot_bytes,
-            fmt::format("parameter slots {} x {}", param_slots, FormatBytes(plan.slot_bytes)));
+  bool partitioned;
+  // What crosses PCIe every step: the updated parameters (offload_param none
+  // uploads them, cpu fetches from them, nvme fetches from them while the
+  // step overlaps the forward pass), with the array they swap with at
+  // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
+  // offload_param nvme: none (the write-back buffers; with several ranks
+  // each writes its pieces of the modules the same way).
+  bool swaps;
+  bool copies_all;
+  // The host arrays: every parameter's bytes, or this rank's part of them.
+  int64_t host_param_bytes;
+};
+
+TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
+                    bool grads_on_nvme) {
+  const int64_t state_elems = s.state_elems > 0 ? s.state_elems : s.total_elems;
+  return TierInputs{
+      .pl = pl,
+      .s = s,
+      .facts = facts,
+      .grads_on_nvme = grads_on_nvme,
+      .state_groups = s.state_groups > 0 ? s.state_groups : s.num_groups,
+      .states = kOptimizerStateBytesPerElem * state_elems,
+      .accumulator = kGradAccBytesPerElem * s.total_elems,
+      .partitioned = s.partitioned_param_bytes > 0,
+      .swaps = pl.params == OffloadDevice::kCpu || pl.param_mirror(),
+      .copies_all = pl.params != OffloadDevice::kNvme,
+      .host_param_bytes =
+          s.partitioned_param_bytes > 0 ? s.partitioned_param_bytes : s.total_param_bytes,
+  };
+}
+
+// The parameters' HBM: their block (offload_param none), or this rank's part
+// and the gather buffers (none, partitioned), or the persistent modules'
+// block; and slots of plan.slot_bytes for the other modules' copies. Returns
+// the number of parameter slots.
+int64_t AddHbmParameters(const TierInputs& in, const TierPlan& plan, TierSum* hbm) {
+  const Placement& pl = in.pl;
+  const LayoutSizes& s = in.s;
+  if (pl.params == OffloadDevice::kNone && !in.partitioned) {
+    hbm->Add(s.total_param_bytes, "parameters " + FormatBytes(s.total_param_bytes));
+    return 0;
   }
+  if (pl.params == OffloadDevice::kNone) {
+    // This rank's part, and the buffers modules are gathered ahead into
+    // (the others are gathered straight into their slots).
+    const int64_t ahead = std::max<int64_t>(0, pl.param_buffer_count - 1);
+    hbm->Add(s.partitioned_param_bytes,
+             fmt::format("parameters (this rank's part of {}) {}", pl.world_size,
+                         FormatBytes(s.partitioned_param_bytes)));
+    hbm->Add(ahead * s.max_module_bytes,
+             fmt::format("parameter gather {} x {}", ahead, FormatBytes(s.max_module_bytes)));
+  }
+  // Working set: the live-parameter limit, but at least two modules (the
+  // one in use and one prefetched), in whole slots.
+  const int64_t n = s.total_elems;
+  const int64_t elem_size = n ? s.total_param_bytes / n : 2;
+  const int64_t offloaded = s.total_param_bytes - s.persistent_param_bytes;
+  const int64_t live =
+      std::min(offloaded, std::max(pl.max_live_parameters * elem_size, 2 * s.max_module_bytes));
+  const int64_t param_slots =
+      offloaded > 0 ? std::max<int64_t>(1, (live + plan.slot_bytes - 1) / plan.slot_bytes) : 0;
+  hbm->Add(s.persistent_param_bytes,
+           "persistent parameters " + FormatBytes(s.persistent_param_bytes));
+  hbm->Add(param_slots * plan.slot_bytes,
+           fmt::format("parameter slots {} x {}", param_slots, FormatBytes(plan.slot_bytes)));
+  return param_slots;
+}
+
+// HBM, laid out by purpose (the device layer never has to find a large free
+// block later): the parameters (AddHbmParameters), two gradient slots, the
+// optimizer states and accumulator when they stay on the device, the
+// collectives' staging, and the window's gradient accumulator when it is
+// summed in HBM (ChooseDeviceAccumulator).
+TierBudget PlanHbm(const TierInputs& in, TierPlan* plan) {
+  const Placement& pl = in.pl;
+  TierSum hbm;
+  plan->slot_bytes = std::max<int64_t>(kTensorAlign, in.s.max_module_bytes);
+  const int64_t param_slots = AddHbmParameters(in, *plan, &hbm);
   // Gradient buffers: one written, one offloading.
   constexpr int64_t kGradSlots = 2;
-  plan.device_slots = param_slots + kGradSlots;
-  hbm.Add(kGradSlots * plan.slot_bytes,
-          fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan.slot_bytes)));
+  plan->device_slots = param_slots + kGradSlots;
+  hbm.Add(kGradSlots * plan->slot_bytes,
+          fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan->slot_bytes)));
   if (pl.optimizer == OffloadDevice::kNone)
-    hbm.Add(states, "optimizer states " + FormatBytes(states));
-  if (pl.device_optimizer) hbm.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+    hbm.Add(in.states, "optimizer states " + FormatBytes(in.states));
+  if (pl.device_optimizer)
+    hbm.Add(in.accumulator, "gradient accumulator " + FormatBytes(in.accumulator));
   if (pl.collective_staging_bytes > 0)
     hbm.Add(pl.collective_staging_bytes,
             fmt::format("collective staging {} ({} ranks)",
                         FormatBytes(pl.collective_staging_bytes), pl.world_size));
-  ChooseDeviceAccumulator(pl, s, facts, hbm.bytes, &plan);
-  if (plan.device_grad_accumulator)
-    hbm.Add(plan.device_accumulator_bytes,
-            "window gradient accumulator " + FormatBytes(plan.device_accumulator_bytes));
-  plan.budgets.push_back(hbm.Budget("hbm", facts.hbm_budget));
+  ChooseDeviceAccumulator(pl, in.s, in.facts, hbm.bytes, plan);
+  if (plan->device_grad_accumulator)
+    hbm.Add(plan->device_accumulator_bytes,
+            "window gradient accumulator " + FormatBytes(plan->device_accumulator_bytes));
+  return hbm.Budget("hbm", in.facts.hbm_budget);
+}
 
-  // Pinned: staging pools (+ the optimizer states when pin_memory).
+// The pinned pools every step needs: gradient staging, the optimizer
+// pipeline (offload_optimizer nvme), the parameter gather, fetch and
+// write-back buffers, and the optimizer states when pin_memory asks.
+void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
+  const Placement& pl = in.pl;
+  const LayoutSizes& s = in.s;
   // (The device optimizer keeps the gradients in HBM: no staging.)
-  TierSum pinned;
   if (!pl.device_optimizer)
-    pinned.Add(kGradStagingBuffers * s.grad_staging_bytes,
-               "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
+    pinned->Add(kGradStagingBuffers * s.grad_staging_bytes,
+                "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const int64_t per = OptimizerBufferBytes(s.max_group_elems, grads_on_nvme);
-    plan.optimizer_buffer_bytes = per;
-    pinned.Add(pl.optimizer_buffer_count * per,
-               fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
-                           FormatBytes(per), grads_on_nvme ? " (states and gradients)" : ""));
+    const int64_t per = OptimizerBufferBytes(s.max_group_elems, in.grads_on_nvme);
+    plan->optimizer_buffer_bytes = per;
+    pinned->Add(pl.optimizer_buffer_count * per,
+                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
+                            FormatBytes(per), in.grads_on_nvme ? " (states and gradients)" : ""));
   }
   // The parameter pools' buffers: the largest module, page-rounded (the
   // NVMe reads' unit). (offload_param nvme: the fetch pool below receives
   // the gathers.)
   const int64_t module_buffer = IoBytes(std::max<int64_t>(s.max_module_bytes, kIoAlign));
-  if (partitioned && pl.params == OffloadDevice::kCpu)
-    pinned.Add(
+  if (in.partitioned && pl.params == OffloadDevice::kCpu)
+    pinned->Add(
         pl.param_buffer_count * module_buffer,
         fmt::format("parameter gather {} x {}", pl.param_buffer_count, FormatBytes(module_buffer)));
   if (pl.params == OffloadDevice::kNvme) {
-    pinned.Add(
+    pinned->Add(
         pl.param_buffer_count * module_buffer,
         fmt::format("parameter fetch {} x {}", pl.param_buffer_count, FormatBytes(module_buffer)));
     const int64_t per = module_buffer;
-    plan.param_write_bytes = kParamWriteBuffers * per;
-    pinned.Add(plan.param_write_bytes,
-               fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
+    plan->param_write_bytes = kParamWriteBuffers * per;
+    pinned->Add(plan->param_write_bytes,
+                fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
   }
   if (pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states)
-    pinned.Add(states, "optimizer states " + FormatBytes(states));
-  // What crosses PCIe every step: the updated parameters (offload_param none
-  // uploads them, cpu fetches from them, nvme fetches from them while the
-  // step overlaps the forward pass), with the array they swap with at
-  // commit (cpu: the host copy; none: the mirror), so that both stay pinned.
-  // offload_param nvme: none (the write-back buffers above; with several
-  // ranks each writes its pieces of the modules the same way).
-  const bool swaps = pl.params == OffloadDevice::kCpu || pl.param_mirror();
-  const bool copies_all = pl.params != OffloadDevice::kNvme;
-  // The host arrays: every parameter's bytes, or this rank's part of them.
-  const int64_t host_param_bytes =
-      s.partitioned_param_bytes > 0 ? s.partitioned_param_bytes : s.total_param_bytes;
-  plan.param_copy_bytes = copies_all ? (swaps ? 2 : 1) * host_param_bytes : 0;
-  const int64_t pinned_left =
-      facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
-  plan.pin_param_copies = pl.pin_param_copies || plan.param_copy_bytes <= pinned_left;
+    pinned->Add(in.states, "optimizer states " + FormatBytes(in.states));
+}
+
+// The parameter copies that cross PCIe every step (TierInputs::swaps,
+// copies_all): pinned with offload_param.pin_memory or when `pinned_left`
+// holds them; else the pinned row says why not (DRAM holds them).
+void PinParamCopies(const TierInputs& in, int64_t pinned_left, TierPlan* plan, TierSum* pinned) {
+  plan->param_copy_bytes = in.copies_all ? (in.swaps ? 2 : 1) * in.host_param_bytes : 0;
+  plan->pin_param_copies = in.pl.pin_param_copies || plan->param_copy_bytes <= pinned_left;
   const std::string copies =
-      swaps ? fmt::format("parameter copies 2 x {}", FormatBytes(host_param_bytes))
-            : fmt::format("updated parameters {}", FormatBytes(host_param_bytes));
-  if (!copies_all) {
+      in.swaps ? fmt::format("parameter copies 2 x {}", FormatBytes(in.host_param_bytes))
+               : fmt::format("updated parameters {}", FormatBytes(in.host_param_bytes));
+  if (!in.copies_all) {
     // Nothing to place.
-  } else if (plan.pin_param_copies) {
+  } else if (plan->pin_param_copies) {
     // (The device optimizer updates the parameters in HBM: the host copy
     // only carries initial values and loaded checkpoints there.)
-    pinned.Add(plan.param_copy_bytes,
-               copies + (pl.device_optimizer ? " (uploaded at start and at loads)"
-                                             : " (cross PCIe every step)"));
+    pinned->Add(plan->param_copy_bytes,
+                copies + (in.pl.device_optimizer ? " (uploaded at start and at loads)"
+                                                 : " (cross PCIe every step)"));
   } else {
-    pinned.parts.push_back(fmt::format("not pinned: {} (budget left {})", copies,
-                                       FormatBytes(std::max<int64_t>(0, pinned_left))));
+    pinned->parts.push_back(fmt::format("not pinned: {} (budget left {})", copies,
+                                        FormatBytes(std::max<int64_t>(0, pinned_left))));
   }
-  if (grads_on_nvme) {
-    plan.grad_path = "the window's gradient sums on NVMe, one shard per sub-group";
+}
+
+// The gradient path (ChooseGradPath, or the sums on NVMe) with what the
+// pinned budget leaves after the copies, and its landing buffer when it is
+// pinned.
+void PlanGradPath(const TierInputs& in, int64_t pinned_left, TierPlan* plan, TierSum* pinned) {
+  if (in.grads_on_nvme) {
+    plan->grad_path = "the window's gradient sums on NVMe, one shard per sub-group";
   } else {
-    ChooseGradPath(pl, s, facts, pinned_left - (plan.pin_param_copies ? plan.param_copy_bytes : 0),
-                   &plan);
+    ChooseGradPath(in.pl, in.s, in.facts,
+                   pinned_left - (plan->pin_param_copies ? plan->param_copy_bytes : 0), plan);
   }
-  if (plan.fold_last_micro_batch && plan.pin_grad_landing)
-    pinned.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
-                                            " (" + plan.grad_path + ")");
-  // The window's sums in HBM land in a pinned accumulator when it fits.
-  plan.pin_grad_accumulator = false;
-  if (plan.device_grad_accumulator && !grads_on_nvme && !pl.device_optimizer &&
-      !pl.delayed_param_update) {
-    const int64_t left = facts.pinned_budget > 0 ? facts.pinned_budget - pinned.bytes : INT64_MAX;
+  if (plan->fold_last_micro_batch && plan->pin_grad_landing)
+    pinned->Add(
+        plan->grad_landing_bytes,
+        "gradient landing " + FormatBytes(plan->grad_landing_bytes) + " (" + plan->grad_path + ")");
+}
+
+// The window's sums in HBM land in a pinned accumulator when it fits.
+void PinGradAccumulator(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
+  plan->pin_grad_accumulator = false;
+  if (plan->device_grad_accumulator && !in.grads_on_nvme && !in.pl.device_optimizer &&
+      !in.pl.delayed_param_update) {
+    const int64_t left =
+        in.facts.pinned_budget > 0 ? in.facts.pinned_budget - pinned->bytes : INT64_MAX;
     // (Page-locked in whole pages.)
-    const int64_t locked = IoBytes(accumulator);
+    const int64_t locked = IoBytes(in.accumulator);
     if (locked <= left) {
-      plan.pin_grad_accumulator = true;
-      pinned.Add(locked,
-                 "gradient accumulator " + FormatBytes(locked) + " (the window's sums copied in)");
+      plan->pin_grad_accumulator = true;
+      pinned->Add(locked,
+                  "gradient accumulator " + FormatBytes(locked) + " (the window's sums copied in)");
     }
   }
-  plan.budgets.push_back(pinned.Budget("pinned", facts.pinned_budget));
+}
 
-  // NVMe: two versions of everything placed there (atomic steps).
+// Pinned: the pools (+ the optimizer states when pin_memory), then from what
+// the budget leaves the parameter copies, the gradient landing buffer and
+// the window's accumulator.
+TierBudget PlanPinned(const TierInputs& in, TierPlan* plan) {
+  TierSum pinned;
+  AddPinnedPools(in, plan, &pinned);
+  const int64_t pinned_left =
+      in.facts.pinned_budget > 0 ? in.facts.pinned_budget - pinned.bytes : INT64_MAX;
+  PinParamCopies(in, pinned_left, plan, &pinned);
+  PlanGradPath(in, pinned_left, plan, &pinned);
+  PinGradAccumulator(in, plan, &pinned);
+  return pinned.Budget("pinned", in.facts.pinned_budget);
+}
+
+// NVMe: two versions of everything placed there (atomic steps), one of the
+// gradient sums; a row only when the plan has NVMe paths.
+std::optional<TierBudget> PlanNvme(const TierInputs& in, TierPlan* plan) {
+  const Placement& pl = in.pl;
+  const LayoutSizes& s = in.s;
   TierSum disk;
   if (pl.optimizer == OffloadDevice::kNvme)
-    disk.Add(2 * states, "optimizer states 2 x " + FormatBytes(states));
-  if (pl.params == OffloadDevice::kNvme && partitioned) {
+    disk.Add(2 * in.states, "optimizer states 2 x " + FormatBytes(in.states));
+  if (pl.params == OffloadDevice::kNvme && in.partitioned) {
     // Each module's piece of this rank's part, page-rounded.
     const int64_t part = s.partitioned_param_bytes + s.num_modules * kIoAlign;
     disk.Add(2 * part, fmt::format("parameters 2 x {} (this rank's part of {})", FormatBytes(part),
@@ -343,63 +413,89 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   } else if (pl.params == OffloadDevice::kNvme) {
     disk.Add(2 * s.total_param_bytes, "parameters 2 x " + FormatBytes(s.total_param_bytes));
   }
-  if (grads_on_nvme) {
+  if (in.grads_on_nvme) {
     // One version: a failed step drops the window's gradients anyway.
-    plan.grad_nvme_bytes = kGradAccBytesPerElem * s.total_elems;
-    disk.Add(plan.grad_nvme_bytes, "gradients " + FormatBytes(plan.grad_nvme_bytes));
+    plan->grad_nvme_bytes = kGradAccBytesPerElem * s.total_elems;
+    disk.Add(plan->grad_nvme_bytes, "gradients " + FormatBytes(plan->grad_nvme_bytes));
   }
-  if (!facts.nvme_paths.empty()) {
-    // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
-    disk.bytes += ((2 * (state_groups + s.num_modules) + (grads_on_nvme ? s.num_groups : 0)) *
-                   static_cast<int64_t>(facts.nvme_paths.size()))
-                  << 20;
-    TierBudget b = disk.Budget("nvme", facts.nvme_available);
-    b.detail += fmt::format(" on {}", fmt::join(facts.nvme_paths, ", "));
-    plan.budgets.push_back(b);
-  }
+  if (in.facts.nvme_paths.empty()) return std::nullopt;
+  // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
+  disk.bytes += ((2 * (in.state_groups + s.num_modules) + (in.grads_on_nvme ? s.num_groups : 0)) *
+                 static_cast<int64_t>(in.facts.nvme_paths.size()))
+                << 20;
+  TierBudget b = disk.Budget("nvme", in.facts.nvme_available);
+  b.detail += fmt::format(" on {}", fmt::join(in.facts.nvme_paths, ", "));
+  return b;
+}
 
-  // DRAM (pageable): gradient accumulator, copy-out target, host states/params.
+// DRAM (pageable): gradient accumulator or cache, what the pinned budget did
+// not hold (parameter copies, landing buffer), host states and parameters.
+// A pageable landing buffer that DRAM cannot hold turns the fold off.
+TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
+  const Placement& pl = in.pl;
+  const int64_t host_param_bytes = in.host_param_bytes;
   TierSum dram;
-  if (grads_on_nvme) {
-    plan.grad_cache_bytes = kGradCacheSlots * GradSlotBytes(s.max_group_elems);
-    dram.Add(plan.grad_cache_bytes, fmt::format("gradient cache {} sub-groups {}", kGradCacheSlots,
-                                                FormatBytes(plan.grad_cache_bytes)));
-  } else if (!pl.device_optimizer && !plan.pin_grad_accumulator) {
-    dram.Add(accumulator, "gradient accumulator " + FormatBytes(accumulator));
+  if (in.grads_on_nvme) {
+    plan->grad_cache_bytes = kGradCacheSlots * GradSlotBytes(in.s.max_group_elems);
+    dram.Add(plan->grad_cache_bytes, fmt::format("gradient cache {} sub-groups {}", kGradCacheSlots,
+                                                 FormatBytes(plan->grad_cache_bytes)));
+  } else if (!pl.device_optimizer && !plan->pin_grad_accumulator) {
+    dram.Add(in.accumulator, "gradient accumulator " + FormatBytes(in.accumulator));
   }
-  if (copies_all && !plan.pin_param_copies)
+  if (in.copies_all && !plan->pin_param_copies)
     dram.Add(host_param_bytes, "updated parameters " + FormatBytes(host_param_bytes));
   if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)
-    dram.Add(states, "optimizer states " + FormatBytes(states));
-  if (pl.params == OffloadDevice::kCpu && !plan.pin_param_copies)
+    dram.Add(in.states, "optimizer states " + FormatBytes(in.states));
+  if (pl.params == OffloadDevice::kCpu && !plan->pin_param_copies)
     dram.Add(host_param_bytes, "parameters " + FormatBytes(host_param_bytes));
-  if (pl.param_mirror() && !plan.pin_param_copies)
+  if (pl.param_mirror() && !plan->pin_param_copies)
     dram.Add(host_param_bytes,
              "parameter mirror (overlap_optimizer) " + FormatBytes(host_param_bytes));
   if (pl.delayed_param_update)
-    dram.Add(accumulator,
-             "second gradient accumulator (delayed_param_update) " + FormatBytes(accumulator));
-  if (plan.fold_last_micro_batch && !plan.pin_grad_landing) {
-    if (facts.dram_available > 0 && dram.bytes + plan.grad_landing_bytes > facts.dram_available) {
+    dram.Add(in.accumulator,
+             "second gradient accumulator (delayed_param_update) " + FormatBytes(in.accumulator));
+  if (plan->fold_last_micro_batch && !plan->pin_grad_landing) {
+    if (in.facts.dram_available > 0 &&
+        dram.bytes + plan->grad_landing_bytes > in.facts.dram_available) {
       // A pageable landing buffer must not make a plan that fits fail.
-      plan.fold_last_micro_batch = false;
-      plan.grad_path =
-          "no DRAM left for a landing buffer of " + FormatBytes(plan.grad_landing_bytes);
-      plan.grad_landing_bytes = 0;
+      plan->fold_last_micro_batch = false;
+      plan->grad_path =
+          "no DRAM left for a landing buffer of " + FormatBytes(plan->grad_landing_bytes);
+      plan->grad_landing_bytes = 0;
     } else {
-      dram.Add(plan.grad_landing_bytes, "gradient landing " + FormatBytes(plan.grad_landing_bytes) +
-                                            " (" + plan.grad_path + ")");
+      dram.Add(plan->grad_landing_bytes, "gradient landing " +
+                                             FormatBytes(plan->grad_landing_bytes) + " (" +
+                                             plan->grad_path + ")");
     }
   }
-  if (!plan.fold_last_micro_batch && !pl.device_optimizer && !grads_on_nvme)
-    dram.parts.push_back("last micro-batch accumulated (" + plan.grad_path + ")");
-  plan.budgets.push_back(dram.Budget("dram", facts.dram_available));
+  if (!plan->fold_last_micro_batch && !pl.device_optimizer && !in.grads_on_nvme)
+    dram.parts.push_back("last micro-batch accumulated (" + plan->grad_path + ")");
+  return dram.Budget("dram", in.facts.dram_available);
+}
 
-  for (const TierBudget& t : plan.budgets) {
-    if (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) plan.fits = false;
+// Whether every tier holds what it must, and the host memory the plan
+// allocates (pinned + dram; on the host device the hbm row too).
+void TallyBudgets(const Placement& pl, TierPlan* plan) {
+  for (const TierBudget& t : plan->budgets) {
+    if (t.available_bytes > 0 && t.needed_bytes > t.available_bytes) plan->fits = false;
     if (t.tier == "pinned" || t.tier == "dram" || (t.tier == "hbm" && pl.host_device))
-      plan.host_bytes += t.needed_bytes;
+      plan->host_bytes += t.needed_bytes;
   }
+}
+
+// The plan with the window's gradient sums in DRAM or (grads_on_nvme) on
+// NVMe: each tier in turn, the later ones placing what the earlier ones left.
+TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
+                             bool grads_on_nvme) {
+  const TierInputs in = InputsOf(pl, s, facts, grads_on_nvme);
+  TierPlan plan;
+  plan.placement = pl;
+  plan.grads_on_nvme = grads_on_nvme;
+  plan.budgets.push_back(PlanHbm(in, &plan));
+  plan.budgets.push_back(PlanPinned(in, &plan));
+  if (std::optional<TierBudget> nvme = PlanNvme(in, &plan)) plan.budgets.push_back(*nvme);
+  plan.budgets.push_back(PlanDram(in, &plan));
+  TallyBudgets(pl, &plan);
   return plan;
 }
 
