@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "src/common/dtype.h"
+#include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/common/timer.h"
 #include "src/scheduler/state_store.h"
 
 namespace strata::scheduler {
@@ -288,6 +291,394 @@ Status NvmeStates::WriteMaster(const ParamRec& p, std::span<const float> values)
 void NvmeStates::Commit(const StepOutcome& outcome) {
   if (outcome.states_written)
     for (int& v : version_) v = 1 - v;
+}
+
+}  // namespace strata::scheduler
+
+// ---- Parameter copies -------------------------------------------------------------
+
+namespace strata::scheduler {
+
+int64_t ParamHome::pinned_bytes() const {
+  return (next_.pinned() ? next_.bytes() : 0) + (host_.pinned() ? host_.bytes() : 0);
+}
+
+void ParamHome::StoreOwned(uint8_t* array, const ParamRec& p, int64_t first, int64_t count,
+                           std::span<const float> values) const {
+  const Partition& part = *ctx_->part;
+  int64_t lo = first, hi = first + count;
+  if (part.params_partitioned()) {
+    const auto [own0, own1] = part.elems();
+    lo = std::max(lo, own0 - p.elem_off);
+    hi = std::min(hi, own1 - p.elem_off);
+  }
+  // Element i of p at byte p.byte_off + i * size, the array's from param_byte_base().
+  uint8_t* at = array + (p.byte_off - part.param_byte_base());
+  for (int64_t i = lo; i < hi; ++i)
+    StoreFromFloat(at, p.dtype, static_cast<size_t>(i), values[static_cast<size_t>(i)]);
+}
+
+namespace {
+
+// offload_param cpu: the host copy fetches read, swapped with the copy-out
+// target at each commit.
+class HostParams final : public ParamHome {
+ public:
+  explicit HostParams(const StoreContext* ctx) : ParamHome(ctx) {}
+
+  Status Allocate(bool pinned) override {
+    const int64_t bytes = ctx_->part->param_array_bytes();
+    gpu::Device* pin = pinned ? ctx_->dev : nullptr;
+    RETURN_IF_ERROR(next_.Allocate(bytes, pin, "updated parameters"));
+    RETURN_IF_ERROR(host_.Allocate(bytes, pin, "parameters"));
+    std::memset(next_.data(), 0, static_cast<size_t>(bytes));
+    return Status();
+  }
+  Status InitElems(const ParamRec& p, int64_t first, int64_t count, std::span<const float> values,
+                   int64_t*) override {
+    StoreOwned(next(), p, first, count, values);
+    return Status();
+  }
+  Status FinishInit(int64_t*) override {
+    std::memcpy(host_.data(), next_.data(), static_cast<size_t>(ctx_->part->param_array_bytes()));
+    return Status();
+  }
+  StatusOr<PartBytes> PartOf(int, bool updated, bool, AlignedBuffer*) override {
+    return PartBytes{updated ? next() : host_.as<uint8_t>(), ctx_->part->param_byte_base()};
+  }
+  const uint8_t* FetchSource(int m, bool updated) override {
+    if (ctx_->part->params_partitioned()) return nullptr;
+    const int64_t off = ctx_->layout->module(m).byte_begin;
+    return (updated ? next() : host_.as<uint8_t>()) + off;
+  }
+  Status ReadModule(int m, void* buf) override {
+    const ModuleExtent& me = ctx_->layout->module(m);
+    std::memcpy(buf, host_.as<uint8_t>() + me.byte_begin, static_cast<size_t>(me.bytes()));
+    return Status();
+  }
+  Status WriteModule(int m, const void* buf) override {
+    const ModuleExtent& me = ctx_->layout->module(m);
+    const auto [lo, hi] = ctx_->part->ModulePiece(m);
+    if (hi <= lo) return Status();
+    const int64_t at = lo - ctx_->part->param_byte_base();
+    const auto* src = static_cast<const uint8_t*>(buf) + (lo - me.byte_begin);
+    std::memcpy(next() + at, src, static_cast<size_t>(hi - lo));
+    std::memcpy(host_.as<uint8_t>() + at, src, static_cast<size_t>(hi - lo));
+    return Status();
+  }
+  Status WriteOwnedElems(const ParamRec& p, std::span<const float> values) override {
+    StoreOwned(host_.as<uint8_t>(), p, 0, p.numel, values);
+    StoreOwned(next(), p, 0, p.numel, values);
+    return Status();
+  }
+  Status Commit(const StepOutcome&, const std::vector<uint8_t>&) override {
+    host_.swap(next_);
+    return Status();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<ParamHome> ParamHome::For(const Placement& placement, const StoreContext* ctx) {
+  switch (placement.params) {
+    case OffloadDevice::kNone:
+      return std::make_unique<DeviceParams>(ctx, placement.param_mirror());
+    case OffloadDevice::kCpu:
+      return std::make_unique<HostParams>(ctx);
+    case OffloadDevice::kNvme:
+      return std::make_unique<NvmeParams>(ctx);
+  }
+  return nullptr;
+}
+
+// ---- DeviceParams ----------------------------------------------------------------
+
+Status DeviceParams::Allocate(bool pinned) {
+  const int64_t bytes = ctx_->part->param_array_bytes();
+  gpu::Device* pin = pinned ? ctx_->dev : nullptr;
+  RETURN_IF_ERROR(next_.Allocate(bytes, pin, "updated parameters"));
+  std::memset(next_.data(), 0, static_cast<size_t>(bytes));
+  ASSIGN_OR_RETURN(block_, ctx_->dev->Allocate(static_cast<size_t>(bytes)));
+  ASSIGN_OR_RETURN(uploaded_, ctx_->dev->CreateEvent());
+  // With the step overlapping the next forward, modules are uploaded one by
+  // one as the step finishes them; the mirror holds the previous parameters
+  // so that a step failing half-way can be undone.
+  if (mirror_) RETURN_IF_ERROR(host_.Allocate(bytes, pin, "parameter mirror"));
+  return Status();
+}
+
+Status DeviceParams::InitElems(const ParamRec& p, int64_t first, int64_t count,
+                               std::span<const float> values, int64_t*) {
+  StoreOwned(next(), p, first, count, values);
+  return Status();
+}
+
+Status DeviceParams::FinishInit(int64_t*) {
+  const int64_t bytes = ctx_->part->param_array_bytes();
+  gpu::Device* dev = ctx_->dev;
+  RETURN_IF_ERROR(dev->CopyH2D(block_.data(), next(), static_cast<size_t>(bytes), dev->h2d()));
+  RETURN_IF_ERROR(dev->h2d().Record(*uploaded_));
+  RETURN_IF_ERROR(dev->h2d().Synchronize());
+  ctx_->counters->AddCopyBytes(Link::kH2D, bytes);
+  if (mirror_) std::memcpy(host_.data(), next(), static_cast<size_t>(bytes));
+  return Status();
+}
+
+StatusOr<PartBytes> DeviceParams::PartOf(int m, bool, bool to_host, AlignedBuffer* piece) {
+  const int64_t base = ctx_->part->param_byte_base();
+  if (!to_host) return PartBytes{block(), base};
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  ASSIGN_OR_RETURN(*piece, AlignedBuffer::Allocate(
+                               static_cast<size_t>(std::max<int64_t>(1, hi - lo)), kIoAlign));
+  if (hi > lo) {
+    // The device block is current once its last upload has landed.
+    gpu::Device* dev = ctx_->dev;
+    RETURN_IF_ERROR(uploaded_->Synchronize());
+    RETURN_IF_ERROR(dev->CopyD2H(piece->data(), block() + (lo - base), static_cast<size_t>(hi - lo),
+                                 dev->d2h()));
+    RETURN_IF_ERROR(dev->d2h().Synchronize());
+  }
+  return PartBytes{piece->as<uint8_t>(), lo};
+}
+
+Status DeviceParams::ReadModule(int m, void* buf) {
+  const ModuleExtent& me = ctx_->layout->module(m);
+  gpu::Device* dev = ctx_->dev;
+  // The device block is current once its last upload has landed.
+  RETURN_IF_ERROR(uploaded_->Synchronize());
+  RETURN_IF_ERROR(
+      dev->CopyD2H(buf, block() + me.byte_begin, static_cast<size_t>(me.bytes()), dev->d2h()));
+  return dev->d2h().Synchronize();
+}
+
+Status DeviceParams::WriteModule(int m, const void* buf) {
+  const ModuleExtent& me = ctx_->layout->module(m);
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  if (hi <= lo) return Status();
+  const int64_t at = lo - ctx_->part->param_byte_base();
+  const auto* src = static_cast<const uint8_t*>(buf) + (lo - me.byte_begin);
+  const auto n = static_cast<size_t>(hi - lo);
+  std::memcpy(next() + at, src, n);
+  if (mirror_) std::memcpy(host_.as<uint8_t>() + at, src, n);
+  return UploadPart(at, n);
+}
+
+Status DeviceParams::WriteOwnedElems(const ParamRec& p, std::span<const float> values) {
+  if (mirror_) StoreOwned(host_.as<uint8_t>(), p, 0, p.numel, values);
+  StoreOwned(next(), p, 0, p.numel, values);
+  const auto [own0, own1] = ctx_->part->elems();
+  const int64_t lo = std::max(own0, p.elem_off) - p.elem_off;
+  const int64_t hi = std::min(own1, p.elem_off + p.numel) - p.elem_off;
+  if (lo >= hi) return Status();
+  return UploadPart(p.byte_off - ctx_->part->param_byte_base() + lo * p.elem_size(),
+                    static_cast<size_t>((hi - lo) * p.elem_size()));
+}
+
+Status DeviceParams::UploadPart(int64_t offset, size_t bytes) {
+  gpu::Device* dev = ctx_->dev;
+  RETURN_IF_ERROR(uploaded_->Synchronize());
+  RETURN_IF_ERROR(dev->CopyH2D(block() + offset, next() + offset, bytes, dev->h2d()));
+  RETURN_IF_ERROR(dev->h2d().Record(*uploaded_));
+  return dev->h2d().Synchronize();
+}
+
+Status DeviceParams::UploadModule(int m, gpu::Event& ready) {
+  const ModuleExtent& me = ctx_->layout->module(m);
+  gpu::Device* dev = ctx_->dev;
+  RETURN_IF_ERROR(ctx_->counters->TimedCopy(
+      dev->h2d(), Link::kH2D, fmt::format("updated module {}", m), me.bytes(), [&] {
+        return dev->CopyH2D(block() + me.byte_begin, next() + me.byte_begin,
+                            static_cast<size_t>(me.bytes()), dev->h2d());
+      }));
+  return dev->h2d().Record(ready);
+}
+
+Status DeviceParams::Commit(const StepOutcome&, const std::vector<uint8_t>& uploaded) {
+  const Layout& layout = *ctx_->layout;
+  gpu::Device* dev = ctx_->dev;
+  bool any = false, all = true;
+  for (int i = 0; i < layout.num_modules(); ++i) {
+    const bool up = uploaded[static_cast<size_t>(i)] != 0;
+    any |= up;
+    all &= up || layout.module(i).bytes() == 0;
+  }
+  auto upload = [&](int64_t b, int64_t bytes, const std::string& what) {
+    return ctx_->counters->TimedCopy(dev->h2d(), Link::kH2D, what, bytes, [&] {
+      return dev->CopyH2D(block() + b, next() + b, static_cast<size_t>(bytes), dev->h2d());
+    });
+  };
+  if (!any) {
+    RETURN_IF_ERROR(upload(0, ctx_->part->param_array_bytes(), "updated parameters"));
+  } else if (!all) {
+    for (int i = 0; i < layout.num_modules(); ++i) {
+      const ModuleExtent& me = layout.module(i);
+      if (uploaded[static_cast<size_t>(i)] || me.bytes() == 0) continue;
+      RETURN_IF_ERROR(upload(me.byte_begin, me.bytes(), fmt::format("updated module {}", i)));
+    }
+  }
+  // The next step's copy-out must not overwrite what these copies read: the
+  // engine waits for this event before launching it.
+  RETURN_IF_ERROR(dev->h2d().Record(*uploaded_));
+  // Partitioned: the next gathers read the block on the collectives'
+  // stream, which is not ordered after this one.
+  if (ctx_->part->params_partitioned()) RETURN_IF_ERROR(dev->h2d().Synchronize());
+  if (mirror_) host_.swap(next_);
+  return Status();
+}
+
+void DeviceParams::Rollback(const std::vector<uint8_t>& uploaded, int64_t step) {
+  bool any = false;
+  for (uint8_t u : uploaded) any |= u != 0;
+  if (!any || !mirror_) return;
+  const int64_t bytes = ctx_->part->param_array_bytes();
+  gpu::Device* dev = ctx_->dev;
+  Status s = dev->CopyH2D(block(), host_.data(), static_cast<size_t>(bytes), dev->h2d());
+  if (s.ok()) s = dev->h2d().Record(*uploaded_);
+  if (s.ok()) s = dev->h2d().Synchronize();
+  if (!s.ok())
+    STRATA_LOG_ERROR("rolling back step {}: restoring the device parameters failed: {}", step,
+                     s.ToString());
+  ctx_->counters->AddCopyBytes(Link::kH2D, bytes);
+}
+
+// ---- NvmeParams ------------------------------------------------------------------
+
+Status NvmeParams::Allocate(bool) {
+  version_.assign(static_cast<size_t>(ctx_->layout->num_modules()), 0);
+  return Status();
+}
+
+Status NvmeParams::InitElems(const ParamRec& p, int64_t first, int64_t count,
+                             std::span<const float> values, int64_t* nvme_bytes) {
+  const ModuleExtent& me = ctx_->layout->module(p.module);
+  if (p.module != init_module_) {
+    RETURN_IF_ERROR(FlushInitModule(nvme_bytes));
+    if (init_buf_.data() == nullptr)
+      return FailedPreconditionError("NvmeParams: no buffer to initialize the parameters in");
+    init_module_ = p.module;
+    std::memset(init_buf_.data(), 0, static_cast<size_t>(IoBytes(me.bytes())));
+  }
+  uint8_t* at = init_buf_.as<uint8_t>() + (p.byte_off - me.byte_begin);
+  for (int64_t i = first; i < first + count; ++i)
+    StoreFromFloat(at, p.dtype, static_cast<size_t>(i), values[static_cast<size_t>(i)]);
+  return Status();
+}
+
+Status NvmeParams::FlushInitModule(int64_t* nvme_bytes) {
+  if (init_module_ < 0) return Status();
+  const int m = init_module_;
+  init_module_ = -1;
+  // Partitioned: this rank's piece, moved to the buffer's start.
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  if (hi <= lo) return Status();
+  const int64_t begin = ctx_->layout->module(m).byte_begin;
+  if (lo > begin)
+    std::memmove(init_buf_.data(), init_buf_.as<uint8_t>() + (lo - begin),
+                 static_cast<size_t>(hi - lo));
+  const int64_t bytes = IoBytes(hi - lo);
+  nvme::IoHandle h =
+      ctx_->swap->Write(ModuleShardName(m, 0), 0, init_buf_.data(), static_cast<size_t>(bytes));
+  RETURN_IF_ERROR(
+      h.Wait().WithContext(fmt::format("initializing the parameters of module {} on NVMe", m)));
+  ctx_->counters->AddNvmeWritten(bytes);
+  *nvme_bytes += bytes;
+  return Status();
+}
+
+Status NvmeParams::FinishInit(int64_t* nvme_bytes) {
+  RETURN_IF_ERROR(FlushInitModule(nvme_bytes));
+  init_buf_ = gpu::PinnedBuffer();
+  return Status();
+}
+
+nvme::IoHandle NvmeParams::Read(int m, void* buf, bool updated) {
+  const int v = version_[static_cast<size_t>(m)];
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  return ctx_->swap->Read(ModuleShardName(m, updated ? 1 - v : v), 0, buf,
+                          static_cast<size_t>(IoBytes(hi - lo)));
+}
+
+nvme::IoHandle NvmeParams::Write(int m, const void* buf) {
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  return ctx_->swap->Write(ModuleShardName(m, 1 - version_[static_cast<size_t>(m)]), 0, buf,
+                           static_cast<size_t>(IoBytes(hi - lo)));
+}
+
+Status NvmeParams::ReadPiece(int m, AlignedBuffer* piece) {
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  ASSIGN_OR_RETURN(
+      *piece, AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(std::max<int64_t>(1, hi - lo))),
+                                      kIoAlign));
+  if (hi <= lo) return Status();
+  const int64_t t0 = NowNanos();
+  RETURN_IF_ERROR(
+      Read(m, piece->data())
+          .Wait()
+          .WithContext(fmt::format("reading this rank's part of module {} from NVMe", m)));
+  ctx_->counters->NoteNvme(t0, NowNanos(), IoBytes(hi - lo), false,
+                           fmt::format("read module {}", m));
+  return Status();
+}
+
+Status NvmeParams::WritePiece(int m, const AlignedBuffer& piece) {
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  if (hi <= lo) return Status();
+  return ctx_->swap
+      ->Write(ModuleShardName(m, version_[static_cast<size_t>(m)]), 0, piece.data(),
+              static_cast<size_t>(IoBytes(hi - lo)))
+      .Wait()
+      .WithContext(fmt::format("writing this rank's part of module {} to NVMe", m));
+}
+
+StatusOr<PartBytes> NvmeParams::PartOf(int m, bool, bool, AlignedBuffer* piece) {
+  RETURN_IF_ERROR(ReadPiece(m, piece));
+  return PartBytes{piece->as<uint8_t>(), ctx_->part->ModulePiece(m).first};
+}
+
+Status NvmeParams::ReadModule(int m, void* buf) {
+  return Read(m, buf).Wait().WithContext(
+      fmt::format("reading the parameters of module {} for a checkpoint", m));
+}
+
+Status NvmeParams::WriteModule(int m, const void* buf) {
+  const ModuleExtent& me = ctx_->layout->module(m);
+  if (!ctx_->part->params_partitioned())
+    return ctx_->swap
+        ->Write(ModuleShardName(m, version_[static_cast<size_t>(m)]), 0, buf,
+                static_cast<size_t>(IoBytes(me.bytes())))
+        .Wait()
+        .WithContext(fmt::format("restoring the parameters of module {}", m));
+  // (The active version of this rank's piece, in place.)
+  const auto [lo, hi] = ctx_->part->ModulePiece(m);
+  if (hi <= lo) return Status();
+  ASSIGN_OR_RETURN(AlignedBuffer piece,
+                   AlignedBuffer::Allocate(static_cast<size_t>(IoBytes(hi - lo)), kIoAlign));
+  std::memcpy(piece.data(), static_cast<const uint8_t*>(buf) + (lo - me.byte_begin),
+              static_cast<size_t>(hi - lo));
+  return WritePiece(m, piece);
+}
+
+Status NvmeParams::WriteOwnedElems(const ParamRec& p, std::span<const float> values) {
+  // This rank's piece of the module: read, patched, written back.
+  const auto [own0, own1] = ctx_->part->elems();
+  const int64_t lo = std::max(own0, p.elem_off) - p.elem_off;
+  const int64_t hi = std::min(own1, p.elem_off + p.numel) - p.elem_off;
+  if (lo >= hi) return Status();
+  AlignedBuffer piece;
+  RETURN_IF_ERROR(ReadPiece(p.module, &piece));
+  const int64_t first = ctx_->part->ModulePiece(p.module).first;
+  for (int64_t i = lo; i < hi; ++i)
+    StoreFromFloat(piece.as<uint8_t>() + (p.byte_off - first), p.dtype, static_cast<size_t>(i),
+                   values[static_cast<size_t>(i)]);
+  return WritePiece(p.module, piece);
+}
+
+Status NvmeParams::Commit(const StepOutcome& outcome, const std::vector<uint8_t>&) {
+  // Only modules whose new version was written flip; one whose write failed
+  // (or was never issued) keeps its previous, consistent version.
+  for (int m : outcome.param_written)
+    version_[static_cast<size_t>(m)] = 1 - version_[static_cast<size_t>(m)];
+  return Status();
 }
 
 }  // namespace strata::scheduler

@@ -121,4 +121,123 @@ class NvmeStates final : public StateHome {
   gpu::PinnedBuffer init_buf_;
 };
 
+// ---- Parameter copies: this rank's working-precision bytes (Partition::
+// param_bytes: the whole parameter-byte space, or its part when partitioned)
+
+class ParamHome {
+ public:
+  virtual ~ParamHome() = default;
+  // The place offload_param names.
+  static std::unique_ptr<ParamHome> For(const Placement& placement, const StoreContext* ctx);
+  // Allocates what the placement keeps (`pinned`: page-lock the host arrays).
+  virtual Status Allocate(bool pinned) = 0;
+  // The optimizer's copy-out target over this rank's parameter bytes (from
+  // Partition::param_byte_base()); null with offload_param nvme, where the
+  // step writes modules through write-back buffers.
+  uint8_t* next() { return next_.as<uint8_t>(); }
+  int64_t pinned_bytes() const;
+
+  // Initialization, in element order: parameter p's elements [first, first
+  // + count) from `values` (p's fp32 values), then FinishInit publishes them
+  // where fetches read them. `nvme_bytes` counts what went to NVMe.
+  virtual Status InitElems(const ParamRec& p, int64_t first, int64_t count,
+                           std::span<const float> values, int64_t* nvme_bytes) = 0;
+  virtual Status FinishInit(int64_t* nvme_bytes) = 0;
+
+  // Partitioned: what this rank sends of module m in a gather (the store's
+  // PartOf, which says the rules).
+  virtual StatusOr<PartBytes> PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece) = 0;
+  // The host bytes a fetch of module m copies to the device (unpartitioned
+  // offload_param cpu), else null.
+  virtual const uint8_t* FetchSource(int m, bool updated) { return nullptr; }
+  // Module m's current bytes into / from buf (checkpoints, WriteParameter).
+  // Read: unpartitioned only. Write: partitioned, this rank's piece of it.
+  virtual Status ReadModule(int m, void* buf) = 0;
+  virtual Status WriteModule(int m, const void* buf) = 0;
+  // Partitioned: parameter p's elements this rank keeps set from `values`.
+  virtual Status WriteOwnedElems(const ParamRec& p, std::span<const float> values) = 0;
+  // The step's outcome becomes current; `uploaded`: offload_param none's
+  // modules already uploaded by the step.
+  virtual Status Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded) = 0;
+  // A failed step: what it uploaded is undone (offload_param none's mirror).
+  virtual void Rollback(const std::vector<uint8_t>& uploaded, int64_t step) {}
+
+ protected:
+  explicit ParamHome(const StoreContext* ctx) : ctx_(ctx) {}
+  // Stores p's elements [first, first + count) into an array holding this
+  // rank's parameter bytes from Partition::param_byte_base() (partitioned:
+  // only the elements it owns).
+  void StoreOwned(uint8_t* array, const ParamRec& p, int64_t first, int64_t count,
+                  std::span<const float> values) const;
+  const StoreContext* ctx_;
+  HostArray next_;  // the copy-out target (none, cpu)
+  HostArray host_;  // cpu: the host copy fetches read; none: the mirror (param_mirror)
+};
+
+// offload_param none: the parameters in a device block (partitioned: this
+// rank's part), uploaded from the copy-out target; with an overlapped step
+// a host mirror undoes a step that fails after uploading modules.
+class DeviceParams final : public ParamHome {
+ public:
+  DeviceParams(const StoreContext* ctx, bool mirror) : ParamHome(ctx), mirror_(mirror) {}
+  Status Allocate(bool pinned) override;
+  Status InitElems(const ParamRec& p, int64_t first, int64_t count, std::span<const float> values,
+                   int64_t* nvme_bytes) override;
+  Status FinishInit(int64_t* nvme_bytes) override;
+  StatusOr<PartBytes> PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece) override;
+  Status ReadModule(int m, void* buf) override;
+  Status WriteModule(int m, const void* buf) override;
+  Status WriteOwnedElems(const ParamRec& p, std::span<const float> values) override;
+  Status Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded) override;
+  void Rollback(const std::vector<uint8_t>& uploaded, int64_t step) override;
+
+  uint8_t* block() { return block_.as<uint8_t>(); }
+  gpu::Event* uploaded() { return uploaded_.get(); }
+  // Module m's new bytes (next()) into the block; `ready` recorded after.
+  Status UploadModule(int m, gpu::Event& ready);
+
+ private:
+  // Bytes [offset, offset + bytes) of next() into the block, waited for.
+  Status UploadPart(int64_t offset, size_t bytes);
+  bool mirror_;
+  gpu::DeviceBuffer block_;
+  std::unique_ptr<gpu::Event> uploaded_;  // after the block's last upload
+};
+
+// offload_param nvme: two versions of each module (partitioned: of this
+// rank's piece of it); a step reads the active one and writes the other.
+class NvmeParams final : public ParamHome {
+ public:
+  explicit NvmeParams(const StoreContext* ctx) : ParamHome(ctx) {}
+  Status Allocate(bool pinned) override;
+  // The write-back buffer initialization fills (the store's pool's).
+  void set_init_buffer(gpu::PinnedBuffer buf) { init_buf_ = std::move(buf); }
+  Status InitElems(const ParamRec& p, int64_t first, int64_t count, std::span<const float> values,
+                   int64_t* nvme_bytes) override;
+  Status FinishInit(int64_t* nvme_bytes) override;
+  StatusOr<PartBytes> PartOf(int m, bool updated, bool to_host, AlignedBuffer* piece) override;
+  Status ReadModule(int m, void* buf) override;
+  Status WriteModule(int m, const void* buf) override;
+  Status WriteOwnedElems(const ParamRec& p, std::span<const float> values) override;
+  Status Commit(const StepOutcome& outcome, const std::vector<uint8_t>& uploaded) override;
+
+  // The active version of module m (or with `updated` the one a step in
+  // flight has written), or the new (inactive) one written: this rank's
+  // piece from its first byte, IoBytes of it.
+  nvme::IoHandle Read(int m, void* buf, bool updated = false);
+  nvme::IoHandle Write(int m, const void* buf);
+  int version(int m) const { return version_[static_cast<size_t>(m)]; }
+
+ private:
+  // This rank's piece of module m (active version) into *piece, and back.
+  Status ReadPiece(int m, AlignedBuffer* piece);
+  Status WritePiece(int m, const AlignedBuffer& piece);
+  // Initialization: the module being filled in init_buf_, written when the
+  // next one begins.
+  Status FlushInitModule(int64_t* nvme_bytes);
+  std::vector<int> version_;  // per module: the active version
+  gpu::PinnedBuffer init_buf_;
+  int init_module_ = -1;
+};
+
 }  // namespace strata::scheduler

@@ -6,11 +6,15 @@
 //     device arena (offload_optimizer none), in DRAM (cpu, pinned with
 //     pin_memory), or as two versions per sub-group on NVMe (nvme);
 //   * the parameter copies: the device block (offload_param none) with its
-//     DRAM mirror (overlap_optimizer), the host copy (cpu), two versions per
-//     module on NVMe (nvme), and the "next" array, the optimizer's fused
-//     copy-out target;
+//     DRAM mirror (Placement::param_mirror), the host copy (cpu), two
+//     versions per module on NVMe (nvme), and the "next" array, the
+//     optimizer's fused copy-out target;
 //   * the NVMe tier (I/O service + swap store) and the pinned pools of the
 //     optimizer pipeline and of parameter fetches.
+// Each kind of state lives in one home per placement (state_homes.h:
+// DeviceStates / HostStates / NvmeStates, DeviceParams / HostParams /
+// NvmeParams), chosen at Open from the plan's placement; the store delegates
+// to them, so its methods do not branch on the placement.
 //
 // Atomic steps. NVMe-resident states and parameters have two versions (A/B)
 // on disk; a step reads the active version and writes the other, and
@@ -152,7 +156,7 @@ class StateStore {
   // The optimizer's copy-out target over every parameter (offload_param
   // none and cpu); null with offload_param nvme, where the step copies out
   // into write-back buffers (param_write_pool) and writes modules from them.
-  uint8_t* next_params() { return next_params_.as<uint8_t>(); }
+  uint8_t* next_params() { return params_->next(); }
   // The bytes a fetch of module m copies to the device: the step's new
   // values (`updated`: a step in flight has finished the module), the host
   // copy (cpu), or null (nvme: read into a staging buffer first).
@@ -169,8 +173,8 @@ class StateStore {
   gpu::PinnedPool* param_write_pool() { return param_write_pool_.get(); }
   // offload_param none: the device block (partitioned: this rank's part)
   // and the event of its last upload.
-  uint8_t* device_params() { return device_params_.as<uint8_t>(); }
-  gpu::Event* params_uploaded() { return params_uploaded_.get(); }
+  uint8_t* device_params() { return device_params_ ? device_params_->block() : nullptr; }
+  gpu::Event* params_uploaded() { return device_params_ ? device_params_->uploaded() : nullptr; }
   // offload_param none: uploads module m's new parameters (next_params())
   // into its part of the device block; ready is recorded after the copy.
   Status UploadModule(int m, gpu::Event& ready);
@@ -205,7 +209,7 @@ class StateStore {
 
   // For tests and ReadParameter: the active versions.
   int state_version(size_t g) const { return nvme_states_->version(g); }
-  int module_version(int m) const { return module_version_[static_cast<size_t>(m)]; }
+  int module_version(int m) const { return nvme_params_->version(m); }
 
   // NVMe shard names (stable: they name files' contents on disk).
   static std::string ModuleShard(int module, int version);
@@ -217,16 +221,7 @@ class StateStore {
   // WriteMaster's part: the working copy of a whole module read, patched
   // and written back.
   Status WriteWorkingCopy(const ParamRec& p, std::span<const float> values);
-  // offload_param none: bytes [offset, offset + bytes) of next_params()
-  // copied into the device block at the same offset, waited for.
-  Status UploadPart(int64_t offset, size_t bytes);
-  // Partitioned, offload_param nvme: this rank's piece of module m (active
-  // version) read into *piece (allocated), and written back from it.
-  Status ReadPiece(int m, AlignedBuffer* piece);
-  Status WritePiece(int m, const AlignedBuffer& piece);
   bool params_partitioned() const { return part_.params_partitioned(); }
-  int64_t param_byte_base() const { return part_.param_byte_base(); }
-  int64_t param_array_bytes() const { return part_.param_array_bytes(); }
   std::pair<int64_t, int64_t> ModulePiece(int m) const { return part_.ModulePiece(m); }
   Status OpenNvme(
       int64_t capacity, const std::vector<gpu::PinnedPool::Region>& extra,
@@ -244,12 +239,11 @@ class StateStore {
   // when they are on NVMe (else null).
   std::unique_ptr<StateHome> states_;
   NvmeStates* nvme_states_ = nullptr;
-  HostArray host_params_;            // offload_param cpu; mirror for none
-  HostArray next_params_;            // copy-out target
-  gpu::DeviceBuffer device_params_;  // offload_param none
-  std::unique_ptr<gpu::Event> params_uploaded_;
-  bool mirror_params_ = false;       // offload_param none: host_params_ mirrors the device
-  std::vector<int> module_version_;  // per module, nvme: active version
+  // The parameter copies' home (offload_param), and it as DeviceParams or
+  // NvmeParams when it is one (else null).
+  std::unique_ptr<ParamHome> params_;
+  DeviceParams* device_params_ = nullptr;
+  NvmeParams* nvme_params_ = nullptr;
   int64_t initial_nvme_bytes_ = 0;
 
   bool grads_on_nvme_ = false;
