@@ -1,4 +1,5 @@
-// strata — the command: info, bench, tune (and train, when the engine lands).
+// strata — the command: train, plan, report, checkpoint, info, bench and tune,
+// one file per subcommand (cmd_*.cc), registered with CommandRegistrar.
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -136,7 +137,8 @@ int main(int argc, char** argv) {
 
   CliResult result;
   CLI::App* bench = app.add_subcommand(
-      "bench", "Measure CPU Adam, gradient accumulation, NVMe or PCIe against a baseline");
+      "bench", "Measure CPU Adam, gradient accumulation, the folded step, collectives, NVMe or PCIe "
+      "against a baseline");
   bench->require_subcommand(1);
   CLI::App* tune = app.add_subcommand("tune", "Sweep settings and print the best config section");
   tune->require_subcommand(1);

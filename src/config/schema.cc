@@ -48,7 +48,7 @@ bool IsMinusOne(const json& v) { return v.is_number() && v.get<double>() == -1.0
 // clang-format off
 const KeySpec kSchema[] = {
     // ---- Top level ----------------------------------------------------------
-    {"train_batch_size", kInt, kRead, "1", "> 0; train = micro x accumulation on one rank"},
+    {"train_batch_size", kInt, kRead, "1", "> 0; train = micro x accumulation x ranks"},
     {"train_micro_batch_size_per_gpu", kInt, kRead, "1", "> 0",
      "how the global batch (train_batch_size, compared) is split over ranks, micro-batches and "
      "accumulation: a checkpoint loads at another number of ranks"},
@@ -182,7 +182,7 @@ const KeySpec kSchema[] = {
     {"strata.dram_budget", kBytes, kRead, "0", ">= 0; 0 = available memory less a margin", kBudget},
     {"strata.trace_path", kString, kRead, "\"\"", "empty = no trace",
      "where the timeline is written"},
-    {"strata.threads", kInt, kRead, "0", ">= 0; 0 = all cores of the NUMA node",
+    {"strata.threads", kInt, kRead, "0", ">= 0; 0 = every PU with one rank, this rank's share of its NUMA node's with several",
      "CPU optimizer threads: each element's update does not depend on how the work is split"},
     {"strata.io_engine", kEnum, kRead, "\"auto\"", "auto, uring, posix", "the NVMe I/O engine"},
     {"strata.io_sqpoll", kBool, kRead, "false", "", "NVMe I/O submission polling"},
