@@ -19,6 +19,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/crc32c.h"
 #include "src/common/log.h"
+#include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 #include "src/scheduler/hyperparams.h"
 
@@ -96,8 +97,9 @@ class PartialDir {
   explicit PartialDir(std::string path) : path_(std::move(path)) {}
   ~PartialDir() {
     if (path_.empty()) return;
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+    const Status s = RemoveCheckpointDir(path_);
+    if (!s.ok())
+      STRATA_LOG_WARN("checkpoint: removing the failed save {}: {}", path_, s.ToString());
   }
   void Keep() { path_.clear(); }
 
@@ -138,16 +140,23 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
           root, others, meta->run_id));
     seq = (entries.empty() ? 0 : entries.back().sequence) + 1;
     dir = fmt::format("{}/ckpt-{:08d}", root, seq);
-    if (::mkdir(dir.c_str(), 0755) != 0) return ErrnoError(fmt::format("mkdir {}", dir), errno);
+    // A new directory of this user only; the name must not exist (a symlink
+    // or another user's directory there is refused).
+    if (::mkdir(dir.c_str(), kPrivateDirMode) != 0)
+      return ErrnoError(fmt::format("mkdir {}", dir), errno);
     partial.emplace(dir);
     return SyncDir(root);
   }();
   {
-    ASSIGN_OR_RETURN(std::vector<std::string> got,
-                     Exchange(ranks, rank, made, rank == 0 ? dir + "\n" + meta->run_id : ""));
-    const size_t nl = got[0].find('\n');
-    dir = got[0].substr(0, nl);
-    meta->run_id = got[0].substr(nl + 1);
+    // As JSON: a path may hold any byte but NUL, a newline included.
+    ASSIGN_OR_RETURN(
+        std::vector<std::string> got,
+        Exchange(ranks, rank, made, rank == 0 ? Json::array({dir, meta->run_id}).dump() : ""));
+    const Json j = Json::parse(got[0], nullptr, /*allow_exceptions=*/false);
+    if (!j.is_array() || j.size() != 2 || !j[0].is_string() || !j[1].is_string())
+      return InternalError("checkpoint: rank 0 sent no directory and run id");
+    dir = j[0].get<std::string>();
+    meta->run_id = j[1].get<std::string>();
   }
 
   // Data files: written in full, fsync'd, closed. Rank 0 writes the
@@ -310,6 +319,8 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
     if (dir.empty())
       return NotFoundError(
           fmt::format("no checkpoint in {} (no ckpt-*/{})", root, kCheckpointManifest));
+    // A directory this run will go on to prune must be this user's alone.
+    if (lock != nullptr && dir != root) RETURN_IF_ERROR(CheckPrivateDir(dir, "checkpoint"));
     if (dir != root) {
       std::string skipped;
       bool newer = false;

@@ -12,8 +12,10 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 
 #include "src/common/log.h"
+#include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_annotations.h"
 #include "src/scheduler/checkpoint_format.h"
@@ -63,7 +65,8 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root, bool summa
     if (name.size() <= 5 || name.compare(0, 5, "ckpt-") != 0) continue;
     if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; }))
       continue;
-    if (name.size() > 5 + 18 || !d.is_directory(ec)) continue;
+    // A symlink is never a checkpoint: it is not followed, read or removed.
+    if (name.size() > 5 + 18 || d.symlink_status(ec).type() != fs::file_type::directory) continue;
     CheckpointEntry e;
     e.sequence = std::stoll(name.substr(5));
     e.path = d.path().string();
@@ -76,6 +79,81 @@ std::vector<CheckpointEntry> ListCheckpoints(const std::string& root, bool summa
     return a.sequence < b.sequence;
   });
   return out;
+}
+
+namespace {
+
+// Whether `name` is one Strata writes into a checkpoint directory.
+bool IsOwnFileName(const std::string& name) {
+  using checkpoint_internal::kParamsFile;
+  using checkpoint_internal::kStatesFile;
+  if (name == kCheckpointManifest || name == std::string(kCheckpointManifest) + ".tmp" ||
+      name == kParamsFile || name == kStatesFile)
+    return true;
+  constexpr std::string_view kRank = "states-rank-", kBin = ".bin";
+  if (name.size() <= kRank.size() + kBin.size() || name.compare(0, kRank.size(), kRank) != 0 ||
+      name.compare(name.size() - kBin.size(), kBin.size(), kBin) != 0)
+    return false;
+  return std::all_of(name.begin() + static_cast<ptrdiff_t>(kRank.size()),
+                     name.end() - static_cast<ptrdiff_t>(kBin.size()),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The data file names a manifest lists (names without a '/' only).
+std::set<std::string> ListedFiles(const std::string& manifest) {
+  std::set<std::string> out;
+  StatusOr<File> f = File::Open(manifest, O_RDONLY);
+  if (!f.ok()) return out;
+  StatusOr<int64_t> size = f->Size();
+  if (!size.ok() || *size > (int64_t{256} << 20)) return out;
+  std::string text(static_cast<size_t>(*size), '\0');
+  if (!f->ReadNext(text.data(), text.size()).ok()) return out;
+  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object() || !m.contains("files") || !m["files"].is_array()) return out;
+  for (const Json& e : m["files"])
+    if (e.is_object() && e.contains("name") && e["name"].is_string()) {
+      const std::string name = e["name"].get<std::string>();
+      if (!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos)
+        out.insert(name);
+    }
+  return out;
+}
+
+}  // namespace
+
+Status RemoveCheckpointDir(const std::string& path, const std::function<void()>& manifest_gone) {
+  RETURN_IF_ERROR(CheckPrivateDir(path, "checkpoint directory"));
+  const std::string manifest = path + "/" + kCheckpointManifest;
+  const std::set<std::string> listed = ListedFiles(manifest);
+  if (::unlink(manifest.c_str()) != 0 && errno != ENOENT)
+    return ErrnoError(fmt::format("removing checkpoint {}: unlink {}", path, manifest), errno);
+  if (manifest_gone) manifest_gone();
+  std::vector<std::string> left;
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(path, ec)) {
+    const std::string name = d.path().filename().string();
+    if ((IsOwnFileName(name) || listed.count(name) != 0) &&
+        d.symlink_status(ec).type() == fs::file_type::regular) {
+      if (::unlink(d.path().c_str()) == 0 || errno == ENOENT) continue;
+      STRATA_LOG_WARN("checkpoint: removing {}: {}", d.path().string(),
+                      ErrnoError("unlink", errno).ToString());
+    }
+    left.push_back(name);
+  }
+  if (ec) return IOError(fmt::format("removing checkpoint {}: listing it: {}", path, ec.message()));
+  if (!left.empty()) {
+    std::sort(left.begin(), left.end());
+    std::string names;
+    for (const std::string& n : left) names += (names.empty() ? "" : ", ") + n;
+    STRATA_LOG_WARN(
+        "checkpoint: removed the files Strata wrote in {}; left {} (not written by Strata), and "
+        "so the directory",
+        path, names);
+    return Status();
+  }
+  if (::rmdir(path.c_str()) != 0 && errno != ENOENT)
+    return ErrnoError(fmt::format("removing checkpoint {}: rmdir", path), errno);
+  return Status();
 }
 
 // Removes the run's checkpoints but the newest kCheckpointsKept, and
@@ -96,17 +174,11 @@ void RemoveOldCheckpoints(const std::string& root, int64_t newest, const std::st
       ++kept;
       continue;
     }
-    const std::string manifest = it->path + "/" + kCheckpointManifest;
-    if (::unlink(manifest.c_str()) != 0 && errno != ENOENT) {
-      STRATA_LOG_WARN("checkpoint: removing old {}: {}", manifest,
-                      ErrnoError("unlink", errno).ToString());
-      continue;
-    }
-    if (!removed && at_point) at_point("cleanup");
-    removed = true;
-    std::error_code ec;
-    fs::remove_all(it->path, ec);
-    if (ec) STRATA_LOG_WARN("checkpoint: removing old {}: {}", it->path, ec.message());
+    const Status s = RemoveCheckpointDir(it->path, [&] {
+      if (!removed && at_point) at_point("cleanup");
+      removed = true;
+    });
+    if (!s.ok()) STRATA_LOG_WARN("checkpoint: removing old {}: {}", it->path, s.ToString());
   }
   if (removed) {
     Status s = SyncDir(root);
@@ -157,15 +229,53 @@ void DropLock(int fd, std::pair<uint64_t, uint64_t> key) {
 
 CheckpointDirLock::~CheckpointDirLock() { DropLock(fd_, {dev_, ino_}); }
 
-void CheckpointDirLock::SetRunId(const std::string& run_id) { WriteLockText(fd_, run_id); }
+void CheckpointDirLock::SetRunId(const std::string& run_id) {
+  run_id_ = run_id;
+  WriteLockText(fd_, run_id);
+}
+
+// The lock file at the root's path must still be the file this process
+// locked (fstat of the held descriptor against lstat of the path). Removed
+// and not re-created: it is created anew (O_EXCL) and locked again. Replaced
+// (another process may hold the new one): Unavailable.
+Status CheckpointDirLock::Recheck() {
+  const std::string path = root_ + "/" + kCheckpointLockFile;
+  struct stat held, now;
+  if (::fstat(fd_, &held) != 0)
+    return ErrnoError(fmt::format("checkpoint lock file {}: fstat", path), errno);
+  if (::lstat(path.c_str(), &now) == 0) {
+    if (now.st_dev == held.st_dev && now.st_ino == held.st_ino) return Status();
+    return UnavailableError(fmt::format(
+        "checkpoint lock file {} was replaced while this run held it: another run may be using "
+        "{} now; nothing more is saved there by this run",
+        path, root_));
+  }
+  if (errno != ENOENT)
+    return ErrnoError(fmt::format("checkpoint lock file {}: lstat", path), errno);
+  StatusOr<int> fd = CreateNewFile(path, O_RDWR, "checkpoint lock file");
+  if (!fd.ok())
+    return UnavailableError(fmt::format(
+        "checkpoint lock file {} was removed while this run held it and cannot be re-created "
+        "({}): another run may be using {} now; nothing more is saved there by this run",
+        path, fd.status().message(), root_));
+  if (::flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(*fd);
+    return UnavailableError(fmt::format(
+        "checkpoint lock file {} was removed while this run held it, and another process locked "
+        "the new one first: nothing more is saved in {} by this run",
+        path, root_));
+  }
+  ::close(std::exchange(fd_, *fd));
+  WriteLockText(fd_, run_id_);
+  STRATA_LOG_WARN(
+      "checkpoint lock file {} was removed while this run held it; created it again and locked it",
+      path);
+  return Status();
+}
 
 StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string& root,
                                                                const std::string& run_id) {
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec)
-    return IOError(
-        fmt::format("checkpoint directory {}: cannot create it: {}", root, ec.message()));
+  RETURN_IF_ERROR(MakeDirs(root, "checkpoint directory"));
   struct stat st;
   if (::stat(root.c_str(), &st) != 0)
     return ErrnoError(fmt::format("checkpoint directory {}", root), errno);
@@ -176,12 +286,18 @@ StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string
   MutexLock lock(&locks.mu);
   if (auto it = locks.by_root.find(key); it != locks.by_root.end())
     if (std::shared_ptr<CheckpointDirLock> held = it->second.lock()) {
+      RETURN_IF_ERROR(held->Recheck());
       if (!run_id.empty()) held->SetRunId(run_id);
       return held;
     }
   const std::string path = root + "/" + kCheckpointLockFile;
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(fmt::format("checkpoint lock file {}: open", path), errno);
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, O_RDWR | O_CREAT, "checkpoint lock file"));
+  if (struct stat lst{}; ::fstat(fd, &lst) != 0 || lst.st_nlink != 1) {
+    ::close(fd);
+    return FailedPreconditionError(fmt::format(
+        "checkpoint lock file {}: has {} links (a hard link to another file?); refusing to use it",
+        path, lst.st_nlink));
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char buf[256] = {};
@@ -195,9 +311,9 @@ StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string
         "or use another directory",
         root, holder.empty() ? "holder unknown" : holder, path));
   }
-  WriteLockText(fd, run_id);
   std::shared_ptr<CheckpointDirLock> held(new CheckpointDirLock(
       fd, root, static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)));
+  held->SetRunId(run_id);
   locks.by_root[key] = held;
   return held;
 }
@@ -229,12 +345,7 @@ std::string OtherRunsCheckpoints(const std::vector<CheckpointEntry>& entries,
 StatusOr<int> RemoveAllCheckpoints(const std::string& root) {
   int removed = 0;
   for (const CheckpointEntry& e : ListCheckpoints(root, /*summaries=*/false)) {
-    const std::string manifest = e.path + "/" + kCheckpointManifest;
-    if (::unlink(manifest.c_str()) != 0 && errno != ENOENT)
-      return ErrnoError(fmt::format("removing checkpoint {}: unlink {}", e.path, manifest), errno);
-    std::error_code ec;
-    fs::remove_all(e.path, ec);
-    if (ec) return IOError(fmt::format("removing checkpoint {}: {}", e.path, ec.message()));
+    RETURN_IF_ERROR(RemoveCheckpointDir(e.path));
     ++removed;
   }
   if (removed > 0) RETURN_IF_ERROR(SyncDir(root));

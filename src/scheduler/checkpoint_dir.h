@@ -54,6 +54,9 @@ class CheckpointDirLock {
   void SetRunId(const std::string& run_id);
 
  private:
+  // Whether <root>/LOCK is still the file this lock holds (LockCheckpointDir
+  // calls it, under its mutex, when it returns a lock already held).
+  Status Recheck();
   friend StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string&,
                                                                         const std::string&);
   CheckpointDirLock(int fd, std::string root, uint64_t dev, uint64_t ino)
@@ -61,11 +64,23 @@ class CheckpointDirLock {
   int fd_;
   std::string root_;
   uint64_t dev_, ino_;
+  std::string run_id_;  // what the lock file says
 };
 
-// Locks `root` (created if missing) for this process; `run_id` (may be "")
-// is written into the lock file. Unavailable when another process holds it:
-// "checkpoint directory R is in use by pid P (run X): ...".
+// Locks `root` (created if missing, each directory created with mode 0700)
+// for this process; `run_id` (may be "") is written into the lock file, mode
+// 0600. A symlink, FIFO or anything but a regular file with one link at
+// <root>/LOCK is refused, naming it, and never followed. Unavailable when
+// another process holds it: "checkpoint directory R is in use by pid P (run
+// X): ...".
+//
+// When this process holds the lock already, the lock file is checked again
+// (fstat of the held descriptor against lstat of the path: the same device
+// and inode): a lock file removed meanwhile is created anew (O_EXCL) and
+// locked again, with a warning; one replaced by another file, or re-created
+// and locked by another process first, is Unavailable: the save (or load)
+// that asked fails, naming the file, and this process saves nothing more
+// there.
 StatusOr<std::shared_ptr<CheckpointDirLock>> LockCheckpointDir(const std::string& root,
                                                                const std::string& run_id);
 
@@ -79,13 +94,23 @@ struct CheckpointEntry {
   std::string run_id;
   int64_t optimizer_step = 0;
 };
-// The ckpt-<N> directories under root, by sequence number. Without
+// The ckpt-<N> directories under root, by sequence number (a symlink named
+// ckpt-<N> is not one, and is left alone). Without
 // `summaries` no manifest is read (run_id and optimizer_step stay unset).
 std::vector<CheckpointEntry> ListCheckpoints(const std::string& root, bool summaries = true);
 // The complete checkpoints in `entries` not of `run_id`, as a phrase: "2
 // checkpoints of run 1a2b up to step 6" (runs joined by "and"); "" if none.
 std::string OtherRunsCheckpoints(const std::vector<CheckpointEntry>& entries,
                                  const std::string& run_id);
+// Removes checkpoint directory `path` (CheckPrivateDir first: a directory
+// not of this user, or writable by others, is refused): its manifest first
+// (then `manifest_gone()`), then the files Strata writes there (those the
+// manifest lists, MANIFEST.json.tmp, params.bin, states.bin,
+// states-rank-<k>.bin; regular files only), then the directory when it is
+// empty. Anything else stays, and so does the directory, with a warning
+// naming what was left.
+Status RemoveCheckpointDir(const std::string& path,
+                           const std::function<void()>& manifest_gone = {});
 // Removes every ckpt-<N> directory under root (manifest first), whatever its
 // run. REQUIRES: the caller holds the root's lock. Returns how many.
 StatusOr<int> RemoveAllCheckpoints(const std::string& root);

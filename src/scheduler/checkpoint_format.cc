@@ -14,6 +14,7 @@
 
 #include "src/common/crc32c.h"
 #include "src/common/dtype.h"
+#include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 
 namespace strata::scheduler {
@@ -22,8 +23,11 @@ namespace checkpoint_internal {
 // ---- Files ---------------------------------------------------------------------
 
 StatusOr<File> File::Open(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError(fmt::format("open {}", path), errno);
+  if ((flags & O_CREAT) != 0) {
+    ASSIGN_OR_RETURN(const int fd, CreateNewFile(path, flags & ~O_CREAT, "checkpoint file"));
+    return File(fd, path);
+  }
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(path, flags, "checkpoint file"));
   return File(fd, path);
 }
 
@@ -87,7 +91,9 @@ Status File::Close() {
 }
 
 Status SyncDir(const std::string& dir) {
-  ASSIGN_OR_RETURN(File d, File::Open(dir, O_RDONLY | O_DIRECTORY));
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(fmt::format("open {}", dir), errno);
+  File d(fd, dir);
   return d.Sync();
 }
 

@@ -120,6 +120,9 @@ inline constexpr size_t kVerifyChunk = size_t{8} << 20;
 // (and the offset for data transfers) and the errno.
 class File {
  public:
+  // With O_CREAT: a new file (O_EXCL | O_NOFOLLOW, mode 0600; a name that
+  // exists is refused). Without: the regular file there (a symlink, FIFO or
+  // device is refused, naming it). src/common/private_fs.h.
   static StatusOr<File> Open(const std::string& path, int flags);
   File(File&& o) noexcept;
   File& operator=(File&&) = delete;
@@ -136,6 +139,7 @@ class File {
 
  private:
   File(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  friend Status SyncDir(const std::string& dir);
   int fd_ = -1;
   std::string path_;
   int64_t off_ = 0;

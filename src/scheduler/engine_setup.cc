@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "src/common/log.h"
+#include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/scheduler/engine_impl.h"
@@ -112,12 +113,13 @@ Status EngineImpl::Init() {
 
 Status EngineImpl::PrepareDataParallel(const gpu::CommOptions& comm) {
   // (DataParallel::Create refuses the stages it does not partition.)
-  // Each rank's swap files in a directory of its own.
+  // Each rank's swap files in a directory of its own: created with mode
+  // 0700, or reused only when it is a directory (not a symlink) of this user
+  // that no one else may write (private_fs.h).
   auto per_rank = [&](std::vector<std::string>& paths) -> Status {
     for (std::string& p : paths) {
       p = fmt::format("{}/rank-{}", p, comm.rank);
-      if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-        return ErrnoError(fmt::format("nvme_path: creating this rank's directory {}", p), errno);
+      RETURN_IF_ERROR(MakePrivateDir(p, "nvme_path: this rank's directory").status());
     }
     return Status();
   };

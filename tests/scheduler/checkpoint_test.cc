@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -817,6 +819,140 @@ TEST(WriteParameterRulesTest, BeforePlanReplacesTheInitialValuesAndMidWindowIsRe
   Status s = e->WriteParameter(0, v);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
   EXPECT_THAT(s.ToString(), HasSubstr("1 of 2 micro-batches"));
+}
+
+std::string FileText(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// The lock file removed while a run holds it: with nobody else on the root,
+// the next save (LockCheckpointDir of the held root) creates it anew and
+// locks it again; after another process created and locked a new one (a
+// second run let in), the first run's next save is refused, naming the file,
+// and the second keeps its lock.
+TEST(CheckpointLock, ALockFileRemovedUnderTheRunIsRecheckedAtEachSave) {
+  testing::ScratchDir dir;
+  const std::string root = dir.str() + "/c", lock_path = root + "/LOCK";
+  StatusOr<std::shared_ptr<scheduler::CheckpointDirLock>> held =
+      scheduler::LockCheckpointDir(root, "run1");
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  // Removed, nobody else there: re-created and locked.
+  ASSERT_EQ(::unlink(lock_path.c_str()), 0);
+  StatusOr<std::shared_ptr<scheduler::CheckpointDirLock>> again =
+      scheduler::LockCheckpointDir(root, "");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->get(), held->get());
+  {
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    EXPECT_NE(::flock(fd, LOCK_EX | LOCK_NB), 0);  // this process holds the new file
+    ::close(fd);
+  }
+  EXPECT_THAT(FileText(lock_path), HasSubstr("run run1"));
+  // Removed, and a second process (run) takes a new lock file first.
+  ASSERT_EQ(::unlink(lock_path.c_str()), 0);
+  int ready[2], stop[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(stop), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const char ok = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? 'y' : 'n';
+    if (::write(ready[1], &ok, 1) != 1) ::_exit(2);
+    char c;
+    if (::read(stop[0], &c, 1) < 0) ::_exit(3);
+    ::_exit(ok == 'y' ? 0 : 1);
+  }
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  EXPECT_EQ(ok, 'y');  // the second run got in
+  StatusOr<std::shared_ptr<scheduler::CheckpointDirLock>> refused =
+      scheduler::LockCheckpointDir(root, "");
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("checkpoint lock file " + lock_path +
+                                                    " was replaced while this run held it"));
+  // A save of the first run through the engine is refused the same way.
+  testing::ScratchDir nvme;
+  Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kNone, nvme.str());
+  StatusOr<std::unique_ptr<Engine>> e = Engine::Create(c);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  testing::RegisterToy(**e, 7, kModules);
+  ASSERT_TRUE((*e)->Plan().ok());
+  CheckpointInfo info;
+  const Status save = (*e)->SaveCheckpoint(root, info);
+  EXPECT_EQ(save.code(), StatusCode::kUnavailable) << save.ToString();
+  EXPECT_THAT(save.ToString(), HasSubstr(lock_path));
+  EXPECT_FALSE(fs::exists(root + "/ckpt-00000001"));
+  ASSERT_EQ(::write(stop[1], "x", 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int fd : {ready[0], ready[1], stop[0], stop[1]}) ::close(fd);
+}
+
+// A symlink planted as the lock file is never followed: refused, naming it.
+TEST(CheckpointLock, ASymlinkAsTheLockFileIsRefused) {
+  testing::ScratchDir dir;
+  const std::string root = dir.str() + "/c", victim = dir.str() + "/victim";
+  fs::create_directories(root);
+  std::ofstream(victim) << "precious";
+  ASSERT_EQ(::symlink(victim.c_str(), (root + "/LOCK").c_str()), 0);
+  StatusOr<std::shared_ptr<scheduler::CheckpointDirLock>> l =
+      scheduler::LockCheckpointDir(root, "run1");
+  EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(l.status().message(), HasSubstr(root + "/LOCK: a symbolic link"));
+  EXPECT_EQ(FileText(victim), "precious");
+}
+
+// Several ranks: a rank's swap directory (nvme_path/rank-<k>) that is a
+// symlink, or a directory of another user or open to others, is refused
+// before anything is written; one created gets mode 0700.
+TEST(RankSwapDir, OnlyADirectoryOfThisUserIsUsed) {
+  testing::ScratchDir dir;
+  const std::string nvme = dir.str() + "/nvme", elsewhere = dir.str() + "/elsewhere";
+  fs::create_directories(nvme);
+  fs::create_directories(elsewhere);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("RANK", "0", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "29500", 1);
+  setenv("STRATA_GLOO_DIR", (dir.str() + "/gloo").c_str(), 1);
+  setenv("STRATA_COMM_TIMEOUT_S", "1", 1);
+  auto create = [&] {
+    Config c = testing::ToyConfig(OffloadDevice::kNvme, OffloadDevice::kNone, nvme);
+    c.train_batch_size = 2;  // one micro-batch on each of the two ranks
+    return Engine::Create(c).status();
+  };
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (nvme + "/rank-0").c_str()), 0);
+  Status s = create();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_THAT(s.ToString(), HasSubstr(nvme + "/rank-0: a symbolic link, not a directory"));
+  ASSERT_EQ(::unlink((nvme + "/rank-0").c_str()), 0);
+  ASSERT_EQ(::mkdir((nvme + "/rank-0").c_str(), 0700), 0);
+  ASSERT_EQ(::chmod((nvme + "/rank-0").c_str(), 0777), 0);
+  s = create();
+  EXPECT_THAT(s.ToString(), HasSubstr(nvme + "/rank-0: writable by group or others"));
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chmod((nvme + "/rank-0").c_str(), 0700), 0);
+    ASSERT_EQ(::chown((nvme + "/rank-0").c_str(), 12345, 12345), 0);
+    s = create();
+    EXPECT_THAT(s.ToString(), HasSubstr(nvme + "/rank-0: owned by uid 12345"));
+  }
+  fs::remove_all(nvme + "/rank-0");
+  const mode_t old = ::umask(022);
+  s = create();  // goes on to the rendezvous, which has no peer: not checked here
+  ::umask(old);
+  struct stat st;
+  ASSERT_EQ(::lstat((nvme + "/rank-0").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                        "STRATA_GLOO_DIR", "STRATA_COMM_TIMEOUT_S"})
+    unsetenv(v);
+  for (auto& d : fs::recursive_directory_iterator(elsewhere))
+    ADD_FAILURE() << "written through the symlink: " << d.path();
 }
 
 }  // namespace
