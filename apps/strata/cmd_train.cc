@@ -24,6 +24,7 @@
 #include "apps/strata/launch_ranks.h"
 #include "apps/strata/train/train.h"
 #include "examples/train/model.h"
+#include "src/common/private_fs.h"
 #include "strata/config.h"
 
 namespace strata::cli {
@@ -42,6 +43,7 @@ struct TrainCommandOptions {
   std::string checkpoint_dir;    // --checkpoint-dir
   int64_t checkpoint_every = 0;  // --checkpoint-every
   bool resume = false;           // --resume
+  bool resume_or_start = false;  // --resume-or-start
   bool overwrite = false;        // --overwrite
 };
 
@@ -147,6 +149,16 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     if (opt.json) out << ResultJson(TrainResult(), s) << std::endl;
     return code;
   };
+  // A path with a control character is refused: a newline in it would read
+  // as two in any line-based record, and none names a directory on purpose.
+  for (const auto& [option, path] :
+       {std::pair{"--config", &opt.config_path}, std::pair{"--nvme-path", &opt.nvme_path},
+        std::pair{"--plot", &opt.plot_dir}, std::pair{"--checkpoint-dir", &opt.checkpoint_dir}})
+    if (HasControlChar(*path))
+      return fail(kExitUsage,
+                  InvalidArgumentError(std::string(option) +
+                                       ": the path holds a control character (a newline, tab, "
+                                       "escape, ...); give a path without one"));
   int code = 0;
   StatusOr<Config> loaded = LoadCommandConfig(opt.config_path, opt.nvme_path, opt.device, &code);
   if (!loaded.ok()) return fail(code, loaded.status());
@@ -162,7 +174,8 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
   if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(ExitCodeOf(s), s);
   // --resume continues a directory that exists; a mistyped one is not
   // created and started afresh.
-  if (opt.resume && !opt.checkpoint_dir.empty() && !std::filesystem::exists(opt.checkpoint_dir))
+  const bool resume = opt.resume || opt.resume_or_start;
+  if (resume && !opt.checkpoint_dir.empty() && !std::filesystem::exists(opt.checkpoint_dir))
     return fail(kExitUsage, NotFoundError("--resume: --checkpoint-dir " + opt.checkpoint_dir +
                                           " does not exist (without --resume it is created)"));
   // Output directories are usable before the first step, not found unusable
@@ -197,11 +210,10 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
     return fail(kExitUsage,
                 InvalidArgumentError("--checkpoint-every: " + std::to_string(opt.checkpoint_every) +
                                      " must be >= 0"));
-  if (opt.checkpoint_dir.empty() && (opt.resume || opt.checkpoint_every > 0 || opt.overwrite))
-    return fail(
-        kExitUsage,
-        InvalidArgumentError("--resume, --overwrite and --checkpoint-every need --checkpoint-dir"));
-  if (opt.resume && opt.overwrite)
+  if (opt.checkpoint_dir.empty() && (resume || opt.checkpoint_every > 0 || opt.overwrite))
+    return fail(kExitUsage, InvalidArgumentError("--resume, --resume-or-start, --overwrite and "
+                                                 "--checkpoint-every need --checkpoint-dir"));
+  if (resume && opt.overwrite)
     return fail(
         kExitUsage,
         InvalidArgumentError("--resume and --overwrite exclude each other: --resume continues the "
@@ -209,7 +221,8 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
   TrainCheckpoints ckpt;
   ckpt.dir = opt.checkpoint_dir;
   ckpt.every = opt.checkpoint_every;
-  ckpt.resume = opt.resume;
+  ckpt.resume = opt.resume || opt.resume_or_start;
+  ckpt.resume_or_start = opt.resume_or_start;
   ckpt.overwrite = opt.overwrite;
   TrainResult result;
   Status status;
@@ -306,6 +319,9 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->add_flag(
       "--resume", opt->resume,
       "Resume from the newest checkpoint in --checkpoint-dir (if any); --steps is the total");
+  cmd->add_flag("--resume-or-start", opt->resume_or_start,
+                "As --resume, but start from step 0 (with a warning) when --checkpoint-dir holds "
+                "checkpoint data without a valid manifest, where --resume stops with an error");
   cmd->add_flag("--overwrite", opt->overwrite,
                 "Without --resume: remove the checkpoints (of another run) already in "
                 "--checkpoint-dir instead of refusing to start");
@@ -332,6 +348,7 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
     add("--checkpoint-dir", opt->checkpoint_dir);
     if (opt->checkpoint_every > 0) add("--checkpoint-every", std::to_string(opt->checkpoint_every));
     if (opt->resume) args.push_back("--resume");
+    if (opt->resume_or_start) args.push_back("--resume-or-start");
     if (opt->overwrite) args.push_back("--overwrite");
     if (opt->json) args.push_back("--json");
     // One GPU per local rank: refused here rather than by rank k failing to

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include <string>
 #include <thread>
 
+#include "src/common/crc32c.h"
 #include "tests/test_util.h"
 #include "tests/train/cli_process.h"
 
@@ -391,6 +393,142 @@ TEST(CheckpointCli, InfoAndExportReadACheckpointWithoutAnEngine) {
       5);
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr(states));
   EXPECT_FALSE(fs::exists(out));
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st;
+  EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+std::vector<std::string> TwoSteps(const std::string& cfg, const std::string& ckpt) {
+  return {"train", "--config", cfg, "--steps", "2", "--json", "--checkpoint-dir", ckpt};
+}
+
+// A symlink planted where strata train writes (the checkpoint directory's
+// LOCK, a --plot file) is refused, naming it, and what it points to is left
+// as it was.
+TEST(CheckpointCli, PlantedSymlinksAreNeverFollowed) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string victim = dir.str() + "/victim", ckpt = dir.str() + "/c";
+  std::ofstream(victim) << "precious";
+  fs::create_directories(ckpt);
+  ASSERT_EQ(::symlink(victim.c_str(), (ckpt + "/LOCK").c_str()), 0);
+  EXPECT_EQ(Wait(Spawn(TwoSteps(cfg, ckpt), dir.str())).code, 1);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr(ckpt + "/LOCK: a symbolic link, not a regular file"));
+  EXPECT_EQ(ReadFile(victim), "precious");
+  const std::string plot = dir.str() + "/plot";
+  fs::create_directories(plot);
+  ASSERT_EQ(::symlink(victim.c_str(), (plot + "/loss.dat").c_str()), 0);
+  EXPECT_NE(Wait(Spawn({"train", "--config", cfg, "--steps", "1", "--plot", plot}, dir.str())).code,
+            0);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr(plot + "/loss.dat: a symbolic link is there"));
+  EXPECT_EQ(ReadFile(victim), "precious");
+}
+
+// Checkpoints, the lock file and plots are readable by their user only
+// (0600 files, 0700 directories created), whatever the umask lets through.
+TEST(CheckpointCli, CheckpointsAndPlotsAreTheOwnersOnly) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string ckpt = dir.str() + "/new/c", plot = dir.str() + "/plot";
+  const mode_t old = ::umask(0);
+  std::vector<std::string> a = TwoSteps(cfg, ckpt);
+  a.insert(a.end(), {"--plot", plot});
+  const Exit e = Wait(Spawn(a, dir.str()));
+  ::umask(old);
+  ASSERT_EQ(e.code, 0) << ReadFile(dir.str() + "/stderr");
+  EXPECT_EQ(ModeOf(dir.str() + "/new"), 0700u);
+  EXPECT_EQ(ModeOf(ckpt), 0700u);
+  EXPECT_EQ(ModeOf(ckpt + "/LOCK"), 0600u);
+  const std::string last = Latest(ckpt);
+  ASSERT_FALSE(last.empty());
+  EXPECT_EQ(ModeOf(last), 0700u);
+  for (const auto& f : fs::directory_iterator(last)) EXPECT_EQ(ModeOf(f.path()), 0600u) << f.path();
+  for (const auto& f : fs::directory_iterator(plot)) EXPECT_EQ(ModeOf(f.path()), 0600u) << f.path();
+}
+
+// A control character in a path option is a usage error naming the option;
+// nothing is written (a newline once split the path in a rank exchange).
+TEST(CheckpointCli, AControlCharacterInAPathIsAUsageError) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  fs::create_directories(dir.str() + "/d");
+  EXPECT_EQ(Wait(Spawn(TwoSteps(cfg, dir.str() + "/d\nx"), dir.str())).code, 2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("--checkpoint-dir: the path holds a control character"));
+  EXPECT_TRUE(fs::is_empty(dir.str() + "/d"));
+  EXPECT_FALSE(fs::exists(dir.str() + "/d\nx"));
+}
+
+// --resume in a directory with checkpoint data but no manifest stops (exit
+// 5) rather than start over; --resume-or-start starts from step 0.
+TEST(CheckpointCli, ResumeFindingDataWithoutAManifestStops) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string ckpt = dir.str() + "/c";
+  ASSERT_EQ(Wait(Spawn(TwoSteps(cfg, ckpt), dir.str())).code, 0);
+  const std::string last = Latest(ckpt);
+  ASSERT_FALSE(last.empty());
+  ASSERT_TRUE(fs::remove(last + "/MANIFEST.json"));
+  std::vector<std::string> a = TwoSteps(cfg, ckpt);
+  a[4] = "3";
+  a.push_back("--resume");
+  EXPECT_EQ(Wait(Spawn(a, dir.str())).code, 5);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("holds checkpoint data (" + last));
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("--resume-or-start"));
+  EXPECT_TRUE(fs::exists(last + "/params.bin"));
+  a.back() = "--resume-or-start";
+  ASSERT_EQ(Wait(Spawn(a, dir.str())).code, 0) << ReadFile(dir.str() + "/stderr");
+  EXPECT_TRUE(json::parse(ReadFile(dir.str() + "/stdout"))["resumed_from_step"].is_null());
+}
+
+// --overwrite removes the files Strata wrote; another file stays, with its
+// directory, and the warning names it.
+TEST(CheckpointCli, OverwriteRemovesOnlyWhatStrataWrote) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string ckpt = dir.str() + "/c";
+  ASSERT_EQ(Wait(Spawn(TwoSteps(cfg, ckpt), dir.str())).code, 0);
+  const std::string last = Latest(ckpt);
+  ASSERT_FALSE(last.empty());
+  std::ofstream(last + "/notes.txt") << "mine";
+  std::vector<std::string> a = TwoSteps(cfg, ckpt);
+  a.push_back("--overwrite");
+  ASSERT_EQ(Wait(Spawn(a, dir.str())).code, 0) << ReadFile(dir.str() + "/stderr");
+  EXPECT_EQ(ReadFile(last + "/notes.txt"), "mine");
+  EXPECT_FALSE(fs::exists(last + "/params.bin"));
+  EXPECT_FALSE(fs::exists(last + "/MANIFEST.json"));
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("left notes.txt"));
+}
+
+// A manifest whose optimizer_step was changed and its checksum recomputed
+// (the CRC-32C guards against accidents, not against an adversary) is still
+// refused: strata train's data position is its optimizer step count.
+TEST(CheckpointCli, AnOptimizerStepThatDoesNotMatchTheDataPositionIsRefused) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string ckpt = dir.str() + "/c";
+  ASSERT_EQ(Wait(Spawn(TwoSteps(cfg, ckpt), dir.str())).code, 0);
+  const std::string manifest = Latest(ckpt) + "/MANIFEST.json";
+  nlohmann::ordered_json m = nlohmann::ordered_json::parse(ReadFile(manifest));
+  m["optimizer_step"] = 7;
+  m.erase("manifest_crc32c");
+  const std::string compact = m.dump();
+  char crc[9];
+  std::snprintf(crc, sizeof(crc), "%08x", Crc32c(compact.data(), compact.size()));
+  m["manifest_crc32c"] = crc;
+  std::ofstream(manifest, std::ios::trunc) << m.dump(1) << "\n";
+  std::vector<std::string> a = TwoSteps(cfg, ckpt);
+  a[4] = "4";
+  a.push_back("--resume");
+  EXPECT_EQ(Wait(Spawn(a, dir.str())).code, 5);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("optimizer_step 7 does not match data_position 2"));
 }
 
 }  // namespace

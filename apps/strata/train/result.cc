@@ -1,20 +1,26 @@
 // The reports of `strata train`: the summary table, the --json object and
 // the plots of a TrainResult (train.h).
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
 
 #include "apps/strata/train/train.h"
+#include "src/common/private_fs.h"
 
 namespace strata::cli {
 namespace {
@@ -354,19 +360,17 @@ std::string ResultTable(const TrainResult& r) {
 
 StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::string& dir,
                                               std::string* note) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return IOError("--plot " + dir + ": cannot create the directory: " + ec.message());
+  STRATA_RETURN_IF_ERROR(MakeDirs(dir, "--plot"));
   std::vector<std::string> files;
   const std::string loss_dat = dir + "/loss.dat", time_dat = dir + "/step_time.dat";
   {
-    std::ofstream f(loss_dat);
+    std::ostringstream f;
     f << "# step loss\n";
     for (size_t i = 0; i < r.losses.size(); ++i) f << i + 1 << " " << r.losses[i] << "\n";
-    if (!f) return IOError(loss_dat + ": write failed");
+    STRATA_RETURN_IF_ERROR(WriteFileReplacing(loss_dat, f.str(), "--plot file"));
   }
   {
-    std::ofstream f(time_dat);
+    std::ostringstream f;
     f << "# step step_time_s compute_s fetch_wait_s optimizer_s other_s\n";
     for (size_t i = 0; i < r.steps.size(); ++i) {
       const StepStats& s = r.steps[i];
@@ -377,7 +381,7 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
       f << i + 1 << " " << s.step_time_s << " " << s.compute_s << " " << s.fetch_wait_s << " "
         << opt << " " << other << "\n";
     }
-    if (!f) return IOError(time_dat + ": write failed");
+    STRATA_RETURN_IF_ERROR(WriteFileReplacing(time_dat, f.str(), "--plot file"));
   }
   files.push_back(loss_dat);
   files.push_back(time_dat);
@@ -387,6 +391,26 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
         "SVGs)";
     return files;
   }
+  // gnuplot opens its outputs as they are named, following a symlink: it
+  // writes into new files this process created (O_EXCL, mode 0600), renamed
+  // over the SVGs once it is done, and only over regular files.
+  const std::string loss_svg = dir + "/loss.svg", time_svg = dir + "/step_time.svg";
+  for (const std::string& svg : {loss_svg, time_svg})
+    STRATA_RETURN_IF_ERROR(CheckReplaceable(svg, "--plot file"));
+  struct Temp {
+    std::string path;
+    ~Temp() {
+      if (!path.empty()) ::unlink(path.c_str());
+    }
+  };
+  std::random_device rd;
+  Temp loss_tmp, time_tmp;
+  for (auto [tmp, svg] : {std::pair{&loss_tmp, &loss_svg}, std::pair{&time_tmp, &time_svg}}) {
+    const std::string name = fmt::format("{}.tmp.{:08x}", *svg, rd());
+    STRATA_ASSIGN_OR_RETURN(const int fd, CreateNewFile(name, O_WRONLY, "--plot file"));
+    ::close(fd);
+    tmp->path = name;
+  }
   const std::string script = dir + "/plot.gp";
   {
     // X from step 1 to the last step (ticks every `every` steps from 1); the
@@ -394,27 +418,34 @@ StatusOr<std::vector<std::string>> WritePlots(const TrainResult& r, const std::s
     // sums tallest first, and the legend sits outside the plot, right of it.
     const size_t n = std::max<size_t>(1, std::max(r.losses.size(), r.steps.size()));
     const size_t every = std::max<size_t>(1, (n + 9) / 10);
-    std::ofstream f(script);
+    std::ostringstream f;
     f << "set terminal svg size 800,450 dynamic\n"
-      << "set output '" << dir << "/loss.svg'\n"
+      << "set output '" << loss_tmp.path << "'\n"
       << "set title 'strata train: loss (" << r.device
       << ")'\nset xlabel 'step'\nset ylabel 'loss'\n"
       << "set xrange [" << (n > 1 ? "1" : "0.5") << ":" << (n > 1 ? std::to_string(n) : "1.5")
       << "]\nset xtics 1," << every << "\nset key outside right top vertical\n"
       << "plot '" << loss_dat << "' using 1:2 with linespoints title 'loss'\n"
-      << "set output '" << dir << "/step_time.svg'\n"
+      << "set output '" << time_tmp.path << "'\n"
       << "set title 'strata train: step time by phase'\nset xlabel 'step'\nset ylabel 'seconds'\n"
       << "set xrange [0.5:" << n << ".5]\nset yrange [0:*]\n"
       << "set style fill solid 0.8 noborder\nset boxwidth 0.8\n"
       << "plot '" << time_dat << "' using 1:($3+$4+$5+$6) with boxes title 'other', "
       << "'' using 1:($3+$4+$5) with boxes title 'waiting for the optimizer', "
       << "'' using 1:($3+$4) with boxes title 'fetch wait (PCIe/NVMe)', "
-      << "'' using 1:3 with boxes title 'compute'\n";
+      << "'' using 1:3 with boxes title 'compute'\n"
+      << "unset output\n";
+    STRATA_RETURN_IF_ERROR(WriteFileReplacing(script, f.str(), "--plot file"));
   }
   const std::string cmd = "gnuplot '" + script + "' 2>&1";
   if (std::system(cmd.c_str()) != 0) return IOError("gnuplot " + script + " failed");
-  files.push_back(dir + "/loss.svg");
-  files.push_back(dir + "/step_time.svg");
+  for (auto [tmp, svg] : {std::pair{&loss_tmp, &loss_svg}, std::pair{&time_tmp, &time_svg}}) {
+    STRATA_RETURN_IF_ERROR(CheckReplaceable(*svg, "--plot file"));
+    if (::rename(tmp->path.c_str(), svg->c_str()) != 0)
+      return IOError("--plot file " + *svg + ": rename " + tmp->path + ": " + std::strerror(errno));
+    tmp->path.clear();
+    files.push_back(*svg);
+  }
   return files;
 }
 

@@ -23,6 +23,7 @@
 #include "apps/strata/exit_codes.h"
 #include "examples/train/model.h"
 #include "src/common/log.h"
+#include "src/common/private_fs.h"
 #include "src/common/units.h"
 #include "src/nvme/nvme.h"
 #include "src/scheduler/checkpoint.h"
@@ -160,8 +161,28 @@ StatusOr<int64_t> ResumeFromCheckpoint(Run& run) {
   const double l0 = Seconds();
   Status ls = run.engine->LoadCheckpoint(ckpt.dir, &info);
   if (ls.code() == StatusCode::kNotFound) {
-    STRATA_LOG_WARN("--resume: nothing to resume in {} (no checkpoint there): starting from step 0",
-                    ckpt.dir);
+    // Checkpoint data without a manifest: the manifest was removed, or the
+    // run's first save was interrupted. Starting over would lose the run's
+    // steps, so it takes --resume-or-start.
+    std::string data;
+    for (const scheduler::CheckpointEntry& e : scheduler::ListCheckpoints(ckpt.dir, false)) {
+      std::error_code ec;
+      for (const std::filesystem::directory_entry& f :
+           std::filesystem::directory_iterator(e.path, ec))
+        if (const std::string name = f.path().filename().string();
+            name.ends_with(".bin") || name.starts_with("MANIFEST")) {
+          data += (data.empty() ? "" : ", ") + f.path().string();
+          break;
+        }
+    }
+    if (!data.empty() && !ckpt.resume_or_start)
+      return DataLossError(
+          "--resume: " + ckpt.dir + " holds checkpoint data (" + data +
+          ") but no valid checkpoint (no MANIFEST.json: removed, or the first save was "
+          "interrupted): restore the manifest, or use --resume-or-start to start from step 0");
+    STRATA_LOG_WARN(
+        "--resume: nothing to resume in {} (no checkpoint there{}): starting from step 0", ckpt.dir,
+        data.empty() ? "" : "; checkpoint data without a manifest: " + data);
     return int64_t{0};
   }
   STRATA_RETURN_IF_ERROR(ls);
@@ -171,6 +192,18 @@ StatusOr<int64_t> ResumeFromCheckpoint(Run& run) {
   if (!note.is_object() || !note.contains("losses") ||
       static_cast<int64_t>(note["losses"].size()) != first)
     return DataLossError("checkpoint " + info.path + ": its note is not this program's");
+  // The data position is the optimizer steps the loop ran; the engine's
+  // optimizer step counts those applied, which is every one of them but the
+  // steps a dynamic loss scale skipped (fp16 with an overflow). A manifest
+  // where the two disagree is not one this program wrote.
+  const bool may_skip = run.config.fp16.enabled;
+  if (info.optimizer_step > first || (!may_skip && info.optimizer_step != first))
+    return DataLossError("checkpoint " + info.path + ": optimizer_step " +
+                         std::to_string(info.optimizer_step) + " does not match data_position " +
+                         std::to_string(first) + " (the optimizer steps this program ran" +
+                         (may_skip ? ", overflows skipped included: optimizer_step cannot exceed it"
+                                   : "; without loss scaling every one is applied") +
+                         ")");
   if (first > run.steps)
     return OutOfRangeError("--steps " + std::to_string(run.steps) +
                            " is the total, and checkpoint " + info.path + " is at step " +
@@ -376,11 +409,7 @@ Status PrepareNvmePaths(const Config& c) {
   if (zo.offload_param.device == OffloadDevice::kNvme)
     paths.insert(paths.end(), zo.offload_param.nvme_path.begin(), zo.offload_param.nvme_path.end());
   for (const std::string& p : paths) {
-    std::error_code ec;
-    std::filesystem::create_directories(p, ec);
-    if (ec) return IOError("nvme_path " + p + ": cannot create the directory: " + ec.message());
-    if (!std::filesystem::is_directory(p, ec))
-      return IOError("nvme_path " + p + ": not a directory");
+    if (Status s = MakeDirs(p, "nvme_path"); !s.ok()) return IOError(std::string(s.message()));
     if (access(p.c_str(), W_OK | X_OK) != 0)
       return IOError("nvme_path " + p + ": not writable (" + std::string(std::strerror(errno)) +
                      ")");
@@ -393,11 +422,7 @@ Status PrepareNvmePaths(const Config& c) {
 }
 
 Status PrepareOutputDir(const std::string& what, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return IOError(what + " " + dir + ": cannot create the directory: " + ec.message());
-  if (!std::filesystem::is_directory(dir, ec))
-    return IOError(what + " " + dir + ": not a directory");
+  if (Status s = MakeDirs(dir, what); !s.ok()) return IOError(std::string(s.message()));
   if (access(dir.c_str(), W_OK | X_OK) != 0)
     return IOError(what + " " + dir + ": not writable (" + std::string(std::strerror(errno)) + ")");
   return Status();

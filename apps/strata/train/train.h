@@ -77,9 +77,13 @@ struct TrainResult {
 // and last step, unless `overwrite` (then they are removed first, and said
 // so); only the run's own old checkpoints are ever pruned.
 struct TrainCheckpoints {
-  std::string dir;         // empty: none
-  int64_t every = 0;       // save after every N optimizer steps (and after the last); 0: last only
-  bool resume = false;     // first load the newest checkpoint in dir (none there: start at step 0)
+  std::string dir;      // empty: none
+  int64_t every = 0;    // save after every N optimizer steps (and after the last); 0: last only
+  bool resume = false;  // first load the newest checkpoint in dir (none there: start at step 0)
+  // With `resume`: start at step 0 also when dir holds checkpoint data
+  // (ckpt-<N> directories with data files) but no manifest; without it,
+  // that is DataLoss.
+  bool resume_or_start = false;
   bool overwrite = false;  // a fresh run removes the checkpoints already in dir
 };
 
