@@ -95,12 +95,14 @@ Exit Wait(pid_t pid) {
   return e;
 }
 
-// Creates ckpt: --resume refuses a directory that does not exist.
+// Creates ckpt: --resume refuses a directory that does not exist. A restart
+// loop: --resume-or-start, since a kill during the first save leaves data
+// without a manifest, which --resume refuses.
 std::vector<std::string> TrainArgs(const std::string& cfg, const std::string& ckpt, bool every) {
   fs::create_directories(ckpt);
   std::vector<std::string> a = {
-      "train",  "--config",         cfg,  "--steps", std::to_string(kSteps),
-      "--json", "--checkpoint-dir", ckpt, "--resume"};
+      "train",  "--config",         cfg,  "--steps",          std::to_string(kSteps),
+      "--json", "--checkpoint-dir", ckpt, "--resume-or-start"};
   if (every) a.insert(a.end(), {"--checkpoint-every", "1"});
   return a;
 }
