@@ -23,6 +23,7 @@
 namespace strata::cli {
 namespace {
 
+using example::kMaxModelLayers;
 using example::ModelShape;
 
 struct PlanCommandOptions {
@@ -45,13 +46,29 @@ std::vector<PlanParam> ParamsOf(const ModelShape& shape, DType dtype) {
   return out;
 }
 
-// The config's width with the blocks that make about `params` elements (at least one).
-ModelShape ShapeWithParams(ModelShape shape, int64_t params) {
+// The config's width with the blocks that make about `params` elements (at
+// least one), from the sizes alone. More blocks than the example model has
+// (kMaxModelLayers) is ResourceExhausted naming the parameters' bytes: such
+// a model is not laid out (its layout would hold an entry per tensor).
+StatusOr<ModelShape> ShapeWithParams(ModelShape shape, int64_t params, DType dtype) {
   shape.layers = 1;
   const int64_t one = shape.num_parameters();
   shape.layers = 2;
   const int64_t per_block = std::max<int64_t>(1, shape.num_parameters() - one);
-  shape.layers = std::max<int64_t>(1, 1 + (params - one + per_block / 2) / per_block);
+  const int64_t extra = std::max<int64_t>(0, params - one);
+  const int64_t blocks = extra / per_block + (extra % per_block >= (per_block + 1) / 2 ? 1 : 0);
+  if (blocks >= kMaxModelLayers) {
+    const auto bytes =
+        static_cast<long double>(params) * static_cast<long double>(DTypeSize(dtype));
+    shape.layers = kMaxModelLayers;
+    return ResourceExhaustedError(fmt::format(
+        "--params {}: at hidden {} that is about {} blocks, more than the example model's {} "
+        "(at most {} parameters at this width); the parameters alone would need {:.0f} bytes "
+        "({} each, before gradients and optimizer states)",
+        params, shape.hidden, blocks + 1, kMaxModelLayers, shape.num_parameters(),
+        static_cast<double>(bytes), DTypeSize(dtype)));
+  }
+  shape.layers = 1 + blocks;
   return shape;
 }
 
@@ -61,21 +78,28 @@ StatusOr<PlanResult> PlanOf(const Planner& planner, const ModelShape& shape, DTy
 }
 
 // The most blocks of the config's width whose plan fits (0 if none does;
-// capped at 2^20 blocks when nothing bounds it).
+// capped at the example model's kMaxModelLayers when nothing bounds it). A
+// plan refused from the sizes alone (ResourceExhausted) does not fit.
 StatusOr<ModelShape> LargestThatFits(ModelShape shape, DType dtype, const Planner& planner) {
   auto fits = [&](int64_t layers) -> StatusOr<bool> {
     shape.layers = layers;
-    STRATA_ASSIGN_OR_RETURN(const PlanResult plan, PlanOf(planner, shape, dtype));
-    return plan.fits;
+    StatusOr<PlanResult> plan = PlanOf(planner, shape, dtype);
+    if (!plan.ok() && plan.status().code() == StatusCode::kResourceExhausted) return false;
+    STRATA_RETURN_IF_ERROR(plan.status());
+    return plan->fits;
   };
   int64_t lo = 0, hi = 1;
-  while (hi <= (int64_t{1} << 20)) {
+  while (hi <= kMaxModelLayers) {
     STRATA_ASSIGN_OR_RETURN(const bool ok, fits(hi));
     if (!ok) break;
     lo = hi;
     hi *= 2;
   }
-  hi = std::min<int64_t>(hi, int64_t{1} << 20);
+  if (hi > kMaxModelLayers) {  // every power of two up to the cap fits: try the cap itself
+    STRATA_ASSIGN_OR_RETURN(const bool ok, fits(kMaxModelLayers));
+    if (ok) lo = kMaxModelLayers;
+    hi = kMaxModelLayers + (ok ? 1 : 0);
+  }
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
     STRATA_ASSIGN_OR_RETURN(const bool ok, fits(mid));
@@ -88,8 +112,14 @@ StatusOr<ModelShape> LargestThatFits(ModelShape shape, DType dtype, const Planne
 // The tiers over budget in the plan of one more block than `largest`.
 StatusOr<std::string> WhatStopsOneMoreBlock(ModelShape largest, DType dtype,
                                             const Planner& planner) {
+  if (largest.layers >= kMaxModelLayers)
+    return fmt::format("the example model's {} blocks", kMaxModelLayers);
   ++largest.layers;
-  STRATA_ASSIGN_OR_RETURN(const PlanResult over, PlanOf(planner, largest, dtype));
+  StatusOr<PlanResult> plan = PlanOf(planner, largest, dtype);
+  if (!plan.ok() && plan.status().code() == StatusCode::kResourceExhausted)
+    return std::string("every tier together");
+  STRATA_RETURN_IF_ERROR(plan.status());
+  const PlanResult& over = *plan;
   std::string limited_by;
   for (const TierBudget& t : over.budgets)
     if (t.available_bytes > 0 && t.needed_bytes > t.available_bytes)
@@ -202,8 +232,14 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   if (!given.ok()) return fail(kExitConfig, given.status());
   PlanReport p;
   p.config_path = opt.config_path;
-  p.shape = opt.params > 0 ? ShapeWithParams(*given, opt.params) : *given;
   p.dtype = example::ParamDTypeFromConfig(config);
+  if (opt.params > 0) {
+    StatusOr<ModelShape> sized = ShapeWithParams(*given, opt.params, p.dtype);
+    if (!sized.ok()) return fail(ExitCodeOf(sized.status()), sized.status());
+    p.shape = *sized;
+  } else {
+    p.shape = *given;
+  }
   p.accumulation = config.gradient_accumulation_steps;
   if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(ExitCodeOf(s), s);
 

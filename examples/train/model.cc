@@ -29,9 +29,10 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
 }  // namespace
 
 int64_t ModelShape::num_parameters() const {
-  int64_t n = 0;
-  for (const ParamInfo& p : ParameterList(*this)) n += p.numel;
-  return n;
+  // ParameterList's sizes: 3 embedding tables and the head [V x H] + head.b
+  // [V]; per block w1 [F x H], b1 [F], w2 [H x F], b2 [H].
+  const int64_t V = vocab, H = hidden, F = ffn();
+  return 4 * V * H + V + layers * (2 * F * H + F + H);
 }
 
 StatusOr<ModelShape> ShapeFromConfig(const Config& config) {
@@ -43,7 +44,7 @@ StatusOr<ModelShape> ShapeFromConfig(const Config& config) {
   s.vocab = m.vocab;
   s.batch = config.train_micro_batch_size_per_gpu;
   // The lower bounds are ValidateModelConfig's; these keep the sizes sane.
-  if (s.layers > 100000 || s.hidden > (1 << 20) || s.seq_len > (1 << 20) || s.batch < 1 ||
+  if (s.layers > kMaxModelLayers || s.hidden > (1 << 20) || s.seq_len > (1 << 20) || s.batch < 1 ||
       s.batch > (1 << 20))
     return InvalidArgumentError("strata.model: layers " + std::to_string(s.layers) + ", hidden " +
                                 std::to_string(s.hidden) + ", seq_len " +

@@ -43,6 +43,9 @@
 
 namespace strata::example {
 
+// The most residual blocks ShapeFromConfig accepts (and `strata plan` lays out).
+inline constexpr int64_t kMaxModelLayers = 100000;
+
 struct ModelShape {
   int64_t layers = 4;
   int64_t hidden = 256;
@@ -51,7 +54,8 @@ struct ModelShape {
   int64_t batch = 1;  // sequences per micro-batch
   int64_t ffn() const { return 4 * hidden; }
   int64_t tokens() const { return batch * seq_len; }
-  int64_t num_parameters() const;  // elements over all tensors
+  // Elements over all tensors, from the sizes (no list is built).
+  int64_t num_parameters() const;
 };
 
 // strata.model: the example model's section of the config. The library keeps

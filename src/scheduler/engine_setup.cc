@@ -256,6 +256,18 @@ Status EngineImpl::Plan() {
   const auto& zo = cfg_.zero_optimization;
   std::vector<scheduler::ParamRec> recs;
   for (const Registration& r : regs_) recs.push_back(r.rec);
+  // Leftover swap files of killed runs go before the plan counts free space
+  // (one notice each; files of live runs are left alone).
+  for (const std::string& p : scheduler::UsedNvmePaths(cfg_))
+    RETURN_IF_ERROR(nvme::RemoveLeftoverSwapFiles(p).status());
+  // A model that cannot fit whatever the placement is refused from its sizes,
+  // before its layout (in proportion to its elements) is built.
+  RETURN_IF_ERROR(scheduler::CheckParamsCanFit(
+      recs,
+      scheduler::MeasureTierFacts(static_cast<int64_t>(dev_->Stats().budget_bytes),
+                                  cfg_.strata.pinned_budget_bytes, scheduler::UsedNvmePaths(cfg_),
+                                  cfg_.strata.dram_budget_bytes),
+      dp_ ? dp_->world_size() : 1));
   scheduler::LayoutOptions lo = scheduler::LayoutOptionsFromConfig(cfg_);
   lo.world_size = dp_ ? dp_->world_size() : 1;
   // Partitioned parameters come into device slots as offloaded ones do.
@@ -276,10 +288,6 @@ Status EngineImpl::Plan() {
     dp_gather_bytes = scheduler::DataParallel::GatherChunkBytes(layout_, zo.allgather_bucket_size);
   }
 
-  // Leftover swap files of killed runs go before the plan counts free space
-  // (one notice each; files of live runs are left alone).
-  for (const std::string& p : scheduler::UsedNvmePaths(cfg_))
-    RETURN_IF_ERROR(nvme::RemoveLeftoverSwapFiles(p).status());
   scheduler::Placement placement = scheduler::Placement::FromConfig(cfg_);
   placement.device_optimizer = device_optimizer_;
   placement.fold_override = hooks_.fold_override;

@@ -569,6 +569,38 @@ TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
   return f;
 }
 
+Status CheckParamsCanFit(const std::vector<ParamRec>& params, const TierFacts& facts,
+                         int world_size) {
+  if (facts.dram_available <= 0) return Status();
+  // Saturating sums: numel is anything a caller registered.
+  auto add = [](int64_t a, int64_t b) {
+    int64_t sum = 0;
+    return __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+  };
+  int64_t needed = 0, elems = 0;
+  for (const ParamRec& p : params) {
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(std::max<int64_t>(0, p.numel), p.elem_size(), &bytes))
+      bytes = INT64_MAX;
+    needed = add(needed, bytes);
+    elems = add(elems, std::max<int64_t>(0, p.numel));
+  }
+  const int64_t ranks = std::max(1, world_size);
+  const int64_t share = needed / ranks + (needed % ranks != 0 ? 1 : 0);
+  const int64_t tiers[] = {facts.hbm_budget, facts.pinned_budget, facts.dram_available,
+                           facts.nvme_available};
+  int64_t available = 0;
+  for (int64_t t : tiers) available = add(available, std::max<int64_t>(0, t));
+  if (share <= available) return Status();
+  return ResourceExhaustedError(fmt::format(
+      "the model's parameters alone need {} bytes ({} elements, before gradients and optimizer "
+      "states{}); every tier together has {} bytes (HBM budget {}, pinned budget {}, DRAM "
+      "available {}, NVMe free {}): it cannot fit whatever the placement",
+      share, elems, ranks > 1 ? fmt::format("; this rank's share of {} ranks", ranks) : "",
+      available, facts.hbm_budget, facts.pinned_budget, facts.dram_available,
+      facts.nvme_available));
+}
+
 int64_t DefaultDramBudget() {
   const HostMemoryInfo mem = ReadHostMemory();
   if (!mem.mem_known) return 0;

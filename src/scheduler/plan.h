@@ -263,6 +263,15 @@ std::vector<std::string> UsedNvmePaths(const Config& config);
 // `dram_budget` when > 0, else DefaultDramBudget().
 TierFacts MeasureTierFacts(int64_t hbm_budget, int64_t pinned_budget,
                            std::vector<std::string> nvme_paths, int64_t dram_budget = 0);
+// Before a layout is built (it holds one entry per sub-group, in proportion
+// to the model's elements): the parameters alone, sum of numel x dtype size
+// before any gradient or optimizer state, against every tier together (HBM
+// budget + pinned budget + DRAM available + NVMe free). More than that cannot
+// fit whatever the placement: ResourceExhausted naming both, in bytes. With
+// `world_size` ranks, one rank's share (1 / world_size) is what must fit. OK
+// when the DRAM available is unknown (0).
+Status CheckParamsCanFit(const std::vector<ParamRec>& params, const TierFacts& facts,
+                         int world_size = 1);
 // strata.dram_budget 0: MemAvailable less 10 % of it (at most 4 GiB);
 // 0 when /proc/meminfo cannot be read (no limit).
 int64_t DefaultDramBudget();

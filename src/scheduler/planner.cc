@@ -82,6 +82,7 @@ class PlannerImpl final : public Planner {
       r.module = p.module;
       recs.push_back(std::move(r));
     }
+    RETURN_IF_ERROR(scheduler::CheckParamsCanFit(recs, facts_));
     const scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(
         scheduler::Layout::Build(std::move(recs), scheduler::LayoutOptionsFromConfig(config_)));
     const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement_, sizes, facts_);

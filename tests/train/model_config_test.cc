@@ -37,6 +37,28 @@ TEST(ModelConfig, Defaults) {
   EXPECT_TRUE(*empty == ModelConfig{});
 }
 
+// The parameter count comes from the sizes (a huge model builds no list),
+// and it is what ParameterList's tensors add up to.
+TEST(ModelShape, NumParametersIsTheSumOfTheParameterList) {
+  for (const auto& [layers, hidden] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {2, 32}, {4, 384}, {7, 100}}) {
+    ModelShape s;
+    s.layers = layers;
+    s.hidden = hidden;
+    int64_t sum = 0;
+    for (const ParamInfo& p : ParameterList(s)) sum += p.numel;
+    EXPECT_EQ(s.num_parameters(), sum) << layers << " x " << hidden;
+  }
+  ModelShape demo;
+  demo.layers = 4;
+  demo.hidden = 384;
+  EXPECT_EQ(demo.num_parameters(), 5119744);  // README: configs/demo.json
+  ModelShape huge;
+  huge.layers = kMaxModelLayers;
+  huge.hidden = int64_t{1} << 20;
+  EXPECT_GT(huge.num_parameters(), int64_t{1} << 59);  // no list of 400000 tensors was built
+}
+
 TEST(ModelConfig, EveryKeyIsRead) {
   std::vector<std::string> warnings;
   StatusOr<ModelConfig> m = ModelConfigFromConfig(
