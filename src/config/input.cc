@@ -4,8 +4,10 @@
 // error naming the source, line and column, then hands the document to
 // ReadConfig (read_deepspeed.cc) and the result to ValidateConfig
 // (validate.cc). Nothing thrown by nlohmann escapes.
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -200,28 +202,46 @@ StatusOr<Config> LoadConfigFile(const std::string& path) {
 }
 
 StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_values) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
+  // O_NONBLOCK: a FIFO without a writer would block open() for ever; the
+  // file is refused below unless it is a regular one, and the flag cleared.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
     int err = errno;
     if (err == ENOENT || err == ENOTDIR)
       return NotFoundError(fmt::format("config file {} does not exist", path));
-    return ErrnoError(fmt::format("config file {}", path), err);
+    Status s = ErrnoError(fmt::format("cannot open config file {}", path), err);
+    return s.code() == StatusCode::kNotFound ? s : IOError(std::string(s.message()));
+  }
+  std::unique_ptr<FILE, int (*)(FILE*)> file(::fdopen(fd, "rb"), &std::fclose);
+  if (!file) {
+    int err = errno;
+    ::close(fd);
+    return IOError(
+        std::string(ErrnoError(fmt::format("cannot open config file {}", path), err).message()));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    return IOError(std::string(ErrnoError(fmt::format("config file {}", path), err).message()));
   }
   if (S_ISDIR(st.st_mode))
     return IOError(fmt::format("config file {} is a directory, not a file", path));
-  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) > kMaxConfigBytes)
+  if (!S_ISREG(st.st_mode))
+    return IOError(fmt::format("config file {}: not a regular file ({}); refused", path,
+                               S_ISFIFO(st.st_mode)   ? "a FIFO"
+                               : S_ISSOCK(st.st_mode) ? "a socket"
+                                                      : "a device"));
+  if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes)
     return InvalidArgumentError(fmt::format(
         "config file {}: the config is {} bytes; at most {} ({} MiB) are accepted (a DeepSpeed "
         "config is a few KB)",
         path, static_cast<uint64_t>(st.st_size), kMaxConfigBytes, kMaxConfigBytes >> 20));
-  std::unique_ptr<FILE, int (*)(FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!file) {
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
     int err = errno;
-    Status s = ErrnoError(fmt::format("cannot open config file {}", path), err);
-    return s.code() == StatusCode::kNotFound ? s : IOError(std::string(s.message()));
+    return IOError(std::string(ErrnoError(fmt::format("config file {}", path), err).message()));
   }
-  // Read at most one byte past the limit (the size of a pipe or /proc file is
-  // unknown in advance); ParseConfig refuses the oversized text.
+  // Read at most one byte past the limit (the size of a /proc file is unknown
+  // in advance); ParseConfig refuses the oversized text.
   std::string text;
   char buf[1 << 16];
   size_t n = 0;
@@ -232,12 +252,12 @@ StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_
     return IOError(
         std::string(ErrnoError(fmt::format("cannot read config file {}", path), err).message()));
   }
-  // Only a file whose size stat does not give (a pipe, a device, a /proc
-  // file) gets here with more than the limit: its size is unknown.
+  // Only a file whose size stat does not give (a /proc file) gets here with
+  // more than the limit: its size is unknown.
   if (text.size() > kMaxConfigBytes)
     return InvalidArgumentError(fmt::format(
         "config file {} gives more than {} bytes ({} MiB), the most accepted, and has no size "
-        "of its own (a pipe, a device or a /proc file; a DeepSpeed config is a few KB)",
+        "of its own (a /proc file; a DeepSpeed config is a few KB)",
         path, kMaxConfigBytes, kMaxConfigBytes >> 20));
   return ParseConfig(text, path, auto_values);
 }

@@ -5,6 +5,7 @@
 // Config or a one-line error; none crashes.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -112,13 +113,25 @@ TEST(ConfigInputLimits, FileOverTheLimitIsRefusedWithItsSize) {
   EXPECT_THAT(std::string(c.status().message()),
               AllOf(HasSubstr(path + ": the config is 100000000 bytes"),
                     HasSubstr("at most 4194304 (4 MiB)")));
+  // A device is not read at all: only regular files are configs.
   c = LoadConfigFile("/dev/zero");
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().code(), StatusCode::kIOError);
   const std::string m(c.status().message());
-  EXPECT_THAT(m, HasSubstr("/dev/zero gives more than 4194304 bytes (4 MiB), the most accepted, "
-                           "and has no size of its own"));
+  EXPECT_THAT(m, HasSubstr("/dev/zero: not a regular file (a device)"));
   EXPECT_THAT(m, Not(HasSubstr("the config is")));
+}
+
+// A FIFO (here without a writer, which would block open() for ever) is
+// refused at once, naming it.
+TEST(ConfigInputLimits, FifoIsRefusedWithoutBlocking) {
+  testing::ScratchDir dir;
+  const std::string path = dir.str() + "/fifo.json";
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  StatusOr<Config> c = LoadConfigFile(path);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kIOError);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr(path + ": not a regular file (a FIFO)"));
 }
 
 TEST(ConfigInputLimits, NulByteIsNamedWithItsOffset) {
