@@ -282,6 +282,7 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& result) {
       ->transform(CountSuffix(1))
       ->capture_default_str();
   cmd->add_option("--timeout", args->timeout_s, "Collective and rendezvous timeout, seconds")
+      ->check(FiniteNumber())
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Machine-readable output (rank 0)");
   cmd->callback([args, &result] {

@@ -139,9 +139,11 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& result) {
   cmd->add_option("--chunk", args->chunk, "Pinned-pool buffer size of the engine path")
       ->capture_default_str();
   cmd->add_option("--link-gbps", args->link_gbps,
-                  "Host backend: modelled link bandwidth per direction (0 = memcpy speed)");
+                  "Host backend: modelled link bandwidth per direction (0 = memcpy speed)")
+      ->check(FiniteNumber());
   cmd->add_option("--link-latency-us", args->link_latency_us,
-                  "Host backend: modelled per-copy latency");
+                  "Host backend: modelled per-copy latency")
+      ->check(FiniteNumber());
   cmd->add_flag("--json", args->json, "Machine-readable output");
   cmd->callback([args, &result] { result.exit_code = RunBenchPcie(*args); });
 });

@@ -1120,7 +1120,8 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& result) {
                   "Directory for the NVMe measurements and swap files (default: OUT/nvme)");
   cmd->add_option("--time-limit", a->time_limit,
                   "Stop after S seconds with what was measured, listing what was skipped "
-                  "(default 570, --quick 170)");
+                  "(default 570, --quick 170)")
+      ->check(FiniteNumber());
   cmd->add_option("--device", a->device, "auto|cuda|host (host: the host backend, no GPU)")
       ->check(CLI::IsMember({"auto", "cuda", "host"}))
       ->capture_default_str();

@@ -334,6 +334,7 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->callback([&r, opt, nproc] {
     if (*nproc <= 0) {
       r.exit_code = RunTrainCommand(*opt, std::cout, std::cerr);
+      r.stdout_reported = true;
       return;
     }
     // The same command line, run by every rank.

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,9 @@ namespace strata::cli {
 
 struct CliResult {
   int exit_code = 0;
+  // The command checked stdout's writes and reported a failure itself
+  // (`strata train`); otherwise main does (exit 5 when the output was lost).
+  bool stdout_reported = false;
 };
 
 using AddCommandFn = std::function<void(CLI::App& parent, CliResult& result)>;
@@ -47,6 +51,16 @@ bool ParseByteSize(const std::string& text, uint64_t* out);
 // strata::ParseCount). A value below `min` (a negative one included) is an
 // error naming the value and the minimum.
 CLI::Validator CountSuffix(int64_t min = 0);
+
+// A check for options that take a floating-point number: NaN and the
+// infinities are refused, the error naming the value (CLI11 prefixes the
+// option's name).
+CLI::Validator FiniteNumber();
+
+// The whole command line: every registered subcommand under one CLI11 app,
+// their callbacks setting `result` (which must outlive the app). Parsing runs
+// the chosen subcommand's callback; --log-level sets the log level.
+std::unique_ptr<CLI::App> MakeStrataApp(CliResult& result);
 
 // A check for --threads: 0 (all) up to the machine's PUs; the error names
 // the value and the range.

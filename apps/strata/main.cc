@@ -1,78 +1,24 @@
-// strata — the command: train, plan, report, checkpoint, info, bench and tune,
-// one file per subcommand (cmd_*.cc), registered with CommandRegistrar.
-#include <sched.h>
+// strata — the command: its subcommands (cmd_*.cc) make up the app of
+// app.cc; this runs it in a process set up for them.
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <iostream>
+#include <memory>
+#include <new>
 #include <string>
-#include <thread>
 
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
 #include "examples/train/model.h"
 #include "src/common/log.h"
-#include "src/common/units.h"
-#include "strata/strata.h"
-
-namespace strata::cli {
-
-std::vector<RegisteredCommand>& CommandRegistry() {
-  static std::vector<RegisteredCommand> registry;
-  return registry;
-}
-
-bool ParseByteSize(const std::string& text, uint64_t* out) {
-  int64_t v = 0;
-  if (!strata::ParseByteSize(text, &v)) return false;
-  *out = static_cast<uint64_t>(v);
-  return true;
-}
-
-CLI::Validator CountSuffix(int64_t min) {
-  return CLI::Validator(
-      [min](std::string& text) -> std::string {
-        int64_t v = 0;
-        if (!text.empty() && text[0] == '-')
-          return "\"" + text + "\" is negative: give a count of at least " + std::to_string(min);
-        if (!strata::ParseCount(text, &v))
-          return "\"" + text + "\" is not a count (e.g. 1000, 1e8, 100M, 1.5B)";
-        if (v < min) return text + " is too small: give at least " + std::to_string(min);
-        text = std::to_string(v);
-        return std::string();
-      },
-      "COUNT", "count");
-}
-
-CLI::Validator ThreadCount() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        const int pus = MachinePus();
-        const std::string range =
-            "give 0 (all " + std::to_string(pus) + " PUs) to " + std::to_string(pus);
-        int64_t v = 0;
-        if (!strata::ParseCount(text, &v) || (!text.empty() && text[0] == '-'))
-          return "\"" + text + "\" is not a thread count: " + range;
-        if (v > pus)
-          return text + " threads is more than this machine's " + std::to_string(pus) +
-                 " PUs (hardware threads the process may run on): " + range;
-        text = std::to_string(v);
-        return std::string();
-      },
-      "THREADS", "threads");
-}
-
-int MachinePus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
-
-}  // namespace strata::cli
 
 namespace {
 
@@ -117,47 +63,64 @@ void RecognizedBlasKernels(char** argv) {
   unsetenv(kBlasKernelsNote);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace strata::cli;
-  RecognizedBlasKernels(argv);
-  SingleThreadedBlasUnderAddressLimit(argv);
-  CLI::App app{
-      "strata: offload engine for training models larger than GPU memory.\n"
-      "Keeps parameters, gradients and Adam states across GPU HBM, pinned CPU DRAM\n"
-      "and NVMe, configured with DeepSpeed's JSON.",
-      "strata"};
-  app.set_version_flag("--version", std::string(strata::Version()));
-  app.require_subcommand(1);
-  app.fallthrough();
-  std::string log_level;
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off (default: info)")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
-
-  CliResult result;
-  CLI::App* bench = app.add_subcommand(
-      "bench", "Measure CPU Adam, gradient accumulation, the folded step, collectives, NVMe or PCIe "
-      "against a baseline");
-  bench->require_subcommand(1);
-  CLI::App* tune = app.add_subcommand("tune", "Sweep settings and print the best config section");
-  tune->require_subcommand(1);
-  for (auto& cmd : CommandRegistry()) {
-    CLI::App* parent = cmd.parent.empty() ? &app : (cmd.parent == "bench" ? bench : tune);
-    cmd.add(*parent, result);
+// Descriptors 0, 1 and 2 open before anything else is: a closed one would be
+// the next file the command opens (a config, a swap file), and stdout's
+// writes would go into it. A closed stdin or stdout becomes /dev/null opened
+// read-only, so that writes to it fail (EBADF) as they would have, and are
+// reported; a closed stderr becomes /dev/null for writing.
+void ReserveStandardDescriptors() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int got = open("/dev/null", (fd == 2 ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
+    if (got < 0) continue;
+    if (got != fd) {
+      dup2(got, fd);
+      close(got);
+    } else {
+      fcntl(fd, F_SETFD, 0);  // inherited by the processes the command starts, as it was
+    }
   }
-  app.parse_complete_callback([&] {
-    if (!log_level.empty()) strata::SetLogLevel(log_level);
-  });
+}
 
+// stdout's buffered output flushed, and whether any of its writes failed (a
+// closed pipe: EPIPE, with SIGPIPE ignored; a closed descriptor: EBADF; a full
+// disk). *err is the errno of the failed flush, 0 when unknown.
+bool StdoutFailed(int* err) {
+  errno = 0;
+  std::cout.flush();
+  const bool stream_bad = !std::cout.good();
+  const bool flush_failed = std::fflush(stdout) != 0;
+  *err = flush_failed ? errno : 0;
+  return stream_bad || flush_failed || std::ferror(stdout) != 0;
+}
+
+// The command's exit code, once its output is out: a run whose stdout could
+// not be written fails with kExitIo (README.md, "Exit codes"), one line on
+// stderr saying so; a failure's own code is kept.
+int FinishStdout(int code, bool reported) {
+  int err = 0;
+  if (!StdoutFailed(&err) || reported) return code;
+  std::fprintf(
+      stderr, "strata: stdout: write failed (%s); the output was not all written%s\n",
+      err != 0 ? std::strerror(err) : "closed: EPIPE or similar",
+      code == 0 ? "" : ("; the command ended with exit code " + std::to_string(code)).c_str());
+  return code == 0 ? strata::cli::kExitIo : code;
+}
+
+int RunStrata(int argc, char** argv) {
+  using namespace strata::cli;
+  CliResult result;
+  std::unique_ptr<CLI::App> app = MakeStrataApp(result);
+  int code = 0;
   try {
-    app.parse(argc, argv);
+    app->parse(argc, argv);
+    code = result.exit_code;
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    code = app->exit(e);
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    code = app->exit(e);
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    code = app->exit(e);
   } catch (const CLI::ParseError& e) {
     // One line, then a pointer to --help: no wall of usage text on a typo.
     std::fprintf(stderr, "strata: %s\nRun 'strata --help' for usage.\n", e.what());
@@ -165,5 +128,30 @@ int main(int argc, char** argv) {
     // unknown argument, ...) are all the usage error of the table.
     return kExitUsage;
   }
-  return result.exit_code;
+  return FinishStdout(code, result.stdout_reported);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace strata::cli;
+  ReserveStandardDescriptors();
+  RecognizedBlasKernels(argv);
+  SingleThreadedBlasUnderAddressLimit(argv);
+  // A closed stdout (`strata info | head -c1`) makes writes fail with EPIPE,
+  // reported at the end (FinishStdout), instead of killing the command.
+  std::signal(SIGPIPE, SIG_IGN);
+  // Nothing thrown escapes: memory running out where no Status reports it is
+  // the resource error of the table, anything else an internal error.
+  try {
+    return RunStrata(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "strata: out of memory: an allocation was refused (std::bad_alloc; see the "
+                 "memory and address-space limits: free -b, ulimit -v)\n");
+    return kExitResource;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "strata: internal error: %s\n", e.what());
+    return kExitFailed;
+  }
 }
