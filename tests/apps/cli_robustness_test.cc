@@ -216,7 +216,8 @@ TEST_F(CliRobustness, FifoInCheckpointIsRefused) {
       const RunResult r = Strata(cmd, Dir(), Stdout::kFile, 30);
       EXPECT_EQ(r.signal, 0) << "blocked? " << r.err;
       EXPECT_EQ(r.exit_code, 5) << r.err;
-      EXPECT_THAT(r.out + r.err, HasSubstr("not a regular file (a FIFO)"));
+      // (The checkpoint readers' wording: src/common/private_fs.h.)
+      EXPECT_THAT(r.out + r.err, HasSubstr("a FIFO, not a regular file"));
     }
     std::filesystem::remove(path);
     std::filesystem::rename(kept, path);
