@@ -33,14 +33,14 @@ Status CheckPrivateDir(const std::string& path, std::string_view what) {
   if (::lstat(path.c_str(), &st) != 0)
     return ErrnoError(fmt::format("{} {}: lstat", what, path), errno);
   if (!S_ISDIR(st.st_mode))
-    return FailedPreconditionError(fmt::format("{} {}: {}, not a directory; refusing to use it",
+    return IOError(fmt::format("{} {}: {}, not a directory; refusing to use it",
                                                what, path, KindOf(st.st_mode)));
   if (st.st_uid != ::geteuid())
-    return FailedPreconditionError(
+    return IOError(
         fmt::format("{} {}: owned by uid {}, not by this process's ({}); refusing to use it", what,
                     path, st.st_uid, ::geteuid()));
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return FailedPreconditionError(
+    return IOError(
         fmt::format("{} {}: writable by group or others (mode {:04o}); refusing to use it", what,
                     path, st.st_mode & 07777));
   return Status();
@@ -67,7 +67,7 @@ Status MakeDirs(const std::string& path, std::string_view what) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoError(fmt::format("{} {}", what, path), errno);
   if (!S_ISDIR(st.st_mode))
-    return FailedPreconditionError(fmt::format("{} {}: not a directory", what, path));
+    return IOError(fmt::format("{} {}: not a directory", what, path));
   return Status();
 }
 
@@ -78,7 +78,7 @@ Status CheckReplaceable(const std::string& path, std::string_view what) {
     return ErrnoError(fmt::format("{} {}: lstat", what, path), errno);
   }
   if (S_ISREG(st.st_mode)) return Status();
-  return FailedPreconditionError(
+  return IOError(
       fmt::format("{} {}: {} is there; only a regular file is replaced, and this is left alone",
                   what, path, KindOf(st.st_mode)));
 }
@@ -90,7 +90,7 @@ StatusOr<int> CreateNewFile(const std::string& path, int flags, std::string_view
     const int err = errno;
     struct stat st;
     if (err == EEXIST && ::lstat(path.c_str(), &st) == 0)
-      return FailedPreconditionError(fmt::format(
+      return IOError(fmt::format(
           "{} {}: {} is there already; a new file was expected", what, path, KindOf(st.st_mode)));
     return ErrnoError(fmt::format("{} {}: create", what, path), err);
   }
@@ -106,7 +106,7 @@ StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_vi
     // ELOOP: a symlink (O_NOFOLLOW); ENXIO: a FIFO without a reader.
     if ((err == ELOOP || err == ENXIO || err == EISDIR) && ::lstat(path.c_str(), &st) == 0 &&
         !S_ISREG(st.st_mode))
-      return FailedPreconditionError(fmt::format(
+      return IOError(fmt::format(
           "{} {}: {}, not a regular file; refusing to open it", what, path, KindOf(st.st_mode)));
     return ErrnoError(fmt::format("{} {}: open", what, path), err);
   }
@@ -118,7 +118,7 @@ StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_vi
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return FailedPreconditionError(fmt::format("{} {}: {}, not a regular file; refusing to use it",
+    return IOError(fmt::format("{} {}: {}, not a regular file; refusing to use it",
                                                what, path, KindOf(st.st_mode)));
   }
   const int fl = ::fcntl(fd, F_GETFL);

@@ -33,7 +33,7 @@ inline constexpr mode_t kPrivateFileMode = 0600;
 inline constexpr mode_t kPrivateDirMode = 0700;
 
 // What is wrong with the directory at `path` for Strata to keep files in
-// (FailedPrecondition "<what> <path>: a symbolic link, not a directory",
+// (IOError "<what> <path>: a symbolic link, not a directory",
 // "...: owned by uid 1001, not by this process's (0)", "...: writable by
 // group or others (mode 0777)"); NotFound when it is missing. `what` names
 // it for the message ("nvme_path", "checkpoint").
@@ -50,7 +50,7 @@ StatusOr<bool> MakePrivateDir(const std::string& path, std::string_view what);
 Status MakeDirs(const std::string& path, std::string_view what);
 
 // What is at `path` is nothing or a regular file (lstat); otherwise
-// FailedPrecondition naming it ("a symbolic link", "a directory", "a FIFO",
+// IOError naming it ("a symbolic link", "a directory", "a FIFO",
 // "not a regular file"), and it is left alone.
 Status CheckReplaceable(const std::string& path, std::string_view what);
 
@@ -62,7 +62,7 @@ StatusOr<int> CreateNewFile(const std::string& path, int flags, std::string_view
 // Opens the regular file at `path` with `flags` (O_RDONLY, O_RDWR, O_CREAT
 // ...; O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC added, O_NONBLOCK cleared again
 // once open). A symlink, FIFO, device or directory there is
-// FailedPrecondition naming it; with O_CREAT a new file gets mode 0600.
+// IOError naming it; with O_CREAT a new file gets mode 0600.
 StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_view what);
 
 // Writes `contents` as the file `path`: a new temporary file in the same

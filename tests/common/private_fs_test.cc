@@ -62,26 +62,26 @@ TEST(PrivateFs, SymlinksAndFifosAreRefusedNamingThePath) {
   const std::string link = dir.str() + "/loss.dat";
   ASSERT_EQ(::symlink(victim.c_str(), link.c_str()), 0);
   Status s = WriteFileReplacing(link, "x", "--plot file");
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.code(), StatusCode::kIOError);
   EXPECT_THAT(s.message(), HasSubstr(link + ": a symbolic link is there"));
   StatusOr<int> fd = OpenRegularFile(link, O_RDWR | O_CREAT, "checkpoint lock file");
-  EXPECT_EQ(fd.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fd.status().code(), StatusCode::kIOError);
   EXPECT_THAT(fd.status().message(), HasSubstr(link + ": a symbolic link, not a regular file"));
   fd = CreateNewFile(link, O_WRONLY, "checkpoint file");
-  EXPECT_EQ(fd.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fd.status().code(), StatusCode::kIOError);
   EXPECT_EQ(Slurp(victim), "precious");
   // A FIFO: neither blocks the open nor is used.
   const std::string fifo = dir.str() + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
   fd = OpenRegularFile(fifo, O_RDONLY, "checkpoint manifest");
-  EXPECT_EQ(fd.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(fd.status().code(), StatusCode::kIOError);
   EXPECT_THAT(fd.status().message(), HasSubstr("a FIFO"));
-  EXPECT_EQ(WriteFileReplacing(fifo, "x", "plot").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(WriteFileReplacing(fifo, "x", "plot").code(), StatusCode::kIOError);
   // A symlink where a directory is reused.
   const std::string dlink = dir.str() + "/rank-0";
   ASSERT_EQ(::symlink(dir.str().c_str(), dlink.c_str()), 0);
   StatusOr<bool> made = MakePrivateDir(dlink, "nvme_path");
-  EXPECT_EQ(made.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(made.status().code(), StatusCode::kIOError);
   EXPECT_THAT(made.status().message(),
               HasSubstr("nvme_path " + dlink + ": a symbolic link, not a directory"));
 }
@@ -92,14 +92,14 @@ TEST(PrivateFs, DirectoriesOfAnotherOwnerOrOpenToOthersAreRefused) {
   ASSERT_EQ(::mkdir(open_dir.c_str(), 0700), 0);
   ASSERT_EQ(::chmod(open_dir.c_str(), 0777), 0);
   Status s = CheckPrivateDir(open_dir, "checkpoint");
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.code(), StatusCode::kIOError);
   EXPECT_THAT(s.message(), HasSubstr(open_dir + ": writable by group or others (mode 0777)"));
   if (::geteuid() != 0) GTEST_SKIP() << "chown needs root";
   const std::string theirs = dir.str() + "/theirs";
   ASSERT_EQ(::mkdir(theirs.c_str(), 0700), 0);
   ASSERT_EQ(::chown(theirs.c_str(), 12345, 12345), 0);
   StatusOr<bool> made = MakePrivateDir(theirs, "nvme_path");
-  EXPECT_EQ(made.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(made.status().code(), StatusCode::kIOError);
   EXPECT_THAT(made.status().message(),
               HasSubstr("nvme_path " + theirs + ": owned by uid 12345, not by this process's (0)"));
 }

@@ -901,7 +901,7 @@ TEST(CheckpointLock, ASymlinkAsTheLockFileIsRefused) {
   ASSERT_EQ(::symlink(victim.c_str(), (root + "/LOCK").c_str()), 0);
   StatusOr<std::shared_ptr<scheduler::CheckpointDirLock>> l =
       scheduler::LockCheckpointDir(root, "run1");
-  EXPECT_EQ(l.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(l.status().code(), StatusCode::kIOError);
   EXPECT_THAT(l.status().message(), HasSubstr(root + "/LOCK: a symbolic link"));
   EXPECT_EQ(FileText(victim), "precious");
 }
@@ -928,7 +928,7 @@ TEST(RankSwapDir, OnlyADirectoryOfThisUserIsUsed) {
   };
   ASSERT_EQ(::symlink(elsewhere.c_str(), (nvme + "/rank-0").c_str()), 0);
   Status s = create();
-  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
   EXPECT_THAT(s.ToString(), HasSubstr(nvme + "/rank-0: a symbolic link, not a directory"));
   ASSERT_EQ(::unlink((nvme + "/rank-0").c_str()), 0);
   ASSERT_EQ(::mkdir((nvme + "/rank-0").c_str(), 0700), 0);
