@@ -420,7 +420,9 @@ StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source
 StatusOr<Config> ParseConfig(std::string_view json_text, std::string_view source,
                              const AutoValues& auto_values);
 // Reads and parses a file. A missing or unreadable file is NotFound/IOError
-// naming the path; a file over kMaxConfigBytes is InvalidArgument.
+// naming the path, and so is anything but a regular file (a FIFO, a device:
+// opened without blocking and refused); a file over kMaxConfigBytes is
+// InvalidArgument.
 StatusOr<Config> LoadConfigFile(const std::string& path);
 StatusOr<Config> LoadConfigFile(const std::string& path, const AutoValues& auto_values);
 // The effective configuration (every key, defaults filled in) as DeepSpeed-
