@@ -21,7 +21,7 @@ using gpu::PinnedPool;
 
 StateStore::StateStore(Device* device, const Layout* layout, const Partition& partition,
                        StepCounters* counters, const Config* config)
-    : dev_(device), layout_(layout), counters_(counters), cfg_(config), part_(partition) {
+    : dev_(device), layout_(layout), cfg_(config), part_(partition) {
   ctx_.dev = device;
   ctx_.layout = layout;
   ctx_.part = &partition;

@@ -229,7 +229,6 @@ class StateStore {
 
   gpu::Device* dev_;
   const Layout* layout_;
-  StepCounters* counters_;
   const Config* cfg_;
   const Partition& part_;
   Placement placement_;
