@@ -304,8 +304,10 @@ struct StrataConfig {
   // step 1 with the tier table. 0 = what the machine has available
   // (MemAvailable) less a margin of 10 % of that, at most 4 GiB.
   int64_t dram_budget_bytes = 0;
-  std::string trace_path;           // Chrome-trace/Perfetto JSON; empty = off
-  int64_t threads = 0;              // CPU optimizer threads; 0 = all cores of the NUMA node
+  std::string trace_path;  // Chrome-trace/Perfetto JSON; empty = off
+  // CPU optimizer threads; 0 = every PU with one rank, this rank's share of its
+  // NUMA node's PUs with several.
+  int64_t threads = 0;
   IoEngineKind io_engine = IoEngineKind::kAuto;
   bool io_sqpoll = false;  // io_uring SQPOLL
   // With gradient accumulation and the optimizer offloaded: where the

@@ -33,8 +33,8 @@ Status CheckPrivateDir(const std::string& path, std::string_view what) {
   if (::lstat(path.c_str(), &st) != 0)
     return ErrnoError(fmt::format("{} {}: lstat", what, path), errno);
   if (!S_ISDIR(st.st_mode))
-    return IOError(fmt::format("{} {}: {}, not a directory; refusing to use it",
-                                               what, path, KindOf(st.st_mode)));
+    return IOError(fmt::format("{} {}: {}, not a directory; refusing to use it", what, path,
+                               KindOf(st.st_mode)));
   if (st.st_uid != ::geteuid())
     return IOError(
         fmt::format("{} {}: owned by uid {}, not by this process's ({}); refusing to use it", what,
@@ -66,8 +66,7 @@ Status MakeDirs(const std::string& path, std::string_view what) {
   }
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoError(fmt::format("{} {}", what, path), errno);
-  if (!S_ISDIR(st.st_mode))
-    return IOError(fmt::format("{} {}: not a directory", what, path));
+  if (!S_ISDIR(st.st_mode)) return IOError(fmt::format("{} {}: not a directory", what, path));
   return Status();
 }
 
@@ -90,8 +89,8 @@ StatusOr<int> CreateNewFile(const std::string& path, int flags, std::string_view
     const int err = errno;
     struct stat st;
     if (err == EEXIST && ::lstat(path.c_str(), &st) == 0)
-      return IOError(fmt::format(
-          "{} {}: {} is there already; a new file was expected", what, path, KindOf(st.st_mode)));
+      return IOError(fmt::format("{} {}: {} is there already; a new file was expected", what, path,
+                                 KindOf(st.st_mode)));
     return ErrnoError(fmt::format("{} {}: create", what, path), err);
   }
   return fd;
@@ -106,8 +105,8 @@ StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_vi
     // ELOOP: a symlink (O_NOFOLLOW); ENXIO: a FIFO without a reader.
     if ((err == ELOOP || err == ENXIO || err == EISDIR) && ::lstat(path.c_str(), &st) == 0 &&
         !S_ISREG(st.st_mode))
-      return IOError(fmt::format(
-          "{} {}: {}, not a regular file; refusing to open it", what, path, KindOf(st.st_mode)));
+      return IOError(fmt::format("{} {}: {}, not a regular file; refusing to open it", what, path,
+                                 KindOf(st.st_mode)));
     return ErrnoError(fmt::format("{} {}: open", what, path), err);
   }
   struct stat st;
@@ -118,8 +117,8 @@ StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_vi
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return IOError(fmt::format("{} {}: {}, not a regular file; refusing to use it",
-                                               what, path, KindOf(st.st_mode)));
+    return IOError(fmt::format("{} {}: {}, not a regular file; refusing to use it", what, path,
+                               KindOf(st.st_mode)));
   }
   const int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
