@@ -331,6 +331,16 @@ struct StrataConfig {
   // Optimizer steps taken synchronously before DPU starts (the ZeRO-Offload
   // paper starts it after a few dozen steps, when gradients change slowly).
   int64_t delayed_param_update_warmup = 0;
+  // The CPU step during the window's last backward pass, validated after
+  // the global checks (docs/design.md, "The speculative step"): each
+  // sub-group is stepped as soon as its gradients are final, assuming no
+  // overflow and no clipping, and redone from its saved states when the
+  // checks disagree. Bitwise the same parameters and states either way.
+  // Unset ("auto"): on with a GPU where it applies (the optimizer on the CPU
+  // with its states in DRAM, offload_param none or cpu, one rank, no
+  // delayed_param_update); off on the host device, where the CPU step would
+  // compete with the backward pass for the same cores.
+  std::optional<bool> speculative_step;
   HostDeviceConfig host_device;
   // Sections of `strata` owned by the application that reads them, not by
   // the library (`strata.model`, the example model of `strata train`, is

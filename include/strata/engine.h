@@ -111,6 +111,13 @@ struct StepStats {
   int64_t prefetched_modules = 0;  // fetches satisfied by a prefetch
   int64_t fetch_misses = 0;        // fetches that had to start on demand
   int64_t trace_rerecords = 0;     // times the fetch order changed
+  // strata.speculative_step: sub-groups this optimizer step stepped (in
+  // whole or in part) during the window's last backward pass, and of those
+  // the ones rolled back after the global checks, redone or dropped with a
+  // skipped step (an overflow, a clip coefficient below 1, changed
+  // hyperparameters, or a module whose backward ran again).
+  int64_t sub_groups_speculated = 0;
+  int64_t sub_groups_redone = 0;
   // max(busy of compute, PCIe, CPU optimizer, NVMe) / step time.
   double overlap_efficiency = 0.0;
   // The rates the bound below uses: pinned host<->device copy rates measured

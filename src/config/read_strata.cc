@@ -22,6 +22,14 @@ Status ReadStrata(Section& s, StrataConfig* st) {
   RETURN_IF_ERROR(s.Bool("overlap_optimizer", &st->overlap_optimizer));
   RETURN_IF_ERROR(s.Bool("delayed_param_update", &st->delayed_param_update));
   RETURN_IF_ERROR(s.Int("delayed_param_update_warmup", &st->delayed_param_update_warmup));
+  if (s.Given("speculative_step")) {
+    bool on = false;
+    RETURN_IF_ERROR(s.Bool("speculative_step", &on));
+    st->speculative_step = on;
+  } else {
+    s.Take("speculative_step");  // absent, null or "auto": the plan decides
+    st->speculative_step.reset();
+  }
   std::optional<Section> host;
   RETURN_IF_ERROR(s.Child("host_device", &host));
   if (host) {

@@ -147,6 +147,8 @@ std::string ConfigToJson(const Config& c, int indent) {
                       {"overlap_optimizer", s.overlap_optimizer},
                       {"delayed_param_update", s.delayed_param_update},
                       {"delayed_param_update_warmup", s.delayed_param_update_warmup},
+                      {"speculative_step", s.speculative_step ? ojson(*s.speculative_step)
+                                                              : ojson("auto")},
                       {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
                                             {"link_latency_us", s.host_device.link_latency_us}}}};
   // Application-owned sections as kept; text that is not JSON (a Config

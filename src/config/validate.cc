@@ -200,6 +200,10 @@ Status ValidateConfig(const Config& c) {
   k.NonNegative("strata.dram_budget", s.dram_budget_bytes);
   k.NonNegative("strata.threads", s.threads);
   k.NonNegative("strata.delayed_param_update_warmup", s.delayed_param_update_warmup);
+  if (s.speculative_step.value_or(false) && s.delayed_param_update)
+    k.Fail(
+        "strata.speculative_step: true cannot be combined with strata.delayed_param_update true "
+        "(the delayed step already runs beside the next window); allowed: false, \"auto\"");
   if (s.grad_tier == GradTier::kNvme) {
     if (c.zero_optimization.offload_optimizer.device != OffloadDevice::kNvme)
       k.Fail(fmt::format(

@@ -2,6 +2,7 @@
 // hwloc-pinned workers, synchronous / many-shard / asynchronous steps.
 #include "src/cpu_adam/cpu_adam.h"
 
+#include <fmt/format.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
@@ -753,17 +754,31 @@ Status CpuOptimizer::AccumulateMany(std::span<const AccumulateShard> shards) {
 }
 
 Status CpuOptimizer::Zero(float* p, size_t n) {
+  if (n != 0 && p == nullptr) return InvalidArgumentError("cpu_adam: Zero of a null pointer");
+  return Blocks(n, "zero", [p](size_t begin, size_t count) {
+    std::memset(p + begin, 0, count * sizeof(float));
+  });
+}
+
+Status CpuOptimizer::Copy(float* dst, const float* src, size_t n) {
+  if (n != 0 && (dst == nullptr || src == nullptr))
+    return InvalidArgumentError("cpu_adam: Copy with a null pointer");
+  return Blocks(n, "copy", [dst, src](size_t begin, size_t count) {
+    std::memcpy(dst + begin, src + begin, count * sizeof(float));
+  });
+}
+
+Status CpuOptimizer::Blocks(size_t n, const char* what,
+                            const std::function<void(size_t begin, size_t count)>& fn) {
   if (n == 0) return Status::Ok();
-  if (p == nullptr) return InvalidArgumentError("cpu_adam: Zero of a null pointer");
   const size_t block = impl_->opt.block_elems;
   const size_t blocks = (n + block - 1) / block;
   if (blocks == 1 || n < impl_->opt.accumulate_inline_elems) {
-    std::memset(p, 0, n * sizeof(float));
+    fn(0, n);
     return Status::Ok();
   }
   auto body = [&](const tbb::blocked_range<size_t>& r) {
-    for (size_t b = r.begin(); b < r.end(); ++b)
-      std::memset(p + b * block, 0, std::min(block, n - b * block) * sizeof(float));
+    for (size_t b = r.begin(); b < r.end(); ++b) fn(b * block, std::min(block, n - b * block));
   };
   try {
     impl_->arena->execute([&] {
@@ -773,7 +788,7 @@ Status CpuOptimizer::Zero(float* p, size_t n) {
       });
     });
   } catch (const std::exception& e) {
-    return InternalError(std::string("cpu_adam: zero failed: ") + e.what());
+    return InternalError(fmt::format("cpu_adam: {} failed: {}", what, e.what()));
   }
   return Status::Ok();
 }

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,6 +69,8 @@ struct HyperParams {
   int64_t step = 1;
   // Every gradient is multiplied by this first: 1/loss_scale × clip coefficient.
   double grad_scale = 1.0;
+
+  bool operator==(const HyperParams&) const = default;
 };
 
 // One shard of state to step. The optimizer does not own any of the arrays;
@@ -234,6 +237,9 @@ class CpuOptimizer {
   // p[0..n) = 0 on the worker threads, in blocks of block_elems (small
   // ranges on the caller's thread). InvalidArgument for null with n > 0.
   Status Zero(float* p, size_t n);
+  // dst[0..n) = src[0..n), the same way (a parallel memcpy; the ranges must
+  // not overlap). InvalidArgument for null with n > 0.
+  Status Copy(float* dst, const float* src, size_t n);
 
   std::string_view isa() const;  // the ISA actually used
   int threads() const;
@@ -247,6 +253,11 @@ class CpuOptimizer {
 
  private:
   explicit CpuOptimizer(std::unique_ptr<Impl> impl);
+  // fn(begin, count) over [0, n) in blocks of block_elems on the worker
+  // threads (one call on the caller's thread for small n); `what` names it
+  // in an error.
+  Status Blocks(size_t n, const char* what,
+                const std::function<void(size_t begin, size_t count)>& fn);
   std::unique_ptr<Impl> impl_;
 };
 

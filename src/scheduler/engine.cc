@@ -87,9 +87,12 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
         fmt::format("BeforeBackward({}): the module's previous gradients were not handed over with "
                     "AfterBackward",
                     module));
+  // The step follows this backward pass: what of it may start now does
+  // (strata.speculative_step: the step itself, as the gradients arrive).
+  if (last_micro_batch())
+    RETURN_IF_ERROR(backend_->PrepareStep([this] { return SpeculativeLaunch(); }));
   StatusOr<ModuleView> v = fetcher_->Acquire(module, Phase::kBackward);
   if (!v.ok()) return FetchError(v.status());
-  if (last_micro_batch()) backend_->PrepareStep();  // the step follows this backward pass
   counters_.HookExit();
   return v;
 }
@@ -118,6 +121,16 @@ std::vector<cpu_adam::HyperParams> EngineImpl::HyperParamsFor(double grad_scale)
   for (size_t g = 0; g < groups_.size(); ++g)
     out.push_back(scheduler::GroupHyperParams(cfg_, base, groups_[g], lr_override_[g]));
   return out;
+}
+
+scheduler::LaunchParams EngineImpl::SpeculativeLaunch() const {
+  // What EndWindow launches when the window has no inf/nan and is not
+  // clipped (clip coefficient 1.0).
+  scheduler::LaunchParams p;
+  p.group_hp = HyperParamsFor(1.0 / scaler_.scale());
+  p.hp = p.group_hp[0];
+  p.background = true;
+  return p;
 }
 
 Status EngineImpl::ZeroGrad() {
@@ -153,6 +166,9 @@ StatusOr<StepStats> EngineImpl::Step() {
     const int64_t opt0 = NowNanos();
     status = EndWindow(&st);
     if (!status.ok()) backend_->DiscardWindow();  // the window is over, applied or not
+    const scheduler::OptimizerBackend::SpeculationCounts spec = backend_->TakeSpeculationCounts();
+    st.sub_groups_speculated = spec.speculated;
+    st.sub_groups_redone = spec.redone;
     st.optimizer_wall_s = static_cast<double>(NowNanos() - opt0) * 1e-9;
     window_.micro_batches = 0;
   }

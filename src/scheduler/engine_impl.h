@@ -149,6 +149,8 @@ class EngineImpl final : public Engine {
   void RankCpuShare(cpu_adam::Options* aopts) const;
   // The hyperparameters of the next step, per parameter group.
   std::vector<cpu_adam::HyperParams> HyperParamsFor(double grad_scale) const;
+  // The launch of an unclipped, finite window (strata.speculative_step).
+  scheduler::LaunchParams SpeculativeLaunch() const;
   // InvalidArgument naming `call` for a group id that does not exist.
   Status CheckGroup(int group, const char* call) const;
 

@@ -427,6 +427,16 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;
   ho.dp = dp_.get();
+  ho.speculate = plan.placement.speculate() && plan.speculation_elems > 0;
+  if (cfg_.strata.speculative_step.value_or(false) && !ho.speculate)
+    STRATA_LOG_WARN(
+        "strata.speculative_step true: {}; the step runs after backward",
+        !plan.placement.speculate()
+            ? "the speculative step covers the optimizer on the CPU with its states in memory, "
+              "offload_param none or cpu, and one rank"
+            : "the DRAM budget leaves no room for the spare states");
+  ho.spare_elems = plan.speculation_elems;
+  ho.speculation_steps_all = hooks_.speculation_steps_all_handed_over;
   // (With the sums in HBM, each module's reaches the host once, at its last
   // micro-batch or at the drain; on NVMe they are reduced sub-group by
   // sub-group at the window's end: no overlap.)

@@ -141,7 +141,9 @@ Status EngineImpl::ReadParameter(int id, std::span<float> out) {
     }
     return Status();
   }
-  // A step in flight is finished (and committed) first: its states are read.
+  // A step in flight is finished (and committed) first: its states are read;
+  // a speculative one of the window in progress is dropped.
+  RETURN_IF_ERROR(backend_->CancelSpeculation());
   RETURN_IF_ERROR(backend_->Join());
   RETURN_IF_ERROR(store_->ReadMaster(layout_.param(id), out));
   // Several ranks: the other partitions' values from their owners.

@@ -107,7 +107,9 @@ class GradOffloader {
   Status Land(int m, const void* device_grad, gpu::Event& computed) EXCLUDES(mu_);
   // The window's fold modes, one per module (empty when nothing was landed:
   // the plain path), and the landing buffer the optimizer reads them from.
-  // REQUIRES: drained. The modes are forgotten by Zero/ZeroAll and ForgetWindow.
+  // The modes of the Land and Offload calls so far; a module's is final
+  // once the window has no more backward passes of it (the step's copy is
+  // taken when drained). The modes are forgotten by Zero/ZeroAll and ForgetWindow.
   std::vector<uint8_t> FoldModes() const;
   const uint8_t* landing() const { return static_cast<const uint8_t*>(landing_.data()); }
   // A step has taken the window (its FoldModes): the next window starts.

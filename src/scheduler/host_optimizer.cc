@@ -8,6 +8,7 @@
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/common/units.h"
 
 namespace strata::scheduler {
 
@@ -28,6 +29,8 @@ HostOptimizer::~HostOptimizer() {
   if (opts_.dp != nullptr) opts_.dp->AbandonOverlap();
   // A step still running in the background ends first; it is not committed
   // (nothing reads the engine's state any more).
+  StopSpeculation().IgnoreError();
+  spec_.reset();
   inflight_.reset();
   read_ahead_.WaitAll();
   if (dev_) dev_->Synchronize().IgnoreError();
@@ -62,10 +65,52 @@ std::vector<gpu::PinnedPool::Region> HostOptimizer::io_buffers() const {
 
 Status HostOptimizer::Bind(StateStore* store) {
   store_ = store;
+  if (opts_.speculate) RETURN_IF_ERROR(StartSpeculation());
   if (!opts_.grads_on_nvme) return Status();
   auto nvme = std::make_unique<GradStore>(layout_, store, counters_, kGradCacheSlots);
   RETURN_IF_ERROR(nvme->Open().WithContext("the gradient cache"));
   grads_->SetNvmeStore(std::move(nvme));
+  return Status();
+}
+
+Status HostOptimizer::StartSpeculation() {
+  const auto [e0, e1] = store_->partition().elems();
+  const int64_t spare = std::min(opts_.spare_elems, e1 - e0);
+  spare_first_ = e1 - spare;
+  // The modules with elements, in element order; those the spare holds.
+  spec_modules_.clear();
+  for (int m = 0; m < layout_->num_modules(); ++m)
+    if (layout_->module(m).elems() > 0) spec_modules_.push_back(m);
+  std::sort(spec_modules_.begin(), spec_modules_.end(), [&](int a, int b) {
+    return layout_->module(a).elem_begin < layout_->module(b).elem_begin;
+  });
+  spec_first_module_ = spec_modules_.size();
+  while (spec_first_module_ > 0 &&
+         layout_->module(spec_modules_[spec_first_module_ - 1]).elem_begin >= spare_first_)
+    --spec_first_module_;
+  if (spec_first_module_ == spec_modules_.size()) {
+    STRATA_LOG_INFO(
+        "strata.speculative_step: the spare of {} elements holds no whole module; the step runs "
+        "after backward",
+        spare);
+    opts_.speculate = false;
+    return Status();
+  }
+  RETURN_IF_ERROR(spare_.Allocate(3 * spare * static_cast<int64_t>(sizeof(float)), nullptr,
+                                  "the speculative step's spare states"));
+  spec_events_.clear();
+  for (size_t i = 0; i < spec_modules_.size(); ++i) {
+    std::unique_ptr<gpu::Event> ev;
+    if (i >= spec_first_module_) {
+      ASSIGN_OR_RETURN(ev, dev_->CreateEvent());
+    }
+    spec_events_.push_back(std::move(ev));
+  }
+  STRATA_LOG_INFO(
+      "strata.speculative_step: {} of {} modules may be stepped during the last backward pass "
+      "(spare states {})",
+      spec_modules_.size() - spec_first_module_, spec_modules_.size(),
+      FormatBytes(spare_.bytes()));
   return Status();
 }
 
@@ -85,6 +130,13 @@ StepDeps HostOptimizer::Deps() const {
 
 Status HostOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& computed,
                                    bool last) {
+  const bool spec = last && spec_ && !spec_->stopped;
+  if (spec) RETURN_IF_ERROR(SpeculationBefore(m));
+  RETURN_IF_ERROR(HandOver(m, device_grad, computed, last));
+  return spec ? SpeculationAfter(m) : Status();
+}
+
+Status HostOptimizer::HandOver(int m, const void* device_grad, gpu::Event& computed, bool last) {
   RETURN_IF_ERROR(dev_->compute().Record(computed));
   if (opts_.device_accumulator) {
     // acc += grad in fp32 on the compute stream (the order of the host
@@ -173,6 +225,9 @@ Status HostOptimizer::SettleDeviceSum() {
 }
 
 Status HostOptimizer::Drain() {
+  // The speculative step ends with the sub-group in progress: the rest are
+  // the next step's (and the checks read every sum).
+  RETURN_IF_ERROR(StopSpeculation());
   if (opts_.device_accumulator) {
     // Modules not used in the window's last micro-batch: their sums now.
     Status s;
@@ -186,9 +241,140 @@ Status HostOptimizer::Drain() {
   return grads_->Drain();
 }
 
-void HostOptimizer::PrepareStep() {
+Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculative) {
   if (store_->optimizer_place() == OffloadDevice::kNvme && !read_ahead_.started() && !inflight_)
     read_ahead_.Start(Deps());
+  if (!opts_.speculate || spec_ || !speculative) return Status();
+  // The previous step's states are the ones to step from: it ends first (the
+  // window's forward passes needed all of it; with DPU no speculation).
+  if (inflight_) {
+    if (inflight_->run->params().delayed) return Status();
+    RETURN_IF_ERROR(Join());
+  }
+  // The copy-out target must not still be read by the previous publish.
+  if (gpu::Event* uploaded = store_->params_uploaded()) RETURN_IF_ERROR(uploaded->Synchronize());
+  const LaunchParams lp = speculative();
+  auto s = std::make_unique<Speculation>();
+  s->hp = lp.hp;
+  s->group_hp = lp.group_hp;
+  s->module_done.assign(static_cast<size_t>(layout_->num_modules()), 0);
+  s->next_module = spec_modules_.size();
+  s->next_elem = store_->partition().elems().second;
+  s->from = s->next_elem;
+  StepParams p;
+  p.hp = lp.hp;
+  p.group_hp = lp.group_hp;
+  p.step = lp.hp.step;
+  p.background = true;
+  p.grads = grads_->accumulator();
+  p.landing = grads_->landing();
+  p.feed = &s->feed;
+  p.spare = spare_.as<float>();
+  p.spare_first = spare_first_;
+  p.spare_elems = spare_.bytes() / static_cast<int64_t>(3 * sizeof(float));
+  StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, nullptr);
+  if (!run.ok()) {  // (no thread: the window's step runs after backward)
+    STRATA_LOG_WARN("strata.speculative_step: {}; this window's step runs after backward",
+                    run.status().ToString());
+    return Status();
+  }
+  s->run = std::move(*run);
+  spec_ = std::move(s);
+  return Status();
+}
+
+Status HostOptimizer::SpeculationBefore(int m) {
+  Speculation& s = *spec_;
+  const ModuleExtent& me = layout_->module(m);
+  if (!s.module_done[static_cast<size_t>(m)] || me.elems() <= 0) return Status();
+  // A second backward of m in the last micro-batch: its sums change. Handed
+  // over already: what was stepped from them is void, and the step must not
+  // read them while they change.
+  if (me.elem_end > s.next_elem) {
+    s.invalid = true;
+    return StopSpeculation();
+  }
+  return Status();
+}
+
+Status HostOptimizer::SpeculationAfter(int m) {
+  Speculation& s = *spec_;
+  if (s.stopped) return Status();
+  s.module_done[static_cast<size_t>(m)] = 1;
+  // The done modules right below those handed over, as one range: their
+  // sums are final once what was queued so far has landed.
+  const int64_t hi = s.next_elem;
+  int64_t lo = hi;
+  while (s.next_module > spec_first_module_ &&
+         s.module_done[static_cast<size_t>(spec_modules_[s.next_module - 1])]) {
+    --s.next_module;
+    lo = layout_->module(spec_modules_[s.next_module]).elem_begin;
+  }
+  if (lo == hi) return Status();
+  gpu::Event* landed = spec_events_[s.next_module].get();
+  RETURN_IF_ERROR(dev_->d2h().Record(*landed));
+  GradOffloader* grads = grads_.get();
+  const int64_t ticket = grads->queued();
+  SpeculationFeed::Item item;
+  item.elem_begin = lo;
+  item.elem_end = hi;
+  item.wait = [grads, ticket, landed] {
+    RETURN_IF_ERROR(grads->WaitAccumulated(ticket));
+    return landed->Synchronize();
+  };
+  item.fold_modes = grads_->FoldModes();
+  s.feed.Push(std::move(item));
+  s.next_elem = lo;
+  return Status();
+}
+
+Status HostOptimizer::StopSpeculation() {
+  if (!spec_ || spec_->stopped) return Status();
+  spec_->feed.Close(/*keep_pending=*/opts_.speculation_steps_all && !spec_->invalid);
+  StepOutcome o = spec_->run->Join();
+  spec_->from = spec_->run->speculated_from();
+  spec_->status = std::move(o.status);
+  spec_->stopped = true;
+  if (!spec_->status.ok())
+    STRATA_LOG_WARN("strata.speculative_step: {}; the window's step is redone after backward",
+                    spec_->status.ToString());
+  return Status();
+}
+
+Status HostOptimizer::RestoreSpeculated(int64_t from) {
+  const int64_t end = store_->partition().elems().second;
+  if (from >= end) return Status();
+  const int64_t spare_elems = spare_.bytes() / static_cast<int64_t>(3 * sizeof(float));
+  float* const states[3] = {store_->master(), store_->exp_avg(), store_->exp_avg_sq()};
+  const int64_t base = store_->partition().state_base();
+  for (int k = 0; k < 3; ++k)
+    RETURN_IF_ERROR(adam_->Copy(states[k] + (from - base),
+                                spare_.as<float>() + k * spare_elems + (from - spare_first_),
+                                static_cast<size_t>(end - from)));
+  return Status();
+}
+
+int64_t HostOptimizer::GroupsFrom(int64_t from) const {
+  const auto [e0, e1] = store_->partition().elems();
+  if (from >= e1) return 0;
+  return static_cast<int64_t>(store_->partition().groups().second -
+                              layout_->GroupOf(std::max(from, e0)));
+}
+
+Status HostOptimizer::DropSpeculation() {
+  if (!spec_) return Status();
+  RETURN_IF_ERROR(StopSpeculation());
+  std::unique_ptr<Speculation> s = std::move(spec_);
+  const int64_t n = GroupsFrom(s->from);
+  spec_counts_.speculated += n;
+  spec_counts_.redone += n;
+  return RestoreSpeculated(s->from);
+}
+
+Status HostOptimizer::CancelSpeculation() { return DropSpeculation(); }
+
+HostOptimizer::SpeculationCounts HostOptimizer::TakeSpeculationCounts() {
+  return std::exchange(spec_counts_, SpeculationCounts{});
 }
 
 Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
@@ -227,6 +413,7 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
 }
 
 Status HostOptimizer::ZeroGrad() {
+  RETURN_IF_ERROR(DropSpeculation());
   if (reading_next_params()) {
     // The step in flight zeroes the accumulator as it consumes it: with no
     // gradients added since, there is nothing to do (and no reason to wait).
@@ -246,6 +433,10 @@ Status HostOptimizer::ZeroGrad() {
 }
 
 void HostOptimizer::DiscardWindow() {
+  Status dropped = DropSpeculation();
+  if (!dropped.ok())  // (a copy between arrays the store owns: never expected)
+    STRATA_LOG_ERROR("strata.speculative_step: restoring the saved states failed: {}",
+                     dropped.ToString());
   grads_->Drain().IgnoreError();
   EndOverlapWindow(false);
   grads_->ZeroAll();
@@ -270,6 +461,23 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
   // it is committed, by the next Step()).
   if (!lp.delayed) RETURN_IF_ERROR(copies_->InvalidateAll());
   StepParams p;
+  // What a speculative step of this window stepped is kept when it assumed
+  // what is true (no clipping, the same loss scale and learning rates, no
+  // sums changed after they were read); else its states go back and every
+  // sub-group is stepped here.
+  if (spec_) {
+    RETURN_IF_ERROR(StopSpeculation());
+    std::unique_ptr<Speculation> s = std::move(spec_);
+    const int64_t n = GroupsFrom(s->from);
+    spec_counts_.speculated += n;
+    if (s->status.ok() && !s->invalid && !lp.delayed && lp.hp == s->hp &&
+        lp.group_hp == s->group_hp) {
+      p.speculated_from = s->from;
+    } else {
+      spec_counts_.redone += n;
+      RETURN_IF_ERROR(RestoreSpeculated(s->from));
+    }
+  }
   p.hp = lp.hp;
   p.group_hp = lp.group_hp;
   p.step = lp.hp.step;
@@ -356,6 +564,7 @@ void HostOptimizer::Rollback(InFlight& job) {
 }
 
 Status HostOptimizer::Abandon() {
+  DropSpeculation().IgnoreError();  // (the states are about to be replaced)
   Status s = Join();
   read_ahead_.WaitAll();  // reads of states about to be replaced: dropped
   read_ahead_ = StateReadAhead();

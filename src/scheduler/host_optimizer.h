@@ -12,6 +12,19 @@
 // first sub-groups' states are read while the window's last backward pass
 // runs (PrepareStep).
 //
+// Speculation (Options::speculate; docs/design.md, "The speculative step"):
+// from the window's last backward pass on, the modules that have handed
+// over their last gradients, from the last module down as long as they are
+// contiguous, are stepped by a speculative OptimizerStep as soon as those
+// gradients have landed, while the earlier modules' backward goes on. Their
+// states are copied first into a spare array (the plan's DRAM row), so only
+// the modules the spare holds are speculated. Drain stops it after the
+// range in progress. Launch keeps what it stepped when the real
+// hyperparameters are those it assumed (no clipping, the same loss scale
+// and learning rates) and no module's backward ran again after it was
+// handed over; else the saved states are copied back and every element is
+// stepped again. Either way the bits are those of the step after backward.
+//
 // Threading: the engine's (main) thread; the step's and the gradient
 // worker's threads are internal.
 #pragma once
@@ -23,6 +36,7 @@
 
 #include "src/scheduler/data_parallel.h"
 #include "src/scheduler/grad_offloader.h"
+#include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/optimizer_backend.h"
 #include "src/scheduler/optimizer_step.h"
@@ -66,6 +80,13 @@ class HostOptimizer final : public OptimizerBackend {
     // whose order was not descending, reduce at the end. A module whose
     // backward comes again after its sums were reduced fails the step.
     bool overlap_comm = false;
+    // strata.speculative_step where the plan applies it (TierPlan::
+    // speculation_elems): the spare holds the states of the last
+    // `spare_elems` elements.
+    bool speculate = false;
+    int64_t spare_elems = 0;
+    // EngineTestHooks::speculation_steps_all_handed_over.
+    bool speculation_steps_all = false;
   };
   HostOptimizer(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
                 StepCounters* counters, LossScaler* scaler, GradientWindow* window,
@@ -95,7 +116,9 @@ class HostOptimizer final : public OptimizerBackend {
   // OptimizerBackend.
   Status AddGradients(int m, const void* device_grad, gpu::Event& computed, bool last) override;
   gpu::Stream& gradients_read_on() override { return dev_->d2h(); }
-  void PrepareStep() override;
+  Status PrepareStep(const std::function<LaunchParams()>& speculative) override;
+  Status CancelSpeculation() override;
+  SpeculationCounts TakeSpeculationCounts() override;
   Status Drain() override;
   Status GlobalChecks(bool* overflow, double* sumsq) override;
   Status ZeroGrad() override;
@@ -129,6 +152,20 @@ class HostOptimizer final : public OptimizerBackend {
   Status OverlapAfter(int m);
   // The window ends (or is dropped): its order becomes the previous one.
   void EndOverlapWindow(bool keep_order);
+  // Speculation: before / after module m's last gradients are handed over;
+  // the speculative step stopped (Drain); dropped, its states restored.
+  Status StartSpeculation();  // Bind: the spare, the events, the module order
+  // The elements from `from` on get their saved states back.
+  Status RestoreSpeculated(int64_t from);
+  // Sub-groups with elements from `from` on (StepStats' counts).
+  int64_t GroupsFrom(int64_t from) const;
+  Status SpeculationBefore(int m);
+  Status SpeculationAfter(int m);
+  Status StopSpeculation();
+  Status DropSpeculation();
+  // The gradients of the window, handed over (AddGradients less the
+  // speculation's part).
+  Status HandOver(int m, const void* device_grad, gpu::Event& computed, bool last);
 
   gpu::Device* dev_;
   const Layout* layout_;
@@ -159,6 +196,32 @@ class HostOptimizer final : public OptimizerBackend {
     bool on = false;
     int64_t final_from = 0;
   } ov_;
+  // Speculation (main thread): the spare (master | exp_avg | exp_avg_sq of
+  // the elements from spare_first_ on), the modules the spare holds whole
+  // in element order (spec_modules_[i] from spec_first_module_ on) with an
+  // event each, recorded when a range ending with it is handed over; the
+  // window's speculative step, and the counts of the last window for
+  // StepStats.
+  HostArray spare_;
+  int64_t spare_first_ = 0;
+  std::vector<int> spec_modules_;
+  size_t spec_first_module_ = 0;
+  std::vector<std::unique_ptr<gpu::Event>> spec_events_;
+  struct Speculation {
+    SpeculationFeed feed;
+    std::unique_ptr<OptimizerStep> run;
+    cpu_adam::HyperParams hp;
+    std::vector<cpu_adam::HyperParams> group_hp;
+    std::vector<uint8_t> module_done;  // last gradients handed over
+    size_t next_module = 0;            // spec_modules_ from here on are handed over
+    int64_t next_elem = 0;             // the elements from here on are handed over
+    bool stopped = false;              // the step has been joined
+    bool invalid = false;              // handed-over sums changed
+    int64_t from = 0;                  // stopped: the first element stepped
+    Status status;                     // stopped: the step's
+  };
+  std::unique_ptr<Speculation> spec_;
+  SpeculationCounts spec_counts_;
 };
 
 }  // namespace strata::scheduler

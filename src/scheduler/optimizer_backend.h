@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "src/cpu_adam/cpu_adam.h"
@@ -70,8 +71,26 @@ class OptimizerBackend : public StepProgress {
   // buffers handed to AddGradients (their device buffers are reused then).
   virtual gpu::Stream& gradients_read_on() = 0;
   // The window's last backward pass begins: the next step's work that does
-  // not depend on the gradients may start (NVMe state reads).
-  virtual void PrepareStep() {}
+  // not depend on the gradients may start (NVMe state reads), and with
+  // strata.speculative_step the step itself, sub-group by sub-group as
+  // their gradients become final, with `speculative()`'s hyperparameters
+  // (those of a finite, unclipped window). Called before each module's
+  // backward of that micro-batch.
+  virtual Status PrepareStep(const std::function<LaunchParams()>& speculative) {
+    (void)speculative;
+    return Status();
+  }
+  // A speculative step of this window is dropped (its sub-groups' states
+  // restored): the states are about to be read as they are (ReadParameter).
+  virtual Status CancelSpeculation() { return Status(); }
+  // The window that ended with the last Step(): sub-groups stepped during
+  // its backward pass, and of those the ones rolled back (redone with the
+  // true coefficients, or dropped with a skipped step). Read once.
+  struct SpeculationCounts {
+    int64_t speculated = 0;
+    int64_t redone = 0;
+  };
+  virtual SpeculationCounts TakeSpeculationCounts() { return {}; }
   // Waits until every gradient handed over is in place; the first error.
   virtual Status Drain() = 0;
   // Inf/nan anywhere in the window's gradients, and their sum of squares

@@ -12,6 +12,35 @@
 
 namespace strata::scheduler {
 
+// ---- SpeculationFeed -----------------------------------------------------------
+
+void SpeculationFeed::Push(Item item) {
+  {
+    MutexLock lock(&mu_);
+    if (closed_) return;
+    items_.push_back(std::move(item));
+  }
+  cv_.NotifyAll();
+}
+
+std::optional<SpeculationFeed::Item> SpeculationFeed::Next() {
+  MutexLock lock(&mu_);
+  while (!closed_ && items_.empty()) cv_.Wait(&mu_);
+  if (items_.empty()) return std::nullopt;
+  Item item = std::move(items_.front());
+  items_.pop_front();
+  return item;
+}
+
+void SpeculationFeed::Close(bool keep_pending) {
+  {
+    MutexLock lock(&mu_);
+    closed_ = true;
+    if (!keep_pending) items_.clear();
+  }
+  cv_.NotifyAll();
+}
+
 // ---- StateReadAhead ------------------------------------------------------------
 
 void StateReadAhead::Start(const StepDeps& deps) {
@@ -455,7 +484,9 @@ StepOutcome OptimizerStep::Join() {
 
 void OptimizerStep::Run() {
   Status s;
-  if (deps_.store->optimizer_place() == OffloadDevice::kNvme) {
+  if (params_.feed != nullptr) {
+    s = StepSpeculative();
+  } else if (deps_.store->optimizer_place() == OffloadDevice::kNvme) {
     StateRing ring(this);
     s = ring.Run(&outcome_);
   } else {
@@ -473,19 +504,25 @@ void OptimizerStep::Run() {
 std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, float* master,
                                                        float* m, float* v, const float* grads,
                                                        std::vector<Layout::Slice>* slices) const {
+  const SubGroup& sg = deps_.layout->group(g);
+  return ShardsIn(sg.elem_begin, sg.elem_end, base, master, m, v, grads, slices);
+}
+
+std::vector<cpu_adam::ShardStep> OptimizerStep::ShardsIn(int64_t lo, int64_t hi, int64_t base,
+                                                         float* master, float* m, float* v,
+                                                         const float* grads,
+                                                         std::vector<Layout::Slice>* slices) const {
   const Layout& layout = *deps_.layout;
-  const SubGroup& sg = layout.group(g);
   uint8_t* next = deps_.store->next_params();
   const int64_t next_base =
       deps_.store->partition().param_byte_base();  // partitioned: this rank's first byte
   std::vector<cpu_adam::ShardStep> out;
-  for (const Layout::Slice& s : layout.Slices(sg.elem_begin, sg.elem_end)) {
+  for (const Layout::Slice& s : layout.Slices(lo, hi)) {
     const ParamRec& p = layout.param(s.param);
     slices->push_back(s);
     cpu_adam::ShardStep st;
     st.param = master + (s.elem_begin - base);
-    st.grad =
-        grads != nullptr ? grads + (s.elem_begin - sg.elem_begin) : params_.grads + s.elem_begin;
+    st.grad = grads != nullptr ? grads + (s.elem_begin - lo) : params_.grads + s.elem_begin;
     st.grad_dtype = DType::kFp32;
     const uint8_t mode = FoldModeOf(s.param);
     if (mode != kAccOnly) {
@@ -587,10 +624,26 @@ Status OptimizerStep::StepInMemory() {
   StateStore& store = *deps_.store;
   Status step_error;
   const auto [g0, g1] = store.partition().groups();
+  // Elements from speculated_from on were stepped during backward, and are
+  // committed now.
+  const int64_t spec = params_.speculated_from;
   for (size_t g = g0; g < g1; ++g) {
+    const SubGroup& sg = deps_.layout->group(g);
+    if (sg.elem_begin >= spec) {
+      outcome_.advanced = true;
+      GroupDone(g);
+      continue;
+    }
     if (deps_.before_sub_group) deps_.before_sub_group(g);
-    step_error = StepGroup(g, store.partition().state_base(), store.master(), store.exp_avg(),
-                           store.exp_avg_sq(), nullptr);
+    if (sg.elem_end > spec) {
+      std::vector<Layout::Slice> slices;
+      step_error = StepShards(g, ShardsIn(sg.elem_begin, spec, store.partition().state_base(),
+                                          store.master(), store.exp_avg(), store.exp_avg_sq(),
+                                          nullptr, &slices));
+    } else {
+      step_error = StepGroup(g, store.partition().state_base(), store.master(), store.exp_avg(),
+                             store.exp_avg_sq(), nullptr);
+    }
     if (!step_error.ok()) break;
     outcome_.advanced = true;
     GroupDone(g);
@@ -610,6 +663,44 @@ Status OptimizerStep::StepInMemory() {
         "NVMe stay those of step {} until the next successful step rewrites them",
         params_.step, outcome_.param_write_failed.size(), first_error.ToString(),
         params_.step - 1));
+  }
+  return Status();
+}
+
+Status OptimizerStep::StepSpeculative() {
+  StateStore& store = *deps_.store;
+  const Layout& layout = *deps_.layout;
+  const int64_t base = store.partition().state_base();
+  float* const states[3] = {store.master(), store.exp_avg(), store.exp_avg_sq()};
+  spec_from_ = store.partition().elems().second;
+  while (std::optional<SpeculationFeed::Item> item = params_.feed->Next()) {
+    const int64_t lo = item->elem_begin, hi = item->elem_end;
+    if (hi != spec_from_ || lo >= hi || lo < params_.spare_first)
+      return InternalError(fmt::format(
+          "speculative step: elements [{}, {}) handed over out of order or outside the spare "
+          "(next expected to end at {}, spare from element {})",
+          lo, hi, spec_from_, params_.spare_first));
+    RETURN_IF_ERROR(item->wait().WithContext(
+        fmt::format("speculative step: the gradients of elements [{}, {})", lo, hi)));
+    params_.fold_modes = std::move(item->fold_modes);
+    // The previous states first: a rollback copies them back.
+    const int64_t t0 = NowNanos();
+    for (int k = 0; k < 3; ++k)
+      RETURN_IF_ERROR(deps_.adam->Copy(params_.spare + k * params_.spare_elems +
+                                           (lo - params_.spare_first),
+                                       states[k] + (lo - base), static_cast<size_t>(hi - lo)));
+    deps_.counters->timeline().Add("cpu adam", fmt::format("save elements {}..{}", lo, hi),
+                                   "optimizer", t0, NowNanos() - t0, 0);
+    spec_from_ = lo;  // from here on the states may have changed
+    // Sub-group by sub-group, from the last: the part of each in the range.
+    for (size_t g = layout.GroupOf(hi - 1) + 1; g-- > layout.GroupOf(lo);) {
+      const SubGroup& sg = layout.group(g);
+      if (deps_.before_sub_group) deps_.before_sub_group(g);
+      std::vector<Layout::Slice> slices;
+      RETURN_IF_ERROR(StepShards(g, ShardsIn(std::max(lo, sg.elem_begin), std::min(hi, sg.elem_end),
+                                             base, states[0], states[1], states[2], nullptr,
+                                             &slices)));
+    }
   }
   return Status();
 }

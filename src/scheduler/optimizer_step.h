@@ -20,6 +20,19 @@
 // take the buffer it was written from while the step still holds it
 // (TakeUpdated), else read the new version from NVMe.
 //
+// Speculative (strata.speculative_step, docs/design.md "The speculative
+// step"): launched at the window's last backward pass, before the global
+// checks, the step takes ranges of whole modules from a SpeculationFeed as
+// their gradients become final (from the last element down, contiguous)
+// and steps each with the hyperparameters of an unclipped, finite window,
+// after copying its states into a spare array; it zeroes no gradients and
+// publishes nothing. The step launched after the checks then either takes
+// those elements as done (StepParams::speculated_from: it steps the rest of
+// a sub-group they cut) or, after their states were copied back, steps
+// every element again. A range is stepped as the same per-parameter shards
+// as its sub-groups' (ranges end at parameter boundaries), so the bits do
+// not depend on where speculation stopped.
+//
 // A step never makes its results current: Join() returns a StepOutcome that
 // the StateStore commits or the engine rolls back. It reads the layout and
 // writes only the store's inactive NVMe versions, next_params() and (states in
@@ -28,8 +41,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -44,6 +59,35 @@
 namespace strata::scheduler {
 
 class ParamWriter;
+
+// Sub-groups handed to a speculative step (the main thread pushes, the
+// step's thread takes). Thread-safe.
+class SpeculationFeed {
+ public:
+  struct Item {
+    // The elements [elem_begin, elem_end): whole modules, ending where the
+    // previous item began (the first at the partition's end).
+    int64_t elem_begin = 0, elem_end = 0;
+    // Blocks until the sub-group's gradients are in place (its adds and
+    // copies have landed); an error stops the speculation.
+    std::function<Status()> wait;
+    // The window's fold modes (GradOffloader::FoldModes): final for every
+    // module of the range.
+    std::vector<uint8_t> fold_modes;
+  };
+  void Push(Item item) EXCLUDES(mu_);
+  // The next item, blocking; nullopt once the feed is closed (and, closed
+  // with keep_pending, has no items left).
+  std::optional<Item> Next() EXCLUDES(mu_);
+  // No more items; those not taken yet are dropped unless keep_pending.
+  void Close(bool keep_pending = false) EXCLUDES(mu_);
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Item> items_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
+};
 
 struct StepDeps {
   const Layout* layout = nullptr;
@@ -100,6 +144,19 @@ struct StepParams {
   // The accumulator is not zeroed as it is consumed (GradOffloader::direct():
   // the next window's sums are copied over it).
   bool keep_grads = false;
+  // Speculative: the element ranges come from `feed` (states in memory,
+  // offload_param none or cpu, one rank); each one's master | exp_avg |
+  // exp_avg_sq are copied first into `spare` (three arrays of spare_elems
+  // floats, for the elements from spare_first on; the feed gives only
+  // ranges inside that).
+  SpeculationFeed* feed = nullptr;
+  float* spare = nullptr;
+  int64_t spare_first = 0;
+  int64_t spare_elems = 0;
+  // The elements from this one on were stepped by a speculative step that
+  // is being committed: this step steps only the elements before it, and
+  // zeroes the gradients of and publishes every sub-group, in order.
+  int64_t speculated_from = INT64_MAX;
 };
 
 class OptimizerStep {
@@ -130,11 +187,16 @@ class OptimizerStep {
   gpu::PinnedBuffer TakeUpdated(int m);
   // Waits for the end of the step and returns what it did.
   StepOutcome Join();
+  // Speculative, after Join: the first element it stepped (its states
+  // saved in the spare), or the partition's end when none; every element
+  // from there to the end was stepped, unless the outcome is an error.
+  int64_t speculated_from() const { return spec_from_; }
 
  private:
   OptimizerStep(const StepDeps& deps, const StepParams& params);
   void Run() EXCLUDES(mu_);
   Status StepInMemory();
+  Status StepSpeculative();
   // The fold mode of a parameter's module (fold_mode.h).
   uint8_t FoldModeOf(int param) const;
   // After sub-group g: zero its gradients, publish progress.
@@ -149,6 +211,10 @@ class OptimizerStep {
   std::vector<cpu_adam::ShardStep> Shards(size_t g, int64_t base, float* master, float* m, float* v,
                                           const float* grads,
                                           std::vector<Layout::Slice>* slices) const;
+  // The same for the elements [lo, hi) (`grads`, when not null, from lo).
+  std::vector<cpu_adam::ShardStep> ShardsIn(int64_t lo, int64_t hi, int64_t base, float* master,
+                                            float* m, float* v, const float* grads,
+                                            std::vector<Layout::Slice>* slices) const;
   // Steps sub-group g (Shards, then StepShards; with offload_param nvme in
   // batches through the write-back buffers).
   Status StepGroup(size_t g, int64_t base, float* master, float* m, float* v, const float* grads);
@@ -163,6 +229,7 @@ class OptimizerStep {
   std::thread thread_;
   StepOutcome outcome_;                 // the step's thread until it has finished, then Join()
   std::atomic<size_t> groups_done_{0};  // sub-groups stepped, in order
+  int64_t spec_from_ = INT64_MAX;       // speculative: the step's thread, then Join()
   // offload_param nvme: the write-back, and per module whether its new
   // version has landed.
   std::unique_ptr<ParamWriter> writer_;

@@ -26,6 +26,8 @@ Placement Placement::FromConfig(const Config& config) {
   p.max_live_parameters = zo.stage3_max_live_parameters;
   p.overlap_optimizer = config.strata.overlap_optimizer;
   p.delayed_param_update = config.strata.delayed_param_update;
+  p.speculative_step =
+      config.strata.speculative_step ? (*config.strata.speculative_step ? 1 : 0) : -1;
   p.gradient_accumulation_steps = std::max<int64_t>(1, config.gradient_accumulation_steps);
   p.grad_accumulator = config.strata.grad_accumulator;
   p.grad_tier = config.strata.grad_tier;
@@ -470,6 +472,26 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
   }
   if (!plan->fold_last_micro_batch && !pl.device_optimizer && !in.grads_on_nvme)
     dram.parts.push_back("last micro-batch accumulated (" + plan->grad_path + ")");
+  // The speculative step's spare: what DRAM holds after the rest, up to
+  // every state.
+  plan->speculation_elems = 0;
+  if (pl.speculate()) {
+    constexpr int64_t kSpareBytesPerElem = 12;
+    int64_t elems = in.s.total_elems;
+    if (in.facts.dram_available > 0)
+      elems = std::clamp<int64_t>((in.facts.dram_available - dram.bytes) / kSpareBytesPerElem, 0,
+                                  elems);
+    plan->speculation_elems = elems;
+    if (elems > 0)
+      dram.Add(kSpareBytesPerElem * elems,
+               fmt::format("speculative step's spare states {}{}",
+                           FormatBytes(kSpareBytesPerElem * elems),
+                           elems < in.s.total_elems
+                               ? fmt::format(" (the last {:.0f} % of the elements)",
+                                             100.0 * static_cast<double>(elems) /
+                                                 static_cast<double>(in.s.total_elems))
+                               : ""));
+  }
   return dram.Budget("dram", in.facts.dram_available);
 }
 

@@ -26,6 +26,9 @@ struct Placement {
   int64_t max_live_parameters = 1'000'000'000;     // stage3_max_live_parameters (elements)
   bool overlap_optimizer = true;                   // strata.overlap_optimizer
   bool delayed_param_update = false;               // strata.delayed_param_update
+  // strata.speculative_step: -1 auto, 0 off, 1 on (FromConfig; a Placement
+  // made by hand has it off).
+  int speculative_step = 0;
   // offload_optimizer none on a GPU: the gradient accumulator is in HBM and
   // the optimizer runs there (DeviceOptimizer); set by the engine.
   bool device_optimizer = false;
@@ -64,6 +67,18 @@ struct Placement {
   // device block as the step finishes them, and a host mirror of the block
   // undoes a step that fails half-way.
   bool param_mirror() const { return params == OffloadDevice::kNone && overlap_step(); }
+  // The CPU step during the window's last backward pass (strata.
+  // speculative_step; HostOptimizer): where it applies, the optimizer on the
+  // CPU with its states in memory, offload_param none or cpu (the new
+  // parameters go into the copy-out array, current only at the commit), one
+  // rank, no delayed_param_update; on when asked, and with auto except on
+  // the host device (the backward pass runs on the same cores).
+  bool speculate() const {
+    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1 ||
+        optimizer == OffloadDevice::kNvme || params == OffloadDevice::kNvme)
+      return false;
+    return speculative_step == 1 || !host_device;
+  }
 
   static Placement FromConfig(const Config& config);
 };
@@ -187,6 +202,11 @@ struct TierPlan {
   // kParamWriteBuffers module-sized buffers and written to NVMe from there
   // (no array over every parameter).
   int64_t param_write_bytes = 0;
+  // Placement::speculate(): the optimizer states (12 bytes per element) of
+  // the last speculation_elems elements are saved into a pageable spare
+  // before they are stepped speculatively; as many as the DRAM budget
+  // holds after the rest of the plan (0: none, speculation off).
+  int64_t speculation_elems = 0;
   // Host memory the plan allocates: pinned + dram, and on the host device
   // the hbm row too (its "device" memory is host memory).
   int64_t host_bytes = 0;

@@ -78,6 +78,11 @@ struct EngineTestHooks {
   // Placement::fold_override; `strata train` sets it from STRATA_FOLD_GRADS
   // for A/B runs).
   int fold_override = -1;
+  // strata.speculative_step: the speculative step ends only once it has
+  // stepped every sub-group handed over to it (instead of dropping those it
+  // has not started), so that what it speculates does not depend on how
+  // the threads were scheduled.
+  bool speculation_steps_all_handed_over = false;
   // Called at each point of a checkpoint save (CheckpointMeta::at_point
   // lists them); crash tests end the process there.
   std::function<void(std::string_view point)> checkpoint_point;

@@ -221,6 +221,8 @@ std::string StepStatsJson(const StepStats& s, const std::string& device) {
                       {"updated_from_memory", s.updated_from_memory},
                       {"fetch_misses", s.fetch_misses},
                       {"trace_rerecords", s.trace_rerecords},
+                      {"sub_groups_speculated", s.sub_groups_speculated},
+                      {"sub_groups_redone", s.sub_groups_redone},
                       {"overlap_efficiency", s.overlap_efficiency},
                       {"h2d_gbytes_per_s", s.h2d_gbytes_per_s},
                       {"d2h_gbytes_per_s", s.d2h_gbytes_per_s},

@@ -519,6 +519,8 @@ TEST(ConfigErrors, BadTypes) {
       {"strata.io_sqpoll", "false", "not a boolean"},
       {"strata.delayed_param_update", json::array(), "not a boolean"},
       {"strata.overlap_optimizer", "yes", "not a boolean"},
+      {"strata.speculative_step", "yes", "not a boolean"},
+      {"strata.speculative_step", 1, "expected true or false"},
       {"strata.grad_accumulator", "gpu", "auto, device, host"},
       {"strata.grad_tier", "disk", "auto, dram, nvme"},
       {"optimizer.params.lr", "1e-3", "not a number"},
@@ -964,7 +966,8 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
   // Application-owned sections (strata.model) only when the config gives them.
-  EXPECT_EQ(j["strata"].size(), 15u);
+  EXPECT_EQ(j["strata"].size(), 16u);
+  EXPECT_EQ(j["strata"]["speculative_step"], "auto");
   EXPECT_EQ(j["strata"]["grad_accumulator"], "auto");
   EXPECT_EQ(j["strata"]["grad_tier"], "auto");
 }
@@ -1059,6 +1062,7 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.delayed_param_update = coin();
     c.strata.delayed_param_update_warmup = pos(100) - 1;
     c.strata.overlap_optimizer = coin();
+    if (coin()) c.strata.speculative_step = !c.strata.delayed_param_update && coin();
     c.strata.grad_accumulator = static_cast<GradAccumulatorPlace>(rng() % 3);
     c.strata.grad_tier = static_cast<GradTier>(rng() % 2);  // nvme needs the states there
     c.strata.dram_budget_bytes = pos(int64_t{1} << 50) - 1;
@@ -1117,6 +1121,26 @@ TEST(ConfigApplicationSection, ValidateRefusesUnknownNamesAndText) {
   c.strata.application_sections.clear();
   c.strata.application_sections["model"] = "[1, 2";
   EXPECT_THAT(ValidateConfig(c).message(), HasSubstr("strata.model: the section's text is not"));
+}
+
+// strata.speculative_step: true, false, or "auto" / absent (the plan
+// decides); not true with delayed_param_update.
+TEST(ConfigStrata, SpeculativeStep) {
+  auto spec = [](const char* text) {
+    StatusOr<Config> c = ParseConfig(text);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? c->strata.speculative_step : std::optional<bool>(std::nullopt);
+  };
+  EXPECT_EQ(spec(R"({})"), std::nullopt);
+  EXPECT_EQ(spec(R"({"strata": {"speculative_step": "auto"}})"), std::nullopt);
+  EXPECT_EQ(spec(R"({"strata": {"speculative_step": true}})"), std::optional<bool>(true));
+  EXPECT_EQ(spec(R"({"strata": {"speculative_step": false}})"), std::optional<bool>(false));
+  const std::string msg = ErrorOf(
+      R"({"strata": {"speculative_step": true, "delayed_param_update": true}})");
+  EXPECT_THAT(msg, AllOf(HasSubstr("strata.speculative_step"),
+                         HasSubstr("strata.delayed_param_update"), HasSubstr("\"auto\"")));
+  EXPECT_TRUE(
+      ParseConfig(R"({"strata": {"speculative_step": false, "delayed_param_update": true}})").ok());
 }
 
 }  // namespace

@@ -346,6 +346,38 @@ TEST(ZeroTest, ZeroesExactlyTheRange) {
   }
 }
 
+// Copy: exactly the range, bit for bit (NaN payloads and -0 included), for
+// the same sizes and thread counts as Zero.
+TEST(CopyTest, CopiesExactlyTheRange) {
+  for (int threads : {1, 3}) {
+    Options o;
+    o.threads = threads;
+    o.block_elems = 1024;
+    o.accumulate_inline_elems = 2048;
+    auto opt = Make(o);
+    std::mt19937 rng(100 + threads);
+    std::uniform_int_distribution<uint32_t> bits;
+    for (size_t n : {size_t{1}, size_t{1023}, size_t{2047}, size_t{2049}, size_t{3 * 1024 + 5},
+                     size_t{200001}}) {
+      std::vector<uint32_t> src(n), dst(n + 16);
+      for (uint32_t& x : src) x = bits(rng);
+      for (uint32_t& x : dst) x = bits(rng);
+      const std::vector<uint32_t> before = dst;
+      ASSERT_TRUE(opt->Copy(reinterpret_cast<float*>(dst.data() + 8),
+                            reinterpret_cast<const float*>(src.data()), n)
+                      .ok());
+      for (size_t i = 0; i < dst.size(); ++i) {
+        const bool inside = i >= 8 && i < 8 + n;
+        ASSERT_EQ(dst[i], inside ? src[i - 8] : before[i]) << "n " << n << " index " << i;
+      }
+    }
+    float x = 1.f;
+    EXPECT_TRUE(opt->Copy(nullptr, nullptr, 0).ok());
+    EXPECT_EQ(opt->Copy(nullptr, &x, 1).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(opt->Copy(&x, nullptr, 1).code(), StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(PinningTest, WorkersArePinnedAndCallerAffinityIsRestored) {
   auto topo = DescribeTopology();
   ASSERT_TRUE(topo.ok()) << topo.status();

@@ -954,6 +954,8 @@ struct FoldRun {
   std::vector<double> norms;
   std::vector<int> applied;
   bool folded = false;
+  // strata.speculative_step: sub-groups speculated and rolled back, summed.
+  int64_t speculated = 0, redone = 0;
 };
 
 // `steps` windows of c.gradient_accumulation_steps micro-batches; in each
@@ -967,6 +969,7 @@ FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, i
   FoldRun r;
   EngineTestHooks hooks;
   hooks.fold_override = fold_override;
+  hooks.speculation_steps_all_handed_over = true;
   auto e = CreateEngine(c, hooks);
   EXPECT_TRUE(e.ok()) << e.status();
   if (!e.ok()) return r;
@@ -987,6 +990,8 @@ FoldRun TrainOddOrders(const Config& c, uint64_t seed, int steps, bool poison, i
         r.norms.push_back(st->grad_norm);
         r.applied.push_back(st->applied ? 1 : 0);
       }
+      r.speculated += st->sub_groups_speculated;
+      r.redone += st->sub_groups_redone;
     }
   }
   r.folded = PlanFolds(**e);
@@ -1313,19 +1318,26 @@ TEST(PlanBytesTest, PlanRowsAreTheBytesAllocated) {
   struct Case {
     OffloadDevice opt, par;
     bool overlap, device_optimizer;
+    bool speculate = false;
   };
   std::vector<Case> cases;
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
     for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
       for (bool overlap : {false, true}) cases.push_back({opt, par, overlap, false});
   cases.push_back({OffloadDevice::kNone, OffloadDevice::kNone, true, true});
+  // The speculative step's spare states (where it applies).
+  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu})
+    for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu})
+      cases.push_back({opt, par, true, false, true});
   for (const Case& k : cases) {
-    SCOPED_TRACE(fmt::format("{} overlap {} device optimizer {}",
-                             testing::PlacementName(k.opt, k.par), k.overlap, k.device_optimizer));
+    SCOPED_TRACE(fmt::format("{} overlap {} device optimizer {} speculative {}",
+                             testing::PlacementName(k.opt, k.par), k.overlap, k.device_optimizer,
+                             k.speculate));
     testing::ScratchDir dir;
     const scheduler::HostArray::Live before = scheduler::HostArray::LiveBytes();
     Config c = BaseConfig(k.opt, k.par, dir.str());
     c.strata.overlap_optimizer = k.overlap;
+    c.strata.speculative_step = k.speculate;
     EngineTestHooks hooks;
     hooks.device_optimizer = k.device_optimizer;
     auto e = CreateEngine(c, hooks);
@@ -1346,6 +1358,201 @@ TEST(PlanBytesTest, PlanRowsAreTheBytesAllocated) {
     EXPECT_EQ(dram, after.pageable - before.pageable) << detail;
     EXPECT_EQ(pinned, st->pinned_high_water_bytes) << detail;
   }
+}
+
+// ---- The speculative step (strata.speculative_step) ----------------------------
+
+// What is speculated does not depend on the threads' timing.
+EngineTestHooks SpeculationHooks() {
+  EngineTestHooks hooks;
+  hooks.speculation_steps_all_handed_over = true;
+  return hooks;
+}
+
+// (optimizer placement, parameter placement, gradient_accumulation_steps)
+class SpeculationTest
+    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, int>> {};
+
+// Stepping sub-groups during the last backward pass changes no bit:
+// parameters, norms and skips are those of the step after backward, with
+// clipping that never triggers (every speculated sub-group kept), clipping
+// that always does (every one redone), and fp16 with an overflow (dropped
+// with the skipped step); in the odd orders of TrainOddOrders (a module
+// missing from the last micro-batch holds the speculation at its
+// sub-groups; one used twice; sub-groups of 100 elements) and in plain
+// order (sub-groups that split parameters).
+TEST_P(SpeculationTest, BitwiseIdenticalToTheStepAfterBackward) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto [opt, par, gas] = GetParam();
+  enum Kind { kNoClip, kClips, kFp16Overflow };
+  for (Kind kind : {kNoClip, kClips, kFp16Overflow})
+    for (bool odd : {false, true}) {
+      SCOPED_TRACE(fmt::format("kind {} odd orders {}", static_cast<int>(kind), odd));
+      Config c = OddOrdersConfig(opt, par, dir.str(), gas, kind == kFp16Overflow);
+      if (kind == kNoClip) c.gradient_clipping = 1e6;
+      // (Odd orders: sub-groups inside the last module, above the one left
+      // out of the last micro-batch.)
+      if (odd) c.zero_optimization.sub_group_size = 100;
+      c.strata.speculative_step = false;
+      const int steps = 3;
+      auto run = [&](const Config& cfg) {
+        if (odd)
+          return TrainOddOrders(cfg, seed, steps, kind == kFp16Overflow, /*fold_override=*/-1);
+        FoldRun r;
+        auto e = CreateEngine(cfg, SpeculationHooks());
+        EXPECT_TRUE(e.ok()) << e.status();
+        if (!e.ok()) return r;
+        Register(**e, seed);
+        int batch = 0;
+        for (int s = 0; s < steps; ++s)
+          for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
+            const bool last = k + 1 == cfg.gradient_accumulation_steps;
+            MicroBatch(**e, batch++, Forward(), kind == kFp16Overflow ? 64.f : 1.f,
+                       kind == kFp16Overflow && last && s == 1 ? 1 : -1);
+            auto st = (*e)->Step();
+            EXPECT_TRUE(st.ok()) << st.status();
+            if (!st.ok()) return r;
+            if (last) {
+              r.norms.push_back(st->grad_norm);
+              r.applied.push_back(st->applied ? 1 : 0);
+            }
+            r.speculated += st->sub_groups_speculated;
+            r.redone += st->sub_groups_redone;
+          }
+        r.params = ReadAll(**e);
+        return r;
+      };
+      const FoldRun after = run(c);
+      c.strata.speculative_step = true;
+      const FoldRun spec = run(c);
+      ASSERT_FALSE(after.params.empty());
+      EXPECT_TRUE(BitwiseEqual(after.params, spec.params));
+      EXPECT_EQ(after.norms, spec.norms);
+      EXPECT_EQ(after.applied, spec.applied);
+      EXPECT_EQ(after.speculated, 0);
+      EXPECT_GT(spec.speculated, 0);
+      if (kind == kNoClip) {
+        EXPECT_EQ(spec.redone, 0);
+      } else if (kind == kClips) {
+        EXPECT_EQ(spec.redone, spec.speculated);
+      } else {
+        EXPECT_GT(spec.redone, 0);  // the overflowed window's
+        EXPECT_LT(spec.redone, spec.speculated);
+        EXPECT_EQ(spec.applied, (std::vector<int>{1, 0, 1}));
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, SpeculationTest,
+    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu),
+                       ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu),
+                       ::testing::Values(1, 2, 4)),
+    [](const auto& info) {
+      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
+             std::string(OffloadDeviceName(std::get<1>(info.param))) + "_gas" +
+             std::to_string(std::get<2>(info.param));
+    });
+
+// What voids a speculation, each on its own window, still gives the bits
+// of the step after backward: the last module's backward running twice
+// after its sub-groups were handed over, a learning rate changed between
+// the backward pass and Step(), ReadParameter between the backward pass and
+// Step(), ZeroGrad in the middle of the last micro-batch, and a checkpoint
+// saved and loaded between windows.
+TEST(SpeculationTest, WhatVoidsItKeepsTheBits) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  c.zero_optimization.sub_group_size = 100;
+  c.gradient_clipping = 1e6;
+  const int kSteps = 6;
+  // (gtest's ASSERTs need a void function.)
+  auto run = [&](bool speculate, std::vector<std::vector<float>>* mid, FoldRun* counts,
+                 std::vector<std::vector<float>>* out) {
+    Config cfg = c;
+    cfg.strata.speculative_step = speculate;
+    auto e = CreateEngine(cfg, SpeculationHooks());
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return;
+    Register(**e, seed);
+    for (int s = 0; s < kSteps; ++s) {
+      std::vector<int> order = Forward();
+      if (s == 0) order.push_back(kModules - 1);  // its backward first, twice
+      if (s == 3) {
+        // ZeroGrad half-way through the backward pass, then the whole
+        // micro-batch again.
+        for (int m : order) {
+          ASSERT_TRUE((*e)->BeforeForward(m).ok());
+          ASSERT_TRUE((*e)->AfterForward(m).ok());
+        }
+        for (int m = kModules - 1; m >= kModules / 2; --m) {
+          auto v = (*e)->BeforeBackward(m);
+          ASSERT_TRUE(v.ok()) << v.status();
+          ASSERT_TRUE((*e)->AfterBackward(m).ok());
+        }
+        ASSERT_TRUE((*e)->ZeroGrad().ok());
+      }
+      MicroBatch(**e, s, order);
+      if (s == 1) {
+        ASSERT_TRUE((*e)->SetLearningRate(3e-3).ok());
+      }
+      if (s == 2) {
+        *mid = ReadAll(**e);
+      }
+      auto st = (*e)->Step();
+      ASSERT_TRUE(st.ok()) << st.status();
+      counts->speculated += st->sub_groups_speculated;
+      counts->redone += st->sub_groups_redone;
+      if (s == 4) {
+        const std::string ck = (dir.path() / (speculate ? "spec" : "plain")).string();
+        ASSERT_TRUE((*e)->SaveCheckpoint(ck, CheckpointInfo{}).ok());
+        ASSERT_TRUE((*e)->LoadCheckpoint(ck, nullptr).ok());
+      }
+    }
+    *out = ReadAll(**e);
+  };
+  std::vector<std::vector<float>> mid_after, mid_spec;
+  FoldRun after_counts, spec_counts;
+  std::vector<std::vector<float>> after, spec;
+  run(false, &mid_after, &after_counts, &after);
+  run(true, &mid_spec, &spec_counts, &spec);
+  ASSERT_FALSE(after.empty());
+  EXPECT_TRUE(BitwiseEqual(mid_after, mid_spec));  // ReadParameter saw no speculated state
+  EXPECT_TRUE(BitwiseEqual(after, spec));
+  EXPECT_EQ(after_counts.speculated, 0);
+  EXPECT_GT(spec_counts.speculated, 0);
+  EXPECT_GT(spec_counts.redone, 0);
+  EXPECT_LT(spec_counts.redone, spec_counts.speculated);  // steps 4 and 5 kept theirs
+}
+
+// strata.speculative_step on the host device: off unless asked (auto), and
+// where it does not apply the step runs after backward.
+TEST(SpeculationTest, WhereItApplies) {
+  testing::ScratchDir dir;
+  auto speculated = [&](OffloadDevice opt, OffloadDevice par, std::optional<bool> on) {
+    Config c = BaseConfig(opt, par, dir.str());
+    c.zero_optimization.sub_group_size = 100;
+    c.strata.speculative_step = on;
+    auto e = CreateEngine(c, SpeculationHooks());
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return int64_t{-1};
+    Register(**e, 3);
+    MicroBatch(**e, 0, Forward());
+    auto st = (*e)->Step();
+    EXPECT_TRUE(st.ok()) << st.status();
+    return st.ok() ? st->sub_groups_speculated : -1;
+  };
+  EXPECT_GT(speculated(OffloadDevice::kCpu, OffloadDevice::kNone, true), 0);
+  EXPECT_EQ(speculated(OffloadDevice::kCpu, OffloadDevice::kNone, std::nullopt), 0);
+  EXPECT_EQ(speculated(OffloadDevice::kCpu, OffloadDevice::kNone, false), 0);
+  EXPECT_EQ(speculated(OffloadDevice::kNvme, OffloadDevice::kCpu, true), 0);
+  EXPECT_EQ(speculated(OffloadDevice::kCpu, OffloadDevice::kNvme, true), 0);
 }
 
 }  // namespace

@@ -445,6 +445,54 @@ TEST(PlanTest, DelayedParamUpdateAddsTheSecondAccumulator) {
             Needed(ComputeTierPlan(Place(OffloadDevice::kCpu, OffloadDevice::kCpu), s, {}), "hbm"));
 }
 
+// strata.speculative_step: 12 bytes of spare states per element in DRAM,
+// as many as the DRAM budget holds after the rest; on with a GPU under
+// auto, off on the host device unless asked; never where it does not
+// apply.
+TEST(PlanTest, SpeculativeStepSparesStatesInDram) {
+  const LayoutSizes s = TinySizes();
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
+  const int64_t before = Needed(ComputeTierPlan(pl, s, {}), "dram");
+  pl.speculative_step = -1;
+  TierPlan plan = ComputeTierPlan(pl, s, {});
+  EXPECT_EQ(plan.speculation_elems, s.total_elems);
+  EXPECT_EQ(Needed(plan, "dram"), before + 12 * s.total_elems);
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("speculative step's spare states"));
+  // A budget that holds half of the spare: the last half of the elements.
+  TierFacts f;
+  f.dram_available = before + 6 * s.total_elems;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(plan.speculation_elems, s.total_elems / 2);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_THAT(Find(plan, "dram")->detail, HasSubstr("(the last 50 % of the elements)"));
+  // No room: none, and the plan still fits.
+  f.dram_available = before;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(plan.speculation_elems, 0);
+  EXPECT_TRUE(plan.fits);
+  // Where it applies.
+  pl.host_device = true;
+  EXPECT_FALSE(pl.speculate());
+  pl.speculative_step = 1;
+  EXPECT_TRUE(pl.speculate());
+  for (auto [opt, par] : {std::pair{OffloadDevice::kNvme, OffloadDevice::kCpu},
+                          std::pair{OffloadDevice::kCpu, OffloadDevice::kNvme}}) {
+    Placement q = Place(opt, par);
+    q.speculative_step = 1;
+    EXPECT_FALSE(q.speculate());
+    EXPECT_EQ(ComputeTierPlan(q, s, {}).speculation_elems, 0);
+  }
+  Placement q = pl;
+  q.world_size = 2;
+  EXPECT_FALSE(q.speculate());
+  q = pl;
+  q.delayed_param_update = true;
+  EXPECT_FALSE(q.speculate());
+  q = pl;
+  q.device_optimizer = true;
+  EXPECT_FALSE(q.speculate());
+}
+
 TEST(PlanTest, SizesOfABuiltLayout) {
   LayoutOptions o;
   o.sub_group_size = 100;

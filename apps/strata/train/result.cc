@@ -153,7 +153,9 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
                         {"bound_by", s.bound_by},
                         {"grad_norm", s.grad_norm},
                         {"lr", s.lr},
-                        {"loss_scale", s.loss_scale}});
+                        {"loss_scale", s.loss_scale},
+                        {"sub_groups_speculated", s.sub_groups_speculated},
+                        {"sub_groups_redone", s.sub_groups_redone}});
   if (r.world_size > 1)
     for (size_t i = 0; i < r.steps.size(); ++i) {
       per_step[i]["comm_s"] = r.steps[i].comm_s;
