@@ -620,12 +620,17 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
 
 // ---------------------------------------------------------------- training
 
+// `other_speculation`: the placement again with strata.speculative_step the
+// opposite of what auto chooses on this device (with a GPU the step after
+// backward, on the host device the speculative step), side by side.
 struct Placement {
   const char* opt;
   const char* param;
+  bool other_speculation = false;
 };
-constexpr Placement kPlacements[] = {
-    {"none", "none"}, {"cpu", "none"}, {"cpu", "cpu"}, {"nvme", "nvme"}};
+constexpr Placement kPlacements[] = {{"none", "none"},      {"cpu", "none"},
+                                     {"cpu", "none", true}, {"cpu", "cpu"},
+                                     {"cpu", "cpu", true},  {"nvme", "nvme"}};
 
 // The example model sized to the machine (a config given with --config wins).
 json BaseTrainConfig(bool tiny, bool quick, bool cuda, const json& info) {
@@ -720,11 +725,18 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
       z["offload_param"]["nvme_path"] = nvme_dir;
       z["offload_param"]["buffer_count"] = 8;
     }
-    const std::string path = out_dir + "/configs/" + pl.opt + "_" + pl.param + ".json";
+    std::string name = std::string(pl.opt) + "/" + pl.param;
+    std::string file = std::string(pl.opt) + "_" + pl.param;
+    if (pl.other_speculation) {
+      c["strata"]["speculative_step"] = !cuda;
+      name += cuda ? ", step after backward" : ", speculative step";
+      file += cuda ? "_after_backward" : "_speculative";
+    }
+    const std::string path = out_dir + "/configs/" + file + ".json";
     std::ofstream(path) << c.dump(2) << "\n";
     argvs.push_back({"strata", "train", "--config", path, "--steps", std::to_string(p.train_steps),
                      "--device", dev, "--json"});
-    runs.push_back({std::string(pl.opt) + "/" + pl.param, Rerun(argvs.back()), json(), {}});
+    runs.push_back({name, Rerun(argvs.back()), json(), {}});
   }
   // Rounds of every placement in turn, so that all see the same machine
   // noise; figures are medians over the rounds.

@@ -437,6 +437,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
             : "the DRAM budget leaves no room for the spare states");
   ho.spare_elems = plan.speculation_elems;
   ho.speculation_steps_all = hooks_.speculation_steps_all_handed_over;
+  ho.speculation_backoff = !cfg_.strata.speculative_step || hooks_.speculation_backoff;
   // (With the sums in HBM, each module's reaches the host once, at its last
   // micro-batch or at the drain; on NVMe they are reduced sub-group by
   // sub-group at the window's end: no overlap.)

@@ -244,7 +244,7 @@ Status HostOptimizer::Drain() {
 Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculative) {
   if (store_->optimizer_place() == OffloadDevice::kNvme && !read_ahead_.started() && !inflight_)
     read_ahead_.Start(Deps());
-  if (!opts_.speculate || spec_ || !speculative) return Status();
+  if (!opts_.speculate || spec_ || !speculative || spec_skip_ > 0) return Status();
   // The previous step's states are the ones to step from: it ends first (the
   // window's forward passes needed all of it; with DPU no speculation).
   if (inflight_) {
@@ -373,6 +373,21 @@ Status HostOptimizer::DropSpeculation() {
 
 Status HostOptimizer::CancelSpeculation() { return DropSpeculation(); }
 
+void HostOptimizer::NoteSpeculationOutcome(bool speculated, bool kept) {
+  if (!opts_.speculation_backoff) return;
+  if (!speculated) {
+    if (spec_skip_ > 0) --spec_skip_;
+    return;
+  }
+  if (kept) {
+    spec_backoff_ = 0;
+    return;
+  }
+  constexpr int64_t kMaxSkip = 64;
+  spec_backoff_ = spec_backoff_ == 0 ? 1 : std::min(kMaxSkip, 2 * spec_backoff_);
+  spec_skip_ = spec_backoff_;
+}
+
 HostOptimizer::SpeculationCounts HostOptimizer::TakeSpeculationCounts() {
   return std::exchange(spec_counts_, SpeculationCounts{});
 }
@@ -433,6 +448,7 @@ Status HostOptimizer::ZeroGrad() {
 }
 
 void HostOptimizer::DiscardWindow() {
+  NoteSpeculationOutcome(spec_ != nullptr, false);
   Status dropped = DropSpeculation();
   if (!dropped.ok())  // (a copy between arrays the store owns: never expected)
     STRATA_LOG_ERROR("strata.speculative_step: restoring the saved states failed: {}",
@@ -470,13 +486,17 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
     std::unique_ptr<Speculation> s = std::move(spec_);
     const int64_t n = GroupsFrom(s->from);
     spec_counts_.speculated += n;
-    if (s->status.ok() && !s->invalid && !lp.delayed && lp.hp == s->hp &&
-        lp.group_hp == s->group_hp) {
+    const bool keep = s->status.ok() && !s->invalid && !lp.delayed && lp.hp == s->hp &&
+                      lp.group_hp == s->group_hp;
+    NoteSpeculationOutcome(true, keep);
+    if (keep) {
       p.speculated_from = s->from;
     } else {
       spec_counts_.redone += n;
       RETURN_IF_ERROR(RestoreSpeculated(s->from));
     }
+  } else {
+    NoteSpeculationOutcome(false, false);
   }
   p.hp = lp.hp;
   p.group_hp = lp.group_hp;

@@ -87,6 +87,12 @@ class HostOptimizer final : public OptimizerBackend {
     int64_t spare_elems = 0;
     // EngineTestHooks::speculation_steps_all_handed_over.
     bool speculation_steps_all = false;
+    // strata.speculative_step auto: after a window whose speculation was
+    // rolled back, the next 1, 2, 4, ... 64 windows (doubling while they
+    // keep being rolled back, reset by one that is kept) step after
+    // backward, so that a run that clips every step pays for a redo only in
+    // a few of them.
+    bool speculation_backoff = false;
   };
   HostOptimizer(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
                 StepCounters* counters, LossScaler* scaler, GradientWindow* window,
@@ -222,6 +228,11 @@ class HostOptimizer final : public OptimizerBackend {
   };
   std::unique_ptr<Speculation> spec_;
   SpeculationCounts spec_counts_;
+  // Options::speculation_backoff: windows still to run without speculation,
+  // and how many the next rollback skips.
+  int64_t spec_skip_ = 0, spec_backoff_ = 0;
+  // A window ends: whether it speculated, and whether that was kept.
+  void NoteSpeculationOutcome(bool speculated, bool kept);
 };
 
 }  // namespace strata::scheduler

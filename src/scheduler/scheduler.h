@@ -83,6 +83,10 @@ struct EngineTestHooks {
   // has not started), so that what it speculates does not depend on how
   // the threads were scheduled.
   bool speculation_steps_all_handed_over = false;
+  // strata.speculative_step true with auto's back-off after a rollback
+  // (HostOptimizer::Options::speculation_backoff), which the host device
+  // never runs otherwise (auto is off there).
+  bool speculation_backoff = false;
   // Called at each point of a checkpoint save (CheckpointMeta::at_point
   // lists them); crash tests end the process there.
   std::function<void(std::string_view point)> checkpoint_point;

@@ -311,8 +311,16 @@ TEST(ReportCommand, TinyHostRunWritesEveryFigureWithUnitDeviceAndCommand) {
       EXPECT_EQ(f["command"].get<std::string>().rfind("strata ", 0), 0u) << f;
     }
   EXPECT_GT(figures, 20u);
-  // Four placements trained, their losses compared.
-  EXPECT_EQ(sections["training"]["raw"].size(), 4u);
+  // Four placements trained, two of them again with the speculative step
+  // (off by default on the host device), their losses compared.
+  EXPECT_EQ(sections["training"]["raw"].size(), 6u);
+  for (const char* name : {"cpu/none, speculative step", "cpu/cpu, speculative step"}) {
+    ASSERT_TRUE(sections["training"]["raw"].contains(name)) << name;
+    int64_t speculated = 0;
+    for (const json& st : sections["training"]["raw"][name][0]["per_step"])
+      speculated += st.value("sub_groups_speculated", int64_t{0});
+    EXPECT_GT(speculated, 0) << name;
+  }
   bool losses_checked = false;
   for (const json& c : j["checks"])
     if (c["name"] == "placements' losses agree") losses_checked = c["state"] == "pass";

@@ -1555,5 +1555,37 @@ TEST(SpeculationTest, WhereItApplies) {
   EXPECT_EQ(speculated(OffloadDevice::kCpu, OffloadDevice::kNvme, true), 0);
 }
 
+// Auto's back-off: after a rolled-back window the next 1, 2, 4, ... windows
+// step after backward; a kept one resets it. The bits never change.
+TEST(SpeculationTest, AutoBacksOffAfterRollbacks) {
+  testing::ScratchDir dir;
+  for (bool clips : {true, false}) {
+    SCOPED_TRACE(clips ? "clips every window" : "never clips");
+    Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+    c.gradient_clipping = clips ? 0.3 : 1e6;
+    std::vector<std::vector<float>> params[2];
+    std::vector<int> windows;
+    for (bool speculate : {false, true}) {
+      c.strata.speculative_step = speculate;
+      EngineTestHooks hooks = SpeculationHooks();
+      hooks.speculation_backoff = true;
+      auto e = CreateEngine(c, hooks);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Register(**e, 11);
+      for (int s = 0; s < 10; ++s) {
+        MicroBatch(**e, s, Forward());
+        auto st = (*e)->Step();
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (speculate && st->sub_groups_speculated > 0) windows.push_back(s);
+      }
+      params[speculate] = ReadAll(**e);
+    }
+    EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
+    const std::vector<int> want =
+        clips ? std::vector<int>{0, 2, 5} : std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+    EXPECT_EQ(windows, want);
+  }
+}
+
 }  // namespace
 }  // namespace strata
