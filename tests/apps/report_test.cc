@@ -312,8 +312,10 @@ TEST(ReportCommand, TinyHostRunWritesEveryFigureWithUnitDeviceAndCommand) {
     }
   EXPECT_GT(figures, 20u);
   // Four placements trained, two of them again with the speculative step
-  // (off by default on the host device), their losses compared.
-  EXPECT_EQ(sections["training"]["raw"].size(), 6u);
+  // (off by default on the host device) and cpu/none with
+  // delayed_param_update, their losses compared (but the delayed one's).
+  EXPECT_EQ(sections["training"]["raw"].size(), 7u);
+  EXPECT_TRUE(sections["training"]["raw"].contains("cpu/none, delayed_param_update"));
   for (const char* name : {"cpu/none, speculative step", "cpu/cpu, speculative step"}) {
     ASSERT_TRUE(sections["training"]["raw"].contains(name)) << name;
     int64_t speculated = 0;
