@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -1525,6 +1526,20 @@ TEST(SpeculationTest, WhatVoidsItKeepsTheBits) {
   ASSERT_FALSE(after.empty());
   EXPECT_TRUE(BitwiseEqual(mid_after, mid_spec));  // ReadParameter saw no speculated state
   EXPECT_TRUE(BitwiseEqual(after, spec));
+  // The optimizer states too, as the checkpoints saved them: the same bytes.
+  auto saved = [&](const char* run, const char* file) {
+    for (const auto& d : std::filesystem::directory_iterator(dir.path() / run))
+      if (d.path().filename().string().rfind("ckpt-", 0) == 0) {
+        std::ifstream in(d.path() / file, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      }
+    return std::string();
+  };
+  for (const char* file : {"states.bin", "params.bin"}) {
+    const std::string a = saved("plain", file), b = saved("spec", file);
+    EXPECT_FALSE(a.empty()) << file;
+    EXPECT_TRUE(a == b) << file << " differs";
+  }
   EXPECT_EQ(after_counts.speculated, 0);
   EXPECT_GT(spec_counts.speculated, 0);
   EXPECT_GT(spec_counts.redone, 0);
