@@ -3,6 +3,7 @@
 // and the reports are apps/strata/train/; `--nproc-per-node N` starts N
 // ranks of this same command (launch_ranks.h).
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -50,16 +52,34 @@ struct TrainCommandOptions {
 // SIGINT/SIGTERM/SIGHUP (a closed terminal) while `strata train` runs. The handler only stores the
 // signal number (a lock-free atomic: async-signal-safe); the training loop
 // polls it before every micro-batch. A second signal exits at once
-// (write + _exit only). A watchdog thread exits the process when the loop has
+// (write + _exit only), except in a rank of `--nproc-per-node`
+// (STRATA_LAUNCHER_PID is its parent) within kSameSignalS of the first: a
+// Ctrl-C reaches the whole process group, the launcher included, which
+// forwards it, so every rank gets it twice. A watchdog thread exits the process when the loop has
 // not returned within the grace period after the first signal, so a wait
 // that blocks cannot hang the exit forever; swap files left that way are
 // unlocked leftovers, removed by the next run on their directory.
 std::atomic<int> g_stop_signal{0};
+std::atomic<int64_t> g_stop_ns{0};  // CLOCK_MONOTONIC of the first signal
+bool g_launched_rank = false;       // set before the handlers are installed
+constexpr int64_t kSameSignalNs = 2'000'000'000;
 static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<int64_t>::is_always_lock_free);
+
+int64_t MonotonicNs() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 extern "C" void OnStopSignal(int sig) {
   int expected = 0;
-  if (g_stop_signal.compare_exchange_strong(expected, sig)) return;
+  const int64_t now = MonotonicNs();
+  if (g_stop_signal.compare_exchange_strong(expected, sig)) {
+    g_stop_ns.store(now);
+    return;
+  }
+  if (g_launched_rank && now - g_stop_ns.load() < kSameSignalNs) return;  // the forwarded copy
   static const char kMsg[] = "strata train: second signal: exiting now, without cleanup\n";
   ssize_t ignored = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
   (void)ignored;
@@ -70,6 +90,9 @@ class StopSignals {
  public:
   explicit StopSignals(double grace_s) : grace_s_(grace_s) {
     g_stop_signal.store(0);
+    g_stop_ns.store(0);
+    const char* launcher = std::getenv("STRATA_LAUNCHER_PID");
+    g_launched_rank = launcher != nullptr && std::to_string(getppid()) == launcher;
     struct sigaction sa {};
     sa.sa_handler = OnStopSignal;
     sigemptyset(&sa.sa_mask);

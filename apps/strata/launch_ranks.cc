@@ -121,6 +121,9 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
       setenv("STRATA_GLOO_DIR", dir.c_str(), 1);
+      // (A rank takes a second SIGINT/SIGTERM/SIGHUP soon after the first for
+      // this launcher's forwarded copy: cmd_train.cc.)
+      setenv("STRATA_LAUNCHER_PID", std::to_string(launcher).c_str(), 1);
       if (r != 0) {
         if (FILE* null = std::freopen("/dev/null", "w", stdout); null == nullptr) _exit(kExitIo);
       }

@@ -1,6 +1,7 @@
 // The local-rank launcher (apps/strata/launch_ranks.cc) through `strata train
 // --nproc-per-node 2`: it returns when a rank is stopped (SIGSTOP) and never
-// continues, and its ranks do not outlive it when it is killed (SIGKILL).
+// continues, its ranks do not outlive it when it is killed (SIGKILL), and a
+// Ctrl-C to the whole group stops them cleanly.
 // Each case bounds its own waits and kills what it started, so that a
 // launcher that hangs fails the case instead of the whole run.
 #include "apps/strata/launch_ranks.h"
@@ -57,6 +58,7 @@ pid_t StartLauncher(const std::string& dir) {
   const std::string out = dir + "/stdout", err = dir + "/stderr";
   const pid_t pid = fork();
   if (pid == 0) {
+    setpgid(0, 0);  // a process group of its own, as a shell's job has
     setenv("STRATA_COMM_TIMEOUT_S", std::to_string(kCommTimeoutS).c_str(), 1);
     const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -204,6 +206,30 @@ TEST(LaunchRanks, RanksDieWithTheirLauncher) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   for (const Rank& r : ranks) EXPECT_FALSE(r.Alive()) << "rank pid " << r.pid << " outlived it";
   KillAll(0, ranks);
+}
+
+// Ctrl-C in a terminal signals the whole process group: the launcher (which
+// forwards SIGINT to its ranks) and the ranks themselves. Each rank takes
+// the two copies for one signal and stops at its next micro-batch, instead
+// of taking the second for a "stop now" and exiting without cleanup.
+TEST(LaunchRanks, CtrlCToTheGroupStopsTheRanksCleanly) {
+  testing::ScratchDir dir;
+  const pid_t launcher = StartLauncher(dir.str());
+  ASSERT_GT(launcher, 0);
+  if (!WaitForText(dir.str() + "/stdout", "step    2/", 60)) {
+    KillAll(launcher, RanksOf(launcher));
+    FAIL() << "no step 2 within 60 s: " << ReadFile(dir.str() + "/stderr");
+  }
+  const std::vector<Rank> ranks = RanksOf(launcher);
+  ASSERT_EQ(ranks.size(), 2u);
+  ASSERT_EQ(kill(-launcher, SIGINT), 0);  // the group, as the terminal does
+  const int code = WaitExit(launcher, 60);
+  KillAll(code == -1 ? launcher : 0, ranks);
+  const std::string err = ReadFile(dir.str() + "/stderr");
+  ASSERT_NE(code, -1) << "the launcher did not exit within 60 s of SIGINT: " << err;
+  EXPECT_EQ(code, 130) << err;
+  EXPECT_EQ(err.find("second signal"), std::string::npos) << err;
+  EXPECT_NE(err.find("interrupted by SIGINT"), std::string::npos) << err;
 }
 
 }  // namespace
