@@ -18,6 +18,7 @@
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
 #include "src/common/dtype.h"
+#include "src/common/private_fs.h"
 #include "src/common/units.h"
 #include "src/scheduler/checkpoint.h"
 
@@ -76,7 +77,19 @@ ordered_json InspectionJson(const CheckpointInspection& in) {
           {"resume_compares", ResumeComparesJson()}};
 }
 
+// A path with a control character is a usage error (as for `strata train`):
+// a newline in it would read as two in any line-based record.
+bool RefusedPath(const char* cmd, const char* what, const std::string& path) {
+  if (!HasControlChar(path)) return false;
+  std::fprintf(stderr,
+               "strata checkpoint %s: %s: the path holds a control character (a newline, tab, "
+               "escape, ...); give a path without one\n",
+               cmd, what);
+  return true;
+}
+
 int RunCheckpointInfo(const std::string& dir, bool as_json) {
+  if (RefusedPath("info", "DIR", dir)) return kExitUsage;
   StatusOr<CheckpointInspection> in = scheduler::InspectCheckpoint(dir);
   if (!in.ok()) {
     std::fprintf(stderr, "strata checkpoint info: %s\n", in.status().ToString().c_str());
@@ -117,6 +130,7 @@ int RunCheckpointInfo(const std::string& dir, bool as_json) {
 
 int RunCheckpointExport(const std::string& dir, const std::string& out, const std::string& dtype,
                         bool as_json) {
+  if (RefusedPath("export", "DIR", dir) || RefusedPath("export", "--out", out)) return kExitUsage;
   const auto precision =
       dtype == "train" ? scheduler::ExportPrecision::kTrain : scheduler::ExportPrecision::kFp32;
   StatusOr<scheduler::CheckpointExportResult> r = scheduler::ExportCheckpoint(dir, out, precision);

@@ -465,6 +465,17 @@ TEST(CheckpointCli, AControlCharacterInAPathIsAUsageError) {
               ::testing::HasSubstr("--checkpoint-dir: the path holds a control character"));
   EXPECT_TRUE(fs::is_empty(dir.str() + "/d"));
   EXPECT_FALSE(fs::exists(dir.str() + "/d\nx"));
+  // The same for `strata checkpoint info` and `export` (DIR and --out).
+  EXPECT_EQ(Wait(Spawn({"checkpoint", "info", dir.str() + "/d\tx"}, dir.str())).code, 2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("checkpoint info: DIR: the path holds a control character"));
+  EXPECT_EQ(Wait(Spawn({"checkpoint", "export", dir.str() + "/d", "--out", dir.str() + "/o\x1b"},
+                       dir.str()))
+                .code,
+            2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("checkpoint export: --out: the path holds a control character"));
+  EXPECT_TRUE(fs::is_empty(dir.str() + "/d"));
 }
 
 // --resume in a directory with checkpoint data but no manifest stops (exit
