@@ -126,8 +126,14 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
     return InvalidArgumentError(
         fmt::format("communicator: CommOptions.rank (RANK) is {}, must be in [0, world_size {})",
                     options.rank, options.world_size));
-  if (!device.is_host() && internal::HaveNccl())
-    return internal::CreateNcclCommunicator(device, options);
+  if (!device.is_host() && internal::HaveNccl()) {
+    // One rank needs no NCCL: when libnccl cannot be loaded (logged once
+    // with the reason), its collectives are local copies, as in a build
+    // without NCCL. Several ranks fail with the loader's Status.
+    if (options.world_size > 1 || internal::LoadNcclLibrary().ok())
+      return internal::CreateNcclCommunicator(device, options);
+    return std::unique_ptr<Communicator>(std::make_unique<LocalCommunicator>(device));
+  }
   if (options.world_size == 1) {
     if (!device.is_host())
       STRATA_WARN_ONCE("gpu.comm_local",

@@ -17,7 +17,16 @@ using UniqueId = std::array<char, kUniqueIdBytes>;
 
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
                                                                const CommOptions& options);
+// Whether this build has the NCCL backend (it loads libnccl at run time).
 bool HaveNccl();
+// Opens libnccl (dlopen, the first call only; later calls return the first
+// answer) and binds the functions the backend calls. Unavailable naming the
+// library and dlerror() when it is missing, ResourceExhausted when RLIMIT_AS
+// left no room for it; the first failure is logged once. NotSupported in a
+// build without NCCL. Thread-safe.
+Status LoadNcclLibrary();
+// What LoadNcclLibrary does, for `soname` and without caching: for tests.
+Status ProbeNcclLibrary(const std::string& soname);
 
 // The path rank 0 writes the id to (options.unique_id_file, or one derived
 // from MASTER_ADDR/MASTER_PORT).

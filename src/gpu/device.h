@@ -679,9 +679,12 @@ class Communicator {
 };
 
 // CUDA device + NCCL build: an NCCL communicator (rank 0 creates the unique
-// id). Host device: one rank → a local communicator whose collectives are
-// copies on the stream; several ranks → Gloo over TCP (gloo_comm.cc).
-// Otherwise NotSupported.
+// id). libnccl.so.2 is opened (dlopen) at the first one; when it cannot be
+// (missing, or no room under RLIMIT_AS: logged once), one rank gets the local
+// communicator and several ranks fail with Unavailable or ResourceExhausted
+// naming the library and dlerror(). Host device: one rank → a local
+// communicator whose collectives are copies on the stream; several ranks →
+// Gloo over TCP (gloo_comm.cc). Otherwise NotSupported.
 StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(Device& device,
                                                            const CommOptions& options);
 

@@ -2,6 +2,11 @@
 // id and publishes it through a file (or every rank reads it from
 // STRATA_NCCL_UNIQUE_ID); ncclCommInitRank joins. Collectives are enqueued on
 // the given CUDA stream. ncclResult_t becomes a Status in NcclStatus.
+//
+// libnccl is not linked: it is opened with dlopen at the first NCCL
+// communicator (NcclLibrary), and every call goes through the table of the
+// functions used here. nccl.h is included for its types only; a direct call
+// of an nccl* function would not link.
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 #include <nccl.h>
@@ -10,6 +15,7 @@
 #include <cstring>
 
 #include "src/common/log.h"
+#include "src/common/shared_library.h"
 #include "src/common/status_util.h"
 #include "src/gpu/comm_internal.h"
 
@@ -18,9 +24,58 @@ namespace {
 
 static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes, "NCCL unique id size changed");
 
+#define STRATA_STR2(x) #x
+#define STRATA_STR(x) STRATA_STR2(x)
+// The soname of the NCCL these headers are from: "libnccl.so.2".
+constexpr const char* kNcclSoname = "libnccl.so." STRATA_STR(NCCL_MAJOR);
+
+// The NCCL functions this file calls, bound by name from the library.
+struct NcclApi {
+  decltype(&ncclGetErrorString) GetErrorString = nullptr;
+  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&ncclCommInitRank) CommInitRank = nullptr;
+  decltype(&ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&ncclAllGather) AllGather = nullptr;
+  decltype(&ncclReduceScatter) ReduceScatter = nullptr;
+  decltype(&ncclAllReduce) AllReduce = nullptr;
+  decltype(&ncclReduce) Reduce = nullptr;
+  decltype(&ncclBroadcast) Broadcast = nullptr;
+};
+
+StatusOr<NcclApi> BindNccl(const std::string& soname, const std::string& fallback_dir) {
+  ASSIGN_OR_RETURN(SharedLibrary lib, SharedLibrary::Open("NCCL", soname, fallback_dir));
+  NcclApi a;
+  RETURN_IF_ERROR(lib.Bind(&a.GetErrorString, "ncclGetErrorString"));
+  RETURN_IF_ERROR(lib.Bind(&a.GetUniqueId, "ncclGetUniqueId"));
+  RETURN_IF_ERROR(lib.Bind(&a.CommInitRank, "ncclCommInitRank"));
+  RETURN_IF_ERROR(lib.Bind(&a.CommDestroy, "ncclCommDestroy"));
+  RETURN_IF_ERROR(lib.Bind(&a.AllGather, "ncclAllGather"));
+  RETURN_IF_ERROR(lib.Bind(&a.ReduceScatter, "ncclReduceScatter"));
+  RETURN_IF_ERROR(lib.Bind(&a.AllReduce, "ncclAllReduce"));
+  RETURN_IF_ERROR(lib.Bind(&a.Reduce, "ncclReduce"));
+  RETURN_IF_ERROR(lib.Bind(&a.Broadcast, "ncclBroadcast"));
+  return a;
+}
+
+// The process's NCCL, opened on the first call (thread-safe); a failure is
+// logged once and returned to every caller.
+const StatusOr<NcclApi>& Nccl() {
+  static const StatusOr<NcclApi>* api = [] {
+    auto* a = new StatusOr<NcclApi>(BindNccl(kNcclSoname, STRATA_NCCL_LIBRARY_DIR));
+    if (!a->ok())
+      STRATA_WARN_ONCE("gpu.nccl_load", "NCCL communicators are unavailable: {}",
+                       a->status().message());
+    return a;
+  }();
+  return *api;
+}
+
+// REQUIRES: Nccl().ok() (every NcclCommunicator was made after it loaded).
+const NcclApi& Api() { return *Nccl(); }
+
 Status NcclStatus(ncclResult_t r, std::string_view call) {
   if (r == ncclSuccess) return Status::Ok();
-  std::string msg = fmt::format("{}: {}", call, ncclGetErrorString(r));
+  std::string msg = fmt::format("{}: {}", call, Api().GetErrorString(r));
   switch (r) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:
@@ -64,7 +119,7 @@ class NcclCommunicator final : public Communicator {
       : device_(d), comm_(c), rank_(rank), world_(world), id_file_(std::move(id_file)) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_.ordinal());
-    ncclCommDestroy(comm_);
+    Api().CommDestroy(comm_);
     if (rank_ == 0 && !id_file_.empty()) std::remove(id_file_.c_str());
   }
   int rank() const override { return rank_; }
@@ -75,14 +130,15 @@ class NcclCommunicator final : public Communicator {
     RETURN_IF_ERROR(Check(send, count * DTypeSize(type), "AllGather send"));
     RETURN_IF_ERROR(Check(recv, count * DTypeSize(type) * world_, "AllGather recv"));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
-    return NcclStatus(ncclAllGather(send, recv, count, t, comm_, Native(stream)), "ncclAllGather");
+    return NcclStatus(Api().AllGather(send, recv, count, t, comm_, Native(stream)),
+                      "ncclAllGather");
   }
   Status ReduceScatter(const void* send, void* recv, size_t count, DType type, ReduceOp op,
                        Stream& stream) override {
     RETURN_IF_ERROR(Check(send, count * DTypeSize(type) * world_, "ReduceScatter send"));
     RETURN_IF_ERROR(Check(recv, count * DTypeSize(type), "ReduceScatter recv"));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
-    return NcclStatus(ncclReduceScatter(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
+    return NcclStatus(Api().ReduceScatter(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
                       "ncclReduceScatter");
   }
   Status AllReduce(const void* send, void* recv, size_t count, DType type, ReduceOp op,
@@ -90,7 +146,7 @@ class NcclCommunicator final : public Communicator {
     RETURN_IF_ERROR(Check(send, count * DTypeSize(type), "AllReduce send"));
     RETURN_IF_ERROR(Check(recv, count * DTypeSize(type), "AllReduce recv"));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
-    return NcclStatus(ncclAllReduce(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
+    return NcclStatus(Api().AllReduce(send, recv, count, t, NcclOp(op), comm_, Native(stream)),
                       "ncclAllReduce");
   }
   Status Reduce(const void* send, void* recv, size_t count, DType type, ReduceOp op, int root,
@@ -100,7 +156,7 @@ class NcclCommunicator final : public Communicator {
     RETURN_IF_ERROR(Check(send, count * DTypeSize(type), "Reduce send"));
     if (rank_ == root) RETURN_IF_ERROR(Check(recv, count * DTypeSize(type), "Reduce recv"));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
-    return NcclStatus(ncclReduce(send, recv, count, t, NcclOp(op), root, comm_, Native(stream)),
+    return NcclStatus(Api().Reduce(send, recv, count, t, NcclOp(op), root, comm_, Native(stream)),
                       "ncclReduce");
   }
   Status Broadcast(const void* send, void* recv, size_t count, DType type, int root,
@@ -110,7 +166,7 @@ class NcclCommunicator final : public Communicator {
     if (rank_ == root) RETURN_IF_ERROR(Check(send, count * DTypeSize(type), "Broadcast send"));
     RETURN_IF_ERROR(Check(recv, count * DTypeSize(type), "Broadcast recv"));
     ASSIGN_OR_RETURN(ncclDataType_t t, NcclType(type));
-    return NcclStatus(ncclBroadcast(send, recv, count, t, root, comm_, Native(stream)),
+    return NcclStatus(Api().Broadcast(send, recv, count, t, root, comm_, Native(stream)),
                       "ncclBroadcast");
   }
 
@@ -136,9 +192,14 @@ class NcclCommunicator final : public Communicator {
 
 bool HaveNccl() { return true; }
 
+Status LoadNcclLibrary() { return Nccl().status(); }
+
+Status ProbeNcclLibrary(const std::string& soname) { return BindNccl(soname, "").status(); }
+
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
                                                                const CommOptions& options) {
   if (device.is_host()) return NotSupportedError("NCCL communicator needs a CUDA device");
+  RETURN_IF_ERROR(LoadNcclLibrary());
   ASSIGN_OR_RETURN(std::optional<UniqueId> env_id, UniqueIdFromEnv());
   UniqueId id{};
   std::string id_file;
@@ -146,7 +207,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
     id = *env_id;
   } else if (options.rank == 0) {
     ncclUniqueId nid;
-    RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&nid), "ncclGetUniqueId"));
+    RETURN_IF_ERROR(NcclStatus(Api().GetUniqueId(&nid), "ncclGetUniqueId"));
     std::memcpy(id.data(), &nid, kUniqueIdBytes);
     if (options.world_size > 1) {
       id_file = UniqueIdPath(options);
@@ -161,7 +222,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
     return IOError(fmt::format("NCCL init: cudaSetDevice({}) failed", device.ordinal()));
   ncclComm_t comm = nullptr;
   RETURN_IF_ERROR(
-      NcclStatus(ncclCommInitRank(&comm, options.world_size, nid, options.rank),
+      NcclStatus(Api().CommInitRank(&comm, options.world_size, nid, options.rank),
                  fmt::format("ncclCommInitRank(rank {} of {})", options.rank, options.world_size)));
   return std::unique_ptr<Communicator>(
       std::make_unique<NcclCommunicator>(device, comm, options.rank, options.world_size, id_file));

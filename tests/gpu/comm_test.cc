@@ -105,6 +105,30 @@ TEST(UniqueIdTest, FileRoundTripTimeoutAndHexEnv) {
   EXPECT_EQ(internal::UniqueIdFromEnv().status().code(), StatusCode::kInvalidArgument);
 }
 
+// libnccl is opened at the first NCCL communicator, not linked: a library
+// that is not there is a Status naming it and dlerror(), no exit 127 from
+// the loader before main.
+TEST(NcclLibraryTest, MissingLibraryIsUnavailableNamingIt) {
+  const Status s = internal::ProbeNcclLibrary("libnccl-strata-no-such.so.2");
+  if (!internal::HaveNccl()) {
+    EXPECT_EQ(s.code(), StatusCode::kNotSupported) << s;
+    return;
+  }
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  const std::string msg(s.message());
+  EXPECT_NE(msg.find("NCCL could not be loaded"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dlopen(\"libnccl-strata-no-such.so.2\")"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open shared object file"), std::string::npos) << msg;
+}
+
+// Where this build has NCCL, the library it was built against loads and has
+// every function the backend binds (a GPU is not needed for that).
+TEST(NcclLibraryTest, InstalledLibraryLoadsAndBinds) {
+  if (!internal::HaveNccl()) GTEST_SKIP() << "this build has no NCCL";
+  EXPECT_OK(internal::LoadNcclLibrary());
+  EXPECT_OK(internal::ProbeNcclLibrary("libnccl.so.2"));
+}
+
 template <typename B>
 using CommTest = DeviceTest<B>;
 TYPED_TEST_SUITE(CommTest, Backends);
