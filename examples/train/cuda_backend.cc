@@ -24,6 +24,9 @@
 // allocates after Prepare(): the workspace is one engine workspace, cuBLAS's
 // workspace pool comes with its handle.
 //
+// cuBLAS is not linked: its functions come from the table Cublas() binds
+// when the first backend is created (cublas_api.h).
+//
 // Deterministic: column sums are two-pass with a fixed chunking and the
 // embedding backward gathers each table row's positions in order (no
 // atomics), so a run gives the same bits each time on a given GPU.
@@ -34,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/train/cublas_api.h"
 #include "examples/train/cuda_kernels.h"
 #include "examples/train/model.h"
 
@@ -68,27 +72,29 @@ cudaDataType CudaType(DType t) {
 // ---- the backend -------------------------------------------------------------
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const ModelShape& s, DType dtype, cudaStream_t stream, WorkspaceFn alloc)
-      : s_(s),
+  CudaBackend(const CublasApi& blas, const ModelShape& s, DType dtype, cudaStream_t stream,
+              WorkspaceFn alloc)
+      : cublas_(blas),
+        s_(s),
         dtype_(static_cast<int>(dtype)),
         narrow_(dtype != DType::kFp32),
         type_(CudaType(dtype)),
         stream_(stream),
         alloc_(std::move(alloc)) {}
   ~CudaBackend() override {
-    if (blas_) cublasDestroy(blas_);
+    if (blas_) cublas_.Destroy(blas_);
     if (loss_ready_) cudaEventDestroy(loss_ready_);
     if (host_loss_) cudaFreeHost(host_loss_);
   }
 
   Status Prepare() override {
     if (blas_) return Status();
-    STRATA_RETURN_IF_ERROR(CublasStatus(cublasCreate(&blas_), "cublasCreate"));
-    STRATA_RETURN_IF_ERROR(CublasStatus(cublasSetStream(blas_, stream_), "cublasSetStream"));
+    STRATA_RETURN_IF_ERROR(CublasStatus(cublas_.Create(&blas_), "cublasCreate"));
+    STRATA_RETURN_IF_ERROR(CublasStatus(cublas_.SetStream(blas_, stream_), "cublasSetStream"));
     // Default math: tensor cores for 16-bit types, never TF32 for fp32; and
     // no reduced-precision reductions (split-K partials stay fp32).
     STRATA_RETURN_IF_ERROR(CublasStatus(
-        cublasSetMathMode(
+        cublas_.SetMathMode(
             blas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
         "cublasSetMathMode"));
@@ -271,13 +277,14 @@ class CudaBackend final : public Backend {
               const void* b, int64_t ldb, float beta, void* c, cudaDataType ctype, int64_t ldc) {
     const float alpha = 1.f;
     return CublasStatus(
-        cublasGemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-                     static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
-                     type_, static_cast<int>(ldb), a, type_, static_cast<int>(lda), &beta, c, ctype,
-                     static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        cublas_.GemmEx(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                       type_, static_cast<int>(ldb), a, type_, static_cast<int>(lda), &beta, c,
+                       ctype, static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   }
 
+  const CublasApi& cublas_;
   ModelShape s_;
   int dtype_;
   bool narrow_;        // 16-bit parameters: activations get operand copies
@@ -303,8 +310,10 @@ StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const ModelShape& shape, DType
                                                   void* stream, WorkspaceFn alloc) {
   // Every kernel loaded now, before any launch (see cuda::LoadKernels).
   STRATA_RETURN_IF_ERROR(CudaStatus(cuda::LoadKernels(), "loading the example's CUDA kernels"));
+  // cuBLAS is opened now, at the first backend (its Status names the library).
+  STRATA_ASSIGN_OR_RETURN(const CublasApi* blas, Cublas());
   return std::unique_ptr<Backend>(std::make_unique<CudaBackend>(
-      shape, dtype, static_cast<cudaStream_t>(stream), std::move(alloc)));
+      *blas, shape, dtype, static_cast<cudaStream_t>(stream), std::move(alloc)));
 }
 
 }  // namespace strata::example

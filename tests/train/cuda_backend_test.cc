@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/train/cublas_api.h"
 #include "examples/train/cuda_kernels.h"
 #include "examples/train/model.h"
 #include "examples/train/ops.h"
@@ -316,6 +317,27 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // ---- the column sums' chunking (host code: runs without a GPU) ------------------------------
+// cuBLAS is opened when the first CUDA backend is created, not linked: a
+// library that is not there is a Status naming it and dlerror() (no GPU needed).
+TEST(CublasLibrary, MissingLibraryIsUnavailableNamingIt) {
+  const Status s = ProbeCublasLibrary("libcublas-strata-no-such.so.13");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  const std::string msg(s.message());
+  EXPECT_NE(msg.find("cuBLAS could not be loaded"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dlopen(\"libcublas-strata-no-such.so.13\")"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open shared object file"), std::string::npos) << msg;
+}
+
+// The toolkit's cuBLAS, the one the headers are from, loads and has every
+// function the backend binds.
+TEST(CublasLibrary, ToolkitLibraryLoadsAndBinds) {
+  EXPECT_TRUE(CublasSoname().starts_with("libcublas.so.")) << CublasSoname();
+  auto api = Cublas();
+  ASSERT_TRUE(api.ok()) << api.status();
+  EXPECT_NE((*api)->GemmEx, nullptr);
+  EXPECT_EQ(*api, *Cublas());  // opened once
+}
+
 TEST(CudaColumnChunks, FillsAnH100AndStaysInsideThePartialBuffer) {
   const int64_t cap = int64_t{cuda::kColumnChunks} * 8192;  // the 270M shape: F = 8192
   auto blocks = [](int64_t C, int chunks) { return (C + 255) / 256 * chunks; };
