@@ -11,6 +11,7 @@
 #include <string>
 
 #include "apps/strata/launch_ranks.h"
+#include "strata/strata.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -218,6 +219,37 @@ TEST_F(CliTest, BenchNvmeFlagErrorsNameTheFlags) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--block-size: 1536 is not a multiple of 4096"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("the config check accepts any multiple of 512"), std::string::npos) << r.err;
+}
+
+// Under `ulimit -v` of 600 MB the command starts and the host device plans:
+// the GPU libraries (cuBLAS with cuBLASLt, NCCL: about 1 GB of address space
+// together) are opened at their first use, not mapped before main, so nothing
+// here maps them. Loaded at start, they stopped the loader (exit 127) or
+// crashed cuBLASLt's initializer under such a limit.
+TEST_F(CliTest, StartsAndPlansOnTheHostUnder600MBOfAddressSpace) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: no ulimit -v here";
+#endif
+  const std::string d = dir_.str();
+  const std::string limited = "cd " + d + " && bash -c 'ulimit -v 614400; exec timeout 120 " +
+                              std::string(STRATA_CLI_PATH) + " ";
+  const std::pair<std::string, std::string> cases[] = {
+      {"--version", std::string(strata::Version())},
+      {"--help", "plan"},
+      {"plan --config " STRATA_SOURCE_DIR "/configs/demo.json --device host --no-nvme-bench",
+       "fits"},
+  };
+  for (const auto& [args, expected] : cases) {
+    SCOPED_TRACE("ulimit -v 614400; strata " + args);
+    const std::string cmd = limited + args + "' >" + d + "/out 2>" + d + "/err";
+    const int st = std::system(cmd.c_str());
+    std::ifstream out_file(d + "/out"), err_file(d + "/err");
+    const std::string out{std::istreambuf_iterator<char>(out_file), {}};
+    const std::string err{std::istreambuf_iterator<char>(err_file), {}};
+    ASSERT_TRUE(WIFEXITED(st)) << "killed by a signal: " << err;
+    EXPECT_EQ(WEXITSTATUS(st), 0) << err;
+    EXPECT_NE(out.find(expected), std::string::npos) << out << err;
+  }
 }
 
 }  // namespace
