@@ -87,12 +87,13 @@ StatusOr<ModuleView> EngineImpl::BeforeBackward(int module) {
         fmt::format("BeforeBackward({}): the module's previous gradients were not handed over with "
                     "AfterBackward",
                     module));
-  // The step follows this backward pass: what of it may start now does
-  // (strata.speculative_step: the step itself, as the gradients arrive).
-  if (last_micro_batch())
-    RETURN_IF_ERROR(backend_->PrepareStep([this] { return SpeculativeLaunch(); }));
   StatusOr<ModuleView> v = fetcher_->Acquire(module, Phase::kBackward);
   if (!v.ok()) return FetchError(v.status());
+  // The step follows this backward pass: what of it may start now does
+  // (after the module's fetch: NVMe state reads queue behind it;
+  // strata.speculative_step: the step itself, as the gradients arrive).
+  if (last_micro_batch())
+    RETURN_IF_ERROR(backend_->PrepareStep([this] { return SpeculativeLaunch(); }));
   counters_.HookExit();
   return v;
 }
