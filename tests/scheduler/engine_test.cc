@@ -1020,6 +1020,14 @@ Config OddOrdersConfig(OffloadDevice opt, OffloadDevice par, const std::string& 
   return c;
 }
 
+// Test names for (optimizer placement, parameter placement,
+// gradient_accumulation_steps): "opt_cpu_param_none_gas2".
+std::string PlacementGasName(
+    const ::testing::TestParamInfo<std::tuple<OffloadDevice, OffloadDevice, int>>& info) {
+  return testing::PlacementName(std::get<0>(info.param), std::get<1>(info.param)) + "_gas" +
+         std::to_string(std::get<2>(info.param));
+}
+
 // (optimizer placement, parameter placement, gradient_accumulation_steps)
 class FoldTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, int>> {};
 
@@ -1059,11 +1067,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          OffloadDevice::kNvme),
                        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kNvme),
                        ::testing::Values(1, 3)),
-    [](const auto& info) {
-      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
-             std::string(OffloadDeviceName(std::get<1>(info.param))) + "_gas" +
-             std::to_string(std::get<2>(info.param));
-    });
+    PlacementGasName);
 
 bool PlanSumsInHbm(Engine& e) {
   for (const TierBudget& b : e.Budgets())
@@ -1127,11 +1131,7 @@ INSTANTIATE_TEST_SUITE_P(
                                          OffloadDevice::kNvme),
                        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kNvme),
                        ::testing::Values(2, 3)),
-    [](const auto& info) {
-      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
-             std::string(OffloadDeviceName(std::get<1>(info.param))) + "_gas" +
-             std::to_string(std::get<2>(info.param));
-    });
+    PlacementGasName);
 
 bool PlanGradsOnNvme(Engine& e) {
   for (const TierBudget& b : e.Budgets())
@@ -1452,11 +1452,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu),
                        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu),
                        ::testing::Values(1, 2, 4)),
-    [](const auto& info) {
-      return "opt_" + std::string(OffloadDeviceName(std::get<0>(info.param))) + "_param_" +
-             std::string(OffloadDeviceName(std::get<1>(info.param))) + "_gas" +
-             std::to_string(std::get<2>(info.param));
-    });
+    PlacementGasName);
 
 // What voids a speculation, each on its own window, still gives the bits
 // of the step after backward: the last module's backward running twice
