@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "src/common/log.h"
+#include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 #include "src/common/thread_annotations.h"
 #include "src/gpu/comm_internal.h"
@@ -409,11 +410,18 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         fmt::format("communicator: timeout_s {} must be positive", options.timeout_s));
   const std::string dir = GlooRendezvousDir(options);
   const std::string host = GlooListenHost(options);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    return IOError(
-        fmt::format("gloo rendezvous: cannot create the directory {}: {}", dir, ec.message()));
+  // The store's files name the peers every rank connects to: the directory
+  // must be this user's alone (not a symlink, not writable by others), or
+  // another user could plant an address. The default one under /tmp is
+  // created with mode 0700; a directory given is created the same way when
+  // missing and checked either way.
+  Status private_dir =
+      options.rendezvous_dir.empty()
+          ? MakePrivateDir(dir, "gloo rendezvous directory").status()
+          : MakeDirs(dir, "STRATA_GLOO_DIR");
+  if (private_dir.ok() && !options.rendezvous_dir.empty())
+    private_dir = CheckPrivateDir(dir, "STRATA_GLOO_DIR");
+  if (!private_dir.ok()) return private_dir.WithContext("gloo rendezvous");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
   IgnoreSigpipe();
   try {
@@ -430,6 +438,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
     gloo::BarrierOptions barrier(context);
     barrier.setTag(0);
     gloo::barrier(barrier);
+    std::error_code ec;
     for (const std::string& path : store.getAllKeyFilePaths()) std::filesystem::remove(path, ec);
     STRATA_LOG_INFO("gloo communicator: rank {} of {} connected (listening on {}, rendezvous {})",
                     options.rank, options.world_size, host, dir);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -344,6 +345,46 @@ TEST(GlooCommTest, MissingPeerFailsTheRendezvous) {
   EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(std::string(comm.status().message()).find(dir.str()), std::string::npos)
       << comm.status();
+}
+
+// The rendezvous directory names the peers every rank connects to: one that
+// other users may write (group/other-writable) or a symlink is refused
+// before anything is read from it, naming it.
+TEST(GlooCommTest, ARendezvousDirectoryOthersControlIsRefused) {
+  strata::testing::ScratchDir dir("strata-gloo-test");
+  DeviceOptions d;
+  d.kind = DeviceKind::kHost;
+  d.hbm_budget_bytes = 1 << 20;
+  auto dev = CreateDevice(d).value();
+  const std::string open_dir = dir.str() + "/open", link = dir.str() + "/link";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  ASSERT_EQ(symlink(open_dir.c_str(), link.c_str()), 0);
+  for (const std::string& path : {open_dir, link}) {
+    CommOptions o;
+    o.rank = 0;
+    o.world_size = 2;
+    o.rendezvous_dir = path;
+    o.timeout_s = 0.5;
+    auto comm = CreateCommunicator(*dev, o);
+    ASSERT_FALSE(comm.ok()) << path;
+    EXPECT_EQ(comm.status().code(), StatusCode::kIOError) << comm.status();
+    EXPECT_NE(std::string(comm.status().message()).find("STRATA_GLOO_DIR " + path),
+              std::string::npos)
+        << comm.status();
+  }
+  // Nothing was written into it.
+  EXPECT_TRUE(std::filesystem::is_empty(open_dir));
+  // A missing one is created for this user alone.
+  CommOptions o;
+  o.rank = 0;
+  o.world_size = 2;
+  o.rendezvous_dir = dir.str() + "/new";
+  o.timeout_s = 0.2;
+  EXPECT_FALSE(CreateCommunicator(*dev, o).ok());  // (no peer comes)
+  struct stat st {};
+  ASSERT_EQ(stat(o.rendezvous_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
 TEST(GlooCommTest, BadOptionsAreRefusedNamingTheVariable) {
