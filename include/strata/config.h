@@ -337,9 +337,9 @@ struct StrataConfig {
   // overflow and no clipping, and redone from its saved states when the
   // checks disagree. Bitwise the same parameters and states either way.
   // Unset ("auto"): on with a GPU where it applies (the optimizer on the CPU
-  // with its states in DRAM, offload_param none or cpu, one rank, no
-  // delayed_param_update); off on the host device, where the CPU step would
-  // compete with the backward pass for the same cores.
+  // with its states in memory, one rank, no delayed_param_update); off on
+  // the host device, where the CPU step would compete with the backward
+  // pass for the same cores.
   std::optional<bool> speculative_step;
   HostDeviceConfig host_device;
   // Sections of `strata` owned by the application that reads them, not by

@@ -433,7 +433,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
         "strata.speculative_step true: {}; the step runs after backward",
         !plan.placement.speculate()
             ? "the speculative step covers the optimizer on the CPU with its states in memory, "
-              "offload_param none or cpu, and one rank"
+              "and one rank"
             : "the DRAM budget leaves no room for the spare states");
   ho.spare_elems = plan.speculation_elems;
   ho.speculation_steps_all = hooks_.speculation_steps_all_handed_over;

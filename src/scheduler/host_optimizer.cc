@@ -334,6 +334,7 @@ Status HostOptimizer::StopSpeculation() {
   StepOutcome o = spec_->run->Join();
   spec_->from = spec_->run->speculated_from();
   spec_->status = std::move(o.status);
+  spec_->written = std::move(o.param_written);
   spec_->stopped = true;
   if (!spec_->status.ok())
     STRATA_LOG_WARN("strata.speculative_step: {}; the window's step is redone after backward",
@@ -491,6 +492,7 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
     NoteSpeculationOutcome(true, keep);
     if (keep) {
       p.speculated_from = s->from;
+      p.speculated_written = std::move(s->written);
     } else {
       spec_counts_.redone += n;
       RETURN_IF_ERROR(RestoreSpeculated(s->from));

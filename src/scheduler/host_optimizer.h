@@ -225,6 +225,7 @@ class HostOptimizer final : public OptimizerBackend {
     bool invalid = false;              // handed-over sums changed
     int64_t from = 0;                  // stopped: the first element stepped
     Status status;                     // stopped: the step's
+    std::vector<int> written;          // stopped, offload_param nvme: modules written
   };
   std::unique_ptr<Speculation> spec_;
   SpeculationCounts spec_counts_;

@@ -406,6 +406,8 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Launch(const StepDeps& d
     const auto n = static_cast<size_t>(deps.layout->num_modules());
     step->written_ = std::make_unique<std::atomic<bool>[]>(n);
     for (size_t m = 0; m < n; ++m) step->written_[m].store(false, std::memory_order_relaxed);
+    for (int m : params.speculated_written)
+      step->written_[static_cast<size_t>(m)].store(true, std::memory_order_relaxed);
     step->writer_ = std::make_unique<ParamWriter>(step.get());
   }
   if (!params.background) {
@@ -485,7 +487,7 @@ StepOutcome OptimizerStep::Join() {
 void OptimizerStep::Run() {
   Status s;
   if (params_.feed != nullptr) {
-    s = StepSpeculative();
+    s = FinishSpeculative(StepSpeculative());
   } else if (deps_.store->optimizer_place() == OffloadDevice::kNvme) {
     StateRing ring(this);
     s = ring.Run(&outcome_);
@@ -546,8 +548,14 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::ShardsIn(int64_t lo, int64_t hi,
 
 Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m, float* v,
                                 const float* grads) {
+  const SubGroup& sg = deps_.layout->group(g);
+  return StepRange(g, sg.elem_begin, sg.elem_end, base, master, m, v, grads);
+}
+
+Status OptimizerStep::StepRange(size_t g, int64_t lo, int64_t hi, int64_t base, float* master,
+                                float* m, float* v, const float* grads) {
   std::vector<Layout::Slice> slices;
-  std::vector<cpu_adam::ShardStep> shards = Shards(g, base, master, m, v, grads, &slices);
+  std::vector<cpu_adam::ShardStep> shards = ShardsIn(lo, hi, base, master, m, v, grads, &slices);
   if (!writer_) return StepShards(g, shards);
   // offload_param nvme: each shard copies out into its module's write-back
   // buffer. When none is free, the shards gathered so far are stepped, the
@@ -572,7 +580,7 @@ Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m,
         buf + (slices[i].byte_offset - deps_.store->partition().ModulePiece(p.module).first);
   }
   if (first < shards.size()) RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
-  writer_->Complete(layout.group(g).elem_end);
+  writer_->Complete(hi);
   writer_->Reap(/*oldest=*/false);
   return Status();
 }
@@ -636,10 +644,8 @@ Status OptimizerStep::StepInMemory() {
     }
     if (deps_.before_sub_group) deps_.before_sub_group(g);
     if (sg.elem_end > spec) {
-      std::vector<Layout::Slice> slices;
-      step_error = StepShards(g, ShardsIn(sg.elem_begin, spec, store.partition().state_base(),
-                                          store.master(), store.exp_avg(), store.exp_avg_sq(),
-                                          nullptr, &slices));
+      step_error = StepRange(g, sg.elem_begin, spec, store.partition().state_base(), store.master(),
+                             store.exp_avg(), store.exp_avg_sq(), nullptr);
     } else {
       step_error = StepGroup(g, store.partition().state_base(), store.master(), store.exp_avg(),
                              store.exp_avg_sq(), nullptr);
@@ -654,6 +660,10 @@ Status OptimizerStep::StepInMemory() {
   if (writer_) {
     writer_->WaitAll(&outcome_);
     first_error = writer_->first_error();
+    // The modules a committed speculative step wrote flip with the rest.
+    outcome_.param_written.insert(outcome_.param_written.end(),
+                                  params_.speculated_written.begin(),
+                                  params_.speculated_written.end());
   }
   if (!step_error.ok()) return step_error;
   if (!first_error.ok()) {
@@ -692,17 +702,27 @@ Status OptimizerStep::StepSpeculative() {
     deps_.counters->timeline().Add("cpu adam", fmt::format("save elements {}..{}", lo, hi),
                                    "optimizer", t0, NowNanos() - t0, 0);
     spec_from_ = lo;  // from here on the states may have changed
-    // Sub-group by sub-group, from the last: the part of each in the range.
-    for (size_t g = layout.GroupOf(hi - 1) + 1; g-- > layout.GroupOf(lo);) {
+    // Sub-group by sub-group: the part of each in the range, in element
+    // order (with offload_param nvme a module is written once every element
+    // up to its last has been stepped).
+    for (size_t g = layout.GroupOf(lo); g <= layout.GroupOf(hi - 1); ++g) {
       const SubGroup& sg = layout.group(g);
       if (deps_.before_sub_group) deps_.before_sub_group(g);
-      std::vector<Layout::Slice> slices;
-      RETURN_IF_ERROR(StepShards(g, ShardsIn(std::max(lo, sg.elem_begin), std::min(hi, sg.elem_end),
-                                             base, states[0], states[1], states[2], nullptr,
-                                             &slices)));
+      RETURN_IF_ERROR(StepRange(g, std::max(lo, sg.elem_begin), std::min(hi, sg.elem_end), base,
+                                states[0], states[1], states[2], nullptr));
     }
   }
   return Status();
+}
+
+Status OptimizerStep::FinishSpeculative(Status s) {
+  // offload_param nvme: every module write lands before this thread ends;
+  // one that failed voids the speculation (the step after the checks
+  // rewrites every module).
+  if (!writer_) return s;
+  writer_->WaitAll(&outcome_);
+  if (s.ok() && !writer_->first_error().ok()) return writer_->first_error();
+  return s;
 }
 
 }  // namespace strata::scheduler

@@ -144,10 +144,10 @@ struct StepParams {
   // The accumulator is not zeroed as it is consumed (GradOffloader::direct():
   // the next window's sums are copied over it).
   bool keep_grads = false;
-  // Speculative: the element ranges come from `feed` (states in memory,
-  // offload_param none or cpu, one rank); each one's master | exp_avg |
-  // exp_avg_sq are copied first into `spare` (three arrays of spare_elems
-  // floats, for the elements from spare_first on; the feed gives only
+  // Speculative: the element ranges come from `feed` (states in memory, one
+  // rank); each one's master | exp_avg | exp_avg_sq are copied first into
+  // `spare` (three arrays of spare_elems floats, for the elements from
+  // spare_first on; the feed gives only
   // ranges inside that).
   SpeculationFeed* feed = nullptr;
   float* spare = nullptr;
@@ -157,6 +157,9 @@ struct StepParams {
   // is being committed: this step steps only the elements before it, and
   // zeroes the gradients of and publishes every sub-group, in order.
   int64_t speculated_from = INT64_MAX;
+  // offload_param nvme: the modules that speculative step wrote to their
+  // inactive NVMe versions (ready at once; flipped with the commit).
+  std::vector<int> speculated_written;
 };
 
 class OptimizerStep {
@@ -189,7 +192,9 @@ class OptimizerStep {
   StepOutcome Join();
   // Speculative, after Join: the first element it stepped (its states
   // saved in the spare), or the partition's end when none; every element
-  // from there to the end was stepped, unless the outcome is an error.
+  // from there to the end was stepped, unless the outcome is an error
+  // (offload_param nvme: the modules written are the outcome's
+  // param_written).
   int64_t speculated_from() const { return spec_from_; }
 
  private:
@@ -197,6 +202,9 @@ class OptimizerStep {
   void Run() EXCLUDES(mu_);
   Status StepInMemory();
   Status StepSpeculative();
+  // Its writes of updated modules (offload_param nvme) landed; `s` or the
+  // first write error.
+  Status FinishSpeculative(Status s);
   // The fold mode of a parameter's module (fold_mode.h).
   uint8_t FoldModeOf(int param) const;
   // After sub-group g: zero its gradients, publish progress.
@@ -218,6 +226,10 @@ class OptimizerStep {
   // Steps sub-group g (Shards, then StepShards; with offload_param nvme in
   // batches through the write-back buffers).
   Status StepGroup(size_t g, int64_t base, float* master, float* m, float* v, const float* grads);
+  // The same for the elements [lo, hi) of sub-group g (with offload_param
+  // nvme, the modules ending by hi are written).
+  Status StepRange(size_t g, int64_t lo, int64_t hi, int64_t base, float* master, float* m,
+                   float* v, const float* grads);
   // Steps the shards (timed on the counters and the timeline).
   Status StepShards(size_t g, std::span<const cpu_adam::ShardStep> shards);
   friend class StateRing;

@@ -69,13 +69,14 @@ struct Placement {
   bool param_mirror() const { return params == OffloadDevice::kNone && overlap_step(); }
   // The CPU step during the window's last backward pass (strata.
   // speculative_step; HostOptimizer): where it applies, the optimizer on the
-  // CPU with its states in memory, offload_param none or cpu (the new
-  // parameters go into the copy-out array, current only at the commit), one
-  // rank, no delayed_param_update; on when asked, and with auto except on
-  // the host device (the backward pass runs on the same cores).
+  // CPU with its states in memory (the new parameters go into the copy-out
+  // array, or with offload_param nvme to the modules' inactive versions,
+  // current only at the commit), one rank, no delayed_param_update; on when
+  // asked, and with auto except on the host device (the backward pass runs
+  // on the same cores).
   bool speculate() const {
     if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1 ||
-        optimizer == OffloadDevice::kNvme || params == OffloadDevice::kNvme)
+        optimizer == OffloadDevice::kNvme)
       return false;
     return speculative_step == 1 || !host_device;
   }

@@ -476,12 +476,15 @@ TEST(PlanTest, SpeculativeStepSparesStatesInDram) {
   pl.speculative_step = 1;
   EXPECT_TRUE(pl.speculate());
   for (auto [opt, par] : {std::pair{OffloadDevice::kNvme, OffloadDevice::kCpu},
-                          std::pair{OffloadDevice::kCpu, OffloadDevice::kNvme}}) {
+                          std::pair{OffloadDevice::kNvme, OffloadDevice::kNvme}}) {
     Placement q = Place(opt, par);
     q.speculative_step = 1;
     EXPECT_FALSE(q.speculate());
     EXPECT_EQ(ComputeTierPlan(q, s, {}).speculation_elems, 0);
   }
+  Placement nvme_params = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
+  nvme_params.speculative_step = 1;
+  EXPECT_TRUE(nvme_params.speculate());
   Placement q = pl;
   q.world_size = 2;
   EXPECT_FALSE(q.speculate());
