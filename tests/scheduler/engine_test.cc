@@ -1576,6 +1576,48 @@ TEST(SpeculationTest, WhereItApplies) {
   EXPECT_GT(speculated(OffloadDevice::kCpu, OffloadDevice::kNvme, true), 0);
 }
 
+// offload_param nvme: a speculated module's NVMe write that fails voids the
+// speculation; the step after the checks rewrites every module, and the
+// run goes on with the bits of one that never speculated.
+TEST(SpeculationTest, AFailedModuleWriteIsRedone) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNvme, dir.str());
+  c.zero_optimization.sub_group_size = 100;
+  c.gradient_clipping = 1e6;
+  std::vector<std::vector<float>> params[2];
+  for (bool speculate : {false, true}) {
+    c.strata.speculative_step = speculate;
+    nvme::FaultInjectionEngine* faults = nullptr;
+    EngineTestHooks hooks = FaultHooks(&faults);
+    hooks.speculation_steps_all_handed_over = true;
+    auto e = CreateEngine(c, hooks);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Register(**e, 23);
+    MicroBatch(**e, 0, Forward());
+    ASSERT_TRUE((*e)->Step().ok());
+    ASSERT_TRUE((*e)->Synchronize().ok());  // its writes have landed
+    ASSERT_NE(faults, nullptr);
+    nvme::FaultInjectionEngine::Rule rule;
+    rule.kind = nvme::IoOpKind::kWrite;
+    rule.nth = 1;  // the first write from here on: a speculated module's
+    rule.err = 5;  // EIO
+    if (speculate) faults->AddRule(rule);
+    MicroBatch(**e, 1, Forward());
+    auto st = (*e)->Step();
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_TRUE((*e)->Synchronize().ok());
+    if (speculate) {
+      EXPECT_EQ(faults->faults_injected(), 1);
+      EXPECT_GT(st->sub_groups_speculated, 0);
+      EXPECT_EQ(st->sub_groups_redone, st->sub_groups_speculated);
+    }
+    MicroBatch(**e, 2, Forward());
+    ASSERT_TRUE((*e)->Step().ok());
+    params[speculate] = ReadAll(**e);
+  }
+  EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
+}
+
 // Auto's back-off: after a rolled-back window the next 1, 2, 4, ... windows
 // step after backward; a kept one resets it. The bits never change.
 TEST(SpeculationTest, AutoBacksOffAfterRollbacks) {
