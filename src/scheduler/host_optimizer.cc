@@ -225,8 +225,8 @@ Status HostOptimizer::SettleDeviceSum() {
 }
 
 Status HostOptimizer::Drain() {
-  // The speculative step ends with the sub-group in progress: the rest are
-  // the next step's (and the checks read every sum).
+  // The speculative step ends with the range in progress: the ranges not
+  // started are the next step's (and the checks read every sum).
   RETURN_IF_ERROR(StopSpeculation());
   if (opts_.device_accumulator) {
     // Modules not used in the window's last micro-batch: their sums now.
