@@ -632,9 +632,8 @@ struct Placement {
   bool delayed = false;
 };
 constexpr Placement kPlacements[] = {
-    {"none", "none"},      {"cpu", "none"}, {"cpu", "none", true},
-    {"cpu", "none", false, true}, {"cpu", "cpu"},  {"cpu", "cpu", true},
-    {"nvme", "nvme"}};
+    {"none", "none"}, {"cpu", "none"},      {"cpu", "none", true}, {"cpu", "none", false, true},
+    {"cpu", "cpu"},   {"cpu", "cpu", true}, {"nvme", "nvme"}};
 
 // The example model sized to the machine (a config given with --config wins).
 json BaseTrainConfig(bool tiny, bool quick, bool cuda, const json& info) {

@@ -133,24 +133,24 @@ std::string ConfigToJson(const Config& c, int indent) {
                     {"min_loss_scale", f.min_loss_scale}};
   j["bf16"] = ojson{{"enabled", c.bf16_enabled}};
   const StrataConfig& s = c.strata;
-  j["strata"] = ojson{{"device", DeviceKindName(s.device)},
-                      {"device_id", s.device_id},
-                      {"hbm_budget", s.hbm_budget_bytes},
-                      {"pinned_budget", s.pinned_budget_bytes},
-                      {"dram_budget", s.dram_budget_bytes},
-                      {"trace_path", s.trace_path},
-                      {"threads", s.threads},
-                      {"io_engine", IoEngineKindName(s.io_engine)},
-                      {"io_sqpoll", s.io_sqpoll},
-                      {"grad_accumulator", GradAccumulatorPlaceName(s.grad_accumulator)},
-                      {"grad_tier", GradTierName(s.grad_tier)},
-                      {"overlap_optimizer", s.overlap_optimizer},
-                      {"delayed_param_update", s.delayed_param_update},
-                      {"delayed_param_update_warmup", s.delayed_param_update_warmup},
-                      {"speculative_step", s.speculative_step ? ojson(*s.speculative_step)
-                                                              : ojson("auto")},
-                      {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
-                                            {"link_latency_us", s.host_device.link_latency_us}}}};
+  j["strata"] =
+      ojson{{"device", DeviceKindName(s.device)},
+            {"device_id", s.device_id},
+            {"hbm_budget", s.hbm_budget_bytes},
+            {"pinned_budget", s.pinned_budget_bytes},
+            {"dram_budget", s.dram_budget_bytes},
+            {"trace_path", s.trace_path},
+            {"threads", s.threads},
+            {"io_engine", IoEngineKindName(s.io_engine)},
+            {"io_sqpoll", s.io_sqpoll},
+            {"grad_accumulator", GradAccumulatorPlaceName(s.grad_accumulator)},
+            {"grad_tier", GradTierName(s.grad_tier)},
+            {"overlap_optimizer", s.overlap_optimizer},
+            {"delayed_param_update", s.delayed_param_update},
+            {"delayed_param_update_warmup", s.delayed_param_update_warmup},
+            {"speculative_step", s.speculative_step ? ojson(*s.speculative_step) : ojson("auto")},
+            {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
+                                  {"link_latency_us", s.host_device.link_latency_us}}}};
   // Application-owned sections as kept; text that is not JSON (a Config
   // edited by hand; ValidateConfig refuses it) is written as a string.
   for (const auto& [name, text] : s.application_sections) {

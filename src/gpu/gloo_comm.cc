@@ -415,10 +415,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   // another user could plant an address. The default one under /tmp is
   // created with mode 0700; a directory given is created the same way when
   // missing and checked either way.
-  Status private_dir =
-      options.rendezvous_dir.empty()
-          ? MakePrivateDir(dir, "gloo rendezvous directory").status()
-          : MakeDirs(dir, "STRATA_GLOO_DIR");
+  Status private_dir = options.rendezvous_dir.empty()
+                           ? MakePrivateDir(dir, "gloo rendezvous directory").status()
+                           : MakeDirs(dir, "STRATA_GLOO_DIR");
   if (private_dir.ok() && !options.rendezvous_dir.empty())
     private_dir = CheckPrivateDir(dir, "STRATA_GLOO_DIR");
   if (!private_dir.ok()) return private_dir.WithContext("gloo rendezvous");

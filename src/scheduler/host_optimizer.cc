@@ -109,8 +109,7 @@ Status HostOptimizer::StartSpeculation() {
   STRATA_LOG_INFO(
       "strata.speculative_step: {} of {} modules may be stepped during the last backward pass "
       "(spare states {})",
-      spec_modules_.size() - spec_first_module_, spec_modules_.size(),
-      FormatBytes(spare_.bytes()));
+      spec_modules_.size() - spec_first_module_, spec_modules_.size(), FormatBytes(spare_.bytes()));
   return Status();
 }
 

@@ -661,8 +661,7 @@ Status OptimizerStep::StepInMemory() {
     writer_->WaitAll(&outcome_);
     first_error = writer_->first_error();
     // The modules a committed speculative step wrote flip with the rest.
-    outcome_.param_written.insert(outcome_.param_written.end(),
-                                  params_.speculated_written.begin(),
+    outcome_.param_written.insert(outcome_.param_written.end(), params_.speculated_written.begin(),
                                   params_.speculated_written.end());
   }
   if (!step_error.ok()) return step_error;
@@ -696,9 +695,9 @@ Status OptimizerStep::StepSpeculative() {
     // The previous states first: a rollback copies them back.
     const int64_t t0 = NowNanos();
     for (int k = 0; k < 3; ++k)
-      RETURN_IF_ERROR(deps_.adam->Copy(params_.spare + k * params_.spare_elems +
-                                           (lo - params_.spare_first),
-                                       states[k] + (lo - base), static_cast<size_t>(hi - lo)));
+      RETURN_IF_ERROR(
+          deps_.adam->Copy(params_.spare + k * params_.spare_elems + (lo - params_.spare_first),
+                           states[k] + (lo - base), static_cast<size_t>(hi - lo)));
     deps_.counters->timeline().Add("cpu adam", fmt::format("save elements {}..{}", lo, hi),
                                    "optimizer", t0, NowNanos() - t0, 0);
     spec_from_ = lo;  // from here on the states may have changed

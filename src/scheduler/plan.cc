@@ -484,13 +484,12 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
     plan->speculation_elems = elems;
     if (elems > 0)
       dram.Add(kSpareBytesPerElem * elems,
-               fmt::format("speculative step's spare states {}{}",
-                           FormatBytes(kSpareBytesPerElem * elems),
-                           elems < in.s.total_elems
-                               ? fmt::format(" (the last {:.0f} % of the elements)",
-                                             100.0 * static_cast<double>(elems) /
-                                                 static_cast<double>(in.s.total_elems))
-                               : ""));
+               fmt::format(
+                   "speculative step's spare states {}{}", FormatBytes(kSpareBytesPerElem * elems),
+                   elems < in.s.total_elems ? fmt::format(" (the last {:.0f} % of the elements)",
+                                                          100.0 * static_cast<double>(elems) /
+                                                              static_cast<double>(in.s.total_elems))
+                                            : ""));
   }
   return dram.Budget("dram", in.facts.dram_available);
 }

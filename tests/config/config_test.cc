@@ -1135,8 +1135,8 @@ TEST(ConfigStrata, SpeculativeStep) {
   EXPECT_EQ(spec(R"({"strata": {"speculative_step": "auto"}})"), std::nullopt);
   EXPECT_EQ(spec(R"({"strata": {"speculative_step": true}})"), std::optional<bool>(true));
   EXPECT_EQ(spec(R"({"strata": {"speculative_step": false}})"), std::optional<bool>(false));
-  const std::string msg = ErrorOf(
-      R"({"strata": {"speculative_step": true, "delayed_param_update": true}})");
+  const std::string msg =
+      ErrorOf(R"({"strata": {"speculative_step": true, "delayed_param_update": true}})");
   EXPECT_THAT(msg, AllOf(HasSubstr("strata.speculative_step"),
                          HasSubstr("strata.delayed_param_update"), HasSubstr("\"auto\"")));
   EXPECT_TRUE(
