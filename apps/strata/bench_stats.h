@@ -25,6 +25,17 @@ inline double Median(std::vector<double> v) {
   return v.size() % 2 ? v[k] : 0.5 * (v[k - 1] + v[k]);
 }
 
+// The q-quantile (0 <= q <= 1) of v, linear between the order statistics
+// (numpy's default): Quantile(v, 0.5) is Median(v).
+inline double Quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
 // The 1-minute load average, -1 if /proc/loadavg cannot be read.
 inline double LoadAverage() {
   std::ifstream f("/proc/loadavg");

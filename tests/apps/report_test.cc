@@ -69,6 +69,31 @@ TEST(ReportChecks, ThresholdIsInclusiveAndNanFails) {
   EXPECT_EQ(RatioCheck("x", INFINITY, 0.9, "", "", "").state, CheckState::kFail);
 }
 
+// A bound measured in pairs: a busy machine skips the check (naming why and
+// keeping the figures), a "bound" most pairs beat fails, else the median is
+// held to the threshold.
+TEST(ReportChecks, BoundCheckSkipsOnBusyCoresAndFailsAnExceededBound) {
+  Check c = BoundCheck("CPU Adam vs roofline", 0.91, 0.88, 0.94, 0.85, "", "2 threads", "CPU",
+                       "strata bench adam");
+  EXPECT_EQ(c.state, CheckState::kPass);
+  EXPECT_NE(c.detail.find("quartiles 0.880-0.940"), std::string::npos) << c.detail;
+  c = BoundCheck("CPU Adam vs roofline", 0.80, 0.75, 0.83, 0.85, "", "", "CPU", "x");
+  EXPECT_EQ(c.state, CheckState::kFail);
+  // Beyond 1 in the median alone is noise around a bound that holds...
+  c = BoundCheck("CPU Adam vs roofline", 1.02, 0.97, 1.05, 0.85, "", "", "CPU", "x");
+  EXPECT_EQ(c.state, CheckState::kPass);
+  // ...beyond 1 in three quarters of the pairs is a wrong bound.
+  c = BoundCheck("CPU Adam vs roofline", 1.10, 1.04, 1.15, 0.85, "", "", "CPU", "x");
+  EXPECT_EQ(c.state, CheckState::kFail);
+  EXPECT_NE(c.detail.find("not one"), std::string::npos) << c.detail;
+  c = BoundCheck("CPU Adam vs roofline", 1.10, 1.04, 1.15, 0.85, "busy (290/s)", "", "CPU", "x");
+  EXPECT_EQ(c.state, CheckState::kSkipped);
+  EXPECT_NE(c.reason.find("busy (290/s)"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("1.100"), std::string::npos) << c.reason;
+  c = BoundCheck("CPU Adam vs roofline", NAN, NAN, NAN, 0.85, "", "", "CPU", "x");
+  EXPECT_EQ(c.state, CheckState::kFail);
+}
+
 TEST(ReportChecks, FailedSectionFailsTheNoFailureCheck) {
   std::vector<Section> sections(2);
   sections[0].id = "pcie";

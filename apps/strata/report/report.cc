@@ -60,6 +60,22 @@ Check RatioCheck(std::string name, double measured, double threshold, std::strin
   return c;
 }
 
+Check BoundCheck(std::string name, double fraction, double p25, double p75, double threshold,
+                 std::string busy, std::string detail, std::string device, std::string command) {
+  const std::string spread = "median of pairs " + Fixed(fraction, 3) + ", quartiles " +
+                             Fixed(p25, 3) + "-" + Fixed(p75, 3);
+  if (!detail.empty()) detail += "; ";
+  if (!busy.empty())
+    return SkippedCheck(std::move(name), ">= " + Fixed(threshold, 2),
+                        busy + ": the threads did not own their cores (" + detail + spread + ")");
+  if (p25 > 1.0)
+    return BoolCheck(std::move(name), ">= " + Fixed(threshold, 2) + " of a bound that holds", false,
+                     detail + spread + ": most pairs beat the bound, so it is not one",
+                     std::move(device), std::move(command));
+  return RatioCheck(std::move(name), fraction, threshold, detail + spread, std::move(device),
+                    std::move(command));
+}
+
 Check BoolCheck(std::string name, std::string target, bool ok, std::string detail,
                 std::string device, std::string command) {
   Check c;

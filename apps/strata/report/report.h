@@ -66,6 +66,15 @@ struct Check {
 // fails (the measurement went wrong), saying so.
 Check RatioCheck(std::string name, double measured, double threshold, std::string detail,
                  std::string device, std::string command);
+// The fraction of a bound measured in pairs (the bound's kernel and the
+// measured one back to back, many times): `fraction` is the pairs' median,
+// p25/p75 their quartiles. Skipped, with the figures, when `busy` says why
+// the run's threads did not own their cores (both kernels were then bound by
+// their share of the CPUs, not by what the bound models); failed when
+// three quarters of the pairs beat the bound (p25 > 1: it is not a bound);
+// else a RatioCheck of the median.
+Check BoundCheck(std::string name, double fraction, double p25, double p75, double threshold,
+                 std::string busy, std::string detail, std::string device, std::string command);
 // A yes/no check.
 Check BoolCheck(std::string name, std::string target, bool ok, std::string detail,
                 std::string device, std::string command);
