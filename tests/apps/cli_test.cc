@@ -246,6 +246,31 @@ TEST_F(CliTest, BenchNvmeFlagErrorsNameTheFlags) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--block-size: 1536 is not a multiple of 4096"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("the config check accepts any multiple of 512"), std::string::npos) << r.err;
+  r = RunCli("bench nvme --path " + dir_.str() + " --in-flight 0", dir_.str());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--in-flight: 0 is not between 1 and 1024"), std::string::npos) << r.err;
+}
+
+// One request at a time: the time per request is reported, and the run's
+// ratios against fio (when fio is installed) come with their spread.
+TEST_F(CliTest, BenchNvmeOneRequestAtATimeReportsTheTimePerRequest) {
+  RunResult r = RunCli("bench nvme --path " + dir_.str() +
+                           " --size 256K --block-size 64K --request-size 64K --queue-depth 1 "
+                           "--in-flight 1 --runs 3 --json",
+                       dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["requests_in_flight"].get<int>(), 1);
+  EXPECT_EQ(j["requests_per_pass"].get<double>(), 4.0);
+  EXPECT_GT(j["read_us_per_request"].get<double>(), 0.0);
+  EXPECT_NEAR(j["read_us_per_request"].get<double>(),
+              256.0 * 1024 / (j["read_gbytes_per_s"].get<double>() * 1e9) / 4 * 1e6, 1e-6);
+  if (std::system("command -v fio >/dev/null 2>&1") != 0) return;
+  r = RunCli("bench nvme --path " + dir_.str() + " --size 1M --block-size 256K --runs 3 --vs-fio",
+             dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("median of 3 runs' ratios"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("p25"), std::string::npos) << r.out;
 }
 
 // Under `ulimit -v` of 600 MB the command starts and the host device plans:
