@@ -27,6 +27,19 @@
 // that crashed during the rendezvous would be read by the next one (use a
 // fresh directory or port then).
 //
+// Gloo's TCP transport takes whatever connects to its listening port as a
+// peer, and a stranger's bytes there ended the start-up of every rank. So
+// the rendezvous runs in attempts, each on fresh listening ports under its
+// own key prefix ("attempt-N/"). In an attempt every rank writes a random
+// 32-byte secret to the store (the directory is this user's alone: 0700),
+// connects the mesh, and all-gathers the secrets over it: a peer that
+// returns another secret than the store's did not read the directory. Each
+// rank then writes its verdict (ok/failed) for the attempt and reads every
+// other's; all ok ends the rendezvous, anything else starts the next attempt
+// (a rank that failed closes its sockets, so its peers fail fast too). The
+// attempts share CommOptions::timeout_s. The data itself is neither
+// encrypted nor authenticated.
+//
 // Stream ordering: each collective is a host function on the stream
 // (Stream::EnqueueHostCallback): it runs after the stream's earlier work and
 // later work waits for it, and the caller does not block. Host functions run
@@ -56,8 +69,11 @@
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
 
+#include <gloo/rendezvous/prefix_store.h>
+
 #include <chrono>
 #include <climits>
+#include <random>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -421,35 +437,102 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   if (private_dir.ok() && !options.rendezvous_dir.empty())
     private_dir = CheckPrivateDir(dir, "STRATA_GLOO_DIR");
   if (!private_dir.ok()) return private_dir.WithContext("gloo rendezvous");
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
   IgnoreSigpipe();
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - Clock::now()));
+  };
+  std::string last_error;
+  int attempts = 0;
   try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = host;
-    auto dev = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore store(dir);
-    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
-    context->setTimeout(timeout);
-    context->connectFullMesh(store, dev);
-    // Everyone has read every entry once all are connected; then each rank
-    // removes the entries its store wrote or read (a peer may have removed
-    // one already).
-    gloo::BarrierOptions barrier(context);
-    barrier.setTag(0);
-    gloo::barrier(barrier);
-    std::error_code ec;
-    for (const std::string& path : store.getAllKeyFilePaths()) std::filesystem::remove(path, ec);
-    STRATA_LOG_INFO("gloo communicator: rank {} of {} connected (listening on {}, rendezvous {})",
-                    options.rank, options.world_size, host, dir);
-    return std::unique_ptr<Communicator>(
-        std::make_unique<GlooCommunicator>(device, options, std::move(context)));
+    // One store for every attempt, so that the entries of all of them are
+    // removed at the end.
+    gloo::rendezvous::FileStore files(dir);
+    std::random_device entropy;
+    for (int attempt = 0; Clock::now() < deadline; ++attempt) {
+      attempts = attempt + 1;
+      gloo::rendezvous::PrefixStore store(fmt::format("attempt-{}", attempt), files);
+      std::shared_ptr<gloo::rendezvous::Context> context;
+      bool ok = false;
+      try {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = host;
+        auto dev = gloo::transport::tcp::CreateDevice(attr);
+        std::vector<char> secret(32);
+        for (char& c : secret) c = static_cast<char>(entropy());
+        store.set(fmt::format("secret-{}", options.rank), secret);
+        context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+        context->setTimeout(left());
+        context->connectFullMesh(store, dev);
+        // Identity: every peer sends the secret it wrote to the directory.
+        std::vector<char> all(secret.size() * static_cast<size_t>(options.world_size));
+        gloo::AllgatherOptions gather(context);
+        gather.setInput(secret.data(), secret.size());
+        gather.setOutput(all.data(), all.size());
+        gather.setTag(1);
+        gloo::allgather(gather);
+        ok = true;
+        for (int r = 0; r < options.world_size && ok; ++r) {
+          const std::string key = fmt::format("secret-{}", r);
+          store.wait({key}, left());
+          const std::vector<char> want = store.get(key);
+          if (!std::equal(want.begin(), want.end(), all.begin() + r * secret.size(),
+                          all.begin() + (r + 1) * secret.size())) {
+            ok = false;
+            last_error = fmt::format(
+                "the peer connected as rank {} did not send the secret rank {} wrote to the "
+                "rendezvous directory (a stranger's connection): connections dropped",
+                r, r);
+          }
+        }
+      } catch (const std::exception& e) {
+        last_error = e.what();
+      }
+      if (!ok) {
+        // Close this attempt's sockets at once: the peers still inside it
+        // then fail fast instead of waiting out the timeout.
+        context.reset();
+        STRATA_LOG_WARN(
+            "gloo rendezvous: rank {} of {}, attempt {} failed ({}); trying again on new ports",
+            options.rank, options.world_size, attempt + 1, last_error);
+      }
+      store.set(fmt::format("verdict-{}", options.rank), std::vector<char>{ok ? 'y' : 'n'});
+      bool all_ok = ok;
+      for (int r = 0; r < options.world_size; ++r) {
+        const std::string key = fmt::format("verdict-{}", r);
+        store.wait({key}, left());
+        if (store.get(key) != std::vector<char>{'y'}) all_ok = false;
+      }
+      if (!all_ok) continue;
+      // Everyone has read every entry once all are past this barrier; then
+      // each rank removes the entries its store wrote or read (a peer may
+      // have removed one already).
+      gloo::BarrierOptions barrier(context);
+      barrier.setTag(0);
+      gloo::barrier(barrier);
+      std::error_code ec;
+      for (const std::string& path : files.getAllKeyFilePaths()) std::filesystem::remove(path, ec);
+      STRATA_LOG_INFO(
+          "gloo communicator: rank {} of {} connected (listening on {}, rendezvous {}{})",
+          options.rank, options.world_size, host, dir,
+          attempt > 0 ? fmt::format(", attempt {}", attempt + 1) : std::string());
+      context->setTimeout(
+          std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3)));
+      return std::unique_ptr<Communicator>(
+          std::make_unique<GlooCommunicator>(device, options, std::move(context)));
+    }
   } catch (const std::exception& e) {
-    return UnavailableError(fmt::format(
-        "gloo rendezvous: rank {} of {} could not connect to its peers within {:g} s through {} "
-        "(listening on {}; are all ranks started with the same MASTER_ADDR/MASTER_PORT or "
-        "STRATA_GLOO_DIR?): {}",
-        options.rank, options.world_size, options.timeout_s, dir, host, e.what()));
+    last_error = e.what();
   }
+  return UnavailableError(fmt::format(
+      "gloo rendezvous: rank {} of {} could not connect to its peers within {:g} s through {} "
+      "(listening on {}, {} attempt(s); are all ranks started with the same "
+      "MASTER_ADDR/MASTER_PORT or STRATA_GLOO_DIR?): {}",
+      options.rank, options.world_size, options.timeout_s, dir, host, attempts,
+      last_error.empty() ? "timed out" : last_error));
 }
 
 }  // namespace strata::gpu::internal

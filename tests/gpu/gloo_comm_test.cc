@@ -9,9 +9,15 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -385,6 +391,93 @@ TEST(GlooCommTest, ARendezvousDirectoryOthersControlIsRefused) {
   struct stat st {};
   ASSERT_EQ(stat(o.rendezvous_dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+// Loopback TCP ports in LISTEN state, from /proc/net/tcp.
+std::set<int> ListeningLoopbackPorts() {
+  std::set<int> ports;
+  std::ifstream f("/proc/net/tcp");
+  std::string line;
+  std::getline(f, line);  // header
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state;
+    in >> slot >> local >> remote >> state;
+    const size_t colon = local.find(':');
+    if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
+    if (local.substr(0, colon) != "0100007F") continue;          // 127.0.0.1
+    ports.insert(std::stoi(local.substr(colon + 1), nullptr, 16));
+  }
+  return ports;
+}
+
+// A hostile client on loopback: every loopback port that starts listening
+// after it does gets connections that send junk and close, and one that
+// stays open and silent, for `seconds`.
+void JunkClient(double seconds) {
+  const std::set<int> before = ListeningLoopbackPorts();
+  std::set<int> hit;
+  std::vector<int> silent;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < end) {
+    for (int port : ListeningLoopbackPorts()) {
+      if (before.count(port) || hit.count(port)) continue;
+      hit.insert(port);
+      for (int k = 0; k < 3; ++k) {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+          close(fd);
+          continue;
+        }
+        if (k == 2) {  // connected and silent
+          silent.push_back(fd);
+          continue;
+        }
+        const std::string junk(k == 0 ? 8 : 4096, k == 0 ? '\x7f' : 'z');
+        [[maybe_unused]] ssize_t w = send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+        close(fd);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int fd : silent) close(fd);
+  std::fprintf(stderr, "junk client: %zu ports hit\n", hit.size());
+}
+
+// Junk on the rendezvous ports during start-up is not fatal: two ranks (a
+// third process is the junk client, started with them) still connect, prove
+// to each other that they read the rendezvous directory, and reduce.
+// Rank 1 comes late, so rank 0's listening sockets wait for it in the open.
+TEST(GlooCommTest, JunkOnTheRendezvousPortsIsDroppedNotFatal) {
+  ExpectAllExitedZero(RunRanks(
+      3,
+      [](const RankEnv& e) {
+        if (e.rank == 2) {
+          JunkClient(5);
+          return;
+        }
+        RankEnv two = e;
+        two.world = 2;
+        if (e.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        Ctx c = Connect(two);
+        const size_t n = 1000;
+        DeviceBuffer buf =
+            c.Upload(Encode(Values(3, e.rank, 0, n, DType::kFp32), DType::kFp32));
+        RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kSum,
+                                  c.device->compute()));
+        RANK_OK(c.device->compute().Synchronize());
+        const std::vector<float> got = Decode(c.Download(buf, n * 4), DType::kFp32);
+        for (size_t i = 0; i < n; ++i) {
+          const float want = Values(3, 0, 0, n, DType::kFp32)[i] + Values(3, 1, 0, n, DType::kFp32)[i];
+          RANK_CHECK(std::fabs(got[i] - want) <= 1e-5f * (std::fabs(want) + 1), "element {}: {} vs {}",
+                     i, got[i], want);
+        }
+      },
+      20, 60));
 }
 
 TEST(GlooCommTest, BadOptionsAreRefusedNamingTheVariable) {
