@@ -5,7 +5,10 @@
 // message sizes of --sizes.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -43,6 +46,113 @@ inline double LoadAverage() {
   f >> load;
   return load;
 }
+
+// ---- A kernel against its bound, measured in pairs ------------------------
+//
+// Timing a bound's kernel and the measured one as separate whole-array runs
+// and dividing their medians drifted with the shared machine's load (one VM
+// read 0.89 to 1.20 within an hour). PairedBound steps the arrays slab by
+// slab (slabs of at least kPairSlabElems elements, far larger than any
+// cache), each slab with the bound and the measured kernel back to back,
+// which one first alternating, so the two of a pair see the same memory
+// bandwidth to within tens of milliseconds. Each pair gives one fraction
+// (bound time / measured time, times `bytes_ratio` when the two move
+// different bytes); the median is reported with the pairs' spread, and the
+// involuntary context switches of the process during the pairs say whether
+// its threads owned their cores.
+constexpr size_t kPairSlabElems = size_t{16} << 20;
+// Above this rate the timed threads were sharing their cores. Measured on
+// the 2-core development VM with a 2-thread run: 30-90/s with a niced
+// compile beside it, 280-300/s with one busy process (docs/perf.md).
+constexpr double kContendedPerSecond = 100;
+
+// Involuntary context switches of this process (all its threads): a thread
+// that other runnable work pushed off its core.
+inline int64_t InvoluntarySwitches() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_nivcsw;
+}
+
+struct PairedBound {
+  size_t slabs = 1;
+  std::vector<double> fraction;               // one per pair
+  std::vector<double> bound_s, measured_s;    // per repetition: the slabs' sum
+  int64_t involuntary_switches = 0;
+  double seconds = 0;                         // wall time of the pairs
+  double switches_per_s() const { return seconds > 0 ? involuntary_switches / seconds : 0; }
+  bool contended() const { return switches_per_s() > kContendedPerSecond; }
+
+  // Adds roofline_fraction (median) and its min/p25/p75/max, the pairs,
+  // slabs, load average and context switches to j.
+  void AddTo(nlohmann::json& j) const {
+    j["roofline_fraction"] = Quantile(fraction, 0.5);
+    j["roofline_fraction_min"] = Quantile(fraction, 0);
+    j["roofline_fraction_p25"] = Quantile(fraction, 0.25);
+    j["roofline_fraction_p75"] = Quantile(fraction, 0.75);
+    j["roofline_fraction_max"] = Quantile(fraction, 1);
+    j["pairs"] = fraction.size();
+    j["slabs"] = slabs;
+    j["load_average"] = LoadAverage();
+    j["involuntary_context_switches"] = involuntary_switches;
+    j["involuntary_context_switches_per_s"] = switches_per_s();
+    // Threads that do not own their cores are bound by their share of the
+    // CPUs, not by memory: the fraction then measures the scheduler.
+    j["cores_contended"] = contended();
+  }
+
+  // The two lines the text output prints.
+  void Print(const char* measured_name, int reps) const {
+    std::printf(
+        "  roofline_fraction %.3f (median of %zu roofline/%s pairs: %d repetitions x %zu "
+        "slab(s); min %.3f, p25 %.3f, p75 %.3f, max %.3f)\n",
+        Quantile(fraction, 0.5), fraction.size(), measured_name, reps, slabs,
+        Quantile(fraction, 0), Quantile(fraction, 0.25), Quantile(fraction, 0.75),
+        Quantile(fraction, 1));
+    std::printf("  machine         load average %.2f, %.0f involuntary context switches/s%s\n",
+                LoadAverage(), switches_per_s(),
+                contended() ? ": the threads did not own their cores, so the fraction measures "
+                              "the scheduler, not memory"
+                            : "");
+  }
+};
+
+// Runs `reps` repetitions over n elements: per slab [begin, end), bound(begin,
+// end) and measured(begin, end), each returning its seconds, back to back.
+// `between(r)` runs after each repetition's pairs (the comparisons that are
+// not bounds; untimed here).
+template <class Bound, class Measured, class Between>
+PairedBound MeasurePairs(size_t n, int reps, double bytes_ratio, Bound&& bound,
+                         Measured&& measured, Between&& between) {
+  PairedBound p;
+  p.slabs = std::max<size_t>(1, std::min<size_t>(8, n / kPairSlabElems));
+  for (int r = 0; r < reps; ++r) {
+    const int64_t switches = InvoluntarySwitches();
+    const auto t0 = std::chrono::steady_clock::now();
+    double bound_sum = 0, measured_sum = 0;
+    for (size_t k = 0; k < p.slabs; ++k) {
+      const size_t begin = n * k / p.slabs, end = n * (k + 1) / p.slabs;
+      double tb = 0, tm = 0;
+      if ((static_cast<size_t>(r) + k) % 2 == 0) {
+        tb = bound(begin, end);
+        tm = measured(begin, end);
+      } else {
+        tm = measured(begin, end);
+        tb = bound(begin, end);
+      }
+      p.fraction.push_back(tb / tm * bytes_ratio);
+      bound_sum += tb;
+      measured_sum += tm;
+    }
+    p.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.involuntary_switches += InvoluntarySwitches() - switches;
+    p.bound_s.push_back(bound_sum);
+    p.measured_s.push_back(measured_sum);
+    between(r);
+  }
+  return p;
+}
+
 
 // Prints "strata <command>: <msg>" to stderr and returns the usage error's
 // exit code: a message without a Status is about the command line.

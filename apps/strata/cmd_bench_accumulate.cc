@@ -8,6 +8,9 @@
 //   (4) scalar, 1 thread: the plain loop on one thread (what the scheduler's
 //       gradient worker did before this kernel).
 // Bytes per element: acc 4r + 4w + grad 4r (fp32) or 2r (fp16/bf16).
+// The fraction of the roofline is measured in pairs (MeasurePairs in
+// bench_stats.h): the roofline and the kernel back to back on each slab,
+// the median of the pairs' fractions with their spread.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -93,9 +96,11 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
       grad->as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
   }
 
-  auto run = [&](cpu_adam::CpuOptimizer& o) {
+  auto run_range = [&](cpu_adam::CpuOptimizer& o, size_t begin, size_t end) {
     Stopwatch sw;
-    Status st = o.Accumulate(a, grad->data(), gd, n);
+    Status st = o.Accumulate(a + begin,
+                             static_cast<const char*>(grad->data()) + begin * DTypeSize(gd), gd,
+                             end - begin);
     const double s = sw.Seconds();
     if (!st.ok()) {
       std::fprintf(stderr, "strata bench accumulate: %s\n", st.ToString().c_str());
@@ -103,20 +108,26 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
     }
     return s;
   };
+  auto run = [&](cpu_adam::CpuOptimizer& o) { return run_range(o, 0, n); };
   cpu_adam::CpuOptimizer* const variants[] = {roof_opt->get(), strata_opt->get(), scalar_opt->get(),
                                               scalar1_opt->get()};
   constexpr int kVariants = 4;
   for (cpu_adam::CpuOptimizer* o : variants) run(*o);  // warm-up: page faults, thread start
   const double load_before = LoadAverage();
   std::vector<double> t[kVariants];
-  // The order rotates every repetition, so no variant always follows the
-  // same one.
-  for (int r = 0; r < args.reps; ++r) {
-    for (int k = 0; k < kVariants; ++k) {
-      const int v = (r + k) % kVariants;
-      t[v].push_back(run(*variants[v]));
-    }
-  }
+  // The roofline and the kernel in pairs; the two scalar loops (not bounds)
+  // once per repetition each, which one first alternating.
+  const PairedBound pairs = MeasurePairs(
+      n, args.reps, 1.0, [&](size_t b, size_t e) { return run_range(*variants[0], b, e); },
+      [&](size_t b, size_t e) { return run_range(*variants[1], b, e); },
+      [&](int r) {
+        for (int k = 0; k < 2; ++k) {
+          const int v = 2 + (r + k) % 2;
+          t[v].push_back(run(*variants[v]));
+        }
+      });
+  t[0] = pairs.bound_s;
+  t[1] = pairs.measured_s;
   const double load_after = LoadAverage();
   const size_t bpe = cpu_adam::AccumulateBytesPerElement(gd);
   const double roof_eps = n / Median(t[0]);
@@ -131,14 +142,14 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   j["isa"] = std::string((*strata_opt)->isa());
   j["grad_dtype"] = args.grad_dtype;
   j["reps"] = args.reps;
-  j["load_average"] = {load_before, load_after};
   j["bytes_per_element"] = bpe;
   j["bytes_per_element_formula"] = formula;
   j["elements_per_s"] = strata_eps;
   j["gbytes_per_s"] = strata_eps * bpe / 1e9;
   j["roofline_elements_per_s"] = roof_eps;
   j["roofline_gbytes_per_s"] = roof_eps * bpe / 1e9;
-  j["roofline_fraction"] = strata_eps / roof_eps;
+  pairs.AddTo(j);
+  j["load_average"] = {load_before, load_after};
   j["scalar_elements_per_s"] = scalar_eps;
   j["scalar_gbytes_per_s"] = scalar_eps * bpe / 1e9;
   j["speedup_vs_scalar"] = strata_eps / scalar_eps;
@@ -161,11 +172,10 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
   std::printf("  scalar, 1 thread  %8.1f Melem/s  %6.1f GB/s\n", scalar1_eps / 1e6,
               scalar1_eps * bpe / 1e9);
   std::printf(
-      "  strata            %8.1f Melem/s  %6.1f GB/s  roofline_fraction %.3f  speedup_vs_scalar "
-      "%.2f"
-      "  vs 1-thread scalar %.2f\n",
-      strata_eps / 1e6, strata_eps * bpe / 1e9, strata_eps / roof_eps, strata_eps / scalar_eps,
-      strata_eps / scalar1_eps);
+      "  strata            %8.1f Melem/s  %6.1f GB/s  speedup_vs_scalar %.2f  vs 1-thread scalar "
+      "%.2f\n",
+      strata_eps / 1e6, strata_eps * bpe / 1e9, strata_eps / scalar_eps, strata_eps / scalar1_eps);
+  pairs.Print("strata", args.reps);
   return 0;
 }
 

@@ -7,20 +7,13 @@
 //       what an unfused mixed-precision step costs, for comparison.
 // All variants run on the same arrays (placement in memory matters on a VM).
 //
-// The fraction of the roofline is measured in pairs: every repetition steps
-// the arrays slab by slab (slabs of at least kSlabElems elements, far larger
-// than any cache), each slab with the roofline kernel and the optimizer back
-// to back, which one first alternating. The two kernels of a pair see the
-// same memory bandwidth to within tens of milliseconds, where separate
-// medians of whole-array runs drifted with the machine's load (fractions of
-// 0.89 to 1.20 within an hour on one shared VM). Each repetition gives one
-// fraction (roofline time over optimizer time, over the same bytes); the
-// median is reported with the spread of the repetitions.
+// The fraction of the roofline is measured in pairs (MeasurePairs in
+// bench_stats.h): roofline and optimizer back to back on each slab of the
+// arrays, the median of the pairs' fractions with their spread.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <sys/resource.h>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -57,10 +50,6 @@ struct BenchAdamArgs {
 
 constexpr char kCommand[] = "bench adam";
 
-// The smallest slab of a roofline/optimizer pair: 16M elements move at least
-// 448 MB with fp32 grads, some 15 ms at 30 GB/s — long against the arena's
-// wake-up (tens of microseconds), short against the machine's drift.
-constexpr size_t kSlabElems = size_t{16} << 20;
 
 // Arrays for one variant, filled with deterministic non-zero pseudo-random
 // values (fast enough for 100M elements, touched before timing).
@@ -116,21 +105,6 @@ cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType>
   return s;
 }
 
-// Involuntary context switches of this process (all its threads): a thread
-// that other runnable work pushed off its core.
-struct Preemptions {
-  int64_t involuntary = 0;
-  Preemptions operator-(const Preemptions& o) const { return {involuntary - o.involuntary}; }
-};
-Preemptions CountPreemptions() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return {u.ru_nivcsw};
-}
-// Above this rate the timed threads were sharing their cores. Measured on
-// the 2-core development VM with a 2-thread run: 30-90/s with a niced
-// compile beside it, 280-300/s with one busy process (docs/perf.md).
-constexpr double kContendedPerSecond = 100;
 
 // Elements [off, off + count) of s.
 cpu_adam::ShardStep Slice(const cpu_adam::ShardStep& s, size_t off, size_t count) {
@@ -237,46 +211,32 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   run_step(**scalar_opt, scalar_step);
   run_step(**strata_opt, strata_step);
   if (two_pass) run_two_pass();
-  const size_t slabs = std::max<size_t>(1, std::min<size_t>(8, n / kSlabElems));
-  std::vector<double> t_roof, t_scalar, t_strata, t_two, fraction;
+  std::vector<double> t_scalar, t_two;
   // For Adagrad/Lion (fewer state bytes than the roofline's Adam pattern)
   // the roofline time is scaled to the optimizer's own bytes/param.
   const double bytes_ratio = static_cast<double>(bpp) / static_cast<double>(roof_bpp);
-  const Preemptions before = CountPreemptions();
-  Stopwatch timed;
-  for (int r = 0; r < args.reps; ++r) {
-    double roof = 0, strata = 0;
-    for (size_t k = 0; k < slabs; ++k) {
-      const size_t begin = n * k / slabs, end = n * (k + 1) / slabs;
-      const auto rs = Slice(roof_step, begin, end - begin);
-      const auto ss = Slice(strata_step, begin, end - begin);
-      double tr = 0, ts = 0;
-      const auto time_roof = [&] { tr = time_it([&] { run_step(**roof_opt, rs); }); };
-      const auto time_strata = [&] { ts = time_it([&] { run_step(**strata_opt, ss); }); };
-      if ((static_cast<size_t>(r) + k) % 2 == 0) {
-        time_roof();
-        time_strata();
-      } else {
-        time_strata();
-        time_roof();
-      }
-      fraction.push_back(tr / ts * bytes_ratio);
-      roof += tr;
-      strata += ts;
-    }
-    t_roof.push_back(roof);
-    t_strata.push_back(strata);
-    // The comparisons that are not bounds: once per repetition each, on the
-    // whole arrays, which one first alternating.
-    const auto time_scalar = [&] {
-      t_scalar.push_back(time_it([&] { run_step(**scalar_opt, scalar_step); }));
-    };
-    if (r % 2 == 0 || !two_pass) time_scalar();
-    if (two_pass) t_two.push_back(time_it(run_two_pass));
-    if (r % 2 == 1 && two_pass) time_scalar();
-  }
-  const double timed_s = timed.Seconds();
-  const Preemptions preempted = CountPreemptions() - before;
+  const PairedBound pairs = MeasurePairs(
+      n, args.reps, bytes_ratio,
+      [&](size_t b, size_t e) {
+        const auto rs = Slice(roof_step, b, e - b);
+        return time_it([&] { run_step(**roof_opt, rs); });
+      },
+      [&](size_t b, size_t e) {
+        const auto ss = Slice(strata_step, b, e - b);
+        return time_it([&] { run_step(**strata_opt, ss); });
+      },
+      [&](int r) {
+        // The comparisons that are not bounds: once per repetition each, on
+        // the whole arrays, which one first alternating.
+        const auto time_scalar = [&] {
+          t_scalar.push_back(time_it([&] { run_step(**scalar_opt, scalar_step); }));
+        };
+        if (r % 2 == 0 || !two_pass) time_scalar();
+        if (two_pass) t_two.push_back(time_it(run_two_pass));
+        if (r % 2 == 1 && two_pass) time_scalar();
+      });
+  const std::vector<double>& t_roof = pairs.bound_s;
+  const std::vector<double>& t_strata = pairs.measured_s;
   // The roofline kernel moves Adam's arrays (28 bytes/param with fp32 grads).
   // For Adagrad/Lion (fewer state bytes) its bandwidth is converted to the
   // params/s it would give at the optimizer's own bytes/param.
@@ -307,23 +267,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   j["roofline_params_per_s"] = roof_pps;
   j["roofline_bytes_per_param"] = roof_bpp;
   j["roofline_gbytes_per_s"] = roof_adam_pps * roof_bpp / 1e9;
-  j["roofline_fraction"] = Median(fraction);
-  j["roofline_fraction_min"] = Quantile(fraction, 0);
-  j["roofline_fraction_p25"] = Quantile(fraction, 0.25);
-  j["roofline_fraction_p75"] = Quantile(fraction, 0.75);
-  j["roofline_fraction_max"] = Quantile(fraction, 1);
-  j["pairs"] = fraction.size();
-  j["slabs"] = slabs;
-  j["load_average"] = LoadAverage();
-  j["involuntary_context_switches"] = preempted.involuntary;
-  j["timed_seconds"] = timed_s;
-  const double preempt_rate = preempted.involuntary / timed_s;
-  j["involuntary_context_switches_per_s"] = preempt_rate;
-  // Threads that do not own their cores are bound by their share of the
-  // CPUs, not by memory: the fraction then measures the scheduler (spread
-  // of 0.8-1.3 per pair with one busy process beside a 2-thread run).
-  const bool contended = preempt_rate > kContendedPerSecond;
-  j["cores_contended"] = contended;
+  pairs.AddTo(j);
   j["scalar_params_per_s"] = scalar_pps;
   j["speedup_vs_scalar"] = strata_pps / scalar_pps;
   if (two_pass) {
@@ -354,16 +298,7 @@ int RunBenchAdam(const BenchAdamArgs& args) {
               scalar_pps * bpp / 1e9);
   std::printf("  strata          %8.1f Mparams/s  %6.1f GB/s  speedup_vs_scalar %.2f\n",
               strata_pps / 1e6, strata_pps * bpp / 1e9, strata_pps / scalar_pps);
-  std::printf(
-      "  roofline_fraction %.3f (median of %zu roofline/strata pairs: %d repetitions x %zu "
-      "slab(s); min %.3f, p25 %.3f, p75 %.3f, max %.3f)\n",
-      Median(fraction), fraction.size(), args.reps, slabs, Quantile(fraction, 0),
-      Quantile(fraction, 0.25), Quantile(fraction, 0.75), Quantile(fraction, 1));
-  std::printf("  machine         load average %.2f, %.0f involuntary context switches/s%s\n",
-              LoadAverage(), preempt_rate,
-              contended ? ": the threads did not own their cores, so the fraction measures the "
-                          "scheduler, not memory"
-                        : "");
+  pairs.Print("strata", args.reps);
   if (two_pass) {
     std::printf("  two-pass        %8.1f Mparams/s  (%s)  fused is %.2fx faster\n",
                 j["two_pass_params_per_s"].get<double>() / 1e6,

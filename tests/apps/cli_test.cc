@@ -137,31 +137,33 @@ TEST_F(CliTest, BenchThreadsOutOfRangeIsOneLineErrorNamingTheRange) {
   EXPECT_GE(nlohmann::json::parse(r.out)["threads"].get<int>(), 1);
 }
 
-// bench adam's fraction of its roofline is the median of roofline/optimizer
-// pairs (one per slab and repetition), reported with their spread and with
-// how often other work took the cores.
+// bench adam's and bench accumulate's fraction of their roofline is the
+// median of roofline/kernel pairs (one per slab and repetition), reported
+// with their spread and with how often other work took the cores.
 TEST_F(CliTest, BenchAdamReportsTheRooflineFractionOfPairsWithItsSpread) {
-  RunResult r = RunCli("bench adam --params 20000 --threads 1 --reps 5 --json", dir_.str());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["slabs"].get<int>(), 1);
-  EXPECT_EQ(j["pairs"].get<int>(), 5);
-  const double lo = j["roofline_fraction_min"], q1 = j["roofline_fraction_p25"],
-               med = j["roofline_fraction"], q3 = j["roofline_fraction_p75"],
-               hi = j["roofline_fraction_max"];
-  EXPECT_GT(lo, 0);
-  EXPECT_LE(lo, q1);
-  EXPECT_LE(q1, med);
-  EXPECT_LE(med, q3);
-  EXPECT_LE(q3, hi);
-  EXPECT_GE(j["involuntary_context_switches"].get<int64_t>(), 0);
-  EXPECT_TRUE(j["cores_contended"].is_boolean());
-  // The text form names the pairs and the spread.
-  r = RunCli("bench adam --params 20000 --threads 1 --reps 3", dir_.str());
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("median of 3 roofline/strata pairs"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("p25"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("involuntary context switches/s"), std::string::npos) << r.out;
+  for (const std::string bench : {"adam", "accumulate"}) {
+    RunResult r = RunCli("bench " + bench + " --params 20000 --threads 1 --reps 5 --json", dir_.str());
+    ASSERT_EQ(r.exit_code, 0) << bench << ": " << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["slabs"].get<int>(), 1) << bench;
+    EXPECT_EQ(j["pairs"].get<int>(), 5) << bench;
+    const double lo = j["roofline_fraction_min"], q1 = j["roofline_fraction_p25"],
+                 med = j["roofline_fraction"], q3 = j["roofline_fraction_p75"],
+                 hi = j["roofline_fraction_max"];
+    EXPECT_GT(lo, 0) << bench;
+    EXPECT_LE(lo, q1) << bench;
+    EXPECT_LE(q1, med) << bench;
+    EXPECT_LE(med, q3) << bench;
+    EXPECT_LE(q3, hi) << bench;
+    EXPECT_GE(j["involuntary_context_switches"].get<int64_t>(), 0) << bench;
+    EXPECT_TRUE(j["cores_contended"].is_boolean()) << bench;
+    // The text form names the pairs and the spread.
+    r = RunCli("bench " + bench + " --params 20000 --threads 1 --reps 3", dir_.str());
+    ASSERT_EQ(r.exit_code, 0) << bench << ": " << r.err;
+    EXPECT_NE(r.out.find("median of 3 roofline/strata pairs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("p25"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("involuntary context switches/s"), std::string::npos) << r.out;
+  }
 }
 
 // bench adam checks memory before allocating its arrays: under an address
