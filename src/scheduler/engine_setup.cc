@@ -432,9 +432,10 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
     STRATA_LOG_WARN(
         "strata.speculative_step true: {}; the step runs after backward",
         !plan.placement.speculate()
-            ? "the speculative step covers the optimizer on the CPU with its states in memory, "
-              "and one rank"
-            : "the DRAM budget leaves no room for the spare states");
+            ? "the speculative step covers the optimizer on the CPU (states in memory or on "
+              "NVMe), one rank and no delayed_param_update"
+        : plan.grads_on_nvme ? "the window's gradient sums are on NVMe"
+                             : "the DRAM budget leaves no room for the spare states");
   ho.spare_elems = plan.speculation_elems;
   ho.speculation_steps_all = hooks_.speculation_steps_all_handed_over;
   ho.speculation_backoff = !cfg_.strata.speculative_step || hooks_.speculation_backoff;

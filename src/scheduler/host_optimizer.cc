@@ -75,7 +75,10 @@ Status HostOptimizer::Bind(StateStore* store) {
 
 Status HostOptimizer::StartSpeculation() {
   const auto [e0, e1] = store_->partition().elems();
-  const int64_t spare = std::min(opts_.spare_elems, e1 - e0);
+  // States on NVMe need no spare (their two versions are the undo): every
+  // element may be speculated.
+  const bool nvme = store_->optimizer_place() == OffloadDevice::kNvme;
+  const int64_t spare = nvme ? e1 - e0 : std::min(opts_.spare_elems, e1 - e0);
   spare_first_ = e1 - spare;
   // The modules with elements, in element order; those the spare holds.
   spec_modules_.clear();
@@ -96,8 +99,9 @@ Status HostOptimizer::StartSpeculation() {
     opts_.speculate = false;
     return Status();
   }
-  RETURN_IF_ERROR(spare_.Allocate(3 * spare * static_cast<int64_t>(sizeof(float)), nullptr,
-                                  "the speculative step's spare states"));
+  if (!nvme)
+    RETURN_IF_ERROR(spare_.Allocate(3 * spare * static_cast<int64_t>(sizeof(float)), nullptr,
+                                    "the speculative step's spare states"));
   spec_events_.clear();
   for (size_t i = 0; i < spec_modules_.size(); ++i) {
     std::unique_ptr<gpu::Event> ev;
@@ -108,8 +112,10 @@ Status HostOptimizer::StartSpeculation() {
   }
   STRATA_LOG_INFO(
       "strata.speculative_step: {} of {} modules may be stepped during the last backward pass "
-      "(spare states {})",
-      spec_modules_.size() - spec_first_module_, spec_modules_.size(), FormatBytes(spare_.bytes()));
+      "({})",
+      spec_modules_.size() - spec_first_module_, spec_modules_.size(),
+      nvme ? std::string("states on NVMe: whole sub-groups, into their inactive versions")
+           : "spare states " + FormatBytes(spare_.bytes()));
   return Status();
 }
 
@@ -241,8 +247,14 @@ Status HostOptimizer::Drain() {
 }
 
 Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculative) {
+  // (A speculative step on NVMe states needs a pipeline buffer of its own:
+  // the read-ahead leaves it one.)
+  const bool spec_nvme = opts_.speculate && speculative && spec_skip_ == 0 &&
+                         store_->optimizer_place() == OffloadDevice::kNvme;
   if (store_->optimizer_place() == OffloadDevice::kNvme && !read_ahead_.started() && !inflight_)
-    read_ahead_.Start(Deps());
+    read_ahead_.Start(Deps(), spec_nvme ? static_cast<size_t>(std::max<int64_t>(
+                                              0, opts_.buffer_count - 1))
+                                        : SIZE_MAX);
   if (!opts_.speculate || spec_ || !speculative || spec_skip_ > 0) return Status();
   // The previous step's states are the ones to step from: it ends first (the
   // window's forward passes needed all of it; with DPU no speculation).
@@ -268,7 +280,7 @@ Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculati
   p.grads = grads_->accumulator();
   p.landing = grads_->landing();
   p.feed = &s->feed;
-  p.spare = spare_.as<float>();
+  p.spare = spare_.bytes() > 0 ? spare_.as<float>() : nullptr;
   p.spare_first = spare_first_;
   p.spare_elems = spare_.bytes() / static_cast<int64_t>(3 * sizeof(float));
   StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, nullptr);
@@ -334,6 +346,7 @@ Status HostOptimizer::StopSpeculation() {
   spec_->from = spec_->run->speculated_from();
   spec_->status = std::move(o.status);
   spec_->written = std::move(o.param_written);
+  spec_->open = spec_->run->TakeOpenModules();
   spec_->stopped = true;
   if (!spec_->status.ok())
     STRATA_LOG_WARN("strata.speculative_step: {}; the window's step is redone after backward",
@@ -343,7 +356,8 @@ Status HostOptimizer::StopSpeculation() {
 
 Status HostOptimizer::RestoreSpeculated(int64_t from) {
   const int64_t end = store_->partition().elems().second;
-  if (from >= end) return Status();
+  // NVMe states: the speculation wrote only the inactive versions.
+  if (from >= end || store_->optimizer_place() == OffloadDevice::kNvme) return Status();
   const int64_t spare_elems = spare_.bytes() / static_cast<int64_t>(3 * sizeof(float));
   float* const states[3] = {store_->master(), store_->exp_avg(), store_->exp_avg_sq()};
   const int64_t base = store_->partition().state_base();
@@ -492,6 +506,7 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
     if (keep) {
       p.speculated_from = s->from;
       p.speculated_written = std::move(s->written);
+      p.speculated_open = std::make_shared<std::vector<OpenModule>>(std::move(s->open));
     } else {
       spec_counts_.redone += n;
       RETURN_IF_ERROR(RestoreSpeculated(s->from));

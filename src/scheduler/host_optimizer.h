@@ -226,6 +226,7 @@ class HostOptimizer final : public OptimizerBackend {
     int64_t from = 0;                  // stopped: the first element stepped
     Status status;                     // stopped: the step's
     std::vector<int> written;          // stopped, offload_param nvme: modules written
+    std::vector<OpenModule> open;      // stopped, offload_param nvme: stepped in part
   };
   std::unique_ptr<Speculation> spec_;
   SpeculationCounts spec_counts_;

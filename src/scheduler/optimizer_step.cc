@@ -43,11 +43,12 @@ void SpeculationFeed::Close(bool keep_pending) {
 
 // ---- StateReadAhead ------------------------------------------------------------
 
-void StateReadAhead::Start(const StepDeps& deps) {
+void StateReadAhead::Start(const StepDeps& deps, size_t max_buffers) {
   // This rank's sub-groups (all of them with one rank).
   const auto [g0, g1] = deps.store->partition().groups();
   const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps.buffer_count));
-  const size_t n = std::min(g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1);
+  const size_t n =
+      std::min({g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1, max_buffers});
   for (size_t g = g0; g < g0 + n; ++g) {
     StatusOr<gpu::PinnedBuffer> b = deps.store->optimizer_pool()->Acquire(
         static_cast<size_t>(deps.store->optimizer_buffer_bytes()));
@@ -95,16 +96,34 @@ class ParamWriter {
     const ModuleExtent& me = layout_.module(m);
     const auto [lo, hi] = store_.partition().ModulePiece(m);
     std::memset(b->data(), 0, static_cast<size_t>(IoBytes(hi - lo)));
-    const ParamRec& last = layout_.param(me.params.back());
-    open_.push_back({m, std::min(last.elem_off + last.numel, store_.partition().elems().second),
-                     std::move(*b)});
+    // The elements of the module this rank steps.
+    const auto [own0, own1] = store_.partition().elems();
+    int64_t elems = 0;
+    for (int p : me.params) {
+      const ParamRec& r = layout_.param(p);
+      elems += std::max<int64_t>(
+          0, std::min(r.elem_off + r.numel, own1) - std::max(r.elem_off, own0));
+    }
+    open_.push_back({m, elems, std::move(*b)});
     return open_.back().buf.as<uint8_t>();
   }
-  // Every element before `stepped_end` has been stepped: the modules that
-  // end there are written.
-  void Complete(int64_t stepped_end) {
+  // The modules stepped in part (their buffers), for the step that steps
+  // the rest; and that step's adoption of them.
+  std::vector<OpenModule> TakeOpen() { return std::exchange(open_, {}); }
+  void Adopt(std::vector<OpenModule>&& open) {
+    for (OpenModule& o : open) open_.push_back(std::move(o));
+  }
+  // `elems` more elements of module m (open) have been stepped.
+  void Stepped(int m, int64_t elems) {
+    for (Open& o : open_)
+      if (o.module == m) o.remaining -= elems;
+  }
+  // The modules all of whose elements have been stepped are written (in
+  // whatever order their elements were: a speculative step goes from the
+  // top down).
+  void Complete() {
     for (auto it = open_.begin(); it != open_.end();) {
-      if (it->last_elem > stepped_end) {
+      if (it->remaining > 0) {
         ++it;
         continue;
       }
@@ -178,11 +197,7 @@ class ParamWriter {
     return true;  // b returns to the pool here
   }
 
-  struct Open {
-    int module = 0;
-    int64_t last_elem = 0;  // one past the module's last element
-    gpu::PinnedBuffer buf;
-  };
+  using Open = OpenModule;
   struct Write {
     int module = 0;
     int64_t issue_ns = 0;
@@ -336,11 +351,33 @@ void StateRing::IssueRead(size_t g) {
 }
 
 Status StateRing::Run(StepOutcome* outcome) {
+  // Sub-groups from `spec` on were stepped and written by the speculative
+  // step being committed: they are only published here.
+  const int64_t spec = step_->params_.speculated_from;
+  size_t g_spec = g1_;
+  while (g_spec > g0_ && layout_.group(g_spec - 1).elem_begin >= spec) --g_spec;
+  if (g_spec == g0_) {
+    // All of them (no buffer needed); the reads begun during backward end
+    // before their buffers go back.
+    for (size_t g = g0_; g < g1_; ++g) step_->GroupDone(g);
+    step_->read_ahead_.WaitAll();
+    if (step_->writer_) {
+      step_->writer_->WaitAll(outcome);
+      if (!step_->writer_->first_error().ok()) return step_->writer_->first_error();
+      step_->AddSpeculatedWritten(outcome);
+    }
+    outcome->states_written = true;
+    return Status();
+  }
   RETURN_IF_ERROR(AcquireBuffers());
   const size_t lookahead = StateLookahead(B_);
   for (size_t g = g0_; g < g1_ && error_.ok(); ++g) {
+    if (g >= g_spec) {
+      step_->GroupDone(g);
+      continue;
+    }
     if (!reads_[g].valid()) IssueRead(g);
-    for (size_t j = g + 1; j < g1_ && j <= g + lookahead; ++j)
+    for (size_t j = g + 1; j < g_spec && j <= g + lookahead; ++j)
       if (!reads_[j].valid() && BufferFree(j, g)) IssueRead(j);
     if (step_->deps_.before_sub_group) step_->deps_.before_sub_group(g);
     Status rs = reads_[g].Wait();
@@ -384,6 +421,7 @@ Status StateRing::Run(StepOutcome* outcome) {
   if (step_->writer_) {
     step_->writer_->WaitAll(outcome);
     if (error_.ok() && !step_->writer_->first_error().ok()) error_ = step_->writer_->first_error();
+    step_->AddSpeculatedWritten(outcome);
   }
   if (!error_.ok()) {
     return error_.WithContext(
@@ -409,6 +447,7 @@ StatusOr<std::unique_ptr<OptimizerStep>> OptimizerStep::Launch(const StepDeps& d
     for (int m : params.speculated_written)
       step->written_[static_cast<size_t>(m)].store(true, std::memory_order_relaxed);
     step->writer_ = std::make_unique<ParamWriter>(step.get());
+    if (params.speculated_open) step->writer_->Adopt(std::move(*params.speculated_open));
   }
   if (!params.background) {
     step->Run();
@@ -568,7 +607,10 @@ Status OptimizerStep::StepRange(size_t g, int64_t lo, int64_t hi, int64_t base, 
     while (buf == nullptr) {
       if (first < i) {
         RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first, i - first)));
-        writer_->Complete(slices[i - 1].elem_end);
+        for (size_t k = first; k < i; ++k)
+          writer_->Stepped(layout.param(slices[k].param).module,
+                           slices[k].elem_end - slices[k].elem_begin);
+        writer_->Complete();
         first = i;
       }
       if (!writer_->Reap(/*oldest=*/true))
@@ -580,7 +622,10 @@ Status OptimizerStep::StepRange(size_t g, int64_t lo, int64_t hi, int64_t base, 
         buf + (slices[i].byte_offset - deps_.store->partition().ModulePiece(p.module).first);
   }
   if (first < shards.size()) RETURN_IF_ERROR(StepShards(g, std::span(shards).subspan(first)));
-  writer_->Complete(hi);
+  for (size_t k = first; k < shards.size(); ++k)
+    writer_->Stepped(layout.param(slices[k].param).module,
+                     slices[k].elem_end - slices[k].elem_begin);
+  writer_->Complete();
   writer_->Reap(/*oldest=*/false);
   return Status();
 }
@@ -660,9 +705,7 @@ Status OptimizerStep::StepInMemory() {
   if (writer_) {
     writer_->WaitAll(&outcome_);
     first_error = writer_->first_error();
-    // The modules a committed speculative step wrote flip with the rest.
-    outcome_.param_written.insert(outcome_.param_written.end(), params_.speculated_written.begin(),
-                                  params_.speculated_written.end());
+    AddSpeculatedWritten(&outcome_);
   }
   if (!step_error.ok()) return step_error;
   if (!first_error.ok()) {
@@ -676,7 +719,107 @@ Status OptimizerStep::StepInMemory() {
   return Status();
 }
 
+std::vector<OpenModule> OptimizerStep::TakeOpenModules() {
+  return writer_ ? writer_->TakeOpen() : std::vector<OpenModule>{};
+}
+
+void OptimizerStep::AddSpeculatedWritten(StepOutcome* outcome) const {
+  // The modules a committed speculative step wrote flip with the rest.
+  outcome->param_written.insert(outcome->param_written.end(), params_.speculated_written.begin(),
+                                params_.speculated_written.end());
+}
+
+Status OptimizerStep::StepSpeculativeNvme() {
+  StateStore& store = *deps_.store;
+  const Layout& layout = *deps_.layout;
+  const auto [g0, g1] = store.partition().groups();
+  spec_from_ = store.partition().elems().second;
+  // The pipeline's buffers the read-ahead left (at least one), each with
+  // the write of the sub-group it held last.
+  struct Slot {
+    gpu::PinnedBuffer buf;
+    nvme::IoHandle write;
+    size_t group = 0;
+    int64_t issued = 0;
+  };
+  std::vector<Slot> slots;
+  const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps_.buffer_count));
+  while (slots.size() < want) {
+    StatusOr<gpu::PinnedBuffer> b =
+        store.optimizer_pool()->Acquire(static_cast<size_t>(store.optimizer_buffer_bytes()));
+    if (!b.ok()) break;
+    slots.push_back(Slot{std::move(*b), {}, 0, 0});
+  }
+  if (slots.empty())
+    return ResourceExhaustedError(
+        "speculative step: no optimizer pipeline buffer free (the read-ahead holds them all)");
+  Status error;
+  // Waits for a slot's write; the sub-group it wrote counts as speculated
+  // only once it has landed.
+  auto land = [&](Slot& sl) {
+    if (!sl.write.valid()) return;
+    Status w = sl.write.Wait();
+    deps_.counters->NoteNvme(sl.issued, NowNanos(), layout.group(sl.group).state_io_bytes(), true,
+                             fmt::format("write state {} (speculative)", sl.group));
+    sl.write = {};
+    if (!w.ok() && error.ok())
+      error = w.WithContext(
+          fmt::format("speculative step: writing optimizer state of sub-group {}", sl.group));
+  };
+  int64_t handed = spec_from_;  // the lowest element handed over so far
+  size_t next = g1;             // the sub-groups from next on are stepped
+  size_t k = 0;                 // the slot the next sub-group uses
+  while (error.ok()) {
+    std::optional<SpeculationFeed::Item> item = params_.feed->Next();
+    if (!item) break;
+    const int64_t lo = item->elem_begin, hi = item->elem_end;
+    if (hi != handed || lo >= hi)
+      return InternalError(fmt::format(
+          "speculative step: elements [{}, {}) handed over out of order (next expected to end at "
+          "{})",
+          lo, hi, handed));
+    RETURN_IF_ERROR(item->wait().WithContext(
+        fmt::format("speculative step: the gradients of elements [{}, {})", lo, hi)));
+    params_.fold_modes = std::move(item->fold_modes);
+    handed = lo;
+    // Every sub-group handed over in full, from the top down: read its
+    // active version, step it, write its inactive one.
+    while (error.ok() && next > g0 && layout.group(next - 1).elem_begin >= handed) {
+      const size_t g = --next;
+      const SubGroup& sg = layout.group(g);
+      Slot& sl = slots[k];
+      k = (k + 1) % slots.size();
+      land(sl);
+      if (!error.ok()) break;
+      const int64_t t0 = NowNanos();
+      Status rs = store.ReadStates(g, sl.buf.data()).Wait();
+      deps_.counters->NoteNvme(t0, NowNanos(), sg.state_io_bytes(), false,
+                               fmt::format("read state {} (speculative)", g));
+      if (!rs.ok()) {
+        error = rs.WithContext(
+            fmt::format("speculative step: reading optimizer state of sub-group {}", g));
+        break;
+      }
+      if (deps_.before_sub_group) deps_.before_sub_group(g);
+      float* buf = sl.buf.as<float>();
+      const int64_t e = sg.elems();
+      Status ss = StepGroup(g, sg.elem_begin, buf, buf + e, buf + 2 * e, nullptr);
+      if (!ss.ok()) {
+        error = ss;
+        break;
+      }
+      sl.group = g;
+      sl.issued = NowNanos();
+      sl.write = store.WriteStates(g, buf);
+      spec_from_ = sg.elem_begin;
+    }
+  }
+  for (Slot& sl : slots) land(sl);
+  return error;
+}
+
 Status OptimizerStep::StepSpeculative() {
+  if (deps_.store->optimizer_place() == OffloadDevice::kNvme) return StepSpeculativeNvme();
   StateStore& store = *deps_.store;
   const Layout& layout = *deps_.layout;
   const int64_t base = store.partition().state_base();

@@ -29,7 +29,10 @@
 // publishes nothing. The step launched after the checks then either takes
 // those elements as done (StepParams::speculated_from: it steps the rest of
 // a sub-group they cut) or, after their states were copied back, steps
-// every element again. A range is stepped as the same per-parameter shards
+// every element again. With the states on NVMe there is no spare: the
+// speculative step waits until a whole sub-group has been handed over, reads
+// its active version, steps it and writes the inactive one, which only the
+// commit makes current; a redo reads the untouched active version again. A range is stepped as the same per-parameter shards
 // as its sub-groups' (ranges end at parameter boundaries), so the bits do
 // not depend on where speculation stopped.
 //
@@ -111,8 +114,9 @@ class StateReadAhead {
   StateReadAhead(StateReadAhead&&) = default;
   StateReadAhead& operator=(StateReadAhead&&) = default;
   ~StateReadAhead() { WaitAll(); }
-  // Starts the reads (as many as the pool gives buffers for).
-  void Start(const StepDeps& deps);
+  // Starts the reads (as many as the pool gives buffers for, at most
+  // max_buffers).
+  void Start(const StepDeps& deps, size_t max_buffers = SIZE_MAX);
   bool started() const { return !buffers_.empty(); }
   void WaitAll();
 
@@ -127,6 +131,14 @@ class StateReadAhead {
 // `buffers` buffers: none that holds the sub-group being stepped or the one
 // being written behind it (with one buffer: no read-ahead at all).
 inline size_t StateLookahead(size_t buffers) { return buffers >= 3 ? buffers - 2 : buffers - 1; }
+
+// offload_param nvme: a module stepped in part, its write-back buffer
+// holding the new parameters of the elements stepped so far.
+struct OpenModule {
+  int module = 0;
+  int64_t remaining = 0;  // its elements not stepped yet
+  gpu::PinnedBuffer buf;
+};
 
 struct StepParams {
   cpu_adam::HyperParams hp;
@@ -144,11 +156,12 @@ struct StepParams {
   // The accumulator is not zeroed as it is consumed (GradOffloader::direct():
   // the next window's sums are copied over it).
   bool keep_grads = false;
-  // Speculative: the element ranges come from `feed` (states in memory, one
-  // rank); each one's master | exp_avg | exp_avg_sq are copied first into
+  // Speculative: the element ranges come from `feed` (one rank). States in
+  // memory: each range's master | exp_avg | exp_avg_sq are copied first into
   // `spare` (three arrays of spare_elems floats, for the elements from
-  // spare_first on; the feed gives only
-  // ranges inside that).
+  // spare_first on; the feed gives only ranges inside that). States on NVMe:
+  // no spare (null); whole sub-groups are stepped into their inactive
+  // versions through the optimizer pipeline's buffers the pool has free.
   SpeculationFeed* feed = nullptr;
   float* spare = nullptr;
   int64_t spare_first = 0;
@@ -158,8 +171,11 @@ struct StepParams {
   // zeroes the gradients of and publishes every sub-group, in order.
   int64_t speculated_from = INT64_MAX;
   // offload_param nvme: the modules that speculative step wrote to their
-  // inactive NVMe versions (ready at once; flipped with the commit).
+  // inactive NVMe versions (ready at once; flipped with the commit), and
+  // the module it stepped in part (states on NVMe: whole sub-groups, one of
+  // which may cut a module), whose buffer this step completes and writes.
   std::vector<int> speculated_written;
+  std::shared_ptr<std::vector<OpenModule>> speculated_open;
 };
 
 class OptimizerStep {
@@ -191,17 +207,26 @@ class OptimizerStep {
   // Waits for the end of the step and returns what it did.
   StepOutcome Join();
   // Speculative, after Join: the first element it stepped (its states
-  // saved in the spare), or the partition's end when none; every element
+  // saved in the spare; NVMe states: the first element of the lowest
+  // sub-group written), or the partition's end when none; every element
   // from there to the end was stepped, unless the outcome is an error
   // (offload_param nvme: the modules written are the outcome's
   // param_written).
   int64_t speculated_from() const { return spec_from_; }
+  // Speculative, after Join, offload_param nvme: the modules it stepped in
+  // part (for StepParams::speculated_open).
+  std::vector<OpenModule> TakeOpenModules();
 
  private:
   OptimizerStep(const StepDeps& deps, const StepParams& params);
   void Run() EXCLUDES(mu_);
   Status StepInMemory();
   Status StepSpeculative();
+  // StepSpeculative with the states on NVMe.
+  Status StepSpeculativeNvme();
+  // offload_param nvme: adds the modules the committed speculative step
+  // wrote (StepParams::speculated_written) to the outcome's param_written.
+  void AddSpeculatedWritten(StepOutcome* outcome) const;
   // Its writes of updated modules (offload_param nvme) landed; `s` or the
   // first write error.
   Status FinishSpeculative(Status s);

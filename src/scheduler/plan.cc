@@ -475,7 +475,9 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
   // The speculative step's spare: what DRAM holds after the rest, up to
   // every state.
   plan->speculation_elems = 0;
-  if (pl.speculate()) {
+  if (pl.speculate() && pl.optimizer == OffloadDevice::kNvme) {
+    if (!in.grads_on_nvme) plan->speculation_elems = in.s.total_elems;
+  } else if (pl.speculate()) {
     constexpr int64_t kSpareBytesPerElem = 12;
     int64_t elems = in.s.total_elems;
     if (in.facts.dram_available > 0)

@@ -69,14 +69,15 @@ struct Placement {
   bool param_mirror() const { return params == OffloadDevice::kNone && overlap_step(); }
   // The CPU step during the window's last backward pass (strata.
   // speculative_step; HostOptimizer): where it applies, the optimizer on the
-  // CPU with its states in memory (the new parameters go into the copy-out
+  // CPU with its states in memory (saved to a spare first) or on NVMe (whole
+  // sub-groups into their inactive versions; the window's sums in DRAM,
+  // TierPlan::speculation_elems), the new parameters into the copy-out
   // array, or with offload_param nvme to the modules' inactive versions,
-  // current only at the commit), one rank, no delayed_param_update; on when
+  // current only at the commit; one rank, no delayed_param_update; on when
   // asked, and with auto except on the host device (the backward pass runs
   // on the same cores).
   bool speculate() const {
-    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1 ||
-        optimizer == OffloadDevice::kNvme)
+    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1)
       return false;
     return speculative_step == 1 || !host_device;
   }
@@ -206,7 +207,9 @@ struct TierPlan {
   // Placement::speculate(): the optimizer states (12 bytes per element) of
   // the last speculation_elems elements are saved into a pageable spare
   // before they are stepped speculatively; as many as the DRAM budget
-  // holds after the rest of the plan (0: none, speculation off).
+  // holds after the rest of the plan (0: none, speculation off). States on
+  // NVMe need no spare: every element, when the window's sums are in DRAM
+  // (on NVMe the sums reach it a sub-group at a time after backward: 0).
   int64_t speculation_elems = 0;
   // Host memory the plan allocates: pinned + dram, and on the host device
   // the hbm row too (its "device" memory is host memory).

@@ -1327,7 +1327,7 @@ TEST(PlanBytesTest, PlanRowsAreTheBytesAllocated) {
       for (bool overlap : {false, true}) cases.push_back({opt, par, overlap, false});
   cases.push_back({OffloadDevice::kNone, OffloadDevice::kNone, true, true});
   // The speculative step's spare states (where it applies).
-  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu})
+  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
     for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
       cases.push_back({opt, par, true, false, true});
   for (const Case& k : cases) {
@@ -1449,7 +1449,8 @@ TEST_P(SpeculationTest, BitwiseIdenticalToTheStepAfterBackward) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, SpeculationTest,
-    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu),
+    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu,
+                                         OffloadDevice::kNvme),
                        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu,
                                          OffloadDevice::kNvme),
                        ::testing::Values(1, 2, 4)),
@@ -1572,7 +1573,7 @@ TEST(SpeculationTest, WhereItApplies) {
   EXPECT_GT(speculated(OffloadDevice::kCpu, OffloadDevice::kNone, true), 0);
   EXPECT_EQ(speculated(OffloadDevice::kCpu, OffloadDevice::kNone, std::nullopt), 0);
   EXPECT_EQ(speculated(OffloadDevice::kCpu, OffloadDevice::kNone, false), 0);
-  EXPECT_EQ(speculated(OffloadDevice::kNvme, OffloadDevice::kCpu, true), 0);
+  EXPECT_GT(speculated(OffloadDevice::kNvme, OffloadDevice::kCpu, true), 0);
   EXPECT_GT(speculated(OffloadDevice::kCpu, OffloadDevice::kNvme, true), 0);
 }
 
@@ -1600,6 +1601,49 @@ TEST(SpeculationTest, AFailedModuleWriteIsRedone) {
     nvme::FaultInjectionEngine::Rule rule;
     rule.kind = nvme::IoOpKind::kWrite;
     rule.nth = 1;  // the first write from here on: a speculated module's
+    rule.err = 5;  // EIO
+    if (speculate) faults->AddRule(rule);
+    MicroBatch(**e, 1, Forward());
+    auto st = (*e)->Step();
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_TRUE((*e)->Synchronize().ok());
+    if (speculate) {
+      EXPECT_EQ(faults->faults_injected(), 1);
+      EXPECT_GT(st->sub_groups_speculated, 0);
+      EXPECT_EQ(st->sub_groups_redone, st->sub_groups_speculated);
+    }
+    MicroBatch(**e, 2, Forward());
+    ASSERT_TRUE((*e)->Step().ok());
+    params[speculate] = ReadAll(**e);
+  }
+  EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
+}
+
+// offload_optimizer nvme: a speculated sub-group's state write that fails
+// voids the speculation; the step after the checks steps every sub-group
+// again from the untouched active versions, with the bits of a run that
+// never speculated.
+TEST(SpeculationTest, AFailedStateWriteIsRedone) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, dir.str());
+  c.zero_optimization.sub_group_size = 100;
+  c.gradient_clipping = 1e6;
+  std::vector<std::vector<float>> params[2];
+  for (bool speculate : {false, true}) {
+    c.strata.speculative_step = speculate;
+    nvme::FaultInjectionEngine* faults = nullptr;
+    EngineTestHooks hooks = FaultHooks(&faults);
+    hooks.speculation_steps_all_handed_over = true;
+    auto e = CreateEngine(c, hooks);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Register(**e, 29);
+    MicroBatch(**e, 0, Forward());
+    ASSERT_TRUE((*e)->Step().ok());
+    ASSERT_TRUE((*e)->Synchronize().ok());
+    ASSERT_NE(faults, nullptr);
+    nvme::FaultInjectionEngine::Rule rule;
+    rule.kind = nvme::IoOpKind::kWrite;
+    rule.nth = 1;  // the first write from here on: a speculated sub-group's states
     rule.err = 5;  // EIO
     if (speculate) faults->AddRule(rule);
     MicroBatch(**e, 1, Forward());

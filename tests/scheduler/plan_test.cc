@@ -475,11 +475,18 @@ TEST(PlanTest, SpeculativeStepSparesStatesInDram) {
   EXPECT_FALSE(pl.speculate());
   pl.speculative_step = 1;
   EXPECT_TRUE(pl.speculate());
+  // States on NVMe: no spare (their inactive versions take the new
+  // states), every element, unless the window's sums are on NVMe too.
   for (auto [opt, par] : {std::pair{OffloadDevice::kNvme, OffloadDevice::kCpu},
                           std::pair{OffloadDevice::kNvme, OffloadDevice::kNvme}}) {
     Placement q = Place(opt, par);
+    const int64_t dram = Needed(ComputeTierPlan(q, s, {}), "dram");
     q.speculative_step = 1;
-    EXPECT_FALSE(q.speculate());
+    EXPECT_TRUE(q.speculate());
+    const TierPlan spec = ComputeTierPlan(q, s, {});
+    EXPECT_EQ(spec.speculation_elems, s.total_elems);
+    EXPECT_EQ(Needed(spec, "dram"), dram);
+    q.grad_tier = GradTier::kNvme;
     EXPECT_EQ(ComputeTierPlan(q, s, {}).speculation_elems, 0);
   }
   Placement nvme_params = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
