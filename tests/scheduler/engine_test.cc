@@ -1462,15 +1462,16 @@ INSTANTIATE_TEST_SUITE_P(
 // the backward pass and Step(), ReadParameter between the backward pass and
 // Step(), ZeroGrad in the middle of the last micro-batch, and a checkpoint
 // saved and loaded between windows.
-// (offload_param; the optimizer on the CPU)
-class SpeculationVoidTest : public ::testing::TestWithParam<OffloadDevice> {};
+// (offload_optimizer cpu or nvme, offload_param)
+class SpeculationVoidTest
+    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice>> {};
 
 TEST_P(SpeculationVoidTest, WhatVoidsItKeepsTheBits) {
   testing::ScratchDir dir;
   uint64_t seed = 0;
   testing::MakeRng(&seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
-  Config c = BaseConfig(OffloadDevice::kCpu, GetParam(), dir.str());
+  Config c = BaseConfig(std::get<0>(GetParam()), std::get<1>(GetParam()), dir.str());
   c.zero_optimization.sub_group_size = 100;
   c.gradient_clipping = 1e6;
   const int kSteps = 6;
@@ -1547,11 +1548,13 @@ TEST_P(SpeculationVoidTest, WhatVoidsItKeepsTheBits) {
   EXPECT_LT(spec_counts.redone, spec_counts.speculated);  // steps 4 and 5 kept theirs
 }
 
-INSTANTIATE_TEST_SUITE_P(Placements, SpeculationVoidTest,
-                         ::testing::Values(OffloadDevice::kCpu, OffloadDevice::kNvme),
-                         [](const auto& info) {
-                           return "param_" + std::string(OffloadDeviceName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Placements, SpeculationVoidTest,
+    ::testing::Combine(::testing::Values(OffloadDevice::kCpu, OffloadDevice::kNvme),
+                       ::testing::Values(OffloadDevice::kCpu, OffloadDevice::kNvme)),
+    [](const auto& info) {
+      return testing::PlacementName(std::get<0>(info.param), std::get<1>(info.param));
+    });
 
 // strata.speculative_step on the host device: off unless asked (auto), and
 // where it does not apply the step runs after backward.
