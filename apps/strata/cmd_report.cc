@@ -699,7 +699,7 @@ struct Placement {
 };
 constexpr Placement kPlacements[] = {
     {"none", "none"}, {"cpu", "none"},      {"cpu", "none", true}, {"cpu", "none", false, true},
-    {"cpu", "cpu"},   {"cpu", "cpu", true}, {"nvme", "nvme"}};
+    {"cpu", "cpu"},   {"cpu", "cpu", true}, {"nvme", "nvme"}, {"nvme", "nvme", true}};
 
 // The example model sized to the machine (a config given with --config wins).
 json BaseTrainConfig(bool tiny, bool quick, bool cuda, const json& info) {

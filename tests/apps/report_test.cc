@@ -336,12 +336,13 @@ TEST(ReportCommand, TinyHostRunWritesEveryFigureWithUnitDeviceAndCommand) {
       EXPECT_EQ(f["command"].get<std::string>().rfind("strata ", 0), 0u) << f;
     }
   EXPECT_GT(figures, 20u);
-  // Four placements trained, two of them again with the speculative step
+  // Four placements trained, three of them again with the speculative step
   // (off by default on the host device) and cpu/none with
   // delayed_param_update, their losses compared (but the delayed one's).
-  EXPECT_EQ(sections["training"]["raw"].size(), 7u);
+  EXPECT_EQ(sections["training"]["raw"].size(), 8u);
   EXPECT_TRUE(sections["training"]["raw"].contains("cpu/none, delayed_param_update"));
-  for (const char* name : {"cpu/none, speculative step", "cpu/cpu, speculative step"}) {
+  for (const char* name :
+       {"cpu/none, speculative step", "cpu/cpu, speculative step", "nvme/nvme, speculative step"}) {
     ASSERT_TRUE(sections["training"]["raw"].contains(name)) << name;
     int64_t speculated = 0;
     for (const json& st : sections["training"]["raw"][name][0]["per_step"])
