@@ -406,7 +406,11 @@ std::optional<TierBudget> PlanNvme(const TierInputs& in, TierPlan* plan) {
   const LayoutSizes& s = in.s;
   TierSum disk;
   if (pl.optimizer == OffloadDevice::kNvme)
-    disk.Add(2 * in.states, "optimizer states 2 x " + FormatBytes(in.states));
+    disk.Add(2 * in.states,
+             "optimizer states 2 x " + FormatBytes(in.states) +
+                 (in.pl.speculate() && !in.grads_on_nvme
+                      ? " (the speculative step writes the inactive one during backward)"
+                      : ""));
   if (pl.params == OffloadDevice::kNvme && in.partitioned) {
     // Each module's piece of this rank's part, page-rounded.
     const int64_t part = s.partitioned_param_bytes + s.num_modules * kIoAlign;

@@ -486,6 +486,13 @@ TEST(PlanTest, SpeculativeStepSparesStatesInDram) {
     const TierPlan spec = ComputeTierPlan(q, s, {});
     EXPECT_EQ(spec.speculation_elems, s.total_elems);
     EXPECT_EQ(Needed(spec, "dram"), dram);
+    TierFacts disk;
+    disk.nvme_paths = {"/nvme"};
+    const TierPlan with_disk = ComputeTierPlan(q, s, disk);
+    const TierBudget* nvme = Find(with_disk, "nvme");
+    ASSERT_NE(nvme, nullptr);
+    EXPECT_THAT(nvme->detail,
+                HasSubstr("(the speculative step writes the inactive one during backward)"));
     q.grad_tier = GradTier::kNvme;
     EXPECT_EQ(ComputeTierPlan(q, s, {}).speculation_elems, 0);
   }
