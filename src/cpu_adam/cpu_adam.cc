@@ -24,6 +24,7 @@
 #include "src/common/status_util.h"
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/kernel.h"
+#include "src/cpu_adam/state_codes.h"
 #include "src/cpu_adam/topology.h"
 
 namespace strata::cpu_adam {
@@ -60,6 +61,68 @@ size_t BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_
   return 4 * 2 + DTypeSize(grad_dtype) + states * 4 * 2 + (copy_dtype ? DTypeSize(*copy_dtype) : 0);
 }
 
+static_assert(internal::kQuantBlock == kStateBlock);
+
+std::string_view StateFormatName(StateFormat f) {
+  switch (f) {
+    case StateFormat::kFp32:
+      return "fp32";
+    case StateFormat::kBf16:
+      return "bf16";
+    case StateFormat::kBf16Master:
+      return "bf16-master";
+    case StateFormat::kInt8:
+      return "int8";
+  }
+  return "?";
+}
+
+std::optional<StateFormat> ParseStateFormat(std::string_view name) {
+  if (name == "fp32") return StateFormat::kFp32;
+  if (name == "bf16") return StateFormat::kBf16;
+  if (name == "bf16-master") return StateFormat::kBf16Master;
+  if (name == "int8") return StateFormat::kInt8;
+  return std::nullopt;
+}
+
+bool SupportsStateFormat(Algorithm a, StateFormat f) {
+  switch (f) {
+    case StateFormat::kFp32:
+      return true;
+    case StateFormat::kBf16:
+    case StateFormat::kInt8:
+      return a == Algorithm::kAdam || a == Algorithm::kAdamW || a == Algorithm::kLion;
+    case StateFormat::kBf16Master:
+      return a == Algorithm::kAdam || a == Algorithm::kAdamW;
+  }
+  return false;
+}
+
+size_t StateElementBytes(StateFormat f, StateRole r) {
+  if (f == StateFormat::kFp32) return 4;
+  if (r == StateRole::kParam) return f == StateFormat::kBf16Master ? 2 : 4;
+  return f == StateFormat::kInt8 ? 1 : 2;
+}
+
+size_t StateScaleCount(StateFormat f, StateRole r, size_t count) {
+  if (f != StateFormat::kInt8 || r == StateRole::kParam) return 0;
+  return (count + kStateBlock - 1) / kStateBlock;
+}
+
+double StateBytesPerParam(StateFormat f, Algorithm a) {
+  const int moments = (a == Algorithm::kAdam || a == Algorithm::kAdamW) ? 2 : 1;
+  const double scale = f == StateFormat::kInt8 ? 4.0 / kStateBlock : 0.0;
+  return static_cast<double>(StateElementBytes(f, StateRole::kParam)) +
+         moments * (static_cast<double>(StateElementBytes(f, StateRole::kExpAvg)) + scale);
+}
+
+double BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_dtype,
+                       StateFormat states) {
+  // Everything stored is read and written once; the gradient and the copy once.
+  return 2 * StateBytesPerParam(states, a) + static_cast<double>(DTypeSize(grad_dtype)) +
+         (copy_dtype ? static_cast<double>(DTypeSize(*copy_dtype)) : 0.0);
+}
+
 std::string_view BestIsa() { return internal::UsableTables().front()->isa; }
 
 std::vector<std::string_view> AvailableIsas() {
@@ -79,7 +142,16 @@ struct Prepared {
   size_t blocks = 0;
   size_t grad_bytes = 4;  // per element
   size_t copy_bytes = 0;
+  StateFormat states = StateFormat::kFp32;
+  size_t state_bytes = 4;  // compact formats: bytes per stored moment
 };
+
+CopyOut CopyOutOf(const ShardStep& s) {
+  if (s.copy_out == nullptr) return CopyOut::kNone;
+  return s.copy_dtype == DType::kFp32
+             ? CopyOut::kFp32
+             : (s.copy_dtype == DType::kFp16 ? CopyOut::kFp16 : CopyOut::kBf16);
+}
 
 std::string ShardName(size_t i) { return "cpu_adam: shard " + std::to_string(i); }
 
@@ -145,6 +217,115 @@ struct Range {
   const char* name;
 };
 
+// A shard in a compact state format: the fp32 pointers it does not use must
+// be null, the ones it uses non-null and disjoint; int8 shards start at a
+// block boundary of the global index.
+Status PrepareCompactShard(const ShardStep& s, size_t i, const KernelTable& table, bool roofline,
+                           size_t block, Prepared* out) {
+  const Algorithm alg = s.hp.algorithm;
+  const StateFormat f = s.states;
+  const int fi = static_cast<int>(f);
+  if (fi < 1 || fi > 3)
+    return InvalidArgumentError(ShardName(i) + ": unknown state format " + std::to_string(fi));
+  const std::string what = ShardName(i) + " (" + std::string(AlgorithmName(alg)) + ", states " +
+                           std::string(StateFormatName(f)) + ", count " + std::to_string(s.count) +
+                           ")";
+  if (!SupportsStateFormat(alg, f)) {
+    return InvalidArgumentError(what + ": state format " + std::string(StateFormatName(f)) +
+                                " is not supported for " + std::string(AlgorithmName(alg)) +
+                                " (supported: " +
+                                (alg == Algorithm::kLion ? "fp32, bf16, int8" : "fp32") + ")");
+  }
+  if (f == StateFormat::kInt8 && s.element_offset % kStateBlock != 0) {
+    return InvalidArgumentError(what + ": element_offset " + std::to_string(s.element_offset) +
+                                " is not a multiple of " + std::to_string(kStateBlock) +
+                                " (int8 blocks are aligned to the global element index)");
+  }
+  // The fp32 state pointers belong to kFp32.
+  if (s.exp_avg != nullptr || s.exp_avg_sq != nullptr)
+    return InvalidArgumentError(what + ": exp_avg/exp_avg_sq (fp32) must be null; the " +
+                                std::string(StateFormatName(f)) +
+                                " moments go in exp_avg_c/exp_avg_sq_c");
+  const bool master16 = f == StateFormat::kBf16Master;
+  const bool int8 = f == StateFormat::kInt8;
+  const bool two = alg != Algorithm::kLion || roofline;
+  if (master16 && s.param != nullptr)
+    return InvalidArgumentError(what + ": param (fp32) must be null; the bf16 master is param_c");
+  if (!master16 && s.param_c != nullptr)
+    return InvalidArgumentError(what + ": param_c must be null; the master is param (fp32)");
+  if (!int8 && (s.exp_avg_scale != nullptr || s.exp_avg_sq_scale != nullptr))
+    return InvalidArgumentError(what + ": exp_avg_scale/exp_avg_sq_scale are for int8 only");
+  if (!two && (s.exp_avg_sq_c != nullptr || s.exp_avg_sq_scale != nullptr))
+    return InvalidArgumentError(what + ": lion has no exp_avg_sq_c/exp_avg_sq_scale (null)");
+  if (s.fold && s.check_finite)
+    return InvalidArgumentError(ShardName(i) +
+                                ": check_finite is not supported with fold (check the sum first)");
+  if (s.count == 0) return Status::Ok();
+  auto null = [&](const char* field) { return InvalidArgumentError(what + ": " + field + " is null"); };
+  if (master16 ? s.param_c == nullptr : s.param == nullptr) return null(master16 ? "param_c" : "param");
+  if (s.grad == nullptr) return null("grad");
+  if (s.exp_avg_c == nullptr) return null("exp_avg_c");
+  if (two && s.exp_avg_sq_c == nullptr) return null("exp_avg_sq_c");
+  if (int8 && s.exp_avg_scale == nullptr) return null("exp_avg_scale");
+  if (int8 && two && s.exp_avg_sq_scale == nullptr) return null("exp_avg_sq_scale");
+  const size_t sb = StateElementBytes(f, StateRole::kExpAvg);
+  const size_t nblk = (s.count + kStateBlock - 1) / kStateBlock;
+  std::vector<Range> ranges;
+  auto add = [&](const void* p, size_t bytes, const char* name) {
+    const auto lo = reinterpret_cast<uintptr_t>(p);
+    ranges.push_back({lo, lo + bytes, name});
+  };
+  if (master16) {
+    add(s.param_c, s.count * 2, "param_c");
+  } else {
+    add(s.param, s.count * 4, "param");
+  }
+  add(s.grad, s.count * DTypeSize(s.grad_dtype), "grad");
+  add(s.exp_avg_c, s.count * sb, "exp_avg_c");
+  if (two) add(s.exp_avg_sq_c, s.count * sb, "exp_avg_sq_c");
+  if (int8) add(s.exp_avg_scale, nblk * 4, "exp_avg_scale");
+  if (int8 && two) add(s.exp_avg_sq_scale, nblk * 4, "exp_avg_sq_scale");
+  if (s.copy_out) add(s.copy_out, s.count * DTypeSize(s.copy_dtype), "copy_out");
+  if (s.fold && s.fold_acc != nullptr) add(s.fold_acc, s.count * 4, "fold_acc");
+  for (size_t a = 0; a < ranges.size(); ++a) {
+    for (size_t b = a + 1; b < ranges.size(); ++b) {
+      if (ranges[a].lo < ranges[b].hi && ranges[b].lo < ranges[a].hi) {
+        return InvalidArgumentError(what + ": " + ranges[a].name + " and " + ranges[b].name +
+                                    " overlap");
+      }
+    }
+  }
+  const KernelOp op = roofline ? KernelOp::kRoofline : static_cast<KernelOp>(static_cast<int>(alg));
+  out->fn = table.compact[fi - 1][static_cast<int>(op)][static_cast<int>(s.grad_dtype)];
+  if (out->fn == nullptr)
+    return InternalError(what + ": no kernel in the " + std::string(table.isa) + " table");
+  KernelArgs& a = out->base;
+  a.param = s.param;
+  a.param_c = s.param_c;
+  a.grad = s.grad;
+  a.state0_c = s.exp_avg_c;
+  a.state1_c = two ? s.exp_avg_sq_c : nullptr;
+  a.scale0 = s.exp_avg_scale;
+  a.scale1 = two ? s.exp_avg_sq_scale : nullptr;
+  a.index0 = s.element_offset;
+  const internal::SrKey key = internal::MakeSrKey(s.seed, s.hp.step);
+  a.sr_key0 = key.k0;
+  a.sr_key1 = key.k1;
+  a.folded = s.fold;
+  a.fold = s.fold ? s.fold_acc : nullptr;
+  a.copy_out = s.copy_out;
+  a.copy = CopyOutOf(s);
+  a.n = s.count;
+  a.c = MakeCoeffs(s.hp);
+  out->check = s.check_finite;
+  out->blocks = (s.count + block - 1) / block;
+  out->grad_bytes = DTypeSize(s.grad_dtype);
+  out->copy_bytes = s.copy_out ? DTypeSize(s.copy_dtype) : 0;
+  out->states = f;
+  out->state_bytes = sb;
+  return Status::Ok();
+}
+
 Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool roofline,
                     size_t block, bool stream_state, bool stream_copy, Prepared* out) {
   RETURN_IF_ERROR(CheckHyper(s.hp, i));
@@ -158,6 +339,13 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
   const bool needs_m = adam || alg == Algorithm::kLion || roofline;
   const bool needs_v = adam || alg == Algorithm::kAdagrad || roofline;
   *out = Prepared{};
+  if (s.states != StateFormat::kFp32)
+    return PrepareCompactShard(s, i, table, roofline, block, out);
+  if (s.param_c != nullptr || s.exp_avg_c != nullptr || s.exp_avg_sq_c != nullptr ||
+      s.exp_avg_scale != nullptr || s.exp_avg_sq_scale != nullptr)
+    return InvalidArgumentError(ShardName(i) +
+                                ": param_c/exp_avg_c/exp_avg_sq_c/exp_avg_scale/exp_avg_sq_scale "
+                                "are for compact state formats; states is fp32");
   if (s.count == 0) return Status::Ok();
   auto null = [&](const char* what) {
     return InvalidArgumentError(ShardName(i) + " (" + std::string(AlgorithmName(alg)) + ", count " +
@@ -258,10 +446,21 @@ size_t RunPrepared(const std::vector<Prepared>& shards, size_t block) {
       const size_t off = blocks.Offset(gb, k, block);
       KernelArgs a = p.base;
       a.n = std::min(block, p.base.n - off);
-      a.param += off;
+      if (p.states == StateFormat::kFp32) a.param += off;
       a.grad = static_cast<const char*>(p.base.grad) + off * p.grad_bytes;
-      a.state0 += off;
-      if (a.state1) a.state1 += off;
+      if (p.states == StateFormat::kFp32) {
+        a.state0 += off;
+        if (a.state1) a.state1 += off;
+      } else {
+        // Blocks are multiples of 1024 elements: int8 blocks stay aligned.
+        if (a.param) a.param += off;
+        if (a.param_c) a.param_c = static_cast<uint16_t*>(a.param_c) + off;
+        a.state0_c = static_cast<char*>(a.state0_c) + off * p.state_bytes;
+        if (a.state1_c) a.state1_c = static_cast<char*>(a.state1_c) + off * p.state_bytes;
+        if (a.scale0) a.scale0 += off / kStateBlock;
+        if (a.scale1) a.scale1 += off / kStateBlock;
+        a.index0 += off;
+      }
       if (a.fold) a.fold += off;
       if (a.copy_out) a.copy_out = static_cast<char*>(a.copy_out) + off * p.copy_bytes;
       if (!p.fn(a, p.check)) bad[k].store(true, std::memory_order_relaxed);

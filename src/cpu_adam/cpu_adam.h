@@ -53,6 +53,32 @@ enum class Algorithm : uint8_t { kAdam = 0, kAdamW = 1, kAdagrad = 2, kLion = 3 
 std::string_view AlgorithmName(Algorithm a);  // "adam", "adamw", "adagrad", "lion"
 std::optional<Algorithm> ParseAlgorithm(std::string_view name);  // the names above
 
+// How the optimizer state of a shard is stored (docs/design.md, "Compact
+// state formats"). The master param is always updated in fp32 arithmetic;
+// the formats differ in what is kept between steps:
+//   kFp32        fp32 master, fp32 exp_avg, fp32 exp_avg_sq      12 B/param
+//   kBf16        fp32 master, bf16 exp_avg and exp_avg_sq (round to nearest
+//                even)                                            8 B/param
+//   kBf16Master  bf16 master written with stochastic rounding (a hash of
+//                the global element index, the step and a seed), bf16
+//                moments (nearest even)                           6 B/param
+//   kInt8        fp32 master, 8-bit block-quantized moments: blocks of 256
+//                elements (aligned to the global element index) with one
+//                fp32 scale per moment, recomputed each step from the
+//                block's absmax; exp_avg a signed 8-bit float code (4
+//                exponent, 3 mantissa bits), exp_avg_sq an unsigned one (5
+//                exponent, 3 mantissa bits)               6 + 8/256 B/param
+// Support: Adam and AdamW in every format; Lion in fp32, bf16 and int8;
+// Adagrad in fp32 only. Anything else is refused (InvalidArgument).
+enum class StateFormat : uint8_t { kFp32 = 0, kBf16 = 1, kBf16Master = 2, kInt8 = 3 };
+// "fp32", "bf16", "bf16-master", "int8"
+std::string_view StateFormatName(StateFormat f);
+std::optional<StateFormat> ParseStateFormat(std::string_view name);  // the names above
+// Whether `a` can be stepped with state format `f` (see above).
+bool SupportsStateFormat(Algorithm a, StateFormat f);
+// Elements per int8 quantization block (one fp32 scale per moment each).
+inline constexpr size_t kStateBlock = 256;
+
 // Per-group hyper-parameters plus the step count and the gradient multiplier.
 struct HyperParams {
   Algorithm algorithm = Algorithm::kAdamW;
@@ -103,6 +129,33 @@ struct ShardStep {
   // (InvalidArgument): check the sum beforehand.
   bool fold = false;
   const float* fold_acc = nullptr;
+
+  // ---- Compact state formats (StateFormat) --------------------------------
+  // kFp32 uses param, exp_avg and exp_avg_sq above; the compact formats use
+  // these instead (the fp32 pointers the format does not use must be null):
+  //   kBf16:       param (fp32), exp_avg_c, exp_avg_sq_c (bf16 bits, uint16_t)
+  //   kBf16Master: param_c (bf16 bits, updated in place; param null),
+  //                exp_avg_c, exp_avg_sq_c (bf16 bits)
+  //   kInt8:       param (fp32), exp_avg_c, exp_avg_sq_c (one uint8_t code
+  //                per element), exp_avg_scale, exp_avg_sq_scale (one fp32
+  //                per block: ceil((count) / kStateBlock) of them, block b
+  //                covering elements [b*256, b*256 + 256) of this shard)
+  // Lion has no exp_avg_sq_c / exp_avg_sq_scale (null).
+  StateFormat states = StateFormat::kFp32;
+  void* param_c = nullptr;
+  void* exp_avg_c = nullptr;
+  void* exp_avg_sq_c = nullptr;
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  // The global index of element 0 of this shard in its parameter space
+  // (e.g. the flat offset of the sub-group). kInt8: must be a multiple of
+  // kStateBlock (blocks are aligned to the global index). kBf16Master: the
+  // stochastic rounding of element i depends on (element_offset + i,
+  // hp.step, seed) only — so the bits do not depend on how the parameter
+  // space is cut into shards, on the thread count or on the ISA's lane
+  // width.
+  uint64_t element_offset = 0;
+  uint64_t seed = 0;  // kBf16Master: the stochastic rounding's seed
 };
 
 struct StepResult {
@@ -264,6 +317,35 @@ class CpuOptimizer {
 // Bytes one fused step moves per element (reads + writes; write-allocate
 // traffic not counted): 4 (param) ×2 + grad + states ×2 ×4 + copy-out.
 size_t BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_dtype);
+// The same for a state format: master and states read and written at their
+// stored size, int8's scales (8 bytes per 256 elements per moment) included.
+double BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_dtype,
+                       StateFormat states);
+// Bytes of stored state per parameter (master + moments + scales) for Adam
+// and AdamW: 12, 8, 6, 6.0625 (Lion: one moment less).
+double StateBytesPerParam(StateFormat f, Algorithm a = Algorithm::kAdamW);
+
+// ---- Whole arrays in a state format (checkpoints, export, conversion) ------
+
+// Which array of the state: the master param, exp_avg or exp_avg_sq.
+enum class StateRole : uint8_t { kParam = 0, kExpAvg = 1, kExpAvgSq = 2 };
+// Bytes per element of that array in format f (fp32 4, bf16 2, int8 codes
+// 1; an int8 master is fp32: 4).
+size_t StateElementBytes(StateFormat f, StateRole r);
+// fp32 scales that array needs for `count` elements: ceil(count / 256) for
+// int8 moments, else 0.
+size_t StateScaleCount(StateFormat f, StateRole r, size_t count);
+// src[0, count) (fp32) → dst in format f (StateElementBytes each) and, for
+// int8 moments, scales (StateScaleCount of them). Element 0 starts a block.
+// bf16 rounds to nearest even (a bf16 master too: conversion is not a step,
+// so no stochastic rounding); int8 uses the block absmax scale and the codes
+// the kernels use. InvalidArgument for null arrays with count > 0.
+Status EncodeState(StateFormat f, StateRole r, const float* src, size_t count, void* dst,
+                   float* scales);
+// The inverse: dst[0, count) = the values the kernels see. Exact for fp32 and
+// bf16; int8: code value × block scale.
+Status DecodeState(StateFormat f, StateRole r, const void* src, const float* scales,
+                   size_t count, float* dst);
 
 // Bytes one accumulation moves per element: acc 4r+4w + grad read.
 inline size_t AccumulateBytesPerElement(DType grad_dtype) { return 8 + DTypeSize(grad_dtype); }

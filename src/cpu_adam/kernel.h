@@ -5,6 +5,10 @@
 // A kernel updates `n` consecutive elements of one shard in a single pass:
 //   reads  param (fp32), grad (fp32|fp16|bf16), state0, state1 (fp32)
 //   writes param, state0, state1 and optionally copy_out (fp16|bf16|fp32)
+// The compact state formats (StateFormat in cpu_adam.h) have their own
+// kernels (KernelTable::compact): the same math, the state arrays stored as
+// bf16 or as 8-bit codes with per-block scales (see "Compact state formats"
+// below and in docs/design.md).
 // The math of each optimizer, in the exact order of float operations, is
 // written once in kernel_impl.h (SIMD) and once in kernel_scalar.cc (plain
 // loop); both are documented in docs/design.md ("cpu_adam").
@@ -15,6 +19,7 @@
 #include <string_view>
 
 #include "src/common/dtype.h"
+#include "src/cpu_adam/cpu_adam.h"
 
 namespace strata::cpu_adam::internal {
 
@@ -28,6 +33,21 @@ constexpr int kNumKernelOps = 5;
 // Copy-out selector: none, or the dtype of the copy.
 enum class CopyOut : uint8_t { kNone = 0, kFp32 = 1, kFp16 = 2, kBf16 = 3 };
 constexpr int kNumCopyOuts = 4;
+
+// ---- Compact state formats ---------------------------------------------------
+// StateFormat::kBf16, kBf16Master, kInt8 (index = format - 1 in the table).
+constexpr int kNumCompactFormats = 3;
+// int8: elements per quantization block (one fp32 scale per moment per
+// block). Blocks are aligned to the global element index.
+constexpr size_t kQuantBlock = 256;
+// int8 exp_avg: a signed 8-bit float code, 1 sign, 4 exponent (bias 7), 3
+// mantissa bits, subnormals, no inf/NaN (saturating): code units in
+// [-480, 480]; the block's absmax maps to 480.
+constexpr float kExpAvgCodeMax = 480.f;
+// int8 exp_avg_sq: an unsigned code, 5 exponent (bias 15) and 3 mantissa
+// bits, subnormals, no sign: code units in [0, 122880], smallest nonzero
+// 2^-17. A positive value never encodes to 0 (it rounds up to code 1).
+constexpr float kExpAvgSqCodeMax = 122880.f;
 
 // Coefficients are computed once per shard (in double, then rounded to
 // float) by cpu_adam.cc; the kernels only multiply and add them.
@@ -61,6 +81,28 @@ struct KernelArgs {
   // in-place arrays (param, states) and for the write-only copy-out.
   bool stream_state = false;
   bool stream_copy = false;
+
+  // ---- Compact state formats only (KernelTable::compact) -------------------
+  // Which arrays are used depends on the format:
+  //   bf16:        param (fp32), state0_c/state1_c bf16 bits (uint16_t)
+  //   bf16-master: param_c (bf16 bits), state0_c/state1_c bf16 bits
+  //   int8:        param (fp32), state0_c/state1_c 8-bit codes (uint8_t),
+  //                scale0/scale1 one fp32 per kQuantBlock elements; element 0
+  //                of the call starts a block (index0 % kQuantBlock == 0)
+  void* param_c = nullptr;
+  void* state0_c = nullptr;
+  void* state1_c = nullptr;
+  float* scale0 = nullptr;
+  float* scale1 = nullptr;
+  uint64_t index0 = 0;  // global index of element 0 (stochastic rounding, blocks)
+  uint32_t sr_key0 = 0, sr_key1 = 0;  // SrKey(seed, step): the rounding stream of this step
+  // The compact kernels take the copy-out and the fold as run-time choices
+  // (fewer instantiations; the branch is per 256 elements or per vector and
+  // always predicted): copy is the copy-out dtype (copy_out null when kNone),
+  // fold true means the gradient is fold[i] + float(grad[i]) (0.f + grad
+  // when fold is null), as the step_fold kernels do.
+  CopyOut copy = CopyOut::kNone;
+  bool folded = false;
 };
 
 // One pass over [0, n). Returns false if a non-finite scaled gradient was
@@ -77,6 +119,10 @@ using AccumulateFn = void (*)(float* acc, const void* grad, size_t n);
 // Vector conversions (for tests: compared to src/common/half.h).
 using ToHalfFn = void (*)(const float* in, uint16_t* out, size_t n);
 using FromHalfFn = void (*)(const uint16_t* in, float* out, size_t n);
+using QuantizeFn = void (*)(const float* in, size_t n, uint8_t* codes, float* scales);
+using DequantizeFn = void (*)(const uint8_t* codes, const float* scales, size_t n, float* out);
+using StochasticFn = void (*)(const float* in, uint16_t* out, size_t n, uint64_t index0,
+                              uint32_t k0, uint32_t k1);
 
 struct KernelTable {
   std::string_view isa;  // "avx512", "avx2+fma", "sse4.2", "scalar"
@@ -87,6 +133,11 @@ struct KernelTable {
   // reads fold (4 bytes, unless null) beside the grad. check_finite is not
   // supported (cpu_adam.cc refuses it).
   StepFn step_fold[kNumKernelOps][3][kNumCopyOuts];
+  // The compact state formats: compact[format - 1][op][grad dtype], format
+  // the StateFormat (bf16, bf16-master, int8); copy-out and fold are
+  // run-time (KernelArgs::copy, KernelArgs::folded). Null where the format
+  // does not support the op (Adagrad everywhere, Lion with bf16-master).
+  StepFn compact[kNumCompactFormats][kNumKernelOps][3];
   CheckFn check[3];            // by grad dtype
   AccumulateFn accumulate[3];  // by grad dtype
   // Benchmark only: the same loads and stores as accumulate[] with trivial
@@ -96,6 +147,14 @@ struct KernelTable {
   AccumulateFn accumulate_roofline[3];
   ToHalfFn f32_to_f16, f32_to_bf16;
   FromHalfFn f16_to_f32, bf16_to_f32;
+  // The compact formats' conversions over arrays (EncodeState/DecodeState
+  // and tests; the scalar table's are the reference of state_codes.h):
+  // quantize_q8[0] exp_avg, [1] exp_avg_sq: in[0, n) → codes and one scale
+  // per kQuantBlock (element 0 starts a block); dequantize_q8 the inverse.
+  QuantizeFn quantize_q8[2];
+  DequantizeFn dequantize_q8[2];
+  // out[i] = FloatToBf16Stochastic(in[i], SrBits(index0 + i, {k0, k1})).
+  StochasticFn to_bf16_stochastic;
 };
 
 // Tables per ISA. A table whose ISA this build could not compile is null.

@@ -43,6 +43,14 @@ struct ArchIO<Arch> {
     }
   }
   static void Fence() { _mm_sfence(); }
+  static BI<Arch> LoadU8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void StoreU8(uint8_t* p, BI<Arch> x) {
+    // x's lanes are in [0, 0xff]: pack to 16 bits, then to 8 bits.
+    const __m128i w = Narrow(x);
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(w, w));
+  }
   static bool IsAligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 };
 

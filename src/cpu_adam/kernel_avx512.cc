@@ -39,6 +39,12 @@ struct ArchIO<Arch> {
     }
   }
   static void Fence() { _mm_sfence(); }
+  static BI<Arch> LoadU8(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static void StoreU8(uint8_t* p, BI<Arch> x) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));  // vpmovdb
+  }
 };
 
 const KernelTable* Avx512Table() {

@@ -20,11 +20,13 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <xsimd/xsimd.hpp>
 
 #include "src/cpu_adam/kernel.h"
+#include "src/cpu_adam/state_codes.h"
 
 namespace strata::cpu_adam::internal {
 
@@ -41,6 +43,8 @@ using BI = xsimd::batch<int32_t, A>;
 //   static BF<A>  LoadF16(const uint16_t* p);           fp16 → fp32 (exact)
 //   static void   StoreF16(uint16_t* p, BF<A> x, bool nt); fp32 → fp16, round to nearest even
 //   static void   Fence();                               orders streaming stores
+//   static BI<A>  LoadU8(const uint8_t* p);             zero-extends lanes
+//   static void   StoreU8(uint8_t* p, BI<A> x);         low 8 bits of lanes (x in [0, 0xff])
 template <class A>
 struct ArchIO;
 
@@ -438,6 +442,511 @@ void FromHalfArray(const uint16_t* in, float* out, size_t n) {
   }
 }
 
+// ---- Compact state formats ---------------------------------------------------
+//
+// The same math as FusedKernel (Adam/AdamW/Lion, the same order of float
+// operations), with the state stored compactly (StateFormat, cpu_adam.h):
+//   bf16         m, v as bf16 (round to nearest even), fp32 master
+//   bf16-master  m, v as bf16 (nearest even), the master as bf16 written with
+//                stochastic rounding keyed by (global index, step, seed)
+//   int8         m, v as 8-bit codes with one fp32 scale per moment per
+//                kQuantBlock elements, fp32 master
+// Bytes moved per element (G grad bytes, C copy-out bytes):
+//   bf16: p 4r+4w, m 2r+2w, v 2r+2w = 16 + G (+ C);  Lion 12 + G
+//   bf16-master: p 2r+2w, m, v as bf16 = 12 + G (+ C)
+//   int8: p 4r+4w, m 1r+1w, v 1r+1w, scales 16/256 = 12.0625 + G (+ C)
+// The element range is walked in groups of kQuantBlock elements (a block
+// for int8): the update of the group, then its copy-out while the params
+// are still in L1. For int8 the group's new moments are kept in a 2 KiB
+// stack buffer until the block's absmax (and so its new scale) is known,
+// then encoded — still one pass over DRAM.
+//
+// The codes are the integer and float operations of state_codes.h, lane by
+// lane (tested bit for bit against them).
+
+template <class A>
+using BU = xsimd::batch<uint32_t, A>;
+
+// Lanes 0, 1, ..., W-1.
+template <class A>
+inline BU<A> Iota() {
+  alignas(64) static constexpr uint32_t kIota[16] = {0, 1, 2,  3,  4,  5,  6,  7,
+                                                     8, 9, 10, 11, 12, 13, 14, 15};
+  return BU<A>::load_aligned(kIota);
+}
+
+template <class A>
+inline BU<A> Mix32(BU<A> x) {  // state_codes.h Mix32, per lane
+  x ^= x >> 16;
+  x *= BU<A>(0x7feb352du);
+  x ^= x >> 15;
+  x *= BU<A>(0x846ca68bu);
+  x ^= x >> 16;
+  return x;
+}
+
+// SrBits of the W consecutive global indices starting at `index`.
+template <class A>
+inline BU<A> SrBitsVec(uint64_t index, uint32_t k0, uint32_t k1) {
+  const uint32_t lo0 = static_cast<uint32_t>(index), hi0 = static_cast<uint32_t>(index >> 32);
+  const BU<A> lo = BU<A>(lo0) + Iota<A>();
+  // A lane whose low half wrapped past 2^32 carries into the high half
+  // (unsigned compare as a signed one with the sign bits flipped).
+  const BI<A> flip(static_cast<int32_t>(0x80000000u));
+  const BI<A> wrapped = xsimd::select(
+      (xsimd::bitwise_cast<BI<A>>(lo) ^ flip) < (BI<A>(static_cast<int32_t>(lo0)) ^ flip),
+      BI<A>(1), BI<A>(0));
+  const BU<A> hi = BU<A>(hi0) + xsimd::bitwise_cast<BU<A>>(wrapped);
+  return Mix32<A>(Mix32<A>(lo ^ BU<A>(k0)) ^ hi ^ BU<A>(k1));
+}
+
+// FloatToBf16Stochastic per lane; lanes end up in [0, 0xffff].
+template <class A>
+inline BI<A> FloatToBf16StochasticVec(BF<A> f, BU<A> random) {
+  const BU<A> u = xsimd::bitwise_cast<BU<A>>(f);
+  const BU<A> rounded = (u + (random >> 16)) >> 16;
+  const BU<A> quiet = (u >> 16) | BU<A>(0x40u);
+  const BF<A> r = xsimd::select(xsimd::isnan(f), xsimd::bitwise_cast<BF<A>>(quiet),
+                                xsimd::bitwise_cast<BF<A>>(rounded));
+  return xsimd::bitwise_cast<BI<A>>(r);
+}
+
+// EncodeExpAvg8 per lane (code in the low 8 bits of each lane).
+template <class A>
+inline BI<A> EncodeExpAvg8Vec(BF<A> x, BF<A> inv) {
+  using I = BI<A>;
+  using B = BF<A>;
+  const I u = xsimd::bitwise_cast<I>(x);
+  const I sign = (u >> 24) & I(0x80);
+  const B y = xsimd::min(xsimd::bitwise_cast<B>(u & I(0x7fffffff)) * inv, B(kExpAvgCodeMax));
+  const B t = y * B(512.f) + B(0x1p23f);
+  const I sub = xsimd::bitwise_cast<I>(t) - I(0x4b000000);
+  const I h = xsimd::bitwise_cast<I>(y) - I(120 << 23);
+  const I norm = (h + I(0x7ffff) + ((h >> 20) & I(1))) >> 20;
+  // y >= 0 and not NaN: compare its bits (y < 2^-6) to stay in the integer domain.
+  return xsimd::select(xsimd::bitwise_cast<I>(y) < I(121 << 23), sub, norm) | sign;
+}
+
+// DecodeExpAvg8 per lane (code units).
+template <class A>
+inline BF<A> DecodeExpAvg8Vec(BI<A> c) {
+  using I = BI<A>;
+  using B = BF<A>;
+  const I mag = c & I(0x7f);
+  const I sub = xsimd::bitwise_cast<I>(xsimd::to_float(mag) * B(1.f / 512.f));
+  const I norm = (mag << 20) + I(120 << 23);
+  return xsimd::bitwise_cast<B>(xsimd::select(mag < I(8), sub, norm) | ((c & I(0x80)) << 24));
+}
+
+template <class A>
+inline BI<A> EncodeExpAvgSq8Vec(BF<A> x, BF<A> inv) {
+  using I = BI<A>;
+  using B = BF<A>;
+  const B y = xsimd::min(xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I>(x) & I(0x7fffffff)) * inv,
+                         B(kExpAvgSqCodeMax));
+  const B t = y * B(131072.f) + B(0x1p23f);
+  const I sub = xsimd::bitwise_cast<I>(t) - I(0x4b000000);
+  const I h = xsimd::bitwise_cast<I>(y) - I(112 << 23);
+  const I norm = (h + I(0x7ffff) + ((h >> 20) & I(1))) >> 20;
+  const I code = xsimd::select(xsimd::bitwise_cast<I>(y) < I(113 << 23), sub, norm);  // y < 2^-14
+  // A positive v never becomes code 0.
+  // (x > 0 as an integer compare of the bits: NaN counts as positive here,
+  // but it saturates to the largest code anyway.)
+  return xsimd::select((xsimd::bitwise_cast<I>(x) > I(0)) & (code == I(0)), I(1), code);
+}
+
+template <class A>
+inline BF<A> DecodeExpAvgSq8Vec(BI<A> c) {
+  using I = BI<A>;
+  using B = BF<A>;
+  const I sub = xsimd::bitwise_cast<I>(xsimd::to_float(c) * B(1.f / 131072.f));
+  const I norm = (c << 20) + I(112 << 23);
+  return xsimd::bitwise_cast<B>(xsimd::select(c < I(8), sub, norm));
+}
+
+// The gradient of a compact kernel, the fold chosen at run time.
+template <class A, int GD>
+inline BF<A> LoadGradRt(const void* g, const float* f, bool folded, size_t i) {
+  const BF<A> x = LoadGrad<A, GD>(g, i);
+  if (!folded) return x;
+  if (f != nullptr) return BF<A>::load_unaligned(f + i) + x;  // acc + g
+  return BF<A>(0.f) + x;                                      // a zeroed acc += g
+}
+
+template <class A, StateFormat SF, KernelOp OP, int GD>
+struct CompactKernel {
+  using B = BF<A>;
+  using I = BI<A>;
+  static constexpr size_t W = B::size;
+  static constexpr bool kInt8 = SF == StateFormat::kInt8;
+  static constexpr bool kMaster16 = SF == StateFormat::kBf16Master;
+  static constexpr bool kRoof = OP == KernelOp::kRoofline;
+  static constexpr bool kHasS1 = OP != KernelOp::kLion;
+  static constexpr size_t kSB = kInt8 ? 1 : 2;  // bytes per stored moment
+  static_assert(kQuantBlock % W == 0);
+
+  // The arrays of one range, element 0 at the range's start. A tail points
+  // them at padded stack copies.
+  struct View {
+    float* p;        // fp32 master (bf16, int8)
+    uint16_t* pc;    // bf16 master (bf16-master)
+    const void* g;   // grad
+    const float* f;  // fold accumulator or null
+    uint8_t* s0;     // moments: bf16 bits or codes
+    uint8_t* s1;
+  };
+
+  static inline I LoadState(const uint8_t* s, size_t i) {
+    if constexpr (kInt8) {
+      return ArchIO<A>::LoadU8(s + i);
+    } else {
+      return ArchIO<A>::LoadU16(reinterpret_cast<const uint16_t*>(s) + i);
+    }
+  }
+  static inline void StoreState(uint8_t* s, size_t i, I x) {
+    if constexpr (kInt8) {
+      ArchIO<A>::StoreU8(s + i, x);
+    } else {
+      ArchIO<A>::StoreU16(reinterpret_cast<uint16_t*>(s) + i, x);
+    }
+  }
+
+  // Updates the W elements at index i of `v` (global index gidx). bf16
+  // formats store the moments; int8 returns them in *m_out, *v_out (the
+  // caller encodes them once the block's scale is known). sc0, sc1: the
+  // block's current scales (int8).
+  static inline void Vec(const View& v, size_t i, uint64_t gidx, const KernelArgs& a,
+                         const Coeffs& c, float sc0, float sc1, B* m_out, B* v_out) {
+    const B g = LoadGradRt<A, GD>(v.g, v.f, a.folded, i) * B(c.grad_scale);
+    if constexpr (kRoof) {
+      // The same loads and stores, values unchanged: bits | (g's bits & 0).
+      static volatile int32_t opaque_zero = 0;
+      const I z = xsimd::bitwise_cast<I>(g) & I(opaque_zero);
+      if constexpr (kMaster16) {
+        ArchIO<A>::StoreU16(v.pc + i, ArchIO<A>::LoadU16(v.pc + i) | z);
+      } else {
+        xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I>(B::load_unaligned(v.p + i)) | z)
+            .store_unaligned(v.p + i);
+      }
+      StoreState(v.s0, i * kSB, LoadState(v.s0, i * kSB) | z);
+      StoreState(v.s1, i * kSB, LoadState(v.s1, i * kSB) | z);
+      return;
+    } else {
+      B p = kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i))
+                      : B::load_unaligned(v.p + i);
+      B m, vv;
+      const I m_raw = LoadState(v.s0, i * kSB);
+      if constexpr (kInt8) {
+        m = DecodeExpAvg8Vec<A>(m_raw) * B(sc0);
+      } else {
+        m = Bf16BitsToFloat<A>(m_raw);
+      }
+      B gg = g;
+      if constexpr (OP == KernelOp::kLion) {
+        const B u = xsimd::fma(B(c.w1), gg - m, m);  // u = lerp(m, g, 1 - beta1)
+        const B sgn =
+            xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
+        p = p * B(c.decay);                     // p *= 1 - lr wd
+        p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
+        m = xsimd::fma(B(c.w2), gg - m, m);     // m = lerp(m, g, 1 - beta2)
+      } else {
+        const I v_raw = LoadState(v.s1, i * kSB);
+        if constexpr (kInt8) {
+          vv = DecodeExpAvgSq8Vec<A>(v_raw) * B(sc1);
+        } else {
+          vv = Bf16BitsToFloat<A>(v_raw);
+        }
+        if constexpr (OP == KernelOp::kAdam) gg = xsimd::fma(B(c.l2), p, gg);  // g += wd * p
+        m = xsimd::fma(B(c.w1), gg - m, m);                 // m = lerp(m, g, 1 - beta1)
+        vv = xsimd::fma(B(c.w2), gg * gg, B(c.beta2) * vv);  // v = beta2 v + (1 - beta2) g^2
+        const B denom = xsimd::fma(xsimd::sqrt(vv), B(c.inv_bc2_sqrt), B(c.eps));
+        if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);  // p *= 1 - lr wd
+        p = xsimd::fma(B(c.neg_step), m / denom, p);               // p -= lr/bc1 * m / denom
+      }
+      if constexpr (kMaster16) {
+        ArchIO<A>::StoreU16(v.pc + i, FloatToBf16StochasticVec<A>(
+                                          p, SrBitsVec<A>(gidx, a.sr_key0, a.sr_key1)));
+      } else {
+        p.store_unaligned(v.p + i);
+      }
+      if constexpr (kInt8) {
+        *m_out = m;
+        *v_out = vv;
+      } else {
+        StoreState(v.s0, i * kSB, FloatToBf16Bits<A>(m));
+        if constexpr (kHasS1) StoreState(v.s1, i * kSB, FloatToBf16Bits<A>(vv));
+      }
+    }
+  }
+
+  // The group [s, s + len) of the range `v` (len <= kQuantBlock; for int8
+  // s is a block start and blk its block in the scale arrays).
+  static inline void Group(const View& v, size_t s, size_t len, uint64_t gidx, size_t blk,
+                           const KernelArgs& a, const Coeffs& c) {
+    alignas(64) float mb[kInt8 && !kRoof ? kQuantBlock : 1];
+    alignas(64) float vb[kInt8 && !kRoof && kHasS1 ? kQuantBlock : 1];
+    float sc0 = 0.f, sc1 = 0.f;
+    if constexpr (kInt8) {
+      sc0 = a.scale0[blk];
+      if constexpr (kHasS1) sc1 = a.scale1[blk];
+    }
+    B amax0(0.f), amax1(0.f);
+    const size_t full = len / W * W;
+    for (size_t j = 0; j < full; j += W) {
+      B m, vv;
+      Vec(v, s + j, gidx + j, a, c, sc0, sc1, &m, &vv);
+      if constexpr (kInt8 && !kRoof) {
+        m.store_aligned(mb + j);
+        amax0 = xsimd::max(amax0, xsimd::abs(m));
+        if constexpr (kHasS1) {
+          vv.store_aligned(vb + j);
+          amax1 = xsimd::max(amax1, xsimd::abs(vv));
+        }
+      }
+    }
+    const size_t rem = len - full;
+    if (rem != 0) {
+      // The same vector code on zero-padded copies (zeros stay zeros through
+      // the update, so the padding lanes do not change the block's absmax).
+      alignas(64) float tp[W] = {}, tf[W] = {};
+      alignas(64) uint16_t tpc[W] = {};
+      alignas(64) uint8_t tg[W * 4] = {}, ts0[W * 2] = {}, ts1[W * 2] = {};
+      const size_t e = s + full;
+      if constexpr (kMaster16) {
+        std::memcpy(tpc, v.pc + e, rem * 2);
+      } else {
+        std::memcpy(tp, v.p + e, rem * 4);
+      }
+      std::memcpy(tg, static_cast<const char*>(v.g) + e * GradBytes(GD), rem * GradBytes(GD));
+      if (v.f != nullptr) std::memcpy(tf, v.f + e, rem * 4);
+      std::memcpy(ts0, v.s0 + e * kSB, rem * kSB);
+      if constexpr (kHasS1) std::memcpy(ts1, v.s1 + e * kSB, rem * kSB);
+      const View t{tp, tpc, tg, v.f != nullptr ? tf : nullptr, ts0, ts1};
+      B m, vv;
+      Vec(t, 0, gidx + full, a, c, sc0, sc1, &m, &vv);
+      if constexpr (kMaster16) {
+        std::memcpy(v.pc + e, tpc, rem * 2);
+      } else {
+        std::memcpy(v.p + e, tp, rem * 4);
+      }
+      if constexpr (kInt8 && !kRoof) {
+        m.store_aligned(mb + full);  // full + W <= kQuantBlock
+        amax0 = xsimd::max(amax0, xsimd::abs(m));
+        if constexpr (kHasS1) {
+          vv.store_aligned(vb + full);
+          amax1 = xsimd::max(amax1, xsimd::abs(vv));
+        }
+      } else {
+        std::memcpy(v.s0 + e * kSB, ts0, rem * kSB);
+        if constexpr (kHasS1) std::memcpy(v.s1 + e * kSB, ts1, rem * kSB);
+      }
+    }
+    if constexpr (kInt8 && kRoof) {
+      static volatile uint32_t opaque_zero = 0;
+      const uint32_t z = opaque_zero;
+      a.scale0[blk] = std::bit_cast<float>(std::bit_cast<uint32_t>(a.scale0[blk]) | z);
+      a.scale1[blk] = std::bit_cast<float>(std::bit_cast<uint32_t>(a.scale1[blk]) | z);
+    } else if constexpr (kInt8) {
+      // The block's new scales (the max is exact, so any lane order gives
+      // the same absmax), then the codes.
+      const BlockScale q0 = MakeBlockScale(HMax(amax0), kExpAvgCodeMax);
+      a.scale0[blk] = q0.scale;
+      BlockScale q1{};
+      if constexpr (kHasS1) {
+        q1 = MakeBlockScale(HMax(amax1), kExpAvgSqCodeMax);
+        a.scale1[blk] = q1.scale;
+      }
+      for (size_t j = 0; j < full; j += W) {
+        ArchIO<A>::StoreU8(v.s0 + s + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb + j), B(q0.inv)));
+        if constexpr (kHasS1)
+          ArchIO<A>::StoreU8(v.s1 + s + j,
+                             EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j), B(q1.inv)));
+      }
+      if (rem != 0) {
+        alignas(64) uint8_t t[W];
+        ArchIO<A>::StoreU8(t, EncodeExpAvg8Vec<A>(B::load_aligned(mb + full), B(q0.inv)));
+        std::memcpy(v.s0 + s + full, t, rem);
+        if constexpr (kHasS1) {
+          ArchIO<A>::StoreU8(t, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + full), B(q1.inv)));
+          std::memcpy(v.s1 + s + full, t, rem);
+        }
+      }
+    }
+  }
+
+  static inline float HMax(B x) {
+    alignas(64) float l[W];
+    x.store_aligned(l);
+    float r = l[0];
+    for (size_t k = 1; k < W; ++k) r = l[k] > r ? l[k] : r;
+    return r;
+  }
+
+  // The copy-out of [s, s + len): converted from the stored master.
+  template <CopyOut CO>
+  static inline void CopyGroup(const View& v, void* cp, size_t s, size_t len) {
+    auto master = [&](const float* p, const uint16_t* pc, size_t i) {
+      if constexpr (kMaster16) {
+        return Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(pc + i));
+      } else {
+        return B::load_unaligned(p + i);
+      }
+    };
+    const size_t full = len / W * W;
+    for (size_t j = s; j < s + full; j += W) StoreCopy<A, CO>(cp, j, master(v.p, v.pc, j), false);
+    const size_t rem = len - full;
+    if (rem == 0) return;
+    alignas(64) float tp[W] = {}, tc[W] = {};
+    alignas(64) uint16_t tpc[W] = {};
+    const size_t e = s + full;
+    if constexpr (kMaster16) {
+      std::memcpy(tpc, v.pc + e, rem * 2);
+    } else {
+      std::memcpy(tp, v.p + e, rem * 4);
+    }
+    StoreCopy<A, CO>(tc, 0, master(tp, tpc, 0), false);
+    std::memcpy(static_cast<char*>(cp) + e * CopyBytes(CO), tc, rem * CopyBytes(CO));
+  }
+
+  // Elements [off, off + n) of the call (off a multiple of kQuantBlock).
+  static inline void Range(const KernelArgs& a, size_t off, size_t n) {
+    const View v{
+        kMaster16 ? nullptr : a.param + off,
+        kMaster16 ? static_cast<uint16_t*>(a.param_c) + off : nullptr,
+        static_cast<const char*>(a.grad) + off * GradBytes(GD),
+        a.folded && a.fold != nullptr ? a.fold + off : nullptr,
+        static_cast<uint8_t*>(a.state0_c) + off * kSB,
+        kHasS1 ? static_cast<uint8_t*>(a.state1_c) + off * kSB : nullptr,
+    };
+    const Coeffs c = a.c;
+    for (size_t s = 0; s < n; s += kQuantBlock) {
+      const size_t len = std::min(kQuantBlock, n - s);
+      Group(v, s, len, a.index0 + off + s, (off + s) / kQuantBlock, a, c);
+      switch (a.copy) {
+        case CopyOut::kNone:
+          break;
+        case CopyOut::kFp32:
+          CopyGroup<CopyOut::kFp32>(v, static_cast<char*>(a.copy_out) + off * 4, s, len);
+          break;
+        case CopyOut::kFp16:
+          CopyGroup<CopyOut::kFp16>(v, static_cast<char*>(a.copy_out) + off * 2, s, len);
+          break;
+        case CopyOut::kBf16:
+          CopyGroup<CopyOut::kBf16>(v, static_cast<char*>(a.copy_out) + off * 2, s, len);
+          break;
+      }
+    }
+  }
+
+  static bool Run(const KernelArgs& a, bool check_finite) {
+    if (a.folded || !check_finite) {  // check_finite is refused with a fold (cpu_adam.cc)
+      Range(a, 0, a.n);
+      return true;
+    }
+    bool finite = true;
+    for (size_t off = 0; off < a.n; off += kCheckChunk) {  // kCheckChunk % kQuantBlock == 0
+      const size_t len = std::min(kCheckChunk, a.n - off);
+      if (!RangeFinite<A, GD>(static_cast<const char*>(a.grad) + off * GradBytes(GD), len,
+                              a.c.grad_scale)) {
+        finite = false;  // leave this chunk untouched
+        continue;
+      }
+      Range(a, off, len);
+    }
+    return finite;
+  }
+};
+static_assert(kCheckChunk % kQuantBlock == 0);
+
+template <class A, StateFormat SF, KernelOp OP>
+constexpr void FillCompact(KernelTable& t) {
+  constexpr int f = static_cast<int>(SF) - 1;
+  t.compact[f][int(OP)][0] = &CompactKernel<A, SF, OP, 0>::Run;
+  t.compact[f][int(OP)][1] = &CompactKernel<A, SF, OP, 1>::Run;
+  t.compact[f][int(OP)][2] = &CompactKernel<A, SF, OP, 2>::Run;
+}
+
+
+// Whole arrays in the int8 codes (KernelTable::quantize_q8, dequantize_q8):
+// per block the absmax, the scale, then the codes, as the kernels do.
+template <class A, bool SQ>
+void QuantizeQ8Array(const float* in, size_t n, uint8_t* codes, float* scales) {
+  using B = BF<A>;
+  constexpr size_t W = B::size;
+  auto encode = [](B x, B inv) {
+    if constexpr (SQ) {
+      return EncodeExpAvgSq8Vec<A>(x, inv);
+    } else {
+      return EncodeExpAvg8Vec<A>(x, inv);
+    }
+  };
+  for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
+    const size_t len = std::min(kQuantBlock, n - s), full = len / W * W;
+    alignas(64) float t[W] = {};
+    if (len != full) std::memcpy(t, in + s + full, (len - full) * 4);
+    B amax(0.f);
+    for (size_t j = 0; j < full; j += W) amax = xsimd::max(amax, xsimd::abs(B::load_unaligned(in + s + j)));
+    if (len != full) amax = xsimd::max(amax, xsimd::abs(B::load_aligned(t)));
+    alignas(64) float l[W];
+    amax.store_aligned(l);
+    float m = l[0];
+    for (size_t k = 1; k < W; ++k) m = l[k] > m ? l[k] : m;
+    const BlockScale q = MakeBlockScale(m, SQ ? kExpAvgSqCodeMax : kExpAvgCodeMax);
+    scales[b] = q.scale;
+    for (size_t j = 0; j < full; j += W)
+      ArchIO<A>::StoreU8(codes + s + j, encode(B::load_unaligned(in + s + j), B(q.inv)));
+    if (len != full) {
+      alignas(64) uint8_t o[W];
+      ArchIO<A>::StoreU8(o, encode(B::load_aligned(t), B(q.inv)));
+      std::memcpy(codes + s + full, o, len - full);
+    }
+  }
+}
+
+template <class A, bool SQ>
+void DequantizeQ8Array(const uint8_t* codes, const float* scales, size_t n, float* out) {
+  using B = BF<A>;
+  constexpr size_t W = B::size;
+  auto decode = [](BI<A> c) {
+    if constexpr (SQ) {
+      return DecodeExpAvgSq8Vec<A>(c);
+    } else {
+      return DecodeExpAvg8Vec<A>(c);
+    }
+  };
+  for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
+    const size_t len = std::min(kQuantBlock, n - s), full = len / W * W;
+    const B sc(scales[b]);
+    for (size_t j = 0; j < full; j += W)
+      (decode(ArchIO<A>::LoadU8(codes + s + j)) * sc).store_unaligned(out + s + j);
+    if (len != full) {
+      alignas(64) uint8_t c[W] = {};
+      alignas(64) float o[W];
+      std::memcpy(c, codes + s + full, len - full);
+      (decode(ArchIO<A>::LoadU8(c)) * sc).store_aligned(o);
+      std::memcpy(out + s + full, o, (len - full) * 4);
+    }
+  }
+}
+
+template <class A>
+void StochasticBf16Array(const float* in, uint16_t* out, size_t n, uint64_t index0, uint32_t k0,
+                         uint32_t k1) {
+  using B = BF<A>;
+  constexpr size_t W = B::size;
+  const size_t full = n / W * W;
+  for (size_t i = 0; i < full; i += W)
+    ArchIO<A>::StoreU16(out + i, FloatToBf16StochasticVec<A>(B::load_unaligned(in + i),
+                                                             SrBitsVec<A>(index0 + i, k0, k1)));
+  if (full == n) return;
+  alignas(64) float t[W] = {};
+  alignas(64) uint16_t o[W];
+  std::memcpy(t, in + full, (n - full) * 4);
+  ArchIO<A>::StoreU16(o, FloatToBf16StochasticVec<A>(B::load_aligned(t),
+                                                     SrBitsVec<A>(index0 + full, k0, k1)));
+  std::memcpy(out + full, o, (n - full) * 2);
+}
+
 template <class A, KernelOp OP, int GD>
 constexpr void FillCopies(KernelTable& t) {
   t.step[int(OP)][GD][int(CopyOut::kNone)] = &FusedKernel<A, OP, GD, CopyOut::kNone>::Run;
@@ -470,6 +979,17 @@ KernelTable MakeTable(std::string_view isa) {
   FillGrads<A, KernelOp::kAdagrad>(t);
   FillGrads<A, KernelOp::kLion>(t);
   FillGrads<A, KernelOp::kRoofline>(t);
+  FillCompact<A, StateFormat::kBf16, KernelOp::kAdam>(t);
+  FillCompact<A, StateFormat::kBf16, KernelOp::kAdamW>(t);
+  FillCompact<A, StateFormat::kBf16, KernelOp::kLion>(t);
+  FillCompact<A, StateFormat::kBf16, KernelOp::kRoofline>(t);
+  FillCompact<A, StateFormat::kBf16Master, KernelOp::kAdam>(t);
+  FillCompact<A, StateFormat::kBf16Master, KernelOp::kAdamW>(t);
+  FillCompact<A, StateFormat::kBf16Master, KernelOp::kRoofline>(t);
+  FillCompact<A, StateFormat::kInt8, KernelOp::kAdam>(t);
+  FillCompact<A, StateFormat::kInt8, KernelOp::kAdamW>(t);
+  FillCompact<A, StateFormat::kInt8, KernelOp::kLion>(t);
+  FillCompact<A, StateFormat::kInt8, KernelOp::kRoofline>(t);
   t.check[0] = &CheckKernel<A, 0>;
   t.check[1] = &CheckKernel<A, 1>;
   t.check[2] = &CheckKernel<A, 2>;
@@ -483,6 +1003,11 @@ KernelTable MakeTable(std::string_view isa) {
   t.f32_to_bf16 = &ToBf16Array<A>;
   t.f16_to_f32 = &FromHalfArray<A, 1>;
   t.bf16_to_f32 = &FromHalfArray<A, 2>;
+  t.quantize_q8[0] = &QuantizeQ8Array<A, false>;
+  t.quantize_q8[1] = &QuantizeQ8Array<A, true>;
+  t.dequantize_q8[0] = &DequantizeQ8Array<A, false>;
+  t.dequantize_q8[1] = &DequantizeQ8Array<A, true>;
+  t.to_bf16_stochastic = &StochasticBf16Array<A>;
   return t;
 }
 

@@ -12,6 +12,7 @@
 
 #include "src/common/half.h"
 #include "src/cpu_adam/kernel.h"
+#include "src/cpu_adam/state_codes.h"
 
 namespace strata::cpu_adam::internal {
 namespace {
@@ -135,6 +136,161 @@ bool ScalarRun(const KernelArgs& a, bool check_finite) {
   return finite;
 }
 
+
+// ---- Compact state formats: the reference loops ------------------------------
+// One element at a time, the same operations as CompactKernel in
+// kernel_impl.h (each fma a multiply and an add). int8 works block by
+// block: the new moments of the block first, then its absmax, its scales
+// and the codes.
+template <StateFormat SF, KernelOp OP, int GD>
+void ScalarCompactRange(const KernelArgs& a, size_t off, size_t n) {
+  constexpr bool kInt8 = SF == StateFormat::kInt8;
+  constexpr bool kMaster16 = SF == StateFormat::kBf16Master;
+  constexpr bool kHasS1 = OP != KernelOp::kLion;
+  const Coeffs& c = a.c;
+  auto* const pc = static_cast<uint16_t*>(a.param_c);
+  auto* const s0b = static_cast<uint16_t*>(a.state0_c);
+  auto* const s1b = static_cast<uint16_t*>(a.state1_c);
+  auto* const s0q = static_cast<uint8_t*>(a.state0_c);
+  auto* const s1q = static_cast<uint8_t*>(a.state1_c);
+  const SrKey key{a.sr_key0, a.sr_key1};
+  float mb[kQuantBlock], vb[kQuantBlock];
+  for (size_t s = off; s < off + n; s += kQuantBlock) {
+    const size_t e = std::min(off + n, s + kQuantBlock);
+    const size_t blk = s / kQuantBlock;
+    if constexpr (OP == KernelOp::kRoofline) {  // values unchanged
+      for (size_t i = s; i < e; ++i) (void)LoadG<GD>(a.grad, i);
+      if constexpr (kInt8) {
+        a.scale0[blk] = a.scale0[blk];
+        a.scale1[blk] = a.scale1[blk];
+      }
+    } else {
+      const float sc0 = kInt8 ? a.scale0[blk] : 0.f;
+      const float sc1 = kInt8 && kHasS1 ? a.scale1[blk] : 0.f;
+      float amax0 = 0.f, amax1 = 0.f;
+      for (size_t i = s; i < e; ++i) {
+        float p = kMaster16 ? Bf16BitsToFloat(pc[i]) : a.param[i];
+        float g = LoadG<GD>(a.grad, i);
+        if (a.folded) g = (a.fold != nullptr ? a.fold[i] : 0.f) + g;
+        g = g * c.grad_scale;
+        float m = kInt8 ? DecodeExpAvg8(s0q[i]) * sc0 : Bf16BitsToFloat(s0b[i]);
+        float v = 0.f;
+        if constexpr (OP == KernelOp::kLion) {
+          const float u = c.w1 * (g - m) + m;
+          const float sgn = u > 0.f ? 1.f : (u < 0.f ? -1.f : u * 0.f);
+          p = p * c.decay;
+          p = c.neg_step * sgn + p;
+          m = c.w2 * (g - m) + m;
+        } else {
+          v = kInt8 ? DecodeExpAvgSq8(s1q[i]) * sc1 : Bf16BitsToFloat(s1b[i]);
+          if constexpr (OP == KernelOp::kAdam) g = c.l2 * p + g;
+          m = c.w1 * (g - m) + m;
+          v = c.w2 * (g * g) + c.beta2 * v;
+          const float denom = std::sqrt(v) * c.inv_bc2_sqrt + c.eps;
+          if constexpr (OP == KernelOp::kAdamW) p = p * c.decay;
+          p = c.neg_step * (m / denom) + p;
+        }
+        if constexpr (kMaster16) {
+          pc[i] = FloatToBf16Stochastic(p, SrBits(a.index0 + i, key));
+        } else {
+          a.param[i] = p;
+        }
+        if constexpr (kInt8) {
+          mb[i - s] = m;
+          vb[i - s] = v;
+          const float am = std::fabs(m), av = std::fabs(v);
+          amax0 = am > amax0 ? am : amax0;
+          amax1 = av > amax1 ? av : amax1;
+        } else {
+          s0b[i] = FloatToBf16Bits(m);
+          if constexpr (kHasS1) s1b[i] = FloatToBf16Bits(v);
+        }
+      }
+      if constexpr (kInt8) {
+        const BlockScale q0 = MakeBlockScale(amax0, kExpAvgCodeMax);
+        a.scale0[blk] = q0.scale;
+        for (size_t i = s; i < e; ++i) s0q[i] = EncodeExpAvg8(mb[i - s], q0.inv);
+        if constexpr (kHasS1) {
+          const BlockScale q1 = MakeBlockScale(amax1, kExpAvgSqCodeMax);
+          a.scale1[blk] = q1.scale;
+          for (size_t i = s; i < e; ++i) s1q[i] = EncodeExpAvgSq8(vb[i - s], q1.inv);
+        }
+      }
+    }
+    for (size_t i = s; i < e; ++i) {  // the copy of the stored master
+      const float p = kMaster16 ? Bf16BitsToFloat(pc[i]) : a.param[i];
+      switch (a.copy) {
+        case CopyOut::kNone:
+          break;
+        case CopyOut::kFp32:
+          StoreC<CopyOut::kFp32>(a.copy_out, i, p);
+          break;
+        case CopyOut::kFp16:
+          StoreC<CopyOut::kFp16>(a.copy_out, i, p);
+          break;
+        case CopyOut::kBf16:
+          StoreC<CopyOut::kBf16>(a.copy_out, i, p);
+          break;
+      }
+    }
+  }
+}
+
+template <StateFormat SF, KernelOp OP, int GD>
+bool ScalarCompactRun(const KernelArgs& a, bool check_finite) {
+  if (a.folded || !check_finite) {
+    ScalarCompactRange<SF, OP, GD>(a, 0, a.n);
+    return true;
+  }
+  bool finite = true;
+  for (size_t off = 0; off < a.n; off += kCheckChunk) {
+    const size_t len = std::min(kCheckChunk, a.n - off);
+    if (!ScalarFinite<GD>(static_cast<const char*>(a.grad) + off * (GD == 0 ? 4 : 2), len,
+                          a.c.grad_scale)) {
+      finite = false;
+      continue;
+    }
+    ScalarCompactRange<SF, OP, GD>(a, off, len);
+  }
+  return finite;
+}
+
+template <StateFormat SF, KernelOp OP>
+void FillCompact(KernelTable& t) {
+  constexpr int f = static_cast<int>(SF) - 1;
+  t.compact[f][int(OP)][0] = &ScalarCompactRun<SF, OP, 0>;
+  t.compact[f][int(OP)][1] = &ScalarCompactRun<SF, OP, 1>;
+  t.compact[f][int(OP)][2] = &ScalarCompactRun<SF, OP, 2>;
+}
+
+
+template <bool SQ>
+void ScalarQuantizeQ8(const float* in, size_t n, uint8_t* codes, float* scales) {
+  for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
+    const size_t e = std::min(n, s + kQuantBlock);
+    float amax = 0.f;
+    for (size_t i = s; i < e; ++i) {
+      const float a = std::fabs(in[i]);
+      amax = a > amax ? a : amax;
+    }
+    const BlockScale q = MakeBlockScale(amax, SQ ? kExpAvgSqCodeMax : kExpAvgCodeMax);
+    scales[b] = q.scale;
+    for (size_t i = s; i < e; ++i)
+      codes[i] = SQ ? EncodeExpAvgSq8(in[i], q.inv) : EncodeExpAvg8(in[i], q.inv);
+  }
+}
+
+template <bool SQ>
+void ScalarDequantizeQ8(const uint8_t* codes, const float* scales, size_t n, float* out) {
+  for (size_t i = 0; i < n; ++i)
+    out[i] = (SQ ? DecodeExpAvgSq8(codes[i]) : DecodeExpAvg8(codes[i])) * scales[i / kQuantBlock];
+}
+
+void ScalarStochasticBf16(const float* in, uint16_t* out, size_t n, uint64_t index0, uint32_t k0,
+                          uint32_t k1) {
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16Stochastic(in[i], SrBits(index0 + i, {k0, k1}));
+}
+
 template <KernelOp OP, int GD>
 void Fill(KernelTable& t) {
   t.step[int(OP)][GD][0] = &ScalarRun<OP, GD, CopyOut::kNone>;
@@ -162,6 +318,17 @@ KernelTable Make() {
   FillAll<KernelOp::kAdagrad>(t);
   FillAll<KernelOp::kLion>(t);
   FillAll<KernelOp::kRoofline>(t);
+  FillCompact<StateFormat::kBf16, KernelOp::kAdam>(t);
+  FillCompact<StateFormat::kBf16, KernelOp::kAdamW>(t);
+  FillCompact<StateFormat::kBf16, KernelOp::kLion>(t);
+  FillCompact<StateFormat::kBf16, KernelOp::kRoofline>(t);
+  FillCompact<StateFormat::kBf16Master, KernelOp::kAdam>(t);
+  FillCompact<StateFormat::kBf16Master, KernelOp::kAdamW>(t);
+  FillCompact<StateFormat::kBf16Master, KernelOp::kRoofline>(t);
+  FillCompact<StateFormat::kInt8, KernelOp::kAdam>(t);
+  FillCompact<StateFormat::kInt8, KernelOp::kAdamW>(t);
+  FillCompact<StateFormat::kInt8, KernelOp::kLion>(t);
+  FillCompact<StateFormat::kInt8, KernelOp::kRoofline>(t);
   t.check[0] = &ScalarFinite<0>;
   t.check[1] = &ScalarFinite<1>;
   t.check[2] = &ScalarFinite<2>;
@@ -183,6 +350,11 @@ KernelTable Make() {
   t.bf16_to_f32 = [](const uint16_t* in, float* out, size_t n) {
     for (size_t i = 0; i < n; ++i) out[i] = Bf16BitsToFloat(in[i]);
   };
+  t.quantize_q8[0] = &ScalarQuantizeQ8<false>;
+  t.quantize_q8[1] = &ScalarQuantizeQ8<true>;
+  t.dequantize_q8[0] = &ScalarDequantizeQ8<false>;
+  t.dequantize_q8[1] = &ScalarDequantizeQ8<true>;
+  t.to_bf16_stochastic = &ScalarStochasticBf16;
   return t;
 }
 

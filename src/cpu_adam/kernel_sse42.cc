@@ -33,6 +33,16 @@ struct ArchIO<Arch> {
     StoreU16(p, h);
   }
   static void Fence() { _mm_sfence(); }
+  static BI<Arch> LoadU8(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+  }
+  static void StoreU8(uint8_t* p, BI<Arch> x) {
+    const __m128i w = _mm_packus_epi32(x, x);
+    const int32_t v = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+    std::memcpy(p, &v, 4);
+  }
 };
 
 const KernelTable* Sse42Table() {
