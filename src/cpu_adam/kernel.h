@@ -127,6 +127,10 @@ using StochasticFn = void (*)(const float* in, uint16_t* out, size_t n, uint64_t
 struct KernelTable {
   std::string_view isa;  // "avx512", "avx2+fma", "sse4.2", "scalar"
   size_t lanes;          // fp32 lanes per vector (1 for scalar)
+  // Whether the kernels' fma rounds once (probed when the table is made).
+  // xsimd 8.1 fuses on AVX2+FMA but implements fma as multiply + add for
+  // its AVX-512 arch (and SSE4.2), so those give the scalar loop's bits.
+  bool fused_fma = false;
   // step[op][grad dtype][copy-out]
   StepFn step[kNumKernelOps][3][kNumCopyOuts];
   // The same with the window's last micro-batch folded in (KernelArgs::fold):

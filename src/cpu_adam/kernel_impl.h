@@ -596,6 +596,7 @@ struct CompactKernel {
     uint8_t* s1;
   };
 
+  // Element i of a moment array (bf16 bits or an 8-bit code), zero-extended.
   static inline I LoadState(const uint8_t* s, size_t i) {
     if constexpr (kInt8) {
       return ArchIO<A>::LoadU8(s + i);
@@ -628,14 +629,14 @@ struct CompactKernel {
         xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I>(B::load_unaligned(v.p + i)) | z)
             .store_unaligned(v.p + i);
       }
-      StoreState(v.s0, i * kSB, LoadState(v.s0, i * kSB) | z);
-      StoreState(v.s1, i * kSB, LoadState(v.s1, i * kSB) | z);
+      StoreState(v.s0, i, LoadState(v.s0, i) | z);
+      StoreState(v.s1, i, LoadState(v.s1, i) | z);
       return;
     } else {
       B p = kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i))
                       : B::load_unaligned(v.p + i);
       B m, vv;
-      const I m_raw = LoadState(v.s0, i * kSB);
+      const I m_raw = LoadState(v.s0, i);
       if constexpr (kInt8) {
         m = DecodeExpAvg8Vec<A>(m_raw) * B(sc0);
       } else {
@@ -650,7 +651,7 @@ struct CompactKernel {
         p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
         m = xsimd::fma(B(c.w2), gg - m, m);     // m = lerp(m, g, 1 - beta2)
       } else {
-        const I v_raw = LoadState(v.s1, i * kSB);
+        const I v_raw = LoadState(v.s1, i);
         if constexpr (kInt8) {
           vv = DecodeExpAvgSq8Vec<A>(v_raw) * B(sc1);
         } else {
@@ -673,8 +674,8 @@ struct CompactKernel {
         *m_out = m;
         *v_out = vv;
       } else {
-        StoreState(v.s0, i * kSB, FloatToBf16Bits<A>(m));
-        if constexpr (kHasS1) StoreState(v.s1, i * kSB, FloatToBf16Bits<A>(vv));
+        StoreState(v.s0, i, FloatToBf16Bits<A>(m));
+        if constexpr (kHasS1) StoreState(v.s1, i, FloatToBf16Bits<A>(vv));
       }
     }
   }
@@ -974,6 +975,15 @@ KernelTable MakeTable(std::string_view isa) {
   KernelTable t{};
   t.isa = isa;
   t.lanes = BF<A>::size;
+  {
+    // (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 exactly; a multiply then an add
+    // rounds the square to 1 + 2^-11 first and gives 0. Opaque inputs, so
+    // the compiler cannot fold the probe.
+    static volatile float opaque = 1.f + 0x1p-12f;
+    const BF<A> x(opaque);
+    const BF<A> r = xsimd::fma(x, x, BF<A>(-(1.f + 0x1p-11f)));
+    t.fused_fma = xsimd::all(r != BF<A>(0.f));
+  }
   FillGrads<A, KernelOp::kAdam>(t);
   FillGrads<A, KernelOp::kAdamW>(t);
   FillGrads<A, KernelOp::kAdagrad>(t);
