@@ -6,10 +6,18 @@
 //   (4) with a copy-out: fp32 grads, no copy, then a separate cast pass —
 //       what an unfused mixed-precision step costs, for comparison.
 // All variants run on the same arrays (placement in memory matters on a VM).
+// --states picks the optimizer-state format (fp32, bf16, bf16-master, int8):
+// the arrays are stored in it, and the roofline is that format's own
+// roofline kernel (the same loads and stores as its Adam), so each format is
+// compared to its own memory bound; bytes/param count the stored sizes.
+// The unfused two-pass variant (a separate cast of an fp32 master) exists
+// for fp32 state only.
 //
 // The fraction of the roofline is measured in pairs (MeasurePairs in
 // bench_stats.h): roofline and optimizer back to back on each slab of the
 // arrays, the median of the pairs' fractions with their spread.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +42,7 @@ namespace strata::cli {
 namespace {
 
 using cpu_adam::Algorithm;
+using cpu_adam::StateFormat;
 using nlohmann::json;
 
 struct BenchAdamArgs {
@@ -42,6 +51,7 @@ struct BenchAdamArgs {
   std::string grad_dtype = "fp32";
   std::string copy_out = "none";
   std::string optimizer = "adamw";
+  std::string states = "fp32";
   std::string isa = "auto";
   std::string streaming = "auto";
   int reps = 7;
@@ -53,32 +63,58 @@ constexpr char kCommand[] = "bench adam";
 
 // Arrays for one variant, filled with deterministic non-zero pseudo-random
 // values (fast enough for 100M elements, touched before timing).
+// p, m, v stored in format `f` (int8 moments with their block scales sm, sv).
 struct Arrays {
-  AlignedBuffer p, g, m, v, c;
+  StateFormat f = StateFormat::kFp32;
+  AlignedBuffer p, g, m, v, c, sm, sv;
 };
 
-StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd) {
+StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd, StateFormat f) {
+  using cpu_adam::StateElementBytes;
+  using cpu_adam::StateRole;
   Arrays a;
-  ASSIGN_OR_RETURN(a.p, AlignedBuffer::Allocate(n * 4, 64));
+  a.f = f;
+  ASSIGN_OR_RETURN(a.p, AlignedBuffer::Allocate(n * StateElementBytes(f, StateRole::kParam), 64));
   ASSIGN_OR_RETURN(a.g, AlignedBuffer::Allocate(n * DTypeSize(gd), 64));
-  ASSIGN_OR_RETURN(a.m, AlignedBuffer::Allocate(n * 4, 64));
-  ASSIGN_OR_RETURN(a.v, AlignedBuffer::Allocate(n * 4, 64));
+  const size_t sb = StateElementBytes(f, StateRole::kExpAvg);
+  ASSIGN_OR_RETURN(a.m, AlignedBuffer::Allocate(n * sb, 64));
+  ASSIGN_OR_RETURN(a.v, AlignedBuffer::Allocate(n * sb, 64));
+  const size_t nsc = cpu_adam::StateScaleCount(f, StateRole::kExpAvg, n);
+  if (nsc != 0) {
+    ASSIGN_OR_RETURN(a.sm, AlignedBuffer::Allocate(nsc * 4, 64));
+    ASSIGN_OR_RETURN(a.sv, AlignedBuffer::Allocate(nsc * 4, 64));
+  }
   if (cd) {
     ASSIGN_OR_RETURN(a.c, AlignedBuffer::Allocate(n * DTypeSize(*cd), 64));
     std::memset(a.c.data(), 0, n * DTypeSize(*cd));
   }
-  float* p = a.p.as<float>();
-  float* m = a.m.as<float>();
-  float* v = a.v.as<float>();
-  for (size_t i = 0; i < n; ++i) {
-    p[i] = Hash01(i, 1) - 0.5f;
-    m[i] = (Hash01(i, 2) - 0.5f) * 0.01f;
-    v[i] = Hash01(i, 3) * 1e-4f;
-    const float g = (Hash01(i, 4) - 0.5f) * 0.1f;
-    if (gd == DType::kFp32)
-      a.g.as<float>()[i] = g;
-    else
-      a.g.as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
+  // Generated in fp32 chunk by chunk (a multiple of the int8 block), then
+  // stored in the format.
+  constexpr size_t kChunk = size_t{1} << 20;
+  std::vector<float> p(std::min(n, kChunk)), m(p.size()), v(p.size());
+  for (size_t lo = 0; lo < n; lo += kChunk) {
+    const size_t len = std::min(kChunk, n - lo);
+    for (size_t k = 0; k < len; ++k) {
+      const size_t i = lo + k;
+      p[k] = Hash01(i, 1) - 0.5f;
+      m[k] = (Hash01(i, 2) - 0.5f) * 0.01f;
+      v[k] = Hash01(i, 3) * 1e-4f;
+      const float g = (Hash01(i, 4) - 0.5f) * 0.1f;
+      if (gd == DType::kFp32)
+        a.g.as<float>()[i] = g;
+      else
+        a.g.as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
+    }
+    const size_t blk = lo / cpu_adam::kStateBlock;
+    RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kParam, p.data(), len,
+                                          a.p.data() + lo * StateElementBytes(f, StateRole::kParam),
+                                          nullptr));
+    RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kExpAvg, m.data(), len,
+                                          a.m.data() + lo * sb,
+                                          nsc ? a.sm.as<float>() + blk : nullptr));
+    RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kExpAvgSq, v.data(), len,
+                                          a.v.data() + lo * sb,
+                                          nsc ? a.sv.as<float>() + blk : nullptr));
   }
   return a;
 }
@@ -86,13 +122,32 @@ StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd) {
 cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType> cd,
                              Algorithm alg) {
   cpu_adam::ShardStep s;
-  s.param = a.p.as<float>();
+  s.states = a.f;
   s.grad = a.g.data();
   s.grad_dtype = gd;
-  s.exp_avg = a.m.as<float>();
-  s.exp_avg_sq = a.v.as<float>();
-  if (alg == Algorithm::kAdagrad) s.exp_avg = nullptr;
-  if (alg == Algorithm::kLion) s.exp_avg_sq = nullptr;
+  if (a.f == StateFormat::kFp32) {
+    s.param = a.p.as<float>();
+    s.exp_avg = a.m.as<float>();
+    s.exp_avg_sq = a.v.as<float>();
+    if (alg == Algorithm::kAdagrad) s.exp_avg = nullptr;
+    if (alg == Algorithm::kLion) s.exp_avg_sq = nullptr;
+  } else {
+    if (a.f == StateFormat::kBf16Master) {
+      s.param_c = a.p.data();
+    } else {
+      s.param = a.p.as<float>();
+    }
+    s.exp_avg_c = a.m.data();
+    s.exp_avg_sq_c = a.v.data();
+    if (a.f == StateFormat::kInt8) {
+      s.exp_avg_scale = a.sm.as<float>();
+      s.exp_avg_sq_scale = a.sv.as<float>();
+    }
+    if (alg == Algorithm::kLion) {
+      s.exp_avg_sq_c = nullptr;
+      s.exp_avg_sq_scale = nullptr;
+    }
+  }
   s.count = n;
   if (cd) {
     s.copy_out = a.c.data();
@@ -106,16 +161,46 @@ cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType>
 }
 
 
-// Elements [off, off + count) of s.
+// Elements [off, off + count) of s (off a multiple of kStateBlock for int8).
 cpu_adam::ShardStep Slice(const cpu_adam::ShardStep& s, size_t off, size_t count) {
+  using cpu_adam::StateElementBytes;
+  using cpu_adam::StateRole;
   cpu_adam::ShardStep r = s;
-  r.param += off;
+  if (r.param) r.param += off;
   r.grad = static_cast<const char*>(s.grad) + off * DTypeSize(s.grad_dtype);
   if (r.exp_avg) r.exp_avg += off;
   if (r.exp_avg_sq) r.exp_avg_sq += off;
+  const size_t sb = StateElementBytes(s.states, StateRole::kExpAvg);
+  if (r.param_c) r.param_c = static_cast<char*>(r.param_c) + off * 2;
+  if (r.exp_avg_c) r.exp_avg_c = static_cast<char*>(r.exp_avg_c) + off * sb;
+  if (r.exp_avg_sq_c) r.exp_avg_sq_c = static_cast<char*>(r.exp_avg_sq_c) + off * sb;
+  if (r.exp_avg_scale) r.exp_avg_scale += off / cpu_adam::kStateBlock;
+  if (r.exp_avg_sq_scale) r.exp_avg_sq_scale += off / cpu_adam::kStateBlock;
+  r.element_offset = s.element_offset + off;
   if (r.copy_out) r.copy_out = static_cast<char*>(s.copy_out) + off * DTypeSize(s.copy_dtype);
   r.count = count;
   return r;
+}
+
+// "param 4r+4w + grad 2r + exp_avg 1r+1w + exp_avg_sq 1r+1w + scales 0.0625r+0.0625w
+// = 14.125": the bytes one step moves per param, array by array.
+std::string BytesFormula(StateFormat f, DType gd, std::optional<DType> cd, bool two_states,
+                         double bpp) {
+  using cpu_adam::StateElementBytes;
+  using cpu_adam::StateRole;
+  auto rw = [](double b) {
+    const std::string s = fmt::format("{:g}", b);
+    return s + "r+" + s + "w";
+  };
+  const size_t pb = StateElementBytes(f, StateRole::kParam);
+  const size_t sb = StateElementBytes(f, StateRole::kExpAvg);
+  std::string out = "param " + rw(double(pb)) + " + grad " + std::to_string(DTypeSize(gd)) + "r + ";
+  out += two_states ? "exp_avg " + rw(double(sb)) + " + exp_avg_sq " + rw(double(sb))
+                    : "state " + rw(double(sb));
+  if (f == StateFormat::kInt8)
+    out += " + scales " + rw((two_states ? 2 : 1) * 4.0 / double(cpu_adam::kStateBlock));
+  if (cd) out += " + copy " + std::to_string(DTypeSize(*cd)) + "w";
+  return out + " = " + fmt::format("{:g}", bpp);
 }
 
 int RunBenchAdam(const BenchAdamArgs& args) {
@@ -130,11 +215,19 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   std::optional<DType> cd;
   if (args.copy_out != "none") cd = *ParseDType(args.copy_out);
   const Algorithm alg = *cpu_adam::ParseAlgorithm(args.optimizer);
+  const StateFormat states = *cpu_adam::ParseStateFormat(args.states);  // CLI checked
+  if (!cpu_adam::SupportsStateFormat(alg, states))
+    return Fail(kCommand, "--states " + args.states + " is not supported for --optimizer " +
+                              args.optimizer + " (Adam/AdamW: every format; Lion: fp32, bf16, "
+                              "int8; Adagrad: fp32)");
+  const bool fp32_states = states == StateFormat::kFp32;
   // Before allocating: param, grad, exp_avg, exp_avg_sq (and the copy-out,
   // and fp32 grads for the unfused variant) must fit in memory.
   {
-    uint64_t per_param = 4 + DTypeSize(gd) + 4 + 4;
-    if (cd) per_param += DTypeSize(*cd) + (gd != DType::kFp32 ? 4 : 0);
+    const uint64_t state_bytes =
+        static_cast<uint64_t>(std::ceil(cpu_adam::StateBytesPerParam(states)));
+    uint64_t per_param = state_bytes + DTypeSize(gd);
+    if (cd) per_param += DTypeSize(*cd) + (gd != DType::kFp32 && fp32_states ? 4 : 0);
     const uint64_t bytes = per_param * n;
     if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (" +
                                        std::to_string(per_param) + " bytes/param of arrays)",
@@ -161,13 +254,14 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   // its bandwidth by up to 25% on the 2-core VM of docs/perf.md, so separate arrays per
   // variant would bias the comparison. The roofline kernel leaves finite
   // values unchanged; the optimizer steps keep them finite.
-  auto arrays = MakeArrays(n, gd, cd);
+  auto arrays = MakeArrays(n, gd, cd, states);
   if (!arrays.ok())
     return Fail(kCommand,
                 Status(arrays.status()).WithContext("allocating " + std::to_string(n) + " params"));
   // The unfused variant needs fp32 gradients (its own array when grads are 16-bit).
   AlignedBuffer grad32;
-  if (cd && gd != DType::kFp32) {
+  const bool two_pass = cd.has_value() && fp32_states;
+  if (two_pass && gd != DType::kFp32) {
     auto g = AlignedBuffer::Allocate(n * 4, 64);
     if (!g.ok()) return Fail(kCommand, g.status());
     grad32 = std::move(*g);
@@ -177,7 +271,6 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   const auto roof_step = MakeStep(*arrays, n, gd, cd, Algorithm::kAdamW);
   const auto scalar_step = MakeStep(*arrays, n, gd, cd, alg);
   const auto strata_step = MakeStep(*arrays, n, gd, cd, alg);
-  const bool two_pass = cd.has_value();
   cpu_adam::ShardStep two_step;
   if (two_pass) {
     two_step = MakeStep(*arrays, n, DType::kFp32, std::nullopt, alg);
@@ -204,8 +297,10 @@ int RunBenchAdam(const BenchAdamArgs& args) {
       std::exit(ExitCodeOf(st));
     }
   };
-  const size_t bpp = cpu_adam::BytesPerElement(alg, gd, cd);
-  const size_t roof_bpp = cpu_adam::BytesPerElement(Algorithm::kAdamW, gd, cd);
+  // Bytes per param at the stored sizes (int8: with the block scales, so
+  // not whole numbers); the roofline moves the format's Adam arrays.
+  const double bpp = cpu_adam::BytesPerElement(alg, gd, cd, states);
+  const double roof_bpp = cpu_adam::BytesPerElement(Algorithm::kAdamW, gd, cd, states);
   // Warm-up (page faults, thread start), then interleaved repetitions.
   run_step(**roof_opt, roof_step);
   run_step(**scalar_opt, scalar_step);
@@ -214,14 +309,24 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   std::vector<double> t_scalar, t_two;
   // For Adagrad/Lion (fewer state bytes than the roofline's Adam pattern)
   // the roofline time is scaled to the optimizer's own bytes/param.
-  const double bytes_ratio = static_cast<double>(bpp) / static_cast<double>(roof_bpp);
+  const double bytes_ratio = bpp / roof_bpp;
+  // Slab bounds moved down to an int8 block boundary (a shard starts at a
+  // block); the same function of the bound for both neighbours of a cut, so
+  // the slabs still tile [0, n).
+  const auto block_bound = [&](size_t x) {
+    return x == n ? n : x / cpu_adam::kStateBlock * cpu_adam::kStateBlock;
+  };
   const PairedBound pairs = MeasurePairs(
       n, args.reps, bytes_ratio,
       [&](size_t b, size_t e) {
+        b = block_bound(b);
+        e = block_bound(e);
         const auto rs = Slice(roof_step, b, e - b);
         return time_it([&] { run_step(**roof_opt, rs); });
       },
       [&](size_t b, size_t e) {
+        b = block_bound(b);
+        e = block_bound(e);
         const auto ss = Slice(strata_step, b, e - b);
         return time_it([&] { run_step(**strata_opt, ss); });
       },
@@ -244,13 +349,12 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   const double scalar_pps = n / Median(t_scalar);
   const double strata_pps = n / Median(t_strata);
   const bool two_states = alg == Algorithm::kAdam || alg == Algorithm::kAdamW;
-  const double roof_pps = roof_adam_pps * static_cast<double>(roof_bpp) / static_cast<double>(bpp);
-  std::string formula = "param 4r+4w + grad " + std::to_string(DTypeSize(gd)) + "r + " +
-                        (two_states ? "exp_avg 4r+4w + exp_avg_sq 4r+4w" : "state 4r+4w") +
-                        (cd ? " + copy " + std::to_string(DTypeSize(*cd)) + "w" : "") + " = " +
-                        std::to_string(bpp);
+  const double roof_pps = roof_adam_pps * roof_bpp / bpp;
+  const std::string formula = BytesFormula(states, gd, cd, two_states, bpp);
   json j;
   j["optimizer"] = args.optimizer;
+  j["states"] = args.states;
+  j["state_bytes_per_param"] = cpu_adam::StateBytesPerParam(states, alg);
   j["params"] = n;
   j["threads"] = (*strata_opt)->threads();
   j["isa"] = std::string((*strata_opt)->isa());
@@ -261,11 +365,19 @@ int RunBenchAdam(const BenchAdamArgs& args) {
                               : ((*strata_opt)->streams_copy() && cd ? "copy" : "off");
   j["reps"] = args.reps;
   j["params_per_s"] = strata_pps;
-  j["bytes_per_param"] = bpp;
+  if (fp32_states) {
+    j["bytes_per_param"] = static_cast<size_t>(bpp);  // whole numbers, as before
+  } else {
+    j["bytes_per_param"] = bpp;
+  }
   j["bytes_per_param_formula"] = formula;
   j["gbytes_per_s"] = strata_pps * bpp / 1e9;
   j["roofline_params_per_s"] = roof_pps;
-  j["roofline_bytes_per_param"] = roof_bpp;
+  if (fp32_states) {
+    j["roofline_bytes_per_param"] = static_cast<size_t>(roof_bpp);
+  } else {
+    j["roofline_bytes_per_param"] = roof_bpp;
+  }
   j["roofline_gbytes_per_s"] = roof_adam_pps * roof_bpp / 1e9;
   pairs.AddTo(j);
   j["scalar_params_per_s"] = scalar_pps;
@@ -286,11 +398,11 @@ int RunBenchAdam(const BenchAdamArgs& args) {
     return 0;
   }
   std::printf(
-      "strata bench adam: %s, %zu params, %d threads, isa %s, grad %s, copy-out %s, %d reps "
-      "(medians)\n",
+      "strata bench adam: %s, %zu params, %d threads, isa %s, grad %s, copy-out %s, states %s, "
+      "%d reps (medians)\n",
       args.optimizer.c_str(), n, (*strata_opt)->threads(),
       std::string((*strata_opt)->isa()).c_str(), args.grad_dtype.c_str(), args.copy_out.c_str(),
-      args.reps);
+      args.states.c_str(), args.reps);
   std::printf("  bytes/param     %s\n", formula.c_str());
   std::printf("  roofline        %8.1f Mparams/s  %6.1f GB/s\n", roof_pps / 1e6,
               roof_adam_pps * roof_bpp / 1e9);
@@ -327,6 +439,11 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
   cmd->add_option("--optimizer", args->optimizer, "adam|adamw|adagrad|lion")
       ->capture_default_str()
       ->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
+  cmd->add_option("--states", args->states,
+                  "Optimizer-state format: fp32|bf16|bf16-master|int8 (compared to its own "
+                  "roofline)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "bf16-master", "int8"}));
   cmd->add_option("--isa", args->isa, "auto|avx512|avx2|sse4.2|scalar")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));

@@ -1,9 +1,11 @@
 // src/cpu_adam/cpu_adam.h — the CPU optimizer module's contract.
 //
-// Steps shards ("sub-groups") of CPU-resident fp32 optimizer state in ONE
-// fused pass per element: read the fp32 master param, the gradient (fp32,
-// fp16 or bf16), the fp32 moments; write master and moments and, optionally in
-// the same pass, an fp16/bf16 (or fp32) copy of the updated param.
+// Steps shards ("sub-groups") of CPU-resident optimizer state in ONE
+// fused pass per element: read the master param, the gradient (fp32, fp16
+// or bf16), the moments; write master and moments and, optionally in the
+// same pass, an fp16/bf16 (or fp32) copy of the updated param. The state is
+// fp32 or one of the compact formats (StateFormat: bf16 moments, a bf16
+// master with stochastic rounding, 8-bit block-quantized moments).
 //
 // Algorithms (PyTorch semantics; the order of float operations is in
 // docs/design.md, "cpu_adam"):
