@@ -488,16 +488,18 @@ inline BU<A> Mix32(BU<A> x) {  // state_codes.h Mix32, per lane
 // SrBits of the W consecutive global indices starting at `index`.
 template <class A>
 inline BU<A> SrBitsVec(uint64_t index, uint32_t k0, uint32_t k1) {
+  constexpr size_t W = BU<A>::size;
   const uint32_t lo0 = static_cast<uint32_t>(index), hi0 = static_cast<uint32_t>(index >> 32);
   const BU<A> lo = BU<A>(lo0) + Iota<A>();
-  // A lane whose low half wrapped past 2^32 carries into the high half
-  // (unsigned compare as a signed one with the sign bits flipped).
-  const BI<A> flip(static_cast<int32_t>(0x80000000u));
-  const BI<A> wrapped = xsimd::select(
-      (xsimd::bitwise_cast<BI<A>>(lo) ^ flip) < (BI<A>(static_cast<int32_t>(lo0)) ^ flip),
-      BI<A>(1), BI<A>(0));
-  const BU<A> hi = BU<A>(hi0) + xsimd::bitwise_cast<BU<A>>(wrapped);
-  return Mix32<A>(Mix32<A>(lo ^ BU<A>(k0)) ^ hi ^ BU<A>(k1));
+  const SrKey key{k0, k1};
+  if (lo0 <= UINT32_MAX - (W - 1)) {  // one high half for the whole vector (all but 1 in 2^32/W)
+    return Mix32<A>(lo ^ BU<A>(SrHighKey(hi0, key)));
+  }
+  // The vector crosses a multiple of 2^32: lanes past it have the next high half.
+  alignas(64) uint32_t k[W];
+  for (size_t l = 0; l < W; ++l)
+    k[l] = SrHighKey(static_cast<uint32_t>((index + l) >> 32), key);
+  return Mix32<A>(lo ^ BU<A>::load_aligned(k));
 }
 
 // FloatToBf16Stochastic per lane; lanes end up in [0, 0xffff].

@@ -120,12 +120,17 @@ inline SrKey MakeSrKey(uint64_t seed, int64_t step) {
   return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
 }
 
+// The key of the 2^32 indices sharing the high half `hi`: k0 ^ Mix32(hi ^ k1).
+inline uint32_t SrHighKey(uint32_t hi, SrKey key) { return key.k0 ^ Mix32(hi ^ key.k1); }
+
 // 32 random bits for the element with global index `index` in the stream
-// `key`: two rounds of Mix32, the high half of the index mixed into the
-// second. Depends on nothing else (not the thread, block or shard split).
+// `key`: one round of Mix32 over the low half of the index xor the key of
+// its high half (which the kernels compute once per vector: it changes
+// every 2^32 elements). Depends on nothing else (not the thread, block or
+// shard split).
 inline uint32_t SrBits(uint64_t index, SrKey key) {
   const uint32_t lo = static_cast<uint32_t>(index), hi = static_cast<uint32_t>(index >> 32);
-  return Mix32(Mix32(lo ^ key.k0) ^ hi ^ key.k1);
+  return Mix32(lo ^ SrHighKey(hi, key));
 }
 
 // fp32 → bf16 with stochastic rounding: add the top 16 random bits to the
