@@ -17,6 +17,7 @@
 // bench_stats.h): roofline and optimizer back to back on each slab of the
 // arrays, the median of the pairs' fractions with their spread.
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -107,13 +108,13 @@ StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd, StateFo
     }
     const size_t blk = lo / cpu_adam::kStateBlock;
     RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kParam, p.data(), len,
-                                          a.p.data() + lo * StateElementBytes(f, StateRole::kParam),
+                                          a.p.as<char>() + lo * StateElementBytes(f, StateRole::kParam),
                                           nullptr));
     RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kExpAvg, m.data(), len,
-                                          a.m.data() + lo * sb,
+                                          a.m.as<char>() + lo * sb,
                                           nsc ? a.sm.as<float>() + blk : nullptr));
     RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kExpAvgSq, v.data(), len,
-                                          a.v.data() + lo * sb,
+                                          a.v.as<char>() + lo * sb,
                                           nsc ? a.sv.as<float>() + blk : nullptr));
   }
   return a;
@@ -218,7 +219,8 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   const StateFormat states = *cpu_adam::ParseStateFormat(args.states);  // CLI checked
   if (!cpu_adam::SupportsStateFormat(alg, states))
     return Fail(kCommand, "--states " + args.states + " is not supported for --optimizer " +
-                              args.optimizer + " (Adam/AdamW: every format; Lion: fp32, bf16, "
+                              args.optimizer +
+                              " (Adam/AdamW: every format; Lion: fp32, bf16, "
                               "int8; Adagrad: fp32)");
   const bool fp32_states = states == StateFormat::kFp32;
   // Before allocating: param, grad, exp_avg, exp_avg_sq (and the copy-out,

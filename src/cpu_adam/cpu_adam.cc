@@ -231,10 +231,10 @@ Status PrepareCompactShard(const ShardStep& s, size_t i, const KernelTable& tabl
                            std::string(StateFormatName(f)) + ", count " + std::to_string(s.count) +
                            ")";
   if (!SupportsStateFormat(alg, f)) {
-    return InvalidArgumentError(what + ": state format " + std::string(StateFormatName(f)) +
-                                " is not supported for " + std::string(AlgorithmName(alg)) +
-                                " (supported: " +
-                                (alg == Algorithm::kLion ? "fp32, bf16, int8" : "fp32") + ")");
+    return InvalidArgumentError(
+        what + ": state format " + std::string(StateFormatName(f)) + " is not supported for " +
+        std::string(AlgorithmName(alg)) +
+        " (supported: " + (alg == Algorithm::kLion ? "fp32, bf16, int8" : "fp32") + ")");
   }
   if (f == StateFormat::kInt8 && s.element_offset % kStateBlock != 0) {
     return InvalidArgumentError(what + ": element_offset " + std::to_string(s.element_offset) +
@@ -261,8 +261,11 @@ Status PrepareCompactShard(const ShardStep& s, size_t i, const KernelTable& tabl
     return InvalidArgumentError(ShardName(i) +
                                 ": check_finite is not supported with fold (check the sum first)");
   if (s.count == 0) return Status::Ok();
-  auto null = [&](const char* field) { return InvalidArgumentError(what + ": " + field + " is null"); };
-  if (master16 ? s.param_c == nullptr : s.param == nullptr) return null(master16 ? "param_c" : "param");
+  auto null = [&](const char* field) {
+    return InvalidArgumentError(what + ": " + field + " is null");
+  };
+  if (master16 ? s.param_c == nullptr : s.param == nullptr)
+    return null(master16 ? "param_c" : "param");
   if (s.grad == nullptr) return null("grad");
   if (s.exp_avg_c == nullptr) return null("exp_avg_c");
   if (two && s.exp_avg_sq_c == nullptr) return null("exp_avg_sq_c");
@@ -339,8 +342,7 @@ Status PrepareShard(const ShardStep& s, size_t i, const KernelTable& table, bool
   const bool needs_m = adam || alg == Algorithm::kLion || roofline;
   const bool needs_v = adam || alg == Algorithm::kAdagrad || roofline;
   *out = Prepared{};
-  if (s.states != StateFormat::kFp32)
-    return PrepareCompactShard(s, i, table, roofline, block, out);
+  if (s.states != StateFormat::kFp32) return PrepareCompactShard(s, i, table, roofline, block, out);
   if (s.param_c != nullptr || s.exp_avg_c != nullptr || s.exp_avg_sq_c != nullptr ||
       s.exp_avg_scale != nullptr || s.exp_avg_sq_scale != nullptr)
     return InvalidArgumentError(ShardName(i) +

@@ -346,8 +346,8 @@ Status EncodeState(StateFormat f, StateRole r, const float* src, size_t count, v
                    float* scales);
 // The inverse: dst[0, count) = the values the kernels see. Exact for fp32 and
 // bf16; int8: code value × block scale.
-Status DecodeState(StateFormat f, StateRole r, const void* src, const float* scales,
-                   size_t count, float* dst);
+Status DecodeState(StateFormat f, StateRole r, const void* src, const float* scales, size_t count,
+                   float* dst);
 
 // Bytes one accumulation moves per element: acc 4r+4w + grad read.
 inline size_t AccumulateBytesPerElement(DType grad_dtype) { return 8 + DTypeSize(grad_dtype); }

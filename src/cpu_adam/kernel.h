@@ -94,7 +94,7 @@ struct KernelArgs {
   void* state1_c = nullptr;
   float* scale0 = nullptr;
   float* scale1 = nullptr;
-  uint64_t index0 = 0;  // global index of element 0 (stochastic rounding, blocks)
+  uint64_t index0 = 0;                // global index of element 0 (stochastic rounding, blocks)
   uint32_t sr_key0 = 0, sr_key1 = 0;  // SrKey(seed, step): the rounding stream of this step
   // The compact kernels take the copy-out and the fold as run-time choices
   // (fewer instantiations; the branch is per 256 elements or per vector and

@@ -497,8 +497,7 @@ inline BU<A> SrBitsVec(uint64_t index, uint32_t k0, uint32_t k1) {
   }
   // The vector crosses a multiple of 2^32: lanes past it have the next high half.
   alignas(64) uint32_t k[W];
-  for (size_t l = 0; l < W; ++l)
-    k[l] = SrHighKey(static_cast<uint32_t>((index + l) >> 32), key);
+  for (size_t l = 0; l < W; ++l) k[l] = SrHighKey(static_cast<uint32_t>((index + l) >> 32), key);
   return Mix32<A>(lo ^ BU<A>::load_aligned(k));
 }
 
@@ -635,8 +634,8 @@ struct CompactKernel {
       StoreState(v.s1, i, LoadState(v.s1, i) | z);
       return;
     } else {
-      B p = kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i))
-                      : B::load_unaligned(v.p + i);
+      B p =
+          kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i)) : B::load_unaligned(v.p + i);
       B m, vv;
       const I m_raw = LoadState(v.s0, i);
       if constexpr (kInt8) {
@@ -660,15 +659,15 @@ struct CompactKernel {
           vv = Bf16BitsToFloat<A>(v_raw);
         }
         if constexpr (OP == KernelOp::kAdam) gg = xsimd::fma(B(c.l2), p, gg);  // g += wd * p
-        m = xsimd::fma(B(c.w1), gg - m, m);                 // m = lerp(m, g, 1 - beta1)
+        m = xsimd::fma(B(c.w1), gg - m, m);                  // m = lerp(m, g, 1 - beta1)
         vv = xsimd::fma(B(c.w2), gg * gg, B(c.beta2) * vv);  // v = beta2 v + (1 - beta2) g^2
         const B denom = xsimd::fma(xsimd::sqrt(vv), B(c.inv_bc2_sqrt), B(c.eps));
         if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);  // p *= 1 - lr wd
         p = xsimd::fma(B(c.neg_step), m / denom, p);               // p -= lr/bc1 * m / denom
       }
       if constexpr (kMaster16) {
-        ArchIO<A>::StoreU16(v.pc + i, FloatToBf16StochasticVec<A>(
-                                          p, SrBitsVec<A>(gidx, a.sr_key0, a.sr_key1)));
+        ArchIO<A>::StoreU16(
+            v.pc + i, FloatToBf16StochasticVec<A>(p, SrBitsVec<A>(gidx, a.sr_key0, a.sr_key1)));
       } else {
         p.store_unaligned(v.p + i);
       }
@@ -869,7 +868,6 @@ constexpr void FillCompact(KernelTable& t) {
   t.compact[f][int(OP)][2] = &CompactKernel<A, SF, OP, 2>::Run;
 }
 
-
 // Whole arrays in the int8 codes (KernelTable::quantize_q8, dequantize_q8):
 // per block the absmax, the scale, then the codes, as the kernels do.
 template <class A, bool SQ>
@@ -888,7 +886,8 @@ void QuantizeQ8Array(const float* in, size_t n, uint8_t* codes, float* scales) {
     alignas(64) float t[W] = {};
     if (len != full) std::memcpy(t, in + s + full, (len - full) * 4);
     B amax(0.f);
-    for (size_t j = 0; j < full; j += W) amax = xsimd::max(amax, xsimd::abs(B::load_unaligned(in + s + j)));
+    for (size_t j = 0; j < full; j += W)
+      amax = xsimd::max(amax, xsimd::abs(B::load_unaligned(in + s + j)));
     if (len != full) amax = xsimd::max(amax, xsimd::abs(B::load_aligned(t)));
     alignas(64) float l[W];
     amax.store_aligned(l);
@@ -945,8 +944,8 @@ void StochasticBf16Array(const float* in, uint16_t* out, size_t n, uint64_t inde
   alignas(64) float t[W] = {};
   alignas(64) uint16_t o[W];
   std::memcpy(t, in + full, (n - full) * 4);
-  ArchIO<A>::StoreU16(o, FloatToBf16StochasticVec<A>(B::load_aligned(t),
-                                                     SrBitsVec<A>(index0 + full, k0, k1)));
+  ArchIO<A>::StoreU16(
+      o, FloatToBf16StochasticVec<A>(B::load_aligned(t), SrBitsVec<A>(index0 + full, k0, k1)));
   std::memcpy(out + full, o, (n - full) * 2);
 }
 

@@ -136,7 +136,6 @@ bool ScalarRun(const KernelArgs& a, bool check_finite) {
   return finite;
 }
 
-
 // ---- Compact state formats: the reference loops ------------------------------
 // One element at a time, the same operations as CompactKernel in
 // kernel_impl.h (each fma a multiply and an add). int8 works block by
@@ -263,7 +262,6 @@ void FillCompact(KernelTable& t) {
   t.compact[f][int(OP)][2] = &ScalarCompactRun<SF, OP, 2>;
 }
 
-
 template <bool SQ>
 void ScalarQuantizeQ8(const float* in, size_t n, uint8_t* codes, float* scales) {
   for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
@@ -288,7 +286,8 @@ void ScalarDequantizeQ8(const uint8_t* codes, const float* scales, size_t n, flo
 
 void ScalarStochasticBf16(const float* in, uint16_t* out, size_t n, uint64_t index0, uint32_t k0,
                           uint32_t k1) {
-  for (size_t i = 0; i < n; ++i) out[i] = FloatToBf16Stochastic(in[i], SrBits(index0 + i, {k0, k1}));
+  for (size_t i = 0; i < n; ++i)
+    out[i] = FloatToBf16Stochastic(in[i], SrBits(index0 + i, {k0, k1}));
 }
 
 template <KernelOp OP, int GD>

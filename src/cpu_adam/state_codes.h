@@ -46,7 +46,8 @@ inline float DecodeExpAvg8(uint8_t c) {
   const uint32_t mag = c & 0x7fu;
   const float v = mag < 8 ? static_cast<float>(static_cast<int32_t>(mag)) * (1.f / 512.f)
                           : std::bit_cast<float>((mag << 20) + (120u << 23));
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(v) | (static_cast<uint32_t>(c & 0x80u) << 24));
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(v) |
+                              (static_cast<uint32_t>(c & 0x80u) << 24));
 }
 
 // ---- int8: exp_avg_sq code (no sign, 5 exponent bits with bias 15, 3 mantissa) ----

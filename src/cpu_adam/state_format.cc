@@ -15,7 +15,6 @@
 
 namespace strata::cpu_adam {
 
-
 namespace {
 
 // The best kernel table here (the int8 conversions are the same bits on
@@ -59,8 +58,8 @@ Status EncodeState(StateFormat f, StateRole r, const float* src, size_t count, v
   return Status::Ok();
 }
 
-Status DecodeState(StateFormat f, StateRole r, const void* src, const float* scales,
-                   size_t count, float* dst) {
+Status DecodeState(StateFormat f, StateRole r, const void* src, const float* scales, size_t count,
+                   float* dst) {
   RETURN_IF_ERROR(CheckArrays("DecodeState", f, r, src, dst, scales, count));
   if (count == 0) return Status::Ok();
   const size_t eb = StateElementBytes(f, r);

@@ -166,6 +166,37 @@ TEST_F(CliTest, BenchAdamReportsTheRooflineFractionOfPairsWithItsSpread) {
   }
 }
 
+// bench adam --states: each compact format is stepped against its own
+// roofline, with bytes/param at the stored sizes; a format the optimizer
+// does not support is a one-line error naming both.
+TEST_F(CliTest, BenchAdamStatesFormats) {
+  const std::pair<const char*, double> formats[] = {
+      {"fp32", 28}, {"bf16", 20}, {"bf16-master", 16}, {"int8", 16.0625}};
+  for (const auto& [name, bpp] : formats) {
+    SCOPED_TRACE(name);
+    RunResult r = RunCli(std::string("bench adam --params 20000 --threads 1 --reps 1 --json --states ") +
+                             name,
+                         dir_.str());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["states"].get<std::string>(), name);
+    EXPECT_EQ(j["bytes_per_param"].get<double>(), bpp);
+    EXPECT_EQ(j["roofline_bytes_per_param"].get<double>(), bpp);
+    EXPECT_GT(j["roofline_fraction"].get<double>(), 0);
+  }
+  RunResult r = RunCli("bench adam --params 1000 --states int8", dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("exp_avg 1r+1w + exp_avg_sq 1r+1w + scales 0.03125r+0.03125w = 16.0625"),
+            std::string::npos)
+      << r.out;
+  r = RunCli("bench adam --params 1000 --states bf16-master --optimizer lion", dir_.str());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LE(Lines(r.err), 2u) << r.err;
+  EXPECT_NE(r.err.find("--states bf16-master is not supported for --optimizer lion"),
+            std::string::npos)
+      << r.err;
+}
+
 // bench adam checks memory before allocating its arrays: under an address
 // limit far below what --params needs it fails at once, naming both sides.
 TEST_F(CliTest, BenchAdamRefusesParamsThatDoNotFitBeforeAllocating) {

@@ -68,12 +68,12 @@ struct Compact {
     sm.assign(nb, 0.f);
     sv.assign(nb, 0.f);
     // Element 0 of the shard starts a block: encode the slack apart.
-    EXPECT_TRUE(EncodeState(f, StateRole::kExpAvg, mm.data() + slack, n, m.data() + slack * eb,
-                            sm.data())
-                    .ok());
-    EXPECT_TRUE(EncodeState(f, StateRole::kExpAvgSq, vv.data() + slack, n, v.data() + slack * eb,
-                            sv.data())
-                    .ok());
+    EXPECT_TRUE(
+        EncodeState(f, StateRole::kExpAvg, mm.data() + slack, n, m.data() + slack * eb, sm.data())
+            .ok());
+    EXPECT_TRUE(
+        EncodeState(f, StateRole::kExpAvgSq, vv.data() + slack, n, v.data() + slack * eb, sv.data())
+            .ok());
     const std::vector<float> gf = testing::RandomFloats(rng, total, -1.f, 1.f);
     g.resize(total * DTypeSize(gd));
     for (size_t i = 0; i < total; ++i) {
@@ -158,12 +158,6 @@ std::vector<std::string> Isas() {
   std::vector<std::string> out;
   for (std::string_view s : AvailableIsas()) out.emplace_back(s);
   return out;
-}
-
-bool HasIsa(std::string_view isa) {
-  for (std::string_view s : AvailableIsas())
-    if (s == isa) return true;
-  return false;
 }
 
 // The FMA ISAs against the scalar reference (which rounds each multiply and
@@ -339,11 +333,11 @@ TEST(StateFormatKernelTest, IsasWithTheSameFmaAreBitwiseEqual) {
         Compact y = x;
         ASSERT_TRUE(a512->Step(x.Step(hp, gd, DType::kBf16, combo % 3)).ok());
         ASSERT_TRUE(a2->Step(y.Step(hp, gd, DType::kBf16, combo % 3)).ok());
-        EXPECT_TRUE(SameBits(x, y)) << StateFormatName(f) << " " << AlgorithmName(alg) << " "
-                                    << DTypeName(gd) << " p32 " << (x.p32 == y.p32) << " p16 "
-                                    << (x.p16 == y.p16) << " m " << (x.m == y.m) << " v "
-                                    << (x.v == y.v) << " scales " << (x.sm == y.sm && x.sv == y.sv)
-                                    << " copy " << (x.copy == y.copy);
+        EXPECT_TRUE(SameBits(x, y))
+            << StateFormatName(f) << " " << AlgorithmName(alg) << " " << DTypeName(gd) << " p32 "
+            << (x.p32 == y.p32) << " p16 " << (x.p16 == y.p16) << " m " << (x.m == y.m) << " v "
+            << (x.v == y.v) << " scales " << (x.sm == y.sm && x.sv == y.sv) << " copy "
+            << (x.copy == y.copy);
       }
     }
   }
@@ -444,10 +438,8 @@ TEST(StateFormatKernelTest, SplitsAndThreadCountsGiveTheSameBits) {
           size_t block;
           std::vector<size_t> cuts;
         };
-        const Variant variants[] = {{1, 1024, {}},
-                                    {2, 4096, {}},
-                                    {7, 1024, {2560, 7168}},
-                                    {2, 2048, {256, 512, 9984}}};
+        const Variant variants[] = {
+            {1, 1024, {}}, {2, 4096, {}}, {7, 1024, {2560, 7168}}, {2, 2048, {256, 512, 9984}}};
         for (const Variant& var : variants) {
           Compact c = whole;
           auto opt = MakeOpt(isa, var.threads, var.block);
@@ -523,10 +515,10 @@ TEST(StateCodesTest, EveryCodeRoundTrips) {
   // A positive v never encodes to 0; ties to even elsewhere.
   EXPECT_EQ(EncodeExpAvgSq8(1e-30f, 1.f), 1);
   EXPECT_EQ(EncodeExpAvgSq8(std::numeric_limits<float>::denorm_min(), 1.f), 1);
-  EXPECT_EQ(EncodeExpAvg8(0x1p-10f, 1.f), 0);        // half the smallest step: tie to even 0
-  EXPECT_EQ(EncodeExpAvg8(3 * 0x1p-10f, 1.f), 2);    // 1.5 steps: tie to even 2
-  EXPECT_EQ(EncodeExpAvg8(1.0625f, 1.f), 0x38);      // 1 + 1/16: tie → 1.0 (even mantissa)
-  EXPECT_EQ(EncodeExpAvg8(1.1875f, 1.f), 0x3a);      // 1 + 3/16: tie → 1.25
+  EXPECT_EQ(EncodeExpAvg8(0x1p-10f, 1.f), 0);      // half the smallest step: tie to even 0
+  EXPECT_EQ(EncodeExpAvg8(3 * 0x1p-10f, 1.f), 2);  // 1.5 steps: tie to even 2
+  EXPECT_EQ(EncodeExpAvg8(1.0625f, 1.f), 0x38);    // 1 + 1/16: tie → 1.0 (even mantissa)
+  EXPECT_EQ(EncodeExpAvg8(1.1875f, 1.f), 0x3a);    // 1 + 3/16: tie → 1.25
 }
 
 // The round-trip bound per block of A = absmax (what docs/design.md states):
@@ -594,7 +586,8 @@ TEST(StateCodesTest, QuantizerRoundTripIsBoundedPerBlock) {
           if (x[i] == 0) {
             ASSERT_EQ(back[i], 0.f);
           }
-          if (ax >= amax * (sq ? 0x1p-30 : 0x1p-14)) worst_rel = std::max(worst_rel, std::fabs(back[i] - x[i]) / ax);
+          if (ax >= amax * (sq ? 0x1p-30 : 0x1p-14))
+            worst_rel = std::max(worst_rel, std::fabs(back[i] - x[i]) / ax);
         }
       }
       EXPECT_LE(worst_rel, 1.0 / 16 + 1e-6);
@@ -616,14 +609,21 @@ TEST(StateCodesTest, EncodeDecodeStateArrays) {
   const std::vector<float> x = testing::RandomFloats(rng, n, -2.f, 2.f);
   std::vector<uint16_t> h(n);
   std::vector<float> back(n);
-  ASSERT_TRUE(EncodeState(StateFormat::kBf16Master, StateRole::kParam, x.data(), n, h.data(), nullptr).ok());
-  ASSERT_TRUE(DecodeState(StateFormat::kBf16Master, StateRole::kParam, h.data(), nullptr, n, back.data()).ok());
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(FloatBits(back[i]), FloatBits(Bf16BitsToFloat(FloatToBf16Bits(x[i]))));
+  ASSERT_TRUE(
+      EncodeState(StateFormat::kBf16Master, StateRole::kParam, x.data(), n, h.data(), nullptr)
+          .ok());
+  ASSERT_TRUE(
+      DecodeState(StateFormat::kBf16Master, StateRole::kParam, h.data(), nullptr, n, back.data())
+          .ok());
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(FloatBits(back[i]), FloatBits(Bf16BitsToFloat(FloatToBf16Bits(x[i]))));
   std::vector<float> p(n);
-  ASSERT_TRUE(EncodeState(StateFormat::kInt8, StateRole::kParam, x.data(), n, p.data(), nullptr).ok());
+  ASSERT_TRUE(
+      EncodeState(StateFormat::kInt8, StateRole::kParam, x.data(), n, p.data(), nullptr).ok());
   EXPECT_EQ(p, x);  // the int8 format's master is fp32
   std::vector<uint8_t> q(n);
-  const Status s = EncodeState(StateFormat::kInt8, StateRole::kExpAvg, x.data(), n, q.data(), nullptr);
+  const Status s =
+      EncodeState(StateFormat::kInt8, StateRole::kExpAvg, x.data(), n, q.data(), nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("scales is null"), std::string::npos) << s;
   EXPECT_EQ(StateScaleCount(StateFormat::kInt8, StateRole::kExpAvgSq, 257), 2u);
@@ -634,8 +634,11 @@ TEST(StateCodesTest, EncodeDecodeStateArrays) {
   EXPECT_EQ(StateBytesPerParam(StateFormat::kInt8), 6.03125);
   EXPECT_EQ(BytesPerElement(Algorithm::kAdamW, DType::kFp32, std::nullopt, StateFormat::kFp32),
             double(BytesPerElement(Algorithm::kAdamW, DType::kFp32, std::nullopt)));
-  EXPECT_EQ(BytesPerElement(Algorithm::kAdamW, DType::kBf16, DType::kBf16, StateFormat::kBf16Master), 16.0);
-  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8})
+  EXPECT_EQ(
+      BytesPerElement(Algorithm::kAdamW, DType::kBf16, DType::kBf16, StateFormat::kBf16Master),
+      16.0);
+  for (StateFormat f :
+       {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8})
     EXPECT_EQ(ParseStateFormat(StateFormatName(f)), f);
   EXPECT_EQ(ParseStateFormat("fp8"), std::nullopt);
 }
@@ -670,7 +673,8 @@ TEST(StochasticRoundingTest, VectorEqualsScalarAcrossTheIndexCarry) {
 // neighbours occur.
 TEST(StochasticRoundingTest, UnbiasedAndDeterministic) {
   const size_t N = 1 << 20;
-  for (float x : {1.0f + 0.3f * 0x1p-7f, -2.5f - 0.77f * 0x1p-6f, 3e-3f * 1.001f, 1.0f + 0x1p-20f}) {
+  for (float x :
+       {1.0f + 0.3f * 0x1p-7f, -2.5f - 0.77f * 0x1p-6f, 3e-3f * 1.001f, 1.0f + 0x1p-20f}) {
     for (uint64_t seed : {uint64_t{1}, uint64_t{0xdeadbeef}}) {
       const internal::SrKey key = internal::MakeSrKey(seed, 123);
       const float lo = Bf16BitsToFloat(static_cast<uint16_t>(FloatBits(x) >> 16));
@@ -690,8 +694,10 @@ TEST(StochasticRoundingTest, UnbiasedAndDeterministic) {
     }
   }
   // Another step or seed: another stream.
-  EXPECT_NE(internal::SrBits(5, internal::MakeSrKey(1, 1)), internal::SrBits(5, internal::MakeSrKey(1, 2)));
-  EXPECT_NE(internal::SrBits(5, internal::MakeSrKey(1, 1)), internal::SrBits(5, internal::MakeSrKey(2, 1)));
+  EXPECT_NE(internal::SrBits(5, internal::MakeSrKey(1, 1)),
+            internal::SrBits(5, internal::MakeSrKey(1, 2)));
+  EXPECT_NE(internal::SrBits(5, internal::MakeSrKey(1, 1)),
+            internal::SrBits(5, internal::MakeSrKey(2, 1)));
 }
 
 // Many updates each below half a bf16 ulp of the master: with stochastic
@@ -734,7 +740,8 @@ TEST(StochasticRoundingTest, TinyUpdatesStillMoveABf16Master) {
   EXPECT_NEAR(1.0 - mean, moved32, 0.02 * moved32) << "mean " << mean;
   // Round to nearest: 1 - 1e-4 rounds back to 1, every step.
   float rne = 1.f;
-  for (int t = 0; t < steps; ++t) rne = Bf16BitsToFloat(FloatToBf16Bits(rne - static_cast<float>(hp.lr)));
+  for (int t = 0; t < steps; ++t)
+    rne = Bf16BitsToFloat(FloatToBf16Bits(rne - static_cast<float>(hp.lr)));
   EXPECT_EQ(rne, 1.f);
 }
 
@@ -793,13 +800,15 @@ TEST(StateFormatAccuracyTest, AdamWLeastSquaresTracksFp32) {
   std::vector<double> losses;
   const std::vector<float> zero(cols, 0.f);
   const double loss0 = loss_grad(zero, nullptr);
-  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8}) {
+  for (StateFormat f :
+       {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8}) {
     std::vector<float> p(cols, 0.f), m32(cols, 0.f), v32(cols, 0.f), g(cols), x(cols);
     std::vector<uint16_t> p16(cols, 0), m16(cols, 0), v16(cols, 0);
     std::vector<uint8_t> m8(cols, 0), v8(cols, 0);
     std::vector<float> sm(cols / 256, 0.f), sv(cols / 256, 0.f);
     for (int t = 1; t <= steps; ++t) {
-      for (size_t c = 0; c < cols; ++c) x[c] = f == StateFormat::kBf16Master ? Bf16BitsToFloat(p16[c]) : p[c];
+      for (size_t c = 0; c < cols; ++c)
+        x[c] = f == StateFormat::kBf16Master ? Bf16BitsToFloat(p16[c]) : p[c];
       loss_grad(x, &g);
       ShardStep s;
       s.states = f;
@@ -809,7 +818,10 @@ TEST(StateFormatAccuracyTest, AdamWLeastSquaresTracksFp32) {
       s.hp.step = t;
       s.hp.lr = hp.lr * (1.0 - double(t - 1) / steps);
       s.seed = 7;
-      if (f == StateFormat::kBf16Master) s.param_c = p16.data(); else s.param = p.data();
+      if (f == StateFormat::kBf16Master)
+        s.param_c = p16.data();
+      else
+        s.param = p.data();
       if (f == StateFormat::kFp32) {
         s.exp_avg = m32.data();
         s.exp_avg_sq = v32.data();
@@ -825,7 +837,8 @@ TEST(StateFormatAccuracyTest, AdamWLeastSquaresTracksFp32) {
       auto r = opt->Step(s);
       ASSERT_TRUE(r.ok()) << r.status();
     }
-    for (size_t c = 0; c < cols; ++c) x[c] = f == StateFormat::kBf16Master ? Bf16BitsToFloat(p16[c]) : p[c];
+    for (size_t c = 0; c < cols; ++c)
+      x[c] = f == StateFormat::kBf16Master ? Bf16BitsToFloat(p16[c]) : p[c];
     losses.push_back(loss_grad(x, nullptr) / loss0);
     finals.push_back(x);
   }
@@ -839,8 +852,9 @@ TEST(StateFormatAccuracyTest, AdamWLeastSquaresTracksFp32) {
     d = std::sqrt(d / cols);
     RecordProperty(std::string(names[k]) + "_rel_loss", std::to_string(losses[k]));
     RecordProperty(std::string(names[k]) + "_rms_vs_fp32", std::to_string(d / travelled));
-    std::printf("%-12s loss/loss0 %.3g (fp32 %.3g)  rms diff vs fp32 %.4f of the distance travelled\n",
-                names[k], losses[k], losses[0], d / travelled);
+    std::printf(
+        "%-12s loss/loss0 %.3g (fp32 %.3g)  rms diff vs fp32 %.4f of the distance travelled\n",
+        names[k], losses[k], losses[0], d / travelled);
     EXPECT_LT(losses[0], 0.1);  // it did converge
     EXPECT_NEAR(losses[k], losses[0], (k == 3 ? 0.35 : 0.1) * losses[0] + 1e-4) << names[k];
     EXPECT_LE(d / travelled, k == 1 ? 0.01 : 0.05) << names[k];
@@ -888,7 +902,8 @@ TEST(StateFormatValidationTest, RefusalsNameTheProblem) {
   {
     ShardStep s = base(StateFormat::kInt8, Algorithm::kAdamW);
     s.element_offset = 1000;
-    expect(s, "shard 0 (adamw, states int8, count 512): element_offset 1000 is not a multiple of 256");
+    expect(s,
+           "shard 0 (adamw, states int8, count 512): element_offset 1000 is not a multiple of 256");
   }
   {
     ShardStep s = base(StateFormat::kInt8, Algorithm::kAdamW);
