@@ -107,9 +107,9 @@ StatusOr<Arrays> MakeArrays(size_t n, DType gd, std::optional<DType> cd, StateFo
         a.g.as<uint16_t>()[i] = gd == DType::kFp16 ? FloatToHalfBits(g) : FloatToBf16Bits(g);
     }
     const size_t blk = lo / cpu_adam::kStateBlock;
-    RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kParam, p.data(), len,
-                                          a.p.as<char>() + lo * StateElementBytes(f, StateRole::kParam),
-                                          nullptr));
+    RETURN_IF_ERROR(cpu_adam::EncodeState(
+        f, StateRole::kParam, p.data(), len,
+        a.p.as<char>() + lo * StateElementBytes(f, StateRole::kParam), nullptr));
     RETURN_IF_ERROR(cpu_adam::EncodeState(f, StateRole::kExpAvg, m.data(), len,
                                           a.m.as<char>() + lo * sb,
                                           nsc ? a.sm.as<float>() + blk : nullptr));

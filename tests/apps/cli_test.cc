@@ -174,9 +174,9 @@ TEST_F(CliTest, BenchAdamStatesFormats) {
       {"fp32", 28}, {"bf16", 20}, {"bf16-master", 16}, {"int8", 16.0625}};
   for (const auto& [name, bpp] : formats) {
     SCOPED_TRACE(name);
-    RunResult r = RunCli(std::string("bench adam --params 20000 --threads 1 --reps 1 --json --states ") +
-                             name,
-                         dir_.str());
+    RunResult r = RunCli(
+        std::string("bench adam --params 20000 --threads 1 --reps 1 --json --states ") + name,
+        dir_.str());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["states"].get<std::string>(), name);
