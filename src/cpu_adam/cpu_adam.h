@@ -142,7 +142,8 @@ struct ShardStep {
   //                per element), exp_avg_scale, exp_avg_sq_scale (one fp32
   //                per block: ceil((count) / kStateBlock) of them, block b
   //                covering elements [b*256, b*256 + 256) of this shard)
-  // Lion has no exp_avg_sq_c / exp_avg_sq_scale (null).
+  // Lion has no exp_avg_sq_c / exp_avg_sq_scale (null). The compact kernels
+  // use ordinary stores (Options::streaming_stores applies to fp32 only).
   StateFormat states = StateFormat::kFp32;
   void* param_c = nullptr;
   void* exp_avg_c = nullptr;
