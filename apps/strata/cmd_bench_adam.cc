@@ -61,7 +61,6 @@ struct BenchAdamArgs {
 
 constexpr char kCommand[] = "bench adam";
 
-
 // Arrays for one variant, filled with deterministic non-zero pseudo-random
 // values (fast enough for 100M elements, touched before timing).
 // p, m, v stored in format `f` (int8 moments with their block scales sm, sv).
@@ -160,7 +159,6 @@ cpu_adam::ShardStep MakeStep(Arrays& a, size_t n, DType gd, std::optional<DType>
   s.hp.grad_scale = 1.0 / 1024;
   return s;
 }
-
 
 // Elements [off, off + count) of s (off a multiple of kStateBlock for int8).
 cpu_adam::ShardStep Slice(const cpu_adam::ShardStep& s, size_t off, size_t count) {
