@@ -76,10 +76,10 @@ inline int64_t InvoluntarySwitches() {
 
 struct PairedBound {
   size_t slabs = 1;
-  std::vector<double> fraction;               // one per pair
-  std::vector<double> bound_s, measured_s;    // per repetition: the slabs' sum
+  std::vector<double> fraction;             // one per pair
+  std::vector<double> bound_s, measured_s;  // per repetition: the slabs' sum
   int64_t involuntary_switches = 0;
-  double seconds = 0;                         // wall time of the pairs
+  double seconds = 0;  // wall time of the pairs
   double switches_per_s() const { return seconds > 0 ? involuntary_switches / seconds : 0; }
   bool contended() const { return switches_per_s() > kContendedPerSecond; }
 
@@ -106,9 +106,8 @@ struct PairedBound {
     std::printf(
         "  roofline_fraction %.3f (median of %zu roofline/%s pairs: %d repetitions x %zu "
         "slab(s); min %.3f, p25 %.3f, p75 %.3f, max %.3f)\n",
-        Quantile(fraction, 0.5), fraction.size(), measured_name, reps, slabs,
-        Quantile(fraction, 0), Quantile(fraction, 0.25), Quantile(fraction, 0.75),
-        Quantile(fraction, 1));
+        Quantile(fraction, 0.5), fraction.size(), measured_name, reps, slabs, Quantile(fraction, 0),
+        Quantile(fraction, 0.25), Quantile(fraction, 0.75), Quantile(fraction, 1));
     std::printf("  machine         load average %.2f, %.0f involuntary context switches/s%s\n",
                 LoadAverage(), switches_per_s(),
                 contended() ? ": the threads did not own their cores, so the fraction measures "
@@ -122,8 +121,8 @@ struct PairedBound {
 // `between(r)` runs after each repetition's pairs (the comparisons that are
 // not bounds; untimed here).
 template <class Bound, class Measured, class Between>
-PairedBound MeasurePairs(size_t n, int reps, double bytes_ratio, Bound&& bound,
-                         Measured&& measured, Between&& between) {
+PairedBound MeasurePairs(size_t n, int reps, double bytes_ratio, Bound&& bound, Measured&& measured,
+                         Between&& between) {
   PairedBound p;
   p.slabs = std::max<size_t>(1, std::min<size_t>(8, n / kPairSlabElems));
   for (int r = 0; r < reps; ++r) {
@@ -152,7 +151,6 @@ PairedBound MeasurePairs(size_t n, int reps, double bytes_ratio, Bound&& bound,
   }
   return p;
 }
-
 
 // Prints "strata <command>: <msg>" to stderr and returns the usage error's
 // exit code: a message without a Status is about the command line.

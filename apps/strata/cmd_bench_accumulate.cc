@@ -98,9 +98,8 @@ int RunBenchAccumulate(const BenchAccumulateArgs& args) {
 
   auto run_range = [&](cpu_adam::CpuOptimizer& o, size_t begin, size_t end) {
     Stopwatch sw;
-    Status st = o.Accumulate(a + begin,
-                             static_cast<const char*>(grad->data()) + begin * DTypeSize(gd), gd,
-                             end - begin);
+    Status st = o.Accumulate(
+        a + begin, static_cast<const char*>(grad->data()) + begin * DTypeSize(gd), gd, end - begin);
     const double s = sw.Seconds();
     if (!st.ok()) {
       std::fprintf(stderr, "strata bench accumulate: %s\n", st.ToString().c_str());

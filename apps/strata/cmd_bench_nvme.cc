@@ -152,8 +152,9 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
     out["fio_read_us_per_block"] =
         static_cast<double>(o.io.block_size) / (nvme::Median(fr) * 1e9) * 1e6;
     // Medians of the runs' own ratios, with their quartiles.
-    for (const auto& [name, v] : {std::pair<std::string, const std::vector<double>*>{"write", &wratio},
-                                  {"read", &rratio}}) {
+    for (const auto& [name, v] :
+         {std::pair<std::string, const std::vector<double>*>{"write", &wratio},
+          {"read", &rratio}}) {
       out[name + "_vs_fio"] = Quantile(*v, 0.5);
       out[name + "_vs_fio_min"] = Quantile(*v, 0);
       out[name + "_vs_fio_p25"] = Quantile(*v, 0.25);
@@ -182,11 +183,12 @@ int RunBenchNvme(const BenchNvmeArgs& a) {
     std::printf("  fio   write %.3f GB/s   read %.3f GB/s\n", nvme::Median(fw), nvme::Median(fr));
     for (const char* d : {"write", "read"}) {
       const std::string k = std::string(d) + "_vs_fio";
-      std::printf("  engine/fio %-5s %.3f (median of %d runs' ratios; min %.3f, p25 %.3f, p75 %.3f, "
-                  "max %.3f)\n",
-                  d, out[k].get<double>(), a.runs, out[k + "_min"].get<double>(),
-                  out[k + "_p25"].get<double>(), out[k + "_p75"].get<double>(),
-                  out[k + "_max"].get<double>());
+      std::printf(
+          "  engine/fio %-5s %.3f (median of %d runs' ratios; min %.3f, p25 %.3f, p75 %.3f, "
+          "max %.3f)\n",
+          d, out[k].get<double>(), a.runs, out[k + "_min"].get<double>(),
+          out[k + "_p25"].get<double>(), out[k + "_p75"].get<double>(),
+          out[k + "_max"].get<double>());
     }
   }
   return 0;

@@ -434,10 +434,11 @@ Section CpuAdam(Runner& run, const Plan& p, bool tiny, std::vector<Check>* check
   }
   report::Series strata{.name = "strata (fused SIMD)"},
       roof{.name = "roofline (memory bound)", .dashed = true}, scalar{.name = "scalar loop"};
-  Table t{.caption = "AdamW, fp32 grads (medians; of roofline: median of roofline/strata pairs "
-                     "on the same slab, back to back, with the pairs' quartiles)",
-          .header = {"threads", "Mparams/s", "roofline Mparams/s", "of roofline", "p25-p75",
-                     "GB/s", "scalar Mparams/s", "preemptions/s", "ISA"}};
+  Table t{.caption =
+              "AdamW, fp32 grads (medians; of roofline: median of roofline/strata pairs "
+              "on the same slab, back to back, with the pairs' quartiles)",
+          .header = {"threads", "Mparams/s", "roofline Mparams/s", "of roofline", "p25-p75", "GB/s",
+                     "scalar Mparams/s", "preemptions/s", "ISA"}};
   json raw = json::array();
   json last;
   std::string last_cmd;
@@ -637,28 +638,21 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
     // points is biased up: the check re-measures fio's best point (by the
     // geometric mean of its write and read) as engine/fio pairs, one ratio
     // per run, at a size where a pass is long against the disk's jitter.
-    const std::vector<std::string> argv = {"strata",
-                                           "bench",
-                                           "nvme",
-                                           "--json",
-                                           "--path",
-                                           dir,
-                                           "--size",
-                                           p.nvme_confirm_size,
-                                           "--block-size",
-                                           best_fio_block,
-                                           "--queue-depth",
-                                           std::to_string(best_fio_qd),
-                                           "--runs",
-                                           std::to_string(p.nvme_confirm_runs),
+    const std::vector<std::string> argv = {"strata",        "bench",
+                                           "nvme",          "--json",
+                                           "--path",        dir,
+                                           "--size",        p.nvme_confirm_size,
+                                           "--block-size",  best_fio_block,
+                                           "--queue-depth", std::to_string(best_fio_qd),
+                                           "--runs",        std::to_string(p.nvme_confirm_runs),
                                            "--vs-fio"};
     const std::string cmd = Rerun(argv);
     s.commands.push_back(cmd);
     json j;
     std::string why;
-    const std::string where =
-        "block " + best_fio_block + " qd " + std::to_string(best_fio_qd) + ", " +
-        p.nvme_confirm_size + " x " + std::to_string(p.nvme_confirm_runs) + " pairs";
+    const std::string where = "block " + best_fio_block + " qd " + std::to_string(best_fio_qd) +
+                              ", " + p.nvme_confirm_size + " x " +
+                              std::to_string(p.nvme_confirm_runs) + " pairs";
     if (!Record(s, run.RunJson("nvme", argv, &j, &why), "check at fio's best point", why)) {
       checks->push_back(report::SkippedCheck(
           "NVMe engine vs fio's best", target,
@@ -699,7 +693,7 @@ struct Placement {
 };
 constexpr Placement kPlacements[] = {
     {"none", "none"}, {"cpu", "none"},      {"cpu", "none", true}, {"cpu", "none", false, true},
-    {"cpu", "cpu"},   {"cpu", "cpu", true}, {"nvme", "nvme"}, {"nvme", "nvme", true}};
+    {"cpu", "cpu"},   {"cpu", "cpu", true}, {"nvme", "nvme"},      {"nvme", "nvme", true}};
 
 // The example model sized to the machine (a config given with --config wins).
 json BaseTrainConfig(bool tiny, bool quick, bool cuda, const json& info) {

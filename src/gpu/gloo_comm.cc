@@ -66,17 +66,16 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
 
-#include <gloo/rendezvous/prefix_store.h>
-
 #include <chrono>
 #include <climits>
-#include <random>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -442,8 +441,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   const auto deadline =
       Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
   auto left = [&] {
-    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      deadline - Clock::now()));
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
   };
   std::string last_error;
   int attempts = 0;
@@ -519,8 +518,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
           "gloo communicator: rank {} of {} connected (listening on {}, rendezvous {}{})",
           options.rank, options.world_size, host, dir,
           attempt > 0 ? fmt::format(", attempt {}", attempt + 1) : std::string());
-      context->setTimeout(
-          std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3)));
+      context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3)));
       return std::unique_ptr<Communicator>(
           std::make_unique<GlooCommunicator>(device, options, std::move(context)));
     }

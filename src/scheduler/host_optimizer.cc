@@ -252,9 +252,9 @@ Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculati
   const bool spec_nvme = opts_.speculate && speculative && spec_skip_ == 0 &&
                          store_->optimizer_place() == OffloadDevice::kNvme;
   if (store_->optimizer_place() == OffloadDevice::kNvme && !read_ahead_.started() && !inflight_)
-    read_ahead_.Start(Deps(), spec_nvme ? static_cast<size_t>(std::max<int64_t>(
-                                              0, opts_.buffer_count - 1))
-                                        : SIZE_MAX);
+    read_ahead_.Start(
+        Deps(),
+        spec_nvme ? static_cast<size_t>(std::max<int64_t>(0, opts_.buffer_count - 1)) : SIZE_MAX);
   if (!opts_.speculate || spec_ || !speculative || spec_skip_ > 0) return Status();
   // The previous step's states are the ones to step from: it ends first (the
   // window's forward passes needed all of it; with DPU no speculation).

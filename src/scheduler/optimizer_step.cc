@@ -47,8 +47,7 @@ void StateReadAhead::Start(const StepDeps& deps, size_t max_buffers) {
   // This rank's sub-groups (all of them with one rank).
   const auto [g0, g1] = deps.store->partition().groups();
   const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps.buffer_count));
-  const size_t n =
-      std::min({g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1, max_buffers});
+  const size_t n = std::min({g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1, max_buffers});
   for (size_t g = g0; g < g0 + n; ++g) {
     StatusOr<gpu::PinnedBuffer> b = deps.store->optimizer_pool()->Acquire(
         static_cast<size_t>(deps.store->optimizer_buffer_bytes()));
@@ -101,8 +100,8 @@ class ParamWriter {
     int64_t elems = 0;
     for (int p : me.params) {
       const ParamRec& r = layout_.param(p);
-      elems += std::max<int64_t>(
-          0, std::min(r.elem_off + r.numel, own1) - std::max(r.elem_off, own0));
+      elems +=
+          std::max<int64_t>(0, std::min(r.elem_off + r.numel, own1) - std::max(r.elem_off, own0));
     }
     open_.push_back({m, elems, std::move(*b)});
     return open_.back().buf.as<uint8_t>();

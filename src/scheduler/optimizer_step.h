@@ -32,8 +32,8 @@
 // every element again. With the states on NVMe there is no spare: the
 // speculative step waits until a whole sub-group has been handed over, reads
 // its active version, steps it and writes the inactive one, which only the
-// commit makes current; a redo reads the untouched active version again. A range is stepped as the same per-parameter shards
-// as its sub-groups' (ranges end at parameter boundaries), so the bits do
+// commit makes current; a redo reads the untouched active version again. A range is stepped as the
+// same per-parameter shards as its sub-groups' (ranges end at parameter boundaries), so the bits do
 // not depend on where speculation stopped.
 //
 // A step never makes its results current: Join() returns a StepOutcome that

@@ -142,7 +142,8 @@ TEST_F(CliTest, BenchThreadsOutOfRangeIsOneLineErrorNamingTheRange) {
 // with their spread and with how often other work took the cores.
 TEST_F(CliTest, BenchAdamReportsTheRooflineFractionOfPairsWithItsSpread) {
   for (const std::string bench : {"adam", "accumulate"}) {
-    RunResult r = RunCli("bench " + bench + " --params 20000 --threads 1 --reps 5 --json", dir_.str());
+    RunResult r =
+        RunCli("bench " + bench + " --params 20000 --threads 1 --reps 5 --json", dir_.str());
     ASSERT_EQ(r.exit_code, 0) << bench << ": " << r.err;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["slabs"].get<int>(), 1) << bench;

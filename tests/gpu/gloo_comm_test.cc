@@ -4,27 +4,27 @@
 // exits with 0 or prints what went wrong and exits with 1. Every rank's input
 // comes from (seed, rank, case), so each rank recomputes the reference from
 // all ranks' inputs.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <set>
-#include <sstream>
 #include <cmath>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -405,7 +405,7 @@ std::set<int> ListeningLoopbackPorts() {
     in >> slot >> local >> remote >> state;
     const size_t colon = local.find(':');
     if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
-    if (local.substr(0, colon) != "0100007F") continue;          // 127.0.0.1
+    if (local.substr(0, colon) != "0100007F") continue;         // 127.0.0.1
     ports.insert(std::stoi(local.substr(colon + 1), nullptr, 16));
   }
   return ports;
@@ -465,16 +465,16 @@ TEST(GlooCommTest, JunkOnTheRendezvousPortsIsDroppedNotFatal) {
         if (e.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
         Ctx c = Connect(two);
         const size_t n = 1000;
-        DeviceBuffer buf =
-            c.Upload(Encode(Values(3, e.rank, 0, n, DType::kFp32), DType::kFp32));
+        DeviceBuffer buf = c.Upload(Encode(Values(3, e.rank, 0, n, DType::kFp32), DType::kFp32));
         RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kSum,
                                   c.device->compute()));
         RANK_OK(c.device->compute().Synchronize());
         const std::vector<float> got = Decode(c.Download(buf, n * 4), DType::kFp32);
         for (size_t i = 0; i < n; ++i) {
-          const float want = Values(3, 0, 0, n, DType::kFp32)[i] + Values(3, 1, 0, n, DType::kFp32)[i];
-          RANK_CHECK(std::fabs(got[i] - want) <= 1e-5f * (std::fabs(want) + 1), "element {}: {} vs {}",
-                     i, got[i], want);
+          const float want =
+              Values(3, 0, 0, n, DType::kFp32)[i] + Values(3, 1, 0, n, DType::kFp32)[i];
+          RANK_CHECK(std::fabs(got[i] - want) <= 1e-5f * (std::fabs(want) + 1),
+                     "element {}: {} vs {}", i, got[i], want);
         }
       },
       20, 60));

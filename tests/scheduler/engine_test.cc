@@ -391,8 +391,8 @@ TEST_P(FaultTest, FailedStepKeepsPreviousStateAndNextStepWorks) {
   // the step's (with offload_param nvme an overlapped step races the next
   // forward pass's fetches for the first read, and a failed fetch is not the
   // failure under test).
-  Config c = BaseConfig(OffloadDevice::kNvme, kind == 1 ? OffloadDevice::kCpu : OffloadDevice::kNvme,
-                        dir.str());
+  Config c = BaseConfig(OffloadDevice::kNvme,
+                        kind == 1 ? OffloadDevice::kCpu : OffloadDevice::kNvme, dir.str());
   c.strata.overlap_optimizer = overlap;
   nvme::FaultInjectionEngine* faults = nullptr;
   EngineTestHooks hooks = FaultHooks(&faults);
@@ -1454,11 +1454,10 @@ TEST_P(SpeculationTest, BitwiseIdenticalToTheStepAfterBackward) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, SpeculationTest,
-    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu,
-                                         OffloadDevice::kNvme),
-                       ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu,
-                                         OffloadDevice::kNvme),
-                       ::testing::Values(1, 2, 4)),
+    ::testing::Combine(
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+        ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+        ::testing::Values(1, 2, 4)),
     PlacementGasName);
 
 // What voids a speculation, each on its own window, still gives the bits
