@@ -172,6 +172,23 @@ const KernelTable& ScalarTable();  // always present; also the bench baseline
 // start of the kernel call.
 constexpr size_t kCheckChunk = 1024;
 
+// A kernel call with check_finite: each chunk of kCheckChunk elements whose
+// scaled gradients are all finite (finite(off, len)) is stepped (range(off,
+// len)); the others are left untouched. True when every chunk was finite.
+template <class Finite, class Range>
+inline bool StepFiniteChunks(size_t n, Finite&& finite, Range&& range) {
+  bool all = true;
+  for (size_t off = 0; off < n; off += kCheckChunk) {
+    const size_t len = n - off < kCheckChunk ? n - off : kCheckChunk;
+    if (!finite(off, len)) {
+      all = false;  // leave this chunk untouched
+      continue;
+    }
+    range(off, len);
+  }
+  return all;
+}
+
 }  // namespace strata::cpu_adam::internal
 
 #include <vector>

@@ -308,15 +308,13 @@ bool FusedKernel<A, OP, GD, CO, FOLD>::Run(const KernelArgs& a, bool check_finit
   if (FOLD || !check_finite) {  // check_finite is refused with a fold (cpu_adam.cc)
     Range(a, 0, a.n);
   } else {
-    for (size_t off = 0; off < a.n; off += kCheckChunk) {
-      const size_t len = std::min(kCheckChunk, a.n - off);
-      if (!RangeFinite<A, GD>(static_cast<const char*>(a.grad) + off * GradBytes(GD), len,
-                              a.c.grad_scale)) {
-        finite = false;  // leave this chunk untouched
-        continue;
-      }
-      Range(a, off, len);
-    }
+    finite = StepFiniteChunks(
+        a.n,
+        [&](size_t off, size_t len) {
+          return RangeFinite<A, GD>(static_cast<const char*>(a.grad) + off * GradBytes(GD), len,
+                                    a.c.grad_scale);
+        },
+        [&](size_t off, size_t len) { Range(a, off, len); });
   }
   if (a.stream_state || a.stream_copy) ArchIO<A>::Fence();
   return finite;
@@ -845,17 +843,14 @@ struct CompactKernel {
       Range(a, 0, a.n);
       return true;
     }
-    bool finite = true;
-    for (size_t off = 0; off < a.n; off += kCheckChunk) {  // kCheckChunk % kQuantBlock == 0
-      const size_t len = std::min(kCheckChunk, a.n - off);
-      if (!RangeFinite<A, GD>(static_cast<const char*>(a.grad) + off * GradBytes(GD), len,
-                              a.c.grad_scale)) {
-        finite = false;  // leave this chunk untouched
-        continue;
-      }
-      Range(a, off, len);
-    }
-    return finite;
+    // (kCheckChunk % kQuantBlock == 0: the chunks hold whole blocks.)
+    return StepFiniteChunks(
+        a.n,
+        [&](size_t off, size_t len) {
+          return RangeFinite<A, GD>(static_cast<const char*>(a.grad) + off * GradBytes(GD), len,
+                                    a.c.grad_scale);
+        },
+        [&](size_t off, size_t len) { Range(a, off, len); });
   }
 };
 static_assert(kCheckChunk % kQuantBlock == 0);

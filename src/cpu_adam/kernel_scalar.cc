@@ -123,17 +123,13 @@ bool ScalarRun(const KernelArgs& a, bool check_finite) {
     ScalarRange<OP, GD, CO, FOLD>(a, 0, a.n);
     return true;
   }
-  bool finite = true;
-  for (size_t off = 0; off < a.n; off += kCheckChunk) {
-    const size_t len = std::min(kCheckChunk, a.n - off);
-    if (!ScalarFinite<GD>(static_cast<const char*>(a.grad) + off * (GD == 0 ? 4 : 2), len,
-                          a.c.grad_scale)) {
-      finite = false;
-      continue;
-    }
-    ScalarRange<OP, GD, CO>(a, off, len);
-  }
-  return finite;
+  return StepFiniteChunks(
+      a.n,
+      [&](size_t off, size_t len) {
+        return ScalarFinite<GD>(static_cast<const char*>(a.grad) + off * (GD == 0 ? 4 : 2), len,
+                                a.c.grad_scale);
+      },
+      [&](size_t off, size_t len) { ScalarRange<OP, GD, CO>(a, off, len); });
 }
 
 // ---- Compact state formats: the reference loops ------------------------------
@@ -241,17 +237,13 @@ bool ScalarCompactRun(const KernelArgs& a, bool check_finite) {
     ScalarCompactRange<SF, OP, GD>(a, 0, a.n);
     return true;
   }
-  bool finite = true;
-  for (size_t off = 0; off < a.n; off += kCheckChunk) {
-    const size_t len = std::min(kCheckChunk, a.n - off);
-    if (!ScalarFinite<GD>(static_cast<const char*>(a.grad) + off * (GD == 0 ? 4 : 2), len,
-                          a.c.grad_scale)) {
-      finite = false;
-      continue;
-    }
-    ScalarCompactRange<SF, OP, GD>(a, off, len);
-  }
-  return finite;
+  return StepFiniteChunks(
+      a.n,
+      [&](size_t off, size_t len) {
+        return ScalarFinite<GD>(static_cast<const char*>(a.grad) + off * (GD == 0 ? 4 : 2), len,
+                                a.c.grad_scale);
+      },
+      [&](size_t off, size_t len) { ScalarCompactRange<SF, OP, GD>(a, off, len); });
 }
 
 template <StateFormat SF, KernelOp OP>

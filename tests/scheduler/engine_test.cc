@@ -1584,89 +1584,52 @@ TEST(SpeculationTest, WhereItApplies) {
   EXPECT_GT(speculated(OffloadDevice::kCpu, OffloadDevice::kNvme, true), 0);
 }
 
-// offload_param nvme: a speculated module's NVMe write that fails voids the
-// speculation; the step after the checks rewrites every module, and the
-// run goes on with the bits of one that never speculated.
-TEST(SpeculationTest, AFailedModuleWriteIsRedone) {
-  testing::ScratchDir dir;
-  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNvme, dir.str());
-  c.zero_optimization.sub_group_size = 100;
-  c.gradient_clipping = 1e6;
-  std::vector<std::vector<float>> params[2];
-  for (bool speculate : {false, true}) {
-    c.strata.speculative_step = speculate;
-    nvme::FaultInjectionEngine* faults = nullptr;
-    EngineTestHooks hooks = FaultHooks(&faults);
-    hooks.speculation_steps_all_handed_over = true;
-    auto e = CreateEngine(c, hooks);
-    ASSERT_TRUE(e.ok()) << e.status();
-    Register(**e, 23);
-    MicroBatch(**e, 0, Forward());
-    ASSERT_TRUE((*e)->Step().ok());
-    ASSERT_TRUE((*e)->Synchronize().ok());  // its writes have landed
-    ASSERT_NE(faults, nullptr);
-    nvme::FaultInjectionEngine::Rule rule;
-    rule.kind = nvme::IoOpKind::kWrite;
-    rule.nth = 1;  // the first write from here on: a speculated module's
-    rule.err = 5;  // EIO
-    if (speculate) faults->AddRule(rule);
-    MicroBatch(**e, 1, Forward());
-    auto st = (*e)->Step();
-    ASSERT_TRUE(st.ok()) << st.status();
-    ASSERT_TRUE((*e)->Synchronize().ok());
-    if (speculate) {
-      EXPECT_EQ(faults->faults_injected(), 1);
-      EXPECT_GT(st->sub_groups_speculated, 0);
-      EXPECT_EQ(st->sub_groups_redone, st->sub_groups_speculated);
+// A speculated NVMe write that fails voids the speculation: a module's
+// (offload_param nvme) or a sub-group's states (offload_optimizer nvme).
+// The step after the checks steps and writes everything again (the states'
+// active versions are untouched), and the run goes on with the bits of one
+// that never speculated.
+TEST(SpeculationTest, AFailedNvmeWriteIsRedone) {
+  for (auto [opt, par] : {std::pair{OffloadDevice::kCpu, OffloadDevice::kNvme},
+                          std::pair{OffloadDevice::kNvme, OffloadDevice::kCpu}}) {
+    SCOPED_TRACE(testing::PlacementName(opt, par));
+    testing::ScratchDir dir;
+    Config c = BaseConfig(opt, par, dir.str());
+    c.zero_optimization.sub_group_size = 100;
+    c.gradient_clipping = 1e6;
+    std::vector<std::vector<float>> params[2];
+    for (bool speculate : {false, true}) {
+      c.strata.speculative_step = speculate;
+      nvme::FaultInjectionEngine* faults = nullptr;
+      EngineTestHooks hooks = FaultHooks(&faults);
+      hooks.speculation_steps_all_handed_over = true;
+      auto e = CreateEngine(c, hooks);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Register(**e, 23);
+      MicroBatch(**e, 0, Forward());
+      ASSERT_TRUE((*e)->Step().ok());
+      ASSERT_TRUE((*e)->Synchronize().ok());  // its writes have landed
+      ASSERT_NE(faults, nullptr);
+      nvme::FaultInjectionEngine::Rule rule;
+      rule.kind = nvme::IoOpKind::kWrite;
+      rule.nth = 1;  // the first write from here on: the speculation's
+      rule.err = 5;  // EIO
+      if (speculate) faults->AddRule(rule);
+      MicroBatch(**e, 1, Forward());
+      auto st = (*e)->Step();
+      ASSERT_TRUE(st.ok()) << st.status();
+      ASSERT_TRUE((*e)->Synchronize().ok());
+      if (speculate) {
+        EXPECT_EQ(faults->faults_injected(), 1);
+        EXPECT_GT(st->sub_groups_speculated, 0);
+        EXPECT_EQ(st->sub_groups_redone, st->sub_groups_speculated);
+      }
+      MicroBatch(**e, 2, Forward());
+      ASSERT_TRUE((*e)->Step().ok());
+      params[speculate] = ReadAll(**e);
     }
-    MicroBatch(**e, 2, Forward());
-    ASSERT_TRUE((*e)->Step().ok());
-    params[speculate] = ReadAll(**e);
+    EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
   }
-  EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
-}
-
-// offload_optimizer nvme: a speculated sub-group's state write that fails
-// voids the speculation; the step after the checks steps every sub-group
-// again from the untouched active versions, with the bits of a run that
-// never speculated.
-TEST(SpeculationTest, AFailedStateWriteIsRedone) {
-  testing::ScratchDir dir;
-  Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kCpu, dir.str());
-  c.zero_optimization.sub_group_size = 100;
-  c.gradient_clipping = 1e6;
-  std::vector<std::vector<float>> params[2];
-  for (bool speculate : {false, true}) {
-    c.strata.speculative_step = speculate;
-    nvme::FaultInjectionEngine* faults = nullptr;
-    EngineTestHooks hooks = FaultHooks(&faults);
-    hooks.speculation_steps_all_handed_over = true;
-    auto e = CreateEngine(c, hooks);
-    ASSERT_TRUE(e.ok()) << e.status();
-    Register(**e, 29);
-    MicroBatch(**e, 0, Forward());
-    ASSERT_TRUE((*e)->Step().ok());
-    ASSERT_TRUE((*e)->Synchronize().ok());
-    ASSERT_NE(faults, nullptr);
-    nvme::FaultInjectionEngine::Rule rule;
-    rule.kind = nvme::IoOpKind::kWrite;
-    rule.nth = 1;  // the first write from here on: a speculated sub-group's states
-    rule.err = 5;  // EIO
-    if (speculate) faults->AddRule(rule);
-    MicroBatch(**e, 1, Forward());
-    auto st = (*e)->Step();
-    ASSERT_TRUE(st.ok()) << st.status();
-    ASSERT_TRUE((*e)->Synchronize().ok());
-    if (speculate) {
-      EXPECT_EQ(faults->faults_injected(), 1);
-      EXPECT_GT(st->sub_groups_speculated, 0);
-      EXPECT_EQ(st->sub_groups_redone, st->sub_groups_speculated);
-    }
-    MicroBatch(**e, 2, Forward());
-    ASSERT_TRUE((*e)->Step().ok());
-    params[speculate] = ReadAll(**e);
-  }
-  EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
 }
 
 // Auto's back-off: after a rolled-back window the next 1, 2, 4, ... windows
