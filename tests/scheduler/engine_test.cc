@@ -1584,6 +1584,41 @@ TEST(SpeculationTest, WhereItApplies) {
   EXPECT_GT(speculated(OffloadDevice::kCpu, OffloadDevice::kNvme, true), 0);
 }
 
+// States on NVMe: the speculation steps through the pipeline buffers the
+// read-ahead leaves it (one, with offload_optimizer.buffer_count 1 or 2 as
+// with 4), with the bits of the step after backward.
+TEST(SpeculationTest, NvmeStatesWithFewPipelineBuffers) {
+  for (int64_t buffers : {1, 2, 4}) {
+    SCOPED_TRACE(fmt::format("buffer_count {}", buffers));
+    testing::ScratchDir dir;
+    Config c = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str());
+    c.zero_optimization.sub_group_size = 100;
+    c.zero_optimization.offload_optimizer.buffer_count = buffers;
+    c.gradient_clipping = 1e6;
+    std::vector<std::vector<float>> params[2];
+    int64_t speculated = 0, redone = 0;
+    for (bool speculate : {false, true}) {
+      c.strata.speculative_step = speculate;
+      auto e = CreateEngine(c, SpeculationHooks());
+      ASSERT_TRUE(e.ok()) << e.status();
+      Register(**e, 31);
+      for (int s = 0; s < 3; ++s) {
+        MicroBatch(**e, s, Forward());
+        auto st = (*e)->Step();
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (speculate) {
+          speculated += st->sub_groups_speculated;
+          redone += st->sub_groups_redone;
+        }
+      }
+      params[speculate] = ReadAll(**e);
+    }
+    EXPECT_TRUE(BitwiseEqual(params[0], params[1]));
+    EXPECT_GT(speculated, 0);
+    EXPECT_EQ(redone, 0);
+  }
+}
+
 // A speculated NVMe write that fails voids the speculation: a module's
 // (offload_param nvme) or a sub-group's states (offload_optimizer nvme).
 // The step after the checks steps and writes everything again (the states'
