@@ -159,6 +159,32 @@ inline BF<A> LoadFoldedGrad(const void* g, const float* f, size_t i) {
   return x;
 }
 
+// One vector of Adam/AdamW (and Lion) in registers, the order of float
+// operations of docs/design.md: every state format's kernel computes its
+// update with these, whatever it loads and stores.
+template <class A, KernelOp OP>
+inline void AdamUpdate(BF<A> g, BF<A>& p, BF<A>& m, BF<A>& v, const Coeffs& c) {
+  using B = BF<A>;
+  if constexpr (OP == KernelOp::kAdam) g = xsimd::fma(B(c.l2), p, g);  // g += wd * p (L2)
+  m = xsimd::fma(B(c.w1), g - m, m);               // m = lerp(m, g, 1 - beta1)
+  v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);  // v = beta2 v + (1 - beta2) g^2
+  const B denom =
+      xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
+  if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);     // p *= 1 - lr wd (decoupled)
+  p = xsimd::fma(B(c.neg_step), m / denom, p);                  // p -= lr/bc1 * m / denom
+}
+
+template <class A>
+inline void LionUpdate(BF<A> g, BF<A>& p, BF<A>& m, const Coeffs& c) {
+  using B = BF<A>;
+  const B u = xsimd::fma(B(c.w1), g - m, m);  // u = lerp(m, g, 1 - beta1)
+  // sign(u): +1, -1, or u * 0 (keeps ±0 → 0 and NaN → NaN).
+  const B sgn = xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
+  p = p * B(c.decay);                     // p *= 1 - lr wd
+  p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
+  m = xsimd::fma(B(c.w2), g - m, m);      // m = lerp(m, g, 1 - beta2)
+}
+
 // FOLD: the step_fold table entries (KernelArgs::fold), else step[].
 template <class A, KernelOp OP, int GD, CopyOut CO, bool FOLD = false>
 struct FusedKernel {
@@ -176,13 +202,7 @@ struct FusedKernel {
     if constexpr (OP == KernelOp::kAdam || OP == KernelOp::kAdamW) {
       B m = B::load_unaligned(s0_ + i);
       B v = B::load_unaligned(s1_ + i);
-      if constexpr (OP == KernelOp::kAdam) g = xsimd::fma(B(c.l2), p, g);  // g += wd * p (L2)
-      m = xsimd::fma(B(c.w1), g - m, m);               // m = lerp(m, g, 1 - beta1)
-      v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);  // v = beta2 v + (1 - beta2) g^2
-      const B denom =
-          xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
-      if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);     // p *= 1 - lr wd (decoupled)
-      p = xsimd::fma(B(c.neg_step), m / denom, p);                  // p -= lr/bc1 * m / denom
+      AdamUpdate<A, OP>(g, p, m, v, c);
       StoreF32<A>(s0_ + i, m, nt);
       StoreF32<A>(s1_ + i, v, nt);
     } else if constexpr (OP == KernelOp::kAdagrad) {
@@ -194,13 +214,7 @@ struct FusedKernel {
       StoreF32<A>(s0_ + i, s, nt);
     } else if constexpr (OP == KernelOp::kLion) {
       B m = B::load_unaligned(s0_ + i);
-      const B u = xsimd::fma(B(c.w1), g - m, m);  // u = lerp(m, g, 1 - beta1)
-      // sign(u): +1, -1, or u * 0 (keeps ±0 → 0 and NaN → NaN).
-      const B sgn =
-          xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
-      p = p * B(c.decay);                     // p *= 1 - lr wd
-      p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
-      m = xsimd::fma(B(c.w2), g - m, m);      // m = lerp(m, g, 1 - beta2)
+      LionUpdate<A>(g, p, m, c);
       StoreF32<A>(s0_ + i, m, nt);
     } else {  // kRoofline: the same loads and stores, trivial arithmetic that
               // leaves finite values unchanged (so the arrays can be shared
@@ -641,14 +655,8 @@ struct CompactKernel {
       } else {
         m = Bf16BitsToFloat<A>(m_raw);
       }
-      B gg = g;
       if constexpr (OP == KernelOp::kLion) {
-        const B u = xsimd::fma(B(c.w1), gg - m, m);  // u = lerp(m, g, 1 - beta1)
-        const B sgn =
-            xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
-        p = p * B(c.decay);                     // p *= 1 - lr wd
-        p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
-        m = xsimd::fma(B(c.w2), gg - m, m);     // m = lerp(m, g, 1 - beta2)
+        LionUpdate<A>(g, p, m, c);
       } else {
         const I v_raw = LoadState(v.s1, i);
         if constexpr (kInt8) {
@@ -656,12 +664,7 @@ struct CompactKernel {
         } else {
           vv = Bf16BitsToFloat<A>(v_raw);
         }
-        if constexpr (OP == KernelOp::kAdam) gg = xsimd::fma(B(c.l2), p, gg);  // g += wd * p
-        m = xsimd::fma(B(c.w1), gg - m, m);                  // m = lerp(m, g, 1 - beta1)
-        vv = xsimd::fma(B(c.w2), gg * gg, B(c.beta2) * vv);  // v = beta2 v + (1 - beta2) g^2
-        const B denom = xsimd::fma(xsimd::sqrt(vv), B(c.inv_bc2_sqrt), B(c.eps));
-        if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);  // p *= 1 - lr wd
-        p = xsimd::fma(B(c.neg_step), m / denom, p);               // p -= lr/bc1 * m / denom
+        AdamUpdate<A, OP>(g, p, m, vv, c);
       }
       if constexpr (kMaster16) {
         ArchIO<A>::StoreU16(
