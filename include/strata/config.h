@@ -285,6 +285,21 @@ std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p);  // "auto", "
 enum class GradTier { kAuto, kDram, kNvme };
 std::string_view GradTierName(GradTier t);  // "auto", "dram", "nvme"
 
+// How the CPU optimizer keeps its states between steps
+// (strata.optimizer_states; DeepSpeed's bf16.bf16_master_weights_and_grads
+// with bf16.bf16_optimizer_states select kBf16Master):
+//   fp32         fp32 master, exp_avg, exp_avg_sq              12 B/param
+//   bf16         fp32 master, bf16 moments                       8 B/param
+//   bf16-master  bf16 master (stochastic rounding), bf16 moments 6 B/param
+//   int8         fp32 master, 8-bit moments in blocks of 256 with one fp32
+//                scale per block and moment                   ~6.06 B/param
+// Adam and AdamW take every format, Lion fp32, bf16 and int8, Adagrad fp32.
+// The compact formats run with offload_optimizer "cpu" (docs/design.md,
+// "Compact state formats").
+enum class OptimizerStates { kFp32, kBf16, kBf16Master, kInt8 };
+// "fp32", "bf16", "bf16-master", "int8"
+std::string_view OptimizerStatesName(OptimizerStates f);
+
 // strata.host_device: the host backend's model of a PCIe link.
 struct HostDeviceConfig {
   double link_gbytes_per_s = 0.0;  // 0 = unlimited (copies at memcpy speed)
@@ -341,6 +356,11 @@ struct StrataConfig {
   // the host device, where the CPU step would compete with the backward
   // pass for the same cores.
   std::optional<bool> speculative_step;
+  // The optimizer states' format (OptimizerStates). Not given: bf16-master
+  // when DeepSpeed's bf16.bf16_master_weights_and_grads and
+  // bf16.bf16_optimizer_states are both true, else fp32; given beside them,
+  // it must agree.
+  OptimizerStates optimizer_states = OptimizerStates::kFp32;
   HostDeviceConfig host_device;
   // Sections of `strata` owned by the application that reads them, not by
   // the library (`strata.model`, the example model of `strata train`, is
@@ -362,6 +382,11 @@ struct Config {
   SchedulerConfig scheduler;  // type kNone: the lr stays optimizer.params.lr
   Fp16Config fp16;
   bool bf16_enabled = false;       // bf16.enabled
+  // DeepSpeed's bf16.bf16_master_weights_and_grads and
+  // bf16.bf16_optimizer_states, as given: both true select the bf16-master
+  // state format (strata.optimizer_states). Strata's gradient sums stay fp32.
+  bool bf16_master_weights_and_grads = false;
+  bool bf16_optimizer_states = false;
   double gradient_clipping = 0.0;  // 0 = no clipping
   // Batch sizes: any two determine the third (train = micro × accumulation on
   // one rank). Absent or "auto" values are derived; all three absent gives

@@ -150,6 +150,11 @@ inline constexpr EnumName<DeviceKind> kDeviceKinds[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};
 inline constexpr EnumName<GradTier> kGradTiers[] = {
     {"auto", GradTier::kAuto}, {"dram", GradTier::kDram}, {"nvme", GradTier::kNvme}};
+inline constexpr EnumName<OptimizerStates> kOptimizerStatesNames[] = {
+    {"fp32", OptimizerStates::kFp32},
+    {"bf16", OptimizerStates::kBf16},
+    {"bf16-master", OptimizerStates::kBf16Master},
+    {"int8", OptimizerStates::kInt8}};
 inline constexpr EnumName<GradAccumulatorPlace> kGradAccumulatorPlaces[] = {
     {"auto", GradAccumulatorPlace::kAuto},
     {"device", GradAccumulatorPlace::kDevice},

@@ -325,6 +325,8 @@ Status ReadConfig(const json& root, const AutoValues& autos, Config* c) {
   if (sec) {
     RETURN_IF_ERROR(ReadAutoBool(*sec, "enabled", autos.bf16_enabled,
                                  "Strata's default; no frontend value", &c->bf16_enabled));
+    RETURN_IF_ERROR(sec->Bool("bf16_master_weights_and_grads", &c->bf16_master_weights_and_grads));
+    RETURN_IF_ERROR(sec->Bool("bf16_optimizer_states", &c->bf16_optimizer_states));
     RETURN_IF_ERROR(sec->ReportUnread());
   }
   sec.reset();
@@ -334,7 +336,24 @@ Status ReadConfig(const json& root, const AutoValues& autos, Config* c) {
   // Batch sizes: "auto" takes the frontend's value, else is derived.
   RETURN_IF_ERROR(ReadBatchSizes(top, autos, c));
   RETURN_IF_ERROR(top.Child("strata", &sec));
+  const bool states_given = sec && sec->Given("optimizer_states");
   if (sec) RETURN_IF_ERROR(ReadStrata(*sec, &c->strata));
+  // DeepSpeed's bf16 keys select the bf16-master format (validate.cc
+  // refuses the combinations DeepSpeed refuses, and the one Strata lacks).
+  if (c->bf16_master_weights_and_grads && c->bf16_optimizer_states) {
+    if (!states_given) {
+      c->strata.optimizer_states = OptimizerStates::kBf16Master;
+      c->notices.push_back(
+          "strata.optimizer_states: \"bf16-master\" (from bf16.bf16_master_weights_and_grads "
+          "and bf16.bf16_optimizer_states)");
+    } else if (c->strata.optimizer_states != OptimizerStates::kBf16Master) {
+      return InvalidArgumentError(fmt::format(
+          "strata.optimizer_states: \"{}\" disagrees with bf16.bf16_master_weights_and_grads "
+          "and bf16.bf16_optimizer_states true (a bf16 master and bf16 moments: "
+          "\"bf16-master\"); give one of the two",
+          OptimizerStatesName(c->strata.optimizer_states)));
+    }
+  }
   RETURN_IF_ERROR(top.ReportUnread());
   if (!undeclared.empty())
     return InternalError(

@@ -30,6 +30,7 @@ Status ReadStrata(Section& s, StrataConfig* st) {
     s.Take("speculative_step");  // absent, null or "auto": the plan decides
     st->speculative_step.reset();
   }
+  RETURN_IF_ERROR(s.Enum("optimizer_states", kOptimizerStatesNames, &st->optimizer_states));
   std::optional<Section> host;
   RETURN_IF_ERROR(s.Child("host_device", &host));
   if (host) {

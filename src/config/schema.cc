@@ -171,7 +171,14 @@ const KeySpec kSchema[] = {
     {"fp16.hysteresis", kInt, kRead, "2", ">= 1"},
     {"fp16.min_loss_scale", kDouble, kRead, "1.0", "> 0"},
     {"bf16.enabled", kBool, kRead, "false"},
+    {"bf16.bf16_master_weights_and_grads", kBool, kRead, "false",
+     "with bf16_optimizer_states true: strata.optimizer_states \"bf16-master\"",
+     "a bf16 master; Strata's gradient sums stay fp32"},
+    {"bf16.bf16_optimizer_states", kBool, kRead, "false",
+     "needs bf16_master_weights_and_grads true (as in DeepSpeed)", "bf16 moments"},
     {"bfloat16.enabled", kBool, kRead, "", "old name of bf16.enabled"},
+    {"bfloat16.bf16_master_weights_and_grads", kBool, kRead, "", "old name of bf16's key"},
+    {"bfloat16.bf16_optimizer_states", kBool, kRead, "", "old name of bf16's key"},
 
     // ---- strata -------------------------------------------------------------------
     {"strata.device", kEnum, kRead, "\"auto\"", "auto, cuda, host",
@@ -196,6 +203,8 @@ const KeySpec kSchema[] = {
      "true, false, or \"auto\": on with a GPU where it applies",
      "the speculative step gives bitwise what the step after backward does"},
     {"strata.delayed_param_update_warmup", kInt, kRead, "0", ">= 0"},
+    {"strata.optimizer_states", kEnum, kRead, "\"fp32\"", "fp32, bf16, bf16-master, int8",
+     "the optimizer states' format between steps (docs/design.md, \"Compact state formats\")"},
     {"strata.host_device", kObject, kRead, "", "",
      "the simulated link of the host device (timing only)"},
     {"strata.host_device.link_gbytes_per_s", kDouble, kRead, "0.0", ">= 0; 0 = unlimited"},
@@ -264,8 +273,6 @@ const KeySpec kSchema[] = {
     {"fp16.consecutive_hysteresis", kAny, kUnused},
     {"fp16.fp16_master_weights_and_grads", kAny, kUnused, "", "Strata keeps fp32 master weights and gradients"},
     {"bf16.immediate_grad_update", kAny, kUnused},
-    {"bf16.bf16_master_weights_and_grads", kAny, kUnused, "", "Strata keeps fp32 master weights and gradients"},
-    {"bf16.bf16_optimizer_states", kAny, kUnused, "", "Strata keeps fp32 optimizer states"},
     {"bfloat16.immediate_grad_update", kAny, kUnused},
     {"optimizer.legacy_fusion", kAny, kUnused},
     {"optimizer.params.torch_adam", kAny, kUnused},
@@ -495,6 +502,9 @@ std::string_view DeviceKindName(DeviceKind k) {
 }
 std::string_view GradTierName(GradTier t) {
   return config_internal::NameOf(config_internal::kGradTiers, t);
+}
+std::string_view OptimizerStatesName(OptimizerStates f) {
+  return config_internal::NameOf(config_internal::kOptimizerStatesNames, f);
 }
 std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p) {
   return config_internal::NameOf(config_internal::kGradAccumulatorPlaces, p);

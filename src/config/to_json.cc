@@ -16,8 +16,10 @@ using config_internal::ParamsOf;
 bool operator==(const Config& a, const Config& b) {
   return a.zero_optimization == b.zero_optimization && a.aio == b.aio &&
          a.optimizer == b.optimizer && a.scheduler == b.scheduler && a.fp16 == b.fp16 &&
-         a.bf16_enabled == b.bf16_enabled && a.gradient_clipping == b.gradient_clipping &&
-         a.train_batch_size == b.train_batch_size &&
+         a.bf16_enabled == b.bf16_enabled &&
+         a.bf16_master_weights_and_grads == b.bf16_master_weights_and_grads &&
+         a.bf16_optimizer_states == b.bf16_optimizer_states &&
+         a.gradient_clipping == b.gradient_clipping && a.train_batch_size == b.train_batch_size &&
          a.train_micro_batch_size_per_gpu == b.train_micro_batch_size_per_gpu &&
          a.gradient_accumulation_steps == b.gradient_accumulation_steps && a.strata == b.strata;
 }
@@ -131,7 +133,9 @@ std::string ConfigToJson(const Config& c, int indent) {
                     {"loss_scale_window", f.loss_scale_window},
                     {"hysteresis", f.hysteresis},
                     {"min_loss_scale", f.min_loss_scale}};
-  j["bf16"] = ojson{{"enabled", c.bf16_enabled}};
+  j["bf16"] = ojson{{"enabled", c.bf16_enabled},
+                    {"bf16_master_weights_and_grads", c.bf16_master_weights_and_grads},
+                    {"bf16_optimizer_states", c.bf16_optimizer_states}};
   const StrataConfig& s = c.strata;
   j["strata"] =
       ojson{{"device", DeviceKindName(s.device)},
@@ -149,6 +153,7 @@ std::string ConfigToJson(const Config& c, int indent) {
             {"delayed_param_update", s.delayed_param_update},
             {"delayed_param_update_warmup", s.delayed_param_update_warmup},
             {"speculative_step", s.speculative_step ? ojson(*s.speculative_step) : ojson("auto")},
+            {"optimizer_states", OptimizerStatesName(s.optimizer_states)},
             {"host_device", ojson{{"link_gbytes_per_s", s.host_device.link_gbytes_per_s},
                                   {"link_latency_us", s.host_device.link_latency_us}}}};
   // Application-owned sections as kept; text that is not JSON (a Config

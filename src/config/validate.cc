@@ -216,6 +216,44 @@ Status ValidateConfig(const Config& c) {
           "strata.grad_tier: \"nvme\" cannot be combined with strata.delayed_param_update true "
           "(the step would read one window's gradients while the next is written there)");
   }
+  // DeepSpeed's bf16 keys: its own constraints, and the combination Strata
+  // has no format for.
+  for (const auto& [on, key] :
+       {std::pair{c.bf16_master_weights_and_grads, "bf16.bf16_master_weights_and_grads"},
+        std::pair{c.bf16_optimizer_states, "bf16.bf16_optimizer_states"}}) {
+    if (!on) continue;
+    if (!c.bf16_enabled) k.Fail(fmt::format("{}: true needs bf16.enabled true", key));
+    if (c.zero_optimization.stage < 1)
+      k.Fail(fmt::format("{}: true needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is {})", key,
+                         c.zero_optimization.stage));
+  }
+  if (c.bf16_optimizer_states && !c.bf16_master_weights_and_grads)
+    k.Fail(
+        "bf16.bf16_optimizer_states: true needs bf16.bf16_master_weights_and_grads true (as in "
+        "DeepSpeed); for bf16 moments beside an fp32 master set strata.optimizer_states \"bf16\"");
+  if (c.bf16_master_weights_and_grads && !c.bf16_optimizer_states)
+    k.Fail(
+        "bf16.bf16_master_weights_and_grads: true without bf16.bf16_optimizer_states (a bf16 "
+        "master beside fp32 moments) is not a state format Strata offers; allowed: "
+        "bf16.bf16_optimizer_states true (a bf16 master and bf16 moments), or "
+        "strata.optimizer_states \"fp32\", \"bf16\", \"bf16-master\", \"int8\"");
+  if (s.optimizer_states != OptimizerStates::kFp32) {
+    const std::string_view f = OptimizerStatesName(s.optimizer_states);
+    const OptimizerType t = c.optimizer.type;
+    if (t == OptimizerType::kAdagrad ||
+        (t == OptimizerType::kLion && s.optimizer_states == OptimizerStates::kBf16Master))
+      k.Fail(fmt::format(
+          "strata.optimizer_states: \"{}\" is not offered for optimizer.type \"{}\" (Adam and "
+          "AdamW take fp32, bf16, bf16-master and int8; Lion fp32, bf16 and int8; Adagrad fp32)",
+          f, OptimizerTypeName(t)));
+    const OffloadDevice od = c.zero_optimization.offload_optimizer.device;
+    if (od != OffloadDevice::kCpu)
+      k.Fail(fmt::format(
+          "strata.optimizer_states: \"{}\" runs in the CPU optimizer with its states in DRAM "
+          "(zero_optimization.offload_optimizer.device \"cpu\"; it is \"{}\"); the device and "
+          "NVMe optimizers keep fp32 states (allowed there: \"fp32\")",
+          f, OffloadDeviceName(od)));
+  }
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);
   const std::vector<std::string_view> known = config_internal::ApplicationSections();

@@ -966,8 +966,10 @@ TEST(ConfigRoundTrip, WritesEveryKeyWithEffectiveValues) {
     EXPECT_TRUE(j.contains(section)) << section;
   EXPECT_EQ(j["zero_optimization"].size(), 12u);
   // Application-owned sections (strata.model) only when the config gives them.
-  EXPECT_EQ(j["strata"].size(), 16u);
+  EXPECT_EQ(j["strata"].size(), 17u);
   EXPECT_EQ(j["strata"]["speculative_step"], "auto");
+  EXPECT_EQ(j["strata"]["optimizer_states"], "fp32");
+  EXPECT_EQ(j["bf16"]["bf16_optimizer_states"], false);
   EXPECT_EQ(j["strata"]["grad_accumulator"], "auto");
   EXPECT_EQ(j["strata"]["grad_tier"], "auto");
 }
@@ -1141,6 +1143,81 @@ TEST(ConfigStrata, SpeculativeStep) {
                          HasSubstr("strata.delayed_param_update"), HasSubstr("\"auto\"")));
   EXPECT_TRUE(
       ParseConfig(R"({"strata": {"speculative_step": false, "delayed_param_update": true}})").ok());
+}
+
+// strata.optimizer_states and DeepSpeed's bf16 keys: what each selects, the
+// combinations DeepSpeed refuses, the one Strata has no format for, and the
+// optimizers and placements a compact format does not run with.
+TEST(ConfigStrata, OptimizerStatesAndDeepSpeedsBf16Keys) {
+  const std::string cpu =
+      R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}})";
+  auto states = [&](const std::string& rest) {
+    const Config c = Parse("{" + cpu + (rest.empty() ? "" : ", " + rest) + "}");
+    return OptimizerStatesName(c.strata.optimizer_states);
+  };
+  EXPECT_EQ(states(""), "fp32");
+  for (const char* f : {"fp32", "bf16", "bf16-master", "int8"})
+    EXPECT_EQ(states(std::string(R"("strata": {"optimizer_states": ")") + f + "\"}"), f);
+  const std::string both =
+      R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true})";
+  EXPECT_EQ(states(both), "bf16-master");
+  EXPECT_EQ(states(both + R"(, "strata": {"optimizer_states": "bf16-master"})"), "bf16-master");
+  // The old section name reads the same.
+  EXPECT_EQ(
+      states(
+          R"("bfloat16": {"enabled": true, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true})"),
+      "bf16-master");
+  {
+    const Config c = Parse("{" + cpu + ", " + both + "}");
+    EXPECT_THAT(c.notices, Contains(HasSubstr("strata.optimizer_states: \"bf16-master\"")));
+    // Round trip: the keys and the format they chose come back.
+    StatusOr<Config> again = ParseConfig(ConfigToJson(c));
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(*again == c);
+  }
+  EXPECT_THAT(ErrorOf("{" + cpu + ", " + both + R"(, "strata": {"optimizer_states": "int8"}})"),
+              AllOf(HasSubstr("strata.optimizer_states: \"int8\" disagrees"),
+                    HasSubstr("bf16.bf16_optimizer_states")));
+  // DeepSpeed: bf16_optimizer_states needs the bf16 master.
+  EXPECT_THAT(ErrorOf("{" + cpu + R"(, "bf16": {"enabled": true, "bf16_optimizer_states": true}})"),
+              AllOf(HasSubstr("bf16.bf16_optimizer_states: true needs "
+                              "bf16.bf16_master_weights_and_grads true"),
+                    HasSubstr("strata.optimizer_states \"bf16\"")));
+  // A bf16 master beside fp32 moments: no such format here.
+  EXPECT_THAT(
+      ErrorOf("{" + cpu + R"(, "bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})"),
+      AllOf(HasSubstr("bf16.bf16_master_weights_and_grads: true without"),
+            HasSubstr("not a state format Strata offers")));
+  EXPECT_THAT(
+      ErrorOf(
+          "{" + cpu +
+          R"(, "bf16": {"enabled": false, "bf16_master_weights_and_grads": true, "bf16_optimizer_states": true}})"),
+      HasSubstr("bf16.bf16_master_weights_and_grads: true needs bf16.enabled true"));
+  EXPECT_THAT(ErrorOf(R"({"zero_optimization": {"stage": 0}, )" + both + "}"),
+              HasSubstr("needs ZeRO stage 1, 2 or 3 (zero_optimization.stage is 0)"));
+  EXPECT_THAT(ErrorOf("{" + cpu + R"(, "strata": {"optimizer_states": "fp8"}})"),
+              AllOf(HasSubstr("strata.optimizer_states"), HasSubstr("bf16-master")));
+  // Optimizers: Adagrad fp32 only, Lion not with a bf16 master.
+  EXPECT_THAT(
+      ErrorOf("{" + cpu +
+              R"(, "optimizer": {"type": "Adagrad"}, "strata": {"optimizer_states": "bf16"}})"),
+      AllOf(HasSubstr("strata.optimizer_states: \"bf16\" is not offered for "
+                      "optimizer.type \"Adagrad\""),
+            HasSubstr("Lion fp32, bf16 and int8")));
+  EXPECT_THAT(
+      ErrorOf("{" + cpu +
+              R"(, "optimizer": {"type": "Lion"}, "strata": {"optimizer_states": "bf16-master"}})"),
+      HasSubstr("\"bf16-master\" is not offered for optimizer.type \"Lion\""));
+  EXPECT_EQ(states(R"("optimizer": {"type": "Lion"}, "strata": {"optimizer_states": "int8"})"),
+            "int8");
+  // Placements: the CPU optimizer with its states in DRAM.
+  for (const char* od : {"none", "nvme"})
+    EXPECT_THAT(
+        ErrorOf(
+            std::string(R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": ")") +
+            od + R"(", "nvme_path": "/tmp"}}, "strata": {"optimizer_states": "bf16"}})"),
+        AllOf(HasSubstr("strata.optimizer_states: \"bf16\" runs in the CPU optimizer"),
+              HasSubstr(std::string("it is \"") + od + "\"")));
 }
 
 }  // namespace
