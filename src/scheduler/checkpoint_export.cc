@@ -15,6 +15,7 @@
 #include "src/common/crc32c.h"
 #include "src/common/dtype.h"
 #include "src/common/status_util.h"
+#include "src/cpu_adam/cpu_adam.h"
 #include "src/scheduler/checkpoint_dir.h"
 #include "src/scheduler/safetensors.h"
 
@@ -60,6 +61,11 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
                      : cfg.at("bf16").at("enabled").get<bool>() ? "bf16"
                                                                 : "fp32";
     in.sub_group_size = cfg.at("zero_optimization").at("sub_group_size").get<int64_t>();
+    // int8 states: tensors and sub-groups start on their blocks (the states
+    // file holds them decoded to fp32 either way).
+    const Json& st = cfg.contains("strata") ? cfg.at("strata") : Json::object();
+    const bool int8_states =
+        st.contains("optimizer_states") && st.at("optimizer_states").get<std::string>() == "int8";
     const Json& lj = m.at("layout");
     std::vector<ParamRec> recs;
     for (const Json& pj : lj.at("parameters")) {
@@ -84,6 +90,7 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
       return DataLossError(fmt::format("{}: the layout lists no parameters", manifest_path));
     LayoutOptions lo;
     lo.sub_group_size = in.sub_group_size;
+    if (int8_states) lo.elem_align = static_cast<int64_t>(cpu_adam::kStateBlock);
     in.layout = Layout::Build(std::move(recs), lo);
     if (in.layout.total_elems() != lj.at("elements").get<int64_t>() ||
         in.layout.num_modules() != lj.at("modules").get<int>() ||

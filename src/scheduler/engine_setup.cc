@@ -318,8 +318,9 @@ Status EngineImpl::Plan() {
   // The link rates the step bound and the gradient path use (pinned copies
   // of a few MiB each way, one pageable), the accumulation and Adam rates.
   ASSIGN_OR_RETURN(const scheduler::PlanRates rates,
-                   scheduler::MeasurePlanRates(dev_.get(), adam_.get(), layout_.total_elems(),
-                                               !device_optimizer_));
+                   scheduler::MeasurePlanRates(
+                       dev_.get(), adam_.get(), layout_.total_elems(), !device_optimizer_,
+                       scheduler::StateFormatOf(cfg_.strata.optimizer_states)));
   counters_.SetLinkRates(rates.link.h2d_gbytes_per_s, rates.link.d2h_gbytes_per_s);
   facts.d2h_pinned_gbps = rates.link.d2h_gbytes_per_s;
   facts.d2h_pageable_gbps = rates.link.d2h_pageable_gbytes_per_s;

@@ -19,8 +19,10 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
   for (int i = 0; i < static_cast<int>(l.params_.size()); ++i)
     l.modules_[static_cast<size_t>(l.params_[static_cast<size_t>(i)].module)].params.push_back(i);
   int64_t elem = 0, byte = 0;
-  auto align_elem = [](int64_t e) {
-    return static_cast<int64_t>(AlignUp(static_cast<size_t>(e), static_cast<size_t>(kElemAlign)));
+  const int64_t align = std::max(kElemAlign, options.elem_align);
+  l.elem_align_ = align;
+  auto align_elem = [align](int64_t e) {
+    return static_cast<int64_t>(AlignUp(static_cast<size_t>(e), static_cast<size_t>(align)));
   };
   for (ModuleExtent& m : l.modules_) {
     elem = align_elem(elem);
@@ -44,7 +46,8 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
     l.max_module_bytes_ = std::max(l.max_module_bytes_, m.bytes());
   }
   l.total_param_bytes_ = IoBytes(byte);
-  const int64_t sg = std::max<int64_t>(1, options.sub_group_size);
+  const int64_t sg = align > kElemAlign ? align_elem(std::max<int64_t>(1, options.sub_group_size))
+                                        : std::max<int64_t>(1, options.sub_group_size);
   l.sub_group_size_ = sg;
   l.world_size_ = std::max(1, options.world_size);
   if (l.world_size_ == 1) {
@@ -62,10 +65,11 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
     // collectives move one sub-group's worth from every rank.
     const int64_t w = l.world_size_;
     const int64_t share = std::max<int64_t>(1, (elem + w - 1) / w);
-    l.partition_elems_ = share >= kBlockAlignedPartition
-                             ? static_cast<int64_t>(AlignUp(static_cast<size_t>(share),
-                                                            static_cast<size_t>(kNormBlockElems)))
-                             : align_elem(share);
+    l.partition_elems_ =
+        share >= kBlockAlignedPartition
+            ? align_elem(static_cast<int64_t>(
+                  AlignUp(static_cast<size_t>(share), static_cast<size_t>(kNormBlockElems))))
+            : align_elem(share);
     l.total_elems_ = l.partition_elems_ * w;
     const int64_t per = std::min(sg, l.partition_elems_);
     l.groups_per_rank_ = (l.partition_elems_ + per - 1) / per;

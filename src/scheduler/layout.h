@@ -120,6 +120,11 @@ struct LayoutOptions {
   // owns whole sub-groups (OwnedGroups): its optimizer states, its share of
   // the reduced gradients and of the updated parameters.
   int world_size = 1;
+  // Each tensor, partition and sub-group starts on a multiple of this many
+  // elements (a power of two, at least kElemAlign): kStateBlock with int8
+  // optimizer states, whose quantization blocks are aligned to the element
+  // index, so that no block spans two tensors, sub-groups or ranks.
+  int64_t elem_align = kElemAlign;
 };
 
 class Layout {
@@ -185,6 +190,7 @@ class Layout {
     return (unpartitioned_elems() + sub_group_size_ - 1) / sub_group_size_;
   }
   int64_t sub_group_size() const { return sub_group_size_; }
+  int64_t elem_align() const { return elem_align_; }  // LayoutOptions::elem_align
 
   // The element space's extent: the length of every per-element state array
   // (parameters plus alignment padding).
@@ -228,6 +234,7 @@ class Layout {
   int64_t grad_staging_bytes_ = 0;
   int world_size_ = 1;
   int64_t sub_group_size_ = 1;
+  int64_t elem_align_ = kElemAlign;
   int64_t partition_elems_ = 0;
   int64_t groups_per_rank_ = 0;
 };

@@ -236,6 +236,15 @@ class ParamWriter {
 
 // ---- StateRing: NVMe read → CPU Adam → NVMe write ---------------------------
 
+namespace {
+// A pipeline buffer holding sub-group sg's fp32 states (master | exp_avg |
+// exp_avg_sq, sg.elems() each) as StateArrays.
+StateArrays GroupBufferStates(const SubGroup& sg, float* buf) {
+  const int64_t e = sg.elems();
+  return {.first = sg.elem_begin, .master = buf, .exp_avg = buf + e, .exp_avg_sq = buf + 2 * e};
+}
+}  // namespace
+
 // Streams every sub-group's states through B pinned buffers: sub-group g
 // uses buffer g % B; its read is issued once the buffer's previous write
 // (sub-group g - B) has landed, up to StateLookahead(B) sub-groups ahead.
@@ -400,8 +409,7 @@ Status StateRing::Run(StepOutcome* outcome) {
     if (!error_.ok()) break;  // a write behind it failed
     const SubGroup& sg = layout_.group(g);
     float* buf = BufferOf(g).as<float>();
-    const int64_t e = sg.elems();
-    Status ss = step_->StepGroup(g, sg.elem_begin, buf, buf + e, buf + 2 * e, grad_src_[g]);
+    Status ss = step_->StepGroup(g, GroupBufferStates(sg, buf), grad_src_[g]);
     if (!ss.ok()) {
       error_ = ss;
       break;
@@ -541,15 +549,8 @@ void OptimizerStep::Run() {
   cv_.NotifyAll();
 }
 
-std::vector<cpu_adam::ShardStep> OptimizerStep::Shards(size_t g, int64_t base, float* master,
-                                                       float* m, float* v, const float* grads,
-                                                       std::vector<Layout::Slice>* slices) const {
-  const SubGroup& sg = deps_.layout->group(g);
-  return ShardsIn(sg.elem_begin, sg.elem_end, base, master, m, v, grads, slices);
-}
-
-std::vector<cpu_adam::ShardStep> OptimizerStep::ShardsIn(int64_t lo, int64_t hi, int64_t base,
-                                                         float* master, float* m, float* v,
+std::vector<cpu_adam::ShardStep> OptimizerStep::ShardsIn(int64_t lo, int64_t hi,
+                                                         const StateArrays& states,
                                                          const float* grads,
                                                          std::vector<Layout::Slice>* slices) const {
   const Layout& layout = *deps_.layout;
@@ -561,7 +562,9 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::ShardsIn(int64_t lo, int64_t hi,
     const ParamRec& p = layout.param(s.param);
     slices->push_back(s);
     cpu_adam::ShardStep st;
-    st.param = master + (s.elem_begin - base);
+    st.hp =
+        params_.group_hp.empty() ? params_.hp : params_.group_hp.at(static_cast<size_t>(p.group));
+    states.Point(s.elem_begin, &st);
     st.grad = grads != nullptr ? grads + (s.elem_begin - lo) : params_.grads + s.elem_begin;
     st.grad_dtype = DType::kFp32;
     const uint8_t mode = FoldModeOf(s.param);
@@ -572,28 +575,23 @@ std::vector<cpu_adam::ShardStep> OptimizerStep::ShardsIn(int64_t lo, int64_t hi,
       st.fold = true;
       st.fold_acc = mode == kFoldAcc ? params_.grads + s.elem_begin : nullptr;
     }
-    st.exp_avg = m + (s.elem_begin - base);
-    st.exp_avg_sq = v + (s.elem_begin - base);
     st.count = static_cast<size_t>(s.elem_end - s.elem_begin);
     st.copy_out = next != nullptr ? next + (s.byte_offset - next_base) : nullptr;
     st.copy_dtype = p.dtype;
-    st.hp =
-        params_.group_hp.empty() ? params_.hp : params_.group_hp.at(static_cast<size_t>(p.group));
     out.push_back(st);
   }
   return out;
 }
 
-Status OptimizerStep::StepGroup(size_t g, int64_t base, float* master, float* m, float* v,
-                                const float* grads) {
+Status OptimizerStep::StepGroup(size_t g, const StateArrays& states, const float* grads) {
   const SubGroup& sg = deps_.layout->group(g);
-  return StepRange(g, sg.elem_begin, sg.elem_end, base, master, m, v, grads);
+  return StepRange(g, sg.elem_begin, sg.elem_end, states, grads);
 }
 
-Status OptimizerStep::StepRange(size_t g, int64_t lo, int64_t hi, int64_t base, float* master,
-                                float* m, float* v, const float* grads) {
+Status OptimizerStep::StepRange(size_t g, int64_t lo, int64_t hi, const StateArrays& states,
+                                const float* grads) {
   std::vector<Layout::Slice> slices;
-  std::vector<cpu_adam::ShardStep> shards = ShardsIn(lo, hi, base, master, m, v, grads, &slices);
+  std::vector<cpu_adam::ShardStep> shards = ShardsIn(lo, hi, states, grads, &slices);
   if (!writer_) return StepShards(g, shards);
   // offload_param nvme: each shard copies out into its module's write-back
   // buffer. When none is free, the shards gathered so far are stepped, the
@@ -688,11 +686,9 @@ Status OptimizerStep::StepInMemory() {
     }
     if (deps_.before_sub_group) deps_.before_sub_group(g);
     if (sg.elem_end > spec) {
-      step_error = StepRange(g, sg.elem_begin, spec, store.partition().state_base(), store.master(),
-                             store.exp_avg(), store.exp_avg_sq(), nullptr);
+      step_error = StepRange(g, sg.elem_begin, spec, store.states(), nullptr);
     } else {
-      step_error = StepGroup(g, store.partition().state_base(), store.master(), store.exp_avg(),
-                             store.exp_avg_sq(), nullptr);
+      step_error = StepGroup(g, store.states(), nullptr);
     }
     if (!step_error.ok()) break;
     outcome_.advanced = true;
@@ -801,8 +797,7 @@ Status OptimizerStep::StepSpeculativeNvme() {
       }
       if (deps_.before_sub_group) deps_.before_sub_group(g);
       float* buf = sl.buf.as<float>();
-      const int64_t e = sg.elems();
-      Status ss = StepGroup(g, sg.elem_begin, buf, buf + e, buf + 2 * e, nullptr);
+      Status ss = StepGroup(g, GroupBufferStates(sg, buf), nullptr);
       if (!ss.ok()) {
         error = ss;
         break;
@@ -849,8 +844,8 @@ Status OptimizerStep::StepSpeculative() {
     for (size_t g = layout.GroupOf(lo); g <= layout.GroupOf(hi - 1); ++g) {
       const SubGroup& sg = layout.group(g);
       if (deps_.before_sub_group) deps_.before_sub_group(g);
-      RETURN_IF_ERROR(StepRange(g, std::max(lo, sg.elem_begin), std::min(hi, sg.elem_end), base,
-                                states[0], states[1], states[2], nullptr));
+      RETURN_IF_ERROR(StepRange(g, std::max(lo, sg.elem_begin), std::min(hi, sg.elem_end),
+                                store.states(), nullptr));
     }
   }
   return Status();

@@ -236,25 +236,20 @@ class OptimizerStep {
   void GroupDone(size_t g) EXCLUDES(mu_);
   // offload_param nvme: module m's write has landed.
   void ModuleWritten(int m) EXCLUDES(mu_);
-  // One ShardStep per parameter slice of sub-group g, with its states at
-  // master/m/v + (element - base) and its gradients in the accumulator, or
-  // at `grads` + (element - the sub-group's first) when not null. The
-  // slice of each in *slices. Copy-out into next_params(), or none yet with
-  // offload_param nvme (StepGroup sets it).
-  std::vector<cpu_adam::ShardStep> Shards(size_t g, int64_t base, float* master, float* m, float* v,
-                                          const float* grads,
-                                          std::vector<Layout::Slice>* slices) const;
-  // The same for the elements [lo, hi) (`grads`, when not null, from lo).
-  std::vector<cpu_adam::ShardStep> ShardsIn(int64_t lo, int64_t hi, int64_t base, float* master,
-                                            float* m, float* v, const float* grads,
+  // One ShardStep per parameter slice of the elements [lo, hi), with its
+  // states in `states` and its gradients in the accumulator, or at `grads`
+  // + (element - lo) when not null. The slice of each in *slices. Copy-out
+  // into next_params(), or none yet with offload_param nvme (StepRange
+  // sets it).
+  std::vector<cpu_adam::ShardStep> ShardsIn(int64_t lo, int64_t hi, const StateArrays& states,
+                                            const float* grads,
                                             std::vector<Layout::Slice>* slices) const;
-  // Steps sub-group g (Shards, then StepShards; with offload_param nvme in
+  // Steps sub-group g (ShardsIn, then StepShards; with offload_param nvme in
   // batches through the write-back buffers).
-  Status StepGroup(size_t g, int64_t base, float* master, float* m, float* v, const float* grads);
+  Status StepGroup(size_t g, const StateArrays& states, const float* grads);
   // The same for the elements [lo, hi) of sub-group g (with offload_param
   // nvme, the modules ending by hi are written).
-  Status StepRange(size_t g, int64_t lo, int64_t hi, int64_t base, float* master, float* m,
-                   float* v, const float* grads);
+  Status StepRange(size_t g, int64_t lo, int64_t hi, const StateArrays& states, const float* grads);
   // Steps the shards (timed on the counters and the timeline).
   Status StepShards(size_t g, std::span<const cpu_adam::ShardStep> shards);
   friend class StateRing;

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <map>
 #include <optional>
 
 #include "src/common/host_memory.h"
 #include "src/common/units.h"
+#include "src/cpu_adam/cpu_adam.h"
+#include "src/scheduler/hyperparams.h"
 
 namespace strata::scheduler {
 
@@ -31,6 +34,7 @@ Placement Placement::FromConfig(const Config& config) {
   p.gradient_accumulation_steps = std::max<int64_t>(1, config.gradient_accumulation_steps);
   p.grad_accumulator = config.strata.grad_accumulator;
   p.grad_tier = config.strata.grad_tier;
+  p.optimizer_states = config.strata.optimizer_states;
   p.stage = zo.stage;
   p.sub_group_size = zo.sub_group_size;
   return p;
@@ -205,6 +209,26 @@ struct TierInputs {
   int64_t host_param_bytes;
 };
 
+// The bytes of `elems` elements' states in format f, as StateHome
+// allocates them: master, exp_avg, exp_avg_sq and int8's scales.
+int64_t StateArrayBytes(cpu_adam::StateFormat f, int64_t elems) {
+  using cpu_adam::StateRole;
+  int64_t bytes = 0;
+  const auto n = static_cast<size_t>(elems);
+  for (StateRole r : {StateRole::kParam, StateRole::kExpAvg, StateRole::kExpAvgSq})
+    bytes += static_cast<int64_t>(cpu_adam::StateElementBytes(f, r) * n +
+                                  sizeof(float) * cpu_adam::StateScaleCount(f, r, n));
+  return bytes;
+}
+
+// "optimizer states 1.2 GiB", with the format when it is not fp32.
+std::string StatesRow(const TierInputs& in) {
+  return "optimizer states " + FormatBytes(in.states) +
+         (in.pl.optimizer_states == OptimizerStates::kFp32
+              ? ""
+              : fmt::format(" ({})", OptimizerStatesName(in.pl.optimizer_states)));
+}
+
 TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
                     bool grads_on_nvme) {
   const int64_t state_elems = s.state_elems > 0 ? s.state_elems : s.total_elems;
@@ -214,7 +238,7 @@ TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& 
       .facts = facts,
       .grads_on_nvme = grads_on_nvme,
       .state_groups = s.state_groups > 0 ? s.state_groups : s.num_groups,
-      .states = kOptimizerStateBytesPerElem * state_elems,
+      .states = StateArrayBytes(StateFormatOf(pl.optimizer_states), state_elems),
       .accumulator = kGradAccBytesPerElem * s.total_elems,
       .partitioned = s.partitioned_param_bytes > 0,
       .swaps = pl.params == OffloadDevice::kCpu || pl.param_mirror(),
@@ -276,8 +300,7 @@ TierBudget PlanHbm(const TierInputs& in, TierPlan* plan) {
   plan->device_slots = param_slots + kGradSlots;
   hbm.Add(kGradSlots * plan->slot_bytes,
           fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan->slot_bytes)));
-  if (pl.optimizer == OffloadDevice::kNone)
-    hbm.Add(in.states, "optimizer states " + FormatBytes(in.states));
+  if (pl.optimizer == OffloadDevice::kNone) hbm.Add(in.states, StatesRow(in));
   if (pl.device_optimizer)
     hbm.Add(in.accumulator, "gradient accumulator " + FormatBytes(in.accumulator));
   if (pl.collective_staging_bytes > 0)
@@ -326,7 +349,7 @@ void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
                 fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
   }
   if (pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states)
-    pinned->Add(in.states, "optimizer states " + FormatBytes(in.states));
+    pinned->Add(in.states, StatesRow(in));
 }
 
 // The parameter copies that cross PCIe every step (TierInputs::swaps,
@@ -451,7 +474,7 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
   if (in.copies_all && !plan->pin_param_copies)
     dram.Add(host_param_bytes, "updated parameters " + FormatBytes(host_param_bytes));
   if (pl.optimizer == OffloadDevice::kCpu && !pl.pin_optimizer_states)
-    dram.Add(in.states, "optimizer states " + FormatBytes(in.states));
+    dram.Add(in.states, StatesRow(in));
   if (pl.params == OffloadDevice::kCpu && !plan->pin_param_copies)
     dram.Add(host_param_bytes, "parameters " + FormatBytes(host_param_bytes));
   if (pl.param_mirror() && !plan->pin_param_copies)
@@ -642,6 +665,8 @@ LayoutOptions LayoutOptionsFromConfig(const Config& config) {
   lo.params_offloaded = zo.offload_param.device != OffloadDevice::kNone;
   lo.persistence_threshold = zo.stage3_param_persistence_threshold;
   lo.reduce_bucket_size = zo.reduce_bucket_size;
+  if (config.strata.optimizer_states == OptimizerStates::kInt8)
+    lo.elem_align = static_cast<int64_t>(cpu_adam::kStateBlock);
   return lo;
 }
 

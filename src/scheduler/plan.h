@@ -18,6 +18,9 @@ namespace strata::scheduler {
 // The parts of the config the plan depends on.
 struct Placement {
   OffloadDevice optimizer = OffloadDevice::kNone;  // zero_optimization.offload_optimizer.device
+  // The optimizer states' format (strata.optimizer_states): their bytes per
+  // element in every row that holds them (StateBytesPerElem).
+  OptimizerStates optimizer_states = OptimizerStates::kFp32;
   OffloadDevice params = OffloadDevice::kNone;     // zero_optimization.offload_param.device
   bool pin_optimizer_states = false;               // offload_optimizer.pin_memory
   bool pin_param_copies = false;                   // offload_param.pin_memory (else: by budget)
@@ -76,8 +79,10 @@ struct Placement {
   // current only at the commit; one rank, no delayed_param_update; on when
   // asked, and with auto except on the host device (the backward pass runs
   // on the same cores).
+  // Not with compact state formats (the spare holds fp32 copies).
   bool speculate() const {
-    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1)
+    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1 ||
+        optimizer_states != OptimizerStates::kFp32)
       return false;
     return speculative_step == 1 || !host_device;
   }

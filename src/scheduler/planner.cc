@@ -12,6 +12,7 @@
 #include "src/common/status_util.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
+#include "src/scheduler/hyperparams.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/plan.h"
 #include "src/scheduler/rate_probes.h"
@@ -41,7 +42,8 @@ class PlannerImpl final : public Planner {
         options.cpu_probe_elements > 0 ? options.cpu_probe_elements : int64_t{1} << 23;
     ASSIGN_OR_RETURN(
         const scheduler::PlanRates measured,
-        scheduler::MeasurePlanRates(dev_.get(), adam.get(), elems, !placement_.device_optimizer));
+        scheduler::MeasurePlanRates(dev_.get(), adam.get(), elems, !placement_.device_optimizer,
+                                    scheduler::StateFormatOf(config_.strata.optimizer_states)));
     facts_.d2h_pinned_gbps = measured.link.d2h_gbytes_per_s;
     facts_.d2h_pageable_gbps = measured.link.d2h_pageable_gbytes_per_s;
     facts_.accumulate_gbps = measured.accumulate_gbps;

@@ -7,6 +7,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/scheduler/state_homes.h"
 
 namespace strata::scheduler {
 
@@ -68,18 +69,30 @@ StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t ele
   return best;
 }
 
-StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
+StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems,
+                                 cpu_adam::StateFormat states) {
   const auto n = static_cast<size_t>(elems);
-  StatusOr<AlignedBuffer> buf = AlignedBuffer::Allocate(n * 4 * 4 + n * 2);
+  const size_t blocks = (n + cpu_adam::kStateBlock - 1) / cpu_adam::kStateBlock;
+  StatusOr<AlignedBuffer> buf = AlignedBuffer::Allocate(n * 4 * 4 + n * 2 + blocks * 2 * 4);
   if (!buf.ok()) return buf.status().WithContext("measuring the CPU optimizer's rate");
   float* f = buf->as<float>();
   std::fill(f, f + 4 * n, 0.25f);
   cpu_adam::ShardStep st;
-  st.param = f;
-  st.grad = f + n;
-  st.exp_avg = f + 2 * n;
-  st.exp_avg_sq = f + 3 * n;
   st.count = n;
+  st.grad = f + n;
+  // The states at f (master), f + 2n and f + 3n (the moments) in their
+  // format; zero moments, a master of 0.25.
+  if (states != cpu_adam::StateFormat::kFp32) std::fill(f + 2 * n, f + 4 * n, 0.f);
+  StateArrays view{.format = states, .master = f, .exp_avg = f + 2 * n, .exp_avg_sq = f + 3 * n};
+  if (states == cpu_adam::StateFormat::kBf16Master)
+    std::fill(reinterpret_cast<uint16_t*>(f), reinterpret_cast<uint16_t*>(f) + n,
+              uint16_t{0x3e80});  // bf16 0.25
+  if (states == cpu_adam::StateFormat::kInt8) {
+    view.exp_avg_scale = f + 4 * n + (n + 1) / 2;
+    view.exp_avg_sq_scale = view.exp_avg_scale + blocks;
+    std::fill(view.exp_avg_scale, view.exp_avg_scale + 2 * blocks, 0.f);
+  }
+  view.Point(0, &st);
   st.copy_out = f + 4 * n;
   st.copy_dtype = DType::kBf16;
   double best = 0;
@@ -94,7 +107,7 @@ StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems) {
 }
 
 StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer* adam,
-                                     int64_t elems, bool cpu) {
+                                     int64_t elems, bool cpu, cpu_adam::StateFormat states) {
   PlanRates r;
   const int64_t probe =
       std::min<int64_t>(int64_t{16} << 20,
@@ -105,7 +118,7 @@ StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer
   if (cpu) {
     const int64_t n = std::clamp<int64_t>(elems, int64_t{1} << 18, int64_t{1} << 23);
     ASSIGN_OR_RETURN(r.accumulate_gbps, MeasureAccumulateRate(adam, n));
-    ASSIGN_OR_RETURN(r.adam_elems_per_s, MeasureAdamRate(adam, n));
+    ASSIGN_OR_RETURN(r.adam_elems_per_s, MeasureAdamRate(adam, n, states));
   }
   return r;
 }

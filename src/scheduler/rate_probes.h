@@ -32,9 +32,11 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes);
 // elements, best of three): bytes moved per second, in GB/s.
 StatusOr<double> MeasureAccumulateRate(cpu_adam::CpuOptimizer* adam, int64_t elems);
 
-// The CPU optimizer's AdamW step over `elems` fp32 elements with a bf16
-// copy-out (best of three): elements per second.
-StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems);
+// The CPU optimizer's AdamW step over `elems` elements with fp32 gradients,
+// its states in `states`, and a bf16 copy-out (best of three): elements per
+// second.
+StatusOr<double> MeasureAdamRate(cpu_adam::CpuOptimizer* adam, int64_t elems,
+                                 cpu_adam::StateFormat states = cpu_adam::StateFormat::kFp32);
 
 // The probes a plan takes.
 struct PlanRates {
@@ -47,7 +49,8 @@ struct PlanRates {
 // MeasureAccumulateRate and MeasureAdamRate over `elems` elements, clamped
 // to [2^18, 2^23].
 StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer* adam,
-                                     int64_t elems, bool cpu);
+                                     int64_t elems, bool cpu,
+                                     cpu_adam::StateFormat states = cpu_adam::StateFormat::kFp32);
 
 // The disk's sequential rates on `path` with the config's NVMe engine
 // options: RunEngineBench writing then reading `bytes` rounded down to whole

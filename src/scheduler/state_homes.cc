@@ -33,68 +33,158 @@ std::pair<int64_t, int64_t> StateHome::Owned(const ParamRec& p) const {
   return {ob, std::max(ob, std::min(own1, p.elem_off + p.numel))};
 }
 
+void StateArrays::Point(int64_t e, cpu_adam::ShardStep* st) const {
+  using cpu_adam::StateFormat;
+  const auto i = static_cast<size_t>(e - first);
+  const bool lion = st->hp.algorithm == cpu_adam::Algorithm::kLion;
+  st->states = format;
+  st->element_offset = static_cast<uint64_t>(e);
+  switch (format) {
+    case StateFormat::kFp32:
+      st->param = static_cast<float*>(master) + i;
+      st->exp_avg = static_cast<float*>(exp_avg) + i;
+      st->exp_avg_sq = static_cast<float*>(exp_avg_sq) + i;
+      return;
+    case StateFormat::kBf16:
+    case StateFormat::kBf16Master:
+      if (format == StateFormat::kBf16)
+        st->param = static_cast<float*>(master) + i;
+      else
+        st->param_c = static_cast<uint16_t*>(master) + i;
+      st->exp_avg_c = static_cast<uint16_t*>(exp_avg) + i;
+      st->exp_avg_sq_c = lion ? nullptr : static_cast<uint16_t*>(exp_avg_sq) + i;
+      return;
+    case StateFormat::kInt8:
+      st->param = static_cast<float*>(master) + i;
+      st->exp_avg_c = static_cast<uint8_t*>(exp_avg) + i;
+      st->exp_avg_scale = exp_avg_scale + i / cpu_adam::kStateBlock;
+      if (!lion) {
+        st->exp_avg_sq_c = static_cast<uint8_t*>(exp_avg_sq) + i;
+        st->exp_avg_sq_scale = exp_avg_sq_scale + i / cpu_adam::kStateBlock;
+      }
+      return;
+  }
+}
+
+double StateBytesPerElem(cpu_adam::StateFormat f) {
+  return cpu_adam::StateBytesPerParam(f, cpu_adam::Algorithm::kAdamW);
+}
+
 namespace {
 
 constexpr size_t kF = sizeof(float);
 
-// offload_optimizer cpu: three DRAM arrays (page-locked with pin_memory).
+// offload_optimizer cpu: the states in DRAM (page-locked with pin_memory),
+// in their format: master, exp_avg, exp_avg_sq and, for int8, the moments'
+// scales (exp_avg's, then exp_avg_sq's).
 class HostStates final : public StateHome {
  public:
   explicit HostStates(const StoreContext* ctx) : StateHome(ctx) {}
 
   Status Allocate(bool pinned) override {
-    const int64_t bytes = kMasterBytesPerElem * ctx_->layout->partition_elems();
-    for (HostArray& a : arrays_)
-      RETURN_IF_ERROR(a.Allocate(bytes, pinned ? ctx_->dev : nullptr, "optimizer states"));
-    master_ = arrays_[0].as<float>();
-    exp_avg_ = arrays_[1].as<float>();
-    exp_avg_sq_ = arrays_[2].as<float>();
+    using cpu_adam::StateRole;
+    const cpu_adam::StateFormat f = ctx_->state_format;
+    const int64_t n = ctx_->layout->partition_elems();
+    const int64_t blocks = static_cast<int64_t>(
+        cpu_adam::StateScaleCount(f, StateRole::kExpAvg, static_cast<size_t>(n)));
+    const StateRole roles[] = {StateRole::kParam, StateRole::kExpAvg, StateRole::kExpAvgSq};
+    for (int a = 0; a < kOptimizerStateArrays; ++a)
+      RETURN_IF_ERROR(
+          arrays_[a].Allocate(n * static_cast<int64_t>(cpu_adam::StateElementBytes(f, roles[a])),
+                              pinned ? ctx_->dev : nullptr, "optimizer states"));
+    if (blocks > 0)
+      RETURN_IF_ERROR(arrays_[3].Allocate(2 * blocks * static_cast<int64_t>(kF),
+                                          pinned ? ctx_->dev : nullptr, "optimizer state scales"));
+    view_.format = f;
+    view_.first = ctx_->part->state_base();
+    view_.master = arrays_[0].data();
+    view_.exp_avg = arrays_[1].data();
+    view_.exp_avg_sq = arrays_[2].data();
+    if (blocks > 0) {
+      view_.exp_avg_scale = arrays_[3].as<float>();
+      view_.exp_avg_sq_scale = view_.exp_avg_scale + blocks;
+    }
+    if (f == cpu_adam::StateFormat::kFp32) {
+      master_ = arrays_[0].as<float>();
+      exp_avg_ = arrays_[1].as<float>();
+      exp_avg_sq_ = arrays_[2].as<float>();
+    }
     // The layout's alignment padding holds zeros (layout.h).
-    std::memset(master_, 0, static_cast<size_t>(bytes));
+    std::memset(arrays_[0].data(), 0, static_cast<size_t>(arrays_[0].bytes()));
     return Status();
   }
   StatusOr<float*> InitTarget(size_t g) override {
-    return master_ + (ctx_->layout->group(g).elem_begin - ctx_->part->state_base());
+    if (view_.format != cpu_adam::StateFormat::kBf16Master)
+      return static_cast<float*>(view_.master) + (ctx_->layout->group(g).elem_begin - view_.first);
+    init_.resize(static_cast<size_t>(ctx_->layout->group(g).elems()));
+    return init_.data();
   }
-  Status InitGroup(size_t, int64_t*) override { return Status(); }
+  Status InitGroup(size_t g, int64_t*) override {
+    if (view_.format != cpu_adam::StateFormat::kBf16Master) return Status();
+    const SubGroup& sg = ctx_->layout->group(g);
+    return cpu_adam::EncodeState(
+        view_.format, cpu_adam::StateRole::kParam, init_.data(), static_cast<size_t>(sg.elems()),
+        static_cast<uint16_t*>(view_.master) + (sg.elem_begin - view_.first), nullptr);
+  }
   Status FinishInit() override {
-    const auto n = static_cast<size_t>(ctx_->layout->partition_elems());
-    std::memset(exp_avg_, 0, n * kF);
-    std::memset(exp_avg_sq_, 0, n * kF);
+    // Zero moments: every format's zero is all-zero bits (int8: code 0 at
+    // scale 0).
+    init_ = std::vector<float>();
+    for (int a = 1; a < 4; ++a)
+      if (arrays_[a].bytes() > 0)
+        std::memset(arrays_[a].data(), 0, static_cast<size_t>(arrays_[a].bytes()));
     return Status();
   }
+  // Checkpoints hold fp32 (master | exp_avg | exp_avg_sq): decoded here,
+  // encoded back (exact for bf16; int8's codes and scales come back as they
+  // were, StateFormatTest).
   Status ReadGroup(size_t g, void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t at = sg.elem_begin - ctx_->part->state_base();
-    const size_t bytes = static_cast<size_t>(sg.elems()) * kF;
-    const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
-    for (int a = 0; a < kOptimizerStateArrays; ++a)
-      std::memcpy(static_cast<uint8_t*>(buf) + a * bytes, arrays[a] + at, bytes);
+    const auto n = static_cast<size_t>(sg.elems());
+    auto* out = static_cast<float*>(buf);
+    for (int a = 0; a < kOptimizerStateArrays; ++a) {
+      const auto [src, scales] = At(a, sg.elem_begin);
+      RETURN_IF_ERROR(cpu_adam::DecodeState(view_.format, Role(a), src, scales, n, out + a * n));
+    }
     return Status();
   }
   Status WriteGroup(size_t g, const void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t at = sg.elem_begin - ctx_->part->state_base();
-    const size_t bytes = static_cast<size_t>(sg.elems()) * kF;
-    float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
-    for (int a = 0; a < kOptimizerStateArrays; ++a)
-      std::memcpy(arrays[a] + at, static_cast<const uint8_t*>(buf) + a * bytes, bytes);
+    const auto n = static_cast<size_t>(sg.elems());
+    const auto* in = static_cast<const float*>(buf);
+    for (int a = 0; a < kOptimizerStateArrays; ++a) {
+      const auto [dst, scales] = At(a, sg.elem_begin);
+      RETURN_IF_ERROR(cpu_adam::EncodeState(view_.format, Role(a), in + a * n, n, dst, scales));
+    }
     return Status();
   }
   Status ReadMaster(const ParamRec& p, std::span<float> out) override {
     const auto [ob, oe] = Owned(p);
-    if (ob < oe)
-      std::memcpy(out.data() + (ob - p.elem_off), master_ + (ob - ctx_->part->state_base()),
-                  static_cast<size_t>(oe - ob) * kF);
-    return Status();
+    if (ob >= oe) return Status();
+    return cpu_adam::DecodeState(view_.format, cpu_adam::StateRole::kParam, At(0, ob).first,
+                                 nullptr, static_cast<size_t>(oe - ob),
+                                 out.data() + (ob - p.elem_off));
   }
   Status WriteMaster(const ParamRec& p, std::span<const float> values) override {
     const auto [ob, oe] = Owned(p);
-    if (ob < oe)
-      std::memcpy(master_ + (ob - ctx_->part->state_base()), values.data() + (ob - p.elem_off),
-                  static_cast<size_t>(oe - ob) * kF);
-    return Status();
+    if (ob >= oe) return Status();
+    return cpu_adam::EncodeState(view_.format, cpu_adam::StateRole::kParam,
+                                 values.data() + (ob - p.elem_off), static_cast<size_t>(oe - ob),
+                                 At(0, ob).first, nullptr);
   }
+
+ private:
+  static cpu_adam::StateRole Role(int a) { return static_cast<cpu_adam::StateRole>(a); }
+  // Array a's storage of element e, and its scales (int8 moments: e is
+  // the first of a block).
+  std::pair<uint8_t*, float*> At(int a, int64_t e) const {
+    const auto i = static_cast<size_t>(e - view_.first);
+    void* const base[] = {view_.master, view_.exp_avg, view_.exp_avg_sq};
+    float* const scales[] = {nullptr, view_.exp_avg_scale, view_.exp_avg_sq_scale};
+    return {static_cast<uint8_t*>(base[a]) + i * cpu_adam::StateElementBytes(view_.format, Role(a)),
+            scales[a] != nullptr ? scales[a] + i / cpu_adam::kStateBlock : nullptr};
+  }
+  std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
 };
 
 // offload_optimizer none: three arrays in the device arena.
@@ -110,6 +200,10 @@ class DeviceStates final : public StateHome {
     master_ = master_d_.as<float>();
     exp_avg_ = exp_avg_d_.as<float>();
     exp_avg_sq_ = exp_avg_sq_d_.as<float>();
+    view_ = {.first = ctx_->part->state_base(),
+             .master = master_,
+             .exp_avg = exp_avg_,
+             .exp_avg_sq = exp_avg_sq_};
     return Status();
   }
   // The masters are gathered in host memory, copied to the arena at the end.

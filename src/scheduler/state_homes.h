@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "src/common/aligned_buffer.h"
+#include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
 #include "src/nvme/nvme.h"
 #include "src/scheduler/host_array.h"
@@ -36,9 +37,36 @@ namespace strata::scheduler {
 
 struct StepOutcome;
 
+// The optimizer states of a run of elements in their format
+// (strata.optimizer_states), as the CPU optimizer steps them: element e at
+// index e - first of each array. fp32: master, exp_avg and exp_avg_sq are
+// float arrays; bf16: an fp32 master, bf16 moments; bf16-master: all three
+// bf16; int8: an fp32 master, one code per element per moment, and one fp32
+// scale per kStateBlock elements per moment (first is a multiple of it).
+struct StateArrays {
+  cpu_adam::StateFormat format = cpu_adam::StateFormat::kFp32;
+  int64_t first = 0;
+  void* master = nullptr;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  // Points st's state arrays at elements [e, e + st->count) and sets its
+  // format and element_offset (e); st->hp.algorithm must be set (Lion has
+  // no second moment in a compact format).
+  // REQUIRES: int8: e - first is a multiple of kStateBlock.
+  void Point(int64_t e, cpu_adam::ShardStep* st) const;
+};
+
+// Bytes one element's states take in format f (master + moments + int8's
+// scales, which come to 8 bytes per kStateBlock elements).
+double StateBytesPerElem(cpu_adam::StateFormat f);
+
 // What the homes share with the store.
 struct StoreContext {
   gpu::Device* dev = nullptr;
+  // The optimizer states' format (in memory; NVMe and the device keep fp32).
+  cpu_adam::StateFormat state_format = cpu_adam::StateFormat::kFp32;
   const Layout* layout = nullptr;
   const Partition* part = nullptr;
   StepCounters* counters = nullptr;
@@ -62,6 +90,9 @@ class StateHome {
   float* master() const { return master_; }
   float* exp_avg() const { return exp_avg_; }
   float* exp_avg_sq() const { return exp_avg_sq_; }
+  // In memory: the states in their format (the three arrays above for
+  // fp32), from Partition::state_base(); empty (null arrays) for nvme.
+  const StateArrays& arrays() const { return view_; }
   int64_t pinned_bytes() const;
 
   // Initialization, sub-group by owned sub-group in order: InitTarget(g)
@@ -92,7 +123,8 @@ class StateHome {
   float* master_ = nullptr;
   float* exp_avg_ = nullptr;
   float* exp_avg_sq_ = nullptr;
-  HostArray arrays_[3];  // cpu: master, exp_avg, exp_avg_sq
+  StateArrays view_;
+  HostArray arrays_[4];  // cpu: master, exp_avg, exp_avg_sq, int8's scales
 };
 
 // offload_optimizer nvme: two versions of each owned sub-group's states; a

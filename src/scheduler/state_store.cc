@@ -11,6 +11,7 @@
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/common/units.h"
+#include "src/scheduler/hyperparams.h"
 
 namespace strata::scheduler {
 
@@ -26,6 +27,7 @@ StateStore::StateStore(Device* device, const Layout* layout, const Partition& pa
   ctx_.layout = layout;
   ctx_.part = &partition;
   ctx_.counters = counters;
+  if (config != nullptr) ctx_.state_format = StateFormatOf(config->strata.optimizer_states);
 }
 
 StateStore::~StateStore() { Close().IgnoreError(); }

@@ -125,6 +125,9 @@ class StateStore {
   float* master() { return states_->master(); }
   float* exp_avg() { return states_->exp_avg(); }
   float* exp_avg_sq() { return states_->exp_avg_sq(); }
+  // In memory: the states in their format (strata.optimizer_states), from
+  // state_base(); for fp32 the three arrays above.
+  const StateArrays& states() const { return states_->arrays(); }
   // Bytes of page-locked states and parameter copies (not the pools).
   int64_t pinned_array_bytes() const;
   // NVMe: reads sub-group g's active states into buf (state_io_bytes), or

@@ -647,6 +647,33 @@ TEST(StateCodesTest, EncodeDecodeStateArrays) {
   EXPECT_EQ(ParseStateFormat("fp8"), std::nullopt);
 }
 
+// What a checkpoint does with compact states: decoded to fp32 and encoded
+// again, every format's bytes (int8: codes and scales) come back bitwise,
+// for random blocks, a zero block and a partial last block.
+TEST(StateCodesTest, DecodedStatesEncodeBackToTheirBits) {
+  uint64_t seed;
+  auto rng = testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const size_t n = 5 * kStateBlock + 77;
+  for (StateFormat f : {StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8})
+    for (StateRole r : {StateRole::kParam, StateRole::kExpAvg, StateRole::kExpAvgSq}) {
+      SCOPED_TRACE(std::string(StateFormatName(f)) + " role " + std::to_string(int(r)));
+      std::vector<float> x = testing::RandomFloats(rng, n, -3.f, 3.f);
+      if (r == StateRole::kExpAvgSq)
+        for (float& v : x) v = v * v * 1e-4f;  // second moments: small, non-negative
+      std::fill(x.begin() + kStateBlock, x.begin() + 2 * kStateBlock, 0.f);
+      const size_t eb = StateElementBytes(f, r), ns = StateScaleCount(f, r, n);
+      std::vector<uint8_t> a(n * eb), b(n * eb);
+      std::vector<float> sa(ns + 1, -1.f), sb(ns + 1, -2.f), dec(n);
+      ASSERT_TRUE(EncodeState(f, r, x.data(), n, a.data(), sa.data()).ok());
+      ASSERT_TRUE(DecodeState(f, r, a.data(), sa.data(), n, dec.data()).ok());
+      ASSERT_TRUE(EncodeState(f, r, dec.data(), n, b.data(), sb.data()).ok());
+      EXPECT_EQ(a, b);
+      for (size_t k = 0; k < ns; ++k)
+        ASSERT_EQ(FloatBits(sa[k]), FloatBits(sb[k])) << "block " << k;
+    }
+}
+
 // ---- Stochastic rounding -----------------------------------------------------
 
 // The vector stochastic rounding of every ISA gives the scalar bits, across

@@ -64,47 +64,9 @@ void Register(Engine& e, uint64_t seed, int64_t extra_numel = 0) {
   testing::RegisterToy(e, seed, kModules, extra_numel);
 }
 
-// One micro-batch: gradients depend on the parameters the device sees, on the
-// batch index and on the loss scale; returns a "loss" (a sum over the
-// parameters seen) so losses can be compared too.
-double MicroBatch(Engine& e, int batch) {
-  double loss = 0;
-  for (int m = 0; m < kModules; ++m) {
-    auto v = e.BeforeForward(m);
-    EXPECT_TRUE(v.ok()) << v.status();
-    if (!v.ok()) return NAN;
-    for (int i = 0; i < 2; ++i)
-      for (int64_t j = 0; j < Numel(m, i); ++j) loss += Load(v->params[i], DTypeOf(m, i), j);
-    EXPECT_TRUE(e.AfterForward(m).ok());
-  }
-  const float scale = static_cast<float>(e.loss_scale());
-  for (int m = kModules - 1; m >= 0; --m) {
-    auto v = e.BeforeBackward(m);
-    EXPECT_TRUE(v.ok()) << v.status();
-    if (!v.ok()) return NAN;
-    for (int i = 0; i < 2; ++i)
-      for (int64_t j = 0; j < Numel(m, i); ++j) {
-        const float p = Load(v->params[i], DTypeOf(m, i), j);
-        const float g = 0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m);
-        Store(v->grads[i], DTypeOf(m, i), j, scale * g);
-      }
-    EXPECT_TRUE(e.AfterBackward(m).ok());
-  }
-  return loss;
-}
-
-// Trains optimizer steps [from, to) (batches numbered from from × gas);
-// appends each step's loss.
+double MicroBatch(Engine& e, int batch) { return testing::ToyMicroBatch(e, batch, kModules); }
 void TrainSteps(Engine& e, const Config& c, int from, int to, std::vector<double>* losses) {
-  for (int s = from; s < to; ++s) {
-    double loss = 0;
-    for (int64_t k = 0; k < c.gradient_accumulation_steps; ++k) {
-      loss += MicroBatch(e, static_cast<int>(s * c.gradient_accumulation_steps + k));
-      auto st = e.Step();
-      ASSERT_TRUE(st.ok()) << st.status();
-    }
-    losses->push_back(loss);
-  }
+  testing::TrainToySteps(e, c, from, to, kModules, losses);
 }
 
 std::unique_ptr<Engine> NewEngine(const Config& c, uint64_t seed) {
@@ -189,6 +151,37 @@ TEST_P(ResumeTest, BitwiseEqualToUninterrupted) {
 
 INSTANTIATE_TEST_SUITE_P(AllPlacements, ResumeTest, testing::AllPlacementsAndOverlap(),
                          testing::PlacementOverlapName);
+
+// The compact state formats: checkpoints hold the decoded fp32 states, and
+// loading encodes them again, giving the bits they had (bf16 exactly; int8's
+// codes and scales, StateFormatTest); a resume with another format is
+// refused naming both.
+TEST(CheckpointTest, CompactStateFormatsResumeBitwise) {
+  testing::ScratchDir dir;
+  for (OptimizerStates f :
+       {OptimizerStates::kBf16, OptimizerStates::kBf16Master, OptimizerStates::kInt8}) {
+    SCOPED_TRACE(std::string(OptimizerStatesName(f)));
+    Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+    c.strata.optimizer_states = f;
+    const std::string root = dir.str() + "/" + std::string(OptimizerStatesName(f));
+    const RunResult want = Uninterrupted(c, 31);
+    const RunResult got = Resumed(c, c, 31, root);
+    EXPECT_TRUE(BitwiseEqual(want.params, got.params));
+    EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));
+    Config other = c;
+    other.strata.optimizer_states =
+        f == OptimizerStates::kInt8 ? OptimizerStates::kBf16 : OptimizerStates::kInt8;
+    auto e = NewEngine(other, 31);
+    ASSERT_TRUE(e);
+    CheckpointInfo info;
+    const Status s = e->LoadCheckpoint(root, &info);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(fmt::format("strata.optimizer_states: {} in the checkpoint, {} now",
+                                      OptimizerStatesName(f),
+                                      OptimizerStatesName(other.strata.optimizer_states))));
+  }
+}
 
 TEST(CheckpointTest, LoadsIntoAnotherPlacement) {
   // The format does not depend on where states live: saved from NVMe, loaded

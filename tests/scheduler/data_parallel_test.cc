@@ -123,6 +123,7 @@ struct Shape {
   // stage3_param_persistence_threshold (0: the toy's, 100): modules below it
   // stay on the device once fetched (partitioned: gathered once a step).
   int64_t persistence_threshold = 0;
+  OptimizerStates states = OptimizerStates::kFp32;  // strata.optimizer_states
 };
 
 // Stage 3 with offload_param `par`: the parameters partitioned too.
@@ -156,6 +157,7 @@ Config ShapeConfig(const Shape& s, const std::string& dir, int gas) {
   c.zero_optimization.stage = s.stage;
   c.zero_optimization.overlap_comm = s.overlap_comm;
   c.strata.delayed_param_update = s.delayed;
+  c.strata.optimizer_states = s.states;
   if (s.grads_on_nvme) c.strata.grad_tier = GradTier::kNvme;
   if (s.device_sums) c.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
   if (s.refetch) c.zero_optimization.stage3_max_reuse_distance = 0;
@@ -521,6 +523,21 @@ void ExpectResumedAtAnotherWorldSize(const Shape& s, int global, int before, int
 TEST(DataParallelCheckpointTest, SavedByTwoRanksResumesOnOneBitwise) {
   Shape s;  // cpu/none, stage 2
   ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
+}
+
+// The compact state formats: an element's bits depend on its index and the
+// step only (int8's blocks and the bf16 master's stochastic rounding are
+// keyed on the element index), so two ranks give one rank's bits, and a
+// checkpoint saved by two resumes on one.
+TEST(DataParallelCheckpointTest, CompactStatesGiveTheBitsOfOneRankAndResumeOnOne) {
+  for (OptimizerStates f :
+       {OptimizerStates::kBf16, OptimizerStates::kBf16Master, OptimizerStates::kInt8}) {
+    SCOPED_TRACE(std::string(OptimizerStatesName(f)));
+    Shape s;
+    s.states = f;
+    ExpectBitsOfOneRank(TrainBoth(s, 2));
+    if (f == OptimizerStates::kInt8) ExpectResumedAtAnotherWorldSize(s, 2, 2, 1, 0);
+  }
 }
 
 TEST(DataParallelCheckpointTest, SavedByOneRankResumesOnTwoBitwise) {

@@ -1,4 +1,5 @@
-// The toy model the Engine tests (engine_test.cc, checkpoint_test.cc) train:
+// The toy model the Engine tests (engine_test.cc, checkpoint_test.cc,
+// optimizer_states_test.cc) train:
 // module m has a weight of 300 + 97 m elements and a bias of 20 + m, their
 // dtypes cycling bf16, fp16, fp32; the config they start from (host device,
 // 8 MiB of HBM, sub-groups that split parameters, gradient chunks of 1000
@@ -7,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -71,6 +73,51 @@ inline float Load(const void* p, DType t, int64_t i) {
 }
 inline void Store(void* p, DType t, int64_t i, float v) {
   StoreFromFloat(p, t, static_cast<size_t>(i), v);
+}
+
+// One micro-batch through `modules` toy modules: gradients depend on the
+// parameters the device sees, on the batch index and on the loss scale
+// (g = 0.5 p + 0.1 sin(batch + 0.37 j + module), × the scale); returns a
+// "loss" (a sum over the parameters seen) so losses can be compared too.
+inline double ToyMicroBatch(Engine& e, int batch, int modules) {
+  double loss = 0;
+  for (int m = 0; m < modules; ++m) {
+    auto v = e.BeforeForward(m);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return NAN;
+    for (int i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < ToyNumel(m, i); ++j) loss += Load(v->params[i], ToyDType(m, i), j);
+    EXPECT_TRUE(e.AfterForward(m).ok());
+  }
+  const float scale = static_cast<float>(e.loss_scale());
+  for (int m = modules - 1; m >= 0; --m) {
+    auto v = e.BeforeBackward(m);
+    EXPECT_TRUE(v.ok()) << v.status();
+    if (!v.ok()) return NAN;
+    for (int i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < ToyNumel(m, i); ++j) {
+        const float p = Load(v->params[i], ToyDType(m, i), j);
+        const float g = 0.5f * p + 0.1f * std::sin(static_cast<float>(batch) + 0.37f * j + m);
+        Store(v->grads[i], ToyDType(m, i), j, scale * g);
+      }
+    EXPECT_TRUE(e.AfterBackward(m).ok());
+  }
+  return loss;
+}
+
+// Trains optimizer steps [from, to) (batches numbered from from × gas);
+// appends each step's loss.
+inline void TrainToySteps(Engine& e, const Config& c, int from, int to, int modules,
+                          std::vector<double>* losses) {
+  for (int s = from; s < to; ++s) {
+    double loss = 0;
+    for (int64_t k = 0; k < c.gradient_accumulation_steps; ++k) {
+      loss += ToyMicroBatch(e, static_cast<int>(s * c.gradient_accumulation_steps + k), modules);
+      auto st = e.Step();
+      ASSERT_TRUE(st.ok()) << st.status();
+    }
+    losses->push_back(loss);
+  }
 }
 
 // Every parameter's fp32 master, in registration order.
