@@ -12,7 +12,7 @@
 # planned (StepStats::nvme_read_gbytes_per_s / nvme_write_gbytes_per_s).
 #
 #   bench/infinity_memory.sh [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER]
-#                            [-u SUB_GROUP] [-a GAS] [-D DEVICE] [SIZE ...]
+#                            [-u SUB_GROUP] [-a GAS] [-D DEVICE] [-S STATES] [SIZE ...]
 #
 # SIZE is LAYERSxHIDDEN of the example model (default: 8x2048 16x2048
 # 32x2048, about 268M, 537M and 1.07B parameters: the same module size, so
@@ -20,7 +20,8 @@
 # hbm_budget 3G, strata.grad_tier GRAD_TIER (default nvme: the gradient sums
 # on NVMe too), sub_group_size SUB_GROUP (default 5e7), GAS micro-batches a
 # step (default 1), strata.device DEVICE (default host; cuda on a GPU box,
-# where the "planned" column leaves HBM out). NVME_DIR (default
+# where the "planned" column leaves HBM out), strata.optimizer_states
+# STATES (default fp32; bf16, bf16-master, int8). NVME_DIR (default
 # build/run/infinity) needs room for the largest size's states twice, its
 # parameters twice and its gradients (about 34 bytes a parameter).
 set -euo pipefail
@@ -33,7 +34,8 @@ GRAD_TIER=nvme
 SUB_GROUP=5e7
 GAS=1
 DEVICE=host
-while getopts "s:d:n:p:g:u:a:D:" o; do
+STATES=fp32
+while getopts "s:d:n:p:g:u:a:D:S:" o; do
   case "$o" in
     s) STRATA="$OPTARG" ;;
     d) DIR="$OPTARG" ;;
@@ -43,7 +45,8 @@ while getopts "s:d:n:p:g:u:a:D:" o; do
     u) SUB_GROUP="$OPTARG" ;;
     a) GAS="$OPTARG" ;;
     D) DEVICE="$OPTARG" ;;
-    *) echo "usage: $0 [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER] [-u SUB_GROUP] [-a GAS] [-D DEVICE] [SIZE ...]" >&2; exit 2 ;;
+    S) STATES="$OPTARG" ;;
+    *) echo "usage: $0 [-s STRATA] [-d NVME_DIR] [-n STEPS] [-p PINNED] [-g GRAD_TIER] [-u SUB_GROUP] [-a GAS] [-D DEVICE] [-S STATES] [SIZE ...]" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -69,7 +72,7 @@ for size in "${SIZES[@]}"; do
    "offload_param": {"device": "nvme", "nvme_path": "$DIR"},
    "sub_group_size": $SUB_GROUP, "stage3_max_live_parameters": 1e8},
  "strata": {"device": "$DEVICE", "hbm_budget": "3G", "pinned_budget": "$PINNED",
-   "grad_tier": "$GRAD_TIER",
+   "grad_tier": "$GRAD_TIER", "optimizer_states": "$STATES",
    "model": {"layers": $layers, "hidden": $hidden, "seq_len": 16}}}
 JSON
   if ! /usr/bin/time -f "%M" -o "$WORK/rss" "$STRATA" train --config "$cfg" --steps "$STEPS" --json \

@@ -247,12 +247,12 @@ Status ValidateConfig(const Config& c) {
           "AdamW take fp32, bf16, bf16-master and int8; Lion fp32, bf16 and int8; Adagrad fp32)",
           f, OptimizerTypeName(t)));
     const OffloadDevice od = c.zero_optimization.offload_optimizer.device;
-    if (od != OffloadDevice::kCpu)
+    if (od == OffloadDevice::kNone)
       k.Fail(fmt::format(
-          "strata.optimizer_states: \"{}\" runs in the CPU optimizer with its states in DRAM "
-          "(zero_optimization.offload_optimizer.device \"cpu\"; it is \"{}\"); the device and "
-          "NVMe optimizers keep fp32 states (allowed there: \"fp32\")",
-          f, OffloadDeviceName(od)));
+          "strata.optimizer_states: \"{}\" runs in the CPU optimizer, with its states in DRAM or "
+          "on NVMe (zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\"; it is "
+          "\"none\"); the device optimizer keeps fp32 states (allowed there: \"fp32\")",
+          f));
   }
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);

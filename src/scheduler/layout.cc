@@ -6,6 +6,28 @@
 
 namespace strata::scheduler {
 
+GroupStateLayout GroupStatesIn(cpu_adam::StateFormat f, int64_t elems) {
+  using cpu_adam::StateRole;
+  const auto n = static_cast<size_t>(elems);
+  auto bytes = [&](StateRole r) {
+    return static_cast<int64_t>(cpu_adam::StateElementBytes(f, r) * n);
+  };
+  auto scales = [&](StateRole r) {
+    return static_cast<int64_t>(sizeof(float) * cpu_adam::StateScaleCount(f, r, n));
+  };
+  GroupStateLayout g;
+  g.exp_avg = g.master + bytes(StateRole::kParam);
+  g.exp_avg_sq = g.exp_avg + bytes(StateRole::kExpAvg);
+  g.exp_avg_scale = g.exp_avg_sq + bytes(StateRole::kExpAvgSq);
+  g.exp_avg_sq_scale = g.exp_avg_scale + scales(StateRole::kExpAvg);
+  g.bytes = g.exp_avg_sq_scale + scales(StateRole::kExpAvgSq);
+  return g;
+}
+
+int64_t StateArrayBytes(cpu_adam::StateFormat f, int64_t elems) {
+  return GroupStatesIn(f, elems).bytes;
+}
+
 int64_t IoBytes(int64_t n) {
   return static_cast<int64_t>(AlignUp(static_cast<size_t>(n), static_cast<size_t>(kIoAlign)));
 }
@@ -79,6 +101,8 @@ Layout Layout::Build(std::vector<ParamRec> params, const LayoutOptions& options)
     }
     l.max_group_elems_ = per;
   }
+  l.state_format_ = options.state_format;
+  for (SubGroup& g : l.groups_) g.state_bytes = StateArrayBytes(l.state_format_, g.elems());
   for (ModuleExtent& m : l.modules_)
     m.last_group = m.elems() > 0 ? static_cast<int>(l.GroupOf(m.elem_end - 1)) : -1;
   // A chunk boundary must not split an element: the bucket's bytes are

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "src/common/dtype.h"
+#include "src/cpu_adam/cpu_adam.h"
 
 namespace strata::scheduler {
 
@@ -36,6 +37,18 @@ inline constexpr int64_t kMasterBytesPerElem = 4;   // fp32 master parameter
 // one after the other (master | m | v).
 inline constexpr int64_t kOptimizerStateBytesPerElem = 12;
 inline constexpr int kOptimizerStateArrays = 3;
+
+// Where `elems` elements' optimizer states lie in one buffer or NVMe shard
+// in format f (strata.optimizer_states), one array after the other:
+// master | exp_avg | exp_avg_sq | int8's exp_avg scales | exp_avg_sq
+// scales. For fp32: master | m | v at 0, 4n, 8n (12n bytes in all).
+struct GroupStateLayout {
+  int64_t master = 0, exp_avg = 0, exp_avg_sq = 0, exp_avg_scale = 0, exp_avg_sq_scale = 0;
+  int64_t bytes = 0;  // the whole
+};
+GroupStateLayout GroupStatesIn(cpu_adam::StateFormat f, int64_t elems);
+// GroupStatesIn(f, elems).bytes.
+int64_t StateArrayBytes(cpu_adam::StateFormat f, int64_t elems);
 
 // Every NVMe request is a multiple of this in offset, length and buffer
 // address, so the I/O engine never sends a piece through the page cache: a
@@ -69,10 +82,11 @@ inline constexpr int64_t kBlockAlignedPartition = 16 * kNormBlockElems;
 int64_t IoBytes(int64_t n);
 
 // One optimizer pipeline buffer (offload_optimizer nvme): a sub-group's
-// states (master | m | v), then with gradients on NVMe its fp32 gradient
-// sums, each part page-rounded.
-inline int64_t OptimizerBufferBytes(int64_t max_group_elems, bool with_grads) {
-  return IoBytes(kOptimizerStateBytesPerElem * max_group_elems) +
+// states (GroupStatesIn of format f), then with gradients on NVMe its fp32
+// gradient sums, each part page-rounded.
+inline int64_t OptimizerBufferBytes(int64_t max_group_elems, bool with_grads,
+                                    cpu_adam::StateFormat f = cpu_adam::StateFormat::kFp32) {
+  return IoBytes(StateArrayBytes(f, max_group_elems)) +
          (with_grads ? IoBytes(kGradAccBytesPerElem * max_group_elems) : 0);
 }
 // One sub-group's fp32 gradient sums, page-rounded (a gradient cache slot).
@@ -105,8 +119,12 @@ struct ModuleExtent {
 struct SubGroup {
   int64_t elem_begin = 0, elem_end = 0;
   int64_t elems() const { return elem_end - elem_begin; }
-  // Bytes of its NVMe state shard (master | m | v, page-rounded).
-  int64_t state_io_bytes() const { return IoBytes(kOptimizerStateBytesPerElem * elems()); }
+  // Bytes of its states in the layout's format (GroupStatesIn); -1: fp32.
+  int64_t state_bytes = -1;
+  // Bytes of its NVMe state shard (GroupStatesIn's arrays, page-rounded).
+  int64_t state_io_bytes() const {
+    return IoBytes(state_bytes >= 0 ? state_bytes : kOptimizerStateBytesPerElem * elems());
+  }
 };
 
 struct LayoutOptions {
@@ -125,6 +143,9 @@ struct LayoutOptions {
   // optimizer states, whose quantization blocks are aligned to the element
   // index, so that no block spans two tensors, sub-groups or ranks.
   int64_t elem_align = kElemAlign;
+  // The optimizer states' format: what a sub-group's states take
+  // (SubGroup::state_bytes, max_group_state_bytes()).
+  cpu_adam::StateFormat state_format = cpu_adam::StateFormat::kFp32;
 };
 
 class Layout {
@@ -191,6 +212,10 @@ class Layout {
   }
   int64_t sub_group_size() const { return sub_group_size_; }
   int64_t elem_align() const { return elem_align_; }  // LayoutOptions::elem_align
+  cpu_adam::StateFormat state_format() const { return state_format_; }
+  // The largest sub-group's states in the format (an optimizer pipeline
+  // buffer's first part).
+  int64_t max_group_state_bytes() const { return StateArrayBytes(state_format_, max_group_elems_); }
 
   // The element space's extent: the length of every per-element state array
   // (parameters plus alignment padding).
@@ -235,6 +260,7 @@ class Layout {
   int world_size_ = 1;
   int64_t sub_group_size_ = 1;
   int64_t elem_align_ = kElemAlign;
+  cpu_adam::StateFormat state_format_ = cpu_adam::StateFormat::kFp32;
   int64_t partition_elems_ = 0;
   int64_t groups_per_rank_ = 0;
 };

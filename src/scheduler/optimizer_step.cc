@@ -236,15 +236,6 @@ class ParamWriter {
 
 // ---- StateRing: NVMe read → CPU Adam → NVMe write ---------------------------
 
-namespace {
-// A pipeline buffer holding sub-group sg's fp32 states (master | exp_avg |
-// exp_avg_sq, sg.elems() each) as StateArrays.
-StateArrays GroupBufferStates(const SubGroup& sg, float* buf) {
-  const int64_t e = sg.elems();
-  return {.first = sg.elem_begin, .master = buf, .exp_avg = buf + e, .exp_avg_sq = buf + 2 * e};
-}
-}  // namespace
-
 // Streams every sub-group's states through B pinned buffers: sub-group g
 // uses buffer g % B; its read is issued once the buffer's previous write
 // (sub-group g - B) has landed, up to StateLookahead(B) sub-groups ahead.
@@ -409,7 +400,8 @@ Status StateRing::Run(StepOutcome* outcome) {
     if (!error_.ok()) break;  // a write behind it failed
     const SubGroup& sg = layout_.group(g);
     float* buf = BufferOf(g).as<float>();
-    Status ss = step_->StepGroup(g, GroupBufferStates(sg, buf), grad_src_[g]);
+    Status ss =
+        step_->StepGroup(g, GroupBufferStates(sg, layout_.state_format(), buf), grad_src_[g]);
     if (!ss.ok()) {
       error_ = ss;
       break;
@@ -797,7 +789,7 @@ Status OptimizerStep::StepSpeculativeNvme() {
       }
       if (deps_.before_sub_group) deps_.before_sub_group(g);
       float* buf = sl.buf.as<float>();
-      Status ss = StepGroup(g, GroupBufferStates(sg, buf), nullptr);
+      Status ss = StepGroup(g, GroupBufferStates(sg, layout.state_format(), buf), nullptr);
       if (!ss.ok()) {
         error = ss;
         break;

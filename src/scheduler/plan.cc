@@ -209,18 +209,6 @@ struct TierInputs {
   int64_t host_param_bytes;
 };
 
-// The bytes of `elems` elements' states in format f, as StateHome
-// allocates them: master, exp_avg, exp_avg_sq and int8's scales.
-int64_t StateArrayBytes(cpu_adam::StateFormat f, int64_t elems) {
-  using cpu_adam::StateRole;
-  int64_t bytes = 0;
-  const auto n = static_cast<size_t>(elems);
-  for (StateRole r : {StateRole::kParam, StateRole::kExpAvg, StateRole::kExpAvgSq})
-    bytes += static_cast<int64_t>(cpu_adam::StateElementBytes(f, r) * n +
-                                  sizeof(float) * cpu_adam::StateScaleCount(f, r, n));
-  return bytes;
-}
-
 // "optimizer states 1.2 GiB", with the format when it is not fp32.
 std::string StatesRow(const TierInputs& in) {
   return "optimizer states " + FormatBytes(in.states) +
@@ -325,7 +313,8 @@ void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
     pinned->Add(kGradStagingBuffers * s.grad_staging_bytes,
                 "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const int64_t per = OptimizerBufferBytes(s.max_group_elems, in.grads_on_nvme);
+    const int64_t per = OptimizerBufferBytes(s.max_group_elems, in.grads_on_nvme,
+                                             StateFormatOf(pl.optimizer_states));
     plan->optimizer_buffer_bytes = per;
     pinned->Add(pl.optimizer_buffer_count * per,
                 fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
@@ -665,7 +654,8 @@ LayoutOptions LayoutOptionsFromConfig(const Config& config) {
   lo.params_offloaded = zo.offload_param.device != OffloadDevice::kNone;
   lo.persistence_threshold = zo.stage3_param_persistence_threshold;
   lo.reduce_bucket_size = zo.reduce_bucket_size;
-  if (config.strata.optimizer_states == OptimizerStates::kInt8)
+  lo.state_format = StateFormatOf(config.strata.optimizer_states);
+  if (lo.state_format == cpu_adam::StateFormat::kInt8)
     lo.elem_align = static_cast<int64_t>(cpu_adam::kStateBlock);
   return lo;
 }
@@ -734,7 +724,8 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   double nvme_read = 0, nvme_write = 0;
   std::string read_what, write_what;
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const double states = static_cast<double>(kOptimizerStateBytesPerElem) * state_elems;
+    const double states =
+        static_cast<double>(StateArrayBytes(StateFormatOf(pl.optimizer_states), stepped));
     nvme_read += states;
     nvme_write += states;
     read_what = "optimizer states " + FormatBytes(static_cast<int64_t>(states));

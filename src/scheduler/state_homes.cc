@@ -70,6 +70,48 @@ double StateBytesPerElem(cpu_adam::StateFormat f) {
   return cpu_adam::StateBytesPerParam(f, cpu_adam::Algorithm::kAdamW);
 }
 
+std::pair<uint8_t*, float*> StateArrays::At(cpu_adam::StateRole role, int64_t e) const {
+  const auto i = static_cast<size_t>(e - first);
+  const auto r = static_cast<size_t>(role);
+  void* const base[] = {master, exp_avg, exp_avg_sq};
+  float* const scales[] = {nullptr, exp_avg_scale, exp_avg_sq_scale};
+  return {static_cast<uint8_t*>(base[r]) + i * cpu_adam::StateElementBytes(format, role),
+          scales[r] != nullptr ? scales[r] + i / cpu_adam::kStateBlock : nullptr};
+}
+
+Status StateArrays::Decode(int64_t e, int64_t n, float* out) const {
+  for (int a = 0; a < kOptimizerStateArrays; ++a) {
+    const auto role = static_cast<cpu_adam::StateRole>(a);
+    const auto [src, scales] = At(role, e);
+    RETURN_IF_ERROR(
+        cpu_adam::DecodeState(format, role, src, scales, static_cast<size_t>(n), out + a * n));
+  }
+  return Status();
+}
+
+Status StateArrays::Encode(const float* in, int64_t e, int64_t n) const {
+  for (int a = 0; a < kOptimizerStateArrays; ++a) {
+    const auto role = static_cast<cpu_adam::StateRole>(a);
+    const auto [dst, scales] = At(role, e);
+    RETURN_IF_ERROR(
+        cpu_adam::EncodeState(format, role, in + a * n, static_cast<size_t>(n), dst, scales));
+  }
+  return Status();
+}
+
+StateArrays GroupBufferStates(const SubGroup& sg, cpu_adam::StateFormat f, void* buf) {
+  const GroupStateLayout l = GroupStatesIn(f, sg.elems());
+  auto* b = static_cast<uint8_t*>(buf);
+  const bool scaled = l.bytes > l.exp_avg_scale;
+  return {.format = f,
+          .first = sg.elem_begin,
+          .master = b + l.master,
+          .exp_avg = b + l.exp_avg,
+          .exp_avg_sq = b + l.exp_avg_sq,
+          .exp_avg_scale = scaled ? reinterpret_cast<float*>(b + l.exp_avg_scale) : nullptr,
+          .exp_avg_sq_scale = scaled ? reinterpret_cast<float*>(b + l.exp_avg_sq_scale) : nullptr};
+}
+
 namespace {
 
 constexpr size_t kF = sizeof(float);
@@ -140,50 +182,28 @@ class HostStates final : public StateHome {
   // were, StateFormatTest).
   Status ReadGroup(size_t g, void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const auto n = static_cast<size_t>(sg.elems());
-    auto* out = static_cast<float*>(buf);
-    for (int a = 0; a < kOptimizerStateArrays; ++a) {
-      const auto [src, scales] = At(a, sg.elem_begin);
-      RETURN_IF_ERROR(cpu_adam::DecodeState(view_.format, Role(a), src, scales, n, out + a * n));
-    }
-    return Status();
+    return view_.Decode(sg.elem_begin, sg.elems(), static_cast<float*>(buf));
   }
   Status WriteGroup(size_t g, const void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const auto n = static_cast<size_t>(sg.elems());
-    const auto* in = static_cast<const float*>(buf);
-    for (int a = 0; a < kOptimizerStateArrays; ++a) {
-      const auto [dst, scales] = At(a, sg.elem_begin);
-      RETURN_IF_ERROR(cpu_adam::EncodeState(view_.format, Role(a), in + a * n, n, dst, scales));
-    }
-    return Status();
+    return view_.Encode(static_cast<const float*>(buf), sg.elem_begin, sg.elems());
   }
   Status ReadMaster(const ParamRec& p, std::span<float> out) override {
     const auto [ob, oe] = Owned(p);
     if (ob >= oe) return Status();
-    return cpu_adam::DecodeState(view_.format, cpu_adam::StateRole::kParam, At(0, ob).first,
-                                 nullptr, static_cast<size_t>(oe - ob),
-                                 out.data() + (ob - p.elem_off));
+    return cpu_adam::DecodeState(view_.format, cpu_adam::StateRole::kParam,
+                                 view_.At(cpu_adam::StateRole::kParam, ob).first, nullptr,
+                                 static_cast<size_t>(oe - ob), out.data() + (ob - p.elem_off));
   }
   Status WriteMaster(const ParamRec& p, std::span<const float> values) override {
     const auto [ob, oe] = Owned(p);
     if (ob >= oe) return Status();
     return cpu_adam::EncodeState(view_.format, cpu_adam::StateRole::kParam,
                                  values.data() + (ob - p.elem_off), static_cast<size_t>(oe - ob),
-                                 At(0, ob).first, nullptr);
+                                 view_.At(cpu_adam::StateRole::kParam, ob).first, nullptr);
   }
 
  private:
-  static cpu_adam::StateRole Role(int a) { return static_cast<cpu_adam::StateRole>(a); }
-  // Array a's storage of element e, and its scales (int8 moments: e is
-  // the first of a block).
-  std::pair<uint8_t*, float*> At(int a, int64_t e) const {
-    const auto i = static_cast<size_t>(e - view_.first);
-    void* const base[] = {view_.master, view_.exp_avg, view_.exp_avg_sq};
-    float* const scales[] = {nullptr, view_.exp_avg_scale, view_.exp_avg_sq_scale};
-    return {static_cast<uint8_t*>(base[a]) + i * cpu_adam::StateElementBytes(view_.format, Role(a)),
-            scales[a] != nullptr ? scales[a] + i / cpu_adam::kStateBlock : nullptr};
-  }
   std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
 };
 
@@ -293,13 +313,22 @@ Status NvmeStates::Allocate(bool) {
 StatusOr<float*> NvmeStates::InitTarget(size_t g) {
   if (init_buf_.data() == nullptr)
     return FailedPreconditionError("NvmeStates: no buffer to initialize the states in");
-  // master | exp_avg = 0 | exp_avg_sq = 0
-  std::memset(init_buf_.data(), 0, static_cast<size_t>(ctx_->layout->group(g).state_io_bytes()));
-  return init_buf_.as<float>();
+  // master | exp_avg = 0 | exp_avg_sq = 0 (| scales = 0): every format's
+  // zero is all-zero bits. An fp32 master is filled in place.
+  const SubGroup& sg = ctx_->layout->group(g);
+  std::memset(init_buf_.data(), 0, static_cast<size_t>(sg.state_io_bytes()));
+  if (ctx_->state_format != cpu_adam::StateFormat::kBf16Master) return init_buf_.as<float>();
+  init_.resize(static_cast<size_t>(sg.elems()));
+  return init_.data();
 }
 
 Status NvmeStates::InitGroup(size_t g, int64_t* nvme_bytes) {
-  const int64_t bytes = ctx_->layout->group(g).state_io_bytes();
+  const SubGroup& sg = ctx_->layout->group(g);
+  if (ctx_->state_format == cpu_adam::StateFormat::kBf16Master)
+    RETURN_IF_ERROR(cpu_adam::EncodeState(ctx_->state_format, cpu_adam::StateRole::kParam,
+                                          init_.data(), static_cast<size_t>(sg.elems()),
+                                          init_buf_.data(), nullptr));
+  const int64_t bytes = sg.state_io_bytes();
   nvme::IoHandle h =
       ctx_->swap->Write(StateShardName(g, 0), 0, init_buf_.data(), static_cast<size_t>(bytes));
   RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
@@ -310,6 +339,7 @@ Status NvmeStates::InitGroup(size_t g, int64_t* nvme_bytes) {
 
 Status NvmeStates::FinishInit() {
   init_buf_ = gpu::PinnedBuffer();
+  init_ = std::vector<float>();
   return Status();
 }
 
@@ -323,17 +353,38 @@ nvme::IoHandle NvmeStates::Write(size_t g, const void* buf) {
                            static_cast<size_t>(ctx_->layout->group(g).state_io_bytes()));
 }
 
+Status NvmeStates::ReadShard(size_t g, int version, AlignedBuffer* out) {
+  const auto bytes = static_cast<size_t>(ctx_->layout->group(g).state_io_bytes());
+  ASSIGN_OR_RETURN(*out, AlignedBuffer::Allocate(bytes, kIoAlign));
+  return ctx_->swap->Read(StateShardName(g, version), 0, out->data(), bytes).Wait();
+}
+
 Status NvmeStates::ReadGroup(size_t g, void* buf) {
-  return Read(g, buf).Wait().WithContext(
-      fmt::format("reading the optimizer states of sub-group {} for a checkpoint", g));
+  const std::string what =
+      fmt::format("reading the optimizer states of sub-group {} for a checkpoint", g);
+  if (ctx_->state_format == cpu_adam::StateFormat::kFp32)
+    return Read(g, buf).Wait().WithContext(what);
+  AlignedBuffer shard;
+  RETURN_IF_ERROR(ReadShard(g, version_[g], &shard).WithContext(what));
+  const SubGroup& sg = ctx_->layout->group(g);
+  return GroupBufferStates(sg, ctx_->state_format, shard.data())
+      .Decode(sg.elem_begin, sg.elems(), static_cast<float*>(buf));
 }
 
 // (The active version, in place: the swap store is scratch space; the next
 // step reads it.)
 Status NvmeStates::WriteGroup(size_t g, const void* buf) {
-  return ctx_->swap
-      ->Write(StateShardName(g, version_[g]), 0, buf,
-              static_cast<size_t>(ctx_->layout->group(g).state_io_bytes()))
+  const SubGroup& sg = ctx_->layout->group(g);
+  const auto bytes = static_cast<size_t>(sg.state_io_bytes());
+  AlignedBuffer shard;
+  if (ctx_->state_format != cpu_adam::StateFormat::kFp32) {
+    ASSIGN_OR_RETURN(shard, AlignedBuffer::Allocate(bytes, kIoAlign));
+    std::memset(shard.data(), 0, bytes);
+    RETURN_IF_ERROR(GroupBufferStates(sg, ctx_->state_format, shard.data())
+                        .Encode(static_cast<const float*>(buf), sg.elem_begin, sg.elems()));
+    buf = shard.data();
+  }
+  return ctx_->swap->Write(StateShardName(g, version_[g]), 0, buf, bytes)
       .Wait()
       .WithContext(fmt::format("restoring the optimizer states of sub-group {}", g));
 }
@@ -347,8 +398,10 @@ Status NvmeStates::ReadMaster(const ParamRec& p, std::span<float> out) {
     const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
     if (b >= e) continue;
     // The master's pages of this group, read whole (page-aligned, see kIoAlign).
-    const int64_t first = kMasterBytesPerElem * (b - sg.elem_begin);
-    const int64_t last = kMasterBytesPerElem * (e - sg.elem_begin);
+    const auto mb = static_cast<int64_t>(
+        cpu_adam::StateElementBytes(ctx_->state_format, cpu_adam::StateRole::kParam));
+    const int64_t first = mb * (b - sg.elem_begin);
+    const int64_t last = mb * (e - sg.elem_begin);
     const int64_t page0 = first / kIoAlign * kIoAlign;
     const int64_t len = IoBytes(last) - page0;
     ASSIGN_OR_RETURN(AlignedBuffer tmp,
@@ -357,23 +410,26 @@ Status NvmeStates::ReadMaster(const ParamRec& p, std::span<float> out) {
         ctx_->swap->Read(StateShardName(g, version_[g]), static_cast<uint64_t>(page0), tmp.data(),
                          static_cast<size_t>(len));
     RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
-    std::memcpy(out.data() + (b - p.elem_off), tmp.as<uint8_t>() + (first - page0),
-                static_cast<size_t>(last - first));
+    RETURN_IF_ERROR(cpu_adam::DecodeState(
+        ctx_->state_format, cpu_adam::StateRole::kParam, tmp.as<uint8_t>() + (first - page0),
+        nullptr, static_cast<size_t>(e - b), out.data() + (b - p.elem_off)));
   }
   return Status();
 }
 
 Status NvmeStates::WriteMaster(const ParamRec& p, std::span<const float> values) {
-  // Into the sub-groups' active versions (master | exp_avg | exp_avg_sq),
-  // each group read and written whole.
+  // Into the sub-groups' active versions, each group read (decoded to
+  // master | exp_avg | exp_avg_sq) and written (encoded) whole.
   const auto [g0, g1] = ctx_->part->groups();
   for (size_t g = g0; g < g1; ++g) {
     const SubGroup& sg = ctx_->layout->group(g);
     const int64_t b = std::max(sg.elem_begin, p.elem_off);
     const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
     if (b >= e) continue;
-    ASSIGN_OR_RETURN(AlignedBuffer states,
-                     AlignedBuffer::Allocate(static_cast<size_t>(sg.state_io_bytes()), kIoAlign));
+    ASSIGN_OR_RETURN(
+        AlignedBuffer states,
+        AlignedBuffer::Allocate(
+            static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * sg.elems())), kIoAlign));
     RETURN_IF_ERROR(ReadGroup(g, states.data()));
     std::memcpy(states.as<float>() + (b - sg.elem_begin), values.data() + (b - p.elem_off),
                 static_cast<size_t>(e - b) * kF);

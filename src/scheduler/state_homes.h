@@ -56,7 +56,19 @@ struct StateArrays {
   // no second moment in a compact format).
   // REQUIRES: int8: e - first is a multiple of kStateBlock.
   void Point(int64_t e, cpu_adam::ShardStep* st) const;
+  // Array `role`'s storage of element e, and its scales (int8 moments: e
+  // starts a block; else null).
+  std::pair<uint8_t*, float*> At(cpu_adam::StateRole role, int64_t e) const;
+  // Elements [e, e + n) decoded to fp32 as master | exp_avg | exp_avg_sq
+  // (n each, from out), and encoded back from that (a checkpoint's form).
+  // REQUIRES: int8: e starts a block.
+  Status Decode(int64_t e, int64_t n, float* out) const;
+  Status Encode(const float* in, int64_t e, int64_t n) const;
 };
+
+// Sub-group sg's states in `buf` (a pipeline buffer or a shard's bytes),
+// laid out by GroupStatesIn(f, sg.elems()).
+StateArrays GroupBufferStates(const SubGroup& sg, cpu_adam::StateFormat f, void* buf);
 
 // Bytes one element's states take in format f (master + moments + int8's
 // scales, which come to 8 bytes per kStateBlock elements).
@@ -103,8 +115,9 @@ class StateHome {
   virtual Status InitGroup(size_t g, int64_t* nvme_bytes) = 0;
   virtual Status FinishInit() = 0;
 
-  // Checkpoints: sub-group g's states as master | exp_avg | exp_avg_sq (12 x
-  // elems bytes) into buf (state_io_bytes, aligned), and back.
+  // Checkpoints: sub-group g's states decoded to fp32, master | exp_avg |
+  // exp_avg_sq (12 x elems bytes), into buf (IoBytes of that, aligned), and
+  // back (encoded in the format).
   virtual Status ReadGroup(size_t g, void* buf) = 0;
   virtual Status WriteGroup(size_t g, const void* buf) = 0;
   // The masters of parameter p this rank owns, into / from the same
@@ -149,8 +162,11 @@ class NvmeStates final : public StateHome {
   int version(size_t g) const { return version_[g]; }
 
  private:
+  // Compact formats: shard g's bytes through a scratch buffer.
+  Status ReadShard(size_t g, int version, AlignedBuffer* out);
   std::vector<int> version_;  // per sub-group: the active version
   gpu::PinnedBuffer init_buf_;
+  std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
 };
 
 // ---- Parameter copies: this rank's working-precision bytes (Partition::

@@ -50,11 +50,11 @@ std::string StateStore::StateShard(size_t group, int version) {
 std::string StateStore::GradShard(size_t group) { return fmt::format("grad.g{}", group); }
 
 int64_t StateStore::grad_buffer_offset() const {
-  return OptimizerBufferBytes(layout_->max_group_elems(), false);
+  return OptimizerBufferBytes(layout_->max_group_elems(), false, layout_->state_format());
 }
 
 int64_t StateStore::optimizer_buffer_bytes() const {
-  return OptimizerBufferBytes(layout_->max_group_elems(), grads_on_nvme_);
+  return OptimizerBufferBytes(layout_->max_group_elems(), grads_on_nvme_, layout_->state_format());
 }
 
 nvme::IoHandle StateStore::ReadGrads(size_t g, void* buf, int64_t bytes) {

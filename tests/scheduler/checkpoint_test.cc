@@ -161,7 +161,9 @@ TEST(CheckpointTest, CompactStateFormatsResumeBitwise) {
   for (OptimizerStates f :
        {OptimizerStates::kBf16, OptimizerStates::kBf16Master, OptimizerStates::kInt8}) {
     SCOPED_TRACE(std::string(OptimizerStatesName(f)));
-    Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+    // States in DRAM, and on NVMe for int8.
+    Config c = BaseConfig(f == OptimizerStates::kInt8 ? OffloadDevice::kNvme : OffloadDevice::kCpu,
+                          OffloadDevice::kCpu, dir.str());
     c.strata.optimizer_states = f;
     const std::string root = dir.str() + "/" + std::string(OptimizerStatesName(f));
     const RunResult want = Uninterrupted(c, 31);

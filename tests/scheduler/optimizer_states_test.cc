@@ -67,7 +67,9 @@ class OptimizerStatesTest : public ::testing::TestWithParam<OptimizerStates> {};
 // A format's bits depend on the elements and the step only: not on the
 // sub-groups (int8's blocks are aligned to the element index, and every
 // tensor starts a block), the optimizer's threads, where the parameters
-// live, or whether the step overlaps the next forward pass.
+// live, whether the step overlaps the next forward pass, or whether the
+// states live in DRAM or on NVMe (read, stepped and written a sub-group at
+// a time through the pipeline's buffers).
 TEST_P(OptimizerStatesTest, BitsDoNotDependOnHowTheElementsAreCut) {
   testing::ScratchDir dir;
   uint64_t seed = 0;
@@ -89,6 +91,20 @@ TEST_P(OptimizerStatesTest, BitsDoNotDependOnHowTheElementsAreCut) {
       {"offload_param nvme",
        [](Config* c) { c->zero_optimization.offload_param.device = OffloadDevice::kNvme; }},
       {"blocking step", [](Config* c) { c->strata.overlap_optimizer = false; }},
+      // The NVMe pipeline steps the same shards from its buffers.
+      {"offload_optimizer nvme",
+       [](Config* c) { c->zero_optimization.offload_optimizer.device = OffloadDevice::kNvme; }},
+      {"nvme/nvme, two pipeline buffers",
+       [](Config* c) {
+         c->zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+         c->zero_optimization.offload_optimizer.buffer_count = 2;
+         c->zero_optimization.offload_param.device = OffloadDevice::kNvme;
+       }},
+      {"gradient sums on NVMe",
+       [](Config* c) {
+         c->zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+         c->strata.grad_tier = GradTier::kNvme;
+       }},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.what);
@@ -96,6 +112,8 @@ TEST_P(OptimizerStatesTest, BitsDoNotDependOnHowTheElementsAreCut) {
     v.apply(&c);
     if (c.zero_optimization.offload_param.device == OffloadDevice::kNvme)
       c.zero_optimization.offload_param.nvme_path = {dir.str()};
+    if (c.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme)
+      c.zero_optimization.offload_optimizer.nvme_path = {dir.str()};
     const TrainResult got = Train(c, seed);
     EXPECT_TRUE(BitwiseEqual(want.params, got.params));
     EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));

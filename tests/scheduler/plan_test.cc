@@ -3,12 +3,15 @@
 // pin_memory and delayed_param_update, and the NVMe directories of a config.
 #include "src/scheduler/plan.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
+#include "src/common/units.h"
+#include "src/scheduler/hyperparams.h"
 #include "src/scheduler/layout.h"
 
 namespace strata::scheduler {
@@ -230,6 +233,51 @@ TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
   // (+ the parameter copies, pinned: no pinned budget given.)
   EXPECT_EQ(Needed(ComputeTierPlan(ring, s, f), "pinned"),
             4 * 4096 + 3 * IoBytes(12 * 1000) + 2 * 8192);
+}
+
+// The compact state formats: every row that holds the optimizer states
+// (DRAM, pinned with pin_memory, NVMe's two versions), the pipeline buffers
+// and the step's NVMe bytes count the format's, labelled with it.
+TEST(PlanTest, CompactStateFormatsShrinkEveryRowThatHoldsTheStates) {
+  const LayoutSizes s = TinySizes();
+  TierFacts f;
+  f.nvme_paths = {"/a"};
+  StepRates r;
+  r.nvme_read_gbps = r.nvme_write_gbps = 1e-6;
+  for (OptimizerStates states : {OptimizerStates::kFp32, OptimizerStates::kBf16,
+                                 OptimizerStates::kBf16Master, OptimizerStates::kInt8}) {
+    const cpu_adam::StateFormat fmt = StateFormatOf(states);
+    SCOPED_TRACE(std::string(OptimizerStatesName(states)));
+    // 1001 elements: 12 / 8 / 6 bytes each; int8 6 and a scale per moment
+    // for each of its 4 blocks.
+    const int64_t bytes = StateArrayBytes(fmt, 1001);
+    EXPECT_EQ(bytes, states == OptimizerStates::kFp32   ? 12 * 1001
+                     : states == OptimizerStates::kBf16 ? 8 * 1001
+                     : states == OptimizerStates::kInt8 ? 6 * 1001 + 2 * 4 * 4
+                                                        : 6 * 1001);
+    Placement cpu = Place(OffloadDevice::kCpu, OffloadDevice::kCpu);
+    cpu.optimizer_states = states;
+    Placement fp32 = cpu;
+    fp32.optimizer_states = OptimizerStates::kFp32;
+    EXPECT_EQ(Needed(ComputeTierPlan(cpu, s, {}), "dram"),
+              Needed(ComputeTierPlan(fp32, s, {}), "dram") - 12 * 1001 + bytes);
+    const std::string label =
+        states == OptimizerStates::kFp32 ? "" : fmt::format(" ({})", OptimizerStatesName(states));
+    EXPECT_THAT(Find(ComputeTierPlan(cpu, s, {}), "dram")->detail,
+                HasSubstr("optimizer states " + FormatBytes(bytes) + label));
+    Placement nv = Place(OffloadDevice::kNvme, OffloadDevice::kCpu);
+    nv.optimizer_states = states;
+    nv.optimizer_buffer_count = 3;
+    const TierPlan plan = ComputeTierPlan(nv, s, f);
+    EXPECT_EQ(plan.nvme_bytes(), 2 * bytes + 2 * 4 * (1 << 20));
+    EXPECT_EQ(plan.optimizer_buffer_bytes, IoBytes(StateArrayBytes(fmt, 1000)));
+    EXPECT_EQ(Needed(plan, "pinned"),
+              4 * 4096 + 3 * IoBytes(StateArrayBytes(fmt, 1000)) + 2 * 8192);
+    const StepPrediction p = PredictStep(nv, s, plan, r);
+    for (const auto& t : p.terms)
+      if (t.resource == "nvme_read" || t.resource == "nvme_write")
+        EXPECT_EQ(t.amount, static_cast<double>(bytes)) << t.resource;
+  }
 }
 
 TEST(PlanTest, PinMemoryMovesOptimizerStatesFromDramToPinned) {

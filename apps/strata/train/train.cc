@@ -27,6 +27,8 @@
 #include "src/common/units.h"
 #include "src/nvme/nvme.h"
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/hyperparams.h"
+#include "src/scheduler/layout.h"
 
 namespace strata::cli {
 namespace {
@@ -118,7 +120,11 @@ void DescribeRun(Run& run) {
   r.device = engine.DeviceName();
   r.dtype = run.dtype == DType::kBf16 ? "bf16" : run.dtype == DType::kFp16 ? "fp16" : "fp32";
   r.parameters = engine.num_elements();
-  r.state_bytes = r.parameters * (2 * static_cast<int64_t>(run.dtype == DType::kFp32 ? 4 : 2) + 12);
+  // Parameters and gradients in the model's dtype, the optimizer states in
+  // their format (strata.optimizer_states).
+  r.state_bytes = r.parameters * (2 * static_cast<int64_t>(run.dtype == DType::kFp32 ? 4 : 2)) +
+                  scheduler::StateArrayBytes(
+                      scheduler::StateFormatOf(run.config.strata.optimizer_states), r.parameters);
   r.budgets = engine.Budgets();
   for (const TierBudget& t : r.budgets)
     if (t.tier == "pinned" || t.tier == "dram" ||

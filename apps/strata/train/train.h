@@ -25,7 +25,7 @@ struct TrainResult {
   std::string device;       // Engine::DeviceName()
   std::string dtype;        // "bf16", "fp16", "fp32"
   int64_t parameters = 0;   // elements
-  int64_t state_bytes = 0;  // params + grads (dtype) + fp32 master/exp_avg/exp_avg_sq
+  int64_t state_bytes = 0;  // params + grads (dtype) + optimizer states (their format)
   int64_t hbm_budget_bytes = 0;
   int64_t workspace_bytes = 0;  // activations allocated as engine workspaces
   int64_t tokens_per_step = 0;

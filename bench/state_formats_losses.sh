@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The convergence table of the compact optimizer states: the demo model
+# (configs/demo.json with the optimizer and parameters on the CPU, its other
+# settings unchanged: same data, seed and schedule) trained STEPS steps with
+# strata.optimizer_states fp32, bf16, bf16-master and int8. Prints the loss
+# at steps 50, 100 and 300 (those within STEPS) and the last one per format,
+# and the final loss relative to fp32's. Losses do not depend on timing, so a
+# loaded machine gives the same table. Needs /usr/bin/python3.
+#   bench/state_formats_losses.sh [steps=300]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
+STRATA="$BUILD_DIR/apps/strata/strata"
+STEPS="${1:-300}"
+WORK="$BUILD_DIR/run/state_formats"
+mkdir -p "$WORK"
+PY=/usr/bin/python3
+for f in fp32 bf16 bf16-master int8; do
+  "$PY" - "$ROOT/configs/demo.json" "$WORK/$f.json" "$f" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+c["zero_optimization"]["offload_param"] = {"device": "cpu"}
+c["strata"]["optimizer_states"] = sys.argv[3]
+json.dump(c, open(sys.argv[2], "w"))
+PY
+  "$STRATA" train --config "$WORK/$f.json" --steps "$STEPS" --json 2>/dev/null > "$WORK/$f.out.json"
+done
+"$PY" - "$WORK" "$STEPS" <<'PY'
+import json, sys
+work, steps = sys.argv[1], int(sys.argv[2])
+marks = [s for s in (50, 100, 300) if s < steps] + [steps]
+runs = {f: json.load(open(f"{work}/{f}.out.json"))["losses"] for f in ("fp32", "bf16", "bf16-master", "int8")}
+print("| states | " + " | ".join(f"loss at step {s}" for s in marks) + " | final vs fp32 |")
+print("|---|" + "---|" * (len(marks) + 1))
+base = runs["fp32"][-1]
+for f, l in runs.items():
+    row = " | ".join(f"{l[s - 1]:.4f}" for s in marks)
+    print(f"| {f} | {row} | {l[-1] / base - 1:+.2%} |")
+PY
