@@ -217,6 +217,13 @@ struct CheckpointInfo {
   // (empty: the engine's own, random at Create and replaced by the run id of
   // the checkpoint LoadCheckpoint restores); LoadCheckpoint sets it.
   std::string run_id;
+  // Set before LoadCheckpoint: a checkpoint saved with another optimizer
+  // state format (strata.optimizer_states, or DeepSpeed's bf16 state keys)
+  // is loaded anyway, its states (held as fp32) encoded in this engine's
+  // format. Without it such a checkpoint is refused naming both formats.
+  // Between int8 and the other formats the model's layout differs (int8
+  // starts every tensor on a 256-element block) and the load is refused.
+  bool convert_optimizer_states = false;
 };
 
 class Engine {

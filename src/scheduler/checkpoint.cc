@@ -295,7 +295,7 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
                                         const Layout& layout, StateStore* store,
                                         std::span<const ParamGroupSpec> groups,
-                                        const CheckpointRanks* ranks) {
+                                        const CheckpointRanks* ranks, bool convert_states) {
   const int rank = store->partition().rank();
   // Rank 0 picks the checkpoint. A root is locked: a save of another process
   // must not be judged interrupted, nor a checkpoint removed under it.
@@ -360,10 +360,25 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
   const Status checked = [&]() -> Status {
     ASSIGN_OR_RETURN(const Json m, LoadManifest(dir));
     try {
-      std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config));
+      std::string diff = ConfigDifference(m.at("config"), ConfigIdentity(config), convert_states);
       if (!diff.empty())
         return FailedPreconditionError(
-            fmt::format("checkpoint {} was saved with a different config: {}", dir, diff));
+            fmt::format("checkpoint {} was saved with a different config: {}{}", dir, diff,
+                        diff.starts_with("strata.optimizer_states")
+                            ? " (CheckpointInfo::convert_optimizer_states loads it in this format)"
+                            : ""));
+      if (convert_states) {
+        const Json& st = m.at("config").contains("strata") ? m.at("config").at("strata") : Json();
+        const std::string then = st.is_object() && st.contains("optimizer_states")
+                                     ? st.at("optimizer_states").get<std::string>()
+                                     : "fp32";
+        const std::string now(OptimizerStatesName(config.strata.optimizer_states));
+        if ((then == "int8") != (now == "int8"))
+          return FailedPreconditionError(fmt::format(
+              "checkpoint {}: converting its optimizer states from {} to {} is not offered: "
+              "int8 lays the model out in 256-element blocks, the other formats do not",
+              dir, then, now));
+      }
       diff = LayoutDifference(m.at("layout"), LayoutIdentity(layout));
       if (!diff.empty())
         return FailedPreconditionError(

@@ -126,10 +126,12 @@ Status WriteCheckpoint(const std::string& root, const Config& config, const Layo
 // truncated or failing its checksum (named, with both checksums).
 // `groups`: the engine's optimizer parameter groups (CheckpointMeta::param_groups).
 // `ranks`: as for WriteCheckpoint; the checkpoint may have been saved by any
-// number of ranks.
+// number of ranks. `convert_states`: CheckpointInfo::convert_optimizer_states
+// (the state format's keys may differ; the states are encoded in this one).
 StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& config,
                                         const Layout& layout, StateStore* store,
                                         std::span<const ParamGroupSpec> groups = {},
-                                        const CheckpointRanks* ranks = nullptr);
+                                        const CheckpointRanks* ranks = nullptr,
+                                        bool convert_states = false);
 
 }  // namespace strata::scheduler

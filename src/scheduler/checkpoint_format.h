@@ -163,8 +163,10 @@ Json ParamGroupsIdentity(std::span<const ParamGroupSpec> groups);
 // The first difference between two ParamGroupsIdentity values ("" if none);
 // names are for messages only.
 std::string ParamGroupsDifference(const Json& then, const Json& now);
-// The config's differences but the free keys (CheckpointConfigDifference).
-std::string ConfigDifference(const Json& then, const Json& now);
+// The config's differences but the free keys (CheckpointConfigDifference),
+// and but the state format's keys (strata.optimizer_states and DeepSpeed's
+// bf16 state keys) with `ignore_state_format`.
+std::string ConfigDifference(const Json& then, const Json& now, bool ignore_state_format = false);
 // The first difference between two LayoutIdentity values ("" if none).
 std::string LayoutDifference(const Json& then, const Json& now);
 // CRC-32C of an identity's compact text, as 8 hex digits.

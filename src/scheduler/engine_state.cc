@@ -83,7 +83,8 @@ Status EngineImpl::LoadCheckpoint(const std::string& dir, CheckpointInfo* info) 
   if (!fs.ok()) STRATA_LOG_WARN("LoadCheckpoint: the step in flight failed: {}", fs.ToString());
   RETURN_IF_ERROR(dev_->Synchronize());
   StatusOr<scheduler::CheckpointMeta> meta =
-      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_, CheckpointRanks());
+      scheduler::ReadCheckpoint(dir, cfg_, layout_, store_.get(), groups_, CheckpointRanks(),
+                                info != nullptr && info->convert_optimizer_states);
   // Device copies of parameters are stale once anything was restored.
   RETURN_IF_ERROR(fetcher_->InvalidateAll());
   if (!meta.ok()) return meta.status().WithContext("LoadCheckpoint " + dir);

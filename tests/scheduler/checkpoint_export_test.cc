@@ -41,12 +41,14 @@ struct Trained {
   std::vector<std::string> names;
 };
 
-// Trains a toy engine 3 steps (sub-groups of 1000 elements split parameters),
-// saves a checkpoint under root, and records what the engine holds.
-Trained TrainAndSave(const std::string& root) {
+// Trains a toy engine 3 steps (sub-groups of 1000 elements split parameters)
+// with its optimizer states in `states`, saves a checkpoint under root, and
+// records what the engine holds.
+Trained TrainAndSave(const std::string& root, OptimizerStates states = OptimizerStates::kFp32) {
   Trained t;
   t.root = root;
-  const Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, "");
+  Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, "");
+  c.strata.optimizer_states = states;
   auto created = CreateEngine(c);
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return t;
@@ -160,33 +162,41 @@ TEST_F(CheckpointExportTest, InspectReportsIdentityAndVerifies) {
   EXPECT_EQ(one->path, in->path);
 }
 
+// (Each optimizer state format: the checkpoint holds the states as fp32; with
+// int8 the layout starts every tensor on a 256-element block.)
 TEST_F(CheckpointExportTest, Fp32EqualsReadParameterAndTrainBytesEqualWorkingCopies) {
-  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
-  ASSERT_EQ(t.working.size(), size_t{2 * kModules});
-  const std::string fp32 = dir_.str() + "/m.safetensors", train = dir_.str() + "/t.safetensors";
-  auto r = ExportCheckpoint(t.root, fp32, ExportPrecision::kFp32);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->tensors, 2 * kModules);
-  EXPECT_EQ(r->bytes, static_cast<int64_t>(fs::file_size(fp32)));
-  ASSERT_TRUE(ExportCheckpoint(t.root, train, ExportPrecision::kTrain).ok());
-  EXPECT_FALSE(fs::exists(fp32 + ".tmp"));
-  const auto a = ReadSafetensors(fp32);
-  const auto b = ReadSafetensors(train);
-  ASSERT_EQ(a.size(), t.names.size());
-  ASSERT_EQ(b.size(), t.names.size());
-  for (size_t id = 0; id < t.names.size(); ++id) {
-    const std::string& name = t.names[id];
-    const int m = static_cast<int>(id) / 2, i = static_cast<int>(id) % 2;
-    ASSERT_TRUE(a.count(name)) << name;
-    const Tensor& x = a.at(name);
-    EXPECT_EQ(x.dtype, "F32") << name;
-    EXPECT_EQ(x.shape, std::vector<int64_t>{testing::ToyNumel(m, i)}) << name;
-    ASSERT_EQ(x.bytes.size(), t.masters[id].size() * 4) << name;
-    EXPECT_EQ(std::memcmp(x.bytes.data(), t.masters[id].data(), x.bytes.size()), 0) << name;
-    const Tensor& y = b.at(name);
-    const DType d = testing::ToyDType(m, i);
-    EXPECT_EQ(y.dtype, d == DType::kFp32 ? "F32" : (d == DType::kBf16 ? "BF16" : "F16")) << name;
-    EXPECT_EQ(y.bytes, t.working[id]) << name;
+  for (OptimizerStates states :
+       {OptimizerStates::kFp32, OptimizerStates::kBf16Master, OptimizerStates::kInt8}) {
+    const std::string name_of(OptimizerStatesName(states));
+    SCOPED_TRACE(name_of);
+    const Trained t = TrainAndSave(dir_.str() + "/ckpt-" + name_of, states);
+    ASSERT_EQ(t.working.size(), size_t{2 * kModules});
+    const std::string fp32 = dir_.str() + "/m-" + name_of + ".safetensors",
+                      train = dir_.str() + "/t-" + name_of + ".safetensors";
+    auto r = ExportCheckpoint(t.root, fp32, ExportPrecision::kFp32);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tensors, 2 * kModules);
+    EXPECT_EQ(r->bytes, static_cast<int64_t>(fs::file_size(fp32)));
+    ASSERT_TRUE(ExportCheckpoint(t.root, train, ExportPrecision::kTrain).ok());
+    EXPECT_FALSE(fs::exists(fp32 + ".tmp"));
+    const auto a = ReadSafetensors(fp32);
+    const auto b = ReadSafetensors(train);
+    ASSERT_EQ(a.size(), t.names.size());
+    ASSERT_EQ(b.size(), t.names.size());
+    for (size_t id = 0; id < t.names.size(); ++id) {
+      const std::string& name = t.names[id];
+      const int m = static_cast<int>(id) / 2, i = static_cast<int>(id) % 2;
+      ASSERT_TRUE(a.count(name)) << name;
+      const Tensor& x = a.at(name);
+      EXPECT_EQ(x.dtype, "F32") << name;
+      EXPECT_EQ(x.shape, std::vector<int64_t>{testing::ToyNumel(m, i)}) << name;
+      ASSERT_EQ(x.bytes.size(), t.masters[id].size() * 4) << name;
+      EXPECT_EQ(std::memcmp(x.bytes.data(), t.masters[id].data(), x.bytes.size()), 0) << name;
+      const Tensor& y = b.at(name);
+      const DType d = testing::ToyDType(m, i);
+      EXPECT_EQ(y.dtype, d == DType::kFp32 ? "F32" : (d == DType::kBf16 ? "BF16" : "F16")) << name;
+      EXPECT_EQ(y.bytes, t.working[id]) << name;
+    }
   }
 }
 

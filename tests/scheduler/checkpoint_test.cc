@@ -185,6 +185,59 @@ TEST(CheckpointTest, CompactStateFormatsResumeBitwise) {
   }
 }
 
+// Asked explicitly (CheckpointInfo::convert_optimizer_states), a checkpoint
+// of one format loads into an engine of another: its fp32 states encoded
+// in the new format (a bf16 master rounded to nearest), and the run goes on.
+// Not between int8 and the others, whose layouts differ.
+TEST(CheckpointTest, ConvertsAnotherStateFormatWhenAsked) {
+  testing::ScratchDir dir;
+  Config bf16 = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  bf16.strata.optimizer_states = OptimizerStates::kBf16;
+  const std::string root = dir.str() + "/ckpt";
+  std::vector<std::vector<float>> saved;
+  {
+    auto e = NewEngine(bf16, 41);
+    ASSERT_TRUE(e);
+    std::vector<double> losses;
+    TrainSteps(*e, bf16, 0, 2, &losses);
+    saved = ReadAll(*e);
+    CheckpointInfo info;
+    ASSERT_TRUE(e->SaveCheckpoint(root, info).ok());
+  }
+  for (OptimizerStates to : {OptimizerStates::kFp32, OptimizerStates::kBf16Master}) {
+    SCOPED_TRACE(std::string(OptimizerStatesName(to)));
+    Config c = bf16;
+    c.strata.optimizer_states = to;
+    auto e = NewEngine(c, 42);
+    ASSERT_TRUE(e);
+    CheckpointInfo info;
+    Status s = e->LoadCheckpoint(root, &info);
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("convert_optimizer_states"));
+    info.convert_optimizer_states = true;
+    s = e->LoadCheckpoint(root, &info);
+    ASSERT_TRUE(s.ok()) << s;
+    std::vector<std::vector<float>> want = saved;
+    if (to == OptimizerStates::kBf16Master)
+      for (auto& p : want)
+        for (float& v : p) v = Bf16BitsToFloat(FloatToBf16Bits(v));
+    EXPECT_TRUE(BitwiseEqual(ReadAll(*e), want));
+    std::vector<double> losses;
+    TrainSteps(*e, c, 2, 3, &losses);
+    EXPECT_TRUE(std::isfinite(losses.back()));
+  }
+  Config int8 = bf16;
+  int8.strata.optimizer_states = OptimizerStates::kInt8;
+  auto e = NewEngine(int8, 43);
+  ASSERT_TRUE(e);
+  CheckpointInfo info;
+  info.convert_optimizer_states = true;
+  const Status s = e->LoadCheckpoint(root, &info);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("converting its optimizer states from bf16 to int8 is not offered"));
+}
+
 TEST(CheckpointTest, LoadsIntoAnotherPlacement) {
   // The format does not depend on where states live: saved from NVMe, loaded
   // into DRAM/HBM and the reverse, the run continues bitwise.
