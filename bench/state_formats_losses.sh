@@ -4,7 +4,8 @@
 # settings unchanged: same data, seed and schedule) trained STEPS steps with
 # strata.optimizer_states fp32, bf16, bf16-master and int8. Prints the loss
 # at steps 50, 100 and 300 (those within STEPS) and the last one per format,
-# and the final loss relative to fp32's. Losses do not depend on timing, so a
+# the final loss relative to fp32's, and the mean over the last tenth of the
+# steps relative to fp32's. Losses do not depend on timing, so a
 # loaded machine gives the same table. Needs /usr/bin/python3.
 #   bench/state_formats_losses.sh [steps=300]
 set -euo pipefail
@@ -31,10 +32,14 @@ import json, sys
 work, steps = sys.argv[1], int(sys.argv[2])
 marks = [s for s in (50, 100, 300) if s < steps] + [steps]
 runs = {f: json.load(open(f"{work}/{f}.out.json"))["losses"] for f in ("fp32", "bf16", "bf16-master", "int8")}
-print("| states | " + " | ".join(f"loss at step {s}" for s in marks) + " | final vs fp32 |")
-print("|---|" + "---|" * (len(marks) + 1))
+tail = max(1, steps // 10)  # the last tenth of the steps, averaged: one batch's loss is noisy
+print("| states | " + " | ".join(f"loss at step {s}" for s in marks) +
+      f" | final vs fp32 | mean of the last {tail} | vs fp32 |")
+print("|---|" + "---|" * (len(marks) + 3))
 base = runs["fp32"][-1]
+base_tail = sum(runs["fp32"][-tail:]) / tail
 for f, l in runs.items():
     row = " | ".join(f"{l[s - 1]:.4f}" for s in marks)
-    print(f"| {f} | {row} | {l[-1] / base - 1:+.2%} |")
+    mean = sum(l[-tail:]) / tail
+    print(f"| {f} | {row} | {l[-1] / base - 1:+.2%} | {mean:.4f} | {mean / base_tail - 1:+.2%} |")
 PY
