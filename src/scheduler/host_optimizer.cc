@@ -78,8 +78,11 @@ Status HostOptimizer::StartSpeculation() {
   // States on NVMe need no spare (their two versions are the undo): every
   // element may be speculated.
   const bool nvme = store_->optimizer_place() == OffloadDevice::kNvme;
-  const int64_t spare = nvme ? e1 - e0 : std::min(opts_.spare_elems, e1 - e0);
-  spare_first_ = e1 - spare;
+  int64_t spare = nvme ? e1 - e0 : std::min(opts_.spare_elems, e1 - e0);
+  // (int8: the spare starts on a block, as every module does.)
+  const int64_t align = layout_->elem_align();
+  spare_first_ = std::min(e1, (e1 - spare + align - 1) / align * align);
+  spare = e1 - spare_first_;
   // The modules with elements, in element order; those the spare holds.
   spec_modules_.clear();
   for (int m = 0; m < layout_->num_modules(); ++m)
@@ -99,9 +102,12 @@ Status HostOptimizer::StartSpeculation() {
     opts_.speculate = false;
     return Status();
   }
-  if (!nvme)
-    RETURN_IF_ERROR(spare_.Allocate(3 * spare * static_cast<int64_t>(sizeof(float)), nullptr,
-                                    "the speculative step's spare states"));
+  if (!nvme) {
+    const cpu_adam::StateFormat f = layout_->state_format();
+    RETURN_IF_ERROR(
+        spare_.Allocate(StateArrayBytes(f, spare), nullptr, "the speculative step's spare states"));
+    spare_states_ = StatesInBuffer(f, spare_first_, spare, spare_.data());
+  }
   spec_events_.clear();
   for (size_t i = 0; i < spec_modules_.size(); ++i) {
     std::unique_ptr<gpu::Event> ev;
@@ -280,9 +286,7 @@ Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculati
   p.grads = grads_->accumulator();
   p.landing = grads_->landing();
   p.feed = &s->feed;
-  p.spare = spare_.bytes() > 0 ? spare_.as<float>() : nullptr;
-  p.spare_first = spare_first_;
-  p.spare_elems = spare_.bytes() / static_cast<int64_t>(3 * sizeof(float));
+  p.spare = spare_states_;
   StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, nullptr);
   if (!run.ok()) {  // (no thread: the window's step runs after backward)
     STRATA_LOG_WARN("strata.speculative_step: {}; this window's step runs after backward",
@@ -358,14 +362,13 @@ Status HostOptimizer::RestoreSpeculated(int64_t from) {
   const int64_t end = store_->partition().elems().second;
   // NVMe states: the speculation wrote only the inactive versions.
   if (from >= end || store_->optimizer_place() == OffloadDevice::kNvme) return Status();
-  const int64_t spare_elems = spare_.bytes() / static_cast<int64_t>(3 * sizeof(float));
-  float* const states[3] = {store_->master(), store_->exp_avg(), store_->exp_avg_sq()};
-  const int64_t base = store_->partition().state_base();
-  for (int k = 0; k < 3; ++k)
-    RETURN_IF_ERROR(adam_->Copy(states[k] + (from - base),
-                                spare_.as<float>() + k * spare_elems + (from - spare_first_),
-                                static_cast<size_t>(end - from)));
-  return Status();
+  Status copied;
+  CopyStates(spare_states_, store_->states(), from, end,
+             [&](void* dst, const void* src, size_t bytes) {
+               Status c = CopyBytes(adam_, dst, src, bytes);
+               if (copied.ok()) copied = c;
+             });
+  return copied;
 }
 
 int64_t HostOptimizer::GroupsFrom(int64_t from) const {

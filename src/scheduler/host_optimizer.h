@@ -210,6 +210,7 @@ class HostOptimizer final : public OptimizerBackend {
   // StepStats.
   HostArray spare_;
   int64_t spare_first_ = 0;
+  StateArrays spare_states_;  // spare_'s arrays in the states' format
   std::vector<int> spec_modules_;
   size_t spec_first_module_ = 0;
   std::vector<std::unique_ptr<gpu::Event>> spec_events_;

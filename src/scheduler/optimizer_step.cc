@@ -808,25 +808,26 @@ Status OptimizerStep::StepSpeculative() {
   if (deps_.store->optimizer_place() == OffloadDevice::kNvme) return StepSpeculativeNvme();
   StateStore& store = *deps_.store;
   const Layout& layout = *deps_.layout;
-  const int64_t base = store.partition().state_base();
-  float* const states[3] = {store.master(), store.exp_avg(), store.exp_avg_sq()};
   spec_from_ = store.partition().elems().second;
   while (std::optional<SpeculationFeed::Item> item = params_.feed->Next()) {
     const int64_t lo = item->elem_begin, hi = item->elem_end;
-    if (hi != spec_from_ || lo >= hi || lo < params_.spare_first)
+    if (hi != spec_from_ || lo >= hi || lo < params_.spare.first)
       return InternalError(fmt::format(
           "speculative step: elements [{}, {}) handed over out of order or outside the spare "
           "(next expected to end at {}, spare from element {})",
-          lo, hi, spec_from_, params_.spare_first));
+          lo, hi, spec_from_, params_.spare.first));
     RETURN_IF_ERROR(item->wait().WithContext(
         fmt::format("speculative step: the gradients of elements [{}, {})", lo, hi)));
     params_.fold_modes = std::move(item->fold_modes);
     // The previous states first: a rollback copies them back.
     const int64_t t0 = NowNanos();
-    for (int k = 0; k < 3; ++k)
-      RETURN_IF_ERROR(
-          deps_.adam->Copy(params_.spare + k * params_.spare_elems + (lo - params_.spare_first),
-                           states[k] + (lo - base), static_cast<size_t>(hi - lo)));
+    Status copied;
+    CopyStates(store.states(), params_.spare, lo, hi,
+               [&](void* dst, const void* src, size_t bytes) {
+                 Status c = CopyBytes(deps_.adam, dst, src, bytes);
+                 if (copied.ok()) copied = c;
+               });
+    RETURN_IF_ERROR(copied);
     deps_.counters->timeline().Add("cpu adam", fmt::format("save elements {}..{}", lo, hi),
                                    "optimizer", t0, NowNanos() - t0, 0);
     spec_from_ = lo;  // from here on the states may have changed

@@ -157,15 +157,13 @@ struct StepParams {
   // the next window's sums are copied over it).
   bool keep_grads = false;
   // Speculative: the element ranges come from `feed` (one rank). States in
-  // memory: each range's master | exp_avg | exp_avg_sq are copied first into
-  // `spare` (three arrays of spare_elems floats, for the elements from
-  // spare_first on; the feed gives only ranges inside that). States on NVMe:
-  // no spare (null); whole sub-groups are stepped into their inactive
-  // versions through the optimizer pipeline's buffers the pool has free.
+  // memory: each range's states are copied first into `spare` (the states'
+  // format, for the elements from spare.first on; the feed gives only
+  // ranges inside that). States on NVMe: no spare (null arrays); whole
+  // sub-groups are stepped into their inactive versions through the
+  // optimizer pipeline's buffers the pool has free.
   SpeculationFeed* feed = nullptr;
-  float* spare = nullptr;
-  int64_t spare_first = 0;
-  int64_t spare_elems = 0;
+  StateArrays spare;
   // The elements from this one on were stepped by a speculative step that
   // is being committed: this step steps only the elements before it, and
   // zeroes the gradients of and publishes every sub-group, in order.

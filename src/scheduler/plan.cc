@@ -494,20 +494,28 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
   if (pl.speculate() && pl.optimizer == OffloadDevice::kNvme) {
     if (!in.grads_on_nvme) plan->speculation_elems = in.s.total_elems;
   } else if (pl.speculate()) {
-    constexpr int64_t kSpareBytesPerElem = 12;
+    // A copy of the last elements' states in their format (whole bytes per
+    // element here; int8's spare starts on a block, as HostOptimizer's).
+    const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+    const auto per_elem = static_cast<int64_t>(
+        std::ceil(cpu_adam::StateBytesPerParam(f, cpu_adam::Algorithm::kAdamW)));
     int64_t elems = in.s.total_elems;
     if (in.facts.dram_available > 0)
-      elems = std::clamp<int64_t>((in.facts.dram_available - dram.bytes) / kSpareBytesPerElem, 0,
-                                  elems);
+      elems = std::clamp<int64_t>((in.facts.dram_available - dram.bytes) / per_elem, 0, elems);
+    if (f == cpu_adam::StateFormat::kInt8 && elems < in.s.total_elems) {
+      const auto block = static_cast<int64_t>(cpu_adam::kStateBlock);
+      elems = in.s.total_elems - (in.s.total_elems - elems + block - 1) / block * block;
+    }
     plan->speculation_elems = elems;
+    const int64_t spare_bytes = StateArrayBytes(f, elems);
     if (elems > 0)
-      dram.Add(kSpareBytesPerElem * elems,
-               fmt::format(
-                   "speculative step's spare states {}{}", FormatBytes(kSpareBytesPerElem * elems),
-                   elems < in.s.total_elems ? fmt::format(" (the last {:.0f} % of the elements)",
-                                                          100.0 * static_cast<double>(elems) /
-                                                              static_cast<double>(in.s.total_elems))
-                                            : ""));
+      dram.Add(spare_bytes,
+               fmt::format("speculative step's spare states {}{}", FormatBytes(spare_bytes),
+                           elems < in.s.total_elems
+                               ? fmt::format(" (the last {:.0f} % of the elements)",
+                                             100.0 * static_cast<double>(elems) /
+                                                 static_cast<double>(in.s.total_elems))
+                               : ""));
   }
   return dram.Budget("dram", in.facts.dram_available);
 }

@@ -79,10 +79,8 @@ struct Placement {
   // current only at the commit; one rank, no delayed_param_update; on when
   // asked, and with auto except on the host device (the backward pass runs
   // on the same cores).
-  // Not with compact state formats (the spare holds fp32 copies).
   bool speculate() const {
-    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1 ||
-        optimizer_states != OptimizerStates::kFp32)
+    if (speculative_step == 0 || device_optimizer || delayed_param_update || world_size > 1)
       return false;
     return speculative_step == 1 || !host_device;
   }

@@ -100,11 +100,44 @@ Status StateArrays::Encode(const float* in, int64_t e, int64_t n) const {
 }
 
 StateArrays GroupBufferStates(const SubGroup& sg, cpu_adam::StateFormat f, void* buf) {
-  const GroupStateLayout l = GroupStatesIn(f, sg.elems());
+  return StatesInBuffer(f, sg.elem_begin, sg.elems(), buf);
+}
+
+void CopyStates(const StateArrays& from, const StateArrays& to, int64_t lo, int64_t hi,
+                const std::function<void(void*, const void*, size_t)>& copy) {
+  if (hi <= lo) return;
+  const auto n = static_cast<size_t>(hi - lo);
+  for (int a = 0; a < kOptimizerStateArrays; ++a) {
+    const auto role = static_cast<cpu_adam::StateRole>(a);
+    const auto [src, src_scales] = from.At(role, lo);
+    const auto [dst, dst_scales] = to.At(role, lo);
+    copy(dst, src, n * cpu_adam::StateElementBytes(from.format, role));
+    if (src_scales != nullptr && dst_scales != nullptr)
+      copy(dst_scales, src_scales, sizeof(float) * cpu_adam::StateScaleCount(from.format, role, n));
+  }
+}
+
+Status CopyBytes(cpu_adam::CpuOptimizer* adam, void* dst, const void* src, size_t bytes) {
+  size_t floats = 0;
+  if (reinterpret_cast<uintptr_t>(dst) % alignof(float) == 0 &&
+      reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
+    floats = bytes / sizeof(float);
+    if (floats > 0)
+      RETURN_IF_ERROR(adam->Copy(static_cast<float*>(dst), static_cast<const float*>(src), floats));
+  }
+  const size_t done = floats * sizeof(float);
+  if (done < bytes)
+    std::memcpy(static_cast<uint8_t*>(dst) + done, static_cast<const uint8_t*>(src) + done,
+                bytes - done);
+  return Status();
+}
+
+StateArrays StatesInBuffer(cpu_adam::StateFormat f, int64_t first, int64_t elems, void* buf) {
+  const GroupStateLayout l = GroupStatesIn(f, elems);
   auto* b = static_cast<uint8_t*>(buf);
   const bool scaled = l.bytes > l.exp_avg_scale;
   return {.format = f,
-          .first = sg.elem_begin,
+          .first = first,
           .master = b + l.master,
           .exp_avg = b + l.exp_avg,
           .exp_avg_sq = b + l.exp_avg_sq,

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -69,6 +70,19 @@ struct StateArrays {
 // Sub-group sg's states in `buf` (a pipeline buffer or a shard's bytes),
 // laid out by GroupStatesIn(f, sg.elems()).
 StateArrays GroupBufferStates(const SubGroup& sg, cpu_adam::StateFormat f, void* buf);
+// Elements [first, first + elems)'s states in `buf`, laid out by
+// GroupStatesIn(f, elems) (the speculative step's spare).
+StateArrays StatesInBuffer(cpu_adam::StateFormat f, int64_t first, int64_t elems, void* buf);
+// Copies elements [lo, hi)'s states (every array, int8's scales of the
+// blocks they cover) from `from` to `to`, both of one format; `copy` moves
+// bytes (the CPU optimizer's threads for large runs).
+// REQUIRES: int8: lo starts a block in both.
+void CopyStates(const StateArrays& from, const StateArrays& to, int64_t lo, int64_t hi,
+                const std::function<void(void*, const void*, size_t)>& copy);
+// `bytes` from src to dst: the whole floats with the CPU optimizer's threads
+// (CpuOptimizer::Copy) when both ends are float-aligned, the rest with
+// memcpy.
+Status CopyBytes(cpu_adam::CpuOptimizer* adam, void* dst, const void* src, size_t bytes);
 
 // Bytes one element's states take in format f (master + moments + int8's
 // scales, which come to 8 bytes per kStateBlock elements).

@@ -156,6 +156,50 @@ TEST_P(OptimizerStatesTest, StaysNearTheFp32Run) {
               std::string(OptimizerStatesName(GetParam())).c_str(), worst, moved);
 }
 
+// The speculative step with compact states: the spare holds the states in
+// their format (int8's from a block), so a redone window gets its bytes
+// back; kept or redone, the parameters are the step after backward's bits.
+// States in DRAM (the spare) and on NVMe (the inactive versions).
+TEST_P(OptimizerStatesTest, SpeculativeStepKeepsTheBits) {
+  testing::ScratchDir dir;
+  EngineTestHooks hooks;
+  hooks.speculation_steps_all_handed_over = true;  // what is speculated does not depend on timing
+  for (OffloadDevice od : {OffloadDevice::kCpu, OffloadDevice::kNvme})
+    for (double clip : {1e6, 1e-3}) {  // never clips (kept), always clips (redone)
+      SCOPED_TRACE(fmt::format("{} states, clipping {}", OffloadDeviceName(od), clip));
+      Config c = FormatConfig(GetParam(), dir.str());
+      c.zero_optimization.offload_optimizer.device = od;
+      if (od == OffloadDevice::kNvme) c.zero_optimization.offload_optimizer.nvme_path = {dir.str()};
+      c.gradient_clipping = clip;
+      auto run = [&](bool speculate, int64_t* speculated, int64_t* redone) {
+        c.strata.speculative_step = speculate;
+        auto e = CreateEngine(c, hooks);
+        EXPECT_TRUE(e.ok()) << e.status();
+        if (!e.ok()) return std::vector<std::vector<float>>();
+        testing::RegisterToy(**e, 9, kModules);
+        for (int s = 0; s < 3; ++s)
+          for (int64_t k = 0; k < c.gradient_accumulation_steps; ++k) {
+            testing::ToyMicroBatch(**e, static_cast<int>(s * c.gradient_accumulation_steps + k),
+                                   kModules);
+            auto st = (*e)->Step();
+            EXPECT_TRUE(st.ok()) << st.status();
+            if (!st.ok()) return std::vector<std::vector<float>>();
+            *speculated += st->sub_groups_speculated;
+            *redone += st->sub_groups_redone;
+          }
+        return ReadAll(**e);
+      };
+      int64_t speculated = 0, redone = 0, none = 0;
+      const auto after = run(false, &none, &none);
+      const auto spec = run(true, &speculated, &redone);
+      ASSERT_FALSE(after.empty());
+      EXPECT_TRUE(BitwiseEqual(after, spec));
+      EXPECT_EQ(none, 0);
+      EXPECT_GT(speculated, 0);
+      EXPECT_EQ(redone, clip > 1 ? 0 : speculated);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, OptimizerStatesTest,
                          ::testing::Values(OptimizerStates::kBf16, OptimizerStates::kBf16Master,
                                            OptimizerStates::kInt8),

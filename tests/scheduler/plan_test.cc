@@ -274,9 +274,11 @@ TEST(PlanTest, CompactStateFormatsShrinkEveryRowThatHoldsTheStates) {
     EXPECT_EQ(Needed(plan, "pinned"),
               4 * 4096 + 3 * IoBytes(StateArrayBytes(fmt, 1000)) + 2 * 8192);
     const StepPrediction p = PredictStep(nv, s, plan, r);
-    for (const auto& t : p.terms)
-      if (t.resource == "nvme_read" || t.resource == "nvme_write")
+    for (const auto& t : p.terms) {
+      if (t.resource == "nvme_read" || t.resource == "nvme_write") {
         EXPECT_EQ(t.amount, static_cast<double>(bytes)) << t.resource;
+      }
+    }
   }
 }
 
