@@ -440,8 +440,9 @@ class PyEngine {
     py::gil_scoped_release nogil;
     ThrowIfError(e().SaveCheckpoint(dir, info));
   }
-  py::dict load_checkpoint(const std::string& dir) {
+  py::dict load_checkpoint(const std::string& dir, bool convert_optimizer_states) {
     CheckpointInfo info;
+    info.convert_optimizer_states = convert_optimizer_states;
     {
       py::gil_scoped_release nogil;
       ThrowIfError(e().LoadCheckpoint(dir, &info));
@@ -618,7 +619,8 @@ PYBIND11_MODULE(_strata, m) {
       .def("write_parameter", &PyEngine::write_parameter)
       .def("save_checkpoint", &PyEngine::save_checkpoint, py::arg("dir"),
            py::arg("data_position") = 0, py::arg("note") = "")
-      .def("load_checkpoint", &PyEngine::load_checkpoint)
+      .def("load_checkpoint", &PyEngine::load_checkpoint, py::arg("dir"),
+           py::arg("convert_optimizer_states") = false)
       .def("loss_scale", &PyEngine::loss_scale)
       .def("set_learning_rate", &PyEngine::set_learning_rate, py::arg("lr"), py::arg("group") = -1)
       .def("learning_rate", &PyEngine::learning_rate, py::arg("group") = 0)

@@ -444,10 +444,14 @@ class Engine:
         loss scaler) under `directory`; call after the step() ending a window."""
         self._engine.save_checkpoint(os.fspath(directory), data_position, note)
 
-    def load_checkpoint(self, directory):
+    def load_checkpoint(self, directory, convert_optimizer_states=False):
         """Restores the newest checkpoint under `directory`; returns a dict with
-        data_position, note, optimizer_step and path."""
-        info = self._engine.load_checkpoint(os.fspath(directory))
+        data_position, note, optimizer_step and path. A checkpoint saved with
+        another strata.optimizer_states is refused unless
+        convert_optimizer_states is true: its states are then encoded in this
+        engine's format (not between int8 and the other formats)."""
+        info = self._engine.load_checkpoint(os.fspath(directory),
+                                            convert_optimizer_states=convert_optimizer_states)
         self._show_scheduled_lr()
         return info
 

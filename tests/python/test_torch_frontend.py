@@ -411,6 +411,29 @@ def test_checkpoint_resume_is_bitwise(tmp_path):
     assert got == want
 
 
+def test_checkpoint_of_another_state_format_loads_when_asked(tmp_path):
+    torch.manual_seed(8)
+    base = GPT()
+    data = batches(4)
+    cfg = config("cpu", "cpu")
+    cfg["strata"]["optimizer_states"] = "bf16"
+    a = strata.initialize(copy.deepcopy(base), cfg)
+    strata_losses(a, data[:2], 2)
+    a.save_checkpoint(tmp_path, data_position=2)
+    saved = a.state_dict()
+    a.close()
+    b = strata.initialize(copy.deepcopy(base), config("cpu", "cpu"))  # fp32 states
+    with pytest.raises(Exception, match="strata.optimizer_states: bf16 in the checkpoint, fp32 now"):
+        b.load_checkpoint(tmp_path)
+    info = b.load_checkpoint(tmp_path, convert_optimizer_states=True)
+    assert info["optimizer_step"] == 2
+    sd = b.state_dict()
+    for k in saved:
+        torch.testing.assert_close(sd[k], saved[k], rtol=0, atol=0, msg=k)
+    strata_losses(b, data[2:], 2)
+    b.close()
+
+
 def test_bad_config_raises_with_the_key_path():
     cfg = config()
     cfg["zero_optimization"]["offload_optimizer"]["device"] = "gpu"
