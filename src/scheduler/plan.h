@@ -19,7 +19,7 @@ namespace strata::scheduler {
 struct Placement {
   OffloadDevice optimizer = OffloadDevice::kNone;  // zero_optimization.offload_optimizer.device
   // The optimizer states' format (strata.optimizer_states): their bytes per
-  // element in every row that holds them (StateBytesPerElem).
+  // element in every row that holds them (StateArrayBytes).
   OptimizerStates optimizer_states = OptimizerStates::kFp32;
   OffloadDevice params = OffloadDevice::kNone;     // zero_optimization.offload_param.device
   bool pin_optimizer_states = false;               // offload_optimizer.pin_memory

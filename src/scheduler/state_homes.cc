@@ -66,10 +66,6 @@ void StateArrays::Point(int64_t e, cpu_adam::ShardStep* st) const {
   }
 }
 
-double StateBytesPerElem(cpu_adam::StateFormat f) {
-  return cpu_adam::StateBytesPerParam(f, cpu_adam::Algorithm::kAdamW);
-}
-
 std::pair<uint8_t*, float*> StateArrays::At(cpu_adam::StateRole role, int64_t e) const {
   const auto i = static_cast<size_t>(e - first);
   const auto r = static_cast<size_t>(role);

@@ -84,14 +84,11 @@ void CopyStates(const StateArrays& from, const StateArrays& to, int64_t lo, int6
 // memcpy.
 Status CopyBytes(cpu_adam::CpuOptimizer* adam, void* dst, const void* src, size_t bytes);
 
-// Bytes one element's states take in format f (master + moments + int8's
-// scales, which come to 8 bytes per kStateBlock elements).
-double StateBytesPerElem(cpu_adam::StateFormat f);
-
 // What the homes share with the store.
 struct StoreContext {
   gpu::Device* dev = nullptr;
-  // The optimizer states' format (in memory; NVMe and the device keep fp32).
+  // The optimizer states' format (strata.optimizer_states; in DRAM and on
+  // NVMe; the device's states are fp32).
   cpu_adam::StateFormat state_format = cpu_adam::StateFormat::kFp32;
   const Layout* layout = nullptr;
   const Partition* part = nullptr;

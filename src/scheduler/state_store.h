@@ -2,8 +2,9 @@
 // where a step's results become current.
 //
 // It owns:
-//   * the fp32 optimizer states (master | exp_avg | exp_avg_sq): in the
-//     device arena (offload_optimizer none), in DRAM (cpu, pinned with
+//   * the optimizer states (master | exp_avg | exp_avg_sq, in the format
+//     strata.optimizer_states names: StateArrays): in the device arena
+//     (offload_optimizer none, fp32), in DRAM (cpu, pinned with
 //     pin_memory), or as two versions per sub-group on NVMe (nvme);
 //   * the parameter copies: the device block (offload_param none) with its
 //     DRAM mirror (Placement::param_mirror), the host copy (cpu), two
@@ -120,8 +121,9 @@ class StateStore {
   OffloadDevice param_place() const { return placement_.params; }
 
   // ---- Optimizer states ----
-  // In memory (offload_optimizer none/cpu): flat fp32 arrays over the owned
-  // elements (element e at index e - state_base()); null for nvme.
+  // In memory with fp32 states (offload_optimizer none/cpu): flat arrays
+  // over the owned elements (element e at index e - state_base()); null for
+  // nvme and for compact formats (states() has them).
   float* master() { return states_->master(); }
   float* exp_avg() { return states_->exp_avg(); }
   float* exp_avg_sq() { return states_->exp_avg_sq(); }
@@ -135,9 +137,9 @@ class StateStore {
   nvme::IoHandle ReadStates(size_t g, void* buf);
   nvme::IoHandle WriteStates(size_t g, const void* buf);
   gpu::PinnedPool* optimizer_pool() { return opt_pool_.get(); }
-  // Bytes of one optimizer pipeline buffer: a sub-group's states
-  // (IoBytes(12 x max_group_elems)), then with gradients on NVMe its
-  // gradient sums (at grad_buffer_offset()).
+  // Bytes of one optimizer pipeline buffer: a sub-group's states in their
+  // format (IoBytes of GroupStatesIn's, 12 x max_group_elems for fp32),
+  // then with gradients on NVMe its gradient sums (at grad_buffer_offset()).
   int64_t optimizer_buffer_bytes() const;
   int64_t grad_buffer_offset() const;
   // Gradients on NVMe (TierPlan::grads_on_nvme): sub-group g's shard (one
@@ -194,9 +196,10 @@ class StateStore {
   void Rollback(const std::vector<uint8_t>& uploaded, int64_t step);
 
   // ---- Checkpoints (main thread; no step in flight, the device idle) ----
-  // REQUIRES OwnsGroup(g). Sub-group g's current states as master | exp_avg | exp_avg_sq (12 x
-  // elems bytes) into buf (IoBytes of that, kIoAlign-aligned), from wherever
-  // they live (NVMe: the active version), and back. Writing NVMe states
+  // REQUIRES OwnsGroup(g). Sub-group g's current states decoded to fp32,
+  // master | exp_avg | exp_avg_sq (12 x elems bytes), into buf (IoBytes of
+  // that, kIoAlign-aligned), from wherever they live (NVMe: the active
+  // version), and back (encoded in the states' format). Writing NVMe states
   // overwrites the active version in place (the swap store is scratch space;
   // the next step reads it).
   Status ReadGroupStates(size_t g, void* buf);
