@@ -46,6 +46,7 @@ struct TrainCommandOptions {
   int64_t checkpoint_every = 0;  // --checkpoint-every
   bool resume = false;           // --resume
   bool resume_or_start = false;  // --resume-or-start
+  bool convert_states = false;   // --convert-optimizer-states
   bool overwrite = false;        // --overwrite
 };
 
@@ -236,6 +237,10 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
   if (opt.checkpoint_dir.empty() && (resume || opt.checkpoint_every > 0 || opt.overwrite))
     return fail(kExitUsage, InvalidArgumentError("--resume, --resume-or-start, --overwrite and "
                                                  "--checkpoint-every need --checkpoint-dir"));
+  if (opt.convert_states && !resume)
+    return fail(kExitUsage,
+                InvalidArgumentError("--convert-optimizer-states converts the checkpoint a run "
+                                     "resumes from: it needs --resume or --resume-or-start"));
   if (resume && opt.overwrite)
     return fail(
         kExitUsage,
@@ -247,6 +252,7 @@ int RunTrain(const TrainCommandOptions& opt, std::ostream& out, std::ostream& er
   ckpt.resume = opt.resume || opt.resume_or_start;
   ckpt.resume_or_start = opt.resume_or_start;
   ckpt.overwrite = opt.overwrite;
+  ckpt.convert_optimizer_states = opt.convert_states;
   TrainResult result;
   Status status;
   int signal = 0;
@@ -345,6 +351,9 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->add_flag("--resume-or-start", opt->resume_or_start,
                 "As --resume, but start from step 0 (with a warning) when --checkpoint-dir holds "
                 "checkpoint data without a valid manifest, where --resume stops with an error");
+  cmd->add_flag("--convert-optimizer-states", opt->convert_states,
+                "With --resume: load a checkpoint saved with another strata.optimizer_states in "
+                "this config's format (not between int8 and the others)");
   cmd->add_flag("--overwrite", opt->overwrite,
                 "Without --resume: remove the checkpoints (of another run) already in "
                 "--checkpoint-dir instead of refusing to start");
@@ -374,6 +383,7 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
     if (opt->resume) args.push_back("--resume");
     if (opt->resume_or_start) args.push_back("--resume-or-start");
     if (opt->overwrite) args.push_back("--overwrite");
+    if (opt->convert_states) args.push_back("--convert-optimizer-states");
     if (opt->json) args.push_back("--json");
     // One GPU per local rank: refused here rather than by rank k failing to
     // open device k while the others wait for it.

@@ -272,6 +272,45 @@ TEST(CheckpointCli, BadCheckpointOptionsAreOneLineErrors) {
                                    "strata.model.seq_len)"));
 }
 
+// A checkpoint saved with another strata.optimizer_states resumes only with
+// --convert-optimizer-states (which needs --resume).
+TEST(CheckpointCli, AnotherStateFormatResumesOnlyWhenAsked) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "cpu", "cpu");
+  const std::string fp32 = ReadFile(cfg);
+  std::string bf16 = fp32;
+  bf16.replace(bf16.find(R"("threads": 2,)"), 13, R"("threads": 2, "optimizer_states": "bf16",)");
+  std::ofstream(cfg) << bf16;
+  const std::string ckpt = dir.str() + "/c";
+  ASSERT_EQ(
+      Wait(Spawn({"train", "--config", cfg, "--steps", "1", "--checkpoint-dir", ckpt}, dir.str()))
+          .code,
+      0);
+  std::ofstream(cfg) << fp32;
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--checkpoint-dir", ckpt,
+                        "--convert-optimizer-states"},
+                       dir.str()))
+                .code,
+            2);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"), ::testing::HasSubstr("needs --resume"));
+  EXPECT_EQ(
+      Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--checkpoint-dir", ckpt, "--resume"},
+                 dir.str()))
+          .code,
+      1);
+  EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
+              ::testing::HasSubstr("strata.optimizer_states: bf16 in the checkpoint, fp32 now"));
+  EXPECT_EQ(Wait(Spawn({"train", "--config", cfg, "--steps", "2", "--checkpoint-dir", ckpt,
+                        "--resume", "--convert-optimizer-states", "--json"},
+                       dir.str()))
+                .code,
+            0)
+      << ReadFile(dir.str() + "/stderr");
+  const json out = json::parse(ReadFile(dir.str() + "/stdout"), nullptr, false);
+  ASSERT_FALSE(out.is_discarded());
+  EXPECT_EQ(out["losses"].size(), 2u);  // step 1 from the checkpoint's note, step 2 trained
+}
+
 // A checkpoint directory belongs to one run: a fresh run refuses another's
 // checkpoints (they stay) unless --overwrite; --resume keeps the run id; a
 // directory locked by a live process is refused, naming it.

@@ -164,6 +164,7 @@ StatusOr<int64_t> ResumeFromCheckpoint(Run& run) {
   TrainResult& r = run.r;
   if (!ckpt.resume || ckpt.dir.empty()) return int64_t{0};
   CheckpointInfo info;
+  info.convert_optimizer_states = ckpt.convert_optimizer_states;
   const double l0 = Seconds();
   Status ls = run.engine->LoadCheckpoint(ckpt.dir, &info);
   if (ls.code() == StatusCode::kNotFound) {

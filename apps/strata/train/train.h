@@ -85,6 +85,9 @@ struct TrainCheckpoints {
   // that is DataLoss.
   bool resume_or_start = false;
   bool overwrite = false;  // a fresh run removes the checkpoints already in dir
+  // With `resume`: a checkpoint saved with another strata.optimizer_states
+  // is loaded in this run's format (CheckpointInfo::convert_optimizer_states).
+  bool convert_optimizer_states = false;
 };
 
 // Called after every optimizer step (index from 0) with its loss and stats.
