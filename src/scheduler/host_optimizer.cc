@@ -79,10 +79,14 @@ Status HostOptimizer::StartSpeculation() {
   // element may be speculated.
   const bool nvme = store_->optimizer_place() == OffloadDevice::kNvme;
   int64_t spare = nvme ? e1 - e0 : std::min(opts_.spare_elems, e1 - e0);
-  // (int8: the spare starts on a block, as every module does.)
-  const int64_t align = layout_->elem_align();
-  spare_first_ = std::min(e1, (e1 - spare + align - 1) / align * align);
-  spare = e1 - spare_first_;
+  spare_first_ = e1 - spare;
+  if (layout_->state_format() == cpu_adam::StateFormat::kInt8) {
+    // The spare starts on a block, as every module does (the plan's row
+    // counts the same).
+    const auto block = static_cast<int64_t>(cpu_adam::kStateBlock);
+    spare_first_ = std::min(e1, (spare_first_ + block - 1) / block * block);
+    spare = e1 - spare_first_;
+  }
   // The modules with elements, in element order; those the spare holds.
   spec_modules_.clear();
   for (int m = 0; m < layout_->num_modules(); ++m)
