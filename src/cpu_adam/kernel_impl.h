@@ -166,12 +166,11 @@ template <class A, KernelOp OP>
 inline void AdamUpdate(BF<A> g, BF<A>& p, BF<A>& m, BF<A>& v, const Coeffs& c) {
   using B = BF<A>;
   if constexpr (OP == KernelOp::kAdam) g = xsimd::fma(B(c.l2), p, g);  // g += wd * p (L2)
-  m = xsimd::fma(B(c.w1), g - m, m);               // m = lerp(m, g, 1 - beta1)
+  m = xsimd::fma(B(c.w1), g - m, m);                                   // m = lerp(m, g, 1 - beta1)
   v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);  // v = beta2 v + (1 - beta2) g^2
-  const B denom =
-      xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
-  if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);     // p *= 1 - lr wd (decoupled)
-  p = xsimd::fma(B(c.neg_step), m / denom, p);                  // p -= lr/bc1 * m / denom
+  const B denom = xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
+  if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);  // p *= 1 - lr wd (decoupled)
+  p = xsimd::fma(B(c.neg_step), m / denom, p);               // p -= lr/bc1 * m / denom
 }
 
 template <class A>

@@ -366,13 +366,7 @@ Status HostOptimizer::RestoreSpeculated(int64_t from) {
   const int64_t end = store_->partition().elems().second;
   // NVMe states: the speculation wrote only the inactive versions.
   if (from >= end || store_->optimizer_place() == OffloadDevice::kNvme) return Status();
-  Status copied;
-  CopyStates(spare_states_, store_->states(), from, end,
-             [&](void* dst, const void* src, size_t bytes) {
-               Status c = CopyBytes(adam_, dst, src, bytes);
-               if (copied.ok()) copied = c;
-             });
-  return copied;
+  return CopyStates(adam_, spare_states_, store_->states(), from, end);
 }
 
 int64_t HostOptimizer::GroupsFrom(int64_t from) const {

@@ -821,13 +821,7 @@ Status OptimizerStep::StepSpeculative() {
     params_.fold_modes = std::move(item->fold_modes);
     // The previous states first: a rollback copies them back.
     const int64_t t0 = NowNanos();
-    Status copied;
-    CopyStates(store.states(), params_.spare, lo, hi,
-               [&](void* dst, const void* src, size_t bytes) {
-                 Status c = CopyBytes(deps_.adam, dst, src, bytes);
-                 if (copied.ok()) copied = c;
-               });
-    RETURN_IF_ERROR(copied);
+    RETURN_IF_ERROR(CopyStates(deps_.adam, store.states(), params_.spare, lo, hi));
     deps_.counters->timeline().Add("cpu adam", fmt::format("save elements {}..{}", lo, hi),
                                    "optimizer", t0, NowNanos() - t0, 0);
     spec_from_ = lo;  // from here on the states may have changed

@@ -99,20 +99,9 @@ StateArrays GroupBufferStates(const SubGroup& sg, cpu_adam::StateFormat f, void*
   return StatesInBuffer(f, sg.elem_begin, sg.elems(), buf);
 }
 
-void CopyStates(const StateArrays& from, const StateArrays& to, int64_t lo, int64_t hi,
-                const std::function<void(void*, const void*, size_t)>& copy) {
-  if (hi <= lo) return;
-  const auto n = static_cast<size_t>(hi - lo);
-  for (int a = 0; a < kOptimizerStateArrays; ++a) {
-    const auto role = static_cast<cpu_adam::StateRole>(a);
-    const auto [src, src_scales] = from.At(role, lo);
-    const auto [dst, dst_scales] = to.At(role, lo);
-    copy(dst, src, n * cpu_adam::StateElementBytes(from.format, role));
-    if (src_scales != nullptr && dst_scales != nullptr)
-      copy(dst_scales, src_scales, sizeof(float) * cpu_adam::StateScaleCount(from.format, role, n));
-  }
-}
-
+namespace {
+// `bytes` from src to dst: the whole floats with adam->Copy when both ends
+// are float-aligned, the rest with memcpy.
 Status CopyBytes(cpu_adam::CpuOptimizer* adam, void* dst, const void* src, size_t bytes) {
   size_t floats = 0;
   if (reinterpret_cast<uintptr_t>(dst) % alignof(float) == 0 &&
@@ -125,6 +114,23 @@ Status CopyBytes(cpu_adam::CpuOptimizer* adam, void* dst, const void* src, size_
   if (done < bytes)
     std::memcpy(static_cast<uint8_t*>(dst) + done, static_cast<const uint8_t*>(src) + done,
                 bytes - done);
+  return Status();
+}
+}  // namespace
+
+Status CopyStates(cpu_adam::CpuOptimizer* adam, const StateArrays& from, const StateArrays& to,
+                  int64_t lo, int64_t hi) {
+  if (hi <= lo) return Status();
+  const auto n = static_cast<size_t>(hi - lo);
+  for (int a = 0; a < kOptimizerStateArrays; ++a) {
+    const auto role = static_cast<cpu_adam::StateRole>(a);
+    const auto [src, src_scales] = from.At(role, lo);
+    const auto [dst, dst_scales] = to.At(role, lo);
+    RETURN_IF_ERROR(CopyBytes(adam, dst, src, n * cpu_adam::StateElementBytes(from.format, role)));
+    if (src_scales != nullptr && dst_scales != nullptr)
+      RETURN_IF_ERROR(CopyBytes(adam, dst_scales, src_scales,
+                                sizeof(float) * cpu_adam::StateScaleCount(from.format, role, n)));
+  }
   return Status();
 }
 

@@ -18,7 +18,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -74,15 +73,12 @@ StateArrays GroupBufferStates(const SubGroup& sg, cpu_adam::StateFormat f, void*
 // GroupStatesIn(f, elems) (the speculative step's spare).
 StateArrays StatesInBuffer(cpu_adam::StateFormat f, int64_t first, int64_t elems, void* buf);
 // Copies elements [lo, hi)'s states (every array, int8's scales of the
-// blocks they cover) from `from` to `to`, both of one format; `copy` moves
-// bytes (the CPU optimizer's threads for large runs).
+// blocks they cover) from `from` to `to`, both of one format, on the CPU
+// optimizer's threads (CpuOptimizer::Copy) where both ends are
+// float-aligned, the rest with memcpy.
 // REQUIRES: int8: lo starts a block in both.
-void CopyStates(const StateArrays& from, const StateArrays& to, int64_t lo, int64_t hi,
-                const std::function<void(void*, const void*, size_t)>& copy);
-// `bytes` from src to dst: the whole floats with the CPU optimizer's threads
-// (CpuOptimizer::Copy) when both ends are float-aligned, the rest with
-// memcpy.
-Status CopyBytes(cpu_adam::CpuOptimizer* adam, void* dst, const void* src, size_t bytes);
+Status CopyStates(cpu_adam::CpuOptimizer* adam, const StateArrays& from, const StateArrays& to,
+                  int64_t lo, int64_t hi);
 
 // What the homes share with the store.
 struct StoreContext {
