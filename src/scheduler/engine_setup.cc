@@ -14,6 +14,7 @@
 #include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
+#include "src/common/units.h"
 #include "src/scheduler/engine_impl.h"
 
 namespace strata::scheduler {
@@ -328,6 +329,16 @@ Status EngineImpl::Plan() {
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
+  layout_.set_state_piece_elems(plan.state_piece_elems);
+  if (plan.state_piece_elems > 0)
+    STRATA_LOG_INFO(
+        "optimizer pipeline: {} buffers of {} do not fit strata.pinned_budget {} beside the other "
+        "pinned pools; sub-groups of {} elements stream through them in pieces of {}",
+        placement.optimizer_buffer_count,
+        FormatBytes(scheduler::OptimizerBufferBytes(layout_.max_group_elems(), plan.grads_on_nvme,
+                                                    layout_.state_format())),
+        FormatBytes(cfg_.strata.pinned_budget_bytes), layout_.max_group_elems(),
+        plan.state_piece_elems);
   if (dp_) {
     RETURN_IF_ERROR(dp_->Bind(&layout_, dp_chunk, dp_gather_bytes));
     // The network's rate for the step bound (every rank, here).

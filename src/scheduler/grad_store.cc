@@ -242,18 +242,25 @@ Status GradStore::BlockChecks(size_t first_group, size_t end_group, std::vector<
   return Status();
 }
 
-nvme::IoHandle GradStore::Source(size_t g, float* buf, const float** sums) {
+nvme::IoHandle GradStore::Source(size_t g, const StatePiece& pc, float* buf, const float** sums) {
   MutexLock lock(&mu_);
   Record& r = records_[g];
+  // (Pieces start on kStatePieceQuantum elements of the sub-group: a page
+  // of its shard.)
+  const int64_t at = pc.elem_begin - layout_->group(g).elem_begin;
   if (r.where == Where::kCached) {
     Slot& slot = slots_[static_cast<size_t>(r.slot)];
     slot.busy = true;
-    *sums = slot.buf->as<float>();
+    *sums = slot.buf->as<float>() + at;
     return nvme::IoHandle::Completed(Status());
   }
   *sums = buf;
-  if (r.where == Where::kNvme) return store_->ReadGrads(g, buf, io_bytes(g));
-  std::memset(buf, 0, static_cast<size_t>(kGradAccBytesPerElem * layout_->group(g).elems()));
+  if (r.where == Where::kNvme) {
+    const int64_t offset = kGradAccBytesPerElem * at;
+    return store_->ReadGrads(
+        g, buf, std::min(IoBytes(kGradAccBytesPerElem * pc.elems()), io_bytes(g) - offset), offset);
+  }
+  std::memset(buf, 0, static_cast<size_t>(kGradAccBytesPerElem * pc.elems()));
   return nvme::IoHandle::Completed(Status());
 }
 

@@ -89,10 +89,12 @@ class GradStore {
                      std::vector<uint8_t>* bad) EXCLUDES(mu_);
 
   // ---- The step (its thread) ----
-  // Sub-group g's sums for the optimizer: its cached slot (no I/O), or read
-  // from NVMe into `buf` (IoBytes(4 x elems), 4 KiB-aligned; wait on the
-  // returned handle), or zeros written into buf. *sums is where they are.
-  nvme::IoHandle Source(size_t g, float* buf, const float** sums) EXCLUDES(mu_);
+  // The sums of piece pc of sub-group g (Layout::StatePieces) for the
+  // optimizer: in its cached slot (no I/O), or read from NVMe into `buf`
+  // (IoBytes(4 x pc.elems()), 4 KiB-aligned; wait on the returned handle),
+  // or zeros written into buf. *sums is where the piece's first one is.
+  nvme::IoHandle Source(size_t g, const StatePiece& pc, float* buf, const float** sums)
+      EXCLUDES(mu_);
   // The step has used g's sums: g is zero for the next window.
   void Consumed(size_t g) EXCLUDES(mu_);
 

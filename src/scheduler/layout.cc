@@ -28,6 +28,36 @@ int64_t StateArrayBytes(cpu_adam::StateFormat f, int64_t elems) {
   return GroupStatesIn(f, elems).bytes;
 }
 
+void Layout::set_state_piece_elems(int64_t elems) {
+  state_piece_elems_ = elems > 0 && elems < max_group_elems_ ? elems : 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    SubGroup& sg = groups_[g];
+    sg.shard_bytes = -1;
+    if (state_piece_elems_ == 0) continue;
+    const std::vector<StatePiece> pieces = StatePieces(g);
+    sg.shard_bytes = pieces.back().shard_offset + pieces.back().io_bytes;
+  }
+}
+
+std::vector<StatePiece> Layout::StatePieces(size_t g) const {
+  const SubGroup& sg = groups_[g];
+  const int64_t p = state_piece_elems_ > 0 ? state_piece_elems_ : std::max<int64_t>(1, sg.elems());
+  std::vector<StatePiece> out;
+  int64_t off = 0;
+  for (int64_t b = sg.elem_begin; b < sg.elem_end || out.empty(); b += p) {
+    StatePiece piece;
+    piece.elem_begin = b;
+    piece.elem_end = std::min(sg.elem_end, b + p);
+    piece.shard_offset = off;
+    piece.io_bytes = IoBytes(state_piece_elems_ > 0 ? StateArrayBytes(state_format_, piece.elems())
+                             : sg.state_bytes >= 0  ? sg.state_bytes
+                                                    : kOptimizerStateBytesPerElem * sg.elems());
+    off += piece.io_bytes;
+    out.push_back(piece);
+  }
+  return out;
+}
+
 int64_t IoBytes(int64_t n) {
   return static_cast<int64_t>(AlignUp(static_cast<size_t>(n), static_cast<size_t>(kIoAlign)));
 }

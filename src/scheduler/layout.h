@@ -81,14 +81,19 @@ inline constexpr int64_t kBlockAlignedPartition = 16 * kNormBlockElems;
 // n rounded up to kIoAlign.
 int64_t IoBytes(int64_t n);
 
-// One optimizer pipeline buffer (offload_optimizer nvme): a sub-group's
-// states (GroupStatesIn of format f), then with gradients on NVMe its fp32
-// gradient sums, each part page-rounded.
-inline int64_t OptimizerBufferBytes(int64_t max_group_elems, bool with_grads,
+// One optimizer pipeline buffer (offload_optimizer nvme): one piece of a
+// sub-group (StatePiece: the whole sub-group unless the pinned budget cuts
+// it), its states (GroupStatesIn of format f), then with gradients on NVMe
+// its fp32 gradient sums, each part page-rounded.
+inline int64_t OptimizerBufferBytes(int64_t max_piece_elems, bool with_grads,
                                     cpu_adam::StateFormat f = cpu_adam::StateFormat::kFp32) {
-  return IoBytes(StateArrayBytes(f, max_group_elems)) +
-         (with_grads ? IoBytes(kGradAccBytesPerElem * max_group_elems) : 0);
+  return IoBytes(StateArrayBytes(f, max_piece_elems)) +
+         (with_grads ? IoBytes(kGradAccBytesPerElem * max_piece_elems) : 0);
 }
+// Pieces of a sub-group (Layout::set_state_piece_elems) are multiples of
+// this many elements: of every format's quantization block (int8's
+// kStateBlock), and page-aligned in a sub-group's fp32 gradient shard.
+inline constexpr int64_t kStatePieceQuantum = int64_t{1} << 16;
 // One sub-group's fp32 gradient sums, page-rounded (a gradient cache slot).
 inline int64_t GradSlotBytes(int64_t max_group_elems) {
   return IoBytes(kGradAccBytesPerElem * std::max<int64_t>(1, max_group_elems));
@@ -121,10 +126,28 @@ struct SubGroup {
   int64_t elems() const { return elem_end - elem_begin; }
   // Bytes of its states in the layout's format (GroupStatesIn); -1: fp32.
   int64_t state_bytes = -1;
-  // Bytes of its NVMe state shard (GroupStatesIn's arrays, page-rounded).
+  // Bytes of its NVMe state shard: its pieces' GroupStatesIn arrays, each
+  // page-rounded (Layout::StatePieces); -1: one piece.
+  int64_t shard_bytes = -1;
   int64_t state_io_bytes() const {
+    if (shard_bytes >= 0) return shard_bytes;
     return IoBytes(state_bytes >= 0 ? state_bytes : kOptimizerStateBytesPerElem * elems());
   }
+};
+
+// One piece of a sub-group's NVMe state shard: the optimizer pipeline
+// streams a sub-group a piece at a time through buffers the pinned budget
+// holds. A shard holds its pieces one after the other, each in
+// GroupStatesIn's arrangement for its own elements and page-rounded, so
+// that a piece is one aligned read and one aligned write; with one piece
+// the shard is the whole sub-group's GroupStatesIn. Adam is elementwise and
+// the pieces start on quantization blocks, so the bits do not depend on
+// the cut.
+struct StatePiece {
+  int64_t elem_begin = 0, elem_end = 0;  // flat elements
+  int64_t shard_offset = 0;              // of its first byte in the shard
+  int64_t io_bytes = 0;                  // IoBytes of its states
+  int64_t elems() const { return elem_end - elem_begin; }
 };
 
 struct LayoutOptions {
@@ -213,9 +236,21 @@ class Layout {
   int64_t sub_group_size() const { return sub_group_size_; }
   int64_t elem_align() const { return elem_align_; }  // LayoutOptions::elem_align
   cpu_adam::StateFormat state_format() const { return state_format_; }
-  // The largest sub-group's states in the format (an optimizer pipeline
-  // buffer's first part).
+  // The largest sub-group's states in the format.
   int64_t max_group_state_bytes() const { return StateArrayBytes(state_format_, max_group_elems_); }
+  // The elements of a sub-group's NVMe shard that one optimizer pipeline
+  // buffer holds (TierPlan::state_piece_elems, a multiple of
+  // kStatePieceQuantum; 0: whole sub-groups). Set once, by the plan, before
+  // any shard is allocated; it recomputes every SubGroup::shard_bytes.
+  void set_state_piece_elems(int64_t elems);
+  int64_t state_piece_elems() const { return state_piece_elems_; }
+  // The largest piece (the largest sub-group with whole sub-groups).
+  int64_t max_piece_elems() const {
+    return state_piece_elems_ > 0 ? std::min(state_piece_elems_, max_group_elems_)
+                                  : max_group_elems_;
+  }
+  // Sub-group g's pieces, in element order (one: the whole sub-group).
+  std::vector<StatePiece> StatePieces(size_t g) const;
 
   // The element space's extent: the length of every per-element state array
   // (parameters plus alignment padding).
@@ -261,6 +296,7 @@ class Layout {
   int64_t sub_group_size_ = 1;
   int64_t elem_align_ = kElemAlign;
   cpu_adam::StateFormat state_format_ = cpu_adam::StateFormat::kFp32;
+  int64_t state_piece_elems_ = 0;
   int64_t partition_elems_ = 0;
   int64_t groups_per_rank_ = 0;
 };

@@ -43,18 +43,35 @@ void SpeculationFeed::Close(bool keep_pending) {
 
 // ---- StateReadAhead ------------------------------------------------------------
 
+std::vector<StateUnit> StateUnits(const Layout& layout, size_t g0, size_t g1) {
+  std::vector<StateUnit> units;
+  for (size_t g = g0; g < g1; ++g) {
+    const std::vector<StatePiece> pieces = layout.StatePieces(g);
+    for (size_t k = 0; k < pieces.size(); ++k)
+      units.push_back({g, pieces[k], k + 1 == pieces.size(), pieces.size() > 1});
+  }
+  return units;
+}
+
+std::string StateUnit::Name() const {
+  return cut ? fmt::format("{} [{}, {})", g, piece.elem_begin, piece.elem_end)
+             : fmt::format("{}", g);
+}
+
 void StateReadAhead::Start(const StepDeps& deps, size_t max_buffers) {
-  // This rank's sub-groups (all of them with one rank).
+  // This rank's sub-groups (all of them with one rank), piece by piece.
   const auto [g0, g1] = deps.store->partition().groups();
+  const std::vector<StateUnit> units = StateUnits(*deps.layout, g0, g1);
   const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps.buffer_count));
-  const size_t n = std::min({g1 - g0, StateLookahead(std::min(want, g1 - g0)) + 1, max_buffers});
-  for (size_t g = g0; g < g0 + n; ++g) {
+  const size_t n =
+      std::min({units.size(), StateLookahead(std::min(want, units.size())) + 1, max_buffers});
+  for (size_t u = 0; u < n; ++u) {
     StatusOr<gpu::PinnedBuffer> b = deps.store->optimizer_pool()->Acquire(
         static_cast<size_t>(deps.store->optimizer_buffer_bytes()));
     if (!b.ok()) break;  // the ring acquires what it can itself
     buffers_.push_back(std::move(*b));
     issue_ns_.push_back(NowNanos());
-    reads_.push_back(deps.store->ReadStates(g, buffers_.back().data()));
+    reads_.push_back(deps.store->ReadStates(units[u].g, units[u].piece, buffers_.back().data()));
   }
 }
 
@@ -236,9 +253,10 @@ class ParamWriter {
 
 // ---- StateRing: NVMe read → CPU Adam → NVMe write ---------------------------
 
-// Streams every sub-group's states through B pinned buffers: sub-group g
-// uses buffer g % B; its read is issued once the buffer's previous write
-// (sub-group g - B) has landed, up to StateLookahead(B) sub-groups ahead.
+// Streams every sub-group's states, piece by piece (StateUnits), through B
+// pinned buffers: unit u uses buffer u % B; its read is issued once the
+// buffer's previous write (unit u - B) has landed, up to StateLookahead(B)
+// units ahead.
 class StateRing {
  public:
   explicit StateRing(OptimizerStep* step)
@@ -246,39 +264,39 @@ class StateRing {
         layout_(*step->deps_.layout),
         store_(*step->deps_.store),
         counters_(*step->deps_.counters),
-        G_(layout_.num_groups()),
-        g0_(store_.partition().groups().first),
-        g1_(store_.partition().groups().second),
-        reads_(G_),
-        grad_reads_(G_),
-        writes_(G_),
-        grad_src_(G_, nullptr),
-        read_issue_(G_, 0),
-        write_issue_(G_, 0),
-        write_noted_(G_, false) {}
+        units_(StateUnits(layout_, store_.partition().groups().first,
+                          store_.partition().groups().second)),
+        U_(units_.size()),
+        reads_(U_),
+        grad_reads_(U_),
+        writes_(U_),
+        grad_src_(U_, nullptr),
+        read_issue_(U_, 0),
+        write_issue_(U_, 0),
+        write_noted_(U_, false) {}
 
   Status Run(StepOutcome* outcome);
 
  private:
   Status AcquireBuffers();
-  void IssueRead(size_t g);
-  // Gradients on NVMe: sub-group g's sums, from the GradStore.
-  void IssueGradRead(size_t g);
-  void NoteWrite(size_t g);
+  void IssueRead(size_t u);
+  // Gradients on NVMe: unit u's sums, from the GradStore.
+  void IssueGradRead(size_t u);
+  void NoteWrite(size_t u);
   void NoteWrites(bool wait);
-  bool BufferFree(size_t j, size_t g) const {
-    return j - g0_ < B_ || write_noted_[j - B_] || !writes_[j - B_].valid() || j - B_ < g;
+  bool BufferFree(size_t j, size_t u) const {
+    return j < B_ || write_noted_[j - B_] || !writes_[j - B_].valid() || j - B_ < u;
   }
-  gpu::PinnedBuffer& BufferOf(size_t g) { return buffers_[(g - g0_) % B_]; }
+  gpu::PinnedBuffer& BufferOf(size_t u) { return buffers_[u % B_]; }
 
   OptimizerStep* step_;
   const Layout& layout_;
   StateStore& store_;
   StepCounters& counters_;
-  const size_t G_;
-  // The sub-groups this rank steps, [g0_, g1_) (every one with one rank);
-  // sub-group g uses buffer (g - g0_) % B_.
-  const size_t g0_, g1_;
+  // The pieces of the sub-groups this rank steps (every one with one rank),
+  // in order.
+  const std::vector<StateUnit> units_;
+  const size_t U_;
   size_t B_ = 0;
   std::vector<gpu::PinnedBuffer> buffers_;
   std::vector<nvme::IoHandle> reads_, grad_reads_, writes_;
@@ -290,18 +308,18 @@ class StateRing {
 
 Status StateRing::AcquireBuffers() {
   StateReadAhead& pre = step_->read_ahead_;
-  // The sub-groups read ahead during backward come first.
+  // The units read ahead during backward come first.
   buffers_ = std::move(pre.buffers_);
   pre.buffers_.clear();
-  for (size_t k = 0; k < pre.reads_.size(); ++k) {
-    reads_[g0_ + k] = std::move(pre.reads_[k]);
-    read_issue_[g0_ + k] = pre.issue_ns_[k];
+  for (size_t k = 0; k < pre.reads_.size() && k < U_; ++k) {
+    reads_[k] = std::move(pre.reads_[k]);
+    read_issue_[k] = pre.issue_ns_[k];
   }
   pre.reads_.clear();
   pre.issue_ns_.clear();
   const int64_t want = std::max<int64_t>(1, step_->deps_.buffer_count);
-  for (int64_t i = static_cast<int64_t>(buffers_.size());
-       i < want && i < static_cast<int64_t>(g1_ - g0_); ++i) {
+  for (int64_t i = static_cast<int64_t>(buffers_.size()); i < want && i < static_cast<int64_t>(U_);
+       ++i) {
     StatusOr<gpu::PinnedBuffer> b =
         store_.optimizer_pool()->Acquire(static_cast<size_t>(store_.optimizer_buffer_bytes()));
     if (!b.ok()) {
@@ -311,54 +329,55 @@ Status StateRing::AcquireBuffers() {
     buffers_.push_back(std::move(*b));
   }
   B_ = buffers_.size();
-  // The sub-groups read ahead had no final gradients then; they do now.
-  for (size_t g = g0_; g < g1_; ++g)
-    if (reads_[g].valid()) IssueGradRead(g);
+  // The units read ahead had no final gradients then; they do now.
+  for (size_t u = 0; u < U_; ++u)
+    if (reads_[u].valid()) IssueGradRead(u);
   return Status();
 }
 
-void StateRing::IssueGradRead(size_t g) {
+void StateRing::IssueGradRead(size_t u) {
   GradStore* grads = step_->deps_.grads;
   if (grads == nullptr) return;
-  auto* buf = reinterpret_cast<float*>(BufferOf(g).as<uint8_t>() + store_.grad_buffer_offset());
-  grad_reads_[g] = grads->Source(g, buf, &grad_src_[g]);
+  auto* buf = reinterpret_cast<float*>(BufferOf(u).as<uint8_t>() + store_.grad_buffer_offset());
+  grad_reads_[u] = grads->Source(units_[u].g, units_[u].piece, buf, &grad_src_[u]);
 }
 
-void StateRing::NoteWrite(size_t g) {
-  Status s = writes_[g].Wait();
-  counters_.NoteNvme(write_issue_[g], NowNanos(), layout_.group(g).state_io_bytes(), true,
-                     fmt::format("write state {}", g));
-  write_noted_[g] = true;
+void StateRing::NoteWrite(size_t u) {
+  Status s = writes_[u].Wait();
+  counters_.NoteNvme(write_issue_[u], NowNanos(), units_[u].piece.io_bytes, true,
+                     "write state " + units_[u].Name());
+  write_noted_[u] = true;
   if (!s.ok() && error_.ok())
-    error_ = s.WithContext(fmt::format("writing optimizer state of sub-group {}", g));
+    error_ = s.WithContext("writing optimizer state of sub-group " + units_[u].Name());
 }
 
 void StateRing::NoteWrites(bool wait) {
-  for (size_t g = 0; g < G_; ++g) {
-    if (!writes_[g].valid() || write_noted_[g]) continue;
-    if (!wait && !writes_[g].Poll()) continue;
-    NoteWrite(g);
+  for (size_t u = 0; u < U_; ++u) {
+    if (!writes_[u].valid() || write_noted_[u]) continue;
+    if (!wait && !writes_[u].Poll()) continue;
+    NoteWrite(u);
   }
 }
 
-void StateRing::IssueRead(size_t g) {
-  // The buffer may still be being written out for sub-group g - B.
-  if (g - g0_ >= B_ && writes_[g - B_].valid() && !write_noted_[g - B_]) NoteWrite(g - B_);
-  read_issue_[g] = NowNanos();
-  reads_[g] = store_.ReadStates(g, BufferOf(g).data());
-  IssueGradRead(g);
+void StateRing::IssueRead(size_t u) {
+  // The buffer may still be being written out for unit u - B.
+  if (u >= B_ && writes_[u - B_].valid() && !write_noted_[u - B_]) NoteWrite(u - B_);
+  read_issue_[u] = NowNanos();
+  reads_[u] = store_.ReadStates(units_[u].g, units_[u].piece, BufferOf(u).data());
+  IssueGradRead(u);
 }
 
 Status StateRing::Run(StepOutcome* outcome) {
   // Sub-groups from `spec` on were stepped and written by the speculative
   // step being committed: they are only published here.
   const int64_t spec = step_->params_.speculated_from;
-  size_t g_spec = g1_;
-  while (g_spec > g0_ && layout_.group(g_spec - 1).elem_begin >= spec) --g_spec;
-  if (g_spec == g0_) {
+  const auto [g0, g1] = store_.partition().groups();
+  size_t g_spec = g1;
+  while (g_spec > g0 && layout_.group(g_spec - 1).elem_begin >= spec) --g_spec;
+  if (g_spec == g0) {
     // All of them (no buffer needed); the reads begun during backward end
     // before their buffers go back.
-    for (size_t g = g0_; g < g1_; ++g) step_->GroupDone(g);
+    for (size_t g = g0; g < g1; ++g) step_->GroupDone(g);
     step_->read_ahead_.WaitAll();
     if (step_->writer_) {
       step_->writer_->WaitAll(outcome);
@@ -368,53 +387,60 @@ Status StateRing::Run(StepOutcome* outcome) {
     outcome->states_written = true;
     return Status();
   }
+  // The units before u_spec are stepped here.
+  size_t u_spec = 0;
+  while (u_spec < U_ && units_[u_spec].g < g_spec) ++u_spec;
   RETURN_IF_ERROR(AcquireBuffers());
   const size_t lookahead = StateLookahead(B_);
-  for (size_t g = g0_; g < g1_ && error_.ok(); ++g) {
-    if (g >= g_spec) {
-      step_->GroupDone(g);
+  const cpu_adam::StateFormat f = layout_.state_format();
+  for (size_t u = 0; u < U_ && error_.ok(); ++u) {
+    const StateUnit& unit = units_[u];
+    const size_t g = unit.g;
+    if (u >= u_spec) {
+      if (unit.last) step_->GroupDone(g);
       continue;
     }
-    if (!reads_[g].valid()) IssueRead(g);
-    for (size_t j = g + 1; j < g_spec && j <= g + lookahead; ++j)
-      if (!reads_[j].valid() && BufferFree(j, g)) IssueRead(j);
-    if (step_->deps_.before_sub_group) step_->deps_.before_sub_group(g);
-    Status rs = reads_[g].Wait();
-    counters_.NoteNvme(read_issue_[g], NowNanos(), layout_.group(g).state_io_bytes(), false,
-                       fmt::format("read state {}", g));
+    if (!reads_[u].valid()) IssueRead(u);
+    for (size_t j = u + 1; j < u_spec && j <= u + lookahead; ++j)
+      if (!reads_[j].valid() && BufferFree(j, u)) IssueRead(j);
+    if (step_->deps_.before_sub_group && unit.piece.elem_begin == layout_.group(g).elem_begin)
+      step_->deps_.before_sub_group(g);
+    Status rs = reads_[u].Wait();
+    counters_.NoteNvme(read_issue_[u], NowNanos(), unit.piece.io_bytes, false,
+                       "read state " + unit.Name());
     if (!rs.ok()) {
-      error_ = rs.WithContext(fmt::format("reading optimizer state of sub-group {}", g));
+      error_ = rs.WithContext("reading optimizer state of sub-group " + unit.Name());
       break;
     }
-    if (grad_reads_[g].valid()) {
+    if (grad_reads_[u].valid()) {
       const int64_t t0 = NowNanos();
-      Status gs = grad_reads_[g].Wait();
-      if (grad_reads_[g].bytes() > 0)
-        counters_.NoteNvme(t0, NowNanos(), static_cast<int64_t>(grad_reads_[g].bytes()), false,
-                           fmt::format("read grads {}", g));
+      Status gs = grad_reads_[u].Wait();
+      if (grad_reads_[u].bytes() > 0)
+        counters_.NoteNvme(t0, NowNanos(), static_cast<int64_t>(grad_reads_[u].bytes()), false,
+                           "read grads " + unit.Name());
       if (!gs.ok()) {
-        error_ = gs.WithContext(fmt::format("reading the gradients of sub-group {}", g));
+        error_ = gs.WithContext("reading the gradients of sub-group " + unit.Name());
         break;
       }
     }
     if (!error_.ok()) break;  // a write behind it failed
-    const SubGroup& sg = layout_.group(g);
-    float* buf = BufferOf(g).as<float>();
-    Status ss =
-        step_->StepGroup(g, GroupBufferStates(sg, layout_.state_format(), buf), grad_src_[g]);
+    const StatePiece& pc = unit.piece;
+    void* buf = BufferOf(u).data();
+    Status ss = step_->StepRange(g, pc.elem_begin, pc.elem_end,
+                                 StatesInBuffer(f, pc.elem_begin, pc.elems(), buf), grad_src_[u]);
     if (!ss.ok()) {
       error_ = ss;
       break;
     }
-    write_issue_[g] = NowNanos();
-    writes_[g] = store_.WriteStates(g, buf);
-    step_->GroupDone(g);
+    write_issue_[u] = NowNanos();
+    writes_[u] = store_.WriteStates(g, pc, buf);
+    if (unit.last) step_->GroupDone(g);
     NoteWrites(false);
   }
   // Everything in flight lands before the buffers go back to the pool.
-  for (size_t g = 0; g < G_; ++g) {
-    if (reads_[g].valid()) reads_[g].Wait().IgnoreError();
-    if (grad_reads_[g].valid()) grad_reads_[g].Wait().IgnoreError();
+  for (size_t u = 0; u < U_; ++u) {
+    if (reads_[u].valid()) reads_[u].Wait().IgnoreError();
+    if (grad_reads_[u].valid()) grad_reads_[u].Wait().IgnoreError();
   }
   NoteWrites(true);
   if (step_->writer_) {
@@ -722,11 +748,11 @@ Status OptimizerStep::StepSpeculativeNvme() {
   const auto [g0, g1] = store.partition().groups();
   spec_from_ = store.partition().elems().second;
   // The pipeline's buffers the read-ahead left (at least one), each with
-  // the write of the sub-group it held last.
+  // the write of the piece it held last.
   struct Slot {
     gpu::PinnedBuffer buf;
     nvme::IoHandle write;
-    size_t group = 0;
+    StateUnit unit;  // the piece it holds
     int64_t issued = 0;
   };
   std::vector<Slot> slots;
@@ -735,7 +761,7 @@ Status OptimizerStep::StepSpeculativeNvme() {
     StatusOr<gpu::PinnedBuffer> b =
         store.optimizer_pool()->Acquire(static_cast<size_t>(store.optimizer_buffer_bytes()));
     if (!b.ok()) break;
-    slots.push_back(Slot{std::move(*b), {}, 0, 0});
+    slots.push_back(Slot{std::move(*b), {}, {}, 0});
   }
   if (slots.empty())
     return ResourceExhaustedError(
@@ -746,16 +772,16 @@ Status OptimizerStep::StepSpeculativeNvme() {
   auto land = [&](Slot& sl) {
     if (!sl.write.valid()) return;
     Status w = sl.write.Wait();
-    deps_.counters->NoteNvme(sl.issued, NowNanos(), layout.group(sl.group).state_io_bytes(), true,
-                             fmt::format("write state {} (speculative)", sl.group));
+    deps_.counters->NoteNvme(sl.issued, NowNanos(), sl.unit.piece.io_bytes, true,
+                             "write state " + sl.unit.Name() + " (speculative)");
     sl.write = {};
     if (!w.ok() && error.ok())
-      error = w.WithContext(
-          fmt::format("speculative step: writing optimizer state of sub-group {}", sl.group));
+      error =
+          w.WithContext("speculative step: writing optimizer state of sub-group " + sl.unit.Name());
   };
   int64_t handed = spec_from_;  // the lowest element handed over so far
   size_t next = g1;             // the sub-groups from next on are stepped
-  size_t k = 0;                 // the slot the next sub-group uses
+  size_t k = 0;                 // the slot the next piece uses
   while (error.ok()) {
     std::optional<SpeculationFeed::Item> item = params_.feed->Next();
     if (!item) break;
@@ -769,35 +795,41 @@ Status OptimizerStep::StepSpeculativeNvme() {
         fmt::format("speculative step: the gradients of elements [{}, {})", lo, hi)));
     params_.fold_modes = std::move(item->fold_modes);
     handed = lo;
-    // Every sub-group handed over in full, from the top down: read its
-    // active version, step it, write its inactive one.
+    // Every sub-group handed over in full, from the top down, piece by
+    // piece: read its active version, step it, write its inactive one.
     while (error.ok() && next > g0 && layout.group(next - 1).elem_begin >= handed) {
       const size_t g = --next;
       const SubGroup& sg = layout.group(g);
-      Slot& sl = slots[k];
-      k = (k + 1) % slots.size();
-      land(sl);
-      if (!error.ok()) break;
-      const int64_t t0 = NowNanos();
-      Status rs = store.ReadStates(g, sl.buf.data()).Wait();
-      deps_.counters->NoteNvme(t0, NowNanos(), sg.state_io_bytes(), false,
-                               fmt::format("read state {} (speculative)", g));
-      if (!rs.ok()) {
-        error = rs.WithContext(
-            fmt::format("speculative step: reading optimizer state of sub-group {}", g));
-        break;
+      for (const StateUnit& unit : StateUnits(layout, g, g + 1)) {
+        Slot& sl = slots[k];
+        k = (k + 1) % slots.size();
+        land(sl);
+        if (!error.ok()) break;
+        const int64_t t0 = NowNanos();
+        Status rs = store.ReadStates(g, unit.piece, sl.buf.data()).Wait();
+        deps_.counters->NoteNvme(t0, NowNanos(), unit.piece.io_bytes, false,
+                                 "read state " + unit.Name() + " (speculative)");
+        if (!rs.ok()) {
+          error = rs.WithContext("speculative step: reading optimizer state of sub-group " +
+                                 unit.Name());
+          break;
+        }
+        if (deps_.before_sub_group && unit.piece.elem_begin == sg.elem_begin)
+          deps_.before_sub_group(g);
+        const StatePiece& pc = unit.piece;
+        Status ss = StepRange(
+            g, pc.elem_begin, pc.elem_end,
+            StatesInBuffer(layout.state_format(), pc.elem_begin, pc.elems(), sl.buf.data()),
+            nullptr);
+        if (!ss.ok()) {
+          error = ss;
+          break;
+        }
+        sl.unit = unit;
+        sl.issued = NowNanos();
+        sl.write = store.WriteStates(g, pc, sl.buf.data());
       }
-      if (deps_.before_sub_group) deps_.before_sub_group(g);
-      float* buf = sl.buf.as<float>();
-      Status ss = StepGroup(g, GroupBufferStates(sg, layout.state_format(), buf), nullptr);
-      if (!ss.ok()) {
-        error = ss;
-        break;
-      }
-      sl.group = g;
-      sl.issued = NowNanos();
-      sl.write = store.WriteStates(g, buf);
-      spec_from_ = sg.elem_begin;
+      if (error.ok()) spec_from_ = sg.elem_begin;
     }
   }
   for (Slot& sl : slots) land(sl);

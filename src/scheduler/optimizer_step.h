@@ -4,9 +4,11 @@
 //
 // Sub-groups are stepped in order. For states in memory each sub-group is one
 // StepMany; for states on NVMe a StateRing streams them through the pinned
-// optimizer pool: read the active version (and, with gradients on NVMe, the
-// sub-group's gradient sums from the GradStore) → CPU Adam → write the
-// inactive version, reads running ahead into buffers that are free. After
+// optimizer pool, a buffer's piece at a time (StateUnits: whole sub-groups
+// unless the pinned budget cut them): read the active version (and, with
+// gradients on NVMe, the piece's gradient sums from the GradStore) → CPU
+// Adam → write the inactive version, reads running ahead into buffers that
+// are free. After
 // sub-group g the step zeroes its gradients (or hands them back to the
 // GradStore) and publishes its progress, so that the main thread may use the
 // new parameters of the modules it completed (ModuleReady / WaitModule)
@@ -48,6 +50,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -105,9 +108,22 @@ struct StepDeps {
   std::function<void(size_t g)> before_sub_group;
 };
 
-// The first sub-groups' NVMe states, read while the window's last backward
-// pass runs (they do not depend on the gradients): exactly the reads the ring
-// would issue first (sub-groups 0.., into buffers 0..). Main thread only.
+// One optimizer pipeline buffer's worth of states on NVMe: piece `piece` of
+// sub-group g (Layout::StatePieces; the whole sub-group unless the pinned
+// budget cut it).
+struct StateUnit {
+  size_t g = 0;
+  StatePiece piece;
+  bool last = true;          // g's last piece
+  bool cut = false;          // g has more than one
+  std::string Name() const;  // "g", or "g [begin, end)" for a piece
+};
+// The pieces of sub-groups [g0, g1), in element order.
+std::vector<StateUnit> StateUnits(const Layout& layout, size_t g0, size_t g1);
+
+// The first pieces' NVMe states, read while the window's last backward pass
+// runs (they do not depend on the gradients): exactly the reads the ring
+// would issue first (units 0.., into buffers 0..). Main thread only.
 class StateReadAhead {
  public:
   StateReadAhead() = default;

@@ -312,23 +312,49 @@ void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
   if (!pl.device_optimizer)
     pinned->Add(kGradStagingBuffers * s.grad_staging_bytes,
                 "gradient staging " + FormatBytes(kGradStagingBuffers * s.grad_staging_bytes));
-  if (pl.optimizer == OffloadDevice::kNvme) {
-    const int64_t per = OptimizerBufferBytes(s.max_group_elems, in.grads_on_nvme,
-                                             StateFormatOf(pl.optimizer_states));
-    plan->optimizer_buffer_bytes = per;
-    pinned->Add(pl.optimizer_buffer_count * per,
-                fmt::format("optimizer pipeline {} x {}{}", pl.optimizer_buffer_count,
-                            FormatBytes(per), in.grads_on_nvme ? " (states and gradients)" : ""));
-  }
   // The parameter pools' buffers: the largest module, page-rounded (the
   // NVMe reads' unit). (offload_param nvme: the fetch pool below receives
   // the gathers.)
   const int64_t module_buffer = IoBytes(std::max<int64_t>(s.max_module_bytes, kIoAlign));
-  if (in.partitioned && pl.params == OffloadDevice::kCpu)
+  const bool gather_pool = in.partitioned && pl.params == OffloadDevice::kCpu;
+  const bool nvme_params = pl.params == OffloadDevice::kNvme;
+  const bool pinned_states = pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states;
+  if (pl.optimizer == OffloadDevice::kNvme) {
+    const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+    const int64_t count = std::max<int64_t>(1, pl.optimizer_buffer_count);
+    int64_t per = OptimizerBufferBytes(s.max_group_elems, in.grads_on_nvme, f);
+    // A pipeline of whole sub-groups the budget does not hold streams them
+    // in pieces: the largest (a multiple of kStatePieceQuantum) whose
+    // buffers fit beside the fixed pools, at least one quantum.
+    const int64_t fixed =
+        pinned->bytes + (gather_pool ? pl.param_buffer_count * module_buffer : 0) +
+        (nvme_params ? (pl.param_buffer_count + kParamWriteBuffers) * module_buffer : 0);
+    std::string pieces;
+    if (in.facts.pinned_budget > 0 && fixed + count * per > in.facts.pinned_budget &&
+        s.max_group_elems > kStatePieceQuantum) {
+      const int64_t room = std::max<int64_t>(0, in.facts.pinned_budget - fixed) / count;
+      const int64_t per_elem = OptimizerBufferBytes(kStatePieceQuantum, in.grads_on_nvme, f);
+      int64_t p = std::max<int64_t>(1, room / std::max<int64_t>(1, per_elem)) * kStatePieceQuantum;
+      while (p > kStatePieceQuantum && OptimizerBufferBytes(p, in.grads_on_nvme, f) > room)
+        p -= kStatePieceQuantum;
+      p = std::min(p, s.max_group_elems);
+      if (p < s.max_group_elems) {
+        plan->state_piece_elems = p;
+        per = OptimizerBufferBytes(p, in.grads_on_nvme, f);
+        pieces = fmt::format(", sub-groups of {} elements in pieces of {}{}", s.max_group_elems, p,
+                             per > room ? ": the smallest pipeline" : "");
+      }
+    }
+    plan->optimizer_buffer_bytes = per;
+    pinned->Add(count * per,
+                fmt::format("optimizer pipeline {} x {}{}{}", count, FormatBytes(per),
+                            in.grads_on_nvme ? " (states and gradients)" : "", pieces));
+  }
+  if (gather_pool)
     pinned->Add(
         pl.param_buffer_count * module_buffer,
         fmt::format("parameter gather {} x {}", pl.param_buffer_count, FormatBytes(module_buffer)));
-  if (pl.params == OffloadDevice::kNvme) {
+  if (nvme_params) {
     pinned->Add(
         pl.param_buffer_count * module_buffer,
         fmt::format("parameter fetch {} x {}", pl.param_buffer_count, FormatBytes(module_buffer)));
@@ -337,8 +363,7 @@ void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
     pinned->Add(plan->param_write_bytes,
                 fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
   }
-  if (pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states)
-    pinned->Add(in.states, StatesRow(in));
+  if (pinned_states) pinned->Add(in.states, StatesRow(in));
 }
 
 // The parameter copies that cross PCIe every step (TierInputs::swaps,
@@ -435,6 +460,12 @@ std::optional<TierBudget> PlanNvme(const TierInputs& in, TierPlan* plan) {
     // One version: a failed step drops the window's gradients anyway.
     plan->grad_nvme_bytes = kGradAccBytesPerElem * s.total_elems;
     disk.Add(plan->grad_nvme_bytes, "gradients " + FormatBytes(plan->grad_nvme_bytes));
+  }
+  if (pl.optimizer == OffloadDevice::kNvme && plan->state_piece_elems > 0) {
+    // Each piece of a shard is page-rounded.
+    const int64_t pieces =
+        (s.max_group_elems + plan->state_piece_elems - 1) / plan->state_piece_elems;
+    disk.bytes += 2 * in.state_groups * pieces * kIoAlign;
   }
   if (in.facts.nvme_paths.empty()) return std::nullopt;
   // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.

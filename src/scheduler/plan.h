@@ -203,6 +203,15 @@ struct TierPlan {
   int64_t grad_nvme_bytes = 0;
   // Bytes of one optimizer pipeline buffer (offload_optimizer nvme).
   int64_t optimizer_buffer_bytes = 0;
+  // offload_optimizer nvme with a pinned budget that does not hold
+  // buffer_count buffers of the largest sub-group beside the fixed pools
+  // (gradient staging, parameter fetch, gather and write-back): each
+  // buffer holds a piece of a sub-group of this many elements (the largest
+  // multiple of kStatePieceQuantum that fits, at least one; the pinned row
+  // is over when even that does not), and the pipeline streams the
+  // sub-groups a piece at a time (Layout::set_state_piece_elems). 0: whole
+  // sub-groups.
+  int64_t state_piece_elems = 0;
   // offload_param nvme: the updated parameters are copied out into
   // kParamWriteBuffers module-sized buffers and written to NVMe from there
   // (no array over every parameter).

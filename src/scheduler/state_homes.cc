@@ -75,22 +75,24 @@ std::pair<uint8_t*, float*> StateArrays::At(cpu_adam::StateRole role, int64_t e)
           scales[r] != nullptr ? scales[r] + i / cpu_adam::kStateBlock : nullptr};
 }
 
-Status StateArrays::Decode(int64_t e, int64_t n, float* out) const {
+Status StateArrays::Decode(int64_t e, int64_t n, float* out, int64_t stride) const {
+  if (stride < 0) stride = n;
   for (int a = 0; a < kOptimizerStateArrays; ++a) {
     const auto role = static_cast<cpu_adam::StateRole>(a);
     const auto [src, scales] = At(role, e);
     RETURN_IF_ERROR(
-        cpu_adam::DecodeState(format, role, src, scales, static_cast<size_t>(n), out + a * n));
+        cpu_adam::DecodeState(format, role, src, scales, static_cast<size_t>(n), out + a * stride));
   }
   return Status();
 }
 
-Status StateArrays::Encode(const float* in, int64_t e, int64_t n) const {
+Status StateArrays::Encode(const float* in, int64_t e, int64_t n, int64_t stride) const {
+  if (stride < 0) stride = n;
   for (int a = 0; a < kOptimizerStateArrays; ++a) {
     const auto role = static_cast<cpu_adam::StateRole>(a);
     const auto [dst, scales] = At(role, e);
     RETURN_IF_ERROR(
-        cpu_adam::EncodeState(format, role, in + a * n, static_cast<size_t>(n), dst, scales));
+        cpu_adam::EncodeState(format, role, in + a * stride, static_cast<size_t>(n), dst, scales));
   }
   return Status();
 }
@@ -349,26 +351,38 @@ StatusOr<float*> NvmeStates::InitTarget(size_t g) {
   if (init_buf_.data() == nullptr)
     return FailedPreconditionError("NvmeStates: no buffer to initialize the states in");
   // master | exp_avg = 0 | exp_avg_sq = 0 (| scales = 0): every format's
-  // zero is all-zero bits. An fp32 master is filled in place.
+  // zero is all-zero bits. An fp32 master of one piece is filled in place.
   const SubGroup& sg = ctx_->layout->group(g);
-  std::memset(init_buf_.data(), 0, static_cast<size_t>(sg.state_io_bytes()));
-  if (ctx_->state_format != cpu_adam::StateFormat::kBf16Master) return init_buf_.as<float>();
-  init_.resize(static_cast<size_t>(sg.elems()));
+  if (ctx_->state_format != cpu_adam::StateFormat::kBf16Master &&
+      ctx_->layout->state_piece_elems() == 0) {
+    std::memset(init_buf_.data(), 0, static_cast<size_t>(sg.state_io_bytes()));
+    return init_buf_.as<float>();
+  }
+  // (Zeros: the layout's padding elements are not written.)
+  init_.assign(static_cast<size_t>(sg.elems()), 0.f);
   return init_.data();
 }
 
 Status NvmeStates::InitGroup(size_t g, int64_t* nvme_bytes) {
   const SubGroup& sg = ctx_->layout->group(g);
-  if (ctx_->state_format == cpu_adam::StateFormat::kBf16Master)
-    RETURN_IF_ERROR(cpu_adam::EncodeState(ctx_->state_format, cpu_adam::StateRole::kParam,
-                                          init_.data(), static_cast<size_t>(sg.elems()),
-                                          init_buf_.data(), nullptr));
-  const int64_t bytes = sg.state_io_bytes();
-  nvme::IoHandle h =
-      ctx_->swap->Write(StateShardName(g, 0), 0, init_buf_.data(), static_cast<size_t>(bytes));
-  RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
-  ctx_->counters->AddNvmeWritten(bytes);
-  *nvme_bytes += bytes;
+  const bool in_place = ctx_->state_format != cpu_adam::StateFormat::kBf16Master &&
+                        ctx_->layout->state_piece_elems() == 0;
+  // Piece by piece through the buffer (one pipeline buffer holds a piece).
+  for (const StatePiece& pc : ctx_->layout->StatePieces(g)) {
+    if (!in_place) {
+      std::memset(init_buf_.data(), 0, static_cast<size_t>(pc.io_bytes));
+      RETURN_IF_ERROR(cpu_adam::EncodeState(ctx_->state_format, cpu_adam::StateRole::kParam,
+                                            init_.data() + (pc.elem_begin - sg.elem_begin),
+                                            static_cast<size_t>(pc.elems()), init_buf_.data(),
+                                            nullptr));
+    }
+    nvme::IoHandle h =
+        ctx_->swap->Write(StateShardName(g, 0), static_cast<uint64_t>(pc.shard_offset),
+                          init_buf_.data(), static_cast<size_t>(pc.io_bytes));
+    RETURN_IF_ERROR(h.Wait().WithContext("initializing optimizer state on NVMe"));
+    ctx_->counters->AddNvmeWritten(pc.io_bytes);
+    *nvme_bytes += pc.io_bytes;
+  }
   return Status();
 }
 
@@ -378,14 +392,15 @@ Status NvmeStates::FinishInit() {
   return Status();
 }
 
-nvme::IoHandle NvmeStates::Read(size_t g, void* buf) {
-  return ctx_->swap->Read(StateShardName(g, version_[g]), 0, buf,
-                          static_cast<size_t>(ctx_->layout->group(g).state_io_bytes()));
+nvme::IoHandle NvmeStates::Read(size_t g, const StatePiece& pc, void* buf) {
+  return ctx_->swap->Read(StateShardName(g, version_[g]), static_cast<uint64_t>(pc.shard_offset),
+                          buf, static_cast<size_t>(pc.io_bytes));
 }
 
-nvme::IoHandle NvmeStates::Write(size_t g, const void* buf) {
-  return ctx_->swap->Write(StateShardName(g, 1 - version_[g]), 0, buf,
-                           static_cast<size_t>(ctx_->layout->group(g).state_io_bytes()));
+nvme::IoHandle NvmeStates::Write(size_t g, const StatePiece& pc, const void* buf) {
+  return ctx_->swap->Write(StateShardName(g, 1 - version_[g]),
+                           static_cast<uint64_t>(pc.shard_offset), buf,
+                           static_cast<size_t>(pc.io_bytes));
 }
 
 Status NvmeStates::ReadShard(size_t g, int version, AlignedBuffer* out) {
@@ -397,13 +412,21 @@ Status NvmeStates::ReadShard(size_t g, int version, AlignedBuffer* out) {
 Status NvmeStates::ReadGroup(size_t g, void* buf) {
   const std::string what =
       fmt::format("reading the optimizer states of sub-group {} for a checkpoint", g);
-  if (ctx_->state_format == cpu_adam::StateFormat::kFp32)
-    return Read(g, buf).Wait().WithContext(what);
+  const SubGroup& sg = ctx_->layout->group(g);
+  if (Plain())
+    return ctx_->swap
+        ->Read(StateShardName(g, version_[g]), 0, buf, static_cast<size_t>(sg.state_io_bytes()))
+        .Wait()
+        .WithContext(what);
   AlignedBuffer shard;
   RETURN_IF_ERROR(ReadShard(g, version_[g], &shard).WithContext(what));
-  const SubGroup& sg = ctx_->layout->group(g);
-  return GroupBufferStates(sg, ctx_->state_format, shard.data())
-      .Decode(sg.elem_begin, sg.elems(), static_cast<float*>(buf));
+  auto* out = static_cast<float*>(buf);
+  for (const StatePiece& pc : ctx_->layout->StatePieces(g))
+    RETURN_IF_ERROR(
+        StatesInBuffer(ctx_->state_format, pc.elem_begin, pc.elems(),
+                       shard.as<uint8_t>() + pc.shard_offset)
+            .Decode(pc.elem_begin, pc.elems(), out + (pc.elem_begin - sg.elem_begin), sg.elems()));
+  return Status();
 }
 
 // (The active version, in place: the swap store is scratch space; the next
@@ -412,11 +435,15 @@ Status NvmeStates::WriteGroup(size_t g, const void* buf) {
   const SubGroup& sg = ctx_->layout->group(g);
   const auto bytes = static_cast<size_t>(sg.state_io_bytes());
   AlignedBuffer shard;
-  if (ctx_->state_format != cpu_adam::StateFormat::kFp32) {
+  if (!Plain()) {
     ASSIGN_OR_RETURN(shard, AlignedBuffer::Allocate(bytes, kIoAlign));
     std::memset(shard.data(), 0, bytes);
-    RETURN_IF_ERROR(GroupBufferStates(sg, ctx_->state_format, shard.data())
-                        .Encode(static_cast<const float*>(buf), sg.elem_begin, sg.elems()));
+    const auto* in = static_cast<const float*>(buf);
+    for (const StatePiece& pc : ctx_->layout->StatePieces(g))
+      RETURN_IF_ERROR(
+          StatesInBuffer(ctx_->state_format, pc.elem_begin, pc.elems(),
+                         shard.as<uint8_t>() + pc.shard_offset)
+              .Encode(in + (pc.elem_begin - sg.elem_begin), pc.elem_begin, pc.elems(), sg.elems()));
     buf = shard.data();
   }
   return ctx_->swap->Write(StateShardName(g, version_[g]), 0, buf, bytes)
@@ -425,29 +452,34 @@ Status NvmeStates::WriteGroup(size_t g, const void* buf) {
 }
 
 Status NvmeStates::ReadMaster(const ParamRec& p, std::span<float> out) {
-  // From the sub-groups' active versions: the master is the first third.
+  // From the sub-groups' active versions: the master is the first array of
+  // each piece.
   const auto [g0, g1] = ctx_->part->groups();
+  const auto mb = static_cast<int64_t>(
+      cpu_adam::StateElementBytes(ctx_->state_format, cpu_adam::StateRole::kParam));
   for (size_t g = g0; g < g1; ++g) {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t b = std::max(sg.elem_begin, p.elem_off);
-    const int64_t e = std::min(sg.elem_end, p.elem_off + p.numel);
-    if (b >= e) continue;
-    // The master's pages of this group, read whole (page-aligned, see kIoAlign).
-    const auto mb = static_cast<int64_t>(
-        cpu_adam::StateElementBytes(ctx_->state_format, cpu_adam::StateRole::kParam));
-    const int64_t first = mb * (b - sg.elem_begin);
-    const int64_t last = mb * (e - sg.elem_begin);
-    const int64_t page0 = first / kIoAlign * kIoAlign;
-    const int64_t len = IoBytes(last) - page0;
-    ASSIGN_OR_RETURN(AlignedBuffer tmp,
-                     AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
-    nvme::IoHandle h =
-        ctx_->swap->Read(StateShardName(g, version_[g]), static_cast<uint64_t>(page0), tmp.data(),
-                         static_cast<size_t>(len));
-    RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
-    RETURN_IF_ERROR(cpu_adam::DecodeState(
-        ctx_->state_format, cpu_adam::StateRole::kParam, tmp.as<uint8_t>() + (first - page0),
-        nullptr, static_cast<size_t>(e - b), out.data() + (b - p.elem_off)));
+    if (std::max(sg.elem_begin, p.elem_off) >= std::min(sg.elem_end, p.elem_off + p.numel))
+      continue;
+    for (const StatePiece& pc : ctx_->layout->StatePieces(g)) {
+      const int64_t b = std::max(pc.elem_begin, p.elem_off);
+      const int64_t e = std::min(pc.elem_end, p.elem_off + p.numel);
+      if (b >= e) continue;
+      // The master's pages of this piece, read whole (page-aligned, see kIoAlign).
+      const int64_t first = pc.shard_offset + mb * (b - pc.elem_begin);
+      const int64_t last = pc.shard_offset + mb * (e - pc.elem_begin);
+      const int64_t page0 = first / kIoAlign * kIoAlign;
+      const int64_t len = IoBytes(last) - page0;
+      ASSIGN_OR_RETURN(AlignedBuffer tmp,
+                       AlignedBuffer::Allocate(static_cast<size_t>(len), kIoAlign));
+      nvme::IoHandle h =
+          ctx_->swap->Read(StateShardName(g, version_[g]), static_cast<uint64_t>(page0), tmp.data(),
+                           static_cast<size_t>(len));
+      RETURN_IF_ERROR(h.Wait().WithContext("ReadParameter " + p.name));
+      RETURN_IF_ERROR(cpu_adam::DecodeState(
+          ctx_->state_format, cpu_adam::StateRole::kParam, tmp.as<uint8_t>() + (first - page0),
+          nullptr, static_cast<size_t>(e - b), out.data() + (b - p.elem_off)));
+    }
   }
   return Status();
 }

@@ -60,10 +60,11 @@ struct StateArrays {
   // starts a block; else null).
   std::pair<uint8_t*, float*> At(cpu_adam::StateRole role, int64_t e) const;
   // Elements [e, e + n) decoded to fp32 as master | exp_avg | exp_avg_sq
-  // (n each, from out), and encoded back from that (a checkpoint's form).
+  // (n each, from out, each array `stride` floats after the previous one;
+  // -1: n), and encoded back from that (a checkpoint's form).
   // REQUIRES: int8: e starts a block.
-  Status Decode(int64_t e, int64_t n, float* out) const;
-  Status Encode(const float* in, int64_t e, int64_t n) const;
+  Status Decode(int64_t e, int64_t n, float* out, int64_t stride = -1) const;
+  Status Encode(const float* in, int64_t e, int64_t n, int64_t stride = -1) const;
 };
 
 // Sub-group sg's states in `buf` (a pipeline buffer or a shard's bytes),
@@ -164,16 +165,25 @@ class NvmeStates final : public StateHome {
   Status WriteMaster(const ParamRec& p, std::span<const float> values) override;
   void Commit(const StepOutcome& outcome) override;
 
-  nvme::IoHandle Read(size_t g, void* buf);         // the active version
-  nvme::IoHandle Write(size_t g, const void* buf);  // the inactive one
+  // Piece `pc` of sub-group g (Layout::StatePieces): its active version
+  // into buf, or buf as its inactive one (pc.io_bytes).
+  nvme::IoHandle Read(size_t g, const StatePiece& pc, void* buf);
+  nvme::IoHandle Write(size_t g, const StatePiece& pc, const void* buf);
   int version(size_t g) const { return version_[g]; }
 
  private:
-  // Compact formats: shard g's bytes through a scratch buffer.
+  // Compact formats or pieces: shard g's bytes through a scratch buffer.
   Status ReadShard(size_t g, int version, AlignedBuffer* out);
+  // Whether shard g is the sub-group's fp32 master | exp_avg | exp_avg_sq
+  // as a checkpoint holds them (fp32, one piece).
+  bool Plain() const {
+    return ctx_->state_format == cpu_adam::StateFormat::kFp32 &&
+           ctx_->layout->state_piece_elems() == 0;
+  }
   std::vector<int> version_;  // per sub-group: the active version
   gpu::PinnedBuffer init_buf_;
-  std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
+  // bf16-master or pieces: a sub-group's fp32 masters at initialization.
+  std::vector<float> init_;
 };
 
 // ---- Parameter copies: this rank's working-precision bytes (Partition::

@@ -50,15 +50,15 @@ std::string StateStore::StateShard(size_t group, int version) {
 std::string StateStore::GradShard(size_t group) { return fmt::format("grad.g{}", group); }
 
 int64_t StateStore::grad_buffer_offset() const {
-  return OptimizerBufferBytes(layout_->max_group_elems(), false, layout_->state_format());
+  return OptimizerBufferBytes(layout_->max_piece_elems(), false, layout_->state_format());
 }
 
 int64_t StateStore::optimizer_buffer_bytes() const {
-  return OptimizerBufferBytes(layout_->max_group_elems(), grads_on_nvme_, layout_->state_format());
+  return OptimizerBufferBytes(layout_->max_piece_elems(), grads_on_nvme_, layout_->state_format());
 }
 
-nvme::IoHandle StateStore::ReadGrads(size_t g, void* buf, int64_t bytes) {
-  return swap_->Read(GradShard(g), 0, buf, static_cast<size_t>(bytes));
+nvme::IoHandle StateStore::ReadGrads(size_t g, void* buf, int64_t bytes, int64_t offset) {
+  return swap_->Read(GradShard(g), static_cast<uint64_t>(offset), buf, static_cast<size_t>(bytes));
 }
 
 nvme::IoHandle StateStore::WriteGrads(size_t g, const void* buf, int64_t bytes) {
@@ -213,10 +213,12 @@ Status StateStore::Initialize(
   return params_->FinishInit(&initial_nvme_bytes_);
 }
 
-nvme::IoHandle StateStore::ReadStates(size_t g, void* buf) { return nvme_states_->Read(g, buf); }
+nvme::IoHandle StateStore::ReadStates(size_t g, const StatePiece& pc, void* buf) {
+  return nvme_states_->Read(g, pc, buf);
+}
 
-nvme::IoHandle StateStore::WriteStates(size_t g, const void* buf) {
-  return nvme_states_->Write(g, buf);
+nvme::IoHandle StateStore::WriteStates(size_t g, const StatePiece& pc, const void* buf) {
+  return nvme_states_->Write(g, pc, buf);
 }
 
 nvme::IoHandle StateStore::ReadModule(int m, void* buf, bool updated) {

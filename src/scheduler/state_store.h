@@ -132,19 +132,21 @@ class StateStore {
   const StateArrays& states() const { return states_->arrays(); }
   // Bytes of page-locked states and parameter copies (not the pools).
   int64_t pinned_array_bytes() const;
-  // NVMe: reads sub-group g's active states into buf (state_io_bytes), or
-  // writes buf as its new (inactive) version.
-  nvme::IoHandle ReadStates(size_t g, void* buf);
-  nvme::IoHandle WriteStates(size_t g, const void* buf);
+  // NVMe: reads piece pc of sub-group g's active states into buf
+  // (pc.io_bytes; Layout::StatePieces), or writes buf as its new (inactive)
+  // version.
+  nvme::IoHandle ReadStates(size_t g, const StatePiece& pc, void* buf);
+  nvme::IoHandle WriteStates(size_t g, const StatePiece& pc, const void* buf);
   gpu::PinnedPool* optimizer_pool() { return opt_pool_.get(); }
-  // Bytes of one optimizer pipeline buffer: a sub-group's states in their
-  // format (IoBytes of GroupStatesIn's, 12 x max_group_elems for fp32),
-  // then with gradients on NVMe its gradient sums (at grad_buffer_offset()).
+  // Bytes of one optimizer pipeline buffer: the largest piece's states in
+  // their format (IoBytes of GroupStatesIn's, 12 x Layout::max_piece_elems
+  // for fp32), then with gradients on NVMe its gradient sums (at
+  // grad_buffer_offset()).
   int64_t optimizer_buffer_bytes() const;
   int64_t grad_buffer_offset() const;
   // Gradients on NVMe (TierPlan::grads_on_nvme): sub-group g's shard (one
-  // version; `bytes` = IoBytes(4 x elems)).
-  nvme::IoHandle ReadGrads(size_t g, void* buf, int64_t bytes);
+  // version; `bytes` = IoBytes(4 x elems); a read may start at a page).
+  nvme::IoHandle ReadGrads(size_t g, void* buf, int64_t bytes, int64_t offset = 0);
   nvme::IoHandle WriteGrads(size_t g, const void* buf, int64_t bytes);
   // The fp32 master values of parameter p (from the active NVMe versions
   // when the states are there): the elements this rank owns, into the same

@@ -131,10 +131,12 @@ struct Rig {
       s.v.resize(n);
       for (size_t g = 0; g < layout.num_groups(); ++g) {
         const SubGroup& sg = layout.group(g);
-        auto buf = AlignedBuffer::Allocate(static_cast<size_t>(sg.state_io_bytes()), kIoAlign);
+        auto buf = AlignedBuffer::Allocate(
+            static_cast<size_t>(IoBytes(kOptimizerStateBytesPerElem * sg.elems())), kIoAlign);
         EXPECT_TRUE(buf.ok());
         if (!buf.ok()) return s;
-        EXPECT_OK(store->ReadStates(g, buf->data()).Wait());
+        // (The active version decoded: master | m | v, whatever the pieces.)
+        EXPECT_OK(store->ReadGroupStates(g, buf->data()));
         const float* f = buf->as<float>();
         const size_t e = static_cast<size_t>(sg.elems()), b = static_cast<size_t>(sg.elem_begin);
         std::memcpy(s.master.data() + b, f, e * 4);
@@ -196,13 +198,18 @@ class OptimizerStepTest : public ::testing::Test {
   std::vector<std::vector<float>> init_;
 };
 
-// (buffer_count, background)
+// (buffer_count, background, piece elements: 0 whole sub-groups, else each
+// NVMe shard streamed through the buffers in pieces of that many elements)
 class CleanStepTest : public OptimizerStepTest,
-                      public ::testing::WithParamInterface<std::tuple<int, bool>> {};
+                      public ::testing::WithParamInterface<std::tuple<int, bool, int>> {};
 
 TEST_P(CleanStepTest, NvmeStatesStepBitwiseLikeStatesInMemory) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  const auto [buffers, background] = GetParam();
+  const auto [buffers, background, pieces] = GetParam();
+  layout_.set_state_piece_elems(pieces);
+  if (pieces > 0) {
+    ASSERT_EQ(layout_.StatePieces(0).size(), 3u);  // 256 + 256 + 188 of 700
+  }
   auto nv = MakeRig(OffloadDevice::kNvme, buffers);
   auto mem = MakeRig(OffloadDevice::kCpu, buffers);
   ASSERT_TRUE(nv && mem);
@@ -234,25 +241,30 @@ TEST_P(CleanStepTest, NvmeStatesStepBitwiseLikeStatesInMemory) {
   }
 }
 
-std::string CleanName(const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+std::string CleanName(const ::testing::TestParamInfo<std::tuple<int, bool, int>>& info) {
   return "buffers" + std::to_string(std::get<0>(info.param)) +
-         (std::get<1>(info.param) ? "_background" : "_inline");
+         (std::get<1>(info.param) ? "_background" : "_inline") +
+         (std::get<2>(info.param) > 0 ? "_pieces" + std::to_string(std::get<2>(info.param)) : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Ring, CleanStepTest,
-                         ::testing::Values(std::make_tuple(1, false), std::make_tuple(2, true),
-                                           std::make_tuple(4, false), std::make_tuple(4, true)),
-                         CleanName);
+INSTANTIATE_TEST_SUITE_P(
+    Ring, CleanStepTest,
+    ::testing::Values(std::make_tuple(1, false, 0), std::make_tuple(2, true, 0),
+                      std::make_tuple(4, false, 0), std::make_tuple(4, true, 0),
+                      std::make_tuple(1, false, 256), std::make_tuple(2, true, 256),
+                      std::make_tuple(4, true, 256)),
+    CleanName);
 
 enum class FaultKind { kReadError, kWriteError, kShortRead };
 
-// (fault, buffer_count)
+// (fault, buffer_count, piece elements as in CleanStepTest)
 class StepFaultTest : public OptimizerStepTest,
-                      public ::testing::WithParamInterface<std::tuple<FaultKind, int>> {};
+                      public ::testing::WithParamInterface<std::tuple<FaultKind, int, int>> {};
 
 TEST_P(StepFaultTest, FailedStepNamesTheSubGroupAndLeavesNoTrace) {
   SCOPED_TRACE("seed " + std::to_string(seed_));
-  const auto [kind, buffers] = GetParam();
+  const auto [kind, buffers, pieces] = GetParam();
+  layout_.set_state_piece_elems(pieces);
   auto nv = MakeRig(OffloadDevice::kNvme, buffers);
   auto ref = MakeRig(OffloadDevice::kCpu, buffers);
   ASSERT_TRUE(nv && ref);
@@ -267,8 +279,9 @@ TEST_P(StepFaultTest, FailedStepNamesTheSubGroupAndLeavesNoTrace) {
   }
   const Snapshot after_one = nv->Take();
 
-  // Step 2 fails at sub-group 1's read or write (with one buffer, reads and
-  // writes alternate: read 0, write 0, read 1, write 1, ...).
+  // Step 2 fails at the second read or write: sub-group 1's, or with
+  // pieces sub-group 0's second piece (with one buffer, reads and writes
+  // alternate: read 0, write 0, read 1, write 1, ...).
   nvme::FaultInjectionEngine::Rule rule;
   rule.kind = kind == FaultKind::kWriteError ? nvme::IoOpKind::kWrite : nvme::IoOpKind::kRead;
   rule.nth = 2;
@@ -288,7 +301,7 @@ TEST_P(StepFaultTest, FailedStepNamesTheSubGroupAndLeavesNoTrace) {
                                                     : "reading optimizer state of sub-group ";
   EXPECT_THAT(msg, HasSubstr(what));
   if (buffers == 1) {
-    EXPECT_THAT(msg, HasSubstr(std::string(what) + "1"));
+    EXPECT_THAT(msg, HasSubstr(std::string(what) + (pieces > 0 ? "0 [256, 512)" : "1")));
   }
   EXPECT_THAT(msg, ContainsRegex("sub-group [0-9]+"));
   EXPECT_THAT(msg, HasSubstr("step 2 failed"));
@@ -311,17 +324,17 @@ TEST_P(StepFaultTest, FailedStepNamesTheSubGroupAndLeavesNoTrace) {
   ExpectSame(nv->Take(), ref->Take());
 }
 
-std::string FaultName(const ::testing::TestParamInfo<std::tuple<FaultKind, int>>& info) {
+std::string FaultName(const ::testing::TestParamInfo<std::tuple<FaultKind, int, int>>& info) {
   static const char* const kNames[] = {"read_eio", "write_eio", "short_read"};
   return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) + "_buffers" +
-         std::to_string(std::get<1>(info.param));
+         std::to_string(std::get<1>(info.param)) + (std::get<2>(info.param) > 0 ? "_pieces" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, StepFaultTest,
                          ::testing::Combine(::testing::Values(FaultKind::kReadError,
                                                               FaultKind::kWriteError,
                                                               FaultKind::kShortRead),
-                                            ::testing::Values(1, 4)),
+                                            ::testing::Values(1, 4), ::testing::Values(0, 256)),
                          FaultName);
 
 // Holds the step's thread before sub-group `at` until released.

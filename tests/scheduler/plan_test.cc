@@ -235,6 +235,80 @@ TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
             4 * 4096 + 3 * IoBytes(12 * 1000) + 2 * 8192);
 }
 
+// A pinned budget that does not hold buffer_count buffers of the largest
+// sub-group beside the fixed pools streams the sub-groups in pieces: the
+// largest multiple of kStatePieceQuantum whose buffers fit, each piece
+// page-rounded on NVMe; below one quantum the row is over and says so.
+TEST(PlanTest, PinnedBudgetCutsTheSubGroupsIntoPieces) {
+  LayoutSizes s = TinySizes();
+  s.total_elems = 10'000'000;
+  s.max_group_elems = 1'000'000;
+  s.num_groups = 10;
+  s.max_module_bytes = 1 << 20;
+  s.total_param_bytes = 20 << 20;
+  s.num_modules = 20;
+  Placement pl = Place(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  pl.optimizer_buffer_count = 4;
+  pl.param_buffer_count = 5;
+  TierFacts f;
+  f.nvme_paths = {"/a"};
+  // The fixed pools: staging 4 x 4 KiB, fetch 5 + write-back 4 module buffers.
+  const int64_t fixed = 4 * 4096 + 9 * (int64_t{1} << 20);
+  const int64_t whole = OptimizerBufferBytes(1'000'000, false);
+  f.pinned_budget = fixed + 4 * whole;  // exactly holds whole sub-groups
+  TierPlan plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_EQ(plan.state_piece_elems, 0);
+  EXPECT_EQ(plan.optimizer_buffer_bytes, whole);
+  const int64_t nvme_whole = plan.nvme_bytes();
+
+  f.pinned_budget = fixed + 4 * whole - 1;  // one byte short: pieces
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_EQ(plan.state_piece_elems, 983'040);  // 15 quanta of 65536
+  EXPECT_EQ(plan.optimizer_buffer_bytes, OptimizerBufferBytes(983'040, false));
+  EXPECT_THAT(Find(plan, "pinned")->detail,
+              HasSubstr("sub-groups of 1000000 elements in pieces of 983040"));
+  // Each shard's two pieces are page-rounded: a page more per version.
+  EXPECT_EQ(plan.nvme_bytes(), nvme_whole + 2 * 10 * 2 * kIoAlign);
+
+  f.pinned_budget = fixed + 4 * OptimizerBufferBytes(200'000, false);
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(plan.fits);
+  EXPECT_EQ(plan.state_piece_elems, 196'608);
+  EXPECT_LE(Needed(plan, "pinned"), f.pinned_budget);
+
+  // With the gradient sums on NVMe each buffer carries them too (16 B/element).
+  pl.grad_tier = GradTier::kNvme;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(plan.state_piece_elems, 131'072);
+  EXPECT_EQ(plan.optimizer_buffer_bytes, OptimizerBufferBytes(131'072, true));
+  EXPECT_LE(Needed(plan, "pinned"), f.pinned_budget);
+  pl.grad_tier = GradTier::kDram;
+
+  // Compact formats fit larger pieces in the same budget.
+  pl.optimizer_states = OptimizerStates::kInt8;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_GT(plan.state_piece_elems, 196'608);
+  EXPECT_EQ(plan.state_piece_elems % kStatePieceQuantum, 0);
+  pl.optimizer_states = OptimizerStates::kFp32;
+
+  // Less than four buffers of one quantum: over, and the row names the
+  // smallest pipeline.
+  f.pinned_budget = fixed + 4 * OptimizerBufferBytes(kStatePieceQuantum, false) - 1;
+  plan = ComputeTierPlan(pl, s, f);
+  EXPECT_FALSE(plan.fits);
+  EXPECT_EQ(plan.state_piece_elems, kStatePieceQuantum);
+  EXPECT_THAT(Find(plan, "pinned")->detail, HasSubstr("in pieces of 65536: the smallest pipeline"));
+  const std::string table = OverBudgetTable(plan, pl, s);
+  EXPECT_THAT(table, HasSubstr("the smallest pipeline"));
+  EXPECT_THAT(table, HasSubstr("<-- over"));
+
+  // No pinned budget (0: no limit): whole sub-groups.
+  f.pinned_budget = 0;
+  EXPECT_EQ(ComputeTierPlan(pl, s, f).state_piece_elems, 0);
+}
+
 // The compact state formats: every row that holds the optimizer states
 // (DRAM, pinned with pin_memory, NVMe's two versions), the pipeline buffers
 // and the step's NVMe bytes count the format's, labelled with it.
