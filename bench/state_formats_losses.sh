@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
 # The convergence table of the compact optimizer states: the demo model
 # (configs/demo.json with the optimizer and parameters on the CPU, its other
-# settings unchanged: same data, seed and schedule) trained STEPS steps with
+# settings unchanged: same data, seed and schedule), or with --llama the
+# frontend's Llama example (examples/torch/train_llama.py at its default
+# size and settings, configs/hf_zero3_llama.json), trained STEPS steps with
 # strata.optimizer_states fp32, bf16, bf16-master and int8. Prints the loss
 # at steps 50, 100 and 300 (those within STEPS) and the last one per format,
 # the final loss relative to fp32's, and the mean over the last tenth of the
 # steps relative to fp32's. Losses do not depend on timing, so a
 # loaded machine gives the same table. Needs /usr/bin/python3.
-#   bench/state_formats_losses.sh [steps=300]
+#   bench/state_formats_losses.sh [--llama] [steps=300]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
 STRATA="$BUILD_DIR/apps/strata/strata"
+LLAMA=0
+if [ "${1:-}" = "--llama" ]; then
+  LLAMA=1
+  shift
+fi
 STEPS="${1:-300}"
 WORK="$BUILD_DIR/run/state_formats"
 mkdir -p "$WORK"
 PY=/usr/bin/python3
 for f in fp32 bf16 bf16-master int8; do
+  if [ "$LLAMA" = 1 ]; then
+    # (The script's last line is a JSON summary with the per-step losses.)
+    PYTHONPATH="$BUILD_DIR/python" "$PY" "$ROOT/examples/torch/train_llama.py" --steps "$STEPS" \
+      --optimizer-states "$f" --quiet 2>/dev/null | tail -1 > "$WORK/$f.out.json"
+    continue
+  fi
   "$PY" - "$ROOT/configs/demo.json" "$WORK/$f.json" "$f" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))

@@ -6,6 +6,7 @@
     ... --resume                                   # continue from the newest checkpoint
     ... --offload-optimizer nvme --offload-param nvme --nvme-path /local_nvme
     ... --grad-ckpt                                # recompute each decoder layer in backward
+    ... --optimizer-states bf16                    # compact optimizer states (bf16-master, int8)
 
 The config (configs/hf_zero3_llama.json) is what the Hugging Face trainer
 hands DeepSpeed: batch sizes, clipping, the optimizer's lr/betas/eps/
@@ -242,6 +243,8 @@ def load_config(args):
         cfg.setdefault("strata", {})["device"] = args.device
     if args.threads is not None:
         cfg.setdefault("strata", {})["threads"] = args.threads
+    if args.optimizer_states is not None:
+        cfg.setdefault("strata", {})["optimizer_states"] = args.optimizer_states
     return cfg
 
 
@@ -298,6 +301,8 @@ def parse_args(argv=None):
     ap.add_argument("--device", choices=["auto", "host", "cuda"], default=None,
                     help="strata.device (default: the config's)")
     ap.add_argument("--threads", type=int, default=None, help="strata.threads")
+    ap.add_argument("--optimizer-states", choices=["fp32", "bf16", "bf16-master", "int8"],
+                    default=None, help="strata.optimizer_states (default: the config's, fp32)")
     ap.add_argument("--grad-ckpt", action="store_true",
                     help="non-reentrant activation checkpointing of each decoder layer")
     ap.add_argument("--save-dir", default=None, help="checkpoint root directory")

@@ -141,6 +141,16 @@ int strata_save_checkpoint(strata_engine* engine, const char* dir, int64_t data_
 int strata_load_checkpoint(strata_engine* engine, const char* dir, int64_t* data_position,
                            int64_t* optimizer_step, char* note_buf, size_t note_capacity,
                            size_t* note_needed);
+/* strata_load_checkpoint with flags (0: the same). With
+ * STRATA_LOAD_CONVERT_OPTIMIZER_STATES a checkpoint of another
+ * strata.optimizer_states format is loaded in this engine's format
+ * (CheckpointInfo::convert_optimizer_states; not between int8 and the
+ * others); without it such a checkpoint is STRATA_FAILED_PRECONDITION naming
+ * both formats. Unknown flag bits: STRATA_INVALID_ARGUMENT. */
+#define STRATA_LOAD_CONVERT_OPTIMIZER_STATES 1u
+int strata_load_checkpoint_flags(strata_engine* engine, const char* dir, unsigned flags,
+                                 int64_t* data_position, int64_t* optimizer_step, char* note_buf,
+                                 size_t note_capacity, size_t* note_needed);
 
 /* Engine::SetLearningRate / learning_rate (strata/engine.h): the lr of the
  * later optimizer steps; STRATA_FAILED_PRECONDITION when the config has a

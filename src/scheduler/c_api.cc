@@ -1,4 +1,6 @@
 // The C API (include/strata/strata_c.h): a thin wrapper over strata::Engine.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -276,10 +278,23 @@ int strata_save_checkpoint(strata_engine* e, const char* dir, int64_t data_posit
 int strata_load_checkpoint(strata_engine* e, const char* dir, int64_t* data_position,
                            int64_t* optimizer_step, char* note_buf, size_t note_capacity,
                            size_t* note_needed) {
-  return Guard("strata_load_checkpoint", [&]() -> int {
+  return strata_load_checkpoint_flags(e, dir, 0, data_position, optimizer_step, note_buf,
+                                      note_capacity, note_needed);
+}
+
+int strata_load_checkpoint_flags(strata_engine* e, const char* dir, unsigned flags,
+                                 int64_t* data_position, int64_t* optimizer_step, char* note_buf,
+                                 size_t note_capacity, size_t* note_needed) {
+  return Guard("strata_load_checkpoint_flags", [&]() -> int {
     if (e == nullptr) return NullArg("engine");
     if (dir == nullptr) return NullArg("dir");
+    if ((flags & ~STRATA_LOAD_CONVERT_OPTIMIZER_STATES) != 0)
+      return Check(strata::InvalidArgumentError(fmt::format(
+          "strata_load_checkpoint_flags: unknown flags 0x{:x} (allowed: "
+          "STRATA_LOAD_CONVERT_OPTIMIZER_STATES = 0x{:x})",
+          flags & ~STRATA_LOAD_CONVERT_OPTIMIZER_STATES, STRATA_LOAD_CONVERT_OPTIMIZER_STATES)));
     strata::CheckpointInfo info;
+    info.convert_optimizer_states = (flags & STRATA_LOAD_CONVERT_OPTIMIZER_STATES) != 0;
     if (int rc = Check(e->engine->LoadCheckpoint(dir, &info)); rc != STRATA_OK) return rc;
     if (data_position) *data_position = info.data_position;
     if (optimizer_step) *optimizer_step = info.optimizer_step;

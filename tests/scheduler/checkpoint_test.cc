@@ -727,6 +727,67 @@ TEST(CheckpointTest, SaveInTheMiddleOfAWindowIsRefused) {
   EXPECT_TRUE(e->SaveCheckpoint(dir.str() + "/ckpt", {}).ok());
 }
 
+// strata_load_checkpoint_flags: another state format is refused without
+// STRATA_LOAD_CONVERT_OPTIMIZER_STATES and loaded with it; unknown bits are
+// refused naming them.
+TEST(CheckpointTest, CApiConvertsAnotherStateFormatWithTheFlag) {
+  testing::ScratchDir dir;
+  auto json = [](const char* states) {
+    return fmt::format(R"({{"bf16": {{"enabled": true}}, "zero_optimization": {{"stage": 3,
+        "offload_optimizer": {{"device": "cpu"}}, "offload_param": {{"device": "cpu"}}}},
+      "strata": {{"device": "host", "hbm_budget": "8M", "threads": 2,
+        "optimizer_states": "{}"}}}})",
+                       states);
+  };
+  auto make = [&](const char* states, const float* init) {
+    strata_engine* e = nullptr;
+    EXPECT_EQ(strata_engine_create_from_json(json(states).c_str(), &e), STRATA_OK)
+        << strata_last_error();
+    if (e == nullptr) return e;
+    EXPECT_EQ(strata_register_parameter(e, "w", 700, STRATA_FP32, 0, init, nullptr), 0);
+    return e;
+  };
+  std::vector<float> init(700);
+  for (int i = 0; i < 700; ++i) init[static_cast<size_t>(i)] = 0.001f * static_cast<float>(i % 97);
+  strata_engine* a = make("bf16", init.data());
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(strata_plan(a), 0) << strata_last_error();
+  void* p[1];
+  void* g[1];
+  int n = 0;
+  ASSERT_EQ(strata_before_forward(a, 0, p, 1, &n), 0);
+  ASSERT_EQ(strata_after_forward(a, 0), 0);
+  ASSERT_EQ(strata_before_backward(a, 0, p, g, 1, &n), 0);
+  for (int i = 0; i < 700; ++i) static_cast<float*>(g[0])[i] = 0.01f * static_cast<float>(i % 7);
+  ASSERT_EQ(strata_after_backward(a, 0), 0);
+  ASSERT_EQ(strata_step(a, nullptr), 0);
+  const std::string root = dir.str() + "/ckpt";
+  ASSERT_EQ(strata_save_checkpoint(a, root.c_str(), 7, nullptr), 0) << strata_last_error();
+  std::vector<float> want(700), got(700);
+  ASSERT_EQ(strata_read_parameter(a, 0, want.data(), 700), 0);
+  strata_engine_destroy(a);
+
+  strata_engine* b = make("fp32", nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(strata_load_checkpoint(b, root.c_str(), nullptr, nullptr, nullptr, 0, nullptr),
+            STRATA_FAILED_PRECONDITION);
+  EXPECT_THAT(strata_last_error(), HasSubstr("bf16"));
+  EXPECT_EQ(
+      strata_load_checkpoint_flags(b, root.c_str(), 6u, nullptr, nullptr, nullptr, 0, nullptr),
+      STRATA_INVALID_ARGUMENT);
+  EXPECT_THAT(strata_last_error(), HasSubstr("unknown flags 0x6"));
+  int64_t pos = 0, step = 0;
+  ASSERT_EQ(strata_load_checkpoint_flags(b, root.c_str(), STRATA_LOAD_CONVERT_OPTIMIZER_STATES,
+                                         &pos, &step, nullptr, 0, nullptr),
+            0)
+      << strata_last_error();
+  EXPECT_EQ(pos, 7);
+  EXPECT_EQ(step, 1);
+  ASSERT_EQ(strata_read_parameter(b, 0, got.data(), 700), 0);
+  EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4));
+  strata_engine_destroy(b);
+}
+
 TEST(CheckpointTest, CApiRoundTrip) {
   testing::ScratchDir dir;
   const std::string json = R"({"zero_optimization": {"stage": 3,
