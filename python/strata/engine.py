@@ -70,9 +70,11 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
 One engine drives one model, from one thread.
 """
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 import weakref
 
@@ -106,13 +108,17 @@ def _share_rendezvous_dir():
     default process group is up and STRATA_GLOO_DIR is unset, rank 0 makes a
     fresh one and the default group hands its name to every rank; the engine
     then does its collectives itself. Without a process group the engine
-    uses /tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT> (one machine)."""
+    uses /tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT> (one machine). Rank 0
+    removes the directory it made when its process exits (every rank met
+    there long before: the engines' creation is collective)."""
     import torch.distributed as dist
     if os.environ.get("STRATA_GLOO_DIR") or not dist.is_available() or not dist.is_initialized():
         return
     if dist.get_world_size() < 2:
         return
     name = [tempfile.mkdtemp(prefix="strata-gloo-") if dist.get_rank() == 0 else None]
+    if dist.get_rank() == 0:
+        atexit.register(shutil.rmtree, name[0], True)
     dist.broadcast_object_list(name, src=0)
     os.environ["STRATA_GLOO_DIR"] = name[0]
 

@@ -1,0 +1,158 @@
+"""python3 -m strata.launch: torchrun's environment on any Python and torch.
+
+Both spellings of its options; the environment of each rank; two ranks of
+a real training script (strata.initialize under torch.distributed's gloo
+group) that end with the same parameters and leave no rendezvous directory
+behind; and a failing rank that stops the others and sets the exit status.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+from strata import launch  # noqa: E402
+
+
+def parse(argv):
+    ap = launch._parser()
+    args = ap.parse_args(argv)
+    launch._check(ap, args)
+    return args
+
+
+def test_both_spellings_and_the_environment():
+    for argv in (["--nproc_per_node", "3", "--node_rank", "1", "--nnodes", "2",
+                  "--master_addr", "10.0.0.1", "--master_port", "29511", "t.py", "--lr", "1"],
+                 ["--nproc-per-node", "3", "--node-rank", "1", "--nnodes", "2",
+                  "--master-addr", "10.0.0.1", "--master-port", "29511", "t.py", "--lr", "1"]):
+        args = parse(argv)
+        assert args.script == "t.py" and args.script_args == ["--lr", "1"]
+        envs = launch.rank_environments(args, {"PATH": "/bin"}, "/tmp/rdv")
+        assert [e["RANK"] for e in envs] == ["3", "4", "5"]
+        assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2"]
+        for e in envs:
+            assert e["WORLD_SIZE"] == "6" and e["LOCAL_WORLD_SIZE"] == "3"
+            assert e["GROUP_RANK"] == "1" and e["ROLE_WORLD_SIZE"] == "6"
+            assert e["MASTER_ADDR"] == "10.0.0.1" and e["MASTER_PORT"] == "29511"
+            assert e["OMP_NUM_THREADS"] == "1" and e["STRATA_GLOO_DIR"] == "/tmp/rdv"
+            assert e["PATH"] == "/bin"
+    # One process: OMP_NUM_THREADS untouched; a set value is kept; a free port.
+    one = launch.rank_environments(parse(["t.py"]), {}, None)
+    assert len(one) == 1 and "OMP_NUM_THREADS" not in one[0] and "STRATA_GLOO_DIR" not in one[0]
+    assert int(one[0]["MASTER_PORT"]) > 0
+    kept = launch.rank_environments(parse(["--nproc_per_node", "2", "t.py"]),
+                                    {"OMP_NUM_THREADS": "4"}, None)
+    assert all(e["OMP_NUM_THREADS"] == "4" for e in kept)
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["--nproc_per_node", "0", "t.py"], "must be at least 1"),
+    (["--nnodes", "2", "--node_rank", "2", "t.py"], "must be in 0..1"),
+    (["--master_port", "70000", "t.py"], "must be in 1..65535"),
+    (["--standalone", "--nnodes", "2", "t.py"], "--nnodes must be 1"),
+])
+def test_bad_options_are_refused_naming_them(argv, what, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    assert what in capsys.readouterr().err
+
+
+# Two ranks train a small model through strata.initialize with the
+# optimizer on the CPU; each writes its parameters' bytes.
+TRAIN = textwrap.dedent("""
+    import hashlib, json, os, sys
+    import torch
+    import torch.distributed as dist
+    import strata
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+           "strata": {"device": "host", "hbm_budget": "64M", "threads": 1}}
+    engine = strata.initialize(model, cfg)
+    rank = dist.get_rank()
+    for step in range(3):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(2, 16, generator=g)
+        loss = engine(x).square().mean()
+        engine.backward(loss)
+        engine.step()
+    sd = engine.state_dict()  # a collective: every rank asks
+    digest = hashlib.sha256()
+    for k in sorted(sd):
+        digest.update(sd[k].float().numpy().tobytes())
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "world": dist.get_world_size(),
+                   "local_rank": int(os.environ["LOCAL_RANK"]), "digest": digest.hexdigest()}, f)
+    engine.close()
+    dist.destroy_process_group()
+""")
+
+
+def run_launch(argv, tmp_path, timeout=240):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env.pop("STRATA_GLOO_DIR", None)
+    return subprocess.run([sys.executable, "-m", "strata.launch", *argv], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+
+
+def test_two_ranks_train_alike_and_leave_no_rendezvous_directory(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = run_launch(["--nproc-per-node", "2", str(script), str(out)], tmp_path)
+    assert r.returncode == 0, r.stdout
+    results = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")),
+                     key=lambda j: j["rank"])
+    assert [(j["rank"], j["world"], j["local_rank"]) for j in results] == [(0, 2, 0), (1, 2, 1)]
+    # The ranks trained on different data and stepped the same parameters.
+    assert results[0]["digest"] == results[1]["digest"]
+    assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
+
+
+def test_a_failing_rank_stops_the_others_and_sets_the_status(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, time
+        if os.environ["RANK"] == "1":
+            sys.exit(3)
+        time.sleep(120)
+    """))
+    r = run_launch(["--nproc_per_node", "2", str(script)], tmp_path, timeout=60)
+    assert r.returncode == 3, r.stdout
+    assert "rank 1 (local rank 1)" in r.stdout and "exited with status 3" in r.stdout
+    assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
+
+
+def test_readmes_one_machine_commands_run_as_written(tmp_path):
+    """Every `python3 -m strata.launch` command of README's "Data parallelism"
+    section that runs on one machine, with this interpreter as python3."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("## Data parallelism", 1)[1].split("\n## ", 1)[0]
+    commands = [line.strip() for line in section.splitlines()
+                if line.strip().startswith("python3 -m strata.launch") and "--nnodes" not in line]
+    assert commands, "README's data-parallel section has no strata.launch command"
+    for command in commands:
+        argv = command.split()[3:]  # after "python3 -m strata.launch"
+        env = dict(os.environ, TMPDIR=str(tmp_path))
+        env.pop("STRATA_GLOO_DIR", None)
+        r = subprocess.run([sys.executable, "-m", "strata.launch", *argv], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=300)
+        assert r.returncode == 0, f"{command}:\n{r.stdout}"
+        assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
