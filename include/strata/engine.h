@@ -57,6 +57,13 @@ struct ParamSpec {
   // The optimizer parameter group (AddParamGroup): 0, the config's own
   // hyperparameters, unless the framework added groups.
   int group = 0;
+  // The tensor's shape (its product is numel; empty: [numel]) and its other
+  // names (a tied weight's, as the framework's state_dict lists them).
+  // Checkpoints record both, so that exported weights have the model's
+  // shapes under every name and load strictly; FindParameter finds a
+  // parameter by any of its names.
+  std::vector<int64_t> shape;
+  std::vector<std::string> aliases;
 };
 
 // An optimizer parameter group, as torch.optim's param_groups and DeepSpeed's

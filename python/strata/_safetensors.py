@@ -1,5 +1,6 @@
 """The safetensors writer of the frontend: write_safetensors(tensors, path)
-(engine.save_16bit_model's ".safetensors" files).
+(engine.save_16bit_model's ".safetensors" files), and read_safetensors(path)
+(strata.zero_to_fp32's reader of exported checkpoints).
 
 Promises: the tensors' bytes and the header's parts go to the C++ writer
 (src/scheduler/safetensors.h, the one checkpoint export uses, through
@@ -14,7 +15,9 @@ for, or a name or metadata entry that is not a str, is an
 InvalidArgumentError.
 """
 
+import json
 import os
+import struct
 
 import torch
 import torch.utils.dlpack as _dlpack
@@ -49,3 +52,46 @@ def write_safetensors(tensors, path, metadata=None):
         entries.append((name, _SAFETENSORS_DTYPES[t.dtype], list(t.shape),
                         _dlpack.to_dlpack(data)))
     _strata.write_safetensors(os.fspath(path), meta, entries)
+
+
+_TORCH_DTYPES = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+
+
+def read_safetensors(path):
+    """{name: tensor} of a safetensors file (CPU tensors of the header's
+    dtypes and shapes, in the header's order; "__metadata__" left out). A
+    header or an extent that does not fit the file is an InvalidArgumentError
+    naming the file."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    def bad(what):
+        return InvalidArgumentError(f"read_safetensors {path}: {what}", "InvalidArgument")
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes: no header length")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise bad(f"header of {n} bytes past the file's end ({len(data)} bytes)")
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"header is not JSON: {e}") from None
+    body = memoryview(data)[8 + n:]
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _TORCH_DTYPES.get(entry.get("dtype"))
+        if dtype is None:
+            raise bad(f"{name}: dtype {entry.get('dtype')!r}")
+        b, e = entry["data_offsets"]
+        shape = entry["shape"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        if not 0 <= b <= e <= len(body) or e - b != numel * torch.empty((), dtype=dtype).element_size():
+            raise bad(f"{name}: bytes [{b}, {e}) do not hold {shape} of {entry['dtype']} "
+                      f"in a body of {len(body)}")
+        raw = torch.frombuffer(bytearray(body[b:e]), dtype=torch.uint8)
+        out[name] = raw.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+    return out

@@ -286,12 +286,14 @@ class PyEngine {
   std::string config_json() const { return ConfigToJson(config_); }
 
   int register_parameter(const std::string& name, const std::vector<int64_t>& shape,
-                         const std::string& dtype, int module, const py::capsule& init, int group) {
+                         const std::string& dtype, int module, const py::capsule& init, int group,
+                         const std::vector<std::string>& aliases) {
     e();  // closed: before the capsule is consumed
     const int64_t numel = Numel(name, shape);
     std::vector<float> values = ConsumeFloats(init, numel, "initial values of " + name);
     ParamSpec spec;
     spec.init = values;
+    spec.aliases = aliases;
     return Register(name, shape, dtype, module, group, spec);
   }
 
@@ -305,7 +307,7 @@ class PyEngine {
   // left at zero there.
   int register_parameter_fn(const std::string& name, const std::vector<int64_t>& shape,
                             const std::string& dtype, int module, const py::function& fill,
-                            int group) {
+                            int group, const std::vector<std::string>& aliases) {
     e();
     const int64_t numel = Numel(name, shape);
     // The callable is released with the GIL held, wherever the engine drops
@@ -320,6 +322,7 @@ class PyEngine {
       }
     });
     ParamSpec spec;
+    spec.aliases = aliases;
     spec.initializer = [this, fn, numel](std::span<float> out) {
       py::gil_scoped_acquire gil;
       if (fill_error_) return;  // the first error is reported; the rest stay zero
@@ -518,6 +521,8 @@ class PyEngine {
                int module, int group, ParamSpec& spec) {
     spec.name = name;
     spec.numel = Numel(name, shape);
+    // (A 0-d tensor's shape is []: the engine's empty shape means [numel].)
+    spec.shape = shape;
     spec.dtype = ParseDType(dtype);
     spec.module = module;
     spec.group = group;
@@ -598,10 +603,11 @@ PYBIND11_MODULE(_strata, m) {
            py::arg("json_text"), py::arg("source"), py::arg("auto_values"), py::arg("host_only"))
       .def("config_json", &PyEngine::config_json)
       .def("register_parameter", &PyEngine::register_parameter, py::arg("name"), py::arg("shape"),
-           py::arg("dtype"), py::arg("module"), py::arg("init"), py::arg("group") = 0)
+           py::arg("dtype"), py::arg("module"), py::arg("init"), py::arg("group") = 0,
+           py::arg("aliases") = std::vector<std::string>{})
       .def("register_parameter_fn", &PyEngine::register_parameter_fn, py::arg("name"),
            py::arg("shape"), py::arg("dtype"), py::arg("module"), py::arg("fill"),
-           py::arg("group") = 0)
+           py::arg("group") = 0, py::arg("aliases") = std::vector<std::string>{})
       .def("add_param_group", &PyEngine::add_param_group, py::arg("name"), py::arg("lr"),
            py::arg("weight_decay"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"))
       .def("num_param_groups", &PyEngine::num_param_groups)

@@ -213,8 +213,17 @@ class Engine:
         id(param) -> engine group id); what the engine does not own to its
         device and dtype; the gradient hooks."""
         dtype_name = _DTYPE_NAMES[self.dtype]
+        # Every name of each parameter (a tied one has several): the engine
+        # records them in checkpoints, so exported weights load strictly.
+        # (named_modules: torch 1.13's named_parameters cannot keep duplicates.)
+        names_of = {}
+        for mname, mod in self.module.named_modules(remove_duplicate=False):
+            for n, p in mod._parameters.items():
+                if p is not None:
+                    names_of.setdefault(id(p), []).append(f"{mname}.{n}" if mname else n)
         for g in self._groups:
             for name, p in zip(g.names, g.params):
+                aliases = [n for n in names_of.get(id(p), []) if n != name]
                 self._origin[id(p)] = (p.dtype, p.device)
                 group = engine_group_of.get(id(p), 0)
                 spilled = _init_context.take(p, name)
@@ -223,11 +232,13 @@ class Engine:
                     # the spill store when it initializes the states (plan).
                     self._spilled.append((p, spilled))
                     pid = self._engine.register_parameter_fn(name, list(p.shape), dtype_name,
-                                                             g.index, spilled.fill, group)
+                                                             g.index, spilled.fill, group,
+                                                             aliases)
                 else:
                     init = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
                     pid = self._engine.register_parameter(name, list(p.shape), dtype_name,
-                                                          g.index, _dlpack.to_dlpack(init), group)
+                                                          g.index, _dlpack.to_dlpack(init), group,
+                                                          aliases)
                 self._param_id[id(p)] = pid
                 self._shape_of_id.append(tuple(p.shape))
         # What the engine does not own follows the model to the device and dtype
@@ -517,11 +528,15 @@ class Engine:
 def export(checkpoint_dir, path, dtype="fp32"):
     """Writes the parameters of the checkpoint under `checkpoint_dir` (a root:
     its newest checkpoint that verifies; or one ckpt-<N> directory) to `path`
-    as safetensors keyed by the registered names, each of shape [numel]:
-    dtype "fp32" the fp32 masters, "train" the training-dtype copies. Every
-    file's size and CRC-32C are verified first. Needs no engine (the same C++
-    as `strata checkpoint export`). Returns a dict: checkpoint, optimizer_step,
-    tensors, bytes."""
+    as safetensors: dtype "fp32" the fp32 masters, "train" the training-dtype
+    copies, each tensor in the model's shape under every name the model's
+    state_dict gives it (a tied weight under each of its names), so that a
+    fresh model loads the parameters with load_state_dict(strict=True) when
+    they are all its state_dict holds. A checkpoint written before shapes
+    and tied names were recorded gives each tensor flat ([numel]) under its
+    first name. Every file's size and CRC-32C are verified first. Needs no
+    engine (the same C++ as `strata checkpoint export`). Returns a dict:
+    checkpoint, optimizer_step, tensors, bytes."""
     return _strata.export_checkpoint(os.fspath(checkpoint_dir), os.fspath(path), dtype)
 
 

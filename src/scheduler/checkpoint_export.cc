@@ -81,6 +81,18 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
       r.dtype = *d;
       r.module = pj.at(3).get<int>();
       if (pj.size() > 4) r.group = pj.at(4).get<int>();
+      // Shapes and tied names: recorded since checkpoints carry them (an
+      // older one exports each tensor flat, under its first name).
+      if (lj.contains("shapes") && recs.size() < lj.at("shapes").size())
+        r.shape = lj.at("shapes").at(recs.size()).get<std::vector<int64_t>>();
+      if (lj.contains("aliases") && lj.at("aliases").contains(r.name))
+        r.aliases = lj.at("aliases").at(r.name).get<std::vector<std::string>>();
+      int64_t product = 1;
+      for (int64_t d : r.shape) product = d >= 0 ? product * d : -1;
+      if (!r.shape.empty() && product != r.numel)
+        return DataLossError(fmt::format("{}: parameter {} has numel {} and shape {}",
+                                         manifest_path, r.name, r.numel,
+                                         lj.at("shapes").at(recs.size()).dump()));
       if (r.numel < 0 || r.module < 0 || r.group < 0)
         return DataLossError(fmt::format("{}: parameter {} has numel {} and module {}",
                                          manifest_path, r.name, r.numel, r.module));
@@ -208,35 +220,67 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
   Ranges param_ranges;
   std::vector<SafetensorsTensor> tensors;
   std::set<std::string> names;
-  auto add_tensor = [&](const ParamRec& p, int64_t file_off) -> Status {
-    const int64_t es = fp32 ? 4 : p.elem_size();
+  auto add_tensor = [&](const ParamRec& p, const std::string& name) -> Status {
     const DType t = fp32 ? DType::kFp32 : p.dtype;
-    if (!names.insert(p.name).second)
+    if (!names.insert(name).second)
       return FailedPreconditionError(
-          fmt::format("checkpoint {}: parameter name {} appears twice", in.path, p.name));
-    tensors.push_back(
-        {p.name, t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16"), {p.numel}});
-    if (p.numel > 0 && !fp32) param_ranges.emplace_back(file_off, file_off + p.numel * es);
+          fmt::format("checkpoint {}: parameter name {} appears twice", in.path, name));
+    tensors.push_back({name, t == DType::kFp32 ? "F32" : (t == DType::kBf16 ? "BF16" : "F16"),
+                       p.shape.empty() ? std::vector<int64_t>{p.numel} : p.shape});
     return Status();
   };
+  // Where parameter p's bytes are in params.bin.
+  std::vector<int64_t> param_file_off(l.params().size(), 0);
   int64_t module_file_off = 0;
   for (const ModuleExtent& me : l.modules()) {
-    for (int id : me.params)
-      RETURN_IF_ERROR(
-          add_tensor(l.param(id), module_file_off + l.param(id).byte_off - me.byte_begin));
+    for (int id : me.params) {
+      const ParamRec& p = l.param(id);
+      RETURN_IF_ERROR(add_tensor(p, p.name));
+      param_file_off[static_cast<size_t>(id)] = module_file_off + p.byte_off - me.byte_begin;
+      if (p.numel > 0 && !fp32)
+        param_ranges.emplace_back(
+            param_file_off[static_cast<size_t>(id)],
+            param_file_off[static_cast<size_t>(id)] + p.numel * p.elem_size());
+    }
     module_file_off += me.bytes();
   }
   if (!fp32) sources.emplace_back(kParamsFile, std::move(param_ranges));
-  if (fp32)  // each sub-group's section starts with its masters; padding (layout.h) left out
-    for (const CheckpointStateFile& f : in.state_files) {
-      Ranges& r = sources.emplace_back(f.name, Ranges{}).second;
-      for (int64_t s0 = f.elem_begin; s0 < f.elem_end; s0 += f.sub_group_elems)
-        for (const Layout::Slice& sl : l.Slices(s0, std::min(f.elem_end, s0 + f.sub_group_elems))) {
-          const int64_t at = kOptimizerStateBytesPerElem * (s0 - f.elem_begin) +
-                             kMasterBytesPerElem * (sl.elem_begin - s0);
-          r.emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
-        }
+  // The masters of the elements [lo, hi) of each states file, as ranges of
+  // it: each sub-group's section starts with its masters; padding (layout.h)
+  // left out.
+  auto master_ranges = [&](const CheckpointStateFile& f, int64_t lo, int64_t hi, Ranges* r) {
+    for (int64_t s0 = f.elem_begin; s0 < f.elem_end; s0 += f.sub_group_elems)
+      for (const Layout::Slice& sl :
+           l.Slices(std::max(s0, lo), std::min({f.elem_end, s0 + f.sub_group_elems, hi}))) {
+        const int64_t at = kOptimizerStateBytesPerElem * (s0 - f.elem_begin) +
+                           kMasterBytesPerElem * (sl.elem_begin - s0);
+        r->emplace_back(at, at + kMasterBytesPerElem * (sl.elem_end - sl.elem_begin));
+      }
+  };
+  if (fp32)
+    for (const CheckpointStateFile& f : in.state_files)
+      master_ranges(f, f.elem_begin, f.elem_end, &sources.emplace_back(f.name, Ranges{}).second);
+  // Tied parameters: each other name a tensor of its own after the others,
+  // copied from the ranges already verified (read again, not checksummed).
+  std::vector<std::pair<std::string, Ranges>> alias_sources;
+  for (size_t id = 0; id < l.params().size(); ++id) {
+    const ParamRec& p = l.params()[id];
+    for (const std::string& a : p.aliases) {
+      RETURN_IF_ERROR(add_tensor(p, a));
+      if (p.numel == 0) continue;
+      if (!fp32) {
+        alias_sources.emplace_back(
+            kParamsFile,
+            Ranges{{param_file_off[id], param_file_off[id] + p.numel * p.elem_size()}});
+        continue;
+      }
+      for (const CheckpointStateFile& f : in.state_files) {
+        const int64_t lo = std::max(f.elem_begin, p.elem_off);
+        const int64_t hi = std::min(f.elem_end, p.elem_off + p.numel);
+        if (lo < hi) master_ranges(f, lo, hi, &alias_sources.emplace_back(f.name, Ranges{}).second);
+      }
     }
+  }
   // The header and the file's creation: src/scheduler/safetensors.h. A name
   // the header cannot hold (not UTF-8, "__metadata__") is the checkpoint's.
   StatusOr<SafetensorsWriter> created =
@@ -280,11 +324,22 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
                       "manifest's {})",
                       src_path, Hex32(crc), entry->crc32c));
   }
+  for (const auto& [source, ranges] : alias_sources) {
+    ASSIGN_OR_RETURN(File src, File::Open(in.path + "/" + source, O_RDONLY));
+    for (const auto& [b, e] : ranges)
+      for (int64_t pos = b; pos < e;) {
+        const auto n = static_cast<size_t>(std::min<int64_t>(e - pos, kVerifyChunk));
+        src.Seek(pos);
+        RETURN_IF_ERROR(src.ReadNext(buf.data(), n));
+        RETURN_IF_ERROR(f.Append(buf.data(), n));
+        pos += static_cast<int64_t>(n);
+      }
+  }
   RETURN_IF_ERROR(f.Commit());
   CheckpointExportResult res;
   res.checkpoint = in.path;
   res.optimizer_step = in.optimizer_step;
-  res.tensors = static_cast<int64_t>(l.params().size());
+  res.tensors = static_cast<int64_t>(tensors.size());
   res.bytes = f.file_bytes();
   return res;
 }

@@ -133,6 +133,18 @@ Json LayoutIdentity(const Layout& l) {
   j["modules"] = l.num_modules();
   j["sub_groups"] = l.unpartitioned_groups();
   j["parameters"] = std::move(params);
+  // Each parameter's shape (in the order of "parameters"; [numel] when none
+  // was registered) and the other names of tied ones: what an export needs
+  // to give the model's tensors under every name. (A checkpoint from before
+  // has neither: its export is flat and under the first names.)
+  Json shapes = Json::array();
+  Json aliases = Json::object();
+  for (const ParamRec& p : l.params()) {
+    shapes.push_back(p.shape.empty() ? std::vector<int64_t>{p.numel} : p.shape);
+    if (!p.aliases.empty()) aliases[p.name] = p.aliases;
+  }
+  j["shapes"] = std::move(shapes);
+  if (!aliases.empty()) j["aliases"] = std::move(aliases);
   return j;
 }
 
@@ -311,6 +323,9 @@ std::string ConfigDifference(const Json& then, const Json& now, bool ignore_stat
 std::string LayoutDifference(const Json& then, const Json& now) {
   const Json& a = then.at("parameters");
   const Json& b = now.at("parameters");
+  // (Shapes: compared when the checkpoint records them.)
+  const Json* shapes_then = then.contains("shapes") ? &then.at("shapes") : nullptr;
+  const Json* shapes_now = now.contains("shapes") ? &now.at("shapes") : nullptr;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     const std::string name = b[i][0].get<std::string>();
     if (a[i][0] != b[i][0])
@@ -319,6 +334,10 @@ std::string LayoutDifference(const Json& then, const Json& now) {
     if (a[i][1] != b[i][1])
       return fmt::format("parameter {}: numel {} in the checkpoint, {} now", name, a[i][1].dump(),
                          b[i][1].dump());
+    if (shapes_then != nullptr && shapes_now != nullptr && i < shapes_then->size() &&
+        i < shapes_now->size() && (*shapes_then)[i] != (*shapes_now)[i])
+      return fmt::format("parameter {}: shape {} in the checkpoint, {} now", name,
+                         (*shapes_then)[i].dump(), (*shapes_now)[i].dump());
     if (a[i][2] != b[i][2])
       return fmt::format("parameter {}: dtype {} in the checkpoint, {} now", name,
                          a[i][2].get<std::string>(), b[i][2].get<std::string>());

@@ -133,6 +133,8 @@ class File {
   // Reads exactly n bytes at the running offset; a file that ends first is
   // DataLoss (truncated).
   Status ReadNext(void* buf, size_t n);
+  // Moves the running offset (of the next ReadNext) to `offset`.
+  void Seek(int64_t offset) { off_ = offset; }
   StatusOr<int64_t> Size() const;
   Status Sync();
   Status Close();

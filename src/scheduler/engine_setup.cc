@@ -183,9 +183,34 @@ StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
         "with AddParamGroup first)",
         spec.name, spec.group, num_param_groups() == 1 ? "is" : "are", num_param_groups(),
         num_param_groups() > 1 ? fmt::format("..{}", num_param_groups() - 1) : ""));
+  if (!spec.shape.empty()) {
+    int64_t product = 1;
+    bool bad = false;
+    for (int64_t d : spec.shape) {
+      bad = bad || d < 0 || (d > 0 && product > INT64_MAX / d);
+      if (!bad) product *= d;
+    }
+    if (bad || product != spec.numel)
+      return InvalidArgumentError(fmt::format(
+          "RegisterParameter {}: shape [{}] holds {} elements, "
+          "numel is {}",
+          spec.name, fmt::join(spec.shape, ", "),
+          bad ? std::string("no whole number of") : std::to_string(product), spec.numel));
+  }
+  for (size_t i = 0; i < spec.aliases.size(); ++i) {
+    const std::string& a = spec.aliases[i];
+    if (a.empty()) return InvalidArgumentError("RegisterParameter " + spec.name + ": empty alias");
+    if (a == spec.name || by_name_.count(a) ||
+        std::find(spec.aliases.begin(), spec.aliases.begin() + static_cast<std::ptrdiff_t>(i), a) !=
+            spec.aliases.begin() + static_cast<std::ptrdiff_t>(i))
+      return InvalidArgumentError(fmt::format(
+          "RegisterParameter {}: alias {} is already a parameter's name or alias", spec.name, a));
+  }
   Registration r;
   r.rec.name = spec.name;
   r.rec.numel = spec.numel;
+  r.rec.shape = spec.shape;
+  r.rec.aliases = spec.aliases;
   r.rec.dtype = spec.dtype;
   r.rec.module = spec.module;
   r.rec.group = spec.group;
@@ -193,6 +218,7 @@ StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
   r.initializer = spec.initializer;
   const int id = static_cast<int>(regs_.size());
   by_name_[r.rec.name] = id;
+  for (const std::string& a : r.rec.aliases) by_name_[a] = id;
   regs_.push_back(std::move(r));
   return id;
 }

@@ -107,6 +107,9 @@ struct ParamRec {
   int group = 0;         // optimizer parameter group (ParamSpec::group)
   int64_t elem_off = 0;  // in the flat element space
   int64_t byte_off = 0;  // in the flat parameter-byte space
+  // ParamSpec::shape (empty: [numel]) and ParamSpec::aliases.
+  std::vector<int64_t> shape;
+  std::vector<std::string> aliases;
   int64_t elem_size() const { return static_cast<int64_t>(DTypeSize(dtype)); }
 };
 

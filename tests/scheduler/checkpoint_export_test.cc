@@ -271,3 +271,96 @@ TEST_F(CheckpointExportTest, NoCheckpointIsNotFound) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Shapes and tied names: recorded by the checkpoint, given by the export
+// (each tensor in its shape, a tied one under every name, the bytes of its
+// first name: for fp32 across the sub-groups it spans), and checked at
+// registration.
+TEST(CheckpointExportShapes, ShapesAndTiedNamesComeOutOfTheExport) {
+  testing::ScratchDir dir;
+  Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, "");
+  auto created = CreateEngine(c);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  auto rng = testing::SeededRng(5);
+  const std::vector<float> w0 = testing::RandomFloats(rng, 105);
+  const std::vector<float> b0 = testing::RandomFloats(rng, 2500);  // spans 3 sub-groups
+  ParamSpec w;
+  w.name = "w";
+  w.numel = 105;
+  w.dtype = DType::kFp32;
+  w.shape = {3, 5, 7};
+  w.init = w0;
+  ParamSpec b;
+  b.name = "embed.weight";
+  b.numel = 2500;
+  b.dtype = DType::kBf16;
+  b.module = 1;
+  b.shape = {50, 50};
+  b.aliases = {"head.weight", "decoder.head.weight"};
+  b.init = b0;
+  // Refused: a shape that does not hold numel; an alias that is a name.
+  ParamSpec bad = w;
+  bad.name = "bad";
+  bad.shape = {2, 50};
+  Status s = e.RegisterParameter(bad).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("shape [2, 50] holds 100 elements, numel is 105"));
+  ASSERT_TRUE(e.RegisterParameter(w).ok());
+  ParamSpec clash = b;
+  clash.aliases = {"head.weight", "w"};
+  s = e.RegisterParameter(clash).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("alias w is already a parameter's name"));
+  ASSERT_TRUE(e.RegisterParameter(b).ok());
+  auto found = e.FindParameter("decoder.head.weight");
+  ASSERT_TRUE(found.ok());
+  EXPECT_EQ(*found, 1);
+  for (int m = 0; m < 2; ++m) {
+    ASSERT_TRUE(e.BeforeForward(m).ok());
+    ASSERT_TRUE(e.AfterForward(m).ok());
+  }
+  for (int m = 1; m >= 0; --m) {
+    auto v = e.BeforeBackward(m);
+    ASSERT_TRUE(v.ok()) << v.status();
+    const DType t = m == 0 ? DType::kFp32 : DType::kBf16;
+    const int64_t n = m == 0 ? 105 : 2500;
+    for (int64_t j = 0; j < n; ++j)
+      testing::Store(v->grads[0], t, j, 0.3f * std::sin(0.7f * static_cast<float>(j)));
+    ASSERT_TRUE(e.AfterBackward(m).ok());
+  }
+  ASSERT_TRUE(e.Step().ok());
+  const std::string root = dir.str() + "/ckpt";
+  ASSERT_TRUE(e.SaveCheckpoint(root, {}).ok());
+  std::vector<float> w_now(105), b_now(2500);
+  ASSERT_TRUE(e.ReadParameter(0, w_now).ok());
+  ASSERT_TRUE(e.ReadParameter(1, b_now).ok());
+  for (ExportPrecision prec : {ExportPrecision::kFp32, ExportPrecision::kTrain}) {
+    SCOPED_TRACE(prec == ExportPrecision::kFp32 ? "fp32" : "train");
+    const std::string out = dir.str() + (prec == ExportPrecision::kFp32 ? "/a" : "/b");
+    auto r = ExportCheckpoint(root, out, prec);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->tensors, 4);
+    const auto t = ReadSafetensors(out);
+    ASSERT_EQ(t.size(), 4u);
+    EXPECT_EQ(t.at("w").shape, (std::vector<int64_t>{3, 5, 7}));
+    for (const char* name : {"embed.weight", "head.weight", "decoder.head.weight"}) {
+      EXPECT_EQ(t.at(name).shape, (std::vector<int64_t>{50, 50})) << name;
+      EXPECT_EQ(t.at(name).bytes, t.at("embed.weight").bytes) << name;
+    }
+    if (prec == ExportPrecision::kFp32) {
+      ASSERT_EQ(t.at("head.weight").bytes.size(), 2500u * 4);
+      EXPECT_EQ(0, std::memcmp(t.at("head.weight").bytes.data(), b_now.data(), 2500 * 4));
+      EXPECT_EQ(0, std::memcmp(t.at("w").bytes.data(), w_now.data(), 105 * 4));
+    } else {
+      EXPECT_EQ(t.at("head.weight").dtype, "BF16");
+      EXPECT_EQ(t.at("head.weight").bytes.size(), 2500u * 2);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,59 @@
+"""DeepSpeed's zero_to_fp32 recovery for Strata checkpoints.
+
+    from strata.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    model.load_state_dict(get_fp32_state_dict_from_zero_checkpoint("ckpts"), strict=True)
+
+A checkpoint holds every rank's fp32 masters; these functions consolidate
+them into one state_dict of the model's parameters: the tensors in the
+model's shapes, a tied weight under each of its names (what
+strata.export writes, read back). A checkpoint written before shapes and
+tied names were recorded gives flat tensors under the first names. Only the
+parameters the engine trained are in it: buffers and frozen parameters stay
+the model's.
+"""
+
+import os
+import tempfile
+
+import torch
+
+from . import _strata
+from ._safetensors import read_safetensors
+
+
+def _checkpoint_path(checkpoint_dir, tag):
+    # tag: DeepSpeed's name of one checkpoint under the directory (Strata's
+    # ckpt-<N>); None: the newest that verifies.
+    return os.fspath(checkpoint_dir) if tag is None else os.path.join(os.fspath(checkpoint_dir),
+                                                                      str(tag))
+
+
+def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
+    """{name: fp32 CPU tensor} of the checkpoint `tag` under `checkpoint_dir`
+    (None: the newest that verifies; every file's size and CRC-32C are
+    checked)."""
+    with tempfile.TemporaryDirectory(prefix="strata-zero-to-fp32-") as d:
+        out = os.path.join(d, "fp32.safetensors")
+        _strata.export_checkpoint(_checkpoint_path(checkpoint_dir, tag), out, "fp32")
+        return read_safetensors(out)
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file, tag=None):
+    """Writes get_fp32_state_dict_from_zero_checkpoint's state_dict to
+    `output_file` with torch.save (a ".safetensors" name: strata.export's
+    safetensors file instead)."""
+    output_file = os.fspath(output_file)
+    if output_file.endswith(".safetensors"):
+        return _strata.export_checkpoint(_checkpoint_path(checkpoint_dir, tag), output_file,
+                                         "fp32")
+    torch.save(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag), output_file)
+    return None
+
+
+def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
+    """Loads the checkpoint's fp32 parameters into `model` and returns it, as
+    DeepSpeed's function of that name does (strict=False: the model's
+    buffers and frozen parameters are not in a checkpoint)."""
+    model.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag),
+                          strict=False)
+    return model
