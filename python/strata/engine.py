@@ -386,7 +386,14 @@ class Engine:
                 # the engine when the config has a scheduler section.
                 self._engine.set_learning_rate(lr, pg.engine_id)
                 self._lr_pushed[i] = lr
-        self.last_stats = json.loads(self._engine.step())
+        stats = json.loads(self._engine.step())
+        # The engine's groups include its group 0 (the config's own) even when
+        # every model_parameters group has overrides: the lrs per the
+        # caller's groups, in their order.
+        if "group_lrs" in stats:
+            engine_lrs = stats["group_lrs"]
+            stats["group_lrs"] = [engine_lrs[pg.engine_id] for pg in self._param_groups]
+        self.last_stats = stats
         self._show_scheduled_lr()
         return self.last_stats
 
