@@ -123,6 +123,18 @@ def _share_rendezvous_dir():
     os.environ["STRATA_GLOO_DIR"] = name[0]
 
 
+_LIVE_ENGINES = weakref.WeakSet()
+
+
+def engine_of_parameter(p):
+    """(engine, engine parameter id) of the open Engine that trains `p`, or
+    None (deepspeed.zero.GatheredParameters finds parameters this way)."""
+    for e in list(_LIVE_ENGINES):
+        if not e._state["closed"] and id(p) in e._param_id:
+            return e, e._param_id[id(p)]
+    return None
+
+
 class Engine:
     """A model trained through Strata. Create it with :func:`strata.initialize`."""
 
@@ -197,6 +209,7 @@ class Engine:
             rec.discard()
         self._spilled = []
         self._install_hooks()
+        _LIVE_ENGINES.add(self)
         # requires_grad of every parameter as at initialize: the engine owns the
         # trainable ones (weights and optimizer states), the set is fixed.
         self._requires_grad = [(name, p, p.requires_grad)
@@ -355,7 +368,7 @@ class Engine:
         window's gradient is the mean of its micro-batches'); gradients go to
         the engine as each module's backward finishes."""
         self._check_open()
-        factor = self._engine.loss_scale() / self.gradient_accumulation_steps
+        factor = self._engine.loss_scale() / int(self.config["gradient_accumulation_steps"])
         self._end_failed_forward()
         self._in_backward = True
         try:
@@ -462,6 +475,21 @@ class Engine:
         """Loads parameters (into the engine's masters and working copies; the
         optimizer's moments are kept) and the model's other entries."""
         self._state_dicts.load_state_dict(state_dict, strict)
+
+    def read_full_parameter(self, pid):
+        """Engine parameter `pid`'s fp32 master, in its shape (a CPU copy)."""
+        self._check_open()
+        self._engine.synchronize()
+        value = _dlpack.from_dlpack(self._engine.read_parameter(pid))
+        return value.view(self._shape_of_id[pid]).clone()
+
+    def write_full_parameter(self, pid, value):
+        """Sets engine parameter `pid` (master and working copy; its moments
+        are kept) from `value` (its shape, any float dtype)."""
+        self._check_open()
+        self._engine.synchronize()
+        v = value.detach().to(device="cpu", dtype=torch.float32).contiguous().view(-1)
+        self._engine.write_parameter(pid, _dlpack.to_dlpack(v))
 
     def save_checkpoint(self, directory, data_position=0, note=""):
         """Writes a checkpoint (parameters, fp32 masters and moments, step count,

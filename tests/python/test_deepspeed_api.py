@@ -1,0 +1,173 @@
+"""A DeepSpeed training loop on strata.deepspeed, with one changed import.
+
+The script-shaped test below uses the API surface DeepSpeed scripts use:
+add_config_arguments and args.deepspeed_config, initialize's 4-tuple with
+training_data and an lr_scheduler callable, the engine's methods, the
+submodules imported as `deepspeed.*`, checkpoints with tags, `latest` and
+client_state, save_16bit_model(dir, filename), zero_to_fp32, zero.Init
+and GatheredParameters. Its losses are torch AdamW's (fp32, same data), and
+what Strata does not do is refused naming it.
+"""
+
+import argparse
+import copy
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import strata.deepspeed as deepspeed  # noqa: E402  (the one changed import)
+from test_torch_frontend import BATCH, GPT, batches  # noqa: E402
+
+STEPS = 4
+GAS = 2
+MB = BATCH  # the micro-batch: one of test_torch_frontend.batches()
+
+
+def ds_config(path):
+    cfg = {"train_micro_batch_size_per_gpu": MB, "gradient_accumulation_steps": GAS,
+           "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW",
+                         "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                    "weight_decay": 0.01}},
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+           "strata": {"device": "host", "hbm_budget": "64M", "threads": 1}}
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return cfg
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.items = [(i, t) for i, t in batches(n)]
+
+    def __len__(self):
+        return len(self.items) * MB
+
+    def __getitem__(self, k):
+        idx, tgt = self.items[k // MB]
+        return idx[k % MB], tgt[k % MB]
+
+
+def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
+    # The submodules resolve under the name "deepspeed" (no real DeepSpeed here).
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    assert get_accelerator().device_name() in ("cpu", "cuda")
+    assert deepspeed.comm.get_world_size() == 1 and deepspeed.comm.get_rank() == 0
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser = deepspeed.add_config_arguments(parser)
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(tmp_path / "ds.json")])
+    ds_config(args.deepspeed_config)
+
+    torch.manual_seed(5)
+    model = GPT()
+    ref = copy.deepcopy(model)
+    data = Tokens(STEPS * GAS)
+    engine, optimizer, loader, scheduler = deepspeed.initialize(
+        args=args, model=model, model_parameters=model.parameters(), training_data=data,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    assert optimizer is engine.optimizer and scheduler is engine.lr_scheduler
+    assert engine.gradient_accumulation_steps() == GAS
+    assert engine.train_micro_batch_size_per_gpu() == MB
+    assert engine.train_batch_size() == MB * GAS
+    assert engine.zero_optimization_stage() == 2
+    assert not engine.fp16_enabled() and not engine.bfloat16_enabled()
+    assert engine.local_rank == 0 and engine.global_steps == 0
+
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95), eps=1e-8,
+                                weight_decay=0.01)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=2, gamma=0.5)
+    got, want, boundaries = [], [], []
+    for k, (idx, tgt) in enumerate(loader):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        loss = engine(idx, tgt)
+        engine.backward(loss)
+        engine.step()
+        got.append(loss.item())
+        ref_loss = ref(idx, tgt)
+        (ref_loss / GAS).backward()
+        want.append(ref_loss.item())
+        if (k + 1) % GAS == 0:
+            ref_opt.step()
+            ref_opt.zero_grad()
+            ref_sched.step()
+    assert boundaries == [False, True] * STEPS
+    assert engine.global_steps == STEPS and engine.global_samples == STEPS * GAS * MB
+    assert engine.get_global_grad_norm() > 0
+    assert got == pytest.approx(want, rel=2e-4)
+    assert engine.get_lr() == pytest.approx(ref_sched.get_last_lr())
+
+    # Checkpoints: a tag, latest, client_state.
+    ckpt = tmp_path / "ckpt"
+    assert engine.save_checkpoint(ckpt, client_state={"epoch": 3, "w": torch.ones(2)})
+    assert (ckpt / "latest").read_text() == f"global_step{STEPS}"
+    engine.save_checkpoint(ckpt, tag="mine", save_latest=False)
+    assert (ckpt / "latest").read_text() == f"global_step{STEPS}"
+    want_sd = {k: v.clone() for k, v in engine.state_dict().items()}
+    engine.save_16bit_model(tmp_path / "out", "model.safetensors")
+    engine.save_16bit_model(tmp_path / "out")
+    assert (tmp_path / "out" / "pytorch_model.bin").is_file()
+    assert oct((tmp_path / "out" / "model.safetensors").stat().st_mode & 0o777) == "0o600"
+
+    # zero_to_fp32 through latest: the model's keys and shapes, loaded strictly.
+    sd = get_fp32_state_dict_from_zero_checkpoint(ckpt)
+    fresh = GPT()
+    fresh.load_state_dict(sd, strict=True)
+    for k, v in want_sd.items():
+        assert torch.equal(sd[k], v), k
+
+    # GatheredParameters: read, and write with modifier_rank.
+    with deepspeed.zero.GatheredParameters([model.wpe], modifier_rank=0):
+        assert torch.equal(model.wpe.data.float(), want_sd["wpe"])
+        model.wpe.data.fill_(0.25)
+    assert torch.all(engine.state_dict()["wpe"] == 0.25)
+    engine.destroy()
+
+    # A new engine resumes from `latest`: path, client_state, counters, lr.
+    torch.manual_seed(9)
+    model2 = GPT()
+    engine2, _, _, _ = deepspeed.initialize(
+        model=model2, config=str(tmp_path / "ds.json"),
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    path, client = engine2.load_checkpoint(ckpt)
+    assert path is not None and f"global_step{STEPS}" in path
+    assert client["epoch"] == 3 and torch.equal(client["w"], torch.ones(2))
+    assert engine2.global_steps == STEPS
+    assert engine2.lr_scheduler.last_epoch == scheduler.last_epoch
+    for k, v in engine2.state_dict().items():
+        assert torch.equal(v, want_sd[k]), k
+    assert engine2.load_checkpoint(tmp_path / "nothing-here") == (None, None)
+    engine2.destroy()
+
+
+def test_what_strata_does_not_do_is_refused_naming_it(tmp_path):
+    cfg = ds_config(tmp_path / "ds.json")
+    model = GPT()
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(deepspeed.NotSupportedError, match="initialize\\(optimizer=AdamW\\)"):
+        deepspeed.initialize(model=model, optimizer=opt, config=cfg)
+    with pytest.raises(deepspeed.NotSupportedError, match="tensor and pipeline parallelism"):
+        deepspeed.initialize(model=model, mpu=object(), config=cfg)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    with pytest.raises(deepspeed.NotSupportedError, match="bound to another optimizer"):
+        deepspeed.initialize(model=model, lr_scheduler=sched, config=cfg)
+    with pytest.raises(deepspeed.NotSupportedError, match="pipeline parallelism"):
+        deepspeed.pipe.PipelineModule
+    with pytest.raises(strata_errors().InvalidArgumentError, match="no config"):
+        deepspeed.initialize(model=model)
+    args = argparse.Namespace(deepspeed_config=str(tmp_path / "ds.json"))
+    with pytest.raises(strata_errors().InvalidArgumentError, match="pass one"):
+        deepspeed.initialize(args=args, model=model, config=cfg)
+
+
+def strata_errors():
+    import strata
+    return strata
