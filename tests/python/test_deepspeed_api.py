@@ -171,3 +171,62 @@ def test_what_strata_does_not_do_is_refused_naming_it(tmp_path):
 def strata_errors():
     import strata
     return strata
+
+
+# Two ranks through strata.launch: init_distributed, a DistributedSampler
+# loader (each rank its half of the data), checkpoints saved and loaded by
+# both, GatheredParameters written from rank 0; every rank ends with the
+# same parameters.
+TWO_RANKS = """
+import hashlib, json, os, sys
+import torch
+sys.path.insert(0, {here!r})
+import strata.deepspeed as deepspeed
+from test_torch_frontend import GPT, batches
+
+out = sys.argv[1]
+deepspeed.init_distributed()
+rank = deepspeed.comm.get_rank()
+torch.manual_seed(2)
+model = GPT()
+cfg = json.load(open(os.path.join(out, "ds.json")))
+cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
+data = [(i[k], t[k]) for i, t in batches(8) for k in range(i.shape[0])]
+engine, _, loader, _ = deepspeed.initialize(model=model, config=cfg, training_data=data)
+seen = []
+for idx, tgt in loader:
+    seen.append(int(idx[0, 0]))
+    engine.backward(engine(idx, tgt))
+    engine.step()
+engine.save_checkpoint(os.path.join(out, "ckpt"))
+with deepspeed.zero.GatheredParameters([model.wpe], modifier_rank=0):
+    if rank == 0:
+        model.wpe.data.fill_(0.5)
+path, client = engine.load_checkpoint(os.path.join(out, "ckpt"))
+sd = engine.state_dict()
+digest = hashlib.sha256()
+for k in sorted(sd):
+    digest.update(sd[k].float().numpy().tobytes())
+json.dump({{"rank": rank, "seen": seen, "digest": digest.hexdigest(),
+           "steps": engine.global_steps, "path": path}},
+          open(os.path.join(out, f"rank{{rank}}.json"), "w"))
+engine.destroy()
+"""
+
+
+def test_two_ranks_through_the_launcher(tmp_path):
+    import subprocess
+    ds_config(tmp_path / "ds.json")
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS.format(here=HERE))
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env.pop("STRATA_GLOO_DIR", None)
+    r = subprocess.run([sys.executable, "-m", "strata.launch", "--nproc_per_node", "2",
+                        str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+    # Each rank half of the 8 x BATCH samples: the sampler split the data.
+    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) == 8 // 2
+    assert ranks[0]["steps"] == ranks[1]["steps"] > 0
