@@ -83,8 +83,20 @@ Status EngineImpl::Init() {
   device_optimizer_ =
       opt_place() == OffloadDevice::kNone && (!dev_->is_host() || hooks_.device_optimizer);
   if (comm_.world_size > 1) {
-    ASSIGN_OR_RETURN(dp_, scheduler::DataParallel::Create(
-                              dev_.get(), comm_, static_cast<int>(cfg_.zero_optimization.stage)));
+    // Stage 0 with several ranks (DeepSpeed's plain data parallelism: the
+    // gradients averaged, every rank stepping every state) trains as stage
+    // 1: the same updates, the same parameters on every rank after each
+    // step, each rank keeping 1/N of the optimizer states.
+    int stage = static_cast<int>(cfg_.zero_optimization.stage);
+    if (stage == 0) {
+      if (comm_.rank == 0)
+        STRATA_LOG_INFO(
+            "zero_optimization.stage 0 with {} ranks runs as stage 1: the same updates (the "
+            "gradients averaged over the ranks), each rank keeping 1/{} of the optimizer states",
+            comm_.world_size, comm_.world_size);
+      stage = 1;
+    }
+    ASSIGN_OR_RETURN(dp_, scheduler::DataParallel::Create(dev_.get(), comm_, stage));
   }
   if (device_optimizer_ && param_place() != OffloadDevice::kNone)
     return NotSupportedError(fmt::format(

@@ -160,7 +160,10 @@ def test_what_strata_does_not_do_is_refused_naming_it(tmp_path):
     with pytest.raises(deepspeed.NotSupportedError, match="bound to another optimizer"):
         deepspeed.initialize(model=model, lr_scheduler=sched, config=cfg)
     with pytest.raises(deepspeed.NotSupportedError, match="pipeline parallelism"):
-        deepspeed.pipe.PipelineModule
+        deepspeed.pipe.PipelineModule([])
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    with pytest.raises(deepspeed.NotSupportedError, match="mixture-of-experts"):
+        split_params_into_different_moe_groups_for_optimizer({"params": []})
     with pytest.raises(strata_errors().InvalidArgumentError, match="no config"):
         deepspeed.initialize(model=model)
     args = argparse.Namespace(deepspeed_config=str(tmp_path / "ds.json"))
@@ -185,12 +188,15 @@ import strata.deepspeed as deepspeed
 from test_torch_frontend import GPT, batches
 
 out = sys.argv[1]
+stage = int(sys.argv[2])
 deepspeed.init_distributed()
 rank = deepspeed.comm.get_rank()
 torch.manual_seed(2)
 model = GPT()
 cfg = json.load(open(os.path.join(out, "ds.json")))
 cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * 2
+# (Stage 0 takes no offload, as in DeepSpeed: the states stay on the device.)
+cfg["zero_optimization"] = {{"stage": stage}}
 data = [(i[k], t[k]) for i, t in batches(8) for k in range(i.shape[0])]
 engine, _, loader, _ = deepspeed.initialize(model=model, config=cfg, training_data=data)
 seen = []
@@ -198,35 +204,44 @@ for idx, tgt in loader:
     seen.append(int(idx[0, 0]))
     engine.backward(engine(idx, tgt))
     engine.step()
-engine.save_checkpoint(os.path.join(out, "ckpt"))
+engine.save_checkpoint(os.path.join(out, f"ckpt{{stage}}"))
 with deepspeed.zero.GatheredParameters([model.wpe], modifier_rank=0):
     if rank == 0:
         model.wpe.data.fill_(0.5)
-path, client = engine.load_checkpoint(os.path.join(out, "ckpt"))
+path, client = engine.load_checkpoint(os.path.join(out, f"ckpt{{stage}}"))
 sd = engine.state_dict()
 digest = hashlib.sha256()
 for k in sorted(sd):
     digest.update(sd[k].float().numpy().tobytes())
 json.dump({{"rank": rank, "seen": seen, "digest": digest.hexdigest(),
            "steps": engine.global_steps, "path": path}},
-          open(os.path.join(out, f"rank{{rank}}.json"), "w"))
+          open(os.path.join(out, f"rank{{rank}}-stage{{stage}}.json"), "w"))
 engine.destroy()
 """
 
 
 def test_two_ranks_through_the_launcher(tmp_path):
+    """Stages 0 (DeepSpeed's plain data parallelism: Strata runs it as stage
+    1), 1 and 3: every rank the same parameters, and the same across the
+    stages."""
     import subprocess
     ds_config(tmp_path / "ds.json")
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS.format(here=HERE))
     env = dict(os.environ, TMPDIR=str(tmp_path))
     env.pop("STRATA_GLOO_DIR", None)
-    r = subprocess.run([sys.executable, "-m", "strata.launch", "--nproc_per_node", "2",
-                        str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout
-    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
-    assert ranks[0]["digest"] == ranks[1]["digest"]
-    # Each rank half of the 8 x BATCH samples: the sampler split the data.
-    assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) == 8 // 2
-    assert ranks[0]["steps"] == ranks[1]["steps"] > 0
+    digests = set()
+    for stage in (0, 1, 3):
+        r = subprocess.run([sys.executable, "-m", "strata.launch", "--nproc_per_node", "2",
+                            str(script), str(tmp_path), str(stage)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout
+        ranks = [json.loads((tmp_path / f"rank{k}-stage{stage}.json").read_text())
+                 for k in range(2)]
+        assert ranks[0]["digest"] == ranks[1]["digest"], stage
+        # Each rank half of the 8 x BATCH samples: the sampler split the data.
+        assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) == 8 // 2
+        assert ranks[0]["steps"] == ranks[1]["steps"] > 0
+        digests.add(ranks[0]["digest"])
+    assert len(digests) == 1

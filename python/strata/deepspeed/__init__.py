@@ -34,25 +34,18 @@ import sys
 import torch
 
 from .. import engine as _engine_mod
-from .._errors import FailedPreconditionError, InvalidArgumentError, StrataError
-from . import accelerator, comm, utils, zero  # noqa: F401
+from .._errors import InvalidArgumentError
+from . import accelerator, comm, moe, pipe, utils, zero  # noqa: F401
 from .comm import init_distributed
 
 __version__ = "0.0.0+strata"
 
-__all__ = ["DeepSpeedEngine", "add_config_arguments", "init_distributed", "initialize",
-           "accelerator", "comm", "utils", "zero"]
+__all__ = ["DeepSpeedEngine", "NotSupportedError", "add_config_arguments", "init_distributed",
+           "initialize", "accelerator", "comm", "moe", "pipe", "utils", "zero"]
 
 
-class NotSupportedError(StrataError):
-    """A DeepSpeed feature Strata does not provide."""
-
-    def __init__(self, message):
-        super().__init__(message, "NotSupported")
-
-
-def _refuse(what, why):
-    raise NotSupportedError(f"strata.deepspeed: {what}: {why}")
+from ._refuse import NotSupportedError
+from ._refuse import refuse as _refuse
 
 
 class DeepSpeedEngine(_engine_mod.Engine):
@@ -336,22 +329,6 @@ def _dataloader(engine, data, collate_fn):
                                        sampler=sampler, collate_fn=collate_fn)
 
 
-class _Refused:
-    """A DeepSpeed submodule Strata does not provide: any use says so."""
-
-    def __init__(self, name, why):
-        self._name, self._why = name, why
-
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        _refuse(f"deepspeed.{self._name}.{attr}", self._why)
-
-
-pipe = _Refused("pipe", "pipeline parallelism is not supported")
-moe = _Refused("moe", "mixture-of-experts parallelism is not supported")
-
-
 def _register_as_deepspeed():
     # Only where no real DeepSpeed is installed: never shadow it.
     if "deepspeed" in sys.modules and sys.modules["deepspeed"] is not sys.modules[__name__]:
@@ -364,7 +341,8 @@ def _register_as_deepspeed():
         return
     this = sys.modules[__name__]
     sys.modules["deepspeed"] = this
-    for sub in ("accelerator", "comm", "utils", "utils.zero_to_fp32", "zero"):
+    for sub in ("accelerator", "comm", "moe", "moe.layer", "moe.utils", "pipe", "utils",
+                "utils.zero_to_fp32", "zero"):
         sys.modules[f"deepspeed.{sub}"] = sys.modules[f"{__name__}.{sub}"]
 
 

@@ -24,13 +24,22 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                      dist_init_required=None, config=None, rank=-1, world_size=-1):
     """torch.distributed's default group from the launcher's environment
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT: strata.launch or torchrun),
-    with NCCL where CUDA is, else gloo. One process without that environment:
-    nothing to do. Idempotent."""
+    with NCCL where CUDA is, else gloo. A process started without a launcher
+    is a group of one, as DeepSpeed makes it (RANK=0, LOCAL_RANK=0,
+    WORLD_SIZE=1, MASTER_ADDR=127.0.0.1, a free MASTER_PORT set when unset).
+    Idempotent."""
     if _up():
         return
-    env_world = int(os.environ.get("WORLD_SIZE", "1")) if world_size < 0 else world_size
-    if env_world <= 1 and "MASTER_ADDR" not in os.environ and init_method is None:
-        return
+    if init_method is None and "MASTER_ADDR" not in os.environ and \
+            int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
+                     ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                     ("MASTER_PORT", str(port))):
+            os.environ.setdefault(k, v)
     backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
     kwargs = {"backend": backend, "timeout": timeout}
     if init_method is not None:

@@ -1,0 +1,2 @@
+def make_grid(images):
+    return images
