@@ -5,7 +5,7 @@ the host device, interleaved.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/frontend_overhead.py \
         [--reps 7] [--steps 4] [--hidden 256] [--layers 4] [--seq 128] [--micro-batch 4] \
-        [--threads 1] [--nvme-path /tmp/strata-bench-nvme] [--profile cpu/none]
+        [--threads N] [--nvme-path /tmp/strata-bench-nvme] [--profile cpu/none]
 
 Sides (same model, same initial weights, same data, fp32 everywhere):
   torch     fp32 parameters, torch.optim.AdamW, clip_grad_norm_ 1.0
@@ -68,7 +68,7 @@ def config(opt, par, nvme_path, threads):
                                  "weight_decay": 0.1}},
         "bf16": {"enabled": False},
         "zero_optimization": zero,
-        "strata": {"device": "host", "threads": threads},
+        "strata": {"device": "host", **({} if threads is None else {"threads": threads})},
     }
 
 
@@ -98,7 +98,8 @@ class StrataSide:
     def __init__(self, model, placement, args):
         self.name = placement
         opt, par = placement.split("/")
-        cfg = config(opt, par, args.nvme_path, args.threads)
+        cfg = config(opt, par, args.nvme_path,
+                     args.threads if args.strata_threads is None else args.strata_threads)
         self.engine = strata.initialize(model, cfg,
                                         auto_values={"train_micro_batch_size_per_gpu":
                                                      args.micro_batch})
@@ -136,8 +137,13 @@ def main():
     ap.add_argument("--vocab", type=int, default=512)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch.set_num_threads and strata.threads, for every side")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads and strata.threads, for every side (default: "
+                    "both at their defaults: torch's threads, and strata.threads left out)")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch.set_num_threads alone, overriding --threads for torch")
+    ap.add_argument("--strata-threads", type=int, default=None,
+                    help="strata.threads alone (0: every PU), overriding --threads for Strata")
     ap.add_argument("--placements", default="cpu/none,cpu/nvme",
                     help="Strata's offload_optimizer/offload_param pairs, comma-separated")
     ap.add_argument("--nvme-path", default="/tmp/strata-bench-nvme")
@@ -148,7 +154,9 @@ def main():
     ap.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
+    if args.threads is not None or args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads if args.torch_threads is not None else
+                              args.threads)
     os.makedirs(args.nvme_path, exist_ok=True)
 
     def model():
@@ -162,7 +170,8 @@ def main():
     tokens = args.steps * args.micro_batch * args.seq
     print(f"frontend_overhead: {n_params / 1e6:.2f}M parameters, hidden {args.hidden}, "
           f"{args.layers} layers, seq {args.seq}, micro-batch {args.micro_batch}, fp32, "
-          f"{args.threads} threads, {args.steps} steps x {args.reps} repetitions", flush=True)
+          f"{'default' if args.threads is None else args.threads} threads (torch "
+          f"{torch.get_num_threads()}), {args.steps} steps x {args.reps} repetitions", flush=True)
     for side in sides:
         run(side, data, 0, args.warmup, args.micro_batch, args.seq)
 
