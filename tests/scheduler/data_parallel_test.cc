@@ -1264,32 +1264,13 @@ TEST(DataParallelTest, RanksWithDifferentConfigsOrModelsAreRefused) {
   testing::ExpectAllExitedZero(RunRanks(2, [](const RankEnv& e) { MismatchScenario(e, true); }));
 }
 
-// What several ranks do not support is refused before any connection, naming
-// the key.
-TEST(DataParallelTest, UnsupportedCombinationsAreRefusedNamingTheKey) {
-  testing::ScratchDir dir("strata-dp-refused");
-  RankEnv e{0, 2, dir.str(), 5};
-  SetRankEnv(e, true);
-  struct Refusal {
-    const char* key;
-    std::function<void(Config&)> change;
-  };
-  const Refusal refusals[] = {
-      {"zero_optimization.stage: 0",
-       [](Config& c) {
-         c.zero_optimization.stage = 0;  // (no partitioning: DDP, which is not built)
-         c.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
-       }},
-  };
-  for (const Refusal& r : refusals) {
-    Config c = ShapeConfig(Shape{}, dir.str(), 1);
-    r.change(c);
-    auto engine = Engine::Create(c);
-    ASSERT_FALSE(engine.ok()) << r.key;
-    EXPECT_EQ(engine.status().code(), StatusCode::kNotSupported) << engine.status();
-    EXPECT_NE(engine.status().ToString().find(r.key), std::string::npos) << engine.status();
-  }
-  SetRankEnv(e, false);
+// Stage 0 with several ranks (DeepSpeed's plain data parallelism) trains as
+// stage 1: two ranks give one rank's bits, as stage 1 does.
+TEST(DataParallelTest, StageZeroRunsAsStageOneWithOneRanksBits) {
+  Shape s;
+  s.opt = OffloadDevice::kNone;  // (stage 0 takes no offload, as in DeepSpeed)
+  s.stage = 0;
+  ExpectBitsOfOneRank(TrainBoth(s, 2));
 }
 
 }  // namespace
