@@ -124,6 +124,9 @@ def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
     for k, v in want_sd.items():
         assert torch.equal(sd[k], v), k
 
+    # DeepSpeed's name for strata.register_external_parameter.
+    assert deepspeed.zero.register_external_parameter is strata_errors().register_external_parameter
+
     # GatheredParameters: read, and write with modifier_rank.
     with deepspeed.zero.GatheredParameters([model.wpe], modifier_rank=0):
         assert torch.equal(model.wpe.data.float(), want_sd["wpe"])

@@ -1,12 +1,15 @@
 """deepspeed.zero on Strata: Init (strata.init: parameters spilled while
-the model is built) and GatheredParameters (an engine's parameters readable,
-and writable with modifier_rank, inside the context)."""
+the model is built), GatheredParameters (an engine's parameters readable,
+and writable with modifier_rank, inside the context) and
+register_external_parameter (strata's: a module's forward using another
+module's parameter)."""
 
 import contextlib
 
 import torch
 
 from .. import engine as _engine_mod
+from .._grouping import register_external_parameter  # noqa: F401
 from ..init_context import init as _strata_init
 
 
