@@ -62,8 +62,8 @@ struct ParamSpec {
   // Checkpoints record both, so that exported weights have the model's
   // shapes under every name and load strictly; FindParameter finds a
   // parameter by any of its names.
-  std::vector<int64_t> shape;
-  std::vector<std::string> aliases;
+  std::vector<int64_t> shape = {};
+  std::vector<std::string> aliases = {};
 };
 
 // An optimizer parameter group, as torch.optim's param_groups and DeepSpeed's

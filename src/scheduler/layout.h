@@ -108,8 +108,8 @@ struct ParamRec {
   int64_t elem_off = 0;  // in the flat element space
   int64_t byte_off = 0;  // in the flat parameter-byte space
   // ParamSpec::shape (empty: [numel]) and ParamSpec::aliases.
-  std::vector<int64_t> shape;
-  std::vector<std::string> aliases;
+  std::vector<int64_t> shape = {};
+  std::vector<std::string> aliases = {};
   int64_t elem_size() const { return static_cast<int64_t>(DTypeSize(dtype)); }
 };
 
