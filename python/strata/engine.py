@@ -88,7 +88,8 @@ from ._config import config_text, parse_config, training_dtype
 from ._diagnose import unmapped_error
 from ._errors import FailedPreconditionError
 from ._group import Views, _Group
-from ._grouping import ENGINES, Grouping, register_external_parameter, set_leaf_modules
+from ._grouping import (ENGINES, Grouping, _engine_of, register_external_parameter,
+                        set_leaf_modules)
 from ._optimizer import _Optimizer, add_param_groups, param_groups
 from ._safetensors import write_safetensors
 from ._state_dict import StateDicts, registered_names
@@ -123,16 +124,11 @@ def _share_rendezvous_dir():
     os.environ["STRATA_GLOO_DIR"] = name[0]
 
 
-_LIVE_ENGINES = weakref.WeakSet()
-
-
 def engine_of_parameter(p):
     """(engine, engine parameter id) of the open Engine that trains `p`, or
     None (deepspeed.zero.GatheredParameters finds parameters this way)."""
-    for e in list(_LIVE_ENGINES):
-        if not e._state["closed"] and id(p) in e._param_id:
-            return e, e._param_id[id(p)]
-    return None
+    engine = _engine_of([p])
+    return None if engine is None else (engine, engine._param_id[id(p)])
 
 
 class Engine:
@@ -209,7 +205,6 @@ class Engine:
             rec.discard()
         self._spilled = []
         self._install_hooks()
-        _LIVE_ENGINES.add(self)
         # requires_grad of every parameter as at initialize: the engine owns the
         # trainable ones (weights and optimizer states), the set is fixed.
         self._requires_grad = [(name, p, p.requires_grad)

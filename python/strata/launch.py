@@ -57,7 +57,8 @@ def _parser():
     return ap
 
 
-def _free_port():
+def free_port():
+    """A TCP port free on 127.0.0.1 now (MASTER_PORT of a one-machine run)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -81,7 +82,7 @@ def rank_environments(args, base_env, rendezvous_dir):
     """The environment of each local rank (a list, local rank order)."""
     port = args.master_port
     if port is None:
-        port = _free_port() if args.nnodes == 1 else 29500
+        port = free_port() if args.nnodes == 1 else 29500
     world = args.nnodes * args.nproc_per_node
     envs = []
     for local in range(args.nproc_per_node):

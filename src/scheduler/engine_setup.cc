@@ -204,10 +204,10 @@ StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
     }
     if (bad || product != spec.numel)
       return InvalidArgumentError(fmt::format(
-          "RegisterParameter {}: shape [{}] holds {} elements, "
-          "numel is {}",
-          spec.name, fmt::join(spec.shape, ", "),
-          bad ? std::string("no whole number of") : std::to_string(product), spec.numel));
+          "RegisterParameter {}: shape [{}] holds {} elements, numel is {}", spec.name,
+          fmt::join(spec.shape, ", "),
+          bad ? std::string("a negative or overflowing number of") : std::to_string(product),
+          spec.numel));
   }
   for (size_t i = 0; i < spec.aliases.size(); ++i) {
     const std::string& a = spec.aliases[i];

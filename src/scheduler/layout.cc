@@ -49,9 +49,9 @@ std::vector<StatePiece> Layout::StatePieces(size_t g) const {
     piece.elem_begin = b;
     piece.elem_end = std::min(sg.elem_end, b + p);
     piece.shard_offset = off;
-    piece.io_bytes = IoBytes(state_piece_elems_ > 0 ? StateArrayBytes(state_format_, piece.elems())
-                             : sg.state_bytes >= 0  ? sg.state_bytes
-                                                    : kOptimizerStateBytesPerElem * sg.elems());
+    // (One piece: the sub-group's own shard.)
+    piece.io_bytes = state_piece_elems_ > 0 ? IoBytes(StateArrayBytes(state_format_, piece.elems()))
+                                            : sg.state_io_bytes();
     off += piece.io_bytes;
     out.push_back(piece);
   }

@@ -21,14 +21,14 @@ struct Placement {
   // The optimizer states' format (strata.optimizer_states): their bytes per
   // element in every row that holds them (StateArrayBytes).
   OptimizerStates optimizer_states = OptimizerStates::kFp32;
-  OffloadDevice params = OffloadDevice::kNone;     // zero_optimization.offload_param.device
-  bool pin_optimizer_states = false;               // offload_optimizer.pin_memory
-  bool pin_param_copies = false;                   // offload_param.pin_memory (else: by budget)
-  int64_t optimizer_buffer_count = 4;              // offload_optimizer.buffer_count
-  int64_t param_buffer_count = 5;                  // offload_param.buffer_count
-  int64_t max_live_parameters = 1'000'000'000;     // stage3_max_live_parameters (elements)
-  bool overlap_optimizer = true;                   // strata.overlap_optimizer
-  bool delayed_param_update = false;               // strata.delayed_param_update
+  OffloadDevice params = OffloadDevice::kNone;  // zero_optimization.offload_param.device
+  bool pin_optimizer_states = false;            // offload_optimizer.pin_memory
+  bool pin_param_copies = false;                // offload_param.pin_memory (else: by budget)
+  int64_t optimizer_buffer_count = 4;           // offload_optimizer.buffer_count
+  int64_t param_buffer_count = 5;               // offload_param.buffer_count
+  int64_t max_live_parameters = 1'000'000'000;  // stage3_max_live_parameters (elements)
+  bool overlap_optimizer = true;                // strata.overlap_optimizer
+  bool delayed_param_update = false;            // strata.delayed_param_update
   // strata.speculative_step: -1 auto, 0 off, 1 on (FromConfig; a Placement
   // made by hand has it off).
   int speculative_step = 0;

@@ -353,8 +353,7 @@ StatusOr<float*> NvmeStates::InitTarget(size_t g) {
   // master | exp_avg = 0 | exp_avg_sq = 0 (| scales = 0): every format's
   // zero is all-zero bits. An fp32 master of one piece is filled in place.
   const SubGroup& sg = ctx_->layout->group(g);
-  if (ctx_->state_format != cpu_adam::StateFormat::kBf16Master &&
-      ctx_->layout->state_piece_elems() == 0) {
+  if (InitInPlace()) {
     std::memset(init_buf_.data(), 0, static_cast<size_t>(sg.state_io_bytes()));
     return init_buf_.as<float>();
   }
@@ -365,8 +364,7 @@ StatusOr<float*> NvmeStates::InitTarget(size_t g) {
 
 Status NvmeStates::InitGroup(size_t g, int64_t* nvme_bytes) {
   const SubGroup& sg = ctx_->layout->group(g);
-  const bool in_place = ctx_->state_format != cpu_adam::StateFormat::kBf16Master &&
-                        ctx_->layout->state_piece_elems() == 0;
+  const bool in_place = InitInPlace();
   // Piece by piece through the buffer (one pipeline buffer holds a piece).
   for (const StatePiece& pc : ctx_->layout->StatePieces(g)) {
     if (!in_place) {

@@ -180,6 +180,12 @@ class NvmeStates final : public StateHome {
     return ctx_->state_format == cpu_adam::StateFormat::kFp32 &&
            ctx_->layout->state_piece_elems() == 0;
   }
+  // Whether initialization fills a sub-group's fp32 master straight into
+  // the buffer (one piece, master fp32), else into init_ and piece by piece.
+  bool InitInPlace() const {
+    return ctx_->state_format != cpu_adam::StateFormat::kBf16Master &&
+           ctx_->layout->state_piece_elems() == 0;
+  }
   std::vector<int> version_;  // per sub-group: the active version
   gpu::PinnedBuffer init_buf_;
   // bf16-master or pieces: a sub-group's fp32 masters at initialization.

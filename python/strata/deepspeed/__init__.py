@@ -36,16 +36,14 @@ import torch
 from .. import engine as _engine_mod
 from .._errors import InvalidArgumentError
 from . import accelerator, comm, moe, pipe, utils, zero  # noqa: F401
+from ._refuse import NotSupportedError
+from ._refuse import refuse as _refuse
 from .comm import init_distributed
 
 __version__ = "0.0.0+strata"
 
 __all__ = ["DeepSpeedEngine", "NotSupportedError", "add_config_arguments", "init_distributed",
            "initialize", "accelerator", "comm", "moe", "pipe", "utils", "zero"]
-
-
-from ._refuse import NotSupportedError
-from ._refuse import refuse as _refuse
 
 
 class DeepSpeedEngine(_engine_mod.Engine):
@@ -103,9 +101,6 @@ class DeepSpeedEngine(_engine_mod.Engine):
         """The global L2 norm of the last applied window's gradients (None
         before the first)."""
         return self._last_grad_norm
-
-    def get_lr(self):
-        return super().get_lr()
 
     # ---- the loop --------------------------------------------------------------
 
@@ -291,11 +286,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     if mpu is not None or mesh_param is not None:
         _refuse("initialize(mpu=/mesh_param=)", "tensor and pipeline parallelism are not "
                 "supported; Strata is data parallel (ZeRO) only")
-    if lr_scheduler is not None and not callable(lr_scheduler):
-        _refuse(f"initialize(lr_scheduler={type(lr_scheduler).__name__})",
-                "a scheduler object is bound to another optimizer; pass a callable that "
-                "builds it from the engine's optimizer, or a config \"scheduler\" section")
-    if hasattr(lr_scheduler, "step") and hasattr(lr_scheduler, "optimizer"):
+    # (A scheduler object: not callable, or bound to its optimizer.)
+    if lr_scheduler is not None and (not callable(lr_scheduler)
+                                     or hasattr(lr_scheduler, "optimizer")):
         _refuse(f"initialize(lr_scheduler={type(lr_scheduler).__name__})",
                 "a scheduler object is bound to another optimizer; pass a callable that "
                 "builds it from the engine's optimizer, or a config \"scheduler\" section")

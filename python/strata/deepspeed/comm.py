@@ -32,10 +32,8 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
         return
     if init_method is None and "MASTER_ADDR" not in os.environ and \
             int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        from ..launch import free_port
+        port = free_port()
         for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
                      ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                      ("MASTER_PORT", str(port))):
