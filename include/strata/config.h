@@ -276,14 +276,17 @@ std::string_view IoEngineKindName(IoEngineKind k);  // "auto", "uring", "posix"
 enum class GradAccumulatorPlace { kAuto, kDevice, kHost };
 std::string_view GradAccumulatorPlaceName(GradAccumulatorPlace p);  // "auto", "device", "host"
 
-// Where the window's fp32 gradient sums are kept for the optimizer when its
-// states are on NVMe (strata.grad_tier): auto (in DRAM when the plan fits the
-// DRAM budget with them, else on NVMe), dram (one fp32 array over every
-// parameter), nvme (one shard per sub-group on the NVMe paths, a few
-// sub-groups cached in DRAM; the optimizer pipeline reads them with the
-// states). The same bits either way.
-enum class GradTier { kAuto, kDram, kNvme };
-std::string_view GradTierName(GradTier t);  // "auto", "dram", "nvme"
+// Where the window's fp32 gradient sums are kept for the optimizer
+// (strata.grad_tier): auto (in DRAM when the plan fits the DRAM budget with
+// them; else, with states on NVMe, on NVMe, and with states in DRAM on one
+// rank, in HBM), dram (one fp32 array over every parameter), nvme (states on
+// NVMe: one shard per sub-group on the NVMe paths, a few sub-groups cached in
+// DRAM; the optimizer pipeline reads them with the states), hbm
+// (offload_optimizer cpu, one rank: the sums stay in an fp32 array in HBM
+// and the step copies each sub-group's to the host, a chunk at a time, as
+// it steps it). The same bits every way.
+enum class GradTier { kAuto, kDram, kNvme, kHbm };
+std::string_view GradTierName(GradTier t);  // "auto", "dram", "nvme", "hbm"
 
 // How the CPU optimizer keeps its states between steps
 // (strata.optimizer_states; DeepSpeed's bf16.bf16_master_weights_and_grads

@@ -148,8 +148,10 @@ inline constexpr EnumName<OptimizerType> kOptimizerTypes[] = {{"Adam", Optimizer
                                                               {"Lion", OptimizerType::kLion}};
 inline constexpr EnumName<DeviceKind> kDeviceKinds[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};
-inline constexpr EnumName<GradTier> kGradTiers[] = {
-    {"auto", GradTier::kAuto}, {"dram", GradTier::kDram}, {"nvme", GradTier::kNvme}};
+inline constexpr EnumName<GradTier> kGradTiers[] = {{"auto", GradTier::kAuto},
+                                                    {"dram", GradTier::kDram},
+                                                    {"nvme", GradTier::kNvme},
+                                                    {"hbm", GradTier::kHbm}};
 inline constexpr EnumName<OptimizerStates> kOptimizerStatesNames[] = {
     {"fp32", OptimizerStates::kFp32},
     {"bf16", OptimizerStates::kBf16},

@@ -194,7 +194,7 @@ const KeySpec kSchema[] = {
     {"strata.io_sqpoll", kBool, kRead, "false", "", "NVMe I/O submission polling"},
     {"strata.grad_accumulator", kEnum, kRead, "\"auto\"", "auto, device, host",
      "the window's sum has the same bits in HBM or in DRAM"},
-    {"strata.grad_tier", kEnum, kRead, "\"auto\"", "auto, dram, nvme"},
+    {"strata.grad_tier", kEnum, kRead, "\"auto\"", "auto, dram, nvme, hbm"},
     {"strata.overlap_optimizer", kBool, kRead, "true", "",
      "the overlapped step computes exactly what the blocking one does"},
     {"strata.delayed_param_update", kBool, kRead, "false"},

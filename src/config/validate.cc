@@ -216,6 +216,20 @@ Status ValidateConfig(const Config& c) {
           "strata.grad_tier: \"nvme\" cannot be combined with strata.delayed_param_update true "
           "(the step would read one window's gradients while the next is written there)");
   }
+  if (s.grad_tier == GradTier::kHbm) {
+    if (c.zero_optimization.offload_optimizer.device != OffloadDevice::kCpu)
+      k.Fail(fmt::format(
+          "strata.grad_tier: \"hbm\" keeps the window's sums in HBM until the CPU step reads "
+          "them and needs zero_optimization.offload_optimizer.device \"cpu\" (it is \"{}\"); "
+          "allowed with other placements: \"auto\", \"dram\"{}",
+          OffloadDeviceName(c.zero_optimization.offload_optimizer.device),
+          c.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme ? ", \"nvme\""
+                                                                               : ""));
+    if (s.delayed_param_update)
+      k.Fail(
+          "strata.grad_tier: \"hbm\" cannot be combined with strata.delayed_param_update true "
+          "(the step would read one window's sums while the next is added into them)");
+  }
   // DeepSpeed's bf16 keys: its own constraints, and the combination Strata
   // has no format for.
   for (const auto& [on, key] :

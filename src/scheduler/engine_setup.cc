@@ -337,6 +337,13 @@ Status EngineImpl::Plan() {
         dp_->world_size(), scheduler::DataParallel::StagingChunkElems(dp_chunk, dp_gather_bytes));
     placement.fold_override = 0;  // the reduction reads one accumulator
     if (placement.grad_tier == GradTier::kAuto) placement.grad_tier = GradTier::kDram;
+    if (placement.grad_tier == GradTier::kHbm)
+      return InvalidArgumentError(fmt::format(
+          "strata.grad_tier: \"hbm\" applies to one rank (this run has {}): the ranks reduce "
+          "the window's sums on the host; allowed with several ranks: \"auto\", \"dram\"{}",
+          dp_->world_size(),
+          cfg_.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme ? ", \"nvme\""
+                                                                                  : ""));
   }
   if (dp_ && cfg_.strata.overlap_optimizer && !placement.overlap_step()) {
     STRATA_LOG_INFO(
@@ -474,6 +481,8 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.device_accumulator = plan.device_grad_accumulator;
   ho.pin_accumulator = plan.pin_grad_accumulator;
   ho.grads_on_nvme = plan.grads_on_nvme;
+  ho.sums_in_hbm = plan.grads_in_hbm;
+  ho.sums_chunk_elems = plan.grad_chunk_elems;
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
   ho.before_sub_group = hooks_.before_sub_group;
   ho.dp = dp_.get();
@@ -485,6 +494,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
             ? "the speculative step covers the optimizer on the CPU (states in memory or on "
               "NVMe), one rank and no delayed_param_update"
         : plan.grads_on_nvme ? "the window's gradient sums are on NVMe"
+        : plan.grads_in_hbm  ? "the window's gradient sums are kept in HBM until the step"
                              : "the DRAM budget leaves no room for the spare states");
   ho.spare_elems = plan.speculation_elems;
   ho.speculation_steps_all = hooks_.speculation_steps_all_handed_over;

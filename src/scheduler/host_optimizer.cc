@@ -43,10 +43,16 @@ Status HostOptimizer::Start(int64_t* pinned_bytes) {
   // (Several ranks: the reduction rewrites the sums after the window.)
   grads_->set_precompute_checks(opts_.dp == nullptr);
   RETURN_IF_ERROR(grads_->Start(opts_.second_accumulator, pinned_bytes,
-                                /*host_accumulator=*/!opts_.grads_on_nvme, opts_.landing_bytes,
-                                opts_.pin_landing,
+                                /*host_accumulator=*/!opts_.grads_on_nvme && !opts_.sums_in_hbm,
+                                opts_.landing_bytes, opts_.pin_landing,
                                 opts_.device_accumulator && opts_.pin_accumulator));
   ASSIGN_OR_RETURN(upload_ready_, dev_->CreateEvent());
+  if (opts_.sums_in_hbm) {
+    sums_ = std::make_unique<DeviceSums>(dev_, layout_, counters_, opts_.sums_chunk_elems,
+                                         opts_.pin_sums);
+    RETURN_IF_ERROR(sums_->Open(pinned_bytes).WithContext("the window's gradient sums in HBM"));
+    ASSIGN_OR_RETURN(summed_, dev_->CreateEvent());
+  }
   if (opts_.device_accumulator) {
     const auto n = static_cast<size_t>(layout_->total_elems());
     ASSIGN_OR_RETURN(device_sum_, dev_->Allocate(n * sizeof(float)));
@@ -138,6 +144,7 @@ StepDeps HostOptimizer::Deps() const {
   d.buffer_count = opts_.buffer_count;
   d.before_sub_group = opts_.before_sub_group;
   d.grads = grads_->nvme_store();
+  d.sums = sums_.get();
   return d;
 }
 
@@ -153,6 +160,22 @@ Status HostOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& c
 
 Status HostOptimizer::HandOver(int m, const void* device_grad, gpu::Event& computed, bool last) {
   RETURN_IF_ERROR(dev_->compute().Record(computed));
+  if (sums_) {
+    // acc += grad in fp32 on the compute stream, as with the device
+    // accumulator; the sums stay there until the checks and the step.
+    const ModuleExtent& me = layout_->module(m);
+    const auto* base = static_cast<const uint8_t*>(device_grad);
+    for (int id : me.params) {
+      const ParamRec& p = layout_->param(id);
+      RETURN_IF_ERROR(dev_->AddToFp32(sums_->data() + p.elem_off,
+                                      base + (p.byte_off - me.byte_begin), p.dtype,
+                                      static_cast<size_t>(p.numel), dev_->compute()));
+    }
+    // The gradient buffer's reuse is ordered after the D2H stream
+    // (gradients_read_on), which waits for the adds.
+    RETURN_IF_ERROR(dev_->compute().Record(*summed_));
+    return dev_->d2h().Wait(*summed_);
+  }
   if (opts_.device_accumulator) {
     // acc += grad in fp32 on the compute stream (the order of the host
     // path's adds: micro-batches, then calls, in order), after any zeroing
@@ -411,6 +434,12 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
   // (The step in flight has ended: the engine joins it first.)
   grads_->ZeroUnsent();
   DataParallel* dp = opts_.dp;
+  if (sums_) {
+    if (dp != nullptr)  // (the plan keeps the sums in HBM for one rank only)
+      return InternalError("the window's gradient sums in HBM with several ranks");
+    RETURN_IF_ERROR(sums_->Begin());
+    return sums_->GlobalChecks(overflow, sumsq);
+  }
   if (dp == nullptr) return grads_->GlobalChecks(overflow, sumsq);
   // Every rank's window, averaged into this rank's partition (the part
   // overlap_comm has not reduced yet, or all); the checks over the
@@ -476,6 +505,9 @@ void HostOptimizer::DiscardWindow() {
 }
 
 Status HostOptimizer::ZeroDeviceSum() {
+  if (sums_)
+    return dev_->Fill(sums_->data(), DType::kFp32, static_cast<size_t>(layout_->total_elems()), 0.f,
+                      dev_->compute());
   if (!opts_.device_accumulator) return Status();
   RETURN_IF_ERROR(SettleDeviceSum());
   std::fill(sum_pending_.begin(), sum_pending_.end(), 0);
@@ -525,6 +557,11 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
   p.fold_modes = grads_->FoldModes();
   p.landing = grads_->landing();
   p.keep_grads = grads_->direct();  // the next window's sums replace them
+  if (sums_) {
+    // The step reads the sums in HBM after the window's adds.
+    p.grads = nullptr;
+    RETURN_IF_ERROR(sums_->Begin());
+  }
   StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, &read_ahead_);
   if (!run.ok()) {
     if (lp.delayed) grads_->SwapForStep();  // back as it was

@@ -25,6 +25,10 @@
 // handed over; else the saved states are copied back and every element is
 // stepped again. Either way the bits are those of the step after backward.
 //
+// With the window's sums in HBM (Options::sums_in_hbm) every micro-batch's
+// gradients are added into DeviceSums' array on the compute stream; the
+// checks and the step read it from there (device_sums.h).
+//
 // Threading: the engine's (main) thread; the step's and the gradient
 // worker's threads are internal.
 #pragma once
@@ -35,6 +39,7 @@
 #include <vector>
 
 #include "src/scheduler/data_parallel.h"
+#include "src/scheduler/device_sums.h"
 #include "src/scheduler/grad_offloader.h"
 #include "src/scheduler/host_array.h"
 #include "src/scheduler/layout.h"
@@ -62,6 +67,12 @@ class HostOptimizer final : public OptimizerBackend {
     // TierPlan::grads_on_nvme: the window's sums in a GradStore on NVMe
     // instead of an all-parameter accumulator in DRAM.
     bool grads_on_nvme = false;
+    // TierPlan::grads_in_hbm: the window's sums stay in an fp32 array in HBM
+    // (DeviceSums, chunks of sums_chunk_elems, the host buffers pinned when
+    // pin_sums); the checks and the step copy them to the host.
+    bool sums_in_hbm = false;
+    int64_t sums_chunk_elems = 0;
+    bool pin_sums = true;
     int64_t buffer_count = 4;  // offload_optimizer.buffer_count
     // Called on the step's thread before it steps sub-group g (tests).
     std::function<void(size_t g)> before_sub_group;
@@ -190,6 +201,7 @@ class HostOptimizer final : public OptimizerBackend {
   // per module whether it holds a sum not offloaded yet, and the events
   // after the adds and after the last zeroing.
   gpu::DeviceBuffer device_sum_;
+  std::unique_ptr<DeviceSums> sums_;  // Options::sums_in_hbm
   std::vector<uint8_t> sum_pending_;
   std::unique_ptr<gpu::Event> summed_, zeroed_;
   bool zero_in_flight_ = false;

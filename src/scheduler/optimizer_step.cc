@@ -665,6 +665,8 @@ void OptimizerStep::GroupDone(size_t g) {
   const SubGroup& sg = deps_.layout->group(g);
   if (deps_.grads != nullptr) {
     deps_.grads->Consumed(g);
+  } else if (deps_.sums != nullptr) {
+    // Zeroed in HBM by DeviceSums::Stream.
   } else if (params_.keep_grads) {
     // Replaced by the next window's sums (GradOffloader::direct()).
   } else if (params_.fold_modes.empty()) {
@@ -695,7 +697,22 @@ Status OptimizerStep::StepInMemory() {
   // Elements from speculated_from on were stepped during backward, and are
   // committed now.
   const int64_t spec = params_.speculated_from;
-  for (size_t g = g0; g < g1; ++g) {
+  if (deps_.sums != nullptr) {
+    // The sums in HBM, a chunk at a time (no speculation with them).
+    if (spec != INT64_MAX) return InternalError("a speculative step with the window's sums in HBM");
+    step_error = deps_.sums->Stream(
+        g0, g1,
+        [&](size_t g, int64_t lo, int64_t hi, const float* sums) {
+          if (lo == deps_.layout->group(g).elem_begin && deps_.before_sub_group)
+            deps_.before_sub_group(g);
+          return StepRange(g, lo, hi, store.states(), sums);
+        },
+        [&](size_t g) {
+          outcome_.advanced = true;
+          GroupDone(g);
+        });
+  }
+  for (size_t g = deps_.sums != nullptr ? g1 : g0; g < g1; ++g) {
     const SubGroup& sg = deps_.layout->group(g);
     if (sg.elem_begin >= spec) {
       outcome_.advanced = true;

@@ -3,7 +3,8 @@
 // inline, and the read-ahead of the first sub-groups' NVMe states.
 //
 // Sub-groups are stepped in order. For states in memory each sub-group is one
-// StepMany; for states on NVMe a StateRing streams them through the pinned
+// StepMany (with the window's sums in HBM, one per chunk of them as they
+// arrive: DeviceSums); for states on NVMe a StateRing streams them through the pinned
 // optimizer pool, a buffer's piece at a time (StateUnits: whole sub-groups
 // unless the pinned budget cut them): read the active version (and, with
 // gradients on NVMe, the piece's gradient sums from the GradStore) → CPU
@@ -56,6 +57,7 @@
 
 #include "src/common/thread_annotations.h"
 #include "src/cpu_adam/cpu_adam.h"
+#include "src/scheduler/device_sums.h"
 #include "src/scheduler/fold_mode.h"
 #include "src/scheduler/grad_store.h"
 #include "src/scheduler/layout.h"
@@ -104,6 +106,11 @@ struct StepDeps {
   // Gradients on NVMe (TierPlan::grads_on_nvme): where the ring reads each
   // sub-group's sums; StepParams::grads is null then.
   GradStore* grads = nullptr;
+  // Gradient sums in HBM (TierPlan::grads_in_hbm; states in memory): each
+  // sub-group's sums are copied to the host a chunk at a time as it is
+  // stepped (DeviceSums::Stream), which also zeroes them; StepParams::grads
+  // is null then.
+  DeviceSums* sums = nullptr;
   // Called on the step's thread before it steps sub-group g (tests).
   std::function<void(size_t g)> before_sub_group;
 };

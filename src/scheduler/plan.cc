@@ -189,6 +189,7 @@ struct TierInputs {
   const LayoutSizes& s;
   const TierFacts& facts;
   bool grads_on_nvme;
+  bool grads_in_hbm;  // TierPlan::grads_in_hbm
   // This rank's optimizer states (data parallelism: its partition) and their
   // bytes; the fp32 gradient accumulator's bytes.
   int64_t state_groups;
@@ -218,13 +219,14 @@ std::string StatesRow(const TierInputs& in) {
 }
 
 TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
-                    bool grads_on_nvme) {
+                    GradTier grad_tier) {
   const int64_t state_elems = s.state_elems > 0 ? s.state_elems : s.total_elems;
   return TierInputs{
       .pl = pl,
       .s = s,
       .facts = facts,
-      .grads_on_nvme = grads_on_nvme,
+      .grads_on_nvme = grad_tier == GradTier::kNvme,
+      .grads_in_hbm = grad_tier == GradTier::kHbm,
       .state_groups = s.state_groups > 0 ? s.state_groups : s.num_groups,
       .states = StateArrayBytes(StateFormatOf(pl.optimizer_states), state_elems),
       .accumulator = kGradAccBytesPerElem * s.total_elems,
@@ -295,7 +297,14 @@ TierBudget PlanHbm(const TierInputs& in, TierPlan* plan) {
     hbm.Add(pl.collective_staging_bytes,
             fmt::format("collective staging {} ({} ranks)",
                         FormatBytes(pl.collective_staging_bytes), pl.world_size));
-  ChooseDeviceAccumulator(pl, in.s, in.facts, hbm.bytes, plan);
+  if (in.grads_in_hbm) {
+    plan->grads_in_hbm = true;
+    plan->device_grad_accumulator = false;
+    hbm.Add(in.accumulator, "window gradient sums " + FormatBytes(in.accumulator) +
+                                " (kept until the step reads them)");
+  } else {
+    ChooseDeviceAccumulator(pl, in.s, in.facts, hbm.bytes, plan);
+  }
   if (plan->device_grad_accumulator)
     hbm.Add(plan->device_accumulator_bytes,
             "window gradient accumulator " + FormatBytes(plan->device_accumulator_bytes));
@@ -364,6 +373,15 @@ void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
                 fmt::format("parameter write-back {} x {}", kParamWriteBuffers, FormatBytes(per)));
   }
   if (pinned_states) pinned->Add(in.states, StatesRow(in));
+  if (in.grads_in_hbm) {
+    // Chunks of the sums on their way to the step (whole sub-groups when
+    // they are smaller), in whole norm blocks.
+    plan->grad_chunk_elems = kSumChunkElems;
+    const int64_t elems = std::clamp<int64_t>(s.max_group_elems, 1, kSumChunkElems);
+    const int64_t bytes = kSumBuffers * IoBytes(kGradAccBytesPerElem * elems);
+    pinned->Add(bytes, fmt::format("gradient sums from HBM {} x {}", kSumBuffers,
+                                   FormatBytes(bytes / kSumBuffers)));
+  }
 }
 
 // The parameter copies that cross PCIe every step (TierInputs::swaps,
@@ -395,6 +413,10 @@ void PinParamCopies(const TierInputs& in, int64_t pinned_left, TierPlan* plan, T
 void PlanGradPath(const TierInputs& in, int64_t pinned_left, TierPlan* plan, TierSum* pinned) {
   if (in.grads_on_nvme) {
     plan->grad_path = "the window's gradient sums on NVMe, one shard per sub-group";
+  } else if (in.grads_in_hbm) {
+    plan->grad_path =
+        "the window's gradient sums kept in HBM; the checks and the step copy each sub-group's "
+        "to the host a chunk at a time";
   } else {
     ChooseGradPath(in.pl, in.s, in.facts,
                    pinned_left - (plan->pin_param_copies ? plan->param_copy_bytes : 0), plan);
@@ -488,7 +510,7 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
     plan->grad_cache_bytes = kGradCacheSlots * GradSlotBytes(in.s.max_group_elems);
     dram.Add(plan->grad_cache_bytes, fmt::format("gradient cache {} sub-groups {}", kGradCacheSlots,
                                                  FormatBytes(plan->grad_cache_bytes)));
-  } else if (!pl.device_optimizer && !plan->pin_grad_accumulator) {
+  } else if (!pl.device_optimizer && !plan->pin_grad_accumulator && !in.grads_in_hbm) {
     dram.Add(in.accumulator, "gradient accumulator " + FormatBytes(in.accumulator));
   }
   if (in.copies_all && !plan->pin_param_copies)
@@ -517,14 +539,15 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
                                              plan->grad_path + ")");
     }
   }
-  if (!plan->fold_last_micro_batch && !pl.device_optimizer && !in.grads_on_nvme)
+  if (!plan->fold_last_micro_batch && !pl.device_optimizer && !in.grads_on_nvme && !in.grads_in_hbm)
     dram.parts.push_back("last micro-batch accumulated (" + plan->grad_path + ")");
   // The speculative step's spare: what DRAM holds after the rest, up to
   // every state.
   plan->speculation_elems = 0;
   if (pl.speculate() && pl.optimizer == OffloadDevice::kNvme) {
     if (!in.grads_on_nvme) plan->speculation_elems = in.s.total_elems;
-  } else if (pl.speculate()) {
+  } else if (pl.speculate() && !in.grads_in_hbm) {
+    // (The sums in HBM reach the host only at the step: nothing to speculate.)
     // A copy of the last elements' states in their format (whole bytes per
     // element here; int8's spare starts on a block, as HostOptimizer's).
     const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
@@ -561,14 +584,15 @@ void TallyBudgets(const Placement& pl, TierPlan* plan) {
   }
 }
 
-// The plan with the window's gradient sums in DRAM or (grads_on_nvme) on
-// NVMe: each tier in turn, the later ones placing what the earlier ones left.
+// The plan with the window's gradient sums in DRAM, on NVMe or in HBM
+// (`grad_tier`, resolved): each tier in turn, the later ones placing what
+// the earlier ones left.
 TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
-                             bool grads_on_nvme) {
-  const TierInputs in = InputsOf(pl, s, facts, grads_on_nvme);
+                             GradTier grad_tier) {
+  const TierInputs in = InputsOf(pl, s, facts, grad_tier);
   TierPlan plan;
   plan.placement = pl;
-  plan.grads_on_nvme = grads_on_nvme;
+  plan.grads_on_nvme = in.grads_on_nvme;
   plan.budgets.push_back(PlanHbm(in, &plan));
   plan.budgets.push_back(PlanPinned(in, &plan));
   if (std::optional<TierBudget> nvme = PlanNvme(in, &plan)) plan.budgets.push_back(*nvme);
@@ -577,28 +601,46 @@ TierPlan ComputeTierPlanWith(const Placement& pl, const LayoutSizes& s, const Ti
   return plan;
 }
 
+int64_t NeededIn(const TierPlan& p, std::string_view tier) {
+  for (const TierBudget& t : p.budgets)
+    if (t.tier == tier) return t.needed_bytes;
+  return 0;
+}
+
 }  // namespace
 
 TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFacts& facts) {
-  const bool possible = pl.optimizer == OffloadDevice::kNvme && !pl.delayed_param_update &&
-                        !pl.device_optimizer && s.total_elems > 0;
-  if (possible && pl.grad_tier == GradTier::kNvme) return ComputeTierPlanWith(pl, s, facts, true);
-  TierPlan plan = ComputeTierPlanWith(pl, s, facts, false);
-  if (!possible || pl.grad_tier != GradTier::kAuto || facts.dram_available <= 0) return plan;
-  // DRAM is the faster tier for the sums (no NVMe traffic for them): kept
-  // unless the DRAM budget cannot hold them.
-  const auto dram_of = [](const TierPlan& p) {
-    for (const TierBudget& t : p.budgets)
-      if (t.tier == "dram") return t.needed_bytes;
-    return int64_t{0};
-  };
-  if (dram_of(plan) <= facts.dram_available) return plan;
-  TierPlan nvme = ComputeTierPlanWith(pl, s, facts, true);
-  if (dram_of(nvme) >= dram_of(plan)) return plan;  // the cache would need as much
-  nvme.grad_path += fmt::format(" (the fp32 accumulator of {} does not fit the DRAM budget of {})",
-                                FormatBytes(kGradAccBytesPerElem * s.total_elems),
-                                FormatBytes(facts.dram_available));
-  return nvme;
+  const bool nvme_possible = pl.optimizer == OffloadDevice::kNvme && !pl.delayed_param_update &&
+                             !pl.device_optimizer && s.total_elems > 0;
+  const bool hbm_possible = pl.optimizer == OffloadDevice::kCpu && !pl.delayed_param_update &&
+                            !pl.device_optimizer && pl.world_size <= 1 && s.total_elems > 0;
+  if (nvme_possible && pl.grad_tier == GradTier::kNvme)
+    return ComputeTierPlanWith(pl, s, facts, GradTier::kNvme);
+  if (hbm_possible && pl.grad_tier == GradTier::kHbm)
+    return ComputeTierPlanWith(pl, s, facts, GradTier::kHbm);
+  TierPlan plan = ComputeTierPlanWith(pl, s, facts, GradTier::kDram);
+  if (pl.grad_tier != GradTier::kAuto || facts.dram_available <= 0 ||
+      NeededIn(plan, "dram") <= facts.dram_available)
+    return plan;
+  // DRAM is the faster tier for the sums (no NVMe traffic for them, no
+  // second pass over PCIe): kept unless the DRAM budget cannot hold them.
+  const std::string why = fmt::format(
+      " (the fp32 accumulator of {} does not fit the DRAM budget of {})",
+      FormatBytes(kGradAccBytesPerElem * s.total_elems), FormatBytes(facts.dram_available));
+  if (nvme_possible) {
+    TierPlan nvme = ComputeTierPlanWith(pl, s, facts, GradTier::kNvme);
+    if (NeededIn(nvme, "dram") >= NeededIn(plan, "dram")) return plan;  // the cache needs as much
+    nvme.grad_path += why;
+    return nvme;
+  }
+  if (hbm_possible) {
+    TierPlan hbm = ComputeTierPlanWith(pl, s, facts, GradTier::kHbm);
+    // Only where that makes the plan fit (the HBM budget holds them).
+    if (!hbm.fits) return plan;
+    hbm.grad_path += why;
+    return hbm;
+  }
+  return plan;
 }
 
 std::string OverBudgetTable(const TierPlan& plan, const Placement& pl, const LayoutSizes& s) {
@@ -724,7 +766,15 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   const auto persistent = static_cast<double>(s.persistent_param_bytes);
   const auto gas = static_cast<double>(std::max<int64_t>(1, pl.gradient_accumulation_steps));
   const double grad_elem_bytes = elems > 0 ? param_bytes / elems : 0;
-  if (!pl.device_optimizer && plan.device_grad_accumulator) {
+  if (!pl.device_optimizer && plan.grads_in_hbm) {
+    // The window's fp32 sum crosses twice: for the checks, for the step.
+    add("pcie_d2h", 8 * elems, r.d2h_gbps * 1e9,
+        fmt::format("the window's fp32 gradient sums, 2 x {} (the checks, the step)",
+                    FormatBytes(4 * s.total_elems)));
+    add("cpu_accumulate", 4 * elems, r.accumulate_gbps * 1e9,
+        fmt::format("the checks' pass over {} sums", s.total_elems));
+    add("cpu_optimizer", state_elems, r.adam_elems_per_s, fmt::format("{} elements", stepped));
+  } else if (!pl.device_optimizer && plan.device_grad_accumulator) {
     // The window's fp32 sum, copied and added once.
     add("pcie_d2h", 4 * elems, r.d2h_gbps * 1e9,
         "the window's fp32 gradient sum " + FormatBytes(4 * s.total_elems));

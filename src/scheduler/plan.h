@@ -67,9 +67,15 @@ struct Placement {
            (world_size <= 1 || (stage == 3 && params == OffloadDevice::kCpu));
   }
   // offload_param none with overlap_step(): modules are uploaded into the
-  // device block as the step finishes them, and a host mirror of the block
-  // undoes a step that fails half-way.
-  bool param_mirror() const { return params == OffloadDevice::kNone && overlap_step(); }
+  // device block as the step finishes them, and with the optimizer states
+  // on NVMe a host mirror of the block undoes a step that fails half-way
+  // (states there have two versions and such a step is rolled back). States
+  // in memory are updated in place: a step that has finished a module has
+  // advanced and is committed, so no upload is ever undone and no mirror is
+  // kept.
+  bool param_mirror() const {
+    return params == OffloadDevice::kNone && optimizer == OffloadDevice::kNvme && overlap_step();
+  }
   // The CPU step during the window's last backward pass (strata.
   // speculative_step; HostOptimizer): where it applies, the optimizer on the
   // CPU with its states in memory (saved to a spare first) or on NVMe (whole
@@ -137,6 +143,12 @@ inline constexpr int64_t kGradStagingBuffers = 4;
 // Gradients on NVMe: sub-groups whose sums are held in DRAM at once (one
 // being added into, one being written out).
 inline constexpr int64_t kGradCacheSlots = 2;
+// TierPlan::grads_in_hbm: the host buffers the sums are copied into (one
+// being stepped, one being filled), and the largest chunk (a multiple of
+// kNormBlockElems: the global checks' blocks stay those of the sums in DRAM).
+inline constexpr int64_t kSumBuffers = 2;
+inline constexpr int64_t kSumChunkElems = int64_t{1} << 24;
+
 // offload_param nvme: module-sized buffers the optimizer copies the updated
 // parameters into and writes to NVMe from (one being filled, the others'
 // writes in flight).
@@ -201,6 +213,17 @@ struct TierPlan {
   bool grads_on_nvme = false;
   int64_t grad_cache_bytes = 0;
   int64_t grad_nvme_bytes = 0;
+  // The window's sums in HBM until the step (strata.grad_tier hbm, or auto
+  // with offload_optimizer cpu on one rank, no delayed_param_update, when the
+  // DRAM budget cannot hold the fp32 accumulator beside the rest of the plan
+  // and the HBM budget holds it): every micro-batch's gradients are added
+  // into an fp32 array in HBM (the hbm row), and the global checks and then
+  // the step copy each sub-group's sums to the host in chunks of
+  // grad_chunk_elems through kSumBuffers pinned buffers (DeviceSums). No
+  // host accumulator, no fold, no speculation; the same bits as the sums in
+  // DRAM.
+  bool grads_in_hbm = false;
+  int64_t grad_chunk_elems = 0;
   // Bytes of one optimizer pipeline buffer (offload_optimizer nvme).
   int64_t optimizer_buffer_bytes = 0;
   // offload_optimizer nvme with a pinned budget that does not hold

@@ -522,7 +522,7 @@ TEST(ConfigErrors, BadTypes) {
       {"strata.speculative_step", "yes", "not a boolean"},
       {"strata.speculative_step", 1, "expected true or false"},
       {"strata.grad_accumulator", "gpu", "auto, device, host"},
-      {"strata.grad_tier", "disk", "auto, dram, nvme"},
+      {"strata.grad_tier", "disk", "auto, dram, nvme, hbm"},
       {"optimizer.params.lr", "1e-3", "not a number"},
       {"optimizer.params.eps", json::object(), "not a number"},
       {"gradient_clipping", true, "not a number"},
@@ -680,6 +680,19 @@ TEST(ConfigErrors, CrossFieldRules) {
       AllOf(HasSubstr("strata.grad_tier"), HasSubstr("delayed_param_update")));
   Parse(
       R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "strata": {"grad_tier": "nvme"}})");
+  // Sums in HBM until the CPU step reads them: states in DRAM, one window
+  // at a time.
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}, "strata": {"grad_tier": "hbm"}})"),
+      AllOf(HasSubstr("strata.grad_tier"), HasSubstr("offload_optimizer.device"),
+            HasSubstr("\"nvme\""), HasSubstr("\"dram\"")));
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "strata": {"grad_tier": "hbm", "delayed_param_update": true}})"),
+      AllOf(HasSubstr("strata.grad_tier"), HasSubstr("delayed_param_update")));
+  Parse(
+      R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "strata": {"grad_tier": "hbm"}})");
 }
 
 TEST(ConfigErrors, TopLevelMustBeAnObject) {
@@ -1066,7 +1079,7 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     c.strata.overlap_optimizer = coin();
     if (coin()) c.strata.speculative_step = !c.strata.delayed_param_update && coin();
     c.strata.grad_accumulator = static_cast<GradAccumulatorPlace>(rng() % 3);
-    c.strata.grad_tier = static_cast<GradTier>(rng() % 2);  // nvme needs the states there
+    c.strata.grad_tier = static_cast<GradTier>(rng() % 2);  // nvme and hbm need the states there
     c.strata.dram_budget_bytes = pos(int64_t{1} << 50) - 1;
     c.strata.host_device.link_gbytes_per_s = unit() * 64;
     c.strata.host_device.link_latency_us = unit() * 10;

@@ -1199,6 +1199,97 @@ INSTANTIATE_TEST_SUITE_P(Placements, GradsOnNvmeTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+bool PlanGradsInHbm(Engine& e) {
+  for (const TierBudget& b : e.Budgets())
+    if (b.tier == "hbm" && b.detail.find("window gradient sums") != std::string::npos) return true;
+  return false;
+}
+
+// (parameter placement, gradient_accumulation_steps); the optimizer on the CPU.
+class GradsInHbmTest : public ::testing::TestWithParam<std::tuple<OffloadDevice, int>> {};
+
+// The window's gradient sums kept in HBM until the step (strata.grad_tier
+// hbm: no host accumulator; the checks and the step copy them over a chunk
+// at a time) give the bits of the sums in DRAM: parameters, norms and
+// overflow skips, with a module missing from the last micro-batch and one
+// used twice in it, clipping that triggers and fp16 overflow, with the
+// step overlapping the next forward pass and inline.
+TEST_P(GradsInHbmTest, BitwiseIdenticalToTheSumsInDram) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto [par, gas] = GetParam();
+  for (bool fp16 : {false, true}) {
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(std::string(fp16 ? "fp16" : "bf16 + clipping") +
+                   (overlap ? ", overlapped step" : ", inline step"));
+      Config ref = OddOrdersConfig(OffloadDevice::kCpu, par, dir.str(), gas, fp16);
+      ref.strata.grad_accumulator = GradAccumulatorPlace::kHost;
+      ref.strata.grad_tier = GradTier::kDram;
+      ref.strata.overlap_optimizer = overlap;
+      const FoldRun dram = TrainOddOrders(ref, seed, 3, fp16, /*fold_override=*/0);
+      Config c = ref;
+      c.strata.grad_tier = GradTier::kHbm;
+      const FoldRun hbm = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
+      ASSERT_FALSE(dram.params.empty());
+      ASSERT_FALSE(hbm.params.empty());
+      EXPECT_TRUE(BitwiseEqual(dram.params, hbm.params));
+      EXPECT_EQ(dram.norms, hbm.norms);  // bitwise: same doubles
+      EXPECT_EQ(dram.applied, hbm.applied);
+      EXPECT_FALSE(hbm.folded);
+      if (fp16) {
+        EXPECT_EQ(hbm.applied, (std::vector<int>{1, 0, 1}));  // the overflow skipped step 2
+      } else {
+        EXPECT_GT(hbm.norms[0], 0.3);
+      }
+    }
+  }
+  // The plan put them there, and no host accumulator beside them.
+  Config c = OddOrdersConfig(OffloadDevice::kCpu, par, dir.str(), gas, false);
+  c.strata.grad_tier = GradTier::kHbm;
+  auto e = CreateEngine(c);
+  ASSERT_TRUE(e.ok()) << e.status();
+  Register(**e, seed);
+  ASSERT_TRUE((*e)->Plan().ok());
+  EXPECT_TRUE(PlanGradsInHbm(**e));
+  for (const TierBudget& b : (*e)->Budgets())
+    EXPECT_THAT(b.detail, ::testing::Not(::testing::HasSubstr("gradient accumulator"))) << b.tier;
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, GradsInHbmTest,
+                         ::testing::Combine(::testing::Values(OffloadDevice::kNone,
+                                                              OffloadDevice::kCpu,
+                                                              OffloadDevice::kNvme),
+                                            ::testing::Values(1, 2, 3)),
+                         [](const auto& info) {
+                           return "param_" +
+                                  std::string(OffloadDeviceName(std::get<0>(info.param))) + "_gas" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+// ZeroGrad in the middle of a window drops the sums in HBM: the engine then
+// holds what one with the sums in DRAM that never saw the dropped
+// micro-batch holds.
+TEST(GradsInHbmTest, ZeroGradDropsTheSums) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+  c.strata.grad_tier = GradTier::kHbm;
+  auto e = CreateEngine(c);
+  ASSERT_TRUE(e.ok()) << e.status();
+  Register(**e, 21);
+  MicroBatch(**e, 7, Forward());
+  ASSERT_TRUE((*e)->ZeroGrad().ok());
+  for (int batch : {0, 2}) {
+    MicroBatch(**e, batch, Forward());
+    ASSERT_TRUE((*e)->Step().ok());
+  }
+  EXPECT_TRUE(PlanGradsInHbm(**e));
+  Config dram = c;
+  dram.strata.grad_tier = GradTier::kDram;
+  EXPECT_TRUE(BitwiseEqual(TrainedOnBatches0And2(dram), ReadAll(**e)));
+}
+
 // I/O faults on the gradient shards fail the window like faults on the state
 // files: a write while backward runs, or a read by the optimizer pipeline;
 // the parameters and states stay those of the previous step, and the next

@@ -100,6 +100,8 @@ TEST_P(OptimizerStatesTest, BitsDoNotDependOnHowTheElementsAreCut) {
          c->zero_optimization.offload_optimizer.buffer_count = 2;
          c->zero_optimization.offload_param.device = OffloadDevice::kNvme;
        }},
+      // The sums copied over from HBM a chunk at a time.
+      {"gradient sums in HBM", [](Config* c) { c->strata.grad_tier = GradTier::kHbm; }},
       {"gradient sums on NVMe",
        [](Config* c) {
          c->zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;

@@ -85,20 +85,26 @@ TEST(PlanTest, EverythingInHbmFitsAndAddsUp) {
   EXPECT_THAT(Find(plan, "hbm")->detail, HasSubstr("optimizer states"));
   EXPECT_EQ(Find(plan, "hbm")->available_bytes, 1 << 20);
 
-  // The overlapping optimizer keeps a DRAM mirror of the device parameters.
+  // States updated in place (here in HBM): the overlapping optimizer
+  // uploads modules as it finishes them and keeps no mirror (a step that
+  // finished a module is committed).
   pl.overlap_optimizer = true;
+  EXPECT_FALSE(pl.param_mirror());
+  EXPECT_EQ(Needed(ComputeTierPlan(pl, s, f), "pinned"), 4 * 4096 + 8192);
+  // States on NVMe have two versions and a failed step is rolled back: a
+  // mirror of the device parameters undoes the modules it uploaded.
+  pl.optimizer = OffloadDevice::kNvme;
   EXPECT_TRUE(pl.param_mirror());
   const TierPlan mirrored = ComputeTierPlan(pl, s, f);
-  // it swaps with the updated parameters, so both are pinned.
-  EXPECT_EQ(Needed(mirrored, "pinned"), 4 * 4096 + 2 * 8192);
+  // It swaps with the updated parameters, so both are pinned.
+  EXPECT_TRUE(mirrored.pin_param_copies);
   EXPECT_THAT(Find(mirrored, "pinned")->detail, HasSubstr("parameter copies 2 x 8.00 KiB"));
   // Without room in the pinned budget they are pageable DRAM.
-  f.pinned_budget = 4 * 4096 + 2 * 8192 - 1;
+  f.pinned_budget = Needed(mirrored, "pinned") - 1;
   const TierPlan tight = ComputeTierPlan(pl, s, f);
-  EXPECT_TRUE(tight.fits);
   EXPECT_FALSE(tight.pin_param_copies);
-  EXPECT_EQ(Needed(tight, "dram"), 4 * 1001 + 2 * 8192);
   EXPECT_THAT(Find(tight, "dram")->detail, HasSubstr("parameter mirror"));
+  EXPECT_THAT(Find(tight, "dram")->detail, HasSubstr("updated parameters"));
 }
 
 TEST(PlanTest, OffloadedParametersUseTheLiveWorkingSet) {
@@ -540,6 +546,88 @@ TEST(PlanTest, GradientsOnNvmeByTierOrByTheDramBudget) {
   dpu.grad_tier = GradTier::kAuto;
   dpu.delayed_param_update = true;
   EXPECT_FALSE(ComputeTierPlan(dpu, s, f).grads_on_nvme);
+}
+
+// Gradients in HBM until the step: chosen by strata.grad_tier hbm, or by
+// auto with the optimizer in DRAM when the DRAM budget cannot hold the fp32
+// accumulator and the plan then fits; never with several ranks,
+// delayed_param_update or the optimizer elsewhere. The sums move from the
+// DRAM row to the HBM row, two chunk buffers go into the pinned row, and
+// nothing is folded or speculated.
+TEST(PlanTest, GradientsInHbmByTierOrByTheDramBudget) {
+  LayoutSizes s = TinySizes();
+  s.total_elems = 8001;
+  s.num_groups = 9;
+  TierFacts f;
+  f.hbm_budget = 1 << 20;
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
+  pl.gradient_accumulation_steps = 4;
+  pl.speculative_step = 1;
+  const TierPlan dram = ComputeTierPlan(pl, s, f);  // no DRAM limit: DRAM
+  EXPECT_FALSE(dram.grads_in_hbm);
+  EXPECT_THAT(Find(dram, "dram")->detail, HasSubstr("gradient accumulator 31.25 KiB"));
+  EXPECT_GT(dram.speculation_elems, 0);
+
+  pl.grad_tier = GradTier::kHbm;
+  const TierPlan hbm = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(hbm.grads_in_hbm);
+  EXPECT_FALSE(hbm.device_grad_accumulator);
+  EXPECT_FALSE(hbm.fold_last_micro_batch);
+  EXPECT_EQ(hbm.speculation_elems, 0);
+  EXPECT_EQ(hbm.grad_chunk_elems, kSumChunkElems);
+  EXPECT_EQ(kSumChunkElems % kNormBlockElems, 0);
+  EXPECT_EQ(Needed(hbm, "hbm"), Needed(dram, "hbm") + 4 * 8001);
+  EXPECT_THAT(Find(hbm, "hbm")->detail, HasSubstr("window gradient sums 31.25 KiB"));
+  EXPECT_THAT(Find(hbm, "dram")->detail, Not(HasSubstr("accumulator")));
+  EXPECT_THAT(Find(hbm, "dram")->detail, Not(HasSubstr("spare")));
+  // Two buffers of the largest sub-group (smaller than a chunk).
+  EXPECT_THAT(Find(hbm, "pinned")->detail, HasSubstr("gradient sums from HBM 2 x 4.00 KiB"));
+  EXPECT_THAT(hbm.grad_path, HasSubstr("kept in HBM"));
+  // The sums cross PCIe twice (the checks, the step), once each.
+  StepRates rates;
+  rates.h2d_gbps = rates.d2h_gbps = rates.accumulate_gbps = 10;
+  rates.adam_elems_per_s = 1e9;
+  const StepPrediction p = PredictStep(pl, s, hbm, rates);
+  ASSERT_FALSE(p.terms.empty());
+  EXPECT_EQ(p.terms[0].resource, "pcie_d2h");
+  EXPECT_EQ(p.terms[0].amount, 8.0 * 8001);
+
+  // auto: HBM once the accumulator does not fit the DRAM budget, and the
+  // plan says why. (Without speculation, whose spare takes what DRAM has
+  // left.)
+  pl.grad_tier = GradTier::kAuto;
+  pl.speculative_step = 0;
+  const TierPlan plain = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(Needed(plain, "dram"), 16 * 8001);  // the accumulator and the states
+  f.dram_available = Needed(plain, "dram") - 1;
+  const TierPlan tight = ComputeTierPlan(pl, s, f);
+  EXPECT_TRUE(tight.grads_in_hbm);
+  EXPECT_TRUE(tight.fits) << OverBudgetTable(tight, pl, s);
+  EXPECT_THAT(tight.grad_path, HasSubstr("does not fit the DRAM budget"));
+  f.dram_available = Needed(plain, "dram");
+  EXPECT_FALSE(ComputeTierPlan(pl, s, f).grads_in_hbm);
+  // Not when HBM cannot hold them either: the DRAM plan fails with its table.
+  f.dram_available = Needed(plain, "dram") - 1;
+  f.hbm_budget = Needed(dram, "hbm") + 4 * 8001 - 1;
+  const TierPlan neither = ComputeTierPlan(pl, s, f);
+  EXPECT_FALSE(neither.grads_in_hbm);
+  EXPECT_FALSE(neither.fits);
+  f.hbm_budget = 1 << 20;
+  // dram: kept in DRAM even over the budget.
+  pl.grad_tier = GradTier::kDram;
+  EXPECT_FALSE(ComputeTierPlan(pl, s, f).grads_in_hbm);
+  // Never with several ranks, delayed_param_update or states on NVMe.
+  for (int variant = 0; variant < 3; ++variant) {
+    Placement other = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
+    other.gradient_accumulation_steps = 4;
+    other.grad_tier = GradTier::kHbm;
+    if (variant == 0) other.world_size = 2;
+    if (variant == 1) other.delayed_param_update = true;
+    if (variant == 2) other.optimizer = OffloadDevice::kNvme;
+    EXPECT_FALSE(ComputeTierPlan(other, s, f).grads_in_hbm) << variant;
+    other.grad_tier = GradTier::kAuto;
+    EXPECT_FALSE(ComputeTierPlan(other, s, f).grads_in_hbm) << variant;
+  }
 }
 
 // offload_optimizer none on a GPU: the gradient accumulator moves from DRAM
