@@ -1259,9 +1259,27 @@ void MismatchScenario(const RankEnv& e, bool model) {
   RANK_CHECK(s.ToString().find(detail) != std::string::npos, "no {} in: {}", detail, s.ToString());
 }
 
+// strata.grad_tier hbm is for one rank (the ranks reduce host sums): refused
+// at Plan on every rank, naming the key and what is allowed.
+void SumsInHbmScenario(const RankEnv& e) {
+  SetRankEnv(e, true);
+  const std::string nvme = e.dir + "/nvme";
+  std::filesystem::create_directories(nvme);
+  Config c = ShapeConfig(Shape{}, nvme, 1);
+  c.strata.grad_tier = GradTier::kHbm;
+  auto engine = Engine::Create(c);
+  RANK_OK(engine.status());
+  testing::RegisterToy(**engine, 17, kModules);
+  const Status s = (*engine)->Plan();
+  RANK_CHECK(s.code() == StatusCode::kInvalidArgument, "Plan: {}", s.ToString());
+  for (const char* want : {"strata.grad_tier", "one rank", "\"dram\""})
+    RANK_CHECK(s.ToString().find(want) != std::string::npos, "no {} in: {}", want, s.ToString());
+}
+
 TEST(DataParallelTest, RanksWithDifferentConfigsOrModelsAreRefused) {
   testing::ExpectAllExitedZero(RunRanks(2, [](const RankEnv& e) { MismatchScenario(e, false); }));
   testing::ExpectAllExitedZero(RunRanks(2, [](const RankEnv& e) { MismatchScenario(e, true); }));
+  testing::ExpectAllExitedZero(RunRanks(2, SumsInHbmScenario));
 }
 
 // Stage 0 with several ranks (DeepSpeed's plain data parallelism) trains as
