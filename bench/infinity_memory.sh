@@ -6,7 +6,8 @@
 # process's peak RSS (GNU time's maximum resident set size), RSS per
 # parameter, the plan's pinned and DRAM needs and the host memory it plans
 # (pinned + DRAM + the host device's "HBM", which is host memory too) with
-# the ratio of the peak RSS to it, the median step time, and
+# the ratio of the peak RSS to it, the median step time and NVMe bytes read
+# and written per step (over the steps after the first), and
 # the NVMe bound ratio: step time / (bytes read / read rate + bytes written /
 # write rate), the rates those the engine measured on the directory when it
 # planned (StepStats::nvme_read_gbytes_per_s / nvme_write_gbytes_per_s).
@@ -92,8 +93,10 @@ j = json.load(open(out))
 rss = int(open(rss_file).read().split()[-1]) * 1024  # KiB
 per = j["per_step"][1:] or j["per_step"]
 step = statistics.median(p["step_time_s"] for p in per)
-steps = j["steps"]
-read, written = j["nvme_read_bytes"] / steps, j["nvme_written_bytes"] / steps
+# Bytes per step: the median over the steps after the first (the first
+# reads no optimizer states: they were initialized in place).
+read = statistics.median(p["nvme_read_bytes"] for p in per)
+written = statistics.median(p["nvme_written_bytes"] for p in per)
 rr, wr = j.get("nvme_read_gbytes_per_s", 0), j.get("nvme_write_gbytes_per_s", 0)
 bound = read / (rr * 1e9) + written / (wr * 1e9) if rr > 0 and wr > 0 else float("nan")
 need = {b["tier"]: b["needed_bytes"] for b in j["budgets"]}

@@ -99,6 +99,14 @@ TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
                 ::testing::AnyOf("compute", "pcie_h2d", "pcie_d2h", "cpu_optimizer", "nvme"));
     EXPECT_GT(j["h2d_gbytes_per_s"].get<double>(), 0.0);
     EXPECT_GT(j["per_step"][1]["bound_s"].get<double>(), 0.0);
+    // Each step's bytes, adding up to the run's.
+    for (const char* key :
+         {"nvme_read_bytes", "nvme_written_bytes", "pcie_h2d_bytes", "pcie_d2h_bytes"}) {
+      int64_t sum = 0;
+      for (const json& st : j["per_step"]) sum += st[key].get<int64_t>();
+      EXPECT_EQ(sum, j[key].get<int64_t>()) << key;
+    }
+    EXPECT_GT(j["per_step"][1]["pcie_d2h_bytes"].get<int64_t>(), 0);
     EXPECT_EQ(j["steps"], 3);
     EXPECT_EQ(j["losses"].size(), 3u);
     EXPECT_EQ(j["device"], "host");

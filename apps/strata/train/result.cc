@@ -155,7 +155,11 @@ std::string ResultJson(const TrainResult& r, const Status& error) {
                         {"lr", s.lr},
                         {"loss_scale", s.loss_scale},
                         {"sub_groups_speculated", s.sub_groups_speculated},
-                        {"sub_groups_redone", s.sub_groups_redone}});
+                        {"sub_groups_redone", s.sub_groups_redone},
+                        {"nvme_read_bytes", s.nvme_read_bytes},
+                        {"nvme_written_bytes", s.nvme_written_bytes},
+                        {"pcie_h2d_bytes", s.pcie_h2d_bytes},
+                        {"pcie_d2h_bytes", s.pcie_d2h_bytes}});
   if (r.world_size > 1)
     for (size_t i = 0; i < r.steps.size(); ++i) {
       per_step[i]["comm_s"] = r.steps[i].comm_s;
