@@ -118,23 +118,32 @@ Status GradOffloader::AccumulateNvme(const Job& job) {
       add_piece(sl.elem_begin, sl.elem_end, staged + (sl.byte_offset - job.byte_begin),
                 layout_->param(sl.param).dtype);
   }
+  // Where backward is: the module's extent and how far its adds have reached.
+  const ModuleExtent& me = layout_->module(job.module);
+  GradStore::Progress progress;
+  progress.module_begin = me.elem_begin;
+  progress.module_end = me.elem_end;
   for (size_t i = 0; i < pieces.size();) {
     const size_t g = layout_->GroupOf(pieces[i].elem_begin);
     const int64_t base = layout_->group(g).elem_begin;
     size_t j = i;
     while (j < pieces.size() && layout_->GroupOf(pieces[j].elem_begin) == g) ++j;
-    RETURN_IF_ERROR(nvme_->Update(g, [&](float* sums) {
-      std::vector<cpu_adam::AccumulateShard> shards;
-      for (size_t k = i; k < j; ++k) {
-        cpu_adam::AccumulateShard sh;
-        sh.acc = sums + (pieces[k].elem_begin - base);
-        sh.grad = pieces[k].grad;
-        sh.grad_dtype = pieces[k].dtype;
-        sh.count = static_cast<size_t>(pieces[k].elem_end - pieces[k].elem_begin);
-        shards.push_back(sh);
-      }
-      return adam_->AccumulateMany(shards);
-    }));
+    progress.chunk_end = pieces[j - 1].elem_end;  // what the adds reach after this Update
+    RETURN_IF_ERROR(nvme_->Update(
+        g,
+        [&](float* sums) {
+          std::vector<cpu_adam::AccumulateShard> shards;
+          for (size_t k = i; k < j; ++k) {
+            cpu_adam::AccumulateShard sh;
+            sh.acc = sums + (pieces[k].elem_begin - base);
+            sh.grad = pieces[k].grad;
+            sh.grad_dtype = pieces[k].dtype;
+            sh.count = static_cast<size_t>(pieces[k].elem_end - pieces[k].elem_begin);
+            shards.push_back(sh);
+          }
+          return adam_->AccumulateMany(shards);
+        },
+        &progress));
     i = j;
   }
   return Status();

@@ -114,11 +114,17 @@ StatusOr<int> GradStore::AcquireSlot(size_t g) {
       break;
     }
   if (pick < 0) {
-    // The least recently used sub-group the step does not hold.
-    for (int s = 0; s < static_cast<int>(slots_.size()); ++s) {
-      const Slot& c = slots_[static_cast<size_t>(s)];
-      if (c.busy || c.group == static_cast<int>(g)) continue;
-      if (pick < 0 || c.used < slots_[static_cast<size_t>(pick)].used) pick = s;
+    // The least recently used sub-group the step does not hold, one already
+    // written out first (a dirty one may still get adds: evicting it would
+    // cost a read back).
+    for (const bool clean_only : {true, false}) {
+      for (int s = 0; s < static_cast<int>(slots_.size()); ++s) {
+        const Slot& c = slots_[static_cast<size_t>(s)];
+        if (c.busy || c.group == static_cast<int>(g)) continue;
+        if (clean_only && records_[static_cast<size_t>(c.group)].dirty) continue;
+        if (pick < 0 || c.used < slots_[static_cast<size_t>(pick)].used) pick = s;
+      }
+      if (pick >= 0) break;
     }
     if (pick < 0)
       return FailedPreconditionError(fmt::format(
@@ -141,9 +147,10 @@ StatusOr<int> GradStore::AcquireSlot(size_t g) {
   return pick;
 }
 
-Status GradStore::Update(size_t g, const std::function<Status(float* sums)>& add) {
+Status GradStore::Update(size_t g, const std::function<Status(float* sums)>& add,
+                         const Progress* progress) {
   MutexLock lock(&mu_);
-  if (last_group_ >= 0 && static_cast<size_t>(last_group_) != g) {
+  if (progress == nullptr && last_group_ >= 0 && static_cast<size_t>(last_group_) != g) {
     // Moving on: the previous sub-group is written out behind (most often
     // it is complete for this micro-batch; if not, it is written again).
     Record& prev = records_[static_cast<size_t>(last_group_)];
@@ -182,7 +189,28 @@ Status GradStore::Update(size_t g, const std::function<Status(float* sums)>& add
   slot.used = ++clock_;
   r.dirty = true;
   r.norm_valid = false;
-  return add(slot.buf->as<float>());
+  RETURN_IF_ERROR(add(slot.buf->as<float>()));
+  // The cached sub-groups no later add of this micro-batch reaches (in the
+  // usual order) are written out behind now, each once, so that their slots
+  // are free for the sub-groups below. Once the adds have reached the first
+  // element nothing is below: the last sub-groups stay cached for the step
+  // (or the next micro-batch's first adds write them out).
+  if (progress == nullptr || progress->module_begin <= 0) return Status();
+  for (int k = 0; k < static_cast<int>(slots_.size()); ++k) {
+    Slot& c = slots_[static_cast<size_t>(k)];
+    if (c.group < 0 || c.write.valid()) continue;
+    const Record& cr = records_[static_cast<size_t>(c.group)];
+    if (cr.where != Where::kCached || !cr.dirty) continue;
+    // Complete: inside [module_begin, chunk_end) ∪ [module_end, ∞), which
+    // is [module_begin, ∞) once the module's last chunk is in.
+    const SubGroup& sg = layout_->group(static_cast<size_t>(c.group));
+    const bool module_done = progress->chunk_end >= progress->module_end;
+    if (sg.elem_begin >= progress->module_end ||
+        (sg.elem_begin >= progress->module_begin &&
+         (module_done || sg.elem_end <= progress->chunk_end)))
+      WriteBehind(k);
+  }
+  return Status();
 }
 
 Status GradStore::EnsureNorm(size_t g, AlignedBuffer* tmp) {

@@ -74,9 +74,22 @@ class GradStore {
   Status Open();
 
   // ---- The window (the gradient worker's thread) ----
+  // Where backward is, for the write-behind: the adds come from module
+  // [module_begin, module_end) in element order and have reached
+  // chunk_end. In the usual order (modules descending, each one's chunks
+  // ascending) no later add of the micro-batch reaches an element at or
+  // above module_end, nor one in [module_begin, chunk_end).
+  struct Progress {
+    int64_t module_begin = 0, chunk_end = 0, module_end = 0;
+  };
   // add(sums) adds into sub-group g's sums (sums[i]: element elem_begin + i).
+  // Then the cached sub-groups that `progress` says are complete for this
+  // micro-batch are written out behind; without it, the previous sub-group
+  // is, when the adds move to another. (Another order only costs a second
+  // write of a sub-group added into again.)
   // Errors: reading back, or writing out the sub-group whose slot is reused.
-  Status Update(size_t g, const std::function<Status(float* sums)>& add) EXCLUDES(mu_);
+  Status Update(size_t g, const std::function<Status(float* sums)>& add,
+                const Progress* progress = nullptr) EXCLUDES(mu_);
 
   // ---- The end of the window (main thread; the worker idle, no step) ----
   // Inf/nan anywhere, and the sum of squares (the blocks of NormBlocks, in
@@ -123,7 +136,8 @@ class GradStore {
     std::vector<uint8_t> bad;
   };
   // A free slot for sub-group g: an unused one, else the least recently used
-  // one not read by the step, its sub-group written out first.
+  // one not read by the step whose sub-group is written out (or being
+  // written), else the least recently used one, written out first.
   StatusOr<int> AcquireSlot(size_t g) REQUIRES(mu_);
   // Starts writing slot s's sub-group out (its norm record computed first).
   void WriteBehind(int s) REQUIRES(mu_);
