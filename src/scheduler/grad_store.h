@@ -8,9 +8,11 @@
 // after being written out), or only in its NVMe shard. Update() brings a
 // sub-group into a slot (read back from NVMe when it holds part of the
 // window's sum — a later micro-batch of the window — else zero-filled) and
-// adds into it; when it moves on to another sub-group, the previous one is
-// written out behind it (write-behind), so that a slot is free again by the
-// time it is needed. Bytes on NVMe are the fp32 sums bit for bit: the sums
+// adds into it; once backward is past a cached sub-group (the gradient
+// worker says which module its adds come from and how far they reached:
+// Progress), it is written out behind it (write-behind), once, so that a
+// slot is free again by the time it is needed; the lowest sub-groups stay
+// cached for the step. Bytes on NVMe are the fp32 sums bit for bit: the sums
 // are those of an all-parameter accumulator whatever the cache does.
 //
 // The global checks (inf/nan, the sum of squares for clipping) need every
