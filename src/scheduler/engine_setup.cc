@@ -493,9 +493,8 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
         !plan.placement.speculate()
             ? "the speculative step covers the optimizer on the CPU (states in memory or on "
               "NVMe), one rank and no delayed_param_update"
-        : plan.grads_on_nvme ? "the window's gradient sums are on NVMe"
-        : plan.grads_in_hbm  ? "the window's gradient sums are kept in HBM until the step"
-                             : "the DRAM budget leaves no room for the spare states");
+        : plan.grads_in_hbm ? "the window's gradient sums are kept in HBM until the step"
+                            : "the DRAM budget leaves no room for the spare states");
   ho.spare_elems = plan.speculation_elems;
   ho.speculation_steps_all = hooks_.speculation_steps_all_handed_over;
   ho.speculation_backoff = !cfg_.strata.speculative_step || hooks_.speculation_backoff;

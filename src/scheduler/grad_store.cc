@@ -292,6 +292,25 @@ nvme::IoHandle GradStore::Source(size_t g, const StatePiece& pc, float* buf, con
   return nvme::IoHandle::Completed(Status());
 }
 
+nvme::IoHandle GradStore::Peek(size_t g, const StatePiece& pc, float* buf, const float** sums) {
+  MutexLock lock(&mu_);
+  const Record& r = records_[g];
+  const int64_t at = pc.elem_begin - layout_->group(g).elem_begin;
+  *sums = buf;
+  const auto bytes = static_cast<size_t>(kGradAccBytesPerElem * pc.elems());
+  if (r.where == Where::kCached) {
+    std::memcpy(buf, slots_[static_cast<size_t>(r.slot)].buf->as<float>() + at, bytes);
+    return nvme::IoHandle::Completed(Status());
+  }
+  if (r.where == Where::kNvme) {
+    const int64_t offset = kGradAccBytesPerElem * at;
+    return store_->ReadGrads(
+        g, buf, std::min(IoBytes(kGradAccBytesPerElem * pc.elems()), io_bytes(g) - offset), offset);
+  }
+  std::memset(buf, 0, bytes);
+  return nvme::IoHandle::Completed(Status());
+}
+
 void GradStore::Consumed(size_t g) {
   MutexLock lock(&mu_);
   Record& r = records_[g];

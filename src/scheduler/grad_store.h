@@ -27,7 +27,7 @@
 // from its slot, or from NVMe into the pipeline buffer, or zeros; once the
 // step has used them (Consumed) the sub-group is zero for the next window.
 //
-// Threading: Update on the gradient worker's thread; Source and Consumed on
+// Threading: Update on the gradient worker's thread; Source, Peek and Consumed on
 // the step's thread (a step reads sub-groups the next window has not reached:
 // the engine's module readiness orders them); GlobalChecks and DropWindow on
 // the main thread while neither runs. Every method holds one mutex for its
@@ -110,6 +110,13 @@ class GradStore {
   // or zeros written into buf. *sums is where the piece's first one is.
   nvme::IoHandle Source(size_t g, const StatePiece& pc, float* buf, const float** sums)
       EXCLUDES(mu_);
+  // The same for a speculative step (strata.speculative_step), during the
+  // window's last backward pass, of a sub-group no add of the window
+  // reaches any more: a cached slot's piece is copied into `buf` (the slot
+  // stays the cache's, for the other sub-groups' adds), else read from NVMe
+  // into it, else zeros; *sums is buf. The sums stay the window's (a redo,
+  // or the step after the checks, reads them again).
+  nvme::IoHandle Peek(size_t g, const StatePiece& pc, float* buf, const float** sums) EXCLUDES(mu_);
   // The step has used g's sums: g is zero for the next window.
   void Consumed(size_t g) EXCLUDES(mu_);
 

@@ -831,13 +831,29 @@ Status OptimizerStep::StepSpeculativeNvme() {
                                  unit.Name());
           break;
         }
+        const StatePiece& pc = unit.piece;
+        // The window's sums on NVMe: the piece's, after its states in the
+        // buffer (final: the sub-group was handed over whole).
+        const float* sums = nullptr;
+        if (deps_.grads != nullptr) {
+          auto* gbuf = reinterpret_cast<float*>(sl.buf.as<uint8_t>() + store.grad_buffer_offset());
+          const int64_t t1 = NowNanos();
+          nvme::IoHandle h = deps_.grads->Peek(g, pc, gbuf, &sums);
+          Status gs = h.Wait();
+          if (h.bytes() > 0)
+            deps_.counters->NoteNvme(t1, NowNanos(), static_cast<int64_t>(h.bytes()), false,
+                                     "read grads " + unit.Name() + " (speculative)");
+          if (!gs.ok()) {
+            error = gs.WithContext("speculative step: reading the gradients of sub-group " +
+                                   unit.Name());
+            break;
+          }
+        }
         if (deps_.before_sub_group && unit.piece.elem_begin == sg.elem_begin)
           deps_.before_sub_group(g);
-        const StatePiece& pc = unit.piece;
         Status ss = StepRange(
             g, pc.elem_begin, pc.elem_end,
-            StatesInBuffer(layout.state_format(), pc.elem_begin, pc.elems(), sl.buf.data()),
-            nullptr);
+            StatesInBuffer(layout.state_format(), pc.elem_begin, pc.elems(), sl.buf.data()), sums);
         if (!ss.ok()) {
           error = ss;
           break;

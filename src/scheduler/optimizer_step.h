@@ -34,8 +34,10 @@
 // a sub-group they cut) or, after their states were copied back, steps
 // every element again. With the states on NVMe there is no spare: the
 // speculative step waits until a whole sub-group has been handed over, reads
-// its active version, steps it and writes the inactive one, which only the
-// commit makes current; a redo reads the untouched active version again. A range is stepped as the
+// its active version (and with the window's sums on NVMe its sums:
+// GradStore::Peek, which leaves them to the window), steps it and writes the
+// inactive one, which only the commit makes current; a redo reads the
+// untouched active version again. A range is stepped as the
 // same per-parameter shards as its sub-groups' (ranges end at parameter boundaries), so the bits do
 // not depend on where speculation stopped.
 //

@@ -465,11 +465,11 @@ std::optional<TierBudget> PlanNvme(const TierInputs& in, TierPlan* plan) {
   const LayoutSizes& s = in.s;
   TierSum disk;
   if (pl.optimizer == OffloadDevice::kNvme)
-    disk.Add(2 * in.states,
-             "optimizer states 2 x " + FormatBytes(in.states) +
-                 (in.pl.speculate() && !in.grads_on_nvme
-                      ? " (the speculative step writes the inactive one during backward)"
-                      : ""));
+    disk.Add(
+        2 * in.states,
+        "optimizer states 2 x " + FormatBytes(in.states) +
+            (in.pl.speculate() ? " (the speculative step writes the inactive one during backward)"
+                               : ""));
   if (pl.params == OffloadDevice::kNvme && in.partitioned) {
     // Each module's piece of this rank's part, page-rounded.
     const int64_t part = s.partitioned_param_bytes + s.num_modules * kIoAlign;
@@ -545,7 +545,7 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
   // every state.
   plan->speculation_elems = 0;
   if (pl.speculate() && pl.optimizer == OffloadDevice::kNvme) {
-    if (!in.grads_on_nvme) plan->speculation_elems = in.s.total_elems;
+    plan->speculation_elems = in.s.total_elems;
   } else if (pl.speculate() && !in.grads_in_hbm) {
     // (The sums in HBM reach the host only at the step: nothing to speculate.)
     // A copy of the last elements' states in their format (whole bytes per

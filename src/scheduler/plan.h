@@ -79,8 +79,8 @@ struct Placement {
   // The CPU step during the window's last backward pass (strata.
   // speculative_step; HostOptimizer): where it applies, the optimizer on the
   // CPU with its states in memory (saved to a spare first) or on NVMe (whole
-  // sub-groups into their inactive versions; the window's sums in DRAM,
-  // TierPlan::speculation_elems), the new parameters into the copy-out
+  // sub-groups into their inactive versions; the window's sums in DRAM or on
+  // NVMe, not in HBM: TierPlan::speculation_elems), the new parameters into the copy-out
   // array, or with offload_param nvme to the modules' inactive versions,
   // current only at the commit; one rank, no delayed_param_update; on when
   // asked, and with auto except on the host device (the backward pass runs
@@ -243,8 +243,9 @@ struct TierPlan {
   // the last speculation_elems elements are saved into a pageable spare
   // before they are stepped speculatively; as many as the DRAM budget
   // holds after the rest of the plan (0: none, speculation off). States on
-  // NVMe need no spare: every element, when the window's sums are in DRAM
-  // (on NVMe the sums reach it a sub-group at a time after backward: 0).
+  // NVMe need no spare: every element (with the window's sums on NVMe too,
+  // each sub-group's are read once backward is past it: GradStore::Peek).
+  // The window's sums in HBM reach the host only at the step: 0.
   int64_t speculation_elems = 0;
   // Host memory the plan allocates: pinned + dram, and on the host device
   // the hbm row too (its "device" memory is host memory).

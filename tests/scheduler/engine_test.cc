@@ -1512,62 +1512,68 @@ TEST_P(SpeculationTest, BitwiseIdenticalToTheStepAfterBackward) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto [opt, par, gas] = GetParam();
   enum Kind { kNoClip, kClips, kFp16Overflow };
-  for (Kind kind : {kNoClip, kClips, kFp16Overflow})
-    for (bool odd : {false, true}) {
-      SCOPED_TRACE(fmt::format("kind {} odd orders {}", static_cast<int>(kind), odd));
-      Config c = OddOrdersConfig(opt, par, dir.str(), gas, kind == kFp16Overflow);
-      if (kind == kNoClip) c.gradient_clipping = 1e6;
-      // (Odd orders: sub-groups inside the last module, above the one left
-      // out of the last micro-batch.)
-      if (odd) c.zero_optimization.sub_group_size = 100;
-      c.strata.speculative_step = false;
-      const int steps = 3;
-      auto run = [&](const Config& cfg) {
-        if (odd)
-          return TrainOddOrders(cfg, seed, steps, kind == kFp16Overflow, /*fold_override=*/-1);
-        FoldRun r;
-        auto e = CreateEngine(cfg, SpeculationHooks());
-        EXPECT_TRUE(e.ok()) << e.status();
-        if (!e.ok()) return r;
-        Register(**e, seed);
-        int batch = 0;
-        for (int s = 0; s < steps; ++s)
-          for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
-            const bool last = k + 1 == cfg.gradient_accumulation_steps;
-            MicroBatch(**e, batch++, Forward(), kind == kFp16Overflow ? 64.f : 1.f,
-                       kind == kFp16Overflow && last && s == 1 ? 1 : -1);
-            auto st = (*e)->Step();
-            EXPECT_TRUE(st.ok()) << st.status();
-            if (!st.ok()) return r;
-            if (last) {
-              r.norms.push_back(st->grad_norm);
-              r.applied.push_back(st->applied ? 1 : 0);
+  // States on NVMe: with the window's sums in DRAM and on NVMe.
+  std::vector<GradTier> tiers = {GradTier::kDram};
+  if (opt == OffloadDevice::kNvme) tiers.push_back(GradTier::kNvme);
+  for (GradTier tier : tiers)
+    for (Kind kind : {kNoClip, kClips, kFp16Overflow})
+      for (bool odd : {false, true}) {
+        SCOPED_TRACE(fmt::format("kind {} odd orders {} sums {}", static_cast<int>(kind), odd,
+                                 GradTierName(tier)));
+        Config c = OddOrdersConfig(opt, par, dir.str(), gas, kind == kFp16Overflow);
+        c.strata.grad_tier = tier;
+        if (kind == kNoClip) c.gradient_clipping = 1e6;
+        // (Odd orders: sub-groups inside the last module, above the one left
+        // out of the last micro-batch.)
+        if (odd) c.zero_optimization.sub_group_size = 100;
+        c.strata.speculative_step = false;
+        const int steps = 3;
+        auto run = [&](const Config& cfg) {
+          if (odd)
+            return TrainOddOrders(cfg, seed, steps, kind == kFp16Overflow, /*fold_override=*/-1);
+          FoldRun r;
+          auto e = CreateEngine(cfg, SpeculationHooks());
+          EXPECT_TRUE(e.ok()) << e.status();
+          if (!e.ok()) return r;
+          Register(**e, seed);
+          int batch = 0;
+          for (int s = 0; s < steps; ++s)
+            for (int64_t k = 0; k < cfg.gradient_accumulation_steps; ++k) {
+              const bool last = k + 1 == cfg.gradient_accumulation_steps;
+              MicroBatch(**e, batch++, Forward(), kind == kFp16Overflow ? 64.f : 1.f,
+                         kind == kFp16Overflow && last && s == 1 ? 1 : -1);
+              auto st = (*e)->Step();
+              EXPECT_TRUE(st.ok()) << st.status();
+              if (!st.ok()) return r;
+              if (last) {
+                r.norms.push_back(st->grad_norm);
+                r.applied.push_back(st->applied ? 1 : 0);
+              }
+              r.speculated += st->sub_groups_speculated;
+              r.redone += st->sub_groups_redone;
             }
-            r.speculated += st->sub_groups_speculated;
-            r.redone += st->sub_groups_redone;
-          }
-        r.params = ReadAll(**e);
-        return r;
-      };
-      const FoldRun after = run(c);
-      c.strata.speculative_step = true;
-      const FoldRun spec = run(c);
-      ASSERT_FALSE(after.params.empty());
-      EXPECT_TRUE(BitwiseEqual(after.params, spec.params));
-      EXPECT_EQ(after.norms, spec.norms);
-      EXPECT_EQ(after.applied, spec.applied);
-      EXPECT_EQ(after.speculated, 0);
-      EXPECT_GT(spec.speculated, 0);
-      if (kind == kNoClip) {
-        EXPECT_EQ(spec.redone, 0);
-      } else if (kind == kClips) {
-        EXPECT_EQ(spec.redone, spec.speculated);
-      } else {
-        EXPECT_GT(spec.redone, 0);  // the overflowed window's
-        EXPECT_LT(spec.redone, spec.speculated);
-        EXPECT_EQ(spec.applied, (std::vector<int>{1, 0, 1}));
+          r.params = ReadAll(**e);
+          return r;
+        };
+        const FoldRun after = run(c);
+        c.strata.speculative_step = true;
+        const FoldRun spec = run(c);
+        ASSERT_FALSE(after.params.empty());
+        EXPECT_TRUE(BitwiseEqual(after.params, spec.params));
+        EXPECT_EQ(after.norms, spec.norms);
+        EXPECT_EQ(after.applied, spec.applied);
+        EXPECT_EQ(after.speculated, 0);
+        EXPECT_GT(spec.speculated, 0);
+        if (kind == kNoClip) {
+          EXPECT_EQ(spec.redone, 0);
+        } else if (kind == kClips) {
+          EXPECT_EQ(spec.redone, spec.speculated);
+        } else {
+          EXPECT_GT(spec.redone, 0);  // the overflowed window's
+          EXPECT_LT(spec.redone, spec.speculated);
+          EXPECT_EQ(spec.applied, (std::vector<int>{1, 0, 1}));
+        }
       }
-    }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1584,9 +1590,9 @@ INSTANTIATE_TEST_SUITE_P(
 // the backward pass and Step(), ReadParameter between the backward pass and
 // Step(), ZeroGrad in the middle of the last micro-batch, and a checkpoint
 // saved and loaded between windows.
-// (offload_optimizer cpu or nvme, offload_param)
+// (offload_optimizer cpu or nvme, offload_param, strata.grad_tier)
 class SpeculationVoidTest
-    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice>> {};
+    : public ::testing::TestWithParam<std::tuple<OffloadDevice, OffloadDevice, GradTier>> {};
 
 TEST_P(SpeculationVoidTest, WhatVoidsItKeepsTheBits) {
   testing::ScratchDir dir;
@@ -1594,6 +1600,7 @@ TEST_P(SpeculationVoidTest, WhatVoidsItKeepsTheBits) {
   testing::MakeRng(&seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   Config c = BaseConfig(std::get<0>(GetParam()), std::get<1>(GetParam()), dir.str());
+  c.strata.grad_tier = std::get<2>(GetParam());
   c.zero_optimization.sub_group_size = 100;
   c.gradient_clipping = 1e6;
   const int kSteps = 6;
@@ -1672,10 +1679,17 @@ TEST_P(SpeculationVoidTest, WhatVoidsItKeepsTheBits) {
 
 INSTANTIATE_TEST_SUITE_P(
     Placements, SpeculationVoidTest,
-    ::testing::Combine(::testing::Values(OffloadDevice::kCpu, OffloadDevice::kNvme),
-                       ::testing::Values(OffloadDevice::kCpu, OffloadDevice::kNvme)),
+    ::testing::Values(std::tuple{OffloadDevice::kCpu, OffloadDevice::kCpu, GradTier::kDram},
+                      std::tuple{OffloadDevice::kCpu, OffloadDevice::kNvme, GradTier::kDram},
+                      std::tuple{OffloadDevice::kNvme, OffloadDevice::kCpu, GradTier::kDram},
+                      std::tuple{OffloadDevice::kNvme, OffloadDevice::kNvme, GradTier::kDram},
+                      // The window's sums on NVMe too.
+                      std::tuple{OffloadDevice::kNvme, OffloadDevice::kCpu, GradTier::kNvme},
+                      std::tuple{OffloadDevice::kNvme, OffloadDevice::kNvme, GradTier::kNvme}),
     [](const auto& info) {
-      return testing::PlacementName(std::get<0>(info.param), std::get<1>(info.param));
+      const GradTier tier = std::get<2>(info.param);
+      return testing::PlacementName(std::get<0>(info.param), std::get<1>(info.param)) +
+             (tier == GradTier::kNvme ? "_sums_nvme" : "");
     });
 
 // strata.speculative_step on the host device: off unless asked (auto), and

@@ -688,7 +688,7 @@ TEST(PlanTest, SpeculativeStepSparesStatesInDram) {
   pl.speculative_step = 1;
   EXPECT_TRUE(pl.speculate());
   // States on NVMe: no spare (their inactive versions take the new
-  // states), every element, unless the window's sums are on NVMe too.
+  // states), every element, with the window's sums in DRAM or on NVMe.
   for (auto [opt, par] : {std::pair{OffloadDevice::kNvme, OffloadDevice::kCpu},
                           std::pair{OffloadDevice::kNvme, OffloadDevice::kNvme}}) {
     Placement q = Place(opt, par);
@@ -706,7 +706,9 @@ TEST(PlanTest, SpeculativeStepSparesStatesInDram) {
     EXPECT_THAT(nvme->detail,
                 HasSubstr("(the speculative step writes the inactive one during backward)"));
     q.grad_tier = GradTier::kNvme;
-    EXPECT_EQ(ComputeTierPlan(q, s, {}).speculation_elems, 0);
+    const TierPlan sums_on_nvme = ComputeTierPlan(q, s, {});
+    EXPECT_TRUE(sums_on_nvme.grads_on_nvme);
+    EXPECT_EQ(sums_on_nvme.speculation_elems, s.total_elems);
   }
   Placement nvme_params = Place(OffloadDevice::kCpu, OffloadDevice::kNvme);
   nvme_params.speculative_step = 1;
