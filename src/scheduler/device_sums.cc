@@ -96,14 +96,7 @@ Status DeviceSums::GlobalChecks(bool* overflow, double* sumsq) {
   std::vector<double> partial;
   std::vector<uint8_t> bad;
   RETURN_IF_ERROR(BlockChecks(0, layout_->num_groups(), &partial, &bad));
-  double sum = 0;
-  bool any_bad = false;
-  for (size_t blk = 0; blk < partial.size(); ++blk) {  // fixed order: deterministic
-    sum += partial[blk];
-    any_bad |= bad[blk] != 0;
-  }
-  *overflow = any_bad;
-  *sumsq = sum;
+  CombineBlocks(partial, bad, overflow, sumsq);
   return Status();
 }
 

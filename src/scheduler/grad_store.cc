@@ -41,6 +41,18 @@ void NormBlocks(const float* sums, int64_t n, double* partial, uint8_t* bad) {
   });
 }
 
+void CombineBlocks(const std::vector<double>& partial, const std::vector<uint8_t>& bad,
+                   bool* overflow, double* sumsq) {
+  double sum = 0;
+  bool any_bad = false;
+  for (size_t b = 0; b < partial.size(); ++b) {  // fixed order: deterministic
+    sum += partial[b];
+    any_bad |= bad[b] != 0;
+  }
+  *overflow = any_bad;
+  *sumsq = sum;
+}
+
 GradStore::GradStore(const Layout* layout, StateStore* store, StepCounters* counters, int64_t slots)
     : layout_(layout),
       store_(store),
@@ -240,14 +252,7 @@ Status GradStore::GlobalChecks(bool* overflow, double* sumsq) {
   std::vector<double> partial;
   std::vector<uint8_t> bad;
   RETURN_IF_ERROR(BlockChecks(0, layout_->num_groups(), &partial, &bad));
-  double sum = 0;
-  bool any_bad = false;
-  for (size_t b = 0; b < partial.size(); ++b) {
-    sum += partial[b];
-    any_bad |= bad[b] != 0;
-  }
-  *overflow = any_bad;
-  *sumsq = sum;
+  CombineBlocks(partial, bad, overflow, sumsq);
   return Status();
 }
 

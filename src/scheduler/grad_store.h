@@ -66,6 +66,12 @@ int64_t NormBlockCount(const SubGroup& sg);
 // NormBlockCount entries.
 void NormBlocks(const float* sums, int64_t n, double* partial, uint8_t* bad);
 
+// The global checks from the blocks' results, in order: whether any block
+// holds an inf/nan, and the sum of squares (added block by block: the same
+// bits wherever the sums are kept).
+void CombineBlocks(const std::vector<double>& partial, const std::vector<uint8_t>& bad,
+                   bool* overflow, double* sumsq);
+
 class GradStore {
  public:
   // `slots` sub-groups cached in DRAM (at least 2).

@@ -1443,6 +1443,7 @@ TEST(PlanBytesTest, PlanRowsAreTheBytesAllocated) {
     OffloadDevice opt, par;
     bool overlap, device_optimizer;
     bool speculate = false;
+    GradTier tier = GradTier::kAuto;
   };
   std::vector<Case> cases;
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
@@ -1453,15 +1454,20 @@ TEST(PlanBytesTest, PlanRowsAreTheBytesAllocated) {
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
     for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
       cases.push_back({opt, par, true, false, true});
+  // The window's sums in HBM (the chunk buffers pinned, no accumulator).
+  for (OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme})
+    for (bool overlap : {false, true})
+      cases.push_back({OffloadDevice::kCpu, par, overlap, false, false, GradTier::kHbm});
   for (const Case& k : cases) {
-    SCOPED_TRACE(fmt::format("{} overlap {} device optimizer {} speculative {}",
+    SCOPED_TRACE(fmt::format("{} overlap {} device optimizer {} speculative {} grad_tier {}",
                              testing::PlacementName(k.opt, k.par), k.overlap, k.device_optimizer,
-                             k.speculate));
+                             k.speculate, GradTierName(k.tier)));
     testing::ScratchDir dir;
     const scheduler::HostArray::Live before = scheduler::HostArray::LiveBytes();
     Config c = BaseConfig(k.opt, k.par, dir.str());
     c.strata.overlap_optimizer = k.overlap;
     c.strata.speculative_step = k.speculate;
+    c.strata.grad_tier = k.tier;
     EngineTestHooks hooks;
     hooks.device_optimizer = k.device_optimizer;
     auto e = CreateEngine(c, hooks);
