@@ -152,6 +152,22 @@ TEST_P(ResumeTest, BitwiseEqualToUninterrupted) {
 INSTANTIATE_TEST_SUITE_P(AllPlacements, ResumeTest, testing::AllPlacementsAndOverlap(),
                          testing::PlacementOverlapName);
 
+// The window's sums kept in HBM (strata.grad_tier hbm): a resume gives the
+// bits of the uninterrupted run, and those of the sums in DRAM.
+TEST(CheckpointTest, SumsInHbmResumeBitwise) {
+  testing::ScratchDir dir;
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+  c.strata.grad_tier = GradTier::kHbm;
+  const RunResult want = Uninterrupted(c, 23);
+  const RunResult got = Resumed(c, c, 23, dir.str() + "/ckpt");
+  ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_TRUE(BitwiseEqual(want.losses, got.losses));
+  EXPECT_TRUE(BitwiseEqual(want.params, got.params));
+  Config dram = c;
+  dram.strata.grad_tier = GradTier::kDram;
+  EXPECT_TRUE(BitwiseEqual(Uninterrupted(dram, 23).params, want.params));
+}
+
 // The compact state formats: checkpoints hold the decoded fp32 states, and
 // loading encodes them again, giving the bits they had (bf16 exactly; int8's
 // codes and scales, StateFormatTest); a resume with another format is
