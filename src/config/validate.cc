@@ -133,6 +133,10 @@ Status ValidateConfig(const Config& c) {
   if (!(oo.ratio > 0.0 && oo.ratio <= 1.0))
     k.Fail("zero_optimization.offload_optimizer.ratio", fmt::format("{}", oo.ratio),
            "must be in (0, 1]");
+  else if (oo.ratio < 1.0 && z.stage != 3)
+    k.Fail("zero_optimization.offload_optimizer.ratio", fmt::format("{}", oo.ratio),
+           fmt::format("below 1 it needs zero_optimization.stage 3 (it is {}), as in DeepSpeed",
+                       z.stage));
   const OffloadParamConfig& op = z.offload_param;
   CheckOffloadCommon(k, "offload_param", op.device, op.nvme_path, z.stage, 3);
   CheckBufferCount(k, "offload_param", op.device, op.buffer_count);

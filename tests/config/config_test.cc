@@ -218,7 +218,9 @@ TEST(ConfigValues, EveryKeyIsRead) {
                "delayed_param_update": true, "delayed_param_update_warmup": 40,
                "overlap_optimizer": false, "grad_accumulator": "device", "dram_budget": "2G",
                "host_device": {"link_gbytes_per_s": 25.5, "link_latency_us": 3}}})");
-  EXPECT_TRUE(c.warnings.empty());
+  // (Only that the partial offload's ratio is read and not applied.)
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_THAT(c.warnings[0], HasSubstr("ratio: 0.25 is not applied"));
   const ZeroConfig& z = c.zero_optimization;
   EXPECT_EQ(c.train_batch_size, 24);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 3);
@@ -616,9 +618,19 @@ TEST(ConfigErrors, OtherRanges) {
         ErrorOf(WithPath("zero_optimization.offload_optimizer.ratio", ratio)),
         AllOf(HasSubstr("zero_optimization.offload_optimizer.ratio: "), HasSubstr("(0, 1]")));
   }
-  EXPECT_EQ(Parse(WithPath("zero_optimization.offload_optimizer.ratio", 0.3))
-                .zero_optimization.offload_optimizer.ratio,
-            0.3);
+  // Below 1: stage 3 only, as in DeepSpeed; read, and not applied, with a
+  // warning that says so.
+  EXPECT_THAT(
+      ErrorOf(
+          R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})"),
+      AllOf(HasSubstr("zero_optimization.offload_optimizer.ratio: 0.3"),
+            HasSubstr("zero_optimization.stage 3 (it is 2)")));
+  const Config partial = Parse(
+      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
+  EXPECT_EQ(partial.zero_optimization.offload_optimizer.ratio, 0.3);
+  ASSERT_EQ(partial.warnings.size(), 1u);
+  EXPECT_THAT(partial.warnings[0], AllOf(HasSubstr("offload_optimizer.ratio: 0.3 is not applied"),
+                                         HasSubstr("\"cpu\"")));
   EXPECT_THAT(ErrorOf(R"({"fp16": {"hysteresis": 0}})"),
               AllOf(HasSubstr("fp16.hysteresis: 0"), HasSubstr(">= 1")));
   EXPECT_THAT(ErrorOf(R"({"fp16": {"initial_scale_power": 100}})"),
@@ -1017,7 +1029,8 @@ TEST(ConfigRoundTrip, RandomConfigs) {
     z.offload_optimizer.pin_memory = coin();
     z.offload_optimizer.buffer_count = pos(64);
     z.offload_optimizer.fast_init = coin();
-    z.offload_optimizer.ratio = unit();
+    // (Below 1, at stage 3 only, it is read with a warning: not applied.)
+    z.offload_optimizer.ratio = 1.0;
     z.offload_optimizer.pipeline_read = coin();
     z.offload_optimizer.pipeline_write = coin();
     z.offload_param.pin_memory = coin();
