@@ -153,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(AllPlacements, ResumeTest, testing::AllPlacementsAndOve
                          testing::PlacementOverlapName);
 
 // The window's sums kept in HBM (strata.grad_tier hbm): a resume gives the
-// bits of the uninterrupted run, and those of the sums in DRAM.
+// bits of the uninterrupted run, and those of the sums in DRAM, also when
+// the run saved with one and resumed with the other.
 TEST(CheckpointTest, SumsInHbmResumeBitwise) {
   testing::ScratchDir dir;
   Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
@@ -166,6 +167,8 @@ TEST(CheckpointTest, SumsInHbmResumeBitwise) {
   Config dram = c;
   dram.strata.grad_tier = GradTier::kDram;
   EXPECT_TRUE(BitwiseEqual(Uninterrupted(dram, 23).params, want.params));
+  // Saved with the sums in DRAM, resumed with them in HBM: the same bits.
+  EXPECT_TRUE(BitwiseEqual(Resumed(dram, c, 23, dir.str() + "/across").params, want.params));
 }
 
 // The compact state formats: checkpoints hold the decoded fp32 states, and
@@ -434,12 +437,17 @@ TEST(CheckpointTest, ConfigDifferencesThroughTheEngine) {
   // strata.model.steps: an application's key, marked free in the schema.
   free.strata.application_sections["model"] = R"({"seed": 1234, "seq_len": 64, "steps": 7})";
   EXPECT_TRUE(NewEngine(free, 9)->LoadCheckpoint(root, nullptr).ok());
-  // An unmarked key of the engine's own: refused.
+  // Where the window's sums are kept: the same bits anywhere.
   Config tier = c;
   tier.strata.grad_tier = GradTier::kDram;
-  s = NewEngine(tier, 9)->LoadCheckpoint(root, nullptr);
+  EXPECT_TRUE(NewEngine(tier, 9)->LoadCheckpoint(root, nullptr).ok());
+  // An unmarked key of the engine's own: refused.
+  Config dpu = c;
+  dpu.strata.delayed_param_update = true;
+  s = NewEngine(dpu, 9)->LoadCheckpoint(root, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
-  EXPECT_THAT(s.ToString(), HasSubstr("strata.grad_tier: auto in the checkpoint, dram now"));
+  EXPECT_THAT(s.ToString(),
+              HasSubstr("strata.delayed_param_update: false in the checkpoint, true now"));
 }
 
 void FlipByte(const std::string& path, int64_t at) {
