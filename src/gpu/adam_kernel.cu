@@ -2,11 +2,14 @@
 // adamw.cuh layout: device helpers, the kernel, the host launcher).
 //
 // Per element it reads the fp32 master param, the gradient (fp32/fp16/bf16)
-// and the fp32 moments m and v, and writes param, m, v and, optionally, the
-// updated param converted to fp16/bf16/fp32 — one pass over HBM:
-//   bytes moved per element = 24 (param, m, v: read + write) + grad (4|2)
-//                             + copy (0|2|4)   e.g. 26 bf16 grad, no copy;
-//                                                   28 with the bf16 copy.
+// and the moments m and v (fp32, or bf16: MB), and writes param, m, v and,
+// optionally, the updated param converted to fp16/bf16/fp32 — one pass over
+// HBM:
+//   bytes moved per element = 24 (param, m, v: read + write; 16 with bf16
+//                             moments) + grad (4|2) + copy (0|2|4)
+//                             e.g. 26 bf16 grad, no copy; 28 with the bf16 copy.
+// bf16 moments are widened to fp32, updated, and stored rounded to nearest
+// even: src/cpu_adam's bf16 format, bit for bit.
 // The arithmetic is src/cpu_adam/kernel_scalar.cc's, operation for operation,
 // written with the _rn intrinsics so that nvcc cannot contract a multiply
 // and an add into an fma: results equal the CPU scalar reference (sqrt and
@@ -87,6 +90,48 @@ __device__ __forceinline__ void AdamElement(float& p, float g, float& m, float& 
   p = __fadd_rn(__fmul_rn(c.neg_step, __fdiv_rn(m, denom)), p);  // p -= lr m̂ / denom
 }
 
+// Moment MB (0 fp32, 1 bf16) element i, and back (round to nearest even).
+template <int MB>
+__device__ __forceinline__ float LoadMoment(const void* a, size_t i) {
+  if constexpr (MB == 0)
+    return static_cast<const float*>(a)[i];
+  else
+    return __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(a)[i]));
+}
+template <int MB>
+__device__ __forceinline__ void StoreMoment(void* a, size_t i, float x) {
+  if constexpr (MB == 0)
+    static_cast<float*>(a)[i] = x;
+  else
+    static_cast<uint16_t*>(a)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+// kVec consecutive moments from / to element j (16-byte aligned).
+template <int MB>
+__device__ __forceinline__ void LoadMoments(const void* a, size_t j, float* out) {
+  if constexpr (MB == 0) {
+    const float4* a4 = reinterpret_cast<const float4*>(static_cast<const float*>(a) + j);
+    *reinterpret_cast<float4*>(out) = a4[0], *reinterpret_cast<float4*>(out + 4) = a4[1];
+  } else {
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a) + j);
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(&raw);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) out[k] = __bfloat162float(__ushort_as_bfloat16(h[k]));
+  }
+}
+template <int MB>
+__device__ __forceinline__ void StoreMoments(void* a, size_t j, const float* in) {
+  if constexpr (MB == 0) {
+    float4* a4 = reinterpret_cast<float4*>(static_cast<float*>(a) + j);
+    a4[0] = *reinterpret_cast<const float4*>(in), a4[1] = *reinterpret_cast<const float4*>(in + 4);
+  } else {
+    uint4 out;
+    uint16_t* h = reinterpret_cast<uint16_t*>(&out);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) h[k] = __bfloat16_as_ushort(__float2bfloat16_rn(in[k]));
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(a) + j) = out;
+  }
+}
+
 // Which tensor holds chunk `b` (the last entry whose first_chunk <= b).
 __device__ __forceinline__ int FindTensor(const AdamTable& tab, uint64_t b) {
   int lo = 0, hi = tab.n - 1;
@@ -102,7 +147,7 @@ __device__ __forceinline__ int FindTensor(const AdamTable& tab, uint64_t b) {
 
 // ---- the kernel ---------------------------------------------------------------------
 
-template <int GD, int CD>
+template <int GD, int CD, int MB>
 __global__ void __launch_bounds__(kAdamThreads)
     AdamKernel(const __grid_constant__ AdamTable tab, const host::AdamCoeffs c,
                const int32_t* skip) {
@@ -119,11 +164,9 @@ __global__ void __launch_bounds__(kAdamThreads)
          j += static_cast<size_t>(blockDim.x) * kVec) {
       float p[kVec], m[kVec], v[kVec], g[kVec];
       float4* p4 = reinterpret_cast<float4*>(t.param + j);
-      float4* m4 = reinterpret_cast<float4*>(t.exp_avg + j);
-      float4* v4 = reinterpret_cast<float4*>(t.exp_avg_sq + j);
       *reinterpret_cast<float4*>(p) = p4[0], *reinterpret_cast<float4*>(p + 4) = p4[1];
-      *reinterpret_cast<float4*>(m) = m4[0], *reinterpret_cast<float4*>(m + 4) = m4[1];
-      *reinterpret_cast<float4*>(v) = v4[0], *reinterpret_cast<float4*>(v + 4) = v4[1];
+      LoadMoments<MB>(t.exp_avg, j, m);
+      LoadMoments<MB>(t.exp_avg_sq, j, v);
       if constexpr (GD == 0) {
         const float4* g4 = reinterpret_cast<const float4*>(static_cast<const float*>(t.grad) + j);
         *reinterpret_cast<float4*>(g) = g4[0], *reinterpret_cast<float4*>(g + 4) = g4[1];
@@ -136,8 +179,8 @@ __global__ void __launch_bounds__(kAdamThreads)
 #pragma unroll
       for (int k = 0; k < kVec; ++k) AdamElement(p[k], g[k], m[k], v[k], c);
       p4[0] = *reinterpret_cast<float4*>(p), p4[1] = *reinterpret_cast<float4*>(p + 4);
-      m4[0] = *reinterpret_cast<float4*>(m), m4[1] = *reinterpret_cast<float4*>(m + 4);
-      v4[0] = *reinterpret_cast<float4*>(v), v4[1] = *reinterpret_cast<float4*>(v + 4);
+      StoreMoments<MB>(t.exp_avg, j, m);
+      StoreMoments<MB>(t.exp_avg_sq, j, v);
       if constexpr (CD == 1) {
         float4* c4 = reinterpret_cast<float4*>(static_cast<float*>(t.copy_out) + j);
         c4[0] = *reinterpret_cast<float4*>(p), c4[1] = *reinterpret_cast<float4*>(p + 4);
@@ -153,18 +196,18 @@ __global__ void __launch_bounds__(kAdamThreads)
   }
   // Scalar: unaligned tensors entirely, the vector path's tail (< 8 elements).
   for (size_t j = i + threadIdx.x; j < end; j += blockDim.x) {
-    float p = t.param[j], m = t.exp_avg[j], v = t.exp_avg_sq[j];
+    float p = t.param[j], m = LoadMoment<MB>(t.exp_avg, j), v = LoadMoment<MB>(t.exp_avg_sq, j);
     AdamElement(p, LoadGrad<GD>(t.grad, j), m, v, c);
     t.param[j] = p;
-    t.exp_avg[j] = m;
-    t.exp_avg_sq[j] = v;
+    StoreMoment<MB>(t.exp_avg, j, m);
+    StoreMoment<MB>(t.exp_avg_sq, j, v);
     StoreCopy<CD>(t.copy_out, j, p);
   }
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <int GD, int CD>
+template <int GD, int CD, int MB>
 cudaError_t LaunchGroup(const AdamTensor* tensors, size_t n, const host::AdamCoeffs& c,
                         const int32_t* skip, cudaStream_t stream, size_t* vector_tensors) {
   for (size_t base = 0; base < n; base += kAdamTensorsPerLaunch) {
@@ -184,37 +227,54 @@ cudaError_t LaunchGroup(const AdamTensor* tensors, size_t n, const host::AdamCoe
     for (int k = 0; k < tab.n; ++k) vec += tab.e[k].vec;
     if (tab.n == 0) continue;
     if (chunks > 0x7fffffffu) return cudaErrorInvalidValue;  // > 2^31 blocks: ~1.4e14 elements
-    AdamKernel<GD, CD><<<static_cast<unsigned>(chunks), kAdamThreads, 0, stream>>>(tab, c, skip);
+    AdamKernel<GD, CD, MB>
+        <<<static_cast<unsigned>(chunks), kAdamThreads, 0, stream>>>(tab, c, skip);
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
     if (vector_tensors != nullptr) *vector_tensors += vec;
   }
   return cudaSuccess;
 }
 
-template <int GD>
+template <int GD, int MB>
 cudaError_t LaunchForGrad(const AdamTensor* t, size_t n, bool copy, DType cd,
                           const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s,
                           size_t* v) {
-  if (!copy) return LaunchGroup<GD, 0>(t, n, c, skip, s, v);
+  if (!copy) return LaunchGroup<GD, 0, MB>(t, n, c, skip, s, v);
   switch (cd) {
     case DType::kFp32:
-      return LaunchGroup<GD, 1>(t, n, c, skip, s, v);
+      return LaunchGroup<GD, 1, MB>(t, n, c, skip, s, v);
     case DType::kFp16:
-      return LaunchGroup<GD, 2>(t, n, c, skip, s, v);
+      return LaunchGroup<GD, 2, MB>(t, n, c, skip, s, v);
     case DType::kBf16:
-      return LaunchGroup<GD, 3>(t, n, c, skip, s, v);
+      return LaunchGroup<GD, 3, MB>(t, n, c, skip, s, v);
   }
   return cudaErrorInvalidValue;
 }
 
-template <int GD, int CD>
+template <int MB>
+cudaError_t LaunchForMoments(const AdamTensor* t, size_t n, DType gd, bool copy, DType cd,
+                             const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s,
+                             size_t* v) {
+  switch (gd) {
+    case DType::kFp32:
+      return LaunchForGrad<0, MB>(t, n, copy, cd, c, skip, s, v);
+    case DType::kFp16:
+      return LaunchForGrad<1, MB>(t, n, copy, cd, c, skip, s, v);
+    case DType::kBf16:
+      return LaunchForGrad<2, MB>(t, n, copy, cd, c, skip, s, v);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <int GD, int CD, int MB>
 cudaError_t LoadOne() {
   cudaFuncAttributes attr{};
-  return cudaFuncGetAttributes(&attr, AdamKernel<GD, CD>);
+  return cudaFuncGetAttributes(&attr, AdamKernel<GD, CD, MB>);
 }
-template <int GD>
+template <int GD, int MB>
 cudaError_t LoadForGrad() {
-  for (cudaError_t e : {LoadOne<GD, 0>(), LoadOne<GD, 1>(), LoadOne<GD, 2>(), LoadOne<GD, 3>()})
+  for (cudaError_t e :
+       {LoadOne<GD, 0, MB>(), LoadOne<GD, 1, MB>(), LoadOne<GD, 2, MB>(), LoadOne<GD, 3, MB>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }
@@ -222,22 +282,19 @@ cudaError_t LoadForGrad() {
 }  // namespace
 
 cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bool copy,
-                       DType copy_dtype, const host::AdamCoeffs& c, const int32_t* skip_if_set,
-                       cudaStream_t stream, size_t* vector_tensors) {
-  switch (grad_dtype) {
-    case DType::kFp32:
-      return LaunchForGrad<0>(tensors, n, copy, copy_dtype, c, skip_if_set, stream, vector_tensors);
-    case DType::kFp16:
-      return LaunchForGrad<1>(tensors, n, copy, copy_dtype, c, skip_if_set, stream, vector_tensors);
-    case DType::kBf16:
-      return LaunchForGrad<2>(tensors, n, copy, copy_dtype, c, skip_if_set, stream, vector_tensors);
-  }
-  return cudaErrorInvalidValue;
+                       DType copy_dtype, bool bf16_moments, const host::AdamCoeffs& c,
+                       const int32_t* skip_if_set, cudaStream_t stream, size_t* vector_tensors) {
+  if (bf16_moments)
+    return LaunchForMoments<1>(tensors, n, grad_dtype, copy, copy_dtype, c, skip_if_set, stream,
+                               vector_tensors);
+  return LaunchForMoments<0>(tensors, n, grad_dtype, copy, copy_dtype, c, skip_if_set, stream,
+                             vector_tensors);
 }
 
 namespace internal_adam {
 cudaError_t LoadAdamKernels() {
-  for (cudaError_t e : {LoadForGrad<0>(), LoadForGrad<1>(), LoadForGrad<2>()})
+  for (cudaError_t e : {LoadForGrad<0, 0>(), LoadForGrad<1, 0>(), LoadForGrad<2, 0>(),
+                        LoadForGrad<0, 1>(), LoadForGrad<1, 1>(), LoadForGrad<2, 1>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }

@@ -374,6 +374,7 @@ class CudaDevice final : public Device {
       DType grad;
       bool copy;
       DType copy_dtype;
+      bool bf16_moments;
       std::vector<cuda::AdamTensor> tensors;
     };
     std::vector<Group> groups;
@@ -381,23 +382,29 @@ class CudaDevice final : public Device {
       if (sh.count == 0) continue;
       const bool copy = sh.copy_out != nullptr;
       const DType cd = copy ? sh.copy_dtype : DType::kFp32;
+      const bool bf16 = sh.exp_avg_bf16 != nullptr;
       auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
-        return x.grad == sh.grad_dtype && x.copy == copy && x.copy_dtype == cd;
+        return x.grad == sh.grad_dtype && x.copy == copy && x.copy_dtype == cd &&
+               x.bf16_moments == bf16;
       });
-      if (g == groups.end()) g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, {}});
-      g->tensors.push_back({sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
+      if (g == groups.end())
+        g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, bf16, {}});
+      void* m = bf16 ? static_cast<void*>(sh.exp_avg_bf16) : sh.exp_avg;
+      void* v = bf16 ? static_cast<void*>(sh.exp_avg_sq_bf16) : sh.exp_avg_sq;
+      g->tensors.push_back({sh.param, sh.grad, m, v, sh.copy_out, sh.count});
     }
     size_t vec = 0, total = 0;
     for (const Group& g : groups) {
       total += g.tensors.size();
-      RETURN_IF_ERROR(CudaStatus(cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad,
-                                                  g.copy, g.copy_dtype, c, skip_if_set, cs, &vec),
-                                 [&] {
-                                   return fmt::format(
-                                       "AdamStep kernel launch ({} tensors, grad {}, copy {})",
-                                       g.tensors.size(), DTypeName(g.grad),
-                                       g.copy ? DTypeName(g.copy_dtype) : "none");
-                                 }));
+      RETURN_IF_ERROR(CudaStatus(
+          cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad, g.copy, g.copy_dtype,
+                           g.bf16_moments, c, skip_if_set, cs, &vec),
+          [&] {
+            return fmt::format("AdamStep kernel launch ({} tensors, grad {}, copy {}, moments {})",
+                               g.tensors.size(), DTypeName(g.grad),
+                               g.copy ? DTypeName(g.copy_dtype) : "none",
+                               g.bf16_moments ? "bf16" : "fp32");
+          }));
     }
     CountAdamPaths(vec, total - vec);
     return Status::Ok();

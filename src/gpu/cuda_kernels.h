@@ -47,20 +47,22 @@ cudaError_t LoadKernels();
 struct AdamTensor {
   float* param;
   const void* grad;
-  float* exp_avg;
-  float* exp_avg_sq;
+  void* exp_avg;  // fp32, or bf16 with LaunchAdam's bf16_moments
+  void* exp_avg_sq;
   void* copy_out;  // null: no copy
   size_t count;
 };
-// Adam/AdamW over all `tensors` (all with the same grad dtype and copy
-// dtype/presence), in ceil(n / kAdamTensorsPerLaunch) launches on `stream`.
+// Adam/AdamW over all `tensors` (all with the same grad dtype, copy
+// dtype/presence and moment type: bf16_moments), in ceil(n /
+// kAdamTensorsPerLaunch) launches on `stream`.
 // If skip_if_set is non-null and *skip_if_set != 0 when a launch runs, it
 // writes nothing. A tensor whose arrays are all 16-byte aligned runs the
 // 16-byte vector path (AdamShardVectorizable's rule); `vector_tensors`, if
 // non-null, is increased by the number of tensors (count > 0) launched on it.
 inline constexpr int kAdamTensorsPerLaunch = 256;
 cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bool copy,
-                       DType copy_dtype, const host::AdamCoeffs& c, const int32_t* skip_if_set,
-                       cudaStream_t stream, size_t* vector_tensors = nullptr);
+                       DType copy_dtype, bool bf16_moments, const host::AdamCoeffs& c,
+                       const int32_t* skip_if_set, cudaStream_t stream,
+                       size_t* vector_tensors = nullptr);
 
 }  // namespace strata::gpu::cuda

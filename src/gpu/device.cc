@@ -34,13 +34,16 @@ void DeviceBuffer::Reset() {
 
 size_t ArenaBudgetBytes(size_t requested) { return AlignDown(requested, kDeviceAlignment); }
 
-size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype) {
-  return 24 + DTypeSize(grad_dtype) + (copy_out ? DTypeSize(copy_dtype) : 0);
+size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype, bool bf16_moments) {
+  return (bf16_moments ? 16 : 24) + DTypeSize(grad_dtype) + (copy_out ? DTypeSize(copy_dtype) : 0);
 }
 
 bool AdamShardVectorizable(const AdamShard& s) {
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return a16(s.param) && a16(s.grad) && a16(s.exp_avg) && a16(s.exp_avg_sq) &&
+  const bool bf16 = s.exp_avg_bf16 != nullptr;
+  return a16(s.param) && a16(s.grad) &&
+         a16(bf16 ? static_cast<const void*>(s.exp_avg_bf16) : s.exp_avg) &&
+         a16(bf16 ? static_cast<const void*>(s.exp_avg_sq_bf16) : s.exp_avg_sq) &&
          (s.copy_out == nullptr || a16(s.copy_out));
 }
 
@@ -130,10 +133,22 @@ Status Device::CheckAdam(std::span<const AdamShard> shards, const AdamHyperParam
       size_t align;
     };
     const size_t f32 = ElemBytes(s.count, DType::kFp32);
+    // The moments: both fp32 or both bf16.
+    const bool bf16 = s.exp_avg_bf16 != nullptr || s.exp_avg_sq_bf16 != nullptr;
+    if (bf16 && (s.exp_avg != nullptr || s.exp_avg_sq != nullptr || s.exp_avg_bf16 == nullptr ||
+                 s.exp_avg_sq_bf16 == nullptr))
+      return bad(
+          fmt::format("shard {}: the moments are both fp32 (exp_avg, exp_avg_sq) or both bf16 "
+                      "(exp_avg_bf16, exp_avg_sq_bf16)",
+                      i));
+    const size_t mom = bf16 ? ElemBytes(s.count, DType::kBf16) : f32;
+    const size_t mom_align = bf16 ? 2 : 4;
     Arr arrs[] = {{s.param, f32, "param", 4},
                   {s.grad, ElemBytes(s.count, s.grad_dtype), "grad", DTypeSize(s.grad_dtype)},
-                  {s.exp_avg, f32, "exp_avg", 4},
-                  {s.exp_avg_sq, f32, "exp_avg_sq", 4},
+                  {bf16 ? static_cast<const void*>(s.exp_avg_bf16) : s.exp_avg, mom,
+                   bf16 ? "exp_avg_bf16" : "exp_avg", mom_align},
+                  {bf16 ? static_cast<const void*>(s.exp_avg_sq_bf16) : s.exp_avg_sq, mom,
+                   bf16 ? "exp_avg_sq_bf16" : "exp_avg_sq", mom_align},
                   {s.copy_out, s.copy_out ? ElemBytes(s.count, s.copy_dtype) : 0, "copy_out",
                    DTypeSize(s.copy_dtype)}};
     const int n_arrs = s.copy_out ? 5 : 4;

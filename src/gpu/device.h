@@ -282,10 +282,16 @@ struct AdamShard {
   void* copy_out = nullptr;     // optional: count elements of copy_dtype ← updated param
   DType copy_dtype = DType::kBf16;
   size_t count = 0;  // 0 is valid (nothing happens)
+  // bf16 moments instead of exp_avg / exp_avg_sq (strata.optimizer_states
+  // "bf16"): those null, these set; each moment is read as bf16, updated in
+  // fp32 as above and stored rounded to nearest even (src/cpu_adam's bf16
+  // format, bit for bit).
+  uint16_t* exp_avg_bf16 = nullptr;
+  uint16_t* exp_avg_sq_bf16 = nullptr;
 };
 
-// The CUDA kernel's 16-byte vector path needs param, grad, exp_avg,
-// exp_avg_sq and copy_out (when present) all 16-byte aligned; any other
+// The CUDA kernel's 16-byte vector path needs param, grad, the moments and
+// copy_out (when present) all 16-byte aligned; any other
 // shard runs element by element (same results, a fraction of the bandwidth).
 bool AdamShardVectorizable(const AdamShard& s);
 
@@ -298,8 +304,10 @@ struct AdamPathCounts {
 };
 
 // Bytes AdamStep moves per element (reads + writes): param, exp_avg,
-// exp_avg_sq read and written (24), the gradient read, the copy written.
-size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype);
+// exp_avg_sq read and written (24; 16 with bf16 moments), the gradient
+// read, the copy written.
+size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype,
+                           bool bf16_moments = false);
 
 // ---- Device memory ---------------------------------------------------------
 
@@ -424,7 +432,8 @@ class Device {
 
   // ---- Optimizer (async, ordered on `stream`) ----
   // One fused pass of Adam/AdamW over every shard: reads the fp32 master
-  // param, the gradient (fp32/fp16/bf16) and the fp32 moments, writes param
+  // param, the gradient (fp32/fp16/bf16) and the moments (fp32, or bf16:
+  // AdamShard::exp_avg_bf16), writes param
   // and moments and, when copy_out is set, the updated param converted to
   // copy_dtype (round to nearest even) — the same arithmetic, in the same
   // order of float operations, as src/cpu_adam (HyperParams, kernel_scalar.cc):

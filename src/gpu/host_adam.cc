@@ -35,16 +35,22 @@ void AdamStep(const AdamShard& s, const AdamCoeffs& c) {
   for (size_t i = 0; i < s.count; ++i) {
     float p = s.param[i];
     float g = LoadAsFloat(s.grad, s.grad_dtype, i) * c.grad_scale;
-    float m = s.exp_avg[i];
-    float v = s.exp_avg_sq[i];
+    const bool bf16 = s.exp_avg_bf16 != nullptr;  // bf16 moments
+    float m = bf16 ? LoadAsFloat(s.exp_avg_bf16, DType::kBf16, i) : s.exp_avg[i];
+    float v = bf16 ? LoadAsFloat(s.exp_avg_sq_bf16, DType::kBf16, i) : s.exp_avg_sq[i];
     if (!c.adamw) g = c.l2 * p + g;                             // Adam: L2 into the gradient
     m = c.w1 * (g - m) + m;                                     // m = lerp(m, g, 1-b1)
     v = c.w2 * (g * g) + c.beta2 * v;                           // v = b2 v + (1-b2) g²
     const float denom = std::sqrt(v) * c.inv_bc2_sqrt + c.eps;  // sqrt(v̂) + eps
     if (c.adamw) p = p * c.decay;                               // AdamW: decoupled decay
     p = c.neg_step * (m / denom) + p;                           // p -= lr m̂ / denom
-    s.exp_avg[i] = m;
-    s.exp_avg_sq[i] = v;
+    if (bf16) {
+      StoreFromFloat(s.exp_avg_bf16, DType::kBf16, i, m);  // round to nearest even
+      StoreFromFloat(s.exp_avg_sq_bf16, DType::kBf16, i, v);
+    } else {
+      s.exp_avg[i] = m;
+      s.exp_avg_sq[i] = v;
+    }
     s.param[i] = p;
     if (s.copy_out != nullptr) StoreFromFloat(s.copy_out, s.copy_dtype, i, p);
   }

@@ -289,5 +289,125 @@ TEST(HostAdamTest, BitwiseEqualToTheCpuScalarKernel) {
     }
 }
 
+// bf16 moments (AdamShard::exp_avg_bf16): the host reference is the CPU
+// optimizer's bf16 state format, bitwise (its scalar kernel, and the
+// vector kernel the dispatcher picks: the same bits), over two steps so
+// that the second reads what the first rounded.
+TEST(HostAdamTest, Bf16MomentsAreTheCpuBf16Format) {
+  uint64_t seed;
+  auto rng = strata::testing::MakeRng(&seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (const char* isa : {"scalar", ""})
+    for (bool adamw : {true, false})
+      for (DType g : {DType::kFp32, DType::kBf16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "isa '" << isa << "' adamw " << adamw << " grad " << DTypeName(g));
+        auto opt = cpu_adam::CpuOptimizer::Create({.threads = 1, .isa = isa}).value();
+        const size_t n = 1037;  // a tail for every vector width
+        auto p = strata::testing::RandomFloats(rng, n);
+        std::vector<uint16_t> m(n), v(n);
+        for (size_t i = 0; i < n; ++i) {
+          host::StoreFromFloat(m.data(), DType::kBf16, i,
+                               strata::testing::RandomFloats(rng, 1, -0.1f, 0.1f)[0]);
+          host::StoreFromFloat(v.data(), DType::kBf16, i,
+                               strata::testing::RandomFloats(rng, 1, 1e-5f, 1e-2f)[0]);
+        }
+        auto p2 = p;
+        auto m2 = m, v2 = v;
+        std::vector<uint16_t> c1(n), c2(n);
+        for (int step = 1; step <= 2; ++step) {
+          auto grad = ToDType(strata::testing::RandomFloats(rng, n, -50.f, 50.f), g);
+          AdamHyperParams hp;
+          hp.decoupled_weight_decay = adamw;
+          hp.weight_decay = 0.1;
+          hp.step = step;
+          hp.grad_scale = 0.25;
+          AdamShard a;
+          a.param = p.data();
+          a.grad = grad.data();
+          a.grad_dtype = g;
+          a.exp_avg_bf16 = m.data();
+          a.exp_avg_sq_bf16 = v.data();
+          a.copy_out = c1.data();
+          a.copy_dtype = DType::kBf16;
+          a.count = n;
+          host::AdamStep(a, host::MakeAdamCoeffs(hp));
+          cpu_adam::ShardStep s;
+          s.states = cpu_adam::StateFormat::kBf16;
+          s.param = p2.data();
+          s.exp_avg_c = m2.data();
+          s.exp_avg_sq_c = v2.data();
+          s.grad = grad.data();
+          s.grad_dtype = g;
+          s.copy_out = c2.data();
+          s.copy_dtype = DType::kBf16;
+          s.count = n;
+          s.hp = CpuHp(hp);
+          ASSERT_TRUE(opt->Step(s).ok());
+        }
+        EXPECT_EQ(0, std::memcmp(p.data(), p2.data(), n * 4));
+        EXPECT_EQ(m, m2);
+        EXPECT_EQ(v, v2);
+        EXPECT_EQ(c1, c2);
+      }
+}
+
+// The device's bf16 moments (CUDA: the kernel's bf16 loads and stores, the
+// vector path and the scalar tails) against the host reference, bitwise;
+// and a shard mixing the two kinds of moments is refused.
+TYPED_TEST(AdamStepTest, Bf16MomentsMatchTheHostReference) {
+  Device& d = this->dev();
+  uint64_t seed;
+  auto rng = strata::testing::MakeRng(&seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (size_t off : {size_t{0}, size_t{3}}) {
+    const size_t n = 65536 + 9;
+    auto p = strata::testing::RandomFloats(rng, n);
+    std::vector<uint16_t> m(n), v(n);
+    for (size_t i = 0; i < n; ++i) {
+      host::StoreFromFloat(m.data(), DType::kBf16, i,
+                           strata::testing::RandomFloats(rng, 1, -0.1f, 0.1f)[0]);
+      host::StoreFromFloat(v.data(), DType::kBf16, i,
+                           strata::testing::RandomFloats(rng, 1, 1e-5f, 1e-2f)[0]);
+    }
+    auto g = ToDType(strata::testing::RandomFloats(rng, n, -50.f, 50.f), DType::kBf16);
+    DeviceBuffer dp = d.Allocate((n + off) * 4 + 64).value();
+    DeviceBuffer dm = d.Allocate((n + off) * 2 + 64).value();
+    DeviceBuffer dv = d.Allocate((n + off) * 2 + 64).value();
+    DeviceBuffer dg = d.Allocate((n + off) * 2 + 64).value();
+    Put(d, dp.as<float>() + off, p.data(), n * 4);
+    Put(d, dm.as<uint16_t>() + off, m.data(), n * 2);
+    Put(d, dv.as<uint16_t>() + off, v.data(), n * 2);
+    Put(d, dg.as<uint16_t>() + off, g.data(), n * 2);
+    AdamHyperParams hp;
+    hp.step = 4;
+    hp.weight_decay = 0.05;
+    AdamShard s;
+    s.param = dp.as<float>() + off;
+    s.grad = dg.as<uint16_t>() + off;
+    s.grad_dtype = DType::kBf16;
+    s.exp_avg_bf16 = dm.as<uint16_t>() + off;
+    s.exp_avg_sq_bf16 = dv.as<uint16_t>() + off;
+    s.count = n;
+    ASSERT_OK(d.AdamStep({&s, 1}, hp, nullptr, d.compute()));
+    ASSERT_OK(d.compute().Synchronize());
+    AdamShard r = s;
+    r.param = p.data();
+    r.grad = g.data();
+    r.exp_avg_bf16 = m.data();
+    r.exp_avg_sq_bf16 = v.data();
+    host::AdamStep(r, host::MakeAdamCoeffs(hp));
+    EXPECT_EQ(Get<float>(d, s.param, n), p);
+    EXPECT_EQ(Get<uint16_t>(d, s.exp_avg_bf16, n), m);
+    EXPECT_EQ(Get<uint16_t>(d, s.exp_avg_sq_bf16, n), v);
+    ASSERT_OK(d.d2h().Synchronize());
+    AdamShard mixed = s;
+    mixed.exp_avg = dp.as<float>();
+    const Status bad = d.AdamStep({&mixed, 1}, hp, nullptr, d.compute());
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(bad.message()).find("both bf16"), std::string::npos) << bad;
+  }
+}
+
 }  // namespace
 }  // namespace strata::gpu::testing
