@@ -101,8 +101,15 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
     sh.param = store_->master() + (piece.elem_begin - base);
     sh.grad = acc_.as<float>() + piece.elem_begin;
     sh.grad_dtype = DType::kFp32;
-    sh.exp_avg = store_->exp_avg() + (piece.elem_begin - base);
-    sh.exp_avg_sq = store_->exp_avg_sq() + (piece.elem_begin - base);
+    if (layout_->state_format() == cpu_adam::StateFormat::kBf16) {  // bf16 moments
+      sh.exp_avg_bf16 =
+          static_cast<uint16_t*>(store_->states().exp_avg) + (piece.elem_begin - base);
+      sh.exp_avg_sq_bf16 =
+          static_cast<uint16_t*>(store_->states().exp_avg_sq) + (piece.elem_begin - base);
+    } else {
+      sh.exp_avg = store_->exp_avg() + (piece.elem_begin - base);
+      sh.exp_avg_sq = store_->exp_avg_sq() + (piece.elem_begin - base);
+    }
     sh.copy_out = params + (piece.byte_offset - byte_base);
     sh.copy_dtype = r.dtype;
     sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);

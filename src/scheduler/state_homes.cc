@@ -244,23 +244,34 @@ class HostStates final : public StateHome {
   std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
 };
 
-// offload_optimizer none: three arrays in the device arena.
+// offload_optimizer none: three arrays in the device arena: the fp32 master
+// and the moments, fp32 or (strata.optimizer_states bf16) bf16.
 class DeviceStates final : public StateHome {
  public:
   explicit DeviceStates(const StoreContext* ctx) : StateHome(ctx) {}
 
   Status Allocate(bool) override {
-    const auto bytes = static_cast<size_t>(kMasterBytesPerElem * ctx_->layout->partition_elems());
-    for (gpu::DeviceBuffer* b : {&master_d_, &exp_avg_d_, &exp_avg_sq_d_}) {
-      ASSIGN_OR_RETURN(*b, ctx_->dev->Allocate(bytes));
-    }
+    const cpu_adam::StateFormat f = ctx_->state_format;
+    if (f != cpu_adam::StateFormat::kFp32 && f != cpu_adam::StateFormat::kBf16)
+      return InvalidArgumentError(fmt::format(
+          "strata.optimizer_states: \"{}\" is not kept in HBM (offload_optimizer none keeps "
+          "\"fp32\" or \"bf16\")",
+          cpu_adam::StateFormatName(f)));
+    const auto n = static_cast<size_t>(ctx_->layout->partition_elems());
+    const size_t moment = f == cpu_adam::StateFormat::kBf16 ? 2 : kF;
+    ASSIGN_OR_RETURN(master_d_, ctx_->dev->Allocate(static_cast<size_t>(kMasterBytesPerElem) * n));
+    ASSIGN_OR_RETURN(exp_avg_d_, ctx_->dev->Allocate(moment * n));
+    ASSIGN_OR_RETURN(exp_avg_sq_d_, ctx_->dev->Allocate(moment * n));
     master_ = master_d_.as<float>();
-    exp_avg_ = exp_avg_d_.as<float>();
-    exp_avg_sq_ = exp_avg_sq_d_.as<float>();
-    view_ = {.first = ctx_->part->state_base(),
+    if (f == cpu_adam::StateFormat::kFp32) {
+      exp_avg_ = exp_avg_d_.as<float>();
+      exp_avg_sq_ = exp_avg_sq_d_.as<float>();
+    }
+    view_ = {.format = f,
+             .first = ctx_->part->state_base(),
              .master = master_,
-             .exp_avg = exp_avg_,
-             .exp_avg_sq = exp_avg_sq_};
+             .exp_avg = exp_avg_d_.data(),
+             .exp_avg_sq = exp_avg_sq_d_.data()};
     return Status();
   }
   // The masters are gathered in host memory, copied to the arena at the end.
@@ -274,33 +285,67 @@ class DeviceStates final : public StateHome {
     if (init_.empty()) init_.assign(n, 0.f);  // (no owned sub-group)
     gpu::Stream& s = ctx_->dev->compute();
     RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_, init_.data(), n * kF, s));
-    RETURN_IF_ERROR(ctx_->dev->Fill(exp_avg_, DType::kFp32, n, 0.f, s));
-    RETURN_IF_ERROR(ctx_->dev->Fill(exp_avg_sq_, DType::kFp32, n, 0.f, s));
+    // Zero moments: all-zero bits in either format.
+    const DType md = MomentDType();
+    RETURN_IF_ERROR(ctx_->dev->Fill(exp_avg_d_.data(), md, n, 0.f, s));
+    RETURN_IF_ERROR(ctx_->dev->Fill(exp_avg_sq_d_.data(), md, n, 0.f, s));
     RETURN_IF_ERROR(s.Synchronize());
     init_ = std::vector<float>();
     return Status();
   }
+  // Checkpoints hold fp32: bf16 moments are widened on the host, and
+  // rounded back (exactly: they came from bf16).
   Status ReadGroup(size_t g, void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
     const int64_t at = sg.elem_begin - ctx_->part->state_base();
-    const size_t bytes = static_cast<size_t>(sg.elems()) * kF;
-    const float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
+    const auto n = static_cast<size_t>(sg.elems());
+    const size_t bytes = n * kF, mb = n * DTypeSize(MomentDType());
+    const void* moments[] = {
+        exp_avg_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType())),
+        exp_avg_sq_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType()))};
     gpu::Stream& s = ctx_->dev->d2h();
-    for (int a = 0; a < kOptimizerStateArrays; ++a)
-      RETURN_IF_ERROR(
-          ctx_->dev->CopyD2H(static_cast<uint8_t*>(buf) + a * bytes, arrays[a] + at, bytes, s));
-    return s.Synchronize();
+    auto* out = static_cast<uint8_t*>(buf);
+    RETURN_IF_ERROR(ctx_->dev->CopyD2H(out, master_ + at, bytes, s));
+    if (MomentDType() == DType::kFp32) {
+      for (int a = 0; a < 2; ++a)
+        RETURN_IF_ERROR(ctx_->dev->CopyD2H(out + (a + 1) * bytes, moments[a], bytes, s));
+      return s.Synchronize();
+    }
+    std::vector<uint16_t> tmp(n);
+    for (int a = 0; a < 2; ++a) {
+      RETURN_IF_ERROR(ctx_->dev->CopyD2H(tmp.data(), moments[a], mb, s));
+      RETURN_IF_ERROR(s.Synchronize());
+      RETURN_IF_ERROR(cpu_adam::DecodeState(
+          view_.format, a == 0 ? cpu_adam::StateRole::kExpAvg : cpu_adam::StateRole::kExpAvgSq,
+          tmp.data(), nullptr, n, reinterpret_cast<float*>(out + (a + 1) * bytes)));
+    }
+    return Status();
   }
   Status WriteGroup(size_t g, const void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
     const int64_t at = sg.elem_begin - ctx_->part->state_base();
-    const size_t bytes = static_cast<size_t>(sg.elems()) * kF;
-    float* arrays[] = {master_, exp_avg_, exp_avg_sq_};
+    const auto n = static_cast<size_t>(sg.elems());
+    const size_t bytes = n * kF, mb = n * DTypeSize(MomentDType());
+    void* moments[] = {
+        exp_avg_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType())),
+        exp_avg_sq_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType()))};
     gpu::Stream& s = ctx_->dev->h2d();
-    for (int a = 0; a < kOptimizerStateArrays; ++a)
-      RETURN_IF_ERROR(ctx_->dev->CopyH2D(arrays[a] + at,
-                                         static_cast<const uint8_t*>(buf) + a * bytes, bytes, s));
-    return s.Synchronize();
+    const auto* in = static_cast<const uint8_t*>(buf);
+    RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_ + at, in, bytes, s));
+    if (MomentDType() == DType::kFp32) {
+      for (int a = 0; a < 2; ++a)
+        RETURN_IF_ERROR(ctx_->dev->CopyH2D(moments[a], in + (a + 1) * bytes, bytes, s));
+      return s.Synchronize();
+    }
+    std::vector<uint16_t> tmp(n);
+    for (int a = 0; a < 2; ++a) {
+      RETURN_IF_ERROR(cpu_adam::EncodeState(
+          view_.format, a == 0 ? cpu_adam::StateRole::kExpAvg : cpu_adam::StateRole::kExpAvgSq,
+          reinterpret_cast<const float*>(in + (a + 1) * bytes), n, tmp.data(), nullptr));
+      RETURN_IF_ERROR(ctx_->dev->CopyH2D(moments[a], tmp.data(), mb, s));
+      RETURN_IF_ERROR(s.Synchronize());  // (tmp is reused)
+    }
+    return Status();
   }
   Status ReadMaster(const ParamRec& p, std::span<float> out) override {
     const auto [ob, oe] = Owned(p);
@@ -322,6 +367,9 @@ class DeviceStates final : public StateHome {
   }
 
  private:
+  DType MomentDType() const {
+    return view_.format == cpu_adam::StateFormat::kBf16 ? DType::kBf16 : DType::kFp32;
+  }
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;
   std::vector<float> init_;
 };

@@ -1236,12 +1236,18 @@ TEST(ConfigStrata, OptimizerStatesAndDeepSpeedsBf16Keys) {
       HasSubstr("\"bf16-master\" is not offered for optimizer.type \"Lion\""));
   EXPECT_EQ(states(R"("optimizer": {"type": "Lion"}, "strata": {"optimizer_states": "int8"})"),
             "int8");
-  // Placements: the CPU optimizer (states in DRAM or on NVMe).
+  // Placements: every format in the CPU optimizer (states in DRAM or on
+  // NVMe); in HBM fp32 and bf16.
   EXPECT_THAT(
       ErrorOf(
-          R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}}, "strata": {"optimizer_states": "bf16"}})"),
-      AllOf(HasSubstr("strata.optimizer_states: \"bf16\" runs in the CPU optimizer"),
-            HasSubstr("it is \"none\"")));
+          R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}}, "strata": {"optimizer_states": "int8"}})"),
+      AllOf(HasSubstr("strata.optimizer_states: \"int8\" runs in the CPU optimizer"),
+            HasSubstr("it is \"none\""), HasSubstr("\"fp32\" or \"bf16\"")));
+  EXPECT_EQ(
+      Parse(
+          R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "none"}}, "strata": {"optimizer_states": "bf16"}})")
+          .strata.optimizer_states,
+      OptimizerStates::kBf16);
   EXPECT_EQ(
       Parse(
           R"({"strata": {"optimizer_states": "int8"}, "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})")

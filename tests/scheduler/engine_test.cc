@@ -854,6 +854,58 @@ TEST(EngineTest, DeviceOptimizerMatchesTheCpuPlacementsToRounding) {
   EXPECT_TRUE(st->applied);
 }
 
+// bf16 moments in HBM (offload_optimizer none, strata.optimizer_states
+// bf16): the CPU optimizer stepping them there (the host device) and the
+// device optimizer give the bits of the same format in DRAM (without
+// clipping, whose coefficient the device path sums in another order), and
+// a checkpoint of them resumes bitwise.
+TEST(EngineTest, Bf16MomentsInHbm) {
+  testing::ScratchDir dir;
+  for (const bool device_optimizer : {false, true}) {
+    SCOPED_TRACE(device_optimizer ? "device optimizer" : "CPU optimizer, states in HBM");
+    Config dram = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+    dram.strata.optimizer_states = OptimizerStates::kBf16;
+    dram.gradient_accumulation_steps = dram.train_batch_size = 2;
+    dram.strata.overlap_optimizer = false;
+    if (!device_optimizer) dram.gradient_clipping = 0.3;
+    const auto want = Train(dram, 12, 3);
+    Config hbm = dram;
+    hbm.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+    EngineTestHooks hooks;
+    hooks.device_optimizer = device_optimizer;
+    auto e = CreateEngine(hbm, hooks);
+    ASSERT_TRUE(e.ok()) << e.status();
+    Register(**e, 12);
+    int batch = 0;
+    std::string ckpt = (dir.path() / (device_optimizer ? "dev" : "host")).string();
+    for (int step = 0; step < 3; ++step) {
+      for (int k = 0; k < 2; ++k) {
+        MicroBatch(**e, batch++, Forward());
+        auto st = (*e)->Step();
+        ASSERT_TRUE(st.ok()) << st.status();
+      }
+      if (step == 1) {
+        // Saved, and loaded into a fresh engine that goes on.
+        ASSERT_TRUE((*e)->SaveCheckpoint(ckpt, CheckpointInfo{}).ok());
+        e = CreateEngine(hbm, hooks);
+        ASSERT_TRUE(e.ok()) << e.status();
+        Register(**e, 99);
+        ASSERT_TRUE((*e)->LoadCheckpoint(ckpt, nullptr).ok());
+      }
+    }
+    EXPECT_TRUE(BitwiseEqual(want, ReadAll(**e)));
+    // The plan's HBM row holds the states at 8 bytes an element.
+    bool bf16_row = false;
+    for (const TierBudget& b : (*e)->Budgets())
+      bf16_row |= b.tier == "hbm" && b.detail.find("(bf16)") != std::string::npos;
+    EXPECT_TRUE(bf16_row);
+  }
+  // int8 and the bf16 master stay with the CPU optimizer's DRAM or NVMe.
+  Config int8 = BaseConfig(OffloadDevice::kNone, OffloadDevice::kNone, dir.str());
+  int8.strata.optimizer_states = OptimizerStates::kInt8;
+  EXPECT_FALSE(CreateEngine(int8).ok());
+}
+
 // The device optimizer needs the parameters in HBM and Adam/AdamW.
 TEST(EngineTest, DeviceOptimizerRefusesWhatItCannotRun) {
   testing::ScratchDir dir;
