@@ -2,8 +2,8 @@
 // Adam/AdamW for `offload_optimizer: none`) as a fraction of HBM bandwidth.
 //
 //   build/bench/bench_gpu_adam [--device cuda|host] [--params N] [--tensors T]
-//       [--grad-dtype fp32|fp16|bf16] [--copy-out none|fp16|bf16] [--reps R]
-//       [--peak-gbs P] [--json]
+//       [--grad-dtype fp32|fp16|bf16] [--copy-out none|fp16|bf16]
+//       [--moments fp32|bf16] [--reps R] [--peak-gbs P] [--json]
 //
 // Times R steps with timing events on the compute stream (median per step)
 // and reports bytes moved per step / time (AdamBytesPerElement × N), against
@@ -29,7 +29,7 @@ using namespace strata;
   std::fprintf(stderr,
                "bench_gpu_adam: %s\nusage: bench_gpu_adam [--device cuda|host] [--params N] "
                "[--tensors T] [--grad-dtype fp32|fp16|bf16] [--copy-out none|fp16|bf16] "
-               "[--reps R] [--peak-gbs P] [--json]\n",
+               "[--moments fp32|bf16] [--reps R] [--peak-gbs P] [--json]\n",
                why);
   std::exit(2);
 }
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   size_t params = size_t{256} << 20, tensors = 64;
   int reps = 20;
   double peak_gbs = 0;
-  bool json = false, copy = false;
+  bool json = false, copy = false, bf16_moments = false;
   DType grad = DType::kBf16, copy_dtype = DType::kBf16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -97,6 +97,10 @@ int main(int argc, char** argv) {
       json = true;
     else if (a == "--grad-dtype") {
       if (!ParseDType(next(), &grad)) Usage("--grad-dtype: fp32, fp16 or bf16");
+    } else if (a == "--moments") {
+      const std::string mo = next();
+      if (mo != "fp32" && mo != "bf16") Usage("--moments: fp32 or bf16");
+      bf16_moments = mo == "bf16";
     } else if (a == "--copy-out") {
       const std::string c = next();
       copy = c != "none";
@@ -118,7 +122,8 @@ int main(int argc, char** argv) {
   const size_t gs = DTypeSize(grad), cs = copy ? DTypeSize(copy_dtype) : 0;
   gpu::DeviceOptions o;
   o.kind = kind == "host" ? DeviceKind::kHost : DeviceKind::kCuda;
-  o.hbm_budget_bytes = n_alloc * (12 + gs + cs) + (size_t{64} << 20);
+  const size_t ms = bf16_moments ? 2 : 4;  // bytes a moment
+  o.hbm_budget_bytes = n_alloc * (4 + 2 * ms + gs + cs) + (size_t{64} << 20);
   auto dev = gpu::CreateDevice(o);
   if (!dev.ok()) {
     std::printf("bench_gpu_adam: %s\n", dev.status().ToString().c_str());
@@ -131,23 +136,36 @@ int main(int argc, char** argv) {
   }
   gpu::Device& d = **dev;
   auto p = Value(d.Allocate(n_alloc * 4), "param");
-  auto m = Value(d.Allocate(n_alloc * 4), "exp_avg");
-  auto v = Value(d.Allocate(n_alloc * 4), "exp_avg_sq");
+  auto m = Value(d.Allocate(n_alloc * ms), "exp_avg");
+  auto v = Value(d.Allocate(n_alloc * ms), "exp_avg_sq");
   auto g = Value(d.Allocate(n_alloc * gs), "grad");
   gpu::DeviceBuffer c;
   if (copy) c = Value(d.Allocate(n_alloc * cs), "copy");
   BENCH_CHECK_OK(d.Fill(p.data(), DType::kFp32, n_alloc, 0.5f, d.compute()));
-  BENCH_CHECK_OK(d.Fill(m.data(), DType::kFp32, n_alloc, 0.01f, d.compute()));
-  BENCH_CHECK_OK(d.Fill(v.data(), DType::kFp32, n_alloc, 1e-4f, d.compute()));
+  const DType md = bf16_moments ? DType::kBf16 : DType::kFp32;
+  BENCH_CHECK_OK(d.Fill(m.data(), md, n_alloc, 0.01f, d.compute()));
+  BENCH_CHECK_OK(d.Fill(v.data(), md, n_alloc, 1e-4f, d.compute()));
   BENCH_CHECK_OK(d.Fill(g.data(), grad, n_alloc, 0.02f, d.compute()));
 
   std::vector<gpu::AdamShard> shards;
   size_t left = params;
   for (size_t t = 0; t < tensors && left > 0; ++t) {
     const size_t n = std::min(per, left), off = t * stride;
-    shards.push_back({p.as<float>() + off, g.as<char>() + off * gs, grad, m.as<float>() + off,
-                      v.as<float>() + off, copy ? c.as<char>() + off * cs : nullptr, copy_dtype,
-                      n});
+    gpu::AdamShard sh;
+    sh.param = p.as<float>() + off;
+    sh.grad = g.as<char>() + off * gs;
+    sh.grad_dtype = grad;
+    if (bf16_moments) {
+      sh.exp_avg_bf16 = m.as<uint16_t>() + off;
+      sh.exp_avg_sq_bf16 = v.as<uint16_t>() + off;
+    } else {
+      sh.exp_avg = m.as<float>() + off;
+      sh.exp_avg_sq = v.as<float>() + off;
+    }
+    sh.copy_out = copy ? c.as<char>() + off * cs : nullptr;
+    sh.copy_dtype = copy_dtype;
+    sh.count = n;
+    shards.push_back(sh);
     left -= n;
   }
   gpu::AdamHyperParams hp;
@@ -161,9 +179,9 @@ int main(int argc, char** argv) {
   const double adam_s = TimeMedian(d, reps, adam);
 
   // Roofline: a device-to-device copy moving the same bytes (read + write).
-  const size_t bpe = gpu::AdamBytesPerElement(grad, copy, copy_dtype);
+  const size_t bpe = gpu::AdamBytesPerElement(grad, copy, copy_dtype, bf16_moments);
   const size_t traffic = bpe * params;
-  const size_t roof_bytes = std::min(traffic / 2, n_alloc * 4);  // param → exp_avg
+  const size_t roof_bytes = std::min(traffic / 2, n_alloc * ms);  // param → exp_avg
   const double copy_s = TimeMedian(
       d, reps, [&] { BENCH_CHECK_OK(d.CopyD2D(m.data(), p.data(), roof_bytes, d.compute())); });
   const double adam_gbs = traffic / adam_s / 1e9;
@@ -175,14 +193,16 @@ int main(int argc, char** argv) {
   if (json) {
     std::printf(
         "{\"device\": \"%s\", \"params\": %zu, \"tensors\": %zu, \"grad_dtype\": \"%s\", "
-        "\"copy_out\": \"%s\", \"bytes_per_element\": %zu, \"step_s\": %.6g, "
+        "\"copy_out\": \"%s\", \"moments\": \"%s\", \"bytes_per_element\": %zu, \"step_s\": %.6g, "
         "\"params_per_s\": %.6g, \"adam_gbytes_per_s\": %.6g, \"d2d_copy_gbytes_per_s\": %.6g, "
         "\"fraction_of_copy\": %.4f, \"fraction_of_peak\": %.4f}\n",
-        d.Describe().c_str(), params, shards.size(), gname, cname, bpe, adam_s, params / adam_s,
-        adam_gbs, copy_gbs, adam_gbs / copy_gbs, peak_gbs > 0 ? adam_gbs / peak_gbs : 0.0);
+        d.Describe().c_str(), params, shards.size(), gname, cname, bf16_moments ? "bf16" : "fp32",
+        bpe, adam_s, params / adam_s, adam_gbs, copy_gbs, adam_gbs / copy_gbs,
+        peak_gbs > 0 ? adam_gbs / peak_gbs : 0.0);
   } else {
-    std::printf("device %s: AdamW over %zu params in %zu tensors, grad %s, copy-out %s\n",
-                d.Describe().c_str(), params, shards.size(), gname, cname);
+    std::printf(
+        "device %s: AdamW over %zu params in %zu tensors, grad %s, copy-out %s, moments %s\n",
+        d.Describe().c_str(), params, shards.size(), gname, cname, bf16_moments ? "bf16" : "fp32");
     std::printf("  step %.3f ms (median of %d), %.3g params/s, %zu B/param\n", adam_s * 1e3, reps,
                 params / adam_s, bpe);
     std::printf("  %.1f GB/s moved; D2D copy %.1f GB/s (read+write): %.3f of the copy roofline",
