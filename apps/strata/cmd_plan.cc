@@ -159,6 +159,8 @@ std::string ReportJson(const PlanReport& p) {
                           {"detail", t.detail}});
   j["host_bytes"] = p.plan.host_bytes;
   j["gradient_path"] = p.plan.gradient_path;
+  j["device_step"] = p.plan.device_step;
+  j["bound_all_on_cpu_s"] = p.plan.bound_all_on_cpu_s;
   j["rates"] = {{"h2d_gbytes_per_s", p.rates.h2d_gbytes_per_s},
                 {"d2h_gbytes_per_s", p.rates.d2h_gbytes_per_s},
                 {"accumulate_gbytes_per_s", p.rates.accumulate_gbytes_per_s},
@@ -200,6 +202,12 @@ std::string ReportTable(const PlanReport& p) {
     out += fmt::format("  {:<15} {:>10}  {}\n", t.resource, Seconds(t.seconds), t.what);
   out += fmt::format("  bound: {} by {} (compute not included)\n", Seconds(p.plan.bound_s),
                      p.plan.bound_by.empty() ? "-" : p.plan.bound_by);
+  if (!p.plan.device_step.empty()) out += "  " + p.plan.device_step + "\n";
+  if (p.plan.bound_all_on_cpu_s > 0)
+    out += fmt::format(
+        "  with every sub-group on the CPU (ratio 1) the bound is {} (the device Adam at HBM "
+        "bandwidth not included)\n",
+        Seconds(p.plan.bound_all_on_cpu_s));
   out += fmt::format(
       "rates: PCIe h2d {:.2f} GB/s, d2h {:.2f} GB/s; CPU Adam {:.0f} M elements/s, accumulate "
       "{:.2f} GB/s; NVMe read {:.2f} GB/s, write {:.2f} GB/s ({})\n",

@@ -686,15 +686,39 @@ Section Nvme(Runner& run, const Plan& p, const std::string& dir, std::vector<Che
 // backward, on the host device the speculative step), side by side.
 // `delayed`: with strata.delayed_param_update, the stale reference (its
 // losses differ by design and are not compared).
+// `split`: offload_optimizer.ratio below 1, the first sub-groups stepped on
+// the device: "auto" with a GPU, under an HBM budget that holds the
+// parameters, the gradient window and at most half of the optimizer states
+// (SplitHbmBudget); 0.5 on the host device (where "auto" keeps them all on
+// the CPU).
 struct Placement {
   const char* opt;
   const char* param;
   bool other_speculation = false;
   bool delayed = false;
+  bool split = false;
 };
-constexpr Placement kPlacements[] = {
-    {"none", "none"}, {"cpu", "none"},      {"cpu", "none", true}, {"cpu", "none", false, true},
-    {"cpu", "cpu"},   {"cpu", "cpu", true}, {"nvme", "nvme"},      {"nvme", "nvme", true}};
+constexpr Placement kPlacements[] = {{"none", "none"},
+                                     {"cpu", "none"},
+                                     {"cpu", "none", true},
+                                     {"cpu", "none", false, false, true},
+                                     {"cpu", "none", false, true},
+                                     {"cpu", "cpu"},
+                                     {"cpu", "cpu", true},
+                                     {"nvme", "nvme"},
+                                     {"nvme", "nvme", true}};
+
+// The split row's HBM budget: the parameters (bf16, 2 bytes each), the
+// window's fp32 gradient accumulator (4), half of the fp32 optimizer states
+// (6 of 12) and 512 MiB for the gradient and parameter slots, for the
+// example model's parameter count (its blocks, embedding and head).
+std::string SplitHbmBudget(const json& model) {
+  const auto h = static_cast<double>(model.value("hidden", 0));
+  const auto layers = static_cast<double>(model.value("layers", 0));
+  const auto vocab = static_cast<double>(model.value("vocab", 256));
+  const double params = layers * 12 * h * h + 2 * vocab * h;
+  return std::to_string(static_cast<int64_t>((12 * params + (512 << 20)) / (1 << 20))) + "M";
+}
 
 // The example model sized to the machine (a config given with --config wins).
 json BaseTrainConfig(bool tiny, bool quick, bool cuda, const json& info) {
@@ -800,6 +824,17 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
       c["strata"]["delayed_param_update"] = true;
       name += ", delayed_param_update";
       file += "_delayed";
+    }
+    if (pl.split) {
+      if (cuda) {
+        z["offload_optimizer"]["ratio"] = "auto";
+        c["strata"]["hbm_budget"] = SplitHbmBudget(c["strata"]["model"]);
+        name += ", ratio auto (HBM budget " + c["strata"]["hbm_budget"].get<std::string>() + ")";
+      } else {
+        z["offload_optimizer"]["ratio"] = 0.5;
+        name += ", ratio 0.5";
+      }
+      file += "_split";
     }
     const std::string path = out_dir + "/configs/" + file + ".json";
     std::ofstream(path) << c.dump(2) << "\n";
@@ -926,6 +961,20 @@ Section Training(Runner& run, const Plan& p, const json& base, const std::string
         s.device, "strata train --config " + out_dir + "/configs/<placement>.json --json");
     c.measured = worst_all;
     checks->push_back(c);
+  }
+  // On a GPU, the offloaded placements' tokens/s against none/none, at the
+  // defaults (the exact step: clipping on, speculation as auto picks it).
+  if (cuda && std::isfinite(base_tps) && base_tps > 0) {
+    for (const Run& r : runs) {
+      double want = 0;
+      if (r.name == "cpu/none") want = 0.65;
+      if (r.name == "cpu/cpu") want = 0.6;
+      if (r.name.starts_with("cpu/none, ratio auto")) want = 0.85;
+      if (want == 0) continue;
+      checks->push_back(report::RatioCheck(r.name + " tokens/s vs none/none",
+                                           median_of(r, "tokens_per_s") / base_tps, want,
+                                           "medians over the steps and rounds", s.device, r.cmd));
+    }
   }
   return s;
 }

@@ -69,7 +69,11 @@ struct OffloadOptimizerConfig {
   // an error (DeepSpeed stops at its first step: "ran out of swap buffers").
   int64_t buffer_count = 4;
   bool fast_init = false;
-  double ratio = 1.0;  // fraction of the optimizer step done on the CPU (0, 1]
+  // The fraction of the optimizer states stepped on the CPU, (0, 1]; the
+  // first sub-groups' rest are kept in HBM and stepped on the device
+  // (stage 3, as in DeepSpeed). "auto" (ratio_auto): the plan picks it.
+  double ratio = 1.0;
+  bool ratio_auto = false;
   bool pipeline_read = false;
   bool pipeline_write = false;
 

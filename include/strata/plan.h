@@ -87,6 +87,11 @@ struct PlanResult {
   int64_t host_bytes = 0;
   // The gradient path chosen and why, in words.
   std::string gradient_path;
+  // offload_optimizer.ratio below 1 or "auto": the sub-groups stepped on
+  // the device, or why none are (empty: ratio 1), and the predicted bound
+  // of the same step with every sub-group on the CPU (0: no split).
+  std::string device_step;
+  double bound_all_on_cpu_s = 0;
   // As Engine::PredictedStep(): one optimizer step (a window of
   // gradient_accumulation_steps micro-batches) per resource at the measured
   // rates; parameter fetches counted for forward and backward of every

@@ -20,7 +20,13 @@ Status ReadOffloadOptimizer(Section& s, OffloadOptimizerConfig* c) {
   RETURN_IF_ERROR(s.Bool("pin_memory", &c->pin_memory));
   RETURN_IF_ERROR(s.Int("buffer_count", &c->buffer_count));
   RETURN_IF_ERROR(s.Bool("fast_init", &c->fast_init));
-  RETURN_IF_ERROR(s.Double("ratio", &c->ratio));
+  // "auto" here is not "the default": the plan picks the split.
+  if (s.IsAutoKey("ratio")) {
+    s.Take("ratio");
+    c->ratio_auto = true;
+  } else {
+    RETURN_IF_ERROR(s.Double("ratio", &c->ratio));
+  }
   RETURN_IF_ERROR(s.Bool("pipeline_read", &c->pipeline_read));
   RETURN_IF_ERROR(s.Bool("pipeline_write", &c->pipeline_write));
   // DeepSpeed's deprecated `pipeline` turns on both directions.
@@ -169,16 +175,6 @@ Status ReadZero(Section& s, ZeroConfig* z, bool top_level_aio) {
                       : "so the aio defaults are used (block_size 1048576, queue_depth 8, "
                         "intra_op_parallelism 1, single_submit false, overlap_events true)"));
   }
-  // DeepSpeed's partial offload: (1 - ratio) of the states stepped on the GPU.
-  // Read and checked (config validation: stage 3, as in DeepSpeed), not
-  // applied, saying so.
-  if (z->offload_optimizer.ratio > 0.0 && z->offload_optimizer.ratio < 1.0 && z->stage == 3)
-    s.Warn(fmt::format(
-        "{}.ratio: {} is not applied: Strata steps every optimizer state where "
-        "offload_optimizer.device places it (\"{}\"); stepping a part of them on the GPU is "
-        "not implemented",
-        s.PathOf("offload_optimizer"), z->offload_optimizer.ratio,
-        OffloadDeviceName(z->offload_optimizer.device)));
   // DeepSpeed ignores offload_param below stage 3; so does Strata, saying so.
   // (Its other fields are inert without a device and are kept as written.)
   if (z->stage < 3 && z->offload_param.device != OffloadDevice::kNone) {

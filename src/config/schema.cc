@@ -104,7 +104,7 @@ const KeySpec kSchema[] = {
     {"zero_optimization.offload_optimizer.pin_memory", kBool, kRead, "false"},
     {"zero_optimization.offload_optimizer.buffer_count", kInt, kRead, "4", ">= 0; >= 1 with device nvme"},
     {"zero_optimization.offload_optimizer.fast_init", kBool, kRead, "false"},
-    {"zero_optimization.offload_optimizer.ratio", kDouble, kRead, "1.0", "(0, 1]"},
+    {"zero_optimization.offload_optimizer.ratio", kDouble, kRead, "1.0", "(0, 1] or \"auto\""},
     {"zero_optimization.offload_optimizer.pipeline_read", kBool, kRead, "false"},
     {"zero_optimization.offload_optimizer.pipeline_write", kBool, kRead, "false"},
     {"zero_optimization.offload_optimizer.pipeline", kBool, kRead, "", "old spelling: true sets pipeline_read and pipeline_write"},

@@ -45,7 +45,7 @@ std::string ConfigToJson(const Config& c, int indent) {
                                   {"pin_memory", oo.pin_memory},
                                   {"buffer_count", oo.buffer_count},
                                   {"fast_init", oo.fast_init},
-                                  {"ratio", oo.ratio},
+                                  {"ratio", oo.ratio_auto ? ojson("auto") : ojson(oo.ratio)},
                                   {"pipeline_read", oo.pipeline_read},
                                   {"pipeline_write", oo.pipeline_write}};
   zj["offload_param"] = ojson{{"device", OffloadDeviceName(op.device)},

@@ -15,6 +15,20 @@ namespace {
 constexpr size_t kSumOffset = 8;  // the double sum of squares (the int32 before it is spare)
 }  // namespace
 
+gpu::AdamHyperParams ToDeviceHyperParams(const cpu_adam::HyperParams& c) {
+  gpu::AdamHyperParams hp;
+  hp.decoupled_weight_decay = c.algorithm == cpu_adam::Algorithm::kAdamW;
+  hp.lr = c.lr;
+  hp.beta1 = c.beta1;
+  hp.beta2 = c.beta2;
+  hp.eps = c.eps;
+  hp.weight_decay = c.weight_decay;
+  hp.bias_correction = c.bias_correction;
+  hp.step = c.step;
+  hp.grad_scale = c.grad_scale;
+  return hp;
+}
+
 Status DeviceOptimizer::Init() {
   const int64_t n = layout_->total_elems();
   ASSIGN_OR_RETURN(acc_, dev_->Allocate(static_cast<size_t>(kGradAccBytesPerElem * n)));
@@ -73,19 +87,8 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   // One AdamStep per optimizer parameter group (its hyperparameters).
   const size_t ngroups = std::max<size_t>(1, p.group_hp.size());
   std::vector<gpu::AdamHyperParams> hps(ngroups);
-  for (size_t g = 0; g < ngroups; ++g) {
-    const cpu_adam::HyperParams& c = p.group_hp.empty() ? p.hp : p.group_hp[g];
-    gpu::AdamHyperParams& hp = hps[g];
-    hp.decoupled_weight_decay = c.algorithm == cpu_adam::Algorithm::kAdamW;
-    hp.lr = c.lr;
-    hp.beta1 = c.beta1;
-    hp.beta2 = c.beta2;
-    hp.eps = c.eps;
-    hp.weight_decay = c.weight_decay;
-    hp.bias_correction = c.bias_correction;
-    hp.step = c.step;
-    hp.grad_scale = c.grad_scale;
-  }
+  for (size_t g = 0; g < ngroups; ++g)
+    hps[g] = ToDeviceHyperParams(p.group_hp.empty() ? p.hp : p.group_hp[g]);
   // The parameters' pieces this rank owns (every element with one rank);
   // the states hold those elements only, from state_base().
   std::vector<std::vector<gpu::AdamShard>> shards(ngroups);

@@ -41,6 +41,9 @@
 
 namespace strata::scheduler {
 
+// The device Adam's hyperparameters for a CPU optimizer's (Adam or AdamW).
+gpu::AdamHyperParams ToDeviceHyperParams(const cpu_adam::HyperParams& c);
+
 class DeviceOptimizer final : public OptimizerBackend {
  public:
   DeviceOptimizer(gpu::Device* device, const Layout* layout, StateStore* store,

@@ -375,6 +375,15 @@ Status EngineImpl::Plan() {
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
   layout_.set_state_piece_elems(plan.state_piece_elems);
+  // offload_optimizer.ratio: the first sub-groups stepped on the device.
+  if (plan.device_step_groups > 0)
+    part_ = std::make_unique<const scheduler::Partition>(&layout_, plan.device_step_groups);
+  if (!plan.device_step.empty()) {
+    if (plan.device_step_groups == 0 && !zo.offload_optimizer.ratio_auto)
+      STRATA_LOG_WARN("{}", plan.device_step);
+    else
+      STRATA_LOG_INFO("{}", plan.device_step);
+  }
   if (plan.state_piece_elems > 0)
     STRATA_LOG_INFO(
         "optimizer pipeline: {} buffers of {} do not fit strata.pinned_budget {} beside the other "
@@ -484,6 +493,7 @@ Status EngineImpl::OpenBackendAndStore(const scheduler::TierPlan& plan) {
   ho.sums_in_hbm = plan.grads_in_hbm;
   ho.sums_chunk_elems = plan.grad_chunk_elems;
   ho.buffer_count = cfg_.zero_optimization.offload_optimizer.buffer_count;
+  ho.device_step_elems = plan.device_step_elems;
   ho.before_sub_group = hooks_.before_sub_group;
   ho.dp = dp_.get();
   ho.speculate = plan.placement.speculate() && plan.speculation_elems > 0;

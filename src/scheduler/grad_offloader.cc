@@ -452,7 +452,8 @@ void GradOffloader::ZeroUnsent() {
   // none this window are zeroed.
   for (int m = 0; m < layout_->num_modules(); ++m) {
     const ModuleExtent& me = layout_->module(m);
-    if (accumulated_[static_cast<size_t>(m)] == 0 && me.elems() > 0)
+    if (accumulated_[static_cast<size_t>(m)] == 0 && me.elems() > 0 &&
+        me.elem_end > device_stepped_)
       std::memset(acc_.as<float>() + me.elem_begin, 0,
                   static_cast<size_t>(me.elems()) * kGradAccBytesPerElem);
   }

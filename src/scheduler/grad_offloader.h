@@ -89,6 +89,10 @@ class GradOffloader {
   // Checks ahead (see above); only where the accumulator holds the window's
   // final sums when GlobalChecks runs (one rank). REQUIRES: drained.
   void set_precompute_checks(bool on) { precompute_ = on; }
+  // Sub-groups stepped on the device (offload_optimizer.ratio): the
+  // elements below `elem` never reach the accumulator; ZeroUnsent leaves the
+  // modules that lie wholly there alone.
+  void set_device_stepped(int64_t elem) { device_stepped_ = elem; }
   gpu::PinnedPool* staging_pool() { return pool_.get(); }
 
   // Enqueues the D2H copies of module m's gradients (device_grad: the
@@ -211,6 +215,7 @@ class GradOffloader {
   bool direct_ = false;
   std::unique_ptr<gpu::Event> direct_event_;
   bool direct_in_flight_ = false;
+  int64_t device_stepped_ = 0;  // set_device_stepped
   // Checks ahead: every sub-group's blocks in order, and per block its
   // result and whether it holds one (the worker writes them while jobs run;
   // the main thread reads and resets them when drained); per module

@@ -3,12 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/common/units.h"
+#include "src/scheduler/device_optimizer.h"
+#include "src/scheduler/grad_store.h"
 
 namespace strata::scheduler {
 
@@ -47,6 +51,17 @@ Status HostOptimizer::Start(int64_t* pinned_bytes) {
                                 opts_.landing_bytes, opts_.pin_landing,
                                 opts_.device_accumulator && opts_.pin_accumulator));
   ASSIGN_OR_RETURN(upload_ready_, dev_->CreateEvent());
+  if (opts_.device_step_elems > 0) {
+    split_ = opts_.device_step_elems;
+    const auto n = static_cast<size_t>(split_);
+    ASSIGN_OR_RETURN(split_sums_, dev_->Allocate(n * sizeof(float)));
+    ASSIGN_OR_RETURN(split_sumsq_, dev_->Allocate(sizeof(double)));
+    RETURN_IF_ERROR(dev_->Fill(split_sums_.data(), DType::kFp32, n, 0.f, dev_->compute()));
+    RETURN_IF_ERROR(dev_->compute().Synchronize());
+    ASSIGN_OR_RETURN(split_summed_, dev_->CreateEvent());
+    grads_->set_device_stepped(split_);
+    grads_->set_precompute_checks(false);  // (the host part's checks start at the split)
+  }
   if (opts_.sums_in_hbm) {
     sums_ = std::make_unique<DeviceSums>(dev_, layout_, counters_, opts_.sums_chunk_elems,
                                          opts_.pin_sums);
@@ -71,6 +86,14 @@ std::vector<gpu::PinnedPool::Region> HostOptimizer::io_buffers() const {
 
 Status HostOptimizer::Bind(StateStore* store) {
   store_ = store;
+  const Partition& part = store->partition();
+  if ((part.device_groups() > 0 ? part.host_elems().first : 0) != split_ ||
+      (split_ > 0 && (opts_.dp != nullptr || store->param_place() != OffloadDevice::kNone ||
+                      store->device_params() == nullptr)))
+    return InternalError(fmt::format(
+        "HostOptimizer: the device-stepped elements ({}) disagree with the store's partition ({} "
+        "sub-groups)",
+        split_, part.device_groups()));
   if (opts_.speculate) RETURN_IF_ERROR(StartSpeculation());
   if (!opts_.grads_on_nvme) return Status();
   auto nvme = std::make_unique<GradStore>(layout_, store, counters_, kGradCacheSlots);
@@ -80,7 +103,7 @@ Status HostOptimizer::Bind(StateStore* store) {
 }
 
 Status HostOptimizer::StartSpeculation() {
-  const auto [e0, e1] = store_->partition().elems();
+  const auto [e0, e1] = store_->partition().host_elems();
   // States on NVMe need no spare (their two versions are the undo): every
   // element may be speculated.
   const bool nvme = store_->optimizer_place() == OffloadDevice::kNvme;
@@ -160,6 +183,14 @@ Status HostOptimizer::AddGradients(int m, const void* device_grad, gpu::Event& c
 
 Status HostOptimizer::HandOver(int m, const void* device_grad, gpu::Event& computed, bool last) {
   RETURN_IF_ERROR(dev_->compute().Record(computed));
+  if (split_ > 0) {
+    const ModuleExtent& me = layout_->module(m);
+    if (me.elems() > 0 && me.elem_begin < split_) {
+      RETURN_IF_ERROR(AddSplitSums(m, device_grad));
+      // Wholly below the split: nothing for the host.
+      if (me.elem_end <= split_) return Status();
+    }
+  }
   if (sums_) {
     // acc += grad in fp32 on the compute stream, as with the device
     // accumulator; the sums stay there until the checks and the step.
@@ -201,6 +232,97 @@ Status HostOptimizer::HandOver(int m, const void* device_grad, gpu::Event& compu
   RETURN_IF_ERROR(grads_->Offload(m, device_grad, computed));
   if (last && opts_.overlap_comm && opts_.dp != nullptr) return OverlapAfter(m);
   return Status();
+}
+
+Status HostOptimizer::AddSplitSums(int m, const void* device_grad) {
+  const ModuleExtent& me = layout_->module(m);
+  const auto* base = static_cast<const uint8_t*>(device_grad);
+  for (int id : me.params) {
+    const ParamRec& p = layout_->param(id);
+    const int64_t n = std::min(p.numel, split_ - p.elem_off);
+    if (n <= 0) continue;
+    RETURN_IF_ERROR(dev_->AddToFp32(split_sums_.as<float>() + p.elem_off,
+                                    base + (p.byte_off - me.byte_begin), p.dtype,
+                                    static_cast<size_t>(n), dev_->compute()));
+  }
+  // The gradient buffer's reuse is ordered after the D2H stream
+  // (gradients_read_on), which waits for the adds.
+  RETURN_IF_ERROR(dev_->compute().Record(*split_summed_));
+  return dev_->d2h().Wait(*split_summed_);
+}
+
+Status HostOptimizer::SplitChecks(bool* overflow, double* sumsq) {
+  // The split's elements first (element order), on the compute stream.
+  gpu::Stream& s = dev_->compute();
+  auto* dsum = split_sumsq_.as<double>();
+  RETURN_IF_ERROR(dev_->FillDouble(dsum, 1, 0.0, s));
+  RETURN_IF_ERROR(dev_->SumSquares(split_sums_.as<float>(), DType::kFp32,
+                                   static_cast<size_t>(split_), dsum, s));
+  double device_sum = 0;
+  RETURN_IF_ERROR(dev_->CopyD2H(&device_sum, dsum, sizeof(device_sum), s));
+  RETURN_IF_ERROR(s.Synchronize());
+  const auto [h0, h1] = store_->partition().host_groups();
+  std::vector<double> partial;
+  std::vector<uint8_t> bad;
+  RETURN_IF_ERROR(grads_->BlockChecks(h0, h1, &partial, &bad));
+  bool host_bad = false;
+  double host_sum = 0;
+  CombineBlocks(partial, bad, &host_bad, &host_sum);
+  // (Finite exactly when every element is: DeviceOptimizer::GlobalChecks.)
+  *overflow = host_bad || !std::isfinite(device_sum);
+  *sumsq = device_sum + host_sum;
+  return Status();
+}
+
+void HostOptimizer::ZeroBelowSplit(float* acc) {
+  if (acc == nullptr) return;
+  for (int m = 0; m < layout_->num_modules(); ++m) {
+    const ModuleExtent& me = layout_->module(m);
+    if (me.elem_begin < split_ && me.elem_end > split_)
+      std::memset(acc + me.elem_begin, 0,
+                  static_cast<size_t>(split_ - me.elem_begin) * kGradAccBytesPerElem);
+  }
+}
+
+Status HostOptimizer::StepDeviceGroups(const LaunchParams& lp) {
+  const size_t ngroups = std::max<size_t>(1, lp.group_hp.size());
+  std::vector<gpu::AdamHyperParams> hps(ngroups);
+  for (size_t g = 0; g < ngroups; ++g)
+    hps[g] = ToDeviceHyperParams(lp.group_hp.empty() ? lp.hp : lp.group_hp[g]);
+  const StateArrays& st = store_->device_states();
+  const bool bf16 = st.format == cpu_adam::StateFormat::kBf16;
+  std::vector<std::vector<gpu::AdamShard>> shards(ngroups);
+  for (const Layout::Slice& piece : layout_->Slices(st.first, split_)) {
+    const ParamRec& r = layout_->param(piece.param);
+    const int64_t i = piece.elem_begin - st.first;
+    gpu::AdamShard sh;
+    sh.param = static_cast<float*>(st.master) + i;
+    sh.grad = split_sums_.as<float>() + piece.elem_begin;
+    sh.grad_dtype = DType::kFp32;
+    if (bf16) {
+      sh.exp_avg_bf16 = static_cast<uint16_t*>(st.exp_avg) + i;
+      sh.exp_avg_sq_bf16 = static_cast<uint16_t*>(st.exp_avg_sq) + i;
+    } else {
+      sh.exp_avg = static_cast<float*>(st.exp_avg) + i;
+      sh.exp_avg_sq = static_cast<float*>(st.exp_avg_sq) + i;
+    }
+    sh.copy_out = store_->device_params() + piece.byte_offset;
+    sh.copy_dtype = r.dtype;
+    sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);
+    shards[lp.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
+  }
+  const int64_t t0 = NowNanos();
+  Status s;
+  for (size_t g = 0; g < ngroups && s.ok(); ++g)
+    if (!shards[g].empty()) s = dev_->AdamStep(shards[g], hps[g], nullptr, dev_->compute());
+  if (s.ok())
+    s = dev_->Fill(split_sums_.data(), DType::kFp32, static_cast<size_t>(split_), 0.f,
+                   dev_->compute());
+  // On the host device the framework computes on this thread: it must see
+  // the step's parameters.
+  if (s.ok() && dev_->is_host()) s = dev_->compute().Synchronize();
+  counters_->AddOptimizerBusy(NowNanos() - t0);
+  return s;
 }
 
 Status HostOptimizer::OverlapAfter(int m) {
@@ -303,7 +425,7 @@ Status HostOptimizer::PrepareStep(const std::function<LaunchParams()>& speculati
   s->group_hp = lp.group_hp;
   s->module_done.assign(static_cast<size_t>(layout_->num_modules()), 0);
   s->next_module = spec_modules_.size();
-  s->next_elem = store_->partition().elems().second;
+  s->next_elem = store_->partition().host_elems().second;
   s->from = s->next_elem;
   StepParams p;
   p.hp = lp.hp;
@@ -386,16 +508,16 @@ Status HostOptimizer::StopSpeculation() {
 }
 
 Status HostOptimizer::RestoreSpeculated(int64_t from) {
-  const int64_t end = store_->partition().elems().second;
+  const int64_t end = store_->partition().host_elems().second;
   // NVMe states: the speculation wrote only the inactive versions.
   if (from >= end || store_->optimizer_place() == OffloadDevice::kNvme) return Status();
   return CopyStates(adam_, spare_states_, store_->states(), from, end);
 }
 
 int64_t HostOptimizer::GroupsFrom(int64_t from) const {
-  const auto [e0, e1] = store_->partition().elems();
+  const auto [e0, e1] = store_->partition().host_elems();
   if (from >= e1) return 0;
-  return static_cast<int64_t>(store_->partition().groups().second -
+  return static_cast<int64_t>(store_->partition().host_groups().second -
                               layout_->GroupOf(std::max(from, e0)));
 }
 
@@ -440,6 +562,7 @@ Status HostOptimizer::GlobalChecks(bool* overflow, double* sumsq) {
     RETURN_IF_ERROR(sums_->Begin());
     return sums_->GlobalChecks(overflow, sumsq);
   }
+  if (dp == nullptr && split_ > 0) return SplitChecks(overflow, sumsq);
   if (dp == nullptr) return grads_->GlobalChecks(overflow, sumsq);
   // Every rank's window, averaged into this rank's partition (the part
   // overlap_comm has not reduced yet, or all); the checks over the
@@ -505,6 +628,9 @@ void HostOptimizer::DiscardWindow() {
 }
 
 Status HostOptimizer::ZeroDeviceSum() {
+  if (split_ > 0)
+    RETURN_IF_ERROR(dev_->Fill(split_sums_.data(), DType::kFp32, static_cast<size_t>(split_), 0.f,
+                               dev_->compute()));
   if (sums_)
     return dev_->Fill(sums_->data(), DType::kFp32, static_cast<size_t>(layout_->total_elems()), 0.f,
                       dev_->compute());
@@ -562,6 +688,9 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
     p.grads = nullptr;
     RETURN_IF_ERROR(sums_->Begin());
   }
+  // (A module across the split was handed over whole: what it left below
+  // the split in the host accumulator is dropped.)
+  if (split_ > 0) ZeroBelowSplit(p.grads);
   StatusOr<std::unique_ptr<OptimizerStep>> run = OptimizerStep::Launch(Deps(), p, &read_ahead_);
   if (!run.ok()) {
     if (lp.delayed) grads_->SwapForStep();  // back as it was
@@ -576,6 +705,21 @@ Status HostOptimizer::Launch(const LaunchParams& lp) {
   window_->grads_since_launch = false;
   grads_->ForgetWindow();  // the step has the window's fold modes
   inflight_ = std::move(job);
+  if (split_ > 0) {
+    // The first sub-groups on the device while the CPU steps the rest; their
+    // modules' parameters are then in the device block already.
+    const Status ds = StepDeviceGroups(lp);
+    if (!ds.ok()) {
+      Join().IgnoreError();
+      return ds.WithContext(fmt::format(
+          "optimizer step {}: the sub-groups stepped on the device (offload_optimizer.ratio) did "
+          "not advance while the others did; the run cannot continue",
+          lp.hp.step));
+    }
+    inflight_->device_stepped = true;
+    for (int m = 0; m < layout_->num_modules(); ++m)
+      if (layout_->module(m).elem_end <= split_) inflight_->uploaded[static_cast<size_t>(m)] = 1;
+  }
   return lp.background ? Status() : Join();
 }
 
@@ -593,7 +737,7 @@ Status HostOptimizer::Join() {
   StepOutcome outcome = job->run->Join();
   const StepParams& p = job->run->params();
   const Status& s = outcome.status;
-  if (s.ok() || outcome.advanced) {
+  if (s.ok() || outcome.advanced || job->device_stepped) {
     // DPU: the device copies were used during the step; they go now.
     Status cs = p.delayed ? copies_->InvalidateAll() : Status();
     // Data parallelism: every rank's partition of the new parameters.

@@ -25,6 +25,16 @@
 // handed over; else the saved states are copied back and every element is
 // stepped again. Either way the bits are those of the step after backward.
 //
+// Sub-groups stepped on the device (offload_optimizer.ratio below 1:
+// Options::device_step_elems, Partition::device_groups): the window's
+// gradients of the elements below the split are added into an fp32 array in
+// HBM on the compute stream and never reach the host; the global checks add
+// their sum of squares to the host part's; Launch starts the CPU step of the
+// rest, then runs the device Adam over the first sub-groups on the compute
+// stream, writing their parameters into the device block in place (the next
+// forward pass is ordered after it). Those sub-groups' states are updated
+// in place: a launched step is committed even when the CPU part fails.
+//
 // With the window's sums in HBM (Options::sums_in_hbm) every micro-batch's
 // gradients are added into DeviceSums' array on the compute stream; the
 // checks and the step read it from there (device_sums.h).
@@ -104,6 +114,9 @@ class HostOptimizer final : public OptimizerBackend {
     // backward, so that a run that clips every step pays for a redo only in
     // a few of them.
     bool speculation_backoff = false;
+    // TierPlan::device_step_elems: the first elements, whose sub-groups'
+    // states are in HBM and stepped by the device Adam (one rank).
+    int64_t device_step_elems = 0;
   };
   HostOptimizer(gpu::Device* device, const Layout* layout, cpu_adam::CpuOptimizer* adam,
                 StepCounters* counters, LossScaler* scaler, GradientWindow* window,
@@ -155,6 +168,8 @@ class HostOptimizer final : public OptimizerBackend {
     // offload_param none: modules whose new parameters were uploaded into the
     // device block during the step.
     std::vector<uint8_t> uploaded;
+    // The sub-groups stepped on the device were (their states moved).
+    bool device_stepped = false;
   };
   StepDeps Deps() const;
   // The device accumulator: module m's sum offloaded and its part zeroed
@@ -180,6 +195,15 @@ class HostOptimizer final : public OptimizerBackend {
   Status SpeculationAfter(int m);
   Status StopSpeculation();
   Status DropSpeculation();
+  // Sub-groups stepped on the device: module m's gradients below the split
+  // added into split_sums_ (compute stream); the checks of the split's
+  // elements and the host's; the device Adam over them (compute stream),
+  // then their sums zeroed; the host accumulator's elements below the split
+  // (a module across it handed over whole) zeroed.
+  Status AddSplitSums(int m, const void* device_grad);
+  Status SplitChecks(bool* overflow, double* sumsq);
+  Status StepDeviceGroups(const LaunchParams& lp);
+  void ZeroBelowSplit(float* acc);
   // The gradients of the window, handed over (AddGradients less the
   // speculation's part).
   Status HandOver(int m, const void* device_grad, gpu::Event& computed, bool last);
@@ -202,6 +226,11 @@ class HostOptimizer final : public OptimizerBackend {
   // after the adds and after the last zeroing.
   gpu::DeviceBuffer device_sum_;
   std::unique_ptr<DeviceSums> sums_;  // Options::sums_in_hbm
+  // Options::device_step_elems: the split, the sums below it, the sum of
+  // squares' slot and the event after the adds.
+  int64_t split_ = 0;
+  gpu::DeviceBuffer split_sums_, split_sumsq_;
+  std::unique_ptr<gpu::Event> split_summed_;
   std::vector<uint8_t> sum_pending_;
   std::unique_ptr<gpu::Event> summed_, zeroed_;
   bool zero_in_flight_ = false;

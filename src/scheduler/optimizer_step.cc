@@ -60,7 +60,7 @@ std::string StateUnit::Name() const {
 
 void StateReadAhead::Start(const StepDeps& deps, size_t max_buffers) {
   // This rank's sub-groups (all of them with one rank), piece by piece.
-  const auto [g0, g1] = deps.store->partition().groups();
+  const auto [g0, g1] = deps.store->partition().host_groups();
   const std::vector<StateUnit> units = StateUnits(*deps.layout, g0, g1);
   const size_t want = static_cast<size_t>(std::max<int64_t>(1, deps.buffer_count));
   const size_t n =
@@ -113,7 +113,7 @@ class ParamWriter {
     const auto [lo, hi] = store_.partition().ModulePiece(m);
     std::memset(b->data(), 0, static_cast<size_t>(IoBytes(hi - lo)));
     // The elements of the module this rank steps.
-    const auto [own0, own1] = store_.partition().elems();
+    const auto [own0, own1] = store_.partition().host_elems();
     int64_t elems = 0;
     for (int p : me.params) {
       const ParamRec& r = layout_.param(p);
@@ -264,8 +264,8 @@ class StateRing {
         layout_(*step->deps_.layout),
         store_(*step->deps_.store),
         counters_(*step->deps_.counters),
-        units_(StateUnits(layout_, store_.partition().groups().first,
-                          store_.partition().groups().second)),
+        units_(StateUnits(layout_, store_.partition().host_groups().first,
+                          store_.partition().host_groups().second)),
         U_(units_.size()),
         reads_(U_),
         grad_reads_(U_),
@@ -371,7 +371,7 @@ Status StateRing::Run(StepOutcome* outcome) {
   // Sub-groups from `spec` on were stepped and written by the speculative
   // step being committed: they are only published here.
   const int64_t spec = step_->params_.speculated_from;
-  const auto [g0, g1] = store_.partition().groups();
+  const auto [g0, g1] = store_.partition().host_groups();
   size_t g_spec = g1;
   while (g_spec > g0 && layout_.group(g_spec - 1).elem_begin >= spec) --g_spec;
   if (g_spec == g0) {
@@ -499,12 +499,14 @@ OptimizerStep::~OptimizerStep() {
 bool OptimizerStep::ModuleReady(int m) const {
   const Layout& layout = *deps_.layout;
   int g = layout.module(m).last_group;
-  if (g >= 0 && layout.world_size() > 1) {
+  if (g >= 0 && (layout.world_size() > 1 || deps_.store->partition().device_groups() > 0)) {
     // Several ranks: the last of this rank's sub-groups holding the module's
     // elements; none when the module lies in other ranks' partitions (their
     // sums were zeroed at the reduction, and nothing of it is stepped here).
+    // The same with sub-groups stepped on the device: a module whose
+    // elements all lie in them is the device step's, ready at once.
     const ModuleExtent& me = layout.module(m);
-    const auto [own0, own1] = deps_.store->partition().elems();
+    const auto [own0, own1] = deps_.store->partition().host_elems();
     const int64_t lo = std::max(me.elem_begin, own0), hi = std::min(me.elem_end, own1);
     g = hi > lo ? static_cast<int>(layout.GroupOf(hi - 1)) : -1;
   }
@@ -693,7 +695,7 @@ void OptimizerStep::GroupDone(size_t g) {
 Status OptimizerStep::StepInMemory() {
   StateStore& store = *deps_.store;
   Status step_error;
-  const auto [g0, g1] = store.partition().groups();
+  const auto [g0, g1] = store.partition().host_groups();
   // Elements from speculated_from on were stepped during backward, and are
   // committed now.
   const int64_t spec = params_.speculated_from;
@@ -762,8 +764,8 @@ void OptimizerStep::AddSpeculatedWritten(StepOutcome* outcome) const {
 Status OptimizerStep::StepSpeculativeNvme() {
   StateStore& store = *deps_.store;
   const Layout& layout = *deps_.layout;
-  const auto [g0, g1] = store.partition().groups();
-  spec_from_ = store.partition().elems().second;
+  const auto [g0, g1] = store.partition().host_groups();
+  spec_from_ = store.partition().host_elems().second;
   // The pipeline's buffers the read-ahead left (at least one), each with
   // the write of the piece it held last.
   struct Slot {
@@ -873,7 +875,7 @@ Status OptimizerStep::StepSpeculative() {
   if (deps_.store->optimizer_place() == OffloadDevice::kNvme) return StepSpeculativeNvme();
   StateStore& store = *deps_.store;
   const Layout& layout = *deps_.layout;
-  spec_from_ = store.partition().elems().second;
+  spec_from_ = store.partition().host_elems().second;
   while (std::optional<SpeculationFeed::Item> item = params_.feed->Next()) {
     const int64_t lo = item->elem_begin, hi = item->elem_end;
     if (hi != spec_from_ || lo >= hi || lo < params_.spare.first)

@@ -16,6 +16,11 @@
 // bytes, from param_byte_base(); a module is then gathered from the ranks
 // when it is fetched (ParamGatherer).
 //
+// One rank with zero_optimization.offload_optimizer.ratio below 1
+// (TierPlan::device_step_groups): the first sub-groups' states live in HBM
+// and the device Adam steps them; the CPU optimizer steps the rest
+// (host_elems / host_groups). elems() and groups() still cover both.
+//
 // Threading: immutable; read from any thread.
 #pragma once
 
@@ -43,6 +48,12 @@ class Partition {
         rank_(rank),
         world_size_(std::max(1, world_size)),
         params_partitioned_(params_partitioned && world_size > 1) {}
+  // One rank whose first `device_groups` sub-groups are stepped on the
+  // device (offload_optimizer.ratio).
+  Partition(const Layout* layout, int64_t device_groups) : Partition(layout, 0, 1, false) {
+    device_groups_ = static_cast<size_t>(
+        std::clamp<int64_t>(device_groups, 0, static_cast<int64_t>(layout->num_groups())));
+  }
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -59,6 +70,29 @@ class Partition {
     const auto [g0, g1] = groups();
     return g >= g0 && g < g1;
   }
+  // The sub-groups and elements whose states are in HBM and stepped by the
+  // device Adam (offload_optimizer.ratio below 1; else none): the first
+  // ones, [groups().first, first + device_groups()).
+  size_t device_groups() const { return device_groups_; }
+  std::pair<int64_t, int64_t> device_elems() const {
+    const int64_t e0 = elems().first;
+    return {e0, host_elems().first};
+  }
+  // The ones the CPU optimizer steps: the rest of groups() / elems().
+  std::pair<size_t, size_t> host_groups() const {
+    const auto [g0, g1] = groups();
+    return {std::min(g1, g0 + device_groups_), g1};
+  }
+  std::pair<int64_t, int64_t> host_elems() const {
+    const auto [g0, g1] = host_groups();
+    const auto [e0, e1] = elems();
+    return {g0 < g1 ? std::max(e0, layout_->group(g0).elem_begin) : e1, e1};
+  }
+  bool DeviceGroup(size_t g) const {
+    const auto [h0, h1] = host_groups();
+    return OwnsGroup(g) && g < h0;
+  }
+
   // The parameter bytes this rank keeps: its part of the parameter-byte
   // space when the parameters are partitioned (Layout::OwnedBytes), else
   // the whole space. The parameter arrays start at param_byte_base() and
@@ -89,6 +123,7 @@ class Partition {
   int rank_;
   int world_size_;
   bool params_partitioned_;
+  size_t device_groups_ = 0;
 };
 
 // Where the arrays of a collective live: host memory (staged through device

@@ -37,6 +37,10 @@ Placement Placement::FromConfig(const Config& config) {
   p.optimizer_states = config.strata.optimizer_states;
   p.stage = zo.stage;
   p.sub_group_size = zo.sub_group_size;
+  p.cpu_ratio = zo.offload_optimizer.ratio;
+  p.cpu_ratio_auto = zo.offload_optimizer.ratio_auto;
+  p.device_adam = config.optimizer.type == OptimizerType::kAdam ||
+                  config.optimizer.type == OptimizerType::kAdamW;
   return p;
 }
 
@@ -195,6 +199,10 @@ struct TierInputs {
   int64_t state_groups;
   int64_t states;
   int64_t accumulator;
+  // Placement::device_step_groups: their elements, and their states' bytes
+  // in HBM (not in `states`).
+  int64_t device_elems;
+  int64_t device_states;
   // Stage 3 with several ranks: the parameters are partitioned (offload_param
   // cpu: the host copy holds this rank's part; none: the device block).
   bool partitioned;
@@ -210,6 +218,13 @@ struct TierInputs {
   int64_t host_param_bytes;
 };
 
+// The elements of the first Placement::device_step_groups sub-groups.
+int64_t DeviceStepElems(const Placement& pl, const LayoutSizes& s) {
+  if (pl.device_step_groups <= 0) return 0;
+  const int64_t state_elems = s.state_elems > 0 ? s.state_elems : s.total_elems;
+  return std::min(state_elems, pl.device_step_groups * std::max<int64_t>(1, s.max_group_elems));
+}
+
 // "optimizer states 1.2 GiB", with the format when it is not fp32.
 std::string StatesRow(const TierInputs& in) {
   return "optimizer states " + FormatBytes(in.states) +
@@ -221,6 +236,8 @@ std::string StatesRow(const TierInputs& in) {
 TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& facts,
                     GradTier grad_tier) {
   const int64_t state_elems = s.state_elems > 0 ? s.state_elems : s.total_elems;
+  const int64_t device_elems = DeviceStepElems(pl, s);
+  const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
   return TierInputs{
       .pl = pl,
       .s = s,
@@ -228,8 +245,10 @@ TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& 
       .grads_on_nvme = grad_tier == GradTier::kNvme,
       .grads_in_hbm = grad_tier == GradTier::kHbm,
       .state_groups = s.state_groups > 0 ? s.state_groups : s.num_groups,
-      .states = StateArrayBytes(StateFormatOf(pl.optimizer_states), state_elems),
+      .states = StateArrayBytes(f, state_elems - device_elems),
       .accumulator = kGradAccBytesPerElem * s.total_elems,
+      .device_elems = device_elems,
+      .device_states = StateArrayBytes(f, device_elems),
       .partitioned = s.partitioned_param_bytes > 0,
       .swaps = pl.params == OffloadDevice::kCpu || pl.param_mirror(),
       .copies_all = pl.params != OffloadDevice::kNvme,
@@ -291,6 +310,13 @@ TierBudget PlanHbm(const TierInputs& in, TierPlan* plan) {
   hbm.Add(kGradSlots * plan->slot_bytes,
           fmt::format("gradient slots {} x {}", kGradSlots, FormatBytes(plan->slot_bytes)));
   if (pl.optimizer == OffloadDevice::kNone) hbm.Add(in.states, StatesRow(in));
+  if (in.device_elems > 0) {
+    hbm.Add(in.device_states,
+            fmt::format("optimizer states of the first {} sub-groups {} (stepped on the device)",
+                        pl.device_step_groups, FormatBytes(in.device_states)));
+    hbm.Add(kGradAccBytesPerElem * in.device_elems,
+            "their gradient sums " + FormatBytes(kGradAccBytesPerElem * in.device_elems));
+  }
   if (pl.device_optimizer)
     hbm.Add(in.accumulator, "gradient accumulator " + FormatBytes(in.accumulator));
   if (pl.collective_staging_bytes > 0)
@@ -609,7 +635,9 @@ int64_t NeededIn(const TierPlan& p, std::string_view tier) {
 
 }  // namespace
 
-TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFacts& facts) {
+namespace {
+
+TierPlan ComputeTierPlanOf(const Placement& pl, const LayoutSizes& s, const TierFacts& facts) {
   const bool nvme_possible = pl.optimizer == OffloadDevice::kNvme && !pl.delayed_param_update &&
                              !pl.device_optimizer && s.total_elems > 0;
   const bool hbm_possible = pl.optimizer == OffloadDevice::kCpu && !pl.delayed_param_update &&
@@ -640,6 +668,93 @@ TierPlan ComputeTierPlan(const Placement& pl, const LayoutSizes& s, const TierFa
     hbm.grad_path += why;
     return hbm;
   }
+  return plan;
+}
+
+// Why offload_optimizer.ratio cannot split this placement ("" if it can).
+std::string RatioRefusal(const Placement& pl, const TierPlan& plan) {
+  if (pl.stage != 3) return fmt::format("it needs zero_optimization.stage 3 (it is {})", pl.stage);
+  if (pl.optimizer != OffloadDevice::kCpu)
+    return fmt::format(
+        "it splits the CPU optimizer's states (offload_optimizer.device \"cpu\"; "
+        "it is \"{}\")",
+        OffloadDeviceName(pl.optimizer));
+  if (pl.params != OffloadDevice::kNone)
+    return fmt::format(
+        "the device step writes the parameters in HBM (offload_param.device \"none\"; it is "
+        "\"{}\")",
+        OffloadDeviceName(pl.params));
+  if (pl.world_size > 1)
+    return fmt::format("it applies to one rank (this run has {})", pl.world_size);
+  if (pl.delayed_param_update) return "not with strata.delayed_param_update";
+  if (!pl.device_adam) return "the device optimizer runs Adam and AdamW only (optimizer.type)";
+  if (pl.optimizer_states != OptimizerStates::kFp32 &&
+      pl.optimizer_states != OptimizerStates::kBf16)
+    return fmt::format(
+        "the states in HBM are \"fp32\" or \"bf16\" (strata.optimizer_states is "
+        "\"{}\")",
+        OptimizerStatesName(pl.optimizer_states));
+  if (plan.grads_in_hbm || plan.grads_on_nvme)
+    return "the window's sums are not in DRAM (strata.grad_tier)";
+  return "";
+}
+
+}  // namespace
+
+TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const TierFacts& facts) {
+  Placement pl = given;
+  pl.device_step_groups = 0;
+  TierPlan plan = ComputeTierPlanOf(pl, s, facts);
+  if (!pl.cpu_ratio_auto && pl.cpu_ratio >= 1.0) return plan;
+  const std::string ratio =
+      pl.cpu_ratio_auto ? std::string("\"auto\"") : fmt::format("{}", pl.cpu_ratio);
+  const std::string refusal = RatioRefusal(pl, plan);
+  const int64_t groups = s.state_groups > 0 ? s.state_groups : s.num_groups;
+  if (!refusal.empty()) {
+    plan.device_step = fmt::format(
+        "offload_optimizer.ratio {} not applied: {}; every sub-group "
+        "is stepped on the CPU",
+        ratio, refusal);
+    return plan;
+  }
+  int64_t k = 0;
+  if (!pl.cpu_ratio_auto) {
+    k = std::min<int64_t>(
+        groups - 1, static_cast<int64_t>(
+                        std::floor((1.0 - pl.cpu_ratio) * static_cast<double>(groups) + 1e-9)));
+  } else if (pl.host_device) {
+    plan.device_step =
+        "offload_optimizer.ratio \"auto\": every sub-group on the CPU (the host device's Adam "
+        "runs on the framework's thread)";
+    return plan;
+  } else if (facts.hbm_budget > 0) {
+    // As many as the HBM budget holds beside the rest of the plan.
+    const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+    const int64_t per_group = StateArrayBytes(f, std::max<int64_t>(1, s.max_group_elems)) +
+                              kGradAccBytesPerElem * std::max<int64_t>(1, s.max_group_elems);
+    const int64_t room = facts.hbm_budget - NeededIn(plan, "hbm");
+    k = std::clamp<int64_t>(room / per_group, 0, groups - 1);
+  }
+  for (; k > 0; --k) {
+    pl.device_step_groups = k;
+    TierPlan split = ComputeTierPlanOf(pl, s, facts);
+    if (!split.fits && pl.cpu_ratio_auto) continue;
+    split.device_step_groups = k;
+    split.device_step_elems = DeviceStepElems(pl, s);
+    split.device_step = fmt::format(
+        "offload_optimizer.ratio {}: the first {} of {} sub-groups ({} elements, {:.1f} %) keep "
+        "their states in HBM and are stepped on the device",
+        ratio, k, groups, split.device_step_elems,
+        100.0 * static_cast<double>(split.device_step_elems) /
+            static_cast<double>(
+                std::max<int64_t>(1, s.state_elems > 0 ? s.state_elems : s.total_elems)));
+    return split;
+  }
+  plan.device_step = fmt::format(
+      "offload_optimizer.ratio {}: no whole sub-group {} (sub_group_size {} gives {} of them); "
+      "every sub-group is stepped on the CPU",
+      ratio, pl.cpu_ratio_auto ? "fits the HBM budget left" : "is that fraction of them",
+      pl.sub_group_size, groups);
   return plan;
 }
 
@@ -755,8 +870,16 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   };
   const auto elems = static_cast<double>(s.total_elems);
   // The elements this rank steps (data parallelism: its partition).
-  const int64_t stepped = s.state_elems > 0 ? s.state_elems : s.total_elems;
+  // (Less the sub-groups the device steps: offload_optimizer.ratio.)
+  const int64_t stepped =
+      (s.state_elems > 0 ? s.state_elems : s.total_elems) - plan.device_step_elems;
   const auto state_elems = static_cast<double>(stepped);
+  // With sub-groups stepped on the device their gradients and parameters
+  // never cross PCIe: the host's share of what does.
+  const double host_share = plan.device_step_elems > 0
+                                ? state_elems / static_cast<double>(std::max<int64_t>(
+                                                    1, stepped + plan.device_step_elems))
+                                : 1.0;
   // Over PCIe a module moves its own extent; on NVMe its page-aligned one.
   const auto param_bytes =
       static_cast<double>(s.module_param_bytes > 0 ? s.module_param_bytes : s.total_param_bytes);
@@ -776,19 +899,20 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     add("cpu_optimizer", state_elems, r.adam_elems_per_s, fmt::format("{} elements", stepped));
   } else if (!pl.device_optimizer && plan.device_grad_accumulator) {
     // The window's fp32 sum, copied and added once.
-    add("pcie_d2h", 4 * elems, r.d2h_gbps * 1e9,
+    add("pcie_d2h", host_share * 4 * elems, r.d2h_gbps * 1e9,
         "the window's fp32 gradient sum " + FormatBytes(4 * s.total_elems));
-    add("cpu_accumulate", 12 * elems, r.accumulate_gbps * 1e9,
+    add("cpu_accumulate", host_share * 12 * elems, r.accumulate_gbps * 1e9,
         fmt::format("1 fp32 pass over {} elements", s.total_elems));
     add("cpu_optimizer", state_elems, r.adam_elems_per_s, fmt::format("{} elements", stepped));
   } else if (!pl.device_optimizer) {
-    add("pcie_d2h", gas * param_bytes, r.d2h_gbps * 1e9,
+    add("pcie_d2h", host_share * gas * param_bytes, r.d2h_gbps * 1e9,
         fmt::format("gradients, {} micro-batch{} x {}", gas, gas == 1 ? "" : "es",
                     FormatBytes(static_cast<int64_t>(param_bytes))));
     const double accumulated = gas - (plan.fold_last_micro_batch ? 1 : 0);
     // 8 + G bytes per element and pass: the fp32 sum read and written, the
     // gradient (G bytes) read.
-    add("cpu_accumulate", accumulated * elems * (8 + grad_elem_bytes), r.accumulate_gbps * 1e9,
+    add("cpu_accumulate", host_share * accumulated * elems * (8 + grad_elem_bytes),
+        r.accumulate_gbps * 1e9,
         fmt::format("{} accumulation pass{} over {} elements", accumulated,
                     accumulated == 1 ? "" : "es", s.total_elems));
     add("cpu_optimizer", state_elems, r.adam_elems_per_s, fmt::format("{} elements", stepped));
@@ -803,7 +927,9 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   const double none_uploaded =
       s.partitioned_param_bytes > 0 ? static_cast<double>(s.partitioned_param_bytes) : param_bytes;
   const double uploaded =
-      pl.device_optimizer ? 0 : (pl.params == OffloadDevice::kNone ? none_uploaded : persistent);
+      pl.device_optimizer
+          ? 0
+          : (pl.params == OffloadDevice::kNone ? host_share * none_uploaded : persistent);
   add("pcie_h2d", fetched + uploaded, r.h2d_gbps * 1e9,
       fetched > 0
           ? fmt::format("parameter fetches {} x {} + updated {}", 2 * gas,

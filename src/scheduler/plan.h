@@ -54,6 +54,15 @@ struct Placement {
   // the collectives' staging buffer (DataParallel::StagingBytes).
   int world_size = 1;
   int64_t collective_staging_bytes = 0;
+  // zero_optimization.offload_optimizer.ratio (the fraction stepped on the
+  // CPU; "auto": cpu_ratio_auto) and whether optimizer.type is one the
+  // device Adam runs (Adam, AdamW).
+  double cpu_ratio = 1.0;
+  bool cpu_ratio_auto = false;
+  bool device_adam = true;
+  // Decided by ComputeTierPlan (TierPlan::device_step_groups): the first
+  // sub-groups whose states are in HBM and stepped by the device Adam.
+  int64_t device_step_groups = 0;
 
   // ---- Policies decided from the fields above (one place for each) ----
   // The optimizer step runs beside the next forward pass, and the next
@@ -247,6 +256,20 @@ struct TierPlan {
   // each sub-group's are read once backward is past it: GradStore::Peek).
   // The window's sums in HBM reach the host only at the step: 0.
   int64_t speculation_elems = 0;
+  // offload_optimizer.ratio below 1, or "auto" (one rank, stage 3,
+  // offload_optimizer cpu, offload_param none, no delayed_param_update, the
+  // window's sums in DRAM, Adam or AdamW with fp32 or bf16 states): the
+  // first device_step_groups sub-groups (device_step_elems elements) keep
+  // their states in HBM (the hbm row, with their fp32 gradient sums) and
+  // are stepped by the device Adam right after the global checks, while the
+  // CPU steps the rest. Whole sub-groups, as DeepSpeed splits them: an
+  // explicit ratio r gives the largest count at most (1 - r) of them;
+  // "auto" as many as the HBM budget holds after the rest of the plan, up
+  // to all but one (none on the host device, whose device Adam runs on the
+  // framework's thread). device_step says what was decided and why.
+  int64_t device_step_groups = 0;
+  int64_t device_step_elems = 0;
+  std::string device_step;
   // Host memory the plan allocates: pinned + dram, and on the host device
   // the hbm row too (its "device" memory is host memory).
   int64_t host_bytes = 0;

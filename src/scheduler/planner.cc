@@ -101,6 +101,14 @@ class PlannerImpl final : public Planner {
     out.budgets = plan.budgets;
     out.host_bytes = plan.host_bytes;
     out.gradient_path = plan.grad_path;
+    out.device_step = plan.device_step;
+    if (plan.device_step_groups > 0) {
+      scheduler::Placement all_cpu = placement_;
+      all_cpu.cpu_ratio = 1.0;
+      all_cpu.cpu_ratio_auto = false;
+      const scheduler::TierPlan without = scheduler::ComputeTierPlan(all_cpu, sizes, facts_);
+      out.bound_all_on_cpu_s = scheduler::PredictStep(all_cpu, sizes, without, rates).bound_s;
+    }
     for (const auto& t : pred.terms) out.step.push_back({t.resource, t.amount, t.seconds, t.what});
     out.bound_s = pred.bound_s;
     out.bound_by = pred.bound_by;

@@ -28,7 +28,7 @@ int64_t StateHome::pinned_bytes() const {
 }
 
 std::pair<int64_t, int64_t> StateHome::Owned(const ParamRec& p) const {
-  const auto [own0, own1] = ctx_->part->elems();
+  const auto [own0, own1] = range_.second > range_.first ? range_ : ctx_->part->elems();
   const int64_t ob = std::max(own0, p.elem_off);
   return {ob, std::max(ob, std::min(own1, p.elem_off + p.numel))};
 }
@@ -158,12 +158,16 @@ constexpr size_t kF = sizeof(float);
 // scales (exp_avg's, then exp_avg_sq's).
 class HostStates final : public StateHome {
  public:
-  explicit HostStates(const StoreContext* ctx) : StateHome(ctx) {}
+  // The elements [first, first + n): the partition's, or with sub-groups
+  // stepped on the device the rest (SplitStates).
+  HostStates(const StoreContext* ctx, int64_t first, int64_t n) : StateHome(ctx), n_(n) {
+    range_ = {first, first + n};
+  }
 
   Status Allocate(bool pinned) override {
     using cpu_adam::StateRole;
     const cpu_adam::StateFormat f = ctx_->state_format;
-    const int64_t n = ctx_->layout->partition_elems();
+    const int64_t n = n_;
     const int64_t blocks = static_cast<int64_t>(
         cpu_adam::StateScaleCount(f, StateRole::kExpAvg, static_cast<size_t>(n)));
     const StateRole roles[] = {StateRole::kParam, StateRole::kExpAvg, StateRole::kExpAvgSq};
@@ -175,7 +179,7 @@ class HostStates final : public StateHome {
       RETURN_IF_ERROR(arrays_[3].Allocate(2 * blocks * static_cast<int64_t>(kF),
                                           pinned ? ctx_->dev : nullptr, "optimizer state scales"));
     view_.format = f;
-    view_.first = ctx_->part->state_base();
+    view_.first = range_.first;
     view_.master = arrays_[0].data();
     view_.exp_avg = arrays_[1].data();
     view_.exp_avg_sq = arrays_[2].data();
@@ -241,6 +245,7 @@ class HostStates final : public StateHome {
   }
 
  private:
+  int64_t n_;
   std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
 };
 
@@ -248,16 +253,20 @@ class HostStates final : public StateHome {
 // and the moments, fp32 or (strata.optimizer_states bf16) bf16.
 class DeviceStates final : public StateHome {
  public:
-  explicit DeviceStates(const StoreContext* ctx) : StateHome(ctx) {}
+  // The elements [first, first + n): the partition's (offload_optimizer
+  // none), or the sub-groups stepped on the device (SplitStates).
+  DeviceStates(const StoreContext* ctx, int64_t first, int64_t n) : StateHome(ctx), n_(n) {
+    range_ = {first, first + n};
+  }
 
   Status Allocate(bool) override {
     const cpu_adam::StateFormat f = ctx_->state_format;
     if (f != cpu_adam::StateFormat::kFp32 && f != cpu_adam::StateFormat::kBf16)
       return InvalidArgumentError(fmt::format(
-          "strata.optimizer_states: \"{}\" is not kept in HBM (offload_optimizer none keeps "
-          "\"fp32\" or \"bf16\")",
+          "strata.optimizer_states: \"{}\" is not kept in HBM (offload_optimizer none, and the "
+          "sub-groups offload_optimizer.ratio steps on the device, keep \"fp32\" or \"bf16\")",
           cpu_adam::StateFormatName(f)));
-    const auto n = static_cast<size_t>(ctx_->layout->partition_elems());
+    const auto n = static_cast<size_t>(n_);
     const size_t moment = f == cpu_adam::StateFormat::kBf16 ? 2 : kF;
     ASSIGN_OR_RETURN(master_d_, ctx_->dev->Allocate(static_cast<size_t>(kMasterBytesPerElem) * n));
     ASSIGN_OR_RETURN(exp_avg_d_, ctx_->dev->Allocate(moment * n));
@@ -268,7 +277,7 @@ class DeviceStates final : public StateHome {
       exp_avg_sq_ = exp_avg_sq_d_.as<float>();
     }
     view_ = {.format = f,
-             .first = ctx_->part->state_base(),
+             .first = range_.first,
              .master = master_,
              .exp_avg = exp_avg_d_.data(),
              .exp_avg_sq = exp_avg_sq_d_.data()};
@@ -276,12 +285,12 @@ class DeviceStates final : public StateHome {
   }
   // The masters are gathered in host memory, copied to the arena at the end.
   StatusOr<float*> InitTarget(size_t g) override {
-    if (init_.empty()) init_.assign(static_cast<size_t>(ctx_->layout->partition_elems()), 0.f);
-    return init_.data() + (ctx_->layout->group(g).elem_begin - ctx_->part->state_base());
+    if (init_.empty()) init_.assign(static_cast<size_t>(n_), 0.f);
+    return init_.data() + (ctx_->layout->group(g).elem_begin - range_.first);
   }
   Status InitGroup(size_t, int64_t*) override { return Status(); }
   Status FinishInit() override {
-    const auto n = static_cast<size_t>(ctx_->layout->partition_elems());
+    const auto n = static_cast<size_t>(n_);
     if (init_.empty()) init_.assign(n, 0.f);  // (no owned sub-group)
     gpu::Stream& s = ctx_->dev->compute();
     RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_, init_.data(), n * kF, s));
@@ -297,7 +306,7 @@ class DeviceStates final : public StateHome {
   // rounded back (exactly: they came from bf16).
   Status ReadGroup(size_t g, void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t at = sg.elem_begin - ctx_->part->state_base();
+    const int64_t at = sg.elem_begin - range_.first;
     const auto n = static_cast<size_t>(sg.elems());
     const size_t bytes = n * kF, mb = n * DTypeSize(MomentDType());
     const void* moments[] = {
@@ -323,7 +332,7 @@ class DeviceStates final : public StateHome {
   }
   Status WriteGroup(size_t g, const void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t at = sg.elem_begin - ctx_->part->state_base();
+    const int64_t at = sg.elem_begin - range_.first;
     const auto n = static_cast<size_t>(sg.elems());
     const size_t bytes = n * kF, mb = n * DTypeSize(MomentDType());
     void* moments[] = {
@@ -352,7 +361,7 @@ class DeviceStates final : public StateHome {
     if (ob >= oe) return Status();
     gpu::Stream& s = ctx_->dev->compute();
     RETURN_IF_ERROR(ctx_->dev->CopyD2H(out.data() + (ob - p.elem_off),
-                                       master_ + (ob - ctx_->part->state_base()),
+                                       master_ + (ob - range_.first),
                                        static_cast<size_t>(oe - ob) * kF, s));
     return s.Synchronize().WithContext("ReadParameter " + p.name);
   }
@@ -360,7 +369,7 @@ class DeviceStates final : public StateHome {
     const auto [ob, oe] = Owned(p);
     if (ob >= oe) return Status();
     gpu::Stream& s = ctx_->dev->compute();
-    RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_ + (ob - ctx_->part->state_base()),
+    RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_ + (ob - range_.first),
                                        values.data() + (ob - p.elem_off),
                                        static_cast<size_t>(oe - ob) * kF, s));
     return s.Synchronize().WithContext("WriteParameter " + p.name);
@@ -370,18 +379,72 @@ class DeviceStates final : public StateHome {
   DType MomentDType() const {
     return view_.format == cpu_adam::StateFormat::kBf16 ? DType::kBf16 : DType::kFp32;
   }
+  int64_t n_;
   gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;
   std::vector<float> init_;
 };
 
 }  // namespace
 
+// offload_optimizer cpu with ratio below 1: the first sub-groups' states in
+// the arena (DeviceStates, stepped by the device Adam), the rest in DRAM
+// (HostStates, the CPU optimizer's). arrays() is the DRAM part's view (from
+// its first element); device_arrays() the arena's.
+class SplitStates final : public StateHome {
+ public:
+  explicit SplitStates(const StoreContext* ctx)
+      : StateHome(ctx),
+        device_(ctx, ctx->part->device_elems().first,
+                ctx->part->device_elems().second - ctx->part->device_elems().first),
+        host_(ctx, ctx->part->host_elems().first,
+              ctx->part->host_elems().second - ctx->part->host_elems().first) {}
+
+  Status Allocate(bool pinned) override {
+    RETURN_IF_ERROR(device_.Allocate(false));
+    RETURN_IF_ERROR(host_.Allocate(pinned));
+    view_ = host_.arrays();
+    device_view_ = device_.arrays();
+    return Status();
+  }
+  int64_t pinned_bytes() const override { return host_.pinned_bytes(); }
+  StatusOr<float*> InitTarget(size_t g) override { return Of(g).InitTarget(g); }
+  Status InitGroup(size_t g, int64_t* nvme_bytes) override {
+    return Of(g).InitGroup(g, nvme_bytes);
+  }
+  Status FinishInit() override {
+    RETURN_IF_ERROR(device_.FinishInit());
+    return host_.FinishInit();
+  }
+  Status ReadGroup(size_t g, void* buf) override { return Of(g).ReadGroup(g, buf); }
+  Status WriteGroup(size_t g, const void* buf) override { return Of(g).WriteGroup(g, buf); }
+  // (A parameter may lie in both parts: each does its own elements.)
+  Status ReadMaster(const ParamRec& p, std::span<float> out) override {
+    RETURN_IF_ERROR(device_.ReadMaster(p, out));
+    return host_.ReadMaster(p, out);
+  }
+  Status WriteMaster(const ParamRec& p, std::span<const float> values) override {
+    RETURN_IF_ERROR(device_.WriteMaster(p, values));
+    return host_.WriteMaster(p, values);
+  }
+
+ private:
+  StateHome& Of(size_t g) {
+    if (ctx_->part->DeviceGroup(g)) return device_;
+    return host_;
+  }
+  DeviceStates device_;
+  HostStates host_;
+};
+
 std::unique_ptr<StateHome> StateHome::For(OffloadDevice place, const StoreContext* ctx) {
+  const Partition& part = *ctx->part;
+  const int64_t n = ctx->layout->partition_elems();
   switch (place) {
     case OffloadDevice::kNone:
-      return std::make_unique<DeviceStates>(ctx);
+      return std::make_unique<DeviceStates>(ctx, part.state_base(), n);
     case OffloadDevice::kCpu:
-      return std::make_unique<HostStates>(ctx);
+      if (part.device_groups() > 0) return std::make_unique<SplitStates>(ctx);
+      return std::make_unique<HostStates>(ctx, part.state_base(), n);
     case OffloadDevice::kNvme:
       return std::make_unique<NvmeStates>(ctx);
   }
@@ -745,14 +808,23 @@ Status DeviceParams::UploadPart(int64_t offset, size_t bytes) {
   return dev->h2d().Synchronize();
 }
 
+int64_t DeviceParams::HostSteppedFrom() const {
+  const Partition& part = *ctx_->part;
+  if (part.device_groups() == 0) return 0;
+  return ctx_->layout->ByteOfElem(part.host_elems().first);
+}
+
 Status DeviceParams::UploadModule(int m, gpu::Event& ready) {
   const ModuleExtent& me = ctx_->layout->module(m);
   gpu::Device* dev = ctx_->dev;
-  RETURN_IF_ERROR(ctx_->counters->TimedCopy(
-      dev->h2d(), Link::kH2D, fmt::format("updated module {}", m), me.bytes(), [&] {
-        return dev->CopyH2D(block() + me.byte_begin, next() + me.byte_begin,
-                            static_cast<size_t>(me.bytes()), dev->h2d());
-      }));
+  // (The bytes the device step wrote in place stay.)
+  const int64_t b0 = std::max(me.byte_begin, HostSteppedFrom());
+  const int64_t bytes = std::max<int64_t>(0, me.byte_end - b0);
+  if (bytes > 0)
+    RETURN_IF_ERROR(ctx_->counters->TimedCopy(
+        dev->h2d(), Link::kH2D, fmt::format("updated module {}", m), bytes, [&] {
+          return dev->CopyH2D(block() + b0, next() + b0, static_cast<size_t>(bytes), dev->h2d());
+        }));
   return dev->h2d().Record(ready);
 }
 
@@ -765,9 +837,15 @@ Status DeviceParams::Commit(const StepOutcome&, const std::vector<uint8_t>& uplo
     any |= up;
     all &= up || layout.module(i).bytes() == 0;
   }
+  // (Sub-groups stepped on the device wrote their bytes in place: only the
+  // CPU step's are uploaded.)
+  const int64_t from = HostSteppedFrom();
   auto upload = [&](int64_t b, int64_t bytes, const std::string& what) {
-    return ctx_->counters->TimedCopy(dev->h2d(), Link::kH2D, what, bytes, [&] {
-      return dev->CopyH2D(block() + b, next() + b, static_cast<size_t>(bytes), dev->h2d());
+    const int64_t end = b + bytes;
+    b = std::max(b, from);
+    if (end <= b) return Status();
+    return ctx_->counters->TimedCopy(dev->h2d(), Link::kH2D, what, end - b, [&] {
+      return dev->CopyH2D(block() + b, next() + b, static_cast<size_t>(end - b), dev->h2d());
     });
   };
   if (!any) {

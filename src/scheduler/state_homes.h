@@ -113,7 +113,12 @@ class StateHome {
   // In memory: the states in their format (the three arrays above for
   // fp32), from Partition::state_base(); empty (null arrays) for nvme.
   const StateArrays& arrays() const { return view_; }
-  int64_t pinned_bytes() const;
+  // offload_optimizer cpu with ratio below 1 (Partition::device_groups):
+  // the first sub-groups' states in the arena, fp32 master and fp32 or bf16
+  // moments, from Partition::device_elems().first; arrays() then holds the
+  // rest, from host_elems().first. Else empty.
+  const StateArrays& device_arrays() const { return device_view_; }
+  virtual int64_t pinned_bytes() const;
 
   // Initialization, sub-group by owned sub-group in order: InitTarget(g)
   // is where sub-group g's fp32 masters go (its elements, from its first),
@@ -138,9 +143,13 @@ class StateHome {
 
  protected:
   explicit StateHome(const StoreContext* ctx) : ctx_(ctx) {}
-  // The owned elements of p, [first, second) of the element space.
+  // The owned elements of p in this home's range, [first, second) of the
+  // element space.
   std::pair<int64_t, int64_t> Owned(const ParamRec& p) const;
   const StoreContext* ctx_;
+  // The elements this home keeps (empty: the partition's).
+  std::pair<int64_t, int64_t> range_{0, 0};
+  StateArrays device_view_;
   float* master_ = nullptr;
   float* exp_avg_ = nullptr;
   float* exp_avg_sq_ = nullptr;
@@ -270,6 +279,9 @@ class DeviceParams final : public ParamHome {
  private:
   // Bytes [offset, offset + bytes) of next() into the block, waited for.
   Status UploadPart(int64_t offset, size_t bytes);
+  // The first parameter byte the CPU step writes (0; with sub-groups
+  // stepped on the device, those write the bytes before it in place).
+  int64_t HostSteppedFrom() const;
   bool mirror_;
   gpu::DeviceBuffer block_;
   std::unique_ptr<gpu::Event> uploaded_;  // after the block's last upload

@@ -128,8 +128,12 @@ class StateStore {
   float* exp_avg() { return states_->exp_avg(); }
   float* exp_avg_sq() { return states_->exp_avg_sq(); }
   // In memory: the states in their format (strata.optimizer_states), from
-  // state_base(); for fp32 the three arrays above.
+  // state_base(); for fp32 the three arrays above. With sub-groups stepped
+  // on the device (Partition::device_groups): the CPU optimizer's part,
+  // from Partition::host_elems().first, and device_states() the first
+  // sub-groups' in HBM (master fp32, moments fp32 or bf16).
   const StateArrays& states() const { return states_->arrays(); }
+  const StateArrays& device_states() const { return states_->device_arrays(); }
   // Bytes of page-locked states and parameter copies (not the pools).
   int64_t pinned_array_bytes() const;
   // NVMe: reads piece pc of sub-group g's active states into buf

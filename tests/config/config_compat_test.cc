@@ -189,6 +189,8 @@ TEST(ConfigCompatAuto, AutoEverywhereInZeroAndAioMeansTheDefault) {
   z.offload_param.device = OffloadDevice::kNvme;
   z.offload_param.nvme_path = {"/local_nvme"};
   z.offload_param.pin_memory = true;
+  // (offload_optimizer.ratio "auto" is not the default: the plan picks it.)
+  z.offload_optimizer.ratio_auto = true;
   EXPECT_TRUE(c == expected) << ConfigToJson(c);
   // No warning: every key is known; "auto" in the zero and aio sections is
   // silent, as in DeepSpeed.

@@ -1889,5 +1889,177 @@ TEST(SpeculationTest, AutoBacksOffAfterRollbacks) {
   }
 }
 
+// ---- offload_optimizer.ratio: the first sub-groups stepped on the device ----
+
+bool PlanStepsOnDevice(Engine& e) {
+  for (const TierBudget& b : e.Budgets())
+    if (b.tier == "hbm" && b.detail.find("stepped on the device") != std::string::npos) return true;
+  return false;
+}
+
+// The largest difference between a and b relative to max(|a|, 1e-3).
+double MaxRelDiff(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    for (size_t j = 0; j < a[i].size() && j < b[i].size(); ++j)
+      worst = std::max(worst, std::abs(static_cast<double>(a[i][j]) - b[i][j]) /
+                                  std::max(1e-3, std::abs(static_cast<double>(a[i][j]))));
+  return worst;
+}
+
+// (offload_optimizer.ratio, gradient_accumulation_steps)
+class RatioTest : public ::testing::TestWithParam<std::tuple<double, int>> {};
+
+// With offload_optimizer.ratio below 1 the first sub-groups' states live in
+// HBM and the device Adam steps them (the toy has 4 sub-groups of 1000
+// elements, modules across their edges): the parameters, norms and skipped
+// steps agree with every sub-group on the CPU within the device Adam's
+// tolerance (1e-6 relative; the global sum of squares is added in another
+// order, so a clip coefficient may differ in its last bits), with clipping
+// that triggers, fp16 overflow, a module missing from the last micro-batch
+// and one used twice in it, the step overlapping the next forward and
+// inline, with and without speculation.
+TEST_P(RatioTest, AgreesWithTheCpuStep) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto [ratio, gas] = GetParam();
+  for (bool fp16 : {false, true}) {
+    for (int mode = 0; mode < 3; ++mode) {
+      const bool overlap = mode != 1, speculate = mode == 2;
+      SCOPED_TRACE(std::string(fp16 ? "fp16" : "bf16 + clipping") +
+                   (overlap ? ", overlapped step" : ", inline step") +
+                   (speculate ? ", speculative" : ""));
+      Config ref = OddOrdersConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str(), gas, fp16);
+      ref.strata.overlap_optimizer = overlap;
+      ref.strata.speculative_step = speculate;
+      const FoldRun cpu = TrainOddOrders(ref, seed, 3, fp16, /*fold_override=*/-1);
+      Config c = ref;
+      c.zero_optimization.offload_optimizer.ratio = ratio;
+      const FoldRun split = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
+      ASSERT_FALSE(cpu.params.empty());
+      ASSERT_FALSE(split.params.empty());
+      EXPECT_LE(MaxRelDiff(cpu.params, split.params), 1e-6);
+      ASSERT_EQ(cpu.norms.size(), split.norms.size());
+      for (size_t i = 0; i < cpu.norms.size(); ++i)
+        EXPECT_NEAR(cpu.norms[i], split.norms[i], 1e-9 * cpu.norms[i]) << "step " << i;
+      EXPECT_EQ(cpu.applied, split.applied);
+      if (fp16) {
+        EXPECT_EQ(split.applied, (std::vector<int>{1, 0, 1}));  // the overflow skipped step 2
+      } else {
+        EXPECT_GT(split.norms[0], 0.3);
+      }
+    }
+  }
+  Config c = OddOrdersConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str(), gas, false);
+  c.zero_optimization.offload_optimizer.ratio = ratio;
+  auto e = CreateEngine(c);
+  ASSERT_TRUE(e.ok()) << e.status();
+  Register(**e, seed);
+  ASSERT_TRUE((*e)->Plan().ok());
+  EXPECT_TRUE(PlanStepsOnDevice(**e));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ratios, RatioTest, ::testing::Combine(::testing::Values(0.5, 0.75), ::testing::Values(1, 2, 3)),
+    [](const auto& info) {
+      return fmt::format("ratio{}_gas{}", static_cast<int>(100 * std::get<0>(info.param)),
+                         std::get<1>(info.param));
+    });
+
+// A checkpoint of a run with sub-groups stepped on the device holds their
+// states: a fresh engine with the same ratio that loads it goes on bitwise
+// as the run that never stopped, and one with every sub-group on the CPU
+// (ratio 1) within the device Adam's tolerance; the other way round too.
+// fp32 and bf16 states, clipping that triggers.
+TEST(RatioCheckpointTest, ResumesWithAnyRatio) {
+  testing::ScratchDir dir;
+  for (const OptimizerStates states : {OptimizerStates::kFp32, OptimizerStates::kBf16}) {
+    SCOPED_TRACE(OptimizerStatesName(states));
+    Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+    c.strata.optimizer_states = states;
+    c.gradient_accumulation_steps = c.train_batch_size = 2;
+    c.gradient_clipping = 0.3;
+    Config split = c;
+    split.zero_optimization.offload_optimizer.ratio = 0.5;
+    // (ratio saved, ratio loaded)
+    for (const auto& [saved, loaded] : {std::pair{0.5, 0.5}, {0.5, 1.0}, {1.0, 0.5}}) {
+      SCOPED_TRACE(fmt::format("saved with ratio {}, loaded with {}", saved, loaded));
+      Config a = c, b = c;
+      a.zero_optimization.offload_optimizer.ratio = saved;
+      b.zero_optimization.offload_optimizer.ratio = loaded;
+      const auto want = Train(a, 12, 3);
+      auto e = CreateEngine(a);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Register(**e, 12);
+      int batch = 0;
+      const std::string ckpt =
+          (dir.path() / fmt::format("{}_{}_{}", OptimizerStatesName(states), saved, loaded))
+              .string();
+      for (int step = 0; step < 3; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          MicroBatch(**e, batch++, Forward());
+          auto st = (*e)->Step();
+          ASSERT_TRUE(st.ok()) << st.status();
+        }
+        if (step == 1) {
+          ASSERT_TRUE((*e)->SaveCheckpoint(ckpt, CheckpointInfo{}).ok());
+          e = CreateEngine(b);
+          ASSERT_TRUE(e.ok()) << e.status();
+          Register(**e, 99);
+          ASSERT_TRUE((*e)->LoadCheckpoint(ckpt, nullptr).ok());
+          EXPECT_EQ(PlanStepsOnDevice(**e), loaded < 1.0);
+        }
+      }
+      if (saved == loaded)
+        EXPECT_TRUE(BitwiseEqual(want, ReadAll(**e)));
+      else
+        EXPECT_LE(MaxRelDiff(want, ReadAll(**e)), 1e-6);
+    }
+  }
+}
+
+// Where the split does not apply it is not applied, and the plan says why;
+// "auto" on the host device keeps every sub-group on the CPU.
+TEST(RatioPlanTest, SaysWhyNotApplied) {
+  testing::ScratchDir dir;
+  auto plan_of = [&](Config c) {
+    auto e = CreateEngine(c);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return false;
+    Register(**e, 3);
+    EXPECT_TRUE((*e)->Plan().ok());
+    return PlanStepsOnDevice(**e);
+  };
+  Config c = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+  c.zero_optimization.offload_optimizer.ratio = 0.5;
+  EXPECT_TRUE(plan_of(c));
+  Config params_cpu = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
+  params_cpu.zero_optimization.offload_optimizer.ratio = 0.5;
+  EXPECT_FALSE(plan_of(params_cpu));
+  Config nvme = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNone, dir.str());
+  nvme.zero_optimization.offload_optimizer.ratio = 0.5;
+  EXPECT_FALSE(plan_of(nvme));
+  Config int8 = c;
+  int8.strata.optimizer_states = OptimizerStates::kInt8;
+  EXPECT_FALSE(plan_of(int8));
+  Config lion = c;
+  lion.optimizer.type = OptimizerType::kLion;
+  EXPECT_FALSE(plan_of(lion));
+  Config dpu = c;
+  dpu.strata.delayed_param_update = true;
+  EXPECT_FALSE(plan_of(dpu));
+  Config automatic = c;
+  automatic.zero_optimization.offload_optimizer.ratio = 1.0;
+  automatic.zero_optimization.offload_optimizer.ratio_auto = true;
+  EXPECT_FALSE(plan_of(automatic));  // the host device
+  // (A ratio close to 1: less than one whole sub-group of the toy's 4.)
+  Config small = c;
+  small.zero_optimization.offload_optimizer.ratio = 0.9;
+  EXPECT_FALSE(plan_of(small));
+}
+
 }  // namespace
 }  // namespace strata

@@ -110,6 +110,49 @@ INSTANTIATE_TEST_SUITE_P(Placements, PlannerPlacementTest,
                                   std::string(OffloadDeviceName(std::get<1>(info.param)));
                          });
 
+// offload_optimizer.ratio 0.5: the planner splits as the engine does (the
+// same rows), says so, and predicts the CPU step over the other half only,
+// beside the bound with every sub-group on the CPU.
+TEST(PlannerTest, RatioSplitsAsTheEngineDoes) {
+  testing::ScratchDir dir;
+  Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+  c.zero_optimization.offload_optimizer.ratio = 0.5;
+  StatusOr<std::unique_ptr<Planner>> planner = Planner::Create(c, QuickProbes());
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  StatusOr<PlanResult> plan = (*planner)->Plan(ToyParams(kModules));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(plan->device_step.find("the first 2 of 4 sub-groups"), std::string::npos)
+      << plan->device_step;
+  EXPECT_GT(plan->bound_all_on_cpu_s, 0);
+  StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(c);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  testing::RegisterToy(**engine, 1, kModules);
+  ASSERT_TRUE((*engine)->Plan().ok());
+  const std::vector<TierBudget> want = (*engine)->Budgets();
+  ASSERT_EQ(plan->budgets.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(plan->budgets[i].needed_bytes, want[i].needed_bytes) << want[i].detail;
+    // (The other rows quote rates each measured on its own.)
+    if (want[i].tier == "hbm") {
+      EXPECT_EQ(plan->budgets[i].detail, want[i].detail);
+    }
+  }
+  double cpu_elems = 0;
+  for (const PredictedTerm& t : plan->step)
+    if (t.resource == "cpu_optimizer") cpu_elems = t.amount;
+  c.zero_optimization.offload_optimizer.ratio = 1.0;
+  StatusOr<std::unique_ptr<Planner>> all = Planner::Create(c, QuickProbes());
+  ASSERT_TRUE(all.ok()) << all.status();
+  StatusOr<PlanResult> whole = (*all)->Plan(ToyParams(kModules));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->device_step.empty());
+  for (const PredictedTerm& t : whole->step)
+    if (t.resource == "cpu_optimizer") {
+      EXPECT_GT(cpu_elems, 0);
+      EXPECT_LT(cpu_elems, t.amount);
+    }
+}
+
 // Parameters far beyond the HBM budget with nothing offloaded: the plan says
 // it does not fit and which row is over, without allocating them; the
 // engine refuses the same plan.
