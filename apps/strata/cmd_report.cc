@@ -37,6 +37,7 @@
 #include "apps/strata/report/child.h"
 #include "apps/strata/report/report.h"
 #include "apps/strata/report/report_html.h"
+#include "examples/train/model.h"
 #include "src/common/units.h"
 #include "strata/build_config.h"
 #include "strata/strata.h"
@@ -708,16 +709,18 @@ constexpr Placement kPlacements[] = {{"none", "none"},
                                      {"nvme", "nvme"},
                                      {"nvme", "nvme", true}};
 
-// The split row's HBM budget: the parameters (bf16, 2 bytes each), the
-// window's fp32 gradient accumulator (4), half of the fp32 optimizer states
-// (6 of 12) and 512 MiB for the gradient and parameter slots, for the
-// example model's parameter count (its blocks, embedding and head).
+// The split row's HBM budget: twice (the plan's "auto" uses half of it;
+// the rest is the model's activations) the parameters (bf16, 2 bytes
+// each), the window's fp32 gradient accumulator (4), half of the fp32
+// optimizer states (6 of 12) and 512 MiB for the gradient and parameter
+// slots, for the example model's parameter count.
 std::string SplitHbmBudget(const json& model) {
-  const auto h = static_cast<double>(model.value("hidden", 0));
-  const auto layers = static_cast<double>(model.value("layers", 0));
-  const auto vocab = static_cast<double>(model.value("vocab", 256));
-  const double params = layers * 12 * h * h + 2 * vocab * h;
-  return std::to_string(static_cast<int64_t>((12 * params + (512 << 20)) / (1 << 20))) + "M";
+  example::ModelShape shape;
+  shape.layers = model.value("layers", shape.layers);
+  shape.hidden = model.value("hidden", shape.hidden);
+  shape.vocab = model.value("vocab", shape.vocab);
+  const int64_t bytes = 2 * (12 * shape.num_parameters() + (int64_t{512} << 20));
+  return std::to_string(bytes >> 20) + "M";
 }
 
 // The example model sized to the machine (a config given with --config wins).

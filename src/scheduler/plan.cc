@@ -728,11 +728,13 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
         "runs on the framework's thread)";
     return plan;
   } else if (facts.hbm_budget > 0) {
-    // As many as the HBM budget holds beside the rest of the plan.
+    // As many as half the HBM budget holds beside the rest of the plan (the
+    // other half is left for the framework's workspaces, as for the device
+    // accumulator).
     const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
     const int64_t per_group = StateArrayBytes(f, std::max<int64_t>(1, s.max_group_elems)) +
                               kGradAccBytesPerElem * std::max<int64_t>(1, s.max_group_elems);
-    const int64_t room = facts.hbm_budget - NeededIn(plan, "hbm");
+    const int64_t room = facts.hbm_budget / 2 - NeededIn(plan, "hbm");
     k = std::clamp<int64_t>(room / per_group, 0, groups - 1);
   }
   for (; k > 0; --k) {
@@ -753,7 +755,9 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
   plan.device_step = fmt::format(
       "offload_optimizer.ratio {}: no whole sub-group {} (sub_group_size {} gives {} of them); "
       "every sub-group is stepped on the CPU",
-      ratio, pl.cpu_ratio_auto ? "fits the HBM budget left" : "is that fraction of them",
+      ratio,
+      pl.cpu_ratio_auto ? "fits in half the HBM budget beside the rest of the plan"
+                        : "is that fraction of them",
       pl.sub_group_size, groups);
   return plan;
 }

@@ -264,9 +264,10 @@ struct TierPlan {
   // are stepped by the device Adam right after the global checks, while the
   // CPU steps the rest. Whole sub-groups, as DeepSpeed splits them: an
   // explicit ratio r gives the largest count at most (1 - r) of them;
-  // "auto" as many as the HBM budget holds after the rest of the plan, up
-  // to all but one (none on the host device, whose device Adam runs on the
-  // framework's thread). device_step says what was decided and why.
+  // "auto" as many as half the HBM budget holds beside the rest of the plan
+  // (the other half is the framework's), up to all but one (none on the
+  // host device, whose device Adam runs on the framework's thread).
+  // device_step says what was decided and why.
   int64_t device_step_groups = 0;
   int64_t device_step_elems = 0;
   std::string device_step;

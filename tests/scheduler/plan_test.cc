@@ -554,6 +554,66 @@ TEST(PlanTest, GradientsOnNvmeByTierOrByTheDramBudget) {
 // delayed_param_update or the optimizer elsewhere. The sums move from the
 // DRAM row to the HBM row, two chunk buffers go into the pinned row, and
 // nothing is folded or speculated.
+// offload_optimizer.ratio: whole sub-groups from the first, at most
+// (1 - ratio) of them; their states and sums in the hbm row and not in the
+// dram one; "auto" as many as half the HBM budget holds beside the rest
+// (none on the host device); and where it cannot apply, none, saying why.
+TEST(PlanTest, RatioSplitsWholeSubGroups) {
+  LayoutSizes s = TinySizes();
+  s.total_elems = 8001;  // 9 sub-groups of 1000, the last of 1
+  s.num_groups = 9;
+  TierFacts f;
+  f.hbm_budget = 1 << 20;
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
+  const TierPlan whole = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(whole.device_step_groups, 0);
+  EXPECT_TRUE(whole.device_step.empty());
+  for (const auto& [ratio, groups] : {std::pair{0.5, 4}, {0.25, 6}, {0.01, 8}, {0.95, 0}}) {
+    SCOPED_TRACE(ratio);
+    pl.cpu_ratio = ratio;
+    const TierPlan p = ComputeTierPlan(pl, s, f);
+    EXPECT_EQ(p.device_step_groups, groups);
+    EXPECT_EQ(p.device_step_elems, 1000 * groups);
+    EXPECT_FALSE(p.device_step.empty());
+    // 12 bytes of fp32 states and 4 of sums per element move from DRAM to HBM.
+    EXPECT_EQ(Needed(p, "hbm"), Needed(whole, "hbm") + 16 * 1000 * groups);
+    EXPECT_EQ(Needed(p, "dram"), Needed(whole, "dram") - 12 * 1000 * groups);
+    if (groups > 0) {
+      EXPECT_THAT(Find(p, "hbm")->detail, HasSubstr("stepped on the device"));
+    }
+  }
+  // "auto": (1 MiB / 2 - the rest) / 16000 bytes a sub-group, on a GPU.
+  pl.cpu_ratio = 1.0;
+  pl.cpu_ratio_auto = true;
+  const int64_t fit = (f.hbm_budget / 2 - Needed(whole, "hbm")) / 16000;
+  ASSERT_GT(fit, 0);
+  EXPECT_EQ(ComputeTierPlan(pl, s, f).device_step_groups, std::min<int64_t>(fit, 8));
+  pl.host_device = true;
+  const TierPlan host = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(host.device_step_groups, 0);
+  EXPECT_THAT(host.device_step, HasSubstr("host device"));
+  pl.host_device = false;
+  // Not applied, saying why.
+  pl.cpu_ratio_auto = false;
+  pl.cpu_ratio = 0.5;
+  Placement nvme = pl;
+  nvme.optimizer = OffloadDevice::kNvme;
+  Placement cpu_params = pl;
+  cpu_params.params = OffloadDevice::kCpu;
+  Placement ranks = pl;
+  ranks.world_size = 2;
+  Placement int8 = pl;
+  int8.optimizer_states = OptimizerStates::kInt8;
+  for (const auto& [what, p] : {std::pair{"offload_optimizer.device", nvme},
+                                {"offload_param.device", cpu_params},
+                                {"one rank", ranks},
+                                {"strata.optimizer_states", int8}}) {
+    const TierPlan t = ComputeTierPlan(p, s, f);
+    EXPECT_EQ(t.device_step_groups, 0) << what;
+    EXPECT_THAT(t.device_step, AllOf(HasSubstr("not applied"), HasSubstr(what)));
+  }
+}
+
 TEST(PlanTest, GradientsInHbmByTierOrByTheDramBudget) {
   LayoutSizes s = TinySizes();
   s.total_elems = 8001;
