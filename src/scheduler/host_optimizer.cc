@@ -87,13 +87,20 @@ std::vector<gpu::PinnedPool::Region> HostOptimizer::io_buffers() const {
 Status HostOptimizer::Bind(StateStore* store) {
   store_ = store;
   const Partition& part = store->partition();
+  const bool params_ok = store->param_place() == OffloadDevice::kNone
+                             ? store->device_params() != nullptr
+                             : store->param_place() == OffloadDevice::kCpu;
   if ((part.device_groups() > 0 ? part.host_elems().first : 0) != split_ ||
-      (split_ > 0 && (opts_.dp != nullptr || store->param_place() != OffloadDevice::kNone ||
-                      store->device_params() == nullptr)))
+      (split_ > 0 && (opts_.dp != nullptr || !params_ok || part.params_partitioned())))
     return InternalError(fmt::format(
         "HostOptimizer: the device-stepped elements ({}) disagree with the store's partition ({} "
-        "sub-groups)",
+        "sub-groups) or placement",
         split_, part.device_groups()));
+  if (split_ > 0 && store->param_place() == OffloadDevice::kCpu) {
+    ASSIGN_OR_RETURN(split_params_,
+                     dev_->Allocate(static_cast<size_t>(layout_->ByteOfElem(split_))));
+    ASSIGN_OR_RETURN(split_copied_, dev_->CreateEvent());
+  }
   if (opts_.speculate) RETURN_IF_ERROR(StartSpeculation());
   if (!opts_.grads_on_nvme) return Status();
   auto nvme = std::make_unique<GradStore>(layout_, store, counters_, kGradCacheSlots);
@@ -306,7 +313,9 @@ Status HostOptimizer::StepDeviceGroups(const LaunchParams& lp) {
       sh.exp_avg = static_cast<float*>(st.exp_avg) + i;
       sh.exp_avg_sq = static_cast<float*>(st.exp_avg_sq) + i;
     }
-    sh.copy_out = store_->device_params() + piece.byte_offset;
+    sh.copy_out =
+        (split_params_.data() != nullptr ? split_params_.as<uint8_t>() : store_->device_params()) +
+        piece.byte_offset;
     sh.copy_dtype = r.dtype;
     sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);
     shards[lp.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
@@ -318,10 +327,39 @@ Status HostOptimizer::StepDeviceGroups(const LaunchParams& lp) {
   if (s.ok())
     s = dev_->Fill(split_sums_.data(), DType::kFp32, static_cast<size_t>(split_), 0.f,
                    dev_->compute());
+  if (s.ok() && split_params_.data() != nullptr) {
+    // offload_param cpu: the new parameters below the split into the host
+    // copy-out array, where fetches and the commit take them.
+    const int64_t bytes = layout_->ByteOfElem(split_);
+    s = dev_->compute().Record(*split_summed_);
+    if (s.ok()) s = dev_->d2h().Wait(*split_summed_);
+    if (s.ok())
+      s = counters_->TimedCopy(dev_->d2h(), Link::kD2H, "parameters stepped on the device", bytes,
+                               [&] {
+                                 return dev_->CopyD2H(store_->next_params(), split_params_.data(),
+                                                      static_cast<size_t>(bytes), dev_->d2h());
+                               });
+    if (s.ok()) s = dev_->d2h().Record(*split_copied_);
+  }
   // On the host device the framework computes on this thread: it must see
   // the step's parameters.
   if (s.ok() && dev_->is_host()) s = dev_->compute().Synchronize();
   counters_->AddOptimizerBusy(NowNanos() - t0);
+  return s;
+}
+
+bool HostOptimizer::SplitParamsLanded(int m) const {
+  if (!split_copied_ || layout_->module(m).elem_begin >= split_ || layout_->module(m).elems() == 0)
+    return true;
+  StatusOr<bool> done = split_copied_->Query();
+  return !done.ok() || *done;  // (an error: AwaitModule reports it)
+}
+
+Status HostOptimizer::AwaitSplitParams(int m) {
+  if (SplitParamsLanded(m)) return Status();
+  const int64_t t0 = NowNanos();
+  const Status s = split_copied_->Synchronize();
+  counters_->AddOptimizerWait(NowNanos() - t0);
   return s;
 }
 
@@ -735,6 +773,12 @@ Status HostOptimizer::Join() {
   if (!inflight_) return Status();
   std::unique_ptr<InFlight> job = std::move(inflight_);
   StepOutcome outcome = job->run->Join();
+  // (offload_param cpu: the device step's parameters land before the commit
+  // publishes the array they were copied into.)
+  if (job->device_stepped && split_copied_) {
+    Status landed = split_copied_->Synchronize();
+    if (!landed.ok() && outcome.status.ok()) outcome.status = std::move(landed);
+  }
   const StepParams& p = job->run->params();
   const Status& s = outcome.status;
   if (s.ok() || outcome.advanced || job->device_stepped) {
@@ -793,6 +837,7 @@ Status HostOptimizer::AwaitModule(int m) {
   RETURN_IF_ERROR(Poll());
   if (!reading_next_params()) return Status();
   InFlight& job = *inflight_;
+  RETURN_IF_ERROR(AwaitSplitParams(m));
   if (!job.run->ModuleReady(m)) {
     const int64_t t0 = NowNanos();
     const bool ready = job.run->WaitModule(m);

@@ -32,8 +32,10 @@
 // their sum of squares to the host part's; Launch starts the CPU step of the
 // rest, then runs the device Adam over the first sub-groups on the compute
 // stream, writing their parameters into the device block in place (the next
-// forward pass is ordered after it). Those sub-groups' states are updated
-// in place: a launched step is committed even when the CPU part fails.
+// forward pass is ordered after it), or with offload_param cpu into a
+// device buffer copied to the host copy-out array (fetches of those modules
+// wait for that copy). Those sub-groups' states are updated in place: a
+// launched step is committed even when the CPU part fails.
 //
 // With the window's sums in HBM (Options::sums_in_hbm) every micro-batch's
 // gradients are added into DeviceSums' array on the compute stream; the
@@ -137,7 +139,9 @@ class HostOptimizer final : public OptimizerBackend {
   bool reading_next_params() const override {
     return inflight_ && !inflight_->run->params().delayed;
   }
-  bool module_ready(int m) const override { return inflight_->run->ModuleReady(m); }
+  bool module_ready(int m) const override {
+    return inflight_->run->ModuleReady(m) && SplitParamsLanded(m);
+  }
   Status AwaitModule(int m) override;
   gpu::PinnedBuffer TakeUpdatedModule(int m) override {
     return reading_next_params() ? inflight_->run->TakeUpdated(m) : gpu::PinnedBuffer();
@@ -231,6 +235,15 @@ class HostOptimizer final : public OptimizerBackend {
   int64_t split_ = 0;
   gpu::DeviceBuffer split_sums_, split_sumsq_;
   std::unique_ptr<gpu::Event> split_summed_;
+  // offload_param cpu: the device step's copy-out (the parameter bytes
+  // below the split), copied into the store's next_params() on the D2H
+  // stream; the event after that copy.
+  gpu::DeviceBuffer split_params_;
+  std::unique_ptr<gpu::Event> split_copied_;
+  // offload_param cpu: whether module m's bytes below the split have landed
+  // in next_params() (true for a module wholly above it); Await blocks.
+  bool SplitParamsLanded(int m) const;
+  Status AwaitSplitParams(int m);
   std::vector<uint8_t> sum_pending_;
   std::unique_ptr<gpu::Event> summed_, zeroed_;
   bool zero_in_flight_ = false;

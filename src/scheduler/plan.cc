@@ -225,6 +225,19 @@ int64_t DeviceStepElems(const Placement& pl, const LayoutSizes& s) {
   return std::min(state_elems, pl.device_step_groups * std::max<int64_t>(1, s.max_group_elems));
 }
 
+// offload_param cpu with sub-groups stepped on the device: the device
+// buffer their parameters are copied out into (their share of the
+// parameter bytes, with a page a module for the modules' alignment).
+int64_t DeviceStepParamBytes(const TierInputs& in) {
+  const LayoutSizes& s = in.s;
+  if (in.device_elems <= 0 || s.total_elems <= 0) return 0;
+  const auto share = static_cast<double>(in.device_elems) / static_cast<double>(s.total_elems);
+  return std::min(
+      s.total_param_bytes,
+      static_cast<int64_t>(std::ceil(share * static_cast<double>(s.total_param_bytes))) +
+          s.num_modules * kIoAlign);
+}
+
 // "optimizer states 1.2 GiB", with the format when it is not fp32.
 std::string StatesRow(const TierInputs& in) {
   return "optimizer states " + FormatBytes(in.states) +
@@ -316,6 +329,10 @@ TierBudget PlanHbm(const TierInputs& in, TierPlan* plan) {
                         pl.device_step_groups, FormatBytes(in.device_states)));
     hbm.Add(kGradAccBytesPerElem * in.device_elems,
             "their gradient sums " + FormatBytes(kGradAccBytesPerElem * in.device_elems));
+    if (pl.params == OffloadDevice::kCpu) {
+      const int64_t bytes = DeviceStepParamBytes(in);
+      hbm.Add(bytes, "their updated parameters " + FormatBytes(bytes) + " (copied to the host)");
+    }
   }
   if (pl.device_optimizer)
     hbm.Add(in.accumulator, "gradient accumulator " + FormatBytes(in.accumulator));
@@ -679,11 +696,9 @@ std::string RatioRefusal(const Placement& pl, const TierPlan& plan) {
         "it splits the CPU optimizer's states (offload_optimizer.device \"cpu\"; "
         "it is \"{}\")",
         OffloadDeviceName(pl.optimizer));
-  if (pl.params != OffloadDevice::kNone)
-    return fmt::format(
-        "the device step writes the parameters in HBM (offload_param.device \"none\"; it is "
-        "\"{}\")",
-        OffloadDeviceName(pl.params));
+  if (pl.params == OffloadDevice::kNvme)
+    return "the device step's parameters go to the device block or the host copy "
+           "(offload_param.device \"none\" or \"cpu\"; it is \"nvme\")";
   if (pl.world_size > 1)
     return fmt::format("it applies to one rank (this run has {})", pl.world_size);
   if (pl.delayed_param_update) return "not with strata.delayed_param_update";
@@ -732,8 +747,10 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
     // other half is left for the framework's workspaces, as for the device
     // accumulator).
     const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
-    const int64_t per_group = StateArrayBytes(f, std::max<int64_t>(1, s.max_group_elems)) +
-                              kGradAccBytesPerElem * std::max<int64_t>(1, s.max_group_elems);
+    const int64_t group = std::max<int64_t>(1, s.max_group_elems);
+    int64_t per_group = StateArrayBytes(f, group) + kGradAccBytesPerElem * group;
+    if (pl.params == OffloadDevice::kCpu && s.total_elems > 0)  // (their copy-out buffer)
+      per_group += (s.total_param_bytes + s.total_elems - 1) / s.total_elems * group;
     const int64_t room = facts.hbm_budget / 2 - NeededIn(plan, "hbm");
     k = std::clamp<int64_t>(room / per_group, 0, groups - 1);
   }

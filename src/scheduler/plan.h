@@ -257,7 +257,8 @@ struct TierPlan {
   // The window's sums in HBM reach the host only at the step: 0.
   int64_t speculation_elems = 0;
   // offload_optimizer.ratio below 1, or "auto" (one rank, stage 3,
-  // offload_optimizer cpu, offload_param none, no delayed_param_update, the
+  // offload_optimizer cpu, offload_param none or cpu (their parameters
+  // through a device buffer then), no delayed_param_update, the
   // window's sums in DRAM, Adam or AdamW with fp32 or bf16 states): the
   // first device_step_groups sub-groups (device_step_elems elements) keep
   // their states in HBM (the hbm row, with their fp32 gradient sums) and

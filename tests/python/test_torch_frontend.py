@@ -303,8 +303,9 @@ def test_gradients_on_nvme_train_as_cpu(make, tmp_path):
     assert_close(runs["nvme"][0], want, rel=1e-4)
 
 
-@pytest.mark.parametrize("make", [GPT, lambda: GPT(layers=1, repeat=2)], ids=["gpt", "tied"])
-def test_ratio_steps_the_first_sub_groups_on_the_device(make, tmp_path):
+@pytest.mark.parametrize("make,par", [(GPT, "none"), (lambda: GPT(layers=1, repeat=2), "none"),
+                                      (GPT, "cpu")], ids=["gpt", "tied", "gpt_params_cpu"])
+def test_ratio_steps_the_first_sub_groups_on_the_device(make, par, tmp_path):
     """offload_optimizer.ratio 0.5 (the first sub-groups' states in HBM,
     stepped by the device Adam; on the host device its scalar loop): the
     losses and parameters agree with every sub-group on the CPU within 1e-6
@@ -317,7 +318,7 @@ def test_ratio_steps_the_first_sub_groups_on_the_device(make, tmp_path):
         model = make()
         if ratio == 1.0:
             ref = copy.deepcopy(model)
-        cfg = config("cpu", "none", gas=2, clip=0.5)
+        cfg = config("cpu", par, gas=2, clip=0.5)
         cfg["zero_optimization"]["sub_group_size"] = 5000  # several sub-groups
         cfg["zero_optimization"]["offload_optimizer"]["ratio"] = ratio
         engine = strata.initialize(model, cfg)
@@ -330,7 +331,7 @@ def test_ratio_steps_the_first_sub_groups_on_the_device(make, tmp_path):
     assert_close(runs[0.5][0], runs[1.0][0], rel=1e-6)
     for k, v in runs[1.0][1].items():
         assert torch.allclose(runs[0.5][1][k], v, rtol=1e-6, atol=1e-7), k
-    want = reference_losses(ref, config("cpu", "none", gas=2, clip=0.5), data, 6)
+    want = reference_losses(ref, config("cpu", par, gas=2, clip=0.5), data, 6)
     assert_close(runs[0.5][0], want, rel=1e-4)
 
 

@@ -1913,8 +1913,9 @@ class RatioTest : public ::testing::TestWithParam<std::tuple<double, int>> {};
 
 // With offload_optimizer.ratio below 1 the first sub-groups' states live in
 // HBM and the device Adam steps them (the toy has 4 sub-groups of 1000
-// elements, modules across their edges): the parameters, norms and skipped
-// steps agree with every sub-group on the CPU within the device Adam's
+// elements, modules across their edges; the parameters in HBM or in DRAM):
+// the parameters, norms and skipped steps agree with every sub-group on the
+// CPU within the device Adam's
 // tolerance (1e-6 relative; the global sum of squares is added in another
 // order, so a clip coefficient may differ in its last bits), with clipping
 // that triggers, fp16 overflow, a module missing from the last micro-batch
@@ -1926,33 +1927,36 @@ TEST_P(RatioTest, AgreesWithTheCpuStep) {
   testing::MakeRng(&seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   auto [ratio, gas] = GetParam();
-  for (bool fp16 : {false, true}) {
-    for (int mode = 0; mode < 4; ++mode) {
-      // (Mode 3: the window summed in HBM and copied once, as on a GPU.)
-      const bool overlap = mode != 1, speculate = mode == 2, device_sum = mode == 3;
-      SCOPED_TRACE(std::string(fp16 ? "fp16" : "bf16 + clipping") +
-                   (overlap ? ", overlapped step" : ", inline step") +
-                   (speculate ? ", speculative" : "") +
-                   (device_sum ? ", grad_accumulator device" : ""));
-      Config ref = OddOrdersConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str(), gas, fp16);
-      ref.strata.overlap_optimizer = overlap;
-      ref.strata.speculative_step = speculate;
-      if (device_sum) ref.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
-      const FoldRun cpu = TrainOddOrders(ref, seed, 3, fp16, /*fold_override=*/-1);
-      Config c = ref;
-      c.zero_optimization.offload_optimizer.ratio = ratio;
-      const FoldRun split = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
-      ASSERT_FALSE(cpu.params.empty());
-      ASSERT_FALSE(split.params.empty());
-      EXPECT_LE(MaxRelDiff(cpu.params, split.params), 1e-6);
-      ASSERT_EQ(cpu.norms.size(), split.norms.size());
-      for (size_t i = 0; i < cpu.norms.size(); ++i)
-        EXPECT_NEAR(cpu.norms[i], split.norms[i], 1e-9 * cpu.norms[i]) << "step " << i;
-      EXPECT_EQ(cpu.applied, split.applied);
-      if (fp16) {
-        EXPECT_EQ(split.applied, (std::vector<int>{1, 0, 1}));  // the overflow skipped step 2
-      } else {
-        EXPECT_GT(split.norms[0], 0.3);
+  for (const OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+    SCOPED_TRACE(std::string("offload_param ") + std::string(OffloadDeviceName(par)));
+    for (bool fp16 : {false, true}) {
+      for (int mode = 0; mode < 4; ++mode) {
+        // (Mode 3: the window summed in HBM and copied once, as on a GPU.)
+        const bool overlap = mode != 1, speculate = mode == 2, device_sum = mode == 3;
+        SCOPED_TRACE(std::string(fp16 ? "fp16" : "bf16 + clipping") +
+                     (overlap ? ", overlapped step" : ", inline step") +
+                     (speculate ? ", speculative" : "") +
+                     (device_sum ? ", grad_accumulator device" : ""));
+        Config ref = OddOrdersConfig(OffloadDevice::kCpu, par, dir.str(), gas, fp16);
+        ref.strata.overlap_optimizer = overlap;
+        ref.strata.speculative_step = speculate;
+        if (device_sum) ref.strata.grad_accumulator = GradAccumulatorPlace::kDevice;
+        const FoldRun cpu = TrainOddOrders(ref, seed, 3, fp16, /*fold_override=*/-1);
+        Config c = ref;
+        c.zero_optimization.offload_optimizer.ratio = ratio;
+        const FoldRun split = TrainOddOrders(c, seed, 3, fp16, /*fold_override=*/-1);
+        ASSERT_FALSE(cpu.params.empty());
+        ASSERT_FALSE(split.params.empty());
+        EXPECT_LE(MaxRelDiff(cpu.params, split.params), 1e-6);
+        ASSERT_EQ(cpu.norms.size(), split.norms.size());
+        for (size_t i = 0; i < cpu.norms.size(); ++i)
+          EXPECT_NEAR(cpu.norms[i], split.norms[i], 1e-9 * cpu.norms[i]) << "step " << i;
+        EXPECT_EQ(cpu.applied, split.applied);
+        if (fp16) {
+          EXPECT_EQ(split.applied, (std::vector<int>{1, 0, 1}));  // the overflow skipped step 2
+        } else {
+          EXPECT_GT(split.norms[0], 0.3);
+        }
       }
     }
   }
@@ -2065,7 +2069,10 @@ TEST(RatioPlanTest, SaysWhyNotApplied) {
   EXPECT_TRUE(plan_of(c));
   Config params_cpu = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str());
   params_cpu.zero_optimization.offload_optimizer.ratio = 0.5;
-  EXPECT_FALSE(plan_of(params_cpu));
+  EXPECT_TRUE(plan_of(params_cpu));
+  Config params_nvme = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNvme, dir.str());
+  params_nvme.zero_optimization.offload_optimizer.ratio = 0.5;
+  EXPECT_FALSE(plan_of(params_nvme));
   Config nvme = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNone, dir.str());
   nvme.zero_optimization.offload_optimizer.ratio = 0.5;
   EXPECT_FALSE(plan_of(nvme));

@@ -582,6 +582,13 @@ TEST(PlanTest, RatioSplitsWholeSubGroups) {
       EXPECT_THAT(Find(p, "hbm")->detail, HasSubstr("stepped on the device"));
     }
   }
+  // offload_param cpu: their updated parameters' device buffer too.
+  Placement cpu_params = pl;
+  cpu_params.params = OffloadDevice::kCpu;
+  cpu_params.cpu_ratio = 0.5;
+  const TierPlan host_copy = ComputeTierPlan(cpu_params, s, f);
+  EXPECT_EQ(host_copy.device_step_groups, 4);
+  EXPECT_THAT(Find(host_copy, "hbm")->detail, HasSubstr("their updated parameters"));
   // "auto": (1 MiB / 2 - the rest) / 16000 bytes a sub-group, on a GPU.
   pl.cpu_ratio = 1.0;
   pl.cpu_ratio_auto = true;
@@ -598,14 +605,14 @@ TEST(PlanTest, RatioSplitsWholeSubGroups) {
   pl.cpu_ratio = 0.5;
   Placement nvme = pl;
   nvme.optimizer = OffloadDevice::kNvme;
-  Placement cpu_params = pl;
-  cpu_params.params = OffloadDevice::kCpu;
+  Placement nvme_params = pl;
+  nvme_params.params = OffloadDevice::kNvme;
   Placement ranks = pl;
   ranks.world_size = 2;
   Placement int8 = pl;
   int8.optimizer_states = OptimizerStates::kInt8;
   for (const auto& [what, p] : {std::pair{"offload_optimizer.device", nvme},
-                                {"offload_param.device", cpu_params},
+                                {"offload_param.device", nvme_params},
                                 {"one rank", ranks},
                                 {"strata.optimizer_states", int8}}) {
     const TierPlan t = ComputeTierPlan(p, s, f);
