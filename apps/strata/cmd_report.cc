@@ -706,6 +706,7 @@ constexpr Placement kPlacements[] = {{"none", "none"},
                                      {"cpu", "none", false, true},
                                      {"cpu", "cpu"},
                                      {"cpu", "cpu", true},
+                                     {"cpu", "cpu", false, false, true},
                                      {"nvme", "nvme"},
                                      {"nvme", "nvme", true}};
 

@@ -337,10 +337,17 @@ TEST(ReportCommand, TinyHostRunWritesEveryFigureWithUnitDeviceAndCommand) {
     }
   EXPECT_GT(figures, 20u);
   // Four placements trained, three of them again with the speculative step
-  // (off by default on the host device) and cpu/none with
-  // delayed_param_update, their losses compared (but the delayed one's).
-  EXPECT_EQ(sections["training"]["raw"].size(), 8u);
+  // (off by default on the host device), cpu/none with
+  // delayed_param_update, cpu/none and cpu/cpu with offload_optimizer.ratio
+  // 0.5, their losses compared (but the delayed one's).
+  EXPECT_EQ(sections["training"]["raw"].size(), 10u);
   EXPECT_TRUE(sections["training"]["raw"].contains("cpu/none, delayed_param_update"));
+  for (const char* file : {"cpu_none_split", "cpu_cpu_split"}) {
+    const json cfg = json::parse(ReadAll(out + "/configs/" + file + ".json"), nullptr, false);
+    ASSERT_FALSE(cfg.is_discarded()) << file;
+    EXPECT_EQ(cfg["zero_optimization"]["offload_optimizer"]["ratio"], 0.5) << file;
+  }
+  EXPECT_TRUE(sections["training"]["raw"].contains("cpu/cpu, ratio 0.5"));
   // How many sub-groups the speculative step reaches before backward ends
   // is the machine's timing (a loaded machine may reach none: a test
   // assert on it would flake); SpeculationTest covers what it steps. Here:
