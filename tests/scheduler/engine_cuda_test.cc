@@ -166,6 +166,63 @@ TEST_P(EngineOnCudaTest, WindowSumInHbmGivesTheHostSumsBits) {
   EXPECT_TRUE(testing::BitwiseEqual(host, device));
 }
 
+// offload_optimizer.ratio 0.5 on the GPU (the first 2 of the toy's 4
+// sub-groups' states in HBM, stepped by the device Adam's kernel, their
+// gradients summed on the compute stream; the parameters in HBM or through
+// the host copy-out array) against every sub-group on the CPU of the host
+// device: the same to rounding. The host half runs the split on the host
+// device.
+TEST(EngineOnCudaRatioTest, SplitAgreesWithTheHostDevice) {
+  testing::ScratchDir dir;
+  std::string no_gpu;
+  for (const OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+    SCOPED_TRACE(std::string("offload_param ") + std::string(OffloadDeviceName(par)));
+    auto train = [&](DeviceKind kind, double ratio, std::string* skip) {
+      Config c = testing::ToyConfig(OffloadDevice::kCpu, par, dir.str());
+      c.strata.device = kind;
+      c.zero_optimization.offload_optimizer.ratio = ratio;
+      c.gradient_accumulation_steps = c.train_batch_size = 2;
+      c.gradient_clipping = 0.5;
+      std::vector<std::vector<float>> out;
+      auto e = CreateEngine(c);
+      if (!e.ok()) {
+        *skip = e.status().ToString();
+        return out;
+      }
+      testing::RegisterToy(**e, 11, kModules);
+      const bool cuda = kind == DeviceKind::kCuda;
+      int batch = 0;
+      for (int s = 0; s < 3; ++s)
+        for (int k = 0; k < 2; ++k) {
+          MicroBatch(**e, cuda, batch++);
+          auto st = (*e)->Step();
+          EXPECT_TRUE(st.ok()) << st.status();
+        }
+      EXPECT_TRUE((*e)->Synchronize().ok());
+      bool split = false;
+      for (const TierBudget& b : (*e)->Budgets())
+        split |= b.tier == "hbm" && b.detail.find("stepped on the device") != std::string::npos;
+      EXPECT_EQ(split, ratio < 1.0);
+      return testing::ReadAll(**e);
+    };
+    std::string why;
+    const auto host = train(DeviceKind::kHost, 1.0, &why);
+    ASSERT_FALSE(host.empty()) << why;
+    const auto host_split = train(DeviceKind::kHost, 0.5, &why);
+    ASSERT_FALSE(host_split.empty()) << why;
+    const auto gpu = train(DeviceKind::kCuda, 0.5, &why);
+    if (gpu.empty()) {
+      no_gpu = why;
+      continue;
+    }
+    ASSERT_EQ(gpu.size(), host.size());
+    for (size_t i = 0; i < gpu.size(); ++i)
+      for (size_t j = 0; j < gpu[i].size(); ++j)
+        ASSERT_NEAR(gpu[i][j], host[i][j], 1e-6) << "parameter " << i << " element " << j;
+  }
+  if (!no_gpu.empty()) GTEST_SKIP() << "no CUDA device: " << no_gpu;
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, EngineOnCudaTest,
                          ::testing::Values(Placement{OffloadDevice::kNone, OffloadDevice::kNone},
                                            Placement{OffloadDevice::kCpu, OffloadDevice::kNone},
