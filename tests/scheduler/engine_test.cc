@@ -1915,12 +1915,12 @@ class RatioTest : public ::testing::TestWithParam<std::tuple<double, int>> {};
 // HBM and the device Adam steps them (the toy has 4 sub-groups of 1000
 // elements, modules across their edges; the parameters in HBM or in DRAM):
 // the parameters, norms and skipped steps agree with every sub-group on the
-// CPU within the device Adam's
-// tolerance (1e-6 relative; the global sum of squares is added in another
-// order, so a clip coefficient may differ in its last bits), with clipping
-// that triggers, fp16 overflow, a module missing from the last micro-batch
-// and one used twice in it, the step overlapping the next forward and
-// inline, with and without speculation.
+// CPU within the device Adam's tolerance (1e-6 relative; the global sum of
+// squares is added in another order, so a clip coefficient may differ in
+// its last bits), with clipping that triggers, fp16 overflow, a module
+// missing from the last micro-batch and one used twice in it, the step
+// overlapping the next forward and inline, with and without speculation,
+// and with the window summed in HBM.
 TEST_P(RatioTest, AgreesWithTheCpuStep) {
   testing::ScratchDir dir;
   uint64_t seed = 0;
