@@ -109,12 +109,26 @@ def run_launch(argv, tmp_path, timeout=240):
                           timeout=timeout)
 
 
+def in_torch_rendezvous(output):
+    """Whether a rank failed inside torch.distributed's own
+    init_process_group (its gloo pairs connecting over loopback): torch 1.13
+    has been seen to lose that connection on a loaded 2-core machine before
+    any Strata code ran."""
+    return "init_process_group" in output and "gloo/transport/tcp" in output
+
+
 def test_two_ranks_train_alike_and_leave_no_rendezvous_directory(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     out = tmp_path / "out"
     out.mkdir()
     r = run_launch(["--nproc-per-node", "2", str(script), str(out)], tmp_path)
+    if r.returncode != 0 and in_torch_rendezvous(r.stdout):
+        # Once more, from a clean output directory: a failure after the
+        # rendezvous (Strata's part) is never retried.
+        for p in out.glob("rank*.json"):
+            p.unlink()
+        r = run_launch(["--nproc-per-node", "2", str(script), str(out)], tmp_path)
     assert r.returncode == 0, r.stdout
     results = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")),
                      key=lambda j: j["rank"])
