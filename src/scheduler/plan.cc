@@ -596,7 +596,8 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
     const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
     const auto per_elem = static_cast<int64_t>(
         std::ceil(cpu_adam::StateBytesPerParam(f, cpu_adam::Algorithm::kAdamW)));
-    int64_t elems = in.s.total_elems;
+    // (Sub-groups stepped on the device are not speculated: the rest.)
+    int64_t elems = in.s.total_elems - in.device_elems;
     if (in.facts.dram_available > 0)
       elems = std::clamp<int64_t>((in.facts.dram_available - dram.bytes) / per_elem, 0, elems);
     if (f == cpu_adam::StateFormat::kInt8 && elems < in.s.total_elems) {

@@ -582,6 +582,11 @@ TEST(PlanTest, RatioSplitsWholeSubGroups) {
       EXPECT_THAT(Find(p, "hbm")->detail, HasSubstr("stepped on the device"));
     }
   }
+  // The speculative step's spare covers the CPU's part only.
+  Placement spec = pl;
+  spec.speculative_step = 1;
+  spec.cpu_ratio = 0.5;
+  EXPECT_EQ(ComputeTierPlan(spec, s, f).speculation_elems, 8001 - 4000);
   // offload_param cpu: their updated parameters' device buffer too.
   Placement cpu_params = pl;
   cpu_params.params = OffloadDevice::kCpu;
