@@ -699,16 +699,16 @@ struct Placement {
   bool delayed = false;
   bool split = false;
 };
-constexpr Placement kPlacements[] = {{"none", "none"},
-                                     {"cpu", "none"},
-                                     {"cpu", "none", true},
-                                     {"cpu", "none", false, false, true},
-                                     {"cpu", "none", false, true},
-                                     {"cpu", "cpu"},
-                                     {"cpu", "cpu", true},
-                                     {"cpu", "cpu", false, false, true},
-                                     {"nvme", "nvme"},
-                                     {"nvme", "nvme", true}};
+constexpr Placement kPlacements[] = {{.opt = "none", .param = "none"},
+                                     {.opt = "cpu", .param = "none"},
+                                     {.opt = "cpu", .param = "none", .other_speculation = true},
+                                     {.opt = "cpu", .param = "none", .split = true},
+                                     {.opt = "cpu", .param = "none", .delayed = true},
+                                     {.opt = "cpu", .param = "cpu"},
+                                     {.opt = "cpu", .param = "cpu", .other_speculation = true},
+                                     {.opt = "cpu", .param = "cpu", .split = true},
+                                     {.opt = "nvme", .param = "nvme"},
+                                     {.opt = "nvme", .param = "nvme", .other_speculation = true}};
 
 // The split row's HBM budget: twice (the plan's "auto" uses half of it;
 // the rest is the model's activations) the parameters (bf16, 2 bytes

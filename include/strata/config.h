@@ -388,7 +388,7 @@ struct Config {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;  // type kNone: the lr stays optimizer.params.lr
   Fp16Config fp16;
-  bool bf16_enabled = false;       // bf16.enabled
+  bool bf16_enabled = false;  // bf16.enabled
   // DeepSpeed's bf16.bf16_master_weights_and_grads and
   // bf16.bf16_optimizer_states, as given: both true select the bf16-master
   // state format (strata.optimizer_states). Strata's gradient sums stay fp32.
