@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "src/common/dtype.h"
+#include "src/common/state_codes.h"
 #include "src/cpu_adam/cpu_adam.h"
 
 namespace strata::cpu_adam::internal {
@@ -37,17 +38,11 @@ constexpr int kNumCopyOuts = 4;
 // ---- Compact state formats ---------------------------------------------------
 // StateFormat::kBf16, kBf16Master, kInt8 (index = format - 1 in the table).
 constexpr int kNumCompactFormats = 3;
-// int8: elements per quantization block (one fp32 scale per moment per
-// block). Blocks are aligned to the global element index.
-constexpr size_t kQuantBlock = 256;
-// int8 exp_avg: a signed 8-bit float code, 1 sign, 4 exponent (bias 7), 3
-// mantissa bits, subnormals, no inf/NaN (saturating): code units in
-// [-480, 480]; the block's absmax maps to 480.
-constexpr float kExpAvgCodeMax = 480.f;
-// int8 exp_avg_sq: an unsigned code, 5 exponent (bias 15) and 3 mantissa
-// bits, subnormals, no sign: code units in [0, 122880], smallest nonzero
-// 2^-17. A positive value never encodes to 0 (it rounds up to code 1).
-constexpr float kExpAvgSqCodeMax = 122880.f;
+// int8: elements per quantization block and the two codes' ranges (see
+// src/common/state_codes.h, shared with the device Adam).
+inline constexpr size_t kQuantBlock = codes::kQuantBlock;
+inline constexpr float kExpAvgCodeMax = codes::kExpAvgCodeMax;
+inline constexpr float kExpAvgSqCodeMax = codes::kExpAvgSqCodeMax;
 
 // Coefficients are computed once per shard (in double, then rounded to
 // float) by cpu_adam.cc; the kernels only multiply and add them.

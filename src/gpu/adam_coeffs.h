@@ -1,7 +1,9 @@
 // Internal to src/gpu: the coefficients of one Adam/AdamW step, shared by
 // the host reference (host_adam.cc) and the CUDA kernel (adam_kernel.cu);
-// plain data, no includes, so nvcc sees nothing else of the module.
+// plain data, so nvcc sees nothing else of the module.
 #pragma once
+
+#include <cstdint>
 
 namespace strata::gpu::host {
 
@@ -19,6 +21,9 @@ struct AdamCoeffs {
   float eps = 1e-8f;         //
   float neg_step = -1e-3f;   // -lr / (1 - beta1^t)
   bool adamw = true;         // decoupled decay (then l2 is unused)
+  // A bf16 master's stochastic rounding stream of this step:
+  // codes::MakeSrKey(hp.seed, hp.step) (src/common/state_codes.h).
+  uint32_t sr_key0 = 0, sr_key1 = 0;
 };
 
 }  // namespace strata::gpu::host

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "src/common/state_codes.h"
 #include "src/gpu/cuda_kernels.h"
 
 namespace strata::gpu::cuda {
@@ -133,7 +134,8 @@ __device__ __forceinline__ void StoreMoments(void* a, size_t j, const float* in)
 }
 
 // Which tensor holds chunk `b` (the last entry whose first_chunk <= b).
-__device__ __forceinline__ int FindTensor(const AdamTable& tab, uint64_t b) {
+template <class Table>
+__device__ __forceinline__ int FindTensor(const Table& tab, uint64_t b) {
   int lo = 0, hi = tab.n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -203,6 +205,164 @@ __global__ void __launch_bounds__(kAdamThreads)
     StoreMoment<MB>(t.exp_avg_sq, j, v);
     StoreCopy<CD>(t.copy_out, j, p);
   }
+}
+
+// ---- the compact formats: int8 moments, a bf16 master ------------------------------
+//
+// kernel_scalar.cc's compact loop, one quantization block (256 elements) at
+// a time per thread block, one element per thread: each thread steps its
+// element (the codes and the stochastic rounding are
+// src/common/state_codes.h's, the same functions the CPU runs); for int8 the
+// block's absmax of the new moments is a max-reduction (exact and
+// order-independent; NaN is dropped as the CPU's comparison drops it), then
+// thread 0 writes the scales and every thread its codes.
+
+constexpr size_t kCompactChunk = codes::kQuantBlock * 16;  // elements per thread block
+static_assert(kAdamThreads == static_cast<int>(codes::kQuantBlock));
+
+struct CompactEntry {
+  AdamCompactTensor t;
+  uint64_t first_chunk;
+};
+struct CompactTable {
+  CompactEntry e[kAdamTensorsPerLaunch];
+  int n;
+};
+
+// The maximum over the block of each thread's a and b (non-negative, no NaN).
+__device__ __forceinline__ void BlockMax2(float& a, float& b) {
+  __shared__ float sa[kAdamThreads / 32], sb[kAdamThreads / 32];
+  for (int off = 16; off > 0; off /= 2) {
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+    b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, off));
+  }
+  if (threadIdx.x % 32 == 0) sa[threadIdx.x / 32] = a, sb[threadIdx.x / 32] = b;
+  __syncthreads();
+  a = sa[0], b = sb[0];
+#pragma unroll
+  for (int w = 1; w < kAdamThreads / 32; ++w) a = fmaxf(a, sa[w]), b = fmaxf(b, sb[w]);
+  __syncthreads();  // the arrays are reused by the next block
+}
+
+__device__ __forceinline__ float Bf16ToFloat(uint16_t b) {
+  return __bfloat162float(__ushort_as_bfloat16(b));
+}
+
+template <int GD, int CD, bool Q8>
+__global__ void __launch_bounds__(kAdamThreads)
+    AdamCompactKernel(const __grid_constant__ CompactTable tab, const host::AdamCoeffs c,
+                      const int32_t* skip) {
+  if (skip != nullptr && *skip != 0) return;  // overflow: the step is skipped
+  const CompactEntry& e = tab.e[FindTensor(tab, blockIdx.x)];
+  const AdamCompactTensor& t = e.t;
+  const size_t begin = (blockIdx.x - e.first_chunk) * kCompactChunk;
+  const size_t end = begin + kCompactChunk < t.count ? begin + kCompactChunk : t.count;
+  const codes::SrKey key{c.sr_key0, c.sr_key1};
+  for (size_t b0 = begin; b0 < end; b0 += codes::kQuantBlock) {
+    const size_t i = b0 + threadIdx.x;
+    const bool in = i < end;
+    if constexpr (Q8) {
+      auto* const param = static_cast<float*>(t.param);
+      auto* const m8 = static_cast<uint8_t*>(t.exp_avg);
+      auto* const v8 = static_cast<uint8_t*>(t.exp_avg_sq);
+      const size_t blk = b0 / codes::kQuantBlock;
+      float m = 0.f, v = 0.f;
+      if (in) {
+        float p = param[i];
+        m = __fmul_rn(codes::DecodeExpAvg8(m8[i]), t.exp_avg_scale[blk]);
+        v = __fmul_rn(codes::DecodeExpAvgSq8(v8[i]), t.exp_avg_sq_scale[blk]);
+        AdamElement(p, LoadGrad<GD>(t.grad, i), m, v, c);
+        param[i] = p;
+        StoreCopy<CD>(t.copy_out, i, p);
+      }
+      const float am = fabsf(m), av = fabsf(v);
+      float amax0 = am > 0.f ? am : 0.f, amax1 = av > 0.f ? av : 0.f;
+      BlockMax2(amax0, amax1);  // every thread has read the old scales before this
+      const codes::BlockScale q0 = codes::MakeBlockScale(amax0, codes::kExpAvgCodeMax);
+      const codes::BlockScale q1 = codes::MakeBlockScale(amax1, codes::kExpAvgSqCodeMax);
+      if (threadIdx.x == 0) t.exp_avg_scale[blk] = q0.scale, t.exp_avg_sq_scale[blk] = q1.scale;
+      if (in) {
+        m8[i] = codes::EncodeExpAvg8(m, q0.inv);
+        v8[i] = codes::EncodeExpAvgSq8(v, q1.inv);
+      }
+    } else {
+      if (!in) continue;
+      auto* const pc = static_cast<uint16_t*>(t.param);
+      auto* const mb = static_cast<uint16_t*>(t.exp_avg);
+      auto* const vb = static_cast<uint16_t*>(t.exp_avg_sq);
+      float p = Bf16ToFloat(pc[i]), m = Bf16ToFloat(mb[i]), v = Bf16ToFloat(vb[i]);
+      AdamElement(p, LoadGrad<GD>(t.grad, i), m, v, c);
+      mb[i] = __bfloat16_as_ushort(__float2bfloat16_rn(m));
+      vb[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+      const uint16_t stored = codes::FloatToBf16Stochastic(p, codes::SrBits(t.index0 + i, key));
+      pc[i] = stored;
+      StoreCopy<CD>(t.copy_out, i, Bf16ToFloat(stored));  // the copy of the stored master
+    }
+  }
+}
+
+template <int GD, int CD, bool Q8>
+cudaError_t LaunchCompactGroup(const AdamCompactTensor* tensors, size_t n,
+                               const host::AdamCoeffs& c, const int32_t* skip,
+                               cudaStream_t stream) {
+  for (size_t base = 0; base < n; base += kAdamTensorsPerLaunch) {
+    CompactTable tab{};
+    uint64_t chunks = 0;
+    for (size_t k = base; k < std::min(n, base + kAdamTensorsPerLaunch); ++k) {
+      if (tensors[k].count == 0) continue;
+      CompactEntry& e = tab.e[tab.n++];
+      e.t = tensors[k];
+      e.first_chunk = chunks;
+      chunks += (tensors[k].count + kCompactChunk - 1) / kCompactChunk;
+    }
+    if (tab.n == 0) continue;
+    if (chunks > 0x7fffffffu) return cudaErrorInvalidValue;
+    AdamCompactKernel<GD, CD, Q8>
+        <<<static_cast<unsigned>(chunks), kAdamThreads, 0, stream>>>(tab, c, skip);
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+template <int GD, bool Q8>
+cudaError_t LaunchCompactForGrad(const AdamCompactTensor* t, size_t n, bool copy, DType cd,
+                                 const host::AdamCoeffs& c, const int32_t* skip, cudaStream_t s) {
+  if (!copy) return LaunchCompactGroup<GD, 0, Q8>(t, n, c, skip, s);
+  switch (cd) {
+    case DType::kFp32:
+      return LaunchCompactGroup<GD, 1, Q8>(t, n, c, skip, s);
+    case DType::kFp16:
+      return LaunchCompactGroup<GD, 2, Q8>(t, n, c, skip, s);
+    case DType::kBf16:
+      return LaunchCompactGroup<GD, 3, Q8>(t, n, c, skip, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <bool Q8>
+cudaError_t LaunchCompactForFormat(const AdamCompactTensor* t, size_t n, DType gd, bool copy,
+                                   DType cd, const host::AdamCoeffs& c, const int32_t* skip,
+                                   cudaStream_t s) {
+  switch (gd) {
+    case DType::kFp32:
+      return LaunchCompactForGrad<0, Q8>(t, n, copy, cd, c, skip, s);
+    case DType::kFp16:
+      return LaunchCompactForGrad<1, Q8>(t, n, copy, cd, c, skip, s);
+    case DType::kBf16:
+      return LaunchCompactForGrad<2, Q8>(t, n, copy, cd, c, skip, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <int GD, bool Q8>
+cudaError_t LoadCompactForGrad() {
+  cudaFuncAttributes attr{};
+  for (cudaError_t e : {cudaFuncGetAttributes(&attr, AdamCompactKernel<GD, 0, Q8>),
+                        cudaFuncGetAttributes(&attr, AdamCompactKernel<GD, 1, Q8>),
+                        cudaFuncGetAttributes(&attr, AdamCompactKernel<GD, 2, Q8>),
+                        cudaFuncGetAttributes(&attr, AdamCompactKernel<GD, 3, Q8>)})
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -291,10 +451,24 @@ cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bo
                              vector_tensors);
 }
 
+cudaError_t LaunchAdamCompact(const AdamCompactTensor* tensors, size_t n, bool int8,
+                              DType grad_dtype, bool copy, DType copy_dtype,
+                              const host::AdamCoeffs& c, const int32_t* skip_if_set,
+                              cudaStream_t stream) {
+  if (int8)
+    return LaunchCompactForFormat<true>(tensors, n, grad_dtype, copy, copy_dtype, c, skip_if_set,
+                                        stream);
+  return LaunchCompactForFormat<false>(tensors, n, grad_dtype, copy, copy_dtype, c, skip_if_set,
+                                       stream);
+}
+
 namespace internal_adam {
 cudaError_t LoadAdamKernels() {
   for (cudaError_t e : {LoadForGrad<0, 0>(), LoadForGrad<1, 0>(), LoadForGrad<2, 0>(),
-                        LoadForGrad<0, 1>(), LoadForGrad<1, 1>(), LoadForGrad<2, 1>()})
+                        LoadForGrad<0, 1>(), LoadForGrad<1, 1>(), LoadForGrad<2, 1>(),
+                        LoadCompactForGrad<0, false>(), LoadCompactForGrad<1, false>(),
+                        LoadCompactForGrad<2, false>(), LoadCompactForGrad<0, true>(),
+                        LoadCompactForGrad<1, true>(), LoadCompactForGrad<2, true>()})
     if (e != cudaSuccess) return e;
   return cudaSuccess;
 }

@@ -368,43 +368,64 @@ class CudaDevice final : public Device {
     RETURN_IF_ERROR(CheckAdam(shards, hp, skip_if_set));
     ASSIGN_OR_RETURN(cudaStream_t cs, Prepare(stream, "AdamStep"));
     const host::AdamCoeffs c = host::MakeAdamCoeffs(hp);
-    // One multi-tensor launch per (grad dtype, copy-out dtype) group, in the
-    // order the groups first appear (groups touch disjoint shards).
+    // One multi-tensor launch per (grad dtype, copy-out dtype, state format)
+    // group, in the order the groups first appear (groups touch disjoint
+    // shards).
     struct Group {
       DType grad;
       bool copy;
       DType copy_dtype;
-      bool bf16_moments;
+      AdamStates states;
       std::vector<cuda::AdamTensor> tensors;
+      std::vector<cuda::AdamCompactTensor> compact;
     };
     std::vector<Group> groups;
     for (const AdamShard& sh : shards) {
       if (sh.count == 0) continue;
       const bool copy = sh.copy_out != nullptr;
       const DType cd = copy ? sh.copy_dtype : DType::kFp32;
-      const bool bf16 = sh.exp_avg_bf16 != nullptr;
+      const AdamStates f = AdamShardStates(sh);
       auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) {
-        return x.grad == sh.grad_dtype && x.copy == copy && x.copy_dtype == cd &&
-               x.bf16_moments == bf16;
+        return x.grad == sh.grad_dtype && x.copy == copy && x.copy_dtype == cd && x.states == f;
       });
       if (g == groups.end())
-        g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, bf16, {}});
-      void* m = bf16 ? static_cast<void*>(sh.exp_avg_bf16) : sh.exp_avg;
-      void* v = bf16 ? static_cast<void*>(sh.exp_avg_sq_bf16) : sh.exp_avg_sq;
-      g->tensors.push_back({sh.param, sh.grad, m, v, sh.copy_out, sh.count});
+        g = groups.insert(groups.end(), Group{sh.grad_dtype, copy, cd, f, {}, {}});
+      switch (f) {
+        case AdamStates::kFp32:
+          g->tensors.push_back(
+              {sh.param, sh.grad, sh.exp_avg, sh.exp_avg_sq, sh.copy_out, sh.count});
+          break;
+        case AdamStates::kBf16:
+          g->tensors.push_back(
+              {sh.param, sh.grad, sh.exp_avg_bf16, sh.exp_avg_sq_bf16, sh.copy_out, sh.count});
+          break;
+        case AdamStates::kBf16Master:
+          g->compact.push_back({sh.param_bf16, sh.grad, sh.exp_avg_bf16, sh.exp_avg_sq_bf16,
+                                nullptr, nullptr, sh.copy_out, sh.count, sh.index0});
+          break;
+        case AdamStates::kInt8:
+          g->compact.push_back({sh.param, sh.grad, sh.exp_avg_q8, sh.exp_avg_sq_q8,
+                                sh.exp_avg_scale, sh.exp_avg_sq_scale, sh.copy_out, sh.count,
+                                sh.index0});
+          break;
+      }
     }
+    static constexpr const char* kStates[] = {"fp32", "bf16", "bf16-master", "int8"};
     size_t vec = 0, total = 0;
     for (const Group& g : groups) {
-      total += g.tensors.size();
-      RETURN_IF_ERROR(CudaStatus(
-          cuda::LaunchAdam(g.tensors.data(), g.tensors.size(), g.grad, g.copy, g.copy_dtype,
-                           g.bf16_moments, c, skip_if_set, cs, &vec),
-          [&] {
-            return fmt::format("AdamStep kernel launch ({} tensors, grad {}, copy {}, moments {})",
-                               g.tensors.size(), DTypeName(g.grad),
-                               g.copy ? DTypeName(g.copy_dtype) : "none",
-                               g.bf16_moments ? "bf16" : "fp32");
-          }));
+      const bool compact = g.states == AdamStates::kBf16Master || g.states == AdamStates::kInt8;
+      const size_t n = compact ? g.compact.size() : g.tensors.size();
+      total += n;
+      const cudaError_t err =
+          compact ? cuda::LaunchAdamCompact(g.compact.data(), n, g.states == AdamStates::kInt8,
+                                            g.grad, g.copy, g.copy_dtype, c, skip_if_set, cs)
+                  : cuda::LaunchAdam(g.tensors.data(), n, g.grad, g.copy, g.copy_dtype,
+                                     g.states == AdamStates::kBf16, c, skip_if_set, cs, &vec);
+      RETURN_IF_ERROR(CudaStatus(err, [&] {
+        return fmt::format("AdamStep kernel launch ({} tensors, grad {}, copy {}, states {})", n,
+                           DTypeName(g.grad), g.copy ? DTypeName(g.copy_dtype) : "none",
+                           kStates[static_cast<int>(g.states)]);
+      }));
     }
     CountAdamPaths(vec, total - vec);
     return Status::Ok();

@@ -65,4 +65,25 @@ cudaError_t LaunchAdam(const AdamTensor* tensors, size_t n, DType grad_dtype, bo
                        const int32_t* skip_if_set, cudaStream_t stream,
                        size_t* vector_tensors = nullptr);
 
+// One tensor of a compact-format Adam launch (LaunchAdamCompact).
+struct AdamCompactTensor {
+  void* param;  // int8: the fp32 master; bf16 master: its bf16 bits
+  const void* grad;
+  void* exp_avg;  // int8 codes, or (bf16 master) bf16 bits
+  void* exp_avg_sq;
+  float* exp_avg_scale;  // int8: one per 256 elements; else null
+  float* exp_avg_sq_scale;
+  void* copy_out;  // null: no copy
+  size_t count;
+  uint64_t index0;  // global index of element 0 (bf16 master: the rounding stream)
+};
+// Adam/AdamW over `tensors` in the int8 format (int8) or with a bf16 master
+// (bf16 moments), all with the same grad dtype and copy dtype/presence,
+// src/cpu_adam's scalar bits for the same format (src/common/state_codes.h).
+// One block of kAdamQuantBlock threads per quantization block at a time.
+cudaError_t LaunchAdamCompact(const AdamCompactTensor* tensors, size_t n, bool int8,
+                              DType grad_dtype, bool copy, DType copy_dtype,
+                              const host::AdamCoeffs& c, const int32_t* skip_if_set,
+                              cudaStream_t stream);
+
 }  // namespace strata::gpu::cuda

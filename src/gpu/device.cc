@@ -5,9 +5,11 @@
 #include <sys/resource.h>
 
 #include <cmath>
+#include <vector>
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/log.h"
+#include "src/common/state_codes.h"
 #include "src/common/status_util.h"
 #include "src/gpu/arena.h"
 
@@ -38,7 +40,29 @@ size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype, bo
   return (bf16_moments ? 16 : 24) + DTypeSize(grad_dtype) + (copy_out ? DTypeSize(copy_dtype) : 0);
 }
 
+static_assert(kAdamQuantBlock == codes::kQuantBlock);
+
+AdamStates AdamShardStates(const AdamShard& s) {
+  if (s.param_bf16 != nullptr) return AdamStates::kBf16Master;
+  if (s.exp_avg_q8 != nullptr) return AdamStates::kInt8;
+  if (s.exp_avg_bf16 != nullptr) return AdamStates::kBf16;
+  return AdamStates::kFp32;
+}
+
+double AdamBytesPerElement(AdamStates states, DType grad_dtype, bool copy_out, DType copy_dtype) {
+  const double param = states == AdamStates::kBf16Master ? 4 : 8;
+  const double moments = states == AdamStates::kFp32   ? 16
+                         : states == AdamStates::kInt8 ? 4 + 16.0 / kAdamQuantBlock
+                                                       : 8;
+  return param + moments + static_cast<double>(DTypeSize(grad_dtype)) +
+         (copy_out ? static_cast<double>(DTypeSize(copy_dtype)) : 0);
+}
+
 bool AdamShardVectorizable(const AdamShard& s) {
+  // The compact kernels of a bf16 master or int8 moments move one element
+  // per thread.
+  if (AdamShardStates(s) == AdamStates::kBf16Master || AdamShardStates(s) == AdamStates::kInt8)
+    return false;
   auto a16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const bool bf16 = s.exp_avg_bf16 != nullptr;
   return a16(s.param) && a16(s.grad) &&
@@ -133,25 +157,64 @@ Status Device::CheckAdam(std::span<const AdamShard> shards, const AdamHyperParam
       size_t align;
     };
     const size_t f32 = ElemBytes(s.count, DType::kFp32);
-    // The moments: both fp32 or both bf16.
+    // One state format per shard: its pointers set, the others null.
     const bool bf16 = s.exp_avg_bf16 != nullptr || s.exp_avg_sq_bf16 != nullptr;
+    const bool q8 = s.exp_avg_q8 != nullptr || s.exp_avg_sq_q8 != nullptr ||
+                    s.exp_avg_scale != nullptr || s.exp_avg_sq_scale != nullptr;
+    const bool master16 = s.param_bf16 != nullptr;
     if (bf16 && (s.exp_avg != nullptr || s.exp_avg_sq != nullptr || s.exp_avg_bf16 == nullptr ||
-                 s.exp_avg_sq_bf16 == nullptr))
+                 s.exp_avg_sq_bf16 == nullptr || q8))
       return bad(
-          fmt::format("shard {}: the moments are both fp32 (exp_avg, exp_avg_sq) or both bf16 "
-                      "(exp_avg_bf16, exp_avg_sq_bf16)",
+          fmt::format("shard {}: the moments are both fp32 (exp_avg, exp_avg_sq), both bf16 "
+                      "(exp_avg_bf16, exp_avg_sq_bf16) or both int8 (exp_avg_q8, exp_avg_sq_q8 "
+                      "and their scales)",
                       i));
-    const size_t mom = bf16 ? ElemBytes(s.count, DType::kBf16) : f32;
-    const size_t mom_align = bf16 ? 2 : 4;
-    Arr arrs[] = {{s.param, f32, "param", 4},
-                  {s.grad, ElemBytes(s.count, s.grad_dtype), "grad", DTypeSize(s.grad_dtype)},
-                  {bf16 ? static_cast<const void*>(s.exp_avg_bf16) : s.exp_avg, mom,
-                   bf16 ? "exp_avg_bf16" : "exp_avg", mom_align},
-                  {bf16 ? static_cast<const void*>(s.exp_avg_sq_bf16) : s.exp_avg_sq, mom,
-                   bf16 ? "exp_avg_sq_bf16" : "exp_avg_sq", mom_align},
-                  {s.copy_out, s.copy_out ? ElemBytes(s.count, s.copy_dtype) : 0, "copy_out",
-                   DTypeSize(s.copy_dtype)}};
-    const int n_arrs = s.copy_out ? 5 : 4;
+    if (q8 &&
+        (s.exp_avg != nullptr || s.exp_avg_sq != nullptr || s.exp_avg_q8 == nullptr ||
+         s.exp_avg_sq_q8 == nullptr || s.exp_avg_scale == nullptr || s.exp_avg_sq_scale == nullptr))
+      return bad(
+          fmt::format("shard {}: int8 moments need exp_avg_q8, exp_avg_sq_q8, exp_avg_scale and "
+                      "exp_avg_sq_scale, and no fp32 moments",
+                      i));
+    if (q8 && s.index0 % kAdamQuantBlock != 0)
+      return bad(fmt::format("shard {}: int8 moments: index0 {} is not a multiple of {}", i,
+                             s.index0, kAdamQuantBlock));
+    if (master16 && (s.param != nullptr || !bf16))
+      return bad(fmt::format(
+          "shard {}: a bf16 master (param_bf16) goes with bf16 moments and no fp32 param", i));
+    if (!master16 && s.param == nullptr) return bad(fmt::format("shard {}: param is null", i));
+    const size_t mom = bf16 ? ElemBytes(s.count, DType::kBf16) : q8 ? s.count : f32;
+    const size_t mom_align = bf16 ? 2 : q8 ? 1 : 4;
+    const size_t nscales = (s.count + kAdamQuantBlock - 1) / kAdamQuantBlock;
+    const void* m = bf16 ? static_cast<const void*>(s.exp_avg_bf16)
+                    : q8 ? static_cast<const void*>(s.exp_avg_q8)
+                         : s.exp_avg;
+    const void* v = bf16 ? static_cast<const void*>(s.exp_avg_sq_bf16)
+                    : q8 ? static_cast<const void*>(s.exp_avg_sq_q8)
+                         : s.exp_avg_sq;
+    std::vector<Arr> arrs = {
+        {master16 ? static_cast<const void*>(s.param_bf16) : s.param,
+         master16 ? ElemBytes(s.count, DType::kBf16) : f32, master16 ? "param_bf16" : "param",
+         master16 ? 2u : 4u},
+        {s.grad, ElemBytes(s.count, s.grad_dtype), "grad", DTypeSize(s.grad_dtype)},
+        {m, mom,
+         bf16 ? "exp_avg_bf16"
+         : q8 ? "exp_avg_q8"
+              : "exp_avg",
+         mom_align},
+        {v, mom,
+         bf16 ? "exp_avg_sq_bf16"
+         : q8 ? "exp_avg_sq_q8"
+              : "exp_avg_sq",
+         mom_align}};
+    if (q8) {
+      arrs.push_back({s.exp_avg_scale, ElemBytes(nscales, DType::kFp32), "exp_avg_scale", 4});
+      arrs.push_back({s.exp_avg_sq_scale, ElemBytes(nscales, DType::kFp32), "exp_avg_sq_scale", 4});
+    }
+    if (s.copy_out != nullptr)
+      arrs.push_back(
+          {s.copy_out, ElemBytes(s.count, s.copy_dtype), "copy_out", DTypeSize(s.copy_dtype)});
+    const int n_arrs = static_cast<int>(arrs.size());
     for (int a = 0; a < n_arrs; ++a)
       RETURN_IF_ERROR(CheckDev(arrs[a].p, arrs[a].bytes,
                                fmt::format("{} {}", name, arrs[a].field).c_str(), arrs[a].align));

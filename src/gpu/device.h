@@ -269,6 +269,7 @@ struct AdamHyperParams {
   bool bias_correction = true;
   int64_t step = 1;         // the step being taken, 1-based (≥ 1)
   double grad_scale = 1.0;  // every gradient is multiplied by this first (1/loss_scale × clip)
+  uint64_t seed = 0;        // a bf16 master's stochastic rounding (AdamShard::param_bf16)
 };
 
 // One tensor (or shard) of optimizer state for Device::AdamStep; device
@@ -288,7 +289,33 @@ struct AdamShard {
   // format, bit for bit).
   uint16_t* exp_avg_bf16 = nullptr;
   uint16_t* exp_avg_sq_bf16 = nullptr;
+  // A bf16 master (strata.optimizer_states "bf16-master", with bf16 moments):
+  // param null, this set; read as bf16, updated in fp32 and stored with
+  // stochastic rounding keyed by (hp.seed, hp.step, index0 + i) — so the
+  // bits do not depend on how the elements are cut into shards. The copy is
+  // of the stored (rounded) master.
+  uint16_t* param_bf16 = nullptr;
+  // int8 moments (strata.optimizer_states "int8", with the fp32 master):
+  // exp_avg, exp_avg_sq and their bf16 pointers null, these set: one 8-bit
+  // code per element and one fp32 scale per block of 256 elements of each
+  // moment, ceil(count / 256) of them, block b covering elements
+  // [256 b, 256 b + 256) of the shard; each block's new scale is its new
+  // absmax over the code's range (src/common/state_codes.h).
+  uint8_t* exp_avg_q8 = nullptr;
+  uint8_t* exp_avg_sq_q8 = nullptr;
+  float* exp_avg_scale = nullptr;
+  float* exp_avg_sq_scale = nullptr;
+  // The global index of element 0 (bf16 master: the rounding stream; int8:
+  // a multiple of 256, blocks being aligned to the global index).
+  uint64_t index0 = 0;
 };
+
+// Elements per int8 block (src/common/state_codes.h's kQuantBlock).
+inline constexpr size_t kAdamQuantBlock = 256;
+
+// The state format of a shard, from which of its pointers are set.
+enum class AdamStates : uint8_t { kFp32, kBf16, kBf16Master, kInt8 };
+AdamStates AdamShardStates(const AdamShard& s);
 
 // The CUDA kernel's 16-byte vector path needs param, grad, the moments and
 // copy_out (when present) all 16-byte aligned; any other
@@ -308,6 +335,9 @@ struct AdamPathCounts {
 // read, the copy written.
 size_t AdamBytesPerElement(DType grad_dtype, bool copy_out, DType copy_dtype,
                            bool bf16_moments = false);
+// The same for any state format: param 8 (bf16 master 4), moments 16 (bf16
+// 8, int8 4 plus 16 bytes of scales per 256 elements), as a fraction.
+double AdamBytesPerElement(AdamStates states, DType grad_dtype, bool copy_out, DType copy_dtype);
 
 // ---- Device memory ---------------------------------------------------------
 
@@ -432,8 +462,9 @@ class Device {
 
   // ---- Optimizer (async, ordered on `stream`) ----
   // One fused pass of Adam/AdamW over every shard: reads the fp32 master
-  // param, the gradient (fp32/fp16/bf16) and the moments (fp32, or bf16:
-  // AdamShard::exp_avg_bf16), writes param
+  // param (or a bf16 master: AdamShard::param_bf16), the gradient
+  // (fp32/fp16/bf16) and the moments (fp32, bf16: AdamShard::exp_avg_bf16,
+  // or int8 codes with block scales: AdamShard::exp_avg_q8), writes param
   // and moments and, when copy_out is set, the updated param converted to
   // copy_dtype (round to nearest even) — the same arithmetic, in the same
   // order of float operations, as src/cpu_adam (HyperParams, kernel_scalar.cc):
@@ -442,7 +473,10 @@ class Device {
   //   AdamW: p *= 1 - lr * weight_decay
   //   p += -lr/(1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps)
   // (coefficients computed in double and rounded to float once, as there).
-  // CUDA: one multi-tensor launch per (grad dtype, copy dtype) group in the
+  // The compact formats give src/cpu_adam's bits for the same format too
+  // (its scalar kernels' ShardStep with element_offset = index0, seed =
+  // hp.seed): the codes are src/common/state_codes.h's.
+  // CUDA: one multi-tensor launch per (grad dtype, copy dtype, format) group in the
   // list (up to a few hundred shards per launch), no host round trip.
   // If `skip_if_set` (an int32 in the arena, e.g. UnscaleAndCheck's
   // found_inf) is non-zero when the work runs, nothing is written: the

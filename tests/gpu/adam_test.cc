@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "src/common/half.h"
@@ -406,6 +408,247 @@ TYPED_TEST(AdamStepTest, Bf16MomentsMatchTheHostReference) {
     const Status bad = d.AdamStep({&mixed, 1}, hp, nullptr, d.compute());
     EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(std::string(bad.message()).find("both bf16"), std::string::npos) << bad;
+  }
+}
+
+// The compact formats' state of n elements (random, nonzero): a bf16 or fp32
+// master, bf16 moments or int8 codes with one scale per 256 elements.
+struct CompactState {
+  std::vector<float> p;        // fp32 master (int8)
+  std::vector<uint16_t> pc;    // bf16 master
+  std::vector<uint16_t> m, v;  // bf16 moments (bf16 master)
+  std::vector<uint8_t> mq, vq;
+  std::vector<float> ms, vs;  // int8 codes and scales
+};
+CompactState RandomCompact(std::mt19937_64& rng, size_t n, bool int8) {
+  CompactState c;
+  const auto p = strata::testing::RandomFloats(rng, n);
+  const auto m = strata::testing::RandomFloats(rng, n, -0.1f, 0.1f);
+  const auto v = strata::testing::RandomFloats(rng, n, 1e-5f, 1e-2f);
+  if (int8) {
+    c.p = p;
+    std::uniform_int_distribution<int> code(0, 255);
+    c.mq.resize(n), c.vq.resize(n);
+    for (size_t i = 0; i < n; ++i) c.mq[i] = static_cast<uint8_t>(code(rng));
+    for (size_t i = 0; i < n; ++i) c.vq[i] = static_cast<uint8_t>(code(rng));
+    const size_t nb = (n + 255) / 256;
+    c.ms = strata::testing::RandomFloats(rng, nb, 1e-4f, 1e-3f);
+    c.vs = strata::testing::RandomFloats(rng, nb, 1e-8f, 1e-7f);
+  } else {
+    c.pc.resize(n), c.m.resize(n), c.v.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      host::StoreFromFloat(c.pc.data(), DType::kBf16, i, p[i]);
+      host::StoreFromFloat(c.m.data(), DType::kBf16, i, m[i]);
+      host::StoreFromFloat(c.v.data(), DType::kBf16, i, v[i]);
+    }
+  }
+  return c;
+}
+// A shard over elements [at, at + n) of `c` (host pointers).
+AdamShard CompactShard(CompactState& c, bool int8, size_t at, size_t n, uint64_t index0) {
+  AdamShard a;
+  if (int8) {
+    a.param = c.p.data() + at;
+    a.exp_avg_q8 = c.mq.data() + at;
+    a.exp_avg_sq_q8 = c.vq.data() + at;
+    a.exp_avg_scale = c.ms.data() + at / 256;
+    a.exp_avg_sq_scale = c.vs.data() + at / 256;
+  } else {
+    a.param_bf16 = c.pc.data() + at;
+    a.exp_avg_bf16 = c.m.data() + at;
+    a.exp_avg_sq_bf16 = c.v.data() + at;
+  }
+  a.count = n;
+  a.index0 = index0 + at;
+  return a;
+}
+bool SameState(const CompactState& a, const CompactState& b) {
+  return std::memcmp(a.p.data(), b.p.data(), a.p.size() * 4) == 0 && a.pc == b.pc && a.m == b.m &&
+         a.v == b.v && a.mq == b.mq && a.vq == b.vq &&
+         std::memcmp(a.ms.data(), b.ms.data(), a.ms.size() * 4) == 0 &&
+         std::memcmp(a.vs.data(), b.vs.data(), a.vs.size() * 4) == 0;
+}
+
+// A bf16 master and int8 moments (AdamShard::param_bf16, exp_avg_q8): the
+// host reference is the CPU optimizer's format of the same name, bitwise
+// (its scalar kernel, and the vector kernel the dispatcher picks), over
+// three steps that read what the last rounded; and the shard cut does not
+// change the bits (the rounding stream is keyed by the global index, the
+// blocks are aligned to it).
+TEST(HostAdamTest, CompactFormatsAreTheCpuFormats) {
+  uint64_t seed;
+  auto rng = strata::testing::MakeRng(&seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (bool int8 : {false, true})
+    for (const char* isa : {"scalar", ""})
+      for (bool adamw : {true, false})
+        for (DType g : {DType::kFp32, DType::kBf16}) {
+          SCOPED_TRACE(::testing::Message() << (int8 ? "int8" : "bf16-master") << " isa '" << isa
+                                            << "' adamw " << adamw << " grad " << DTypeName(g));
+          auto opt = cpu_adam::CpuOptimizer::Create({.threads = 1, .isa = isa}).value();
+          const size_t n = 1037;  // a partial block, a tail for every vector width
+          const uint64_t index0 = int8 ? 512 : 777;
+          CompactState dev = RandomCompact(rng, n, int8), split = dev, cpu = dev;
+          std::vector<uint16_t> c1(n), c2(n);
+          for (int step = 1; step <= 3; ++step) {
+            auto grad = ToDType(strata::testing::RandomFloats(rng, n, -50.f, 50.f), g);
+            AdamHyperParams hp;
+            hp.decoupled_weight_decay = adamw;
+            hp.weight_decay = 0.1;
+            hp.step = step;
+            hp.grad_scale = 0.25;
+            hp.seed = 0x5eed + static_cast<uint64_t>(step);
+            const host::AdamCoeffs coeffs = host::MakeAdamCoeffs(hp);
+            AdamShard a = CompactShard(dev, int8, 0, n, index0);
+            a.grad = grad.data();
+            a.grad_dtype = g;
+            a.copy_out = c1.data();
+            a.copy_dtype = DType::kBf16;
+            host::AdamStep(a, coeffs);
+            for (auto [at, len] : {std::pair<size_t, size_t>{0, 512}, {512, n - 512}}) {
+              AdamShard b = CompactShard(split, int8, at, len, index0);
+              b.grad = grad.data() + at * DTypeSize(g);
+              b.grad_dtype = g;
+              host::AdamStep(b, coeffs);
+            }
+            cpu_adam::ShardStep s;
+            s.states = int8 ? cpu_adam::StateFormat::kInt8 : cpu_adam::StateFormat::kBf16Master;
+            if (int8) {
+              s.param = cpu.p.data();
+              s.exp_avg_c = cpu.mq.data();
+              s.exp_avg_sq_c = cpu.vq.data();
+              s.exp_avg_scale = cpu.ms.data();
+              s.exp_avg_sq_scale = cpu.vs.data();
+            } else {
+              s.param_c = cpu.pc.data();
+              s.exp_avg_c = cpu.m.data();
+              s.exp_avg_sq_c = cpu.v.data();
+            }
+            s.element_offset = index0;
+            s.seed = hp.seed;
+            s.grad = grad.data();
+            s.grad_dtype = g;
+            s.copy_out = c2.data();
+            s.copy_dtype = DType::kBf16;
+            s.count = n;
+            s.hp = CpuHp(hp);
+            ASSERT_TRUE(opt->Step(s).ok());
+          }
+          EXPECT_TRUE(SameState(dev, cpu));
+          EXPECT_TRUE(SameState(dev, split));
+          EXPECT_EQ(c1, c2);
+        }
+}
+
+// The device's compact formats (CUDA: the compact kernel, its block
+// reduction and partial last block, several shards in one launch) against
+// the host reference, bitwise; a skipped step writes nothing; bad shards
+// are refused naming the field.
+TYPED_TEST(AdamStepTest, CompactFormatsMatchTheHostReference) {
+  Device& d = this->dev();
+  uint64_t seed;
+  auto rng = strata::testing::MakeRng(&seed);
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (bool int8 : {false, true}) {
+    SCOPED_TRACE(int8 ? "int8" : "bf16-master");
+    const size_t n = 65536 + 9;
+    const uint64_t index0 = int8 ? 1024 : 4097;
+    CompactState ref = RandomCompact(rng, n, int8);
+    auto g = ToDType(strata::testing::RandomFloats(rng, n, -50.f, 50.f), DType::kBf16);
+    const size_t nb = (n + 255) / 256;
+    DeviceBuffer dp = d.Allocate(n * 4).value(), dm = d.Allocate(n * 2).value(),
+                 dv = d.Allocate(n * 2).value(), dg = d.Allocate(n * 2).value(),
+                 ds0 = d.Allocate(nb * 4).value(), ds1 = d.Allocate(nb * 4).value(),
+                 dc = d.Allocate(n * 2).value();
+    CompactState dev;  // device pointers through a CompactState's layout
+    if (int8) {
+      Put(d, dp.data(), ref.p.data(), n * 4);
+      Put(d, dm.data(), ref.mq.data(), n);
+      Put(d, dv.data(), ref.vq.data(), n);
+      Put(d, ds0.data(), ref.ms.data(), nb * 4);
+      Put(d, ds1.data(), ref.vs.data(), nb * 4);
+    } else {
+      Put(d, dp.data(), ref.pc.data(), n * 2);
+      Put(d, dm.data(), ref.m.data(), n * 2);
+      Put(d, dv.data(), ref.v.data(), n * 2);
+    }
+    Put(d, dg.data(), g.data(), n * 2);
+    // Three shards: two whole blocks, then the rest (a partial last block).
+    const size_t cuts[] = {0, 512, 1024 + 256 * 7, n};
+    auto shard = [&](size_t at, size_t len) {
+      AdamShard s;
+      if (int8) {
+        s.param = dp.as<float>() + at;
+        s.exp_avg_q8 = dm.as<uint8_t>() + at;
+        s.exp_avg_sq_q8 = dv.as<uint8_t>() + at;
+        s.exp_avg_scale = ds0.as<float>() + at / 256;
+        s.exp_avg_sq_scale = ds1.as<float>() + at / 256;
+      } else {
+        s.param_bf16 = dp.as<uint16_t>() + at;
+        s.exp_avg_bf16 = dm.as<uint16_t>() + at;
+        s.exp_avg_sq_bf16 = dv.as<uint16_t>() + at;
+      }
+      s.grad = dg.as<uint16_t>() + at;
+      s.grad_dtype = DType::kBf16;
+      s.copy_out = dc.as<uint16_t>() + at;
+      s.copy_dtype = DType::kBf16;
+      s.count = len;
+      s.index0 = index0 + at;
+      return s;
+    };
+    std::vector<AdamShard> shards;
+    for (int k = 0; k < 3; ++k) shards.push_back(shard(cuts[k], cuts[k + 1] - cuts[k]));
+    AdamHyperParams hp;
+    hp.step = 4;
+    hp.weight_decay = 0.05;
+    hp.seed = 99;
+    // A skipped step first: nothing changes.
+    DeviceBuffer flag = d.Allocate(4).value();
+    ASSERT_OK(d.FillInt32(flag.as<int32_t>(), 1, 1, d.compute()));
+    ASSERT_OK(d.AdamStep(shards, hp, flag.as<int32_t>(), d.compute()));
+    ASSERT_OK(d.FillInt32(flag.as<int32_t>(), 1, 0, d.compute()));
+    ASSERT_OK(d.AdamStep(shards, hp, flag.as<int32_t>(), d.compute()));
+    ASSERT_OK(d.compute().Synchronize());
+    std::vector<uint16_t> copy(n);
+    AdamShard r = CompactShard(ref, int8, 0, n, index0);
+    r.grad = g.data();
+    r.grad_dtype = DType::kBf16;
+    r.copy_out = copy.data();
+    r.copy_dtype = DType::kBf16;
+    host::AdamStep(r, host::MakeAdamCoeffs(hp));
+    if (int8) {
+      EXPECT_EQ(Get<float>(d, dp.data(), n), ref.p);
+      EXPECT_EQ(Get<uint8_t>(d, dm.data(), n), ref.mq);
+      EXPECT_EQ(Get<uint8_t>(d, dv.data(), n), ref.vq);
+      EXPECT_EQ(Get<float>(d, ds0.data(), nb), ref.ms);
+      EXPECT_EQ(Get<float>(d, ds1.data(), nb), ref.vs);
+    } else {
+      EXPECT_EQ(Get<uint16_t>(d, dp.data(), n), ref.pc);
+      EXPECT_EQ(Get<uint16_t>(d, dm.data(), n), ref.m);
+      EXPECT_EQ(Get<uint16_t>(d, dv.data(), n), ref.v);
+    }
+    EXPECT_EQ(Get<uint16_t>(d, dc.data(), n), copy);
+    ASSERT_OK(d.d2h().Synchronize());
+    // Refusals, before anything is enqueued.
+    AdamShard bad = shards[1];
+    if (int8) {
+      bad.index0 += 3;
+      Status st = d.AdamStep({&bad, 1}, hp, nullptr, d.compute());
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(st.message()).find("index0"), std::string::npos) << st;
+      bad = shards[1];
+      bad.exp_avg_sq_scale = nullptr;
+      st = d.AdamStep({&bad, 1}, hp, nullptr, d.compute());
+      EXPECT_NE(std::string(st.message()).find("exp_avg_sq_scale"), std::string::npos) << st;
+    } else {
+      bad.exp_avg_bf16 = nullptr;
+      bad.exp_avg_sq_bf16 = nullptr;
+      bad.exp_avg = dg.as<float>();
+      bad.exp_avg_sq = dc.as<float>();
+      const Status st = d.AdamStep({&bad, 1}, hp, nullptr, d.compute());
+      EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(st.message()).find("param_bf16"), std::string::npos) << st;
+    }
   }
 }
 
