@@ -264,13 +264,6 @@ Status ValidateConfig(const Config& c) {
           "strata.optimizer_states: \"{}\" is not offered for optimizer.type \"{}\" (Adam and "
           "AdamW take fp32, bf16, bf16-master and int8; Lion fp32, bf16 and int8; Adagrad fp32)",
           f, OptimizerTypeName(t)));
-    const OffloadDevice od = c.zero_optimization.offload_optimizer.device;
-    if (od == OffloadDevice::kNone && s.optimizer_states != OptimizerStates::kBf16)
-      k.Fail(fmt::format(
-          "strata.optimizer_states: \"{}\" runs in the CPU optimizer, with its states in DRAM or "
-          "on NVMe (zero_optimization.offload_optimizer.device \"cpu\" or \"nvme\"; it is "
-          "\"none\"); the states in HBM are \"fp32\" or \"bf16\"",
-          f));
   }
   k.NonNegative("strata.host_device.link_gbytes_per_s", s.host_device.link_gbytes_per_s);
   k.NonNegative("strata.host_device.link_latency_us", s.host_device.link_latency_us);

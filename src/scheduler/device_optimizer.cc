@@ -29,6 +29,41 @@ gpu::AdamHyperParams ToDeviceHyperParams(const cpu_adam::HyperParams& c) {
   return hp;
 }
 
+gpu::AdamShard DeviceStateShard(const StateArrays& st, int64_t e, int64_t n) {
+  using cpu_adam::StateFormat;
+  using cpu_adam::StateRole;
+  gpu::AdamShard sh;
+  const auto [p, ps] = st.At(StateRole::kParam, e);
+  const auto [m, ms] = st.At(StateRole::kExpAvg, e);
+  const auto [v, vs] = st.At(StateRole::kExpAvgSq, e);
+  switch (st.format) {
+    case StateFormat::kFp32:
+      sh.param = reinterpret_cast<float*>(p);
+      sh.exp_avg = reinterpret_cast<float*>(m);
+      sh.exp_avg_sq = reinterpret_cast<float*>(v);
+      break;
+    case StateFormat::kBf16:
+    case StateFormat::kBf16Master:
+      if (st.format == StateFormat::kBf16)
+        sh.param = reinterpret_cast<float*>(p);
+      else
+        sh.param_bf16 = reinterpret_cast<uint16_t*>(p);
+      sh.exp_avg_bf16 = reinterpret_cast<uint16_t*>(m);
+      sh.exp_avg_sq_bf16 = reinterpret_cast<uint16_t*>(v);
+      break;
+    case StateFormat::kInt8:
+      sh.param = reinterpret_cast<float*>(p);
+      sh.exp_avg_q8 = m;
+      sh.exp_avg_sq_q8 = v;
+      sh.exp_avg_scale = ms;
+      sh.exp_avg_sq_scale = vs;
+      break;
+  }
+  sh.count = static_cast<size_t>(n);
+  sh.index0 = static_cast<uint64_t>(e);
+  return sh;
+}
+
 Status DeviceOptimizer::Init() {
   const int64_t n = layout_->total_elems();
   ASSIGN_OR_RETURN(acc_, dev_->Allocate(static_cast<size_t>(kGradAccBytesPerElem * n)));
@@ -97,25 +132,14 @@ Status DeviceOptimizer::Launch(const LaunchParams& p) {
   const Partition& part = store_->partition();
   const int64_t byte_base = part.param_byte_base();
   const auto [e0, e1] = part.elems();
-  const int64_t base = part.state_base();
   for (const Layout::Slice& piece : layout_->Slices(e0, std::max(e0, e1))) {
     const ParamRec& r = layout_->param(piece.param);
-    gpu::AdamShard sh;
-    sh.param = store_->master() + (piece.elem_begin - base);
+    gpu::AdamShard sh =
+        DeviceStateShard(store_->states(), piece.elem_begin, piece.elem_end - piece.elem_begin);
     sh.grad = acc_.as<float>() + piece.elem_begin;
     sh.grad_dtype = DType::kFp32;
-    if (layout_->state_format() == cpu_adam::StateFormat::kBf16) {  // bf16 moments
-      sh.exp_avg_bf16 =
-          static_cast<uint16_t*>(store_->states().exp_avg) + (piece.elem_begin - base);
-      sh.exp_avg_sq_bf16 =
-          static_cast<uint16_t*>(store_->states().exp_avg_sq) + (piece.elem_begin - base);
-    } else {
-      sh.exp_avg = store_->exp_avg() + (piece.elem_begin - base);
-      sh.exp_avg_sq = store_->exp_avg_sq() + (piece.elem_begin - base);
-    }
     sh.copy_out = params + (piece.byte_offset - byte_base);
     sh.copy_dtype = r.dtype;
-    sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);
     shards[p.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
   }
   // Device copies fetched from the partitioned parameters are stale once

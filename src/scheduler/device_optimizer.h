@@ -43,6 +43,11 @@ namespace strata::scheduler {
 
 // The device Adam's hyperparameters for a CPU optimizer's (Adam or AdamW).
 gpu::AdamHyperParams ToDeviceHyperParams(const cpu_adam::HyperParams& c);
+// The device Adam's shard of elements [e, e + n) of `st` (states in the
+// arena, any format): its arrays, index0 = e (the CPU optimizer's
+// element_offset, so that a bf16 master rounds with the same stream).
+// grad, copy_out and their dtypes are the caller's.
+gpu::AdamShard DeviceStateShard(const StateArrays& st, int64_t e, int64_t n);
 
 class DeviceOptimizer final : public OptimizerBackend {
  public:

@@ -297,27 +297,16 @@ Status HostOptimizer::StepDeviceGroups(const LaunchParams& lp) {
   for (size_t g = 0; g < ngroups; ++g)
     hps[g] = ToDeviceHyperParams(lp.group_hp.empty() ? lp.hp : lp.group_hp[g]);
   const StateArrays& st = store_->device_states();
-  const bool bf16 = st.format == cpu_adam::StateFormat::kBf16;
   std::vector<std::vector<gpu::AdamShard>> shards(ngroups);
   for (const Layout::Slice& piece : layout_->Slices(st.first, split_)) {
     const ParamRec& r = layout_->param(piece.param);
-    const int64_t i = piece.elem_begin - st.first;
-    gpu::AdamShard sh;
-    sh.param = static_cast<float*>(st.master) + i;
+    gpu::AdamShard sh = DeviceStateShard(st, piece.elem_begin, piece.elem_end - piece.elem_begin);
     sh.grad = split_sums_.as<float>() + piece.elem_begin;
     sh.grad_dtype = DType::kFp32;
-    if (bf16) {
-      sh.exp_avg_bf16 = static_cast<uint16_t*>(st.exp_avg) + i;
-      sh.exp_avg_sq_bf16 = static_cast<uint16_t*>(st.exp_avg_sq) + i;
-    } else {
-      sh.exp_avg = static_cast<float*>(st.exp_avg) + i;
-      sh.exp_avg_sq = static_cast<float*>(st.exp_avg_sq) + i;
-    }
     sh.copy_out =
         (split_params_.data() != nullptr ? split_params_.as<uint8_t>() : store_->device_params()) +
         piece.byte_offset;
     sh.copy_dtype = r.dtype;
-    sh.count = static_cast<size_t>(piece.elem_end - piece.elem_begin);
     shards[lp.group_hp.empty() ? 0 : static_cast<size_t>(r.group)].push_back(sh);
   }
   const int64_t t0 = NowNanos();

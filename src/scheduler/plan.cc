@@ -704,12 +704,6 @@ std::string RatioRefusal(const Placement& pl, const TierPlan& plan) {
     return fmt::format("it applies to one rank (this run has {})", pl.world_size);
   if (pl.delayed_param_update) return "not with strata.delayed_param_update";
   if (!pl.device_adam) return "the device optimizer runs Adam and AdamW only (optimizer.type)";
-  if (pl.optimizer_states != OptimizerStates::kFp32 &&
-      pl.optimizer_states != OptimizerStates::kBf16)
-    return fmt::format(
-        "the states in HBM are \"fp32\" or \"bf16\" (strata.optimizer_states is "
-        "\"{}\")",
-        OptimizerStatesName(pl.optimizer_states));
   if (plan.grads_in_hbm || plan.grads_on_nvme)
     return "the window's sums are not in DRAM (strata.grad_tier)";
   return "";

@@ -249,8 +249,12 @@ class HostStates final : public StateHome {
   std::vector<float> init_;  // bf16-master: a sub-group's fp32 masters at initialization
 };
 
-// offload_optimizer none: three arrays in the device arena: the fp32 master
-// and the moments, fp32 or (strata.optimizer_states bf16) bf16.
+// offload_optimizer none (and the sub-groups offload_optimizer.ratio steps
+// on the device): the states in the device arena, in their format, laid
+// out as HostStates lays them out in DRAM: master, exp_avg, exp_avg_sq
+// and, for int8, the moments' scales (exp_avg's, then exp_avg_sq's).
+// Checkpoints and parameter reads go through a staging copy in host memory
+// in the same layout, decoded and encoded there as HostStates does.
 class DeviceStates final : public StateHome {
  public:
   // The elements [first, first + n): the partition's (offload_optimizer
@@ -260,127 +264,125 @@ class DeviceStates final : public StateHome {
   }
 
   Status Allocate(bool) override {
+    using cpu_adam::StateRole;
     const cpu_adam::StateFormat f = ctx_->state_format;
-    if (f != cpu_adam::StateFormat::kFp32 && f != cpu_adam::StateFormat::kBf16)
-      return InvalidArgumentError(fmt::format(
-          "strata.optimizer_states: \"{}\" is not kept in HBM (offload_optimizer none, and the "
-          "sub-groups offload_optimizer.ratio steps on the device, keep \"fp32\" or \"bf16\")",
-          cpu_adam::StateFormatName(f)));
     const auto n = static_cast<size_t>(n_);
-    const size_t moment = f == cpu_adam::StateFormat::kBf16 ? 2 : kF;
-    ASSIGN_OR_RETURN(master_d_, ctx_->dev->Allocate(static_cast<size_t>(kMasterBytesPerElem) * n));
-    ASSIGN_OR_RETURN(exp_avg_d_, ctx_->dev->Allocate(moment * n));
-    ASSIGN_OR_RETURN(exp_avg_sq_d_, ctx_->dev->Allocate(moment * n));
-    master_ = master_d_.as<float>();
-    if (f == cpu_adam::StateFormat::kFp32) {
-      exp_avg_ = exp_avg_d_.as<float>();
-      exp_avg_sq_ = exp_avg_sq_d_.as<float>();
+    const size_t blocks = cpu_adam::StateScaleCount(f, StateRole::kExpAvg, n);
+    const StateRole roles[] = {StateRole::kParam, StateRole::kExpAvg, StateRole::kExpAvgSq};
+    for (int a = 0; a < kOptimizerStateArrays; ++a) {
+      ASSIGN_OR_RETURN(arrays_d_[a],
+                       ctx_->dev->Allocate(n * cpu_adam::StateElementBytes(f, roles[a])));
+    }
+    if (blocks > 0) {
+      ASSIGN_OR_RETURN(arrays_d_[3], ctx_->dev->Allocate(2 * blocks * kF));
     }
     view_ = {.format = f,
              .first = range_.first,
-             .master = master_,
-             .exp_avg = exp_avg_d_.data(),
-             .exp_avg_sq = exp_avg_sq_d_.data()};
+             .master = arrays_d_[0].data(),
+             .exp_avg = arrays_d_[1].data(),
+             .exp_avg_sq = arrays_d_[2].data(),
+             .exp_avg_scale = blocks > 0 ? arrays_d_[3].as<float>() : nullptr,
+             .exp_avg_sq_scale = blocks > 0 ? arrays_d_[3].as<float>() + blocks : nullptr};
+    if (f == cpu_adam::StateFormat::kFp32) {
+      master_ = arrays_d_[0].as<float>();
+      exp_avg_ = arrays_d_[1].as<float>();
+      exp_avg_sq_ = arrays_d_[2].as<float>();
+    }
     return Status();
   }
-  // The masters are gathered in host memory, copied to the arena at the end.
+  // The masters are gathered in host memory, encoded and copied to the
+  // arena at the end.
   StatusOr<float*> InitTarget(size_t g) override {
     if (init_.empty()) init_.assign(static_cast<size_t>(n_), 0.f);
     return init_.data() + (ctx_->layout->group(g).elem_begin - range_.first);
   }
   Status InitGroup(size_t, int64_t*) override { return Status(); }
   Status FinishInit() override {
-    const auto n = static_cast<size_t>(n_);
-    if (init_.empty()) init_.assign(n, 0.f);  // (no owned sub-group)
-    gpu::Stream& s = ctx_->dev->compute();
-    RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_, init_.data(), n * kF, s));
-    // Zero moments: all-zero bits in either format.
-    const DType md = MomentDType();
-    RETURN_IF_ERROR(ctx_->dev->Fill(exp_avg_d_.data(), md, n, 0.f, s));
-    RETURN_IF_ERROR(ctx_->dev->Fill(exp_avg_sq_d_.data(), md, n, 0.f, s));
-    RETURN_IF_ERROR(s.Synchronize());
+    if (init_.empty()) init_.assign(static_cast<size_t>(n_), 0.f);  // (no owned sub-group)
+    // Zero moments and scales: every format's zero is all-zero bits (int8:
+    // code 0 at scale 0); the padding's masters are zero too.
+    std::vector<uint8_t> host(static_cast<size_t>(StateArrayBytes(view_.format, n_)), 0);
+    const StateArrays staged = StatesInBuffer(view_.format, range_.first, n_, host.data());
+    RETURN_IF_ERROR(cpu_adam::EncodeState(view_.format, cpu_adam::StateRole::kParam, init_.data(),
+                                          static_cast<size_t>(n_), staged.master, nullptr));
+    RETURN_IF_ERROR(Upload(staged, range_.first, range_.first + n_, /*master_only=*/false));
     init_ = std::vector<float>();
     return Status();
   }
-  // Checkpoints hold fp32: bf16 moments are widened on the host, and
-  // rounded back (exactly: they came from bf16).
+  // Checkpoints hold fp32 (master | exp_avg | exp_avg_sq): decoded from the
+  // staged copy, encoded into it (exact for bf16; int8's codes and scales
+  // come back as they were).
   Status ReadGroup(size_t g, void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t at = sg.elem_begin - range_.first;
-    const auto n = static_cast<size_t>(sg.elems());
-    const size_t bytes = n * kF, mb = n * DTypeSize(MomentDType());
-    const void* moments[] = {
-        exp_avg_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType())),
-        exp_avg_sq_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType()))};
-    gpu::Stream& s = ctx_->dev->d2h();
-    auto* out = static_cast<uint8_t*>(buf);
-    RETURN_IF_ERROR(ctx_->dev->CopyD2H(out, master_ + at, bytes, s));
-    if (MomentDType() == DType::kFp32) {
-      for (int a = 0; a < 2; ++a)
-        RETURN_IF_ERROR(ctx_->dev->CopyD2H(out + (a + 1) * bytes, moments[a], bytes, s));
-      return s.Synchronize();
-    }
-    std::vector<uint16_t> tmp(n);
-    for (int a = 0; a < 2; ++a) {
-      RETURN_IF_ERROR(ctx_->dev->CopyD2H(tmp.data(), moments[a], mb, s));
-      RETURN_IF_ERROR(s.Synchronize());
-      RETURN_IF_ERROR(cpu_adam::DecodeState(
-          view_.format, a == 0 ? cpu_adam::StateRole::kExpAvg : cpu_adam::StateRole::kExpAvgSq,
-          tmp.data(), nullptr, n, reinterpret_cast<float*>(out + (a + 1) * bytes)));
-    }
-    return Status();
+    std::vector<uint8_t> host;
+    ASSIGN_OR_RETURN(StateArrays staged, Download(sg.elem_begin, sg.elem_end, false, &host));
+    return staged.Decode(sg.elem_begin, sg.elems(), static_cast<float*>(buf));
   }
   Status WriteGroup(size_t g, const void* buf) override {
     const SubGroup& sg = ctx_->layout->group(g);
-    const int64_t at = sg.elem_begin - range_.first;
-    const auto n = static_cast<size_t>(sg.elems());
-    const size_t bytes = n * kF, mb = n * DTypeSize(MomentDType());
-    void* moments[] = {
-        exp_avg_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType())),
-        exp_avg_sq_d_.as<uint8_t>() + at * static_cast<int64_t>(DTypeSize(MomentDType()))};
-    gpu::Stream& s = ctx_->dev->h2d();
-    const auto* in = static_cast<const uint8_t*>(buf);
-    RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_ + at, in, bytes, s));
-    if (MomentDType() == DType::kFp32) {
-      for (int a = 0; a < 2; ++a)
-        RETURN_IF_ERROR(ctx_->dev->CopyH2D(moments[a], in + (a + 1) * bytes, bytes, s));
-      return s.Synchronize();
-    }
-    std::vector<uint16_t> tmp(n);
-    for (int a = 0; a < 2; ++a) {
-      RETURN_IF_ERROR(cpu_adam::EncodeState(
-          view_.format, a == 0 ? cpu_adam::StateRole::kExpAvg : cpu_adam::StateRole::kExpAvgSq,
-          reinterpret_cast<const float*>(in + (a + 1) * bytes), n, tmp.data(), nullptr));
-      RETURN_IF_ERROR(ctx_->dev->CopyH2D(moments[a], tmp.data(), mb, s));
-      RETURN_IF_ERROR(s.Synchronize());  // (tmp is reused)
-    }
-    return Status();
+    std::vector<uint8_t> host(static_cast<size_t>(StateArrayBytes(view_.format, sg.elems())));
+    const StateArrays staged = StatesInBuffer(view_.format, sg.elem_begin, sg.elems(), host.data());
+    RETURN_IF_ERROR(staged.Encode(static_cast<const float*>(buf), sg.elem_begin, sg.elems()));
+    return Upload(staged, sg.elem_begin, sg.elem_end, false);
   }
   Status ReadMaster(const ParamRec& p, std::span<float> out) override {
     const auto [ob, oe] = Owned(p);
     if (ob >= oe) return Status();
-    gpu::Stream& s = ctx_->dev->compute();
-    RETURN_IF_ERROR(ctx_->dev->CopyD2H(out.data() + (ob - p.elem_off),
-                                       master_ + (ob - range_.first),
-                                       static_cast<size_t>(oe - ob) * kF, s));
-    return s.Synchronize().WithContext("ReadParameter " + p.name);
+    std::vector<uint8_t> host;
+    ASSIGN_OR_RETURN(StateArrays staged, Download(ob, oe, true, &host));
+    return cpu_adam::DecodeState(view_.format, cpu_adam::StateRole::kParam, staged.master, nullptr,
+                                 static_cast<size_t>(oe - ob), out.data() + (ob - p.elem_off))
+        .WithContext("ReadParameter " + p.name);
   }
   Status WriteMaster(const ParamRec& p, std::span<const float> values) override {
     const auto [ob, oe] = Owned(p);
     if (ob >= oe) return Status();
-    gpu::Stream& s = ctx_->dev->compute();
-    RETURN_IF_ERROR(ctx_->dev->CopyH2D(master_ + (ob - range_.first),
-                                       values.data() + (ob - p.elem_off),
-                                       static_cast<size_t>(oe - ob) * kF, s));
-    return s.Synchronize().WithContext("WriteParameter " + p.name);
+    std::vector<uint8_t> host(static_cast<size_t>(StateArrayBytes(view_.format, oe - ob)));
+    const StateArrays staged = StatesInBuffer(view_.format, ob, oe - ob, host.data());
+    RETURN_IF_ERROR(cpu_adam::EncodeState(view_.format, cpu_adam::StateRole::kParam,
+                                          values.data() + (ob - p.elem_off),
+                                          static_cast<size_t>(oe - ob), staged.master, nullptr));
+    return Upload(staged, ob, oe, true).WithContext("WriteParameter " + p.name);
   }
 
  private:
-  DType MomentDType() const {
-    return view_.format == cpu_adam::StateFormat::kBf16 ? DType::kBf16 : DType::kFp32;
+  // Elements [lo, hi) of every array (master only: the master), with int8's
+  // scales of the blocks they cover, between the arena and `staged` (host
+  // memory laid out by StatesInBuffer from lo), on the compute stream, which
+  // orders them after the device Adam's steps.
+  // REQUIRES: int8 and not master_only: lo starts a block.
+  Status Transfer(const StateArrays& staged, int64_t lo, int64_t hi, bool master_only,
+                  bool upload) {
+    gpu::Stream& s = ctx_->dev->compute();
+    const auto n = static_cast<size_t>(hi - lo);
+    for (int a = 0; a < (master_only ? 1 : kOptimizerStateArrays); ++a) {
+      const auto role = static_cast<cpu_adam::StateRole>(a);
+      const auto [dev, dev_scales] = view_.At(role, lo);
+      const auto [host, host_scales] = staged.At(role, lo);
+      const size_t bytes = n * cpu_adam::StateElementBytes(view_.format, role);
+      RETURN_IF_ERROR(upload ? ctx_->dev->CopyH2D(dev, host, bytes, s)
+                             : ctx_->dev->CopyD2H(host, dev, bytes, s));
+      if (dev_scales != nullptr && host_scales != nullptr) {
+        const size_t sb = kF * cpu_adam::StateScaleCount(view_.format, role, n);
+        RETURN_IF_ERROR(upload ? ctx_->dev->CopyH2D(dev_scales, host_scales, sb, s)
+                               : ctx_->dev->CopyD2H(host_scales, dev_scales, sb, s));
+      }
+    }
+    return s.Synchronize();
   }
+  Status Upload(const StateArrays& staged, int64_t lo, int64_t hi, bool master_only) {
+    return Transfer(staged, lo, hi, master_only, true);
+  }
+  StatusOr<StateArrays> Download(int64_t lo, int64_t hi, bool master_only,
+                                 std::vector<uint8_t>* host) {
+    host->assign(static_cast<size_t>(StateArrayBytes(view_.format, hi - lo)), 0);
+    const StateArrays staged = StatesInBuffer(view_.format, lo, hi - lo, host->data());
+    RETURN_IF_ERROR(Transfer(staged, lo, hi, master_only, false));
+    return staged;
+  }
+
   int64_t n_;
-  gpu::DeviceBuffer master_d_, exp_avg_d_, exp_avg_sq_d_;
+  gpu::DeviceBuffer arrays_d_[4];  // master, exp_avg, exp_avg_sq, int8's scales
   std::vector<float> init_;
 };
 

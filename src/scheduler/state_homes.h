@@ -114,8 +114,8 @@ class StateHome {
   // fp32), from Partition::state_base(); empty (null arrays) for nvme.
   const StateArrays& arrays() const { return view_; }
   // offload_optimizer cpu with ratio below 1 (Partition::device_groups):
-  // the first sub-groups' states in the arena, fp32 master and fp32 or bf16
-  // moments, from Partition::device_elems().first; arrays() then holds the
+  // the first sub-groups' states in the arena, in the state format, from
+  // Partition::device_elems().first; arrays() then holds the
   // rest, from host_elems().first. Else empty.
   const StateArrays& device_arrays() const { return device_view_; }
   virtual int64_t pinned_bytes() const;

@@ -223,6 +223,56 @@ TEST(EngineOnCudaRatioTest, SplitAgreesWithTheHostDevice) {
   if (!no_gpu.empty()) GTEST_SKIP() << "no CUDA device: " << no_gpu;
 }
 
+// The compact state formats on the GPU: a bf16 master and int8 moments in
+// HBM, stepped by the device Adam's compact kernel (offload_optimizer none,
+// and the sub-groups offload_optimizer.ratio 0.5 keeps there), give the
+// host device's bits (its CPU optimizer's format): without clipping the
+// step's inputs are the same bits (the window summed with one fp32 add per
+// micro-batch on either side).
+TEST(EngineOnCudaCompactStatesTest, GiveTheHostDevicesBits) {
+  testing::ScratchDir dir;
+  std::string no_gpu;
+  for (const OptimizerStates f : {OptimizerStates::kBf16Master, OptimizerStates::kInt8})
+    for (const OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+      SCOPED_TRACE(::testing::Message()
+                   << OptimizerStatesName(f) << ", offload_optimizer " << OffloadDeviceName(opt));
+      auto train = [&](DeviceKind kind, std::string* skip) {
+        Config c = testing::ToyConfig(opt, OffloadDevice::kNone, dir.str());
+        c.strata.device = kind;
+        c.strata.optimizer_states = f;
+        if (opt == OffloadDevice::kCpu) c.zero_optimization.offload_optimizer.ratio = 0.5;
+        c.gradient_accumulation_steps = c.train_batch_size = 2;
+        std::vector<std::vector<float>> out;
+        auto e = CreateEngine(c);
+        if (!e.ok()) {
+          *skip = e.status().ToString();
+          return out;
+        }
+        testing::RegisterToy(**e, 13, kModules);
+        const bool cuda = kind == DeviceKind::kCuda;
+        int batch = 0;
+        for (int s = 0; s < 3; ++s)
+          for (int k = 0; k < 2; ++k) {
+            MicroBatch(**e, cuda, batch++);
+            auto st = (*e)->Step();
+            EXPECT_TRUE(st.ok()) << st.status();
+          }
+        EXPECT_TRUE((*e)->Synchronize().ok());
+        return testing::ReadAll(**e);
+      };
+      std::string why;
+      const auto host = train(DeviceKind::kHost, &why);
+      ASSERT_FALSE(host.empty()) << why;
+      const auto gpu = train(DeviceKind::kCuda, &why);
+      if (gpu.empty()) {
+        no_gpu = why;
+        continue;
+      }
+      EXPECT_TRUE(testing::BitwiseEqual(gpu, host));
+    }
+  if (!no_gpu.empty()) GTEST_SKIP() << "no CUDA device: " << no_gpu;
+}
+
 INSTANTIATE_TEST_SUITE_P(Placements, EngineOnCudaTest,
                          ::testing::Values(Placement{OffloadDevice::kNone, OffloadDevice::kNone},
                                            Placement{OffloadDevice::kCpu, OffloadDevice::kNone},

@@ -854,56 +854,59 @@ TEST(EngineTest, DeviceOptimizerMatchesTheCpuPlacementsToRounding) {
   EXPECT_TRUE(st->applied);
 }
 
-// bf16 moments in HBM (offload_optimizer none, strata.optimizer_states
-// bf16): the CPU optimizer stepping them there (the host device) and the
-// device optimizer give the bits of the same format in DRAM (without
-// clipping, whose coefficient the device path sums in another order), and
-// a checkpoint of them resumes bitwise.
-TEST(EngineTest, Bf16MomentsInHbm) {
+// Compact states in HBM (offload_optimizer none, strata.optimizer_states
+// bf16, bf16-master, int8): the CPU optimizer stepping them there (the host
+// device) and the device optimizer give the bits of the same format in
+// DRAM (without clipping, whose coefficient the device path sums in another
+// order), and a checkpoint of them resumes bitwise.
+TEST(EngineTest, CompactStatesInHbm) {
   testing::ScratchDir dir;
-  for (const bool device_optimizer : {false, true}) {
-    SCOPED_TRACE(device_optimizer ? "device optimizer" : "CPU optimizer, states in HBM");
-    Config dram = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
-    dram.strata.optimizer_states = OptimizerStates::kBf16;
-    dram.gradient_accumulation_steps = dram.train_batch_size = 2;
-    dram.strata.overlap_optimizer = false;
-    if (!device_optimizer) dram.gradient_clipping = 0.3;
-    const auto want = Train(dram, 12, 3);
-    Config hbm = dram;
-    hbm.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
-    EngineTestHooks hooks;
-    hooks.device_optimizer = device_optimizer;
-    auto e = CreateEngine(hbm, hooks);
-    ASSERT_TRUE(e.ok()) << e.status();
-    Register(**e, 12);
-    int batch = 0;
-    std::string ckpt = (dir.path() / (device_optimizer ? "dev" : "host")).string();
-    for (int step = 0; step < 3; ++step) {
-      for (int k = 0; k < 2; ++k) {
-        MicroBatch(**e, batch++, Forward());
-        auto st = (*e)->Step();
-        ASSERT_TRUE(st.ok()) << st.status();
+  for (const OptimizerStates f :
+       {OptimizerStates::kBf16, OptimizerStates::kBf16Master, OptimizerStates::kInt8})
+    for (const bool device_optimizer : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << OptimizerStatesName(f) << ", "
+                   << (device_optimizer ? "device optimizer" : "CPU optimizer, states in HBM"));
+      Config dram = BaseConfig(OffloadDevice::kCpu, OffloadDevice::kNone, dir.str());
+      dram.strata.optimizer_states = f;
+      dram.gradient_accumulation_steps = dram.train_batch_size = 2;
+      dram.strata.overlap_optimizer = false;
+      if (!device_optimizer) dram.gradient_clipping = 0.3;
+      const auto want = Train(dram, 12, 3);
+      Config hbm = dram;
+      hbm.zero_optimization.offload_optimizer.device = OffloadDevice::kNone;
+      EngineTestHooks hooks;
+      hooks.device_optimizer = device_optimizer;
+      auto e = CreateEngine(hbm, hooks);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Register(**e, 12);
+      int batch = 0;
+      std::string ckpt = (dir.path() / fmt::format("{}-{}", OptimizerStatesName(f),
+                                                   device_optimizer ? "dev" : "host"))
+                             .string();
+      for (int step = 0; step < 3; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          MicroBatch(**e, batch++, Forward());
+          auto st = (*e)->Step();
+          ASSERT_TRUE(st.ok()) << st.status();
+        }
+        if (step == 1) {
+          // Saved, and loaded into a fresh engine that goes on.
+          ASSERT_TRUE((*e)->SaveCheckpoint(ckpt, CheckpointInfo{}).ok());
+          e = CreateEngine(hbm, hooks);
+          ASSERT_TRUE(e.ok()) << e.status();
+          Register(**e, 99);
+          ASSERT_TRUE((*e)->LoadCheckpoint(ckpt, nullptr).ok());
+        }
       }
-      if (step == 1) {
-        // Saved, and loaded into a fresh engine that goes on.
-        ASSERT_TRUE((*e)->SaveCheckpoint(ckpt, CheckpointInfo{}).ok());
-        e = CreateEngine(hbm, hooks);
-        ASSERT_TRUE(e.ok()) << e.status();
-        Register(**e, 99);
-        ASSERT_TRUE((*e)->LoadCheckpoint(ckpt, nullptr).ok());
-      }
+      EXPECT_TRUE(BitwiseEqual(want, ReadAll(**e)));
+      // The plan's HBM row holds the states in the format.
+      bool format_row = false;
+      for (const TierBudget& b : (*e)->Budgets())
+        format_row |= b.tier == "hbm" && b.detail.find(fmt::format(
+                                             "({})", OptimizerStatesName(f))) != std::string::npos;
+      EXPECT_TRUE(format_row);
     }
-    EXPECT_TRUE(BitwiseEqual(want, ReadAll(**e)));
-    // The plan's HBM row holds the states at 8 bytes an element.
-    bool bf16_row = false;
-    for (const TierBudget& b : (*e)->Budgets())
-      bf16_row |= b.tier == "hbm" && b.detail.find("(bf16)") != std::string::npos;
-    EXPECT_TRUE(bf16_row);
-  }
-  // int8 and the bf16 master stay with the CPU optimizer's DRAM or NVMe.
-  Config int8 = BaseConfig(OffloadDevice::kNone, OffloadDevice::kNone, dir.str());
-  int8.strata.optimizer_states = OptimizerStates::kInt8;
-  EXPECT_FALSE(CreateEngine(int8).ok());
 }
 
 // The device optimizer needs the parameters in HBM and Adam/AdamW.
@@ -2052,6 +2055,51 @@ TEST(RatioCheckpointTest, ResumesWithAnyRatio) {
   }
 }
 
+// The compact formats split too: without clipping (whose coefficient the
+// split sums in another order) the device Adam gives the CPU optimizer's
+// bits in every format, so a run with ratio 0.5 is bitwise one with every
+// sub-group on the CPU, the parameters in HBM or in DRAM; and a checkpoint
+// saved with the split resumes bitwise with every sub-group on the CPU.
+TEST(RatioTest, CompactFormatsAreTheCpuFormats) {
+  testing::ScratchDir dir;
+  for (const OptimizerStates f :
+       {OptimizerStates::kBf16, OptimizerStates::kBf16Master, OptimizerStates::kInt8})
+    for (const OffloadDevice par : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+      SCOPED_TRACE(::testing::Message()
+                   << OptimizerStatesName(f) << ", offload_param " << OffloadDeviceName(par));
+      Config all_cpu = BaseConfig(OffloadDevice::kCpu, par, dir.str());
+      all_cpu.strata.optimizer_states = f;
+      all_cpu.gradient_accumulation_steps = all_cpu.train_batch_size = 2;
+      Config split = all_cpu;
+      split.zero_optimization.offload_optimizer.ratio = 0.5;
+      const auto want = Train(all_cpu, 12, 3);
+      EXPECT_TRUE(BitwiseEqual(want, Train(split, 12, 3)));
+      auto e = CreateEngine(split);
+      ASSERT_TRUE(e.ok()) << e.status();
+      Register(**e, 12);
+      int batch = 0;
+      const std::string ckpt =
+          (dir.path() / fmt::format("{}_{}", OptimizerStatesName(f), OffloadDeviceName(par)))
+              .string();
+      for (int step = 0; step < 3; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          MicroBatch(**e, batch++, Forward());
+          auto st = (*e)->Step();
+          ASSERT_TRUE(st.ok()) << st.status();
+        }
+        if (step == 0) {
+          EXPECT_TRUE(PlanStepsOnDevice(**e));
+          ASSERT_TRUE((*e)->SaveCheckpoint(ckpt, CheckpointInfo{}).ok());
+          e = CreateEngine(all_cpu);
+          ASSERT_TRUE(e.ok()) << e.status();
+          Register(**e, 99);
+          ASSERT_TRUE((*e)->LoadCheckpoint(ckpt, nullptr).ok());
+        }
+      }
+      EXPECT_TRUE(BitwiseEqual(want, ReadAll(**e)));
+    }
+}
+
 // Where the split does not apply it is not applied, and the plan says why;
 // "auto" on the host device keeps every sub-group on the CPU.
 TEST(RatioPlanTest, SaysWhyNotApplied) {
@@ -2076,9 +2124,9 @@ TEST(RatioPlanTest, SaysWhyNotApplied) {
   Config nvme = BaseConfig(OffloadDevice::kNvme, OffloadDevice::kNone, dir.str());
   nvme.zero_optimization.offload_optimizer.ratio = 0.5;
   EXPECT_FALSE(plan_of(nvme));
-  Config int8 = c;
+  Config int8 = c;  // (every state format splits)
   int8.strata.optimizer_states = OptimizerStates::kInt8;
-  EXPECT_FALSE(plan_of(int8));
+  EXPECT_TRUE(plan_of(int8));
   Config lion = c;
   lion.optimizer.type = OptimizerType::kLion;
   EXPECT_FALSE(plan_of(lion));

@@ -614,16 +614,20 @@ TEST(PlanTest, RatioSplitsWholeSubGroups) {
   nvme_params.params = OffloadDevice::kNvme;
   Placement ranks = pl;
   ranks.world_size = 2;
-  Placement int8 = pl;
-  int8.optimizer_states = OptimizerStates::kInt8;
   for (const auto& [what, p] : {std::pair{"offload_optimizer.device", nvme},
                                 {"offload_param.device", nvme_params},
-                                {"one rank", ranks},
-                                {"strata.optimizer_states", int8}}) {
+                                {"one rank", ranks}}) {
     const TierPlan t = ComputeTierPlan(p, s, f);
     EXPECT_EQ(t.device_step_groups, 0) << what;
     EXPECT_THAT(t.device_step, AllOf(HasSubstr("not applied"), HasSubstr(what)));
   }
+  // Every state format splits; the hbm row holds the format's bytes.
+  Placement int8 = pl;
+  int8.optimizer_states = OptimizerStates::kInt8;
+  const TierPlan fp32_split = ComputeTierPlan(pl, s, f), int8_split = ComputeTierPlan(int8, s, f);
+  EXPECT_EQ(int8_split.device_step_groups, fp32_split.device_step_groups);
+  EXPECT_GT(int8_split.device_step_groups, 0);
+  EXPECT_LT(Needed(int8_split, "hbm"), Needed(fp32_split, "hbm"));
 }
 
 TEST(PlanTest, GradientsInHbmByTierOrByTheDramBudget) {
