@@ -1008,22 +1008,26 @@ Section GpuAdam(Runner& run, const Plan& p, bool cuda, const std::string& no_gpu
   }
   json rows = json::array();
   Table t{.caption = "AdamW step on the GPU (median)",
-          .header = {"grad", "copy-out", "moments", "Mparams/s", "GB/s moved", "D2D copy GB/s",
+          .header = {"grad", "copy-out", "states", "Mparams/s", "GB/s moved", "D2D copy GB/s",
                      "of copy bandwidth"}};
   size_t done = 0;
-  // (bf16 moments: strata.optimizer_states bf16 in HBM.)
+  // (The state formats of strata.optimizer_states in HBM.)
   for (auto [grad, copy, moments] : std::vector<std::tuple<const char*, const char*, const char*>>{
-           {"fp32", "none", "fp32"}, {"bf16", "bf16", "fp32"}, {"bf16", "bf16", "bf16"}}) {
+           {"fp32", "none", "fp32"},
+           {"bf16", "bf16", "fp32"},
+           {"bf16", "bf16", "bf16"},
+           {"bf16", "bf16", "bf16-master"},
+           {"bf16", "bf16", "int8"}}) {
     const std::vector<std::string> argv = {
         bench,          "--device", "cuda",       "--params", p.gpu_adam_params,
-        "--grad-dtype", grad,       "--copy-out", copy,       "--moments",
+        "--grad-dtype", grad,       "--copy-out", copy,       "--states",
         moments,        "--reps",   "10",         "--json"};
     const std::string cmd = Rerun(argv);
     s.commands.push_back(cmd);
     json j;
     std::string why;
     if (!Record(s, run.RunJson("gpu_adam", argv, &j, &why),
-                std::string("grad ") + grad + " copy-out " + copy + " moments " + moments, why))
+                std::string("grad ") + grad + " copy-out " + copy + " states " + moments, why))
       break;
     ++done;
     rows.push_back(j);
@@ -1033,7 +1037,7 @@ Section GpuAdam(Runner& run, const Plan& p, bool cuda, const std::string& no_gpu
                       report::Fixed(Num(j, "d2d_copy_gbytes_per_s"), 1),
                       report::Fixed(Num(j, "fraction_of_copy"), 3)});
     const std::string what =
-        std::string(" (grad ") + grad + ", copy-out " + copy + ", moments " + moments + ")";
+        std::string(" (grad ") + grad + ", copy-out " + copy + ", states " + moments + ")";
     s.figures.push_back(
         {"device Adam GB/s" + what, Num(j, "adam_gbytes_per_s"), "GB/s", s.device, cmd});
     s.figures.push_back(
