@@ -167,6 +167,7 @@ std::string ReportJson(const PlanReport& p) {
                 {"cpu_adam_elems_per_s", p.rates.cpu_adam_elements_per_s},
                 {"nvme_read_gbytes_per_s", p.rates.nvme_read_gbytes_per_s},
                 {"nvme_write_gbytes_per_s", p.rates.nvme_write_gbytes_per_s},
+                {"device_copy_gbytes_per_s", p.rates.device_copy_gbytes_per_s},
                 {"nvme", p.nvme_rates}};
   j["step"] = nlohmann::json::array();
   for (const PredictedTerm& t : p.plan.step)
@@ -205,15 +206,20 @@ std::string ReportTable(const PlanReport& p) {
   if (!p.plan.device_step.empty()) out += "  " + p.plan.device_step + "\n";
   if (p.plan.bound_all_on_cpu_s > 0)
     out += fmt::format(
-        "  with every sub-group on the CPU (ratio 1) the bound is {} (the device Adam at HBM "
-        "bandwidth not included)\n",
-        Seconds(p.plan.bound_all_on_cpu_s));
+        "  with every sub-group on the CPU (ratio 1) the bound is {}{}\n",
+        Seconds(p.plan.bound_all_on_cpu_s),
+        p.rates.device_copy_gbytes_per_s > 0
+            ? ""
+            : " (the device Adam's time is not predicted: no device copy rate on this device)");
   out += fmt::format(
       "rates: PCIe h2d {:.2f} GB/s, d2h {:.2f} GB/s; CPU Adam {:.0f} M elements/s, accumulate "
-      "{:.2f} GB/s; NVMe read {:.2f} GB/s, write {:.2f} GB/s ({})\n",
+      "{:.2f} GB/s; NVMe read {:.2f} GB/s, write {:.2f} GB/s ({}){}\n",
       p.rates.h2d_gbytes_per_s, p.rates.d2h_gbytes_per_s, p.rates.cpu_adam_elements_per_s * 1e-6,
       p.rates.accumulate_gbytes_per_s, p.rates.nvme_read_gbytes_per_s,
-      p.rates.nvme_write_gbytes_per_s, p.nvme_rates);
+      p.rates.nvme_write_gbytes_per_s, p.nvme_rates,
+      p.rates.device_copy_gbytes_per_s > 0
+          ? fmt::format("; device copy {:.0f} GB/s", p.rates.device_copy_gbytes_per_s)
+          : "");
   out += fmt::format("largest that fits: {} blocks x hidden {}: {} parameters (then {} over)\n",
                      p.largest.layers, p.largest.hidden,
                      p.largest.layers > 0 ? p.largest.num_parameters() : 0,

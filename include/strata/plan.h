@@ -66,6 +66,9 @@ struct PlanRates {
   double cpu_adam_elements_per_s = 0;    // the CPU optimizer's step
   double nvme_read_gbytes_per_s = 0;     // the NVMe engine, sequential
   double nvme_write_gbytes_per_s = 0;
+  // A copy within the device's memory, bytes read + written per second (the
+  // device Adam's bound for offload_optimizer.ratio); 0 on the host device.
+  double device_copy_gbytes_per_s = 0;
   // The NVMe directory the disk's rates are for (the config's first; "" with
   // no NVMe tier), and the I/O engine that measured them ("uring" or
   // "posix"; "" when not measured).

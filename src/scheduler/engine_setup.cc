@@ -371,6 +371,9 @@ Status EngineImpl::Plan() {
   facts.d2h_pinned_gbps = rates.link.d2h_gbytes_per_s;
   facts.d2h_pageable_gbps = rates.link.d2h_pageable_gbytes_per_s;
   facts.accumulate_gbps = rates.accumulate_gbps;
+  facts.h2d_gbps = rates.link.h2d_gbytes_per_s;
+  facts.adam_elems_per_s = rates.adam_elems_per_s;
+  facts.device_copy_gbps = rates.link.d2d_gbytes_per_s;
   const scheduler::TierPlan plan = scheduler::ComputeTierPlan(placement, sizes, facts);
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
@@ -463,6 +466,7 @@ void EngineImpl::PredictStep(const scheduler::Placement& placement,
   rates.adam_elems_per_s = measured.adam_elems_per_s;
   rates.nvme_read_gbps = counters_.nvme_read_rate();  // MeasureDiskRates
   rates.nvme_write_gbps = counters_.nvme_write_rate();
+  rates.device_gbps = measured.link.d2d_gbytes_per_s;
   predicted_.clear();
   for (const auto& t : scheduler::PredictStep(placement, sizes, plan, rates).terms)
     predicted_.push_back({t.resource, t.amount, t.seconds, t.what});

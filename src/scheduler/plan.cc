@@ -711,6 +711,50 @@ std::string RatioRefusal(const Placement& pl, const TierPlan& plan) {
 
 }  // namespace
 
+// offload_optimizer.ratio "auto" with measured rates: the fewest of the
+// first `most` sub-groups (those half the HBM budget holds) whose split
+// gives a predicted bound (PredictStep, at the facts' rates) within 2 % of
+// the best any count up to `most` gives: more sub-groups on the device
+// take HBM from the framework without shortening the step once another
+// resource (PCIe fetches, the device's own memory) is the bound. Up to 64
+// counts are evaluated, evenly spaced. Without the CPU optimizer's rate:
+// `most`. `why` says what the rates gave.
+int64_t FewestSubGroupsForTheBound(const Placement& given, const LayoutSizes& s,
+                                   const TierFacts& facts, int64_t most, std::string* why) {
+  if (most <= 0 || !(facts.adam_elems_per_s > 0)) return most;
+  StepRates r;
+  r.h2d_gbps = facts.h2d_gbps;
+  r.d2h_gbps = facts.d2h_pinned_gbps;
+  r.accumulate_gbps = facts.accumulate_gbps;
+  r.adam_elems_per_s = facts.adam_elems_per_s;
+  r.device_gbps = facts.device_copy_gbps;
+  Placement pl = given;
+  std::vector<std::pair<int64_t, double>> bounds;  // (count, predicted bound)
+  const int64_t step = std::max<int64_t>(1, (most + 63) / 64);
+  for (int64_t k = 0;; k = std::min(most, k + step)) {
+    pl.device_step_groups = k;
+    TierPlan t = ComputeTierPlanOf(pl, s, facts);
+    t.device_step_elems = k > 0 ? DeviceStepElems(pl, s) : 0;
+    if (t.fits) bounds.push_back({k, PredictStep(pl, s, t, r).bound_s});
+    if (k == most) break;
+  }
+  if (bounds.empty()) return most;
+  double best = bounds[0].second;
+  for (const auto& [k, b] : bounds) best = std::min(best, b);
+  for (const auto& [k, b] : bounds)
+    if (b <= best * 1.02) {
+      *why = fmt::format(
+          "; the predicted bound {:.3g} s ({:.3g} s with every sub-group on the CPU){}", b,
+          bounds[0].second,
+          k < most ? fmt::format(", and more sub-groups in HBM (up to {}, what half the budget "
+                                 "holds) would not shorten it",
+                                 most)
+                   : "");
+      return k;
+    }
+  return most;
+}
+
 TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const TierFacts& facts) {
   Placement pl = given;
   pl.device_step_groups = 0;
@@ -720,6 +764,7 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
       pl.cpu_ratio_auto ? std::string("\"auto\"") : fmt::format("{}", pl.cpu_ratio);
   const std::string refusal = RatioRefusal(pl, plan);
   const int64_t groups = s.state_groups > 0 ? s.state_groups : s.num_groups;
+  std::string by_rates;  // "auto": what the rates said
   if (!refusal.empty()) {
     plan.device_step = fmt::format(
         "offload_optimizer.ratio {} not applied: {}; every sub-group "
@@ -748,6 +793,7 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
       per_group += (s.total_param_bytes + s.total_elems - 1) / s.total_elems * group;
     const int64_t room = facts.hbm_budget / 2 - NeededIn(plan, "hbm");
     k = std::clamp<int64_t>(room / per_group, 0, groups - 1);
+    k = FewestSubGroupsForTheBound(pl, s, facts, k, &by_rates);
   }
   for (; k > 0; --k) {
     pl.device_step_groups = k;
@@ -757,12 +803,18 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
     split.device_step_elems = DeviceStepElems(pl, s);
     split.device_step = fmt::format(
         "offload_optimizer.ratio {}: the first {} of {} sub-groups ({} elements, {:.1f} %) keep "
-        "their states in HBM and are stepped on the device",
+        "their states in HBM and are stepped on the device{}",
         ratio, k, groups, split.device_step_elems,
         100.0 * static_cast<double>(split.device_step_elems) /
             static_cast<double>(
-                std::max<int64_t>(1, s.state_elems > 0 ? s.state_elems : s.total_elems)));
+                std::max<int64_t>(1, s.state_elems > 0 ? s.state_elems : s.total_elems)),
+        by_rates);
     return split;
+  }
+  if (!by_rates.empty()) {
+    plan.device_step = fmt::format(
+        "offload_optimizer.ratio \"auto\": every sub-group is stepped on the CPU{}", by_rates);
+    return plan;
   }
   plan.device_step = fmt::format(
       "offload_optimizer.ratio {}: no whole sub-group {} (sub_group_size {} gives {} of them); "
@@ -988,6 +1040,16 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   }
   add("nvme_read", nvme_read, r.nvme_read_gbps * 1e9, read_what);
   add("nvme_write", nvme_write, r.nvme_write_gbps * 1e9, write_what);
+  if (plan.device_step_elems > 0) {
+    // The device Adam over the split: its states read and written, the fp32
+    // sums read and zeroed, the parameters written.
+    const auto n = static_cast<double>(plan.device_step_elems);
+    const double bytes = 2 * static_cast<double>(StateArrayBytes(StateFormatOf(pl.optimizer_states),
+                                                                 plan.device_step_elems)) +
+                         8 * n + grad_elem_bytes * n;
+    add("device_optimizer", bytes, r.device_gbps * 1e9,
+        fmt::format("the device Adam over {} elements", plan.device_step_elems));
+  }
   // Shared resources add up: one disk, one CPU.
   std::map<std::string, double> busy;
   for (const StepPrediction::Term& t : p.terms) {

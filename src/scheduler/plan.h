@@ -145,6 +145,13 @@ struct TierFacts {
   double d2h_pinned_gbps = 0;
   double d2h_pageable_gbps = 0;
   double accumulate_gbps = 0;
+  // The rest of the step prediction's rates (StepRates), from which
+  // offload_optimizer.ratio "auto" picks its split: host-to-device copies,
+  // the CPU optimizer's elements per second, the device's copy bandwidth
+  // (LinkRates::d2d_gbytes_per_s).
+  double h2d_gbps = 0;
+  double adam_elems_per_s = 0;
+  double device_copy_gbps = 0;
 };
 
 // Gradient staging chunks in flight (one pool of this many chunk buffers).
@@ -310,6 +317,7 @@ struct StepRates {
   double adam_elems_per_s = 0;  // the CPU optimizer's step, elements
   double nvme_read_gbps = 0;    // the NVMe engine, sequential
   double nvme_write_gbps = 0;
+  double device_gbps = 0;  // a copy within the device, read + write (the device Adam's bound)
 };
 
 // One optimizer step (a window of gradient_accumulation_steps micro-batches)
@@ -319,7 +327,7 @@ struct StepRates {
 struct StepPrediction {
   struct Term {
     std::string resource;  // "pcie_h2d", "pcie_d2h", "cpu_accumulate", "cpu_optimizer",
-                           // "nvme_read", "nvme_write"
+                           // "nvme_read", "nvme_write", "device_optimizer"
     double amount = 0;     // bytes (elements for cpu_optimizer)
     double seconds = 0;    // amount / rate; 0 when the rate is unknown
     std::string what;      // what the amount is made of
@@ -336,7 +344,10 @@ struct StepPrediction {
 // offloaded parameters, as with stage3_max_reuse_distance 0: an upper bound)
 // and the updated parameters' upload, the optimizer's elements, the NVMe
 // pipeline's state reads and writes and the parameters' NVMe traffic. The
-// device optimizer (offload_optimizer none on a GPU) moves nothing.
+// device optimizer (offload_optimizer none on a GPU) moves nothing; the
+// sub-groups offload_optimizer.ratio steps on the device move their states,
+// sums and parameters through the device's memory ("device_optimizer", at
+// the device's copy bandwidth: the kernel's bound).
 StepPrediction PredictStep(const Placement& placement, const LayoutSizes& sizes,
                            const TierPlan& plan, const StepRates& rates);
 

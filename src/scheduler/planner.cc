@@ -47,6 +47,10 @@ class PlannerImpl final : public Planner {
     facts_.d2h_pinned_gbps = measured.link.d2h_gbytes_per_s;
     facts_.d2h_pageable_gbps = measured.link.d2h_pageable_gbytes_per_s;
     facts_.accumulate_gbps = measured.accumulate_gbps;
+    facts_.h2d_gbps = measured.link.h2d_gbytes_per_s;
+    facts_.adam_elems_per_s = measured.adam_elems_per_s;
+    facts_.device_copy_gbps = measured.link.d2d_gbytes_per_s;
+    rates_.device_copy_gbytes_per_s = measured.link.d2d_gbytes_per_s;
     rates_.h2d_gbytes_per_s = measured.link.h2d_gbytes_per_s;
     rates_.d2h_gbytes_per_s = measured.link.d2h_gbytes_per_s;
     rates_.d2h_pageable_gbytes_per_s = measured.link.d2h_pageable_gbytes_per_s;
@@ -95,6 +99,7 @@ class PlannerImpl final : public Planner {
     rates.adam_elems_per_s = rates_.cpu_adam_elements_per_s;
     rates.nvme_read_gbps = rates_.nvme_read_gbytes_per_s;
     rates.nvme_write_gbps = rates_.nvme_write_gbytes_per_s;
+    rates.device_gbps = rates_.device_copy_gbytes_per_s;
     const scheduler::StepPrediction pred = scheduler::PredictStep(placement_, sizes, plan, rates);
     PlanResult out;
     out.fits = plan.fits;

@@ -45,6 +45,16 @@ StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes) {
     const double secs = std::max<double>(static_cast<double>(NowNanos() - t0) * 1e-9, 1e-9);
     r.d2h_pageable_gbytes_per_s =
         std::max(r.d2h_pageable_gbytes_per_s, static_cast<double>(bytes) / secs * 1e-9);
+    if (!device->is_host()) {
+      const size_t half = static_cast<size_t>(bytes) / 2;
+      const int64_t c0 = NowNanos();
+      RETURN_IF_ERROR(
+          device->CopyD2D(dev.as<uint8_t>() + half, dev.data(), half, device->compute()));
+      RETURN_IF_ERROR(device->compute().Synchronize());
+      const double csecs = std::max<double>(static_cast<double>(NowNanos() - c0) * 1e-9, 1e-9);
+      r.d2d_gbytes_per_s =
+          std::max(r.d2d_gbytes_per_s, 2.0 * static_cast<double>(half) / csecs * 1e-9);
+    }
   }
   return r;
 }

@@ -23,10 +23,15 @@ struct LinkRates {
   double h2d_gbytes_per_s = 0;
   double d2h_gbytes_per_s = 0;
   double d2h_pageable_gbytes_per_s = 0;  // into pageable memory
+  // A copy within the device's memory, bytes read + written per second (the
+  // HBM bandwidth the device Adam runs at); 0 on the host device, whose
+  // device Adam is a scalar loop on the framework's thread.
+  double d2d_gbytes_per_s = 0;
 };
 // Times pinned host<->device copies of `bytes` on the device's copy streams
-// (best of a few, each direction alone), and a device-to-host copy into
-// pageable memory. Needs `bytes` free in the arena.
+// (best of a few, each direction alone), a device-to-host copy into
+// pageable memory and (GPU only) a copy of half the buffer into its other
+// half. Needs `bytes` free in the arena.
 StatusOr<LinkRates> MeasureLinkRates(gpu::Device* device, int64_t bytes);
 // The CPU optimizer's gradient accumulation rate (fp32 += bf16 over `elems`
 // elements, best of three): bytes moved per second, in GB/s.

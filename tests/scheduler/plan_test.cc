@@ -630,6 +630,55 @@ TEST(PlanTest, RatioSplitsWholeSubGroups) {
   EXPECT_LT(Needed(int8_split, "hbm"), Needed(fp32_split, "hbm"));
 }
 
+// "auto" with measured rates: the fewest sub-groups whose predicted bound
+// is within 2 % of the best; more take HBM without shortening the step.
+// The toy (9 sub-groups, 8001 elements) at 1e6 CPU Adam elements a second:
+// the CPU part takes (8001 - 1000 k) us.
+TEST(PlanTest, RatioAutoPicksByTheRates) {
+  LayoutSizes s = TinySizes();
+  s.total_elems = 8001;
+  s.num_groups = 9;
+  TierFacts f;
+  f.hbm_budget = 1 << 20;
+  f.adam_elems_per_s = 1e6;
+  f.accumulate_gbps = f.d2h_pinned_gbps = f.h2d_gbps = f.device_copy_gbps = 1000;
+  Placement pl = Place(OffloadDevice::kCpu, OffloadDevice::kNone);
+  pl.cpu_ratio_auto = true;
+  // The CPU is the bound at every count: as many as HBM holds (all but one).
+  const TierPlan cpu_bound = ComputeTierPlan(pl, s, f);
+  EXPECT_EQ(cpu_bound.device_step_groups, 8);
+  EXPECT_THAT(cpu_bound.device_step, HasSubstr("predicted bound"));
+  // offload_param cpu with a slow link: the fetches (15872 bytes) take 4.5
+  // ms whatever the split, so 4 sub-groups (the CPU's part 4.0 ms) are as
+  // good as 8; 3 (5.0 ms) are not.
+  Placement fetch = pl;
+  fetch.params = OffloadDevice::kCpu;
+  TierFacts slow_link = f;
+  slow_link.h2d_gbps = 15872 / 4.5e-3 / 1e9;
+  const TierPlan four = ComputeTierPlan(fetch, s, slow_link);
+  EXPECT_EQ(four.device_step_groups, 4);
+  EXPECT_THAT(four.device_step, HasSubstr("would not shorten"));
+  // A link so slow that no split shortens the step: none.
+  slow_link.h2d_gbps /= 100;
+  const TierPlan none = ComputeTierPlan(fetch, s, slow_link);
+  EXPECT_EQ(none.device_step_groups, 0);
+  EXPECT_THAT(none.device_step, AllOf(HasSubstr("every sub-group is stepped on the CPU"),
+                                      HasSubstr("would not shorten")));
+  // The prediction counts the device Adam's bytes at the device's rate.
+  StepRates r;
+  r.adam_elems_per_s = 1e6;
+  r.device_gbps = 1;
+  const StepPrediction pred = PredictStep(pl, s, cpu_bound, r);
+  bool device_term = false;
+  for (const auto& t : pred.terms)
+    if (t.resource == "device_optimizer") {
+      device_term = true;
+      EXPECT_GT(t.amount, 16.0 * 8000);  // states read and written, sums, parameters
+      EXPECT_NEAR(t.seconds, t.amount / 1e9, 1e-12);
+    }
+  EXPECT_TRUE(device_term);
+}
+
 TEST(PlanTest, GradientsInHbmByTierOrByTheDramBudget) {
   LayoutSizes s = TinySizes();
   s.total_elems = 8001;
