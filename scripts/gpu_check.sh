@@ -17,6 +17,15 @@
 #   host`, and checks the page (report.json parses, its sections ran, and
 #   index.html holds one <svg> per chart).
 # --quick: `strata report --quick` (3 minutes) instead of the full report.
+# --frontend: the PyTorch frontend instead of the tests and the report:
+#   builds the Python package for this machine's python3 against BUILD
+#   (scripts/build_python.sh), runs the pytest suite with it (the CUDA cases
+#   of tests/python/test_cuda_frontend.py on the GPU; every skip with its
+#   reason), then bench/frontend_vs_torch.py (0.9B Llama, sequence 2048:
+#   torch in HBM against Strata none/none, cpu/none, cpu/cpu), its JSON and
+#   the step timelines into OUT/frontend (BUILD/frontend without OUT). With
+#   --host: the bench at its tiny size on the host device and the CUDA
+#   cases' skips, so that this path cannot rot.
 # Environment: BUILD (build tree; default build/), STRATA (the CLI; default
 #   BUILD/apps/strata/strata), OUT, STRATA_GPU_CHECK_BUDGET (560 s),
 #   STRATA_GPU_CHECK_TEST_TIMEOUT (per test, 90 s), STRATA_GPU_CHECK_JOBS (8),
@@ -25,13 +34,15 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=0
 QUICK=0
+FRONTEND=0
 BUILD_ARG=""
 for arg in "$@"; do
   case "$arg" in
     --host) HOST=1 ;;
     --quick) QUICK=1 ;;
+    --frontend) FRONTEND=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d'; exit 0 ;;
-    -*) echo "gpu_check.sh: unknown option $arg (--host, --quick, BUILD_DIR)" >&2; exit 2 ;;
+    -*) echo "gpu_check.sh: unknown option $arg (--host, --quick, --frontend, BUILD_DIR)" >&2; exit 2 ;;
     *) BUILD_ARG="$arg" ;;
   esac
 done
@@ -54,6 +65,51 @@ fi
 status=0
 problems=()
 notes=()
+
+# The PyTorch frontend (--frontend): the package for this python3, its tests,
+# the timing against torch; then exit.
+if [ "$FRONTEND" = 1 ]; then
+  PY="${PYTHON:-python3}"
+  FDIR="${OUT:+$OUT/frontend}"
+  FDIR="${FDIR:-$BUILD/frontend}"
+  mkdir -p "$FDIR"
+  echo "== gpu_check: the Python package for $("$PY" --version 2>&1) (scripts/build_python.sh)"
+  if ! PYTHON="$PY" timeout 300 "$ROOT/scripts/build_python.sh" "$BUILD" "$BUILD/python-frontend"; then
+    echo "gpu_check: FAIL: scripts/build_python.sh"
+    exit 1
+  fi
+  export PYTHONPATH="$BUILD/python-frontend/python"
+  tests=("$ROOT/tests/python")
+  [ "$HOST" = 1 ] && tests=("$ROOT/tests/python/test_cuda_frontend.py")
+  LEFT=$((BUDGET - SECONDS - 60))
+  echo "== gpu_check: pytest ${tests[*]} (${LEFT} s at most)"
+  timeout --signal=TERM --kill-after=10 "$LEFT" "$PY" "$ROOT/tests/python/run_pytest.py" -rs \
+    "${tests[@]}" 2>&1 | tee "$FDIR/pytest.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then problems+=("HANG: pytest (${LEFT} s)")
+  elif [ "$rc" != 0 ]; then problems+=("FAIL: pytest exit $rc ($FDIR/pytest.log)"); fi
+  LEFT=$((BUDGET - SECONDS - 10))
+  bench=(--size 1b --device cuda --trace-dir "$FDIR/traces")
+  [ "$HOST" = 1 ] && bench=(--size tiny --device host --steps 2 --warmup 1 --micro-batch 2 \
+    --threads 2 --trace-dir "$FDIR/traces")
+  if [ "$LEFT" -lt 30 ]; then
+    problems+=("SKIPPED: bench/frontend_vs_torch.py (${LEFT} s left of ${BUDGET} s)")
+  else
+    echo "== gpu_check: bench/frontend_vs_torch.py ${bench[*]} (${LEFT} s at most)"
+    timeout --signal=TERM --kill-after=10 "$LEFT" "$PY" "$ROOT/bench/frontend_vs_torch.py" \
+      "${bench[@]}" 2>&1 | tee "$FDIR/bench.log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" != 0 ]; then problems+=("FAIL: bench/frontend_vs_torch.py exit $rc"); fi
+    tail -n 1 "$FDIR/bench.log" > "$FDIR/bench.json"
+  fi
+  echo "== gpu_check: ${SECONDS} s of ${BUDGET} s"
+  if [ ${#problems[@]} = 0 ]; then
+    echo "gpu_check: all passed (frontend: $FDIR)"
+    exit 0
+  fi
+  printf 'gpu_check: %s\n' "${problems[@]}"
+  exit 1
+fi
 
 # 1. The tests: CUDA ones (and the rest of the gpu label) in GPU mode, a few
 #    host ones in --host mode; at most half the budget.

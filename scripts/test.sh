@@ -7,7 +7,7 @@
 # of every .cc under src/ (scripts/check_thread_safety.sh), the docs check
 # (scripts/check_docs.sh) and the config and nvme tests under ASan + UBSan
 # (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0 skips it), and the GPU check
-# in host mode (scripts/gpu_check.sh --host). Each stage prints
+# in host mode (scripts/gpu_check.sh --host, and --host --frontend). Each stage prints
 # a line when it starts and one with its elapsed time when it ends.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,6 +34,10 @@ ctest --test-dir "$BUILD_DIR" -j "$JOBS" --output-on-failure --timeout 900 || st
 
 stage "GPU check in host mode (scripts/gpu_check.sh --host: strata report --tiny, its page checked)"
 "$ROOT/scripts/gpu_check.sh" --host "$BUILD_DIR" || status=1
+
+# (Debian's interpreter: the one with torch, as the build's Python package.)
+stage "GPU check of the PyTorch frontend in host mode (scripts/gpu_check.sh --host --frontend)"
+PYTHON=/usr/bin/python3 "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD_DIR" || status=1
 
 stage "thread-safety analysis (clang -Werror=thread-safety over every .cc under src/)"
 "$ROOT/scripts/check_thread_safety.sh" "$BUILD_DIR" || status=1

@@ -34,8 +34,8 @@
 #include <utility>
 #include <vector>
 
-#include "src/scheduler/checkpoint.h"
 #include "src/scheduler/safetensors.h"
+#include "strata/checkpoint.h"
 #include "strata/config.h"
 #include "strata/engine.h"
 #include "strata/status.h"
@@ -653,11 +653,11 @@ PYBIND11_MODULE(_strata, m) {
         if (dtype != "fp32" && dtype != "train")
           throw StatusException{strata::InvalidArgumentError("export_checkpoint: dtype " + dtype +
                                                              ", expected \"fp32\" or \"train\"")};
-        const auto precision = dtype == "fp32" ? strata::scheduler::ExportPrecision::kFp32
-                                               : strata::scheduler::ExportPrecision::kTrain;
+        const auto precision =
+            dtype == "fp32" ? strata::ExportPrecision::kFp32 : strata::ExportPrecision::kTrain;
         auto r = [&] {
           py::gil_scoped_release nogil;
-          return strata::scheduler::ExportCheckpoint(dir, out, precision);
+          return strata::ExportCheckpoint(dir, out, precision);
         }();
         if (!r.ok()) throw StatusException{r.status()};
         py::dict d;

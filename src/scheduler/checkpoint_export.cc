@@ -204,8 +204,9 @@ StatusOr<CheckpointInspection> InspectCheckpoint(const std::string& dir, bool ve
                                    kCheckpointManifest, kCheckpointManifest));
 }
 
-StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
-                                                  ExportPrecision precision) {
+namespace {
+StatusOr<CheckpointExportResult> Export(const std::string& dir, const std::string& out,
+                                        ExportPrecision precision) {
   ASSIGN_OR_RETURN(CheckpointInspection in, InspectCheckpoint(dir, /*verify=*/true));
   if (!in.validity.ok())
     return DataLossError(
@@ -344,4 +345,15 @@ StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const 
   return res;
 }
 
+}  // namespace
+
 }  // namespace strata::scheduler
+
+namespace strata {
+
+StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
+                                                  ExportPrecision precision) {
+  return scheduler::Export(dir, out, precision);
+}
+
+}  // namespace strata

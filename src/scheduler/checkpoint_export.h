@@ -20,6 +20,7 @@
 
 #include "src/scheduler/checkpoint_format.h"
 #include "src/scheduler/layout.h"
+#include "strata/checkpoint.h"
 #include "strata/status.h"
 
 namespace strata::scheduler {
@@ -70,28 +71,11 @@ struct CheckpointInspection {
 // version. A file that fails its check is not an error here: see validity.
 StatusOr<CheckpointInspection> InspectCheckpoint(const std::string& dir, bool verify = true);
 
-// What ExportCheckpoint writes per parameter: the fp32 masters (from the
-// states files, every rank's) or the working-precision bytes (from params.bin).
-enum class ExportPrecision { kFp32, kTrain };
-
-struct CheckpointExportResult {
-  std::string checkpoint;  // the ckpt-<N> directory read
-  int64_t optimizer_step = 0;
-  int64_t tensors = 0;
-  int64_t bytes = 0;  // of the file written
-};
-
-// Writes the parameters of the checkpoint at `dir` (as InspectCheckpoint
-// picks it) to `out` in the safetensors format: an 8-byte little-endian
-// header length, a JSON header {"<registered name>": {"dtype": "F32"|"BF16"|
-// "F16", "shape": [numel], "data_offsets": [begin, end]}, "__metadata__":
-// {...}} padded with spaces to a multiple of 8 bytes, then the tensors' bytes
-// in the flat element order. The checkpoint's files are verified first: an
-// invalid checkpoint is refused (DataLoss naming the file). The file is
-// written by SafetensorsWriter (src/scheduler/safetensors.h: a new file of
-// mode 0600 beside `out`, fsync'd and renamed over it; a symlink or anything
-// but a regular file at `out` is refused); nothing is left at `out` on error.
-StatusOr<CheckpointExportResult> ExportCheckpoint(const std::string& dir, const std::string& out,
-                                                  ExportPrecision precision);
+// ExportCheckpoint (strata/checkpoint.h, the public API) writes a
+// checkpoint's parameters as a safetensors file with SafetensorsWriter
+// (src/scheduler/safetensors.h).
+using ::strata::CheckpointExportResult;
+using ::strata::ExportCheckpoint;
+using ::strata::ExportPrecision;
 
 }  // namespace strata::scheduler

@@ -228,22 +228,53 @@ def test_compact_optimizer_states_track_torch_adamw(states, rel, dist, opt, tmp_
     engine.close()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device and a CUDA torch")
+def bf16_reference_losses(model, cfg, data, steps):
+    """Plain PyTorch with bf16 parameters and fp32 masters kept by hand: the
+    masters are the fp32 model's values (as Strata's), the model then runs
+    in bf16 (its parameters rounded to nearest); the bf16 gradients widened
+    into the masters' .grad, AdamW on the masters, the masters rounded into
+    the bf16 parameters."""
+    p = cfg["optimizer"]["params"]
+    params = list(model.parameters())
+    masters = [q.detach().float().clone().requires_grad_(True) for q in params]
+    model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(masters, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
+                            weight_decay=p["weight_decay"])
+    gas = cfg["gradient_accumulation_steps"]
+    losses = []
+    for s in range(steps):
+        for k in range(gas):
+            idx, tgt = data[s * gas + k]
+            loss = model(idx, tgt)
+            (loss / gas).backward()
+            losses.append(loss.item())
+        for q, m in zip(params, masters):
+            m.grad = None if q.grad is None else q.grad.float()
+            q.grad = None
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for q, m in zip(params, masters):
+                q.copy_(m)  # rounds to nearest even
+    return losses
+
+
+# bf16 parameters (fp32 masters, bf16 working copies and gradients) against
+# torch doing the same by hand: within 2e-3 per micro-batch (measured
+# 1.4e-5 here; test_cuda_frontend.py states why 2e-3).
 @pytest.mark.parametrize("opt,par", [("none", "none"), ("cpu", "cpu"), ("nvme", "nvme")])
-def test_cuda_fp32_matches_torch_adamw(opt, par, tmp_path):
-    """The same on a GPU: the engine's views are CUDA tensors; the reference
-    trains on the GPU too."""
-    torch.manual_seed(1)
+def test_bf16_matches_torch_with_fp32_masters(opt, par, tmp_path):
+    torch.manual_seed(3)
     model = GPT()
-    ref = copy.deepcopy(model).cuda()
-    cfg = config(opt, par, tmp_path)
-    cfg["strata"]["device"] = "cuda"
-    data = batches(20)
-    want = reference_losses(ref, cfg, [(i.cuda(), t.cuda()) for i, t in data], 20)
+    ref = copy.deepcopy(model)
+    cfg = config(opt, par, tmp_path, dtype="bf16")
+    data = batches(12, seed=9)
+    want = bf16_reference_losses(ref, cfg, data, 12)
     engine = strata.initialize(model, cfg)
-    assert engine.device.type == "cuda"
-    got = strata_losses(engine, [(i.cuda(), t.cuda()) for i, t in data], 20)
-    assert_close(got, want)
+    got = strata_losses(engine, data, 12)
+    assert_close(got, want, rel=2e-3)
+    assert want[-1] < want[0] * 0.9  # it trained
+    engine.close()
 
 
 def test_accumulation_and_clipping_match_torch(tmp_path):
