@@ -338,10 +338,21 @@ TEST(ReportCommand, TinyHostRunWritesEveryFigureWithUnitDeviceAndCommand) {
   EXPECT_GT(figures, 20u);
   // Four placements trained, three of them again with the speculative step
   // (off by default on the host device), cpu/none with
-  // delayed_param_update, cpu/none and cpu/cpu with offload_optimizer.ratio
-  // 0.5, their losses compared (but the delayed one's).
-  EXPECT_EQ(sections["training"]["raw"].size(), 10u);
+  // delayed_param_update and with bf16 moments, cpu/none and cpu/cpu with
+  // offload_optimizer.ratio 0.5, their losses compared (but the delayed
+  // one's; the bf16 moments' shown, outside the fp32 agreement).
+  EXPECT_EQ(sections["training"]["raw"].size(), 11u);
   EXPECT_TRUE(sections["training"]["raw"].contains("cpu/none, delayed_param_update"));
+  EXPECT_TRUE(sections["training"]["raw"].contains("cpu/none, bf16 moments"));
+  {
+    const json cfg = json::parse(ReadAll(out + "/configs/cpu_none_bf16.json"), nullptr, false);
+    ASSERT_FALSE(cfg.is_discarded());
+    EXPECT_EQ(cfg["strata"]["optimizer_states"], "bf16");
+  }
+  bool vs_fp32 = false;
+  for (const json& f : sections["training"]["figures"])
+    vs_fp32 |= f["name"] == "cpu/none, bf16 moments tokens/s vs cpu/none";
+  EXPECT_TRUE(vs_fp32);
   for (const char* file : {"cpu_none_split", "cpu_cpu_split"}) {
     const json cfg = json::parse(ReadAll(out + "/configs/" + file + ".json"), nullptr, false);
     ASSERT_FALSE(cfg.is_discarded()) << file;
