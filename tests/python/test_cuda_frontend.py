@@ -195,38 +195,13 @@ LLAMA = ["--device", "cuda", "--quiet", "--layers", "2", "--hidden", "64", "--he
          "1e-2", "--warmup", "3", "--steps", "6", "--dtype", "fp32"]
 
 
-def llama_reference_losses(args):
-    """The example's run in plain PyTorch on the GPU: AdamW over its
-    parameter groups, its clipping, DeepSpeed's schedule as a per-step lr."""
-    from test_train_llama_example import deepspeed_lr, train_llama
-    model = train_llama.build_model(args).cuda()
-    opt = torch.optim.AdamW(train_llama.param_groups(model, args.weight_decay), lr=args.lr,
-                            betas=tuple(args.betas), eps=args.eps)
-    data = train_llama.TokenStream(args.vocab, args.data_seed)
-    losses = []
-    for step in range(args.steps):
-        lr = deepspeed_lr("cosine", step + 1, args.lr, args.warmup, args.steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        total = 0.0
-        for k in range(args.grad_accum):
-            idx, tgt = data.batch(step * args.grad_accum + k, args.micro_batch, args.seq)
-            loss = model(idx.cuda(), tgt.cuda())
-            (loss / args.grad_accum).backward()
-            total += loss.item() / args.grad_accum
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(total)
-    return losses
-
-
 @pytest.mark.parametrize("opt,par", ALL_PLACEMENTS)
 def test_llama_example_matches_torch_in_hbm(opt, par, tmp_path):
-    from test_train_llama_example import train_llama
+    from test_train_llama_example import reference_losses as llama_reference, train_llama
     argv = LLAMA + ["--offload-optimizer", opt, "--offload-param", par, "--nvme-path",
                     str(tmp_path)]
     args = train_llama.parse_args(argv)
     got = train_llama.main(argv)["losses"]
-    want = llama_reference_losses(args)
+    want = llama_reference(args, lambda m: train_llama.param_groups(m, args.weight_decay),
+                           device="cuda")
     assert_close(got, want)

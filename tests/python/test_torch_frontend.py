@@ -134,10 +134,14 @@ def config(opt="cpu", par="cpu", nvme_dir=None, gas=1, clip=0.0, lr=3e-3, wd=0.0
     }
 
 
-def reference_losses(model, cfg, data, steps):
-    """The same training in plain PyTorch (torch.optim.AdamW)."""
+def reference_losses(model, cfg, data, steps, optimized=None, before_step=None,
+                     after_step=None):
+    """The same training in plain PyTorch (torch.optim.AdamW over the model's
+    parameters, or `optimized`; before_step/after_step run around each
+    step, after the clipping)."""
     p = cfg["optimizer"]["params"]
-    opt = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
+    params = list(model.parameters()) if optimized is None else optimized
+    opt = torch.optim.AdamW(params, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
                             weight_decay=p["weight_decay"])
     gas = cfg["gradient_accumulation_steps"]
     losses = []
@@ -147,10 +151,14 @@ def reference_losses(model, cfg, data, steps):
             loss = model(idx, tgt)
             (loss / gas).backward()
             losses.append(loss.item())
+        if before_step is not None:
+            before_step()
         if cfg["gradient_clipping"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["gradient_clipping"])
+            torch.nn.utils.clip_grad_norm_(params, cfg["gradient_clipping"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if after_step is not None:
+            after_step()
     return losses
 
 
@@ -231,32 +239,25 @@ def test_compact_optimizer_states_track_torch_adamw(states, rel, dist, opt, tmp_
 def bf16_reference_losses(model, cfg, data, steps):
     """Plain PyTorch with bf16 parameters and fp32 masters kept by hand: the
     masters are the fp32 model's values (as Strata's), the model then runs
-    in bf16 (its parameters rounded to nearest); the bf16 gradients widened
-    into the masters' .grad, AdamW on the masters, the masters rounded into
-    the bf16 parameters."""
-    p = cfg["optimizer"]["params"]
+    in bf16 (its parameters rounded to nearest); before each step the bf16
+    gradients are widened into the masters' .grad, AdamW steps the masters,
+    and they are rounded into the bf16 parameters after it."""
     params = list(model.parameters())
     masters = [q.detach().float().clone().requires_grad_(True) for q in params]
     model.to(torch.bfloat16)
-    opt = torch.optim.AdamW(masters, lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
-                            weight_decay=p["weight_decay"])
-    gas = cfg["gradient_accumulation_steps"]
-    losses = []
-    for s in range(steps):
-        for k in range(gas):
-            idx, tgt = data[s * gas + k]
-            loss = model(idx, tgt)
-            (loss / gas).backward()
-            losses.append(loss.item())
+
+    def before_step():
         for q, m in zip(params, masters):
             m.grad = None if q.grad is None else q.grad.float()
             q.grad = None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+
+    def after_step():
         with torch.no_grad():
             for q, m in zip(params, masters):
                 q.copy_(m)  # rounds to nearest even
-    return losses
+
+    return reference_losses(model, cfg, data, steps, optimized=masters, before_step=before_step,
+                            after_step=after_step)
 
 
 # bf16 parameters (fp32 masters, bf16 working copies and gradients) against

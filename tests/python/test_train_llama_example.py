@@ -96,10 +96,11 @@ def test_param_groups_split_decay_from_no_decay():
     assert all(p.dim() == 2 for p in decay["params"])
 
 
-def reference_losses(args, groups_of):
-    """The run of `args` in plain PyTorch: AdamW over groups_of(model), the
-    config's clipping, DeepSpeed's schedule as a per-step lr."""
-    model = train_llama.build_model(args)
+def reference_losses(args, groups_of, device="cpu"):
+    """The run of `args` in plain PyTorch on `device`: AdamW over
+    groups_of(model), the config's clipping, DeepSpeed's schedule as a
+    per-step lr."""
+    model = train_llama.build_model(args).to(device)
     opt = torch.optim.AdamW(groups_of(model), lr=args.lr, betas=tuple(args.betas), eps=args.eps)
     data = train_llama.TokenStream(args.vocab, args.data_seed)
     losses = []
@@ -110,7 +111,7 @@ def reference_losses(args, groups_of):
         total = 0.0
         for k in range(args.grad_accum):
             idx, tgt = data.batch(step * args.grad_accum + k, args.micro_batch, args.seq)
-            loss = model(idx, tgt)
+            loss = model(idx.to(device), tgt.to(device))
             (loss / args.grad_accum).backward()
             total += loss.item() / args.grad_accum
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
