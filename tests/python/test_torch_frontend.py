@@ -214,13 +214,14 @@ def test_fp32_matches_torch_adamw(opt, par, tmp_path):
 # by up to 2^-8 of their magnitude, and rounded again at every step).
 @pytest.mark.parametrize("states,rel,dist", [("bf16", 2e-3, 0.01), ("bf16-master", 1e-2, 0.25),
                                              ("int8", 1e-2, 0.08)])
-@pytest.mark.parametrize("opt", ["cpu", "nvme"])
+@pytest.mark.parametrize("opt", ["cpu", "nvme", "none"])
 def test_compact_optimizer_states_track_torch_adamw(states, rel, dist, opt, tmp_path):
     torch.manual_seed(1)
     model = GPT()
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ref = copy.deepcopy(model)
-    cfg = config(opt, "cpu", tmp_path)
+    # (none: the states in HBM, the host device's arena, in their format.)
+    cfg = config(opt, "none" if opt == "none" else "cpu", tmp_path)
     cfg["strata"]["optimizer_states"] = states
     data = batches(20)
     want = reference_losses(ref, cfg, data, 20)
