@@ -227,7 +227,7 @@ def test_two_ranks_through_the_launcher(tmp_path):
     """Stages 0 (DeepSpeed's plain data parallelism: Strata runs it as stage
     1), 1 and 3: every rank the same parameters, and the same across the
     stages."""
-    import subprocess
+    from launch_util import run_launch
     ds_config(tmp_path / "ds.json")
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS.format(here=HERE))
@@ -235,10 +235,7 @@ def test_two_ranks_through_the_launcher(tmp_path):
     env.pop("STRATA_GLOO_DIR", None)
     digests = set()
     for stage in (0, 1, 3):
-        r = subprocess.run([sys.executable, "-m", "strata.launch", "--nproc_per_node", "2",
-                            str(script), str(tmp_path), str(stage)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=300)
+        r = run_launch(["--nproc_per_node", "2", str(script), str(tmp_path), str(stage)], env)
         assert r.returncode == 0, r.stdout
         ranks = [json.loads((tmp_path / f"rank{k}-stage{stage}.json").read_text())
                  for k in range(2)]

@@ -11,10 +11,10 @@ they are skipped, saying so.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
+
+from launch_util import run_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHECKOUT = os.environ.get("STRATA_DEEPSPEED_EXAMPLES")
@@ -50,10 +50,8 @@ def test_cifar_example_trains(script, dtype, stage, ranks, tmp_path):
                PYTHONPATH=os.pathsep.join([os.path.join(HERE, "ds_examples_stubs"),
                                            package_root]))
     env.pop("STRATA_GLOO_DIR", None)
-    cmd = [sys.executable, "-m", "strata.launch", "--nproc_per_node", str(ranks), str(script),
-           "--dtype", dtype, "--stage", str(stage), "--epochs", "1"]
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=600)
+    r = run_launch(["--nproc_per_node", str(ranks), str(script), "--dtype", dtype, "--stage",
+                    str(stage), "--epochs", "1"], env, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout
     assert r.stdout.count("Finished Training") == ranks
     assert "Accuracy of the network on the 64 test images" in r.stdout

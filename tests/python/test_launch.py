@@ -9,7 +9,6 @@ behind; and a failing rank that stops the others and sets the exit status.
 import glob
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -19,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 from strata import launch  # noqa: E402
+from launch_util import run_launch  # noqa: E402
 
 
 def parse(argv):
@@ -101,20 +101,10 @@ TRAIN = textwrap.dedent("""
 """)
 
 
-def run_launch(argv, tmp_path, timeout=240):
+def launch_env(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp_path))
     env.pop("STRATA_GLOO_DIR", None)
-    return subprocess.run([sys.executable, "-m", "strata.launch", *argv], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
-
-
-def in_torch_rendezvous(output):
-    """Whether a rank failed inside torch.distributed's own
-    init_process_group (its gloo pairs connecting over loopback): torch 1.13
-    has been seen to lose that connection on a loaded 2-core machine before
-    any Strata code ran."""
-    return "init_process_group" in output and "gloo/transport/tcp" in output
+    return env
 
 
 def test_two_ranks_train_alike_and_leave_no_rendezvous_directory(tmp_path):
@@ -122,13 +112,8 @@ def test_two_ranks_train_alike_and_leave_no_rendezvous_directory(tmp_path):
     script.write_text(TRAIN)
     out = tmp_path / "out"
     out.mkdir()
-    r = run_launch(["--nproc-per-node", "2", str(script), str(out)], tmp_path)
-    if r.returncode != 0 and in_torch_rendezvous(r.stdout):
-        # Once more, from a clean output directory: a failure after the
-        # rendezvous (Strata's part) is never retried.
-        for p in out.glob("rank*.json"):
-            p.unlink()
-        r = run_launch(["--nproc-per-node", "2", str(script), str(out)], tmp_path)
+    r = run_launch(["--nproc-per-node", "2", str(script), str(out)], launch_env(tmp_path),
+                   timeout=240, before_retry=lambda: [p.unlink() for p in out.glob("rank*.json")])
     assert r.returncode == 0, r.stdout
     results = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")),
                      key=lambda j: j["rank"])
@@ -146,7 +131,7 @@ def test_a_failing_rank_stops_the_others_and_sets_the_status(tmp_path):
             sys.exit(3)
         time.sleep(120)
     """))
-    r = run_launch(["--nproc_per_node", "2", str(script)], tmp_path, timeout=60)
+    r = run_launch(["--nproc_per_node", "2", str(script)], launch_env(tmp_path), timeout=60)
     assert r.returncode == 3, r.stdout
     assert "rank 1 (local rank 1)" in r.stdout and "exited with status 3" in r.stdout
     assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
@@ -163,10 +148,6 @@ def test_readmes_one_machine_commands_run_as_written(tmp_path):
     assert commands, "README's data-parallel section has no strata.launch command"
     for command in commands:
         argv = command.split()[3:]  # after "python3 -m strata.launch"
-        env = dict(os.environ, TMPDIR=str(tmp_path))
-        env.pop("STRATA_GLOO_DIR", None)
-        r = subprocess.run([sys.executable, "-m", "strata.launch", *argv], cwd=ROOT, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=300)
+        r = run_launch(argv, launch_env(tmp_path), cwd=ROOT)
         assert r.returncode == 0, f"{command}:\n{r.stdout}"
         assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
