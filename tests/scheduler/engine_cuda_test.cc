@@ -79,6 +79,31 @@ void MicroBatch(Engine& e, bool cuda, int batch) {
   }
 }
 
+// `windows` windows of 2 micro-batches of config `c` (registered with
+// `seed`), then the parameters; empty, with *skip saying why, when the
+// engine cannot be created (no GPU). *budgets, if given, gets the plan's.
+std::vector<std::vector<float>> TrainToy(const Config& c, uint64_t seed, int windows,
+                                         std::string* skip,
+                                         std::vector<TierBudget>* budgets = nullptr) {
+  auto e = CreateEngine(c);
+  if (!e.ok()) {
+    *skip = e.status().ToString();
+    return {};
+  }
+  testing::RegisterToy(**e, seed, kModules);
+  const bool cuda = c.strata.device == DeviceKind::kCuda;
+  int batch = 0;
+  for (int s = 0; s < windows; ++s)
+    for (int k = 0; k < 2; ++k) {
+      MicroBatch(**e, cuda, batch++);
+      auto st = (*e)->Step();
+      EXPECT_TRUE(st.ok()) << st.status();
+    }
+  EXPECT_TRUE((*e)->Synchronize().ok());
+  if (budgets != nullptr) *budgets = (*e)->Budgets();
+  return testing::ReadAll(**e);
+}
+
 class EngineOnCudaTest : public ::testing::TestWithParam<Placement> {};
 
 TEST_P(EngineOnCudaTest, TrainsLikeTheHostDevice) {
@@ -183,27 +208,14 @@ TEST(EngineOnCudaRatioTest, SplitAgreesWithTheHostDevice) {
       c.zero_optimization.offload_optimizer.ratio = ratio;
       c.gradient_accumulation_steps = c.train_batch_size = 2;
       c.gradient_clipping = 0.5;
-      std::vector<std::vector<float>> out;
-      auto e = CreateEngine(c);
-      if (!e.ok()) {
-        *skip = e.status().ToString();
-        return out;
-      }
-      testing::RegisterToy(**e, 11, kModules);
-      const bool cuda = kind == DeviceKind::kCuda;
-      int batch = 0;
-      for (int s = 0; s < 3; ++s)
-        for (int k = 0; k < 2; ++k) {
-          MicroBatch(**e, cuda, batch++);
-          auto st = (*e)->Step();
-          EXPECT_TRUE(st.ok()) << st.status();
-        }
-      EXPECT_TRUE((*e)->Synchronize().ok());
+      std::vector<TierBudget> budgets;
+      auto out = TrainToy(c, 11, 3, skip, &budgets);
+      if (out.empty()) return out;
       bool split = false;
-      for (const TierBudget& b : (*e)->Budgets())
+      for (const TierBudget& b : budgets)
         split |= b.tier == "hbm" && b.detail.find("stepped on the device") != std::string::npos;
       EXPECT_EQ(split, ratio < 1.0);
-      return testing::ReadAll(**e);
+      return out;
     };
     std::string why;
     const auto host = train(DeviceKind::kHost, 1.0, &why);
@@ -242,23 +254,7 @@ TEST(EngineOnCudaCompactStatesTest, GiveTheHostDevicesBits) {
         c.strata.optimizer_states = f;
         if (opt == OffloadDevice::kCpu) c.zero_optimization.offload_optimizer.ratio = 0.5;
         c.gradient_accumulation_steps = c.train_batch_size = 2;
-        std::vector<std::vector<float>> out;
-        auto e = CreateEngine(c);
-        if (!e.ok()) {
-          *skip = e.status().ToString();
-          return out;
-        }
-        testing::RegisterToy(**e, 13, kModules);
-        const bool cuda = kind == DeviceKind::kCuda;
-        int batch = 0;
-        for (int s = 0; s < 3; ++s)
-          for (int k = 0; k < 2; ++k) {
-            MicroBatch(**e, cuda, batch++);
-            auto st = (*e)->Step();
-            EXPECT_TRUE(st.ok()) << st.status();
-          }
-        EXPECT_TRUE((*e)->Synchronize().ok());
-        return testing::ReadAll(**e);
+        return TrainToy(c, 13, 3, skip);
       };
       std::string why;
       const auto host = train(DeviceKind::kHost, &why);
