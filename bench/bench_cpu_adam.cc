@@ -2,8 +2,11 @@
 // thread, straight through the kernel tables (no thread pool): every usable
 // ISA × optimizer × grad dtype × copy-out, at a cache-resident size (16K
 // elements: compute bound) and a DRAM size (8M elements: memory bound),
-// plus the roofline kernel and the plain scalar loop as baselines.
+// plus the roofline kernel and the plain scalar loop as baselines; and the
+// compact state formats' kernels (Compact/<format>/...: AdamW and their
+// roofline, fp32 grads, no copy-out) at the same two sizes.
 //   build-adam/bench/bench_cpu_adam --benchmark_filter='AdamW/.*bf16.*'
+//   build-adam/bench/bench_cpu_adam --benchmark_filter='Compact/int8/.*'
 // The end-to-end, multi-threaded comparison is `strata bench adam`.
 #include <benchmark/benchmark.h>
 
@@ -65,6 +68,51 @@ void BM_Kernel(benchmark::State& state, const KernelTable* table, KernelOp op, i
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * bytes));
 }
 
+// A compact format's kernel (KernelTable::compact): fp32 grads, no copy-out.
+// The states start as valid codes of small moments (bf16 bits, or 8-bit
+// codes with per-block scales).
+void BM_Compact(benchmark::State& state, const KernelTable* table, StateFormat sf, KernelOp op,
+                size_t n) {
+  Buffers b(n);
+  const bool int8 = sf == StateFormat::kInt8;
+  AlignedBuffer pc = std::move(*AlignedBuffer::Allocate(n * 2));
+  AlignedBuffer s0 = std::move(*AlignedBuffer::Allocate(n * 2));
+  AlignedBuffer s1 = std::move(*AlignedBuffer::Allocate(n * 2));
+  const size_t blocks = (n + kStateBlock - 1) / kStateBlock;
+  std::vector<float> sc0(blocks), sc1(blocks);
+  for (size_t i = 0; i < n; ++i) pc.as<uint16_t>()[i] = FloatToBf16Bits(b.p.as<float>()[i]);
+  if (int8) {
+    table->quantize_q8[0](b.m.as<float>(), n, s0.as<uint8_t>(), sc0.data());
+    table->quantize_q8[1](b.v.as<float>(), n, s1.as<uint8_t>(), sc1.data());
+  } else {
+    table->f32_to_bf16(b.m.as<float>(), s0.as<uint16_t>(), n);
+    table->f32_to_bf16(b.v.as<float>(), s1.as<uint16_t>(), n);
+  }
+  KernelArgs a;
+  a.param = b.p.as<float>();
+  a.param_c = pc.data();
+  a.grad = b.g.data();
+  a.state0_c = s0.data();
+  a.state1_c = s1.data();
+  a.scale0 = sc0.data();
+  a.scale1 = sc1.data();
+  a.n = n;
+  a.c.neg_step = -1e-6f;
+  a.c.grad_scale = 1e-3f;
+  a.sr_key0 = 0x12345678u;
+  a.sr_key1 = 0x9abcdef0u;
+  const StepFn fn = table->compact[static_cast<int>(sf) - 1][static_cast<int>(op)][0];
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(fn(a, false));
+    benchmark::ClobberMemory();
+  }
+  const double master = sf == StateFormat::kBf16Master ? 4 : 8;
+  const double moments = int8 ? 4 + 16.0 / kStateBlock : 8;
+  state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
+  state.SetBytesProcessed(
+      static_cast<int64_t>(static_cast<double>(state.iterations() * n) * (master + 4 + moments)));
+}
+
 const char* OpName(KernelOp op) {
   switch (op) {
     case KernelOp::kAdam: return "Adam";
@@ -93,6 +141,19 @@ int RegisterAll() {
                   ->Unit(benchmark::kMicrosecond);
             }
           }
+        }
+      }
+    }
+  }
+  for (const KernelTable* t : UsableTables()) {
+    for (StateFormat sf : {StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8}) {
+      for (KernelOp op : {KernelOp::kAdamW, KernelOp::kRoofline}) {
+        for (size_t n : {size_t{16} << 10, size_t{8} << 20}) {
+          const std::string name = "Compact/" + std::string(StateFormatName(sf)) + "/" +
+                                   OpName(op) + "/" + std::string(t->isa) + "/n_" +
+                                   std::to_string(n);
+          benchmark::RegisterBenchmark(name.c_str(), BM_Compact, t, sf, op, n)
+              ->Unit(benchmark::kMicrosecond);
         }
       }
     }
