@@ -27,6 +27,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from launch_util import in_torch_rendezvous  # noqa: E402
 from test_torch_frontend import BATCH, GPT, Encoder, batches, config  # noqa: E402
 
 STEPS = 6
@@ -39,25 +40,37 @@ def free_port():
 
 
 def run_ranks(world, args, tmp_path, timeout=300):
-    port = free_port()
-    procs = []
-    for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env.pop("STRATA_GLOO_DIR", None)
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *args,
-                                       str(tmp_path)], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{out}"
+    """The ranks as processes; launched once more (on a new port) when a
+    rank failed inside torch's own rendezvous (launch_util.py)."""
+
+    def launch():
+        port = free_port()
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+            env.pop("STRATA_GLOO_DIR", None)
+            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *args,
+                                           str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=timeout)[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+        return [p.returncode for p in procs], outs
+
+    codes, outs = launch()
+    if any(c != 0 and in_torch_rendezvous(o) for c, o in zip(codes, outs)):
+        for f in tmp_path.glob("rank*.json"):
+            f.unlink()
+        codes, outs = launch()
+    for r, (code, out) in enumerate(zip(codes, outs)):
+        assert code == 0, f"rank {r} exited with {code}:\n{out}"
     results = []
     for r in range(world):
         with open(tmp_path / f"rank{r}.json") as f:
