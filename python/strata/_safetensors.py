@@ -89,9 +89,11 @@ def read_safetensors(path):
         numel = 1
         for d in shape:
             numel *= d
-        if not 0 <= b <= e <= len(body) or e - b != numel * torch.empty((), dtype=dtype).element_size():
+        itemsize = torch.empty((), dtype=dtype, device="cpu").element_size()
+        if not 0 <= b <= e <= len(body) or e - b != numel * itemsize:
             raise bad(f"{name}: bytes [{b}, {e}) do not hold {shape} of {entry['dtype']} "
                       f"in a body of {len(body)}")
         raw = torch.frombuffer(bytearray(body[b:e]), dtype=torch.uint8)
-        out[name] = raw.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+        out[name] = (raw.view(dtype).reshape(shape) if numel
+                     else torch.empty(shape, dtype=dtype, device="cpu"))
     return out

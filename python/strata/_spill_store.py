@@ -9,11 +9,11 @@ names the bytes expected. Knows nothing of parameters or modules
 (strata.init_context does).
 """
 
+import ctypes
 import os
 import shutil
 import weakref
 
-import torch
 
 from ._errors import StrataError
 
@@ -23,8 +23,10 @@ def _remove_tree(path):
 
 
 def _as_bytes(t):
-    """A writable byte view (numpy, for readinto/write) of a contiguous CPU tensor."""
-    return t.view(-1).view(torch.uint8).numpy()
+    """A writable byte buffer over a contiguous CPU tensor's memory (for
+    readinto/write; the caller keeps `t` alive while it is used). Not
+    through numpy, which torch 2's wheels do not require."""
+    return (ctypes.c_ubyte * (t.numel() * t.element_size())).from_address(t.data_ptr())
 
 
 class _Store:

@@ -67,7 +67,9 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
   writes it into the engine (WriteParameter), and a post-hook takes those
   keys out of missing_keys again; shape errors are torch's messages.
 
-One engine drives one model, from one thread.
+One engine drives one model, from one thread at a time (on CUDA, autograd
+runs the backward hooks on its device thread while the caller waits in
+backward()).
 """
 
 import atexit
@@ -79,6 +81,7 @@ import tempfile
 import weakref
 
 import torch
+import torch.utils.checkpoint
 import torch.utils.dlpack as _dlpack
 
 from . import _hooks
@@ -129,6 +132,18 @@ def engine_of_parameter(p):
     None (deepspeed.zero.GatheredParameters finds parameters this way)."""
     engine = _engine_of([p])
     return None if engine is None else (engine, engine._param_id[id(p)])
+
+
+def _whole_recomputation():
+    """torch 2.1 and later end a non-reentrant checkpoint's recomputation as
+    soon as it has rebuilt the tensors backward needs, by raising inside
+    the recomputed forward. The modules it cuts short never run their
+    forward hooks, so their parameters would stay fetched and their views
+    stale. This turns that early stop off for the checkpoints made inside
+    the forward (torch reads the setting when checkpoint() runs), so each
+    recomputation runs to its end as on torch 1.13, which has no early stop."""
+    early_stop = getattr(torch.utils.checkpoint, "set_checkpoint_early_stop", None)
+    return early_stop(False) if early_stop is not None else contextlib.nullcontext()
 
 
 class Engine:
@@ -342,7 +357,7 @@ class Engine:
             self._end_failed_forward()
         self._call_depth += 1
         try:
-            with self._caller_ordered(), self._saved_tensor_hooks():
+            with self._caller_ordered(), self._saved_tensor_hooks(), _whole_recomputation():
                 return self.module(*args, **kwargs)
         except BaseException as e:
             if outermost:

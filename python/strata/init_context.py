@@ -96,7 +96,7 @@ class _Spill:
         self._discard = weakref.finalize(self, store.discard, self.key)
 
     def read(self):
-        t = torch.empty(self.shape, dtype=self.dtype)
+        t = torch.empty(self.shape, dtype=self.dtype, device="cpu")
         self.store.read(self.key, t, self.name)
         return t
 
@@ -113,12 +113,20 @@ class _Spill:
         self._discard()
 
 
+# torch.Tensor's C base class (TensorBase since torch 2.2, _TensorBase before).
+_TENSOR_BASE = getattr(torch._C, "TensorBase", None) or torch._C._TensorBase
+# Inside SpilledParameter's own __torch_function__: the subclass's handler
+# off, torch function modes (torch.set_default_device's) left on. torch 1.13
+# has only DisableTorchFunction, which has no modes to leave on there.
+_NO_SUBCLASS_FUNCTION = getattr(torch._C, "DisableTorchFunctionSubclass",
+                                torch._C.DisableTorchFunction)
+
 # Reading these leaves a spilled parameter spilled: its metadata, which the
 # placeholder carries. Anything else reads it back first.
-_METADATA_ATTRS = {torch._C._TensorBase.__dict__[name] for name in (
+_METADATA_ATTRS = {_TENSOR_BASE.__dict__[name] for name in (
     "shape", "dtype", "device", "requires_grad", "is_leaf", "grad", "grad_fn", "layout", "ndim",
     "is_sparse", "is_cuda", "is_meta", "is_quantized", "is_mkldnn", "names", "name",
-    "_backward_hooks", "output_nr", "_version") if name in torch._C._TensorBase.__dict__}
+    "_backward_hooks", "output_nr", "_version") if name in _TENSOR_BASE.__dict__}
 _METADATA = {getattr(torch.Tensor, name) for name in (
     "size", "dim", "ndimension", "numel", "nelement", "element_size", "is_floating_point",
     "is_complex", "requires_grad_", "get_device", "__hash__", "__repr__", "register_hook")
@@ -144,7 +152,7 @@ class SpilledParameter(torch.nn.Parameter):
             for a in tree_flatten((args, kwargs))[0]:
                 if type(a) is SpilledParameter:
                     _read_back(a)
-        with torch._C.DisableTorchFunction():
+        with _NO_SUBCLASS_FUNCTION():
             return func(*args, **kwargs)
 
     def __deepcopy__(self, memo):
@@ -179,7 +187,7 @@ _PLACEHOLDERS = {}
 def _placeholder(shape, dtype):
     base = _PLACEHOLDERS.get(dtype)
     if base is None:
-        base = _PLACEHOLDERS[dtype] = torch.zeros((), dtype=dtype)
+        base = _PLACEHOLDERS[dtype] = torch.zeros((), dtype=dtype, device="cpu")
     return base.expand(shape)
 
 
@@ -188,12 +196,12 @@ def _record(p):
 
 
 def _set_data(p, t):
-    with torch._C.DisableTorchFunction():
+    with _NO_SUBCLASS_FUNCTION():
         p.data = t
 
 
 def _data(p):
-    with torch._C.DisableTorchFunction():
+    with _NO_SUBCLASS_FUNCTION():
         return p.data
 
 

@@ -107,7 +107,10 @@ def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
 
     # Checkpoints: a tag, latest, client_state.
     ckpt = tmp_path / "ckpt"
-    assert engine.save_checkpoint(ckpt, client_state={"epoch": 3, "w": torch.ones(2)})
+    # (A Namespace: any picklable object, not only what torch 2.6's
+    # weights_only loading allows.)
+    assert engine.save_checkpoint(ckpt, client_state={"epoch": 3, "w": torch.ones(2),
+                                                      "args": argparse.Namespace(lr=0.5)})
     assert (ckpt / "latest").read_text() == f"global_step{STEPS}"
     engine.save_checkpoint(ckpt, tag="mine", save_latest=False)
     assert (ckpt / "latest").read_text() == f"global_step{STEPS}"
@@ -143,6 +146,7 @@ def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
     path, client = engine2.load_checkpoint(ckpt)
     assert path is not None and f"global_step{STEPS}" in path
     assert client["epoch"] == 3 and torch.equal(client["w"], torch.ones(2))
+    assert client["args"] == argparse.Namespace(lr=0.5)
     assert engine2.global_steps == STEPS
     assert engine2.lr_scheduler.last_epoch == scheduler.last_epoch
     for k, v in engine2.state_dict().items():

@@ -181,7 +181,10 @@ class DeepSpeedEngine(_engine_mod.Engine):
         client_state = {}
         cs = os.path.join(path, "client_state.pt")
         if os.path.exists(cs):
-            client_state = torch.load(cs)
+            # Any picklable dict, as DeepSpeed's client_state is: torch 2.6
+            # and later load only tensors and plain containers by default.
+            # The file is the one save_checkpoint wrote (mode 0600).
+            client_state = torch.load(cs, weights_only=False)
         sched = client_state.pop("_strata_lr_scheduler", None)
         if (sched is not None and load_lr_scheduler_states and self.lr_scheduler is not None
                 and hasattr(self.lr_scheduler, "load_state_dict")):

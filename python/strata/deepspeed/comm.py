@@ -63,8 +63,10 @@ def get_local_rank():
 
 
 def barrier(group=None, async_op=False, device_ids=None):
+    """device_ids (NCCL: the GPUs the barrier runs on) only when given."""
     if _up():
-        return torch.distributed.barrier(group=group, async_op=async_op)
+        extra = {} if device_ids is None else {"device_ids": device_ids}
+        return torch.distributed.barrier(group=group, async_op=async_op, **extra)
     return None
 
 
