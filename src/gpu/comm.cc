@@ -104,14 +104,17 @@ StatusOr<CommOptions> CommOptionsFromEnv() {
   o.unique_id_file = internal::UniqueIdPath(o);
   if (const char* v = std::getenv("STRATA_GLOO_DIR"); v != nullptr) o.rendezvous_dir = v;
   if (const char* v = std::getenv("STRATA_GLOO_HOST"); v != nullptr) o.listen_host = v;
-  if (const char* v = std::getenv("STRATA_COMM_TIMEOUT_S"); v != nullptr && *v != '\0') {
+  for (auto [name, field] : {std::pair{"STRATA_COMM_TIMEOUT_S", &o.timeout_s},
+                             std::pair{"STRATA_COMM_CONNECT_TIMEOUT_S", &o.connect_timeout_s}}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
     char* end = nullptr;
     errno = 0;
     const double t = std::strtod(v, &end);
     if (errno != 0 || *end != '\0' || !(t > 0) || t > 1e6)
       return InvalidArgumentError(fmt::format(
-          "environment STRATA_COMM_TIMEOUT_S=\"{}\" is not a positive number of seconds", v));
-    o.timeout_s = t;
+          "environment {}=\"{}\" is not a positive number of seconds (at most 1e6)", name, v));
+    *field = t;
   }
   return o;
 }

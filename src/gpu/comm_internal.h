@@ -39,9 +39,15 @@ StatusOr<UniqueId> ReadUniqueId(const std::string& path, double timeout_s);
 StatusOr<std::optional<UniqueId>> UniqueIdFromEnv();
 std::string UniqueIdToHex(const UniqueId& id);
 
+// CommOptions::connect_timeout_s, or timeout_s when that is 0.
+inline double ConnectTimeoutS(const CommOptions& options) {
+  return options.connect_timeout_s > 0 ? options.connect_timeout_s : options.timeout_s;
+}
+
 // Connects options.world_size ranks through Gloo's FileStore in
 // GlooRendezvousDir and TCP; Unavailable (naming the directory, the address
-// and the timeout) when the peers do not all arrive within options.timeout_s.
+// and the timeout) when the peers do not all arrive within
+// ConnectTimeoutS(options).
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
                                                                const CommOptions& options);
 // options.rendezvous_dir, or "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>".

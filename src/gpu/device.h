@@ -662,6 +662,11 @@ struct CommOptions {
   // are host functions: a Synchronize that waits behind one for longer than
   // DeviceOptions::host_deadlock_timeout_s reports a deadlock first.
   double timeout_s = 300;
+  // How long start-up may wait for the peers (Gloo's rendezvous; NCCL: the
+  // non-zero ranks' wait for the id); 0: timeout_s. Ranks started minutes
+  // apart (one loading a model first) need a long one, while timeout_s can
+  // stay short to catch a hung peer in a collective.
+  double connect_timeout_s = 0;
   // Gloo: the directory through which the ranks exchange their addresses
   // (Gloo's FileStore; on a filesystem every rank sees). Empty:
   // "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>"; STRATA_GLOO_DIR overrides.
@@ -676,7 +681,7 @@ struct CommOptions {
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (as torchrun sets them), MASTER_ADDR and
 // MASTER_PORT (for the default id file and rendezvous directory),
 // STRATA_NCCL_ID_FILE, STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_COMM_TIMEOUT_S
-// (seconds, > 0).
+// and STRATA_COMM_CONNECT_TIMEOUT_S (seconds, > 0).
 // Unset → a single rank. Junk or an inconsistent rank → InvalidArgument
 // naming the variable.
 StatusOr<CommOptions> CommOptionsFromEnv();

@@ -37,8 +37,11 @@
 // rank then writes its verdict (ok/failed) for the attempt and reads every
 // other's; all ok ends the rendezvous, anything else starts the next attempt
 // (a rank that failed closes its sockets, so its peers fail fast too). The
-// attempts share CommOptions::timeout_s. The data itself is neither
-// encrypted nor authenticated.
+// attempts share ConnectTimeoutS(options) (CommOptions::connect_timeout_s,
+// else timeout_s), and each may block for a quarter of it (10 to 60 s): a
+// rank connected to a stranger, or to a peer that has left the attempt, may
+// see no error, and the others wait for its verdict. The collectives then
+// wait timeout_s. The data itself is neither encrypted nor authenticated.
 //
 // Stream ordering: each collective is a host function on the stream
 // (Stream::EnqueueHostCallback): it runs after the stream's earlier work and
@@ -70,6 +73,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstring>
@@ -423,6 +427,11 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   if (!(options.timeout_s > 0))
     return InvalidArgumentError(
         fmt::format("communicator: timeout_s {} must be positive", options.timeout_s));
+  if (!(options.connect_timeout_s >= 0))
+    return InvalidArgumentError(
+        fmt::format("communicator: connect_timeout_s {} must be positive (or 0: timeout_s)",
+                    options.connect_timeout_s));
+  const double connect_s = ConnectTimeoutS(options);
   const std::string dir = GlooRendezvousDir(options);
   const std::string host = GlooListenHost(options);
   // The store's files name the peers every rank connects to: the directory
@@ -439,11 +448,19 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   IgnoreSigpipe();
   using Clock = std::chrono::steady_clock;
   const auto deadline =
-      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3));
-  auto left = [&] {
+      Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(connect_s * 1e3));
+  auto until = [](Clock::time_point end) {
     return std::max(std::chrono::milliseconds(1),
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+                    std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()));
   };
+  auto left = [&] { return until(deadline); };
+  // One attempt may block at most this long (connecting, the secrets'
+  // exchange): a rank whose connection went to a stranger, or to a peer that
+  // has left the attempt, can wait on it without an error, and the others
+  // wait for its verdict, so without a bound one such rank holds every rank
+  // until the deadline instead of starting the next attempt.
+  const auto per_attempt =
+      std::chrono::milliseconds(static_cast<int64_t>(std::clamp(connect_s / 4, 10.0, 60.0) * 1e3));
   std::string last_error;
   int attempts = 0;
   try {
@@ -454,6 +471,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
     for (int attempt = 0; Clock::now() < deadline; ++attempt) {
       attempts = attempt + 1;
       gloo::rendezvous::PrefixStore store(fmt::format("attempt-{}", attempt), files);
+      const Clock::time_point attempt_end = std::min(deadline, Clock::now() + per_attempt);
       std::shared_ptr<gloo::rendezvous::Context> context;
       bool ok = false;
       try {
@@ -464,7 +482,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         for (char& c : secret) c = static_cast<char>(entropy());
         store.set(fmt::format("secret-{}", options.rank), secret);
         context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
-        context->setTimeout(left());
+        // Gloo waits up to 5 times the context's timeout for a pair to
+        // connect (tcp/pair.h), once that for the store and the exchange.
+        context->setTimeout(std::max(std::chrono::milliseconds(1), until(attempt_end) / 5));
         context->connectFullMesh(store, dev);
         // Identity: every peer sends the secret it wrote to the directory.
         std::vector<char> all(secret.size() * static_cast<size_t>(options.world_size));
@@ -476,7 +496,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         ok = true;
         for (int r = 0; r < options.world_size && ok; ++r) {
           const std::string key = fmt::format("secret-{}", r);
-          store.wait({key}, left());
+          store.wait({key}, until(attempt_end));
           const std::vector<char> want = store.get(key);
           if (!std::equal(want.begin(), want.end(), all.begin() + r * secret.size(),
                           all.begin() + (r + 1) * secret.size())) {
@@ -529,7 +549,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
       "gloo rendezvous: rank {} of {} could not connect to its peers within {:g} s through {} "
       "(listening on {}, {} attempt(s); are all ranks started with the same "
       "MASTER_ADDR/MASTER_PORT or STRATA_GLOO_DIR?): {}",
-      options.rank, options.world_size, options.timeout_s, dir, host, attempts,
+      options.rank, options.world_size, connect_s, dir, host, attempts,
       last_error.empty() ? "timed out" : last_error));
 }
 

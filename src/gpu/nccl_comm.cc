@@ -214,7 +214,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
       RETURN_IF_ERROR(WriteUniqueId(id_file, id));
     }
   } else {
-    ASSIGN_OR_RETURN(id, ReadUniqueId(UniqueIdPath(options), options.timeout_s));
+    ASSIGN_OR_RETURN(id, ReadUniqueId(UniqueIdPath(options), ConnectTimeoutS(options)));
   }
   ncclUniqueId nid;
   std::memcpy(&nid, id.data(), kUniqueIdBytes);

@@ -102,6 +102,8 @@ struct Ctx {
   }
 };
 
+constexpr double kConnectTimeoutS = 30;  // below RunRanks' 60 s limit: its own error first
+
 Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30) {
   Ctx c;
   DeviceOptions d;
@@ -116,6 +118,9 @@ Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30) {
   o.world_size = e.world;
   o.rendezvous_dir = e.dir;
   o.timeout_s = e.timeout_s;
+  // Start-up gets its own, longer timeout: a short collective timeout must
+  // not fail the rendezvous of ranks forked on a loaded machine.
+  o.connect_timeout_s = kConnectTimeoutS;
   auto comm = CreateCommunicator(*c.device, o);
   RANK_OK(comm.status());
   c.comm = std::move(*comm);
@@ -351,6 +356,21 @@ TEST(GlooCommTest, MissingPeerFailsTheRendezvous) {
   EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(std::string(comm.status().message()).find(dir.str()), std::string::npos)
       << comm.status();
+  EXPECT_NE(std::string(comm.status().message()).find("within 0.5 s"), std::string::npos)
+      << comm.status();
+  // connect_timeout_s, when set, bounds the rendezvous instead (timeout_s
+  // is the collectives').
+  o.timeout_s = 600;
+  o.connect_timeout_s = 0.25;
+  const auto t0 = std::chrono::steady_clock::now();
+  comm = CreateCommunicator(*dev, o);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(comm.ok());
+  EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(std::string(comm.status().message()).find("within 0.25 s"), std::string::npos)
+      << comm.status();
+  EXPECT_LT(waited, 300) << "the rendezvous waited for timeout_s, not connect_timeout_s";
 }
 
 // The rendezvous directory names the peers every rank connects to: one that
@@ -500,7 +520,21 @@ TEST(GlooCommTest, BadOptionsAreRefusedNamingTheVariable) {
   ASSERT_FALSE(comm.ok());
   EXPECT_NE(std::string(comm.status().message()).find("timeout_s"), std::string::npos)
       << comm.status();
+  o.timeout_s = 10;
+  o.connect_timeout_s = -1;
+  comm = CreateCommunicator(*dev, o);
+  ASSERT_FALSE(comm.ok());
+  EXPECT_NE(std::string(comm.status().message()).find("connect_timeout_s -1"), std::string::npos)
+      << comm.status();
 
+  setenv("STRATA_COMM_CONNECT_TIMEOUT_S", "-3", 1);
+  auto bad_connect = CommOptionsFromEnv();
+  unsetenv("STRATA_COMM_CONNECT_TIMEOUT_S");
+  ASSERT_FALSE(bad_connect.ok());
+  EXPECT_NE(
+      std::string(bad_connect.status().message()).find("STRATA_COMM_CONNECT_TIMEOUT_S=\"-3\""),
+      std::string::npos)
+      << bad_connect.status();
   setenv("STRATA_COMM_TIMEOUT_S", "soon", 1);
   auto env = CommOptionsFromEnv();
   unsetenv("STRATA_COMM_TIMEOUT_S");
@@ -510,11 +544,17 @@ TEST(GlooCommTest, BadOptionsAreRefusedNamingTheVariable) {
   setenv("STRATA_GLOO_DIR", "/some/dir", 1);
   setenv("STRATA_COMM_TIMEOUT_S", "2.5", 1);
   env = CommOptionsFromEnv();
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->connect_timeout_s, 0);  // unset: the rendezvous takes timeout_s
+  setenv("STRATA_COMM_CONNECT_TIMEOUT_S", "120", 1);
+  env = CommOptionsFromEnv();
   unsetenv("STRATA_GLOO_DIR");
   unsetenv("STRATA_COMM_TIMEOUT_S");
+  unsetenv("STRATA_COMM_CONNECT_TIMEOUT_S");
   ASSERT_TRUE(env.ok()) << env.status();
   EXPECT_EQ(env->rendezvous_dir, "/some/dir");
   EXPECT_EQ(env->timeout_s, 2.5);
+  EXPECT_EQ(env->connect_timeout_s, 120);
 }
 
 // `strata bench comm --nproc 2` starts two ranks itself and rank 0 prints

@@ -58,6 +58,8 @@ void SetRankEnv(const RankEnv& e, bool data_parallel) {
   setenv("MASTER_PORT", "29500", 1);
   setenv("STRATA_GLOO_DIR", (e.dir + "/gloo").c_str(), 1);
   setenv("STRATA_COMM_TIMEOUT_S", fmt::format("{}", e.timeout_s).c_str(), 1);
+  // Start-up may take longer than a short collective timeout on a loaded machine.
+  setenv("STRATA_COMM_CONNECT_TIMEOUT_S", "30", 1);  // below RunRanks' 60 s limit
 }
 
 // The toy's numel, module 3's weight `extra` elements longer.
@@ -1185,6 +1187,7 @@ void DeadPeerScenario(const RankEnv& e) {
   o.world_size = e.world;
   o.rendezvous_dir = e.dir + "/gloo";
   o.timeout_s = e.timeout_s;
+  o.connect_timeout_s = 30;
   auto dp = scheduler::DataParallel::Create(dev->get(), o, 3);
   RANK_OK(dp.status());
   std::vector<scheduler::ParamRec> params;
