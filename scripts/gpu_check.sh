@@ -73,6 +73,26 @@ if [ "$FRONTEND" = 1 ]; then
   FDIR="${OUT:+$OUT/frontend}"
   FDIR="${FDIR:-$BUILD/frontend}"
   mkdir -p "$FDIR"
+  # What this Python has, for the record (and whether DeepSpeed's ZeRO-Offload
+  # could run here as a baseline: it needs these packages, and no network).
+  echo "== gpu_check: this Python's packages"
+  timeout 60 "$PY" - <<'PY' 2>&1 | tee "$FDIR/python_packages.txt"
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ("torch", "pybind11", "numpy", "deepspeed", "pydantic", "pydantic_core", "hjson",
+             "cpuinfo", "ninja", "psutil", "msgpack", "packaging", "tqdm", "einops"):
+    try:
+        m = importlib.import_module(name)
+        print(f"{name} {getattr(m, '__version__', 'present')}")
+    except Exception as e:
+        print(f"{name} missing ({type(e).__name__})")
+try:
+    import torch
+    print("cuda", torch.version.cuda, "available", torch.cuda.is_available(),
+          torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
+except Exception as e:
+    print("torch.cuda:", e)
+PY
   echo "== gpu_check: the Python package for $("$PY" --version 2>&1) (scripts/build_python.sh)"
   if ! PYTHON="$PY" timeout 300 "$ROOT/scripts/build_python.sh" "$BUILD" "$BUILD/python-frontend"; then
     echo "gpu_check: FAIL: scripts/build_python.sh"
