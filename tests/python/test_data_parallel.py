@@ -20,6 +20,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -40,37 +41,54 @@ def free_port():
 
 
 def run_ranks(world, args, tmp_path, timeout=300):
-    """The ranks as processes; launched once more (on a new port) when a
-    rank failed inside torch's own rendezvous (launch_util.py)."""
+    """The ranks as processes, each one's output in a file. A rank that
+    fails gets its peers ended 30 s later (as a launcher would: they may be
+    waiting for it in torch's rendezvous); the ranks are launched once more
+    (on a new port) when one failed inside torch's own rendezvous
+    (launch_util.py)."""
 
-    def launch():
+    def launch(attempt):
         port = free_port()
-        procs = []
+        procs, logs = [], []
         for r in range(world):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port))
             env.pop("STRATA_GLOO_DIR", None)
+            log = open(tmp_path / f"rank{r}-launch{attempt}.log", "w+")
+            logs.append(log)
             procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *args,
-                                           str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                                           str(tmp_path)], env=env, stdout=log,
                                           stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + timeout
+        failed_at = None
+        while any(p.poll() is None for p in procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+                failed_at = now
+            if now > deadline or (failed_at is not None and now - failed_at > 30):
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                break
+            time.sleep(0.1)
         outs = []
-        for p in procs:
-            try:
-                outs.append(p.communicate(timeout=timeout)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
+        for p, log in zip(procs, logs):
+            p.wait()
+            log.seek(0)
+            outs.append(log.read())
+            log.close()
         return [p.returncode for p in procs], outs
 
-    codes, outs = launch()
+    codes, outs = launch(0)
     if any(c != 0 and in_torch_rendezvous(o) for c, o in zip(codes, outs)):
         for f in tmp_path.glob("rank*.json"):
             f.unlink()
-        codes, outs = launch()
+        codes, outs = launch(1)
     for r, (code, out) in enumerate(zip(codes, outs)):
-        assert code == 0, f"rank {r} exited with {code}:\n{out}"
+        assert code == 0, (f"rank {r} exited with {code} (-9: ended after its peer failed, or "
+                           f"after {timeout} s):\n{out}\n" +
+                           "".join(f"--- rank {q}:\n{o}\n" for q, o in enumerate(outs) if q != r))
     results = []
     for r in range(world):
         with open(tmp_path / f"rank{r}.json") as f:
