@@ -26,6 +26,10 @@
 #   the step timelines into OUT/frontend (BUILD/frontend without OUT). With
 #   --host: the bench at its tiny size on the host device and the CUDA
 #   cases' skips, so that this path cannot rot.
+# --frontend needs pytest: without one on that Python it takes Debian's,
+#   packed here by scripts/pack_pytest.sh into .gpu/pydeps and carried beside
+#   the pack (carry [".gpu/pack", ".gpu/pydeps"]; STRATA_GPU_PYDEPS names
+#   another folder).
 # Environment: BUILD (build tree; default build/), STRATA (the CLI; default
 #   BUILD/apps/strata/strata), OUT, STRATA_GPU_CHECK_BUDGET (560 s),
 #   STRATA_GPU_CHECK_TEST_TIMEOUT (per test, 90 s), STRATA_GPU_CHECK_JOBS (8),
@@ -99,6 +103,16 @@ PY
     exit 1
   fi
   export PYTHONPATH="$BUILD/python-frontend/python"
+  # No pytest on this Python: Debian's, carried (scripts/pack_pytest.sh).
+  PYDEPS="${STRATA_GPU_PYDEPS:-$ROOT/.gpu/pydeps}"
+  if ! "$PY" -c 'import pytest' 2>/dev/null; then
+    if [ -d "$PYDEPS" ] && PYTHONPATH="$PYTHONPATH:$PYDEPS" "$PY" -c 'import pytest' 2>/dev/null; then
+      export PYTHONPATH="$PYTHONPATH:$PYDEPS"
+      echo "== gpu_check: pytest from $PYDEPS (this Python has none)"
+    else
+      echo "gpu_check: no pytest for $PY and none carried in $PYDEPS (scripts/pack_pytest.sh here, then carry .gpu/pydeps)"
+    fi
+  fi
   tests=("$ROOT/tests/python")
   [ "$HOST" = 1 ] && tests=("$ROOT/tests/python/test_cuda_frontend.py")
   LEFT=$((BUDGET - SECONDS - 60))
