@@ -99,7 +99,7 @@ def run_ranks(world, args, tmp_path, timeout=300):
 def digest_of(sd):
     digest = hashlib.sha256()
     for k in sorted(sd):
-        digest.update(sd[k].numpy().tobytes())
+        digest.update(bytes(sd[k].contiguous().view(-1).view(torch.uint8).tolist()))
     return digest.hexdigest()
 
 

@@ -219,7 +219,8 @@ path, client = engine.load_checkpoint(os.path.join(out, f"ckpt{{stage}}"))
 sd = engine.state_dict()
 digest = hashlib.sha256()
 for k in sorted(sd):
-    digest.update(sd[k].float().numpy().tobytes())
+    t = sd[k].float().contiguous().view(-1)
+    digest.update(bytes(t.view(torch.uint8).tolist()))
 json.dump({{"rank": rank, "seen": seen, "digest": digest.hexdigest(),
            "steps": engine.global_steps, "path": path}},
           open(os.path.join(out, f"rank{{rank}}-stage{{stage}}.json"), "w"))

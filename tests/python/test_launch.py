@@ -92,7 +92,7 @@ TRAIN = textwrap.dedent("""
     sd = engine.state_dict()  # a collective: every rank asks
     digest = hashlib.sha256()
     for k in sorted(sd):
-        digest.update(sd[k].float().numpy().tobytes())
+        digest.update(bytes(sd[k].float().contiguous().view(-1).view(torch.uint8).tolist()))
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
         json.dump({"rank": rank, "world": dist.get_world_size(),
                    "local_rank": int(os.environ["LOCAL_RANK"]), "digest": digest.hexdigest()}, f)

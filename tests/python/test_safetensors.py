@@ -26,7 +26,7 @@ def reference_bytes(tensors, metadata=None):
     offset = 0
     for name, t in tensors.items():
         t = t.detach().contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        data = bytes(t.reshape(-1).view(torch.uint8).tolist())  # (no numpy)
         dtype = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
                  torch.float64: "F64", torch.int64: "I64", torch.int32: "I32",
                  torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
