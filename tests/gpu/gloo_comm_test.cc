@@ -413,35 +413,76 @@ TEST(GlooCommTest, ARendezvousDirectoryOthersControlIsRefused) {
   EXPECT_EQ(st.st_mode & 0777, 0700u);
 }
 
-// Loopback TCP ports in LISTEN state, from /proc/net/tcp.
-std::set<int> ListeningLoopbackPorts() {
+// Loopback TCP ports in LISTEN state whose socket is one of `inodes`, from
+// /proc/net/tcp.
+std::set<int> ListeningLoopbackPorts(const std::set<std::string>& inodes) {
   std::set<int> ports;
   std::ifstream f("/proc/net/tcp");
   std::string line;
   std::getline(f, line);  // header
   while (std::getline(f, line)) {
     std::istringstream in(line);
-    std::string slot, local, remote, state;
-    in >> slot >> local >> remote >> state;
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    in >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
+        inode;
     const size_t colon = local.find(':');
     if (state != "0A" || colon == std::string::npos) continue;  // 0A: LISTEN
     if (local.substr(0, colon) != "0100007F") continue;         // 127.0.0.1
+    if (!inodes.count(inode)) continue;
     ports.insert(std::stoi(local.substr(colon + 1), nullptr, 16));
   }
   return ports;
 }
 
-// A hostile client on loopback: every loopback port that starts listening
-// after it does gets connections that send junk and close, and one that
-// stays open and silent, for `seconds`.
+// The other processes this process's parent forked (RunRanks' ranks).
+std::vector<pid_t> SiblingPids() {
+  std::vector<pid_t> pids;
+  const pid_t parent = getppid(), self = getpid();
+  for (const auto& d : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = d.path().filename();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (pid == self) continue;
+    std::ifstream f(d.path() / "stat");
+    std::string stat;
+    if (!std::getline(f, stat)) continue;
+    const size_t close = stat.rfind(')');  // after "pid (comm)": state, then ppid
+    if (close == std::string::npos) continue;
+    std::istringstream in(stat.substr(close + 1));
+    std::string state;
+    long ppid = 0;
+    if (in >> state >> ppid && ppid == parent) pids.push_back(pid);
+  }
+  return pids;
+}
+
+// The inodes of the sockets `pids` hold ("socket:[N]" file descriptors).
+std::set<std::string> SocketInodes(const std::vector<pid_t>& pids) {
+  std::set<std::string> inodes;
+  for (pid_t pid : pids) {
+    std::error_code ec;
+    for (const auto& fd :
+         std::filesystem::directory_iterator(fmt::format("/proc/{}/fd", pid), ec)) {
+      const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+      if (!ec && target.rfind("socket:[", 0) == 0)
+        inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  return inodes;
+}
+
+// A hostile client on loopback: every loopback port the other ranks of this
+// test start listening on (never another process's: tests run side by side)
+// gets connections that send junk and close, and one that stays open and
+// silent, for `seconds`.
 void JunkClient(double seconds) {
-  const std::set<int> before = ListeningLoopbackPorts();
+  const std::vector<pid_t> ranks = SiblingPids();
   std::set<int> hit;
   std::vector<int> silent;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
-    for (int port : ListeningLoopbackPorts()) {
-      if (before.count(port) || hit.count(port)) continue;
+    for (int port : ListeningLoopbackPorts(SocketInodes(ranks))) {
+      if (hit.count(port)) continue;
       hit.insert(port);
       for (int k = 0; k < 3; ++k) {
         const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -465,7 +506,9 @@ void JunkClient(double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (int fd : silent) close(fd);
-  std::fprintf(stderr, "junk client: %zu ports hit\n", hit.size());
+  std::fprintf(stderr, "junk client: %zu ports of %zu ranks hit\n", hit.size(), ranks.size());
+  RANK_CHECK(ranks.size() == 2 && !hit.empty(), "the junk client found {} ranks and hit {} ports",
+             ranks.size(), hit.size());
 }
 
 // Junk on the rendezvous ports during start-up is not fatal: two ranks (a
