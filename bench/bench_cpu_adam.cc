@@ -15,8 +15,8 @@
 
 #include "src/common/aligned_buffer.h"
 #include "src/common/half.h"
-#include "src/cpu_adam/kernel.h"
 #include "src/cpu_adam/cpu_adam.h"
+#include "src/cpu_adam/kernel.h"
 
 namespace strata::cpu_adam::internal {
 namespace {
@@ -39,13 +39,14 @@ struct Buffers {
   }
 };
 
-void BM_Kernel(benchmark::State& state, const KernelTable* table, KernelOp op, int gd, CopyOut co, size_t n,
-               bool stream) {
+void BM_Kernel(benchmark::State& state, const KernelTable* table, KernelOp op, int gd, CopyOut co,
+               size_t n, bool stream) {
   Buffers b(n);
   if (gd != 0) {  // gradients as 16-bit patterns
     auto* g16 = b.g.as<uint16_t>();
     for (size_t i = 0; i < n; ++i)
-      g16[i] = gd == 1 ? FloatToHalfBits(0.25f - 0.5f * (i % 7) / 7.f) : FloatToBf16Bits(0.25f - 0.5f * (i % 7) / 7.f);
+      g16[i] = gd == 1 ? FloatToHalfBits(0.25f - 0.5f * (i % 7) / 7.f)
+                       : FloatToBf16Bits(0.25f - 0.5f * (i % 7) / 7.f);
   }
   KernelArgs a;
   a.param = b.p.as<float>();
@@ -63,7 +64,8 @@ void BM_Kernel(benchmark::State& state, const KernelTable* table, KernelOp op, i
     benchmark::ClobberMemory();
   }
   const size_t states = (op == KernelOp::kAdagrad || op == KernelOp::kLion) ? 1 : 2;
-  const size_t bytes = 8 + (gd == 0 ? 4 : 2) + states * 8 + (co == CopyOut::kNone ? 0 : (co == CopyOut::kFp32 ? 4 : 2));
+  const size_t bytes = 8 + (gd == 0 ? 4 : 2) + states * 8 +
+                       (co == CopyOut::kNone ? 0 : (co == CopyOut::kFp32 ? 4 : 2));
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * bytes));
 }
@@ -106,20 +108,25 @@ void BM_Compact(benchmark::State& state, const KernelTable* table, StateFormat s
     benchmark::DoNotOptimize(fn(a, false));
     benchmark::ClobberMemory();
   }
-  const double master = sf == StateFormat::kBf16Master ? 4 : 8;
-  const double moments = int8 ? 4 + 16.0 / kStateBlock : 8;
+  // (The roofline kernel moves AdamW's arrays.)
+  const double bytes = BytesPerElement(Algorithm::kAdamW, DType::kFp32, std::nullopt, sf);
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));
   state.SetBytesProcessed(
-      static_cast<int64_t>(static_cast<double>(state.iterations() * n) * (master + 4 + moments)));
+      static_cast<int64_t>(static_cast<double>(state.iterations() * n) * bytes));
 }
 
 const char* OpName(KernelOp op) {
   switch (op) {
-    case KernelOp::kAdam: return "Adam";
-    case KernelOp::kAdamW: return "AdamW";
-    case KernelOp::kAdagrad: return "Adagrad";
-    case KernelOp::kLion: return "Lion";
-    case KernelOp::kRoofline: return "Roofline";
+    case KernelOp::kAdam:
+      return "Adam";
+    case KernelOp::kAdamW:
+      return "AdamW";
+    case KernelOp::kAdagrad:
+      return "Adagrad";
+    case KernelOp::kLion:
+      return "Lion";
+    case KernelOp::kRoofline:
+      return "Roofline";
   }
   return "?";
 }
@@ -128,14 +135,17 @@ int RegisterAll() {
   const char* gnames[] = {"fp32", "fp16", "bf16"};
   const char* cnames[] = {"none", "fp32", "fp16", "bf16"};
   for (const KernelTable* t : UsableTables()) {
-    for (KernelOp op : {KernelOp::kAdamW, KernelOp::kAdam, KernelOp::kAdagrad, KernelOp::kLion, KernelOp::kRoofline}) {
+    for (KernelOp op : {KernelOp::kAdamW, KernelOp::kAdam, KernelOp::kAdagrad, KernelOp::kLion,
+                        KernelOp::kRoofline}) {
       for (int gd = 0; gd < 3; ++gd) {
         for (CopyOut co : {CopyOut::kNone, CopyOut::kFp16, CopyOut::kBf16}) {
           for (size_t n : {size_t{16} << 10, size_t{8} << 20}) {
             for (bool stream : {false, true}) {
-              if (stream && (co == CopyOut::kNone || n < (size_t{1} << 20) || t->lanes == 1)) continue;
-              const std::string name = std::string(OpName(op)) + "/" + std::string(t->isa) + "/grad_" + gnames[gd] +
-                                       "/copy_" + cnames[static_cast<int>(co)] + "/n_" + std::to_string(n) +
+              if (stream && (co == CopyOut::kNone || n < (size_t{1} << 20) || t->lanes == 1))
+                continue;
+              const std::string name = std::string(OpName(op)) + "/" + std::string(t->isa) +
+                                       "/grad_" + gnames[gd] + "/copy_" +
+                                       cnames[static_cast<int>(co)] + "/n_" + std::to_string(n) +
                                        (stream ? "/nt_copy" : "");
               benchmark::RegisterBenchmark(name.c_str(), BM_Kernel, t, op, gd, co, n, stream)
                   ->Unit(benchmark::kMicrosecond);

@@ -25,7 +25,7 @@ for m in pytest _pytest pluggy iniconfig packaging py.py attr attrs; do
   fi
   cp -r "$src/$m" "$out/"
 done
-find "$out" -name __pycache__ -type d -prune -exec rm -rf {} +
+find "$out" -name __pycache__ -type d -prune -exec rm -rf {} +  # Debian's 3.11 bytecode
 # The set is complete: pytest imports and runs from it alone (no
 # dist-packages on the path).
 check=$(mktemp -d)
@@ -39,12 +39,11 @@ def test_packed(x, tmp_path):
     assert x > 0 and tmp_path.is_dir()
     assert 0.1 + 0.2 == pytest.approx(0.3)
 EOF
-(cd "$check" && /usr/bin/python3 -S - "$out" "$check/test_packed.py" <<'EOF'
+(cd "$check" && /usr/bin/python3 -S -B - "$out" "$check/test_packed.py" <<'EOF'
 import sys
 sys.path = [sys.argv[1]] + [p for p in sys.path if "-packages" not in p]
 import pytest
 sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[2]]))
 EOF
 ) >/dev/null || { echo "pack_pytest.sh: the packed pytest does not run on its own" >&2; exit 1; }
-find "$out" -name __pycache__ -type d -prune -exec rm -rf {} +
 echo "pack_pytest.sh: pytest $(/usr/bin/python3 -c 'import pytest; print(pytest.__version__)') in $out ($(du -sh "$out" | cut -f1))"
