@@ -287,7 +287,12 @@ TEST(StateFormatKernelTest, EveryIsaAgainstScalarReference) {
               auto rr = scalar->Step(r.Step(hp, gd, cd, fold));
               ASSERT_TRUE(ra.ok()) << what << ": " << ra.status();
               ASSERT_TRUE(rr.ok()) << what << ": " << rr.status();
-              ASSERT_FALSE(SameBits(a, before)) << what << ": nothing changed";
+              // (A handful of elements may legitimately keep every bit:
+              // bf16 moments round small changes away, and a bf16 master's
+              // stochastic rounding may round back. Hundreds cannot.)
+              if (n >= 255) {
+                ASSERT_FALSE(SameBits(a, before)) << what << ": nothing changed";
+              }
               if (exact) {
                 ASSERT_TRUE(SameBits(a, r)) << what;
               } else {
