@@ -83,6 +83,16 @@ struct PairedBound {
   double switches_per_s() const { return seconds > 0 ? involuntary_switches / seconds : 0; }
   bool contended() const { return switches_per_s() > kContendedPerSecond; }
 
+  // Appends another run's pairs and repetitions (the same slabs).
+  void Append(const PairedBound& o) {
+    slabs = o.slabs;
+    fraction.insert(fraction.end(), o.fraction.begin(), o.fraction.end());
+    bound_s.insert(bound_s.end(), o.bound_s.begin(), o.bound_s.end());
+    measured_s.insert(measured_s.end(), o.measured_s.begin(), o.measured_s.end());
+    involuntary_switches += o.involuntary_switches;
+    seconds += o.seconds;
+  }
+
   // Adds roofline_fraction (median) and its min/p25/p75/max, the pairs,
   // slabs, load average and context switches to j.
   void AddTo(nlohmann::json& j) const {
@@ -119,13 +129,15 @@ struct PairedBound {
 // Runs `reps` repetitions over n elements: per slab [begin, end), bound(begin,
 // end) and measured(begin, end), each returning its seconds, back to back.
 // `between(r)` runs after each repetition's pairs (the comparisons that are
-// not bounds; untimed here).
+// not bounds; untimed here). Repetitions are numbered from `first_rep` (which
+// of a pair runs first alternates with it), so that a caller interleaving
+// several measurements one repetition at a time keeps the alternation.
 template <class Bound, class Measured, class Between>
 PairedBound MeasurePairs(size_t n, int reps, double bytes_ratio, Bound&& bound, Measured&& measured,
-                         Between&& between) {
+                         Between&& between, int first_rep = 0) {
   PairedBound p;
   p.slabs = std::max<size_t>(1, std::min<size_t>(8, n / kPairSlabElems));
-  for (int r = 0; r < reps; ++r) {
+  for (int r = first_rep; r < first_rep + reps; ++r) {
     const int64_t switches = InvoluntarySwitches();
     const auto t0 = std::chrono::steady_clock::now();
     double bound_sum = 0, measured_sum = 0;

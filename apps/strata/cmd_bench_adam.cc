@@ -202,6 +202,224 @@ std::string BytesFormula(StateFormat f, DType gd, std::optional<DType> cd, bool 
   return out + " = " + fmt::format("{:g}", bpp);
 }
 
+// Steps s, or exits with the step's error (a benchmark has nothing to
+// recover).
+void RunStepOrExit(cpu_adam::CpuOptimizer& o, const cpu_adam::ShardStep& s) {
+  auto r = o.Step(s);
+  if (!r.ok()) {
+    std::fprintf(stderr, "strata bench adam: %s\n", r.status().ToString().c_str());
+    std::exit(ExitCodeOf(r.status()));
+  }
+}
+
+// --states: one format, a comma-separated list, or "all" (every format the
+// optimizer supports), in the order given; a list is measured interleaved.
+StatusOr<std::vector<StateFormat>> ParseStatesList(const std::string& text, Algorithm alg,
+                                                   const std::string& optimizer) {
+  static constexpr char kAllowed[] =
+      "fp32, bf16, bf16-master, int8, a comma-separated list of "
+      "them, or all";
+  static constexpr char kSupport[] =
+      "Adam/AdamW: every format; Lion: fp32, bf16, int8; Adagrad: fp32";
+  std::vector<StateFormat> out;
+  if (text == "all") {
+    for (StateFormat f :
+         {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kBf16Master, StateFormat::kInt8})
+      if (cpu_adam::SupportsStateFormat(alg, f)) out.push_back(f);
+    return out;
+  }
+  size_t b = 0;
+  while (b <= text.size()) {
+    size_t e = text.find(',', b);
+    if (e == std::string::npos) e = text.size();
+    const std::string name = text.substr(b, e - b);
+    const auto f = cpu_adam::ParseStateFormat(name);
+    if (!f)
+      return InvalidArgumentError("--states: \"" + name + "\" is not a state format (" + kAllowed +
+                                  ")");
+    if (!cpu_adam::SupportsStateFormat(alg, *f))
+      return InvalidArgumentError("--states " + name + " is not supported for --optimizer " +
+                                  optimizer + " (" + kSupport + ")");
+    if (std::find(out.begin(), out.end(), *f) != out.end())
+      return InvalidArgumentError("--states lists " + name + " twice");
+    out.push_back(*f);
+    b = e + 1;
+  }
+  return out;
+}
+
+// One format's arrays, its optimizer and roofline steps, and its figures.
+struct FormatRun {
+  StateFormat f = StateFormat::kFp32;
+  std::string name;
+  Arrays arrays;
+  cpu_adam::ShardStep roof_step, strata_step;
+  double bpp = 0;       // bytes one step moves per param, at the stored sizes
+  double roof_bpp = 0;  // the same for the roofline kernel (Adam's arrays)
+  PairedBound pairs;
+};
+
+// Times the roofline and optimizer of `fr` in pairs, `reps` repetitions
+// numbered from `first_rep`; `between(r)` after each (untimed comparisons).
+template <class Between>
+PairedBound MeasureFormat(FormatRun& fr, size_t n, int reps, cpu_adam::CpuOptimizer& strata_opt,
+                          cpu_adam::CpuOptimizer& roof_opt, Between&& between, int first_rep) {
+  auto time_it = [](auto&& fn) {
+    Stopwatch sw;
+    fn();
+    return sw.Seconds();
+  };
+  // Slab bounds moved down to an int8 block boundary (a shard starts at a
+  // block); the same function of the bound for both neighbours of a cut, so
+  // the slabs still tile [0, n).
+  const auto block_bound = [&](size_t x) {
+    return x == n ? n : x / cpu_adam::kStateBlock * cpu_adam::kStateBlock;
+  };
+  // For Adagrad/Lion (fewer state bytes than the roofline's Adam pattern)
+  // the roofline time is scaled to the optimizer's own bytes/param.
+  return MeasurePairs(
+      n, reps, fr.bpp / fr.roof_bpp,
+      [&](size_t b, size_t e) {
+        b = block_bound(b);
+        e = block_bound(e);
+        const auto rs = Slice(fr.roof_step, b, e - b);
+        return time_it([&] { RunStepOrExit(roof_opt, rs); });
+      },
+      [&](size_t b, size_t e) {
+        b = block_bound(b);
+        e = block_bound(e);
+        const auto ss = Slice(fr.strata_step, b, e - b);
+        return time_it([&] { RunStepOrExit(strata_opt, ss); });
+      },
+      between, first_rep);
+}
+
+// The figures every format reports: rate, bytes, its roofline and the pairs.
+// The roofline kernel moves Adam's arrays (28 bytes/param with fp32 grads);
+// for Adagrad/Lion its bandwidth is converted to the params/s it would give
+// at the optimizer's own bytes/param.
+json FormatFigures(const FormatRun& fr, Algorithm alg, DType gd, std::optional<DType> cd,
+                   size_t n) {
+  const bool fp32_states = fr.f == StateFormat::kFp32;
+  const double roof_adam_pps = n / Median(fr.pairs.bound_s);
+  const double strata_pps = n / Median(fr.pairs.measured_s);
+  const bool two_states = alg == Algorithm::kAdam || alg == Algorithm::kAdamW;
+  json j;
+  j["states"] = fr.name;
+  j["state_bytes_per_param"] = cpu_adam::StateBytesPerParam(fr.f, alg);
+  j["params_per_s"] = strata_pps;
+  if (fp32_states) {
+    j["bytes_per_param"] = static_cast<size_t>(fr.bpp);  // whole numbers, as before
+  } else {
+    j["bytes_per_param"] = fr.bpp;
+  }
+  j["bytes_per_param_formula"] = BytesFormula(fr.f, gd, cd, two_states, fr.bpp);
+  j["gbytes_per_s"] = strata_pps * fr.bpp / 1e9;
+  j["roofline_params_per_s"] = roof_adam_pps * fr.roof_bpp / fr.bpp;
+  if (fp32_states) {
+    j["roofline_bytes_per_param"] = static_cast<size_t>(fr.roof_bpp);
+  } else {
+    j["roofline_bytes_per_param"] = fr.roof_bpp;
+  }
+  j["roofline_gbytes_per_s"] = roof_adam_pps * fr.roof_bpp / 1e9;
+  fr.pairs.AddTo(j);
+  return j;
+}
+
+StatusOr<FormatRun> MakeFormatRun(StateFormat f, size_t n, DType gd, std::optional<DType> cd,
+                                  Algorithm alg) {
+  FormatRun fr;
+  fr.f = f;
+  fr.name = std::string(cpu_adam::StateFormatName(f));
+  auto arrays = MakeArrays(n, gd, cd, f);
+  if (!arrays.ok())
+    return Status(arrays.status())
+        .WithContext("allocating " + std::to_string(n) + " params of " + fr.name + " states");
+  fr.arrays = std::move(*arrays);
+  fr.roof_step = MakeStep(fr.arrays, n, gd, cd, Algorithm::kAdamW);
+  fr.strata_step = MakeStep(fr.arrays, n, gd, cd, alg);
+  // Bytes per param at the stored sizes (int8: with the block scales, so
+  // not whole numbers); the roofline moves the format's Adam arrays.
+  fr.bpp = cpu_adam::BytesPerElement(alg, gd, cd, f);
+  fr.roof_bpp = cpu_adam::BytesPerElement(Algorithm::kAdamW, gd, cd, f);
+  return fr;
+}
+
+// Several formats in one process: each keeps its own arrays; every
+// repetition measures each format's pairs once, the formats' order rotating,
+// so that drift in the machine's memory bandwidth reaches them alike. The
+// rate of each against the first format listed is the median over the
+// repetitions of that repetition's ratio. The scalar loop and the two-pass
+// variant run only with one format.
+int RunFormats(const BenchAdamArgs& args, std::vector<FormatRun> runs, size_t n, DType gd,
+               std::optional<DType> cd, Algorithm alg, cpu_adam::CpuOptimizer& strata_opt,
+               cpu_adam::CpuOptimizer& roof_opt) {
+  const size_t k = runs.size();
+  for (FormatRun& fr : runs) {  // warm-up: page faults, thread start
+    RunStepOrExit(roof_opt, fr.roof_step);
+    RunStepOrExit(strata_opt, fr.strata_step);
+  }
+  for (int r = 0; r < args.reps; ++r)
+    for (size_t i = 0; i < k; ++i) {
+      FormatRun& fr = runs[(i + static_cast<size_t>(r)) % k];
+      fr.pairs.Append(MeasureFormat(
+          fr, n, 1, strata_opt, roof_opt, [](int) {}, r));
+    }
+  json j;
+  j["optimizer"] = args.optimizer;
+  j["states"] = args.states;
+  j["baseline"] = runs[0].name;
+  j["params"] = n;
+  j["threads"] = strata_opt.threads();
+  j["isa"] = std::string(strata_opt.isa());
+  j["grad_dtype"] = args.grad_dtype;
+  j["copy_out"] = args.copy_out;
+  j["reps"] = args.reps;
+  j["formats"] = json::array();
+  PairedBound all;
+  for (FormatRun& fr : runs) {
+    json f = FormatFigures(fr, alg, gd, cd, n);
+    std::vector<double> ratio;
+    for (int r = 0; r < args.reps; ++r)
+      ratio.push_back(runs[0].pairs.measured_s[r] / fr.pairs.measured_s[r]);
+    f["speedup_vs_baseline"] = Quantile(ratio, 0.5);
+    f["speedup_vs_baseline_p25"] = Quantile(ratio, 0.25);
+    f["speedup_vs_baseline_p75"] = Quantile(ratio, 0.75);
+    j["formats"].push_back(f);
+    all.Append(fr.pairs);
+  }
+  j["load_average"] = LoadAverage();
+  j["involuntary_context_switches_per_s"] = all.switches_per_s();
+  j["cores_contended"] = all.contended();
+  if (args.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf(
+      "strata bench adam: %s, %zu params, %d threads, isa %s, grad %s, copy-out %s, states %s "
+      "interleaved, %d reps (medians; of roofline: of the format's own roofline kernel, median "
+      "of pairs)\n",
+      args.optimizer.c_str(), n, strata_opt.threads(), std::string(strata_opt.isa()).c_str(),
+      args.grad_dtype.c_str(), args.copy_out.c_str(), args.states.c_str(), args.reps);
+  std::printf("  %-12s %11s %10s %7s %10s %12s  %s (p25-p75)\n", "states", "bytes/param",
+              "Mparams/s", "GB/s", "roofline", "of roofline", ("vs " + runs[0].name).c_str());
+  for (const json& f : j["formats"]) {
+    std::printf("  %-12s %11.3f %10.1f %7.1f %10.1f %12.3f  %.2f (%.2f-%.2f)\n",
+                f["states"].get<std::string>().c_str(), f["bytes_per_param"].get<double>(),
+                f["params_per_s"].get<double>() / 1e6, f["gbytes_per_s"].get<double>(),
+                f["roofline_params_per_s"].get<double>() / 1e6,
+                f["roofline_fraction"].get<double>(), f["speedup_vs_baseline"].get<double>(),
+                f["speedup_vs_baseline_p25"].get<double>(),
+                f["speedup_vs_baseline_p75"].get<double>());
+  }
+  std::printf("  machine      load average %.2f, %.0f involuntary context switches/s%s\n",
+              LoadAverage(), all.switches_per_s(),
+              all.contended() ? ": the threads did not own their cores, so the rates measure "
+                                "the scheduler, not memory"
+                              : "");
+  return 0;
+}
+
 int RunBenchAdam(const BenchAdamArgs& args) {
   int64_t count = 0;
   if (!ParseCount(args.params, &count) || count < 1 || count > 4'000'000'000)
@@ -214,20 +432,21 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   std::optional<DType> cd;
   if (args.copy_out != "none") cd = *ParseDType(args.copy_out);
   const Algorithm alg = *cpu_adam::ParseAlgorithm(args.optimizer);
-  const StateFormat states = *cpu_adam::ParseStateFormat(args.states);  // CLI checked
-  if (!cpu_adam::SupportsStateFormat(alg, states))
-    return Fail(kCommand, "--states " + args.states + " is not supported for --optimizer " +
-                              args.optimizer +
-                              " (Adam/AdamW: every format; Lion: fp32, bf16, "
-                              "int8; Adagrad: fp32)");
+  const auto formats = ParseStatesList(args.states, alg, args.optimizer);
+  if (!formats.ok()) return Fail(kCommand, formats.status());
+  const StateFormat states = formats->front();
   const bool fp32_states = states == StateFormat::kFp32;
+  const bool single = formats->size() == 1;
   // Before allocating: param, grad, exp_avg, exp_avg_sq (and the copy-out,
-  // and fp32 grads for the unfused variant) must fit in memory.
+  // and fp32 grads for the unfused variant) of every format must fit in
+  // memory together.
   {
-    const uint64_t state_bytes =
-        static_cast<uint64_t>(std::ceil(cpu_adam::StateBytesPerParam(states)));
-    uint64_t per_param = state_bytes + DTypeSize(gd);
-    if (cd) per_param += DTypeSize(*cd) + (gd != DType::kFp32 && fp32_states ? 4 : 0);
+    uint64_t per_param = 0;
+    for (StateFormat f : *formats) {
+      per_param +=
+          static_cast<uint64_t>(std::ceil(cpu_adam::StateBytesPerParam(f))) + DTypeSize(gd);
+      if (cd) per_param += DTypeSize(*cd) + (single && gd != DType::kFp32 && fp32_states ? 4 : 0);
+    }
     const uint64_t bytes = per_param * n;
     if (Status s = CheckHostMemory("--params " + std::to_string(n) + " (" +
                                        std::to_string(per_param) + " bytes/param of arrays)",
@@ -250,14 +469,20 @@ int RunBenchAdam(const BenchAdamArgs& args) {
   auto* const roof_opt = &opts->roofline;
   auto* const scalar_opt = &opts->scalar;
 
-  // All variants step the SAME arrays: where an array sits in memory changed
-  // its bandwidth by up to 25% on the 2-core VM of docs/perf.md, so separate arrays per
-  // variant would bias the comparison. The roofline kernel leaves finite
-  // values unchanged; the optimizer steps keep them finite.
-  auto arrays = MakeArrays(n, gd, cd, states);
-  if (!arrays.ok())
-    return Fail(kCommand,
-                Status(arrays.status()).WithContext("allocating " + std::to_string(n) + " params"));
+  std::vector<FormatRun> runs;
+  for (StateFormat f : *formats) {
+    auto fr = MakeFormatRun(f, n, gd, cd, alg);
+    if (!fr.ok()) return Fail(kCommand, fr.status());
+    runs.push_back(std::move(*fr));
+  }
+  if (!single) return RunFormats(args, std::move(runs), n, gd, cd, alg, **strata_opt, **roof_opt);
+
+  // One format: all variants step the SAME arrays: where an array sits in
+  // memory changed its bandwidth by up to 25% on the 2-core VM of
+  // docs/perf.md, so separate arrays per variant would bias the comparison.
+  // The roofline kernel leaves finite values unchanged; the optimizer steps
+  // keep them finite.
+  FormatRun& fr = runs.front();
   // The unfused variant needs fp32 gradients (its own array when grads are 16-bit).
   AlignedBuffer grad32;
   const bool two_pass = cd.has_value() && fp32_states;
@@ -267,94 +492,46 @@ int RunBenchAdam(const BenchAdamArgs& args) {
     grad32 = std::move(*g);
     for (size_t i = 0; i < n; ++i) grad32.as<float>()[i] = (Hash01(i, 4) - 0.5f) * 0.1f;
   }
-
-  const auto roof_step = MakeStep(*arrays, n, gd, cd, Algorithm::kAdamW);
-  const auto scalar_step = MakeStep(*arrays, n, gd, cd, alg);
-  const auto strata_step = MakeStep(*arrays, n, gd, cd, alg);
+  const auto scalar_step = MakeStep(fr.arrays, n, gd, cd, alg);
   cpu_adam::ShardStep two_step;
   if (two_pass) {
-    two_step = MakeStep(*arrays, n, DType::kFp32, std::nullopt, alg);
+    two_step = MakeStep(fr.arrays, n, DType::kFp32, std::nullopt, alg);
     if (gd != DType::kFp32) two_step.grad = grad32.data();
   }
-
   auto time_it = [&](auto&& fn) {
     Stopwatch sw;
     fn();
     return sw.Seconds();
   };
-  auto run_step = [&](cpu_adam::CpuOptimizer& o, const cpu_adam::ShardStep& s) {
-    auto r = o.Step(s);
-    if (!r.ok()) {
-      std::fprintf(stderr, "strata bench adam: %s\n", r.status().ToString().c_str());
-      std::exit(ExitCodeOf(r.status()));
-    }
-  };
   auto run_two_pass = [&] {
-    run_step(**strata_opt, two_step);
-    Status st = (*strata_opt)->Cast(two_step.param, arrays->c.data(), *cd, n);
+    RunStepOrExit(**strata_opt, two_step);
+    Status st = (*strata_opt)->Cast(two_step.param, fr.arrays.c.data(), *cd, n);
     if (!st.ok()) {
       std::fprintf(stderr, "strata bench adam: %s\n", st.ToString().c_str());
       std::exit(ExitCodeOf(st));
     }
   };
-  // Bytes per param at the stored sizes (int8: with the block scales, so
-  // not whole numbers); the roofline moves the format's Adam arrays.
-  const double bpp = cpu_adam::BytesPerElement(alg, gd, cd, states);
-  const double roof_bpp = cpu_adam::BytesPerElement(Algorithm::kAdamW, gd, cd, states);
   // Warm-up (page faults, thread start), then interleaved repetitions.
-  run_step(**roof_opt, roof_step);
-  run_step(**scalar_opt, scalar_step);
-  run_step(**strata_opt, strata_step);
+  RunStepOrExit(**roof_opt, fr.roof_step);
+  RunStepOrExit(**scalar_opt, scalar_step);
+  RunStepOrExit(**strata_opt, fr.strata_step);
   if (two_pass) run_two_pass();
   std::vector<double> t_scalar, t_two;
-  // For Adagrad/Lion (fewer state bytes than the roofline's Adam pattern)
-  // the roofline time is scaled to the optimizer's own bytes/param.
-  const double bytes_ratio = bpp / roof_bpp;
-  // Slab bounds moved down to an int8 block boundary (a shard starts at a
-  // block); the same function of the bound for both neighbours of a cut, so
-  // the slabs still tile [0, n).
-  const auto block_bound = [&](size_t x) {
-    return x == n ? n : x / cpu_adam::kStateBlock * cpu_adam::kStateBlock;
-  };
-  const PairedBound pairs = MeasurePairs(
-      n, args.reps, bytes_ratio,
-      [&](size_t b, size_t e) {
-        b = block_bound(b);
-        e = block_bound(e);
-        const auto rs = Slice(roof_step, b, e - b);
-        return time_it([&] { run_step(**roof_opt, rs); });
-      },
-      [&](size_t b, size_t e) {
-        b = block_bound(b);
-        e = block_bound(e);
-        const auto ss = Slice(strata_step, b, e - b);
-        return time_it([&] { run_step(**strata_opt, ss); });
-      },
+  fr.pairs = MeasureFormat(
+      fr, n, args.reps, **strata_opt, **roof_opt,
       [&](int r) {
         // The comparisons that are not bounds: once per repetition each, on
         // the whole arrays, which one first alternating.
         const auto time_scalar = [&] {
-          t_scalar.push_back(time_it([&] { run_step(**scalar_opt, scalar_step); }));
+          t_scalar.push_back(time_it([&] { RunStepOrExit(**scalar_opt, scalar_step); }));
         };
         if (r % 2 == 0 || !two_pass) time_scalar();
         if (two_pass) t_two.push_back(time_it(run_two_pass));
         if (r % 2 == 1 && two_pass) time_scalar();
-      });
-  const std::vector<double>& t_roof = pairs.bound_s;
-  const std::vector<double>& t_strata = pairs.measured_s;
-  // The roofline kernel moves Adam's arrays (28 bytes/param with fp32 grads).
-  // For Adagrad/Lion (fewer state bytes) its bandwidth is converted to the
-  // params/s it would give at the optimizer's own bytes/param.
-  const double roof_adam_pps = n / Median(t_roof);
-  const double scalar_pps = n / Median(t_scalar);
-  const double strata_pps = n / Median(t_strata);
-  const bool two_states = alg == Algorithm::kAdam || alg == Algorithm::kAdamW;
-  const double roof_pps = roof_adam_pps * roof_bpp / bpp;
-  const std::string formula = BytesFormula(states, gd, cd, two_states, bpp);
+      },
+      0);
   json j;
   j["optimizer"] = args.optimizer;
-  j["states"] = args.states;
-  j["state_bytes_per_param"] = cpu_adam::StateBytesPerParam(states, alg);
   j["params"] = n;
   j["threads"] = (*strata_opt)->threads();
   j["isa"] = std::string((*strata_opt)->isa());
@@ -364,22 +541,9 @@ int RunBenchAdam(const BenchAdamArgs& args) {
                               ? "all"
                               : ((*strata_opt)->streams_copy() && cd ? "copy" : "off");
   j["reps"] = args.reps;
-  j["params_per_s"] = strata_pps;
-  if (fp32_states) {
-    j["bytes_per_param"] = static_cast<size_t>(bpp);  // whole numbers, as before
-  } else {
-    j["bytes_per_param"] = bpp;
-  }
-  j["bytes_per_param_formula"] = formula;
-  j["gbytes_per_s"] = strata_pps * bpp / 1e9;
-  j["roofline_params_per_s"] = roof_pps;
-  if (fp32_states) {
-    j["roofline_bytes_per_param"] = static_cast<size_t>(roof_bpp);
-  } else {
-    j["roofline_bytes_per_param"] = roof_bpp;
-  }
-  j["roofline_gbytes_per_s"] = roof_adam_pps * roof_bpp / 1e9;
-  pairs.AddTo(j);
+  j.update(FormatFigures(fr, alg, gd, cd, n));
+  const double strata_pps = j["params_per_s"].get<double>();
+  const double scalar_pps = n / Median(t_scalar);
   j["scalar_params_per_s"] = scalar_pps;
   j["speedup_vs_scalar"] = strata_pps / scalar_pps;
   if (two_pass) {
@@ -403,14 +567,15 @@ int RunBenchAdam(const BenchAdamArgs& args) {
       args.optimizer.c_str(), n, (*strata_opt)->threads(),
       std::string((*strata_opt)->isa()).c_str(), args.grad_dtype.c_str(), args.copy_out.c_str(),
       args.states.c_str(), args.reps);
-  std::printf("  bytes/param     %s\n", formula.c_str());
-  std::printf("  roofline        %8.1f Mparams/s  %6.1f GB/s\n", roof_pps / 1e6,
-              roof_adam_pps * roof_bpp / 1e9);
+  std::printf("  bytes/param     %s\n", j["bytes_per_param_formula"].get<std::string>().c_str());
+  std::printf("  roofline        %8.1f Mparams/s  %6.1f GB/s\n",
+              j["roofline_params_per_s"].get<double>() / 1e6,
+              j["roofline_gbytes_per_s"].get<double>());
   std::printf("  scalar loop     %8.1f Mparams/s  %6.1f GB/s\n", scalar_pps / 1e6,
-              scalar_pps * bpp / 1e9);
+              scalar_pps * fr.bpp / 1e9);
   std::printf("  strata          %8.1f Mparams/s  %6.1f GB/s  speedup_vs_scalar %.2f\n",
-              strata_pps / 1e6, strata_pps * bpp / 1e9, strata_pps / scalar_pps);
-  pairs.Print("strata", args.reps);
+              strata_pps / 1e6, strata_pps * fr.bpp / 1e9, strata_pps / scalar_pps);
+  fr.pairs.Print("strata", args.reps);
   if (two_pass) {
     std::printf("  two-pass        %8.1f Mparams/s  (%s)  fused is %.2fx faster\n",
                 j["two_pass_params_per_s"].get<double>() / 1e6,
@@ -440,10 +605,10 @@ CommandRegistrar reg("bench", [](CLI::App& bench, CliResult& r) {
       ->capture_default_str()
       ->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
   cmd->add_option("--states", args->states,
-                  "Optimizer-state format: fp32|bf16|bf16-master|int8 (compared to its own "
-                  "roofline)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "bf16-master", "int8"}));
+                  "Optimizer-state format: fp32|bf16|bf16-master|int8, each compared to its own "
+                  "roofline; a comma-separated list (or all) measures them interleaved, with "
+                  "each one's rate against the first")
+      ->capture_default_str();
   cmd->add_option("--isa", args->isa, "auto|avx512|avx2|sse4.2|scalar")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "avx512", "avx2", "sse4.2", "scalar"}));

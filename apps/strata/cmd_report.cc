@@ -423,6 +423,102 @@ Section Pcie(Runner& run, const Plan& p, const std::string& dev, bool cuda,
 
 // ---------------------------------------------------------------- cpu adam
 
+// The optimizer-state formats at every PU, interleaved in one process, each
+// against its own roofline and against fp32: a compact format moves fewer
+// bytes, so where Adam is memory-bound it steps more params/s.
+void CpuAdamFormats(Runner& run, const Plan& p, Section& s, int threads,
+                    std::vector<Check>* checks) {
+  struct Target {
+    const char* states;
+    const char* label;
+    double vs_fp32;
+  };
+  static constexpr Target kTargets[] = {{"bf16", "bf16 moments", 1.3},
+                                        {"int8", "int8 moments", 1.4}};
+  auto skip_all = [&](const std::string& why) {
+    for (const Target& t : kTargets) {
+      checks->push_back(report::SkippedCheck(std::string("CPU Adam, ") + t.label + " vs fp32",
+                                             ">= " + report::Fixed(t.vs_fp32, 2), why));
+      checks->push_back(report::SkippedCheck(
+          std::string("CPU Adam, ") + t.label + " vs its roofline", ">= 0.85", why));
+    }
+  };
+  if (threads == 0) {
+    skip_all("CPU Adam at every PU was not measured");
+    return;
+  }
+  const std::vector<std::string> argv = {"strata",    "bench",
+                                         "adam",      "--json",
+                                         "--params",  p.adam_params,
+                                         "--threads", std::to_string(threads),
+                                         "--reps",    std::to_string(p.adam_reps),
+                                         "--states",  "all"};
+  const std::string cmd = Rerun(argv);
+  s.commands.push_back(cmd);
+  json j;
+  std::string why;
+  if (!Record(s, run.RunJson("cpu_adam", argv, &j, &why), "bench adam --states all", why)) {
+    skip_all("bench adam --states all: " + why);
+    return;
+  }
+  s.raw.push_back(j);
+  Table t{.caption = "Optimizer-state formats, AdamW, fp32 grads, " + std::to_string(threads) +
+                     " threads, interleaved in one process (medians; vs fp32: median of the "
+                     "repetitions' ratios)",
+          .header = {"states", "bytes/param", "Mparams/s", "GB/s", "own roofline Mparams/s",
+                     "of roofline", "vs fp32", "p25-p75"}};
+  const std::string dev = "CPU, " + std::to_string(threads) + " threads";
+  std::map<std::string, json> by_name;
+  for (const json& f : j["formats"]) {
+    const std::string name = Str(f, "states");
+    by_name[name] = f;
+    t.rows.push_back({name, report::Fixed(Num(f, "bytes_per_param"), 3),
+                      report::Fixed(Num(f, "params_per_s") / 1e6, 1),
+                      report::Fixed(Num(f, "gbytes_per_s"), 2),
+                      report::Fixed(Num(f, "roofline_params_per_s") / 1e6, 1),
+                      report::Fixed(Num(f, "roofline_fraction"), 3),
+                      report::Fixed(Num(f, "speedup_vs_baseline"), 2),
+                      report::Fixed(Num(f, "speedup_vs_baseline_p25"), 2) + "-" +
+                          report::Fixed(Num(f, "speedup_vs_baseline_p75"), 2)});
+    if (name == "fp32") continue;
+    s.figures.push_back(
+        {name + " states: Mparams/s", Num(f, "params_per_s") / 1e6, "Mparams/s", dev, cmd});
+    s.figures.push_back(
+        {name + " states: params/s vs fp32", Num(f, "speedup_vs_baseline"), "ratio", dev, cmd});
+  }
+  s.tables.push_back(t);
+  std::string busy;
+  if (j.value("cores_contended", false))
+    busy = "the machine was busy (" +
+           report::Fixed(Num(j, "involuntary_context_switches_per_s"), 0) +
+           " involuntary context switches/s, load average " +
+           report::Fixed(Num(j, "load_average"), 2) + ")";
+  for (const Target& t : kTargets) {
+    const json& f = by_name[t.states];
+    const std::string name = std::string("CPU Adam, ") + t.label;
+    const std::string detail = report::Fixed(Num(f, "params_per_s") / 1e6, 1) +
+                               " Mparams/s, fp32 " +
+                               report::Fixed(Num(by_name["fp32"], "params_per_s") / 1e6, 1);
+    if (!busy.empty())
+      checks->push_back(
+          report::SkippedCheck(name + " vs fp32", ">= " + report::Fixed(t.vs_fp32, 2),
+                               busy + ": the threads did not own their cores (" + detail + ")"));
+    else
+      checks->push_back(
+          report::RatioCheck(name + " vs fp32", Num(f, "speedup_vs_baseline"), t.vs_fp32,
+                             detail + "; quartiles of the repetitions' ratios " +
+                                 report::Fixed(Num(f, "speedup_vs_baseline_p25"), 2) + "-" +
+                                 report::Fixed(Num(f, "speedup_vs_baseline_p75"), 2),
+                             dev, cmd));
+    checks->push_back(report::BoundCheck(
+        name + " vs its roofline", Num(f, "roofline_fraction"), Num(f, "roofline_fraction_p25"),
+        Num(f, "roofline_fraction_p75"), 0.85, busy,
+        "at " + std::to_string(threads) + " threads, " +
+            report::Fixed(Num(f, "params_per_s") / 1e6, 1) + " Mparams/s",
+        "CPU", cmd));
+  }
+}
+
 Section CpuAdam(Runner& run, const Plan& p, bool tiny, std::vector<Check>* checks) {
   Section s{.id = "cpu_adam", .title = "CPU optimizer: throughput over threads, with its roofline"};
   const int pus = MachinePus();
@@ -513,6 +609,7 @@ Section CpuAdam(Runner& run, const Plan& p, bool tiny, std::vector<Check>* check
                                            s.state == SectionState::kFailed
                                                ? "bench adam failed"
                                                : "time limit: all threads not measured"));
+  CpuAdamFormats(run, p, s, done > 0 && last_threads == pus ? pus : 0, checks);
   return s;
 }
 

@@ -198,6 +198,63 @@ TEST_F(CliTest, BenchAdamStatesFormats) {
       << r.err;
 }
 
+// bench adam --states with several formats (or all) measures them
+// interleaved in one process: each against its own roofline, and its rate
+// against the first listed as the median of the repetitions' ratios (the
+// first's own ratio is exactly 1). Bad lists are one-line errors naming the
+// value and what is allowed.
+TEST_F(CliTest, BenchAdamStatesListIsInterleavedWithRatiosToTheFirst) {
+  RunResult r = RunCli(
+      "bench adam --params 20000 --threads 1 --reps 3 --json --states fp32,int8,bf16", dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["baseline"], "fp32");
+  ASSERT_EQ(j["formats"].size(), 3u);
+  const std::pair<const char*, double> want[] = {{"fp32", 28}, {"int8", 16.0625}, {"bf16", 20}};
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& f = j["formats"][i];
+    SCOPED_TRACE(want[i].first);
+    EXPECT_EQ(f["states"], want[i].first);
+    EXPECT_EQ(f["bytes_per_param"].get<double>(), want[i].second);
+    EXPECT_EQ(f["pairs"].get<int>(), 3);
+    EXPECT_GT(f["roofline_fraction"].get<double>(), 0);
+    EXPECT_GT(f["params_per_s"].get<double>(), 0);
+    const double q1 = f["speedup_vs_baseline_p25"], med = f["speedup_vs_baseline"],
+                 q3 = f["speedup_vs_baseline_p75"];
+    EXPECT_GT(q1, 0);
+    EXPECT_LE(q1, med);
+    EXPECT_LE(med, q3);
+  }
+  EXPECT_EQ(j["formats"][0]["speedup_vs_baseline"].get<double>(), 1.0);
+  // "all": every format the optimizer supports (Lion has no bf16 master).
+  r = RunCli("bench adam --params 3000 --threads 1 --reps 1 --json --states all --optimizer lion",
+             dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["formats"].size(), 3u);
+  EXPECT_EQ(j["formats"][2]["states"], "int8");
+  // The text form: a row per format with its ratio to the first.
+  r = RunCli("bench adam --params 3000 --threads 1 --reps 1 --states bf16,fp32", dir_.str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("states bf16,fp32 interleaved"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("vs bf16"), std::string::npos) << r.out;
+  for (const auto& [states, msg] :
+       {std::pair{"fp32,int4",
+                  "--states: \"int4\" is not a state format (fp32, bf16, "
+                  "bf16-master, int8, a comma-separated list of them, or all)"},
+        std::pair{"fp32,", "--states: \"\" is not a state format"},
+        std::pair{"int8,fp32,int8", "--states lists int8 twice"},
+        std::pair{"fp32,bf16-master",
+                  "--states bf16-master is not supported for --optimizer "
+                  "lion"}}) {
+    r = RunCli(std::string("bench adam --params 1000 --optimizer lion --states ") + states,
+               dir_.str());
+    EXPECT_EQ(r.exit_code, 2) << states;
+    EXPECT_LE(Lines(r.err), 2u) << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << states << ": " << r.err;
+  }
+}
+
 // bench adam checks memory before allocating its arrays: under an address
 // limit far below what --params needs it fails at once, naming both sides.
 TEST_F(CliTest, BenchAdamRefusesParamsThatDoNotFitBeforeAllocating) {

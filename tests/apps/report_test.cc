@@ -384,6 +384,29 @@ TEST(ReportCommand, TinyHostRunWritesEveryFigureWithUnitDeviceAndCommand) {
         EXPECT_NE(c.dump().find("quartiles"), std::string::npos) << c;
       }
   }
+  // The state formats at every PU, in one process, in a table and checks
+  // (skipped with --tiny): bf16 and int8 against fp32 and their rooflines.
+  {
+    const json& raw = sections["cpu_adam"]["raw"];
+    ASSERT_FALSE(raw.empty());
+    ASSERT_TRUE(raw.back().contains("formats")) << raw.back();
+    EXPECT_EQ(raw.back()["formats"].size(), 4u);
+    bool table = false;
+    for (const json& t : sections["cpu_adam"]["tables"])
+      if (t["caption"].get<std::string>().rfind("Optimizer-state formats", 0) == 0) {
+        table = true;
+        EXPECT_EQ(t["rows"].size(), 4u) << t;
+      }
+    EXPECT_TRUE(table) << sections["cpu_adam"]["tables"];
+    size_t format_checks = 0;
+    for (const json& c : j["checks"])
+      if (c["name"].get<std::string>().rfind("CPU Adam, ", 0) == 0) {
+        ++format_checks;
+        // "--tiny: sizes too small to judge", or a busy machine's reason.
+        EXPECT_EQ(c["state"], "skipped") << c;
+      }
+    EXPECT_EQ(format_checks, 4u) << j["checks"];
+  }
   bool losses_checked = false;
   for (const json& c : j["checks"])
     if (c["name"] == "placements' losses agree") losses_checked = c["state"] == "pass";
