@@ -17,7 +17,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${1:?usage: scripts/build_python.sh BUILD_DIR [OUT_DIR]}
 python=$(command -v "${PYTHON:-python3}") || { echo "build_python.sh: no ${PYTHON:-python3}" >&2; exit 2; }
 [ -e "$build/libstrata.so" ] || { echo "build_python.sh: no libstrata.so in $build" >&2; exit 2; }
-ver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+ver=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])') ||
+  { echo "build_python.sh: $python does not run a Python statement (python -c failed)" >&2; exit 2; }
 out=${2:-$build/python-$ver}
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)

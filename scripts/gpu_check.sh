@@ -25,7 +25,10 @@
 #   torch in HBM against Strata none/none, cpu/none, cpu/cpu), its JSON and
 #   the step timelines into OUT/frontend (BUILD/frontend without OUT). With
 #   --host: the bench at its tiny size on the host device and the CUDA
-#   cases' skips, so that this path cannot rot.
+#   cases' skips, so that this path cannot rot. When the package cannot be
+#   built there (no Python headers, no pybind11: OUT/frontend/build_python.log
+#   and python_packages.txt say which), the time left runs the quick report
+#   instead, and the exit status says the frontend failed.
 # --frontend needs pytest: without one on that Python it takes Debian's,
 #   packed here by scripts/pack_pytest.sh into .gpu/pydeps and carried beside
 #   the pack (carry [".gpu/pack", ".gpu/pydeps"]; STRATA_GPU_PYDEPS names
@@ -69,6 +72,7 @@ fi
 status=0
 problems=()
 notes=()
+RUN_TESTS=1
 
 # The PyTorch frontend (--frontend): the package for this python3, its tests,
 # the timing against torch; then exit.
@@ -83,6 +87,9 @@ if [ "$FRONTEND" = 1 ]; then
   timeout 60 "$PY" - <<'PY' 2>&1 | tee "$FDIR/python_packages.txt"
 import importlib, sys
 print("python", sys.version.split()[0])
+import os, sysconfig
+inc = sysconfig.get_paths()["include"]
+print("headers", inc, "Python.h" if os.path.exists(os.path.join(inc, "Python.h")) else "no Python.h")
 for name in ("torch", "pybind11", "numpy", "deepspeed", "pydantic", "pydantic_core", "hjson",
              "cpuinfo", "ninja", "psutil", "msgpack", "packaging", "tqdm", "einops"):
     try:
@@ -98,10 +105,18 @@ except Exception as e:
     print("torch.cuda:", e)
 PY
   echo "== gpu_check: the Python package for $("$PY" --version 2>&1) (scripts/build_python.sh)"
-  if ! PYTHON="$PY" timeout 300 "$ROOT/scripts/build_python.sh" "$BUILD" "$BUILD/python-frontend"; then
-    echo "gpu_check: FAIL: scripts/build_python.sh"
-    exit 1
+  if ! PYTHON="$PY" timeout 300 "$ROOT/scripts/build_python.sh" "$BUILD" "$BUILD/python-frontend" \
+      2>&1 | tee "$FDIR/build_python.log"; then
+    # Without the package the frontend cannot run; the device time left goes
+    # to the quick report (the engine's GPU figures) instead of being lost.
+    problems+=("FAIL: scripts/build_python.sh ($FDIR/build_python.log; $FDIR/python_packages.txt says what this Python has): the frontend did not run, the report instead")
+    FRONTEND=0
+    RUN_TESTS=0
+    QUICK=1
+    status=1
   fi
+fi
+if [ "$FRONTEND" = 1 ]; then
   export PYTHONPATH="$BUILD/python-frontend/python"
   # No pytest on this Python: Debian's, carried (scripts/pack_pytest.sh).
   PYDEPS="${STRATA_GPU_PYDEPS:-$ROOT/.gpu/pydeps}"
@@ -147,6 +162,7 @@ fi
 
 # 1. The tests: CUDA ones (and the rest of the gpu label) in GPU mode, a few
 #    host ones in --host mode; at most half the budget.
+if [ "$RUN_TESTS" = 1 ]; then
 TEST_BUDGET=$((BUDGET / 2))
 filter=()
 if [ "$HOST" = 1 ]; then
@@ -180,6 +196,7 @@ if [ "$HOST" = 0 ] && [ "$skipped" -gt 0 ]; then
 fi
 rm -f "$LOG"
 [ ${#problems[@]} = 0 ] || status=1
+fi
 
 # 2. The report, with the time that is left (a margin for writing it).
 LEFT=$((BUDGET - SECONDS - 15))
