@@ -27,12 +27,15 @@
 #   --host: the bench at its tiny size on the host device and the CUDA
 #   cases' skips, so that this path cannot rot. When the package cannot be
 #   built there (no Python headers, no pybind11: OUT/frontend/build_python.log
-#   and python_packages.txt say which), the time left runs the quick report
-#   instead, and the exit status says the frontend failed.
+#   and python_packages.txt say which), the one scripts/pack_python.sh built
+#   for that minor version and carried in .gpu/pydeps runs instead (a note
+#   says so); without one, the time left runs the quick report, and the exit
+#   status says the frontend failed.
 # --frontend needs pytest: without one on that Python it takes Debian's,
 #   packed here by scripts/pack_pytest.sh into .gpu/pydeps and carried beside
 #   the pack (carry [".gpu/pack", ".gpu/pydeps"]; STRATA_GPU_PYDEPS names
-#   another folder).
+#   another folder). scripts/pack_python.sh puts the package built here for
+#   each Python >= 3.12 there too, for a machine that cannot build it.
 # Environment: BUILD (build tree; default build/), STRATA (the CLI; default
 #   BUILD/apps/strata/strata), OUT, STRATA_GPU_CHECK_BUDGET (560 s),
 #   STRATA_GPU_CHECK_TEST_TIMEOUT (per test, 90 s), STRATA_GPU_CHECK_JOBS (8),
@@ -105,21 +108,32 @@ except Exception as e:
     print("torch.cuda:", e)
 PY
   echo "== gpu_check: the Python package for $("$PY" --version 2>&1) (scripts/build_python.sh)"
+  PYDEPS="${STRATA_GPU_PYDEPS:-$ROOT/.gpu/pydeps}"
+  PKG="$BUILD/python-frontend/python"
   if ! PYTHON="$PY" timeout 300 "$ROOT/scripts/build_python.sh" "$BUILD" "$BUILD/python-frontend" \
       2>&1 | tee "$FDIR/build_python.log"; then
-    # Without the package the frontend cannot run; the device time left goes
-    # to the quick report (the engine's GPU figures) instead of being lost.
-    problems+=("FAIL: scripts/build_python.sh ($FDIR/build_python.log; $FDIR/python_packages.txt says what this Python has): the frontend did not run, the report instead")
-    FRONTEND=0
-    RUN_TESTS=0
-    QUICK=1
-    status=1
+    # Built elsewhere for this minor version and carried (scripts/pack_python.sh)?
+    ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null || echo none)
+    pre="$PYDEPS/strata-$ver/python"
+    if [ -d "$pre/strata" ] && PYTHONPATH="$pre" "$PY" -c 'import strata._strata' \
+        >>"$FDIR/build_python.log" 2>&1; then
+      PKG="$pre"
+      notes+=("note: the package was not built here ($FDIR/build_python.log); the one built for Python $ver by scripts/pack_python.sh and carried in $PYDEPS ran instead")
+      echo "== gpu_check: using the carried package $pre (Python $ver)"
+    else
+      # Without the package the frontend cannot run; the device time left
+      # goes to the quick report (the engine's GPU figures) instead of being lost.
+      problems+=("FAIL: scripts/build_python.sh ($FDIR/build_python.log; $FDIR/python_packages.txt says what this Python has), and no package for Python $ver carried in $PYDEPS (scripts/pack_python.sh): the frontend did not run, the report instead")
+      FRONTEND=0
+      RUN_TESTS=0
+      QUICK=1
+      status=1
+    fi
   fi
 fi
 if [ "$FRONTEND" = 1 ]; then
-  export PYTHONPATH="$BUILD/python-frontend/python"
+  export PYTHONPATH="$PKG"
   # No pytest on this Python: Debian's, carried (scripts/pack_pytest.sh).
-  PYDEPS="${STRATA_GPU_PYDEPS:-$ROOT/.gpu/pydeps}"
   if ! "$PY" -c 'import pytest' 2>/dev/null; then
     if [ -d "$PYDEPS" ] && PYTHONPATH="$PYTHONPATH:$PYDEPS" "$PY" -c 'import pytest' 2>/dev/null; then
       export PYTHONPATH="$PYTHONPATH:$PYDEPS"
@@ -152,6 +166,7 @@ if [ "$FRONTEND" = 1 ]; then
     tail -n 1 "$FDIR/bench.log" > "$FDIR/bench.json"
   fi
   echo "== gpu_check: ${SECONDS} s of ${BUDGET} s"
+  [ ${#notes[@]} = 0 ] || printf 'gpu_check: %s\n' "${notes[@]}"
   if [ ${#problems[@]} = 0 ]; then
     echo "gpu_check: all passed (frontend: $FDIR)"
     exit 0

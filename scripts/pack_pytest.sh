@@ -3,8 +3,8 @@
 # packaging, py.py, attrs) into a folder that a GPU machine without pytest
 # can put on PYTHONPATH, so that `scripts/gpu_check.sh --frontend` runs the
 # frontend's tests there. That machine has no network; its own pytest, when
-# it has one, comes first. pytest 7.2 runs on Python 3.12 (with deprecation
-# warnings from its assertion rewriting).
+# it has one, comes first. pytest 7.2 runs on Python 3.12 and 3.13 (with
+# deprecation warnings from its assertion rewriting).
 #
 #   scripts/pack_pytest.sh [OUT_DIR]      (default .gpu/pydeps)
 # Then carry it beside the pack: run with carry [".gpu/pack", ".gpu/pydeps"].
@@ -16,13 +16,15 @@ if [ ! -d "$src/_pytest" ]; then
   echo "pack_pytest.sh: no pytest in $src (apt-get install python3-pytest)" >&2
   exit 2
 fi
-rm -rf "$out"
 mkdir -p "$out"
+# Only these are replaced: the folder also holds scripts/pack_python.sh's
+# packages.
 for m in pytest _pytest pluggy iniconfig packaging py.py attr attrs; do
   if [ ! -e "$src/$m" ]; then
     echo "pack_pytest.sh: $src/$m is missing" >&2
     exit 2
   fi
+  rm -rf "${out:?}/$m"
   cp -r "$src/$m" "$out/"
 done
 find "$out" -name __pycache__ -type d -prune -exec rm -rf {} +  # Debian's 3.11 bytecode

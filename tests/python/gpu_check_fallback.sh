@@ -1,35 +1,57 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh --frontend on a machine whose Python cannot build the
-# package: the failure is reported (exit 1, naming the build log and the
-# package list), and the device time left runs the report instead of being
-# lost. A stand-in interpreter makes the build fail; --host runs the rest
-# on the host device.
-#   gpu_check_fallback.sh BUILD_DIR
+# package, on the host device (--host):
+#   1. with a package built elsewhere for that Python's minor version and
+#      carried (scripts/pack_python.sh's layout, STRATA_GPU_PYDEPS), the
+#      frontend's checks run with it, and a note says so;
+#   2. without one, the failure is reported (exit 1, naming the build log and
+#      the package list) and the device time left runs the report instead.
+# The interpreter is Debian's behind a stand-in that refuses what CMake asks
+# it (sysconfig, pybind11), so that the build fails while the tests can run.
+#   gpu_check_fallback.sh BUILD_DIR PYTHON
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUILD="${1:?usage: gpu_check_fallback.sh BUILD_DIR}"
+BUILD="${1:?usage: gpu_check_fallback.sh BUILD_DIR PYTHON}"
+PY="${2:?usage: gpu_check_fallback.sh BUILD_DIR PYTHON}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat > "$tmp/python3" <<'PY'
+cat > "$tmp/python3" <<EOF2
 #!/bin/sh
-# Answers --version and the package listing; anything else fails.
-case "$1" in
-  --version) echo "Python 3.99.0"; exit 0 ;;
-  -) cat >/dev/null; echo "python 3.99.0 (a stand-in that builds nothing)"; exit 0 ;;
+# Debian's Python, except for what a build asks of it.
+case "\$*" in
+  *sysconfig*|*pybind11*) echo "stand-in: no headers for builds" >&2; exit 1 ;;
 esac
-exit 1
-PY
+exec "$PY" "\$@"
+EOF2
 chmod +x "$tmp/python3"
-OUT="$tmp/out" PYTHON="$tmp/python3" STRATA_GPU_CHECK_BUDGET=300 \
+ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+fail() { echo "gpu_check_fallback: $*"; cat "$tmp/log"; exit 1; }
+
+# 1. A carried package for this minor version.
+PYTHON="$PY" "$ROOT/scripts/build_python.sh" "$BUILD" "$tmp/pydeps/strata-$ver" >/dev/null ||
+  { echo "gpu_check_fallback: could not build the carried package"; exit 1; }
+OUT="$tmp/out1" PYTHON="$tmp/python3" STRATA_GPU_PYDEPS="$tmp/pydeps" STRATA_GPU_CHECK_BUDGET=300 \
   STRATA_GPU_CHECK_NVME="$tmp/nvme" \
   bash "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD" > "$tmp/log" 2>&1
 rc=$?
-fail() { echo "gpu_check_fallback: $*"; cat "$tmp/log"; exit 1; }
-[ "$rc" = 1 ] || fail "exit $rc, not 1"
-grep -q "FAIL: scripts/build_python.sh ($tmp/out/frontend/build_python.log" "$tmp/log" ||
+[ "$rc" = 0 ] || fail "with a carried package: exit $rc, not 0"
+grep -q "using the carried package $tmp/pydeps/strata-$ver/python" "$tmp/log" ||
+  fail "the carried package was not used"
+grep -q "note: the package was not built here" "$tmp/log" || fail "no note that it was carried"
+[ -s "$tmp/out1/frontend/build_python.log" ] || fail "no build log"
+grep -q "pytest" "$tmp/log" || fail "the frontend's tests did not run"
+
+# 2. None carried.
+rm -rf "$tmp/pydeps"
+OUT="$tmp/out2" PYTHON="$tmp/python3" STRATA_GPU_PYDEPS="$tmp/pydeps" STRATA_GPU_CHECK_BUDGET=300 \
+  STRATA_GPU_CHECK_NVME="$tmp/nvme" \
+  bash "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD" > "$tmp/log" 2>&1
+rc=$?
+[ "$rc" = 1 ] || fail "without a carried package: exit $rc, not 1"
+grep -q "FAIL: scripts/build_python.sh ($tmp/out2/frontend/build_python.log" "$tmp/log" ||
   fail "no failure line naming the build log"
-[ -s "$tmp/out/frontend/build_python.log" ] || fail "no build log"
-grep -q "3.99.0" "$tmp/out/frontend/python_packages.txt" || fail "no package list"
-[ -f "$tmp/out/report/report.json" ] || fail "the report did not run after the failed build"
-grep -q "pytest" "$tmp/log" && fail "pytest ran without a package"
-echo "gpu_check_fallback: the failed build is reported and the report ran"
+grep -q "no package for Python $ver carried" "$tmp/log" || fail "the failure does not say none was carried"
+grep -q "^python $ver" "$tmp/out2/frontend/python_packages.txt" || fail "no package list"
+[ -f "$tmp/out2/report/report.json" ] || fail "the report did not run after the failed build"
+grep -q "== gpu_check: pytest" "$tmp/log" && fail "pytest ran without a package"
+echo "gpu_check_fallback: a carried package runs the frontend; without one the failure is named and the report runs"
