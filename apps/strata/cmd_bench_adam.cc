@@ -212,13 +212,34 @@ void RunStepOrExit(cpu_adam::CpuOptimizer& o, const cpu_adam::ShardStep& s) {
   }
 }
 
+// Seconds fn() takes.
+template <class Fn>
+double TimeIt(Fn&& fn) {
+  Stopwatch sw;
+  fn();
+  return sw.Seconds();
+}
+
+// What every run reports of itself: the optimizer, size, threads, ISA,
+// dtypes and repetitions.
+json RunFields(const BenchAdamArgs& args, size_t n, const cpu_adam::CpuOptimizer& o) {
+  json j;
+  j["optimizer"] = args.optimizer;
+  j["params"] = n;
+  j["threads"] = o.threads();
+  j["isa"] = std::string(o.isa());
+  j["grad_dtype"] = args.grad_dtype;
+  j["copy_out"] = args.copy_out;
+  j["reps"] = args.reps;
+  return j;
+}
+
 // --states: one format, a comma-separated list, or "all" (every format the
 // optimizer supports), in the order given; a list is measured interleaved.
 StatusOr<std::vector<StateFormat>> ParseStatesList(const std::string& text, Algorithm alg,
                                                    const std::string& optimizer) {
   static constexpr char kAllowed[] =
-      "fp32, bf16, bf16-master, int8, a comma-separated list of "
-      "them, or all";
+      "fp32, bf16, bf16-master, int8, a comma-separated list of them, or all";
   static constexpr char kSupport[] =
       "Adam/AdamW: every format; Lion: fp32, bf16, int8; Adagrad: fp32";
   std::vector<StateFormat> out;
@@ -264,11 +285,6 @@ struct FormatRun {
 template <class Between>
 PairedBound MeasureFormat(FormatRun& fr, size_t n, int reps, cpu_adam::CpuOptimizer& strata_opt,
                           cpu_adam::CpuOptimizer& roof_opt, Between&& between, int first_rep) {
-  auto time_it = [](auto&& fn) {
-    Stopwatch sw;
-    fn();
-    return sw.Seconds();
-  };
   // Slab bounds moved down to an int8 block boundary (a shard starts at a
   // block); the same function of the bound for both neighbours of a cut, so
   // the slabs still tile [0, n).
@@ -283,13 +299,13 @@ PairedBound MeasureFormat(FormatRun& fr, size_t n, int reps, cpu_adam::CpuOptimi
         b = block_bound(b);
         e = block_bound(e);
         const auto rs = Slice(fr.roof_step, b, e - b);
-        return time_it([&] { RunStepOrExit(roof_opt, rs); });
+        return TimeIt([&] { RunStepOrExit(roof_opt, rs); });
       },
       [&](size_t b, size_t e) {
         b = block_bound(b);
         e = block_bound(e);
         const auto ss = Slice(fr.strata_step, b, e - b);
-        return time_it([&] { RunStepOrExit(strata_opt, ss); });
+        return TimeIt([&] { RunStepOrExit(strata_opt, ss); });
       },
       between, first_rep);
 }
@@ -365,16 +381,9 @@ int RunFormats(const BenchAdamArgs& args, std::vector<FormatRun> runs, size_t n,
       fr.pairs.Append(MeasureFormat(
           fr, n, 1, strata_opt, roof_opt, [](int) {}, r));
     }
-  json j;
-  j["optimizer"] = args.optimizer;
+  json j = RunFields(args, n, strata_opt);
   j["states"] = args.states;
   j["baseline"] = runs[0].name;
-  j["params"] = n;
-  j["threads"] = strata_opt.threads();
-  j["isa"] = std::string(strata_opt.isa());
-  j["grad_dtype"] = args.grad_dtype;
-  j["copy_out"] = args.copy_out;
-  j["reps"] = args.reps;
   j["formats"] = json::array();
   PairedBound all;
   for (FormatRun& fr : runs) {
@@ -498,11 +507,6 @@ int RunBenchAdam(const BenchAdamArgs& args) {
     two_step = MakeStep(fr.arrays, n, DType::kFp32, std::nullopt, alg);
     if (gd != DType::kFp32) two_step.grad = grad32.data();
   }
-  auto time_it = [&](auto&& fn) {
-    Stopwatch sw;
-    fn();
-    return sw.Seconds();
-  };
   auto run_two_pass = [&] {
     RunStepOrExit(**strata_opt, two_step);
     Status st = (*strata_opt)->Cast(two_step.param, fr.arrays.c.data(), *cd, n);
@@ -523,24 +527,17 @@ int RunBenchAdam(const BenchAdamArgs& args) {
         // The comparisons that are not bounds: once per repetition each, on
         // the whole arrays, which one first alternating.
         const auto time_scalar = [&] {
-          t_scalar.push_back(time_it([&] { RunStepOrExit(**scalar_opt, scalar_step); }));
+          t_scalar.push_back(TimeIt([&] { RunStepOrExit(**scalar_opt, scalar_step); }));
         };
         if (r % 2 == 0 || !two_pass) time_scalar();
-        if (two_pass) t_two.push_back(time_it(run_two_pass));
+        if (two_pass) t_two.push_back(TimeIt(run_two_pass));
         if (r % 2 == 1 && two_pass) time_scalar();
       },
       0);
-  json j;
-  j["optimizer"] = args.optimizer;
-  j["params"] = n;
-  j["threads"] = (*strata_opt)->threads();
-  j["isa"] = std::string((*strata_opt)->isa());
-  j["grad_dtype"] = args.grad_dtype;
-  j["copy_out"] = args.copy_out;
+  json j = RunFields(args, n, **strata_opt);
   j["streaming_stores"] = (*strata_opt)->streams_state()
                               ? "all"
                               : ((*strata_opt)->streams_copy() && cd ? "copy" : "off");
-  j["reps"] = args.reps;
   j.update(FormatFigures(fr, alg, gd, cd, n));
   const double strata_pps = j["params_per_s"].get<double>();
   const double scalar_pps = n / Median(t_scalar);

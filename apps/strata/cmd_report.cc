@@ -423,6 +423,16 @@ Section Pcie(Runner& run, const Plan& p, const std::string& dev, bool cuda,
 
 // ---------------------------------------------------------------- cpu adam
 
+// Why a bench adam run's threads did not own their cores ("the machine was
+// busy (...)"), or "" when they did.
+std::string BusyReason(const json& bench) {
+  if (!bench.value("cores_contended", false)) return "";
+  return "the machine was busy (" +
+         report::Fixed(Num(bench, "involuntary_context_switches_per_s"), 0) +
+         " involuntary context switches/s, load average " +
+         report::Fixed(Num(bench, "load_average"), 2) + ")";
+}
+
 // The optimizer-state formats at every PU, interleaved in one process, each
 // against its own roofline and against fp32: a compact format moves fewer
 // bytes, so where Adam is memory-bound it steps more params/s.
@@ -485,12 +495,7 @@ void CpuAdamFormats(Runner& run, const Plan& p, Section& s, int threads,
         {name + " states: params/s vs fp32", Num(f, "speedup_vs_baseline"), "ratio", dev, cmd});
   }
   s.tables.push_back(t);
-  std::string busy;
-  if (j.value("cores_contended", false))
-    busy = "the machine was busy (" +
-           report::Fixed(Num(j, "involuntary_context_switches_per_s"), 0) +
-           " involuntary context switches/s, load average " +
-           report::Fixed(Num(j, "load_average"), 2) + ")";
+  const std::string busy = BusyReason(j);
   for (const Target& t : kTargets) {
     const json& f = by_name[t.states];
     const std::string name = std::string("CPU Adam ") + t.states;
@@ -590,12 +595,7 @@ Section CpuAdam(Runner& run, const Plan& p, bool tiny, std::vector<Check>* check
   }
   const int last_threads = done > 0 ? threads[done - 1] : 0;
   if (done > 0 && last_threads == pus) {
-    std::string busy;
-    if (last.value("cores_contended", false))
-      busy = "the machine was busy (" +
-             report::Fixed(Num(last, "involuntary_context_switches_per_s"), 0) +
-             " involuntary context switches/s, load average " +
-             report::Fixed(Num(last, "load_average"), 2) + ")";
+    const std::string busy = BusyReason(last);
     checks->push_back(report::BoundCheck(
         "CPU Adam vs roofline", Num(last, "roofline_fraction"), Num(last, "roofline_fraction_p25"),
         Num(last, "roofline_fraction_p75"), 0.85, busy,

@@ -26,14 +26,17 @@ EOF2
 chmod +x "$tmp/python3"
 ver=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 fail() { echo "gpu_check_fallback: $*"; cat "$tmp/log"; exit 1; }
+check() {  # check OUT_DIR: gpu_check.sh --host --frontend with the stand-in; sets rc
+  OUT="$1" PYTHON="$tmp/python3" STRATA_GPU_PYDEPS="$tmp/pydeps" STRATA_GPU_CHECK_BUDGET=300 \
+    STRATA_GPU_CHECK_NVME="$tmp/nvme" \
+    bash "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD" > "$tmp/log" 2>&1
+  rc=$?
+}
 
 # 1. A carried package for this minor version.
 PYTHON="$PY" "$ROOT/scripts/build_python.sh" "$BUILD" "$tmp/pydeps/strata-$ver" >/dev/null ||
   { echo "gpu_check_fallback: could not build the carried package"; exit 1; }
-OUT="$tmp/out1" PYTHON="$tmp/python3" STRATA_GPU_PYDEPS="$tmp/pydeps" STRATA_GPU_CHECK_BUDGET=300 \
-  STRATA_GPU_CHECK_NVME="$tmp/nvme" \
-  bash "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD" > "$tmp/log" 2>&1
-rc=$?
+check "$tmp/out1"
 [ "$rc" = 0 ] || fail "with a carried package: exit $rc, not 0"
 grep -q "using the carried package $tmp/pydeps/strata-$ver/python" "$tmp/log" ||
   fail "the carried package was not used"
@@ -43,10 +46,7 @@ grep -q "pytest" "$tmp/log" || fail "the frontend's tests did not run"
 
 # 2. None carried.
 rm -rf "$tmp/pydeps"
-OUT="$tmp/out2" PYTHON="$tmp/python3" STRATA_GPU_PYDEPS="$tmp/pydeps" STRATA_GPU_CHECK_BUDGET=300 \
-  STRATA_GPU_CHECK_NVME="$tmp/nvme" \
-  bash "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD" > "$tmp/log" 2>&1
-rc=$?
+check "$tmp/out2"
 [ "$rc" = 1 ] || fail "without a carried package: exit $rc, not 1"
 grep -q "FAIL: scripts/build_python.sh ($tmp/out2/frontend/build_python.log" "$tmp/log" ||
   fail "no failure line naming the build log"
