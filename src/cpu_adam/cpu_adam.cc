@@ -125,6 +125,11 @@ double BytesPerElement(Algorithm a, DType grad_dtype, std::optional<DType> copy_
 
 std::string_view BestIsa() { return internal::UsableTables().front()->isa; }
 
+StatusOr<std::string_view> SelectedIsa() {
+  ASSIGN_OR_RETURN(const KernelTable* t, internal::SelectTable("auto"));
+  return t->isa;
+}
+
 std::vector<std::string_view> AvailableIsas() {
   std::vector<std::string_view> out;
   for (const KernelTable* t : internal::UsableTables()) out.push_back(t->isa);

@@ -358,6 +358,10 @@ inline size_t AccumulateBytesPerElement(DType grad_dtype) { return 8 + DTypeSize
 // The best ISA this CPU and build support: "avx512", "avx2+fma", "sse4.2" or
 // "scalar".
 std::string_view BestIsa();
+// The ISA an optimizer with isa "auto" runs: BestIsa(), or the one the
+// environment's STRATA_CPU_ISA names (scalar, sse4.2, avx2, avx512; an
+// unknown name is InvalidArgument, one this CPU lacks NotSupported).
+StatusOr<std::string_view> SelectedIsa();
 // All ISAs usable here, best first (always ends with "scalar").
 std::vector<std::string_view> AvailableIsas();
 

@@ -3,9 +3,10 @@
 // register state is enabled (XGETBV), nor about F16C, AVX512VL/DQ, so the
 // probe is combined with GCC's __builtin_cpu_supports, which does both. We
 // pick from a table of explicitly instantiated kernels rather than calling
-// xsimd::dispatch because (1) tests and `strata bench adam --isa` must run a
-// chosen ISA, (2) the pre-SSE4.2 fallback is the plain scalar loop, which
-// xsimd::dispatch cannot express (it asserts the last arch is available).
+// xsimd::dispatch because (1) tests, `strata bench adam --isa` and
+// STRATA_CPU_ISA must run a chosen ISA, (2) the pre-SSE4.2 fallback is the
+// plain scalar loop, which xsimd::dispatch cannot express (it asserts the
+// last arch is available).
 #include <xsimd/xsimd.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,8 +41,9 @@ Support Detect() {
   s.sse42 = arch.sse4_2 && __builtin_cpu_supports("sse4.2");
   s.avx2 = arch.fma3_avx2 && __builtin_cpu_supports("avx2") && fma && f16c;
   s.avx512 = arch.avx512bw && __builtin_cpu_supports("avx512f") &&
-             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("avx512vl") && fma && f16c;
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && fma &&
+             f16c;
 #endif
   return s;
 }
@@ -63,52 +65,23 @@ std::vector<const KernelTable*> UsableTables() {
   return out;
 }
 
-StatusOr<const KernelTable*> SelectTable(std::string_view request) {
+namespace {
+
+// A named ISA → its table, or why not.
+StatusOr<const KernelTable*> NamedTable(std::string_view request, std::string_view source) {
   const Support& s = Supported();
-  if (request == "auto" || request.empty()) {
-    // Developer knob: STRATA_CPU_ADAM_MAX_ISA=avx2|sse4.2|scalar caps the
-    // automatic choice (to exercise the fallbacks on a machine that has more).
-    const std::string cap = EnvString("STRATA_CPU_ADAM_MAX_ISA", "");
-    const std::vector<const KernelTable*> usable = UsableTables();
-    const KernelTable* best = usable.front();
-    if (!cap.empty()) {
-      const int cap_rank = cap == "avx512"                      ? 0
-                           : cap == "avx2" || cap == "avx2+fma" ? 1
-                           : cap == "sse4.2"                    ? 2
-                                                                : 3;
-      auto rank = [](const KernelTable* t) {
-        return t->isa == "avx512" ? 0 : t->isa == "avx2+fma" ? 1 : t->isa == "sse4.2" ? 2 : 3;
-      };
-      for (const KernelTable* t : usable) {
-        if (rank(t) >= cap_rank) {
-          best = t;
-          break;
-        }
-      }
-      STRATA_INFO_ONCE("cpu_adam.isa_cap",
-                       "cpu_adam: STRATA_CPU_ADAM_MAX_ISA={} caps the ISA at {}", cap, best->isa);
-    }
-    if (best->lanes == 1) {
-      STRATA_WARN_ONCE("cpu_adam.scalar_fallback",
-                       "cpu_adam: no usable SIMD kernels (no SSE4.2, or capped); using the plain "
-                       "scalar loop (slow)");
-    }
-    return best;
-  }
   auto unsupported = [&](std::string_view what) {
-    return NotSupportedError("cpu_adam: isa \"" + std::string(request) + "\" needs " +
+    std::string names;
+    for (const KernelTable* t : UsableTables()) {
+      if (!names.empty()) names += ", ";
+      names += t->isa;
+    }
+    return NotSupportedError(std::string(source) + " \"" + std::string(request) + "\" needs " +
                              std::string(what) +
-                             ", which this CPU (or OS) does not provide; usable here: " + [] {
-                               std::string names;
-                               for (const KernelTable* t : UsableTables()) {
-                                 if (!names.empty()) names += ", ";
-                                 names += t->isa;
-                               }
-                               return names;
-                             }());
+                             ", which this CPU (or OS) does not provide; usable here: " + names);
   };
   if (request == "avx512") {
-    if (!s.avx512 || !Avx512Table()) return unsupported("AVX-512 F/BW/DQ/VL + FMA + F16C");
+    if (!s.avx512 || !Avx512Table()) return unsupported("AVX-512 F/CD/BW/DQ/VL + FMA + F16C");
     return Avx512Table();
   }
   if (request == "avx2" || request == "avx2+fma") {
@@ -120,8 +93,37 @@ StatusOr<const KernelTable*> SelectTable(std::string_view request) {
     return Sse42Table();
   }
   if (request == "scalar") return &ScalarTable();
-  return InvalidArgumentError("cpu_adam: isa \"" + std::string(request) +
+  return InvalidArgumentError(std::string(source) + " \"" + std::string(request) +
                               "\" is not one of auto, avx512, avx2, sse4.2, scalar");
+}
+
+}  // namespace
+
+StatusOr<const KernelTable*> SelectTable(std::string_view request) {
+  if (request != "auto" && !request.empty()) return NamedTable(request, "cpu_adam: isa");
+  // STRATA_CPU_ISA names the ISA of every optimizer a process makes with
+  // "auto" (the engine's, the benchmarks' default): one config can be run
+  // under each ISA a machine has. Every ISA gives the same bits, so it
+  // changes the speed, never the results.
+  const std::string env = EnvString("STRATA_CPU_ISA", "");
+  if (!env.empty() && env != "auto") {
+    auto t = NamedTable(env, "STRATA_CPU_ISA: isa");
+    if (!t.ok()) return t.status();
+    STRATA_INFO_ONCE("cpu_adam.isa_env", "cpu_adam: STRATA_CPU_ISA={} selects the {} kernels", env,
+                     (*t)->isa);
+    if ((*t)->lanes == 1) {
+      STRATA_WARN_ONCE("cpu_adam.scalar_fallback",
+                       "cpu_adam: using the plain scalar loop (slow): STRATA_CPU_ISA={}", env);
+    }
+    return *t;
+  }
+  const KernelTable* best = UsableTables().front();
+  if (best->lanes == 1) {
+    STRATA_WARN_ONCE("cpu_adam.scalar_fallback",
+                     "cpu_adam: no usable SIMD kernels (no SSE4.2); using the plain scalar loop "
+                     "(slow)");
+  }
+  return best;
 }
 
 }  // namespace strata::cpu_adam::internal

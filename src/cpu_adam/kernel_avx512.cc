@@ -1,5 +1,6 @@
 // The kernels for AVX-512 (F, BW, DQ, VL; 16 fp32 lanes). Compiled with
-// -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c; only called after
+// -mavx512f -mavx512cd -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c (xsimd 13
+// requires CD beside DQ; every CPU with BW/DQ/VL has it); only called after
 // the run-time check in cpu_adam.cc.
 #include <immintrin.h>
 
@@ -12,26 +13,28 @@ using Arch = xsimd::avx512bw;
 template <>
 struct ArchIO<Arch> {
   static BI<Arch> LoadU16(const uint16_t* p) {
-    return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return FromRegister<int32_t, Arch>(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
   }
   static void StoreU16(uint16_t* p, BI<Arch> x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));  // vpmovdw
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x.data));  // vpmovdw
   }
   static bool StreamU16(uint16_t* p, BI<Arch> x) {
     if ((reinterpret_cast<uintptr_t>(p) & 31) != 0) return false;
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x.data));
     return true;
   }
   static bool StreamF32(float* p, BF<Arch> x) {
     if ((reinterpret_cast<uintptr_t>(p) & 63) != 0) return false;
-    _mm512_stream_ps(p, x);
+    _mm512_stream_ps(p, x.data);
     return true;
   }
   static BF<Arch> LoadF16(const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return FromRegister<float, Arch>(
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
   }
   static void StoreF16(uint16_t* p, BF<Arch> x, bool nt) {
-    const __m256i h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i h = _mm512_cvtps_ph(x.data, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     if (nt && (reinterpret_cast<uintptr_t>(p) & 31) == 0) {
       _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
     } else {
@@ -40,10 +43,11 @@ struct ArchIO<Arch> {
   }
   static void Fence() { _mm_sfence(); }
   static BI<Arch> LoadU8(const uint8_t* p) {
-    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return FromRegister<int32_t, Arch>(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
   static void StoreU8(uint8_t* p, BI<Arch> x) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x));  // vpmovdb
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x.data));  // vpmovdb
   }
 };
 

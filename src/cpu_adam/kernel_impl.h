@@ -27,6 +27,7 @@
 
 #include "src/cpu_adam/kernel.h"
 #include "src/cpu_adam/state_codes.h"
+#include "src/cpu_adam/xsimd_compat.h"
 
 namespace strata::cpu_adam::internal {
 
@@ -57,23 +58,22 @@ inline BF<A> HalfBitsToFloatGeneric(BI<A> h) {
   const BI<A> em = h & BI<A>(0x7fff);
   // Normal and subnormal halves: place the bits in a float and rescale by
   // 2^112 (exact: subnormal halves become fp32 denormals first).
-  const BF<A> scaled = xsimd::bitwise_cast<BF<A>>(em << 13) * BF<A>(0x1p112f);
+  const BF<A> scaled = BitCast<BF<A>>(em << 13) * BF<A>(0x1p112f);
   const BI<A> infnan = (em << 13) | BI<A>(0x7f800000);
-  const BI<A> bits = xsimd::select(em >= BI<A>(0x7c00), infnan, xsimd::bitwise_cast<BI<A>>(scaled));
-  return xsimd::bitwise_cast<BF<A>>(bits | sign);
+  const BI<A> bits = xsimd::select(em >= BI<A>(0x7c00), infnan, BitCast<BI<A>>(scaled));
+  return BitCast<BF<A>>(bits | sign);
 }
 
 // fp32 → fp16 bits, round to nearest even; same results as FloatToHalfBits.
 template <class A>
 inline BI<A> FloatToHalfBitsGeneric(BF<A> f) {
-  const BI<A> u = xsimd::bitwise_cast<BI<A>>(f);
+  const BI<A> u = BitCast<BI<A>>(f);
   const BI<A> sign = (u >> 16) & BI<A>(0x8000);
   const BI<A> a = u & BI<A>(0x7fffffff);
   // Subnormal results: adding 0.5f aligns the value so that fp32's own
   // round-to-nearest-even rounds it to a multiple of 2^-24 (the fp16 unit).
-  const BF<A> magic = xsimd::bitwise_cast<BF<A>>(BI<A>(0x3f000000));
-  const BI<A> sub =
-      xsimd::bitwise_cast<BI<A>>(xsimd::bitwise_cast<BF<A>>(a) + magic) - BI<A>(0x3f000000);
+  const BF<A> magic = BitCast<BF<A>>(BI<A>(0x3f000000));
+  const BI<A> sub = BitCast<BI<A>>(BitCast<BF<A>>(a) + magic) - BI<A>(0x3f000000);
   // Normal results: rebias the exponent and round the 13 dropped bits (ties to even).
   const BI<A> odd = (a >> 13) & BI<A>(1);
   const BI<A> norm = (a - BI<A>(112 << 23) + BI<A>(0xfff) + odd) >> 13;
@@ -87,7 +87,7 @@ inline BI<A> FloatToHalfBitsGeneric(BF<A> f) {
 // bf16 bits → fp32 (exact).
 template <class A>
 inline BF<A> Bf16BitsToFloat(BI<A> h) {
-  return xsimd::bitwise_cast<BF<A>>(h << 16);
+  return BitCast<BF<A>>(h << 16);
 }
 
 // fp32 → bf16 bits, round to nearest even, NaN stays (quiet) NaN. Unsigned
@@ -96,13 +96,12 @@ inline BF<A> Bf16BitsToFloat(BI<A> h) {
 template <class A>
 inline BI<A> FloatToBf16Bits(BF<A> f) {
   using BU = xsimd::batch<uint32_t, A>;
-  const BU u = xsimd::bitwise_cast<BU>(f);
+  const BU u = BitCast<BU>(f);
   const BU hi = u >> 16;
   const BU rounded = (u + BU(0x7fffu) + (hi & BU(1u))) >> 16;  // ties to even; may round up to inf
   const BU quiet = hi | BU(0x40u);  // NaN: keep sign and payload, set quiet bit
-  const BF<A> r = xsimd::select(xsimd::isnan(f), xsimd::bitwise_cast<BF<A>>(quiet),
-                                xsimd::bitwise_cast<BF<A>>(rounded));
-  return xsimd::bitwise_cast<BI<A>>(r);
+  const BF<A> r = xsimd::select(xsimd::isnan(f), BitCast<BF<A>>(quiet), BitCast<BF<A>>(rounded));
+  return BitCast<BI<A>>(r);
 }
 
 // ---- Loads and stores by dtype ---------------------------------------------
@@ -159,29 +158,40 @@ inline BF<A> LoadFoldedGrad(const void* g, const float* f, size_t i) {
   return x;
 }
 
+// a * b + c with two roundings: a multiply, then an add, never one fused
+// multiply-add. Every kernel's multiply-adds go through this, and the ISA
+// translation units are compiled with -ffp-contract=off, so the vector
+// kernels give the scalar loop's bits on every ISA and with every xsimd
+// (whose fma fuses on some archs and not on others). The step is bound by
+// memory, so the second rounding costs no time (docs/perf.md).
+template <class A>
+inline BF<A> MulAdd(BF<A> a, BF<A> b, BF<A> c) {
+  return a * b + c;
+}
+
 // One vector of Adam/AdamW (and Lion) in registers, the order of float
 // operations of docs/design.md: every state format's kernel computes its
 // update with these, whatever it loads and stores.
 template <class A, KernelOp OP>
 inline void AdamUpdate(BF<A> g, BF<A>& p, BF<A>& m, BF<A>& v, const Coeffs& c) {
   using B = BF<A>;
-  if constexpr (OP == KernelOp::kAdam) g = xsimd::fma(B(c.l2), p, g);  // g += wd * p (L2)
-  m = xsimd::fma(B(c.w1), g - m, m);                                   // m = lerp(m, g, 1 - beta1)
-  v = xsimd::fma(B(c.w2), g * g, B(c.beta2) * v);  // v = beta2 v + (1 - beta2) g^2
-  const B denom = xsimd::fma(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
+  if constexpr (OP == KernelOp::kAdam) g = MulAdd<A>(B(c.l2), p, g);  // g += wd * p (L2)
+  m = MulAdd<A>(B(c.w1), g - m, m);                                   // m = lerp(m, g, 1 - beta1)
+  v = MulAdd<A>(B(c.w2), g * g, B(c.beta2) * v);  // v = beta2 v + (1 - beta2) g^2
+  const B denom = MulAdd<A>(xsimd::sqrt(v), B(c.inv_bc2_sqrt), B(c.eps));  // sqrt(v / bc2) + eps
   if constexpr (OP == KernelOp::kAdamW) p = p * B(c.decay);  // p *= 1 - lr wd (decoupled)
-  p = xsimd::fma(B(c.neg_step), m / denom, p);               // p -= lr/bc1 * m / denom
+  p = MulAdd<A>(B(c.neg_step), m / denom, p);                // p -= lr/bc1 * m / denom
 }
 
 template <class A>
 inline void LionUpdate(BF<A> g, BF<A>& p, BF<A>& m, const Coeffs& c) {
   using B = BF<A>;
-  const B u = xsimd::fma(B(c.w1), g - m, m);  // u = lerp(m, g, 1 - beta1)
+  const B u = MulAdd<A>(B(c.w1), g - m, m);  // u = lerp(m, g, 1 - beta1)
   // sign(u): +1, -1, or u * 0 (keeps ±0 → 0 and NaN → NaN).
   const B sgn = xsimd::select(u > B(0.f), B(1.f), xsimd::select(u < B(0.f), B(-1.f), u * B(0.f)));
-  p = p * B(c.decay);                     // p *= 1 - lr wd
-  p = xsimd::fma(B(c.neg_step), sgn, p);  // p -= lr sign(u)
-  m = xsimd::fma(B(c.w2), g - m, m);      // m = lerp(m, g, 1 - beta2)
+  p = p * B(c.decay);                    // p *= 1 - lr wd
+  p = MulAdd<A>(B(c.neg_step), sgn, p);  // p -= lr sign(u)
+  m = MulAdd<A>(B(c.w2), g - m, m);      // m = lerp(m, g, 1 - beta2)
 }
 
 // FOLD: the step_fold table entries (KernelArgs::fold), else step[].
@@ -206,10 +216,10 @@ struct FusedKernel {
       StoreF32<A>(s1_ + i, v, nt);
     } else if constexpr (OP == KernelOp::kAdagrad) {
       B s = B::load_unaligned(s0_ + i);
-      g = xsimd::fma(B(c.l2), p, g);  // g += wd * p
-      s = xsimd::fma(g, g, s);        // sum += g^2
-      p = xsimd::fma(B(c.neg_step), g / (xsimd::sqrt(s) + B(c.eps)),
-                     p);  // p -= clr g / (sqrt(sum) + eps)
+      g = MulAdd<A>(B(c.l2), p, g);  // g += wd * p
+      s = MulAdd<A>(g, g, s);        // sum += g^2
+      p = MulAdd<A>(B(c.neg_step), g / (xsimd::sqrt(s) + B(c.eps)),
+                    p);  // p -= clr g / (sqrt(sum) + eps)
       StoreF32<A>(s0_ + i, s, nt);
     } else if constexpr (OP == KernelOp::kLion) {
       B m = B::load_unaligned(s0_ + i);
@@ -515,12 +525,11 @@ inline BU<A> SrBitsVec(uint64_t index, uint32_t k0, uint32_t k1) {
 // FloatToBf16Stochastic per lane; lanes end up in [0, 0xffff].
 template <class A>
 inline BI<A> FloatToBf16StochasticVec(BF<A> f, BU<A> random) {
-  const BU<A> u = xsimd::bitwise_cast<BU<A>>(f);
+  const BU<A> u = BitCast<BU<A>>(f);
   const BU<A> rounded = (u + (random >> 16)) >> 16;
   const BU<A> quiet = (u >> 16) | BU<A>(0x40u);
-  const BF<A> r = xsimd::select(xsimd::isnan(f), xsimd::bitwise_cast<BF<A>>(quiet),
-                                xsimd::bitwise_cast<BF<A>>(rounded));
-  return xsimd::bitwise_cast<BI<A>>(r);
+  const BF<A> r = xsimd::select(xsimd::isnan(f), BitCast<BF<A>>(quiet), BitCast<BF<A>>(rounded));
+  return BitCast<BI<A>>(r);
 }
 
 // EncodeExpAvg8 per lane (code in the low 8 bits of each lane).
@@ -528,15 +537,15 @@ template <class A>
 inline BI<A> EncodeExpAvg8Vec(BF<A> x, BF<A> inv) {
   using I = BI<A>;
   using B = BF<A>;
-  const I u = xsimd::bitwise_cast<I>(x);
+  const I u = BitCast<I>(x);
   const I sign = (u >> 24) & I(0x80);
-  const B y = xsimd::min(xsimd::bitwise_cast<B>(u & I(0x7fffffff)) * inv, B(kExpAvgCodeMax));
+  const B y = xsimd::min(BitCast<B>(u & I(0x7fffffff)) * inv, B(kExpAvgCodeMax));
   const B t = y * B(512.f) + B(0x1p23f);
-  const I sub = xsimd::bitwise_cast<I>(t) - I(0x4b000000);
-  const I h = xsimd::bitwise_cast<I>(y) - I(120 << 23);
+  const I sub = BitCast<I>(t) - I(0x4b000000);
+  const I h = BitCast<I>(y) - I(120 << 23);
   const I norm = (h + I(0x7ffff) + ((h >> 20) & I(1))) >> 20;
   // y >= 0 and not NaN: compare its bits (y < 2^-6) to stay in the integer domain.
-  return xsimd::select(xsimd::bitwise_cast<I>(y) < I(121 << 23), sub, norm) | sign;
+  return xsimd::select(BitCast<I>(y) < I(121 << 23), sub, norm) | sign;
 }
 
 // DecodeExpAvg8 per lane (code units).
@@ -545,35 +554,34 @@ inline BF<A> DecodeExpAvg8Vec(BI<A> c) {
   using I = BI<A>;
   using B = BF<A>;
   const I mag = c & I(0x7f);
-  const I sub = xsimd::bitwise_cast<I>(xsimd::to_float(mag) * B(1.f / 512.f));
+  const I sub = BitCast<I>(xsimd::to_float(mag) * B(1.f / 512.f));
   const I norm = (mag << 20) + I(120 << 23);
-  return xsimd::bitwise_cast<B>(xsimd::select(mag < I(8), sub, norm) | ((c & I(0x80)) << 24));
+  return BitCast<B>(xsimd::select(mag < I(8), sub, norm) | ((c & I(0x80)) << 24));
 }
 
 template <class A>
 inline BI<A> EncodeExpAvgSq8Vec(BF<A> x, BF<A> inv) {
   using I = BI<A>;
   using B = BF<A>;
-  const B y = xsimd::min(xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I>(x) & I(0x7fffffff)) * inv,
-                         B(kExpAvgSqCodeMax));
+  const B y = xsimd::min(BitCast<B>(BitCast<I>(x) & I(0x7fffffff)) * inv, B(kExpAvgSqCodeMax));
   const B t = y * B(131072.f) + B(0x1p23f);
-  const I sub = xsimd::bitwise_cast<I>(t) - I(0x4b000000);
-  const I h = xsimd::bitwise_cast<I>(y) - I(112 << 23);
+  const I sub = BitCast<I>(t) - I(0x4b000000);
+  const I h = BitCast<I>(y) - I(112 << 23);
   const I norm = (h + I(0x7ffff) + ((h >> 20) & I(1))) >> 20;
-  const I code = xsimd::select(xsimd::bitwise_cast<I>(y) < I(113 << 23), sub, norm);  // y < 2^-14
+  const I code = xsimd::select(BitCast<I>(y) < I(113 << 23), sub, norm);  // y < 2^-14
   // A positive v never becomes code 0.
   // (x > 0 as an integer compare of the bits: NaN counts as positive here,
   // but it saturates to the largest code anyway.)
-  return xsimd::select((xsimd::bitwise_cast<I>(x) > I(0)) & (code == I(0)), I(1), code);
+  return xsimd::select((BitCast<I>(x) > I(0)) & (code == I(0)), I(1), code);
 }
 
 template <class A>
 inline BF<A> DecodeExpAvgSq8Vec(BI<A> c) {
   using I = BI<A>;
   using B = BF<A>;
-  const I sub = xsimd::bitwise_cast<I>(xsimd::to_float(c) * B(1.f / 131072.f));
+  const I sub = BitCast<I>(xsimd::to_float(c) * B(1.f / 131072.f));
   const I norm = (c << 20) + I(112 << 23);
-  return xsimd::bitwise_cast<B>(xsimd::select(c < I(8), sub, norm));
+  return BitCast<B>(xsimd::select(c < I(8), sub, norm));
 }
 
 // The gradient of a compact kernel, the fold chosen at run time.
@@ -634,12 +642,11 @@ struct CompactKernel {
     if constexpr (kRoof) {
       // The same loads and stores, values unchanged: bits | (g's bits & 0).
       static volatile int32_t opaque_zero = 0;
-      const I z = xsimd::bitwise_cast<I>(g) & I(opaque_zero);
+      const I z = BitCast<I>(g) & I(opaque_zero);
       if constexpr (kMaster16) {
         ArchIO<A>::StoreU16(v.pc + i, ArchIO<A>::LoadU16(v.pc + i) | z);
       } else {
-        xsimd::bitwise_cast<B>(xsimd::bitwise_cast<I>(B::load_unaligned(v.p + i)) | z)
-            .store_unaligned(v.p + i);
+        BitCast<B>(BitCast<I>(B::load_unaligned(v.p + i)) | z).store_unaligned(v.p + i);
       }
       StoreState(v.s0, i, LoadState(v.s0, i) | z);
       StoreState(v.s1, i, LoadState(v.s1, i) | z);
@@ -647,7 +654,7 @@ struct CompactKernel {
     } else {
       B p =
           kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i)) : B::load_unaligned(v.p + i);
-      B m, vv;
+      B m(0.f), vv(0.f);  // (Lion has no vv: it stays 0)
       const I m_raw = LoadState(v.s0, i);
       if constexpr (kInt8) {
         m = DecodeExpAvg8Vec<A>(m_raw) * B(sc0);
@@ -695,7 +702,7 @@ struct CompactKernel {
     B amax0(0.f), amax1(0.f);
     const size_t full = len / W * W;
     for (size_t j = 0; j < full; j += W) {
-      B m, vv;
+      B m(0.f), vv(0.f);  // (Vec sets them for int8 only)
       Vec(v, s + j, gidx + j, a, c, sc0, sc1, &m, &vv);
       if constexpr (kInt8 && !kRoof) {
         m.store_aligned(mb + j);
@@ -724,7 +731,7 @@ struct CompactKernel {
       std::memcpy(ts0, v.s0 + e * kSB, rem * kSB);
       if constexpr (kHasS1) std::memcpy(ts1, v.s1 + e * kSB, rem * kSB);
       const View t{tp, tpc, tg, v.f != nullptr ? tf : nullptr, ts0, ts1};
-      B m, vv;
+      B m(0.f), vv(0.f);  // (Vec sets them for int8 only)
       Vec(t, 0, gidx + full, a, c, sc0, sc1, &m, &vv);
       if constexpr (kMaster16) {
         std::memcpy(v.pc + e, tpc, rem * 2);
@@ -976,10 +983,11 @@ KernelTable MakeTable(std::string_view isa) {
   {
     // (1 + 2^-12)^2 - (1 + 2^-11) is 2^-24 exactly; a multiply then an add
     // rounds the square to 1 + 2^-11 first and gives 0. Opaque inputs, so
-    // the compiler cannot fold the probe.
+    // the compiler cannot fold the probe; a build that let the compiler
+    // contract MulAdd into an fma would show here (tests assert false).
     static volatile float opaque = 1.f + 0x1p-12f;
     const BF<A> x(opaque);
-    const BF<A> r = xsimd::fma(x, x, BF<A>(-(1.f + 0x1p-11f)));
+    const BF<A> r = MulAdd<A>(x, x, BF<A>(-(1.f + 0x1p-11f)));
     t.fused_fma = xsimd::all(r != BF<A>(0.f));
   }
   FillGrads<A, KernelOp::kAdam>(t);

@@ -11,19 +11,21 @@ using Arch = xsimd::sse4_2;
 template <>
 struct ArchIO<Arch> {
   static BI<Arch> LoadU16(const uint16_t* p) {
-    return _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return FromRegister<int32_t, Arch>(
+        _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   static void StoreU16(uint16_t* p, BI<Arch> x) {
-    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(x, x));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(x.data, x.data));
   }
   static bool StreamU16(uint16_t* p, BI<Arch> x) {
     if ((reinterpret_cast<uintptr_t>(p) & 7) != 0) return false;
-    _mm_stream_si64(reinterpret_cast<long long*>(p), _mm_cvtsi128_si64(_mm_packus_epi32(x, x)));
+    _mm_stream_si64(reinterpret_cast<long long*>(p),
+                    _mm_cvtsi128_si64(_mm_packus_epi32(x.data, x.data)));
     return true;
   }
   static bool StreamF32(float* p, BF<Arch> x) {
     if ((reinterpret_cast<uintptr_t>(p) & 15) != 0) return false;
-    _mm_stream_ps(p, x);
+    _mm_stream_ps(p, x.data);
     return true;
   }
   static BF<Arch> LoadF16(const uint16_t* p) { return HalfBitsToFloatGeneric<Arch>(LoadU16(p)); }
@@ -36,10 +38,10 @@ struct ArchIO<Arch> {
   static BI<Arch> LoadU8(const uint8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
-    return _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+    return FromRegister<int32_t, Arch>(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)));
   }
   static void StoreU8(uint8_t* p, BI<Arch> x) {
-    const __m128i w = _mm_packus_epi32(x, x);
+    const __m128i w = _mm_packus_epi32(x.data, x.data);
     const int32_t v = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
     std::memcpy(p, &v, 4);
   }

@@ -161,21 +161,46 @@ TEST(DispatchTest, MissingIsaIsNotSupportedAndNamesTheUsableOnes) {
 namespace strata::cpu_adam::internal {
 namespace {
 
-// The fallback to the plain loop is explicit and announced once; the
-// developer knob STRATA_CPU_ADAM_MAX_ISA reaches it on any machine.
-TEST(DispatchTest, ScalarFallbackIsLoggedOnce) {
-  ASSERT_EQ(0, setenv("STRATA_CPU_ADAM_MAX_ISA", "scalar", 1));
+// STRATA_CPU_ISA names the ISA "auto" resolves to for the whole process;
+// the fallback to the plain loop is explicit and announced once; an unknown
+// or unsupported name is refused naming the variable and the choices.
+TEST(DispatchTest, StrataCpuIsaPicksTheTableAndScalarIsLoggedOnce) {
+  ASSERT_EQ(0, setenv("STRATA_CPU_ISA", "scalar", 1));
   auto t = SelectTable("auto");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ((*t)->isa, "scalar");
   EXPECT_FALSE(FirstTimeFor("cpu_adam.scalar_fallback")) << "the fallback was not logged";
-  ASSERT_EQ(0, setenv("STRATA_CPU_ADAM_MAX_ISA", "sse4.2", 1));
-  auto s = SelectTable("auto");
-  ASSERT_TRUE(s.ok());
-  bool have_sse42 = false;
-  for (const KernelTable* u : UsableTables()) have_sse42 |= u->isa == "sse4.2";
-  EXPECT_EQ((*s)->isa, have_sse42 ? "sse4.2" : "scalar");
-  ASSERT_EQ(0, unsetenv("STRATA_CPU_ADAM_MAX_ISA"));
+  for (const KernelTable* u : UsableTables()) {
+    const std::string name = u->isa == "avx2+fma" ? "avx2" : std::string(u->isa);
+    ASSERT_EQ(0, setenv("STRATA_CPU_ISA", name.c_str(), 1));
+    auto s = SelectTable("auto");
+    ASSERT_TRUE(s.ok()) << name << ": " << s.status();
+    EXPECT_EQ(*s, u) << name;
+    // A named request is not overridden.
+    auto sc = SelectTable("scalar");
+    ASSERT_TRUE(sc.ok());
+    EXPECT_EQ((*sc)->isa, "scalar");
+  }
+  ASSERT_EQ(0, setenv("STRATA_CPU_ISA", "neon", 1));
+  auto bad = SelectTable("auto");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("STRATA_CPU_ISA"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("avx512, avx2, sse4.2, scalar"), std::string::npos);
+  bool have512 = false;
+  for (const KernelTable* u : UsableTables()) have512 |= u->isa == "avx512";
+  if (!have512) {
+    ASSERT_EQ(0, setenv("STRATA_CPU_ISA", "avx512", 1));
+    auto no = SelectTable("auto");
+    ASSERT_FALSE(no.ok());
+    EXPECT_EQ(no.status().code(), StatusCode::kNotSupported);
+    EXPECT_NE(no.status().message().find("usable here"), std::string::npos) << no.status();
+  }
+  ASSERT_EQ(0, setenv("STRATA_CPU_ISA", "auto", 1));
+  auto a = SelectTable("auto");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, UsableTables().front());
+  ASSERT_EQ(0, unsetenv("STRATA_CPU_ISA"));
   auto best = SelectTable("auto");
   ASSERT_TRUE(best.ok());
   EXPECT_EQ(*best, UsableTables().front());
