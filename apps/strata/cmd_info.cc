@@ -3,6 +3,7 @@
 // files (live, leftover) under a directory, RLIMIT_MEMLOCK, and optionally
 // the effective config.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -46,6 +47,16 @@ json GpuInfo() {
 json CpuInfo() {
   json j;
   j["optimizer_isa"] = std::string(cpu_adam::BestIsa());
+  if (const char* env = std::getenv("STRATA_CPU_ISA"); env != nullptr && *env != '\0') {
+    // What every optimizer of a run under this environment uses instead.
+    StatusOr<std::string_view> selected = cpu_adam::SelectedIsa();
+    j["isa_override"] = env;
+    if (selected.ok()) {
+      j["optimizer_isa"] = std::string(*selected);
+    } else {
+      j["isa_override_error"] = selected.status().ToString();
+    }
+  }
   json isas = json::array();
   for (auto isa : cpu_adam::AvailableIsas()) isas.push_back(std::string(isa));
   j["available_isas"] = isas;
@@ -204,7 +215,12 @@ int RunInfo(const std::string& config_path, const std::string& dir_arg, bool as_
       std::printf("  NUMA node %d:  %d cores, %s\n", n["node"].get<int>(), n["cores"].get<int>(),
                   HumanBytes(n["memory_bytes"].get<double>()).c_str());
   }
-  std::printf("CPU optimizer:  %s SIMD\n", c["optimizer_isa"].get<std::string>().c_str());
+  std::printf("CPU optimizer:  %s SIMD%s\n", c["optimizer_isa"].get<std::string>().c_str(),
+              c.contains("isa_override")
+                  ? (" (STRATA_CPU_ISA=" + c["isa_override"].get<std::string>() + ")").c_str()
+                  : "");
+  if (c.contains("isa_override_error"))
+    std::printf("                %s\n", c["isa_override_error"].get<std::string>().c_str());
   for (const auto& k : out["local_ranks"])
     std::printf(
         "  local rank %d: %s%s, %d thread(s) (%s)\n", k["local_rank"].get<int>(),

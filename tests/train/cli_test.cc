@@ -374,6 +374,58 @@ TEST(TrainCli, LossesAreBitwiseIndependentOfBlasThreadsAndLimits) {
 #endif
 }
 
+// STRATA_CPU_ISA runs the CPU optimizer of a whole run on one ISA; every
+// ISA this machine has gives the same per-step losses, bit for bit (the
+// kernels multiply then add everywhere, as the scalar loop does), for fp32
+// and int8 states, with gradient accumulation and sub-groups whose sizes
+// leave vector tails. An unknown or unsupported name fails before training,
+// naming the variable.
+TEST(TrainCli, LossesAreBitwiseEqualUnderEveryCpuIsa) {
+  testing::ScratchDir dir;
+  const RunResult info = Strata("info --json", dir.str());
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const json ij = json::parse(info.out, nullptr, false);
+  ASSERT_TRUE(ij.is_object() && ij.contains("cpu")) << info.out;
+  std::vector<std::string> isas;
+  for (const auto& i : ij["cpu"]["available_isas"])
+    isas.push_back(i.get<std::string>() == "avx2+fma" ? "avx2" : i.get<std::string>());
+  ASSERT_GE(isas.size(), 2u) << "at least one SIMD ISA and scalar";
+  for (const std::string states : {"fp32", "int8"}) {
+    const std::string cfg =
+        WriteConfig(dir.str(), "c_" + states + ".json", "cpu", "cpu",
+                    R"(, "optimizer_states": ")" + states + R"(")");
+    std::vector<double> first;
+    for (const std::string& isa : isas) {
+      const RunResult r = Strata("train --config " + cfg + " --steps 3 --json", dir.str(),
+                                 "STRATA_CPU_ISA=" + isa);
+      ASSERT_EQ(r.exit_code, 0) << isa << " " << states << ": " << r.err;
+      const json j = json::parse(r.out, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << r.out;
+      const std::vector<double> losses = j["losses"].get<std::vector<double>>();
+      ASSERT_EQ(losses.size(), 3u);
+      EXPECT_NE(losses.front(), losses.back()) << "the model did not train";
+      if (first.empty()) {
+        first = losses;
+      } else {
+        EXPECT_EQ(losses, first) << isa << " vs " << isas.front() << " (" << states << ")";
+      }
+    }
+  }
+  const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
+  const RunResult bad = Strata("train --config " + cfg + " --steps 1", dir.str(),
+                               "STRATA_CPU_ISA=neon");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("STRATA_CPU_ISA"));
+  EXPECT_THAT(bad.err, HasSubstr("avx512, avx2, sse4.2, scalar"));
+  EXPECT_EQ(Lines(bad.err).size(), 1u) << bad.err;
+  if (std::find(isas.begin(), isas.end(), "avx512") == isas.end()) {
+    const RunResult no = Strata("train --config " + cfg + " --steps 1", dir.str(),
+                                "STRATA_CPU_ISA=avx512");
+    EXPECT_NE(no.exit_code, 0);
+    EXPECT_THAT(no.err, HasSubstr("usable here"));
+  }
+}
+
 // What can still change the bits (the OpenBLAS build and the kernels it picks
 // for the CPU) is in the checkpoint's manifest; resuming on other kernels
 // (OPENBLAS_CORETYPE here) warns.
@@ -583,6 +635,69 @@ TEST(PlanCli, TrainSummaryHasThePredictionBesideTheMeasurement) {
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_THAT(table.out, HasSubstr("predicted s"));
   EXPECT_THAT(table.out, HasSubstr("measured busy"));
+}
+
+// Planning a GPU machine from one without its GPU: a config naming cuda
+// where no CUDA device opens plans a GPU of strata.hbm_budget bytes, --gpu
+// a preset's; the output names the figures that are nominal, and the NVMe
+// directory of that machine is neither created nor measured. Without a
+// budget or a preset the error names both; an unknown preset is a usage
+// error. (On a machine with a GPU only the --gpu cases run.)
+TEST(PlanCli, PlansAGpuThatIsNotHere) {
+  testing::ScratchDir dir;
+  const RunResult info = Strata("info --json", dir.str());
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  const bool have_gpu = !json::parse(info.out)["gpu"]["devices"].empty();
+  const std::string missing = dir.str() + "/other-machine/nvme";
+  auto config = [&](const std::string& budget) {
+    const std::string path = dir.str() + "/gpu" + budget + ".json";
+    std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+      "zero_optimization": {"stage": 3,
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+                        << missing << R"("},
+        "offload_param": {"device": "cpu"}, "sub_group_size": 1e7},
+      "strata": {"device": "cuda", )"
+                        << (budget.empty() ? "" : R"("hbm_budget": ")" + budget + R"(", )")
+                        << R"("model": {"layers": 8, "hidden": 1024, "seq_len": 256}}})";
+    return path;
+  };
+  if (!have_gpu) {
+    const RunResult r = Strata("plan --config " + config("2G") + " --json", dir.str());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json j = json::parse(r.out);
+    EXPECT_THAT(j["device"].get<std::string>(), HasSubstr("described, not opened"));
+    const auto nominal = j["nominal"].get<std::vector<std::string>>();
+    for (const char* n : {"h2d", "d2h", "device_copy", "nvme"})
+      EXPECT_NE(std::find(nominal.begin(), nominal.end(), n), nominal.end()) << n << " " << r.out;
+    EXPECT_EQ(std::find(nominal.begin(), nominal.end(), "hbm_budget"), nominal.end());
+    EXPECT_EQ(j["tiers"][0]["tier"], "hbm");
+    EXPECT_EQ(j["tiers"][0]["available_bytes"], int64_t{2} << 30);
+    EXPECT_GT(j["rates"]["h2d_gbytes_per_s"].get<double>(), 0);
+    EXPECT_GT(j["rates"]["cpu_adam_elems_per_s"].get<double>(), 0) << "the CPU is measured";
+    EXPECT_FALSE(std::filesystem::exists(missing)) << "another machine's directory was created";
+    const RunResult t = Strata("plan --config " + config("2G"), dir.str());
+    EXPECT_EQ(t.exit_code, 0) << t.err;
+    EXPECT_THAT(t.out, HasSubstr("nominal, not measured here: h2d, d2h"));
+    const RunResult none = Strata("plan --config " + config(""), dir.str());
+    EXPECT_EQ(none.exit_code, 3) << none.err;
+    EXPECT_THAT(none.err, HasSubstr("set strata.hbm_budget"));
+    EXPECT_THAT(none.err, HasSubstr("--gpu h100, h100-pcie, h200"));
+  }
+  const RunResult h = Strata("plan --config " + config("") + " --gpu H200 --json", dir.str());
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  const json hj = json::parse(h.out);
+  EXPECT_THAT(hj["device"].get<std::string>(), HasSubstr("NVIDIA H200"));
+  const auto nominal = hj["nominal"].get<std::vector<std::string>>();
+  EXPECT_NE(std::find(nominal.begin(), nominal.end(), "hbm_budget"), nominal.end());
+  EXPECT_EQ(hj["tiers"][0]["available_bytes"], (int64_t{141} << 30) - (int64_t{1} << 30));
+  // PCIe 5.0 x16: 63.0 GB/s raw per direction, 0.8 of it nominal.
+  EXPECT_NEAR(hj["rates"]["h2d_gbytes_per_s"].get<double>(), 0.8 * 32 * 16 * 128 / 130 / 8, 1e-9);
+  const RunResult over = Strata("plan --config " + config("100G") + " --gpu a100-40g", dir.str());
+  EXPECT_EQ(over.exit_code, 3) << over.err;
+  EXPECT_THAT(over.err, HasSubstr("is more than the 42949672960 bytes of the NVIDIA A100"));
+  const RunResult bad = Strata("plan --config " + config("2G") + " --gpu h300", dir.str());
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_THAT(bad.err, HasSubstr("h300 is not one of h100, h100-pcie"));
 }
 
 TEST(PlanCli, PlanThatDoesNotFitExitsFourWithTheRowMarked) {
