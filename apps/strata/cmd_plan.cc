@@ -18,6 +18,8 @@
 #include "examples/train/model.h"
 #include "src/common/dtype.h"
 #include "src/common/units.h"
+#include "src/gpu/device.h"
+#include "src/gpu/gpu_presets.h"
 #include "strata/plan.h"
 
 namespace strata::cli {
@@ -30,6 +32,7 @@ struct PlanCommandOptions {
   std::string config_path;
   std::string nvme_path;
   std::string device;
+  std::string gpu;           // plan for this GPU preset, described (PlanOptions::gpu)
   int64_t params = 0;        // 0: the config's strata.model
   bool measure_nvme = true;  // write and read 256 MiB on the NVMe directory
   bool json = false;
@@ -135,6 +138,7 @@ struct PlanReport {
   ModelShape shape, largest;
   DType dtype = DType::kBf16;
   bool host_device = false;
+  bool described_gpu = false;  // planned for a GPU not opened here
   int64_t accumulation = 1;
   PlanRates rates;
   PlanResult plan;
@@ -169,6 +173,7 @@ std::string ReportJson(const PlanReport& p) {
                 {"nvme_write_gbytes_per_s", p.rates.nvme_write_gbytes_per_s},
                 {"device_copy_gbytes_per_s", p.rates.device_copy_gbytes_per_s},
                 {"nvme", p.nvme_rates}};
+  j["nominal"] = p.rates.nominal;
   j["step"] = nlohmann::json::array();
   for (const PredictedTerm& t : p.plan.step)
     j["step"].push_back(
@@ -197,8 +202,9 @@ std::string ReportTable(const PlanReport& p) {
                   p.host_device ? "what the process allocates in host memory: pinned + dram + hbm "
                                   "(the host device's)"
                                 : "what the process allocates in host memory: pinned + dram");
-  out += fmt::format("\npredicted step (one window of {} micro-batch{}), at the measured rates:\n",
-                     p.accumulation, p.accumulation == 1 ? "" : "es");
+  out += fmt::format("\npredicted step (one window of {} micro-batch{}), at the {} rates:\n",
+                     p.accumulation, p.accumulation == 1 ? "" : "es",
+                     p.rates.nominal.empty() ? "measured" : "measured and nominal");
   for (const PredictedTerm& t : p.plan.step)
     out += fmt::format("  {:<15} {:>10}  {}\n", t.resource, Seconds(t.seconds), t.what);
   out += fmt::format("  bound: {} by {} (compute not included)\n", Seconds(p.plan.bound_s),
@@ -220,6 +226,15 @@ std::string ReportTable(const PlanReport& p) {
       p.rates.device_copy_gbytes_per_s > 0
           ? fmt::format("; device copy {:.0f} GB/s", p.rates.device_copy_gbytes_per_s)
           : "");
+  if (!p.rates.nominal.empty()) {
+    std::string names;
+    for (const std::string& n : p.rates.nominal) names += (names.empty() ? "" : ", ") + n;
+    out += fmt::format("nominal, not measured here: {}{}\n", names,
+                       p.described_gpu ? " (a GPU described, not opened: datasheet memory; "
+                                         "links at 0.8 of their raw rate); the CPU's rates "
+                                         "are this machine's"
+                                       : "");
+  }
   out += fmt::format("largest that fits: {} blocks x hidden {}: {} parameters (then {} over)\n",
                      p.largest.layers, p.largest.hidden,
                      p.largest.layers > 0 ? p.largest.num_parameters() : 0,
@@ -255,10 +270,18 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
     p.shape = *given;
   }
   p.accumulation = config.gradient_accumulation_steps;
-  if (Status s = PrepareNvmePaths(config); !s.ok()) return fail(ExitCodeOf(s), s);
+  // Planning a GPU machine from one without its GPU (--gpu, or a config
+  // naming cuda where there is none): its NVMe directories are that
+  // machine's, so one missing here is left alone (not created).
+  const bool other_machine =
+      !opt.gpu.empty() ||
+      (config.strata.device == DeviceKind::kCuda && gpu::ListCudaDevices().devices.empty());
+  if (Status s = PrepareNvmePaths(config, /*create_missing=*/!other_machine); !s.ok())
+    return fail(ExitCodeOf(s), s);
 
   // The device (its arena: the HBM budget) and the engine's probes.
   PlanOptions popts;
+  popts.gpu = opt.gpu;
   popts.nvme_probe_bytes = opt.measure_nvme ? kNvmeProbeBytes : 0;
   popts.cpu_probe_elements = p.shape.num_parameters();
   StatusOr<std::unique_ptr<Planner>> planner = Planner::Create(config, popts);
@@ -271,8 +294,13 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   p.device = pl.DeviceName();
   p.host_device = pl.DeviceIsHost();
   p.rates = pl.Rates();
+  p.described_gpu = p.device.starts_with("cuda (described");
+  const auto& nominal = p.rates.nominal;
   if (p.rates.nvme_path.empty())
     p.nvme_rates = "no NVMe tier";
+  else if (std::find(nominal.begin(), nominal.end(), "nvme") != nominal.end())
+    p.nvme_rates = fmt::format("{} is not here: not measured, its free space not checked",
+                               p.rates.nvme_path);
   else if (!p.rates.nvme_engine.empty())
     p.nvme_rates = fmt::format("engine ({}), 256 MiB sequential on {}", p.rates.nvme_engine,
                                p.rates.nvme_path);
@@ -314,6 +342,17 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
   cmd->add_option("--nvme-path", opt->nvme_path,
                   "Directory for NVMe-offloaded states; overrides the config's nvme_path");
   cmd->add_option("--device", opt->device, "Override strata.device: auto, cuda or host");
+  cmd->add_option("--gpu", opt->gpu,
+                  "Plan for this GPU, described rather than opened (datasheet memory, nominal "
+                  "PCIe and memory rates): " +
+                      gpu::GpuPresetNames() +
+                      ". Without it, a config naming cuda on a machine without a GPU plans a "
+                      "GPU of strata.hbm_budget bytes")
+      ->check([](const std::string& v) {
+        return gpu::FindGpuPreset(v) != nullptr
+                   ? std::string()
+                   : v + " is not one of " + gpu::GpuPresetNames();
+      });
   cmd->add_flag("--no-nvme-bench{false}", opt->measure_nvme,
                 "Do not measure the NVMe directory (256 MiB written and read)");
   cmd->add_flag("--json", opt->json, "Print one JSON object instead of the tables");

@@ -55,6 +55,17 @@ struct PlanOptions {
   // clamped to [2^18, 2^23]: Engine::Plan() takes its parameters' elements.
   // 0: 2^23. Unused when the optimizer runs on the device.
   int64_t cpu_probe_elements = 0;
+  // Plan for a GPU that is described, not opened: a preset's name (h100,
+  // h100-pcie, h200, a100-80g, a100-40g, l40s, a10, rtx4090; datasheet
+  // memory, PCIe link and memory bandwidth), whatever this machine has.
+  // Empty: the device strata.device names; where that is "cuda" and no
+  // CUDA device can be opened here (none, no driver, a CPU-only build), a
+  // described GPU of strata.hbm_budget bytes on a PCIe 4.0 x16 link (no
+  // budget: InvalidArgument naming strata.hbm_budget and the presets).
+  // A described GPU's budget is strata.hbm_budget, else the preset's
+  // memory less the CUDA device's headroom (5 %, at most 1 GiB); its
+  // link and device-copy rates are nominal (PlanRates::nominal).
+  std::string gpu;
 };
 
 // The rates a Planner measured, 0 for one it did not.
@@ -74,6 +85,14 @@ struct PlanRates {
   // "posix"; "" when not measured).
   std::string nvme_path;
   std::string nvme_engine;
+  // The figures that are nominal rather than measured here: for a
+  // described GPU "hbm_budget" (from the preset, when strata.hbm_budget is
+  // not set), "h2d", "d2h", "d2h_pageable" and "device_copy"; "nvme" when
+  // the config's NVMe directory does not exist here (its rates and free
+  // space are then not known: the NVMe terms are left out). Empty when
+  // every figure was measured on this machine. With a described GPU the
+  // CPU's rates are this machine's, not the GPU machine's.
+  std::vector<std::string> nominal;
 };
 
 // The plan for one set of parameters.
@@ -124,7 +143,8 @@ class Planner {
   // for an empty list, a numel below 1 or a negative module id.
   virtual StatusOr<PlanResult> Plan(std::span<const PlanParam> params) const = 0;
 
-  // "cuda:0 (NVIDIA H100 ...)" or "host ...", as Engine::DeviceName().
+  // "cuda:0 (NVIDIA H100 ...)" or "host ...", as Engine::DeviceName(); a
+  // described GPU: "cuda (described, not opened: NVIDIA H100 SXM5 80GB)".
   virtual std::string DeviceName() const = 0;
   virtual bool DeviceIsHost() const = 0;
   // offload_optimizer none on a GPU: the optimizer steps in HBM (nothing

@@ -3,6 +3,8 @@
 // parameters that are only described.
 #include <fmt/format.h>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -12,6 +14,7 @@
 #include "src/common/status_util.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
+#include "src/gpu/gpu_presets.h"
 #include "src/scheduler/hyperparams.h"
 #include "src/scheduler/layout.h"
 #include "src/scheduler/plan.h"
@@ -21,19 +24,39 @@
 namespace strata {
 namespace {
 
+// The device a plan is for: one opened here, or a GPU only described
+// (PlanOptions::gpu; strata.device "cuda" without a device here).
+struct DescribedGpu {
+  std::string name;           // "NVIDIA H100 SXM5 80GB", or "a GPU"
+  int64_t budget_bytes = 0;   // the arena's budget
+  double link_gbps = 0;       // nominal pinned copy rate per direction
+  double device_copy_gbps = 0;  // nominal; 0 unknown
+  bool budget_nominal = false;  // from the preset's memory, not strata.hbm_budget
+};
+
+bool IsDirectory(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 class PlannerImpl final : public Planner {
  public:
   PlannerImpl(Config config, std::unique_ptr<gpu::Device> dev)
       : config_(std::move(config)), dev_(std::move(dev)) {}
+  PlannerImpl(Config config, DescribedGpu described)
+      : config_(std::move(config)), described_(std::move(described)) {}
 
   Status Init(const PlanOptions& options) {
+    const bool host = dev_ != nullptr && dev_->is_host();
     placement_ = scheduler::Placement::FromConfig(config_);
     placement_.device_optimizer =
-        placement_.optimizer == OffloadDevice::kNone && !dev_->is_host();  // as the engine
-    placement_.host_device = dev_->is_host();
-    facts_ = scheduler::MeasureTierFacts(
-        static_cast<int64_t>(dev_->Stats().budget_bytes), config_.strata.pinned_budget_bytes,
-        scheduler::UsedNvmePaths(config_), config_.strata.dram_budget_bytes);
+        placement_.optimizer == OffloadDevice::kNone && !host;  // as the engine
+    placement_.host_device = host;
+    const int64_t budget = dev_ != nullptr ? static_cast<int64_t>(dev_->Stats().budget_bytes)
+                                           : described_.budget_bytes;
+    facts_ = scheduler::MeasureTierFacts(budget, config_.strata.pinned_budget_bytes,
+                                         scheduler::UsedNvmePaths(config_),
+                                         config_.strata.dram_budget_bytes);
     cpu_adam::Options aopts;
     aopts.threads = static_cast<int>(config_.strata.threads);
     ASSIGN_OR_RETURN(std::unique_ptr<cpu_adam::CpuOptimizer> adam,
@@ -41,9 +64,18 @@ class PlannerImpl final : public Planner {
     const int64_t elems =
         options.cpu_probe_elements > 0 ? options.cpu_probe_elements : int64_t{1} << 23;
     ASSIGN_OR_RETURN(
-        const scheduler::PlanRates measured,
+        scheduler::PlanRates measured,
         scheduler::MeasurePlanRates(dev_.get(), adam.get(), elems, !placement_.device_optimizer,
                                     scheduler::StateFormatOf(config_.strata.optimizer_states)));
+    if (dev_ == nullptr) {  // nominal figures of the described GPU
+      measured.link.h2d_gbytes_per_s = described_.link_gbps;
+      measured.link.d2h_gbytes_per_s = described_.link_gbps;
+      measured.link.d2h_pageable_gbytes_per_s = described_.link_gbps / 2;
+      measured.link.d2d_gbytes_per_s = described_.device_copy_gbps;
+      if (described_.budget_nominal) rates_.nominal.push_back("hbm_budget");
+      for (const char* n : {"h2d", "d2h", "d2h_pageable", "device_copy"})
+        rates_.nominal.push_back(n);
+    }
     facts_.d2h_pinned_gbps = measured.link.d2h_gbytes_per_s;
     facts_.d2h_pageable_gbps = measured.link.d2h_pageable_gbytes_per_s;
     facts_.accumulate_gbps = measured.accumulate_gbps;
@@ -58,7 +90,11 @@ class PlannerImpl final : public Planner {
     rates_.cpu_adam_elements_per_s = measured.adam_elems_per_s;
     if (!facts_.nvme_paths.empty()) {
       rates_.nvme_path = facts_.nvme_paths[0];
-      if (options.nvme_probe_bytes > 0) {
+      if (!IsDirectory(rates_.nvme_path)) {
+        // Planned from another machine (its NVMe is not here): the disk's
+        // rates and free space are unknown, and the NVMe terms left out.
+        rates_.nominal.push_back("nvme");
+      } else if (options.nvme_probe_bytes > 0) {
         ASSIGN_OR_RETURN(
             const nvme::NvmeBenchResult disk,
             scheduler::MeasureDiskRates(config_, rates_.nvme_path,
@@ -120,14 +156,18 @@ class PlannerImpl final : public Planner {
     return out;
   }
 
-  std::string DeviceName() const override { return dev_->Describe(); }
-  bool DeviceIsHost() const override { return dev_->is_host(); }
+  std::string DeviceName() const override {
+    return dev_ != nullptr ? dev_->Describe()
+                           : "cuda (described, not opened: " + described_.name + ")";
+  }
+  bool DeviceIsHost() const override { return dev_ != nullptr && dev_->is_host(); }
   bool OptimizerOnDevice() const override { return placement_.device_optimizer; }
   const PlanRates& Rates() const override { return rates_; }
 
  private:
   const Config config_;
-  std::unique_ptr<gpu::Device> dev_;  // its arena is the HBM budget
+  std::unique_ptr<gpu::Device> dev_;  // its arena is the HBM budget; null: described_
+  DescribedGpu described_;
   scheduler::Placement placement_;
   scheduler::TierFacts facts_;
   PlanRates rates_;
@@ -135,12 +175,72 @@ class PlannerImpl final : public Planner {
 
 }  // namespace
 
+namespace {
+
+// The GPU of PlanOptions::gpu, or of strata.device "cuda" where none can be
+// opened (`why`).
+StatusOr<DescribedGpu> DescribeGpu(const Config& config, const std::string& preset_name,
+                                   const std::string& why) {
+  DescribedGpu d;
+  const int64_t budget = config.strata.hbm_budget_bytes;
+  if (!preset_name.empty()) {
+    const gpu::GpuPreset* p = gpu::FindGpuPreset(preset_name);
+    if (p == nullptr)
+      return InvalidArgumentError(fmt::format("gpu \"{}\" is not one of {}", preset_name,
+                                              gpu::GpuPresetNames()));
+    d.name = std::string(p->description);
+    d.link_gbps = gpu::NominalLinkGBytesPerS(*p);
+    d.device_copy_gbps = gpu::NominalDeviceCopyGBytesPerS(*p);
+    if (budget > p->memory_bytes)
+      return InvalidArgumentError(fmt::format(
+          "strata.hbm_budget: {} bytes is more than the {} bytes of the {}", budget,
+          p->memory_bytes, d.name));
+    if (budget > 0) {
+      d.budget_bytes = budget;
+    } else {  // the CUDA device's default: all memory less its headroom
+      const int64_t headroom = std::min<int64_t>(int64_t{1} << 30, p->memory_bytes / 20);
+      d.budget_bytes = p->memory_bytes - headroom;
+      d.budget_nominal = true;
+    }
+  } else {
+    if (budget <= 0)
+      return InvalidArgumentError(fmt::format(
+          "no CUDA device to plan for here ({}): set strata.hbm_budget to plan for a GPU that "
+          "is not here, or name one (strata plan --gpu {})",
+          why, gpu::GpuPresetNames()));
+    d.name = "a GPU with a PCIe 4.0 x16 link";
+    d.link_gbps = gpu::kNominalFraction * gpu::PcieRawGBytesPerS(4, 16);
+    d.budget_bytes = budget;
+  }
+  d.budget_bytes = static_cast<int64_t>(gpu::ArenaBudgetBytes(static_cast<size_t>(d.budget_bytes)));
+  return d;
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<Planner>> Planner::Create(const Config& config,
                                                    const PlanOptions& options) {
   RETURN_IF_ERROR(ValidateConfig(config));
   ASSIGN_OR_RETURN(const gpu::DeviceOptions dopts, gpu::DeviceOptionsFromConfig(config));
-  ASSIGN_OR_RETURN(std::unique_ptr<gpu::Device> dev, gpu::CreateDevice(dopts));
-  auto planner = std::make_unique<PlannerImpl>(config, std::move(dev));
+  std::unique_ptr<PlannerImpl> planner;
+  if (!options.gpu.empty()) {
+    ASSIGN_OR_RETURN(DescribedGpu d, DescribeGpu(config, options.gpu, ""));
+    planner = std::make_unique<PlannerImpl>(config, std::move(d));
+  } else {
+    StatusOr<std::unique_ptr<gpu::Device>> dev = gpu::CreateDevice(dopts);
+    // No GPU here (none, no driver: Unavailable; a CPU-only build:
+    // NotSupported) for a config that names one: plan the GPU described.
+    const StatusCode c = dev.status().code();
+    if (!dev.ok() && config.strata.device == DeviceKind::kCuda &&
+        (c == StatusCode::kUnavailable || c == StatusCode::kNotSupported)) {
+      ASSIGN_OR_RETURN(DescribedGpu d,
+                       DescribeGpu(config, "", std::string(dev.status().message())));
+      planner = std::make_unique<PlannerImpl>(config, std::move(d));
+    } else {
+      RETURN_IF_ERROR(dev.status());
+      planner = std::make_unique<PlannerImpl>(config, std::move(*dev));
+    }
+  }
   RETURN_IF_ERROR(planner->Init(options));
   return std::unique_ptr<Planner>(std::move(planner));
 }

@@ -120,8 +120,11 @@ StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer
                                      int64_t elems, bool cpu, cpu_adam::StateFormat states) {
   PlanRates r;
   const int64_t probe =
-      std::min<int64_t>(int64_t{16} << 20,
-                        static_cast<int64_t>(device->Stats().largest_free_bytes) / 2 / 4096 * 4096);
+      device == nullptr
+          ? 0
+          : std::min<int64_t>(int64_t{16} << 20,
+                              static_cast<int64_t>(device->Stats().largest_free_bytes) / 2 /
+                                  4096 * 4096);
   if (probe >= (int64_t{64} << 10)) {
     ASSIGN_OR_RETURN(r.link, MeasureLinkRates(device, probe));
   }

@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -409,13 +410,15 @@ std::string SignalName(int sig) {
 
 std::string Human(double b) { return FormatBytes(static_cast<int64_t>(b)); }
 
-Status PrepareNvmePaths(const Config& c) {
+Status PrepareNvmePaths(const Config& c, bool create_missing) {
   const auto& zo = c.zero_optimization;
   std::vector<std::string> paths;
   if (zo.offload_optimizer.device == OffloadDevice::kNvme) paths = zo.offload_optimizer.nvme_path;
   if (zo.offload_param.device == OffloadDevice::kNvme)
     paths.insert(paths.end(), zo.offload_param.nvme_path.begin(), zo.offload_param.nvme_path.end());
   for (const std::string& p : paths) {
+    struct stat st {};
+    if (!create_missing && stat(p.c_str(), &st) != 0) continue;  // another machine's
     if (Status s = MakeDirs(p, "nvme_path"); !s.ok()) return IOError(std::string(s.message()));
     if (access(p.c_str(), W_OK | X_OK) != 0)
       return IOError("nvme_path " + p + ": not writable (" + std::string(std::strerror(errno)) +

@@ -95,8 +95,10 @@ using ProgressFn = std::function<void(int64_t step, int64_t steps, double loss, 
                                       const TrainResult& so_far)>;
 
 // Creates the NVMe directories the config names (mkdir -p) so that a fresh
-// build tree works; an unusable path is an error naming it.
-Status PrepareNvmePaths(const Config& config);
+// build tree works; an unusable path is an error naming it. create_missing
+// false (planning another machine: strata plan for a GPU not here) leaves a
+// directory that does not exist alone.
+Status PrepareNvmePaths(const Config& config, bool create_missing = true);
 
 // Creates `dir` (mkdir -p) and checks that it is a writable directory;
 // `what` names the option in the error ("--plot /proc/x: cannot create the
