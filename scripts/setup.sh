@@ -31,10 +31,19 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git
 # What only the tests use. Without them the build still configures: the
 # pytest case reports "Not Run" with the reason, the browser test skips, and the thread-safety check
 # and the fuzzer say they are skipped.
+# clang's fuzzer runtime is versioned: Debian 12's clang is 14, Debian 13's 19.
+CLANG_RT=libclang-rt-14-dev
+if [ -r /etc/os-release ]; then
+  case "$(. /etc/os-release && echo "${VERSION_CODENAME:-}")" in
+    trixie) CLANG_RT=libclang-rt-19-dev ;;
+  esac
+fi
 TEST_PACKAGES=(
-  clang libclang-rt-14-dev        # clang: thread-safety analysis (check_thread_safety.sh); its
+  clang "$CLANG_RT"               # clang: thread-safety analysis (check_thread_safety.sh); its
                                   # libFuzzer runtime: scripts/fuzz.sh (config parser)
-  python3-torch python3-pytest    # the Python package's tests (tests/python), CPU torch 1.13
+  python3-torch python3-pytest    # the Python package's tests (tests/python): torch 1.13 on
+                                  # Debian 12, 2.6 on Debian 13
+  python3-venv python3-pip python3-setuptools python3-wheel  # pip install ./python (CTest)
   chromium)                       # headless: renders `strata report`'s page (report_browser_test)
 if [ "$WITH_TESTS" = 1 ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 

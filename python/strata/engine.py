@@ -89,7 +89,7 @@ from . import _strata
 from . import init_context as _init_context
 from ._config import config_text, parse_config, training_dtype
 from ._diagnose import unmapped_error
-from ._errors import FailedPreconditionError
+from ._errors import FailedPreconditionError, InvalidArgumentError
 from ._group import Views, _Group
 from ._grouping import (ENGINES, Grouping, _engine_of, register_external_parameter,
                         set_leaf_modules)
@@ -159,6 +159,13 @@ class Engine:
     def __init__(self, model, config, auto_values=None, model_parameters=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        if hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+            # torch.compile's wrapper: the compiled graph would not run the
+            # module hooks that fetch parameters and hand gradients over.
+            raise InvalidArgumentError(
+                "initialize: the model is wrapped by torch.compile (OptimizedModule); Strata "
+                "moves parameters in module hooks, which a compiled graph does not run. Pass the "
+                "module itself (model._orig_mod) to strata.initialize", "InvalidArgument")
         owner = getattr(model, "_strata_engine_state", None)
         if owner is not None and not owner["closed"]:
             raise FailedPreconditionError(
@@ -170,8 +177,14 @@ class Engine:
         _share_rendezvous_dir()
         self._engine = _strata.Engine(text, source, dict(auto_values or {}), host_only)
         # A script that ends without close() still removes the swap files: the
-        # engine is destroyed at interpreter exit at the latest.
+        # engine is destroyed at interpreter exit at the latest, by an exit
+        # handler of its own registered now, so it runs before the handlers a
+        # script registered earlier (last registered, first run).
+        # weakref.finalize's own exit hook is registered once, at the first
+        # finalize object of the process: torch 2.x creates one on import,
+        # which would run it after every handler of the script.
         self._finalizer = weakref.finalize(self, self._engine.close)
+        atexit.register(self._finalizer)
         self.config = json.loads(self._engine.config_json())
         self.module = model
         self.dtype = training_dtype(self.config)
@@ -213,6 +226,7 @@ class Engine:
             self._state["closed"] = True
             self._accumulators = []
             self._finalizer()
+            atexit.unregister(self._finalizer)
             for p, rec in self._spilled:  # the model keeps its spilled values
                 _init_context.put_back(p, rec)
             raise
@@ -568,6 +582,7 @@ class Engine:
         self._views.owner = {}
         self._state["closed"] = True
         self._finalizer()  # destroys the engine
+        atexit.unregister(self._finalizer)
 
 
 def export(checkpoint_dir, path, dtype="fp32"):

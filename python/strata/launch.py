@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from ._torch_compat import rendezvous_env
+
 _GRACE_S = 10.0
 
 
@@ -96,6 +98,7 @@ def rank_environments(args, base_env, rendezvous_dir):
             env["OMP_NUM_THREADS"] = "1"
         if rendezvous_dir is not None:
             env["STRATA_GLOO_DIR"] = rendezvous_dir
+        env.update(rendezvous_env(base_env))  # USE_LIBUV=0 for a torch without libuv
         envs.append(env)
     return envs
 

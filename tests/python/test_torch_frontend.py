@@ -854,6 +854,21 @@ def test_model_state_dict_after_initialize_is_full(opt, par, tmp_path):
     engine.close()
 
 
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch before 2.0 has no torch.compile")
+def test_a_model_wrapped_by_torch_compile_is_refused_naming_the_module():
+    """torch.compile's wrapper would run a graph without the module hooks
+    that fetch parameters: refused, saying to pass the module itself,
+    which then trains."""
+    torch.manual_seed(2)
+    model = GPT()
+    with pytest.raises(strata.InvalidArgumentError, match=r"torch\.compile.*model\._orig_mod"):
+        strata.initialize(torch.compile(model), config("cpu", "cpu"))
+    engine = strata.initialize(model, config("cpu", "cpu"))
+    losses = strata_losses(engine, batches(4), 2)
+    engine.close()
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
 def test_swap_files_are_removed_at_interpreter_exit(tmp_path):
     """A script that ends without close(): the engine is destroyed by the
     interpreter's exit handlers (which run last-registered first: the

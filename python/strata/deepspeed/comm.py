@@ -38,6 +38,8 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
                      ("LOCAL_WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
                      ("MASTER_PORT", str(port))):
             os.environ.setdefault(k, v)
+    from .._torch_compat import rendezvous_env
+    os.environ.update(rendezvous_env())  # USE_LIBUV=0 for a torch without libuv
     backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
     kwargs = {"backend": backend, "timeout": timeout}
     if init_method is not None:
