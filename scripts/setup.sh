@@ -46,6 +46,9 @@ TEST_PACKAGES=(
   python3-venv python3-pip python3-setuptools python3-wheel  # pip install ./python (CTest)
   chromium)                       # headless: renders `strata report`'s page (report_browser_test)
 if [ "$WITH_TESTS" = 1 ]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
+# The Debian 13 tree of scripts/check_platform.sh (not needed inside that
+# tree, where STRATA_PLATFORM_CHECK=0).
+if [ "$WITH_TESTS" = 1 ] && [ "${STRATA_PLATFORM_CHECK:-1}" != 0 ]; then PACKAGES+=(mmdebstrap); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -7,8 +7,10 @@
 # of every .cc under src/ (scripts/check_thread_safety.sh), the docs check
 # (scripts/check_docs.sh) and the config and nvme tests under ASan + UBSan
 # (scripts/sanitize.sh; STRATA_SANITIZE_TESTS=0 skips it), and the GPU check
-# in host mode (scripts/gpu_check.sh --host, and --host --frontend). Each stage prints
-# a line when it starts and one with its elapsed time when it ends.
+# in host mode (scripts/gpu_check.sh --host, and --host --frontend), and
+# the Debian 13 check (scripts/check_platform.sh --ci; STRATA_PLATFORM_CHECK=0
+# skips it). Each stage prints a line when it starts and one with its
+# elapsed time when it ends.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
@@ -86,5 +88,15 @@ fi
 
 stage "config and command-line fuzz (${STRATA_FUZZ_SECONDS:-60} s)"
 "$ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-60}" || status=1
+
+# The newer stack users run (Debian 13: GCC 14, xsimd 13, Python 3.13,
+# torch 2.6), in a tree of Debian's packages: the build with warnings as
+# errors, the demo, the cpu_adam suites and the PyTorch frontend's suite.
+# STRATA_PLATFORM_CHECK=0 skips it (the platform check itself sets it for
+# the test.sh it runs inside the tree).
+if [ "${STRATA_PLATFORM_CHECK:-1}" != 0 ]; then
+  stage "Debian 13 (scripts/check_platform.sh --ci trixie)"
+  "$ROOT/scripts/check_platform.sh" --ci trixie || status=1
+fi
 stage ""
 exit "$status"
