@@ -49,16 +49,9 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-STAGE_NAME=""
-STAGE_START=0
-stage() {  # ends the current stage (if any) and starts the one named "$1"
-  if [ -n "$STAGE_NAME" ]; then
-    echo "== [$RELEASE] stage done: $STAGE_NAME ($((SECONDS - STAGE_START)) s; $SECONDS s in all)"
-  fi
-  STAGE_NAME="$1"
-  STAGE_START=$SECONDS
-  [ -z "$STAGE_NAME" ] || echo "== [$RELEASE] stage: $STAGE_NAME"
-}
+STAGE_PREFIX="[$RELEASE] "
+# shellcheck source=scripts/stage.sh
+. "$ROOT/scripts/stage.sh"
 
 # What README's commands need there: scripts/setup.sh's packages with
 # --tests, so that it finds nothing missing and the run needs no network.

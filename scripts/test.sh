@@ -16,16 +16,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${STRATA_BUILD_DIR:-$ROOT/build}"
 JOBS="${STRATA_JOBS:-$(nproc)}"
 
-STAGE_NAME=""
-STAGE_START=0
-stage() {  # ends the current stage (if any) and starts the one named "$1"
-  if [ -n "$STAGE_NAME" ]; then
-    echo "== stage done: $STAGE_NAME ($((SECONDS - STAGE_START)) s; $SECONDS s in all)"
-  fi
-  STAGE_NAME="$1"
-  STAGE_START=$SECONDS
-  [ -z "$STAGE_NAME" ] || echo "== stage: $STAGE_NAME"
-}
+# shellcheck source=scripts/stage.sh
+. "$ROOT/scripts/stage.sh"
 
 stage "setup and build (scripts/setup.sh --tests)"
 "$ROOT/scripts/setup.sh" --tests
