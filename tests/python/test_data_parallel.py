@@ -31,6 +31,8 @@ sys.path.insert(0, HERE)
 from launch_util import in_torch_rendezvous  # noqa: E402
 from test_torch_frontend import BATCH, GPT, Encoder, batches, config  # noqa: E402
 
+from strata._torch_compat import rendezvous_env  # noqa: E402
+
 STEPS = 6
 
 
@@ -55,6 +57,9 @@ def run_ranks(world, args, tmp_path, timeout=300):
                        LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port))
             env.pop("STRATA_GLOO_DIR", None)
+            # As a launcher would: USE_LIBUV=0 for a torch whose TCPStore has
+            # no libuv (Debian's torch 2.6), as strata.launch does.
+            env.update(rendezvous_env(env))
             log = open(tmp_path / f"rank{r}-launch{attempt}.log", "w+")
             logs.append(log)
             procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *args,

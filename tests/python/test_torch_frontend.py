@@ -573,8 +573,13 @@ def test_torch_lr_schedulers_drive_the_engine(kind):
         assert got.item() == pytest.approx(want.item(), rel=1e-6)
     assert len(set(lrs)) > 5  # the lr moved
     sd, ref_sd = engine.state_dict(), ref.state_dict()
+    # The engine's order of float operations differs from torch's AdamW by
+    # ulps per step (docs/design.md: a reciprocal of sqrt(bc2)); an element
+    # whose update is sensitive moves by a small fraction of one step's
+    # update (about lr = 3e-3): under torch 2.6, one element of head.weight's
+    # 2928 by 2.3e-6 after 10 steps. Hence atol 1e-5, not 1e-6.
     for k in sd:
-        torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(sd[k], ref_sd[k], rtol=1e-5, atol=1e-5, msg=k)
 
 
 def test_config_schedule_sets_each_steps_lr():

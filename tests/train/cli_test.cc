@@ -129,7 +129,7 @@ TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
     for (const std::string& l : Lines(r.err)) progress += l.rfind("step ", 0) == 0;
     EXPECT_EQ(progress, 3);
     EXPECT_EQ(j["trace_path"], dir.str() + "/trace.json");
-    EXPECT_NO_THROW(json::parse(std::ifstream(dir.str() + "/trace.json")));
+    EXPECT_FALSE(json::parse(std::ifstream(dir.str() + "/trace.json"), nullptr, false).is_discarded());
   }
 }
 
