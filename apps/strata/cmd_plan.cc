@@ -273,9 +273,8 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   // Planning a GPU machine from one without its GPU (--gpu, or a config
   // naming cuda where there is none): its NVMe directories are that
   // machine's, so one missing here is left alone (not created).
-  const bool other_machine =
-      !opt.gpu.empty() ||
-      (config.strata.device == DeviceKind::kCuda && gpu::ListCudaDevices().devices.empty());
+  const bool other_machine = !opt.gpu.empty() || (config.strata.device == DeviceKind::kCuda &&
+                                                  gpu::ListCudaDevices().devices.empty());
   if (Status s = PrepareNvmePaths(config, /*create_missing=*/!other_machine); !s.ok())
     return fail(ExitCodeOf(s), s);
 
@@ -299,8 +298,8 @@ int RunPlanCommand(const PlanCommandOptions& opt, std::ostream& out, std::ostrea
   if (p.rates.nvme_path.empty())
     p.nvme_rates = "no NVMe tier";
   else if (std::find(nominal.begin(), nominal.end(), "nvme") != nominal.end())
-    p.nvme_rates = fmt::format("{} is not here: not measured, its free space not checked",
-                               p.rates.nvme_path);
+    p.nvme_rates =
+        fmt::format("{} is not here: not measured, its free space not checked", p.rates.nvme_path);
   else if (!p.rates.nvme_engine.empty())
     p.nvme_rates = fmt::format("engine ({}), 256 MiB sequential on {}", p.rates.nvme_engine,
                                p.rates.nvme_path);
@@ -349,9 +348,8 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
                       ". Without it, a config naming cuda on a machine without a GPU plans a "
                       "GPU of strata.hbm_budget bytes")
       ->check([](const std::string& v) {
-        return gpu::FindGpuPreset(v) != nullptr
-                   ? std::string()
-                   : v + " is not one of " + gpu::GpuPresetNames();
+        return gpu::FindGpuPreset(v) != nullptr ? std::string()
+                                                : v + " is not one of " + gpu::GpuPresetNames();
       });
   cmd->add_flag("--no-nvme-bench{false}", opt->measure_nvme,
                 "Do not measure the NVMe directory (256 MiB written and read)");

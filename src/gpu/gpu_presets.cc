@@ -50,10 +50,17 @@ double PcieRawGBytesPerS(int gen, int width) {
   // GT/s per lane × encoding efficiency / 8 bits.
   double per_lane = 0;
   switch (gen) {
-    case 3: per_lane = 8.0 * 128 / 130 / 8; break;
-    case 4: per_lane = 16.0 * 128 / 130 / 8; break;
-    case 5: per_lane = 32.0 * 128 / 130 / 8; break;
-    default: return 0;
+    case 3:
+      per_lane = 8.0 * 128 / 130 / 8;
+      break;
+    case 4:
+      per_lane = 16.0 * 128 / 130 / 8;
+      break;
+    case 5:
+      per_lane = 32.0 * 128 / 130 / 8;
+      break;
+    default:
+      return 0;
   }
   return per_lane * width;
 }

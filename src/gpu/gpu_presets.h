@@ -22,8 +22,8 @@ struct GpuPreset {
   std::string_view name;         // what --gpu takes: "h100", "a100-40g", ...
   std::string_view description;  // "NVIDIA H100 SXM5 80GB"
   int64_t memory_bytes = 0;
-  int pcie_gen = 0;    // 3, 4 or 5
-  int pcie_width = 0;  // lanes
+  int pcie_gen = 0;                // 3, 4 or 5
+  int pcie_width = 0;              // lanes
   double memory_gbytes_per_s = 0;  // datasheet bandwidth
 };
 

@@ -2,7 +2,6 @@
 // step of Engine::Plan(), from the same pieces (plan.h, rate_probes.h), for
 // parameters that are only described.
 #include <fmt/format.h>
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -27,9 +26,9 @@ namespace {
 // The device a plan is for: one opened here, or a GPU only described
 // (PlanOptions::gpu; strata.device "cuda" without a device here).
 struct DescribedGpu {
-  std::string name;           // "NVIDIA H100 SXM5 80GB", or "a GPU"
-  int64_t budget_bytes = 0;   // the arena's budget
-  double link_gbps = 0;       // nominal pinned copy rate per direction
+  std::string name;             // "NVIDIA H100 SXM5 80GB", or "a GPU"
+  int64_t budget_bytes = 0;     // the arena's budget
+  double link_gbps = 0;         // nominal pinned copy rate per direction
   double device_copy_gbps = 0;  // nominal; 0 unknown
   bool budget_nominal = false;  // from the preset's memory, not strata.hbm_budget
 };
@@ -186,15 +185,15 @@ StatusOr<DescribedGpu> DescribeGpu(const Config& config, const std::string& pres
   if (!preset_name.empty()) {
     const gpu::GpuPreset* p = gpu::FindGpuPreset(preset_name);
     if (p == nullptr)
-      return InvalidArgumentError(fmt::format("gpu \"{}\" is not one of {}", preset_name,
-                                              gpu::GpuPresetNames()));
+      return InvalidArgumentError(
+          fmt::format("gpu \"{}\" is not one of {}", preset_name, gpu::GpuPresetNames()));
     d.name = std::string(p->description);
     d.link_gbps = gpu::NominalLinkGBytesPerS(*p);
     d.device_copy_gbps = gpu::NominalDeviceCopyGBytesPerS(*p);
     if (budget > p->memory_bytes)
-      return InvalidArgumentError(fmt::format(
-          "strata.hbm_budget: {} bytes is more than the {} bytes of the {}", budget,
-          p->memory_bytes, d.name));
+      return InvalidArgumentError(
+          fmt::format("strata.hbm_budget: {} bytes is more than the {} bytes of the {}", budget,
+                      p->memory_bytes, d.name));
     if (budget > 0) {
       d.budget_bytes = budget;
     } else {  // the CUDA device's default: all memory less its headroom

@@ -122,9 +122,9 @@ StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer
   const int64_t probe =
       device == nullptr
           ? 0
-          : std::min<int64_t>(int64_t{16} << 20,
-                              static_cast<int64_t>(device->Stats().largest_free_bytes) / 2 /
-                                  4096 * 4096);
+          : std::min<int64_t>(
+                int64_t{16} << 20,
+                static_cast<int64_t>(device->Stats().largest_free_bytes) / 2 / 4096 * 4096);
   if (probe >= (int64_t{64} << 10)) {
     ASSIGN_OR_RETURN(r.link, MeasureLinkRates(device, probe));
   }

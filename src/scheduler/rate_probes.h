@@ -50,9 +50,9 @@ struct PlanRates {
   double adam_elems_per_s = 0;  // with `cpu`
 };
 // MeasureLinkRates with up to 16 MiB (half the arena's largest free block,
-// skipped below 64 KiB, or with a null `device`: a GPU only described), and with `cpu` (the optimizer runs on the CPU)
-// MeasureAccumulateRate and MeasureAdamRate over `elems` elements, clamped
-// to [2^18, 2^23].
+// skipped below 64 KiB, or with a null `device`: a GPU only described), and with `cpu` (the
+// optimizer runs on the CPU) MeasureAccumulateRate and MeasureAdamRate over `elems` elements,
+// clamped to [2^18, 2^23].
 StatusOr<PlanRates> MeasurePlanRates(gpu::Device* device, cpu_adam::CpuOptimizer* adam,
                                      int64_t elems, bool cpu,
                                      cpu_adam::StateFormat states = cpu_adam::StateFormat::kFp32);

@@ -277,10 +277,10 @@ TEST(StateFormatKernelTest, EveryPairOfIsasIsBitwiseEqual) {
           ASSERT_TRUE(wide->Step(x.Step(hp, gd, DType::kBf16, combo % 3)).ok());
           ASSERT_TRUE(narrow->Step(y.Step(hp, gd, DType::kBf16, combo % 3)).ok());
           EXPECT_TRUE(SameBits(x, y))
-              << StateFormatName(f) << " " << AlgorithmName(alg) << " " << DTypeName(gd)
-              << " p32 " << (x.p32 == y.p32) << " p16 " << (x.p16 == y.p16) << " m "
-              << (x.m == y.m) << " v " << (x.v == y.v) << " scales "
-              << (x.sm == y.sm && x.sv == y.sv) << " copy " << (x.copy == y.copy);
+              << StateFormatName(f) << " " << AlgorithmName(alg) << " " << DTypeName(gd) << " p32 "
+              << (x.p32 == y.p32) << " p16 " << (x.p16 == y.p16) << " m " << (x.m == y.m) << " v "
+              << (x.v == y.v) << " scales " << (x.sm == y.sm && x.sv == y.sv) << " copy "
+              << (x.copy == y.copy);
         }
       }
     }

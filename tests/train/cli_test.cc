@@ -129,7 +129,8 @@ TEST(TrainCli, JsonParsesAndCountersMatchThePlacement) {
     for (const std::string& l : Lines(r.err)) progress += l.rfind("step ", 0) == 0;
     EXPECT_EQ(progress, 3);
     EXPECT_EQ(j["trace_path"], dir.str() + "/trace.json");
-    EXPECT_FALSE(json::parse(std::ifstream(dir.str() + "/trace.json"), nullptr, false).is_discarded());
+    EXPECT_FALSE(
+        json::parse(std::ifstream(dir.str() + "/trace.json"), nullptr, false).is_discarded());
   }
 }
 
@@ -391,13 +392,12 @@ TEST(TrainCli, LossesAreBitwiseEqualUnderEveryCpuIsa) {
     isas.push_back(i.get<std::string>() == "avx2+fma" ? "avx2" : i.get<std::string>());
   ASSERT_GE(isas.size(), 2u) << "at least one SIMD ISA and scalar";
   for (const std::string states : {"fp32", "int8"}) {
-    const std::string cfg =
-        WriteConfig(dir.str(), "c_" + states + ".json", "cpu", "cpu",
-                    R"(, "optimizer_states": ")" + states + R"(")");
+    const std::string cfg = WriteConfig(dir.str(), "c_" + states + ".json", "cpu", "cpu",
+                                        R"(, "optimizer_states": ")" + states + R"(")");
     std::vector<double> first;
     for (const std::string& isa : isas) {
-      const RunResult r = Strata("train --config " + cfg + " --steps 3 --json", dir.str(),
-                                 "STRATA_CPU_ISA=" + isa);
+      const RunResult r =
+          Strata("train --config " + cfg + " --steps 3 --json", dir.str(), "STRATA_CPU_ISA=" + isa);
       ASSERT_EQ(r.exit_code, 0) << isa << " " << states << ": " << r.err;
       const json j = json::parse(r.out, nullptr, false);
       ASSERT_TRUE(j.is_object()) << r.out;
@@ -412,15 +412,15 @@ TEST(TrainCli, LossesAreBitwiseEqualUnderEveryCpuIsa) {
     }
   }
   const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
-  const RunResult bad = Strata("train --config " + cfg + " --steps 1", dir.str(),
-                               "STRATA_CPU_ISA=neon");
+  const RunResult bad =
+      Strata("train --config " + cfg + " --steps 1", dir.str(), "STRATA_CPU_ISA=neon");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.err, HasSubstr("STRATA_CPU_ISA"));
   EXPECT_THAT(bad.err, HasSubstr("avx512, avx2, sse4.2, scalar"));
   EXPECT_EQ(Lines(bad.err).size(), 1u) << bad.err;
   if (std::find(isas.begin(), isas.end(), "avx512") == isas.end()) {
-    const RunResult no = Strata("train --config " + cfg + " --steps 1", dir.str(),
-                                "STRATA_CPU_ISA=avx512");
+    const RunResult no =
+        Strata("train --config " + cfg + " --steps 1", dir.str(), "STRATA_CPU_ISA=avx512");
     EXPECT_NE(no.exit_code, 0);
     EXPECT_THAT(no.err, HasSubstr("usable here"));
   }
