@@ -63,8 +63,12 @@ struct ParamSpec {
   // shapes under every name and load strictly; FindParameter finds a
   // parameter by any of its names.
   std::vector<int64_t> shape = {};
-  std::vector<std::string> aliases = {};
+  std::vector<std::string> aliases = {};  // at most kMaxParamAliases
 };
+
+// The most other names one parameter may have (a weight tied across a block
+// repeated a thousand times); a checkpoint claiming more is refused too.
+inline constexpr size_t kMaxParamAliases = 1024;
 
 // An optimizer parameter group, as torch.optim's param_groups and DeepSpeed's
 // model_parameters give them: hyperparameters that replace the config's

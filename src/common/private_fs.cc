@@ -16,7 +16,9 @@ namespace {
 // How many names WriteFileReplacing tries for its temporary file.
 constexpr int kTempTries = 16;
 
-const char* KindOf(mode_t mode) {
+}  // namespace
+
+const char* FileKind(mode_t mode) {
   if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a FIFO";
@@ -26,15 +28,13 @@ const char* KindOf(mode_t mode) {
   return "not a regular file";
 }
 
-}  // namespace
-
 Status CheckPrivateDir(const std::string& path, std::string_view what) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0)
     return ErrnoError(fmt::format("{} {}: lstat", what, path), errno);
   if (!S_ISDIR(st.st_mode))
     return IOError(fmt::format("{} {}: {}, not a directory; refusing to use it", what, path,
-                               KindOf(st.st_mode)));
+                               FileKind(st.st_mode)));
   if (st.st_uid != ::geteuid())
     return IOError(
         fmt::format("{} {}: owned by uid {}, not by this process's ({}); refusing to use it", what,
@@ -79,7 +79,7 @@ Status CheckReplaceable(const std::string& path, std::string_view what) {
   if (S_ISREG(st.st_mode)) return Status();
   return IOError(
       fmt::format("{} {}: {} is there; only a regular file is replaced, and this is left alone",
-                  what, path, KindOf(st.st_mode)));
+                  what, path, FileKind(st.st_mode)));
 }
 
 StatusOr<int> CreateNewFile(const std::string& path, int flags, std::string_view what) {
@@ -90,7 +90,7 @@ StatusOr<int> CreateNewFile(const std::string& path, int flags, std::string_view
     struct stat st;
     if (err == EEXIST && ::lstat(path.c_str(), &st) == 0)
       return IOError(fmt::format("{} {}: {} is there already; a new file was expected", what, path,
-                                 KindOf(st.st_mode)));
+                                 FileKind(st.st_mode)));
     return ErrnoError(fmt::format("{} {}: create", what, path), err);
   }
   return fd;
@@ -106,7 +106,7 @@ StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_vi
     if ((err == ELOOP || err == ENXIO || err == EISDIR) && ::lstat(path.c_str(), &st) == 0 &&
         !S_ISREG(st.st_mode))
       return IOError(fmt::format("{} {}: {}, not a regular file; refusing to open it", what, path,
-                                 KindOf(st.st_mode)));
+                                 FileKind(st.st_mode)));
     return ErrnoError(fmt::format("{} {}: open", what, path), err);
   }
   struct stat st;
@@ -118,7 +118,7 @@ StatusOr<int> OpenRegularFile(const std::string& path, int flags, std::string_vi
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
     return IOError(fmt::format("{} {}: {}, not a regular file; refusing to use it", what, path,
-                               KindOf(st.st_mode)));
+                               FileKind(st.st_mode)));
   }
   const int fl = ::fcntl(fd, F_GETFL);
   if (fl < 0 || ::fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {

@@ -28,6 +28,10 @@
 
 namespace strata {
 
+// What a file of mode `mode` is, for messages: "a symbolic link", "a FIFO",
+// "a directory", "a device", "a socket", "a regular file".
+const char* FileKind(mode_t mode);
+
 // The permissions of what these functions create.
 inline constexpr mode_t kPrivateFileMode = 0600;
 inline constexpr mode_t kPrivateDirMode = 0700;

@@ -39,6 +39,8 @@ using checkpoint_internal::LayoutDifference;
 using checkpoint_internal::LayoutIdentity;
 using checkpoint_internal::LoadManifest;
 using checkpoint_internal::ManifestCrc;
+using checkpoint_internal::ManifestFile;
+using checkpoint_internal::ManifestFiles;
 using checkpoint_internal::ParamFileBytes;
 using checkpoint_internal::ParamGroupsDifference;
 using checkpoint_internal::ParamGroupsIdentity;
@@ -401,12 +403,8 @@ StatusOr<CheckpointMeta> ReadCheckpoint(const std::string& root, const Config& c
       meta.scaler.last_overflow_iteration = ls.at("last_overflow_iteration").get<int64_t>();
       meta.data_position = m.at("data_position").get<int64_t>();
       meta.note = m.at("note").get<std::string>();
-      for (const Json& f : m.at("files")) {
-        FileEntry e;
-        e.bytes = f.at("bytes").get<int64_t>();
-        e.crc = static_cast<uint32_t>(std::stoul(f.at("crc32c").get<std::string>(), nullptr, 16));
-        listed[f.at("name").get<std::string>()] = e;
-      }
+      ASSIGN_OR_RETURN(const std::vector<ManifestFile> files, ManifestFiles(m, manifest_path));
+      for (const ManifestFile& f : files) listed[f.name] = FileEntry{f.bytes, f.crc};
       ASSIGN_OR_RETURN(state_files, StateFilesOf(
                                         m, layout.unpartitioned_elems(), layout.sub_group_size(),
                                         [&](const std::string& name) -> std::optional<int64_t> {

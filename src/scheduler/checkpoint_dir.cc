@@ -42,8 +42,9 @@ void ReadSummary(const std::string& manifest, CheckpointEntry* e) {
     text.resize(static_cast<size_t>(*size));
     if (!f->ReadNext(text.data(), text.size()).ok()) return;
   }
-  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!m.is_object()) return;
+  StatusOr<Json> parsed = checkpoint_internal::ParseManifestText(text, manifest);
+  if (!parsed.ok()) return;
+  const Json& m = *parsed;
   if (m.contains("run_id") && m["run_id"].is_string()) e->run_id = m["run_id"].get<std::string>();
   if (m.contains("optimizer_step") && m["optimizer_step"].is_number_integer())
     e->optimizer_step = m["optimizer_step"].get<int64_t>();
@@ -85,18 +86,8 @@ namespace {
 
 // Whether `name` is one Strata writes into a checkpoint directory.
 bool IsOwnFileName(const std::string& name) {
-  using checkpoint_internal::kParamsFile;
-  using checkpoint_internal::kStatesFile;
-  if (name == kCheckpointManifest || name == std::string(kCheckpointManifest) + ".tmp" ||
-      name == kParamsFile || name == kStatesFile)
-    return true;
-  constexpr std::string_view kRank = "states-rank-", kBin = ".bin";
-  if (name.size() <= kRank.size() + kBin.size() || name.compare(0, kRank.size(), kRank) != 0 ||
-      name.compare(name.size() - kBin.size(), kBin.size(), kBin) != 0)
-    return false;
-  return std::all_of(name.begin() + static_cast<ptrdiff_t>(kRank.size()),
-                     name.end() - static_cast<ptrdiff_t>(kBin.size()),
-                     [](char c) { return c >= '0' && c <= '9'; });
+  return name == kCheckpointManifest || name == std::string(kCheckpointManifest) + ".tmp" ||
+         checkpoint_internal::IsCheckpointDataFileName(name);
 }
 
 // The data file names a manifest lists (names without a '/' only).
@@ -108,8 +99,10 @@ std::set<std::string> ListedFiles(const std::string& manifest) {
   if (!size.ok() || *size > (int64_t{256} << 20)) return out;
   std::string text(static_cast<size_t>(*size), '\0');
   if (!f->ReadNext(text.data(), text.size()).ok()) return out;
-  const Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!m.is_object() || !m.contains("files") || !m["files"].is_array()) return out;
+  StatusOr<Json> parsed = checkpoint_internal::ParseManifestText(text, manifest);
+  if (!parsed.ok()) return out;
+  const Json& m = *parsed;
+  if (!m.contains("files") || !m["files"].is_array()) return out;
   for (const Json& e : m["files"])
     if (e.is_object() && e.contains("name") && e["name"].is_string()) {
       const std::string name = e["name"].get<std::string>();

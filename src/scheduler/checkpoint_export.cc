@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "src/common/aligned_buffer.h"
 #include "src/common/crc32c.h"
 #include "src/common/dtype.h"
+#include "src/common/private_fs.h"
 #include "src/common/status_util.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/scheduler/checkpoint_dir.h"
@@ -30,6 +33,8 @@ using checkpoint_internal::Json;
 using checkpoint_internal::kParamsFile;
 using checkpoint_internal::kVerifyChunk;
 using checkpoint_internal::LoadManifest;
+using checkpoint_internal::ManifestFile;
+using checkpoint_internal::ManifestFiles;
 using checkpoint_internal::ParamFileBytes;
 using checkpoint_internal::StateFilesOf;
 using checkpoint_internal::SyncDir;
@@ -66,9 +71,37 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
     const Json& st = cfg.contains("strata") ? cfg.at("strata") : Json::object();
     const bool int8_states =
         st.contains("optimizer_states") && st.at("optimizer_states").get<std::string>() == "int8";
+    // The files first: checked names, and their sizes on disk, against
+    // which every size the layout claims is checked before it sizes
+    // anything (a forged manifest's numbers are only numbers).
+    ASSIGN_OR_RETURN(const std::vector<ManifestFile> listed, ManifestFiles(m, manifest_path));
+    int64_t params_on_disk = 0, states_on_disk = 0;
+    for (const ManifestFile& f : listed) {
+      CheckpointFileCheck c;
+      c.name = f.name;
+      c.bytes = f.bytes;
+      c.crc32c = Hex32(f.crc);
+      struct stat st {};
+      const std::string path = dir + "/" + f.name;
+      if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+        c.actual_bytes = static_cast<int64_t>(st.st_size);
+        (f.name == kParamsFile ? params_on_disk : states_on_disk) += c.actual_bytes;
+      } else if (::lstat(path.c_str(), &st) == 0) {
+        // Named as the reader refuses it (OpenRegularFile).
+        return DataLossError(
+            fmt::format("checkpoint file {}: {}, not a regular file", path, FileKind(st.st_mode)));
+      }
+      in.files.push_back(std::move(c));
+    }
     const Json& lj = m.at("layout");
+    const Json& pjs = lj.at("parameters");
+    const Json* shapes = lj.contains("shapes") ? &lj.at("shapes") : nullptr;
+    const Json* aliases = lj.contains("aliases") ? &lj.at("aliases") : nullptr;
     std::vector<ParamRec> recs;
-    for (const Json& pj : lj.at("parameters")) {
+    // (What the parameters claim, summed without overflow: a sum beyond
+    // the files on disk stops at the first tensor that passes them.)
+    int64_t claimed_bytes = 0, claimed_elems = 0;
+    for (const Json& pj : pjs) {
       ParamRec r;
       r.name = pj.at(0).get<std::string>();
       r.numel = pj.at(1).get<int64_t>();
@@ -81,21 +114,52 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
       r.dtype = *d;
       r.module = pj.at(3).get<int>();
       if (pj.size() > 4) r.group = pj.at(4).get<int>();
+      // Module ids are dense from 0 (ParamSpec): fewer modules than
+      // parameters; groups likewise.
+      const auto count = static_cast<int64_t>(pjs.size());
+      if (r.numel < 0 || r.module < 0 || r.module >= count || r.group < 0 || r.group >= count)
+        return DataLossError(
+            fmt::format("{}: parameter {} has numel {}, module {} and group {} (of {} parameters)",
+                        manifest_path, r.name, r.numel, r.module, r.group, count));
+      if (r.numel > (params_on_disk - claimed_bytes) / r.elem_size() ||
+          r.numel > (states_on_disk / kOptimizerStateBytesPerElem) - claimed_elems) {
+        // A file shorter than the manifest says: that file is the problem.
+        for (const CheckpointFileCheck& c : in.files)
+          if (c.actual_bytes != c.bytes)
+            return DataLossError(
+                fmt::format("checkpoint file {}/{}: {}, the manifest says {} bytes", dir, c.name,
+                            c.actual_bytes < 0 ? std::string("missing or not a regular file")
+                                               : fmt::format("{} bytes", c.actual_bytes),
+                            c.bytes));
+        return DataLossError(fmt::format(
+            "{}: parameter {} claims {} elements, more than the checkpoint's files hold ({} has "
+            "{} bytes, the states files {}; the parameters before it take {} and {})",
+            manifest_path, r.name, r.numel, kParamsFile, params_on_disk, states_on_disk,
+            claimed_bytes, kOptimizerStateBytesPerElem * claimed_elems));
+      }
+      claimed_bytes += r.numel * r.elem_size();
+      claimed_elems += r.numel;
       // Shapes and tied names: recorded since checkpoints carry them (an
       // older one exports each tensor flat, under its first name).
-      if (lj.contains("shapes") && recs.size() < lj.at("shapes").size())
-        r.shape = lj.at("shapes").at(recs.size()).get<std::vector<int64_t>>();
-      if (lj.contains("aliases") && lj.at("aliases").contains(r.name))
-        r.aliases = lj.at("aliases").at(r.name).get<std::vector<std::string>>();
-      int64_t product = 1;
-      for (int64_t d : r.shape) product = d >= 0 ? product * d : -1;
-      if (!r.shape.empty() && product != r.numel)
-        return DataLossError(fmt::format("{}: parameter {} has numel {} and shape {}",
-                                         manifest_path, r.name, r.numel,
-                                         lj.at("shapes").at(recs.size()).dump()));
-      if (r.numel < 0 || r.module < 0 || r.group < 0)
-        return DataLossError(fmt::format("{}: parameter {} has numel {} and module {}",
-                                         manifest_path, r.name, r.numel, r.module));
+      if (shapes != nullptr && recs.size() < shapes->size()) {
+        r.shape = shapes->at(recs.size()).get<std::vector<int64_t>>();
+        int64_t product = 1;
+        bool bad = false;
+        for (int64_t dim : r.shape)
+          bad |= dim < 0 || __builtin_mul_overflow(product, dim, &product);
+        if (bad || product != r.numel)
+          return DataLossError(fmt::format("{}: parameter {} has numel {} and shape {}",
+                                           manifest_path, r.name, r.numel,
+                                           shapes->at(recs.size()).dump()));
+      }
+      if (aliases != nullptr && aliases->contains(r.name)) {
+        const Json& a = aliases->at(r.name);
+        if (!a.is_array() || a.size() > kMaxParamAliases)
+          return DataLossError(
+              fmt::format("{}: parameter {} has {} other names; a parameter may have at most {}",
+                          manifest_path, r.name, a.size(), kMaxParamAliases));
+        r.aliases = a.get<std::vector<std::string>>();
+      }
       recs.push_back(std::move(r));
     }
     if (recs.empty())
@@ -113,13 +177,6 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
           manifest_path, lj.at("elements").dump(), lj.at("modules").dump(),
           lj.at("sub_groups").dump(), in.sub_group_size, in.layout.total_elems(),
           in.layout.num_modules(), in.layout.num_groups()));
-    for (const Json& f : m.at("files")) {
-      CheckpointFileCheck c;
-      c.name = f.at("name").get<std::string>();
-      c.bytes = f.at("bytes").get<int64_t>();
-      c.crc32c = f.at("crc32c").get<std::string>();
-      in.files.push_back(std::move(c));
-    }
     ASSIGN_OR_RETURN(in.state_files, StateFilesOf(
                                          m, in.layout.unpartitioned_elems(), in.sub_group_size,
                                          [&](const std::string& name) -> std::optional<int64_t> {
@@ -295,6 +352,21 @@ StatusOr<CheckpointExportResult> Export(const std::string& dir, const std::strin
   if (created.status().code() == StatusCode::kInvalidArgument)
     return DataLossError(fmt::format("checkpoint {}: {}", in.path, created.status().message()));
   ASSIGN_OR_RETURN(SafetensorsWriter f, std::move(created));
+  // Room for the whole file before a byte of data is written (tied names
+  // make it larger than the checkpoint).
+  {
+    const fs::path parent = fs::path(out).parent_path();
+    const std::string out_dir = parent.empty() ? std::string(".") : parent.string();
+    struct statvfs vfs {};
+    if (::statvfs(out_dir.c_str(), &vfs) == 0) {
+      const auto free_bytes = static_cast<int64_t>(
+          std::min<uint64_t>(static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize, INT64_MAX));
+      if (f.data_bytes() > free_bytes)
+        return ResourceExhaustedError(fmt::format(
+            "exporting checkpoint {} to {}: its {} tensors take {} bytes, {} has {} bytes free",
+            in.path, out, tensors.size(), f.file_bytes(), out_dir, free_bytes));
+    }
+  }
 
   // Each source file, read once in chunks: checksummed whole, the ranges copied.
   ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -226,6 +227,9 @@ Status CheckDenseLayoutMatches(const Json& layout, const std::string& manifest_p
           "build that wrote it, or start afresh in another directory",
           manifest_path, kDenseLayoutCheckpointVersion, kCheckpointFormatVersion, kElemAlign,
           r.name, off));
+    if (r.numel < 0 || r.numel > INT64_MAX - off)
+      return DataLossError(
+          fmt::format("{}: tensor {} has numel {}", manifest_path, r.name, r.numel));
     off += r.numel;
   }
   return Status::Ok();
@@ -233,23 +237,55 @@ Status CheckDenseLayoutMatches(const Json& layout, const std::string& manifest_p
 
 }  // namespace
 
-// The manifest of checkpoint directory `dir`, read and checked: JSON, this
-// format and version, and its own CRC-32C. Its fields are the caller's to read.
+namespace {
+
+// Refuses nesting deeper than kMaxManifestDepth while nlohmann parses (its
+// callback sees every container as it opens), so that no recursive walk
+// (copy, dump, comparison) ever meets a deeper document.
+struct TooDeep {};
+
+}  // namespace
+
+StatusOr<Json> ParseManifestText(std::string_view text, const std::string& manifest_path) {
+  Json m;
+  try {
+    m = Json::parse(
+        text.begin(), text.end(),
+        [](int depth, Json::parse_event_t event, Json&) {
+          if ((event == Json::parse_event_t::object_start ||
+               event == Json::parse_event_t::array_start) &&
+              depth >= kMaxManifestDepth)
+            throw TooDeep{};
+          return true;
+        },
+        /*allow_exceptions=*/false);
+  } catch (const TooDeep&) {
+    return DataLossError(
+        fmt::format("checkpoint manifest {}: nested deeper than {} levels of objects and arrays "
+                    "(a manifest this build writes has at most {}); not read",
+                    manifest_path, kMaxManifestDepth, kMaxManifestDepth));
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(
+        fmt::format("checkpoint manifest {}: out of memory while parsing it", manifest_path));
+  }
+  if (m.is_discarded() || !m.is_object())
+    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+  return m;
+}
+
 StatusOr<Json> LoadManifest(const std::string& dir) {
   const std::string manifest_path = dir + "/" + kCheckpointManifest;
   std::string text;
   {
     ASSIGN_OR_RETURN(File f, File::Open(manifest_path, O_RDONLY));
     ASSIGN_OR_RETURN(int64_t size, f.Size());
-    if (size > (int64_t{256} << 20))
-      return DataLossError(fmt::format("checkpoint manifest {}: {} bytes, expected at most 256 MiB",
-                                       manifest_path, size));
+    if (size > kMaxManifestBytes)
+      return DataLossError(fmt::format("checkpoint manifest {}: {} bytes, expected at most {} MiB",
+                                       manifest_path, size, kMaxManifestBytes >> 20));
     text.resize(static_cast<size_t>(size));
     RETURN_IF_ERROR(f.ReadNext(text.data(), text.size()));
   }
-  Json m = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded() || !m.is_object())
-    return DataLossError(fmt::format("checkpoint manifest {}: not valid JSON", manifest_path));
+  ASSIGN_OR_RETURN(Json m, ParseManifestText(text, manifest_path));
   try {
     if (m.at("format") != kFormat)
       return DataLossError(
@@ -277,6 +313,64 @@ StatusOr<Json> LoadManifest(const std::string& dir) {
     return DataLossError(fmt::format("checkpoint manifest {}: {}", manifest_path, e.what()));
   }
   return m;
+}
+
+bool IsCheckpointDataFileName(std::string_view name) {
+  if (name == kParamsFile || name == kStatesFile) return true;
+  constexpr std::string_view kPrefix = "states-rank-", kSuffix = ".bin";
+  if (name.size() <= kPrefix.size() + kSuffix.size() || !name.starts_with(kPrefix) ||
+      !name.ends_with(kSuffix) || name.size() > kPrefix.size() + kSuffix.size() + 9)
+    return false;
+  const std::string_view digits =
+      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+namespace {
+
+// A manifest string shown in a message: at most 80 characters, control
+// characters escaped (it is the forger's text).
+std::string Shown(const Json& v) {
+  std::string s = v.dump(-1, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+}  // namespace
+
+StatusOr<std::vector<ManifestFile>> ManifestFiles(const Json& m, const std::string& manifest_path) {
+  const auto it = m.find("files");
+  if (it == m.end() || !it->is_array())
+    return DataLossError(fmt::format("{}: no \"files\" list", manifest_path));
+  std::vector<ManifestFile> out;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& f = (*it)[i];
+    auto bad = [&](std::string_view what) {
+      return DataLossError(fmt::format("{}: files[{}] {}: {}", manifest_path, i, Shown(f), what));
+    };
+    if (!f.is_object()) return bad("expected an object {name, bytes, crc32c}");
+    const auto name = f.find("name"), bytes = f.find("bytes"), crc = f.find("crc32c");
+    if (name == f.end() || !name->is_string() ||
+        !IsCheckpointDataFileName(name->get_ref<const std::string&>()))
+      return bad(
+          "the name is not one this format writes (params.bin, states.bin, "
+          "states-rank-<k>.bin): only those, in the checkpoint's own directory, are read");
+    if (bytes == f.end() || !bytes->is_number_integer() || bytes->get<int64_t>() < 0)
+      return bad("bytes is not a size (an integer >= 0)");
+    const std::string* hex =
+        crc != f.end() && crc->is_string() ? &crc->get_ref<const std::string&>() : nullptr;
+    if (hex == nullptr || hex->size() != 8 ||
+        !std::all_of(hex->begin(), hex->end(), [](char c) { return std::isxdigit(c) != 0; }))
+      return bad("crc32c is not 8 hex digits");
+    ManifestFile mf;
+    mf.name = name->get<std::string>();
+    mf.bytes = bytes->get<int64_t>();
+    mf.crc = static_cast<uint32_t>(std::stoul(*hex, nullptr, 16));
+    for (const ManifestFile& seen : out)
+      if (seen.name == mf.name) return bad("the file is listed twice");
+    out.push_back(std::move(mf));
+  }
+  return out;
 }
 
 namespace {
@@ -434,13 +528,17 @@ StatusOr<std::vector<CheckpointStateFile>> StateFilesOf(
           "at element {} with sub-groups of at least 1",
           manifest_path, f.name, f.elem_begin, f.elem_end, f.sub_group_elems, next));
     const std::optional<int64_t> bytes = file_bytes(f.name);
-    const int64_t want = kOptimizerStateBytesPerElem * (f.elem_end - f.elem_begin);
     if (!bytes.has_value())
       return DataLossError(fmt::format("{}: lists no {}", manifest_path, f.name));
+    // (Elements a file of its size cannot hold are compared without
+    // computing their bytes, which could overflow.)
+    const int64_t elems = f.elem_end - f.elem_begin;
+    const int64_t want =
+        elems <= *bytes / kOptimizerStateBytesPerElem ? kOptimizerStateBytesPerElem * elems : -1;
     if (*bytes != want)
       return DataLossError(fmt::format("{}: {} of {} bytes; its elements [{}, {}) take {} bytes",
                                        manifest_path, f.name, *bytes, f.elem_begin, f.elem_end,
-                                       want));
+                                       want >= 0 ? std::to_string(want) : "more than that"));
     next = f.elem_end;
   }
   if (next < elements)

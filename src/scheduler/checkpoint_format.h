@@ -178,10 +178,43 @@ std::string IdentityHash(const Json& j);
 std::string ManifestCrc(const Json& m);
 
 // ---- Reading and checking ------------------------------------------------------
+//
+// A manifest's CRC-32C guards against accidents only: whoever can write the
+// directory can recompute it. So a manifest is read as untrusted input: its
+// size and nesting are bounded before and while it is parsed, the files it
+// names are plain names of this format (never a path), its numbers are
+// checked before they size anything, and every claimed size is checked
+// against the files that exist before memory is allocated or a byte is
+// written (checkpoint_export.cc). A forged manifest gives a DataLoss error
+// naming it, never a crash, a hang or a read outside its directory.
 
-// The manifest of checkpoint directory `dir`, read and checked: JSON, this
-// format and version, and its own CRC-32C. Its fields are the caller's to read.
+// The longest manifest text read (a model of a million tensors has one of
+// about 100 MiB).
+inline constexpr int64_t kMaxManifestBytes = int64_t{256} << 20;
+// The deepest nesting of objects and arrays: the config's bound, and the
+// manifest's own levels around it.
+inline constexpr int kMaxManifestDepth = kMaxConfigDepth + 8;
+
+// `text` as a manifest's JSON (an object), its nesting bounded by
+// kMaxManifestDepth; errors name `manifest_path`.
+StatusOr<Json> ParseManifestText(std::string_view text, const std::string& manifest_path);
+// The manifest of checkpoint directory `dir`, read and checked: at most
+// kMaxManifestBytes, JSON, this format and version, and its own CRC-32C. Its
+// fields are the caller's to read (ManifestFiles for its files).
 StatusOr<Json> LoadManifest(const std::string& dir);
+// Whether `name` is one this format writes into a checkpoint directory:
+// params.bin, states.bin or states-rank-<digits>.bin. Nothing else is read.
+bool IsCheckpointDataFileName(std::string_view name);
+// One data file the manifest lists, checked.
+struct ManifestFile {
+  std::string name;   // IsCheckpointDataFileName
+  int64_t bytes = 0;  // >= 0
+  uint32_t crc = 0;   // from 8 hex digits
+};
+// The manifest's "files" list, each entry checked (a file name this format
+// writes, listed once; a size >= 0; a CRC-32C of 8 hex digits); DataLoss
+// naming the manifest and the entry otherwise.
+StatusOr<std::vector<ManifestFile>> ManifestFiles(const Json& m, const std::string& manifest_path);
 // Size and CRC-32C of a whole file against the manifest's; `buf` holds at
 // least kVerifyChunk bytes.
 Status VerifyFile(const std::string& path, int64_t bytes, uint32_t crc, AlignedBuffer& buf);

@@ -209,6 +209,9 @@ StatusOr<int> EngineImpl::RegisterParameter(const ParamSpec& spec) {
           bad ? std::string("a negative or overflowing number of") : std::to_string(product),
           spec.numel));
   }
+  if (spec.aliases.size() > kMaxParamAliases)
+    return InvalidArgumentError(fmt::format("RegisterParameter {}: {} aliases, at most {}",
+                                            spec.name, spec.aliases.size(), kMaxParamAliases));
   for (size_t i = 0; i < spec.aliases.size(); ++i) {
     const std::string& a = spec.aliases[i];
     if (a.empty()) return InvalidArgumentError("RegisterParameter " + spec.name + ": empty alias");

@@ -4,11 +4,13 @@
 // bitwise and whose training-dtype tensors equal the engine's working copies
 // byte for byte; a corrupt states.bin is refused naming it; the file is mode
 // 0600 and a symlink at <out>.tmp or <out> is not followed.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -16,8 +18,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "src/common/crc32c.h"
 #include "src/common/dtype.h"
 #include "src/scheduler/checkpoint.h"
+#include "src/scheduler/checkpoint_format.h"
 #include "src/scheduler/scheduler.h"
 #include "strata/engine.h"
 #include "tests/scheduler/toy_engine_model.h"
@@ -360,6 +364,201 @@ TEST(CheckpointExportShapes, ShapesAndTiedNamesComeOutOfTheExport) {
       EXPECT_EQ(t.at("head.weight").bytes.size(), 2500u * 2);
     }
   }
+}
+
+// ---- Forged manifests ------------------------------------------------------------
+//
+// A manifest's CRC-32C guards against accidents only: a forger recomputes it,
+// as Forge does. Whatever a forged manifest says, reading it ends in a
+// DataLoss error naming it within seconds: no crash, no hang, no read
+// outside the checkpoint's directory, no allocation beyond its files.
+
+using OrderedJson = nlohmann::ordered_json;
+
+std::string ReadText(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// Rewrites dir's manifest through `edit`, with its CRC-32C recomputed.
+void Forge(const std::string& dir, const std::function<void(OrderedJson&)>& edit) {
+  const std::string path = dir + "/MANIFEST.json";
+  OrderedJson m = OrderedJson::parse(ReadText(path));
+  edit(m);
+  m.erase("manifest_crc32c");
+  const std::string content = m.dump();
+  m["manifest_crc32c"] = fmt::format("{:08x}", Crc32c(content.data(), content.size()));
+  std::ofstream(path, std::ios::trunc) << m.dump();
+}
+
+// InspectCheckpoint and ExportCheckpoint of `dir` both refuse it with
+// DataLoss whose message has `what`, within a few seconds, and write nothing.
+void ExpectRefused(const std::string& dir, const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto in = InspectCheckpoint(dir, /*verify=*/true);
+  const Status s = in.ok() ? in->validity : in.status();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr(what));
+  EXPECT_THAT(s.ToString(), HasSubstr(dir));
+  const std::string out = dir + "/../exported.safetensors";
+  auto ex = ExportCheckpoint(dir, out, ExportPrecision::kFp32);
+  EXPECT_EQ(ex.status().code(), StatusCode::kDataLoss) << ex.status();
+  EXPECT_THAT(ex.status().ToString(), HasSubstr(what));
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+}
+
+TEST_F(CheckpointExportTest, AManifestNestedTooDeepIsRefusedBeforeAnyWalk) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  const std::string ckpt = t.root + "/ckpt-00000001";
+  // 100,000 levels in the note (about 200 KB): a recursive copy or dump of
+  // it would overflow the stack.
+  const std::string text = ReadText(ckpt + "/MANIFEST.json");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const size_t at = text.find("\"note\":");
+  ASSERT_NE(at, std::string::npos);
+  std::ofstream(ckpt + "/MANIFEST.json", std::ios::trunc)
+      << text.substr(0, at) << "\"deep\":" << deep << "," << text.substr(at);
+  ExpectRefused(ckpt, "nested deeper than");
+  // The root: that checkpoint skipped, none left.
+  auto in = InspectCheckpoint(t.root, /*verify=*/true);
+  EXPECT_FALSE(in.ok() && in->validity.ok());
+  // Just within the bound: read, and refused for its CRC only.
+  const int depth = scheduler::checkpoint_internal::kMaxManifestDepth - 1;
+  std::ofstream(ckpt + "/MANIFEST.json", std::ios::trunc)
+      << text.substr(0, at) << "\"deep\":" << std::string(depth - 1, '[')
+      << std::string(depth - 1, ']') << "," << text.substr(at);
+  ExpectRefused(ckpt, "manifest_crc32c says");
+}
+
+TEST_F(CheckpointExportTest, AManifestNamesOnlyFilesOfItsOwnDirectory) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  const std::string ckpt = t.root + "/ckpt-00000001";
+  // A file only root may read, outside the directory: neither opened nor
+  // sized nor checksummed (its size or CRC-32C must not show).
+  const std::string secret = dir_.str() + "/secret";
+  std::ofstream(secret) << "the secret's 27 bytes here\n";
+  ASSERT_EQ(::chmod(secret.c_str(), 0600), 0);
+  const uint32_t secret_crc = Crc32c("the secret's 27 bytes here\n", 27);
+  for (const std::string& name :
+       {std::string("../../secret"), secret, std::string("."), std::string(""),
+        std::string("MANIFEST.json"), std::string("states-rank-../x.bin"),
+        std::string("params.bin/")}) {
+    SCOPED_TRACE(name);
+    const std::string saved = ReadText(ckpt + "/MANIFEST.json");
+    Forge(ckpt, [&](OrderedJson& m) {
+      m["files"].push_back(
+          {{"name", name}, {"bytes", 27}, {"crc32c", fmt::format("{:08x}", secret_crc)}});
+    });
+    ExpectRefused(ckpt, "the name is not one this format writes");
+    auto in = InspectCheckpoint(ckpt, /*verify=*/true);
+    EXPECT_THAT(in.status().ToString(), ::testing::Not(HasSubstr("27 bytes")));
+    std::ofstream(ckpt + "/MANIFEST.json", std::ios::trunc) << saved;
+  }
+  // A states list naming a file the files list does not have.
+  Forge(ckpt, [](OrderedJson& m) { m["states"][0]["file"] = "../../secret"; });
+  ExpectRefused(ckpt, "lists no ../../secret");
+}
+
+TEST_F(CheckpointExportTest, ACrcThatIsNotHexIsDataLossNamingTheEntry) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  const std::string ckpt = t.root + "/ckpt-00000001";
+  const std::string saved = ReadText(ckpt + "/MANIFEST.json");
+  for (const OrderedJson& crc :
+       {OrderedJson("zzzzzzzz"), OrderedJson("0x12"), OrderedJson(""), OrderedJson("123456789"),
+        OrderedJson(12345678), OrderedJson(" 1234567")}) {
+    SCOPED_TRACE(crc.dump());
+    Forge(ckpt, [&](OrderedJson& m) { m["files"][0]["crc32c"] = crc; });
+    ExpectRefused(ckpt, "files[0]");
+    ExpectRefused(ckpt, "crc32c is not 8 hex digits");
+    std::ofstream(ckpt + "/MANIFEST.json", std::ios::trunc) << saved;
+  }
+  Forge(ckpt, [](OrderedJson& m) { m["files"][1]["bytes"] = -5; });
+  ExpectRefused(ckpt, "bytes is not a size");
+}
+
+TEST_F(CheckpointExportTest, ClaimedSizesAreCheckedAgainstTheFilesBeforeAllocating) {
+  const Trained t = TrainAndSave(dir_.str() + "/ckpt");
+  const std::string ckpt = t.root + "/ckpt-00000001";
+  const std::string saved = ReadText(ckpt + "/MANIFEST.json");
+  auto restore = [&] { std::ofstream(ckpt + "/MANIFEST.json", std::ios::trunc) << saved; };
+  // 2^60 elements in sub-groups of 1: 2^60 sub-groups, were it believed.
+  Forge(ckpt, [](OrderedJson& m) {
+    m["config"]["zero_optimization"]["sub_group_size"] = 1;
+    m["layout"]["parameters"][0][1] = int64_t{1} << 60;
+    m["layout"].erase("shapes");
+  });
+  ExpectRefused(ckpt, "claims 1152921504606846976 elements, more than the checkpoint's files hold");
+  restore();
+  // Sizes that overflow when summed or multiplied.
+  Forge(ckpt, [](OrderedJson& m) {
+    m["layout"]["parameters"][0][1] = INT64_MAX;
+    m["layout"]["shapes"][0] = {INT64_MAX / 2, 4};
+  });
+  ExpectRefused(ckpt, "more than the checkpoint's files hold");
+  restore();
+  Forge(ckpt, [](OrderedJson& m) {
+    const int64_t n = m["layout"]["parameters"][0][1].get<int64_t>();
+    m["layout"]["shapes"][0] = {n, int64_t{1} << 62, 4};
+  });
+  ExpectRefused(ckpt, "and shape");
+  restore();
+  Forge(ckpt, [](OrderedJson& m) {  // a product that overflows, then times 0
+    m["layout"]["parameters"][0][1] = 0;
+    m["layout"]["shapes"][0] = {int64_t{1} << 62, 4, 0};
+  });
+  ExpectRefused(ckpt, "and shape");
+  restore();
+  // A module (or group) index far past the parameters.
+  Forge(ckpt, [](OrderedJson& m) { m["layout"]["parameters"][0][3] = INT32_MAX; });
+  ExpectRefused(ckpt, "module 2147483647");
+  restore();
+  Forge(ckpt, [](OrderedJson& m) { m["layout"]["parameters"][0].push_back(1 << 30); });
+  ExpectRefused(ckpt, "group 1073741824");
+  restore();
+  // More tied names than a parameter may have (each would be a copy of the
+  // tensor in the export).
+  Forge(ckpt, [](OrderedJson& m) {
+    std::vector<std::string> names;
+    for (size_t i = 0; i <= kMaxParamAliases; ++i) names.push_back(fmt::format("tied.{}", i));
+    m["layout"]["aliases"][m["layout"]["parameters"][0][0].get<std::string>()] = names;
+  });
+  ExpectRefused(ckpt, "other names; a parameter may have at most 1024");
+  restore();
+  // A states file claimed larger than it is.
+  Forge(ckpt, [](OrderedJson& m) {
+    for (auto& f : m["files"])
+      if (f["name"] == "states.bin") f["bytes"] = f["bytes"].get<int64_t>() * 1000;
+    m["states"][0]["elem_end"] = m["states"][0]["elem_end"].get<int64_t>() * 1000;
+  });
+  auto in = InspectCheckpoint(ckpt, /*verify=*/true);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(in->validity.code(), StatusCode::kDataLoss) << in->validity;
+  EXPECT_THAT(in->validity.ToString(), HasSubstr("states.bin"));
+  restore();
+  auto ok = InspectCheckpoint(ckpt, /*verify=*/true);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->validity.ok()) << ok->validity;
+}
+
+// The engine refuses what a checkpoint would: a parameter with more names
+// than kMaxParamAliases.
+TEST(CheckpointExportShapes, AParameterWithTooManyAliasesIsRefused) {
+  Config c = testing::ToyConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, "");
+  auto created = CreateEngine(c);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ParamSpec p;
+  p.name = "w";
+  p.numel = 8;
+  p.dtype = DType::kFp32;
+  const std::vector<float> init(8, 0.5f);
+  p.init = init;
+  for (size_t i = 0; i <= kMaxParamAliases; ++i) p.aliases.push_back(fmt::format("tied.{}", i));
+  const Status s = (*created)->RegisterParameter(p).status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.ToString(), HasSubstr("1025 aliases, at most 1024"));
+  p.aliases.pop_back();
+  EXPECT_TRUE((*created)->RegisterParameter(p).ok());
 }
 
 }  // namespace

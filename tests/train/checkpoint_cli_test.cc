@@ -3,6 +3,7 @@
 // and final states of an uninterrupted run; a kill at each point of a save
 // (STRATA_CHECKPOINT_CRASH_AT) leaves the previous checkpoint loadable.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -582,6 +584,63 @@ TEST(CheckpointCli, AnOptimizerStepThatDoesNotMatchTheDataPositionIsRefused) {
   EXPECT_EQ(Wait(Spawn(a, dir.str())).code, 5);
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
               ::testing::HasSubstr("optimizer_step 7 does not match data_position 2"));
+}
+
+// A forged manifest (its CRC-32C recomputed, as anyone who can write the
+// directory can): info, export and train --resume each end with one line
+// naming it and exit 5, and the resume removes its swap file.
+TEST(CheckpointCli, ForgedManifestsAreOneLineErrorsWithExitFive) {
+  testing::ScratchDir dir;
+  const std::string cfg = WriteConfig(dir.str(), "nvme", "cpu");
+  const std::string ckpt = dir.str() + "/c";
+  ASSERT_EQ(
+      Wait(Spawn({"train", "--config", cfg, "--steps", "1", "--checkpoint-dir", ckpt}, dir.str()))
+          .code,
+      0)
+      << ReadFile(dir.str() + "/stderr");
+  const std::string manifest = ckpt + "/ckpt-00000001/MANIFEST.json";
+  const std::string saved = ReadFile(manifest);
+  auto forge = [&](const std::function<void(nlohmann::ordered_json&)>& edit) {
+    nlohmann::ordered_json m = nlohmann::ordered_json::parse(saved);
+    edit(m);
+    m.erase("manifest_crc32c");
+    const std::string content = m.dump();
+    m["manifest_crc32c"] = fmt::format("{:08x}", Crc32c(content.data(), content.size()));
+    std::ofstream(manifest, std::ios::trunc) << m.dump();
+  };
+  auto expect_refused = [&](const std::string& what) {
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"checkpoint", "info", ckpt + "/ckpt-00000001"},
+          std::vector<std::string>{"checkpoint", "export", ckpt + "/ckpt-00000001", "--out",
+                                   dir.str() + "/out.safetensors"},
+          std::vector<std::string>{"train", "--config", cfg, "--steps", "2", "--checkpoint-dir",
+                                   ckpt, "--resume"}}) {
+      SCOPED_TRACE(args[0] + " " + args[1]);
+      EXPECT_EQ(Wait(Spawn(args, dir.str())).code, 5);
+      const std::string err = ReadFile(dir.str() + "/stderr");
+      EXPECT_THAT(err, ::testing::HasSubstr(what));
+      EXPECT_THAT(err, ::testing::HasSubstr(manifest));
+      EXPECT_THAT(err, ::testing::Not(::testing::HasSubstr("internal error")));
+      EXPECT_FALSE(fs::exists(dir.str() + "/out.safetensors"));
+      for (const auto& e : fs::directory_iterator(dir.str() + "/nvme"))
+        ADD_FAILURE() << "left behind: " << e.path();
+    }
+  };
+  // 100,000 levels of nesting.
+  {
+    const size_t at = saved.find("\"note\"");
+    ASSERT_NE(at, std::string::npos);
+    std::ofstream(manifest, std::ios::trunc)
+        << saved.substr(0, at) << "\"deep\": " << std::string(100000, '[')
+        << std::string(100000, ']') << ", " << saved.substr(at);
+  }
+  expect_refused("nested deeper than");
+  // A CRC-32C that is not hex.
+  forge([](nlohmann::ordered_json& m) { m["files"][0]["crc32c"] = "not-hex!"; });
+  expect_refused("crc32c is not 8 hex digits");
+  // A file outside the directory.
+  forge([](nlohmann::ordered_json& m) { m["files"][0]["name"] = "../../../../etc/shadow"; });
+  expect_refused("the name is not one this format writes");
 }
 
 }  // namespace
