@@ -405,10 +405,13 @@ class IoService {
 // reports a swap file it cannot remove (a warning naming the path and errno,
 // and its Status).
 
+// The stripe unit a swap store cuts shards into unless told otherwise.
+inline constexpr int64_t kDefaultSwapStripeUnit = int64_t{1} << 20;
+
 struct SwapStoreOptions {
-  std::vector<std::string> paths;  // 1+ writable directories (nvme_path)
-  uint64_t capacity_bytes = 0;     // total over all paths
-  uint64_t stripe_unit = 1 << 20;  // multiple of 4096
+  std::vector<std::string> paths;                 // 1+ writable directories (nvme_path)
+  uint64_t capacity_bytes = 0;                    // total over all paths
+  uint64_t stripe_unit = kDefaultSwapStripeUnit;  // multiple of 4096
 };
 
 struct ShardInfo {

@@ -13,6 +13,7 @@
 #include "src/common/host_memory.h"
 #include "src/common/units.h"
 #include "src/cpu_adam/cpu_adam.h"
+#include "src/nvme/nvme.h"
 #include "src/scheduler/hyperparams.h"
 
 namespace strata::scheduler {
@@ -526,17 +527,47 @@ std::optional<TierBudget> PlanNvme(const TierInputs& in, TierPlan* plan) {
     plan->grad_nvme_bytes = kGradAccBytesPerElem * s.total_elems;
     disk.Add(plan->grad_nvme_bytes, "gradients " + FormatBytes(plan->grad_nvme_bytes));
   }
-  if (pl.optimizer == OffloadDevice::kNvme && plan->state_piece_elems > 0) {
-    // Each piece of a shard is page-rounded.
-    const int64_t pieces =
-        (s.max_group_elems + plan->state_piece_elems - 1) / plan->state_piece_elems;
-    disk.bytes += 2 * in.state_groups * pieces * kIoAlign;
-  }
   if (in.facts.nvme_paths.empty()) return std::nullopt;
-  // Headroom for stripe rounding: one stripe unit (1 MiB) per shard per path.
-  disk.bytes += ((2 * (in.state_groups + s.num_modules) + (in.grads_on_nvme ? s.num_groups : 0)) *
-                 static_cast<int64_t>(in.facts.nvme_paths.size()))
-                << 20;
+  // What the swap store adds (nvme.h, SwapStore): every shard (a sub-group's
+  // states, a module's parameters, a sub-group's gradient sums) takes whole
+  // pages, each piece of a streamed sub-group too; and over several paths a
+  // shard's stripes (nvme::kDefaultSwapStripeUnit each) are spread over the files, so one
+  // file may take up to a stripe of each shard more than its share: the
+  // headroom is each shard's bytes up to a stripe, per path. One path has
+  // none (the file holds exactly its shards).
+  struct Shards {
+    int64_t count = 0, bytes = 0;  // how many, and the largest one's bytes
+  };
+  std::vector<Shards> shards;
+  int64_t pages = 0;  // page rounding: at most a page per shard (or piece)
+  if (pl.optimizer == OffloadDevice::kNvme) {
+    const int64_t group_states = StateArrayBytes(StateFormatOf(pl.optimizer_states),
+                                                 std::max<int64_t>(1, s.max_group_elems));
+    const int64_t pieces =
+        plan->state_piece_elems > 0
+            ? (s.max_group_elems + plan->state_piece_elems - 1) / plan->state_piece_elems
+            : 1;
+    shards.push_back({2 * in.state_groups, group_states + pieces * kIoAlign});
+    pages += 2 * in.state_groups * pieces;
+  }
+  if (pl.params == OffloadDevice::kNvme)  // (the modules' bytes are page-aligned already)
+    shards.push_back({2 * s.num_modules, s.max_module_bytes});
+  if (in.grads_on_nvme) {
+    shards.push_back({s.num_groups, IoBytes(kGradAccBytesPerElem * s.max_group_elems)});
+    pages += s.num_groups;
+  }
+  if (pages > 0)
+    disk.Add(pages * kIoAlign, fmt::format("page rounding {} ({} shards of whole {}-byte pages)",
+                                           FormatBytes(pages * kIoAlign), pages, kIoAlign));
+  const auto paths = static_cast<int64_t>(in.facts.nvme_paths.size());
+  if (paths > 1) {
+    int64_t headroom = 0;
+    for (const Shards& sh : shards)
+      headroom += paths * sh.count * std::min<int64_t>(sh.bytes, nvme::kDefaultSwapStripeUnit);
+    disk.Add(headroom,
+             fmt::format("striping headroom {} (up to a {} stripe per shard per path)",
+                         FormatBytes(headroom), FormatBytes(nvme::kDefaultSwapStripeUnit)));
+  }
   TierBudget b = disk.Budget("nvme", in.facts.nvme_available);
   b.detail += fmt::format(" on {}", fmt::join(in.facts.nvme_paths, ", "));
   return b;

@@ -390,6 +390,24 @@ TEST_P(DataParallelPlacementTest, TwoRanksGiveTheBitsOfOneRankAccumulatingBoth) 
           << runs.ranks[r].detail.at("hbm");
     if (s.opt == OffloadDevice::kNone) return;
   }
+  // With offload_param nvme at stage 3 each rank's part of every module is
+  // page-rounded on NVMe: more than the halved states of so small a model;
+  // the states' own part of the row is halved.
+  if (s.stage == 3 && s.par == OffloadDevice::kNvme) {
+    auto states_of = [](const std::string& detail) {
+      const std::string key = "optimizer states 2 x ";
+      const size_t at = detail.find(key);
+      EXPECT_NE(at, std::string::npos) << detail;
+      return at == std::string::npos ? 0.0 : std::stod(detail.substr(at + key.size()));
+    };
+    // (Both in KiB for the toy: 12 bytes x 3.4 K elements, halved.)
+    const double one_rank = states_of(runs.ref.detail.at(tier));
+    EXPECT_GT(one_rank, 0);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_LE(states_of(runs.ranks[r].detail.at(tier)), 0.55 * one_rank)
+          << runs.ranks[r].detail.at(tier);
+    return;
+  }
   for (int r = 0; r < 2; ++r) {
     const int64_t saved = runs.ref.needed.at(tier) - runs.ranks[r].needed.at(tier) + staging;
     EXPECT_GE(saved, halves * 12 * ToyElements() * 45 / 100)

@@ -188,7 +188,8 @@ TEST(PlanTest, OverBudgetTableExactText) {
   // By hand:
   //   hbm    512 + 2 slots for min(8192 - 512, max(100 x 8, 2 x 4096)) + 2 x 4096 = 16896
   //   pinned 4 x 4096 staging + 5 x 4096 fetch + 4 x 4096 write-back = 53248
-  //   nvme   2 x 8192 + (2 x (2 groups + 2 modules) x 1 path) MiB = 8404992 (8.015625 MiB)
+  //   nvme   2 x 8192 = 16384 (one path: no striping headroom; the modules
+  //          are page-aligned already)
   //   dram   4 x 1001 + 12 x 1001 = 16016 (15.640625 KiB) > 15000 (14.6484375 KiB)
   const std::string expected =
       "the placement does not fit:\n"
@@ -197,13 +198,13 @@ TEST(PlanTest, OverBudgetTableExactText) {
       "4.00 KiB + gradient slots 2 x 4.00 KiB\n"
       "  pinned     52.00 KiB    58.59 KiB  gradient staging 16.00 KiB + parameter fetch 5 x "
       "4.00 KiB + parameter write-back 4 x 4.00 KiB\n"
-      "  nvme        8.02 MiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
+      "  nvme       16.00 KiB     1.00 GiB  parameters 2 x 8.00 KiB on /nv0\n"
       "  dram       15.64 KiB    14.65 KiB  gradient accumulator 3.91 KiB + optimizer states "
       "11.73 KiB + last micro-batch accumulated (rates not measured)  <-- over\n"
       "  (stage 3, offload_optimizer cpu, offload_param nvme, 1001 parameters in 2 modules, "
       "sub_group_size 1000)";
   EXPECT_EQ(OverBudgetTable(plan, pl, s), expected);
-  EXPECT_EQ(plan.nvme_bytes(), 8404992);
+  EXPECT_EQ(plan.nvme_bytes(), 16384);
 }
 
 TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
@@ -214,16 +215,26 @@ TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
   EXPECT_THAT(Tiers(none), ElementsAre("hbm", "pinned", "dram"));
   EXPECT_EQ(none.nvme_bytes(), 0);
 
+  // Two versions of the states, each sub-group's shard rounded up to whole
+  // pages (a page at most); over several paths, per path each shard's bytes
+  // up to a 1 MiB stripe (the states' shards: the largest sub-group's 12000
+  // bytes and its page; the modules': 4096 bytes).
   const int64_t states = 12 * 1001, params = 8192;
-  const int64_t shards = 2 + 2;  // groups + modules
+  const int64_t pages = 2 * 2;  // 2 versions x 2 sub-groups
   for (const std::vector<std::string>& paths :
        {std::vector<std::string>{"/a"}, std::vector<std::string>{"/a", "/b", "/c"}}) {
     TierFacts f;
     f.nvme_paths = paths;
     const TierPlan plan = ComputeTierPlan(pl, s, f);
     const int64_t p = static_cast<int64_t>(paths.size());
-    EXPECT_EQ(plan.nvme_bytes(), 2 * states + 2 * params + 2 * shards * p * (1 << 20));
+    const int64_t headroom = p == 1 ? 0 : p * (2 * 2 * (12000 + 4096) + 2 * 2 * 4096);
+    EXPECT_EQ(plan.nvme_bytes(), 2 * states + 2 * params + pages * 4096 + headroom);
     EXPECT_EQ(Needed(plan, "nvme"), plan.nvme_bytes());
+    EXPECT_THAT(Find(plan, "nvme")->detail, HasSubstr("page rounding 16.00 KiB (4 shards"));
+    if (p > 1) {
+      EXPECT_THAT(Find(plan, "nvme")->detail,
+                  HasSubstr("striping headroom " + FormatBytes(headroom)));
+    }
     EXPECT_THAT(Find(plan, "nvme")->detail,
                 HasSubstr(paths.size() == 1 ? " on /a" : " on /a, /b, /c"));
   }
@@ -231,7 +242,7 @@ TEST(PlanTest, NvmeTierOnlyWithPathsAndHeadroomPerShardPerPath) {
   TierFacts f;
   f.nvme_paths = {"/a"};
   const TierPlan opt_only = ComputeTierPlan(Place(OffloadDevice::kNvme, OffloadDevice::kCpu), s, f);
-  EXPECT_EQ(opt_only.nvme_bytes(), 2 * states + 2 * shards * (1 << 20));
+  EXPECT_EQ(opt_only.nvme_bytes(), 2 * states + pages * 4096);
   EXPECT_THAT(Find(opt_only, "nvme")->detail, Not(HasSubstr("parameters")));
   // The optimizer pipeline's pinned buffers: buffer_count x one sub-group's states.
   Placement ring = Place(OffloadDevice::kNvme, OffloadDevice::kCpu);
@@ -275,8 +286,8 @@ TEST(PlanTest, PinnedBudgetCutsTheSubGroupsIntoPieces) {
   EXPECT_EQ(plan.optimizer_buffer_bytes, OptimizerBufferBytes(983'040, false));
   EXPECT_THAT(Find(plan, "pinned")->detail,
               HasSubstr("sub-groups of 1000000 elements in pieces of 983040"));
-  // Each shard's two pieces are page-rounded: a page more per version.
-  EXPECT_EQ(plan.nvme_bytes(), nvme_whole + 2 * 10 * 2 * kIoAlign);
+  // Each shard's two pieces are page-rounded: a page more per shard.
+  EXPECT_EQ(plan.nvme_bytes(), nvme_whole + 2 * 10 * kIoAlign);
 
   f.pinned_budget = fixed + 4 * OptimizerBufferBytes(200'000, false);
   plan = ComputeTierPlan(pl, s, f);
@@ -349,7 +360,7 @@ TEST(PlanTest, CompactStateFormatsShrinkEveryRowThatHoldsTheStates) {
     nv.optimizer_states = states;
     nv.optimizer_buffer_count = 3;
     const TierPlan plan = ComputeTierPlan(nv, s, f);
-    EXPECT_EQ(plan.nvme_bytes(), 2 * bytes + 2 * 4 * (1 << 20));
+    EXPECT_EQ(plan.nvme_bytes(), 2 * bytes + 2 * 2 * kIoAlign);
     EXPECT_EQ(plan.optimizer_buffer_bytes, IoBytes(StateArrayBytes(fmt, 1000)));
     EXPECT_EQ(Needed(plan, "pinned"),
               4 * 4096 + 3 * IoBytes(StateArrayBytes(fmt, 1000)) + 2 * 8192);
@@ -499,8 +510,8 @@ TEST(PlanTest, GradientsOnNvmeByTierOrByTheDramBudget) {
   EXPECT_EQ(Needed(nv, "dram"), nv.grad_cache_bytes);
   EXPECT_THAT(Find(nv, "dram")->detail, HasSubstr("gradient cache 2 sub-groups"));
   EXPECT_THAT(Find(nv, "dram")->detail, Not(HasSubstr("accumulator")));
-  // One shard per sub-group (and its stripe headroom) on NVMe.
-  EXPECT_EQ(nv.nvme_bytes(), dram.nvme_bytes() + 4 * 1001 + 2 * (1 << 20));
+  // One shard per sub-group (and its page rounding) on NVMe.
+  EXPECT_EQ(nv.nvme_bytes(), dram.nvme_bytes() + 4 * 1001 + 2 * kIoAlign);
   EXPECT_THAT(Find(nv, "nvme")->detail, HasSubstr("gradients 3.91 KiB"));
   EXPECT_EQ(nv.optimizer_buffer_bytes, IoBytes(12 * 1000) + IoBytes(4 * 1000));
   EXPECT_EQ(Needed(nv, "pinned") - Needed(dram, "pinned"),
