@@ -1273,6 +1273,48 @@ INSTANTIATE_TEST_SUITE_P(Placements, GradsOnNvmeTest,
                                   std::to_string(std::get<1>(info.param));
                          });
 
+// The swap store is opened with the plan's NVMe row as its capacity, which
+// counts each shard's page rounding and, over several paths, its striping
+// headroom (plan.cc, PlanNvme): states, parameters and the window's sums on
+// one and on three paths, at sub-groups far smaller than a stripe (7
+// elements: shards of a page) and larger, fp32 and int8 states, train with
+// the bits of cpu/cpu.
+TEST(EngineTest, SmallSubGroupsOnSeveralNvmePathsFitThePlannedSwap) {
+  testing::ScratchDir dir;
+  uint64_t seed = 0;
+  testing::MakeRng(&seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const auto& [sub_group, states] : {std::pair{int64_t{7}, OptimizerStates::kFp32},
+                                          std::pair{int64_t{1000}, OptimizerStates::kFp32},
+                                          std::pair{int64_t{300}, OptimizerStates::kInt8}}) {
+    Config ref = OddOrdersConfig(OffloadDevice::kCpu, OffloadDevice::kCpu, dir.str(), 2, false);
+    ref.zero_optimization.sub_group_size = sub_group;
+    ref.strata.optimizer_states = states;
+    ref.strata.grad_accumulator = GradAccumulatorPlace::kHost;
+    const FoldRun cpu = TrainOddOrders(ref, seed, 2, false, /*fold_override=*/0);
+    ASSERT_FALSE(cpu.params.empty());
+    for (const int paths : {1, 3}) {
+      SCOPED_TRACE(fmt::format("sub_group_size {}, {} path(s)", sub_group, paths));
+      std::vector<std::string> dirs;
+      for (int i = 0; i < paths; ++i) {
+        dirs.push_back(fmt::format("{}/nvme-{}-{}-{}", dir.str(), sub_group, paths, i));
+        std::filesystem::create_directories(dirs.back());
+      }
+      Config c = OddOrdersConfig(OffloadDevice::kNvme, OffloadDevice::kNvme, dir.str(), 2, false);
+      c.zero_optimization.sub_group_size = sub_group;
+      c.strata.optimizer_states = states;
+      c.zero_optimization.offload_optimizer.nvme_path = dirs;
+      c.zero_optimization.offload_param.nvme_path = dirs;
+      c.strata.grad_accumulator = GradAccumulatorPlace::kHost;
+      c.strata.grad_tier = GradTier::kNvme;
+      const FoldRun nvme = TrainOddOrders(c, seed, 2, false, /*fold_override=*/-1);
+      ASSERT_FALSE(nvme.params.empty());
+      EXPECT_TRUE(BitwiseEqual(cpu.params, nvme.params));
+      EXPECT_EQ(cpu.norms, nvme.norms);
+    }
+  }
+}
+
 // With the window's sums on NVMe, a window whose backward runs the modules
 // in descending order writes each sub-group's sums out at most once, the
 // sub-group holding the first element not at all (it stays cached for the
