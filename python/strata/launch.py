@@ -17,12 +17,24 @@ second; torch 1.13's torchrun itself fails on Python 3.11 before starting a
 worker, which is why this module exists.
 
 The launcher waits for every rank. When one fails, the others are sent
-SIGTERM (SIGKILL 10 s later) and the launcher exits with the failed rank's
-status, naming it; SIGINT and SIGTERM sent to the launcher are passed to
-the ranks.
+SIGTERM and the launcher exits with the failed rank's status, naming it.
+SIGINT, SIGTERM and SIGHUP sent to the launcher are passed to every rank,
+and it then exits with 128 + the signal's number. Either way each signal
+sent to a rank is followed by SIGCONT (a stopped rank runs again to handle
+it), and a rank still running 10 s after the first is killed (SIGKILL,
+named on stderr): the launcher always returns, also when a rank was
+stopped (SIGSTOP) or ignores SIGTERM. These are `strata train
+--nproc-per-node`'s rules (apps/strata/launch_ranks.h).
+
+The ranks die with the launcher: each is started with PR_SET_PDEATHSIG
+(SIGKILL), so `kill -9` of the launcher leaves no rank training on. The
+rendezvous directory it made is then removed by a small watcher process
+(_WATCH_RENDEZVOUS) that waits, in a session of its own, for the launcher
+to end however it ends (the end of a pipe only the launcher holds).
 """
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -34,7 +46,28 @@ import time
 
 from ._torch_compat import rendezvous_env
 
+# Seconds the ranks have to exit once told to stop (a signal passed on, or
+# another rank failed) before the launcher kills them: kRankStopGraceS of
+# apps/strata/launch_ranks.h.
 _GRACE_S = 10.0
+
+# The signals passed on to the ranks.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# The watcher of the rendezvous directory: reads its end of the pipe (fd
+# argv[1]) until the launcher, the only holder of the other end, has ended
+# (EOF: exited, or killed), then removes the directory (argv[2]). Without
+# the site module and the user's environment (-I -S): it starts in
+# milliseconds and imports nothing of the user's.
+_WATCH_RENDEZVOUS = """
+import os, shutil, sys
+fd = int(sys.argv[1])
+while os.read(fd, 4096):
+    pass
+shutil.rmtree(sys.argv[2], ignore_errors=True)
+"""
 
 
 def _parser():
@@ -103,39 +136,99 @@ def rank_environments(args, base_env, rendezvous_dir):
     return envs
 
 
-def _stop(procs, sig):
+def _signal_ranks(procs, sig):
+    """Sends `sig` to every rank still running, and SIGCONT after it: a
+    stopped rank (SIGSTOP, a debugger detached) handles nothing else until
+    it runs again."""
     for p in procs:
         if p.poll() is None:
             try:
                 p.send_signal(sig)
+                p.send_signal(signal.SIGCONT)
             except ProcessLookupError:
                 pass
 
 
-def _wait(procs):
-    """Waits for every rank; on the first failure stops the others. Returns
-    (exit status, failed local rank or None)."""
+def _wait(procs, received, first_rank=0):
+    """Waits for every rank. `received` is the list the signal handler
+    appends the launcher's signals to: each is passed on to the ranks. On
+    the first failure the others are sent SIGTERM. Ranks still running
+    _GRACE_S after the first signal sent to them are killed. Returns (exit
+    status, failed local rank or None); first_rank is local rank 0's rank,
+    for the messages."""
     failed = None
-    deadline = None
+    kill_at = None
+    handled = 0
+
+    def end_ranks(sig):
+        nonlocal kill_at
+        _signal_ranks(procs, sig)
+        if kill_at is None:
+            kill_at = time.monotonic() + _GRACE_S
+
     while True:
+        while handled < len(received):
+            end_ranks(received[handled])
+            handled += 1
         running = [p for p in procs if p.poll() is None]
         if failed is None:
             for i, p in enumerate(procs):
                 if p.returncode not in (None, 0):
                     failed = i
-                    _stop(procs, signal.SIGTERM)
-                    deadline = time.monotonic() + _GRACE_S
+                    if kill_at is None:  # (ranks already stopping are not signalled twice)
+                        end_ranks(signal.SIGTERM)
                     break
         if not running:
             break
-        if deadline is not None and time.monotonic() > deadline:
-            _stop(procs, signal.SIGKILL)
-            deadline = None
-        time.sleep(0.05)
+        if kill_at is not None and time.monotonic() >= kill_at:
+            for i, p in enumerate(procs):
+                if p.poll() is None:
+                    print(f"strata.launch: rank {first_rank + i} (local rank {i}) did not exit "
+                          f"within {_GRACE_S:.0f} s: killing it", file=sys.stderr, flush=True)
+                    p.kill()
+            kill_at = float("inf")
+        time.sleep(0.02)
     if failed is None:
         return 0, None
     rc = procs[failed].returncode
     return (128 - rc if rc < 0 else rc), failed
+
+
+def _die_with_launcher():
+    """The preexec_fn of a rank (run in the child between fork and exec):
+    PR_SET_PDEATHSIG, so that the kernel kills the rank (SIGKILL) when the
+    launcher dies, which cannot end it once it is killed itself. A launcher
+    that died before prctl took effect is seen as a new parent: the rank
+    exits at once. prctl is looked up here, before any fork."""
+    launcher = os.getpid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: ranks outlive a killed launcher
+        return None
+
+    def preexec():
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != launcher:
+            os._exit(1)
+    return preexec
+
+
+def _watch_rendezvous(directory):
+    """Starts the watcher that removes `directory` once this process has
+    ended; returns (watcher, the pipe's write end, which this process
+    keeps). Its own session: a Ctrl-C or a signal to the launcher's process
+    group does not end it before the launcher."""
+    r, w = os.pipe()  # (neither end inherited by the ranks: close_fds)
+    try:
+        watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH_RENDEZVOUS, str(r),
+                                    directory], pass_fds=(r,), start_new_session=True,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return watcher, w
 
 
 def main(argv=None):
@@ -150,27 +243,38 @@ def main(argv=None):
     rendezvous = own_dir if own_dir is not None else os.environ.get("STRATA_GLOO_DIR")
     cmd = [sys.executable] + (["-m"] if args.module else []) + [args.script] + args.script_args
     procs = []
-    forwarded = []
+    watcher = watch_fd = None
+    received = []  # the signals sent to the launcher, in order (_wait passes them on)
 
-    def forward(signum, _frame):
-        forwarded.append(signum)
-        _stop(procs, signum)
+    def on_signal(signum, _frame):
+        received.append(signum)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, on_signal) for s in _FORWARDED}
     try:
-        for env in rank_environments(args, os.environ, rendezvous):
-            procs.append(subprocess.Popen(cmd, env=env))
-        rc, failed = _wait(procs)
+        if own_dir is not None:
+            watcher, watch_fd = _watch_rendezvous(own_dir)
+        envs = rank_environments(args, os.environ, rendezvous)
+        preexec = _die_with_launcher()
+        for env in envs:
+            if received:  # told to stop while starting: start no more
+                break
+            procs.append(subprocess.Popen(cmd, env=env, preexec_fn=preexec))
+        rc, failed = _wait(procs, received, args.node_rank * args.nproc_per_node)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        _stop(procs, signal.SIGKILL)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
         for p in procs:
             p.wait()
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
-    if forwarded:
-        return 128 + forwarded[0]
+        if watcher is not None:
+            os.close(watch_fd)  # the watcher sees the end, finds nothing to remove, exits
+            watcher.wait()
+    if received:
+        return 128 + received[0]
     if failed is not None:
         rank = args.node_rank * args.nproc_per_node + failed
         print(f"strata.launch: rank {rank} (local rank {failed}) of {args.script} exited with "

@@ -3,14 +3,20 @@
 Both spellings of its options; the environment of each rank; two ranks of
 a real training script (strata.initialize under torch.distributed's gloo
 group) that end with the same parameters and leave no rendezvous directory
-behind; and a failing rank that stops the others and sets the exit status.
+behind; a failing rank that stops the others and sets the exit status;
+SIGTERM that ends stopped and stubborn ranks within the grace period; and
+ranks that die with a launcher killed with SIGKILL, their rendezvous
+directory removed.
 """
 
 import glob
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -151,3 +157,104 @@ def test_readmes_one_machine_commands_run_as_written(tmp_path):
         r = run_launch(argv, launch_env(tmp_path), cwd=ROOT)
         assert r.returncode == 0, f"{command}:\n{r.stdout}"
         assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
+
+
+# The launcher with a short grace period (10 s in use), and a rank script
+# that records its pid once it is running.
+LAUNCH_WITH_GRACE = textwrap.dedent("""
+    import sys
+    from strata import launch
+    launch._GRACE_S = 1.0
+    sys.exit(launch.main(sys.argv[1:]))
+""")
+
+
+def start_launcher(tmp_path, rank_code, grace=True):
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, time
+        out = sys.argv[1]
+        rank = os.environ["RANK"]
+    """) + textwrap.dedent(rank_code) + textwrap.dedent("""
+        with open(os.path.join(out, f"pid{rank}.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(os.path.join(out, f"pid{rank}.tmp"), os.path.join(out, f"pid{rank}"))
+        if rank == "0" and STOP:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(60)
+    """))
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["--nproc_per_node", "2", str(script), str(out)]
+    cmd = ([sys.executable, "-c", LAUNCH_WITH_GRACE] if grace
+           else [sys.executable, "-m", "strata.launch"]) + argv
+    proc = subprocess.Popen(cmd, env=launch_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    pids = []
+    while time.monotonic() < deadline and len(pids) < 2:
+        pids = [int((out / f"pid{r}").read_text()) for r in range(2) if (out / f"pid{r}").exists()]
+        time.sleep(0.05)
+    assert len(pids) == 2, "the ranks did not start"
+    return proc, pids
+
+
+def gone(pid):
+    """Whether process `pid` has ended (a zombie no one reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def kill_all(proc, pids):
+    for pid in [proc.pid, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def test_sigterm_ends_stopped_and_stubborn_ranks(tmp_path):
+    """Rank 0 stopped (SIGSTOP), rank 1 ignoring SIGTERM: the launcher sends
+    SIGTERM and SIGCONT, kills what is left after the grace period and
+    exits 128 + 15."""
+    proc, pids = start_launcher(tmp_path, """
+        STOP = True
+        if rank == "1":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """)
+    try:
+        time.sleep(0.2)  # rank 0 stops itself
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 128 + signal.SIGTERM, out
+        assert time.monotonic() - start < 10, out
+        assert "rank 1 (local rank 1) did not exit within 1 s: killing it" in out, out
+        assert "rank 0" not in out, out  # it ran again and ended on SIGTERM
+        deadline = time.monotonic() + 5
+        while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(gone(p) for p in pids)
+        assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
+    finally:
+        kill_all(proc, pids)
+
+
+def test_ranks_die_with_the_launcher_and_the_rendezvous_directory_goes(tmp_path):
+    proc, pids = start_launcher(tmp_path, "STOP = False", grace=False)
+    try:
+        assert len(glob.glob(str(tmp_path / "strata-gloo-*"))) == 1
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                all(gone(p) for p in pids) and not glob.glob(str(tmp_path / "strata-gloo-*"))):
+            time.sleep(0.05)
+        assert all(gone(p) for p in pids)
+        assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
+    finally:
+        kill_all(proc, pids)
