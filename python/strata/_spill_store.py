@@ -16,10 +16,19 @@ import weakref
 
 
 from ._errors import StrataError
+from ._private_fs import PRIVATE_FILE_MODE
 
 
 def _remove_tree(path):
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _open_for_writing(path):
+    # A spill file holds weights: mode 0600 (its directory is a private
+    # mkdtemp one as well), and a symlink there is never written through.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 PRIVATE_FILE_MODE)
+    return os.fdopen(fd, "wb")
 
 
 def _as_bytes(t):
@@ -57,7 +66,7 @@ class _Store:
             return
         path = self.path(key)
         try:
-            with open(path, "wb") as f:
+            with _open_for_writing(path) as f:
                 f.write(memoryview(_as_bytes(t)))
         except OSError as e:
             raise StrataError(
@@ -96,7 +105,10 @@ class _Store:
             self.ram[dst] = self.ram[src].clone()
             return
         try:
-            shutil.copyfile(self.path(src), self.path(dst))
+            with open(self.path(src), "rb") as fsrc, _open_for_writing(self.path(dst)) as fdst:
+                offset = 0  # (sendfile: in the kernel, as shutil.copyfile copies)
+                while n := os.sendfile(fdst.fileno(), fsrc.fileno(), offset, 1 << 30):
+                    offset += n
         except OSError as e:
             raise StrataError(
                 f"strata.init: copying the spill file of parameter {name} ({self.path(src)}) "

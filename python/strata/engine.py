@@ -94,6 +94,7 @@ from ._group import Views, _Group
 from ._grouping import (ENGINES, Grouping, _engine_of, register_external_parameter,
                         set_leaf_modules)
 from ._optimizer import _Optimizer, add_param_groups, param_groups
+from ._private_fs import check_replaceable, write_file_replacing
 from ._safetensors import write_safetensors
 from ._state_dict import StateDicts, registered_names
 
@@ -538,23 +539,38 @@ class Engine:
         in ".safetensors" (parameters and floating-point buffers only, shapes
         kept), else torch.save of the whole state_dict. Tied parameters appear
         under every name in torch.save's file and under the first one in
-        safetensors."""
+        safetensors. Either way the file is new, of mode 0600, and renamed
+        over `path` only when that is nothing or a regular file: a symlink,
+        FIFO or directory there is refused naming it and left alone. With
+        several ranks every rank calls it (state_dict() is a collective)."""
+        self._write_16bit_model(self._16bit_state_dict(path), path)
+
+    def _16bit_state_dict(self, path):
+        """save_16bit_model's state_dict for `path` (a collective with several
+        ranks, as state_dict() is)."""
+        safetensors = os.fspath(path).endswith(".safetensors")
+        if not safetensors:
+            check_replaceable(path, "16-bit model file")  # before the work, on every rank
         sd = self.state_dict()
         names = self._registered_names()
         out = {}
         seen = set()
         for key, value in sd.items():
             if key in names:
-                if os.fspath(path).endswith(".safetensors"):
+                if safetensors:
                     if names[key] in seen:
                         continue
                     seen.add(names[key])
                 value = value.to(self.dtype)
             out[key] = value
+        return out
+
+    @staticmethod
+    def _write_16bit_model(state_dict, path):
         if os.fspath(path).endswith(".safetensors"):
-            write_safetensors({k: v for k, v in out.items() if torch.is_tensor(v)}, path)
+            write_safetensors({k: v for k, v in state_dict.items() if torch.is_tensor(v)}, path)
         else:
-            torch.save(out, os.fspath(path))
+            write_file_replacing(path, lambda f: torch.save(state_dict, f), "16-bit model file")
 
     def close(self):
         """Gives the model its weights back (each parameter's fp32 master, in

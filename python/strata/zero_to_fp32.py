@@ -18,14 +18,16 @@ import tempfile
 import torch
 
 from . import _strata
+from ._checkpoint_tags import tag_dir
+from ._private_fs import check_replaceable, write_file_replacing
 from ._safetensors import read_safetensors
 
 
 def _checkpoint_path(checkpoint_dir, tag):
     # tag: DeepSpeed's name of one checkpoint under the directory (Strata's
-    # ckpt-<N>); None: the newest that verifies.
-    return os.fspath(checkpoint_dir) if tag is None else os.path.join(os.fspath(checkpoint_dir),
-                                                                      str(tag))
+    # ckpt-<N>): one directory name, never a path out of it, and a directory
+    # rather than a symlink (_checkpoint_tags); None: the newest that verifies.
+    return os.fspath(checkpoint_dir) if tag is None else tag_dir(checkpoint_dir, tag)
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
@@ -41,12 +43,18 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None):
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file, tag=None):
     """Writes get_fp32_state_dict_from_zero_checkpoint's state_dict to
     `output_file` with torch.save (a ".safetensors" name: strata.export's
-    safetensors file instead)."""
+    safetensors file instead). Either way the file is new, of mode 0600, and
+    renamed over `output_file` only when that is nothing or a regular file:
+    a symlink, FIFO or directory there is refused naming it and left
+    alone."""
     output_file = os.fspath(output_file)
     if output_file.endswith(".safetensors"):
         return _strata.export_checkpoint(_checkpoint_path(checkpoint_dir, tag), output_file,
                                          "fp32")
-    torch.save(get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag), output_file)
+    what = "zero_to_fp32 output file"
+    check_replaceable(output_file, what)  # before the work
+    state_dict = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    write_file_replacing(output_file, lambda f: torch.save(state_dict, f), what)
     return None
 
 

@@ -54,7 +54,7 @@ class Tokens(torch.utils.data.Dataset):
         return idx[k % MB], tgt[k % MB]
 
 
-def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
+def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path, monkeypatch):
     # The submodules resolve under the name "deepspeed" (no real DeepSpeed here).
     from deepspeed.accelerator import get_accelerator
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -107,8 +107,8 @@ def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
 
     # Checkpoints: a tag, latest, client_state.
     ckpt = tmp_path / "ckpt"
-    # (A Namespace: any picklable object, not only what torch 2.6's
-    # weights_only loading allows.)
+    # (A Namespace: any picklable object is saved; it loads with
+    # STRATA_TRUST_CLIENT_STATE=1, below.)
     assert engine.save_checkpoint(ckpt, client_state={"epoch": 3, "w": torch.ones(2),
                                                       "args": argparse.Namespace(lr=0.5)})
     assert (ckpt / "latest").read_text() == f"global_step{STEPS}"
@@ -143,6 +143,10 @@ def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path):
     engine2, _, _, _ = deepspeed.initialize(
         model=model2, config=str(tmp_path / "ds.json"),
         lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5))
+    monkeypatch.delenv("STRATA_TRUST_CLIENT_STATE", raising=False)
+    with pytest.raises(strata_errors().FailedPreconditionError, match="argparse.Namespace"):
+        engine2.load_checkpoint(ckpt)
+    monkeypatch.setenv("STRATA_TRUST_CLIENT_STATE", "1")
     path, client = engine2.load_checkpoint(ckpt)
     assert path is not None and f"global_step{STEPS}" in path
     assert client["epoch"] == 3 and torch.equal(client["w"], torch.ones(2))
@@ -185,8 +189,8 @@ def strata_errors():
 
 # Two ranks through strata.launch: init_distributed, a DistributedSampler
 # loader (each rank its half of the data), checkpoints saved and loaded by
-# both, GatheredParameters written from rank 0; every rank ends with the
-# same parameters.
+# both, GatheredParameters written from rank 0, save_16bit_model called by
+# both (rank 0 writes); every rank ends with the same parameters.
 TWO_RANKS = """
 import hashlib, json, os, sys
 import torch
@@ -216,6 +220,8 @@ with deepspeed.zero.GatheredParameters([model.wpe], modifier_rank=0):
     if rank == 0:
         model.wpe.data.fill_(0.5)
 path, client = engine.load_checkpoint(os.path.join(out, f"ckpt{{stage}}"))
+# (Every rank calls it: the state_dict is gathered from all; rank 0 writes.)
+engine.save_16bit_model(os.path.join(out, f"model{{stage}}"))
 sd = engine.state_dict()
 digest = hashlib.sha256()
 for k in sorted(sd):
@@ -248,5 +254,7 @@ def test_two_ranks_through_the_launcher(tmp_path):
         # Each rank half of the 8 x BATCH samples: the sampler split the data.
         assert len(ranks[0]["seen"]) == len(ranks[1]["seen"]) == 8 // 2
         assert ranks[0]["steps"] == ranks[1]["steps"] > 0
+        saved = torch.load(tmp_path / f"model{stage}" / "pytorch_model.bin", weights_only=True)
+        assert set(saved) == set(GPT().state_dict()), stage
         digests.add(ranks[0]["digest"])
     assert len(digests) == 1

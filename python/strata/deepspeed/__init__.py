@@ -29,12 +29,16 @@ import argparse
 import importlib.util
 import json
 import os
+import pickle
 import sys
 
 import torch
 
 from .. import engine as _engine_mod
-from .._errors import InvalidArgumentError
+from .._checkpoint_tags import check_tag, read_latest, tag_dir, write_latest
+from .._errors import FailedPreconditionError, InvalidArgumentError, StrataError
+from .._private_fs import (check_replaceable, make_dirs, make_private_dir, open_regular_file,
+                           write_file_replacing)
 from . import accelerator, comm, moe, pipe, utils, zero  # noqa: F401
 from ._refuse import NotSupportedError
 from ._refuse import refuse as _refuse
@@ -43,7 +47,18 @@ from .comm import init_distributed
 __version__ = "0.0.0+strata"
 
 __all__ = ["DeepSpeedEngine", "NotSupportedError", "add_config_arguments", "init_distributed",
-           "initialize", "accelerator", "comm", "moe", "pipe", "utils", "zero"]
+           "initialize", "read_latest", "accelerator", "comm", "moe", "pipe", "utils", "zero"]
+
+# The file beside a tag's Strata checkpoint that holds client_state; the
+# key of the lr scheduler's state in it, and the key under which values
+# are kept as JSON text (_client_state_for_file).
+CLIENT_STATE = "client_state.pt"
+_SCHEDULER_KEY = "_strata_lr_scheduler"
+_JSON_KEY = "_strata_json"
+
+# Set to 1: load_checkpoint unpickles client_state.pt whole (any object,
+# which runs whatever code the file names), as DeepSpeed does.
+TRUST_CLIENT_STATE_ENV = "STRATA_TRUST_CLIENT_STATE"
 
 
 class DeepSpeedEngine(_engine_mod.Engine):
@@ -124,26 +139,47 @@ class DeepSpeedEngine(_engine_mod.Engine):
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True,
                         exclude_frozen_parameters=False):
         """Saves under save_dir/tag (default tag: global_step<N>), with
-        `client_state` (any picklable dict, torch.save'd beside it, mode 0600)
-        and, with save_latest, the tag in save_dir/latest. Every rank calls it.
-        Returns True."""
+        `client_state` (a dict, torch.save'd beside it as client_state.pt)
+        and, with save_latest, the tag in save_dir/latest. Every rank calls
+        it. Returns True.
+
+        The tag directory is made with mode 0700; one already there must be
+        a directory (not a symlink) of this user's, not writable by group or
+        others, or the save is refused naming it (whoever can write into it
+        could replace client_state.pt before it is loaded). client_state.pt
+        and latest are new files of mode 0600 renamed into place; a symlink,
+        FIFO or directory there is refused and left alone. Values of
+        client_state that are JSON's (numbers, strings, lists, str-keyed
+        dicts) are kept as JSON text, tensors as torch.save keeps them: both
+        load without unpickling code. Other objects (an argparse.Namespace,
+        a custom class) are saved, but load only with
+        STRATA_TRUST_CLIENT_STATE=1 (load_checkpoint)."""
         if tag is None:
             tag = f"global_step{self.global_steps}"
         tag = str(tag)
-        _check_tag(tag)
-        path = os.path.join(os.fspath(save_dir), tag)
+        check_tag(tag)
+        save_dir = os.fspath(save_dir)
+        path = os.path.join(save_dir, tag)
+        # Before anything is written, on every rank: the tag directory is
+        # this user's alone, and the files rank 0 will replace are regular
+        # ones (or none).
+        make_dirs(save_dir, "checkpoint directory")
+        make_private_dir(path, "checkpoint tag directory")
+        check_replaceable(os.path.join(path, CLIENT_STATE), "checkpoint client_state file")
+        if save_latest:
+            check_replaceable(os.path.join(save_dir, "latest"), "checkpoint latest file")
         super().save_checkpoint(path, data_position=self.global_samples,
                                 note=json.dumps({"global_steps": self.global_steps,
                                                  "micro_steps": self.micro_steps}))
         if self.global_rank == 0:
             state = dict(client_state or {})
             if self.lr_scheduler is not None and hasattr(self.lr_scheduler, "state_dict"):
-                state.setdefault("_strata_lr_scheduler", self.lr_scheduler.state_dict())
-            _write_private(os.path.join(path, "client_state.pt"),
-                           lambda f: torch.save(state, f))
+                state.setdefault(_SCHEDULER_KEY, self.lr_scheduler.state_dict())
+            state = _client_state_for_file(state)
+            write_file_replacing(os.path.join(path, CLIENT_STATE), lambda f: torch.save(state, f),
+                                 "checkpoint client_state file")
             if save_latest:
-                _write_private(os.path.join(os.fspath(save_dir), "latest"),
-                               lambda f: f.write(tag.encode()), mode=0o644)
+                write_latest(save_dir, tag)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()
         return True
@@ -151,10 +187,25 @@ class DeepSpeedEngine(_engine_mod.Engine):
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
                         load_module_only=False, custom_load_fn=None):
-        """Loads save_dir/tag (tag None: the one save_dir/latest names).
+        """Loads load_dir/tag (tag None: the one load_dir/latest names).
         Returns (load_path, client_state), or (None, None) when there is no
-        `latest` to follow, as DeepSpeed does. Loading the module without
-        the optimizer states is refused (a Strata checkpoint restores both)."""
+        `latest` to follow, as DeepSpeed does; a `latest` that is there but
+        unusable (a symlink, directory or FIFO, empty, or not naming one
+        directory under load_dir) is refused naming it. Loading the module
+        without the optimizer states is refused (a Strata checkpoint
+        restores both).
+
+        What loading trusts: the tag directory, client_state.pt and latest
+        must be this user's (owned by the effective uid, not writable by
+        group or others; the tag directory not a symlink, the files regular
+        ones), else the load is refused naming the path, before anything is
+        read. client_state.pt is loaded with torch.load(weights_only=True):
+        tensors, numbers, strings, None and plain containers, never code. A
+        file holding other objects is refused (FailedPreconditionError) unless
+        the environment has STRATA_TRUST_CLIENT_STATE=1, which unpickles it
+        whole as DeepSpeed does: set it only when no one else could have
+        written the checkpoint. (On torch 1.x the same goes for a Python
+        float inside a value that also holds tensors.)"""
         if not load_optimizer_states or load_module_only:
             _refuse("load_checkpoint(load_optimizer_states=False / load_module_only=True)",
                     "a Strata checkpoint restores the parameters with their optimizer states; "
@@ -163,12 +214,12 @@ class DeepSpeedEngine(_engine_mod.Engine):
             _refuse("load_checkpoint(custom_load_fn=...)", "not supported")
         load_dir = os.fspath(load_dir)
         if tag is None:
-            tag = read_latest(load_dir)
+            tag = read_latest(load_dir, private=True)
             if tag is None:
                 return None, None
-        tag = str(tag)
-        _check_tag(tag)
-        path = os.path.join(load_dir, tag)
+        path = tag_dir(load_dir, tag, private=True)
+        # client_state first: a refused one leaves the engine as it was.
+        client_state = _load_client_state(os.path.join(path, CLIENT_STATE))
         info = super().load_checkpoint(path)
         try:
             saved = json.loads(info.get("note") or "{}")
@@ -178,14 +229,7 @@ class DeepSpeedEngine(_engine_mod.Engine):
         self.micro_steps = int(saved.get("micro_steps",
                                          self.global_steps * self.gradient_accumulation_steps()))
         self.global_samples = int(info.get("data_position", 0))
-        client_state = {}
-        cs = os.path.join(path, "client_state.pt")
-        if os.path.exists(cs):
-            # Any picklable dict, as DeepSpeed's client_state is: torch 2.6
-            # and later load only tensors and plain containers by default.
-            # The file is the one save_checkpoint wrote (mode 0600).
-            client_state = torch.load(cs, weights_only=False)
-        sched = client_state.pop("_strata_lr_scheduler", None)
+        sched = client_state.pop(_SCHEDULER_KEY, None)
         if (sched is not None and load_lr_scheduler_states and self.lr_scheduler is not None
                 and hasattr(self.lr_scheduler, "load_state_dict")):
             self.lr_scheduler.load_state_dict(sched)
@@ -194,44 +238,120 @@ class DeepSpeedEngine(_engine_mod.Engine):
     def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin",
                          exclude_frozen_parameters=False):
         """Writes the model's state_dict in the training dtype to
-        save_dir/save_filename (safetensors when the name ends so; rank 0).
-        Returns True."""
-        os.makedirs(os.fspath(save_dir), exist_ok=True)
+        save_dir/save_filename (safetensors when the name ends so), a new
+        file of mode 0600 renamed into place (strata.Engine's
+        save_16bit_model). Missing directories are made with mode 0700.
+        Every rank calls it (the state_dict is gathered from all), rank 0
+        writes. Returns True."""
+        make_dirs(save_dir, "save_16bit_model directory")
+        path = os.path.join(os.fspath(save_dir), save_filename)
+        state_dict = self._16bit_state_dict(path)
         if self.global_rank == 0:
-            super().save_16bit_model(os.path.join(os.fspath(save_dir), save_filename))
+            self._write_16bit_model(state_dict, path)
         return True
 
 
-def _check_tag(tag):
-    if not tag or tag in (".", "..") or "/" in tag or "\0" in tag:
-        raise InvalidArgumentError(f"checkpoint tag {tag!r}: must be one directory name",
-                                   "InvalidArgument")
+def _client_state_for_file(state):
+    """client_state as saved: each value that JSON gives back exactly
+    (numbers, strings, bools, None, lists and str-keyed dicts of them: the
+    lr scheduler's state_dict, an epoch, a loss) as JSON text under
+    _JSON_KEY, the rest (tensors, and what holds them) as it is. torch's
+    weights-only loader reads JSON text on every torch, where torch 1.13's
+    takes no Python float."""
+    if _JSON_KEY in state:
+        raise InvalidArgumentError(f"save_checkpoint: client_state key {_JSON_KEY!r} is "
+                                   "reserved for Strata; rename it", "InvalidArgument")
+    out, as_json = {}, {}
+    for key, value in state.items():
+        if type(key) in (str, int) and _is_json(value):
+            as_json[key] = json.dumps(value)
+        else:
+            out[key] = value
+    if as_json:
+        out[_JSON_KEY] = as_json
+    return out
 
 
-def _write_private(path, write, mode=0o600):
-    """Writes a new file beside `path` (O_EXCL | O_NOFOLLOW) and renames it
-    over `path`: a symlink at `path` is replaced, never followed."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+def _is_json(value):
+    """Whether json.loads(json.dumps(value)) gives back `value` with its
+    types: plain numbers, strings, bools and None, in lists and dicts with
+    str keys (not a tuple, an OrderedDict, an int subclass)."""
+    t = type(value)
+    if value is None or t in (str, int, float, bool):
+        return True
+    if t is list:
+        return all(_is_json(v) for v in value)
+    if t is dict:
+        return all(type(k) is str and _is_json(v) for k, v in value.items())
+    return False
+
+
+def _client_state_from_file(state, path):
+    """_client_state_for_file's inverse (a client_state saved before values
+    were kept as JSON has no _JSON_KEY and is returned as it is)."""
+    as_json = state.pop(_JSON_KEY, None)
+    for key, text in (as_json or {}).items():
+        try:
+            state[key] = json.loads(text)
+        except (TypeError, ValueError) as e:
+            raise StrataError(f"checkpoint client_state file {path}: value {key!r} is not JSON "
+                              f"({e})", "DataLoss") from None
+    return state
+
+
+def _trust_client_state():
+    return os.environ.get(TRUST_CLIENT_STATE_ENV) == "1"
+
+
+def _load_client_state(path):
+    """client_state.pt's dict ({} when there is none): a regular file of this
+    user's (open_regular_file, private), loaded with weights_only=True unless
+    STRATA_TRUST_CLIENT_STATE=1."""
+    what = "checkpoint client_state file"
     try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        fd = open_regular_file(path, what, private=True)
+    except FileNotFoundError:
+        return {}
+    trust = _trust_client_state()
+    with os.fdopen(fd, "rb") as f:
+        try:
+            state = torch.load(f, weights_only=not trust)
+        except pickle.UnpicklingError as e:
+            if trust:
+                raise StrataError(f"{what} {path}: cannot be read ({e})", "DataLoss") from None
+            reason = _reason(e)
+            raise FailedPreconditionError(
+                f"{what} {path}: torch's weights-only loader refused it ({reason}"
+                f"{_old_torch_note(reason)}): objects other than tensors, numbers, strings and "
+                "plain containers are not unpickled, as that can run code the file names; if no "
+                f"one else can write this checkpoint, set {TRUST_CLIENT_STATE_ENV}=1 to load it "
+                "whole, as DeepSpeed does", "FailedPrecondition") from None
+        except (RuntimeError, EOFError, ValueError) as e:
+            raise StrataError(f"{what} {path}: cannot be read as torch.save's format: "
+                              f"{_reason(e)}", "DataLoss") from None
+    if not isinstance(state, dict):
+        raise StrataError(f"{what} {path}: holds a {type(state).__name__}, not the client_state "
+                          "dict", "DataLoss")
+    return _client_state_from_file(state, path)
 
 
-def read_latest(load_dir):
-    """The tag save_dir/latest names, or None when there is none."""
-    latest = os.path.join(os.fspath(load_dir), "latest")
-    if not os.path.isfile(latest) or os.path.islink(latest):
-        return None
-    with open(latest, encoding="utf-8") as f:
-        return f.read().strip() or None
+def _reason(error):
+    """The part of torch's (several lines long) message that says what was
+    refused, on one line."""
+    text = str(error)
+    mark = "WeightsUnpickler error: "
+    if mark in text:
+        text = text.split(mark, 1)[1]
+    line = " ".join(text.split()).split(". ", 1)[0]
+    return line if len(line) <= 200 else line[:200] + "..."
+
+
+def _old_torch_note(reason):
+    # Pickle's opcode 71 is BINFLOAT, which torch 1.x's weights-only
+    # unpickler does not know.
+    if "operand 71" in reason and int(torch.__version__.split(".", 1)[0]) < 2:
+        return ": a Python float beside tensors, which torch 1.x's weights-only loader cannot read"
+    return ""
 
 
 def add_config_arguments(parser):

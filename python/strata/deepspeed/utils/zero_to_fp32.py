@@ -6,16 +6,21 @@ which a fresh model loads strictly (strata.zero_to_fp32 says the rules)."""
 import os
 
 from ... import zero_to_fp32 as _z
+from ..._checkpoint_tags import read_latest, tag_dir
+from ..._errors import NotFoundError
 
 
 def _root(checkpoint_dir, tag):
-    from .. import read_latest
+    # The tag's directory, by the rules load_checkpoint follows
+    # (strata._checkpoint_tags): one directory under checkpoint_dir, and a
+    # `latest` that is there must be usable. Reading weights runs no code
+    # from the checkpoint, so another user's may be read.
     checkpoint_dir = os.fspath(checkpoint_dir)
     if tag is None:
         tag = read_latest(checkpoint_dir)
         if tag is None:
-            raise FileNotFoundError(f"no 'latest' file in {checkpoint_dir}: pass tag=")
-    return os.path.join(checkpoint_dir, str(tag))
+            raise NotFoundError(f"no 'latest' file in {checkpoint_dir}: pass tag=", "NotFound")
+    return tag_dir(checkpoint_dir, tag)
 
 
 def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None,
