@@ -94,3 +94,17 @@ def test_a_checkpoint_of_another_shape_is_refused_naming_it(tmp_path):
         engine.load_checkpoint(tmp_path / "ckpt")
     assert "parameter wpe: shape" in str(e.value)
     engine.close()
+
+
+def test_a_manifest_nested_too_deep_is_an_error_not_the_end_of_the_interpreter(tmp_path):
+    # 100,000 levels of nesting (about 200 KB): read recursively, they would
+    # overflow the stack of the process that reads them, this interpreter.
+    train(tmp_path, 1)
+    manifest = tmp_path / "ckpt" / "ckpt-00000001" / "MANIFEST.json"
+    text = manifest.read_text()
+    at = text.index('"note"')
+    manifest.write_text(text[:at] + '"deep": ' + "[" * 100000 + "]" * 100000 + ", " + text[at:])
+    with pytest.raises(strata.StrataError, match="nested deeper than"):
+        get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt" / "ckpt-00000001")
+    with pytest.raises(strata.StrataError, match="nested deeper than"):
+        get_fp32_state_dict_from_zero_checkpoint(tmp_path / "ckpt")
