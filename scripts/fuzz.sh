@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Fuzzes the config parser and the command line: builds tests/config/config_fuzz
-# and tests/apps/cli_fuzz (libFuzzer with ASan and UBSan) with clang in its own
-# build directory and runs them for ${1:-60} seconds together (two thirds for
-# the config parser, seeded with configs/*.json and tests/config/data/*.json;
-# one third for the command line, seeded with tests/apps/cli_fuzz_seeds).
+# Fuzzes the config parser, the command line and the checkpoint manifest
+# reader: builds tests/config/config_fuzz, tests/apps/cli_fuzz and
+# tests/scheduler/manifest_fuzz (libFuzzer with ASan and UBSan) with clang in
+# its own build directory and runs them for ${1:-60} seconds together (half
+# for the config parser, seeded with configs/*.json and
+# tests/config/data/*.json; a quarter each for the command line, seeded with
+# tests/apps/cli_fuzz_seeds, and for manifests, seeded with
+# tests/scheduler/manifest_fuzz_seeds: manifests `strata train` wrote).
 # Fails (exit 1) if a fuzzer finds a crash, a leak, a timeout, memory over
 # 2 GiB or a broken invariant; the input is kept under $BUILD_DIR/fuzz-artifacts.
 # Skips (exit 0, saying why) when clang or its fuzzer runtime is missing.
@@ -13,8 +16,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_TO_RUN="${1:-60}"
-CLI_SECONDS=$((SECONDS_TO_RUN / 3 > 0 ? SECONDS_TO_RUN / 3 : 1))
-CONFIG_SECONDS=$((SECONDS_TO_RUN - CLI_SECONDS > 0 ? SECONDS_TO_RUN - CLI_SECONDS : 1))
+CLI_SECONDS=$((SECONDS_TO_RUN / 4 > 0 ? SECONDS_TO_RUN / 4 : 1))
+MANIFEST_SECONDS=$CLI_SECONDS
+CONFIG_SECONDS=$((SECONDS_TO_RUN - 2 * CLI_SECONDS > 0 ? SECONDS_TO_RUN - 2 * CLI_SECONDS : 1))
 BUILD_DIR="${STRATA_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 CC_BIN="${STRATA_FUZZ_CC:-clang}"
 CXX_BIN="${STRATA_FUZZ_CXX:-clang++}"
@@ -35,7 +39,7 @@ if ! grep -q '^STRATA_HAVE_LIBFUZZER:INTERNAL=1' "$BUILD_DIR/CMakeCache.txt"; th
   echo "fuzz: SKIPPED: $CXX_BIN cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
   exit 0
 fi
-cmake --build "$BUILD_DIR" --target config_fuzz cli_fuzz -j "$JOBS"
+cmake --build "$BUILD_DIR" --target config_fuzz cli_fuzz manifest_fuzz -j "$JOBS"
 
 CORPUS="$(mktemp -d)"
 trap 'rm -rf "$CORPUS"' EXIT
@@ -67,5 +71,20 @@ if "$BUILD_DIR/tests/apps/cli_fuzz" -max_total_time="$CLI_SECONDS" -timeout=10 \
 else
   tail -n 60 "$BUILD_DIR/cli_fuzz.log"
   echo "command-line fuzz: FAILED (input kept in $ARTIFACTS; full log $BUILD_DIR/cli_fuzz.log)"
+  exit 1
+fi
+
+MANIFEST_CORPUS="$CORPUS/manifest"
+mkdir -p "$MANIFEST_CORPUS"
+echo "== checkpoint manifest fuzz: ${MANIFEST_SECONDS} s"
+if "$BUILD_DIR/tests/scheduler/manifest_fuzz" -max_total_time="$MANIFEST_SECONDS" -timeout=10 \
+     -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+     -dict="$ROOT/tests/scheduler/manifest_fuzz.dict" -artifact_prefix="$ARTIFACTS/" \
+     "$MANIFEST_CORPUS" "$ROOT/tests/scheduler/manifest_fuzz_seeds" 2>"$BUILD_DIR/manifest_fuzz.log"; then
+  grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "$BUILD_DIR/manifest_fuzz.log" || true
+  echo "checkpoint manifest fuzz: ok"
+else
+  tail -n 60 "$BUILD_DIR/manifest_fuzz.log"
+  echo "checkpoint manifest fuzz: FAILED (input kept in $ARTIFACTS; full log $BUILD_DIR/manifest_fuzz.log)"
   exit 1
 fi

@@ -2,7 +2,8 @@
 # Builds everything and runs every test: the GoogleTest suites through CTest,
 # then installs the library into a staging prefix and builds the consumer in
 # examples/link against the *installed* package (CMake and pkg-config), then
-# fuzzes the config parser and the command line for ${STRATA_FUZZ_SECONDS:-60} s (scripts/fuzz.sh;
+# fuzzes the config parser, the command line and the checkpoint manifest reader for
+# ${STRATA_FUZZ_SECONDS:-60} s (scripts/fuzz.sh;
 # skipped, saying why, without clang). Also: Clang's thread-safety analysis
 # of every .cc under src/ (scripts/check_thread_safety.sh), the docs check
 # (scripts/check_docs.sh) and the config and nvme tests under ASan + UBSan
@@ -78,7 +79,7 @@ if [ -n "$PYDIR" ]; then
 fi
 [ "$link_ok" = 1 ] || status=1
 
-stage "config and command-line fuzz (${STRATA_FUZZ_SECONDS:-60} s)"
+stage "config, command-line and checkpoint manifest fuzz (${STRATA_FUZZ_SECONDS:-60} s)"
 "$ROOT/scripts/fuzz.sh" "${STRATA_FUZZ_SECONDS:-60}" || status=1
 
 # The newer stack users run (Debian 13: GCC 14, xsimd 13, Python 3.13,
