@@ -45,46 +45,31 @@ CORPUS="$(mktemp -d)"
 trap 'rm -rf "$CORPUS"' EXIT
 ARTIFACTS="$BUILD_DIR/fuzz-artifacts"
 mkdir -p "$ARTIFACTS"
-echo "== config fuzz: ${CONFIG_SECONDS} s"
-# New inputs go to the scratch corpus (first directory); the seeds are read only.
-if "$BUILD_DIR/tests/config/config_fuzz" -max_total_time="$CONFIG_SECONDS" -timeout=10 \
-     -rss_limit_mb=2048 -max_len=8192 -print_final_stats=1 \
-     -dict="$ROOT/tests/config/config_fuzz.dict" -artifact_prefix="$ARTIFACTS/" \
-     "$CORPUS" "$ROOT/configs" "$ROOT/tests/config/data" 2>"$BUILD_DIR/fuzz.log"; then
-  grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "$BUILD_DIR/fuzz.log" || true
-  echo "config fuzz: ok"
-else
-  tail -n 60 "$BUILD_DIR/fuzz.log"
-  echo "config fuzz: FAILED (input kept in $ARTIFACTS; full log $BUILD_DIR/fuzz.log)"
-  exit 1
-fi
+# run_fuzzer WHAT SECONDS BINARY MAX_LEN DICT LOG SEED_DIR...: one fuzzer for
+# SECONDS; new inputs go to a scratch corpus of its own (the first
+# directory), the seeds are read only. Exits the script on a finding.
+run_fuzzer() {
+  local what="$1" seconds="$2" binary="$3" max_len="$4" dict="$5" log="$6"
+  shift 6
+  local corpus="$CORPUS/$(basename "$binary")"
+  mkdir -p "$corpus"
+  echo "== $what fuzz: ${seconds} s"
+  if "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len="$max_len" \
+       -print_final_stats=1 -dict="$dict" -artifact_prefix="$ARTIFACTS/" \
+       "$corpus" "$@" 2>"$log"; then
+    grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "$log" || true
+    echo "$what fuzz: ok"
+  else
+    tail -n 60 "$log"
+    echo "$what fuzz: FAILED (input kept in $ARTIFACTS; full log $log)"
+    exit 1
+  fi
+}
 
-CLI_CORPUS="$CORPUS/cli"
-mkdir -p "$CLI_CORPUS"
-echo "== command-line fuzz: ${CLI_SECONDS} s"
-if "$BUILD_DIR/tests/apps/cli_fuzz" -max_total_time="$CLI_SECONDS" -timeout=10 \
-     -rss_limit_mb=2048 -max_len=1024 -print_final_stats=1 \
-     -dict="$ROOT/tests/apps/cli_fuzz.dict" -artifact_prefix="$ARTIFACTS/" \
-     "$CLI_CORPUS" "$ROOT/tests/apps/cli_fuzz_seeds" 2>"$BUILD_DIR/cli_fuzz.log"; then
-  grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "$BUILD_DIR/cli_fuzz.log" || true
-  echo "command-line fuzz: ok"
-else
-  tail -n 60 "$BUILD_DIR/cli_fuzz.log"
-  echo "command-line fuzz: FAILED (input kept in $ARTIFACTS; full log $BUILD_DIR/cli_fuzz.log)"
-  exit 1
-fi
-
-MANIFEST_CORPUS="$CORPUS/manifest"
-mkdir -p "$MANIFEST_CORPUS"
-echo "== checkpoint manifest fuzz: ${MANIFEST_SECONDS} s"
-if "$BUILD_DIR/tests/scheduler/manifest_fuzz" -max_total_time="$MANIFEST_SECONDS" -timeout=10 \
-     -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-     -dict="$ROOT/tests/scheduler/manifest_fuzz.dict" -artifact_prefix="$ARTIFACTS/" \
-     "$MANIFEST_CORPUS" "$ROOT/tests/scheduler/manifest_fuzz_seeds" 2>"$BUILD_DIR/manifest_fuzz.log"; then
-  grep -E '^#[0-9]+[[:space:]]+DONE|^stat::' "$BUILD_DIR/manifest_fuzz.log" || true
-  echo "checkpoint manifest fuzz: ok"
-else
-  tail -n 60 "$BUILD_DIR/manifest_fuzz.log"
-  echo "checkpoint manifest fuzz: FAILED (input kept in $ARTIFACTS; full log $BUILD_DIR/manifest_fuzz.log)"
-  exit 1
-fi
+run_fuzzer config "$CONFIG_SECONDS" "$BUILD_DIR/tests/config/config_fuzz" 8192 \
+  "$ROOT/tests/config/config_fuzz.dict" "$BUILD_DIR/fuzz.log" "$ROOT/configs" "$ROOT/tests/config/data"
+run_fuzzer command-line "$CLI_SECONDS" "$BUILD_DIR/tests/apps/cli_fuzz" 1024 \
+  "$ROOT/tests/apps/cli_fuzz.dict" "$BUILD_DIR/cli_fuzz.log" "$ROOT/tests/apps/cli_fuzz_seeds"
+run_fuzzer "checkpoint manifest" "$MANIFEST_SECONDS" "$BUILD_DIR/tests/scheduler/manifest_fuzz" \
+  65536 "$ROOT/tests/scheduler/manifest_fuzz.dict" "$BUILD_DIR/manifest_fuzz.log" \
+  "$ROOT/tests/scheduler/manifest_fuzz_seeds"
