@@ -96,7 +96,7 @@ std::set<std::string> ListedFiles(const std::string& manifest) {
   StatusOr<File> f = File::Open(manifest, O_RDONLY);
   if (!f.ok()) return out;
   StatusOr<int64_t> size = f->Size();
-  if (!size.ok() || *size > (int64_t{256} << 20)) return out;
+  if (!size.ok() || *size > checkpoint_internal::kMaxManifestBytes) return out;
   std::string text(static_cast<size_t>(*size), '\0');
   if (!f->ReadNext(text.data(), text.size()).ok()) return out;
   StatusOr<Json> parsed = checkpoint_internal::ParseManifestText(text, manifest);

@@ -83,13 +83,14 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
       c.crc32c = Hex32(f.crc);
       struct stat st {};
       const std::string path = dir + "/" + f.name;
-      if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+      if (::lstat(path.c_str(), &st) == 0) {
+        // Anything but a regular file is named as the reader refuses it
+        // (OpenRegularFile); a missing one keeps actual_bytes -1.
+        if (!S_ISREG(st.st_mode))
+          return DataLossError(fmt::format("checkpoint file {}: {}, not a regular file", path,
+                                           FileKind(st.st_mode)));
         c.actual_bytes = static_cast<int64_t>(st.st_size);
         (f.name == kParamsFile ? params_on_disk : states_on_disk) += c.actual_bytes;
-      } else if (::lstat(path.c_str(), &st) == 0) {
-        // Named as the reader refuses it (OpenRegularFile).
-        return DataLossError(
-            fmt::format("checkpoint file {}: {}, not a regular file", path, FileKind(st.st_mode)));
       }
       in.files.push_back(std::move(c));
     }
@@ -198,14 +199,12 @@ StatusOr<CheckpointInspection> ParseManifest(const std::string& dir) {
   return in;
 }
 
-// Sizes (and with `verify` CRC-32C) of the listed files; sets validity.
+// Sizes (ParseManifest's lstat) and with `verify` CRC-32C of the listed
+// files; sets validity.
 Status CheckFiles(CheckpointInspection* in, bool verify) {
   ASSIGN_OR_RETURN(AlignedBuffer buf, AlignedBuffer::Allocate(kVerifyChunk, kIoAlign));
   for (CheckpointFileCheck& c : in->files) {
     const std::string path = in->path + "/" + c.name;
-    std::error_code ec;
-    const uintmax_t size = fs::file_size(path, ec);
-    c.actual_bytes = ec ? -1 : static_cast<int64_t>(size);
     Status s;
     if (verify) {
       s = VerifyFile(path, c.bytes, static_cast<uint32_t>(std::stoul(c.crc32c, nullptr, 16)), buf);
