@@ -462,7 +462,11 @@ TEST(TrainCli, ResumeOnOtherBlasKernelsWarns) {
 
 // A thread refused under `ulimit -v` names the limit. Where the engine's
 // threads fail depends on what the process has mapped; the limits tried
-// bracket it (each run ends before the first step).
+// bracket it (each run ends before the first step). Only limits under which
+// the binary's libraries load are tried: below those a library may stop
+// the process before main (Debian 13's OpenBLAS 0.3.29 spins in its
+// load-time initialisation under about 400 MB, OpenBLAS issue 5289), where
+// no message of Strata's can be printed.
 TEST(TrainCli, ThreadThatCannotStartUnderAddressLimitNamesTheLimit) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer reserves terabytes of address space: no ulimit -v here";
@@ -470,10 +474,18 @@ TEST(TrainCli, ThreadThatCannotStartUnderAddressLimitNamesTheLimit) {
   testing::ScratchDir dir;
   const std::string cfg = WriteConfig(dir.str(), "c.json", "cpu", "cpu");
   int hits = 0;
-  for (int kb = 50000; kb <= 200000; kb += 10000) {
-    const std::string cmd = "bash -c 'ulimit -v " + std::to_string(kb) + "; exec " +
-                            STRATA_CLI_PATH + " train --config " + cfg +
-                            " --steps 2' >/dev/null 2>" + dir.str() + "/stderr";
+  int lowest_loading_kb = 0;
+  for (int kb = 200000; kb >= 50000; kb -= 10000) {
+    // Descending: a limit too low to load at is followed by lower ones.
+    const std::string probe = "bash -c 'ulimit -v " + std::to_string(kb) +
+                              "; exec timeout -s KILL 10 " + STRATA_CLI_PATH +
+                              " --help' >/dev/null 2>&1";
+    const int st = std::system(probe.c_str());
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) break;
+    lowest_loading_kb = kb;
+    const std::string cmd = "bash -c 'ulimit -v " + std::to_string(kb) +
+                            "; exec timeout -s KILL 120 " + STRATA_CLI_PATH + " train --config " +
+                            cfg + " --steps 2' >/dev/null 2>" + dir.str() + "/stderr";
     std::system(cmd.c_str());
     const std::string err = ReadFile(dir.str() + "/stderr");
     if (err.find("cannot start its 4 threads") == std::string::npos) continue;
@@ -481,6 +493,9 @@ TEST(TrainCli, ThreadThatCannotStartUnderAddressLimitNamesTheLimit) {
     EXPECT_THAT(err,
                 HasSubstr("RLIMIT_AS (`ulimit -v`) is " + std::to_string(kb * 1024LL) + " bytes"));
   }
+  if (lowest_loading_kb == 0)
+    GTEST_SKIP() << "strata --help does not finish under ulimit -v 200000: its libraries need "
+                    "more address space to load here than the limits this test tries";
   if (hits == 0) GTEST_SKIP() << "no limit tried stopped the host device's threads here";
 }
 
