@@ -12,7 +12,8 @@ Promises (engine.py's docstring, "Forward", "Backward", "Saved tensors"):
   inputs through one that leaves it. A forward during engine.backward()
   (activation checkpointing) runs on copies of the views.
 * ``hook_gradients``: each parameter's finished gradient goes to its group
-  (``_Group.take_gradient``) until the engine is closed.
+  (``_Group.take_gradient``) until the engine is closed; the engine notes
+  each (``Engine._note_gradient``: whose backward it came from).
 * ``SavedTensors``: a tensor autograd saves that lives in a parameter's
   engine memory is stored as (parameter, offset, size, stride) and rebuilt
   from the parameter's view when backward uses it (the group fetched again
@@ -137,6 +138,7 @@ def _make_grad_hook(engine, g, i):
     def hook(grad_inputs, grad_outputs):
         if engine._state["closed"]:
             return
+        engine._note_gradient()
         g.take_gradient(i)
 
     return hook

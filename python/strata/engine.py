@@ -36,6 +36,15 @@ How it works (as ZeRO-3 does it; docs/design.md, "The PyTorch frontend"):
   ``BeforeBackward``, a copy into the engine's buffers, ``AfterBackward``
   (copied off the device while backward goes on). ``backward()`` ends by
   handing over zeros for parameters that got none.
+* Clearing gradients. The window of gradients is the engine's, so what
+  clears ``.grad`` in torch clears it: ``zero_grad()`` of the model (or of
+  a module holding all of the engine's parameters), of
+  ``engine.optimizer``, of the engine. A module holding only some may not
+  while the window holds gradients (it is discarded as a whole). Gradients
+  another engine's ``backward()`` sends through this engine's parameters
+  (a GAN's generator loss through the discriminator) make ``step()``
+  refuse the window until it is cleared: ``p.grad = None``, which clears
+  them in torch, does not reach the engine.
 * Saved tensors. Views of parameters that autograd saves in forward (e.g.
   ``weight.t()``) would point into engine memory that is reused before
   backward; a saved-tensor hook stores them as (parameter, offset, size,
@@ -78,6 +87,7 @@ import json
 import os
 import shutil
 import tempfile
+import types
 import weakref
 
 import torch
@@ -206,6 +216,12 @@ class Engine:
         self._state = {"closed": False}
         self._in_backward = False  # inside backward(): a forward now is a recomputation
         self._call_depth = 0  # engine calls in progress (a model may call the engine)
+        # Gradients in the window since the last zero_grad() or window end,
+        # and the engine whose backward() sent some here, if another's
+        # (_note_gradient; cleared as the window is).
+        self._window_has_grads = False
+        self._foreign_backward = None
+        self._zero_grad_routes = {}  # id(module) -> (module, name, holds them all)
         self._state_dicts = StateDicts(self)
         self._param_groups = param_groups(model, model_parameters)
         engine_group_of = add_param_groups(self._engine, self._param_groups)
@@ -298,7 +314,45 @@ class Engine:
         for mod, groups in self._groups_of_module.items():
             self._handles += _hooks.hook_module(self, mod, groups)
         self._handles += self._state_dicts.install(self.module)
+        self._route_module_zero_grad()
         ENGINES.add(self)
+
+    def _route_module_zero_grad(self):
+        """``zero_grad()`` of the model, and of each of its modules that holds
+        parameters the engine owns, clears what torch's would: the model's
+        (or a module holding them all) discards the window's gradients
+        (engine.zero_grad()); one holding some of them may not, while the
+        window holds gradients, since the window is discarded as a whole
+        (FailedPreconditionError). The module's own zero_grad runs after
+        (for what the engine does not own). Bound as an instance attribute,
+        removed by close(); a copy of the model (copy.deepcopy) has torch's."""
+        owned = self._param_id
+        for name, mod in self.module.named_modules():
+            held = sum(1 for p in mod.parameters() if id(p) in owned)
+            if held == 0:
+                continue
+            # Bound to the module, so that a copy of it (copy.deepcopy) is
+            # bound to the copy, which no engine routes.
+            mod.__dict__["zero_grad"] = types.MethodType(_routed_zero_grad, mod)
+            self._zero_grad_routes[id(mod)] = (mod, name or type(mod).__name__,
+                                               held == len(owned))
+
+    def _note_gradient(self):
+        """A parameter's gradient arrived (its accumulator's hook). Notes the
+        window as holding gradients, and, when the backward running is
+        another engine's (its backward went through this engine's
+        parameters, as a GAN's generator loss goes through the
+        discriminator), which engine's: step() refuses such a window until
+        it is cleared (torch would add those gradients unless the script
+        cleared them, and not every way a script clears them reaches the
+        engine: ``p.grad = None`` does not)."""
+        self._window_has_grads = True
+        if self._in_backward or self._foreign_backward is not None:
+            return
+        for other in list(ENGINES):
+            if other is not self and other._in_backward and not other._state["closed"]:
+                self._foreign_backward = _model_name(other)
+                return
 
     def _add_external(self, mod, p):
         """register_external_parameter after initialize."""
@@ -417,6 +471,17 @@ class Engine:
     def _step(self):
         self._check_open()
         self._check_requires_grad()
+        if self._foreign_backward is not None:
+            mine = _model_name(self)
+            raise FailedPreconditionError(
+                f"step: the gradient window of the engine of {mine} holds gradients that another "
+                f"engine's backward() sent through {mine}'s parameters (the engine of "
+                f"{self._foreign_backward}), as a GAN generator's loss goes through the "
+                f"discriminator. torch would add them to this step unless the script cleared "
+                f"them, and Strata cannot see every way of clearing (p.grad = None): clear them "
+                f"with {mine}.zero_grad(), engine.zero_grad() or engine.optimizer.zero_grad() "
+                f"after the other backward and before this engine's own; the window is kept as "
+                f"it is", "FailedPrecondition")
         for i, (group, pg) in enumerate(zip(self.optimizer.param_groups, self._param_groups)):
             lr = float(group["lr"])
             if lr != self._lr_pushed[i]:
@@ -425,6 +490,8 @@ class Engine:
                 self._engine.set_learning_rate(lr, pg.engine_id)
                 self._lr_pushed[i] = lr
         stats = json.loads(self._engine.step())
+        if stats.get("applied") or stats.get("overflow"):  # the window ended
+            self._window_has_grads = False
         # The engine's groups include its group 0 (the config's own) even when
         # every model_parameters group has overrides: the lrs per the
         # caller's groups, in their order.
@@ -449,8 +516,11 @@ class Engine:
         return [group["lr"] for group in self.optimizer.param_groups]
 
     def zero_grad(self):
-        """Discards the accumulated gradients of the current window."""
+        """Discards the accumulated gradients of the current window. The
+        model's own ``zero_grad()`` (and the optimizer's) calls it."""
         self._engine.zero_grad()
+        self._window_has_grads = False
+        self._foreign_backward = None
 
     def synchronize(self):
         """Waits for the optimizer step in flight; raises its error, if any."""
@@ -594,11 +664,38 @@ class Engine:
         for h in self._handles:
             h.remove()
         self._handles = []
+        for mod, _, _ in self._zero_grad_routes.values():
+            mod.__dict__.pop("zero_grad", None)
+        self._zero_grad_routes = {}
         self._accumulators = []
         self._views.owner = {}
         self._state["closed"] = True
         self._finalizer()  # destroys the engine
         atexit.unregister(self._finalizer)
+
+
+def _model_name(engine):
+    """How errors name an engine: its model's class."""
+    return type(engine.module).__name__
+
+
+def _routed_zero_grad(module, *args, **kwargs):
+    """``module.zero_grad()`` of a module holding an open engine's parameters
+    (Engine._route_module_zero_grad), then the module's class's own."""
+    for engine in list(ENGINES):
+        route = engine._zero_grad_routes.get(id(module))
+        if route is None or route[0] is not module or engine._state["closed"]:
+            continue
+        _, name, whole = route
+        if whole:
+            engine.zero_grad()
+        elif engine._window_has_grads:
+            raise FailedPreconditionError(
+                f"{name}.zero_grad(): {name} holds some of the parameters of the engine of "
+                f"{_model_name(engine)}, whose gradient window holds gradients and is cleared "
+                f"as a whole: call zero_grad() on {_model_name(engine)} (or engine.zero_grad()) "
+                "to discard them all; nothing was cleared", "FailedPrecondition")
+    return type(module).zero_grad(module, *args, **kwargs)
 
 
 def export(checkpoint_dir, path, dtype="fp32"):
