@@ -159,6 +159,51 @@ def test_a_deepspeed_loop_trains_as_torch_and_checkpoints_with_tags(tmp_path, mo
     engine2.destroy()
 
 
+def test_the_config_scheduler_is_an_object_with_deepspeeds_interface(tmp_path):
+    # WarmupLR from the config: linear warmup 0 -> 3e-3 over 3 steps.
+    cfg = ds_config(tmp_path / "ds.json")
+    cfg["gradient_accumulation_steps"] = 1
+    cfg["scheduler"] = {"type": "WarmupLR",
+                        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-3,
+                                   "warmup_num_steps": 3, "warmup_type": "linear"}}
+    torch.manual_seed(5)
+    model = GPT()
+    with pytest.warns(UserWarning, match="lr_scheduler= is ignored"):
+        engine, optimizer, _, scheduler = deepspeed.initialize(
+            model=model, config=cfg,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1))
+    assert scheduler is engine.lr_scheduler and scheduler is not None
+    assert scheduler.optimizer is optimizer and scheduler.type == "WarmupLR"
+    assert scheduler.last_batch_iteration == -1
+    used = []
+    for idx, tgt in batches(5):
+        ahead = scheduler.get_lr()
+        assert scheduler.get_last_lr() == ahead == engine.get_lr()
+        engine.backward(engine(idx, tgt))
+        stats = engine.step()
+        assert stats["lr"] == pytest.approx(ahead[0], rel=1e-12)  # the lr it said came next
+        used.append(stats["lr"])
+    assert scheduler.last_batch_iteration == 4 == engine.global_steps - 1
+    # The warmup ramps to its maximum and stays there.
+    assert used == sorted(used) and used[0] < used[3] and used[4] == pytest.approx(3e-3)
+    assert scheduler.state_dict() == {"last_batch_iteration": 4}
+    with pytest.raises(deepspeed.NotSupportedError, match="step it a second time"):
+        scheduler.step()
+    with pytest.raises(strata_errors().FailedPreconditionError, match="schedule is at 4"):
+        scheduler.load_state_dict({"last_batch_iteration": 1})
+    ckpt = tmp_path / "ckpt"
+    engine.save_checkpoint(ckpt)
+    engine.destroy()
+
+    # Restored with the engine's step: the next lr is the one it would have been.
+    model2 = GPT()
+    engine2, _, _, scheduler2 = deepspeed.initialize(model=model2, config=cfg)
+    engine2.load_checkpoint(ckpt)
+    assert scheduler2.state_dict() == {"last_batch_iteration": 4}
+    assert scheduler2.get_lr() == pytest.approx([3e-3])
+    engine2.destroy()
+
+
 def test_what_strata_does_not_do_is_refused_naming_it(tmp_path):
     cfg = ds_config(tmp_path / "ds.json")
     model = GPT()

@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import sys
+import warnings
 
 import torch
 
@@ -126,7 +127,9 @@ class DeepSpeedEngine(_engine_mod.Engine):
         if stats.get("applied"):
             self.global_steps += 1
             self._last_grad_norm = stats.get("grad_norm")
-            if self.lr_scheduler is not None:
+            # (The config's schedule is the engine's: it moved with the step.)
+            if self.lr_scheduler is not None and not isinstance(self.lr_scheduler,
+                                                                ConfigLRScheduler):
                 self.lr_scheduler.step(**(lr_kwargs or {}))
         return stats
 
@@ -389,6 +392,69 @@ def _config_of(args, config, config_params):
     return cfg
 
 
+class ConfigLRScheduler:
+    """The config's "scheduler" section (WarmupLR, WarmupDecayLR,
+    WarmupCosineLR, OneCycle, LRRangeTest) as the object DeepSpeed's
+    initialize returns for it and keeps as ``engine.lr_scheduler``. The
+    schedule itself is the engine's, a function of the optimizer steps
+    applied (an overflow-skipped step does not move it), which engine.step()
+    advances and a checkpoint restores; this object reads it.
+
+    ``last_batch_iteration`` is the applied steps less one (DeepSpeed's
+    count: -1 before the first); ``get_lr()`` and ``get_last_lr()`` are the
+    learning rate of the next optimizer step, one per param group (the lr
+    DeepSpeed's scheduler has put into the param groups); ``state_dict()``
+    is DeepSpeed's (``{"last_batch_iteration": N}``), and
+    ``load_state_dict`` checks it against the engine's restored position.
+    ``step()`` is refused: engine.step() steps the schedule, as DeepSpeed's
+    engine steps a config scheduler, so a script's own call would step it
+    twice."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.optimizer = engine.optimizer
+        section = engine.config["scheduler"]
+        self.type = section.get("type")
+        self.params = dict(section.get("params") or {})
+
+    @property
+    def last_batch_iteration(self):
+        return self._engine.global_steps - 1
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    def get_last_lr(self):
+        return self._engine.get_lr()
+
+    def step(self, last_batch_iteration=None, **kwargs):
+        _refuse(f"lr_scheduler.step() of the config's {self.type} scheduler",
+                "engine.step() steps the config's scheduler at each optimizer step, as "
+                "DeepSpeed's engine does, so this call would step it a second time; remove it, "
+                "or drop the config's \"scheduler\" section and pass your own scheduler as "
+                "initialize(lr_scheduler=...)")
+
+    def state_dict(self):
+        return {"last_batch_iteration": self.last_batch_iteration}
+
+    def load_state_dict(self, state_dict):
+        saved = state_dict.get("last_batch_iteration") if isinstance(state_dict, dict) else None
+        if not isinstance(saved, int):
+            raise InvalidArgumentError(
+                f"lr_scheduler.load_state_dict: the config's {self.type} scheduler takes "
+                f"{{'last_batch_iteration': int}}, not {state_dict!r:.200}", "InvalidArgument")
+        if saved != self.last_batch_iteration:
+            raise FailedPreconditionError(
+                f"lr_scheduler.load_state_dict: last_batch_iteration {saved}, but the engine's "
+                f"schedule is at {self.last_batch_iteration} ({self._engine.global_steps} "
+                "optimizer steps applied): the config's schedule follows the engine's step, "
+                "which engine.load_checkpoint restores", "FailedPrecondition")
+
+    def __repr__(self):
+        return (f"ConfigLRScheduler(type={self.type!r}, "
+                f"last_batch_iteration={self.last_batch_iteration})")
+
+
 def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                training_data=None, lr_scheduler=None, distributed_port=None, mpu=None,
                dist_init_required=None, collate_fn=None, config=None, mesh_param=None,
@@ -397,7 +463,9 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     lr_scheduler). `optimizer` must be None (Strata runs the optimizer the
     config names); `lr_scheduler` may be a callable taking the engine's
     optimizer (a torch scheduler built on it), not a scheduler object bound
-    to another optimizer; `mpu` and `mesh_param` are refused (no tensor or
+    to another optimizer; with a config "scheduler" section the returned
+    scheduler is a ConfigLRScheduler (and `lr_scheduler` is ignored, as in
+    DeepSpeed); `mpu` and `mesh_param` are refused (no tensor or
     pipeline parallelism)."""
     if model is None:
         raise InvalidArgumentError("initialize: model is required", "InvalidArgument")
@@ -427,7 +495,14 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
         if {id(p) for p in model_parameters} == {id(p) for p in model.parameters()}:
             model_parameters = None
     engine = DeepSpeedEngine(model, cfg, model_parameters)
-    scheduler = lr_scheduler(engine.optimizer) if lr_scheduler is not None else None
+    if engine.config.get("scheduler") is not None:
+        # The config's scheduler wins over the argument, as in DeepSpeed.
+        if lr_scheduler is not None:
+            warnings.warn("initialize: the config's \"scheduler\" section is used and "
+                          "lr_scheduler= is ignored, as DeepSpeed does", stacklevel=2)
+        scheduler = ConfigLRScheduler(engine)
+    else:
+        scheduler = lr_scheduler(engine.optimizer) if lr_scheduler is not None else None
     engine.lr_scheduler = scheduler
     loader = None
     if training_data is not None:
