@@ -168,10 +168,7 @@ def test_the_config_scheduler_is_an_object_with_deepspeeds_interface(tmp_path):
                                    "warmup_num_steps": 3, "warmup_type": "linear"}}
     torch.manual_seed(5)
     model = GPT()
-    with pytest.warns(UserWarning, match="lr_scheduler= is ignored"):
-        engine, optimizer, _, scheduler = deepspeed.initialize(
-            model=model, config=cfg,
-            lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1))
+    engine, optimizer, _, scheduler = deepspeed.initialize(model=model, config=cfg)
     assert scheduler is engine.lr_scheduler and scheduler is not None
     assert scheduler.optimizer is optimizer and scheduler.type == "WarmupLR"
     assert scheduler.last_batch_iteration == -1
@@ -202,6 +199,20 @@ def test_the_config_scheduler_is_an_object_with_deepspeeds_interface(tmp_path):
     assert scheduler2.state_dict() == {"last_batch_iteration": 4}
     assert scheduler2.get_lr() == pytest.approx([3e-3])
     engine2.destroy()
+
+    # A scheduler given to initialize takes precedence over the config's
+    # (the section is dropped, saying so), as in DeepSpeed.
+    with pytest.warns(UserWarning, match="\"scheduler\" section is ignored"):
+        engine3, _, _, scheduler3 = deepspeed.initialize(
+            model=GPT(), config=cfg,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5))
+    assert isinstance(scheduler3, torch.optim.lr_scheduler.StepLR)
+    assert "scheduler" not in engine3.config
+    for idx, tgt in batches(2):
+        engine3.backward(engine3(idx, tgt))
+        engine3.step()
+    assert engine3.get_lr() == pytest.approx([3e-3 / 4])
+    engine3.destroy()
 
 
 def test_what_strata_does_not_do_is_refused_naming_it(tmp_path):

@@ -35,6 +35,7 @@ import warnings
 
 import torch
 
+from .. import _config as _config_mod
 from .. import engine as _engine_mod
 from .._checkpoint_tags import check_tag, read_latest, tag_dir, write_latest
 from .._errors import FailedPreconditionError, InvalidArgumentError, StrataError
@@ -392,6 +393,24 @@ def _config_of(args, config, config_params):
     return cfg
 
 
+def _without_scheduler(cfg):
+    """The config without its "scheduler" section, warning that it is
+    ignored: a scheduler given to initialize takes precedence over the
+    config's, as in DeepSpeed (0.10 and later). A config that is not a JSON
+    object is left for the engine's parser to name what is wrong."""
+    try:
+        text, _ = _config_mod.config_text(cfg)
+        parsed = json.loads(text)
+    except (OSError, ValueError):
+        return cfg
+    if not isinstance(parsed, dict) or "scheduler" not in parsed:
+        return cfg
+    warnings.warn("initialize: lr_scheduler= is used and the config's \"scheduler\" section "
+                  "is ignored, as DeepSpeed does when it is given a scheduler", stacklevel=3)
+    del parsed["scheduler"]
+    return parsed
+
+
 class ConfigLRScheduler:
     """The config's "scheduler" section (WarmupLR, WarmupDecayLR,
     WarmupCosineLR, OneCycle, LRRangeTest) as the object DeepSpeed's
@@ -463,9 +482,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     lr_scheduler). `optimizer` must be None (Strata runs the optimizer the
     config names); `lr_scheduler` may be a callable taking the engine's
     optimizer (a torch scheduler built on it), not a scheduler object bound
-    to another optimizer; with a config "scheduler" section the returned
-    scheduler is a ConfigLRScheduler (and `lr_scheduler` is ignored, as in
-    DeepSpeed); `mpu` and `mesh_param` are refused (no tensor or
+    to another optimizer, and takes precedence over a config "scheduler"
+    section (ignored then, with a warning, as in DeepSpeed); with a config
+    "scheduler" section and no `lr_scheduler` the returned scheduler is a
+    ConfigLRScheduler; `mpu` and `mesh_param` are refused (no tensor or
     pipeline parallelism)."""
     if model is None:
         raise InvalidArgumentError("initialize: model is required", "InvalidArgument")
@@ -494,12 +514,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                                             for p in model_parameters):
         if {id(p) for p in model_parameters} == {id(p) for p in model.parameters()}:
             model_parameters = None
+    if lr_scheduler is not None:
+        cfg = _without_scheduler(cfg)
     engine = DeepSpeedEngine(model, cfg, model_parameters)
     if engine.config.get("scheduler") is not None:
-        # The config's scheduler wins over the argument, as in DeepSpeed.
-        if lr_scheduler is not None:
-            warnings.warn("initialize: the config's \"scheduler\" section is used and "
-                          "lr_scheduler= is ignored, as DeepSpeed does", stacklevel=2)
         scheduler = ConfigLRScheduler(engine)
     else:
         scheduler = lr_scheduler(engine.optimizer) if lr_scheduler is not None else None
