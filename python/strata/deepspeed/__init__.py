@@ -41,7 +41,8 @@ from .._checkpoint_tags import check_tag, read_latest, tag_dir, write_latest
 from .._errors import FailedPreconditionError, InvalidArgumentError, StrataError
 from .._private_fs import (check_replaceable, make_dirs, make_private_dir, open_regular_file,
                            write_file_replacing)
-from . import accelerator, comm, moe, pipe, utils, zero  # noqa: F401
+from . import _client_optimizer
+from . import accelerator, comm, moe, ops, pipe, utils, zero  # noqa: F401
 from ._refuse import NotSupportedError
 from ._refuse import refuse as _refuse
 from .comm import init_distributed
@@ -49,7 +50,8 @@ from .comm import init_distributed
 __version__ = "0.0.0+strata"
 
 __all__ = ["DeepSpeedEngine", "NotSupportedError", "add_config_arguments", "init_distributed",
-           "initialize", "read_latest", "accelerator", "comm", "moe", "pipe", "utils", "zero"]
+           "initialize", "read_latest", "accelerator", "comm", "moe", "ops", "pipe", "utils",
+           "zero"]
 
 # The file beside a tag's Strata checkpoint that holds client_state; the
 # key of the lr scheduler's state in it, and the key under which values
@@ -76,6 +78,7 @@ class DeepSpeedEngine(_engine_mod.Engine):
         self._last_grad_norm = None
         self.lr_scheduler = None
         self.training_dataloader = None
+        self.client_optimizer = None  # the optimizer given to initialize, if any
 
     # ---- facts DeepSpeed scripts ask for --------------------------------------
 
@@ -121,13 +124,25 @@ class DeepSpeedEngine(_engine_mod.Engine):
 
     # ---- the loop --------------------------------------------------------------
 
+    def _link_client_optimizer(self, client):
+        """The optimizer given to initialize (strata.deepspeed._client_optimizer)."""
+        self.client_optimizer = client
+        self._client_lrs = _client_optimizer.link(client, self)
+
     def step(self, lr_kwargs=None):
+        client = self.client_optimizer
+        if client is not None:
+            _client_optimizer.sync_lrs(client, self.optimizer.param_groups, self._client_lrs)
         stats = super().step()
         self.micro_steps += 1
         self.global_samples += self.train_micro_batch_size_per_gpu() * self.world_size
         if stats.get("applied"):
             self.global_steps += 1
             self._last_grad_norm = stats.get("grad_norm")
+            if client is not None:
+                _client_optimizer.on_engine_step(client, self.optimizer.param_groups,
+                                                 self._client_lrs,
+                                                 self.config.get("scheduler") is not None)
             # (The config's schedule is the engine's: it moved with the step.)
             if self.lr_scheduler is not None and not isinstance(self.lr_scheduler,
                                                                 ConfigLRScheduler):
@@ -393,6 +408,24 @@ def _config_of(args, config, config_params):
     return cfg
 
 
+def _with_optimizer(cfg, section):
+    """The config with `section` as its "optimizer": the optimizer given to
+    initialize takes precedence over the config's, as in DeepSpeed (a
+    different section there is dropped with a warning)."""
+    text, _ = _config_mod.config_text(cfg)
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return cfg  # the engine's parser names what is wrong
+    if not isinstance(parsed, dict):
+        return cfg
+    if "optimizer" in parsed and parsed["optimizer"] != section:
+        warnings.warn("initialize: optimizer= is used and the config's \"optimizer\" section is "
+                      "ignored, as DeepSpeed does when it is given an optimizer", stacklevel=3)
+    parsed["optimizer"] = section
+    return parsed
+
+
 def _without_scheduler(cfg):
     """The config without its "scheduler" section, warning that it is
     ignored: a scheduler given to initialize takes precedence over the
@@ -479,30 +512,35 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
                dist_init_required=None, collate_fn=None, config=None, mesh_param=None,
                config_params=None):
     """DeepSpeed's initialize: returns (engine, optimizer, training_dataloader,
-    lr_scheduler). `optimizer` must be None (Strata runs the optimizer the
-    config names); `lr_scheduler` may be a callable taking the engine's
-    optimizer (a torch scheduler built on it), not a scheduler object bound
-    to another optimizer, and takes precedence over a config "scheduler"
+    lr_scheduler). `optimizer` may be a torch.optim.Adam or AdamW object, a
+    callable building one from the parameters, or DeepSpeedCPUAdam /
+    FusedAdam (strata.deepspeed._client_optimizer: run as Strata's
+    optimizer, its param groups' lr read at each step), taking precedence
+    over a config "optimizer" section; `lr_scheduler` may be a callable
+    taking the optimizer (a torch scheduler built on it), or a scheduler
+    object bound to the optimizer given, and takes precedence over a config "scheduler"
     section (ignored then, with a warning, as in DeepSpeed); with a config
     "scheduler" section and no `lr_scheduler` the returned scheduler is a
     ConfigLRScheduler; `mpu` and `mesh_param` are refused (no tensor or
     pipeline parallelism)."""
     if model is None:
         raise InvalidArgumentError("initialize: model is required", "InvalidArgument")
-    if optimizer is not None:
-        _refuse(f"initialize(optimizer={type(optimizer).__name__})",
-                "Strata runs the optimizer the config's \"optimizer\" section names on its "
-                "CPU or device Adam; remove the argument and describe it in the config "
-                "(parameter groups: model_parameters)")
     if mpu is not None or mesh_param is not None:
         _refuse("initialize(mpu=/mesh_param=)", "tensor and pipeline parallelism are not "
                 "supported; Strata is data parallel (ZeRO) only")
-    # (A scheduler object: not callable, or bound to its optimizer.)
-    if lr_scheduler is not None and (not callable(lr_scheduler)
-                                     or hasattr(lr_scheduler, "optimizer")):
+    client = None
+    if optimizer is not None:
+        client = _client_optimizer.build(optimizer, model, model_parameters)
+    # (A scheduler object: not callable, or bound to its optimizer, which may
+    # be the one given.)
+    if lr_scheduler is not None and (not callable(lr_scheduler) or hasattr(
+            lr_scheduler, "optimizer")) and (client is None
+                                             or getattr(lr_scheduler, "optimizer", None)
+                                             is not client):
         _refuse(f"initialize(lr_scheduler={type(lr_scheduler).__name__})",
-                "a scheduler object is bound to another optimizer; pass a callable that "
-                "builds it from the engine's optimizer, or a config \"scheduler\" section")
+                "a scheduler object is bound to another optimizer than the one given to "
+                "initialize; pass a callable that builds it from the engine's optimizer, or a "
+                "config \"scheduler\" section")
     if dist_init_required:
         init_distributed()
     cfg = _config_of(args, config, config_params)
@@ -516,11 +554,21 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
             model_parameters = None
     if lr_scheduler is not None:
         cfg = _without_scheduler(cfg)
+    if client is not None:
+        section, model_parameters = _client_optimizer.translate(client, model)
+        cfg = _with_optimizer(cfg, section)
     engine = DeepSpeedEngine(model, cfg, model_parameters)
+    if client is not None:
+        engine._link_client_optimizer(client)
     if engine.config.get("scheduler") is not None:
         scheduler = ConfigLRScheduler(engine)
+    elif lr_scheduler is not None and (not callable(lr_scheduler)
+                                       or hasattr(lr_scheduler, "optimizer")):
+        scheduler = lr_scheduler  # bound to the optimizer given (checked above)
     else:
-        scheduler = lr_scheduler(engine.optimizer) if lr_scheduler is not None else None
+        # A callable: given the optimizer the script gave, else the engine's.
+        scheduler = (lr_scheduler(client if client is not None else engine.optimizer)
+                     if lr_scheduler is not None else None)
     engine.lr_scheduler = scheduler
     loader = None
     if training_data is not None:
@@ -550,8 +598,8 @@ def _register_as_deepspeed():
         return
     this = sys.modules[__name__]
     sys.modules["deepspeed"] = this
-    for sub in ("accelerator", "comm", "moe", "moe.layer", "moe.utils", "pipe", "utils",
-                "utils.zero_to_fp32", "zero"):
+    for sub in ("accelerator", "comm", "moe", "moe.layer", "moe.utils", "ops", "ops.adam",
+                "pipe", "utils", "utils.zero_to_fp32", "zero"):
         sys.modules[f"deepspeed.{sub}"] = sys.modules[f"{__name__}.{sub}"]
 
 
