@@ -441,7 +441,7 @@ class Engine:
 
     forward = __call__
 
-    def backward(self, loss):
+    def backward(self, loss, retain_graph=False):
         """loss.backward() of loss × the engine's loss scale (fp16) ÷
         gradient_accumulation_steps (as DeepSpeed's engine.backward does, so a
         window's gradient is the mean of its micro-batches'); gradients go to
@@ -452,7 +452,7 @@ class Engine:
         self._in_backward = True
         try:
             with self._caller_ordered(), self._saved_tensor_hooks():
-                (loss * factor if factor != 1.0 else loss).backward()
+                (loss * factor if factor != 1.0 else loss).backward(retain_graph=retain_graph)
         finally:
             self._in_backward = False
         for g in self._groups:

@@ -181,7 +181,8 @@ def test_the_object_the_script_holds():
     # An lr set by hand on the object reaches the next step.
     opt.param_groups[0]["lr"] = 7e-4
     engine.backward(torch.nn.functional.cross_entropy(engine(x), y))
-    assert engine.step()["lr"] == pytest.approx(7e-4)
+    engine.step()
+    assert engine.last_stats["lr"] == pytest.approx(7e-4)
     engine.close()
 
 

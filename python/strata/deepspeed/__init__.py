@@ -26,6 +26,7 @@ should import them from strata.deepspeed).
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -42,16 +43,17 @@ from .._errors import FailedPreconditionError, InvalidArgumentError, StrataError
 from .._private_fs import (check_replaceable, make_dirs, make_private_dir, open_regular_file,
                            write_file_replacing)
 from . import _client_optimizer
-from . import accelerator, comm, moe, ops, pipe, utils, zero  # noqa: F401
+from . import accelerator, comm, moe, ops, pipe, runtime, utils, zero  # noqa: F401
 from ._refuse import NotSupportedError
 from ._refuse import refuse as _refuse
 from .comm import init_distributed
+from .runtime.config import DeepSpeedConfigError
 
 __version__ = "0.0.0+strata"
 
 __all__ = ["DeepSpeedEngine", "NotSupportedError", "add_config_arguments", "init_distributed",
-           "initialize", "read_latest", "accelerator", "comm", "moe", "ops", "pipe", "utils",
-           "zero"]
+           "initialize", "read_latest", "DeepSpeedConfigError", "accelerator", "comm", "moe",
+           "ops", "pipe", "runtime", "utils", "zero"]
 
 # The file beside a tag's Strata checkpoint that holds client_state; the
 # key of the lr scheduler's state in it, and the key under which values
@@ -68,13 +70,18 @@ TRUST_CLIENT_STATE_ENV = "STRATA_TRUST_CLIENT_STATE"
 class DeepSpeedEngine(_engine_mod.Engine):
     """strata.Engine with DeepSpeed's engine methods. Differences from
     strata.Engine: gradient_accumulation_steps() is a method (as in
-    DeepSpeed), and the checkpoint methods take DeepSpeed's arguments."""
+    DeepSpeed), the checkpoint methods take DeepSpeed's arguments, step()
+    returns None (the statistics are in ``last_stats``) and backward()
+    returns the loss."""
 
     def __init__(self, model, config, model_parameters=None):
         super().__init__(model, config, None, model_parameters)
         self.global_steps = 0  # optimizer steps applied
-        self.global_samples = 0  # samples seen (micro-batches x batch x ranks)
+        self.global_samples = 0  # samples of the windows ended (train_batch_size each)
         self.micro_steps = 0
+        self.skipped_steps = 0  # windows whose step an overflow skipped (fp16)
+        self._step_applied = False
+        self._boundary_override = None  # set_gradient_accumulation_boundary
         self._last_grad_norm = None
         self.lr_scheduler = None
         self.training_dataloader = None
@@ -94,8 +101,78 @@ class DeepSpeedEngine(_engine_mod.Engine):
     def world_size(self):
         return int(os.environ.get("WORLD_SIZE", "1"))
 
+    @property
+    def dp_world_size(self):
+        return self.world_size
+
     def gradient_accumulation_steps(self):
         return int(self.config["gradient_accumulation_steps"])
+
+    def gradient_clipping(self):
+        return float(self.config["gradient_clipping"])
+
+    def get_mom(self):
+        """Each param group's betas (DeepSpeed's momentum for Adam)."""
+        return [tuple(g["betas"]) if "betas" in g else None for g in self.optimizer.param_groups]
+
+    def was_step_applied(self):
+        """Whether the last step() applied the optimizer (False within a
+        window, or when an overflow skipped the step)."""
+        return self._step_applied
+
+    # The model's parameters and modules, as DeepSpeed's engine (a Module
+    # wrapping the model) gives them.
+    def parameters(self, recurse=True):
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, prefix="", recurse=True):
+        return self.module.named_parameters(prefix, recurse)
+
+    def buffers(self, recurse=True):
+        return self.module.buffers(recurse)
+
+    def named_buffers(self, prefix="", recurse=True):
+        return self.module.named_buffers(prefix, recurse)
+
+    def modules(self):
+        return self.module.modules()
+
+    def named_modules(self, *args, **kwargs):
+        return self.module.named_modules(*args, **kwargs)
+
+    def to(self, *args, **kwargs):
+        """The engine's own device and dtype only (it owns the parameters):
+        returns the engine; another is refused naming both."""
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        same_device = device is None or torch.device(device).type == self.device.type and (
+            torch.device(device).index in (None, self.device.index))
+        if not same_device or (dtype is not None and dtype != self.dtype):
+            _refuse(f"engine.to({', '.join(map(str, args))})",
+                    f"the engine keeps the parameters on {self.device} in {self.dtype}; set the "
+                    "device and dtype in the config (strata.device, bf16/fp16)")
+        return self
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's context for micro-batches whose gradients are not
+        reduced yet. Strata reduces a window's gradients once, at its end,
+        whatever the context: the same result, so this does nothing."""
+        yield
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """Declares whether the next step() ends the window. Strata's window
+        is gradient_accumulation_steps micro-batches: a declaration that
+        disagrees is refused at that step."""
+        self._boundary_override = bool(is_boundary)
+
+    def empty_partition_cache(self):
+        """Releases the parameters the engine holds fetched between calls."""
+        self._check_open()
+        if self._call_depth or self._in_backward:
+            return
+        for g in self._groups:
+            if not g.fwd_depth:
+                g.release()
 
     def train_batch_size(self):
         return int(self.config["train_batch_size"])
@@ -115,7 +192,20 @@ class DeepSpeedEngine(_engine_mod.Engine):
     def is_gradient_accumulation_boundary(self):
         """Whether the next step() ends an accumulation window (applies the
         optimizer), as in DeepSpeed."""
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return self._engine_boundary()
+
+    def _engine_boundary(self):
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        """engine.backward as DeepSpeed's: returns the loss."""
+        if not scale_wrt_gas:
+            _refuse("backward(scale_wrt_gas=False)", "the engine divides each micro-batch's "
+                    "loss by gradient_accumulation_steps, as DeepSpeed does by default")
+        super().backward(loss, retain_graph=retain_graph)
+        return loss
 
     def get_global_grad_norm(self):
         """The global L2 norm of the last applied window's gradients (None
@@ -130,12 +220,28 @@ class DeepSpeedEngine(_engine_mod.Engine):
         self._client_lrs = _client_optimizer.link(client, self)
 
     def step(self, lr_kwargs=None):
+        """Ends a micro-batch; at the end of a window applies the optimizer
+        and steps the lr scheduler. Returns None, as DeepSpeed's (the
+        step's statistics: ``last_stats``)."""
+        if self._boundary_override is not None:
+            declared, self._boundary_override = self._boundary_override, None
+            if declared != self._engine_boundary():
+                raise FailedPreconditionError(
+                    f"step: set_gradient_accumulation_boundary({declared}), but this is "
+                    f"micro-batch {self.micro_steps % self.gradient_accumulation_steps() + 1} of "
+                    f"a window of gradient_accumulation_steps "
+                    f"{self.gradient_accumulation_steps()}: Strata's windows are the config's "
+                    "(the step did not run)", "FailedPrecondition")
         client = self.client_optimizer
         if client is not None:
             _client_optimizer.sync_lrs(client, self.optimizer.param_groups, self._client_lrs)
         stats = super().step()
         self.micro_steps += 1
-        self.global_samples += self.train_micro_batch_size_per_gpu() * self.world_size
+        self._step_applied = bool(stats.get("applied"))
+        if stats.get("applied") or stats.get("overflow"):  # the window ended
+            self.global_samples += self.train_batch_size()
+        if stats.get("overflow"):
+            self.skipped_steps += 1
         if stats.get("applied"):
             self.global_steps += 1
             self._last_grad_norm = stats.get("grad_norm")
@@ -147,7 +253,10 @@ class DeepSpeedEngine(_engine_mod.Engine):
             if self.lr_scheduler is not None and not isinstance(self.lr_scheduler,
                                                                 ConfigLRScheduler):
                 self.lr_scheduler.step(**(lr_kwargs or {}))
-        return stats
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """DeepSpeed's older name of save_16bit_model."""
+        return self.save_16bit_model(save_dir, save_filename)
 
     def destroy(self):
         """Ends the engine (strata.Engine.close: the model gets its weights back)."""
@@ -210,9 +319,13 @@ class DeepSpeedEngine(_engine_mod.Engine):
         Returns (load_path, client_state), or (None, None) when there is no
         `latest` to follow, as DeepSpeed does; a `latest` that is there but
         unusable (a symlink, directory or FIFO, empty, or not naming one
-        directory under load_dir) is refused naming it. Loading the module
-        without the optimizer states is refused (a Strata checkpoint
-        restores both).
+        directory under load_dir) is refused naming it.
+
+        load_module_only=True (fine-tuning) reads the weights alone (the
+        fp32 masters, as zero_to_fp32 does) into this engine's parameters;
+        its optimizer states, counters and schedule stay as they are.
+        load_optimizer_states=False without it is refused (the states come
+        with the counters and the schedule).
 
         What loading trusts: the tag directory, client_state.pt and latest
         must be this user's (owned by the effective uid, not writable by
@@ -225,12 +338,13 @@ class DeepSpeedEngine(_engine_mod.Engine):
         whole as DeepSpeed does: set it only when no one else could have
         written the checkpoint. (On torch 1.x the same goes for a Python
         float inside a value that also holds tensors.)"""
-        if not load_optimizer_states or load_module_only:
-            _refuse("load_checkpoint(load_optimizer_states=False / load_module_only=True)",
-                    "a Strata checkpoint restores the parameters with their optimizer states; "
-                    "for the weights alone use deepspeed.utils.zero_to_fp32")
         if custom_load_fn is not None:
             _refuse("load_checkpoint(custom_load_fn=...)", "not supported")
+        if not load_optimizer_states and not load_module_only:
+            _refuse("load_checkpoint(load_optimizer_states=False) without load_module_only",
+                    "a Strata checkpoint restores the optimizer states with the step counters "
+                    "and the schedule; pass load_module_only=True for the weights alone (the "
+                    "engine's counters, optimizer states and schedule then start afresh)")
         load_dir = os.fspath(load_dir)
         if tag is None:
             tag = read_latest(load_dir, private=True)
@@ -239,6 +353,14 @@ class DeepSpeedEngine(_engine_mod.Engine):
         path = tag_dir(load_dir, tag, private=True)
         # client_state first: a refused one leaves the engine as it was.
         client_state = _load_client_state(os.path.join(path, CLIENT_STATE))
+        if load_module_only:
+            # Fine-tuning: the weights (the fp32 masters, every file
+            # verified) into this engine's parameters; its optimizer states,
+            # counters and schedule stay as they are.
+            state = utils.zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(load_dir, tag)
+            self.load_state_dict(state, strict=load_module_strict)
+            client_state.pop(_SCHEDULER_KEY, None)
+            return path, client_state
         info = super().load_checkpoint(path)
         try:
             saved = json.loads(info.get("note") or "{}")
@@ -557,6 +679,11 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
     if client is not None:
         section, model_parameters = _client_optimizer.translate(client, model)
         cfg = _with_optimizer(cfg, section)
+    try:
+        _config_mod.parse_config(cfg)
+    except InvalidArgumentError as e:
+        # (What DeepSpeed raises for a bad config, and still a ValueError.)
+        raise DeepSpeedConfigError(str(e), e.code) from e
     engine = DeepSpeedEngine(model, cfg, model_parameters)
     if client is not None:
         engine._link_client_optimizer(client)
@@ -578,12 +705,15 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None,
 
 
 def _dataloader(engine, data, collate_fn):
-    sampler = None
-    if engine.world_size > 1:
-        sampler = torch.utils.data.distributed.DistributedSampler(
-            data, num_replicas=engine.world_size, rank=engine.global_rank)
-    return torch.utils.data.DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(),
-                                       sampler=sampler, collate_fn=collate_fn)
+    """DeepSpeed's training_data loader: micro-batches drawn by a
+    DistributedSampler over the ranks (shuffled, at every world size, one
+    included), exposed as ``loader.data_sampler``."""
+    sampler = torch.utils.data.distributed.DistributedSampler(
+        data, num_replicas=engine.world_size, rank=engine.global_rank)
+    loader = torch.utils.data.DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(),
+                                         sampler=sampler, collate_fn=collate_fn)
+    loader.data_sampler = sampler
+    return loader
 
 
 def _register_as_deepspeed():
@@ -599,7 +729,7 @@ def _register_as_deepspeed():
     this = sys.modules[__name__]
     sys.modules["deepspeed"] = this
     for sub in ("accelerator", "comm", "moe", "moe.layer", "moe.utils", "ops", "ops.adam",
-                "pipe", "utils", "utils.zero_to_fp32", "zero"):
+                "pipe", "runtime", "runtime.config", "utils", "utils.zero_to_fp32", "zero"):
         sys.modules[f"deepspeed.{sub}"] = sys.modules[f"{__name__}.{sub}"]
 
 

@@ -43,7 +43,8 @@ class _Accelerator:
         return True
 
     def is_fp16_supported(self):
-        return True
+        # As DeepSpeed's CPU accelerator: scripts then pick bf16 on the CPU.
+        return self._cuda
 
     def manual_seed(self, seed):
         torch.manual_seed(seed)
