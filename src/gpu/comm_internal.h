@@ -50,6 +50,14 @@ inline double ConnectTimeoutS(const CommOptions& options) {
 // ConnectTimeoutS(options).
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
                                                                const CommOptions& options);
+// Called by a host function of the host device that waits on other
+// processes, bounded by a timeout of its own (a Gloo collective waiting for
+// its peers): while it runs, the device's deadlock check
+// (DeviceOptions::host_deadlock_timeout_s) does not count it as stuck, so a
+// slow peer is waited for and a lost one is reported by the collective's
+// timeout, naming it. No effect on any other thread.
+void HostFunctionWaitsOnPeers();
+
 // options.rendezvous_dir, or "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>".
 std::string GlooRendezvousDir(const CommOptions& options);
 // options.listen_host; else 127.0.0.1 when MASTER_ADDR is unset or a loopback

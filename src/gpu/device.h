@@ -135,6 +135,8 @@ struct DeviceOptions {
   // HostDevice: a blocking call that has waited this long while a host
   // function has been running at least this long is reported as a deadlock
   // (FailedPrecondition) instead of hanging. 0 = wait forever, like CUDA.
+  // A collective waiting for other ranks is not counted: it has a timeout
+  // of its own (CommOptions::timeout_s).
   double host_deadlock_timeout_s = 10.0;
   // HostDevice, tests only: model CUDA's lazy kernel loading instead of
   // loading every kernel at creation — the first launch of each kernel then
@@ -659,8 +661,8 @@ struct CommOptions {
   // NCCL: how long non-zero ranks wait for the id. Gloo (host device, several
   // ranks): how long the rendezvous and each collective may wait for the
   // peers before it fails (Unavailable) instead of hanging. Gloo collectives
-  // are host functions: a Synchronize that waits behind one for longer than
-  // DeviceOptions::host_deadlock_timeout_s reports a deadlock first.
+  // are host functions whose wait for the peers the host device's deadlock
+  // check does not count: timeout_s alone bounds it.
   double timeout_s = 300;
   // How long start-up may wait for the peers (Gloo's rendezvous; NCCL: the
   // non-zero ranks' wait for the id); 0: timeout_s. Ranks started minutes

@@ -49,9 +49,10 @@
 // on the host device's one callback thread, so the collectives of one rank run
 // one at a time in the order their streams reach them (every rank must issue
 // them in the same order, as with NCCL). A collective blocks that thread until
-// its peers take part or CommOptions::timeout_s passes; a Synchronize waiting
-// that long behind it may then report the host device's "deadlock" error
-// (DeviceOptions::host_deadlock_timeout_s) if that is the shorter of the two.
+// its peers take part or CommOptions::timeout_s passes; the host device's
+// deadlock check (DeviceOptions::host_deadlock_timeout_s) does not count that
+// wait (internal::HostFunctionWaitsOnPeers), so a slow peer is waited for and
+// a lost one is reported by the collective's own timeout error.
 // Destroying the communicator waits for its collectives still queued.
 //
 // Failures: a failed collective (peer closed the connection, timeout) sets a
@@ -341,6 +342,8 @@ class GlooCommunicator final : public Communicator {
       ++pending_;
     }
     Status enqueued = stream.EnqueueHostCallback([this, tag, what = std::move(what), body]() {
+      // Bounded by timeout_s, and not a wait on this process: no deadlock.
+      internal::HostFunctionWaitsOnPeers();
       Status s;
       if (AsyncError().ok()) {  // else an earlier collective failed: skip
         s = Run(what, [&] { body(tag); });

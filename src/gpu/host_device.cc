@@ -39,11 +39,16 @@
 #include "src/common/thread_annotations.h"
 #include "src/common/timer.h"
 #include "src/gpu/arena.h"
+#include "src/gpu/comm_internal.h"
 #include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
 
 namespace strata::gpu {
 namespace {
+
+// The running host function's flag on the callback thread (null elsewhere):
+// internal::HostFunctionWaitsOnPeers sets it.
+thread_local std::atomic<bool>* t_waits_on_peers = nullptr;
 
 // The device's one host-function thread. Stream threads hand it their host
 // functions (Run) in the order they reach them; it runs them one at a time.
@@ -123,13 +128,16 @@ class CallbackThread {
     std::function<void()>* fn;
     const std::string* stream;
     bool done = false;  // guarded by CallbackThread::mu_
+    // Set by the host function itself (HostFunctionWaitsOnPeers).
+    std::atomic<bool> waits_on_peers{false};
   };
 
-  // How long the running host function has been running (0: none), and on
-  // which stream.
+  // How long the running host function has been running (0: none, or one
+  // that waits on other processes: internal::HostFunctionWaitsOnPeers), and
+  // on which stream.
   int64_t StuckFor(std::string* stream) EXCLUDES(mu_) {
     MutexLock lock(&mu_);
-    if (running_ == nullptr) return 0;
+    if (running_ == nullptr || running_->waits_on_peers.load(std::memory_order_relaxed)) return 0;
     *stream = *running_->stream;
     return NowNanos() - running_since_ns_;
   }
@@ -146,7 +154,9 @@ class CallbackThread {
         running_ = job;
         running_since_ns_ = NowNanos();
       }
+      t_waits_on_peers = &job->waits_on_peers;
       (*job->fn)();
+      t_waits_on_peers = nullptr;
       MutexLock lock(&mu_);
       job->done = true;
       running_ = nullptr;
@@ -730,6 +740,14 @@ HostStream::~HostStream() {
 }
 
 }  // namespace
+
+namespace internal {
+
+void HostFunctionWaitsOnPeers() {
+  if (t_waits_on_peers != nullptr) t_waits_on_peers->store(true, std::memory_order_relaxed);
+}
+
+}  // namespace internal
 
 StatusOr<std::unique_ptr<Device>> CreateHostDevice(const DeviceOptions& options) {
   if (options.link_gbytes_per_s < 0 || options.link_latency_us < 0)

@@ -282,8 +282,11 @@ TEST(GlooCommTest, EveryCollectiveAndDtypeFourRanks) {
 // timeout. Every other rank's next collective fails within the timeout with
 // an error naming the collective, the rank and the timeout, and later calls
 // fail at once with the same error.
+// The host device's deadlock check is shorter than the collective timeout
+// here (1 s against 3 s): a collective waiting for its peers is not a
+// deadlock, so the error is the collective's.
 void PeerLostScenario(const RankEnv& e, bool kill_it, double timeout_s) {
-  Ctx c = Connect(e);
+  Ctx c = Connect(e, /*deadlock_timeout_s=*/1.0);
   const size_t n = 4097;
   DeviceBuffer buf = c.Upload(Encode(Values(7, e.rank, 0, n, DType::kFp32), DType::kFp32));
   RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kSum,
@@ -336,6 +339,36 @@ TEST(GlooCommTest, StalledPeerFailsTheOthersWithinTheTimeout) {
   ExpectAllExitedZero(RunRanks(
       3, [](const RankEnv& e) { PeerLostScenario(e, /*kill_it=*/false, kShortTimeoutS); },
       kShortTimeoutS, 40));
+}
+
+// A rank slower than the host device's deadlock check (0.5 s here), well
+// within the collective timeout, ends nothing: the others wait for it and
+// every rank gets the sum.
+void SlowPeerScenario(const RankEnv& e) {
+  Ctx c = Connect(e, /*deadlock_timeout_s=*/0.5);
+  const size_t n = 1000;
+  std::vector<float> mine = Values(11, e.rank, 0, n, DType::kFp32);
+  DeviceBuffer buf = c.Upload(Encode(mine, DType::kFp32));
+  if (e.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kSum,
+                            c.device->compute()));
+  RANK_OK(c.device->compute().Synchronize());
+  RANK_OK(c.comm->AsyncError());
+  const std::vector<float> got = Decode(c.Download(buf, n * 4), DType::kFp32);
+  std::vector<float> sum(n, 0.0f);
+  for (int r = 0; r < e.world; ++r) {
+    const std::vector<float> v = Values(11, r, 0, n, DType::kFp32);
+    for (size_t i = 0; i < n; ++i) sum[i] += v[i];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const float want = sum[i];
+    RANK_CHECK(std::fabs(got[i] - want) <= 1e-5f * (1 + std::fabs(want)), "element {}: {} vs {}", i,
+               got[i], want);
+  }
+}
+
+TEST(GlooCommTest, SlowPeerIsWaitedForNotTakenForADeadlock) {
+  ExpectAllExitedZero(RunRanks(2, SlowPeerScenario));
 }
 
 // A rank whose peers never come fails the rendezvous within its timeout,
