@@ -24,6 +24,8 @@ modules' backward runs (a group used until the end of backward: the top
 module's own parameters, tied weights); at most one is being written.
 """
 
+import enum
+
 import torch
 import torch.utils.dlpack as _dlpack
 
@@ -41,6 +43,16 @@ else:  # torch 1.x
 
     def storage_ptr(t):
         return t.storage().data_ptr()
+
+
+class ParamStatus(enum.Enum):
+    """A registered parameter's ``ds_status``, DeepSpeed's ZeroParamStatus:
+    AVAILABLE while its data is the engine's view, NOT_AVAILABLE while it is
+    the empty placeholder (INFLIGHT is DeepSpeed's, never set here)."""
+
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
 
 
 class Views:
@@ -65,6 +77,7 @@ class Views:
         for p, cap in zip(params, capsules):
             v = _dlpack.from_dlpack(cap)
             p.data = v
+            p.ds_status = ParamStatus.AVAILABLE
             if v.numel():
                 self.owner[storage_ptr(v)] = p
 
@@ -73,6 +86,7 @@ class Views:
             if p.data.numel():
                 self.owner.pop(storage_ptr(p.data), None)
             p.data = self.placeholder()
+            p.ds_status = ParamStatus.NOT_AVAILABLE
 
 
 class _Group:

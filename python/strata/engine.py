@@ -100,7 +100,7 @@ from . import init_context as _init_context
 from ._config import config_text, parse_config, training_dtype
 from ._diagnose import unmapped_error
 from ._errors import FailedPreconditionError, InvalidArgumentError
-from ._group import Views, _Group
+from ._group import ParamStatus, Views, _Group
 from ._grouping import (ENGINES, Grouping, _engine_of, register_external_parameter,
                         set_leaf_modules)
 from ._optimizer import _Optimizer, add_param_groups, param_groups
@@ -295,6 +295,11 @@ class Engine:
                                                           aliases)
                 self._param_id[id(p)] = pid
                 self._shape_of_id.append(tuple(p.shape))
+                # DeepSpeed's attributes of a ZeRO-3 parameter (its data is
+                # the engine's view or an empty placeholder at every stage):
+                # code that tests for them gathers it (GatheredParameters).
+                p.ds_id, p.ds_shape, p.ds_numel = pid, p.shape, p.numel()
+                p.ds_status = ParamStatus.NOT_AVAILABLE
         # What the engine does not own follows the model to the device and dtype
         # (buffers, frozen parameters), as DeepSpeed's bf16/fp16 modes cast the model.
         for mod in self.module.modules():
@@ -661,6 +666,8 @@ class Engine:
                     dtype, device = self._origin[id(p)]
                     p.data = value.view(self._shape_of_id[pid]).to(device=device, dtype=dtype)
                     p.grad = None
+                    for attr in ("ds_id", "ds_shape", "ds_numel", "ds_status"):
+                        p.__dict__.pop(attr, None)
         for h in self._handles:
             h.remove()
         self._handles = []

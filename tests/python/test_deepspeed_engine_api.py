@@ -124,3 +124,51 @@ def test_the_loader_the_accelerator_and_the_namespace(tmp_path):
     assert isinstance(e.value, ValueError) and isinstance(e.value, strata.InvalidArgumentError)
     repeating = RepeatingLoader([1, 2])
     assert [next(repeating) for _ in range(5)] == [1, 2, 1, 2, 1]
+
+
+def test_parameters_carry_deepspeeds_zero3_attributes():
+    from deepspeed.zero import GatheredParameters, ZeroParamStatus
+    model = MLP()
+    shapes = [p.shape for p in model.parameters()]
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config())
+    for k, p in enumerate(model.parameters()):
+        assert p.ds_id == k and p.ds_shape == shapes[k] and p.ds_numel == shapes[k].numel()
+        assert p.ds_status == ZeroParamStatus.NOT_AVAILABLE and p.numel() == 0
+    with GatheredParameters(model.a.weight):
+        assert model.a.weight.ds_status == ZeroParamStatus.AVAILABLE
+        assert model.a.weight.shape == shapes[0]
+    assert model.a.weight.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    engine.destroy()  # the model's own parameters again
+    assert not hasattr(model.a.weight, "ds_id") and model.a.weight.shape == shapes[0]
+
+
+class Checkpointed(MLP):
+    def __init__(self, use):
+        super().__init__()
+        self.use = use
+
+    def forward(self, x):
+        import deepspeed.checkpointing as ckpt
+        h = torch.tanh(self.a(x))  # (a reentrant checkpoint needs an input requiring grad)
+        return ckpt.checkpoint(self.b, h) if self.use else self.b(h)
+
+
+def test_activation_checkpointing_as_deepspeed_scripts_call_it():
+    import deepspeed.checkpointing
+    deepspeed.checkpointing.configure(None, partition_activations=True, checkpoint_in_cpu=True)
+    assert deepspeed.checkpointing.is_configured()
+    losses = {}
+    for use in (False, True):
+        torch.manual_seed(6)
+        engine, _, _, _ = deepspeed.initialize(model=Checkpointed(use), config=config(gas=1))
+        got = []
+        for k in range(4):
+            loss = loss_of(engine, k)
+            engine.backward(loss)
+            engine.step()
+            got.append(loss.item())
+        losses[use] = got
+        engine.destroy()
+    assert losses[True] == losses[False]  # the same arithmetic, recomputed
+    with pytest.raises(deepspeed.NotSupportedError, match="tensor and pipeline parallelism"):
+        deepspeed.checkpointing.configure(object())

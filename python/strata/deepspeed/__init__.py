@@ -43,7 +43,7 @@ from .._errors import FailedPreconditionError, InvalidArgumentError, StrataError
 from .._private_fs import (check_replaceable, make_dirs, make_private_dir, open_regular_file,
                            write_file_replacing)
 from . import _client_optimizer
-from . import accelerator, comm, moe, ops, pipe, runtime, utils, zero  # noqa: F401
+from . import accelerator, checkpointing, comm, moe, ops, pipe, runtime, utils, zero  # noqa: F401
 from ._refuse import NotSupportedError
 from ._refuse import refuse as _refuse
 from .comm import init_distributed
@@ -52,8 +52,8 @@ from .runtime.config import DeepSpeedConfigError
 __version__ = "0.0.0+strata"
 
 __all__ = ["DeepSpeedEngine", "NotSupportedError", "add_config_arguments", "init_distributed",
-           "initialize", "read_latest", "DeepSpeedConfigError", "accelerator", "comm", "moe",
-           "ops", "pipe", "runtime", "utils", "zero"]
+           "initialize", "read_latest", "DeepSpeedConfigError", "accelerator", "checkpointing",
+           "comm", "moe", "ops", "pipe", "runtime", "utils", "zero"]
 
 # The file beside a tag's Strata checkpoint that holds client_state; the
 # key of the lr scheduler's state in it, and the key under which values
@@ -728,8 +728,9 @@ def _register_as_deepspeed():
         return
     this = sys.modules[__name__]
     sys.modules["deepspeed"] = this
-    for sub in ("accelerator", "comm", "moe", "moe.layer", "moe.utils", "ops", "ops.adam",
-                "pipe", "runtime", "runtime.config", "utils", "utils.zero_to_fp32", "zero"):
+    for sub in ("accelerator", "checkpointing", "comm", "moe", "moe.layer", "moe.utils", "ops",
+                "ops.adam", "pipe", "runtime", "runtime.config", "utils", "utils.zero_to_fp32",
+                "zero"):
         sys.modules[f"deepspeed.{sub}"] = sys.modules[f"{__name__}.{sub}"]
 
 

@@ -9,6 +9,7 @@ import contextlib
 import torch
 
 from .. import engine as _engine_mod
+from .._group import ParamStatus as ZeroParamStatus  # noqa: F401
 from .._grouping import register_external_parameter  # noqa: F401
 from ..init_context import init as _strata_init
 
@@ -52,9 +53,10 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
         if found is None:
             continue
         engine, pid = found
-        before = p.data
+        before = p.data, getattr(p, "ds_status", None)
         value = engine.read_full_parameter(pid).to(p.dtype)
         p.data = value
+        p.ds_status = ZeroParamStatus.AVAILABLE
         owned.append((engine, pid, p, before))
     try:
         yield
@@ -66,5 +68,6 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
                     dist.broadcast(value, src=modifier_rank)
                 engine.write_full_parameter(pid, value)
     finally:
-        for _, _, p, before in owned:
-            p.data = before
+        for _, _, p, (data, status) in owned:
+            p.data = data
+            p.ds_status = status
