@@ -359,11 +359,32 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
                 "--checkpoint-dir instead of refusing to start");
   cmd->add_flag("--json", opt->json, "Print one JSON object with the summary instead of the table");
   auto nproc = std::make_shared<int>(0);
+  auto launch = std::make_shared<LaunchOptions>();
   cmd->add_option("--nproc-per-node", *nproc,
                   "Start this many local ranks (data parallelism, as torchrun does: RANK, "
                   "WORLD_SIZE, MASTER_ADDR, MASTER_PORT set for each); rank 0 prints")
       ->check(CLI::Range(1, 1024));
-  cmd->callback([&r, opt, nproc] {
+  cmd->add_option("--nnodes", launch->nnodes,
+                  "Machines taking part (torchrun's --nnodes; default 1). Each runs this command "
+                  "with its own --node-rank; the ranks meet through STRATA_GLOO_DIR, a directory "
+                  "every machine sees")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--node-rank", launch->node_rank, "This machine's index, 0..nnodes-1 (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--master-addr", launch->master_addr,
+                  "MASTER_ADDR for the ranks: node 0's address (default 127.0.0.1)");
+  cmd->add_option("--master-port", launch->master_port,
+                  "MASTER_PORT for the ranks (default: a free port on one machine, 29500 on "
+                  "several)")
+      ->check(CLI::Range(1, 65535));
+  cmd->callback([&r, opt, nproc, launch] {
+    if (launch->node_rank >= launch->nnodes) {
+      std::cerr << "strata train: --node-rank " << launch->node_rank << " must be in 0.."
+                << launch->nnodes - 1 << " (--nnodes " << launch->nnodes << ")\n";
+      r.exit_code = kExitUsage;
+      return;
+    }
+    if (*nproc <= 0 && launch->nnodes > 1) *nproc = 1;  // (torchrun's default)
     if (*nproc <= 0) {
       r.exit_code = RunTrainCommand(*opt, std::cout, std::cerr);
       r.stdout_reported = true;
@@ -397,7 +418,8 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
       r.exit_code = kExitUsage;
       return;
     }
-    r.exit_code = LaunchLocalRanks("train", *nproc, args);
+    launch->nproc = *nproc;
+    r.exit_code = LaunchLocalRanks("train", *launch, args);
   });
 });
 

@@ -67,13 +67,27 @@ Status CheckGpusForLocalRanks(int nproc, const std::string& device, const char* 
                            flag);
 }
 
-int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args) {
-  auto port = FreePort();
-  if (!port.ok()) return Fail(cmd, port.status());
-  char dir_template[] = "/tmp/strata-ranks-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr)
-    return Fail(cmd, ErrnoError("creating the rendezvous directory under /tmp", errno));
-  const std::string dir = dir_template;
+int LaunchLocalRanks(const char* cmd, const LaunchOptions& o,
+                     const std::vector<std::string>& args) {
+  const int nproc = o.nproc;
+  int port = o.master_port;
+  if (port == 0 && o.nnodes > 1) port = 29500;  // torchrun's default
+  if (port == 0) {
+    auto free = FreePort();
+    if (!free.ok()) return Fail(cmd, free.status());
+    port = *free;
+  }
+  // One machine without STRATA_GLOO_DIR: a private rendezvous directory of
+  // its own. Several: the one every machine sees (the environment's, or the
+  // default the ranks derive from MASTER_ADDR and MASTER_PORT).
+  std::string dir;
+  if (o.nnodes == 1 && std::getenv("STRATA_GLOO_DIR") == nullptr) {
+    char dir_template[] = "/tmp/strata-ranks-XXXXXX";
+    if (mkdtemp(dir_template) == nullptr)
+      return Fail(cmd, ErrnoError("creating the rendezvous directory under /tmp", errno));
+    dir = dir_template;
+  }
+  const int first_rank = o.node_rank * nproc;
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return Fail(cmd, "cannot find this program (/proc/self/exe): " + ec.message());
@@ -114,17 +128,18 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
       signal(SIGHUP, SIG_DFL);
-      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("RANK", std::to_string(first_rank + r).c_str(), 1);
       setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(o.nnodes * nproc).c_str(), 1);
       setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", std::to_string(*port).c_str(), 1);
-      setenv("STRATA_GLOO_DIR", dir.c_str(), 1);
+      setenv("GROUP_RANK", std::to_string(o.node_rank).c_str(), 1);
+      setenv("MASTER_ADDR", o.master_addr.c_str(), 1);
+      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      if (!dir.empty()) setenv("STRATA_GLOO_DIR", dir.c_str(), 1);
       // (A rank takes a second SIGINT/SIGTERM/SIGHUP soon after the first for
       // this launcher's forwarded copy: cmd_train.cc.)
       setenv("STRATA_LAUNCHER_PID", std::to_string(launcher).c_str(), 1);
-      if (r != 0) {
+      if (first_rank + r != 0) {
         if (FILE* null = std::freopen("/dev/null", "w", stdout); null == nullptr) _exit(kExitIo);
       }
       std::vector<char*> cargv;
@@ -165,7 +180,7 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
       --left;
       const int code = CodeOf(st);
       if (code == 0) continue;
-      std::fprintf(stderr, "strata %s: rank %zu %s %d\n", cmd, i,
+      std::fprintf(stderr, "strata %s: rank %zu %s %d\n", cmd, first_rank + i,
                    WIFEXITED(st) ? "exited with" : "was ended by signal",
                    WIFEXITED(st) ? code : WTERMSIG(st));
       if (result == 0) result = code;
@@ -176,14 +191,14 @@ int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>&
       for (size_t i = 0; i < pids.size(); ++i)
         if (status[i] == -1) {
           std::fprintf(stderr, "strata %s: rank %zu did not exit within %.0f s: killing it\n", cmd,
-                       i, kRankStopGraceS);
+                       first_rank + i, kRankStopGraceS);
           kill(pids[i], SIGKILL);
         }
     }
     if (!any && left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   restore();
-  std::filesystem::remove_all(dir, ec);
+  if (!dir.empty()) std::filesystem::remove_all(dir, ec);
   return result;
 }
 

@@ -1,11 +1,17 @@
 // Starting local ranks the way torchrun does, for `strata train
-// --nproc-per-node N` and `strata bench comm --nproc N`: N copies of this
-// program (/proc/self/exe) with RANK, LOCAL_RANK, WORLD_SIZE,
-// LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT (a free port) and
-// STRATA_GLOO_DIR (a fresh directory, removed afterwards) set.
+// --nproc-per-node N [--nnodes M --node-rank K --master-addr A --master-port
+// P]` and `strata bench comm --nproc N`: N copies of this program
+// (/proc/self/exe) with RANK (K*N + the local rank), LOCAL_RANK, WORLD_SIZE
+// (M*N), LOCAL_WORLD_SIZE, GROUP_RANK (K), MASTER_ADDR and MASTER_PORT set.
+// On one machine (M = 1) the port is a free one unless given, and without
+// STRATA_GLOO_DIR in the environment the ranks get a fresh private
+// rendezvous directory (removed afterwards). With several machines the port
+// defaults to 29500 and the ranks' rendezvous directory is STRATA_GLOO_DIR
+// (a directory every machine sees), else MASTER_ADDR/MASTER_PORT's default
+// (src/gpu/comm_internal.h: GlooRendezvousDir).
 //
-// Rank 0's stdout is this command's; the other ranks' stdout is discarded
-// (their stderr is kept). SIGINT, SIGTERM and SIGHUP sent to the launcher
+// Global rank 0's stdout is this command's; the other ranks' stdout is
+// discarded (their stderr is kept). SIGINT, SIGTERM and SIGHUP sent to the launcher
 // are forwarded to every rank. When a rank fails (non-zero exit or a
 // signal) the launcher says which and ends the others with SIGTERM, as
 // torchrun's agent does; they also fail by themselves within the
@@ -47,7 +53,22 @@ inline Status GpusForLocalRanks(int nproc, const std::string& device, int gpus, 
 // The same for this machine's GPUs (gpu::ListCudaDevices).
 Status CheckGpusForLocalRanks(int nproc, const std::string& device, const char* flag);
 
+// Where this machine's ranks sit among all ranks (torchrun's options).
+struct LaunchOptions {
+  int nproc = 1;      // ranks on this machine (--nproc-per-node)
+  int nnodes = 1;     // machines (--nnodes)
+  int node_rank = 0;  // this machine's index, 0..nnodes-1 (--node-rank)
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port on one machine, 29500 on several
+};
+
 // `args`: the command line each rank runs, after the program name.
-int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args);
+int LaunchLocalRanks(const char* cmd, const LaunchOptions& options,
+                     const std::vector<std::string>& args);
+inline int LaunchLocalRanks(const char* cmd, int nproc, const std::vector<std::string>& args) {
+  LaunchOptions o;
+  o.nproc = nproc;
+  return LaunchLocalRanks(cmd, o, args);
+}
 
 }  // namespace strata::cli

@@ -797,6 +797,57 @@ TEST(TrainCli, TwoLocalRanksTrainAsOneRankAccumulatingTheirBatches) {
   }
 }
 
+// Two "machines" of one rank each (two launchers with --nnodes 2 and their
+// --node-rank, meeting at --master-addr/--master-port through a shared
+// STRATA_GLOO_DIR) train as one rank accumulating both batches, bit for
+// bit; node 0's rank 0 alone prints. A --node-rank outside --nnodes is a
+// usage error.
+TEST(TrainCli, TwoNodesTrainAsOneRankAccumulatingTheirBatches) {
+  testing::ScratchDir dir;
+  const std::string zero = R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})";
+  const RunResult one =
+      Strata("train --config " + DataParallelConfig(dir.str(), "one.json", 2, 1, zero) +
+                 " --steps 3 --json",
+             dir.str());
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::string two = DataParallelConfig(dir.str(), "two.json", 1, 2, zero);
+  std::filesystem::create_directories(dir.str() + "/rdv");
+  std::filesystem::permissions(dir.str() + "/rdv", std::filesystem::perms::owner_all);
+  // A port free a moment ago, and both nodes' commands.
+  const int port = 20000 + static_cast<int>(getpid() % 20000);
+  pid_t node[2];
+  for (int k = 0; k < 2; ++k) {
+    std::filesystem::create_directories(dir.str() + "/node" + std::to_string(k));
+    node[k] = fork();
+    if (node[k] == 0) {
+      const std::string out = dir.str() + "/node" + std::to_string(k);
+      const std::string cmd = "STRATA_GLOO_DIR=" + dir.str() + "/rdv exec " + STRATA_CLI_PATH +
+                              " train --config " + two +
+                              " --steps 3 --json --nnodes 2 --nproc-per-node 1 --node-rank " +
+                              std::to_string(k) + " --master-addr 127.0.0.1 --master-port " +
+                              std::to_string(port) + " >" + out + "/stdout 2>" + out + "/stderr";
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  for (int k = 0; k < 2; ++k) {
+    int st = 0;
+    ASSERT_EQ(waitpid(node[k], &st, 0), node[k]);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        << "node " << k << ": " << ReadFile(dir.str() + "/node" + std::to_string(k) + "/stderr");
+  }
+  EXPECT_EQ(ReadFile(dir.str() + "/node1/stdout"), "");  // global rank 1 prints nothing
+  const json a = json::parse(one.out), b = json::parse(ReadFile(dir.str() + "/node0/stdout"));
+  EXPECT_EQ(b["world_size"], 2);
+  ASSERT_EQ(a["losses"].size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(a["losses"][i].get<double>(), b["losses"][i].get<double>()) << "step " << i + 1;
+
+  const RunResult bad = Strata("train --config " + two + " --nnodes 2 --node-rank 2", dir.str());
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--node-rank 2 must be in 0..1 (--nnodes 2)"));
+}
+
 // A checkpoint saved by two ranks resumes on one rank accumulating both
 // micro-batches (the same global batch), and one saved by one rank resumes
 // on two: the losses are those of the run that was not interrupted.
