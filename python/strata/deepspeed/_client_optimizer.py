@@ -25,35 +25,29 @@ from .._errors import InvalidArgumentError
 from ._refuse import refuse
 
 
-class DeepSpeedCPUAdam(torch.optim.AdamW):
+class DeepSpeedCPUAdam(torch.optim.Optimizer):
     """deepspeed.ops.adam.DeepSpeedCPUAdam's constructor: Adam with
     decoupled weight decay (``adamw_mode=True``, the default) or L2 weight
     decay. Given to initialize, the engine runs it on Strata's CPU
-    optimizer; used alone it steps as torch's AdamW (or Adam)."""
+    optimizer; used alone it steps as torch's AdamW (or Adam), which it
+    holds and whose param_groups and state are its own."""
 
     def __init__(self, model_params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-8,
                  weight_decay=0, amsgrad=False, adamw_mode=True, fp32_optimizer_states=True):
         if not bias_correction:
             refuse(f"{type(self).__name__}(bias_correction=False)",
                    "Strata's Adam always corrects the bias")
-        super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         amsgrad=amsgrad)
+        params = list(model_params)
         self.adamw_mode = bool(adamw_mode)
-        if not self.adamw_mode:
-            # torch.optim.Adam's step reads options AdamW may not have (torch
-            # 1.13: differentiable, fused): Adam's defaults for them.
-            adam = torch.optim.Adam([torch.zeros(1, requires_grad=True)]).defaults
-            for key, value in adam.items():
-                self.defaults.setdefault(key, value)
-                for g in self.param_groups:
-                    g.setdefault(key, value)
+        kind = torch.optim.AdamW if self.adamw_mode else torch.optim.Adam
+        self._torch = kind(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                           amsgrad=amsgrad)
+        super().__init__(params, self._torch.defaults)
+        self.param_groups = self._torch.param_groups
+        self.state = self._torch.state
 
-    @torch.no_grad()
     def step(self, closure=None):
-        if self.adamw_mode:
-            return super().step(closure)
-        # L2: the decay added to the gradient, as torch.optim.Adam.
-        return torch.optim.Adam.step(self, closure)
+        return self._torch.step(closure)
 
 
 class FusedAdam(DeepSpeedCPUAdam):
