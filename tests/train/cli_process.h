@@ -2,9 +2,11 @@
 // watch what it leaves behind.
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -36,6 +38,39 @@ inline size_t SwapFilesIn(const std::string& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir, ec))
     n += e.path().filename().string().rfind("strata-swap-", 0) == 0;
   return n;
+}
+
+// What `strata <args>` run to its end printed and returned.
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs `strata <args>` (STRATA_CLI_PATH, the test target's) in the shell
+// with stdout and stderr in `dir`; `env`: "VAR=value ..." put before it.
+inline RunResult Strata(const std::string& args, const std::string& dir,
+                        const std::string& env = "") {
+  const std::string out = dir + "/stdout", err = dir + "/stderr";
+  const std::string cmd =
+      env + " " + std::string(STRATA_CLI_PATH) + " " + args + " >" + out + " 2>" + err;
+  const int rc = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  r.out = ReadFile(out);
+  r.err = ReadFile(err);
+  return r;
+}
+
+// Starts `strata <args>` with stdout/stderr in files in `dir`; returns its pid.
+inline pid_t Spawn(const std::string& args, const std::string& dir) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string cmd = "exec " + std::string(STRATA_CLI_PATH) + " " + args + " >" + dir +
+                            "/stdout 2>" + dir + "/stderr";
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
 }
 
 }  // namespace strata::cli_testing
