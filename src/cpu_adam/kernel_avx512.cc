@@ -49,6 +49,22 @@ struct ArchIO<Arch> {
   static void StoreU8(uint8_t* p, BI<Arch> x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(x.data));  // vpmovdb
   }
+  static BI<Arch> LoadS8(const uint8_t* p) {
+    return FromRegister<int32_t, Arch>(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // vpmovdb keeps the low 8 bits: [-128, 127] in two's complement as is.
+  static void StoreS8(uint8_t* p, BI<Arch> x) { StoreU8(p, x); }
+  // One vpmovdb per vector already: no packing to share.
+  static void StoreU8x4(uint8_t* p, BI<Arch> a, BI<Arch> b, BI<Arch> c, BI<Arch> d) {
+    StoreU8(p, a);
+    StoreU8(p + 16, b);
+    StoreU8(p + 32, c);
+    StoreU8(p + 48, d);
+  }
+  static void StoreS8x4(uint8_t* p, BI<Arch> a, BI<Arch> b, BI<Arch> c, BI<Arch> d) {
+    StoreU8x4(p, a, b, c, d);
+  }
 };
 
 const KernelTable* Avx512Table() {

@@ -46,6 +46,10 @@ using BI = xsimd::batch<int32_t, A>;
 //   static void   Fence();                               orders streaming stores
 //   static BI<A>  LoadU8(const uint8_t* p);             zero-extends lanes
 //   static void   StoreU8(uint8_t* p, BI<A> x);         low 8 bits of lanes (x in [0, 0xff])
+//   static BI<A>  LoadS8(const uint8_t* p);             sign-extends lanes
+//   static void   StoreS8(uint8_t* p, BI<A> x);         low 8 bits of lanes (x in [-128, 127])
+//   static void   StoreU8x4(uint8_t* p, BI<A> a, b, c, d);  4 vectors' StoreU8, in order
+//   static void   StoreS8x4(uint8_t* p, BI<A> a, b, c, d);  4 vectors' StoreS8, in order
 template <class A>
 struct ArchIO;
 
@@ -532,23 +536,46 @@ inline BI<A> FloatToBf16StochasticVec(BF<A> f, BU<A> random) {
   return BitCast<BI<A>>(r);
 }
 
-// EncodeExpAvg8 per lane (code in the low 8 bits of each lane).
+// The rounding of a code's normal range: the fp32 bits `yb` rebiased by
+// `rebias` (a multiple of 2^23, so bits 0-22 are yb's own), the 20 dropped
+// mantissa bits rounded to nearest even: (h + 0x7ffff + ((h >> 20) & 1))
+// >> 20 in state_codes.h, with the two constants folded into one add.
+template <class A>
+inline BI<A> RoundCodeBits(BI<A> yb, int32_t rebias) {
+  using I = BI<A>;
+  return (yb + I(0x7ffff - rebias) + ((yb >> 20) & I(1))) >> 20;
+}
+
+// lo where y < limit, else hi (y not NaN).
+template <class A>
+inline BI<A> SelectBelow(BF<A> y, float limit, BI<A> lo, BI<A> hi) {
+  using B = BF<A>;
+  return BitCast<BI<A>>(xsimd::select(y < B(limit), BitCast<B>(lo), BitCast<B>(hi)));
+}
+
+// EncodeExpAvg8 per lane as a signed lane: the code's magnitude, minus 128
+// when the sign is set, so that its low 8 bits are the code (StoreS8 packs
+// with signed saturation, which keeps [-128, 127] exact).
 template <class A>
 inline BI<A> EncodeExpAvg8Vec(BF<A> x, BF<A> inv) {
   using I = BI<A>;
   using B = BF<A>;
   const I u = BitCast<I>(x);
-  const I sign = (u >> 24) & I(0x80);
   const B y = xsimd::min(BitCast<B>(u & I(0x7fffffff)) * inv, B(kExpAvgCodeMax));
+  const I yb = BitCast<I>(y);
   const B t = y * B(512.f) + B(0x1p23f);
   const I sub = BitCast<I>(t) - I(0x4b000000);
-  const I h = BitCast<I>(y) - I(120 << 23);
-  const I norm = (h + I(0x7ffff) + ((h >> 20) & I(1))) >> 20;
-  // y >= 0 and not NaN: compare its bits (y < 2^-6) to stay in the integer domain.
-  return xsimd::select(BitCast<I>(y) < I(121 << 23), sub, norm) | sign;
+  const I norm = RoundCodeBits<A>(yb, 120 << 23);
+  // y >= 0 and not NaN (the min returns its constant for NaN): y < 2^-6 as
+  // floats, one compare (the integer y_bits < C compiles to a min and an
+  // equality on AVX2).
+  const I mag = SelectBelow<A>(y, 0x1p-6f, sub, norm);
+  // u < 0 as an integer: x's sign bit (-0 and a negative NaN included).
+  return xsimd::select(u < I(0), mag - I(128), mag);
 }
 
-// DecodeExpAvg8 per lane (code units).
+// DecodeExpAvg8 per lane (code units), from a sign-extended code (LoadS8):
+// lanes in [-128, 127], bit 31 set exactly where the code's sign bit is.
 template <class A>
 inline BF<A> DecodeExpAvg8Vec(BI<A> c) {
   using I = BI<A>;
@@ -556,23 +583,24 @@ inline BF<A> DecodeExpAvg8Vec(BI<A> c) {
   const I mag = c & I(0x7f);
   const I sub = BitCast<I>(xsimd::to_float(mag) * B(1.f / 512.f));
   const I norm = (mag << 20) + I(120 << 23);
-  return BitCast<B>(xsimd::select(mag < I(8), sub, norm) | ((c & I(0x80)) << 24));
+  return BitCast<B>(xsimd::select(mag > I(7), norm, sub) | (c & I(INT32_MIN)));
 }
 
 template <class A>
 inline BI<A> EncodeExpAvgSq8Vec(BF<A> x, BF<A> inv) {
   using I = BI<A>;
   using B = BF<A>;
-  const B y = xsimd::min(BitCast<B>(BitCast<I>(x) & I(0x7fffffff)) * inv, B(kExpAvgSqCodeMax));
+  const I xb = BitCast<I>(x);
+  const B y = xsimd::min(BitCast<B>(xb & I(0x7fffffff)) * inv, B(kExpAvgSqCodeMax));
+  const I yb = BitCast<I>(y);
   const B t = y * B(131072.f) + B(0x1p23f);
   const I sub = BitCast<I>(t) - I(0x4b000000);
-  const I h = BitCast<I>(y) - I(112 << 23);
-  const I norm = (h + I(0x7ffff) + ((h >> 20) & I(1))) >> 20;
-  const I code = xsimd::select(BitCast<I>(y) < I(113 << 23), sub, norm);  // y < 2^-14
-  // A positive v never becomes code 0.
-  // (x > 0 as an integer compare of the bits: NaN counts as positive here,
-  // but it saturates to the largest code anyway.)
-  return xsimd::select((BitCast<I>(x) > I(0)) & (code == I(0)), I(1), code);
+  const I norm = RoundCodeBits<A>(yb, 112 << 23);
+  const I code = SelectBelow<A>(y, 0x1p-14f, sub, norm);
+  // A positive v never becomes code 0: max(code, 1) where x > 0 (codes are
+  // >= 0). (x > 0 as an integer compare of the bits: NaN counts as positive
+  // here, but it saturates to the largest code anyway.)
+  return xsimd::max(code, xsimd::select(xb > I(0), I(1), I(0)));
 }
 
 template <class A>
@@ -581,16 +609,7 @@ inline BF<A> DecodeExpAvgSq8Vec(BI<A> c) {
   using B = BF<A>;
   const I sub = BitCast<I>(xsimd::to_float(c) * B(1.f / 131072.f));
   const I norm = (c << 20) + I(112 << 23);
-  return BitCast<B>(xsimd::select(c < I(8), sub, norm));
-}
-
-// The gradient of a compact kernel, the fold chosen at run time.
-template <class A, int GD>
-inline BF<A> LoadGradRt(const void* g, const float* f, bool folded, size_t i) {
-  const BF<A> x = LoadGrad<A, GD>(g, i);
-  if (!folded) return x;
-  if (f != nullptr) return BF<A>::load_unaligned(f + i) + x;  // acc + g
-  return BF<A>(0.f) + x;                                      // a zeroed acc += g
+  return BitCast<B>(xsimd::select(c > I(7), norm, sub));
 }
 
 template <class A, StateFormat SF, KernelOp OP, int GD>
@@ -636,9 +655,10 @@ struct CompactKernel {
   // formats store the moments; int8 returns them in *m_out, *v_out (the
   // caller encodes them once the block's scale is known). sc0, sc1: the
   // block's current scales (int8).
+  template <int F>
   static inline void Vec(const View& v, size_t i, uint64_t gidx, const KernelArgs& a,
                          const Coeffs& c, float sc0, float sc1, B* m_out, B* v_out) {
-    const B g = LoadGradRt<A, GD>(v.g, v.f, a.folded, i) * B(c.grad_scale);
+    const B g = LoadFoldedGrad<A, GD, F>(v.g, v.f, i) * B(c.grad_scale);
     if constexpr (kRoof) {
       // The same loads and stores, values unchanged: bits | (g's bits & 0).
       static volatile int32_t opaque_zero = 0;
@@ -655,11 +675,10 @@ struct CompactKernel {
       B p =
           kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i)) : B::load_unaligned(v.p + i);
       B m(0.f), vv(0.f);  // (Lion has no vv: it stays 0)
-      const I m_raw = LoadState(v.s0, i);
       if constexpr (kInt8) {
-        m = DecodeExpAvg8Vec<A>(m_raw) * B(sc0);
+        m = DecodeExpAvg8Vec<A>(ArchIO<A>::LoadS8(v.s0 + i)) * B(sc0);
       } else {
-        m = Bf16BitsToFloat<A>(m_raw);
+        m = Bf16BitsToFloat<A>(LoadState(v.s0, i));
       }
       if constexpr (OP == KernelOp::kLion) {
         LionUpdate<A>(g, p, m, c);
@@ -690,7 +709,10 @@ struct CompactKernel {
 
   // The group [s, s + len) of the range `v` (len <= kQuantBlock; for int8
   // s is a block start and blk its block in the scale arrays).
-  static inline void Group(const View& v, size_t s, size_t len, uint64_t gidx, size_t blk,
+  // (v by value: the compiler then knows the stores below cannot change
+  // its pointers, and keeps them in registers.)
+  template <int F>
+  static inline void Group(const View v, size_t s, size_t len, uint64_t gidx, size_t blk,
                            const KernelArgs& a, const Coeffs& c) {
     alignas(64) float mb[kInt8 && !kRoof ? kQuantBlock : 1];
     alignas(64) float vb[kInt8 && !kRoof && kHasS1 ? kQuantBlock : 1];
@@ -703,7 +725,7 @@ struct CompactKernel {
     const size_t full = len / W * W;
     for (size_t j = 0; j < full; j += W) {
       B m(0.f), vv(0.f);  // (Vec sets them for int8 only)
-      Vec(v, s + j, gidx + j, a, c, sc0, sc1, &m, &vv);
+      Vec<F>(v, s + j, gidx + j, a, c, sc0, sc1, &m, &vv);
       if constexpr (kInt8 && !kRoof) {
         m.store_aligned(mb + j);
         amax0 = xsimd::max(amax0, xsimd::abs(m));
@@ -732,7 +754,7 @@ struct CompactKernel {
       if constexpr (kHasS1) std::memcpy(ts1, v.s1 + e * kSB, rem * kSB);
       const View t{tp, tpc, tg, v.f != nullptr ? tf : nullptr, ts0, ts1};
       B m(0.f), vv(0.f);  // (Vec sets them for int8 only)
-      Vec(t, 0, gidx + full, a, c, sc0, sc1, &m, &vv);
+      Vec<F>(t, 0, gidx + full, a, c, sc0, sc1, &m, &vv);
       if constexpr (kMaster16) {
         std::memcpy(v.pc + e, tpc, rem * 2);
       } else {
@@ -765,15 +787,28 @@ struct CompactKernel {
         q1 = MakeBlockScale(HMax(amax1), kExpAvgSqCodeMax);
         a.scale1[blk] = q1.scale;
       }
-      for (size_t j = 0; j < full; j += W) {
-        ArchIO<A>::StoreU8(v.s0 + s + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb + j), B(q0.inv)));
+      // Four vectors at a time: one pack sequence per 4W codes.
+      const B inv0(q0.inv), inv1(q1.inv);
+      size_t j = 0;
+      for (; j + 4 * W <= full; j += 4 * W) {
+        ArchIO<A>::StoreS8x4(v.s0 + s + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb + j), inv0),
+                             EncodeExpAvg8Vec<A>(B::load_aligned(mb + j + W), inv0),
+                             EncodeExpAvg8Vec<A>(B::load_aligned(mb + j + 2 * W), inv0),
+                             EncodeExpAvg8Vec<A>(B::load_aligned(mb + j + 3 * W), inv0));
         if constexpr (kHasS1)
-          ArchIO<A>::StoreU8(v.s1 + s + j,
-                             EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j), B(q1.inv)));
+          ArchIO<A>::StoreU8x4(v.s1 + s + j, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j), inv1),
+                               EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j + W), inv1),
+                               EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j + 2 * W), inv1),
+                               EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j + 3 * W), inv1));
+      }
+      for (; j < full; j += W) {
+        ArchIO<A>::StoreS8(v.s0 + s + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb + j), inv0));
+        if constexpr (kHasS1)
+          ArchIO<A>::StoreU8(v.s1 + s + j, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j), inv1));
       }
       if (rem != 0) {
         alignas(64) uint8_t t[W];
-        ArchIO<A>::StoreU8(t, EncodeExpAvg8Vec<A>(B::load_aligned(mb + full), B(q0.inv)));
+        ArchIO<A>::StoreS8(t, EncodeExpAvg8Vec<A>(B::load_aligned(mb + full), B(q0.inv)));
         std::memcpy(v.s0 + s + full, t, rem);
         if constexpr (kHasS1) {
           ArchIO<A>::StoreU8(t, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + full), B(q1.inv)));
@@ -830,7 +865,15 @@ struct CompactKernel {
     const Coeffs c = a.c;
     for (size_t s = 0; s < n; s += kQuantBlock) {
       const size_t len = std::min(kQuantBlock, n - s);
-      Group(v, s, len, a.index0 + off + s, (off + s) / kQuantBlock, a, c);
+      const uint64_t gidx = a.index0 + off + s;
+      const size_t blk = (off + s) / kQuantBlock;
+      if (!a.folded) {
+        Group<kNoFold>(v, s, len, gidx, blk, a, c);
+      } else if (v.f != nullptr) {
+        Group<kFoldAcc>(v, s, len, gidx, blk, a, c);
+      } else {
+        Group<kFoldZero>(v, s, len, gidx, blk, a, c);
+      }
       switch (a.copy) {
         case CopyOut::kNone:
           break;
@@ -885,6 +928,13 @@ void QuantizeQ8Array(const float* in, size_t n, uint8_t* codes, float* scales) {
       return EncodeExpAvg8Vec<A>(x, inv);
     }
   };
+  auto store = [](uint8_t* p, BI<A> c) {
+    if constexpr (SQ) {
+      ArchIO<A>::StoreU8(p, c);
+    } else {
+      ArchIO<A>::StoreS8(p, c);
+    }
+  };
   for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
     const size_t len = std::min(kQuantBlock, n - s), full = len / W * W;
     alignas(64) float t[W] = {};
@@ -900,10 +950,10 @@ void QuantizeQ8Array(const float* in, size_t n, uint8_t* codes, float* scales) {
     const BlockScale q = MakeBlockScale(m, SQ ? kExpAvgSqCodeMax : kExpAvgCodeMax);
     scales[b] = q.scale;
     for (size_t j = 0; j < full; j += W)
-      ArchIO<A>::StoreU8(codes + s + j, encode(B::load_unaligned(in + s + j), B(q.inv)));
+      store(codes + s + j, encode(B::load_unaligned(in + s + j), B(q.inv)));
     if (len != full) {
       alignas(64) uint8_t o[W];
-      ArchIO<A>::StoreU8(o, encode(B::load_aligned(t), B(q.inv)));
+      store(o, encode(B::load_aligned(t), B(q.inv)));
       std::memcpy(codes + s + full, o, len - full);
     }
   }
@@ -920,16 +970,23 @@ void DequantizeQ8Array(const uint8_t* codes, const float* scales, size_t n, floa
       return DecodeExpAvg8Vec<A>(c);
     }
   };
+  auto load = [](const uint8_t* p) {
+    if constexpr (SQ) {
+      return ArchIO<A>::LoadU8(p);
+    } else {
+      return ArchIO<A>::LoadS8(p);
+    }
+  };
   for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
     const size_t len = std::min(kQuantBlock, n - s), full = len / W * W;
     const B sc(scales[b]);
     for (size_t j = 0; j < full; j += W)
-      (decode(ArchIO<A>::LoadU8(codes + s + j)) * sc).store_unaligned(out + s + j);
+      (decode(load(codes + s + j)) * sc).store_unaligned(out + s + j);
     if (len != full) {
       alignas(64) uint8_t c[W] = {};
       alignas(64) float o[W];
       std::memcpy(c, codes + s + full, len - full);
-      (decode(ArchIO<A>::LoadU8(c)) * sc).store_aligned(o);
+      (decode(load(c)) * sc).store_aligned(o);
       std::memcpy(out + s + full, o, (len - full) * 4);
     }
   }

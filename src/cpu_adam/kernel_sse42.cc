@@ -45,6 +45,24 @@ struct ArchIO<Arch> {
     const int32_t v = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
     std::memcpy(p, &v, 4);
   }
+  static BI<Arch> LoadS8(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return FromRegister<int32_t, Arch>(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
+  }
+  static void StoreS8(uint8_t* p, BI<Arch> x) {
+    const __m128i w = _mm_packs_epi32(x.data, x.data);
+    const int32_t v = _mm_cvtsi128_si32(_mm_packs_epi16(w, w));
+    std::memcpy(p, &v, 4);
+  }
+  static void StoreU8x4(uint8_t* p, BI<Arch> a, BI<Arch> b, BI<Arch> c, BI<Arch> d) {
+    const __m128i ab = _mm_packus_epi32(a.data, b.data), cd = _mm_packus_epi32(c.data, d.data);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(ab, cd));
+  }
+  static void StoreS8x4(uint8_t* p, BI<Arch> a, BI<Arch> b, BI<Arch> c, BI<Arch> d) {
+    const __m128i ab = _mm_packs_epi32(a.data, b.data), cd = _mm_packs_epi32(c.data, d.data);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(ab, cd));
+  }
 };
 
 const KernelTable* Sse42Table() {

@@ -548,6 +548,68 @@ TEST(StateCodesTest, QuantizerRoundTripIsBoundedPerBlock) {
   }
 }
 
+// The vector codes against the scalar ones where rounding is decided: each
+// block holds its code maximum first (so the scale is exactly 1 and the
+// inputs are code units), then every code's value, the midpoints between
+// neighbouring codes (ties to even), one float either side of each
+// midpoint, both signs, -0, denormals and values past saturation. Every
+// ISA's codes and decoded values equal the scalar reference's bits.
+TEST(StateCodesTest, EveryIsaRoundsEveryCodeBoundaryLikeTheScalarCode) {
+  for (int sq = 0; sq < 2; ++sq) {
+    SCOPED_TRACE(sq ? "exp_avg_sq" : "exp_avg");
+    const int ncodes = sq ? 256 : 128;
+    auto decode = [&](int c) {
+      return sq ? internal::DecodeExpAvgSq8(static_cast<uint8_t>(c))
+                : internal::DecodeExpAvg8(static_cast<uint8_t>(c));
+    };
+    std::vector<float> vals;
+    for (int c = 0; c < ncodes; ++c) {
+      const float x = decode(c);
+      vals.push_back(x);
+      if (c + 1 < ncodes) {
+        const float mid = x + (decode(c + 1) - x) / 2;  // exact: one more bit than the codes
+        vals.push_back(mid);
+        vals.push_back(std::nextafter(mid, 0.f));
+        vals.push_back(std::nextafter(mid, 1e30f));
+      }
+    }
+    for (float x : {0.f, 0x1p-149f, 0x1p-127f, 0x1p-126f, 1e-30f, 1e30f, 481.f, 122881.f,
+                    std::numeric_limits<float>::infinity()})
+      vals.push_back(x);
+    const size_t per = kStateBlock - 1;  // values after each block's maximum
+    const size_t nblocks = (vals.size() * 2 + per - 1) / per;
+    const size_t n = nblocks * kStateBlock - 13;  // a partial last block
+    std::vector<float> x(n, 0.f);
+    size_t k = 0;
+    for (size_t b = 0; b < nblocks; ++b) {
+      x[b * kStateBlock] = sq ? internal::kExpAvgSqCodeMax : internal::kExpAvgCodeMax;
+      for (size_t i = b * kStateBlock + 1; i < std::min(n, (b + 1) * kStateBlock); ++i, ++k) {
+        const float val = vals[(k / 2) % vals.size()];
+        x[i] = (k % 2 == 1 && !sq) ? -val : val;  // exp_avg: both signs
+      }
+    }
+    x[n - 1] = -0.f;
+    std::vector<uint8_t> ref(n);
+    std::vector<float> ref_scales(nblocks), ref_back(n);
+    internal::ScalarTable().quantize_q8[sq](x.data(), n, ref.data(), ref_scales.data());
+    internal::ScalarTable().dequantize_q8[sq](ref.data(), ref_scales.data(), n, ref_back.data());
+    ASSERT_EQ(ref_scales[0], 1.f);
+    for (const std::string& isa : Isas()) {
+      SCOPED_TRACE(isa);
+      auto table = internal::SelectTable(isa);
+      ASSERT_TRUE(table.ok());
+      std::vector<uint8_t> codes(n);
+      std::vector<float> scales(nblocks), back(n);
+      (*table)->quantize_q8[sq](x.data(), n, codes.data(), scales.data());
+      (*table)->dequantize_q8[sq](codes.data(), scales.data(), n, back.data());
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(codes[i], ref[i]) << "element " << i << " x=" << x[i];
+        ASSERT_EQ(FloatBits(back[i]), FloatBits(ref_back[i])) << "element " << i;
+      }
+    }
+  }
+}
+
 // EncodeState/DecodeState agree with the kernels' representation and refuse
 // missing arrays.
 TEST(StateCodesTest, EncodeDecodeStateArrays) {
