@@ -22,6 +22,12 @@ struct ArchIO<Arch> {
   static void StoreU16(uint16_t* p, BI<Arch> x) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), Narrow(x));
   }
+  // Two vectors: one pack (per 128-bit lane: a0 b0 | a1 b1 in 4-element
+  // groups) and one qword permute back to element order.
+  static void StoreU16x2(uint16_t* p, BI<Arch> a, BI<Arch> b) {
+    const __m256i t = _mm256_permute4x64_epi64(_mm256_packus_epi32(a.data, b.data), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), t);
+  }
   static bool StreamU16(uint16_t* p, BI<Arch> x) {
     if (!IsAligned16(p)) return false;
     _mm_stream_si128(reinterpret_cast<__m128i*>(p), Narrow(x));

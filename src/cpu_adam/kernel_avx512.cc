@@ -19,6 +19,11 @@ struct ArchIO<Arch> {
   static void StoreU16(uint16_t* p, BI<Arch> x) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x.data));  // vpmovdw
   }
+  // One vpmovdw per vector already: no packing to share.
+  static void StoreU16x2(uint16_t* p, BI<Arch> a, BI<Arch> b) {
+    StoreU16(p, a);
+    StoreU16(p + 16, b);
+  }
   static bool StreamU16(uint16_t* p, BI<Arch> x) {
     if ((reinterpret_cast<uintptr_t>(p) & 31) != 0) return false;
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(x.data));

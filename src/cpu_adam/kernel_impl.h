@@ -50,6 +50,7 @@ using BI = xsimd::batch<int32_t, A>;
 //   static void   StoreS8(uint8_t* p, BI<A> x);         low 8 bits of lanes (x in [-128, 127])
 //   static void   StoreU8x4(uint8_t* p, BI<A> a, b, c, d);  4 vectors' StoreU8, in order
 //   static void   StoreS8x4(uint8_t* p, BI<A> a, b, c, d);  4 vectors' StoreS8, in order
+//   static void   StoreU16x2(uint16_t* p, BI<A> a, b);  2 vectors' StoreU16, in order
 template <class A>
 struct ArchIO;
 
@@ -652,10 +653,11 @@ struct CompactKernel {
   }
 
   // Updates the W elements at index i of `v` (global index gidx). bf16
-  // formats store the moments; int8 returns them in *m_out, *v_out (the
-  // caller encodes them once the block's scale is known). sc0, sc1: the
-  // block's current scales (int8).
-  template <int F>
+  // formats store the moments unless kDefer; int8 (and kDefer) return them
+  // in *m_out, *v_out (int8: the caller encodes them once the block's scale
+  // is known; bf16: the caller stores two vectors' moments at once). sc0,
+  // sc1: the block's current scales (int8).
+  template <int F, bool kDefer = false>
   static inline void Vec(const View& v, size_t i, uint64_t gidx, const KernelArgs& a,
                          const Coeffs& c, float sc0, float sc1, B* m_out, B* v_out) {
     const B g = LoadFoldedGrad<A, GD, F>(v.g, v.f, i) * B(c.grad_scale);
@@ -697,7 +699,7 @@ struct CompactKernel {
       } else {
         p.store_unaligned(v.p + i);
       }
-      if constexpr (kInt8) {
+      if constexpr (kInt8 || kDefer) {
         *m_out = m;
         *v_out = vv;
       } else {
@@ -723,7 +725,22 @@ struct CompactKernel {
     }
     B amax0(0.f), amax1(0.f);
     const size_t full = len / W * W;
-    for (size_t j = 0; j < full; j += W) {
+    size_t j = 0;
+    if constexpr (!kInt8 && !kRoof) {
+      // bf16 moments two vectors at a time: one pack per pair of stores.
+      for (; j + 2 * W <= full; j += 2 * W) {
+        B m0(0.f), v0(0.f), m1(0.f), v1(0.f);
+        Vec<F, true>(v, s + j, gidx + j, a, c, sc0, sc1, &m0, &v0);
+        Vec<F, true>(v, s + j + W, gidx + j + W, a, c, sc0, sc1, &m1, &v1);
+        auto* const s0 = reinterpret_cast<uint16_t*>(v.s0) + s + j;
+        ArchIO<A>::StoreU16x2(s0, FloatToBf16Bits<A>(m0), FloatToBf16Bits<A>(m1));
+        if constexpr (kHasS1) {
+          auto* const s1 = reinterpret_cast<uint16_t*>(v.s1) + s + j;
+          ArchIO<A>::StoreU16x2(s1, FloatToBf16Bits<A>(v0), FloatToBf16Bits<A>(v1));
+        }
+      }
+    }
+    for (; j < full; j += W) {
       B m(0.f), vv(0.f);  // (Vec sets them for int8 only)
       Vec<F>(v, s + j, gidx + j, a, c, sc0, sc1, &m, &vv);
       if constexpr (kInt8 && !kRoof) {

@@ -17,6 +17,9 @@ struct ArchIO<Arch> {
   static void StoreU16(uint16_t* p, BI<Arch> x) {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(x.data, x.data));
   }
+  static void StoreU16x2(uint16_t* p, BI<Arch> a, BI<Arch> b) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(a.data, b.data));
+  }
   static bool StreamU16(uint16_t* p, BI<Arch> x) {
     if ((reinterpret_cast<uintptr_t>(p) & 7) != 0) return false;
     _mm_stream_si64(reinterpret_cast<long long*>(p),

@@ -42,9 +42,11 @@ StatusOr<int> Topology::PuCount(int node) const {
   if (node < 0) {
     set = hwloc_topology_get_topology_cpuset(T(topo_));
   } else {
-    hwloc_obj_t obj = hwloc_get_obj_by_type(T(topo_), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(node));
+    hwloc_obj_t obj =
+        hwloc_get_obj_by_type(T(topo_), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(node));
     if (obj == nullptr) {
-      return OutOfRangeError("cpu_adam: NUMA node " + std::to_string(node) + " does not exist (this machine has " +
+      return OutOfRangeError("cpu_adam: NUMA node " + std::to_string(node) +
+                             " does not exist (this machine has " +
                              std::to_string(NumaNodeCount()) + ")");
     }
     set = obj->cpuset;
@@ -56,8 +58,10 @@ StatusOr<int> Topology::PuCount(int node) const {
 Status Topology::BindThisThread(int node) const {
   hwloc_const_cpuset_t set = hwloc_topology_get_topology_cpuset(T(topo_));
   if (node >= 0) {
-    hwloc_obj_t obj = hwloc_get_obj_by_type(T(topo_), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(node));
-    if (obj == nullptr) return OutOfRangeError("cpu_adam: NUMA node " + std::to_string(node) + " does not exist");
+    hwloc_obj_t obj =
+        hwloc_get_obj_by_type(T(topo_), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(node));
+    if (obj == nullptr)
+      return OutOfRangeError("cpu_adam: NUMA node " + std::to_string(node) + " does not exist");
     set = obj->cpuset;
   }
   if (hwloc_set_cpubind(T(topo_), set, HWLOC_CPUBIND_THREAD) != 0) {
@@ -141,7 +145,8 @@ RankCpuShare ShareOfLocalRank(const CpuTopology& topology, int local_rank, int l
 }
 
 StatusOr<int> NumaNodeOf(const void* p, size_t bytes) {
-  if (p == nullptr || bytes == 0) return InvalidArgumentError("cpu_adam: NumaNodeOf needs a non-empty range");
+  if (p == nullptr || bytes == 0)
+    return InvalidArgumentError("cpu_adam: NumaNodeOf needs a non-empty range");
   ASSIGN_OR_RETURN(auto topo, internal::Topology::Load());
   hwloc_topology_t t = static_cast<hwloc_topology_t>(topo->raw());
   hwloc_nodeset_t set = hwloc_bitmap_alloc();
@@ -156,7 +161,8 @@ StatusOr<int> NumaNodeOf(const void* p, size_t bytes) {
   }
   hwloc_bitmap_free(set);
   if (rc != 0) {
-    if (err == ENOSYS) return NotSupportedError("cpu_adam: hwloc cannot query memory location on this system");
+    if (err == ENOSYS)
+      return NotSupportedError("cpu_adam: hwloc cannot query memory location on this system");
     return ErrnoError("cpu_adam: hwloc_get_area_memlocation", err);
   }
   return result;
