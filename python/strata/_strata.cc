@@ -648,6 +648,22 @@ PYBIND11_MODULE(_strata, m) {
       py::arg("json_text"), py::arg("source") = "<string>", py::arg("auto_values") = py::dict(),
       "The effective config (every key, defaults filled in) as JSON text; raises on a bad one.");
   m.def(
+      "schedule_at",
+      [](const std::string& json_text, int64_t applied_steps, const std::string& source) {
+        const strata::Config c = strata::python::ParseForPython(json_text, source, py::dict(), false);
+        const strata::ScheduledValues v = strata::ScheduleAt(c, applied_steps);
+        py::dict d;
+        d["lr"] = v.lr;
+        d["beta1"] = v.beta1;
+        d["beta2"] = v.beta2;
+        d["lr_ratio"] = v.lr_ratio ? py::object(py::float_(*v.lr_ratio)) : py::object(py::none());
+        return d;
+      },
+      py::arg("json_text"), py::arg("applied_steps"), py::arg("source") = "<string>",
+      "The config's learning-rate schedule (strata::ScheduleAt) after `applied_steps` applied "
+      "optimizer steps: a dict of lr, beta1, beta2 and lr_ratio (None unless the schedule "
+      "scales each group's own lr); raises on a bad config.");
+  m.def(
       "export_checkpoint",
       [](const std::string& dir, const std::string& out, const std::string& dtype) {
         if (dtype != "fp32" && dtype != "train")

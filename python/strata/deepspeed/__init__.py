@@ -111,6 +111,15 @@ class DeepSpeedEngine(_engine_mod.Engine):
     def gradient_clipping(self):
         return float(self.config["gradient_clipping"])
 
+    def get_lr(self):
+        """The learning rate of the next optimizer step, one per param group:
+        with the script's own optimizer, its groups' (where its scheduler
+        writes them; the engine takes them at the step)."""
+        client = self.client_optimizer
+        if client is not None:
+            return [g["lr"] for g in _client_optimizer.nonempty_groups(client)]
+        return super().get_lr()
+
     def get_mom(self):
         """Each param group's betas (DeepSpeed's momentum for Adam)."""
         return [tuple(g["betas"]) if "betas" in g else None for g in self.optimizer.param_groups]
@@ -729,7 +738,8 @@ def _register_as_deepspeed():
     this = sys.modules[__name__]
     sys.modules["deepspeed"] = this
     for sub in ("accelerator", "checkpointing", "comm", "moe", "moe.layer", "moe.utils", "ops",
-                "ops.adam", "pipe", "runtime", "runtime.config", "utils", "utils.zero_to_fp32",
+                "ops.adam", "pipe", "runtime", "runtime.config", "runtime.lr_schedules",
+                "runtime.utils", "utils", "utils.zero_to_fp32",
                 "zero"):
         sys.modules[f"deepspeed.{sub}"] = sys.modules[f"{__name__}.{sub}"]
 

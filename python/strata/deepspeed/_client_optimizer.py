@@ -159,14 +159,27 @@ def link(opt, engine):
     return [g["lr"] for g in _nonempty(opt)]
 
 
-def _nonempty(opt):
+def nonempty_groups(opt):
+    """`opt`'s param groups that hold parameters (the engine's groups, in order)."""
     return [g for g in opt.param_groups if g["params"]]
+
+
+_nonempty = nonempty_groups
 
 
 def sync_lrs(opt, engine_groups, pushed):
     """Before an engine step: each of `opt`'s groups whose lr changed since
-    `pushed` into the engine's matching group (engine.optimizer's)."""
+    `pushed` into the engine's matching group (engine.optimizer's). Betas
+    are the config's for the whole run: a group whose betas changed (a
+    OneCycle schedule cycling the momentum) is refused, never ignored."""
     for i, (g, eg) in enumerate(zip(_nonempty(opt), engine_groups)):
+        if "betas" in g and "betas" in eg and tuple(float(b) for b in g["betas"]) != tuple(
+                float(b) for b in eg["betas"]):
+            refuse(f"{type(opt).__name__}.param_groups[{i}]['betas'] changed to "
+                   f"{tuple(g['betas'])} after initialize (the engine steps with "
+                   f"{tuple(eg['betas'])}), as a OneCycle schedule with cycle_momentum does",
+                   "give OneCycle cycle_momentum=False, or use the config's \"scheduler\" "
+                   "section (type OneCycle), whose momentum cycle the engine applies")
         if g["lr"] != pushed[i]:
             eg["lr"] = g["lr"]
             pushed[i] = g["lr"]
