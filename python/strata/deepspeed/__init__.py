@@ -725,17 +725,22 @@ def _dataloader(engine, data, collate_fn):
     return loader
 
 
-def _register_as_deepspeed():
-    # Only where no real DeepSpeed is installed: never shadow it.
-    if "deepspeed" in sys.modules and sys.modules["deepspeed"] is not sys.modules[__name__]:
-        return
-    try:
-        real = importlib.util.find_spec("deepspeed")
-    except (ImportError, ValueError):
-        real = None
-    if real is not None:
-        return
+def _register_as_deepspeed(alias=False):
+    """This package and its submodules as `deepspeed` in sys.modules: only
+    where no real DeepSpeed is installed (never shadowing it), or when the
+    opt-in alias package (strata.deepspeed.alias) asks."""
     this = sys.modules[__name__]
+    if not alias:
+        if "deepspeed" in sys.modules and sys.modules["deepspeed"] is not this:
+            return
+        try:
+            real = importlib.util.find_spec("deepspeed")
+        except (ImportError, ValueError):
+            real = None
+        if real is not None:
+            from .alias import is_alias_file
+            if real.origin is None or not is_alias_file(real.origin):
+                return
     sys.modules["deepspeed"] = this
     for sub in ("accelerator", "checkpointing", "comm", "moe", "moe.layer", "moe.utils", "ops",
                 "ops.adam", "pipe", "runtime", "runtime.config", "runtime.lr_schedules",
