@@ -190,15 +190,15 @@ def open_regular_file(path, what, private=False):
     return fd
 
 
-def _create_temp(path, what):
+def _create_temp(path, what, mode=PRIVATE_FILE_MODE):
     """A new file beside `path`: <path>.tmp, or <path>.tmp.<random hex> when
     that name is taken (by anything: O_EXCL fails on any existing name, a
-    symlink included). Returns (fd, name)."""
+    symlink included), with `mode` (less the umask). Returns (fd, name)."""
     tmp = f"{path}.tmp"
     for i in range(_TEMP_TRIES):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         PRIVATE_FILE_MODE)
+                         mode)
             return fd, tmp
         except FileExistsError:
             if i + 1 == _TEMP_TRIES:
@@ -223,15 +223,16 @@ def _sync_dir(directory):
         os.close(fd)
 
 
-def write_file_replacing(path, write, what):
+def write_file_replacing(path, write, what, mode=PRIVATE_FILE_MODE):
     """Writes the file `path` as `write(f)` writes into a binary file object:
-    a new temporary file in the same directory (mode 0600, _create_temp),
+    a new temporary file in the same directory (mode 0600 unless `mode`
+    says otherwise: only for files that hold no weights, _create_temp),
     fsynced, then renamed over `path` when what is there is nothing or a
     regular file (check_replaceable, before and again just before the
     rename). On error `path` is as it was and the temporary file is gone."""
     path = os.fspath(path)
     check_replaceable(path, what)
-    fd, tmp = _create_temp(path, what)
+    fd, tmp = _create_temp(path, what, mode)
     try:
         try:
             with os.fdopen(fd, "wb") as f:

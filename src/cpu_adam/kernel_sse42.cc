@@ -38,25 +38,29 @@ struct ArchIO<Arch> {
     StoreU16(p, h);
   }
   static void Fence() { _mm_sfence(); }
-  static BI<Arch> LoadU8(const uint8_t* p) {
+  // 4 bytes (one vector of 8-bit codes) to and from the low lane of a register.
+  static __m128i Load4(const uint8_t* p) {
     int32_t v;
     std::memcpy(&v, p, 4);
-    return FromRegister<int32_t, Arch>(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(v)));
+    return _mm_cvtsi32_si128(v);
+  }
+  static void Store4(uint8_t* p, __m128i x) {
+    const int32_t v = _mm_cvtsi128_si32(x);
+    std::memcpy(p, &v, 4);
+  }
+  static BI<Arch> LoadU8(const uint8_t* p) {
+    return FromRegister<int32_t, Arch>(_mm_cvtepu8_epi32(Load4(p)));
   }
   static void StoreU8(uint8_t* p, BI<Arch> x) {
     const __m128i w = _mm_packus_epi32(x.data, x.data);
-    const int32_t v = _mm_cvtsi128_si32(_mm_packus_epi16(w, w));
-    std::memcpy(p, &v, 4);
+    Store4(p, _mm_packus_epi16(w, w));
   }
   static BI<Arch> LoadS8(const uint8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return FromRegister<int32_t, Arch>(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(v)));
+    return FromRegister<int32_t, Arch>(_mm_cvtepi8_epi32(Load4(p)));
   }
   static void StoreS8(uint8_t* p, BI<Arch> x) {
     const __m128i w = _mm_packs_epi32(x.data, x.data);
-    const int32_t v = _mm_cvtsi128_si32(_mm_packs_epi16(w, w));
-    std::memcpy(p, &v, 4);
+    Store4(p, _mm_packs_epi16(w, w));
   }
   static void StoreU8x4(uint8_t* p, BI<Arch> a, BI<Arch> b, BI<Arch> c, BI<Arch> d) {
     const __m128i ab = _mm_packus_epi32(a.data, b.data), cd = _mm_packus_epi32(c.data, d.data);

@@ -24,7 +24,7 @@ import sys
 import sysconfig
 
 from .._errors import InvalidArgumentError, StrataError
-from .._private_fs import check_dir, errno_error, io_error, kind_of
+from .._private_fs import check_dir, errno_error, io_error, kind_of, write_file_replacing
 
 MARKER = "# strata.deepspeed alias"
 _INIT = f'''{MARKER}: `import deepspeed` is strata.deepspeed here. Written by
@@ -104,25 +104,9 @@ def install(target):
             raise errno_error(f"strata.deepspeed.alias install: mkdir {pkg}", e.errno) from None
     check_dir(pkg, "strata.deepspeed.alias install")
     init = os.path.join(pkg, "__init__.py")
-    tmp = init + ".tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        raise errno_error(f"strata.deepspeed.alias install: create {tmp}", e.errno) from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(_INIT)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.lexists(init) and not is_alias_file(init):  # again, just before the rename
-            raise io_error(f"strata.deepspeed.alias install: {init} is not the alias's; left alone")
-        os.rename(tmp, init)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    # (A world-readable module: it holds no weights.)
+    write_file_replacing(init, lambda f: f.write(_INIT.encode()), "strata.deepspeed.alias install",
+                         mode=0o644)
     return init
 
 
