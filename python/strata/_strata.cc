@@ -650,7 +650,8 @@ PYBIND11_MODULE(_strata, m) {
   m.def(
       "schedule_at",
       [](const std::string& json_text, int64_t applied_steps, const std::string& source) {
-        const strata::Config c = strata::python::ParseForPython(json_text, source, py::dict(), false);
+        const strata::Config c =
+            strata::python::ParseForPython(json_text, source, py::dict(), false);
         const strata::ScheduledValues v = strata::ScheduleAt(c, applied_steps);
         py::dict d;
         d["lr"] = v.lr;

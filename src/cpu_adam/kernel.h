@@ -10,7 +10,7 @@
 // bf16 or as 8-bit codes with per-block scales (see "Compact state formats"
 // below and in docs/design.md).
 // The math of each optimizer, in the exact order of float operations, is
-// written once in kernel_impl.h (SIMD) and once in kernel_scalar.cc (plain
+// written once in kernel_impl.h / kernel_compact.h (SIMD) and once in kernel_scalar.cc (plain
 // loop); both are documented in docs/design.md ("cpu_adam").
 #pragma once
 

@@ -2,7 +2,7 @@
 // -mavx2 -mfma -mf16c; only called after the run-time check in cpu_adam.cc.
 #include <immintrin.h>
 
-#include "src/cpu_adam/kernel_impl.h"
+#include "src/cpu_adam/kernel_table_impl.h"
 
 namespace strata::cpu_adam::internal {
 

@@ -4,7 +4,7 @@
 // the run-time check in cpu_adam.cc.
 #include <immintrin.h>
 
-#include "src/cpu_adam/kernel_impl.h"
+#include "src/cpu_adam/kernel_table_impl.h"
 
 namespace strata::cpu_adam::internal {
 

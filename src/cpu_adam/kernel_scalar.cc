@@ -134,7 +134,7 @@ bool ScalarRun(const KernelArgs& a, bool check_finite) {
 
 // ---- Compact state formats: the reference loops ------------------------------
 // One element at a time, the same operations as CompactKernel in
-// kernel_impl.h (each fma a multiply and an add). int8 works block by
+// kernel_compact.h (each fma a multiply and an add). int8 works block by
 // block: the new moments of the block first, then its absmax, its scales
 // and the codes.
 template <StateFormat SF, KernelOp OP, int GD>

@@ -2,7 +2,7 @@
 // bit arithmetic, xsimd's fma as multiply + add. Compiled with -msse4.2.
 #include <immintrin.h>
 
-#include "src/cpu_adam/kernel_impl.h"
+#include "src/cpu_adam/kernel_table_impl.h"
 
 namespace strata::cpu_adam::internal {
 

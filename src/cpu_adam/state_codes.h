@@ -2,7 +2,7 @@
 // formats' codes — the 8-bit moment codes of the int8 format, the per-block
 // scales, and the stochastic rounding of a bf16 master — from
 // src/common/state_codes.h, which the device Adam (src/gpu) shares. They are
-// the reference: the vector versions in kernel_impl.h compute the same
+// the reference: the vector versions in kernel_compact.h compute the same
 // integer and float operations lane by lane and are tested against these bit
 // for bit. Used by kernel_scalar.cc, state_format.cc and tests.
 #pragma once
