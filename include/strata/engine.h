@@ -40,6 +40,7 @@
 
 #include "strata/config.h"
 #include "strata/dtype.h"
+#include "strata/rendezvous.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -242,6 +243,11 @@ class Engine {
   // Creates the device (strata.device), the CPU optimizer, and for NVMe
   // placements the I/O service. Nothing is allocated for parameters yet.
   static StatusOr<std::unique_ptr<Engine>> Create(const Config& config);
+  // The same, for several ranks (WORLD_SIZE > 1) that meet through
+  // `rendezvous` (strata/rendezvous.h: a store every rank reaches, e.g.
+  // torch.distributed's TCPStore) instead of a directory they share.
+  static StatusOr<std::unique_ptr<Engine>> Create(const Config& config,
+                                                  std::shared_ptr<RendezvousStore> rendezvous);
   static StatusOr<std::unique_ptr<Engine>> CreateFromFile(const std::string& config_path);
   static StatusOr<std::unique_ptr<Engine>> CreateFromJson(std::string_view json_text);
   virtual ~Engine() = default;

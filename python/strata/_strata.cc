@@ -271,13 +271,62 @@ Config ParseForPython(const std::string& json_text, const std::string& source,
   return c;
 }
 
+// A RendezvousStore over a Python object with set(key, bytes),
+// get(key, timeout_s) -> bytes and remove(key) (strata.engine's
+// _TorchStore over torch.distributed's store). The engine calls it without
+// the GIL; each call takes it. A Python exception becomes Unavailable with
+// its text.
+class PyRendezvousStore final : public strata::RendezvousStore {
+ public:
+  explicit PyRendezvousStore(py::object store) : store_(new py::object(std::move(store))) {}
+  ~PyRendezvousStore() override {
+    if (Py_IsInitialized() != 0 && !InterpreterFinalizing()) {
+      py::gil_scoped_acquire gil;
+      delete store_;
+    } else {
+      store_->release();  // the interpreter is gone: leak the reference
+      delete store_;
+    }
+  }
+  strata::Status Set(const std::string& key, const std::string& value) override {
+    return Call("set", key, [&] { store_->attr("set")(key, py::bytes(value)); });
+  }
+  strata::StatusOr<std::string> Get(const std::string& key, double timeout_s) override {
+    std::string out;
+    strata::Status st = Call("get", key, [&] {
+      out = py::bytes(store_->attr("get")(key, timeout_s)).cast<std::string>();
+    });
+    if (!st.ok()) return st;
+    return out;
+  }
+  strata::Status Remove(const std::string& key) override {
+    return Call("remove", key, [&] { store_->attr("remove")(key); });
+  }
+
+ private:
+  template <typename F>
+  strata::Status Call(const char* what, const std::string& key, F&& f) {
+    py::gil_scoped_acquire gil;
+    try {
+      f();
+      return strata::Status::Ok();
+    } catch (py::error_already_set& e) {
+      return strata::Status(strata::StatusCode::kUnavailable,
+                            "rendezvous store " + std::string(what) + " " + key + ": " + e.what());
+    }
+  }
+  py::object* store_;
+};
+
 class PyEngine {
  public:
   PyEngine(const std::string& json_text, const std::string& source, const py::dict& auto_values,
-           bool host_only)
+           bool host_only, const py::object& rendezvous)
       : config_(ParseForPython(json_text, source, auto_values, host_only)) {
+    std::shared_ptr<strata::RendezvousStore> store;
+    if (!rendezvous.is_none()) store = std::make_shared<PyRendezvousStore>(rendezvous);
     py::gil_scoped_release nogil;
-    engine_ = ValueOrThrow(Engine::Create(config_));
+    engine_ = ValueOrThrow(Engine::Create(config_, std::move(store)));
     device_ = DLDevice{kDLCPU, 0};
     if (!e().DeviceIsHost())
       device_ = DLDevice{kDLCUDA, static_cast<int32_t>(config_.strata.device_id)};
@@ -599,8 +648,10 @@ PYBIND11_MODULE(_strata, m) {
   });
 
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const std::string&, const std::string&, const py::dict&, bool>(),
-           py::arg("json_text"), py::arg("source"), py::arg("auto_values"), py::arg("host_only"))
+      .def(py::init<const std::string&, const std::string&, const py::dict&, bool,
+                    const py::object&>(),
+           py::arg("json_text"), py::arg("source"), py::arg("auto_values"), py::arg("host_only"),
+           py::arg("rendezvous") = py::none())
       .def("config_json", &PyEngine::config_json)
       .def("register_parameter", &PyEngine::register_parameter, py::arg("name"), py::arg("shape"),
            py::arg("dtype"), py::arg("module"), py::arg("init"), py::arg("group") = 0,

@@ -83,10 +83,9 @@ backward()).
 
 import atexit
 import contextlib
+import datetime
 import json
 import os
-import shutil
-import tempfile
 import types
 import weakref
 
@@ -117,25 +116,84 @@ __all__ = ["Engine", "export", "initialize", "parse_config", "register_external_
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def _share_rendezvous_dir():
-    """Data parallelism under torchrun: the engine's ranks meet through a
-    directory (its Gloo store on the host device). When torch.distributed's
-    default process group is up and STRATA_GLOO_DIR is unset, rank 0 makes a
-    fresh one and the default group hands its name to every rank; the engine
-    then does its collectives itself. Without a process group the engine
-    uses /tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT> (one machine). Rank 0
-    removes the directory it made when its process exits (every rank met
-    there long before: the engines' creation is collective)."""
+class _TorchStore:
+    """torch.distributed's key-value store as the engine's rendezvous store
+    (strata/rendezvous.h): set(key, bytes), get(key, timeout_s) -> bytes,
+    remove(key)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key, timeout_s):
+        self._store.wait([key], datetime.timedelta(seconds=timeout_s))
+        return self._store.get(key)
+
+    def remove(self, key):
+        try:
+            self._store.delete_key(key)
+        except (RuntimeError, NotImplementedError):
+            pass  # a store without deletion (FileStore) keeps the entry
+
+
+_OWN_STORES = {}  # (MASTER_ADDR, MASTER_PORT) -> the TCPStore this process opened
+
+
+def _connect_timeout_s():
+    for name in ("STRATA_COMM_CONNECT_TIMEOUT_S", "STRATA_COMM_TIMEOUT_S"):
+        value = os.environ.get(name)
+        if value:
+            try:
+                return float(value)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"environment {name}={value!r} is not a number of seconds",
+                    "InvalidArgument") from None
+    return 300.0
+
+
+def _rendezvous_store():
+    """The store the engine's ranks meet through, or None (one rank, or
+    STRATA_GLOO_DIR names a directory they share). The default process
+    group's store when torch.distributed is up (deepspeed.init_distributed,
+    a script's init_process_group); else, with several ranks, a TCPStore at
+    MASTER_ADDR:MASTER_PORT as torch's env:// rendezvous opens it (rank 0
+    serves it, or torchrun's agent does when it says so), kept for the
+    process's life so that later engines meet there too. Nothing but the
+    network is shared between the machines then."""
+    if os.environ.get("STRATA_GLOO_DIR"):
+        return None
     import torch.distributed as dist
-    if os.environ.get("STRATA_GLOO_DIR") or not dist.is_available() or not dist.is_initialized():
-        return
-    if dist.get_world_size() < 2:
-        return
-    name = [tempfile.mkdtemp(prefix="strata-gloo-") if dist.get_rank() == 0 else None]
-    if dist.get_rank() == 0:
-        atexit.register(shutil.rmtree, name[0], True)
-    dist.broadcast_object_list(name, src=0)
-    os.environ["STRATA_GLOO_DIR"] = name[0]
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() < 2:
+            return None
+        from torch.distributed import distributed_c10d
+        return _TorchStore(distributed_c10d._get_default_store())
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return None  # the engine names the bad variable
+    if world < 2 or not dist.is_available():
+        return None
+    addr = os.environ.get("MASTER_ADDR", "")
+    port = os.environ.get("MASTER_PORT", "")
+    if not addr or not port:
+        raise InvalidArgumentError(
+            f"initialize: WORLD_SIZE={world} but MASTER_ADDR/MASTER_PORT are not set: the ranks "
+            "meet at MASTER_ADDR:MASTER_PORT (set by strata.launch and torchrun), or through a "
+            "directory they all see (STRATA_GLOO_DIR)", "InvalidArgument")
+    key = (addr, port)
+    if key not in _OWN_STORES:
+        from ._torch_compat import rendezvous_env
+        os.environ.update(rendezvous_env())  # USE_LIBUV=0 for a torch without libuv
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        rank = int(os.environ.get("RANK", "0"))
+        _OWN_STORES[key] = dist.TCPStore(
+            addr, int(port), world, is_master=(rank == 0 and not agent),
+            timeout=datetime.timedelta(seconds=_connect_timeout_s()), wait_for_workers=False)
+    return _TorchStore(_OWN_STORES[key])
 
 
 def engine_of_parameter(p):
@@ -185,8 +243,8 @@ class Engine:
                 "back)", "FailedPrecondition")
         text, source = config_text(config)
         host_only = not torch.cuda.is_available()
-        _share_rendezvous_dir()
-        self._engine = _strata.Engine(text, source, dict(auto_values or {}), host_only)
+        self._engine = _strata.Engine(text, source, dict(auto_values or {}), host_only,
+                                      _rendezvous_store())
         # A script that ends without close() still removes the swap files: the
         # engine is destroyed at interpreter exit at the latest, by an exit
         # handler of its own registered now, so it runs before the handlers a

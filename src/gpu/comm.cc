@@ -2,6 +2,7 @@
 // several ranks, else the one-rank local communicator), torchrun-style
 // environment parsing, the unique-id exchange through a file.
 #include <fmt/format.h>
+#include <net/if.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -104,6 +105,22 @@ StatusOr<CommOptions> CommOptionsFromEnv() {
   o.unique_id_file = internal::UniqueIdPath(o);
   if (const char* v = std::getenv("STRATA_GLOO_DIR"); v != nullptr) o.rendezvous_dir = v;
   if (const char* v = std::getenv("STRATA_GLOO_HOST"); v != nullptr) o.listen_host = v;
+  // The interface, as torch's Gloo and NCCL users name it. NCCL's variable
+  // also takes prefixes and lists ("eth", "^docker", "=eth0,eth1"): only a
+  // value that names one interface exactly is taken from it.
+  for (const char* name : {"STRATA_GLOO_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    const bool nccl = std::string_view(name) == "NCCL_SOCKET_IFNAME";
+    if (nccl && if_nametoindex(v) == 0) continue;
+    if (std::string_view(v).find_first_of(",^=") != std::string_view::npos)
+      return InvalidArgumentError(fmt::format(
+          "environment {}=\"{}\": Strata's Gloo listens on one interface; name it exactly "
+          "(no list or prefix)",
+          name, v));
+    o.listen_iface = v;
+    break;
+  }
   for (auto [name, field] : {std::pair{"STRATA_COMM_TIMEOUT_S", &o.timeout_s},
                              std::pair{"STRATA_COMM_CONNECT_TIMEOUT_S", &o.connect_timeout_s}}) {
     const char* v = std::getenv(name);

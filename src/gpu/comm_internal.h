@@ -44,10 +44,9 @@ inline double ConnectTimeoutS(const CommOptions& options) {
   return options.connect_timeout_s > 0 ? options.connect_timeout_s : options.timeout_s;
 }
 
-// Connects options.world_size ranks through Gloo's FileStore in
-// GlooRendezvousDir and TCP; Unavailable (naming the directory, the address
-// and the timeout) when the peers do not all arrive within
-// ConnectTimeoutS(options).
+// Connects options.world_size ranks over TCP, meeting through
+// options.store, else Gloo's FileStore in GlooRendezvousDir; Unavailable (naming the directory, the
+// address and the timeout) when the peers do not all arrive within ConnectTimeoutS(options).
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
                                                                const CommOptions& options);
 // Called by a host function of the host device that waits on other
@@ -60,8 +59,16 @@ void HostFunctionWaitsOnPeers();
 
 // options.rendezvous_dir, or "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>".
 std::string GlooRendezvousDir(const CommOptions& options);
-// options.listen_host; else 127.0.0.1 when MASTER_ADDR is unset or a loopback
-// address, else this machine's host name.
-std::string GlooListenHost(const CommOptions& options);
+// Where a rank listens for its peers: options.listen_host; else
+// options.listen_iface (InvalidArgument when no such interface exists);
+// else 127.0.0.1 when MASTER_ADDR is unset or a loopback address; else this
+// machine's address on its route to MASTER_ADDR (Unavailable naming
+// MASTER_ADDR when it does not resolve or has no route).
+struct GlooListen {
+  std::string host;   // a name or address; empty when iface is set
+  std::string iface;  // an interface name; empty when host is set
+  std::string Describe() const;
+};
+StatusOr<GlooListen> GlooListenAddress(const CommOptions& options);
 
 }  // namespace strata::gpu::internal

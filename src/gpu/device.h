@@ -109,6 +109,7 @@
 #include "src/common/dtype.h"
 #include "src/common/thread_annotations.h"
 #include "strata/config.h"
+#include "strata/rendezvous.h"
 #include "strata/status.h"
 
 namespace strata::gpu {
@@ -674,15 +675,27 @@ struct CommOptions {
   // "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>"; STRATA_GLOO_DIR overrides.
   // Each rank removes its own entries once all ranks have connected.
   std::string rendezvous_dir;
+  // A store every rank reaches (strata/rendezvous.h): when set, the ranks
+  // meet through it (Gloo's addresses, NCCL's unique id) and neither
+  // rendezvous_dir nor unique_id_file is used. The Python frontend passes
+  // torch.distributed's TCPStore at MASTER_ADDR:MASTER_PORT.
+  std::shared_ptr<RendezvousStore> store;
   // Gloo: the host name or address this rank listens on for its peers.
   // Empty: 127.0.0.1 when MASTER_ADDR is unset or a loopback address (one
-  // machine), else this machine's host name. STRATA_GLOO_HOST overrides.
+  // machine); else the address of listen_iface when set; else this
+  // machine's address on the route to MASTER_ADDR (the one its peers reach,
+  // never what the host name resolves to). STRATA_GLOO_HOST overrides.
   std::string listen_host;
+  // Gloo: the network interface to listen on (its first address), as users
+  // set it for torch and NCCL: STRATA_GLOO_IFNAME, else GLOO_SOCKET_IFNAME,
+  // else NCCL_SOCKET_IFNAME when it names one interface exactly.
+  std::string listen_iface;
 };
 
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (as torchrun sets them), MASTER_ADDR and
 // MASTER_PORT (for the default id file and rendezvous directory),
-// STRATA_NCCL_ID_FILE, STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_COMM_TIMEOUT_S
+// STRATA_NCCL_ID_FILE, STRATA_GLOO_DIR, STRATA_GLOO_HOST, STRATA_GLOO_IFNAME
+// (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME), STRATA_COMM_TIMEOUT_S
 // and STRATA_COMM_CONNECT_TIMEOUT_S (seconds, > 0).
 // Unset → a single rank. Junk or an inconsistent rank → InvalidArgument
 // naming the variable.

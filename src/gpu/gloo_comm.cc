@@ -8,24 +8,32 @@
 //   Broadcast     gloo::broadcast
 //   Reduce        gloo::reduce
 //   Barrier       gloo::barrier
-//   ReduceScatter gloo::ReduceScatterHalvingDoubling — Gloo's reduce-scatter,
-//                 an older-style Gloo algorithm built per call on a scratch
-//                 copy of the input (it reduces in place; this Gloo version
-//                 has no options-style reduce-scatter). Its counts are ints:
-//                 world_size*count*4 bytes must stay below 2 GiB.
+//   ReduceScatter gloo::allreduce of a scratch copy, of which each rank keeps
+//                 its slice. This Gloo version's one reduce-scatter
+//                 (ReduceScatterHalvingDoubling, an older-style algorithm)
+//                 reads with the timeout its pairs had when they connected,
+//                 the rendezvous' short one, so a peer slower than that
+//                 ended the run; the allreduce waits timeout_s as every
+//                 other collective. It moves twice the bytes of a
+//                 reduce-scatter.
 // Data types: gather and broadcast move bytes, so every DType. Reductions
 // (sum, max, min, avg) run in fp32: fp32 data directly; fp16 and bf16 data
 // are widened to fp32, reduced in fp32 and rounded back once (Gloo has no
 // bf16, and fp32 partial sums are at least as accurate as fp16 ones). Avg is
 // the sum times 1/world_size.
 //
-// Rendezvous: Gloo's FileStore in CommOptions::rendezvous_dir (every rank
-// writes its listening addresses there and reads the others'); this Gloo
-// version has no TCP store, so multi-node needs a shared filesystem. Once all
-// ranks are connected (a Gloo barrier) each removes the entries its store
-// touched, so the directory can serve the next run; entries left by a run
-// that crashed during the rendezvous would be read by the next one (use a
-// fresh directory or port then).
+// Rendezvous: through CommOptions::store when the caller gives one (the
+// Python frontend: torch.distributed's TCPStore at MASTER_ADDR:MASTER_PORT,
+// so several machines need nothing but the network), else Gloo's FileStore
+// in CommOptions::rendezvous_dir (this Gloo version has no TCP store of its
+// own, so without a caller's store several machines need a shared
+// filesystem). Every rank writes its listening addresses there and reads
+// the others'. Once all ranks are connected (a Gloo barrier) each removes
+// the entries it wrote (the store) or its store touched (the directory), so
+// either can serve the next run; entries left by a run that crashed during
+// the rendezvous would be read by the next one (use a fresh directory or
+// port then). Each rank listens on the address of its route to
+// MASTER_ADDR (GlooListenAddress), not on what its host name resolves to.
 //
 // Gloo's TCP transport takes whatever connects to its listening port as a
 // peer, and a stranger's bytes there ended the start-up of every rank. So
@@ -59,6 +67,7 @@
 // sticky error naming the collective, its size, this rank, the timeout and
 // Gloo's message; AsyncError() and every later call return it, and the
 // collectives queued behind it do nothing.
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -67,20 +76,25 @@
 #include <gloo/common/error.h>
 #include <gloo/math.h>
 #include <gloo/reduce.h>
-#include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <net/if.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -137,19 +151,6 @@ ReduceFn Fp32Reduce(ReduceOp op) {
   return &gloo::sum<float>;
 }
 
-const gloo::ReductionFunction<float>* Fp32ReductionFunction(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kMax:
-      return gloo::ReductionFunction<float>::max;
-    case ReduceOp::kMin:
-      return gloo::ReductionFunction<float>::min;
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return gloo::ReductionFunction<float>::sum;
-  }
-  return gloo::ReductionFunction<float>::sum;
-}
-
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(Device& device, const CommOptions& o,
@@ -192,20 +193,20 @@ class GlooCommunicator final : public Communicator {
     const size_t esize = DTypeSize(type);
     RETURN_IF_ERROR(Check("ReduceScatter", send, count * esize * world_, recv, count * esize));
     const size_t total = count * world_;
-    if (total > static_cast<size_t>(INT_MAX) / sizeof(float))
-      return InvalidArgumentError(fmt::format(
-          "ReduceScatter: {} elements per rank × {} ranks exceeds Gloo's reduce-scatter limit of "
-          "{} fp32 elements (its sizes are ints)",
-          count, world_, INT_MAX / sizeof(float)));
     if (count == 0) return Status::Ok();
-    return Enqueue(stream, Describe("ReduceScatter", count, type, op), [=, this](uint32_t) {
-      std::vector<float> scratch(total);
-      host::Cast(send, type, scratch.data(), DType::kFp32, total);
-      gloo::ReduceScatterHalvingDoubling<float> algo(
-          context_, std::vector<float*>{scratch.data()}, static_cast<int>(total),
-          std::vector<int>(world_, static_cast<int>(count)), Fp32ReductionFunction(op));
-      algo.run();
-      Finish(scratch.data(), recv, count, type, op);
+    return Enqueue(stream, Describe("ReduceScatter", count, type, op), [=, this](uint32_t tag) {
+      // Uninitialized: the all-reduce (fp32 input) or the cast writes all.
+      std::unique_ptr<float[]> scratch(new float[total]);
+      gloo::AllreduceOptions opts(context_);
+      opts.setReduceFunction(Fp32Reduce(op));
+      opts.setTag(tag);
+      if (type == DType::kFp32)
+        opts.setInput(const_cast<float*>(static_cast<const float*>(send)), total);
+      else
+        host::Cast(send, type, scratch.get(), DType::kFp32, total);
+      opts.setOutput(scratch.get(), total);
+      gloo::allreduce(opts);
+      Finish(scratch.get() + static_cast<size_t>(rank_) * count, recv, count, type, op);
     });
   }
 
@@ -399,15 +400,122 @@ std::string GlooRendezvousDir(const CommOptions& options) {
   return fmt::format("/tmp/strata-gloo-{}-{}", a, port ? port : "0");
 }
 
-std::string GlooListenHost(const CommOptions& options) {
-  if (!options.listen_host.empty()) return options.listen_host;
+namespace {
+
+bool IsLoopback(const std::string& a) {
+  return a.empty() || a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1";
+}
+
+// The local address of the route to `addr`: a UDP socket connected there
+// (no packet is sent) is bound by the kernel to the source address it would
+// use, the one a peer on that route reaches.
+StatusOr<std::string> AddressTowards(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(addr.c_str(), "9", &hints, &res); rc != 0)
+    return UnavailableError(
+        fmt::format("MASTER_ADDR {}: cannot resolve it ({})", addr, gai_strerror(rc)));
+  std::string out;
+  int err = 0;
+  for (addrinfo* a = res; a != nullptr && out.empty(); a = a->ai_next) {
+    const int fd = socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {};
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* bytes =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : &reinterpret_cast<sockaddr_in*>(&local)->sin_addr;
+      if (inet_ntop(local.ss_family, bytes, text, sizeof(text)) != nullptr) out = text;
+    } else {
+      err = errno;
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  if (out.empty())
+    return ErrnoError(fmt::format("MASTER_ADDR {}: no route to it from this machine", addr), err);
+  return out;
+}
+
+}  // namespace
+
+StatusOr<GlooListen> GlooListenAddress(const CommOptions& options) {
+  if (!options.listen_host.empty()) return GlooListen{options.listen_host, ""};
+  if (!options.listen_iface.empty()) {
+    if (if_nametoindex(options.listen_iface.c_str()) == 0)
+      return InvalidArgumentError(fmt::format(
+          "gloo: network interface \"{}\" (STRATA_GLOO_IFNAME or GLOO_SOCKET_IFNAME) does not "
+          "exist on this machine",
+          options.listen_iface));
+    return GlooListen{"", options.listen_iface};
+  }
   const char* addr = std::getenv("MASTER_ADDR");
   const std::string a = addr ? addr : "";
-  if (a.empty() || a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1") return "127.0.0.1";
-  char name[256] = {};
-  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
-  return name;
+  if (IsLoopback(a)) return GlooListen{"127.0.0.1", ""};
+  ASSIGN_OR_RETURN(std::string local, AddressTowards(a));
+  return GlooListen{local, ""};
 }
+
+std::string GlooListen::Describe() const {
+  return iface.empty() ? host : fmt::format("interface {}", iface);
+}
+
+namespace {
+
+// Gloo's store interface over a RendezvousStore, every key under `prefix`.
+// Gloo's calls throw; the keys this rank set are removed by RemoveOwnKeys
+// once every rank has read them.
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(RendezvousStore& store, std::string prefix, double timeout_s)
+      : store_(store), prefix_(std::move(prefix)), timeout_s_(timeout_s) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const std::string k = prefix_ + key;
+    Status st = store_.Set(k, std::string(data.begin(), data.end()));
+    if (!st.ok()) throw std::runtime_error("rendezvous store: set " + k + ": " + st.ToString());
+    own_.insert(k);
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = Fetch(key, timeout_s_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    for (const std::string& k : keys) Fetch(k, timeout_s_);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    for (const std::string& k : keys) Fetch(k, static_cast<double>(timeout.count()) / 1e3);
+  }
+  void RemoveOwnKeys() {
+    for (const std::string& k : own_) store_.Remove(k).IgnoreError();
+    own_.clear();
+  }
+
+ private:
+  std::string Fetch(const std::string& key, double timeout_s) {
+    const std::string k = prefix_ + key;
+    StatusOr<std::string> v = store_.Get(k, timeout_s);
+    if (!v.ok())
+      throw std::runtime_error("rendezvous store: get " + k + ": " + v.status().ToString());
+    return *std::move(v);
+  }
+
+  RendezvousStore& store_;
+  const std::string prefix_;
+  const double timeout_s_;
+  std::set<std::string> own_;
+};
+
+}  // namespace
 
 // A write to the socket of a peer that has died raises SIGPIPE, whose
 // default action ends this process silently; the collective must fail with
@@ -435,19 +543,31 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         fmt::format("communicator: connect_timeout_s {} must be positive (or 0: timeout_s)",
                     options.connect_timeout_s));
   const double connect_s = ConnectTimeoutS(options);
-  const std::string dir = GlooRendezvousDir(options);
-  const std::string host = GlooListenHost(options);
-  // The store's files name the peers every rank connects to: the directory
-  // must be this user's alone (not a symlink, not writable by others), or
-  // another user could plant an address. The default one under /tmp is
-  // created with mode 0700; a directory given is created the same way when
-  // missing and checked either way.
-  Status private_dir = options.rendezvous_dir.empty()
-                           ? MakePrivateDir(dir, "gloo rendezvous directory").status()
-                           : MakeDirs(dir, "STRATA_GLOO_DIR");
-  if (private_dir.ok() && !options.rendezvous_dir.empty())
-    private_dir = CheckPrivateDir(dir, "STRATA_GLOO_DIR");
-  if (!private_dir.ok()) return private_dir.WithContext("gloo rendezvous");
+  // Each rendezvous through a caller's store has keys of its own: every
+  // rank creates its communicators in the same order, so the n-th one of
+  // each rank meets under the same prefix.
+  static std::atomic<int> store_rendezvous{0};
+  const bool use_store = options.store != nullptr;
+  const std::string prefix =
+      use_store ? fmt::format("strata/gloo/{}/", store_rendezvous.fetch_add(1)) : std::string();
+  const std::string dir = use_store ? std::string() : GlooRendezvousDir(options);
+  const std::string through =
+      use_store ? fmt::format("the rendezvous store (keys {}*)", prefix) : dir;
+  ASSIGN_OR_RETURN(const GlooListen listen, GlooListenAddress(options));
+  const std::string host = listen.Describe();
+  if (!use_store) {
+    // The store's files name the peers every rank connects to: the
+    // directory must be this user's alone (not a symlink, not writable by
+    // others), or another user could plant an address. The default one
+    // under /tmp is created with mode 0700; a directory given is created
+    // the same way when missing and checked either way.
+    Status private_dir = options.rendezvous_dir.empty()
+                             ? MakePrivateDir(dir, "gloo rendezvous directory").status()
+                             : MakeDirs(dir, "STRATA_GLOO_DIR");
+    if (private_dir.ok() && !options.rendezvous_dir.empty())
+      private_dir = CheckPrivateDir(dir, "STRATA_GLOO_DIR");
+    if (!private_dir.ok()) return private_dir.WithContext("gloo rendezvous");
+  }
   IgnoreSigpipe();
   using Clock = std::chrono::steady_clock;
   const auto deadline =
@@ -469,17 +589,25 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   try {
     // One store for every attempt, so that the entries of all of them are
     // removed at the end.
-    gloo::rendezvous::FileStore files(dir);
+    std::unique_ptr<gloo::rendezvous::FileStore> files;
+    std::unique_ptr<StoreAdapter> adapter;
+    if (use_store)
+      adapter = std::make_unique<StoreAdapter>(*options.store, prefix, connect_s);
+    else
+      files = std::make_unique<gloo::rendezvous::FileStore>(dir);
+    gloo::rendezvous::Store& base =
+        use_store ? static_cast<gloo::rendezvous::Store&>(*adapter) : *files;
     std::random_device entropy;
     for (int attempt = 0; Clock::now() < deadline; ++attempt) {
       attempts = attempt + 1;
-      gloo::rendezvous::PrefixStore store(fmt::format("attempt-{}", attempt), files);
+      gloo::rendezvous::PrefixStore store(fmt::format("attempt-{}", attempt), base);
       const Clock::time_point attempt_end = std::min(deadline, Clock::now() + per_attempt);
       std::shared_ptr<gloo::rendezvous::Context> context;
       bool ok = false;
       try {
         gloo::transport::tcp::attr attr;
-        attr.hostname = host;
+        attr.hostname = listen.host;
+        attr.iface = listen.iface;
         auto dev = gloo::transport::tcp::CreateDevice(attr);
         std::vector<char> secret(32);
         for (char& c : secret) c = static_cast<char>(entropy());
@@ -536,10 +664,13 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
       barrier.setTag(0);
       gloo::barrier(barrier);
       std::error_code ec;
-      for (const std::string& path : files.getAllKeyFilePaths()) std::filesystem::remove(path, ec);
+      if (files != nullptr)
+        for (const std::string& path : files->getAllKeyFilePaths())
+          std::filesystem::remove(path, ec);
+      if (adapter != nullptr) adapter->RemoveOwnKeys();
       STRATA_LOG_INFO(
-          "gloo communicator: rank {} of {} connected (listening on {}, rendezvous {}{})",
-          options.rank, options.world_size, host, dir,
+          "gloo communicator: rank {} of {} connected (listening on {}, rendezvous through {}{})",
+          options.rank, options.world_size, host, through,
           attempt > 0 ? fmt::format(", attempt {}", attempt + 1) : std::string());
       context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3)));
       return std::unique_ptr<Communicator>(
@@ -551,8 +682,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
   return UnavailableError(fmt::format(
       "gloo rendezvous: rank {} of {} could not connect to its peers within {:g} s through {} "
       "(listening on {}, {} attempt(s); are all ranks started with the same "
-      "MASTER_ADDR/MASTER_PORT or STRATA_GLOO_DIR?): {}",
-      options.rank, options.world_size, connect_s, dir, host, attempts,
+      "MASTER_ADDR/MASTER_PORT or STRATA_GLOO_DIR, and do the peers reach this address? "
+      "STRATA_GLOO_HOST or STRATA_GLOO_IFNAME choose it): {}",
+      options.rank, options.world_size, connect_s, through, host, attempts,
       last_error.empty() ? "timed out" : last_error));
 }
 

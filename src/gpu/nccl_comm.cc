@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -203,13 +204,26 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(Device& device,
   ASSIGN_OR_RETURN(std::optional<UniqueId> env_id, UniqueIdFromEnv());
   UniqueId id{};
   std::string id_file;
+  // Through a caller's store, the n-th communicator of every rank meets
+  // under the same key (each rank creates them in the same order).
+  static std::atomic<int> store_ids{0};
+  const std::string store_key =
+      options.store != nullptr ? fmt::format("strata/nccl/{}/id", store_ids.fetch_add(1)) : "";
   if (env_id) {
     id = *env_id;
+  } else if (options.store != nullptr && options.world_size > 1 && options.rank != 0) {
+    ASSIGN_OR_RETURN(std::string bytes, options.store->Get(store_key, ConnectTimeoutS(options)));
+    if (bytes.size() != kUniqueIdBytes)
+      return DataLossError(fmt::format("rendezvous store key {}: {} bytes, an NCCL id has {}",
+                                       store_key, bytes.size(), kUniqueIdBytes));
+    std::memcpy(id.data(), bytes.data(), kUniqueIdBytes);
   } else if (options.rank == 0) {
     ncclUniqueId nid;
     RETURN_IF_ERROR(NcclStatus(Api().GetUniqueId(&nid), "ncclGetUniqueId"));
     std::memcpy(id.data(), &nid, kUniqueIdBytes);
-    if (options.world_size > 1) {
+    if (options.world_size > 1 && options.store != nullptr) {
+      RETURN_IF_ERROR(options.store->Set(store_key, std::string(id.data(), id.size())));
+    } else if (options.world_size > 1) {
       id_file = UniqueIdPath(options);
       RETURN_IF_ERROR(WriteUniqueId(id_file, id));
     }

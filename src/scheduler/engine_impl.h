@@ -53,7 +53,8 @@ class EngineImpl final : public Engine {
         counters_(!cfg_.strata.trace_path.empty()) {}
   ~EngineImpl() override;
 
-  Status Init();
+  // rendezvous: the store the ranks meet through (null: a directory).
+  Status Init(std::shared_ptr<RendezvousStore> rendezvous = nullptr);
 
   StatusOr<int> RegisterParameter(const ParamSpec& spec) override;
   StatusOr<int> AddParamGroup(const ParamGroupSpec& spec) override;

@@ -41,7 +41,7 @@ EngineImpl::~EngineImpl() {
   }
 }
 
-Status EngineImpl::Init() {
+Status EngineImpl::Init(std::shared_ptr<RendezvousStore> rendezvous) {
   RETURN_IF_ERROR(ValidateConfig(cfg_));
   // Fail on unusable NVMe directories before anything else is set up.
   for (const std::string& p : scheduler::UsedNvmePaths(cfg_)) {
@@ -55,6 +55,7 @@ Status EngineImpl::Init() {
   if (const char* ws = std::getenv("WORLD_SIZE"); ws != nullptr && *ws != '\0') {
     try {
       ASSIGN_OR_RETURN(comm_, gpu::CommOptionsFromEnv());
+      comm_.store = std::move(rendezvous);
       if (comm_.world_size > 1) {
         config_text_ = ConfigToJson(cfg_);  // as given, before the per-rank paths
         RETURN_IF_ERROR(PrepareDataParallel(comm_));
@@ -536,14 +537,20 @@ namespace strata {
 
 using scheduler::EngineImpl;
 
-StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config, const EngineTestHooks& hooks) {
+StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config, const EngineTestHooks& hooks,
+                                               std::shared_ptr<RendezvousStore> rendezvous) {
   auto engine = std::make_unique<EngineImpl>(config, hooks);
-  RETURN_IF_ERROR(engine->Init());
+  RETURN_IF_ERROR(engine->Init(std::move(rendezvous)));
   return std::unique_ptr<Engine>(std::move(engine));
 }
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config) {
   return CreateEngine(config);
+}
+
+StatusOr<std::unique_ptr<Engine>> Engine::Create(const Config& config,
+                                                 std::shared_ptr<RendezvousStore> rendezvous) {
+  return CreateEngine(config, {}, std::move(rendezvous));
 }
 
 StatusOr<std::unique_ptr<Engine>> Engine::CreateFromFile(const std::string& path) {

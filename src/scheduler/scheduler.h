@@ -92,7 +92,8 @@ struct EngineTestHooks {
   std::function<void(std::string_view point)> checkpoint_point;
 };
 
-StatusOr<std::unique_ptr<Engine>> CreateEngine(const Config& config,
-                                               const EngineTestHooks& hooks = {});
+StatusOr<std::unique_ptr<Engine>> CreateEngine(
+    const Config& config, const EngineTestHooks& hooks = {},
+    std::shared_ptr<RendezvousStore> rendezvous = nullptr);
 
 }  // namespace strata

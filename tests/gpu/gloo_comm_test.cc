@@ -22,6 +22,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -29,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "src/common/status_util.h"
 #include "src/gpu/comm_internal.h"
 #include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
@@ -104,7 +106,8 @@ struct Ctx {
 
 constexpr double kConnectTimeoutS = 30;  // below RunRanks' 60 s limit: its own error first
 
-Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30) {
+Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30,
+            std::shared_ptr<RendezvousStore> store = nullptr) {
   Ctx c;
   DeviceOptions d;
   d.kind = DeviceKind::kHost;
@@ -117,6 +120,7 @@ Ctx Connect(const RankEnv& e, double deadlock_timeout_s = 30) {
   o.rank = e.rank;
   o.world_size = e.world;
   o.rendezvous_dir = e.dir;
+  o.store = std::move(store);
   o.timeout_s = e.timeout_s;
   // Start-up gets its own, longer timeout: a short collective timeout must
   // not fail the rendezvous of ranks forked on a loaded machine.
@@ -277,6 +281,168 @@ TEST(GlooCommTest, EveryCollectiveAndDtypeFourRanks) {
   ExpectAllExitedZero(RunRanks(4, CollectivesScenario));
 }
 
+// A RendezvousStore the forked ranks share: one file per key in a
+// directory (as a caller's store over any medium would be). Get polls.
+class FileKeyStore final : public RendezvousStore {
+ public:
+  explicit FileKeyStore(std::string dir) : dir_(std::move(dir)) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    const std::string path = Path(key), tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f << value;
+    }
+    ++sets_;
+    return std::rename(tmp.c_str(), path.c_str()) == 0 ? Status::Ok()
+                                                       : ErrnoError("rename " + tmp, errno);
+  }
+  StatusOr<std::string> Get(const std::string& key, double timeout_s) override {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+      std::ifstream f(Path(key), std::ios::binary);
+      if (f) return std::string(std::istreambuf_iterator<char>(f), {});
+      if (std::chrono::steady_clock::now() > end)
+        return UnavailableError("test store: no key " + key);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  Status Remove(const std::string& key) override {
+    std::filesystem::remove(Path(key));
+    ++removes_;
+    return Status::Ok();
+  }
+  int sets_ = 0, removes_ = 0;
+
+ private:
+  std::string Path(const std::string& key) const {
+    std::string k = key;
+    for (char& ch : k)
+      if (ch == '/') ch = '+';
+    return dir_ + "/" + k;
+  }
+  const std::string dir_;
+};
+
+// Ranks that meet through a caller's store (CommOptions::store) and no
+// rendezvous directory: two communicators one after the other (each under
+// keys of its own), the collectives right, and every key a rank set
+// removed once all had connected.
+void StoreScenario(const RankEnv& e) {
+  const std::string keys = e.dir + "/keys";
+  std::filesystem::create_directories(keys);
+  auto store = std::make_shared<FileKeyStore>(keys);
+  RankEnv no_dir = e;
+  no_dir.dir = e.dir + "/not-used";
+  for (int round = 0; round < 2; ++round) {
+    Ctx c = Connect(no_dir, 30, store);
+    const size_t n = 1001;
+    DeviceBuffer buf = c.Upload(Encode(Values(5, e.rank, round, n, DType::kFp32), DType::kFp32));
+    RANK_OK(c.comm->AllReduce(buf.data(), buf.data(), n, DType::kFp32, ReduceOp::kMax,
+                              c.device->compute()));
+    RANK_OK(c.device->compute().Synchronize());
+    RANK_OK(c.comm->AsyncError());
+    const std::vector<float> got = Decode(c.Download(buf, n * 4), DType::kFp32);
+    for (size_t i = 0; i < n; ++i) {
+      float want = Values(5, 0, round, n, DType::kFp32)[i];
+      for (int r = 1; r < e.world; ++r)
+        want = std::max(want, Values(5, r, round, n, DType::kFp32)[i]);
+      RANK_CHECK(got[i] == want, "round {} element {}: {} vs {}", round, i, got[i], want);
+    }
+    RANK_CHECK(store->sets_ > 0 && store->removes_ == store->sets_,
+               "round {}: {} keys set, {} removed", round, store->sets_, store->removes_);
+    RANK_OK(c.comm->Barrier());
+  }
+  RANK_CHECK(!std::filesystem::exists(no_dir.dir), "the rendezvous directory was made");
+  for (const auto& f : std::filesystem::directory_iterator(keys))
+    RANK_CHECK(false, "store key left: {}", f.path().filename().string());
+}
+
+TEST(GlooCommTest, RanksMeetThroughACallersStoreWithoutADirectory) {
+  ExpectAllExitedZero(RunRanks(3, StoreScenario));
+}
+
+// Sets an environment variable for a scope, restoring what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// Where a rank listens: the host given, the interface given (one that
+// exists), 127.0.0.1 for a loopback MASTER_ADDR, and the address of the
+// route to any other MASTER_ADDR; names that cannot work are refused.
+TEST(GlooCommTest, ListenAddressFollowsTheRouteToTheMaster) {
+  CommOptions o;
+  o.listen_host = "192.0.2.7";
+  auto at = internal::GlooListenAddress(o);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->host, "192.0.2.7");
+  o.listen_host.clear();
+  o.listen_iface = "lo";
+  at = internal::GlooListenAddress(o);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->iface, "lo");
+  EXPECT_EQ(at->Describe(), "interface lo");
+  o.listen_iface = "no-such-if0";
+  at = internal::GlooListenAddress(o);
+  ASSERT_FALSE(at.ok());
+  EXPECT_NE(std::string(at.status().message()).find("\"no-such-if0\""), std::string::npos)
+      << at.status();
+  o.listen_iface.clear();
+  ScopedEnv master("MASTER_ADDR", "127.0.0.1");
+  at = internal::GlooListenAddress(o);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->host, "127.0.0.1");
+  {
+    ScopedEnv other("MASTER_ADDR", "localhost.invalid");
+    at = internal::GlooListenAddress(o);
+    ASSERT_FALSE(at.ok());
+    EXPECT_NE(std::string(at.status().message()).find("MASTER_ADDR localhost.invalid"),
+              std::string::npos)
+        << at.status();
+  }
+  {
+    // 127.0.0.1 written as one number: not loopback by its name, so the
+    // route decides, and the route to it leaves from 127.0.0.1.
+    ScopedEnv other("MASTER_ADDR", "2130706433");
+    at = internal::GlooListenAddress(o);
+    ASSERT_TRUE(at.ok()) << at.status();
+    EXPECT_EQ(at->host, "127.0.0.1");
+  }
+  {
+    ScopedEnv list("GLOO_SOCKET_IFNAME", "eth0,eth1");
+    auto env = CommOptionsFromEnv();
+    ASSERT_FALSE(env.ok());
+    EXPECT_NE(std::string(env.status().message()).find("GLOO_SOCKET_IFNAME=\"eth0,eth1\""),
+              std::string::npos)
+        << env.status();
+  }
+  {
+    ScopedEnv prefix("NCCL_SOCKET_IFNAME", "^docker");  // NCCL's syntax: ignored
+    auto env = CommOptionsFromEnv();
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->listen_iface, "");
+  }
+  {
+    ScopedEnv exact("NCCL_SOCKET_IFNAME", "lo");
+    auto env = CommOptionsFromEnv();
+    ASSERT_TRUE(env.ok()) << env.status();
+    EXPECT_EQ(env->listen_iface, "lo");
+  }
+}
+
 // Rank world-1 stops taking part after one good collective: it dies by
 // SIGKILL (`kill -9`), or it stalls (alive, connections open) past the
 // timeout. Every other rank's next collective fails within the timeout with
@@ -364,6 +530,20 @@ void SlowPeerScenario(const RankEnv& e) {
     const float want = sum[i];
     RANK_CHECK(std::fabs(got[i] - want) <= 1e-5f * (1 + std::fabs(want)), "element {}: {} vs {}", i,
                got[i], want);
+  }
+  // A reduce-scatter waits as long: its peer is slower than the rendezvous'
+  // per-pair timeout (a fifth of a 10 s attempt here), which Gloo's own
+  // reduce-scatter algorithm kept for its reads.
+  DeviceBuffer half = c.Upload(std::vector<uint8_t>(n / 2 * 4, 0));
+  if (e.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+  RANK_OK(c.comm->ReduceScatter(buf.data(), half.data(), n / 2, DType::kFp32, ReduceOp::kSum,
+                                c.device->compute()));
+  RANK_OK(c.device->compute().Synchronize());
+  RANK_OK(c.comm->AsyncError());
+  const std::vector<float> mine_half = Decode(c.Download(half, n / 2 * 4), DType::kFp32);
+  for (size_t i = 0; i < n / 2; ++i) {
+    const float want = 2 * got[e.rank * (n / 2) + i];
+    RANK_CHECK(mine_half[i] == want, "reduce-scatter element {}: {} vs {}", i, mine_half[i], want);
   }
 }
 

@@ -1,0 +1,211 @@
+"""Two "machines" that share nothing but a network link: two Linux network
+namespaces joined by a veth pair (10.99.0.1 and 10.99.0.2), each rank with
+its own private /tmp and /dev/shm. The ranks meet at MASTER_ADDR:MASTER_PORT
+only (no STRATA_GLOO_DIR, no STRATA_GLOO_HOST), as torchrun and DeepSpeed's
+launcher start them.
+
+Cases (worker.py trains; its digest is compared with one process that
+accumulates 2 micro-batches):
+  launch      `python3 -m strata.launch --nnodes 2 --node-rank K ...` on each
+              node, rank 1 pausing 12 s mid-run (a slow peer: longer than
+              the host device's deadlock check, shorter than the timeout):
+              the same bits, and nothing left in either node's /tmp.
+  deepspeed   strata.deepspeed.init_distributed() first (torch's process
+              group over GLOO_SOCKET_IFNAME, which Strata's ranks use too):
+              the same bits.
+  cut         the link goes down mid-run with STRATA_COMM_TIMEOUT_S=10:
+              both ranks report the failed collective and exit within the
+              timeout (plus a margin); no rank is left running.
+
+Root only (network namespaces); exits 77 (CTest's skip) with the reason
+elsewhere. Usage: two_machines.py BUILD_DIR [PYTHON]."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "worker.py")
+ADDR = ("10.99.0.1", "10.99.0.2")
+
+
+def skip(reason):
+    print(f"SKIPPED: {reason}")
+    sys.exit(77)
+
+
+def sh(*cmd):
+    subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+class Nodes:
+    """The two namespaces and their link; removed on exit."""
+
+    def __init__(self):
+        tag = str(os.getpid() % 100000)
+        self.ns = (f"strata-a{tag}", f"strata-b{tag}")
+        self.ifname = (f"sta{tag}", f"stb{tag}")
+
+    def __enter__(self):
+        try:
+            for ns in self.ns:
+                sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", self.ifname[0], "type", "veth", "peer", "name",
+               self.ifname[1])
+            for k in range(2):
+                sh("ip", "link", "set", self.ifname[k], "netns", self.ns[k])
+                sh("ip", "-n", self.ns[k], "addr", "add", f"{ADDR[k]}/24", "dev", self.ifname[k])
+                sh("ip", "-n", self.ns[k], "link", "set", self.ifname[k], "up")
+                sh("ip", "-n", self.ns[k], "link", "set", "lo", "up")
+        except subprocess.CalledProcessError as e:
+            self.__exit__()
+            skip(f"cannot build two network namespaces here ({' '.join(e.cmd)}: "
+                 f"{e.stdout.decode(errors='replace').strip()})")
+        return self
+
+    def __exit__(self, *exc):
+        for ns in self.ns:  # the veth pair goes with its namespaces
+            subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+
+    def start(self, k, cmd, env, log):
+        """cmd in node k with a private /tmp and /dev/shm; prints what was
+        left in them at the end (LEFT: ...)."""
+        script = ('mount -t tmpfs none /tmp && mount -t tmpfs none /dev/shm || exit 97; '
+                  '"$@"; rc=$?; echo "LEFT: $(ls -A /tmp /dev/shm | grep -v : | tr "\\n" " ")"; '
+                  'exit $rc')
+        return subprocess.Popen(["ip", "netns", "exec", self.ns[k], "unshare", "--mount",
+                                 "--propagation", "private", "sh", "-c", script, "sh", *cmd],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def digests(text):
+    return re.findall(r"^DIGEST \d+ ([0-9a-f]+)$", text, re.M)
+
+
+def run_pair(nodes, python, port, extra, per_node=None, timeout=120, during=None):
+    procs, logs = [], []
+    for k in range(2):
+        env = dict(os.environ, **extra)
+        for name in ("STRATA_GLOO_DIR", "STRATA_GLOO_HOST", "STRATA_GLOO_IFNAME",
+                     "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env.pop(name, None)
+        env.update((per_node or (lambda k: {}))(k))
+        log = open(os.path.join(nodes.logdir, f"node{k}-{port}.log"), "w+")
+        logs.append(log)
+        cmd = [python, "-m", "strata.launch", "--nnodes", "2", "--node-rank", str(k),
+               "--nproc-per-node", "1", "--master-addr", ADDR[0], "--master-port", str(port),
+               WORKER]
+        procs.append(nodes.start(k, cmd, env, log))
+    if during is not None:
+        during(logs)
+    start = time.monotonic()
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, timeout - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    outs = []
+    for log in logs:
+        log.seek(0)
+        outs.append(log.read())
+        log.close()
+    return [p.returncode for p in procs], outs, time.monotonic() - start
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    build = os.path.abspath(sys.argv[1])
+    python = sys.argv[2] if len(sys.argv) > 2 else "/usr/bin/python3"
+    if sys.platform != "linux" or os.geteuid() != 0:
+        skip("needs root on Linux (network namespaces)")
+    for tool in ("ip", "unshare"):
+        if shutil.which(tool) is None:
+            skip(f"no `{tool}` command (iproute2, util-linux)")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        skip("this interpreter has no torch")
+    os.environ["PYTHONPATH"] = os.path.join(build, "python")
+    failures = []
+
+    one = subprocess.run([python, WORKER], env=dict(os.environ, RANK="0", WORLD_SIZE="1"),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    want = digests(one.stdout)
+    if one.returncode != 0 or len(want) != 1:
+        sys.exit(f"one process failed:\n{one.stdout}")
+    want = want[0]
+
+    with Nodes() as nodes:
+        nodes.logdir = os.path.join(build, "Testing", "two_machines")
+        os.makedirs(nodes.logdir, exist_ok=True)
+        port = 29400 + os.getpid() % 500
+        with open(os.path.join(nodes.logdir, "probe.log"), "w+") as log:
+            probe = nodes.start(0, ["true"], dict(os.environ), log)
+            if probe.wait(timeout=30) != 0:
+                log.seek(0)
+                skip(f"cannot run a process in a namespace with a private /tmp here "
+                     f"(exit {probe.returncode}): {log.read().strip()}")
+
+        def expect_same(name, codes, outs):
+            got = [d for o in outs for d in digests(o)]
+            found = [re.search(r"^LEFT: (.*)$", o, re.M) for o in outs]
+            left = [m.group(1).strip() if m else None for m in found]
+            if codes != [0, 0] or got != [want, want]:
+                failures.append(f"{name}: exit codes {codes}, digests {got} (one process: {want})"
+                                + "".join(f"\n--- node {k}:\n{o}" for k, o in enumerate(outs)))
+            elif left != ["", ""]:
+                failures.append(f"{name}: files left in the nodes' /tmp or /dev/shm: {left}")
+            else:
+                print(f"{name}: ok, both nodes {want[:16]}, nothing left in /tmp")
+
+        codes, outs, secs = run_pair(nodes, python, port, {"PAUSE_RANK": "1", "PAUSE_S": "12"})
+        expect_same("launch (rank 1 pauses 12 s)", codes, outs)
+
+        codes, outs, secs = run_pair(
+            nodes, python, port + 1, {"INIT": "deepspeed"},
+            per_node=lambda k: {"GLOO_SOCKET_IFNAME": nodes.ifname[k]})
+        expect_same("deepspeed.init_distributed", codes, outs)
+
+        cut = {}
+
+        def cut_link(logs):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if all("STEP 3" in open(log.name).read() for log in logs):
+                    break
+                time.sleep(0.2)
+            sh("ip", "-n", nodes.ns[0], "link", "set", nodes.ifname[0], "down")
+            cut["at"] = time.monotonic()
+
+        timeout_s = 10
+        codes, outs, _ = run_pair(nodes, python, port + 2,
+                                  {"STEPS": "1000", "STEP_SLEEP": "0.2",
+                                   "STRATA_COMM_TIMEOUT_S": str(timeout_s)},
+                                  timeout=120, during=cut_link)
+        took = time.monotonic() - cut.get("at", time.monotonic())
+        named = all("failed: a peer rank exited or did not take part within the collective "
+                    f"timeout ({timeout_s} s)" in o for o in outs)
+        if any(c == 0 for c in codes) or not named or took > timeout_s + 15:
+            failures.append(f"cut link: exit codes {codes}, both named the failed collective: "
+                            f"{named}, all exited {took:.0f} s after the cut (timeout "
+                            f"{timeout_s} s)" +
+                            "".join(f"\n--- node {k}:\n{o}" for k, o in enumerate(outs)))
+        else:
+            print(f"cut link: ok, both ranks reported the collective's timeout and exited "
+                  f"{took:.0f} s after the cut (exit codes {codes})")
+        leftover = subprocess.run(["pgrep", "-f", WORKER], stdout=subprocess.PIPE, text=True)
+        if leftover.stdout.strip():
+            failures.append(f"ranks still running after the cases: {leftover.stdout.split()}")
+    if failures:
+        sys.exit("FAILED:\n" + "\n".join(failures))
+    print("two machines: all cases passed")
+
+
+if __name__ == "__main__":
+    main()
