@@ -39,6 +39,7 @@
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/gpu/device.h"
+#include "src/gpu/tcp_store.h"
 
 namespace strata::cli {
 namespace {
@@ -112,6 +113,11 @@ int RunRank(const Args& a) {
   auto copts = gpu::CommOptionsFromEnv();
   if (!copts.ok()) return Fail(kCmd, copts.status());
   copts->timeout_s = a.timeout_s;
+  // Across machines without a shared directory: the TCP store at
+  // MASTER_ADDR:MASTER_PORT, as the engine uses.
+  auto store = gpu::DefaultRendezvousStore(*copts);
+  if (!store.ok()) return Fail(kCmd, store.status());
+  copts->store = *std::move(store);
   const int n = copts->world_size, rank = copts->rank;
   const size_t unit = es * static_cast<size_t>(n);
   for (size_t& s : sizes) s = std::max(unit, s / unit * unit);

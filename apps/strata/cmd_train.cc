@@ -366,8 +366,8 @@ CommandRegistrar reg("", [](CLI::App& app, CliResult& r) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--nnodes", launch->nnodes,
                   "Machines taking part (torchrun's --nnodes; default 1). Each runs this command "
-                  "with its own --node-rank; the ranks meet through STRATA_GLOO_DIR, a directory "
-                  "every machine sees")
+                  "with its own --node-rank; the ranks meet at --master-addr:--master-port (a TCP "
+                  "store node 0 serves), or through STRATA_GLOO_DIR when set")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--node-rank", launch->node_rank, "This machine's index, 0..nnodes-1 (default 0)")
       ->check(CLI::NonNegativeNumber);

@@ -78,8 +78,8 @@ int LaunchLocalRanks(const char* cmd, const LaunchOptions& o,
     port = *free;
   }
   // One machine without STRATA_GLOO_DIR: a private rendezvous directory of
-  // its own. Several: the one every machine sees (the environment's, or the
-  // default the ranks derive from MASTER_ADDR and MASTER_PORT).
+  // its own. Several: the environment's directory when set, else the TCP
+  // store rank 0 serves at MASTER_ADDR:MASTER_PORT (the engine opens it).
   std::string dir;
   if (o.nnodes == 1 && std::getenv("STRATA_GLOO_DIR") == nullptr) {
     char dir_template[] = "/tmp/strata-ranks-XXXXXX";

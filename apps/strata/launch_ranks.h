@@ -6,9 +6,9 @@
 // On one machine (M = 1) the port is a free one unless given, and without
 // STRATA_GLOO_DIR in the environment the ranks get a fresh private
 // rendezvous directory (removed afterwards). With several machines the port
-// defaults to 29500 and the ranks' rendezvous directory is STRATA_GLOO_DIR
-// (a directory every machine sees), else MASTER_ADDR/MASTER_PORT's default
-// (src/gpu/comm_internal.h: GlooRendezvousDir).
+// defaults to 29500 and the ranks meet through STRATA_GLOO_DIR (a directory
+// every machine sees) when set, else through the TCP store global rank 0
+// serves at MASTER_ADDR:MASTER_PORT (src/gpu/tcp_store.h).
 //
 // Global rank 0's stdout is this command's; the other ranks' stdout is
 // discarded (their stderr is kept). SIGINT, SIGTERM and SIGHUP sent to the launcher

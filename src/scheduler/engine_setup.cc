@@ -15,6 +15,7 @@
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/common/units.h"
+#include "src/gpu/tcp_store.h"
 #include "src/scheduler/engine_impl.h"
 
 namespace strata::scheduler {
@@ -56,6 +57,8 @@ Status EngineImpl::Init(std::shared_ptr<RendezvousStore> rendezvous) {
     try {
       ASSIGN_OR_RETURN(comm_, gpu::CommOptionsFromEnv());
       comm_.store = std::move(rendezvous);
+      // None given: across machines, the TCP store at MASTER_ADDR:MASTER_PORT.
+      ASSIGN_OR_RETURN(comm_.store, gpu::DefaultRendezvousStore(comm_));
       if (comm_.world_size > 1) {
         config_text_ = ConfigToJson(cfg_);  // as given, before the per-rank paths
         RETURN_IF_ERROR(PrepareDataParallel(comm_));

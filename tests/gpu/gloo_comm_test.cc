@@ -34,6 +34,7 @@
 #include "src/gpu/comm_internal.h"
 #include "src/gpu/device.h"
 #include "src/gpu/host_kernels.h"
+#include "src/gpu/tcp_store.h"
 #include "tests/multi_rank.h"
 #include "tests/test_util.h"
 
@@ -359,6 +360,55 @@ void StoreScenario(const RankEnv& e) {
 
 TEST(GlooCommTest, RanksMeetThroughACallersStoreWithoutADirectory) {
   ExpectAllExitedZero(RunRanks(3, StoreScenario));
+}
+
+// Ranks given only MASTER_ADDR (not a loopback name) and MASTER_PORT meet
+// through the TCP store rank 0 serves there (DefaultRendezvousStore), with
+// no directory: the collectives are right.
+TEST(GlooCommTest, RanksMeetThroughTheTcpStoreAtMasterAddr) {
+  int port = 0;
+  {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    close(fd);
+  }
+  ExpectAllExitedZero(RunRanks(2, [port](const RankEnv& e) {
+    // 127.0.0.1 written as one number: another machine's address by name.
+    setenv("MASTER_ADDR", "2130706433", 1);
+    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+    unsetenv("STRATA_GLOO_DIR");
+    CommOptions o;
+    o.rank = e.rank;
+    o.world_size = e.world;
+    o.connect_timeout_s = kConnectTimeoutS;
+    auto store = DefaultRendezvousStore(o);
+    RANK_OK(store.status());
+    RANK_CHECK(*store != nullptr, "no TCP store for a non-loopback MASTER_ADDR");
+    RankEnv no_dir = e;
+    no_dir.dir = e.dir + "/not-used";
+    Ctx c = Connect(no_dir, 30, *store);
+    const size_t n = 777;
+    DeviceBuffer buf = c.Upload(Encode(Values(9, e.rank, 0, n, DType::kBf16), DType::kBf16));
+    DeviceBuffer sum = c.Upload(std::vector<uint8_t>(n * 2));
+    RANK_OK(c.comm->AllReduce(buf.data(), sum.data(), n, DType::kBf16, ReduceOp::kMax,
+                              c.device->compute()));
+    RANK_OK(c.device->compute().Synchronize());
+    RANK_OK(c.comm->AsyncError());
+    const std::vector<float> got = Decode(c.Download(sum, n * 2), DType::kBf16);
+    for (size_t i = 0; i < n; ++i) {
+      const float want =
+          std::max(Values(9, 0, 0, n, DType::kBf16)[i], Values(9, 1, 0, n, DType::kBf16)[i]);
+      RANK_CHECK(got[i] == want, "element {}: {} vs {}", i, got[i], want);
+    }
+    RANK_CHECK(!std::filesystem::exists(no_dir.dir), "the rendezvous directory was made");
+    RANK_OK(c.comm->Barrier());
+  }));
 }
 
 // Sets an environment variable for a scope, restoring what was there.

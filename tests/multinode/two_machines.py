@@ -13,6 +13,9 @@ accumulates 2 micro-batches):
   deepspeed   strata.deepspeed.init_distributed() first (torch's process
               group over GLOO_SOCKET_IFNAME, which Strata's ranks use too):
               the same bits.
+  train       `strata train --nnodes 2 --node-rank K ...` (the TCP store
+              rank 0 serves at MASTER_ADDR:MASTER_PORT): node 0's losses
+              equal one process's accumulating both micro-batches.
   cut         the link goes down mid-run with STRATA_COMM_TIMEOUT_S=10:
               both ranks report the failed collective and exit within the
               timeout (plus a margin); no rank is left running.
@@ -20,6 +23,7 @@ accumulates 2 micro-batches):
 Root only (network namespaces); exits 77 (CTest's skip) with the reason
 elsewhere. Usage: two_machines.py BUILD_DIR [PYTHON]."""
 
+import json
 import os
 import re
 import shutil
@@ -86,7 +90,10 @@ def digests(text):
     return re.findall(r"^DIGEST \d+ ([0-9a-f]+)$", text, re.M)
 
 
-def run_pair(nodes, python, port, extra, per_node=None, timeout=120, during=None):
+def run_pair(nodes, python, port, extra, per_node=None, timeout=120, during=None, command=None):
+    """Both nodes' launchers (`command(k)`, default strata.launch of the
+    worker) with the environment plus `extra` and `per_node(k)`; returns
+    their exit codes, outputs and the seconds they took."""
     procs, logs = [], []
     for k in range(2):
         env = dict(os.environ, **extra)
@@ -96,9 +103,9 @@ def run_pair(nodes, python, port, extra, per_node=None, timeout=120, during=None
         env.update((per_node or (lambda k: {}))(k))
         log = open(os.path.join(nodes.logdir, f"node{k}-{port}.log"), "w+")
         logs.append(log)
-        cmd = [python, "-m", "strata.launch", "--nnodes", "2", "--node-rank", str(k),
-               "--nproc-per-node", "1", "--master-addr", ADDR[0], "--master-port", str(port),
-               WORKER]
+        cmd = command(k) if command else [
+            python, "-m", "strata.launch", "--nnodes", "2", "--node-rank", str(k),
+            "--nproc-per-node", "1", "--master-addr", ADDR[0], "--master-port", str(port), WORKER]
         procs.append(nodes.start(k, cmd, env, log))
     if during is not None:
         during(logs)
@@ -171,6 +178,38 @@ def main():
             nodes, python, port + 1, {"INIT": "deepspeed"},
             per_node=lambda k: {"GLOO_SOCKET_IFNAME": nodes.ifname[k]})
         expect_same("deepspeed.init_distributed", codes, outs)
+
+        # `strata train`'s own model: node 0's losses (it alone prints) are
+        # those of one process accumulating both micro-batches.
+        cli = os.path.join(build, "apps", "strata", "strata")
+        configs = {}
+        for name, gas, ranks in (("one", 2, 1), ("two", 1, 2)):
+            configs[name] = os.path.join(nodes.logdir, f"{name}.json")
+            with open(configs[name], "w") as f:
+                json.dump({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": gas,
+                           "train_batch_size": 2 * gas * ranks, "bf16": {"enabled": True},
+                           "gradient_clipping": 1.0, "optimizer": {"params": {"lr": 3e-3}},
+                           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                           "strata": {"device": "host", "hbm_budget": "8M", "threads": 2,
+                                      "model": {"layers": 2, "hidden": 32, "seq_len": 16}}}, f)
+        alone = subprocess.run([cli, "train", "--config", configs["one"], "--steps", "3", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if alone.returncode != 0:
+            sys.exit(f"strata train, one process, failed:\n{alone.stderr}")
+        want_losses = json.loads(alone.stdout)["losses"]
+        codes, outs, _ = run_pair(
+            nodes, python, port + 3, {},
+            command=lambda k: [cli, "train", "--config", configs["two"], "--steps", "3", "--json",
+                               "--nnodes", "2", "--node-rank", str(k), "--nproc-per-node", "1",
+                               "--master-addr", ADDR[0], "--master-port", str(port + 3)])
+        got = re.search(r"^(\{.*\})$", outs[0], re.M)
+        losses = json.loads(got.group(1)).get("losses") if got else None
+        if codes != [0, 0] or losses != want_losses:
+            failures.append(f"strata train --nnodes 2: exit codes {codes}, losses {losses} (one "
+                            f"process: {want_losses})" +
+                            "".join(f"\n--- node {k}:\n{o}" for k, o in enumerate(outs)))
+        else:
+            print(f"strata train --nnodes 2: ok, losses {losses} as one process")
 
         cut = {}
 
