@@ -1,8 +1,10 @@
-// Test helpers: fresh random data (never zeros) and scratch directories.
+// Test helpers: fresh random data (never zeros), scratch directories, an
+// environment variable for a scope and a free loopback port.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,5 +36,22 @@ class ScratchDir {
  private:
   std::filesystem::path path_;
 };
+
+// Sets (or, with nullptr, unsets) an environment variable for a scope and
+// restores what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago.
+int FreeLoopbackPort();
 
 }  // namespace strata::testing

@@ -45,6 +45,7 @@ using strata::testing::ExpectAllExitedZero;
 using strata::testing::RankEnv;
 using strata::testing::RankFailure;
 using strata::testing::RunRanks;
+using strata::testing::ScopedEnv;
 
 constexpr DType kTypes[] = {DType::kFp32, DType::kFp16, DType::kBf16};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg};
@@ -366,18 +367,7 @@ TEST(GlooCommTest, RanksMeetThroughACallersStoreWithoutADirectory) {
 // through the TCP store rank 0 serves there (DefaultRendezvousStore), with
 // no directory: the collectives are right.
 TEST(GlooCommTest, RanksMeetThroughTheTcpStoreAtMasterAddr) {
-  int port = 0;
-  {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    socklen_t len = sizeof(a);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-    close(fd);
-  }
+  const int port = strata::testing::FreeLoopbackPort();
   ExpectAllExitedZero(RunRanks(2, [port](const RankEnv& e) {
     // 127.0.0.1 written as one number: another machine's address by name.
     setenv("MASTER_ADDR", "2130706433", 1);
@@ -410,25 +400,6 @@ TEST(GlooCommTest, RanksMeetThroughTheTcpStoreAtMasterAddr) {
     RANK_OK(c.comm->Barrier());
   }));
 }
-
-// Sets an environment variable for a scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // Where a rank listens: the host given, the interface given (one that
 // exists), 127.0.0.1 for a loopback MASTER_ADDR, and the address of the

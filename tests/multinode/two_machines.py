@@ -26,6 +26,7 @@ elsewhere. Usage: two_machines.py BUILD_DIR [PYTHON]."""
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class Nodes:
         tag = str(os.getpid() % 100000)
         self.ns = (f"strata-a{tag}", f"strata-b{tag}")
         self.ifname = (f"sta{tag}", f"stb{tag}")
+        self.keep = []  # trees under /tmp the nodes must still see
 
     def __enter__(self):
         try:
@@ -77,13 +79,28 @@ class Nodes:
 
     def start(self, k, cmd, env, log):
         """cmd in node k with a private /tmp and /dev/shm; prints what was
-        left in them at the end (LEFT: ...)."""
-        script = ('mount -t tmpfs none /tmp && mount -t tmpfs none /dev/shm || exit 97; '
-                  '"$@"; rc=$?; echo "LEFT: $(ls -A /tmp /dev/shm | grep -v : | tr "\\n" " ")"; '
-                  'exit $rc')
+        left in them at the end (LEFT: ...). The source and build trees stay
+        visible where they are under /tmp (a clone there): they are bound
+        back over the fresh /tmp, and not counted as left."""
+        keep = " ".join(shlex.quote(p) for p in self.keep)
+        script = (
+            "set -e; i=0; mount -t tmpfs none /mnt; "
+            f"for p in {keep}; do mkdir /mnt/$i; mount --bind \"$p\" /mnt/$i; i=$((i+1)); done; "
+            "mount -t tmpfs none /tmp; mount -t tmpfs none /dev/shm; i=0; "
+            f"for p in {keep}; do mkdir -p \"$p\"; mount --bind /mnt/$i \"$p\"; i=$((i+1)); done; "
+            "set +e; \"$@\"; rc=$?; "
+            "echo \"LEFT: $(ls -A /tmp /dev/shm | grep -v : | tr '\\n' ' ')\"; exit $rc")
         return subprocess.Popen(["ip", "netns", "exec", self.ns[k], "unshare", "--mount",
                                  "--propagation", "private", "sh", "-c", script, "sh", *cmd],
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def left(self, text):
+        """What a node's LEFT line lists, less the kept trees' first parts."""
+        m = re.search(r"^LEFT: (.*)$", text, re.M)
+        if m is None:
+            return None
+        tops = {p.split("/")[2] for p in self.keep}
+        return [name for name in m.group(1).split() if name not in tops]
 
 
 def digests(text):
@@ -150,6 +167,11 @@ def main():
 
     with Nodes() as nodes:
         nodes.logdir = os.path.join(build, "Testing", "two_machines")
+        # Trees a node must still see when they are under /tmp (nested ones
+        # come with their parent).
+        trees = sorted({os.path.dirname(os.path.dirname(HERE)), build})
+        nodes.keep = [t for t in trees if t.startswith("/tmp/") and
+                      not any(t != o and t.startswith(o + "/") for o in trees)]
         os.makedirs(nodes.logdir, exist_ok=True)
         port = 29400 + os.getpid() % 500
         with open(os.path.join(nodes.logdir, "probe.log"), "w+") as log:
@@ -161,12 +183,11 @@ def main():
 
         def expect_same(name, codes, outs):
             got = [d for o in outs for d in digests(o)]
-            found = [re.search(r"^LEFT: (.*)$", o, re.M) for o in outs]
-            left = [m.group(1).strip() if m else None for m in found]
+            left = [nodes.left(o) for o in outs]
             if codes != [0, 0] or got != [want, want]:
                 failures.append(f"{name}: exit codes {codes}, digests {got} (one process: {want})"
                                 + "".join(f"\n--- node {k}:\n{o}" for k, o in enumerate(outs)))
-            elif left != ["", ""]:
+            elif left != [[], []]:
                 failures.append(f"{name}: files left in the nodes' /tmp or /dev/shm: {left}")
             else:
                 print(f"{name}: ok, both nodes {want[:16]}, nothing left in /tmp")
