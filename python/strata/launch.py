@@ -235,8 +235,9 @@ def main(argv=None):
     ap = _parser()
     args = ap.parse_args(argv)
     _check(ap, args)
-    # A private rendezvous directory on one machine (several machines need
-    # one they all see: STRATA_GLOO_DIR, or MASTER_ADDR/MASTER_PORT's default).
+    # A private rendezvous directory on one machine. Several machines meet
+    # at MASTER_ADDR:MASTER_PORT (torch.distributed's store), or through
+    # STRATA_GLOO_DIR when it is set.
     own_dir = None
     if args.nnodes == 1 and "STRATA_GLOO_DIR" not in os.environ:
         own_dir = tempfile.mkdtemp(prefix="strata-gloo-")
