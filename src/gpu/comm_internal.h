@@ -59,6 +59,12 @@ void HostFunctionWaitsOnPeers();
 
 // options.rendezvous_dir, or "/tmp/strata-gloo-<MASTER_ADDR>-<MASTER_PORT>".
 std::string GlooRendezvousDir(const CommOptions& options);
+// Whether a MASTER_ADDR names this machine by a loopback name (empty,
+// localhost, 127.*, ::1): the ranks are on one machine.
+inline bool IsLoopbackName(const std::string& addr) {
+  return addr.empty() || addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
 // Where a rank listens for its peers: options.listen_host; else
 // options.listen_iface (InvalidArgument when no such interface exists);
 // else 127.0.0.1 when MASTER_ADDR is unset or a loopback address; else this

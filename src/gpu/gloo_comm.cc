@@ -402,10 +402,6 @@ std::string GlooRendezvousDir(const CommOptions& options) {
 
 namespace {
 
-bool IsLoopback(const std::string& a) {
-  return a.empty() || a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1";
-}
-
 // The local address of the route to `addr`: a UDP socket connected there
 // (no packet is sent) is bound by the kernel to the source address it would
 // use, the one a peer on that route reaches.
@@ -459,7 +455,7 @@ StatusOr<GlooListen> GlooListenAddress(const CommOptions& options) {
   }
   const char* addr = std::getenv("MASTER_ADDR");
   const std::string a = addr ? addr : "";
-  if (IsLoopback(a)) return GlooListen{"127.0.0.1", ""};
+  if (IsLoopbackName(a)) return GlooListen{"127.0.0.1", ""};
   ASSIGN_OR_RETURN(std::string local, AddressTowards(a));
   return GlooListen{local, ""};
 }

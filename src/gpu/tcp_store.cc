@@ -26,6 +26,7 @@
 
 #include "src/common/log.h"
 #include "src/common/status_util.h"
+#include "src/gpu/comm_internal.h"
 #include "src/gpu/device.h"
 
 namespace strata::gpu {
@@ -472,10 +473,6 @@ StatusOr<int> ConnectTo(const std::string& host, int port, Clock::time_point dea
   }
 }
 
-bool IsLoopbackName(const std::string& a) {
-  return a.empty() || a == "localhost" || a.rfind("127.", 0) == 0 || a == "::1";
-}
-
 }  // namespace
 
 StatusOr<std::shared_ptr<RendezvousStore>> OpenTcpStore(const std::string& host, int port,
@@ -501,7 +498,7 @@ StatusOr<std::shared_ptr<RendezvousStore>> DefaultRendezvousStore(const CommOpti
   for (const char* named : {"STRATA_GLOO_DIR", "STRATA_NCCL_ID_FILE", "STRATA_NCCL_UNIQUE_ID"})
     if (const char* v = std::getenv(named); v != nullptr && *v != '\0') return nullptr;
   const char* addr = std::getenv("MASTER_ADDR");
-  if (addr == nullptr || IsLoopbackName(addr)) return nullptr;
+  if (addr == nullptr || internal::IsLoopbackName(addr)) return nullptr;
   const char* port_text = std::getenv("MASTER_PORT");
   char* end = nullptr;
   const long port = port_text ? std::strtol(port_text, &end, 10) : 0;
