@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "src/gpu/device.h"
 
@@ -74,7 +75,15 @@ struct GlooListen {
   std::string host;   // a name or address; empty when iface is set
   std::string iface;  // an interface name; empty when host is set
   std::string Describe() const;
+  // The address peers reach: host, or the interface's first address.
+  std::string Address() const;
 };
+
+// "rank K at ADDR" for the peer of `hosts` (every rank's address, `self`
+// excluded) whose "[ADDR]" alone appears in a Gloo error, or the only peer;
+// else "a peer rank (rank 0 at ..., ...)" listing up to eight (Gloo's
+// timeouts do not say which peer they waited for).
+std::string NamePeer(const std::vector<std::string>& hosts, int self, const std::string& error);
 StatusOr<GlooListen> GlooListenAddress(const CommOptions& options);
 
 }  // namespace strata::gpu::internal

@@ -68,6 +68,7 @@
 // Gloo's message; AsyncError() and every later call return it, and the
 // collectives queued behind it do nothing.
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -153,12 +154,15 @@ ReduceFn Fp32Reduce(ReduceOp op) {
 
 class GlooCommunicator final : public Communicator {
  public:
+  // `hosts[r]`: the address rank r listens on, for the errors.
   GlooCommunicator(Device& device, const CommOptions& o,
-                   std::shared_ptr<gloo::rendezvous::Context> context)
+                   std::shared_ptr<gloo::rendezvous::Context> context,
+                   std::vector<std::string> hosts)
       : device_(device),
         rank_(o.rank),
         world_(o.world_size),
         timeout_s_(o.timeout_s),
+        hosts_(std::move(hosts)),
         context_(std::move(context)) {}
 
   // Waits for the collectives still queued on streams (each ends within the
@@ -362,24 +366,35 @@ class GlooCommunicator final : public Communicator {
     return enqueued;
   }
 
-  // Runs a Gloo call, turning its exceptions into a Status.
+  // Runs a Gloo call, turning its exceptions into a Status that names the
+  // peer (its rank and address) when Gloo's message does.
   template <typename Fn>
   Status Run(const std::string& what, Fn fn) {
+    const auto start = std::chrono::steady_clock::now();
     try {
       fn();
       return Status::Ok();
     } catch (const std::exception& e) {
+      const double waited =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       return UnavailableError(fmt::format(
-          "gloo communicator rank {} of {}: {} failed: a peer rank exited or did not take part "
-          "within the collective timeout ({:g} s); Gloo: {}",
-          rank_, world_, what, timeout_s_, e.what()));
+          "gloo communicator rank {} of {} ({}): {} failed after {:.1f} s: {} exited, stopped "
+          "or became unreachable and did not take part within the collective timeout ({:g} s, "
+          "STRATA_COMM_TIMEOUT_S); Gloo: {}",
+          rank_, world_, HostOf(rank_), what, waited, internal::NamePeer(hosts_, rank_, e.what()),
+          timeout_s_, e.what()));
     }
+  }
+
+  std::string HostOf(int rank) const {
+    return rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : std::string("?");
   }
 
   Device& device_;
   const int rank_;
   const int world_;
   const double timeout_s_;
+  const std::vector<std::string> hosts_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   Mutex mu_;
   CondVar done_cv_;
@@ -462,6 +477,57 @@ StatusOr<GlooListen> GlooListenAddress(const CommOptions& options) {
 
 std::string GlooListen::Describe() const {
   return iface.empty() ? host : fmt::format("interface {}", iface);
+}
+
+std::string GlooListen::Address() const {
+  if (iface.empty()) return host;
+  ifaddrs* list = nullptr;
+  std::string found;
+  if (getifaddrs(&list) == 0) {
+    for (const ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+      if (a->ifa_addr == nullptr || iface != a->ifa_name) continue;
+      char text[INET6_ADDRSTRLEN] = {};
+      if (a->ifa_addr->sa_family == AF_INET)
+        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                  sizeof(text));
+      else if (a->ifa_addr->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, text,
+                  sizeof(text));
+      found = text;
+    }
+    freeifaddrs(list);
+  }
+  return found.empty() ? iface : fmt::format("{} ({})", found, iface);
+}
+
+std::string NamePeer(const std::vector<std::string>& hosts, int self, const std::string& error) {
+  // Gloo's pair errors end with the peer's address as "[host]:port".
+  int match = -1;
+  int matches = 0;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    if (r == self) continue;
+    const std::string bare = hosts[r].substr(0, hosts[r].find(' '));
+    if (error.find("[" + bare + "]") != std::string::npos) {
+      match = r;
+      ++matches;
+    }
+  }
+  if (matches != 1 && hosts.size() == 2 && self >= 0 && self < 2) {
+    match = 1 - self;  // the only peer
+    matches = 1;
+  }
+  if (matches == 1) return fmt::format("rank {} at {}", match, hosts[match]);
+  std::string peers;
+  int listed = 0;
+  for (int r = 0; r < static_cast<int>(hosts.size()); ++r) {
+    if (r == self) continue;
+    if (listed == 8) {
+      peers += ", ...";
+      break;
+    }
+    peers += fmt::format("{}rank {} at {}", listed++ > 0 ? ", " : "", r, hosts[r]);
+  }
+  return fmt::format("a peer rank ({})", peers);
 }
 
 namespace {
@@ -605,6 +671,9 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         attr.hostname = listen.host;
         attr.iface = listen.iface;
         auto dev = gloo::transport::tcp::CreateDevice(attr);
+        const std::string address = listen.Address();
+        store.set(fmt::format("host-{}", options.rank),
+                  std::vector<char>(address.begin(), address.end()));
         std::vector<char> secret(32);
         for (char& c : secret) c = static_cast<char>(entropy());
         store.set(fmt::format("secret-{}", options.rank), secret);
@@ -653,6 +722,11 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         if (store.get(key) != std::vector<char>{'y'}) all_ok = false;
       }
       if (!all_ok) continue;
+      std::vector<std::string> hosts;
+      for (int r = 0; r < options.world_size; ++r) {
+        const std::vector<char> h = store.get(fmt::format("host-{}", r));
+        hosts.emplace_back(h.begin(), h.end());
+      }
       // Everyone has read every entry once all are past this barrier; then
       // each rank removes the entries its store wrote or read (a peer may
       // have removed one already).
@@ -670,7 +744,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
           attempt > 0 ? fmt::format(", attempt {}", attempt + 1) : std::string());
       context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3)));
       return std::unique_ptr<Communicator>(
-          std::make_unique<GlooCommunicator>(device, options, std::move(context)));
+          std::make_unique<GlooCommunicator>(device, options, std::move(context),
+                                             std::move(hosts)));
     }
   } catch (const std::exception& e) {
     last_error = e.what();

@@ -498,8 +498,14 @@ void PeerLostScenario(const RankEnv& e, bool kill_it, double timeout_s) {
              m);
   RANK_CHECK(m.find(fmt::format("rank {} of {}", e.rank, e.world)) != std::string::npos,
              "message: {}", m);
-  RANK_CHECK(m.find(fmt::format("timeout ({:g} s)", timeout_s)) != std::string::npos, "message: {}",
+  RANK_CHECK(m.find(fmt::format("timeout ({:g} s", timeout_s)) != std::string::npos, "message: {}",
              m);
+  // The peers' addresses (all on loopback here) and how long it waited.
+  RANK_CHECK(m.find(fmt::format("rank {} at 127.0.0.1", e.world - 1)) != std::string::npos,
+             "message: {}", m);
+  RANK_CHECK(m.find(fmt::format("rank {} of {} (127.0.0.1)", e.rank, e.world)) != std::string::npos,
+             "message: {}", m);
+  RANK_CHECK(m.find(" failed after ") != std::string::npos, "message: {}", m);
   // A bound on the failure, not a performance figure: the timeout plus
   // slack for a loaded 2-core machine.
   RANK_CHECK(waited < timeout_s + 5, "failed after {:.1f} s", waited);
@@ -511,6 +517,27 @@ void PeerLostScenario(const RankEnv& e, bool kill_it, double timeout_s) {
 }
 
 constexpr double kShortTimeoutS = 3;
+
+TEST(GlooCommTest, AFailedCollectiveNamesThePeerGlooNames) {
+  const std::vector<std::string> hosts = {"10.0.0.1", "10.0.0.2", "10.0.0.3 (eth1)"};
+  EXPECT_EQ(gpu::internal::NamePeer(hosts, 0, "Read timeout [10.0.0.3]:41234"),
+            "rank 2 at 10.0.0.3 (eth1)");
+  EXPECT_EQ(gpu::internal::NamePeer(hosts, 2, "Connection closed by peer [10.0.0.1]:5"),
+            "rank 0 at 10.0.0.1");
+  // No address in the message, or one every peer shares: all are listed.
+  EXPECT_EQ(gpu::internal::NamePeer(hosts, 1, "Timed out"),
+            "a peer rank (rank 0 at 10.0.0.1, rank 2 at 10.0.0.3 (eth1))");
+  const std::vector<std::string> local(3, "127.0.0.1");
+  EXPECT_EQ(gpu::internal::NamePeer(local, 0, "Read timeout [127.0.0.1]:7"),
+            "a peer rank (rank 1 at 127.0.0.1, rank 2 at 127.0.0.1)");
+  // Its own address is never the peer's.
+  EXPECT_EQ(gpu::internal::NamePeer(hosts, 1, "Read timeout [10.0.0.2]:7"),
+            "a peer rank (rank 0 at 10.0.0.1, rank 2 at 10.0.0.3 (eth1))");
+  // Two ranks: the other one, whatever Gloo says.
+  EXPECT_EQ(gpu::internal::NamePeer({"a", "b"}, 1, "Timed out"), "rank 0 at a");
+  const std::vector<std::string> many(12, "h");
+  EXPECT_NE(gpu::internal::NamePeer(many, 0, "x").find("rank 8 at h, ...)"), std::string::npos);
+}
 
 TEST(GlooCommTest, KilledPeerFailsTheOthersWithinTheTimeout) {
   constexpr int kWorld = 4;

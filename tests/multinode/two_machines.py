@@ -249,16 +249,20 @@ def main():
                                    "STRATA_COMM_TIMEOUT_S": str(timeout_s)},
                                   timeout=120, during=cut_link)
         took = time.monotonic() - cut.get("at", time.monotonic())
-        named = all("failed: a peer rank exited or did not take part within the collective "
-                    f"timeout ({timeout_s} s)" in o for o in outs)
+        # Each node names the other: its rank, its address, the timeout.
+        named = all(f"rank {1 - k} at {ADDR[1 - k]} exited, stopped or became unreachable and "
+                    f"did not take part within the collective timeout ({timeout_s} s" in o
+                    for k, o in enumerate(outs))
         if any(c == 0 for c in codes) or not named or took > timeout_s + 15:
             failures.append(f"cut link: exit codes {codes}, both named the failed collective: "
                             f"{named}, all exited {took:.0f} s after the cut (timeout "
                             f"{timeout_s} s)" +
                             "".join(f"\n--- node {k}:\n{o}" for k, o in enumerate(outs)))
         else:
-            print(f"cut link: ok, both ranks reported the collective's timeout and exited "
-                  f"{took:.0f} s after the cut (exit codes {codes})")
+            said = re.search(r"gloo communicator rank 0 of 2 .*?;", outs[0])
+            print(f"cut link: ok, both ranks named the other's address and the timeout, and "
+                  f"exited {took:.0f} s after the cut (exit codes {codes}); node 0 said: "
+                  f"{said.group(0) if said else '?'}")
         leftover = subprocess.run(["pgrep", "-f", WORKER], stdout=subprocess.PIPE, text=True)
         if leftover.stdout.strip():
             failures.append(f"ranks still running after the cases: {leftover.stdout.split()}")
