@@ -44,3 +44,14 @@ def rendezvous_env(env=None):
     if "USE_LIBUV" not in env and not tcpstore_has_libuv():
         return {"USE_LIBUV": "0"}
     return {}
+
+
+def tcp_store(host, port, world_size=None, is_master=False, **kwargs):
+    """torch.distributed.TCPStore(...) that opens with this torch: with
+    use_libuv=False where its TCPStore has no libuv (the constructor asks
+    for libuv by default from torch 2.4 on, whatever USE_LIBUV says), unless
+    the caller chose."""
+    import torch.distributed as dist
+    if "use_libuv" not in kwargs and not tcpstore_has_libuv():
+        kwargs["use_libuv"] = False
+    return dist.TCPStore(host, port, world_size, is_master, **kwargs)

@@ -186,11 +186,11 @@ def _rendezvous_store():
             "directory they all see (STRATA_GLOO_DIR)", "InvalidArgument")
     key = (addr, port)
     if key not in _OWN_STORES:
-        from ._torch_compat import rendezvous_env
+        from ._torch_compat import rendezvous_env, tcp_store
         os.environ.update(rendezvous_env())  # USE_LIBUV=0 for a torch without libuv
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         rank = int(os.environ.get("RANK", "0"))
-        _OWN_STORES[key] = dist.TCPStore(
+        _OWN_STORES[key] = tcp_store(
             addr, int(port), world, is_master=(rank == 0 and not agent),
             timeout=datetime.timedelta(seconds=_connect_timeout_s()), wait_for_workers=False)
     return _TorchStore(_OWN_STORES[key])

@@ -333,13 +333,13 @@ class Client final : public RendezvousStore {
 
   Status Set(const std::string& key, const std::string& value) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return Send(Writer().Value(kSet).Bytes(key).Bytes(value).out, "set " + key);
+    return Send(Writer().Value(kSet).Bytes(Wire(key)).Bytes(value).out, "set " + key);
   }
 
   StatusOr<std::string> Get(const std::string& key, double timeout_s) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string what = "get " + key;
-    RETURN_IF_ERROR(Send(Writer().Value(kWait).Value<uint64_t>(1).Bytes(key).out, what));
+    RETURN_IF_ERROR(Send(Writer().Value(kWait).Value<uint64_t>(1).Bytes(Wire(key)).out, what));
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(timeout_s));
     std::string b;
@@ -360,7 +360,7 @@ class Client final : public RendezvousStore {
     RETURN_IF_ERROR(st);
     if (static_cast<uint8_t>(b[0]) != kStopWaiting)
       return DataLossError(fmt::format("rendezvous store {}: unexpected reply to wait", where_));
-    RETURN_IF_ERROR(Send(Writer().Value(kGet).Bytes(key).out, what));
+    RETURN_IF_ERROR(Send(Writer().Value(kGet).Bytes(Wire(key)).out, what));
     const auto later = Clock::now() + std::chrono::seconds(60);
     RETURN_IF_ERROR(Recv(&b, 8, later, what));
     uint64_t n;
@@ -375,7 +375,7 @@ class Client final : public RendezvousStore {
   Status Remove(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::string what = "remove " + key;
-    RETURN_IF_ERROR(Send(Writer().Value(kDeleteKey).Bytes(key).out, what));
+    RETURN_IF_ERROR(Send(Writer().Value(kDeleteKey).Bytes(Wire(key)).out, what));
     std::string b;
     return Recv(&b, 8, Clock::now() + std::chrono::seconds(60), what);
   }
@@ -396,6 +396,10 @@ class Client final : public RendezvousStore {
   }
 
  private:
+  // torch's TCPStore client puts "/" before every key on the wire: the
+  // same, so that a key is one entry whichever client names it.
+  static std::string Wire(const std::string& key) { return "/" + key; }
+
   Status Send(const std::string& bytes, const std::string& what) {
     if (!SendAll(fd_, bytes))
       return UnavailableError(fmt::format("rendezvous store {}: {}: the connection failed ({})",
@@ -517,13 +521,20 @@ StatusOr<std::shared_ptr<RendezvousStore>> DefaultRendezvousStore(const CommOpti
   std::lock_guard<std::mutex> lock(mu);
   const std::string key = fmt::format("{}:{}", addr, port);
   if (std::shared_ptr<RendezvousStore> same = open[key].lock()) return same;
+  // Under torchrun with TORCHELASTIC_USE_AGENT_STORE=true its agent
+  // already serves a TCPStore there (as torch's env:// rendezvous assumes).
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool agent_serves = agent != nullptr && std::string_view(agent) == "true";
+  const bool serve = options.rank == 0 && !agent_serves;
   StatusOr<std::shared_ptr<RendezvousStore>> store =
-      OpenTcpStore(addr, static_cast<int>(port), options.rank == 0, timeout_s);
+      OpenTcpStore(addr, static_cast<int>(port), serve, timeout_s);
   if (store.ok()) open[key] = *store;
   if (store.ok())
     STRATA_LOG_INFO("rendezvous: rank {} of {} meets the others through the TCP store at {}:{}{}",
                     options.rank, options.world_size, addr, port,
-                    options.rank == 0 ? " (served by this rank)" : "");
+                    serve          ? " (served by this rank)"
+                    : agent_serves ? " (served by torchrun's agent)"
+                                   : "");
   return store;
 }
 

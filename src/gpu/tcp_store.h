@@ -20,7 +20,10 @@
 //   CANCEL_WAIT 12                             → uint8 1 (the wait dropped)
 //   PING    13  uint32 nonce                   → uint32 the nonce
 // A connection that sends anything else (or a key or value over 16 MiB)
-// is closed. Talking to torch's own server or client is not tested.
+// is closed. The client sends every key with a "/" before it, as torch's
+// TCPStore client does, so that torch's client and this one name the same
+// entries: tests/python/test_tcp_store_torch.py has torch 2.x's client
+// talk to this server and this client to torch's server.
 //
 // Whoever reaches the port can read and write every key, as with torch's
 // store: the ranks' secrets (gloo_comm.cc) keep strangers' connections out
@@ -48,7 +51,8 @@ StatusOr<std::shared_ptr<RendezvousStore>> OpenTcpStore(const std::string& host,
 // nullptr for one rank, or when a directory or file is named
 // (STRATA_GLOO_DIR, STRATA_NCCL_ID_FILE, STRATA_NCCL_UNIQUE_ID), or when
 // MASTER_ADDR is unset or a loopback address (one machine: the directory
-// under /tmp); else OpenTcpStore(MASTER_ADDR, MASTER_PORT, rank 0 serves).
+// under /tmp); else OpenTcpStore(MASTER_ADDR, MASTER_PORT, rank 0 serves,
+// unless TORCHELASTIC_USE_AGENT_STORE=true says torchrun's agent does).
 // InvalidArgument for a MASTER_PORT that is not a port.
 StatusOr<std::shared_ptr<RendezvousStore>> DefaultRendezvousStore(const CommOptions& options);
 

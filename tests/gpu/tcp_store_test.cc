@@ -171,5 +171,27 @@ TEST(TcpStoreTest, DefaultStoreOnlyAcrossMachinesWithoutADirectory) {
       << refused.status();
 }
 
+// Under torchrun with TORCHELASTIC_USE_AGENT_STORE=true its agent serves
+// the store at MASTER_PORT: rank 0 connects as a client there instead of
+// trying to listen on a port in use.
+TEST(TcpStoreTest, RankZeroUsesTorchrunsAgentStore) {
+  const int port = FreePort();
+  const std::string port_text = std::to_string(port);
+  auto agent = OpenTcpStore("127.0.0.1", port, /*serve=*/true, 5);  // the agent's
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  CommOptions o;
+  o.world_size = 2;
+  o.rank = 0;
+  o.timeout_s = 5;
+  ScopedEnv dir("STRATA_GLOO_DIR", nullptr), file("STRATA_NCCL_ID_FILE", nullptr),
+      id("STRATA_NCCL_UNIQUE_ID", nullptr), p("MASTER_PORT", port_text.c_str()),
+      addr("MASTER_ADDR", "2130706433"), use("TORCHELASTIC_USE_AGENT_STORE", "true");
+  auto rank0 = DefaultRendezvousStore(o);
+  ASSERT_TRUE(rank0.ok()) << rank0.status();
+  ASSERT_NE(*rank0, nullptr);
+  ASSERT_TRUE((*rank0)->Set("from-rank-0", "r0").ok());
+  EXPECT_EQ((*agent)->Get("from-rank-0", 5).value(), "r0");
+}
+
 }  // namespace
 }  // namespace strata::gpu
