@@ -17,13 +17,17 @@ import torch
 PEER = os.environ.get("STRATA_TCP_STORE_PEER", "")
 BINARY = b"strata\0\xff\n"
 
-pytestmark = [
-    pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
-                       reason=f"torch {torch.__version__}: the store layout is torch 2.x's"),
-    pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed"),
-    pytest.mark.skipif(not os.path.isfile(PEER),
-                       reason="STRATA_TCP_STORE_PEER (the tcp_store_peer tool) not given"),
-]
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="no torch.distributed")
+
+
+def with_torchs_store(test):
+    """Skips a test of the wire layout where it cannot run."""
+    test = pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                              reason=f"torch {torch.__version__}: the layout is torch 2.x's")(test)
+    return pytest.mark.skipif(not os.path.isfile(PEER),
+                              reason="STRATA_TCP_STORE_PEER (the tcp_store_peer tool) not "
+                              "given")(test)
 
 
 def free_port():
@@ -44,6 +48,7 @@ def wait_for_line(proc, line, timeout=30):
                 f"{proc.stderr.read() if proc.poll() is not None else ''}")
 
 
+@with_torchs_store
 def test_strata_client_of_torchs_server():
     # The frontend's way to open torch's store (Debian's torch 2.6 has no
     # libuv, which the constructor asks for by default).
@@ -69,6 +74,7 @@ def test_strata_client_of_torchs_server():
     assert not server.check(["from_torch"])  # the Strata client removed it
 
 
+@with_torchs_store
 def test_torch_client_of_stratas_server():
     # The frontend's way to open torch's store (Debian's torch 2.6 has no
     # libuv, which the constructor asks for by default).
@@ -95,3 +101,33 @@ def test_torch_client_of_stratas_server():
         peer.kill()
     assert peer.returncode == 0, err
     assert "got done" in out
+
+
+def test_frontends_own_store_opens_with_this_torch(monkeypatch):
+    """Without torch.distributed up, the frontend opens a TCPStore at
+    MASTER_ADDR:MASTER_PORT itself (rank 0 serves it): it opens with the
+    torch at hand (Debian's torch 2.6 has no libuv) and the ranks' keys are
+    there for torch's own client."""
+    import torch.distributed as dist
+    from strata import engine
+    from strata._torch_compat import tcp_store
+    if dist.is_initialized():
+        pytest.skip("a process group is up in this process")
+    port = free_port()
+    for name, value in (("WORLD_SIZE", "2"), ("RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                        ("MASTER_PORT", str(port))):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("STRATA_GLOO_DIR", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setattr(engine, "_OWN_STORES", {})
+    store = engine._rendezvous_store()
+    assert store is not None
+    assert engine._rendezvous_store()._store is store._store  # kept for the process
+    store.set("strata/x", b"from rank 0")
+    peer = tcp_store("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                     timeout=timedelta(seconds=30))
+    assert peer.get("strata/x") == b"from rank 0"
+    peer.set("strata/y", b"from rank 1")
+    assert store.get("strata/y", 10) == b"from rank 1"
+    store.remove("strata/y")
+    assert not peer.delete_key("strata/y")  # gone already
