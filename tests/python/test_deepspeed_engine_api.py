@@ -4,6 +4,8 @@ and counters, the boundary and no_sync, fine-tuning from a checkpoint's
 weights, the loader's sampler, the namespace's config error and
 RepeatingLoader."""
 
+import os
+
 import pytest
 import torch
 
@@ -172,3 +174,28 @@ def test_activation_checkpointing_as_deepspeed_scripts_call_it():
     assert losses[True] == losses[False]  # the same arithmetic, recomputed
     with pytest.raises(deepspeed.NotSupportedError, match="tensor and pipeline parallelism"):
         deepspeed.checkpointing.configure(object())
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.distributed.is_nccl_available(),
+                    reason="NCCL and a CUDA device are here: 'nccl' is used as asked")
+def test_init_distributed_nccl_without_cuda_uses_gloo():
+    """A GPU script's `deepspeed.init_distributed(dist_backend="nccl")` (its
+    `--backend nccl` default) on a machine without CUDA or NCCL: gloo,
+    with one warning saying so, instead of torch's "Distributed package
+    doesn't have NCCL built in"."""
+    import subprocess
+    import sys
+    code = ("import warnings, torch, strata.deepspeed as deepspeed\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    deepspeed.init_distributed(dist_backend='nccl')\n"
+            "    deepspeed.init_distributed(dist_backend='nccl')  # idempotent: no second word\n"
+            "print(torch.distributed.get_backend(), len(w), w[0].message if w else None)\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout
+    backend, count, message = r.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert (backend, count) == ("gloo", "1"), r.stdout
+    assert "dist_backend 'nccl' asked for" in message and "using 'gloo'" in message

@@ -41,6 +41,14 @@ def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_por
     from .._torch_compat import rendezvous_env
     os.environ.update(rendezvous_env())  # USE_LIBUV=0 for a torch without libuv
     backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and not (torch.cuda.is_available() and
+                                  torch.distributed.is_nccl_available()):
+        # A GPU script's default (`--backend nccl`) on a machine without
+        # CUDA or NCCL: gloo, as DeepSpeed picks its accelerator's backend.
+        import warnings
+        warnings.warn("init_distributed: dist_backend 'nccl' asked for, but this torch has no "
+                      "CUDA device or NCCL here: using 'gloo'", stacklevel=2)
+        backend = "gloo"
     kwargs = {"backend": backend, "timeout": timeout}
     if init_method is not None:
         kwargs["init_method"] = init_method

@@ -1,4 +1,4 @@
-"""A stand-in for torchvision: datasets.CIFAR10 as synthetic tensors of
-CIFAR's shapes, transforms and utils.make_grid as no-ops."""
+"""A stand-in for torchvision: datasets.CIFAR10 and FakeData as synthetic
+tensors, transforms on tensors, models.AlexNet, utils without output."""
 
-from . import datasets, transforms, utils  # noqa: F401
+from . import datasets, models, transforms, utils  # noqa: F401
