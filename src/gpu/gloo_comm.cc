@@ -68,7 +68,6 @@
 // Gloo's message; AsyncError() and every later call return it, and the
 // collectives queued behind it do nothing.
 #include <arpa/inet.h>
-#include <ifaddrs.h>
 #include <fmt/format.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -81,6 +80,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <signal.h>
@@ -743,9 +743,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
           options.rank, options.world_size, host, through,
           attempt > 0 ? fmt::format(", attempt {}", attempt + 1) : std::string());
       context->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3)));
-      return std::unique_ptr<Communicator>(
-          std::make_unique<GlooCommunicator>(device, options, std::move(context),
-                                             std::move(hosts)));
+      return std::unique_ptr<Communicator>(std::make_unique<GlooCommunicator>(
+          device, options, std::move(context), std::move(hosts)));
     }
   } catch (const std::exception& e) {
     last_error = e.what();

@@ -22,10 +22,10 @@ int Fail(const std::string& what) {
   return 1;
 }
 
-#define CHECK_OK(expr)                                            \
-  do {                                                            \
-    auto _s = (expr);                                             \
-    if (!_s.ok()) return Fail(#expr ": " + _s.ToString());        \
+#define CHECK_OK(expr)                                     \
+  do {                                                     \
+    auto _s = (expr);                                      \
+    if (!_s.ok()) return Fail(#expr ": " + _s.ToString()); \
   } while (0)
 
 int Expect(const strata::StatusOr<std::string>& got, const std::string& want,
@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   if (serve) {
     // torch's client reads this, writes its own, then "done".
     CHECK_OK((*store)->Set("from_strata", kBinary));
-    if (int rc = Expect((*store)->Get("from_torch", 60), "torch wrote this", "from_torch")) return rc;
+    if (int rc = Expect((*store)->Get("from_torch", 60), "torch wrote this", "from_torch"))
+      return rc;
     if (int rc = Expect((*store)->Get("counter", 60), "7", "counter")) return rc;
     if (int rc = Expect((*store)->Get("done", 60), "1", "done")) return rc;
     return 0;
