@@ -14,7 +14,8 @@ What it promises:
   zero-stride view of one element with the parameter's shape and dtype
   (``shape``, ``dtype``, ``device``, ``requires_grad``, ``numel()`` are
   those of the parameter; its class becomes a subclass of
-  ``torch.nn.Parameter``). Spilled are parameters of the exact type
+  ``torch.nn.Parameter`` that also has DeepSpeed's ``ds_id``, ``ds_shape``,
+  ``ds_numel`` and ``ds_status``, NOT_AVAILABLE while spilled). Spilled are parameters of the exact type
   ``torch.nn.Parameter`` on the CPU with at least one element; others
   (CUDA, meta, lazy or custom Parameter subclasses) stay as they are, and so
   do buffers. Host memory while building holds about one module's
@@ -63,6 +64,7 @@ What it promises:
 """
 
 import functools
+import itertools
 import os
 import tempfile
 import types
@@ -74,6 +76,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._config import parse_config
 from ._errors import FailedPreconditionError, InvalidArgumentError
+from ._group import ParamStatus
 from ._spill_store import _Store
 
 _ACTIVE = None  # the init context in effect
@@ -83,11 +86,14 @@ class _Spill:
     """Where one parameter's values are: its store and key, the spilled
     shape and dtype; resident while read back inside a frame (below)."""
 
-    __slots__ = ("store", "key", "shape", "dtype", "name", "resident", "_discard", "__weakref__")
+    __slots__ = ("store", "key", "shape", "dtype", "name", "resident", "ds_id", "_discard",
+                 "__weakref__")
+    _ids = itertools.count()  # ds_id: unique in the process, as DeepSpeed's
 
     def __init__(self, store, name, shape, dtype):
         self.store = store
         self.key = store.new_key()
+        self.ds_id = next(_Spill._ids)
         self.name = name
         self.shape = shape
         self.dtype = dtype
@@ -154,6 +160,30 @@ class SpilledParameter(torch.nn.Parameter):
                     _read_back(a)
         with _NO_SUBCLASS_FUNCTION():
             return func(*args, **kwargs)
+
+    # DeepSpeed's attributes of a parameter zero.Init has partitioned, for
+    # code that tests for them before an engine takes the model (which then
+    # gives them its own): NOT_AVAILABLE while the values are in the store,
+    # AVAILABLE while read back inside a module's __init__. Reading them
+    # does not read the values back.
+    @property
+    def ds_status(self):
+        rec = _record(self)
+        return ParamStatus.NOT_AVAILABLE if rec is not None and not rec.resident \
+            else ParamStatus.AVAILABLE
+
+    @property
+    def ds_shape(self):
+        return self.shape
+
+    @property
+    def ds_numel(self):
+        return self.numel()
+
+    @property
+    def ds_id(self):
+        rec = _record(self)
+        return rec.ds_id if rec is not None else None
 
     def __deepcopy__(self, memo):
         # copy.deepcopy of a spilled layer (nn.TransformerEncoder clones the

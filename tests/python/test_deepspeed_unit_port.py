@@ -11,6 +11,8 @@ differs (the optimizer and scheduler objects it returns, what it refuses),
 the test asserts Strata's documented behaviour instead and says why.
 """
 
+import copy
+
 import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, StepLR
@@ -346,27 +348,26 @@ def test_one_cycle_lr(min_lr, max_lr, decay_rate, cycle_step_size, decay_step_si
         assert strictly_decreasing(lrs[2 * cycle_step_size:])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine.get_mom() returns the optimizer param groups' static betas: with a config "
-    "OneCycle schedule (cycle_momentum on by default) the engine cycles beta1 between "
-    "cycle_max_mom and cycle_min_mom, but get_mom() keeps reporting the config's (0.9, 0.999)"))
 @pytest.mark.parametrize("decay_rate,step_size", [(1e-3, 10), (0, 21)])
 def test_one_cycle_momentum(decay_rate, step_size):
-    """test_lr_schedulers.py TestOneCycle::test_mom, read through engine.get_mom()
-    (Strata's ConfigLRScheduler has no get_mom(); README lists get_mom() among
-    the engine's methods that behave as DeepSpeed's): momentum starts at
-    cycle_max_mom, is at cycle_min_mom at the peak, then rises again."""
+    """test_lr_schedulers.py TestOneCycle::test_mom, read through the config
+    scheduler's get_mom() as DeepSpeed's test does: momentum starts at
+    cycle_max_mom, is at cycle_min_mom at the peak, then rises again. Also
+    engine.get_mom(), the betas each step runs with (DeepSpeed's engine reads
+    them from the optimizer): cycle_min_mom for the first step (DeepSpeed's
+    OneCycle puts them there when it is built), then the scheduler's."""
     min_mom, max_mom = 0.08, 0.09
-    engine, _, _, _ = deepspeed.initialize(
+    engine, _, _, lr_scheduler = deepspeed.initialize(
         config=config(("OneCycle", {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2,
                                     "cycle_min_mom": min_mom, "cycle_max_mom": max_mom,
                                     "decay_mom_rate": decay_rate,
                                     "cycle_first_step_size": step_size,
                                     "decay_step_size": step_size})),
         model=SimpleModel())
-    moms = []
+    moms, used = [], []
     for x, y in batches(max(50, 3 * step_size)):
-        moms.append(engine.get_mom()[0][0])
+        moms.append(lr_scheduler.get_mom()[0][0])
+        used.append(engine.get_mom()[0])
         engine.backward(engine(x, y))
         engine.step()
     engine.destroy()
@@ -376,6 +377,36 @@ def test_one_cycle_momentum(decay_rate, step_size):
     assert strictly_increasing(moms[step_size:2 * step_size])
     if decay_rate > 0:
         assert strictly_increasing(moms[2 * step_size:])
+    assert used[0] == (min_mom, 0.99)
+    assert [b1 for b1, _ in used[1:]] == moms[1:]
+
+
+def test_one_cycle_momentum_is_what_the_step_uses():
+    """The betas engine.get_mom() reports are those the step runs with: an
+    engine with OneCycle's momentum cycling ends where plain Adam steps with
+    those betas, step by step, end (DeepSpeed's optimizer takes its betas from
+    the param groups the scheduler sets)."""
+    sched = ("OneCycle", {"cycle_min_lr": 1e-3, "cycle_max_lr": 1e-2, "cycle_min_mom": 0.5,
+                          "cycle_max_mom": 0.95, "cycle_first_step_size": 3})
+    torch.manual_seed(5)
+    model = SimpleModel()
+    ref = copy.deepcopy(model)
+    engine, _, _, lr_scheduler = deepspeed.initialize(config=config(sched), model=model)
+    opt = torch.optim.Adam(ref.parameters(), lr=1e-3)
+    for x, y in batches(8):
+        (b1, b2), lr = engine.get_mom()[0], engine.get_lr()[0]
+        for g in opt.param_groups:
+            g["betas"], g["lr"] = (b1, b2), lr
+        opt.zero_grad()
+        ref(x, y).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)  # the config's clipping
+        opt.step()
+        engine.backward(engine(x, y))
+        engine.step()
+    got = engine.state_dict()
+    engine.destroy()
+    for name, p in ref.named_parameters():
+        assert torch.allclose(got[name].float(), p.detach(), atol=1e-6), name
 
 
 # ---- checkpoint/test_latest_checkpoint.py, test_tag_validation.py, test_lr_scheduler.py --
@@ -602,18 +633,20 @@ ZERO3 = {"train_batch_size": 1, "zero_optimization": {"stage": 3},
          "optimizer": {"type": "Adam", "params": {"lr": 0.00015}}, "strata": HOST}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "parameters built under deepspeed.zero.Init carry no ds_id/ds_status/ds_shape until "
-    "deepspeed.initialize(): they are strata SpilledParameters with their full shape, so code "
-    "between zero.Init and initialize that tests for ds_id (as DeepSpeed-aware code does "
-    "to decide whether to gather) sees plain parameters"))
 def test_subclass_param_under_init():
     """test_zero_context.py TestSerialContext::test_subclass_param: right after
-    zero.Init every parameter, a subclass's own one included, is partitioned."""
+    zero.Init every parameter, a subclass's own one included, is partitioned
+    (Strata: spilled, with DeepSpeed's attributes; their shape stays)."""
     with deepspeed.zero.Init(config=ZERO3):
         model = ConvNet()
     assert model.param.ds_status == ZeroParamStatus.NOT_AVAILABLE
     assert model.conv1.param_in.ds_status == ZeroParamStatus.NOT_AVAILABLE
+    assert model.param.ds_shape == (5,) and model.conv1.param_in.ds_numel == 5
+    ids = [p.ds_id for p in model.parameters()]
+    assert len(set(ids)) == len(ids) and all(isinstance(i, int) for i in ids)
+    # Reading the values reads them back: an ordinary parameter again.
+    model.param.sum()
+    assert not hasattr(model.param, "ds_status")
 
 
 def test_subclass_param_partitioned_by_the_engine():
@@ -638,7 +671,7 @@ def test_gathered_parameters_free():
     """test_zero_context.py TestZeroGatheredParametersFree: inside
     GatheredParameters a parameter has its full size, outside it is 0-sized
     again. (Strata's parameters become placeholders once the engine holds them:
-    under zero.Init alone they keep their shape, see the xfail above.)"""
+    under zero.Init alone they keep their shape.)"""
     with deepspeed.zero.Init(config_dict_or_path=ZERO3):
         model = SimpleModel()
     engine, _, _, _ = deepspeed.initialize(config=ZERO3, model=model)

@@ -121,7 +121,15 @@ class DeepSpeedEngine(_engine_mod.Engine):
         return super().get_lr()
 
     def get_mom(self):
-        """Each param group's betas (DeepSpeed's momentum for Adam)."""
+        """Each param group's betas (DeepSpeed's momentum for Adam): those of
+        the next optimizer step, as the config's OneCycle schedule sets them
+        when it cycles momentum (every group's then), else the group's."""
+        section = self.config.get("scheduler") or {}
+        params = section.get("params") or {}
+        if section.get("type") == "OneCycle" and params.get("cycle_momentum", True):
+            from .. import _strata
+            v = _strata.schedule_at(json.dumps(self.config), self.global_steps, "scheduler")
+            return [(v["beta1"], v["beta2"])] * len(self.optimizer.param_groups)
         return [tuple(g["betas"]) if "betas" in g else None for g in self.optimizer.param_groups]
 
     def was_step_applied(self):
@@ -609,6 +617,24 @@ class ConfigLRScheduler:
 
     def get_last_lr(self):
         return self._engine.get_lr()
+
+    def get_mom(self):
+        """OneCycle's: the momentum (beta1, beta2) per param group at
+        last_batch_iteration, as DeepSpeed's OneCycle.get_mom() computes it
+        (None when it does not cycle momentum). Before the first step that
+        is (cycle_max_mom, 0.99), while the first step itself runs with
+        (cycle_min_mom, 0.99), the betas DeepSpeed's OneCycle puts into the
+        optimizer when it is built (engine.get_mom() gives those); from then
+        on the two agree."""
+        if self.type != "OneCycle":
+            raise AttributeError(f"the config's {self.type} scheduler has no get_mom() (as "
+                                 "DeepSpeed's: only OneCycle cycles momentum)")
+        if not self.params.get("cycle_momentum", True):
+            return None
+        groups = len(self.optimizer.param_groups)
+        if self.last_batch_iteration < 0:
+            return [(float(self.params.get("cycle_max_mom", 0.9)), 0.99)] * groups
+        return self._engine.get_mom()
 
     def step(self, last_batch_iteration=None, **kwargs):
         _refuse(f"lr_scheduler.step() of the config's {self.type} scheduler",
