@@ -5,6 +5,7 @@ store, `init_process_group`'s), and torch's client of Strata's server
 test needs torch 2.x (skipped on 1.x, whose store speaks an older layout),
 and the tcp_store_peer tool (STRATA_TCP_STORE_PEER, set by CTest)."""
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -36,6 +37,19 @@ def free_port():
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def peer_process(*args):
+    """tcp_store_peer ARGS, killed when the block ends (it has exited by
+    then unless the block failed)."""
+    proc = subprocess.Popen([PEER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for_line(proc, line, timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -58,16 +72,12 @@ def test_strata_client_of_torchs_server():
                       timeout=timedelta(seconds=60))
     server.set("from_torch", "torch wrote this")
     assert server.add("counter", 7) == 7
-    peer = subprocess.Popen([PEER, "client", "127.0.0.1", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
+    with peer_process("client", "127.0.0.1", str(port)) as peer:
         wait_for_line(peer, "got from_torch")
         time.sleep(0.5)  # the client now waits for "later"
         assert peer.poll() is None, peer.stderr.read()
         server.set("later", "written later")
         out, err = peer.communicate(timeout=60)
-    finally:
-        peer.kill()
     assert peer.returncode == 0, err
     assert "set from_strata" in out
     assert server.get("from_strata") == BINARY
@@ -80,9 +90,7 @@ def test_torch_client_of_stratas_server():
     # libuv, which the constructor asks for by default).
     from strata._torch_compat import tcp_store as TCPStore
     port = free_port()
-    peer = subprocess.Popen([PEER, "serve", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
+    with peer_process("serve", str(port)) as peer:
         wait_for_line(peer, "connected")
         client = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
@@ -97,8 +105,6 @@ def test_torch_client_of_stratas_server():
         assert not client.delete_key("scratch")
         client.set("done", "1")
         out, err = peer.communicate(timeout=60)
-    finally:
-        peer.kill()
     assert peer.returncode == 0, err
     assert "got done" in out
 
