@@ -52,12 +52,13 @@ int main(int argc, char** argv) {
   std::printf("connected\n");
   std::fflush(stdout);
   if (serve) {
-    // torch's client reads this, writes its own, then "done".
+    // torch's client reads this, writes its own, then "done" last: the
+    // other values are final once "done" is there.
     CHECK_OK((*store)->Set("from_strata", kBinary));
+    if (int rc = Expect((*store)->Get("done", 60), "1", "done")) return rc;
     if (int rc = Expect((*store)->Get("from_torch", 60), "torch wrote this", "from_torch"))
       return rc;
     if (int rc = Expect((*store)->Get("counter", 60), "7", "counter")) return rc;
-    if (int rc = Expect((*store)->Get("done", 60), "1", "done")) return rc;
     return 0;
   }
   // torch's server has "from_torch" already and writes "later" after this

@@ -106,7 +106,7 @@ def test_torch_client_of_stratas_server():
         client.set("done", "1")
         out, err = peer.communicate(timeout=60)
     assert peer.returncode == 0, err
-    assert "got done" in out
+    assert "got counter" in out
 
 
 def test_frontends_own_store_opens_with_this_torch(monkeypatch):
