@@ -14,6 +14,9 @@
 #     `item #4` (also issues, items, ticket, task, bug), or a bare number in
 #     parentheses, `(#16 ...)`. Links to another project's tracker
 #     (github.com/owner/repo/issues/123) are fine.
+#  3. A docs/*.md page is not named in README.md (the landing page reaches
+#     every page), or README.md is longer than 400 lines (the reference
+#     belongs in docs/).
 #   scripts/check_docs.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,6 +87,14 @@ for f in ref_files:
     for n, line in enumerate(text.splitlines(), 1):
         for m in REF_RE.finditer(line):
             errors.append(f"{f}:{n}: \"{m.group(0)}\" refers to a work item; state the fact instead")
+
+readme = open("README.md", encoding="utf-8").read()
+for page in docs[1:]:
+    if page not in readme:
+        errors.append(f"README.md: does not name {page}; link every page from the landing page")
+if readme.count("\n") > 400:
+    errors.append(f"README.md: {readme.count(chr(10))} lines, more than 400; move reference "
+                  "material into a docs/ page")
 
 for e in errors:
     print(e)

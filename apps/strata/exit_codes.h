@@ -1,4 +1,4 @@
-// The exit codes of every `strata` subcommand (README.md, "Exit codes"), and
+// The exit codes of every `strata` subcommand (docs/cli.md, "Exit codes"), and
 // the one an error Status maps to.
 #pragma once
 

@@ -95,7 +95,7 @@ bool StdoutFailed(int* err) {
 }
 
 // The command's exit code, once its output is out: a run whose stdout could
-// not be written fails with kExitIo (README.md, "Exit codes"), one line on
+// not be written fails with kExitIo (docs/cli.md, "Exit codes"), one line on
 // stderr saying so; a failure's own code is kept.
 int FinishStdout(int code, bool reported) {
   int err = 0;

@@ -8,8 +8,8 @@ offloaded to CPU memory and NVMe, configured with a DeepSpeed JSON.
 A model bigger than host memory is built inside ``with strata.init(config):``
 (strata.init_context): its parameters go to a spill store module by module.
 
-See strata.engine for how parameters and gradients move, and README's
-Python section for what is supported.
+See strata.engine for how parameters and gradients move, and docs/python.md
+in the repository for what is supported.
 """
 
 from ._errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError,

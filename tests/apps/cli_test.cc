@@ -305,7 +305,7 @@ TEST_F(CliTest, InfoListsLeftoverSwapFiles) {
   EXPECT_TRUE(std::ifstream(leftover).good()) << "info only lists";
 }
 
-// The exit codes of README.md's table, one case per row that needs no run.
+// The exit codes of docs/cli.md's table, one case per row that needs no run.
 TEST_F(CliTest, ExitCodesFollowTheTable) {
   const std::string d = dir_.str();
   std::ofstream(d + "/bad.json") << R"({"train_micro_batch_size_per_gpu": -1})";

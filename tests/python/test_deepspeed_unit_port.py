@@ -105,7 +105,7 @@ def test_client_optimizer(optimizer_type):
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         config=cfg, model=model, model_parameters=list(model.parameters()), optimizer=client)
     # DeepSpeed returns the client's object itself (or the one the callable
-    # built); Strata always returns its own optimizer (README: the object's type
+    # built); Strata always returns its own optimizer (docs/python.md: the object's type
     # and param groups become the config's optimizer) and keeps the script's
     # object as engine.client_optimizer, whose lr it reads at every step.
     assert ds_optimizer is engine.optimizer
@@ -164,7 +164,7 @@ def test_client_lr_scheduler(scheduler_type, optimizer_type):
     assert ds_scheduler is engine.lr_scheduler
     if scheduler_type is None:
         # DeepSpeed's is a WarmupLR; Strata's config schedule is a
-        # ConfigLRScheduler naming its type (README), with WarmupLR's interface.
+        # ConfigLRScheduler naming its type (docs/python.md), with WarmupLR's interface.
         assert isinstance(ds_scheduler, deepspeed.ConfigLRScheduler)
         assert ds_scheduler.type == "WarmupLR" and not isinstance(ds_scheduler, LambdaLR)
     elif scheduler_type == "LRScheduler":
@@ -513,7 +513,7 @@ def test_checkpoint_lr_scheduler(tmp_path, stage, offload):
     """test_lr_scheduler.py TestLRSchedulerCheckpoint::test_checkpoint_lr_scheduler
     (with a client_state round trip): the WarmupLR state is restored with the
     checkpoint. DeepSpeed loads it with load_optimizer_states=False; Strata
-    refuses that without load_module_only (README: the optimizer states are
+    refuses that without load_module_only (docs/python.md: the optimizer states are
     restored with the step counters), so it loads them too."""
     cfg = config(WARMUP, stage=stage)
     cfg["optimizer"]["params"].update(betas=[0.8, 0.999], eps=1e-8, weight_decay=3e-7)

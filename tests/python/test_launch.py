@@ -143,15 +143,14 @@ def test_a_failing_rank_stops_the_others_and_sets_the_status(tmp_path):
     assert glob.glob(str(tmp_path / "strata-gloo-*")) == []
 
 
-def test_readmes_one_machine_commands_run_as_written(tmp_path):
-    """Every `python3 -m strata.launch` command of README's "Data parallelism"
-    section that runs on one machine, with this interpreter as python3."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def test_docs_one_machine_commands_run_as_written(tmp_path):
+    """Every `python3 -m strata.launch` command of docs/data-parallel.md that
+    runs on one machine, with this interpreter as python3."""
+    with open(os.path.join(ROOT, "docs", "data-parallel.md"), encoding="utf-8") as f:
         text = f.read()
-    section = text.split("## Data parallelism", 1)[1].split("\n## ", 1)[0]
-    commands = [line.strip() for line in section.splitlines()
+    commands = [line.strip() for line in text.splitlines()
                 if line.strip().startswith("python3 -m strata.launch") and "--nnodes" not in line]
-    assert commands, "README's data-parallel section has no strata.launch command"
+    assert commands, "docs/data-parallel.md has no strata.launch command"
     for command in commands:
         argv = command.split()[3:]  # after "python3 -m strata.launch"
         r = run_launch(argv, launch_env(tmp_path), cwd=ROOT)

@@ -138,7 +138,7 @@ def test_fp32_matches_torch_adamw_with_the_same_param_groups():
 
 
 def test_command_line():
-    """As a program (the README's command lines): the last line is the JSON
+    """As a program (docs/python.md's command lines): the last line is the JSON
     summary; --resume without --save-dir is refused naming the flags."""
     script = os.path.join(ROOT, "examples", "torch", "train_llama.py")
     run = subprocess.run([sys.executable, script, *TINY, "--steps", "2"], capture_output=True,

@@ -458,7 +458,7 @@ TEST(CheckpointCli, PlantedSymlinksAreNeverFollowed) {
   std::ofstream(victim) << "precious";
   fs::create_directories(ckpt);
   ASSERT_EQ(::symlink(victim.c_str(), (ckpt + "/LOCK").c_str()), 0);
-  // (An I/O error: README's exit code 5.)
+  // (An I/O error: docs/cli.md's exit code 5.)
   EXPECT_EQ(Wait(Spawn(TwoSteps(cfg, ckpt), dir.str())).code, 5);
   EXPECT_THAT(ReadFile(dir.str() + "/stderr"),
               ::testing::HasSubstr(ckpt + "/LOCK: a symbolic link, not a regular file"));

@@ -52,7 +52,7 @@ TEST(ModelShape, NumParametersIsTheSumOfTheParameterList) {
   ModelShape demo;
   demo.layers = 4;
   demo.hidden = 384;
-  EXPECT_EQ(demo.num_parameters(), 5119744);  // README: configs/demo.json
+  EXPECT_EQ(demo.num_parameters(), 5119744);  // docs/cli.md: configs/demo.json
   ModelShape huge;
   huge.layers = kMaxModelLayers;
   huge.hidden = int64_t{1} << 20;
