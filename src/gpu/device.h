@@ -557,7 +557,6 @@ class PinnedBuffer {
     return static_cast<T*>(ptr_);
   }
   size_t size() const { return size_; }  // the class size (≥ bytes asked)
-  int size_class() const { return class_; }
   int region() const { return class_; }  // index into PinnedPool::Regions()
   explicit operator bool() const { return ptr_ != nullptr; }
   void Reset();

@@ -35,7 +35,6 @@ class FetchTrace {
 
   // True when a trace exists and this step has followed it so far.
   bool following() const { return following_; }
-  bool has_trace() const { return !trace_.empty(); }
   const std::vector<int>& trace() const { return trace_; }
   // How many times a step's order differed from the recorded trace.
   int64_t rerecords() const { return rerecords_; }

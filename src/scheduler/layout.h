@@ -170,7 +170,7 @@ struct LayoutOptions {
   // index, so that no block spans two tensors, sub-groups or ranks.
   int64_t elem_align = kElemAlign;
   // The optimizer states' format: what a sub-group's states take
-  // (SubGroup::state_bytes, max_group_state_bytes()).
+  // (SubGroup::state_bytes).
   cpu_adam::StateFormat state_format = cpu_adam::StateFormat::kFp32;
 };
 
@@ -240,7 +240,6 @@ class Layout {
   int64_t elem_align() const { return elem_align_; }  // LayoutOptions::elem_align
   cpu_adam::StateFormat state_format() const { return state_format_; }
   // The largest sub-group's states in the format.
-  int64_t max_group_state_bytes() const { return StateArrayBytes(state_format_, max_group_elems_); }
   // The elements of a sub-group's NVMe shard that one optimizer pipeline
   // buffer holds (TierPlan::state_piece_elems, a multiple of
   // kStatePieceQuantum; 0: whole sub-groups). Set once, by the plan, before

@@ -219,9 +219,8 @@ class StateStore {
   Status ReadModuleParams(int m, void* buf);
   Status WriteModuleParams(int m, const void* buf);
 
-  // For tests and ReadParameter: the active versions.
+  // For tests and ReadParameter: a sub-group's active version.
   int state_version(size_t g) const { return nvme_states_->version(g); }
-  int module_version(int m) const { return nvme_params_->version(m); }
 
   // NVMe shard names (stable: they name files' contents on disk).
   static std::string ModuleShard(int module, int version);

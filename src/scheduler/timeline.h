@@ -22,8 +22,6 @@ class Timeline {
   explicit Timeline(bool enabled) : enabled_(enabled) {}
 
   bool enabled() const { return enabled_; }
-  // REQUIRES: no concurrent Add (call before handing the timeline to threads).
-  void set_enabled(bool enabled) { enabled_ = enabled; }
   // An event on `track` from `start_ns` (NowNanos clock) lasting `dur_ns`.
   // `bytes` (if > 0) is shown as an argument.
   void Add(const std::string& track, const std::string& name, const char* category,
