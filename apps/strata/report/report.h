@@ -3,7 +3,8 @@
 // (a measured ratio against its target: pass, fail or skipped with the
 // reason), and the three ways the report leaves the process: report.json,
 // the summary table on stdout and the exit code. The HTML page is in
-// report_html.h, the orchestration in cmd_report.cc. Pure functions; no I/O.
+// report_html.h, the sections in sections.h, the command in cmd_report.cc.
+// Pure functions; no I/O.
 #pragma once
 
 #include <nlohmann/json.hpp>
