@@ -17,6 +17,12 @@
 #  3. A docs/*.md page is not named in README.md (the landing page reaches
 #     every page), or README.md is longer than 400 lines (the reference
 #     belongs in docs/).
+#  4. README.md or a docs/*.md names a config key in backquotes
+#     (`zero_optimization.offload_optimizer.ratio`, `strata.hbm_budget`) that
+#     the schema (src/config/schema.cc) does not declare, or that names no
+#     section of it. Names of the Python package (`strata.launch`,
+#     `strata.init`, ...; its modules and what python/strata/__init__.py
+#     defines or imports) are not keys.
 #   scripts/check_docs.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -87,6 +93,38 @@ for f in ref_files:
     for n, line in enumerate(text.splitlines(), 1):
         for m in REF_RE.finditer(line):
             errors.append(f"{f}:{n}: \"{m.group(0)}\" refers to a work item; state the fact instead")
+
+schema = open("src/config/schema.cc", encoding="utf-8").read()
+keys = set(re.findall(r'^\s*\{"([A-Za-z0-9_.*]+)",', schema, re.M))
+tops = sorted(k for k in keys if "." not in k)
+init_py = open("python/strata/__init__.py", encoding="utf-8").read()
+python_names = {os.path.splitext(os.path.basename(f))[0].lstrip("_")
+                for f in glob.glob("python/strata/*")}
+python_names |= set(re.findall(r"^(?:def|class)\s+(\w+)", init_py, re.M))
+python_names |= set(re.findall(r"\bimport\s+([\w, ]+)", init_py)[0].replace(" ", "").split(",")
+                    if re.search(r"\bimport\s+([\w, ]+)", init_py) else [])
+for block in re.findall(r"from\s+\.[\w.]*\s+import\s+\(?([\w,\s]+)\)?", init_py):
+    python_names |= {w for w in re.split(r"[,\s]+", block) if w}
+KEY_RE = re.compile(r"`((?:%s)\.[A-Za-z0-9_.]+)`" % "|".join(map(re.escape, tops)))
+
+
+def declared(k):
+    if k in keys or any(x.startswith(k + ".") for x in keys):
+        return True
+    return any("*" in x and re.fullmatch(re.escape(x).replace(r"\*", "[^.]+"), k) for x in keys)
+
+
+for doc in docs:
+    for n, line in enumerate(open(doc, encoding="utf-8"), 1):
+        for m in KEY_RE.finditer(line):
+            k = m.group(1).rstrip(".")
+            first = k.split(".")[1]
+            if k.startswith("strata.") and (first in python_names or first[:1].isupper()
+                                            or first == "h"):
+                continue  # the Python package's strata.<name>, or strata.h
+            if not declared(k):
+                errors.append(f"{doc}:{n}: names the config key {k}, which the schema "
+                              "(src/config/schema.cc) does not declare")
 
 readme = open("README.md", encoding="utf-8").read()
 for page in docs[1:]:
