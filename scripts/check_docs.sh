@@ -23,13 +23,19 @@
 #     section of it. Names of the Python package (`strata.launch`,
 #     `strata.init`, ...; its modules and what python/strata/__init__.py
 #     defines or imports) are not keys.
+#  5. A `strata <subcommand>` command line in README.md or a docs/*.md (in
+#     backquotes or a code block, continued lines joined) passes an option
+#     that the subcommand's --help does not list. Needs the built command
+#     (STRATA_BUILD_DIR, default build/); without it this check is skipped,
+#     saying so.
 #   scripts/check_docs.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python3 - "$ROOT" <<'PY'
-import glob, os, re, sys
+python3 - "$ROOT" "${STRATA_BUILD_DIR:-$ROOT/build}" <<'PY'
+import glob, os, re, subprocess, sys
 
 root = sys.argv[1]
+cli = os.path.join(sys.argv[2], "apps", "strata", "strata")
 os.chdir(root)
 errors = []
 
@@ -126,6 +132,45 @@ for doc in docs:
                 errors.append(f"{doc}:{n}: names the config key {k}, which the schema "
                               "(src/config/schema.cc) does not declare")
 
+SUBCOMMANDS = {"bench adam", "bench accumulate", "bench fold", "bench nvme", "bench pcie",
+               "bench comm", "tune nvme", "checkpoint info", "checkpoint export", "train", "plan",
+               "info", "report"}
+CMD_RE = re.compile(r"(?:^|[\s`/(\"'])strata ((?:bench|tune|checkpoint) [a-z]+|train|plan|info|"
+                    r"report)\b")
+options_of = {}
+flags = 0
+if os.access(cli, os.X_OK):
+    for doc in docs:
+        # Shell lines continued with a backslash, joined; numbered by their first.
+        joined, start, pending = [], 0, ""
+        for n, raw in enumerate(open(doc, encoding="utf-8").read().split("\n"), 1):
+            if not pending:
+                start = n
+            if raw.rstrip().endswith("\\"):
+                pending += raw.rstrip()[:-1] + " "
+                continue
+            joined.append((start, pending + raw))
+            pending = ""
+        for n, line in joined:
+            for m in CMD_RE.finditer(line):
+                sub = m.group(1)
+                if sub not in SUBCOMMANDS:
+                    continue
+                if sub not in options_of:
+                    r = subprocess.run([cli, *sub.split(), "--help"], stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+                    options_of[sub] = set(re.findall(r"--[a-z0-9][a-z0-9-]*", r.stdout))
+                # This command's words: to the end of the backquoted span, a
+                # shell separator or the next command.
+                rest = re.split(r"[;|&`]|\bstrata\b", line[m.end():])[0]
+                for flag in re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", rest):
+                    flags += 1
+                    if flag not in options_of[sub]:
+                        errors.append(f"{doc}:{n}: `strata {sub} {flag}`: strata {sub} --help "
+                                      "lists no such option")
+else:
+    print(f"docs check: {cli} is not built: the command lines' options are not checked")
+
 readme = open("README.md", encoding="utf-8").read()
 for page in docs[1:]:
     if page not in readme:
@@ -136,7 +181,7 @@ if readme.count("\n") > 400:
 
 for e in errors:
     print(e)
-print(f"docs check: {paths} paths in {len(docs)} docs, {len(ref_files)} files searched for "
-      f"work-item references, {len(errors)} problem(s)")
+print(f"docs check: {paths} paths and {flags} command-line options in {len(docs)} docs, "
+      f"{len(ref_files)} files searched for work-item references, {len(errors)} problem(s)")
 sys.exit(1 if errors else 0)
 PY

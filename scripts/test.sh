@@ -37,7 +37,7 @@ PYTHON=/usr/bin/python3 "$ROOT/scripts/gpu_check.sh" --host --frontend "$BUILD_D
 stage "thread-safety analysis (clang -Werror=thread-safety over every .cc under src/)"
 "$ROOT/scripts/check_thread_safety.sh" "$BUILD_DIR" || status=1
 
-stage "docs check (paths named in README.md and docs/*.md; no issue references)"
+stage "docs check (paths, config keys and strata options named in README.md and docs/*.md; no issue references)"
 "$ROOT/scripts/check_docs.sh" || status=1
 
 if [ "${STRATA_SANITIZE_TESTS:-1}" != 0 ]; then
