@@ -9,7 +9,6 @@
 #include "src/common/log.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
-#include "src/scheduler/state_store.h"
 
 namespace strata::scheduler {
 

@@ -35,7 +35,15 @@
 
 namespace strata::scheduler {
 
-struct StepOutcome;
+// What an optimizer step did, for the homes' and the store's Commit /
+// Rollback.
+struct StepOutcome {
+  Status status;
+  bool advanced = false;                // in-memory states moved to the new step
+  bool states_written = false;          // every sub-group's new NVMe states were written
+  std::vector<int> param_written;       // modules whose new parameters are on NVMe
+  std::vector<int> param_write_failed;  // modules whose NVMe parameter write failed
+};
 
 // The optimizer states of a run of elements in their format
 // (strata.optimizer_states), as the CPU optimizer steps them: element e at

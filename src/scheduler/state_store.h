@@ -51,15 +51,6 @@
 
 namespace strata::scheduler {
 
-// What an optimizer step did, for Commit / Rollback.
-struct StepOutcome {
-  Status status;
-  bool advanced = false;                // in-memory states moved to the new step
-  bool states_written = false;          // every sub-group's new NVMe states were written
-  std::vector<int> param_written;       // modules whose new parameters are on NVMe
-  std::vector<int> param_write_failed;  // modules whose NVMe parameter write failed
-};
-
 class StateStore {
  public:
   // `partition` (what this rank keeps) must outlive the store.
