@@ -15,8 +15,9 @@ What it promises:
   (``shape``, ``dtype``, ``device``, ``requires_grad``, ``numel()`` are
   those of the parameter; its class becomes a subclass of
   ``torch.nn.Parameter`` that also has DeepSpeed's ``ds_id``, ``ds_shape``,
-  ``ds_numel`` and ``ds_status``, NOT_AVAILABLE while spilled). Spilled are parameters of the exact type
-  ``torch.nn.Parameter`` on the CPU with at least one element; others
+  ``ds_numel`` and ``ds_status``, NOT_AVAILABLE while spilled). Spilled are
+  parameters of the exact type ``torch.nn.Parameter`` on the CPU with at
+  least one element; others
   (CUDA, meta, lazy or custom Parameter subclasses) stay as they are, and so
   do buffers. Host memory while building holds about one module's
   parameters at a time (the largest module's, plus those a parent's

@@ -154,7 +154,7 @@ ReduceFn Fp32Reduce(ReduceOp op) {
 
 class GlooCommunicator final : public Communicator {
  public:
-  // `hosts[r]`: the address rank r listens on, for the errors.
+  // `hosts[r]`: the address rank r listens on (every rank's), for the errors.
   GlooCommunicator(Device& device, const CommOptions& o,
                    std::shared_ptr<gloo::rendezvous::Context> context,
                    std::vector<std::string> hosts)
@@ -381,13 +381,9 @@ class GlooCommunicator final : public Communicator {
           "gloo communicator rank {} of {} ({}): {} failed after {:.1f} s: {} exited, stopped "
           "or became unreachable and did not take part within the collective timeout ({:g} s, "
           "STRATA_COMM_TIMEOUT_S); Gloo: {}",
-          rank_, world_, HostOf(rank_), what, waited, internal::NamePeer(hosts_, rank_, e.what()),
+          rank_, world_, hosts_[rank_], what, waited, internal::NamePeer(hosts_, rank_, e.what()),
           timeout_s_, e.what()));
     }
-  }
-
-  std::string HostOf(int rank) const {
-    return rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : std::string("?");
   }
 
   Device& device_;
@@ -617,6 +613,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
       use_store ? fmt::format("the rendezvous store (keys {}*)", prefix) : dir;
   ASSIGN_OR_RETURN(const GlooListen listen, GlooListenAddress(options));
   const std::string host = listen.Describe();
+  const std::string address = listen.Address();  // published for the peers' errors
   if (!use_store) {
     // The store's files name the peers every rank connects to: the
     // directory must be this user's alone (not a symlink, not writable by
@@ -671,7 +668,6 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(Device& device,
         attr.hostname = listen.host;
         attr.iface = listen.iface;
         auto dev = gloo::transport::tcp::CreateDevice(attr);
-        const std::string address = listen.Address();
         store.set(fmt::format("host-{}", options.rank),
                   std::vector<char>(address.begin(), address.end()));
         std::vector<char> secret(32);
