@@ -11,32 +11,25 @@
 # 2 GiB or a broken invariant; the input is kept under $BUILD_DIR/fuzz-artifacts.
 # Skips (exit 0, saying why) when clang or its fuzzer runtime is missing.
 #
-# Environment: STRATA_FUZZ_BUILD_DIR (build-fuzz), STRATA_FUZZ_CXX (clang++),
-#              STRATA_FUZZ_CC (clang), STRATA_JOBS (nproc).
+# Environment: those of scripts/asan_build.sh, STRATA_JOBS (nproc).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_TO_RUN="${1:-60}"
 CLI_SECONDS=$((SECONDS_TO_RUN / 4 > 0 ? SECONDS_TO_RUN / 4 : 1))
 MANIFEST_SECONDS=$CLI_SECONDS
 CONFIG_SECONDS=$((SECONDS_TO_RUN - 2 * CLI_SECONDS > 0 ? SECONDS_TO_RUN - 2 * CLI_SECONDS : 1))
-BUILD_DIR="${STRATA_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
-CC_BIN="${STRATA_FUZZ_CC:-clang}"
-CXX_BIN="${STRATA_FUZZ_CXX:-clang++}"
 JOBS="${STRATA_JOBS:-$(nproc)}"
+# shellcheck source=scripts/asan_build.sh
+. "$ROOT/scripts/asan_build.sh"
+BUILD_DIR="$ASAN_BUILD_DIR"
 
-if ! command -v "$CXX_BIN" >/dev/null 2>&1 || ! command -v "$CC_BIN" >/dev/null 2>&1; then
-  echo "fuzz: SKIPPED: $CXX_BIN not found (Debian: apt-get install clang libclang-rt-14-dev)"
+if ! asan_have_compiler; then
+  echo "fuzz: SKIPPED: $ASAN_CXX not found (Debian: apt-get install clang libclang-rt-14-dev)"
   exit 0
 fi
-mkdir -p "$BUILD_DIR"
-if ! cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-     -DCMAKE_C_COMPILER="$CC_BIN" -DCMAKE_CXX_COMPILER="$CXX_BIN" \
-     -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF >"$BUILD_DIR/configure.log" 2>&1; then
-  echo "fuzz: FAILED to configure the clang build (see $BUILD_DIR/configure.log)"
-  exit 1
-fi
+asan_configure fuzz || exit 1
 if ! grep -q '^STRATA_HAVE_LIBFUZZER:INTERNAL=1' "$BUILD_DIR/CMakeCache.txt"; then
-  echo "fuzz: SKIPPED: $CXX_BIN cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
+  echo "fuzz: SKIPPED: $ASAN_CXX cannot link -fsanitize=fuzzer (Debian: apt-get install libclang-rt-14-dev)"
   exit 0
 fi
 cmake --build "$BUILD_DIR" --target config_fuzz cli_fuzz manifest_fuzz -j "$JOBS"

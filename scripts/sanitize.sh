@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # Runs a bounded subset of the test suites under AddressSanitizer and UBSan
-# (STRATA_SANITIZE=ON) in its own build directory: the config loader and the
-# NVMe tier, the code that parses untrusted input and does raw I/O into
-# caller buffers. (The whole suite under ASan takes ~25 minutes to build on 2
-# cores; the scheduler's concurrency is checked by the thread-safety analysis,
-# and the config parser is also fuzzed under ASan/UBSan by scripts/fuzz.sh.)
-# Any sanitizer report fails the run (UBSan halts on the first error).
+# (STRATA_SANITIZE=ON): the config loader and the NVMe tier, the code that
+# parses untrusted input and does raw I/O into caller buffers. (The
+# scheduler's concurrency is checked by the thread-safety analysis, and the
+# config parser, the command line and the manifest reader are fuzzed under
+# ASan/UBSan by scripts/fuzz.sh.) The build is clang's in build-asan/, shared
+# with scripts/fuzz.sh (scripts/asan_build.sh), so its libraries compile once
+# for both; without clang, the default compiler builds it in
+# build-asan-default/, saying so. Any sanitizer report fails the run (UBSan
+# halts on the first error).
 #
-# Environment: STRATA_SANITIZE_BUILD_DIR (build-asan), STRATA_JOBS (nproc).
+# Environment: those of scripts/asan_build.sh, STRATA_JOBS (nproc).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUILD_DIR="${STRATA_SANITIZE_BUILD_DIR:-$ROOT/build-asan}"
 JOBS="${STRATA_JOBS:-$(nproc)}"
 TESTS=(config_test nvme_test)
-mkdir -p "$BUILD_DIR"
-if ! cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-     -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF \
-     >"$BUILD_DIR/configure.log" 2>&1; then
-  echo "sanitizers: FAILED to configure (see $BUILD_DIR/configure.log)"
-  exit 1
+# shellcheck source=scripts/asan_build.sh
+. "$ROOT/scripts/asan_build.sh"
+if ! asan_have_compiler; then
+  echo "sanitizers: $ASAN_CXX not found; building with the default compiler instead (Debian: apt-get install clang)"
+  ASAN_BUILD_DIR="${STRATA_ASAN_BUILD_DIR:-$ROOT/build-asan-default}"
+  ASAN_CC=cc ASAN_CXX=c++
 fi
+asan_configure sanitizers || exit 1
+BUILD_DIR="$ASAN_BUILD_DIR"
 echo "sanitizers: building ${TESTS[*]} in $BUILD_DIR (log $BUILD_DIR/build.log)"
 if ! cmake --build "$BUILD_DIR" --target "${TESTS[@]}" -j "$JOBS" >"$BUILD_DIR/build.log" 2>&1; then
   tail -n 40 "$BUILD_DIR/build.log"
