@@ -28,6 +28,13 @@ endfunction()
 # The properties are set by a script CTest runs after the discovered tests
 # are added (TEST_LIST): gtest_discover_tests' own PROPERTIES splits list
 # values, so a list of labels or an empty one would shift the pairs.
+#
+# With STRATA_TEST_LABELS_BUILT set (a list of labels), a test program with
+# none of them is left out of the default build and of CTest; its target
+# stays (`ninja <name>` builds it) and its sources are listed in
+# tests_left_out.txt in the build tree, for scripts/check_syntax.sh to compile
+# with -fsyntax-only (scripts/check_platform.sh --ci: the warnings of a newer
+# compiler over every test, in less time than building them all).
 function(strata_cc_test)
   cmake_parse_arguments(A "" "NAME;TIMEOUT" "SRCS;DEPS;LABELS" ${ARGN})
   if(NOT A_TIMEOUT)
@@ -36,9 +43,29 @@ function(strata_cc_test)
   if(NOT A_LABELS)
     get_filename_component(A_LABELS "${CMAKE_CURRENT_SOURCE_DIR}" NAME)
   endif()
-  add_executable(${A_NAME} ${A_SRCS})
+  set(built ON)
+  if(STRATA_TEST_LABELS_BUILT)
+    set(built OFF)
+    foreach(label IN LISTS A_LABELS)
+      if(label IN_LIST STRATA_TEST_LABELS_BUILT)
+        set(built ON)
+      endif()
+    endforeach()
+  endif()
+  if(built)
+    add_executable(${A_NAME} ${A_SRCS})
+  else()
+    add_executable(${A_NAME} EXCLUDE_FROM_ALL ${A_SRCS})
+  endif()
   target_link_libraries(${A_NAME} PRIVATE ${A_DEPS} strata_test_util GTest::gtest GTest::gmock GTest::gtest_main)
   target_compile_options(${A_NAME} PRIVATE -Wall -Wextra -Wno-unused-parameter)
+  if(NOT built)
+    foreach(src IN LISTS A_SRCS)
+      get_filename_component(src "${src}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+      set_property(GLOBAL APPEND PROPERTY STRATA_TESTS_LEFT_OUT "${src}")
+    endforeach()
+    return()
+  endif()
   gtest_discover_tests(${A_NAME} DISCOVERY_TIMEOUT 60 TEST_LIST ${A_NAME}_TESTS NO_PRETTY_VALUES)
   set(props "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}_properties.cmake")
   file(WRITE "${props}"
