@@ -11,6 +11,7 @@
 
 #include "apps/strata/commands.h"
 #include "apps/strata/exit_codes.h"
+#include "src/common/rank_env.h"
 #include "src/common/units.h"
 #include "src/cpu_adam/cpu_adam.h"
 #include "src/gpu/device.h"
@@ -131,8 +132,9 @@ json LocalRanksInfo(const json& gpus) {
   StatusOr<cpu_adam::CpuTopology> topo = cpu_adam::DescribeTopology();
   if (!topo.ok()) return ranks;
   int local_world = static_cast<int>(std::max<size_t>(1, gpus["devices"].size()));
-  if (const char* v = std::getenv("LOCAL_WORLD_SIZE"); v != nullptr && std::atoi(v) > 0)
-    local_world = std::atoi(v);
+  if (StatusOr<std::optional<int>> v = RankEnvInteger("LOCAL_WORLD_SIZE");
+      v.ok() && v->has_value() && **v > 0)
+    local_world = **v;
   for (int k = 0; k < local_world; ++k) {
     int gpu_node = -1;
     json gpu = nullptr;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/common/rank_env.h"
 #include "src/config/config_internal.h"
 
 namespace strata {
@@ -115,11 +116,10 @@ void CheckBufferCount(Checker& k, std::string_view section, OffloadDevice device
 }  // namespace
 
 int64_t DataParallelRanks() {
-  const char* v = std::getenv("WORLD_SIZE");
-  if (v == nullptr || *v == '\0') return 1;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  return (*end == '\0' && n > 0 && n <= 1'000'000) ? n : 1;
+  // Lenient: a WORLD_SIZE that is not a positive integer counts one rank
+  // here; the engine's ReadRankEnv then refuses it, naming it.
+  const StatusOr<std::optional<int>> n = RankEnvInteger("WORLD_SIZE");
+  return (n.ok() && n->has_value() && **n > 0) ? **n : 1;
 }
 
 Status ValidateConfig(const Config& c) {

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "src/common/log.h"
+#include "src/common/rank_env.h"
 #include "src/common/status_util.h"
 #include "src/common/timer.h"
 #include "src/gpu/comm_internal.h"
@@ -20,19 +21,6 @@
 
 namespace strata::gpu {
 namespace {
-
-// Strict integer from the environment: unset → nullopt, junk → error.
-StatusOr<std::optional<int>> EnvInteger(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::optional<int>();
-  char* end = nullptr;
-  errno = 0;
-  const long x = std::strtol(v, &end, 10);
-  if (errno != 0 || *end != '\0' || x < 0 || x > (1 << 24))
-    return InvalidArgumentError(
-        fmt::format("environment {}=\"{}\" is not a non-negative integer", name, v));
-  return std::optional<int>(static_cast<int>(x));
-}
 
 // world_size == 1: every collective is a copy (or nothing) on the stream.
 class LocalCommunicator final : public Communicator {
@@ -85,22 +73,11 @@ class LocalCommunicator final : public Communicator {
 
 StatusOr<CommOptions> CommOptionsFromEnv() {
   CommOptions o;
-  ASSIGN_OR_RETURN(auto rank, EnvInteger("RANK"));
-  ASSIGN_OR_RETURN(auto world, EnvInteger("WORLD_SIZE"));
-  ASSIGN_OR_RETURN(auto local, EnvInteger("LOCAL_RANK"));
-  ASSIGN_OR_RETURN(auto local_world, EnvInteger("LOCAL_WORLD_SIZE"));
-  o.rank = rank.value_or(0);
-  o.world_size = world.value_or(1);
-  o.local_rank = local.value_or(o.rank);
-  o.local_world_size = local_world.value_or(o.world_size);
-  if (o.local_world_size < 1 || o.local_rank >= o.local_world_size)
-    return InvalidArgumentError(
-        fmt::format("environment LOCAL_RANK={} is not below LOCAL_WORLD_SIZE={}", o.local_rank,
-                    o.local_world_size));
-  if (o.world_size < 1) return InvalidArgumentError("environment WORLD_SIZE=0: must be at least 1");
-  if (o.rank >= o.world_size)
-    return InvalidArgumentError(
-        fmt::format("environment RANK={} is not below WORLD_SIZE={}", o.rank, o.world_size));
+  ASSIGN_OR_RETURN(const RankEnv ranks, ReadRankEnv());
+  o.rank = ranks.rank;
+  o.world_size = ranks.world_size;
+  o.local_rank = ranks.local_rank;
+  o.local_world_size = ranks.local_world_size;
   if (const char* v = std::getenv("STRATA_NCCL_ID_FILE"); v != nullptr) o.unique_id_file = v;
   o.unique_id_file = internal::UniqueIdPath(o);
   if (const char* v = std::getenv("STRATA_GLOO_DIR"); v != nullptr) o.rendezvous_dir = v;
