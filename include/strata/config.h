@@ -49,6 +49,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/dtype.h"
 #include "strata/status.h"
 
 namespace strata {
@@ -303,7 +304,7 @@ std::string_view GradTierName(GradTier t);  // "auto", "dram", "nvme", "hbm"
 // Adam and AdamW take every format, Lion fp32, bf16 and int8, Adagrad fp32.
 // The compact formats run with offload_optimizer "cpu" (docs/design.md,
 // "Compact state formats").
-enum class OptimizerStates { kFp32, kBf16, kBf16Master, kInt8 };
+using OptimizerStates = StateFormat;
 // "fp32", "bf16", "bf16-master", "int8"
 std::string_view OptimizerStatesName(OptimizerStates f);
 
@@ -479,7 +480,7 @@ Status ValidateConfig(const Config& config);
 // The data-parallel ranks the batch sizes count (train_batch_size =
 // train_micro_batch_size_per_gpu × gradient_accumulation_steps × ranks, as
 // DeepSpeed's world size): WORLD_SIZE when it is a positive integer (as
-// torchrun sets it), else 1.
+// torchrun sets it; at most 2^24), else 1.
 int64_t DataParallelRanks();
 
 }  // namespace strata

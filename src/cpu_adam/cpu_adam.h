@@ -72,7 +72,9 @@ std::optional<Algorithm> ParseAlgorithm(std::string_view name);  // the names ab
 //                exponent, 3 mantissa bits)               6 + 8/256 B/param
 // Support: Adam and AdamW in every format; Lion in fp32, bf16 and int8;
 // Adagrad in fp32 only. Anything else is refused (InvalidArgument).
-enum class StateFormat : uint8_t { kFp32 = 0, kBf16 = 1, kBf16Master = 2, kInt8 = 3 };
+// (The type is strata::StateFormat, strata/dtype.h: the config and the
+// device's Adam step name the same formats with it.)
+using ::strata::StateFormat;
 // "fp32", "bf16", "bf16-master", "int8"
 std::string_view StateFormatName(StateFormat f);
 std::optional<StateFormat> ParseStateFormat(std::string_view name);  // the names above

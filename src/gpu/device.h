@@ -316,8 +316,9 @@ struct AdamShard {
 // Elements per int8 block (src/common/state_codes.h's kQuantBlock).
 inline constexpr size_t kAdamQuantBlock = 256;
 
-// The state format of a shard, from which of its pointers are set.
-enum class AdamStates : uint8_t { kFp32, kBf16, kBf16Master, kInt8 };
+// The state format of a shard, from which of its pointers are set
+// (strata::StateFormat, as the config and the CPU optimizer name it).
+using AdamStates = ::strata::StateFormat;
 AdamStates AdamShardStates(const AdamShard& s);
 
 // The CUDA kernel's 16-byte vector path needs param, grad, the moments and

@@ -319,8 +319,8 @@ Status EngineImpl::Plan() {
   // Partitioned parameters come into device slots as offloaded ones do.
   if (PartitionsParams()) lo.params_offloaded = true;
   layout_ = Layout::Build(std::move(recs), lo);
-  part_ = std::make_unique<const scheduler::Partition>(&layout_, rank(), world_size(),
-                                                       PartitionsParams());
+  // (Stage 3 with several ranks: each rank keeps its part of the parameters.)
+  const bool params_partitioned = PartitionsParams() && world_size() > 1;
   int64_t dp_chunk = 0, dp_gather_bytes = 0;
   if (dp_) {
     // Every rank must train the same model with the same config.
@@ -363,7 +363,7 @@ Status EngineImpl::Plan() {
   placement_ = placement;
   scheduler::LayoutSizes sizes = scheduler::LayoutSizes::Of(layout_);
   // (Every rank plans for the largest part.)
-  if (part_->params_partitioned())
+  if (params_partitioned)
     sizes.partitioned_param_bytes = scheduler::IoBytes(layout_.MaxOwnedBytes());
   scheduler::TierFacts facts = scheduler::MeasureTierFacts(
       static_cast<int64_t>(dev_->Stats().budget_bytes), cfg_.strata.pinned_budget_bytes,
@@ -371,9 +371,8 @@ Status EngineImpl::Plan() {
   // The link rates the step bound and the gradient path use (pinned copies
   // of a few MiB each way, one pageable), the accumulation and Adam rates.
   ASSIGN_OR_RETURN(const scheduler::PlanRates rates,
-                   scheduler::MeasurePlanRates(
-                       dev_.get(), adam_.get(), layout_.total_elems(), !device_optimizer_,
-                       scheduler::StateFormatOf(cfg_.strata.optimizer_states)));
+                   scheduler::MeasurePlanRates(dev_.get(), adam_.get(), layout_.total_elems(),
+                                               !device_optimizer_, cfg_.strata.optimizer_states));
   counters_.SetLinkRates(rates.link.h2d_gbytes_per_s, rates.link.d2h_gbytes_per_s);
   facts.d2h_pinned_gbps = rates.link.d2h_gbytes_per_s;
   facts.d2h_pageable_gbps = rates.link.d2h_pageable_gbytes_per_s;
@@ -385,9 +384,11 @@ Status EngineImpl::Plan() {
   budgets_ = plan.budgets;
   if (!plan.fits) return ResourceExhaustedError(OverBudgetTable(plan, placement, sizes));
   layout_.set_state_piece_elems(plan.state_piece_elems);
-  // offload_optimizer.ratio: the first sub-groups stepped on the device.
-  if (plan.device_step_groups > 0)
-    part_ = std::make_unique<const scheduler::Partition>(&layout_, plan.device_step_groups);
+  // Who this rank is and what it owns, once: its part of the layout, and
+  // (offload_optimizer.ratio, one rank) the first sub-groups stepped on the
+  // device.
+  part_ = std::make_unique<const scheduler::Partition>(&layout_, rank(), world_size(),
+                                                       params_partitioned, plan.device_step_groups);
   if (!plan.device_step.empty()) {
     if (plan.device_step_groups == 0 && !zo.offload_optimizer.ratio_auto)
       STRATA_LOG_WARN("{}", plan.device_step);

@@ -92,53 +92,54 @@ Status GradOffloader::Start(bool second_accumulator, int64_t* pinned_bytes, bool
 }
 
 Status GradOffloader::AccumulateNvme(const Job& job) {
-  // The chunk's elements, sub-group by sub-group: per sub-group the adds
-  // (accumulator offsets from the sub-group's first element) and one Update.
-  struct Piece {
+  // The chunk's elements as runs within one sub-group each; per sub-group
+  // the adds (accumulator offsets from the sub-group's first element) and
+  // one Update.
+  struct Run {  // elements of one sub-group, contiguous in the staging buffer
     int64_t elem_begin, elem_end;
     const uint8_t* grad;
     DType dtype;
   };
-  std::vector<Piece> pieces;
-  auto add_piece = [&](int64_t b, int64_t e, const uint8_t* grad, DType dtype) {
+  std::vector<Run> runs;
+  auto add_run = [&](int64_t b, int64_t e, const uint8_t* grad, DType dtype) {
     const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
     while (b < e) {
       const SubGroup& sg = layout_->group(layout_->GroupOf(b));
       const int64_t end = std::min(e, sg.elem_end);
-      pieces.push_back({b, end, grad, dtype});
+      runs.push_back({b, end, grad, dtype});
       grad += (end - b) * size;
       b = end;
     }
   };
   const auto* staged = static_cast<const uint8_t*>(job.staging.data());
   if (job.fp32) {
-    add_piece(job.elem_begin, job.elem_end, staged, DType::kFp32);
+    add_run(job.elem_begin, job.elem_end, staged, DType::kFp32);
   } else {
     for (const Layout::Slice& sl : layout_->ByteSlices(job.module, job.byte_begin, job.byte_end))
-      add_piece(sl.elem_begin, sl.elem_end, staged + (sl.byte_offset - job.byte_begin),
-                layout_->param(sl.param).dtype);
+      add_run(sl.elem_begin, sl.elem_end, staged + (sl.byte_offset - job.byte_begin),
+              layout_->param(sl.param).dtype);
   }
   // Where backward is: the module's extent and how far its adds have reached.
   const ModuleExtent& me = layout_->module(job.module);
   GradStore::Progress progress;
   progress.module_begin = me.elem_begin;
   progress.module_end = me.elem_end;
-  for (size_t i = 0; i < pieces.size();) {
-    const size_t g = layout_->GroupOf(pieces[i].elem_begin);
+  for (size_t i = 0; i < runs.size();) {
+    const size_t g = layout_->GroupOf(runs[i].elem_begin);
     const int64_t base = layout_->group(g).elem_begin;
     size_t j = i;
-    while (j < pieces.size() && layout_->GroupOf(pieces[j].elem_begin) == g) ++j;
-    progress.chunk_end = pieces[j - 1].elem_end;  // what the adds reach after this Update
+    while (j < runs.size() && layout_->GroupOf(runs[j].elem_begin) == g) ++j;
+    progress.chunk_end = runs[j - 1].elem_end;  // what the adds reach after this Update
     RETURN_IF_ERROR(nvme_->Update(
         g,
         [&](float* sums) {
           std::vector<cpu_adam::AccumulateShard> shards;
           for (size_t k = i; k < j; ++k) {
             cpu_adam::AccumulateShard sh;
-            sh.acc = sums + (pieces[k].elem_begin - base);
-            sh.grad = pieces[k].grad;
-            sh.grad_dtype = pieces[k].dtype;
-            sh.count = static_cast<size_t>(pieces[k].elem_end - pieces[k].elem_begin);
+            sh.acc = sums + (runs[k].elem_begin - base);
+            sh.grad = runs[k].grad;
+            sh.grad_dtype = runs[k].dtype;
+            sh.count = static_cast<size_t>(runs[k].elem_end - runs[k].elem_begin);
             shards.push_back(sh);
           }
           return adam_->AccumulateMany(shards);

@@ -64,18 +64,4 @@ bool ScheduleCyclesMomentum(const Config& config) {
   return config.scheduler.type == LrScheduleType::kOneCycle && config.scheduler.cycle_momentum;
 }
 
-cpu_adam::StateFormat StateFormatOf(OptimizerStates f) {
-  switch (f) {
-    case OptimizerStates::kFp32:
-      return cpu_adam::StateFormat::kFp32;
-    case OptimizerStates::kBf16:
-      return cpu_adam::StateFormat::kBf16;
-    case OptimizerStates::kBf16Master:
-      return cpu_adam::StateFormat::kBf16Master;
-    case OptimizerStates::kInt8:
-      return cpu_adam::StateFormat::kInt8;
-  }
-  return cpu_adam::StateFormat::kFp32;
-}
-
 }  // namespace strata::scheduler

@@ -35,9 +35,6 @@ cpu_adam::HyperParams GroupHyperParams(const Config& config, const cpu_adam::Hyp
                                        const ParamGroupSpec& group,
                                        std::optional<double> lr_override);
 
-// The CPU optimizer's format for strata.optimizer_states.
-cpu_adam::StateFormat StateFormatOf(OptimizerStates f);
-
 // Group 0: the config's own hyperparameters, named "default".
 ParamGroupSpec DefaultParamGroup();
 

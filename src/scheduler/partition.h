@@ -42,18 +42,21 @@ class Partition {
   explicit Partition(const Layout* layout) : Partition(layout, 0, 1, false) {}
   // Rank `rank` of `world_size` over `layout`, cut into world_size
   // partitions by Layout::Build; `params_partitioned` at stage 3 with
-  // several ranks.
-  Partition(const Layout* layout, int rank, int world_size, bool params_partitioned)
+  // several ranks. The first `device_groups` of the rank's sub-groups are
+  // stepped on the device (offload_optimizer.ratio; the plan gives them to
+  // one rank only).
+  Partition(const Layout* layout, int rank, int world_size, bool params_partitioned,
+            int64_t device_groups = 0)
       : layout_(layout),
         rank_(rank),
         world_size_(std::max(1, world_size)),
-        params_partitioned_(params_partitioned && world_size > 1) {}
+        params_partitioned_(params_partitioned && world_size > 1),
+        device_groups_(static_cast<size_t>(
+            std::clamp<int64_t>(device_groups, 0, static_cast<int64_t>(layout->num_groups())))) {}
   // One rank whose first `device_groups` sub-groups are stepped on the
   // device (offload_optimizer.ratio).
-  Partition(const Layout* layout, int64_t device_groups) : Partition(layout, 0, 1, false) {
-    device_groups_ = static_cast<size_t>(
-        std::clamp<int64_t>(device_groups, 0, static_cast<int64_t>(layout->num_groups())));
-  }
+  Partition(const Layout* layout, int64_t device_groups)
+      : Partition(layout, 0, 1, false, device_groups) {}
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }

@@ -251,7 +251,7 @@ TierInputs InputsOf(const Placement& pl, const LayoutSizes& s, const TierFacts& 
                     GradTier grad_tier) {
   const int64_t state_elems = s.state_elems > 0 ? s.state_elems : s.total_elems;
   const int64_t device_elems = DeviceStepElems(pl, s);
-  const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+  const cpu_adam::StateFormat f = pl.optimizer_states;
   return TierInputs{
       .pl = pl,
       .s = s,
@@ -373,7 +373,7 @@ void AddPinnedPools(const TierInputs& in, TierPlan* plan, TierSum* pinned) {
   const bool nvme_params = pl.params == OffloadDevice::kNvme;
   const bool pinned_states = pl.optimizer == OffloadDevice::kCpu && pl.pin_optimizer_states;
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+    const cpu_adam::StateFormat f = pl.optimizer_states;
     const int64_t count = std::max<int64_t>(1, pl.optimizer_buffer_count);
     int64_t per = OptimizerBufferBytes(s.max_group_elems, in.grads_on_nvme, f);
     // A pipeline of whole sub-groups the budget does not hold streams them
@@ -541,8 +541,8 @@ std::optional<TierBudget> PlanNvme(const TierInputs& in, TierPlan* plan) {
   std::vector<Shards> shards;
   int64_t pages = 0;  // page rounding: at most a page per shard (or piece)
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const int64_t group_states = StateArrayBytes(StateFormatOf(pl.optimizer_states),
-                                                 std::max<int64_t>(1, s.max_group_elems));
+    const int64_t group_states =
+        StateArrayBytes(pl.optimizer_states, std::max<int64_t>(1, s.max_group_elems));
     const int64_t pieces =
         plan->state_piece_elems > 0
             ? (s.max_group_elems + plan->state_piece_elems - 1) / plan->state_piece_elems
@@ -624,7 +624,7 @@ TierBudget PlanDram(const TierInputs& in, TierPlan* plan) {
     // (The sums in HBM reach the host only at the step: nothing to speculate.)
     // A copy of the last elements' states in their format (whole bytes per
     // element here; int8's spare starts on a block, as HostOptimizer's).
-    const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+    const cpu_adam::StateFormat f = pl.optimizer_states;
     const auto per_elem = static_cast<int64_t>(
         std::ceil(cpu_adam::StateBytesPerParam(f, cpu_adam::Algorithm::kAdamW)));
     // (Sub-groups stepped on the device are not speculated: the rest.)
@@ -817,7 +817,7 @@ TierPlan ComputeTierPlan(const Placement& given, const LayoutSizes& s, const Tie
     // As many as half the HBM budget holds beside the rest of the plan (the
     // other half is left for the framework's workspaces, as for the device
     // accumulator).
-    const cpu_adam::StateFormat f = StateFormatOf(pl.optimizer_states);
+    const cpu_adam::StateFormat f = pl.optimizer_states;
     const int64_t group = std::max<int64_t>(1, s.max_group_elems);
     int64_t per_group = StateArrayBytes(f, group) + kGradAccBytesPerElem * group;
     if (pl.params == OffloadDevice::kCpu && s.total_elems > 0)  // (their copy-out buffer)
@@ -949,7 +949,7 @@ LayoutOptions LayoutOptionsFromConfig(const Config& config) {
   lo.params_offloaded = zo.offload_param.device != OffloadDevice::kNone;
   lo.persistence_threshold = zo.stage3_param_persistence_threshold;
   lo.reduce_bucket_size = zo.reduce_bucket_size;
-  lo.state_format = StateFormatOf(config.strata.optimizer_states);
+  lo.state_format = config.strata.optimizer_states;
   if (lo.state_format == cpu_adam::StateFormat::kInt8)
     lo.elem_align = static_cast<int64_t>(cpu_adam::kStateBlock);
   return lo;
@@ -1038,8 +1038,7 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
   double nvme_read = 0, nvme_write = 0;
   std::string read_what, write_what;
   if (pl.optimizer == OffloadDevice::kNvme) {
-    const double states =
-        static_cast<double>(StateArrayBytes(StateFormatOf(pl.optimizer_states), stepped));
+    const double states = static_cast<double>(StateArrayBytes(pl.optimizer_states, stepped));
     nvme_read += states;
     nvme_write += states;
     read_what = "optimizer states " + FormatBytes(static_cast<int64_t>(states));
@@ -1075,9 +1074,9 @@ StepPrediction PredictStep(const Placement& pl, const LayoutSizes& s, const Tier
     // The device Adam over the split: its states read and written, the fp32
     // sums read and zeroed, the parameters written.
     const auto n = static_cast<double>(plan.device_step_elems);
-    const double bytes = 2 * static_cast<double>(StateArrayBytes(StateFormatOf(pl.optimizer_states),
-                                                                 plan.device_step_elems)) +
-                         8 * n + grad_elem_bytes * n;
+    const double bytes =
+        2 * static_cast<double>(StateArrayBytes(pl.optimizer_states, plan.device_step_elems)) +
+        8 * n + grad_elem_bytes * n;
     add("device_optimizer", bytes, r.device_gbps * 1e9,
         fmt::format("the device Adam over {} elements", plan.device_step_elems));
   }

@@ -65,7 +65,7 @@ class PlannerImpl final : public Planner {
     ASSIGN_OR_RETURN(
         scheduler::PlanRates measured,
         scheduler::MeasurePlanRates(dev_.get(), adam.get(), elems, !placement_.device_optimizer,
-                                    scheduler::StateFormatOf(config_.strata.optimizer_states)));
+                                    config_.strata.optimizer_states));
     if (dev_ == nullptr) {  // nominal figures of the described GPU
       measured.link.h2d_gbytes_per_s = described_.link_gbps;
       measured.link.d2h_gbytes_per_s = described_.link_gbps;

@@ -27,7 +27,7 @@ StateStore::StateStore(Device* device, const Layout* layout, const Partition& pa
   ctx_.layout = layout;
   ctx_.part = &partition;
   ctx_.counters = counters;
-  if (config != nullptr) ctx_.state_format = StateFormatOf(config->strata.optimizer_states);
+  if (config != nullptr) ctx_.state_format = config->strata.optimizer_states;
 }
 
 StateStore::~StateStore() { Close().IgnoreError(); }

@@ -15,7 +15,11 @@
 // Each kind of state lives in one home per placement (state_homes.h:
 // DeviceStates / HostStates / NvmeStates, DeviceParams / HostParams /
 // NvmeParams), chosen at Open from the plan's placement; the store delegates
-// to them, so its methods do not branch on the placement.
+// to them. The placement is read only where the store is set up (Open picks
+// the homes and the pinned pools, OpenNvme allocates the NVMe shards) and in
+// the typed accessors of the NVMe and device homes the pipeline and the
+// fetcher use (nvme_states_, nvme_params_, device_params_: set at Open, null
+// for the other placements); the other methods do not branch on it.
 //
 // Atomic steps. NVMe-resident states and parameters have two versions (A/B)
 // on disk; a step reads the active version and writes the other, and

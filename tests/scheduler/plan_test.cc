@@ -337,7 +337,7 @@ TEST(PlanTest, CompactStateFormatsShrinkEveryRowThatHoldsTheStates) {
   r.nvme_read_gbps = r.nvme_write_gbps = 1e-6;
   for (OptimizerStates states : {OptimizerStates::kFp32, OptimizerStates::kBf16,
                                  OptimizerStates::kBf16Master, OptimizerStates::kInt8}) {
-    const cpu_adam::StateFormat fmt = StateFormatOf(states);
+    const cpu_adam::StateFormat fmt = states;
     SCOPED_TRACE(std::string(OptimizerStatesName(states)));
     // 1001 elements: 12 / 8 / 6 bytes each; int8 6 and a scale per moment
     // for each of its 4 blocks.

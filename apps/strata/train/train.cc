@@ -124,8 +124,7 @@ void DescribeRun(Run& run) {
   // Parameters and gradients in the model's dtype, the optimizer states in
   // their format (strata.optimizer_states).
   r.state_bytes = r.parameters * (2 * static_cast<int64_t>(run.dtype == DType::kFp32 ? 4 : 2)) +
-                  scheduler::StateArrayBytes(
-                      scheduler::StateFormatOf(run.config.strata.optimizer_states), r.parameters);
+                  scheduler::StateArrayBytes(run.config.strata.optimizer_states, r.parameters);
   r.budgets = engine.Budgets();
   for (const TierBudget& t : r.budgets)
     if (t.tier == "pinned" || t.tier == "dram" ||
