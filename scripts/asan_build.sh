@@ -26,7 +26,7 @@ asan_configure() {
        "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" \
        -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF -DSTRATA_BUILD_BENCH=OFF \
        >"$ASAN_BUILD_DIR/configure.log" 2>&1; then
-    echo "$1: FAILED to configure the clang ASan + UBSan build (see $ASAN_BUILD_DIR/configure.log)"
+    echo "$1: FAILED to configure the ASan + UBSan build with $ASAN_CXX (see $ASAN_BUILD_DIR/configure.log)"
     return 1
   fi
 }
