@@ -88,6 +88,22 @@ struct ArchIO<Arch> {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permutevar8x32_epi32(x, order));
   }
   static bool IsAligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+  // mag - 128 where x is negative: blendv selects by x's sign bit itself.
+  static BI<Arch> SignCode8(BI<Arch> mag, BI<Arch> x) {
+    const __m256 neg = _mm256_castsi256_ps(_mm256_sub_epi32(mag.data, _mm256_set1_epi32(128)));
+    return FromRegister<int32_t, Arch>(_mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(mag.data), neg, _mm256_castsi256_ps(x.data))));
+  }
+  // Through F16C: a code's sign, exponent and mantissa bits placed in a half
+  // (bit 15, bits 10-13, bits 7-9; bit 14 clear) are the code's value / 256,
+  // the subnormal codes as subnormal halves, which vcvtph2ps converts
+  // exactly whatever MXCSR's DAZ bit says.
+  static BF<Arch> LoadExpAvg8Over256(const uint8_t* p) {
+    const __m128i c = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m128i h =
+        _mm_and_si128(_mm_slli_epi16(c, 7), _mm_set1_epi16(static_cast<int16_t>(0xbf80)));
+    return FromRegister<float, Arch>(_mm256_cvtph_ps(h));
+  }
 };
 
 const KernelTable* Avx2Table() {

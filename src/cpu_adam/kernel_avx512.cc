@@ -70,6 +70,21 @@ struct ArchIO<Arch> {
   static void StoreS8x4(uint8_t* p, BI<Arch> a, BI<Arch> b, BI<Arch> c, BI<Arch> d) {
     StoreU8x4(p, a, b, c, d);
   }
+  // vpmovdb keeps the low 8 bits: x's sign bit moved to bit 7 and or-ed in
+  // (one ternary-logic op: mag | (t & 0x80)).
+  static BI<Arch> SignCode8(BI<Arch> mag, BI<Arch> x) {
+    return FromRegister<int32_t, Arch>(_mm512_ternarylogic_epi32(
+        mag.data, _mm512_srli_epi32(x.data, 24), _mm512_set1_epi32(0x80), 0xf8));
+  }
+  // Through F16C, as in kernel_avx2.cc: the code's bits placed in a half are
+  // its value / 256 (subnormal codes as subnormal halves, converted exactly
+  // whatever MXCSR's DAZ bit says).
+  static BF<Arch> LoadExpAvg8Over256(const uint8_t* p) {
+    const __m256i c = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i h =
+        _mm256_and_si256(_mm256_slli_epi16(c, 7), _mm256_set1_epi16(static_cast<int16_t>(0xbf80)));
+    return FromRegister<float, Arch>(_mm512_cvtph_ps(h));
+  }
 };
 
 const KernelTable* Avx512Table() {

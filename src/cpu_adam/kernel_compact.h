@@ -31,10 +31,17 @@ namespace strata::cpu_adam::internal {
 // for int8): the update of the group, then its copy-out while the params
 // are still in L1. For int8 the group's new moments are kept in a 2 KiB
 // stack buffer until the block's absmax (and so its new scale) is known,
-// then encoded — still one pass over DRAM.
+// and encoded four vectors at a time between the next block's updates
+// (Pending), so that the encoding's arithmetic overlaps that block's loads
+// from DRAM — still one pass over DRAM.
 //
-// The codes are the integer and float operations of state_codes.h, lane by
-// lane (tested bit for bit against them).
+// The codes are state_codes.h's, lane by lane (tested bit for bit against
+// it at every code boundary), computed with fewer vector operations: one
+// rounding for both ranges of a code (RoundToCode) and, where the ISA has
+// F16C, exp_avg codes decoded as halves (ArchIO<A>::LoadExpAvg8Over256,
+// then times the block scale * 256: the same product as code * scale, both
+// factors exact, for every scale up to FLT_MAX / 256, and MakeBlockScale's
+// are at most FLT_MAX / 480).
 
 template <class A>
 using BU = xsimd::batch<uint32_t, A>;
@@ -83,45 +90,52 @@ inline BI<A> FloatToBf16StochasticVec(BF<A> f, BU<A> random) {
   return BitCast<BI<A>>(r);
 }
 
-// The rounding of a code's normal range: the fp32 bits `yb` rebiased by
-// `rebias` (a multiple of 2^23, so bits 0-22 are yb's own), the 20 dropped
-// mantissa bits rounded to nearest even: (h + 0x7ffff + ((h >> 20) & 1))
-// >> 20 in state_codes.h, with the two constants folded into one add.
-template <class A>
-inline BI<A> RoundCodeBits(BI<A> yb, int32_t rebias) {
+// The rounding of both 8-bit codes, with no branch between their normal and
+// subnormal ranges: y (code units, >= 0, not NaN, at most the code maximum)
+// to its code magnitude, ties to even; kEmin is the smallest normal code
+// exponent (1 - the code's bias). With E = max(exponent of y, kEmin), the
+// codes around y are 2^(E - 3) apart (the subnormal codes included), and
+// adding M = 2^(E + 20), whose ulp is that spacing, rounds y to them (the
+// float add's own round-to-nearest-even): bits(y + M) - bits(M) is the
+// number of steps, and each binade above kEmin's adds 8 codes:
+//   code = bits(y + M) - bits(M) + 8 (E - kEmin).
+// The same codes as state_codes.h's two-branch form for every float (checked
+// over all 2^32 inputs when this was written; tested at every boundary).
+template <class A, int kEmin>
+inline BI<A> RoundToCode(BF<A> y) {
   using I = BI<A>;
-  return (yb + I(0x7ffff - rebias) + ((yb >> 20) & I(1))) >> 20;
+  constexpr int32_t kE0 = (kEmin + 127) << 23;
+  const I d = xsimd::max((BitCast<I>(y) & I(0x7f800000)) - I(kE0), I(0));  // (E - kEmin) << 23
+  const I mb = d + I(kE0 + (20 << 23));                                    // bits(M)
+  const I t = BitCast<I>(y + BitCast<BF<A>>(mb));
+  return t - mb + (d >> 20);
 }
 
-// lo where y < limit, else hi (y not NaN).
+// min(y, code_max) for y = |x| * inv, NaN included (it saturates, as in the
+// scalar code): an unsigned integer min of the bits, as every such y is +0,
+// positive or a NaN of either sign (0 * inf gives a negative one), whose
+// bits are above code_max's. (An integer min runs on any vector port; a
+// float min shares the multiply ports with the rest of the step.)
 template <class A>
-inline BI<A> SelectBelow(BF<A> y, float limit, BI<A> lo, BI<A> hi) {
-  using B = BF<A>;
-  return BitCast<BI<A>>(xsimd::select(y < B(limit), BitCast<B>(lo), BitCast<B>(hi)));
+inline BF<A> ClampCode(BF<A> y, float code_max) {
+  using U = BU<A>;
+  return BitCast<BF<A>>(xsimd::min(BitCast<U>(y), U(std::bit_cast<uint32_t>(code_max))));
 }
 
-// EncodeExpAvg8 per lane as a signed lane: the code's magnitude, minus 128
-// when the sign is set, so that its low 8 bits are the code (StoreS8 packs
-// with signed saturation, which keeps [-128, 127] exact).
+// EncodeExpAvg8 per lane: the code's magnitude with the sign of x as bit 7,
+// in the lane form ArchIO<A>::StoreS8 stores (SignCode8).
 template <class A>
 inline BI<A> EncodeExpAvg8Vec(BF<A> x, BF<A> inv) {
   using I = BI<A>;
   using B = BF<A>;
   const I u = BitCast<I>(x);
-  const B y = xsimd::min(BitCast<B>(u & I(0x7fffffff)) * inv, B(kExpAvgCodeMax));
-  const I yb = BitCast<I>(y);
-  const B t = y * B(512.f) + B(0x1p23f);
-  const I sub = BitCast<I>(t) - I(0x4b000000);
-  const I norm = RoundCodeBits<A>(yb, 120 << 23);
-  // y >= 0 and not NaN (the min returns its constant for NaN): y < 2^-6 as
-  // floats, one compare (the integer y_bits < C compiles to a min and an
-  // equality on AVX2).
-  const I mag = SelectBelow<A>(y, 0x1p-6f, sub, norm);
-  // u < 0 as an integer: x's sign bit (-0 and a negative NaN included).
-  return xsimd::select(u < I(0), mag - I(128), mag);
+  const B y = ClampCode<A>(BitCast<B>(u & I(0x7fffffff)) * inv, kExpAvgCodeMax);
+  // u's sign bit: x's (-0 and a negative NaN included).
+  return ArchIO<A>::SignCode8(RoundToCode<A, 1 - 7>(y), u);
 }
 
-// DecodeExpAvg8 per lane (code units), from a sign-extended code (LoadS8):
+// DecodeExpAvg8 per lane (code units) by bit arithmetic, for ISAs without
+// F16C (LoadExpAvg8Over256), from a sign-extended code (LoadS8):
 // lanes in [-128, 127], bit 31 set exactly where the code's sign bit is.
 template <class A>
 inline BF<A> DecodeExpAvg8Vec(BI<A> c) {
@@ -133,21 +147,16 @@ inline BF<A> DecodeExpAvg8Vec(BI<A> c) {
   return BitCast<B>(xsimd::select(mag > I(7), norm, sub) | (c & I(INT32_MIN)));
 }
 
+// EncodeExpAvgSq8 per lane.
 template <class A>
 inline BI<A> EncodeExpAvgSq8Vec(BF<A> x, BF<A> inv) {
   using I = BI<A>;
-  using B = BF<A>;
   const I xb = BitCast<I>(x);
-  const B y = xsimd::min(BitCast<B>(xb & I(0x7fffffff)) * inv, B(kExpAvgSqCodeMax));
-  const I yb = BitCast<I>(y);
-  const B t = y * B(131072.f) + B(0x1p23f);
-  const I sub = BitCast<I>(t) - I(0x4b000000);
-  const I norm = RoundCodeBits<A>(yb, 112 << 23);
-  const I code = SelectBelow<A>(y, 0x1p-14f, sub, norm);
-  // A positive v never becomes code 0: max(code, 1) where x > 0 (codes are
-  // >= 0). (x > 0 as an integer compare of the bits: NaN counts as positive
-  // here, but it saturates to the largest code anyway.)
-  return xsimd::max(code, xsimd::select(xb > I(0), I(1), I(0)));
+  const BF<A> y = ClampCode<A>(BitCast<BF<A>>(xb & I(0x7fffffff)) * inv, kExpAvgSqCodeMax);
+  // A positive x never gets code 0: max(code, min(x's bits, 1)) as signed
+  // integers, 1 where x > 0 and 0 or negative elsewhere (a NaN, positive as
+  // an integer, has saturated to the largest code already).
+  return xsimd::max(RoundToCode<A, 1 - 15>(y), xsimd::min(xb, I(1)));
 }
 
 template <class A>
@@ -202,7 +211,8 @@ struct CompactKernel {
   // formats store the moments unless kDefer; int8 (and kDefer) return them
   // in *m_out, *v_out (int8: the caller encodes them once the block's scale
   // is known; bf16: the caller stores two vectors' moments at once). sc0,
-  // sc1: the block's current scales (int8).
+  // sc1: the block's current scales (int8), sc0 times 256 (the exp_avg
+  // codes load as their values / 256).
   template <int F, bool kDefer = false>
   static inline void Vec(const View& v, size_t i, uint64_t gidx, const KernelArgs& a,
                          const Coeffs& c, float sc0, float sc1, B* m_out, B* v_out) {
@@ -224,7 +234,7 @@ struct CompactKernel {
           kMaster16 ? Bf16BitsToFloat<A>(ArchIO<A>::LoadU16(v.pc + i)) : B::load_unaligned(v.p + i);
       B m(0.f), vv(0.f);  // (Lion has no vv: it stays 0)
       if constexpr (kInt8) {
-        m = DecodeExpAvg8Vec<A>(ArchIO<A>::LoadS8(v.s0 + i)) * B(sc0);
+        m = ArchIO<A>::LoadExpAvg8Over256(v.s0 + i) * B(sc0);  // (sc0: the scale * 256)
       } else {
         m = Bf16BitsToFloat<A>(LoadState(v.s0, i));
       }
@@ -255,18 +265,72 @@ struct CompactKernel {
     }
   }
 
+  // int8: a block whose new moments wait in a stack buffer for their codes
+  // (its scales known), encoded while the next block is updated, so that
+  // the loads of the update keep memory busy through the encoding.
+  struct Pending {
+    uint8_t* c0 = nullptr;  // the block's codes; null: nothing pending
+    uint8_t* c1 = nullptr;
+    const float* mb = nullptr;  // its new moments
+    const float* vb = nullptr;
+    float inv0 = 0.f, inv1 = 0.f;  // 1 / its new scales
+    size_t len = 0;
+  };
+
+  // The codes of the pending block's elements [j, j + 4W) (in the block).
+  static inline void Encode4(const Pending& p, size_t j) {
+    const B inv0(p.inv0), inv1(p.inv1);
+    const float* mb = p.mb + j;
+    ArchIO<A>::StoreS8x4(p.c0 + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb), inv0),
+                         EncodeExpAvg8Vec<A>(B::load_aligned(mb + W), inv0),
+                         EncodeExpAvg8Vec<A>(B::load_aligned(mb + 2 * W), inv0),
+                         EncodeExpAvg8Vec<A>(B::load_aligned(mb + 3 * W), inv0));
+    if constexpr (kHasS1) {
+      const float* vb = p.vb + j;
+      ArchIO<A>::StoreU8x4(p.c1 + j, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb), inv1),
+                           EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + W), inv1),
+                           EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + 2 * W), inv1),
+                           EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + 3 * W), inv1));
+    }
+  }
+
+  // The codes of the pending block's elements from j (a multiple of W) to
+  // its end.
+  static inline void EncodeFrom(const Pending& p, size_t j) {
+    const size_t full = p.len / W * W;
+    for (; j + 4 * W <= full; j += 4 * W) Encode4(p, j);
+    const B inv0(p.inv0), inv1(p.inv1);
+    for (; j < full; j += W) {
+      ArchIO<A>::StoreS8(p.c0 + j, EncodeExpAvg8Vec<A>(B::load_aligned(p.mb + j), inv0));
+      if constexpr (kHasS1)
+        ArchIO<A>::StoreU8(p.c1 + j, EncodeExpAvgSq8Vec<A>(B::load_aligned(p.vb + j), inv1));
+    }
+    const size_t rem = p.len - full;
+    if (rem != 0) {  // (the buffers hold a whole vector past full: zero padding)
+      alignas(64) uint8_t t[W];
+      ArchIO<A>::StoreS8(t, EncodeExpAvg8Vec<A>(B::load_aligned(p.mb + full), inv0));
+      std::memcpy(p.c0 + full, t, rem);
+      if constexpr (kHasS1) {
+        ArchIO<A>::StoreU8(t, EncodeExpAvgSq8Vec<A>(B::load_aligned(p.vb + full), inv1));
+        std::memcpy(p.c1 + full, t, rem);
+      }
+    }
+  }
+
   // The group [s, s + len) of the range `v` (len <= kQuantBlock; for int8
   // s is a block start and blk its block in the scale arrays).
   // (v by value: the compiler then knows the stores below cannot change
   // its pointers, and keeps them in registers.)
+  // int8: the block's new moments go to mb, vb (kQuantBlock floats each),
+  // the pending block's codes are written during the update, and the block
+  // becomes the pending one.
   template <int F>
   static inline void Group(const View v, size_t s, size_t len, uint64_t gidx, size_t blk,
-                           const KernelArgs& a, const Coeffs& c) {
-    alignas(64) float mb[kInt8 && !kRoof ? kQuantBlock : 1];
-    alignas(64) float vb[kInt8 && !kRoof && kHasS1 ? kQuantBlock : 1];
+                           const KernelArgs& a, const Coeffs& c, float* mb, float* vb,
+                           Pending& pend) {
     float sc0 = 0.f, sc1 = 0.f;
     if constexpr (kInt8) {
-      sc0 = a.scale0[blk];
+      sc0 = a.scale0[blk] * 256.f;  // (exact: LoadExpAvg8Over256's codes are / 256)
       if constexpr (kHasS1) sc1 = a.scale1[blk];
     }
     B amax0(0.f), amax1(0.f);
@@ -283,6 +347,26 @@ struct CompactKernel {
         if constexpr (kHasS1) {
           auto* const s1 = reinterpret_cast<uint16_t*>(v.s1) + s + j;
           ArchIO<A>::StoreU16x2(s1, FloatToBf16Bits<A>(v0), FloatToBf16Bits<A>(v1));
+        }
+      }
+    }
+    size_t encoded = 0;  // of the pending block
+    if constexpr (kInt8 && !kRoof) {
+      // Four vectors' update, then four of the pending block's codes.
+      for (; j + 4 * W <= full; j += 4 * W) {
+        for (size_t k = 0; k < 4 * W; k += W) {
+          B m(0.f), vv(0.f);
+          Vec<F>(v, s + j + k, gidx + j + k, a, c, sc0, sc1, &m, &vv);
+          m.store_aligned(mb + j + k);
+          amax0 = xsimd::max(amax0, xsimd::abs(m));
+          if constexpr (kHasS1) {
+            vv.store_aligned(vb + j + k);
+            amax1 = xsimd::max(amax1, xsimd::abs(vv));
+          }
+        }
+        if (pend.c0 != nullptr && j + 4 * W <= pend.len / W * W) {
+          Encode4(pend, j);
+          encoded = j + 4 * W;
         }
       }
     }
@@ -341,8 +425,9 @@ struct CompactKernel {
       a.scale0[blk] = std::bit_cast<float>(std::bit_cast<uint32_t>(a.scale0[blk]) | z);
       a.scale1[blk] = std::bit_cast<float>(std::bit_cast<uint32_t>(a.scale1[blk]) | z);
     } else if constexpr (kInt8) {
+      if (pend.c0 != nullptr) EncodeFrom(pend, encoded);
       // The block's new scales (the max is exact, so any lane order gives
-      // the same absmax), then the codes.
+      // the same absmax); its codes are written with the next block.
       const BlockScale q0 = MakeBlockScale(HMax(amax0), kExpAvgCodeMax);
       a.scale0[blk] = q0.scale;
       BlockScale q1{};
@@ -350,34 +435,7 @@ struct CompactKernel {
         q1 = MakeBlockScale(HMax(amax1), kExpAvgSqCodeMax);
         a.scale1[blk] = q1.scale;
       }
-      // Four vectors at a time: one pack sequence per 4W codes.
-      const B inv0(q0.inv), inv1(q1.inv);
-      size_t j = 0;
-      for (; j + 4 * W <= full; j += 4 * W) {
-        ArchIO<A>::StoreS8x4(v.s0 + s + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb + j), inv0),
-                             EncodeExpAvg8Vec<A>(B::load_aligned(mb + j + W), inv0),
-                             EncodeExpAvg8Vec<A>(B::load_aligned(mb + j + 2 * W), inv0),
-                             EncodeExpAvg8Vec<A>(B::load_aligned(mb + j + 3 * W), inv0));
-        if constexpr (kHasS1)
-          ArchIO<A>::StoreU8x4(v.s1 + s + j, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j), inv1),
-                               EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j + W), inv1),
-                               EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j + 2 * W), inv1),
-                               EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j + 3 * W), inv1));
-      }
-      for (; j < full; j += W) {
-        ArchIO<A>::StoreS8(v.s0 + s + j, EncodeExpAvg8Vec<A>(B::load_aligned(mb + j), inv0));
-        if constexpr (kHasS1)
-          ArchIO<A>::StoreU8(v.s1 + s + j, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + j), inv1));
-      }
-      if (rem != 0) {
-        alignas(64) uint8_t t[W];
-        ArchIO<A>::StoreS8(t, EncodeExpAvg8Vec<A>(B::load_aligned(mb + full), B(q0.inv)));
-        std::memcpy(v.s0 + s + full, t, rem);
-        if constexpr (kHasS1) {
-          ArchIO<A>::StoreU8(t, EncodeExpAvgSq8Vec<A>(B::load_aligned(vb + full), B(q1.inv)));
-          std::memcpy(v.s1 + s + full, t, rem);
-        }
-      }
+      pend = Pending{v.s0 + s, kHasS1 ? v.s1 + s : nullptr, mb, vb, q0.inv, q1.inv, len};
     }
   }
 
@@ -426,16 +484,22 @@ struct CompactKernel {
         kHasS1 ? static_cast<uint8_t*>(a.state1_c) + off * kSB : nullptr,
     };
     const Coeffs c = a.c;
+    // int8: two blocks' new moments, the block being updated and the pending one.
+    constexpr size_t kBuf = kInt8 && !kRoof ? kQuantBlock : 1;
+    alignas(64) float buf[2][kHasS1 ? 2 : 1][kBuf];
+    Pending pend;
     for (size_t s = 0; s < n; s += kQuantBlock) {
       const size_t len = std::min(kQuantBlock, n - s);
       const uint64_t gidx = a.index0 + off + s;
       const size_t blk = (off + s) / kQuantBlock;
+      float* const mb = buf[(s / kQuantBlock) & 1][0];
+      float* const vb = buf[(s / kQuantBlock) & 1][kHasS1 ? 1 : 0];
       if (!a.folded) {
-        Group<kNoFold>(v, s, len, gidx, blk, a, c);
+        Group<kNoFold>(v, s, len, gidx, blk, a, c, mb, vb, pend);
       } else if (v.f != nullptr) {
-        Group<kFoldAcc>(v, s, len, gidx, blk, a, c);
+        Group<kFoldAcc>(v, s, len, gidx, blk, a, c, mb, vb, pend);
       } else {
-        Group<kFoldZero>(v, s, len, gidx, blk, a, c);
+        Group<kFoldZero>(v, s, len, gidx, blk, a, c, mb, vb, pend);
       }
       switch (a.copy) {
         case CopyOut::kNone:
@@ -450,6 +514,9 @@ struct CompactKernel {
           CopyGroup<CopyOut::kBf16>(v, static_cast<char*>(a.copy_out) + off * 2, s, len);
           break;
       }
+    }
+    if constexpr (kInt8 && !kRoof) {
+      if (pend.c0 != nullptr) EncodeFrom(pend, 0);
     }
   }
 
@@ -526,30 +593,22 @@ template <class A, bool SQ>
 void DequantizeQ8Array(const uint8_t* codes, const float* scales, size_t n, float* out) {
   using B = BF<A>;
   constexpr size_t W = B::size;
-  auto decode = [](BI<A> c) {
+  auto decode = [](const uint8_t* p) {  // the codes at p as the kernels load them
     if constexpr (SQ) {
-      return DecodeExpAvgSq8Vec<A>(c);
+      return DecodeExpAvgSq8Vec<A>(ArchIO<A>::LoadU8(p));
     } else {
-      return DecodeExpAvg8Vec<A>(c);
-    }
-  };
-  auto load = [](const uint8_t* p) {
-    if constexpr (SQ) {
-      return ArchIO<A>::LoadU8(p);
-    } else {
-      return ArchIO<A>::LoadS8(p);
+      return ArchIO<A>::LoadExpAvg8Over256(p);
     }
   };
   for (size_t s = 0, b = 0; s < n; s += kQuantBlock, ++b) {
     const size_t len = std::min(kQuantBlock, n - s), full = len / W * W;
-    const B sc(scales[b]);
-    for (size_t j = 0; j < full; j += W)
-      (decode(load(codes + s + j)) * sc).store_unaligned(out + s + j);
+    const B sc(SQ ? scales[b] : scales[b] * 256.f);  // (exp_avg: LoadExpAvg8Over256)
+    for (size_t j = 0; j < full; j += W) (decode(codes + s + j) * sc).store_unaligned(out + s + j);
     if (len != full) {
       alignas(64) uint8_t c[W] = {};
       alignas(64) float o[W];
       std::memcpy(c, codes + s + full, len - full);
-      (decode(load(c)) * sc).store_aligned(o);
+      (decode(c) * sc).store_aligned(o);
       std::memcpy(out + s + full, o, (len - full) * 4);
     }
   }

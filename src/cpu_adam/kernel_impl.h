@@ -53,6 +53,10 @@ using BI = xsimd::batch<int32_t, A>;
 //   static void   StoreU8x4(uint8_t* p, BI<A> a, b, c, d);  4 vectors' StoreU8, in order
 //   static void   StoreS8x4(uint8_t* p, BI<A> a, b, c, d);  4 vectors' StoreS8, in order
 //   static void   StoreU16x2(uint16_t* p, BI<A> a, b);  2 vectors' StoreU16, in order
+//   static BI<A>  SignCode8(BI<A> mag, BI<A> x);        mag (lanes in [0, 127]) with x's sign
+//                                                        bit as bit 7, in a lane StoreS8 takes
+//   static BF<A>  LoadExpAvg8Over256(const uint8_t* p); int8 exp_avg codes → code values / 256
+//   (exact)
 template <class A>
 struct ArchIO;
 

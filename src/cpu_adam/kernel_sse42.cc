@@ -70,6 +70,16 @@ struct ArchIO<Arch> {
     const __m128i ab = _mm_packs_epi32(a.data, b.data), cd = _mm_packs_epi32(c.data, d.data);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packs_epi16(ab, cd));
   }
+  // mag - 128 where x is negative: blendv selects by x's sign bit itself.
+  static BI<Arch> SignCode8(BI<Arch> mag, BI<Arch> x) {
+    const __m128 neg = _mm_castsi128_ps(_mm_sub_epi32(mag.data, _mm_set1_epi32(128)));
+    return FromRegister<int32_t, Arch>(
+        _mm_castps_si128(_mm_blendv_ps(_mm_castsi128_ps(mag.data), neg, _mm_castsi128_ps(x.data))));
+  }
+  // No F16C here: the codes' bit arithmetic.
+  static BF<Arch> LoadExpAvg8Over256(const uint8_t* p) {
+    return DecodeExpAvg8Vec<Arch>(LoadS8(p)) * BF<Arch>(1.f / 256.f);
+  }
 };
 
 const KernelTable* Sse42Table() {

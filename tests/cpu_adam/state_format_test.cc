@@ -7,6 +7,9 @@
 // splits at block multiples and thread counts, stochastic rounding, a few
 // hundred AdamW steps against fp32 state, validation messages.
 #include <gtest/gtest.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -609,6 +612,36 @@ TEST(StateCodesTest, EveryIsaRoundsEveryCodeBoundaryLikeTheScalarCode) {
     }
   }
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+// Every code decodes to the same bits with MXCSR's denormals-are-zero and
+// flush-to-zero bits set (as torch.set_flush_denormal(True) leaves them):
+// the vector kernels decode exp_avg codes through F16C, whose subnormal
+// halves are the small codes, and the scalar code uses no denormal.
+TEST(StateCodesTest, EveryIsaDecodesEveryCodeWithDenormalsAreZero) {
+  for (int sq = 0; sq < 2; ++sq) {
+    SCOPED_TRACE(sq ? "exp_avg_sq" : "exp_avg");
+    const size_t n = 2 * kStateBlock + 5;  // every code in each block, a partial last block
+    std::vector<uint8_t> codes(n);
+    for (size_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(i * 37 % 256);
+    const std::vector<float> scales = {1.f, 0x1p-20f, 3.5f};
+    std::vector<float> ref(n);
+    internal::ScalarTable().dequantize_q8[sq](codes.data(), scales.data(), n, ref.data());
+    for (const std::string& isa : Isas()) {
+      SCOPED_TRACE(isa);
+      auto table = internal::SelectTable(isa);
+      ASSERT_TRUE(table.ok());
+      std::vector<float> back(n);
+      const unsigned csr = _mm_getcsr();
+      _mm_setcsr(csr | 0x8040);  // FTZ (bit 15) and DAZ (bit 6)
+      (*table)->dequantize_q8[sq](codes.data(), scales.data(), n, back.data());
+      _mm_setcsr(csr);
+      for (size_t i = 0; i < n; ++i)
+        ASSERT_EQ(FloatBits(back[i]), FloatBits(ref[i])) << "code " << int(codes[i]);
+    }
+  }
+}
+#endif
 
 // EncodeState/DecodeState agree with the kernels' representation and refuse
 // missing arrays.
