@@ -29,7 +29,7 @@ namespace strata::cpu_adam::internal {
 //   int8: p 4r+4w, m 1r+1w, v 1r+1w, scales 16/256 = 12.0625 + G (+ C)
 // The element range is walked in groups of kQuantBlock elements (a block
 // for int8): the update of the group, then its copy-out while the params
-// are still in L1. For int8 the group's new moments are kept in a 2 KiB
+// are still in L1. For int8 the group's new moments (2 KiB) are kept in a
 // stack buffer until the block's absmax (and so its new scale) is known,
 // and encoded four vectors at a time between the next block's updates
 // (Pending), so that the encoding's arithmetic overlaps that block's loads
